@@ -1,0 +1,45 @@
+# The two commands: `make demo` and `make test`. Both install missing Debian
+# packages (scripts/install-deps.sh), configure with CMake and build.
+# SANITIZE=1 builds with AddressSanitizer + UndefinedBehaviorSanitizer in its own folder.
+SANITIZE ?= 0
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+ifeq ($(SANITIZE),1)
+BUILD ?= build-san
+CMAKE_FLAGS += -DTP_SANITIZE=ON
+else
+BUILD ?= build
+endif
+
+.PHONY: all deps configure build test demo check-rules fuzz bench clean format
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+demo: build
+	@scripts/demo.sh $(BUILD)
+
+check-rules:
+	@scripts/check-rules.sh
+
+fuzz: build
+	@scripts/fuzz.sh $(BUILD)
+
+bench: build
+	@scripts/bench.sh $(BUILD)
+
+format:
+	@clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-san

@@ -1,0 +1,381 @@
+/*
+ * call.c: the client side of calls (spec/calls.md CALL-*, TIMEOUT-*).
+ *
+ * Each message that expects a reply is a tpi_call: in the id map (to match
+ * the reply), in an issue-ordered list (to fail calls to a peer in a
+ * deterministic order), and in a deadline heap (one agent timer covers
+ * them all). Timeouts and peer failures complete futures from the I/O
+ * context: no worker-pool slot is ever needed to deliver them (TIMEOUT-5).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "options.h"
+
+/* ---- Deadline heap ------------------------------------------------------- */
+
+static void heap_swap(tp_core *c, size_t i, size_t j) {
+    tpi_call *t = c->heap[i];
+    c->heap[i] = c->heap[j];
+    c->heap[j] = t;
+    c->heap[i]->heap_index = i;
+    c->heap[j]->heap_index = j;
+}
+
+static int heap_less(tp_core *c, size_t i, size_t j) {
+    const tpi_call *a = c->heap[i], *b = c->heap[j];
+    if (a->deadline_ns != b->deadline_ns)
+        return a->deadline_ns < b->deadline_ns;
+    return a->id < b->id; /* ties broken by issue order: determinism */
+}
+
+static void heap_up(tp_core *c, size_t i) {
+    while (i > 0 && heap_less(c, i, (i - 1) / 2)) {
+        heap_swap(c, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void heap_down(tp_core *c, size_t i) {
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < c->heap_len && heap_less(c, l, m))
+            m = l;
+        if (r < c->heap_len && heap_less(c, r, m))
+            m = r;
+        if (m == i)
+            return;
+        heap_swap(c, i, m);
+        i = m;
+    }
+}
+
+static tp_status heap_push(tp_core *c, tpi_call *call) {
+    if (c->heap_len == c->heap_cap) {
+        size_t cap = c->heap_cap ? c->heap_cap * 2 : 64;
+        tpi_call **h = realloc(c->heap, cap * sizeof *h);
+        if (!h)
+            return TP_ENOMEM;
+        c->heap = h;
+        c->heap_cap = cap;
+    }
+    call->heap_index = c->heap_len;
+    c->heap[c->heap_len++] = call;
+    heap_up(c, call->heap_index);
+    return TP_OK;
+}
+
+static void heap_remove(tp_core *c, tpi_call *call) {
+    size_t i = call->heap_index;
+    TPI_ASSERT(i < c->heap_len && c->heap[i] == call);
+    c->heap_len--;
+    if (i != c->heap_len) {
+        c->heap[i] = c->heap[c->heap_len];
+        c->heap[i]->heap_index = i;
+        heap_down(c, i);
+        heap_up(c, i);
+    }
+    call->heap_index = TPI_NO_INDEX;
+}
+
+static void rearm(tp_core *c) {
+    uint64_t next = c->heap_len ? c->heap[0]->deadline_ns : TPI_NO_DEADLINE;
+    if (next != c->armed_ns) {
+        c->armed_ns = next;
+        c->ops->timer_arm(c->agent, next);
+    }
+}
+
+/* ---- Calls ------------------------------------------------------------------ */
+
+tpi_call *tpi_call_new(tp_core *c, uint32_t dst, uint8_t type, const char *what,
+                       const char *fn) {
+    tpi_call *call = calloc(1, sizeof *call);
+    if (!call)
+        return NULL;
+    call->future = tpi_future_new(c);
+    if (!call->future) {
+        free(call);
+        return NULL;
+    }
+    call->dst = dst;
+    call->type = type;
+    call->what = what;
+    call->heap_index = TPI_NO_INDEX;
+    call->deadline_ns = TPI_NO_DEADLINE;
+    if (fn)
+        tpi_format(call->fn, sizeof call->fn, "%s", fn);
+    return call;
+}
+
+void tpi_call_free(tp_core *c, tpi_call *call) {
+    if (!call)
+        return;
+    if (call->rref)
+        tpi_rref_unpin(c, call->rref);
+    tp_future_free(call->future);
+    free(call);
+}
+
+static void list_remove(tp_core *c, tpi_call *call) {
+    if (call->prev)
+        call->prev->next = call->next;
+    else
+        c->calls_head = call->next;
+    if (call->next)
+        call->next->prev = call->prev;
+    else
+        c->calls_tail = call->prev;
+    call->prev = call->next = NULL;
+}
+
+tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s) {
+    char err[TP_ERRMSG_LEN_MAX];
+    char who[TP_NAME_LEN_MAX + 32];
+    if (timeout_s == TP_TIMEOUT_DEFAULT)
+        timeout_s = c->default_timeout_s; /* TIMEOUT-2: read when issued */
+    call->id = ++c->next_id;
+    call->timeout_ms = (uint64_t)ceil(timeout_s * 1000.0);
+    call->deadline_ns = tpi_deadline_after(c, timeout_s);
+    m->id = call->id;
+    m->timeout_ms = (uint32_t)call->timeout_ms;
+
+    if (c->peer_dead[call->dst]) {
+        tpi_fail(TP_EPEERDOWN, "%s to %s, function '%s': the worker is down", call->what,
+                 tpi_worker_desc(c, call->dst, who, sizeof who), call->fn);
+        tpi_call_free(c, call);
+        return TP_EPEERDOWN;
+    }
+    tpi_gid key = {0, call->id};
+    tp_status st = tpi_idmap_put(&c->calls, key, call);
+    if (st == TP_OK && call->deadline_ns != TPI_NO_DEADLINE)
+        st = heap_push(c, call);
+    if (st != TP_OK) {
+        tpi_idmap_del(&c->calls, key);
+        tpi_fail(TP_ENOMEM, "%s: out of memory registering the call", call->what);
+        tpi_call_free(c, call);
+        return TP_ENOMEM;
+    }
+    /* Registered before the send: a reply can never beat its registration. */
+    st = tpi_send_msg(c, call->dst, m, err, sizeof err);
+    if (st != TP_OK) {
+        tpi_idmap_del(&c->calls, key);
+        if (call->heap_index != TPI_NO_INDEX)
+            heap_remove(c, call);
+        tpi_fail(st, "%s to %s, function '%s': %s", call->what,
+                 tpi_worker_desc(c, call->dst, who, sizeof who), call->fn, err);
+        tpi_call_free(c, call);
+        return st;
+    }
+    call->prev = c->calls_tail;
+    if (c->calls_tail)
+        c->calls_tail->next = call;
+    else
+        c->calls_head = call;
+    c->calls_tail = call;
+    c->active_client++;
+    c->issued++;
+    rearm(c);
+    return TP_OK;
+}
+
+void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
+                     const char *errmsg) {
+    tpi_gid key = {0, call->id};
+    void *was = tpi_idmap_del(&c->calls, key);
+    TPI_ASSERT(was == call);
+    if (call->heap_index != TPI_NO_INDEX)
+        heap_remove(c, call);
+    list_remove(c, call);
+    TPI_ASSERT(c->active_client > 0);
+    c->active_client--;
+    if (call->on_reply)
+        call->on_reply(c, call, st, reply);
+    tp_value *value = NULL;
+    if (st == TP_OK && reply) {
+        value = reply->value;
+        reply->value = NULL;
+    }
+    tpi_future_complete(c, call->future, st, value, errmsg);
+    tpi_call_free(c, call);
+    rearm(c);
+}
+
+void tpi_calls_fail(tp_core *c, uint32_t dst, tp_status st, const char *why) {
+    char msg[TP_ERRMSG_LEN_MAX];
+    /* Restart from the head after each finish: on_reply steps may finish or
+     * issue other calls, so a saved next pointer could dangle. */
+    for (tpi_call *call = c->calls_head; call;) {
+        if (dst != UINT32_MAX && call->dst != dst) {
+            call = call->next;
+            continue;
+        }
+        if (call->fn[0])
+            tpi_format(msg, sizeof msg, "%s of '%s': %s", call->what, call->fn, why);
+        else
+            tpi_format(msg, sizeof msg, "%s: %s", call->what, why);
+        tpi_call_finish(c, call, st, NULL, msg);
+        call = c->calls_head;
+    }
+}
+
+void tpi_deadlines_run(tp_core *c) {
+    uint64_t now = tpi_now(c);
+    char msg[TP_ERRMSG_LEN_MAX];
+    char who[TP_NAME_LEN_MAX + 32];
+    c->armed_ns = TPI_NO_DEADLINE; /* the timer that fired is spent */
+    while (c->heap_len && c->heap[0]->deadline_ns <= now) {
+        tpi_call *call = c->heap[0];
+        tpi_format(msg, sizeof msg, "%s to %s, function '%s': timed out after %llu ms",
+                   call->what, tpi_worker_desc(c, call->dst, who, sizeof who), call->fn,
+                   (unsigned long long)call->timeout_ms);
+        tpi_call_finish(c, call, TP_ETIMEDOUT, NULL, msg);
+    }
+    rearm(c);
+}
+
+void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f) {
+    tpi_msg m;
+    char err[TP_ERRMSG_LEN_MAX];
+    char who[TP_NAME_LEN_MAX + 32];
+    tpi_rref_ctx rc = {c, src};
+    tpi_codec_hooks hooks;
+    tpi_rref_hooks(&rc, &hooks);
+    uint64_t id = tpi_frame_id(f);
+    tp_status st = tpi_msg_decode(f, &hooks, &m, err, sizeof err);
+    tp_frame_free(f);
+    tpi_lock(c);
+    tpi_call *call = tpi_idmap_get(&c->calls, (tpi_gid){0, id});
+    if (!call || call->dst != src) {
+        /* A late reply to a call that timed out or failed (TIMEOUT-6). */
+        tpi_unlock(c);
+        if (st == TP_OK)
+            tpi_msg_clear(&m);
+        return;
+    }
+    if (st != TP_OK) {
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s to %s: malformed reply: %s", call->what,
+                   tpi_worker_desc(c, src, who, sizeof who), err);
+        tpi_call_finish(c, call, TP_EPROTO, NULL, msg);
+        tpi_unlock(c);
+        return;
+    }
+    tp_status rst = (tp_status)m.status;
+    if (m.status >= TP_STATUS_COUNT_)
+        rst = TP_EPROTO;
+    tpi_call_finish(c, call, rst, &m, rst == TP_OK ? NULL : m.text);
+    tpi_unlock(c);
+    tpi_msg_clear(&m);
+}
+
+/* ---- The call API (CALL-1..9) -------------------------------------------------- */
+
+static tp_status check_args(const tp_value *args, const tp_value *kwargs) {
+    if (args && tp_value_kind(args) != TP_KIND_LIST)
+        return tpi_fail(TP_ETYPE, "args must be a list, got %s",
+                        tp_kind_name(tp_value_kind(args)));
+    if (kwargs && tp_value_kind(kwargs) != TP_KIND_MAP)
+        return tpi_fail(TP_ETYPE, "kwargs must be a map, got %s",
+                        tp_kind_name(tp_value_kind(kwargs)));
+    return TP_OK;
+}
+
+/* Starts a REQUEST; on TP_OK *out is a new future reference. */
+tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const char *fn,
+                            uint16_t flags, const tp_value *args, const tp_value *kwargs,
+                            double timeout_s, tp_future **out) {
+    tpi_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = TPI_MSG_REQUEST;
+    m.flags = flags;
+    tpi_format(m.text, sizeof m.text, "%s", fn);
+    m.args = (tp_value *)args; /* borrowed: encoding only reads */
+    m.kwargs = (tp_value *)kwargs;
+    tpi_call *call = tpi_call_new(c, dst, TPI_MSG_REQUEST, what, fn);
+    if (!call)
+        return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+    tp_future *f = tpi_future_ref(call->future);
+    tp_status st = tpi_call_issue(c, call, &m, timeout_s);
+    if (st != TP_OK) {
+        tp_future_free(f);
+        return st;
+    }
+    *out = f;
+    return TP_OK;
+}
+
+static tp_status validate_call(const char *what, const char *fn, const tp_value *args,
+                               const tp_value *kwargs, double timeout_s) {
+    if (!fn || !*fn || strlen(fn) > TP_NAME_LEN_MAX)
+        return tpi_fail(TP_EINVAL, "%s: function name must be 1..%d bytes", what,
+                        TP_NAME_LEN_MAX);
+    tp_status st = tpi_check_timeout(timeout_s, 1);
+    if (st != TP_OK)
+        return st;
+    return check_args(args, kwargs);
+}
+
+tp_status tp_rpc_async(tp_dest dest, const char *fn, const tp_value *args,
+                       const tp_value *kwargs, double timeout_s, tp_future **out) {
+    TPI_ASSERT(out);
+    *out = NULL;
+    tp_core *c;
+    tp_status st = tpi_enter("rpc_async", &c);
+    if (st != TP_OK)
+        return st;
+    st = validate_call("rpc_async", fn, args, kwargs, timeout_s);
+    uint32_t dst = 0;
+    if (st == TP_OK)
+        st = tpi_resolve(c, dest, &dst);
+    if (st == TP_OK) {
+        tpi_lock(c);
+        st = tpi_start_request(c, dst, "rpc_async", fn, 0, args, kwargs, timeout_s, out);
+        tpi_unlock(c);
+    }
+    tpi_leave(c);
+    return st;
+}
+
+/* Waits for f without a wait deadline (the call's own deadline bounds it)
+ * and moves its result out; records the future's message on failure. */
+tp_status tpi_future_result(tp_core *c, tp_future *f, tp_value **result) {
+    tpi_lock(c);
+    tp_status st = tpi_future_wait_locked(c, f, TPI_NO_DEADLINE);
+    tpi_unlock(c);
+    if (st != TP_OK) /* not done: the wait itself ended (shutdown) */
+        return tpi_fail(st, "wait for the reply ended: %s", tp_strerror(st));
+    st = f->status;
+    if (st != TP_OK)
+        tpi_fail_msg(st, f->errmsg ? f->errmsg : tp_strerror(st));
+    else if (result)
+        *result = tp_future_take_value(f);
+    return st;
+}
+
+tp_status tp_rpc_sync(tp_dest dest, const char *fn, const tp_value *args,
+                      const tp_value *kwargs, double timeout_s, tp_value **result) {
+    TPI_ASSERT(result);
+    *result = NULL;
+    tp_core *c;
+    tp_status st = tpi_enter("rpc_sync", &c);
+    if (st != TP_OK)
+        return st;
+    st = validate_call("rpc_sync", fn, args, kwargs, timeout_s);
+    uint32_t dst = 0;
+    if (st == TP_OK)
+        st = tpi_resolve(c, dest, &dst);
+    tp_future *f = NULL;
+    if (st == TP_OK) {
+        tpi_lock(c);
+        st = tpi_start_request(c, dst, "rpc_sync", fn, 0, args, kwargs, timeout_s, &f);
+        tpi_unlock(c);
+    }
+    if (st == TP_OK)
+        st = tpi_future_result(c, f, result);
+    tp_future_free(f);
+    tpi_leave(c);
+    return st;
+}

@@ -1,0 +1,221 @@
+/* core.c: the worker object, API entry, upcall dispatch (spec/agent.md AGENT-2). */
+#include "core.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+void tpi_core_ref(tp_core *c) {
+    int old = atomic_fetch_add(&c->refs, 1);
+    TPI_ASSERT(old > 0);
+}
+
+void tpi_core_unref(tp_core *c) {
+    int old = atomic_fetch_sub(&c->refs, 1);
+    TPI_ASSERT(old > 0);
+    if (old == 1)
+        tpi_core_free(c);
+}
+
+void tpi_lock(tp_core *c) {
+    tp_task *self = c->ops->task_self(c->agent);
+    TPI_ASSERT(atomic_load(&c->lock_owner) != self); /* not recursive */
+    c->ops->lock(c->agent);
+    atomic_store(&c->lock_owner, self);
+}
+
+void tpi_unlock(tp_core *c) {
+    TPI_ASSERT(atomic_load(&c->lock_owner) == c->ops->task_self(c->agent));
+    atomic_store(&c->lock_owner, NULL);
+    c->ops->unlock(c->agent);
+}
+
+int tpi_lock_held(tp_core *c) {
+    return atomic_load(&c->lock_owner) == c->ops->task_self(c->agent);
+}
+
+tp_status tpi_park(tp_core *c, uint64_t deadline_ns) {
+    tp_task *self = c->ops->task_self(c->agent);
+    TPI_ASSERT(atomic_load(&c->lock_owner) == self);
+    tpi_waiter node = {self, NULL, c->parked};
+    if (c->parked)
+        c->parked->prev = &node;
+    c->parked = &node;
+    atomic_store(&c->lock_owner, NULL);
+    tp_status st = c->ops->park(c->agent, self, deadline_ns);
+    atomic_store(&c->lock_owner, self);
+    if (node.prev)
+        node.prev->next = node.next;
+    else
+        c->parked = node.next;
+    if (node.next)
+        node.next->prev = node.prev;
+    /* Teardown wakes every parked task; the state tells it to give up. */
+    if (st == TP_OK && atomic_load(&c->state) != TPI_STATE_RUNNING)
+        st = TP_ESHUTDOWN;
+    return st;
+}
+
+uint64_t tpi_deadline_after(tp_core *c, double seconds) {
+    if (seconds <= 0)
+        return TPI_NO_DEADLINE;
+    uint64_t now = tpi_now(c);
+    double ns = ceil(seconds * 1e9);
+    if (ns >= (double)(TPI_NO_DEADLINE - now))
+        return TPI_NO_DEADLINE;
+    return now + (uint64_t)ns;
+}
+
+tp_status tpi_enter_core(tp_core *c, const char *what) {
+    /* Count ourselves in first, then look at the state: teardown sets the
+     * state first, then waits for api_refs, so one of us sees the other. */
+    atomic_fetch_add(&c->api_refs, 1);
+    if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
+        atomic_fetch_sub(&c->api_refs, 1);
+        return tpi_fail(TP_ESHUTDOWN, "%s: rpc worker '%s' is shut down", what, c->self.name);
+    }
+    return TP_OK;
+}
+
+tp_status tpi_enter(const char *what, tp_core **out) {
+    tp_context *ctx = tp_context_current();
+    tpi_context_lock(ctx);
+    tp_core *c = ctx->core;
+    if (c)
+        tpi_core_ref(c);
+    tpi_context_unlock(ctx);
+    if (!c)
+        return tpi_fail(TP_ENOTINIT, "%s: rpc is not initialized: call tp_init_rpc first", what);
+    tp_status st = tpi_enter_core(c, what);
+    tpi_core_unref(c); /* the context's own reference keeps it while running */
+    if (st == TP_OK)
+        *out = c;
+    return st;
+}
+
+void tpi_leave(tp_core *c) {
+    int old = atomic_fetch_sub(&c->api_refs, 1);
+    TPI_ASSERT(old > 0);
+}
+
+const char *tpi_worker_desc(const tp_core *c, uint32_t id, char *buf, size_t len) {
+    if (c->infos && id < c->world_size)
+        tpi_format(buf, len, "worker '%s' (id %u)", c->infos[id].name, id);
+    else
+        tpi_format(buf, len, "worker id %u", id);
+    return buf;
+}
+
+static int find_name(const tp_core *c, const char *name, uint32_t *id) {
+    size_t lo = 0, hi = c->world_size;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int cmp = strcmp(c->infos[c->by_name[mid]].name, name);
+        if (cmp == 0) {
+            *id = c->by_name[mid];
+            return 1;
+        }
+        if (cmp < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+tp_status tpi_resolve(tp_core *c, tp_dest dest, uint32_t *id) {
+    switch (dest.kind) {
+    case 0:
+        if (!dest.name)
+            return tpi_fail(TP_EINVAL, "destination name is NULL");
+        if (!find_name(c, dest.name, id))
+            return tpi_fail(TP_EUNKNOWNWORKER, "no worker named '%s' in a world of %u",
+                            dest.name, c->world_size);
+        return TP_OK;
+    case 1:
+        if (dest.rank < 0 || (uint32_t)dest.rank >= c->world_size)
+            return tpi_fail(TP_EUNKNOWNWORKER, "no worker with rank %d: ranks are 0..%u",
+                            (int)dest.rank, c->world_size - 1);
+        *id = (uint32_t)dest.rank;
+        return TP_OK;
+    case 2:
+        if (dest.rank < 0 || (uint32_t)dest.rank >= c->world_size || !dest.name ||
+            strcmp(c->infos[dest.rank].name, dest.name) != 0)
+            return tpi_fail(TP_EUNKNOWNWORKER, "worker info '%s' (id %d) names no worker here",
+                            dest.name ? dest.name : "(null)", (int)dest.rank);
+        *id = (uint32_t)dest.rank;
+        return TP_OK;
+    }
+    return tpi_fail(TP_EINVAL, "destination kind %d is not name, rank or info", dest.kind);
+}
+
+tp_status tpi_send_msg(tp_core *c, uint32_t dst, const tpi_msg *m, char *errmsg,
+                       size_t errmsg_len) {
+    tpi_rref_ctx rc = {c, dst, NULL, 0, 0};
+    tpi_codec_hooks hooks;
+    tpi_rref_hooks(&rc, &hooks);
+    tp_frame *f = NULL;
+    tp_status st = tpi_msg_encode(m, &hooks, c->max_msg, &f, errmsg, errmsg_len);
+    if (st == TP_OK) {
+        st = c->ops->send(c->agent, dst, f);
+        if (st != TP_OK) {
+            tp_frame_free(f);
+            tpi_format(errmsg, errmsg_len, "send to worker id %u failed: %s", dst,
+                       tp_strerror(st));
+        }
+    }
+    if (st != TP_OK)
+        tpi_rref_ctx_rollback(&rc);
+    tpi_rref_ctx_done(&rc);
+    return st;
+}
+
+size_t tpi_key(const tp_core *c, char *buf, size_t len, const char *fmt, ...) {
+    size_t n = tpi_format(buf, len, "g%u/", c->generation);
+    va_list ap;
+    va_start(ap, fmt);
+    n += tpi_vformat(buf + n, len - n, fmt, ap);
+    va_end(ap);
+    return n;
+}
+
+/* ---- Upcalls (AGENT-2): I/O context, lock not held. ------------------------ */
+
+void tp_core_on_frame(tp_core *c, uint32_t src, tp_frame *f) {
+    TPI_ASSERT(c && f);
+    if (atomic_load(&c->state) != TPI_STATE_RUNNING || src >= c->world_size) {
+        tp_frame_free(f);
+        return;
+    }
+    if (tpi_frame_type(f) == TPI_MSG_RESPONSE)
+        tpi_on_response(c, src, f);
+    else
+        tpi_on_request(c, src, f);
+}
+
+void tp_core_on_peer_down(tp_core *c, uint32_t peer, tp_status why, const char *detail) {
+    TPI_ASSERT(c);
+    if (peer >= c->world_size)
+        return;
+    char who[TP_NAME_LEN_MAX + 32];
+    char msg[TP_ERRMSG_LEN_MAX];
+    tpi_worker_desc(c, peer, who, sizeof who);
+    tpi_format(msg, sizeof msg, "%s is %s: %s", who,
+               why == TP_EPEERDOWN ? "down" : "unreachable (connection lost)",
+               detail ? detail : "no detail");
+    tpi_lock(c);
+    if (why == TP_EPEERDOWN) {
+        c->peer_dead[peer] = 1;
+        tpi_rrefs_peer_down(c, peer);
+    }
+    tpi_calls_fail(c, peer, why == TP_EPEERDOWN ? TP_EPEERDOWN : why, msg);
+    tpi_unlock(c);
+}
+
+void tp_core_on_timer(tp_core *c) {
+    TPI_ASSERT(c);
+    tpi_lock(c);
+    tpi_deadlines_run(c);
+    tpi_unlock(c);
+}

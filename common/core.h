@@ -1,0 +1,327 @@
+/*
+ * core.h: the RPC core's internal state, one tp_core per initialised worker.
+ *
+ * Concurrency (spec/agent.md AGENT-11): every field marked "lock" is guarded
+ * by the agent's per-worker lock (ops->lock). Fields marked "atomic" are
+ * read without it. The core never holds the lock across an upcall into
+ * user code (functions, then-callbacks run as work items).
+ *
+ * Lifetimes: the tp_core struct is reference counted (refs): the context
+ * holds one from init to the end of teardown, and so does every future,
+ * rref, call and job that points at it, so a user handle may outlive the
+ * worker safely. The agent is reached only while api_refs shows someone
+ * inside, or from agent-driven code (upcalls, work items), which the agent
+ * stops before teardown frees it.
+ */
+#ifndef TPI_CORE_H
+#define TPI_CORE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "context.h"
+#include "errors.h"
+#include "idmap.h"
+#include "tensorplay/rpc_backend.h"
+
+typedef enum tpi_state {
+    TPI_STATE_RUNNING = 1,  /* calls allowed (graceful shutdown's phases run here too) */
+    TPI_STATE_STOPPING = 2, /* teardown: every API entry fails with TP_ESHUTDOWN */
+    TPI_STATE_STOPPED = 3   /* the agent is gone; handles only answer from memory */
+} tpi_state;
+
+#define TPI_NO_DEADLINE UINT64_MAX
+#define TPI_NO_INDEX SIZE_MAX
+
+/* ---- Futures (FUTURE-1..8) ------------------------------------------------ */
+
+typedef struct tpi_waiter tpi_waiter;
+struct tpi_waiter {
+    tp_task *task;
+    tpi_waiter *prev, *next;
+};
+
+typedef struct tpi_then tpi_then;
+
+struct tp_future {
+    atomic_int refs;
+    atomic_int done;  /* set last, with release order, after the result fields */
+    tp_core *core;    /* counted ref; the lock that guards the fields below */
+    tp_status status; /* lock until done, then immutable */
+    tp_value *value;
+    char *errmsg;          /* malloc'd, NULL means "" */
+    tpi_waiter *waiters;   /* lock */
+    tpi_then *thens;       /* lock; run once done */
+};
+
+/* A new pending future with one reference for the caller; NULL on exhaustion. */
+tp_future *tpi_future_new(tp_core *c);
+/*
+ * Completes f (lock held): value transferred, errmsg copied; wakes waiters
+ * and schedules then-callbacks. A second completion is ignored (the first
+ * wins) and frees value.
+ */
+void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value,
+                         const char *errmsg);
+/* Waits (lock held) until f is done or deadline; TP_ETIMEDOUT/TP_ESHUTDOWN. */
+tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns);
+tp_future *tpi_future_ref(tp_future *f);
+
+/* ---- Calls: one per message that expects a reply (CALL, TIMEOUT) ----------- */
+
+typedef struct tpi_call tpi_call;
+/* A protocol step run under the lock when the reply (or failure) arrives, before
+ * the future completes. reply is NULL when the call failed locally. */
+typedef void (*tpi_reply_fn)(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply);
+
+struct tpi_call {
+    uint64_t id;
+    uint32_t dst;
+    uint8_t type;          /* tpi_msg_type sent */
+    const char *what;      /* "rpc_sync", "to_here"...: static */
+    char fn[TP_NAME_LEN_MAX + 1];
+    uint64_t timeout_ms;   /* 0: none */
+    uint64_t deadline_ns;  /* TPI_NO_DEADLINE: none */
+    size_t heap_index;     /* TPI_NO_INDEX when not in the heap */
+    tp_future *future;     /* counted ref */
+    tpi_reply_fn on_reply; /* may be NULL */
+    tp_rref *rref;         /* pinned rref the call concerns, or NULL */
+    tpi_gid fork;          /* RREF_FORK: the fork to accept at parent */
+    uint32_t parent;
+    tpi_call *prev, *next; /* issue order: deterministic iteration */
+};
+
+/* ---- RRefs (RREF-1..12) ------------------------------------------------- */
+
+typedef struct tpi_owner tpi_owner;
+typedef struct tpi_fork_rec {
+    tpi_gid fork;
+    uint32_t holder; /* the worker holding that reference */
+} tpi_fork_rec;
+typedef struct tpi_fetch tpi_fetch;
+
+/* The owner's record of a value (OwnerRRef). */
+struct tpi_owner {
+    tpi_gid id;
+    int ready;          /* value or error set */
+    int running;        /* the creating function is running */
+    tp_status status;   /* of the creating function */
+    tp_value *value;
+    char *errmsg;
+    tpi_fork_rec *forks; /* users that hold it */
+    size_t nforks, forks_cap;
+    int local_handles;  /* owner-side tp_rref handles */
+    tpi_fetch *fetches; /* to_here requests waiting for the value */
+    tpi_waiter *waiters; /* local_value waiters */
+};
+
+struct tp_rref {
+    atomic_int handles; /* user-visible references */
+    int pins;           /* lock: internal references (calls in flight) */
+    tp_core *core;      /* counted ref */
+    uint32_t owner;
+    char owner_name[TP_NAME_LEN_MAX + 1];
+    char self_name[TP_NAME_LEN_MAX + 1];
+    tpi_gid id;
+    tpi_gid fork;        /* user side: this reference's fork id */
+    int is_owner;
+    atomic_int confirmed;
+    int released;        /* lock: the delete was sent (or shutdown dropped it) */
+    tp_status failed;    /* lock: creation failed locally (timeout, peer down) */
+    char *fail_msg;      /* lock */
+    tp_rref *prev, *next; /* lock: the core's list of live user rrefs */
+    int listed;
+};
+
+/* ---- The worker --------------------------------------------------------- */
+
+struct tp_core {
+    atomic_int refs;
+    atomic_int state;    /* tpi_state */
+    atomic_int api_refs; /* threads inside the API using the agent */
+    _Atomic(tp_task *) lock_owner; /* the task holding the lock, or NULL */
+    tpi_waiter *parked;  /* lock: every task parked in the core, so teardown can wake it */
+    tp_context *ctx;
+    const tp_agent_ops *ops;
+    tp_agent *agent;
+    tp_store *store;
+    uint32_t rank;
+    uint32_t world_size;
+    uint32_t generation;
+    tp_worker_info self;
+    tp_worker_info *infos; /* by id; set at the end of init */
+    uint32_t *by_name;     /* ids sorted by name, for lookups */
+    uint8_t *peer_dead;    /* lock: 1 once a peer is known dead */
+    tp_options *opts;
+    double default_timeout_s; /* lock */
+    uint64_t max_msg;
+
+    /* Calls in flight (lock). */
+    uint64_t next_id;
+    tpi_idmap calls; /* key {0, id} */
+    tpi_call *calls_head, *calls_tail;
+    tpi_call **heap; /* deadline min-heap */
+    size_t heap_len, heap_cap;
+    uint64_t armed_ns;
+
+    /* Counters for shutdown's drain (lock). */
+    uint64_t active_client; /* calls awaiting a reply */
+    uint64_t active_served; /* requests accepted, reply not yet sent */
+    uint64_t issued;        /* calls ever issued */
+
+    /* RRefs (lock). */
+    atomic_uint_fast64_t next_gid; /* atomic: encoders fork without the lock */
+    tpi_idmap owners;   /* rref id -> tpi_owner */
+    tpi_idmap children; /* fork id -> tp_rref* kept for a child not yet accepted */
+    tp_rref *users;     /* live user rrefs */
+    int shutting_down;  /* graceful shutdown in progress */
+};
+
+/* ---- core.c ------------------------------------------------------------- */
+
+void tpi_core_ref(tp_core *c);
+void tpi_core_unref(tp_core *c);
+void tpi_core_free(tp_core *c); /* lifecycle.c: when refs reach 0 */
+/* The agent lock, with the holder recorded so code that may run either
+ * inside or outside it (freeing a value that holds an rref) can tell. */
+void tpi_lock(tp_core *c);
+void tpi_unlock(tp_core *c);
+int tpi_lock_held(tp_core *c);
+static inline uint64_t tpi_now(tp_core *c) {
+    return c->ops->now_ns(c->agent);
+}
+/* Parks the calling task (lock held) until woken or deadline. */
+tp_status tpi_park(tp_core *c, uint64_t deadline_ns);
+/* A deadline from now plus seconds (0: none). */
+uint64_t tpi_deadline_after(tp_core *c, double seconds);
+
+/*
+ * Enters the API for the calling context's worker: TP_ENOTINIT or
+ * TP_ESHUTDOWN (with a message naming what was attempted) when there is no
+ * running worker. On TP_OK *out is counted in api_refs: pair with tpi_leave.
+ */
+tp_status tpi_enter(const char *what, tp_core **out);
+/* Enters for a known core (a future's or rref's). */
+tp_status tpi_enter_core(tp_core *c, const char *what);
+void tpi_leave(tp_core *c);
+
+/* "worker 'w1' (id 1)" into buf. */
+const char *tpi_worker_desc(const tp_core *c, uint32_t id, char *buf, size_t len);
+/* Resolves a destination; TP_EUNKNOWNWORKER with a message. */
+tp_status tpi_resolve(tp_core *c, tp_dest dest, uint32_t *id);
+
+/* Encodes and sends m; rrefs inside are forked (lock taken as needed). */
+tp_status tpi_send_msg(tp_core *c, uint32_t dst, const tpi_msg *m, char *errmsg,
+                       size_t errmsg_len);
+
+/* ---- call.c ------------------------------------------------------------- */
+
+/*
+ * Issues a call (lock held): assigns the id, encodes m (m->id set here),
+ * registers the call with its deadline, sends. On failure nothing is
+ * registered and the call is freed, the status returned with a message.
+ * On TP_OK *out (optional) is the call (owned by the core).
+ */
+tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s);
+tpi_call *tpi_call_new(tp_core *c, uint32_t dst, uint8_t type, const char *what,
+                       const char *fn);
+void tpi_call_free(tp_core *c, tpi_call *call);
+/* Completes a call (lock held): unregisters, runs on_reply, completes the future. */
+void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
+                     const char *errmsg);
+/* Fails every call (lock held) to dst (UINT32_MAX: all) with st and a message. */
+void tpi_calls_fail(tp_core *c, uint32_t dst, tp_status st, const char *why);
+/* Handles a RESPONSE frame (I/O context, lock not held). */
+void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f);
+/* Fires expired deadlines (lock held) and rearms the timer. */
+void tpi_deadlines_run(tp_core *c);
+
+/* ---- serve.c ------------------------------------------------------------ */
+
+/* Handles a request-like frame from src (I/O context, lock not held). */
+void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f);
+/* Sends a RESPONSE (lock not held). */
+void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_value *value,
+               const char *errmsg);
+
+/* ---- rref.c ------------------------------------------------------------- */
+
+/*
+ * Hooks for values crossing the wire. Sending an rref forks it at once
+ * (under the lock, before the frame leaves, so the receiver's reply can
+ * never find the fork unknown); tpi_rref_ctx_rollback undoes the forks when
+ * the message is not sent after all.
+ */
+typedef struct tpi_fork_undo {
+    tp_rref *rref; /* the sent reference */
+    tpi_gid fork;
+} tpi_fork_undo;
+typedef struct tpi_rref_ctx {
+    tp_core *core;
+    uint32_t peer;  /* the destination (encode) or source (decode) */
+    tpi_fork_undo *undo;
+    size_t nundo, undo_cap;
+} tpi_rref_ctx;
+void tpi_rref_hooks(tpi_rref_ctx *rc, tpi_codec_hooks *hooks);
+void tpi_rref_ctx_rollback(tpi_rref_ctx *rc);
+void tpi_rref_ctx_done(tpi_rref_ctx *rc);
+
+tpi_gid tpi_new_gid(tp_core *c);
+/* Owner-side handling of RREF_* messages and REMOTE (lock not held). */
+void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m);
+/* Owner record lookup/creation (lock held). */
+tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id);
+/* Sets the value of an owner record (lock held) and answers waiting fetches. */
+void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, const char *errmsg);
+/* Frees the owner record if nothing holds it (lock held). */
+void tpi_owner_maybe_free(tp_core *c, tpi_owner *o);
+/* A peer died: drop its forks, children and fetches (lock held). */
+void tpi_rrefs_peer_down(tp_core *c, uint32_t peer);
+/* Graceful shutdown: release every user rref still held (lock held). */
+void tpi_rrefs_release_all(tp_core *c);
+/* Teardown: frees every owner record and pending child (lock held). */
+void tpi_rrefs_teardown(tp_core *c);
+tp_rref *tpi_rref_new_user(tp_core *c, uint32_t owner, tpi_gid id, tpi_gid fork);
+tp_rref *tpi_rref_new_owner(tp_core *c, tpi_owner *o);
+/* Pins/unpins an rref for a call in flight (lock held). */
+void tpi_rref_pin(tp_rref *r);
+void tpi_rref_unpin(tp_core *c, tp_rref *r);
+
+/* ---- call.c: shared entry points ------------------------------------------ */
+
+/* Starts a REQUEST (lock held); on TP_OK *out is a new future reference. */
+tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const char *fn,
+                            uint16_t flags, const tp_value *args, const tp_value *kwargs,
+                            double timeout_s, tp_future **out);
+/* Waits for f (lock not held) and moves its result out, recording its message. */
+tp_status tpi_future_result(tp_core *c, tp_future *f, tp_value **result);
+/* Starts a REMOTE (lock held); *out is a new rref. */
+tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t flags,
+                           const tp_value *args, const tp_value *kwargs, double timeout_s,
+                           tp_rref **out);
+
+/* ---- rendezvous.c ------------------------------------------------------- */
+
+/*
+ * Waits (lock not held) until "<prefix>/<r>" exists for every rank r, polling
+ * with backoff through park. values (optional, world_size entries) receive
+ * the malloc'd values. With honor_dead, ranks known dead (locally, or by a
+ * "dead/<r>" key) are skipped; without it, "init/error" is checked each round
+ * and its message returned. TP_ETIMEDOUT at deadline names the missing ranks.
+ */
+tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
+                           int honor_dead, char **values, const char *what);
+/* The init rendezvous (INIT-5..8): claims, all-gather, set_peers, ready barrier. */
+tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
+/* Publishes "dead/<r>" for every peer known dead (lock not held). */
+void tpi_publish_dead(tp_core *c);
+
+/* ---- shutdown.c --------------------------------------------------------- */
+
+tp_status tpi_shutdown_graceful(tp_core *c);
+
+/* The store key prefix for this generation: "g<gen>/". */
+size_t tpi_key(const tp_core *c, char *buf, size_t len, const char *fmt, ...) TPI_PRINTF(4, 5);
+
+#endif

@@ -1,0 +1,330 @@
+/*
+ * future.c: futures (spec/calls.md FUTURE-1..8).
+ *
+ * Completion happens under the core lock from whichever context finishes the
+ * call (I/O context for replies, timeouts and peer failures); it wakes
+ * waiters directly with unpark and hands then-callbacks to the executor, so
+ * user code never runs in the I/O context.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "options.h"
+
+struct tpi_then {
+    tp_work work; /* first: the executor gives us back this pointer */
+    tp_core *core;
+    tp_future *parent;
+    tp_future *chained;
+    tp_then_fn cb;
+    void *user_data;
+    tpi_then *next;
+};
+
+tp_future *tpi_future_new(tp_core *c) {
+    tp_future *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    atomic_init(&f->refs, 1);
+    atomic_init(&f->done, 0);
+    f->core = c;
+    tpi_core_ref(c);
+    return f;
+}
+
+tp_future *tpi_future_ref(tp_future *f) {
+    int old = atomic_fetch_add(&f->refs, 1);
+    TPI_ASSERT(old > 0);
+    return f;
+}
+
+void tp_future_free(tp_future *f) {
+    if (!f)
+        return;
+    int old = atomic_fetch_sub(&f->refs, 1);
+    TPI_ASSERT(old > 0);
+    if (old != 1)
+        return;
+    TPI_ASSERT(!f->waiters && !f->thens);
+    tp_value_free(f->value);
+    free(f->errmsg);
+    tp_core *c = f->core;
+    free(f);
+    tpi_core_unref(c);
+}
+
+static void then_run(tp_work *w);
+
+static void then_free(tpi_then *t) {
+    tp_future_free(t->parent);
+    tp_future_free(t->chained);
+    tp_core *c = t->core;
+    free(t);
+    tpi_core_unref(c);
+}
+
+/* Hands a then-callback to the executor (lock held). */
+static void then_schedule(tp_core *c, tpi_then *t) {
+    t->work.run = then_run;
+    if (c->ops->execute(c->agent, &t->work) != TP_OK) {
+        tpi_future_complete(c, t->chained, TP_ESHUTDOWN, NULL,
+                            "then-callback not run: the worker is shutting down");
+        then_free(t);
+    }
+}
+
+void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value,
+                         const char *errmsg) {
+    TPI_ASSERT(f->core == c);
+    if (atomic_load(&f->done)) {
+        tp_value_free(value);
+        return;
+    }
+    f->status = st;
+    f->value = st == TP_OK ? value : NULL;
+    if (st != TP_OK) {
+        tp_value_free(value);
+        f->errmsg = strdup(errmsg && *errmsg ? errmsg : tp_strerror(st));
+    }
+    atomic_store_explicit(&f->done, 1, memory_order_release);
+    for (tpi_waiter *w = f->waiters; w; w = w->next)
+        c->ops->unpark(c->agent, w->task);
+    tpi_then *t = f->thens;
+    f->thens = NULL;
+    while (t) {
+        tpi_then *next = t->next;
+        then_schedule(c, t);
+        t = next;
+    }
+}
+
+static void then_run(tp_work *w) {
+    tpi_then *t = (tpi_then *)w;
+    tp_core *c = t->core;
+    char err[TP_ERRMSG_LEN_MAX];
+    err[0] = '\0';
+    tp_value *result = NULL;
+    tp_status st;
+    if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
+        st = TP_ESHUTDOWN;
+        tpi_format(err, sizeof err, "then-callback not run: the worker is shutting down");
+    } else {
+        st = t->cb(t->parent, &result, err, sizeof err, t->user_data);
+        if (st != TP_OK && !err[0])
+            tpi_format(err, sizeof err, "then-callback failed: %s", tp_strerror(st));
+    }
+    tpi_lock(c);
+    tpi_future_complete(c, t->chained, st, result, err);
+    tpi_unlock(c);
+    then_free(t);
+}
+
+static void waiter_link(tp_future *f, tpi_waiter *w) {
+    w->prev = NULL;
+    w->next = f->waiters;
+    if (f->waiters)
+        f->waiters->prev = w;
+    f->waiters = w;
+}
+
+static void waiter_unlink(tp_future *f, tpi_waiter *w) {
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        f->waiters = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+}
+
+tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns) {
+    while (!atomic_load(&f->done)) {
+        tpi_waiter w = {c->ops->task_self(c->agent), NULL, NULL};
+        waiter_link(f, &w);
+        tp_status st = tpi_park(c, deadline_ns);
+        waiter_unlink(f, &w);
+        if (atomic_load(&f->done))
+            break;
+        if (st == TP_ETIMEDOUT || st == TP_ESHUTDOWN)
+            return st;
+    }
+    return TP_OK;
+}
+
+static tp_status record(const tp_future *f) {
+    if (f->status != TP_OK)
+        tpi_fail_msg(f->status, f->errmsg);
+    return f->status;
+}
+
+/* Waits accept -1 and 0 alike as "until the future completes": the call's
+ * own deadline already bounds it (FUTURE-2). */
+static tp_status wait_deadline(tp_core *c, double timeout_s, uint64_t *deadline) {
+    tp_status st = tpi_check_timeout(timeout_s, 1);
+    if (st != TP_OK)
+        return st;
+    *deadline = timeout_s > 0 ? tpi_deadline_after(c, timeout_s) : TPI_NO_DEADLINE;
+    return TP_OK;
+}
+
+tp_status tp_future_wait(tp_future *f, double timeout_s) {
+    TPI_ASSERT(f);
+    if (atomic_load_explicit(&f->done, memory_order_acquire))
+        return record(f);
+    tp_core *c = f->core;
+    tp_status st = tpi_enter_core(c, "future wait");
+    if (st != TP_OK) {
+        /* Teardown completes every future before the state leaves RUNNING
+         * for good, so a pending future here is being failed right now. */
+        if (atomic_load_explicit(&f->done, memory_order_acquire))
+            return record(f);
+        return st;
+    }
+    uint64_t deadline;
+    st = wait_deadline(c, timeout_s, &deadline);
+    if (st == TP_OK) {
+        tpi_lock(c);
+        st = tpi_future_wait_locked(c, f, deadline);
+        tpi_unlock(c);
+        if (st == TP_OK)
+            st = record(f);
+        else if (st == TP_ETIMEDOUT)
+            tpi_fail(st, "future wait timed out after %g s; the call goes on", timeout_s);
+        else
+            tpi_fail(st, "future wait ended: the worker is shutting down");
+    }
+    tpi_leave(c);
+    return st;
+}
+
+int tp_future_done(const tp_future *f) {
+    return atomic_load_explicit(&((tp_future *)f)->done, memory_order_acquire);
+}
+
+tp_status tp_future_status(const tp_future *f) {
+    if (!tp_future_done(f))
+        return tpi_fail(TP_EINVAL, "the future is still pending");
+    return f->status;
+}
+
+const tp_value *tp_future_value(const tp_future *f) {
+    return tp_future_done(f) && f->status == TP_OK ? f->value : NULL;
+}
+
+tp_value *tp_future_take_value(tp_future *f) {
+    if (!tp_future_done(f) || f->status != TP_OK)
+        return NULL;
+    tp_value *v = f->value;
+    f->value = NULL;
+    return v;
+}
+
+const char *tp_future_error(const tp_future *f) {
+    return tp_future_done(f) && f->errmsg ? f->errmsg : "";
+}
+
+tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future **chained) {
+    TPI_ASSERT(f && chained);
+    *chained = NULL;
+    if (!cb)
+        return tpi_fail(TP_EINVAL, "then-callback is NULL");
+    tp_core *c = f->core;
+    tp_status st = tpi_enter_core(c, "future then");
+    if (st != TP_OK)
+        return st;
+    tpi_then *t = calloc(1, sizeof *t);
+    tp_future *ch = t ? tpi_future_new(c) : NULL;
+    if (!ch) {
+        free(t);
+        tpi_leave(c);
+        return tpi_fail(TP_ENOMEM, "out of memory for a then-callback");
+    }
+    tpi_core_ref(c);
+    t->core = c;
+    t->parent = tpi_future_ref(f);
+    t->chained = tpi_future_ref(ch);
+    t->cb = cb;
+    t->user_data = user_data;
+    tpi_lock(c);
+    if (atomic_load(&f->done)) {
+        then_schedule(c, t);
+    } else {
+        t->next = f->thens;
+        f->thens = t;
+    }
+    tpi_unlock(c);
+    tpi_leave(c);
+    *chained = ch;
+    return TP_OK;
+}
+
+tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout_s,
+                             size_t *failed_index) {
+    if (failed_index)
+        *failed_index = SIZE_MAX;
+    if (n == 0)
+        return TP_OK;
+    TPI_ASSERT(futures);
+    tp_core *c = futures[0]->core;
+    for (size_t i = 0; i < n; i++) {
+        TPI_ASSERT(futures[i]);
+        if (futures[i]->core != c)
+            return tpi_fail(TP_EINVAL, "wait_all: future %zu belongs to another worker", i);
+    }
+    tp_status st = tpi_enter_core(c, "wait_all");
+    if (st != TP_OK)
+        return st;
+    uint64_t deadline;
+    st = wait_deadline(c, timeout_s, &deadline);
+    tpi_waiter *ws = st == TP_OK ? calloc(n, sizeof *ws) : NULL;
+    if (st == TP_OK && !ws)
+        st = tpi_fail(TP_ENOMEM, "wait_all: out of memory for %zu waiters", n);
+    if (st != TP_OK) {
+        tpi_leave(c);
+        return st;
+    }
+    tp_task *self = c->ops->task_self(c->agent);
+    tpi_lock(c);
+    for (;;) {
+        size_t pending = 0, failed = SIZE_MAX;
+        for (size_t i = 0; i < n; i++) {
+            if (!atomic_load(&futures[i]->done))
+                pending++;
+            else if (futures[i]->status != TP_OK && failed == SIZE_MAX)
+                failed = i;
+        }
+        if (failed != SIZE_MAX) { /* FUTURE-6: the first failure wins at once */
+            if (failed_index)
+                *failed_index = failed;
+            st = tpi_fail(futures[failed]->status, "wait_all: future %zu of %zu failed: %s",
+                          failed, n, futures[failed]->errmsg ? futures[failed]->errmsg : "");
+            break;
+        }
+        if (pending == 0) {
+            st = TP_OK;
+            break;
+        }
+        /* Link only pending futures; task != NULL marks the linked ones. */
+        for (size_t i = 0; i < n; i++) {
+            ws[i].task = atomic_load(&futures[i]->done) ? NULL : self;
+            if (ws[i].task)
+                waiter_link(futures[i], &ws[i]);
+        }
+        tp_status pst = tpi_park(c, deadline);
+        for (size_t i = 0; i < n; i++) {
+            if (ws[i].task)
+                waiter_unlink(futures[i], &ws[i]);
+            ws[i].task = NULL;
+        }
+        if (pst == TP_ETIMEDOUT || pst == TP_ESHUTDOWN) {
+            st = tpi_fail(pst, "wait_all: %s with %zu of %zu futures pending",
+                          pst == TP_ETIMEDOUT ? "timed out" : "the worker is shutting down",
+                          pending, n);
+            break;
+        }
+    }
+    tpi_unlock(c);
+    free(ws);
+    tpi_leave(c);
+    return st;
+}

@@ -1,0 +1,338 @@
+/*
+ * lifecycle.c: init, shutdown and teardown of a worker (spec/lifecycle.md).
+ *
+ * States per context: no core (UNINIT), initializing (ctx->initializing),
+ * a core in RUNNING (graceful shutdown's phases run here too), STOPPING
+ * (teardown: every API entry fails), then no core again. Re-init after
+ * shutdown is allowed; the context's generation counter namespaces the
+ * store keys of each attempt.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "limits.h"
+#include "options.h"
+#include "registry.h"
+
+#define TEARDOWN_POLL_NS 1000000ull /* 1 ms between looks at threads leaving the API */
+
+void tpi_core_free(tp_core *c) {
+    TPI_ASSERT(atomic_load(&c->refs) == 0);
+    TPI_ASSERT(!c->calls_head && c->calls.len == 0 && c->owners.len == 0);
+    tpi_idmap_free(&c->calls);
+    tpi_idmap_free(&c->owners);
+    tpi_idmap_free(&c->children);
+    free(c->heap);
+    free(c->infos);
+    free(c->by_name);
+    free(c->peer_dead);
+    tp_options_free(c->opts);
+    free(c);
+}
+
+static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint32_t world,
+                         const tp_options *opts) {
+    tp_core *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    atomic_init(&c->refs, 1);
+    atomic_init(&c->state, TPI_STATE_RUNNING);
+    atomic_init(&c->api_refs, 0);
+    atomic_init(&c->lock_owner, NULL);
+    atomic_init(&c->next_gid, 0);
+    c->ctx = ctx;
+    c->rank = rank;
+    c->world_size = world;
+    tpi_format(c->self.name, sizeof c->self.name, "%s", name);
+    c->self.id = rank;
+    c->infos = calloc(world, sizeof *c->infos);
+    c->by_name = calloc(world, sizeof *c->by_name);
+    c->peer_dead = calloc(world, 1);
+    c->opts = opts ? tp_options_clone(opts) : tp_options_new();
+    tpi_idmap_init(&c->calls);
+    tpi_idmap_init(&c->owners);
+    tpi_idmap_init(&c->children);
+    c->armed_ns = TPI_NO_DEADLINE;
+    if (!c->infos || !c->by_name || !c->peer_dead || !c->opts) {
+        atomic_store(&c->refs, 0);
+        tpi_core_free(c);
+        return NULL;
+    }
+    c->default_timeout_s = tp_options_rpc_timeout(c->opts);
+    c->max_msg = tp_options_max_message_size(c->opts);
+    return c;
+}
+
+/* Wakes every task parked in the core (lock held): they see the state. */
+static void wake_all(tp_core *c) {
+    for (tpi_waiter *w = c->parked; w; w = w->next)
+        c->ops->unpark(c->agent, w->task);
+}
+
+/*
+ * Teardown (SHUTDOWN-6): fail everything, let threads leave the API, stop
+ * the agent (its accepted work runs and finishes fast), free the protocol
+ * state, destroy the agent. The core memory lives on while handles do.
+ */
+static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
+    tp_status st = TP_OK;
+    char why[TP_NAME_LEN_MAX + 64];
+    tpi_format(why, sizeof why, "rpc worker '%s' shut down", c->self.name);
+    atomic_store(&c->state, TPI_STATE_STOPPING);
+    tpi_lock(c);
+    tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
+    while (atomic_load(&c->api_refs) > 0) {
+        wake_all(c);
+        if (tpi_now(c) >= deadline_ns) {
+            st = tpi_fail(TP_ETIMEDOUT, "shutdown: %d thread(s) still inside rpc calls",
+                          atomic_load(&c->api_refs));
+            break;
+        }
+        uint64_t until = tpi_now(c) + TEARDOWN_POLL_NS;
+        tpi_park(c, until < deadline_ns ? until : deadline_ns);
+    }
+    tpi_unlock(c);
+    if (st != TP_OK)
+        return st; /* the agent stays: freeing it under a thread would be worse */
+    c->ops->stop(c->agent);
+    tpi_lock(c);
+    tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
+    tpi_rrefs_teardown(c);
+    tpi_unlock(c);
+    atomic_store(&c->state, TPI_STATE_STOPPED);
+    c->ops->destroy(c->agent);
+    c->agent = NULL;
+    c->store = NULL;
+    return st;
+}
+
+/* Ends the worker in ctx: detach, tear down, drop the context's reference. */
+static tp_status finish(tp_context *ctx, tp_core *c, uint64_t deadline_ns) {
+    tp_status st = teardown(c, deadline_ns);
+    if (st != TP_OK)
+        return st;
+    tpi_context_lock(ctx);
+    ctx->core = NULL;
+    tpi_context_unlock(ctx);
+    tpi_core_unref(c);
+    return TP_OK;
+}
+
+void tpi_worker_abandon(tp_context *ctx) {
+    tpi_context_lock(ctx);
+    tp_core *c = ctx->core;
+    tpi_context_unlock(ctx);
+    if (c)
+        finish(ctx, c, tpi_deadline_after(c, tp_options_shutdown_timeout(c->opts)));
+}
+
+static tp_status fail_init(tp_context *ctx, tp_core *c, int started) {
+    if (c && c->agent) {
+        atomic_store(&c->state, TPI_STATE_STOPPING);
+        if (started)
+            c->ops->stop(c->agent);
+        c->ops->destroy(c->agent);
+    }
+    if (c) {
+        atomic_store(&c->refs, 0);
+        tpi_core_free(c);
+    }
+    tpi_context_lock(ctx);
+    ctx->initializing = 0;
+    tpi_context_unlock(ctx);
+    return TP_OK;
+}
+
+tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world_size,
+                      const tp_options *opts) {
+    tp_context *ctx = tp_context_current();
+    if (!tpi_name_valid(name, NULL))
+        return tpi_fail(TP_EINVAL,
+                        "invalid worker name '%.*s': it must match ^[A-Za-z0-9_:-]+$ and be "
+                        "1..%d bytes",
+                        TP_NAME_LEN_MAX + 8, name ? name : "(null)", TP_NAME_LEN_MAX);
+    if (world_size < 1 || world_size > TP_WORLD_SIZE_MAX)
+        return tpi_fail(TP_EINVAL, "world_size %d outside [1, %d]", world_size,
+                        TP_WORLD_SIZE_MAX);
+    if (rank < 0 || rank >= world_size)
+        return tpi_fail(TP_EINVAL, "rank %d out of range for world_size %d (ranks 0..%d)", rank,
+                        world_size, world_size - 1);
+    if (!backend)
+        backend = "TENSORPIPE";
+    const tp_backend *b = tp_lookup_backend(backend);
+    if (!b)
+        return tpi_fail(TP_EBACKEND, "no backend named '%s' is registered", backend);
+
+    tpi_context_lock(ctx);
+    if (ctx->core || ctx->initializing) {
+        tp_core *cur = ctx->core;
+        tpi_context_unlock(ctx);
+        if (cur)
+            return tpi_fail(TP_EALREADY,
+                            "rpc is already initialized on this worker as '%s' (rank %u)",
+                            cur->self.name, cur->rank);
+        return tpi_fail(TP_EALREADY, "rpc init is already in progress on this worker");
+    }
+    ctx->initializing = 1;
+    uint32_t gen = ctx->generation++;
+    tpi_context_unlock(ctx);
+
+    tp_core *c = core_new(ctx, name, (uint32_t)rank, (uint32_t)world_size, opts);
+    if (!c) {
+        fail_init(ctx, NULL, 0);
+        return tpi_fail(TP_ENOMEM, "init: out of memory");
+    }
+    c->generation = gen;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_init_params params = {c->self.name, c->rank, c->world_size, c->opts};
+    tp_status st = b->init(&params, &c->agent, &c->ops, err, sizeof err);
+    if (st != TP_OK) {
+        c->agent = NULL;
+        fail_init(ctx, c, 0);
+        return tpi_fail(st, "init: backend '%s' failed: %s", backend, err[0] ? err : tp_strerror(st));
+    }
+    TPI_ASSERT(c->ops && c->ops->api_version == TP_BACKEND_API_VERSION);
+    c->store = c->ops->store(c->agent);
+    char addr[TPI_ADDR_LEN_MAX];
+    st = c->ops->start(c->agent, c, addr, sizeof addr, err, sizeof err);
+    if (st != TP_OK) {
+        fail_init(ctx, c, 0);
+        return tpi_fail(st, "init: backend '%s' could not start: %s", backend, err);
+    }
+    uint64_t deadline = tpi_deadline_after(c, tp_options_init_timeout(c->opts));
+    st = tpi_rendezvous(c, addr, deadline);
+    if (st != TP_OK) {
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        fail_init(ctx, c, 1);
+        return tpi_fail(st, "%s", msg);
+    }
+    tpi_context_lock(ctx);
+    ctx->core = c;
+    ctx->initializing = 0;
+    tpi_context_unlock(ctx);
+    return TP_OK;
+}
+
+tp_status tp_shutdown(int graceful) {
+    tp_context *ctx = tp_context_current();
+    tpi_context_lock(ctx);
+    tp_core *c = ctx->core;
+    int busy = c && c->shutting_down;
+    if (c && !busy)
+        c->shutting_down = 1;
+    tpi_context_unlock(ctx);
+    if (!c)
+        return tpi_fail(TP_ENOTINIT, "shutdown: rpc is not initialized");
+    if (busy)
+        return tpi_fail(TP_EALREADY, "shutdown: already in progress on worker '%s'",
+                        c->self.name);
+    tp_status st = TP_OK;
+    char msg[TP_ERRMSG_LEN_MAX] = "";
+    if (graceful) {
+        st = tpi_shutdown_graceful(c);
+        if (st != TP_OK)
+            tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+    }
+    uint64_t deadline = tpi_deadline_after(c, tp_options_shutdown_timeout(c->opts));
+    tp_status tst = finish(ctx, c, deadline);
+    if (st != TP_OK)
+        return tpi_fail(st, "%s", msg); /* torn down anyway (SHUTDOWN-5) */
+    return tst;
+}
+
+int tp_is_initialized(void) {
+    tp_context *ctx = tp_context_current();
+    tpi_context_lock(ctx);
+    int up = ctx->core && atomic_load(&ctx->core->state) == TPI_STATE_RUNNING;
+    tpi_context_unlock(ctx);
+    return up;
+}
+
+tp_status tp_get_worker_info(const char *name, tp_worker_info *out) {
+    TPI_ASSERT(out);
+    tp_core *c;
+    tp_status st = tpi_enter("get_worker_info", &c);
+    if (st != TP_OK)
+        return st;
+    if (!name) {
+        *out = c->self;
+    } else {
+        uint32_t id;
+        st = tpi_resolve(c, tp_to_name(name), &id);
+        if (st == TP_OK)
+            *out = c->infos[id];
+    }
+    tpi_leave(c);
+    return st;
+}
+
+tp_status tp_get_worker_infos(tp_worker_info **out, size_t *count) {
+    TPI_ASSERT(out && count);
+    *out = NULL;
+    *count = 0;
+    tp_core *c;
+    tp_status st = tpi_enter("get_worker_infos", &c);
+    if (st != TP_OK)
+        return st;
+    tp_worker_info *v = malloc(c->world_size * sizeof *v);
+    if (!v) {
+        st = tpi_fail(TP_ENOMEM, "get_worker_infos: out of memory");
+    } else {
+        memcpy(v, c->infos, c->world_size * sizeof *v);
+        *out = v;
+        *count = c->world_size;
+    }
+    tpi_leave(c);
+    return st;
+}
+
+tp_status tp_set_rpc_timeout(double seconds) {
+    tp_status st = tpi_check_timeout(seconds, 0);
+    if (st != TP_OK)
+        return st;
+    tp_core *c;
+    st = tpi_enter("set_rpc_timeout", &c);
+    if (st != TP_OK)
+        return st;
+    tpi_lock(c);
+    c->default_timeout_s = seconds; /* TIMEOUT-4: later calls only */
+    tpi_unlock(c);
+    tpi_leave(c);
+    return TP_OK;
+}
+
+double tp_get_rpc_timeout(void) {
+    tp_core *c;
+    if (tpi_enter("get_rpc_timeout", &c) != TP_OK)
+        return TP_DEFAULT_RPC_TIMEOUT_S;
+    tpi_lock(c);
+    double t = c->default_timeout_s;
+    tpi_unlock(c);
+    tpi_leave(c);
+    return t;
+}
+
+tp_status tp_sleep(double seconds) {
+    tp_status st = tpi_check_timeout(seconds, 0);
+    if (st != TP_OK)
+        return st;
+    tp_core *c;
+    st = tpi_enter("sleep", &c);
+    if (st != TP_OK)
+        return st;
+    tpi_lock(c);
+    uint64_t until = tpi_deadline_after(c, seconds);
+    while (seconds > 0 && tpi_now(c) < until) {
+        st = tpi_park(c, until);
+        if (st == TP_ESHUTDOWN)
+            break;
+        st = TP_OK;
+    }
+    tpi_unlock(c);
+    tpi_leave(c);
+    if (st != TP_OK)
+        return tpi_fail(st, "sleep interrupted: the worker is shutting down");
+    return TP_OK;
+}

@@ -1,0 +1,47 @@
+/*
+ * limits.h: every bound in one place (spec/wire.md WIRE-8). Each limit has a
+ * name, a reason, and the relations between them are checked at compile
+ * time. Runtime options may lower a limit, never raise it.
+ */
+#ifndef TPI_LIMITS_H
+#define TPI_LIMITS_H
+
+#include "tensorplay/rpc.h"
+#include "tensorplay/rpc_backend.h"
+
+/* Largest frame, header included. 2 GiB - 1 keeps every length in a u32 and
+ * covers a 64 MiB tensor with wide room; options lower it. */
+#define TPI_MESSAGE_SIZE_MAX ((uint64_t)0x7fffffff)
+/* Default max_message_size: large enough for a 1 GiB tensor. */
+#define TPI_MESSAGE_SIZE_DEFAULT (((uint64_t)1 << 30) + ((uint64_t)1 << 20))
+/* The smallest max_message_size an option may set: a header and a small body. */
+#define TPI_MESSAGE_SIZE_MIN ((uint64_t)4096)
+
+/* Nesting depth of lists and maps: bounds the decoder's recursion. */
+#define TPI_VALUE_DEPTH_MAX 64
+/* Items in one list or map: bounds allocation before any item is read. */
+#define TPI_CONTAINER_LEN_MAX ((uint32_t)1 << 24)
+/* Bytes of one string or bytes value (the frame bound applies as well). */
+#define TPI_BLOB_LEN_MAX TPI_MESSAGE_SIZE_MAX
+/* Bytes of a remote error message carried in a response. */
+#define TPI_REMOTE_MSG_LEN_MAX (TP_ERRMSG_LEN_MAX - 1)
+
+/* Worker threads (or simulated pool tasks) per worker. */
+#define TPI_WORKER_THREADS_MAX 1024
+/* Address strings agents exchange through the store. */
+#define TPI_ADDR_LEN_MAX 256
+/* Calls in flight from one worker: bounds the pending table. */
+#define TPI_CALLS_IN_FLIGHT_MAX ((uint32_t)1 << 20)
+
+/* A timeout in seconds as a u32 of milliseconds on the wire: ~49 days. */
+#define TPI_TIMEOUT_S_MAX 4000000.0
+
+_Static_assert(TPI_MESSAGE_SIZE_DEFAULT <= TPI_MESSAGE_SIZE_MAX, "default within max");
+_Static_assert(TPI_MESSAGE_SIZE_MIN >= TP_FRAME_HEADER_SIZE + TP_ERRMSG_LEN_MAX + 64,
+               "the minimum still fits an error response");
+_Static_assert(TPI_MESSAGE_SIZE_MAX <= UINT32_MAX, "frame length fits the u32 header field");
+_Static_assert(TP_NAME_LEN_MAX < TP_STORE_KEY_LEN_MAX - 64, "store keys embed a name");
+_Static_assert(TP_TENSOR_NDIM_MAX <= 255, "ndim travels as a u8");
+_Static_assert(TPI_TIMEOUT_S_MAX * 1000.0 < 4294967295.0, "timeout ms fits a u32");
+
+#endif

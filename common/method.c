@@ -1,0 +1,108 @@
+/*
+ * method.c: method_factory / new_method (spec/api.md METHOD-1..3).
+ * A method call travels as a REQUEST (or REMOTE) with TPI_FLAG_METHOD and
+ * args = [rref, [caller's args...]]; the owner runs the method of the
+ * object its rref holds (serve.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "options.h"
+
+struct tp_method {
+    char name[TP_NAME_LEN_MAX + 1];
+};
+
+tp_status tp_method_factory(const char *method_name, tp_method **out) {
+    TPI_ASSERT(out);
+    *out = NULL;
+    if (!method_name || !*method_name || strlen(method_name) > TP_NAME_LEN_MAX ||
+        strchr(method_name, '.'))
+        return tpi_fail(TP_EINVAL, "method name must be 1..%d bytes without '.'",
+                        TP_NAME_LEN_MAX);
+    tp_method *m = calloc(1, sizeof *m);
+    if (!m)
+        return tpi_fail(TP_ENOMEM, "out of memory");
+    strcpy(m->name, method_name);
+    *out = m;
+    return TP_OK;
+}
+
+void tp_method_free(tp_method *m) {
+    free(m);
+}
+
+/* [rref, args-copy]: the caller's args are copied (lists own their items). */
+static tp_status wire_args(tp_rref *rref, const tp_value *args, tp_value **out) {
+    if (args && tp_value_kind(args) != TP_KIND_LIST)
+        return tpi_fail(TP_ETYPE, "method args must be a list");
+    tp_value *target = tp_value_rref(rref);
+    tp_value *inner = args ? tp_value_clone(args) : tp_value_list();
+    tp_value *list = tp_value_list_of(2, target, inner);
+    if (!list)
+        return tpi_fail(TP_ENOMEM, "method call: out of memory");
+    *out = list;
+    return TP_OK;
+}
+
+static tp_status start(const tp_method *m, tp_rref *rref, const tp_value *args,
+                       const tp_value *kwargs, double timeout_s, int remote, tp_future **fut,
+                       tp_rref **rout) {
+    TPI_ASSERT(m && rref);
+    tp_core *c = rref->core;
+    tp_status st = tpi_enter_core(c, "method call");
+    if (st != TP_OK)
+        return st;
+    tp_value *wire = NULL;
+    st = tpi_check_timeout(timeout_s, 1);
+    if (st == TP_OK && kwargs && tp_value_kind(kwargs) != TP_KIND_MAP)
+        st = tpi_fail(TP_ETYPE, "method kwargs must be a map");
+    if (st == TP_OK)
+        st = wire_args(rref, args, &wire);
+    if (st == TP_OK) {
+        tpi_lock(c);
+        if (remote)
+            st = tpi_start_remote(c, rref->owner, m->name, TPI_FLAG_METHOD, wire, kwargs,
+                                  timeout_s, rout);
+        else
+            st = tpi_start_request(c, rref->owner, "method call", m->name, TPI_FLAG_METHOD,
+                                   wire, kwargs, timeout_s, fut);
+        tpi_unlock(c);
+    }
+    tp_value_free(wire);
+    tpi_leave(c);
+    return st;
+}
+
+tp_status tp_method_call_async(const tp_method *m, tp_rref *rref, const tp_value *args,
+                               const tp_value *kwargs, double timeout_s, tp_future **out) {
+    TPI_ASSERT(out);
+    *out = NULL;
+    return start(m, rref, args, kwargs, timeout_s, 0, out, NULL);
+}
+
+tp_status tp_method_call_sync(const tp_method *m, tp_rref *rref, const tp_value *args,
+                              const tp_value *kwargs, double timeout_s, tp_value **result) {
+    TPI_ASSERT(result);
+    *result = NULL;
+    tp_future *f = NULL;
+    tp_status st = start(m, rref, args, kwargs, timeout_s, 0, &f, NULL);
+    if (st != TP_OK)
+        return st;
+    tp_core *c = rref->core;
+    st = tpi_enter_core(c, "method call");
+    if (st == TP_OK) {
+        st = tpi_future_result(c, f, result);
+        tpi_leave(c);
+    }
+    tp_future_free(f);
+    return st;
+}
+
+tp_status tp_method_call_remote(const tp_method *m, tp_rref *rref, const tp_value *args,
+                                const tp_value *kwargs, double timeout_s, tp_rref **out) {
+    TPI_ASSERT(out);
+    *out = NULL;
+    return start(m, rref, args, kwargs, timeout_s, 1, NULL, out);
+}

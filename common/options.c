@@ -1,0 +1,197 @@
+/* options.c: tp_options, the backend options (spec/api.md OPT-1..6). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "limits.h"
+#include "options.h"
+
+#define OPTS_KV_MAX 64 /* backend-specific keys: a bound, not a tuning knob */
+
+struct tp_options {
+    double rpc_timeout_s;
+    double init_timeout_s;     /* < 0: follow rpc_timeout */
+    double shutdown_timeout_s; /* < 0: follow rpc_timeout */
+    int num_worker_threads;
+    uint64_t max_message_size;
+    char *init_method;
+    size_t nkv;
+    char *keys[OPTS_KV_MAX];
+    char *values[OPTS_KV_MAX];
+};
+
+tp_options *tp_options_new(void) {
+    tp_options *o = calloc(1, sizeof *o);
+    if (!o)
+        return NULL;
+    o->rpc_timeout_s = TP_DEFAULT_RPC_TIMEOUT_S;
+    o->init_timeout_s = -1;
+    o->shutdown_timeout_s = -1;
+    o->num_worker_threads = TP_DEFAULT_NUM_WORKER_THREADS;
+    o->max_message_size = TPI_MESSAGE_SIZE_DEFAULT;
+    return o;
+}
+
+void tp_options_free(tp_options *o) {
+    if (!o)
+        return;
+    free(o->init_method);
+    for (size_t i = 0; i < o->nkv; i++) {
+        free(o->keys[i]);
+        free(o->values[i]);
+    }
+    free(o);
+}
+
+tp_options *tp_options_clone(const tp_options *src) {
+    TPI_ASSERT(src);
+    tp_options *o = tp_options_new();
+    if (!o)
+        return NULL;
+    *o = *src;
+    o->init_method = NULL;
+    o->nkv = 0;
+    if (src->init_method && !(o->init_method = strdup(src->init_method)))
+        goto oom;
+    for (size_t i = 0; i < src->nkv; i++) {
+        o->keys[i] = strdup(src->keys[i]);
+        o->values[i] = strdup(src->values[i]);
+        o->nkv = i + 1;
+        if (!o->keys[i] || !o->values[i])
+            goto oom;
+    }
+    return o;
+oom:
+    tp_options_free(o);
+    return NULL;
+}
+
+tp_status tpi_check_timeout(double seconds, int allow_default) {
+    if (isnan(seconds))
+        return tpi_fail(TP_EINVAL, "timeout is NaN");
+    if (allow_default && seconds == TP_TIMEOUT_DEFAULT)
+        return TP_OK;
+    if (seconds < 0)
+        return tpi_fail(TP_EINVAL,
+                        "timeout %g s is negative: use -1 for the default or 0 for no deadline",
+                        seconds);
+    if (seconds > TPI_TIMEOUT_S_MAX)
+        return tpi_fail(TP_EINVAL, "timeout %g s exceeds the limit of %g s", seconds,
+                        TPI_TIMEOUT_S_MAX);
+    return TP_OK;
+}
+
+tp_status tp_options_set_rpc_timeout(tp_options *o, double s) {
+    TPI_ASSERT(o);
+    tp_status st = tpi_check_timeout(s, 0);
+    if (st == TP_OK)
+        o->rpc_timeout_s = s;
+    return st;
+}
+
+double tp_options_rpc_timeout(const tp_options *o) {
+    return o->rpc_timeout_s;
+}
+
+tp_status tp_options_set_init_method(tp_options *o, const char *m) {
+    TPI_ASSERT(o);
+    if (!m || !*m)
+        return tpi_fail(TP_EINVAL, "init_method is empty");
+    char *copy = strdup(m);
+    if (!copy)
+        return tpi_fail(TP_ENOMEM, "out of memory copying init_method");
+    free(o->init_method);
+    o->init_method = copy;
+    return TP_OK;
+}
+
+const char *tp_options_init_method(const tp_options *o) {
+    return o->init_method;
+}
+
+tp_status tp_options_set_num_worker_threads(tp_options *o, int n) {
+    TPI_ASSERT(o);
+    if (n < 1 || n > TPI_WORKER_THREADS_MAX)
+        return tpi_fail(TP_EINVAL, "num_worker_threads %d outside [1, %d]", n,
+                        TPI_WORKER_THREADS_MAX);
+    o->num_worker_threads = n;
+    return TP_OK;
+}
+
+int tp_options_num_worker_threads(const tp_options *o) {
+    return o->num_worker_threads;
+}
+
+tp_status tp_options_set_init_timeout(tp_options *o, double s) {
+    TPI_ASSERT(o);
+    tp_status st = tpi_check_timeout(s, 0);
+    if (st == TP_OK)
+        o->init_timeout_s = s;
+    return st;
+}
+
+double tp_options_init_timeout(const tp_options *o) {
+    return o->init_timeout_s < 0 ? o->rpc_timeout_s : o->init_timeout_s;
+}
+
+tp_status tp_options_set_shutdown_timeout(tp_options *o, double s) {
+    TPI_ASSERT(o);
+    tp_status st = tpi_check_timeout(s, 0);
+    if (st == TP_OK)
+        o->shutdown_timeout_s = s;
+    return st;
+}
+
+double tp_options_shutdown_timeout(const tp_options *o) {
+    return o->shutdown_timeout_s < 0 ? o->rpc_timeout_s : o->shutdown_timeout_s;
+}
+
+tp_status tp_options_set_max_message_size(tp_options *o, uint64_t bytes) {
+    TPI_ASSERT(o);
+    if (bytes < TPI_MESSAGE_SIZE_MIN || bytes > TPI_MESSAGE_SIZE_MAX)
+        return tpi_fail(TP_EINVAL, "max_message_size %llu outside [%llu, %llu]",
+                        (unsigned long long)bytes, (unsigned long long)TPI_MESSAGE_SIZE_MIN,
+                        (unsigned long long)TPI_MESSAGE_SIZE_MAX);
+    o->max_message_size = bytes;
+    return TP_OK;
+}
+
+uint64_t tp_options_max_message_size(const tp_options *o) {
+    return o->max_message_size;
+}
+
+tp_status tp_options_set(tp_options *o, const char *key, const char *value) {
+    TPI_ASSERT(o);
+    if (!key || !*key || !value)
+        return tpi_fail(TP_EINVAL, "option key and value must be non-empty strings");
+    for (size_t i = 0; i < o->nkv; i++) {
+        if (strcmp(o->keys[i], key) == 0) {
+            char *v = strdup(value);
+            if (!v)
+                return tpi_fail(TP_ENOMEM, "out of memory setting option '%s'", key);
+            free(o->values[i]);
+            o->values[i] = v;
+            return TP_OK;
+        }
+    }
+    if (o->nkv == OPTS_KV_MAX)
+        return tpi_fail(TP_ELIMIT, "more than %d backend options", OPTS_KV_MAX);
+    char *k = strdup(key), *v = strdup(value);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return tpi_fail(TP_ENOMEM, "out of memory setting option '%s'", key);
+    }
+    o->keys[o->nkv] = k;
+    o->values[o->nkv] = v;
+    o->nkv++;
+    return TP_OK;
+}
+
+const char *tp_options_get(const tp_options *o, const char *key) {
+    for (size_t i = 0; i < o->nkv; i++)
+        if (strcmp(o->keys[i], key) == 0)
+            return o->values[i];
+    return NULL;
+}

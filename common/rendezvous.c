@@ -1,0 +1,309 @@
+/*
+ * rendezvous.c: init's all-gather and the barriers, through the store
+ * (spec/lifecycle.md INIT-5..8, SHUTDOWN-3). The store only has get/set
+ * and atomic ops; waiting is polling with backoff through the agent's park,
+ * so on the simulator it runs on virtual time like everything else.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+#define POLL_FIRST_NS 500000ull     /* 0.5 ms: rendezvous partners are usually close */
+#define POLL_MAX_NS 20000000ull     /* 20 ms: bounds the latency added to a late joiner */
+#define MISSING_NAMED_MAX 8         /* ranks named in a timeout message */
+
+static tp_status store_fail(tp_core *c, tp_status st, const char *what) {
+    return tpi_fail(st == TP_ENOENT ? TP_ESTORE : st, "%s: rendezvous store: %s", what,
+                    c->store->errmsg[0] ? c->store->errmsg : tp_strerror(st));
+}
+
+/* Parks until now + wait (bounded by deadline); TP_ESHUTDOWN ends the wait. */
+static tp_status nap(tp_core *c, uint64_t *backoff, uint64_t deadline) {
+    tpi_lock(c);
+    uint64_t now = tpi_now(c);
+    uint64_t until = now + *backoff < deadline ? now + *backoff : deadline;
+    tp_status st = TP_OK;
+    while (st == TP_OK && tpi_now(c) < until)
+        st = tpi_park(c, until);
+    tpi_unlock(c);
+    *backoff = *backoff * 2 < POLL_MAX_NS ? *backoff * 2 : POLL_MAX_NS;
+    return st == TP_ETIMEDOUT ? TP_OK : st;
+}
+
+static int key_exists(tp_core *c, const char *key, char **value, tp_status *st) {
+    void *v = NULL;
+    size_t len = 0;
+    *st = c->store->ops->get(c->store, key, &v, &len);
+    if (*st == TP_ENOENT) {
+        *st = TP_OK;
+        return 0;
+    }
+    if (*st != TP_OK)
+        return 0;
+    if (value)
+        *value = v;
+    else
+        free(v);
+    return 1;
+}
+
+/* An "init/error" published by another worker: "<status>\t<message>". */
+static tp_status check_error_key(tp_core *c, const char *what) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char *v = NULL;
+    tp_status st;
+    tpi_key(c, key, sizeof key, "init/error");
+    if (!key_exists(c, key, &v, &st))
+        return st == TP_OK ? TP_OK : store_fail(c, st, what);
+    char *tab = strchr(v, '\t');
+    long code = strtol(v, NULL, 10);
+    if (!tab || code <= 0 || code >= TP_STATUS_COUNT_)
+        st = tpi_fail(TP_EINVAL, "%s: another worker failed init: %s", what, v);
+    else
+        st = tpi_fail((tp_status)code, "%s: %s", what, tab + 1);
+    free(v);
+    return st;
+}
+
+static void name_missing(tp_core *c, const uint8_t *present, char *buf, size_t len) {
+    size_t n = 0, named = 0, missing = 0;
+    for (uint32_t r = 0; r < c->world_size; r++) {
+        if (present[r])
+            continue;
+        missing++;
+        if (named < MISSING_NAMED_MAX) {
+            n += tpi_format(buf + n, len - n, "%s%u", named ? ", " : "", r);
+            named++;
+        }
+    }
+    if (missing > named)
+        tpi_format(buf + n, len - n, " and %zu more", missing - named);
+}
+
+static int known_dead(tp_core *c, uint32_t r, tp_status *st) {
+    tpi_lock(c);
+    int dead = c->peer_dead[r];
+    tpi_unlock(c);
+    if (dead)
+        return 1;
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    tpi_key(c, key, sizeof key, "dead/%u", r);
+    return key_exists(c, key, NULL, st);
+}
+
+tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
+                           int honor_dead, char **values, const char *what) {
+    uint8_t *present = calloc(c->world_size, 1);
+    if (!present)
+        return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+    uint64_t backoff = POLL_FIRST_NS;
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    tp_status st = TP_OK;
+    for (;;) {
+        uint32_t missing = 0;
+        for (uint32_t r = 0; r < c->world_size && st == TP_OK; r++) {
+            if (present[r])
+                continue;
+            tpi_key(c, key, sizeof key, "%s/%u", prefix, r);
+            if (key_exists(c, key, values ? &values[r] : NULL, &st))
+                present[r] = 1;
+            else if (st == TP_OK && honor_dead && known_dead(c, r, &st))
+                present[r] = 2; /* dead: not waited for */
+            else if (st == TP_OK)
+                missing++;
+        }
+        if (st != TP_OK) {
+            st = store_fail(c, st, what);
+            break;
+        }
+        if (!honor_dead && (st = check_error_key(c, what)) != TP_OK)
+            break;
+        if (missing == 0)
+            break;
+        if (tpi_now(c) >= deadline_ns) {
+            char names[256];
+            name_missing(c, present, names, sizeof names);
+            st = tpi_fail(TP_ETIMEDOUT, "%s: timed out waiting for rank%s %s (of %u workers)",
+                          what, missing > 1 ? "s" : "", names, c->world_size);
+            break;
+        }
+        st = nap(c, &backoff, deadline_ns);
+        if (st != TP_OK) {
+            st = tpi_fail(st, "%s: the wait was interrupted: %s", what, tp_strerror(st));
+            break;
+        }
+    }
+    if (st == TP_OK && honor_dead) {
+        uint32_t dead = 0;
+        for (uint32_t r = 0; r < c->world_size; r++)
+            dead += present[r] == 2;
+        if (dead) {
+            char names[256];
+            size_t n = 0;
+            for (uint32_t r = 0; r < c->world_size; r++)
+                if (present[r] == 2)
+                    n += tpi_format(names + n, sizeof names - n, "%s'%s' (id %u)",
+                                    n ? ", " : "", c->infos[r].name, r);
+            st = tpi_fail(TP_EPEERDOWN, "%s: worker%s %s %s down", what, dead > 1 ? "s" : "",
+                          names, dead > 1 ? "are" : "is");
+        }
+    }
+    free(present);
+    return st;
+}
+
+void tpi_publish_dead(tp_core *c) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    for (uint32_t r = 0; r < c->world_size; r++) {
+        tpi_lock(c);
+        int dead = c->peer_dead[r];
+        tpi_unlock(c);
+        if (dead) {
+            tpi_key(c, key, sizeof key, "dead/%u", r);
+            c->store->ops->set(c->store, key, "1", 1);
+        }
+    }
+}
+
+/* Publishes an init failure for every worker to see (INIT-6). */
+static tp_status publish_error(tp_core *c, tp_status st, const char *msg) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char val[TP_ERRMSG_LEN_MAX + 16];
+    int swapped = 0;
+    tpi_key(c, key, sizeof key, "init/error");
+    size_t n = tpi_format(val, sizeof val, "%d\t%s", (int)st, msg);
+    c->store->ops->compare_set(c->store, key, NULL, 0, val, n, &swapped);
+    return tpi_fail(st, "%s", msg);
+}
+
+/* Compare-and-set key from absent to value; on loss *other gets the winner's value. */
+static tp_status claim(tp_core *c, const char *key, const char *value, char **other) {
+    int swapped = 0;
+    *other = NULL;
+    tp_status st = c->store->ops->compare_set(c->store, key, NULL, 0, value, strlen(value),
+                                              &swapped);
+    if (st != TP_OK)
+        return store_fail(c, st, "init");
+    if (swapped)
+        return TP_OK;
+    size_t len;
+    st = c->store->ops->get(c->store, key, (void **)other, &len);
+    return st == TP_OK ? TP_EALREADY : store_fail(c, st, "init");
+}
+
+static int by_name_cmp_ctx(const tp_core *c, uint32_t a, uint32_t b) {
+    return strcmp(c->infos[a].name, c->infos[b].name);
+}
+
+static void sort_names(tp_core *c) {
+    /* Insertion sort keeps it simple; binary insertion bounds compares. */
+    for (uint32_t i = 0; i < c->world_size; i++) {
+        uint32_t id = i, lo = 0, hi = i;
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (by_name_cmp_ctx(c, c->by_name[mid], id) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        memmove(&c->by_name[lo + 1], &c->by_name[lo], (i - lo) * sizeof c->by_name[0]);
+        c->by_name[lo] = id;
+    }
+}
+
+tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char val[TP_NAME_LEN_MAX + TPI_ADDR_LEN_MAX + 8];
+    char msg[TP_ERRMSG_LEN_MAX];
+    char *other = NULL;
+
+    /* INIT-5: the first worker fixes the world size; others must agree. */
+    tpi_key(c, key, sizeof key, "init/world_size");
+    tpi_format(val, sizeof val, "%u", c->world_size);
+    tp_status st = claim(c, key, val, &other);
+    if (st == TP_EALREADY) {
+        int same = strcmp(other, val) == 0;
+        if (!same)
+            tpi_format(msg, sizeof msg,
+                       "world size mismatch: worker '%s' (rank %u) says %u, the job says %s",
+                       c->self.name, c->rank, c->world_size, other);
+        free(other);
+        if (!same)
+            return publish_error(c, TP_EINVAL, msg);
+        st = TP_OK;
+    }
+    if (st != TP_OK)
+        return st;
+
+    /* INIT-3: a rank is claimed once. */
+    tpi_key(c, key, sizeof key, "init/rank/%u", c->rank);
+    tpi_format(val, sizeof val, "%s\t%s", c->self.name, addr);
+    st = claim(c, key, val, &other);
+    if (st == TP_EALREADY) {
+        char *tab = strchr(other, '\t');
+        if (tab)
+            *tab = '\0';
+        tpi_format(msg, sizeof msg, "rank %u claimed twice, by '%s' and '%s'", c->rank, other,
+                   c->self.name);
+        free(other);
+        return publish_error(c, TP_EINVAL, msg);
+    }
+    if (st != TP_OK)
+        return st;
+
+    /* INIT-4: a name is used once. */
+    tpi_key(c, key, sizeof key, "init/name/%s", c->self.name);
+    tpi_format(val, sizeof val, "%u", c->rank);
+    st = claim(c, key, val, &other);
+    if (st == TP_EALREADY) {
+        tpi_format(msg, sizeof msg, "duplicate worker name '%s': used by ranks %s and %u",
+                   c->self.name, other, c->rank);
+        free(other);
+        return publish_error(c, TP_EDUPNAME, msg);
+    }
+    if (st != TP_OK)
+        return st;
+
+    /* INIT-6: the all-gather. */
+    char **values = calloc(c->world_size, sizeof *values);
+    char **addrs = calloc(c->world_size, sizeof *addrs);
+    if (!values || !addrs) {
+        free(values);
+        free(addrs);
+        return tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", c->world_size);
+    }
+    st = tpi_store_gather(c, "init/rank", deadline_ns, 0, values, "init");
+    for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++) {
+        char *tab = strchr(values[r], '\t');
+        if (!tab || tab == values[r] || (size_t)(tab - values[r]) > TP_NAME_LEN_MAX) {
+            st = tpi_fail(TP_ESTORE, "init: rank %u's entry in the store is malformed", r);
+            break;
+        }
+        *tab = '\0';
+        tpi_format(c->infos[r].name, sizeof c->infos[r].name, "%s", values[r]);
+        c->infos[r].id = r;
+        addrs[r] = tab + 1;
+    }
+    if (st == TP_OK) {
+        sort_names(c);
+        char err[TP_ERRMSG_LEN_MAX] = "";
+        st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
+                               sizeof err);
+        if (st != TP_OK)
+            tpi_fail(st, "init: the backend could not take the peer addresses: %s", err);
+    }
+    for (uint32_t r = 0; r < c->world_size; r++)
+        free(values[r]);
+    free(values);
+    free(addrs);
+    if (st != TP_OK)
+        return st;
+
+    /* INIT-7: nobody sends before everybody can route. */
+    tpi_key(c, key, sizeof key, "init/ready/%u", c->rank);
+    st = c->store->ops->set(c->store, key, "1", 1);
+    if (st != TP_OK)
+        return store_fail(c, st, "init");
+    return tpi_store_gather(c, "init/ready", deadline_ns, 0, NULL, "init");
+}

@@ -1,0 +1,809 @@
+/*
+ * rref.c: remote references (spec/rref.md RREF-1..12).
+ *
+ * The owner keeps a tpi_owner per value with the set of forks (user
+ * references elsewhere) and its own local handles. A user reference is a
+ * tp_rref with a fork id. The two guarantees:
+ *  - the owner hears of every user deletion (RREF_DELETE, answered);
+ *  - a parent keeps its reference until the child it sent is confirmed by
+ *    the owner (the parent holds a handle in `children` until RREF_ACCEPT).
+ * This first cut assumes per-link FIFO delivery and no loss except with a
+ * peer-down; the protocol under loss and reordering is a later issue.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "options.h"
+
+typedef struct tpi_child {
+    tp_rref *rref; /* a handle kept for the child */
+    uint32_t to;
+} tpi_child;
+
+struct tpi_fetch {
+    uint32_t src;
+    uint64_t id;
+    tpi_fetch *next;
+};
+
+static const tpi_gid no_fork = {0, 0};
+
+tpi_gid tpi_new_gid(tp_core *c) {
+    tpi_gid g = {c->rank, atomic_fetch_add(&c->next_gid, 1) + 1};
+    return g;
+}
+
+/* ---- Owner records ---------------------------------------------------------- */
+
+tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id) {
+    tpi_owner *o = tpi_idmap_get(&c->owners, id);
+    if (o)
+        return o;
+    o = calloc(1, sizeof *o);
+    if (!o)
+        return NULL;
+    o->id = id;
+    if (tpi_idmap_put(&c->owners, id, o) != TP_OK) {
+        free(o);
+        return NULL;
+    }
+    return o;
+}
+
+static tp_status add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder) {
+    if (o->nforks == o->forks_cap) {
+        size_t cap = o->forks_cap ? 2 * o->forks_cap : 4;
+        tpi_fork_rec *grown = realloc(o->forks, cap * sizeof *grown);
+        if (!grown)
+            return TP_ENOMEM;
+        o->forks = grown;
+        o->forks_cap = cap;
+    }
+    o->forks[o->nforks].fork = fork;
+    o->forks[o->nforks].holder = holder;
+    o->nforks++;
+    return TP_OK;
+}
+
+static int remove_fork(tpi_owner *o, tpi_gid fork) {
+    for (size_t i = 0; i < o->nforks; i++) {
+        if (tpi_gid_eq(o->forks[i].fork, fork)) {
+            /* Keep the order: iteration order must not depend on removal. */
+            memmove(&o->forks[i], &o->forks[i + 1], (o->nforks - i - 1) * sizeof o->forks[0]);
+            o->nforks--;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void reply_fetch(tp_core *c, tpi_owner *o, uint32_t src, uint64_t id) {
+    char err[TP_ERRMSG_LEN_MAX];
+    if (o->status == TP_OK) {
+        tpi_reply(c, src, id, TP_OK, o->value, NULL);
+    } else {
+        tpi_format(err, sizeof err, "%s", o->errmsg ? o->errmsg : tp_strerror(o->status));
+        tpi_reply(c, src, id, o->status, NULL, err);
+    }
+}
+
+void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, const char *errmsg) {
+    TPI_ASSERT(!o->ready);
+    o->ready = 1;
+    o->status = st;
+    o->value = st == TP_OK ? (value ? value : tp_value_nil()) : NULL;
+    if (st != TP_OK) {
+        tp_value_free(value);
+        o->errmsg = strdup(errmsg && *errmsg ? errmsg : tp_strerror(st));
+    }
+    tpi_fetch *fe = o->fetches;
+    o->fetches = NULL;
+    while (fe) {
+        tpi_fetch *next = fe->next;
+        reply_fetch(c, o, fe->src, fe->id);
+        free(fe);
+        fe = next;
+    }
+    for (tpi_waiter *w = o->waiters; w; w = w->next)
+        c->ops->unpark(c->agent, w->task);
+}
+
+static void owner_free(tp_core *c, tpi_owner *o) {
+    void *was = tpi_idmap_del(&c->owners, o->id);
+    TPI_ASSERT(was == o);
+    tpi_fetch *fe = o->fetches;
+    while (fe) {
+        tpi_fetch *next = fe->next;
+        free(fe);
+        fe = next;
+    }
+    tp_value_free(o->value); /* may release rrefs it holds: lock is held, they see it */
+    free(o->errmsg);
+    free(o->forks);
+    free(o);
+}
+
+void tpi_owner_maybe_free(tp_core *c, tpi_owner *o) {
+    if (o->nforks == 0 && o->local_handles == 0 && !o->fetches && !o->waiters && !o->running &&
+        o->ready)
+        owner_free(c, o);
+}
+
+/* ---- Handles ------------------------------------------------------------------ */
+
+static tp_rref *rref_alloc(tp_core *c, uint32_t owner, tpi_gid id) {
+    tp_rref *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    atomic_init(&r->handles, 1);
+    atomic_init(&r->confirmed, 0);
+    r->core = c;
+    tpi_core_ref(c);
+    r->owner = owner;
+    r->id = id;
+    tpi_format(r->owner_name, sizeof r->owner_name, "%s", c->infos[owner].name);
+    tpi_format(r->self_name, sizeof r->self_name, "%s", c->self.name);
+    return r;
+}
+
+tp_rref *tpi_rref_new_user(tp_core *c, uint32_t owner, tpi_gid id, tpi_gid fork) {
+    tp_rref *r = rref_alloc(c, owner, id);
+    if (!r)
+        return NULL;
+    r->fork = fork;
+    r->next = c->users;
+    if (c->users)
+        c->users->prev = r;
+    c->users = r;
+    r->listed = 1;
+    return r;
+}
+
+tp_rref *tpi_rref_new_owner(tp_core *c, tpi_owner *o) {
+    tp_rref *r = rref_alloc(c, c->rank, o->id);
+    if (!r)
+        return NULL;
+    r->is_owner = 1;
+    atomic_store(&r->confirmed, 1);
+    o->local_handles++;
+    return r;
+}
+
+static void unlist(tp_core *c, tp_rref *r) {
+    if (!r->listed)
+        return;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->users = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+    r->listed = 0;
+}
+
+static void rref_free(tp_rref *r) {
+    tp_core *c = r->core;
+    free(r->fail_msg);
+    free(r);
+    tpi_core_unref(c);
+}
+
+/* Frees r when no handle and no call holds it (lock held). */
+static void rref_maybe_free(tp_core *c, tp_rref *r) {
+    if (atomic_load(&r->handles) == 0 && r->pins == 0) {
+        unlist(c, r);
+        rref_free(r);
+    }
+}
+
+void tpi_rref_pin(tp_rref *r) {
+    r->pins++;
+}
+
+void tpi_rref_unpin(tp_core *c, tp_rref *r) {
+    TPI_ASSERT(r->pins > 0);
+    r->pins--;
+    if (atomic_load(&c->state) == TPI_STATE_RUNNING || tpi_lock_held(c))
+        rref_maybe_free(c, r);
+}
+
+/* Sends RREF_DELETE for a user reference (lock held). RREF-4. */
+static void send_delete(tp_core *c, tp_rref *r) {
+    if (r->released)
+        return;
+    r->released = 1;
+    unlist(c, r);
+    if (c->peer_dead[r->owner])
+        return;
+    tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_DELETE, "rref delete", NULL);
+    if (!call)
+        return; /* the owner keeps the value until shutdown: a leak, not a crash */
+    tpi_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = TPI_MSG_RREF_DELETE;
+    m.rref = r->id;
+    m.fork = r->fork;
+    if (tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT) != TP_OK)
+        return; /* the owner is unreachable; its peer-down handling drops the fork */
+}
+
+/* The last handle went away (lock held, worker running). */
+static void last_handle(tp_core *c, tp_rref *r) {
+    if (r->is_owner) {
+        tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
+        if (o) {
+            TPI_ASSERT(o->local_handles > 0);
+            o->local_handles--;
+            tpi_owner_maybe_free(c, o);
+        }
+    } else {
+        send_delete(c, r);
+    }
+    rref_maybe_free(c, r);
+}
+
+tp_rref *tp_rref_clone(tp_rref *r) {
+    TPI_ASSERT(r);
+    int old = atomic_fetch_add(&r->handles, 1);
+    TPI_ASSERT(old > 0);
+    return r;
+}
+
+void tp_rref_release(tp_rref *r) {
+    if (!r)
+        return;
+    int old = atomic_fetch_sub(&r->handles, 1);
+    TPI_ASSERT(old > 0);
+    if (old != 1)
+        return;
+    tp_core *c = r->core;
+    if (atomic_load(&c->state) == TPI_STATE_STOPPED) {
+        /* Teardown dropped the protocol state and the agent: only memory is left. */
+        if (r->pins == 0 && !r->listed)
+            rref_free(r);
+        return;
+    }
+    if (tpi_lock_held(c)) { /* freed from inside the core: a value under the lock */
+        if (atomic_load(&c->state) == TPI_STATE_RUNNING)
+            last_handle(c, r);
+        else
+            rref_maybe_free(c, r);
+        return;
+    }
+    if (tpi_enter_core(c, "rref release") != TP_OK) {
+        /* Teardown dropped the protocol state already; only memory is left. */
+        if (r->pins == 0 && !r->listed)
+            rref_free(r);
+        return;
+    }
+    tpi_lock(c);
+    last_handle(c, r);
+    tpi_unlock(c);
+    tpi_leave(c);
+}
+
+/* ---- Sending and receiving rrefs inside values (RREF-7) ------------------------ */
+
+static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
+    tpi_rref_ctx *rc = ctx;
+    tp_core *c = rc->core;
+    if (r->core != c)
+        return tpi_fail(TP_EINVAL, "an rref from another worker context cannot be sent here");
+    if (rc->nundo == rc->undo_cap) {
+        size_t cap = rc->undo_cap ? 2 * rc->undo_cap : 4;
+        tpi_fork_undo *grown = realloc(rc->undo, cap * sizeof *grown);
+        if (!grown)
+            return TP_ENOMEM;
+        rc->undo = grown;
+        rc->undo_cap = cap;
+    }
+    w->owner = r->owner;
+    w->rref_id = r->id;
+    w->fork_id = tpi_new_gid(c);
+    w->parent = c->rank;
+    int mine = tpi_lock_held(c);
+    if (!mine)
+        tpi_lock(c);
+    tp_status st = TP_OK;
+    if (r->is_owner) { /* the owner records the fork itself, at once */
+        tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
+        st = o ? add_fork(o, w->fork_id, rc->peer) : TP_EINVAL;
+    } else { /* keep our reference until the child is confirmed (guarantee 2) */
+        tpi_child *ch = malloc(sizeof *ch);
+        st = ch ? TP_OK : TP_ENOMEM;
+        if (ch) {
+            ch->rref = tp_rref_clone(r);
+            ch->to = rc->peer;
+            st = tpi_idmap_put(&c->children, w->fork_id, ch);
+            if (st != TP_OK) {
+                atomic_fetch_sub(&r->handles, 1); /* cannot be the last: caller holds one */
+                free(ch);
+            }
+        }
+    }
+    if (!mine)
+        tpi_unlock(c);
+    if (st != TP_OK)
+        return st;
+    rc->undo[rc->nundo].rref = r;
+    rc->undo[rc->nundo].fork = w->fork_id;
+    rc->nundo++;
+    return TP_OK;
+}
+
+void tpi_rref_ctx_rollback(tpi_rref_ctx *rc) {
+    if (rc->nundo == 0)
+        return;
+    tp_core *c = rc->core;
+    int mine = tpi_lock_held(c);
+    if (!mine)
+        tpi_lock(c);
+    for (size_t i = 0; i < rc->nundo; i++) {
+        tp_rref *r = rc->undo[i].rref;
+        if (r->is_owner) {
+            tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
+            if (o)
+                remove_fork(o, rc->undo[i].fork);
+        } else {
+            tpi_child *ch = tpi_idmap_del(&c->children, rc->undo[i].fork);
+            if (ch) {
+                tp_rref_release(ch->rref); /* lock held: handled inline */
+                free(ch);
+            }
+        }
+    }
+    rc->nundo = 0;
+    if (!mine)
+        tpi_unlock(c);
+}
+
+void tpi_rref_ctx_done(tpi_rref_ctx *rc) {
+    free(rc->undo);
+    rc->undo = NULL;
+    rc->nundo = rc->undo_cap = 0;
+}
+
+static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork);
+
+static void fork_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
+    (void)st;
+    tp_rref *r = call->rref;
+    if (reply) /* the owner recorded our fork: tell the parent (RREF-7) */
+        atomic_store(&r->confirmed, 1);
+    send_accept(c, call->parent, call->fork);
+}
+
+static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
+    tpi_rref_ctx *rc = ctx;
+    tp_core *c = rc->core;
+    if (w->owner >= c->world_size || w->parent >= c->world_size ||
+        w->rref_id.worker >= c->world_size)
+        return tpi_fail(TP_EPROTO, "an rref names a worker outside the world of %u",
+                        c->world_size);
+    int mine = tpi_lock_held(c);
+    if (!mine)
+        tpi_lock(c);
+    tp_status st = TP_OK;
+    tp_rref *r = NULL;
+    if (w->owner == c->rank) {
+        tpi_owner *o = tpi_idmap_get(&c->owners, w->rref_id);
+        if (!o) {
+            st = tpi_fail(TP_EPROTO, "rref %u:%llu is unknown on its owner '%s'",
+                          w->rref_id.worker, (unsigned long long)w->rref_id.local, c->self.name);
+        } else {
+            r = tpi_rref_new_owner(c, o);
+            st = r ? TP_OK : TP_ENOMEM;
+            if (r && w->parent == c->rank)
+                remove_fork(o, w->fork_id); /* our own send; the handle replaces it */
+            else if (r)
+                send_accept(c, w->parent, w->fork_id);
+        }
+    } else {
+        r = tpi_rref_new_user(c, w->owner, w->rref_id, w->fork_id);
+        st = r ? TP_OK : TP_ENOMEM;
+        if (r && w->parent == w->owner) {
+            atomic_store(&r->confirmed, 1); /* the owner recorded the fork when sending */
+        } else if (r) {
+            tpi_call *call = tpi_call_new(c, w->owner, TPI_MSG_RREF_FORK, "rref fork", NULL);
+            if (call) {
+                tpi_msg m;
+                memset(&m, 0, sizeof m);
+                m.type = TPI_MSG_RREF_FORK;
+                m.rref = w->rref_id;
+                m.fork = w->fork_id;
+                m.parent = w->parent;
+                call->rref = r;
+                tpi_rref_pin(r);
+                call->fork = w->fork_id;
+                call->parent = w->parent;
+                call->on_reply = fork_reply;
+                tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT); /* a failure fails to_here */
+            }
+        }
+    }
+    if (!mine)
+        tpi_unlock(c);
+    *out = r;
+    return st;
+}
+
+void tpi_rref_hooks(tpi_rref_ctx *rc, tpi_codec_hooks *hooks) {
+    hooks->ctx = rc;
+    hooks->encode_rref = encode_rref;
+    hooks->decode_rref = decode_rref;
+}
+
+/* ---- Protocol messages (lock not held on entry) --------------------------------- */
+
+static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork) {
+    if (parent == c->rank) { /* we are the parent: drop the kept child at once */
+        tpi_child *ch = tpi_idmap_del(&c->children, fork);
+        if (ch) {
+            tp_rref_release(ch->rref);
+            free(ch);
+        }
+        return;
+    }
+    tpi_call *call = tpi_call_new(c, parent, TPI_MSG_RREF_ACCEPT, "rref accept", NULL);
+    if (!call)
+        return;
+    tpi_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = TPI_MSG_RREF_ACCEPT;
+    m.fork = fork;
+    tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT);
+}
+
+void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
+    char err[TP_ERRMSG_LEN_MAX];
+    tpi_lock(c);
+    switch (m->type) {
+    case TPI_MSG_RREF_FETCH: {
+        tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
+        if (!o) {
+            tpi_format(err, sizeof err, "rref %u:%llu is unknown on its owner '%s'",
+                       m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
+            tpi_reply(c, src, m->id, TP_EINVAL, NULL, err);
+        } else if (o->ready) {
+            reply_fetch(c, o, src, m->id);
+        } else {
+            tpi_fetch *fe = malloc(sizeof *fe);
+            if (fe) {
+                fe->src = src;
+                fe->id = m->id;
+                fe->next = o->fetches;
+                o->fetches = fe;
+            } else {
+                tpi_reply(c, src, m->id, TP_ENOMEM, NULL, "owner out of memory");
+            }
+        }
+        break;
+    }
+    case TPI_MSG_RREF_DELETE: {
+        tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
+        if (o) {
+            remove_fork(o, m->fork);
+            tpi_owner_maybe_free(c, o);
+        }
+        tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
+        break;
+    }
+    case TPI_MSG_RREF_FORK: {
+        tpi_owner *o = tpi_owner_get_or_create(c, m->rref);
+        tp_status st = o ? add_fork(o, m->fork, src) : TP_ENOMEM;
+        tpi_reply(c, src, m->id, st, NULL, st == TP_OK ? NULL : "owner out of memory");
+        break;
+    }
+    case TPI_MSG_RREF_ACCEPT: {
+        tpi_child *ch = tpi_idmap_del(&c->children, m->fork);
+        if (ch) {
+            tp_rref_release(ch->rref);
+            free(ch);
+        }
+        tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
+        break;
+    }
+    default:
+        tpi_format(err, sizeof err, "unexpected message type %u", m->type);
+        tpi_reply(c, src, m->id, TP_EPROTO, NULL, err);
+    }
+    tpi_unlock(c);
+}
+
+/* ---- Failure, release, teardown (lock held) ------------------------------------ */
+
+static size_t collect_owners(tp_core *c, tpi_owner ***out) {
+    *out = NULL;
+    if (c->owners.len == 0)
+        return 0;
+    tpi_owner **v = malloc(c->owners.len * sizeof *v);
+    if (!v)
+        return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < c->owners.cap; i++)
+        if (c->owners.slots[i].value)
+            v[n++] = c->owners.slots[i].value;
+    *out = v;
+    return n;
+}
+
+void tpi_rrefs_peer_down(tp_core *c, uint32_t peer) {
+    tpi_owner **os;
+    size_t n = collect_owners(c, &os);
+    for (size_t i = 0; i < n; i++) {
+        tpi_owner *o = os[i];
+        for (size_t k = 0; k < o->nforks;) {
+            if (o->forks[k].holder == peer)
+                remove_fork(o, o->forks[k].fork);
+            else
+                k++;
+        }
+        for (tpi_fetch **p = &o->fetches; *p;) {
+            if ((*p)->src == peer) {
+                tpi_fetch *dead = *p;
+                *p = dead->next;
+                free(dead);
+            } else {
+                p = &(*p)->next;
+            }
+        }
+        tpi_owner_maybe_free(c, o);
+    }
+    free(os);
+    for (size_t i = 0; i < c->children.cap; i++) {
+        tpi_child *ch = c->children.slots[i].value;
+        if (ch && ch->to == peer) {
+            tpi_idmap_del(&c->children, c->children.slots[i].key);
+            tp_rref_release(ch->rref);
+            free(ch);
+            i = (size_t)-1; /* the map shifted: rescan from the start */
+        }
+    }
+}
+
+void tpi_rrefs_release_all(tp_core *c) {
+    while (c->users) {
+        tp_rref *r = c->users;
+        send_delete(c, r); /* unlists r */
+    }
+}
+
+void tpi_rrefs_teardown(tp_core *c) {
+    tpi_owner **os;
+    size_t n = collect_owners(c, &os);
+    for (size_t i = 0; i < n; i++) {
+        os[i]->waiters = NULL;
+        os[i]->running = 0;
+        owner_free(c, os[i]);
+    }
+    free(os);
+    while (c->children.len) {
+        for (size_t i = 0; i < c->children.cap; i++) {
+            tpi_child *ch = c->children.slots[i].value;
+            if (ch) {
+                tpi_idmap_del(&c->children, c->children.slots[i].key);
+                tp_rref_release(ch->rref);
+                free(ch);
+                break;
+            }
+        }
+    }
+    while (c->users)
+        unlist(c, c->users);
+}
+
+/* ---- The rref API (RREF-*) -------------------------------------------------- */
+
+static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
+    (void)c;
+    tp_rref *r = call->rref;
+    if (reply) {
+        atomic_store(&r->confirmed, 1); /* the owner has it, value or error */
+        return;
+    }
+    if (!r->failed) { /* no answer: creation timed out or the owner is gone */
+        r->failed = st;
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "the rref was not created: remote '%s' on '%s' got no answer"
+                   " (%s)", call->fn, r->owner_name, tp_strerror(st));
+        r->fail_msg = strdup(msg);
+    }
+}
+
+tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t flags,
+                           const tp_value *args, const tp_value *kwargs, double timeout_s,
+                           tp_rref **out) {
+    tpi_gid id = tpi_new_gid(c);
+    tpi_gid fork = no_fork;
+    tp_rref *r;
+    if (dst == c->rank) { /* remote to self: we are the owner (RREF-5) */
+        tpi_owner *o = tpi_owner_get_or_create(c, id);
+        r = o ? tpi_rref_new_owner(c, o) : NULL;
+    } else {
+        fork = tpi_new_gid(c);
+        r = tpi_rref_new_user(c, dst, id, fork);
+    }
+    if (!r)
+        return tpi_fail(TP_ENOMEM, "remote: out of memory");
+    tpi_call *call = tpi_call_new(c, dst, TPI_MSG_REMOTE, "remote", fn);
+    if (!call) {
+        tp_rref_release(r);
+        return tpi_fail(TP_ENOMEM, "remote: out of memory");
+    }
+    tpi_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = TPI_MSG_REMOTE;
+    m.flags = flags;
+    m.rref = id;
+    m.fork = fork;
+    tpi_format(m.text, sizeof m.text, "%s", fn);
+    m.args = (tp_value *)args;
+    m.kwargs = (tp_value *)kwargs;
+    call->rref = r;
+    tpi_rref_pin(r);
+    call->on_reply = remote_reply;
+    tp_status st = tpi_call_issue(c, call, &m, timeout_s);
+    if (st != TP_OK) {
+        if (r->is_owner) { /* nobody will ever set it: make the record freeable */
+            tpi_owner *o = tpi_idmap_get(&c->owners, id);
+            if (o && !o->ready)
+                tpi_owner_set(c, o, st, NULL, tp_errmsg());
+        } else {
+            r->released = 1; /* the owner never heard of it: no delete */
+        }
+        tp_rref_release(r);
+        return st;
+    }
+    *out = r;
+    return TP_OK;
+}
+
+tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp_value *kwargs,
+                    double timeout_s, tp_rref **out) {
+    TPI_ASSERT(out);
+    *out = NULL;
+    tp_core *c;
+    tp_status st = tpi_enter("remote", &c);
+    if (st != TP_OK)
+        return st;
+    uint32_t dst = 0;
+    if (!fn || !*fn || strlen(fn) > TP_NAME_LEN_MAX)
+        st = tpi_fail(TP_EINVAL, "remote: function name must be 1..%d bytes", TP_NAME_LEN_MAX);
+    if (st == TP_OK)
+        st = tpi_check_timeout(timeout_s, 1);
+    if (st == TP_OK && args && tp_value_kind(args) != TP_KIND_LIST)
+        st = tpi_fail(TP_ETYPE, "remote: args must be a list");
+    if (st == TP_OK && kwargs && tp_value_kind(kwargs) != TP_KIND_MAP)
+        st = tpi_fail(TP_ETYPE, "remote: kwargs must be a map");
+    if (st == TP_OK)
+        st = tpi_resolve(c, dest, &dst);
+    if (st == TP_OK) {
+        tpi_lock(c);
+        st = tpi_start_remote(c, dst, fn, 0, args, kwargs, timeout_s, out);
+        tpi_unlock(c);
+    }
+    tpi_leave(c);
+    return st;
+}
+
+/* Waits (lock held) for an owner record's value until deadline. */
+static tp_status owner_ready(tp_core *c, tpi_owner *o, uint64_t deadline) {
+    while (!o->ready) {
+        tpi_waiter w = {c->ops->task_self(c->agent), NULL, o->waiters};
+        if (o->waiters)
+            o->waiters->prev = &w;
+        o->waiters = &w;
+        tp_status st = tpi_park(c, deadline);
+        if (w.prev)
+            w.prev->next = w.next;
+        else
+            o->waiters = w.next;
+        if (w.next)
+            w.next->prev = w.prev;
+        if (!o->ready && (st == TP_ETIMEDOUT || st == TP_ESHUTDOWN))
+            return st;
+    }
+    return TP_OK;
+}
+
+tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
+    TPI_ASSERT(r && out);
+    *out = NULL;
+    tp_core *c = r->core;
+    tp_status st = tpi_enter_core(c, "to_here");
+    if (st != TP_OK)
+        return st;
+    st = tpi_check_timeout(timeout_s, 1);
+    if (st != TP_OK) {
+        tpi_leave(c);
+        return st;
+    }
+    tpi_lock(c);
+    if (r->is_owner) {
+        double t = timeout_s == TP_TIMEOUT_DEFAULT ? c->default_timeout_s : timeout_s;
+        tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
+        st = o ? owner_ready(c, o, tpi_deadline_after(c, t)) : TP_EINVAL;
+        if (st == TP_ETIMEDOUT)
+            tpi_fail(st, "to_here on the owner '%s': the value is not ready after %g s",
+                     c->self.name, t);
+        else if (st == TP_OK && o->status != TP_OK)
+            st = tpi_fail_msg(o->status, o->errmsg);
+        else if (st == TP_OK && !(*out = tp_value_clone(o->value)))
+            st = tpi_fail(TP_ENOMEM, "to_here: out of memory copying the value");
+        tpi_unlock(c);
+    } else if (r->failed) {
+        st = tpi_fail_msg(r->failed, r->fail_msg);
+        tpi_unlock(c);
+    } else if (r->released) {
+        st = tpi_fail(TP_ESHUTDOWN, "to_here: the rref was released by shutdown");
+        tpi_unlock(c);
+    } else {
+        tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_FETCH, "to_here", NULL);
+        tp_future *f = call ? tpi_future_ref(call->future) : NULL;
+        if (!call) {
+            st = tpi_fail(TP_ENOMEM, "to_here: out of memory");
+        } else {
+            tpi_msg m;
+            memset(&m, 0, sizeof m);
+            m.type = TPI_MSG_RREF_FETCH;
+            m.rref = r->id;
+            call->rref = r;
+            tpi_rref_pin(r);
+            st = tpi_call_issue(c, call, &m, timeout_s);
+        }
+        tpi_unlock(c);
+        if (st == TP_OK)
+            st = tpi_future_result(c, f, out);
+        tp_future_free(f);
+    }
+    tpi_leave(c);
+    return st;
+}
+
+tp_status tp_rref_local_value(tp_rref *r, const tp_value **out) {
+    TPI_ASSERT(r && out);
+    *out = NULL;
+    tp_core *c = r->core;
+    if (!r->is_owner)
+        return tpi_fail(TP_ENOTOWNER,
+                        "local_value: worker '%s' is not the owner of this rref; its owner is "
+                        "worker '%s' (id %u)",
+                        r->self_name, r->owner_name, r->owner);
+    tp_status st = tpi_enter_core(c, "local_value");
+    if (st != TP_OK)
+        return st;
+    tpi_lock(c);
+    tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
+    st = o ? owner_ready(c, o, tpi_deadline_after(c, c->default_timeout_s)) : TP_EINVAL;
+    if (st == TP_ETIMEDOUT)
+        tpi_fail(st, "local_value: the value is not ready after %g s", c->default_timeout_s);
+    else if (st == TP_OK && o->status != TP_OK)
+        st = tpi_fail_msg(o->status, o->errmsg);
+    else if (st == TP_OK)
+        *out = o->value;
+    tpi_unlock(c);
+    tpi_leave(c);
+    return st;
+}
+
+tp_status tp_rref_owner(const tp_rref *r, tp_worker_info *out) {
+    TPI_ASSERT(r && out);
+    memset(out, 0, sizeof *out);
+    tpi_format(out->name, sizeof out->name, "%s", r->owner_name);
+    out->id = r->owner;
+    return TP_OK;
+}
+
+const char *tp_rref_owner_name(const tp_rref *r) {
+    return r->owner_name;
+}
+
+int tp_rref_is_owner(const tp_rref *r) {
+    return r->is_owner;
+}
+
+int tp_rref_confirmed_by_owner(const tp_rref *r) {
+    return atomic_load(&((tp_rref *)r)->confirmed);
+}

@@ -1,0 +1,292 @@
+/*
+ * serve.c: the callee side (spec/api.md FUNC-*, METHOD-*; calls.md CALL-5..8).
+ *
+ * Requests that run user code (REQUEST, REMOTE) become jobs on the
+ * executor; they are decoded there too, so a large argument does not hold
+ * up the I/O context. RRef protocol messages are small and are handled in
+ * the I/O context. Every request is answered, errors included, so a caller
+ * never waits for its deadline because of something the callee knew.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "registry.h"
+
+struct tp_call {
+    tp_core *core;
+    tp_worker_info caller;
+    const char *fn;
+    const tp_value *self; /* the object, for methods */
+    char err[TP_ERRMSG_LEN_MAX];
+};
+
+typedef struct tpi_job {
+    tp_work work; /* first */
+    tp_core *core;
+    uint32_t src;
+    tp_frame *frame;
+} tpi_job;
+
+void tp_call_set_error(tp_call *call, const char *fmt, ...) {
+    TPI_ASSERT(call && fmt);
+    va_list ap;
+    va_start(ap, fmt);
+    tpi_vformat(call->err, sizeof call->err, fmt, ap);
+    va_end(ap);
+}
+
+const tp_worker_info *tp_call_caller(const tp_call *call) {
+    return &call->caller;
+}
+
+const char *tp_call_function(const tp_call *call) {
+    return call->fn;
+}
+
+const tp_value *tp_call_self(const tp_call *call) {
+    return call->self;
+}
+
+void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_value *value,
+               const char *errmsg) {
+    tpi_msg m;
+    char err[TP_ERRMSG_LEN_MAX];
+    memset(&m, 0, sizeof m);
+    m.type = TPI_MSG_RESPONSE;
+    m.id = id;
+    m.status = (uint32_t)st;
+    if (st == TP_OK)
+        m.value = (tp_value *)value; /* borrowed: encoding only reads */
+    else
+        tpi_format(m.text, sizeof m.text, "%s", errmsg && *errmsg ? errmsg : tp_strerror(st));
+    tp_status sst = tpi_send_msg(c, dst, &m, err, sizeof err);
+    if (sst == TP_EMSGSIZE || sst == TP_ETYPE || sst == TP_ENOMEM) {
+        /* The result itself cannot travel: say so instead (CALL-7). */
+        memset(&m, 0, sizeof m);
+        m.type = TPI_MSG_RESPONSE;
+        m.id = id;
+        m.status = (uint32_t)sst;
+        tpi_format(m.text, sizeof m.text, "the result cannot be sent back from %s: %s",
+                   c->self.name, err);
+        tpi_send_msg(c, dst, &m, err, sizeof err);
+    }
+    /* Other failures mean the caller is gone; its side fails the call. */
+}
+
+/* Waits (lock held) until the owner record has its value (METHOD-2, RREF-8). */
+static tp_status owner_wait_ready(tp_core *c, tpi_owner *o) {
+    while (!o->ready) {
+        tpi_waiter w = {c->ops->task_self(c->agent), NULL, o->waiters};
+        if (o->waiters)
+            o->waiters->prev = &w;
+        o->waiters = &w;
+        tp_status st = tpi_park(c, TPI_NO_DEADLINE);
+        if (w.prev)
+            w.prev->next = w.next;
+        else
+            o->waiters = w.next;
+        if (w.next)
+            w.next->prev = w.prev;
+        if (st == TP_ESHUTDOWN)
+            return st;
+    }
+    return TP_OK;
+}
+
+/* Runs a user function or method; fills *result or an error message. */
+static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **result,
+                        char *err, size_t err_len) {
+    char self_desc[TP_NAME_LEN_MAX + 32];
+    tpi_worker_desc(c, c->rank, self_desc, sizeof self_desc);
+    const tp_value *args = m->args;
+    const tp_value *object = NULL;
+    const char *class_name = NULL;
+    if (m->flags & TPI_FLAG_METHOD) {
+        tp_rref *target = NULL;
+        if (tp_list_len(args) != 2 || tp_value_get_rref(tp_list_get(args, 0), &target) != TP_OK ||
+            tp_value_kind(tp_list_get(args, 1)) != TP_KIND_LIST) {
+            tpi_format(err, err_len, "method call '%s' to %s is malformed", m->text, self_desc);
+            return TP_EPROTO;
+        }
+        if (!target->is_owner) {
+            tpi_format(err, err_len, "method '%s': %s does not own the rref (owner: '%s')",
+                       m->text, self_desc, target->owner_name);
+            return TP_ENOTOWNER;
+        }
+        tpi_lock(c);
+        tpi_owner *o = tpi_idmap_get(&c->owners, target->id);
+        tp_status st = o ? owner_wait_ready(c, o) : TP_ENOTOWNER;
+        tpi_unlock(c);
+        if (st != TP_OK) {
+            tpi_format(err, err_len, "method '%s' on %s: %s", m->text, self_desc,
+                       tp_strerror(st));
+            return st;
+        }
+        if (o->status != TP_OK) {
+            tpi_format(err, err_len, "method '%s': the rref's value failed to build: %s",
+                       m->text, o->errmsg ? o->errmsg : tp_strerror(o->status));
+            return o->status;
+        }
+        object = o->value;
+        if (tp_value_get_object(object, &class_name, NULL) != TP_OK) {
+            tpi_format(err, err_len, "method '%s' on %s: the rref holds a %s, not an object",
+                       m->text, self_desc, tp_kind_name(tp_value_kind(object)));
+            return TP_ETYPE;
+        }
+        args = tp_list_get(args, 1);
+    }
+    tp_fn fn;
+    void *ud;
+    if (!tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud)) {
+        if (class_name)
+            tpi_format(err, err_len, "%s: class '%s' has no method '%s'", self_desc, class_name,
+                       m->text);
+        else
+            tpi_format(err, err_len, "%s has no function '%s'", self_desc, m->text);
+        return TP_EUNKNOWNFUNC;
+    }
+    tp_call call;
+    memset(&call, 0, sizeof call);
+    call.core = c;
+    call.caller = c->infos[src];
+    call.fn = m->text;
+    call.self = object;
+    tp_status st = fn(&call, args, m->kwargs, result, ud);
+    if (st != TP_OK) {
+        tp_value_free(*result);
+        *result = NULL;
+        tpi_format(err, err_len, "%s '%s' on %s failed: %s", class_name ? "method" : "function",
+                   m->text, self_desc, call.err[0] ? call.err : tp_strerror(st));
+        return TP_EREMOTE;
+    }
+    return TP_OK;
+}
+
+static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m) {
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_value *result = NULL;
+    tpi_lock(c);
+    tpi_owner *o = tpi_owner_get_or_create(c, m->rref);
+    tp_status st = o ? TP_OK : TP_ENOMEM;
+    if (o) {
+        if (m->fork.local != 0) { /* a user on src holds this fork */
+            tpi_fork_rec rec = {m->fork, src};
+            if (o->nforks == o->forks_cap) {
+                size_t cap = o->forks_cap ? 2 * o->forks_cap : 4;
+                tpi_fork_rec *grown = realloc(o->forks, cap * sizeof *grown);
+                if (grown) {
+                    o->forks = grown;
+                    o->forks_cap = cap;
+                }
+            }
+            if (o->nforks < o->forks_cap)
+                o->forks[o->nforks++] = rec;
+            else
+                st = TP_ENOMEM;
+        }
+        o->running = 1;
+    }
+    tpi_unlock(c);
+    if (st == TP_OK)
+        st = invoke(c, src, m, &result, err, sizeof err);
+    else
+        tpi_format(err, sizeof err, "out of memory creating an rref on %s", c->self.name);
+    if (o) {
+        tpi_lock(c);
+        o->running = 0;
+        tpi_owner_set(c, o, st, result, err); /* takes result */
+        tpi_owner_maybe_free(c, o);
+        tpi_unlock(c);
+    } else {
+        tp_value_free(result);
+    }
+    tpi_reply(c, src, m->id, st, NULL, err);
+}
+
+static void job_run(tp_work *w) {
+    tpi_job *j = (tpi_job *)w;
+    tp_core *c = j->core;
+    tpi_msg m;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    char who[TP_NAME_LEN_MAX + 32];
+    uint64_t id = tpi_frame_id(j->frame);
+    if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
+        tpi_format(err, sizeof err, "%s is shutting down",
+                   tpi_worker_desc(c, c->rank, who, sizeof who));
+        tpi_reply(c, j->src, id, TP_ESHUTDOWN, NULL, err);
+    } else {
+        tpi_rref_ctx rc = {c, j->src};
+        tpi_codec_hooks hooks;
+        tpi_rref_hooks(&rc, &hooks);
+        tp_status st = tpi_msg_decode(j->frame, &hooks, &m, err, sizeof err);
+        if (st != TP_OK) {
+            char msg[TP_ERRMSG_LEN_MAX];
+            tpi_format(msg, sizeof msg, "%s could not decode the request: %s",
+                       tpi_worker_desc(c, c->rank, who, sizeof who), err);
+            tpi_reply(c, j->src, id, st, NULL, msg);
+        } else if (m.type == TPI_MSG_REMOTE) {
+            serve_remote(c, j->src, &m);
+            tpi_msg_clear(&m);
+        } else {
+            tp_value *result = NULL;
+            st = invoke(c, j->src, &m, &result, err, sizeof err);
+            tpi_reply(c, j->src, id, st, result, err);
+            tp_value_free(result);
+            tpi_msg_clear(&m);
+        }
+    }
+    tp_frame_free(j->frame);
+    tpi_lock(c);
+    TPI_ASSERT(c->active_served > 0);
+    c->active_served--;
+    tpi_unlock(c);
+    free(j);
+    tpi_core_unref(c);
+}
+
+void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
+    uint8_t type = tpi_frame_type(f);
+    if (type != TPI_MSG_REQUEST && type != TPI_MSG_REMOTE) {
+        tpi_msg m;
+        char err[TP_ERRMSG_LEN_MAX];
+        tpi_rref_ctx rc = {c, src};
+        tpi_codec_hooks hooks;
+        tpi_rref_hooks(&rc, &hooks);
+        uint64_t id = tpi_frame_id(f);
+        tp_status st = tpi_msg_decode(f, &hooks, &m, err, sizeof err);
+        tp_frame_free(f);
+        if (st != TP_OK) {
+            tpi_reply(c, src, id, st, NULL, err);
+            return;
+        }
+        tpi_rref_on_message(c, src, &m);
+        tpi_msg_clear(&m);
+        return;
+    }
+    tpi_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        uint64_t id = tpi_frame_id(f);
+        tp_frame_free(f);
+        tpi_reply(c, src, id, TP_ENOMEM, NULL, "the callee is out of memory");
+        return;
+    }
+    j->work.run = job_run;
+    j->core = c;
+    j->src = src;
+    j->frame = f;
+    tpi_core_ref(c);
+    tpi_lock(c);
+    c->active_served++;
+    tp_status st = c->ops->execute(c->agent, &j->work);
+    if (st != TP_OK)
+        c->active_served--;
+    tpi_unlock(c);
+    if (st != TP_OK) {
+        uint64_t id = tpi_frame_id(f);
+        tp_frame_free(f);
+        free(j);
+        tpi_reply(c, src, id, TP_ESHUTDOWN, NULL, "the callee is shutting down");
+        tpi_core_unref(c);
+    }
+}

@@ -1,0 +1,120 @@
+/*
+ * shutdown.c: graceful shutdown (spec/lifecycle.md SHUTDOWN-1..8).
+ *
+ * Phase 1, a barrier: every worker has stopped starting new work of its own.
+ * Phase 2, release: every user rref this worker still holds is deleted.
+ * Phase 3, drain: rounds of (active client calls, active served requests,
+ * calls ever issued) summed over all live workers, until two consecutive
+ * rounds show nothing active and the same issued total. Within a round a
+ * worker first waits for its own client calls; between rounds nothing can
+ * have been issued unseen, so nothing can be in flight (a four-counter
+ * termination argument; PyTorch's single count can stop early).
+ * Each phase has the shutdown deadline; teardown follows in lifecycle.c.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "options.h"
+
+#define DRAIN_POLL_NS 1000000ull /* 1 ms between looks at the local call count */
+#define DRAIN_ROUNDS_MAX 100000  /* bounds the loop even if the deadline is infinite */
+
+/* Waits until this worker's own client calls are done or the deadline. */
+static tp_status wait_local_quiet(tp_core *c, uint64_t deadline) {
+    tp_status st = TP_OK;
+    tpi_lock(c);
+    while (c->active_client > 0 && tpi_now(c) < deadline) {
+        uint64_t until = tpi_now(c) + DRAIN_POLL_NS;
+        st = tpi_park(c, until < deadline ? until : deadline);
+        if (st == TP_ESHUTDOWN)
+            break;
+        st = TP_OK;
+    }
+    tpi_unlock(c);
+    return st;
+}
+
+static tp_status publish(tp_core *c, const char *key, const char *val) {
+    tp_status st = c->store->ops->set(c->store, key, val, strlen(val));
+    if (st != TP_OK)
+        return tpi_fail(TP_ESTORE, "shutdown: rendezvous store: %s", c->store->errmsg);
+    return TP_OK;
+}
+
+static tp_status drain(tp_core *c, uint64_t deadline) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char prefix[64];
+    char val[96];
+    uint64_t prev_active = UINT64_MAX, prev_issued = UINT64_MAX;
+    char **values = calloc(c->world_size, sizeof *values);
+    if (!values)
+        return tpi_fail(TP_ENOMEM, "shutdown: out of memory");
+    tp_status st = TP_OK;
+    for (uint32_t round = 0; round < DRAIN_ROUNDS_MAX; round++) {
+        st = wait_local_quiet(c, deadline);
+        if (st != TP_OK)
+            break;
+        tpi_lock(c);
+        tpi_format(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, c->active_client,
+                   c->active_served, c->issued);
+        tpi_unlock(c);
+        tpi_publish_dead(c);
+        tpi_format(prefix, sizeof prefix, "sd/drain/%u", round);
+        tpi_key(c, key, sizeof key, "%s/%u", prefix, c->rank);
+        if ((st = publish(c, key, val)) != TP_OK)
+            break;
+        st = tpi_store_gather(c, prefix, deadline, 1, values, "shutdown drain");
+        uint64_t active = 0, issued = 0;
+        for (uint32_t r = 0; r < c->world_size; r++) {
+            uint64_t a = 0, s = 0, i = 0;
+            if (values[r] && sscanf(values[r], "%" SCNu64 " %" SCNu64 " %" SCNu64, &a, &s, &i) == 3) {
+                active += a + s;
+                issued += i;
+            }
+            free(values[r]);
+            values[r] = NULL;
+        }
+        if (st != TP_OK && st != TP_EPEERDOWN)
+            break;
+        if (active == 0 && prev_active == 0 && issued == prev_issued)
+            break; /* st is TP_OK, or TP_EPEERDOWN naming the dead */
+        prev_active = active;
+        prev_issued = issued;
+        if (round + 1 == DRAIN_ROUNDS_MAX)
+            st = tpi_fail(TP_ETIMEDOUT, "shutdown drain: no quiet state after %d rounds",
+                          DRAIN_ROUNDS_MAX);
+    }
+    free(values);
+    return st;
+}
+
+tp_status tpi_shutdown_graceful(tp_core *c) {
+    double t = tp_options_shutdown_timeout(c->opts);
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    /* SHUTDOWN-2: the barrier. */
+    uint64_t deadline = tpi_deadline_after(c, t);
+    tpi_publish_dead(c);
+    tpi_key(c, key, sizeof key, "sd/arrive/%u", c->rank);
+    tp_status st = publish(c, key, "1");
+    if (st == TP_OK)
+        st = tpi_store_gather(c, "sd/arrive", deadline, 1, NULL, "shutdown barrier");
+    if (st != TP_OK && st != TP_EPEERDOWN)
+        return st;
+    tp_status dead = st;
+    char dead_msg[TP_ERRMSG_LEN_MAX] = "";
+    if (dead != TP_OK)
+        tpi_format(dead_msg, sizeof dead_msg, "%s", tp_errmsg());
+    /* SHUTDOWN-3: user rrefs go, so owners can free their values. */
+    tpi_lock(c);
+    tpi_rrefs_release_all(c);
+    tpi_unlock(c);
+    /* SHUTDOWN-4: drain. */
+    deadline = tpi_deadline_after(c, t);
+    st = drain(c, deadline);
+    if (st == TP_OK && dead != TP_OK)
+        st = tpi_fail(dead, "%s", dead_msg); /* the barrier's message names the dead */
+    return st;
+}

@@ -1,0 +1,521 @@
+/*
+ * tensorplay/rpc.h: the public API of tensorplay-rpc.
+ *
+ * Call a function on a worker in another process and get the result back,
+ * modelled on PyTorch's torch.distributed.rpc. The normative semantics are in
+ * spec/ (rule ids such as INIT-1 are cited below); this header is the C face
+ * of them.
+ *
+ * Conventions (spec/api.md):
+ * - Every fallible call returns a tp_status; TP_OK is 0. tp_errmsg() gives a
+ *   readable message for the last failed call made by this thread (or, on the
+ *   simulator, this simulated task): which worker, which function, which limit.
+ * - Ownership words: "borrowed" (valid during the call only), "transferred on
+ *   success" (the callee owns it if the call returns TP_OK, the caller keeps
+ *   it otherwise), "caller owns" (the result belongs to the caller, who frees
+ *   it), "lent for the callback only".
+ * - Timeouts are in seconds as a double: TP_TIMEOUT_DEFAULT (-1) means the
+ *   current default (read when the call is issued), TP_TIMEOUT_INFINITE (0)
+ *   means no deadline, any other negative value is rejected (TIMEOUT-1..3).
+ * - The API is per worker: in a process it refers to the worker this process
+ *   initialised; on the simulator, to the simulated worker whose task calls
+ *   it. All calls are thread-safe unless a comment says otherwise.
+ */
+#ifndef TENSORPLAY_RPC_H
+#define TENSORPLAY_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TP_VERSION_MAJOR 0
+#define TP_VERSION_MINOR 1
+#define TP_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------ */
+/* Status codes: one table generates the enum and tp_strerror (ERR-1).       */
+
+#define TP_STATUS_MAP(X)                                                     \
+    X(OK, "success")                                                         \
+    X(EINVAL, "invalid argument")                                            \
+    X(ENOTINIT, "rpc is not initialized")                                    \
+    X(EALREADY, "rpc is already initialized")                                \
+    X(ESHUTDOWN, "rpc is shut down")                                         \
+    X(ETIMEDOUT, "timed out")                                                \
+    X(EUNKNOWNWORKER, "unknown worker")                                      \
+    X(EUNKNOWNFUNC, "unknown function")                                      \
+    X(EREMOTE, "remote function failed")                                     \
+    X(EPEERDOWN, "peer worker is down")                                      \
+    X(ENOMEM, "out of memory")                                               \
+    X(EMSGSIZE, "message too large")                                         \
+    X(EPROTO, "malformed message")                                           \
+    X(ESTORE, "rendezvous store error")                                      \
+    X(EDUPNAME, "duplicate worker name")                                     \
+    X(EBACKEND, "backend error")                                             \
+    X(ENOTOWNER, "not the owner of this rref")                               \
+    X(ETYPE, "wrong value type")                                             \
+    X(ERANGE, "value out of range")                                          \
+    X(ELIMIT, "limit exceeded")                                              \
+    X(ECANCELED, "canceled")                                                 \
+    X(EIO, "input/output error")                                             \
+    X(EADDRINUSE, "address already in use")                                  \
+    X(ECONNREFUSED, "connection refused")                                    \
+    X(ENOENT, "no such key")
+
+typedef enum tp_status {
+#define TP_STATUS_ENUM_(name, text) TP_##name,
+    TP_STATUS_MAP(TP_STATUS_ENUM_)
+#undef TP_STATUS_ENUM_
+    TP_STATUS_COUNT_
+} tp_status;
+
+/* A static string describing a status ("timed out"); never NULL. */
+const char *tp_strerror(tp_status status);
+
+/* The status name ("TP_ETIMEDOUT"); never NULL. */
+const char *tp_status_name(tp_status status);
+
+/*
+ * The message of the last call that failed in this thread (or simulated
+ * task), with context: "rpc_sync to worker 'w1' (id 1), function 'slow':
+ * timed out after 100 ms". Borrowed until the next failing call of this
+ * thread; "" when none failed. Successful calls do not clear it.
+ */
+const char *tp_errmsg(void);
+
+/* ------------------------------------------------------------------------ */
+/* Limits (spec/wire.md, WIRE-8). Options may lower them, never raise them. */
+
+#define TP_NAME_LEN_MAX 127          /* worker, function, method and class names */
+#define TP_WORLD_SIZE_MAX 65536      /* workers in one job */
+#define TP_TENSOR_NDIM_MAX 16        /* dimensions of a tensor */
+#define TP_ERRMSG_LEN_MAX 1024       /* bytes of an error message, with its NUL */
+
+/* ------------------------------------------------------------------------ */
+/* Values: what arguments and results carry (VALUE-1..9).                    */
+/*
+ * A tp_value is a tree with a single owner. Constructors return a new value
+ * the caller owns (NULL only when memory is exhausted); containers take
+ * ownership of the items put in them. Values are not thread-safe: share a
+ * value between threads only read-only.
+ */
+typedef struct tp_value tp_value;
+typedef struct tp_rref tp_rref;
+
+typedef enum tp_kind {
+    TP_KIND_NIL = 0,
+    TP_KIND_BOOL = 1,
+    TP_KIND_INT = 2,    /* int64_t */
+    TP_KIND_FLOAT = 3,  /* double */
+    TP_KIND_STR = 4,    /* UTF-8 bytes, not NUL-terminated on the wire */
+    TP_KIND_BYTES = 5,
+    TP_KIND_LIST = 6,
+    TP_KIND_MAP = 7,    /* string keys, insertion order kept (kwargs) */
+    TP_KIND_TENSOR = 8,
+    TP_KIND_RREF = 9,
+    TP_KIND_WORKER_INFO = 10,
+    TP_KIND_OBJECT = 11 /* local only: lives on its owner, reached through an rref */
+} tp_kind;
+
+typedef enum tp_dtype {
+    TP_DTYPE_FLOAT32 = 0,
+    TP_DTYPE_FLOAT64 = 1,
+    TP_DTYPE_FLOAT16 = 2,
+    TP_DTYPE_BFLOAT16 = 3,
+    TP_DTYPE_INT8 = 4,
+    TP_DTYPE_INT16 = 5,
+    TP_DTYPE_INT32 = 6,
+    TP_DTYPE_INT64 = 7,
+    TP_DTYPE_UINT8 = 8,
+    TP_DTYPE_BOOL = 9,
+    TP_DTYPE_COUNT_
+} tp_dtype;
+
+/* Size in bytes of one element of the dtype; 0 for an invalid dtype. */
+size_t tp_dtype_size(tp_dtype dtype);
+/* "float32", ...; "invalid" for an invalid dtype. */
+const char *tp_dtype_name(tp_dtype dtype);
+
+typedef struct tp_worker_info {
+    char name[TP_NAME_LEN_MAX + 1];
+    uint32_t id; /* the worker's rank */
+} tp_worker_info;
+
+tp_value *tp_value_nil(void);
+tp_value *tp_value_bool(int b);
+tp_value *tp_value_int(int64_t i);
+tp_value *tp_value_float(double d);
+tp_value *tp_value_str(const char *s);                 /* s borrowed, copied */
+tp_value *tp_value_strn(const char *s, size_t len);    /* s borrowed, copied */
+tp_value *tp_value_bytes(const void *data, size_t len); /* data borrowed, copied */
+tp_value *tp_value_list(void);                          /* empty list */
+tp_value *tp_value_map(void);                           /* empty map */
+tp_value *tp_value_worker_info(const tp_worker_info *info); /* borrowed, copied */
+
+/*
+ * A tensor. shape has ndim entries (ndim <= TP_TENSOR_NDIM_MAX, each >= 0).
+ * strides (in elements, each >= 0) may be NULL for a contiguous row-major
+ * tensor. data points at element [0,...,0] and is copied: the copy spans
+ * every element the strides reach. A strided tensor travels packed: the
+ * receiver gets it contiguous (VALUE-6). data may be NULL for zeros.
+ * Returns NULL on a bad dtype, shape or stride, or on overflow.
+ */
+tp_value *tp_value_tensor(tp_dtype dtype, int ndim, const int64_t *shape,
+                          const int64_t *strides, const void *data);
+
+/*
+ * An rref as a value, to pass it into a call (RREF-7). The value holds its
+ * own reference; rref stays owned by the caller.
+ */
+tp_value *tp_value_rref(tp_rref *rref);
+
+/*
+ * A local object with a class name, for remote objects reached through an
+ * rref and called with tp_method_*. state is transferred on success and
+ * released with destroy(state) when the value is freed; destroy may be NULL.
+ * An object cannot be sent: encoding one fails with TP_ETYPE (VALUE-8).
+ */
+tp_value *tp_value_object(const char *class_name, void *state, void (*destroy)(void *state));
+
+/* Frees v and everything it holds; NULL is a no-op. */
+void tp_value_free(tp_value *v);
+/* A deep copy the caller owns; NULL on exhaustion. Objects cannot be cloned. */
+tp_value *tp_value_clone(const tp_value *v);
+/* Deep equality (tensors compare shape, dtype and elements). */
+int tp_value_equal(const tp_value *a, const tp_value *b);
+/* A readable one-line rendering into buf (truncated, always NUL-terminated). */
+size_t tp_value_format(const tp_value *v, char *buf, size_t buf_len);
+
+tp_kind tp_value_kind(const tp_value *v);
+const char *tp_kind_name(tp_kind kind);
+
+/* Typed reads: TP_ETYPE when v is of another kind. */
+tp_status tp_value_get_bool(const tp_value *v, int *out);
+tp_status tp_value_get_int(const tp_value *v, int64_t *out);
+tp_status tp_value_get_float(const tp_value *v, double *out); /* also reads ints */
+/* Strings and bytes: *data borrowed from v; strings are NUL-terminated in memory. */
+tp_status tp_value_get_str(const tp_value *v, const char **data, size_t *len);
+tp_status tp_value_get_bytes(const tp_value *v, const void **data, size_t *len);
+tp_status tp_value_get_worker_info(const tp_value *v, tp_worker_info *out);
+/* The rref a value holds, borrowed from v (take your own with tp_rref_clone). */
+tp_status tp_value_get_rref(const tp_value *v, tp_rref **out);
+/* An object's state, borrowed; class_name may be NULL. */
+tp_status tp_value_get_object(const tp_value *v, const char **class_name, void **state);
+
+/* Lists. Append takes ownership of item on success. get is borrowed. */
+tp_status tp_list_append(tp_value *list, tp_value *item);
+size_t tp_list_len(const tp_value *list);          /* 0 for a non-list */
+const tp_value *tp_list_get(const tp_value *list, size_t index); /* NULL out of range */
+
+/* Maps (string keys, insertion order). set replaces an equal key; item transferred. */
+tp_status tp_map_set(tp_value *map, const char *key, tp_value *item);
+size_t tp_map_len(const tp_value *map);
+const tp_value *tp_map_get(const tp_value *map, const char *key); /* NULL if absent */
+const char *tp_map_key_at(const tp_value *map, size_t index);
+const tp_value *tp_map_value_at(const tp_value *map, size_t index);
+
+/* Tensors: the accessors read a tensor value; they return 0/NULL for others. */
+tp_dtype tp_tensor_dtype(const tp_value *t);
+int tp_tensor_ndim(const tp_value *t);
+const int64_t *tp_tensor_shape(const tp_value *t);   /* ndim entries, borrowed */
+const int64_t *tp_tensor_strides(const tp_value *t); /* ndim entries, in elements */
+int64_t tp_tensor_numel(const tp_value *t);
+int tp_tensor_is_contiguous(const tp_value *t);
+void *tp_tensor_data(tp_value *t);                   /* element [0,...,0]; borrowed */
+const void *tp_tensor_cdata(const tp_value *t);
+
+/* Builds a list value from n items (all transferred, even on failure). */
+tp_value *tp_value_list_of(size_t n, ...);
+
+/* ------------------------------------------------------------------------ */
+/* Options and backends (OPT-1..6, BACKEND-1..5).                            */
+
+typedef struct tp_options tp_options;
+
+#define TP_DEFAULT_RPC_TIMEOUT_S 60.0
+#define TP_DEFAULT_NUM_WORKER_THREADS 16
+#define TP_TIMEOUT_DEFAULT (-1.0)
+#define TP_TIMEOUT_INFINITE (0.0)
+
+/* Built-in backends, by the name they are registered under. */
+typedef enum tp_backend_type {
+    TP_BACKEND_TENSORPIPE = 0, /* "TENSORPIPE": the TCP transport (real/) */
+    TP_BACKEND_SIM = 1         /* "SIM": the deterministic simulator (sim/) */
+} tp_backend_type;
+
+/* "TENSORPIPE" or "SIM"; NULL for an unknown value. */
+const char *tp_backend_type_name(tp_backend_type type);
+
+/*
+ * New options with the defaults: rpc_timeout 60 s, num_worker_threads 16,
+ * init_method NULL (the backend's default). Caller owns; free with
+ * tp_options_free.
+ */
+tp_options *tp_options_new(void);
+void tp_options_free(tp_options *opts);
+tp_options *tp_options_clone(const tp_options *opts);
+
+/* rpc_timeout in seconds: > 0, or 0 for no deadline (OPT-2). */
+tp_status tp_options_set_rpc_timeout(tp_options *opts, double seconds);
+double tp_options_rpc_timeout(const tp_options *opts);
+/* "sqlite:///path", "env://", "tcp://host:port", or backend-specific. */
+tp_status tp_options_set_init_method(tp_options *opts, const char *init_method);
+const char *tp_options_init_method(const tp_options *opts); /* NULL when unset */
+tp_status tp_options_set_num_worker_threads(tp_options *opts, int n);
+int tp_options_num_worker_threads(const tp_options *opts);
+/* Deadline of init's rendezvous and of each shutdown phase; default = rpc_timeout. */
+tp_status tp_options_set_init_timeout(tp_options *opts, double seconds);
+double tp_options_init_timeout(const tp_options *opts);
+tp_status tp_options_set_shutdown_timeout(tp_options *opts, double seconds);
+double tp_options_shutdown_timeout(const tp_options *opts);
+/* Largest message this worker sends or accepts, in bytes (lowers WIRE-8's max). */
+tp_status tp_options_set_max_message_size(tp_options *opts, uint64_t bytes);
+uint64_t tp_options_max_message_size(const tp_options *opts);
+/* Backend-specific settings as strings; key and value borrowed, copied. */
+tp_status tp_options_set(tp_options *opts, const char *key, const char *value);
+const char *tp_options_get(const tp_options *opts, const char *key); /* NULL if unset */
+
+/* The backend SPI lives in tensorplay/rpc_backend.h. */
+typedef struct tp_backend tp_backend;
+
+/*
+ * Registers a backend under a unique name (BACKEND-1). backend is borrowed
+ * for the life of the process (typically a static const table). TP_EALREADY
+ * when the name is taken.
+ */
+tp_status tp_register_backend(const char *name, const tp_backend *backend);
+/* The registered backend of that name, or NULL. */
+const tp_backend *tp_lookup_backend(const char *name);
+
+/*
+ * Options filled with the backend's defaults by its construct handler.
+ * *out is caller-owned on success.
+ */
+tp_status tp_construct_rpc_backend_options(const char *backend, tp_options **out);
+
+/* ------------------------------------------------------------------------ */
+/* Lifecycle (INIT-1..9, SHUTDOWN-1..8).                                     */
+
+/*
+ * Joins this worker to the job and blocks until every worker joined, then
+ * all-gathers names and ids through the store. name must match
+ * ^[A-Za-z0-9_:-]+$ and be at most TP_NAME_LEN_MAX bytes; 0 <= rank <
+ * world_size. backend is a registered name ("TENSORPIPE", "SIM"); NULL means
+ * "TENSORPIPE". opts is borrowed and may be NULL for defaults.
+ * Errors: TP_EALREADY (init twice), TP_EINVAL (bad name/rank/world size),
+ * TP_EDUPNAME (names the ranks), TP_ETIMEDOUT (names missing ranks),
+ * TP_EBACKEND, TP_ESTORE. Blocking; call from the worker's own thread/task.
+ */
+tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world_size,
+                      const tp_options *opts);
+
+/*
+ * Tears the worker down. graceful != 0: a barrier of all workers, then every
+ * worker's outstanding work drains (nested and follow-up calls included),
+ * user rrefs are released, then teardown; each phase has a deadline and a
+ * failed phase names the workers that did not answer (the worker is torn
+ * down anyway). graceful == 0: local and immediate; in-flight futures fail
+ * with TP_ESHUTDOWN. After shutdown, tp_init_rpc may be called again.
+ */
+tp_status tp_shutdown(int graceful);
+
+/* 1 when this process was built with the rpc API (always), as PyTorch's. */
+int tp_is_available(void);
+/* 1 between a successful tp_init_rpc and tp_shutdown for this worker. */
+int tp_is_initialized(void);
+
+/* Worker info by name; name NULL means this worker. TP_EUNKNOWNWORKER names it. */
+tp_status tp_get_worker_info(const char *name, tp_worker_info *out);
+/* Every worker's info, ordered by id; *out caller-owned (free()), *count set. */
+tp_status tp_get_worker_infos(tp_worker_info **out, size_t *count);
+
+/* The default timeout for later calls (TIMEOUT-4); seconds as for calls, not -1. */
+tp_status tp_set_rpc_timeout(double seconds);
+double tp_get_rpc_timeout(void);
+
+/*
+ * Sleeps this worker's task for the given seconds on the backend's clock
+ * (virtual time on the simulator). Needs an initialised worker.
+ */
+tp_status tp_sleep(double seconds);
+
+/* ------------------------------------------------------------------------ */
+/* Functions served by this worker (FUNC-1..5).                              */
+
+typedef struct tp_call tp_call;
+
+/*
+ * A user function. args is a list and kwargs a map (both borrowed, never
+ * NULL). On success set *result to a new value (transferred to the library;
+ * leaving it NULL means nil) and return TP_OK. On failure return any non-OK status, after
+ * tp_call_set_error() for a message: the caller gets TP_EREMOTE with it.
+ * Runs on a worker-pool thread (simulated task); may make nested rpc calls.
+ */
+typedef tp_status (*tp_fn)(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                           tp_value **result, void *user_data);
+
+/*
+ * Registers fn under name on this worker; allowed before init. name borrowed
+ * and copied; user_data is passed back to fn. TP_EALREADY if taken.
+ */
+tp_status tp_register_function(const char *name, tp_fn fn, void *user_data);
+
+/*
+ * Registers a method of a class on this worker (new_method). The method is
+ * called with the caller's arguments; tp_call_self() gives the object the
+ * rref holds (METHOD-1).
+ */
+tp_status tp_new_method(const char *class_name, const char *method_name, tp_fn fn,
+                        void *user_data);
+
+/* Sets the message for a failing user function; printf-style. */
+void tp_call_set_error(tp_call *call, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* The calling worker's info, for the function being served. */
+const tp_worker_info *tp_call_caller(const tp_call *call);
+/* The function's (or method's) name. */
+const char *tp_call_function(const tp_call *call);
+/* For a method: the object value the rref holds, borrowed; NULL for a function. */
+const tp_value *tp_call_self(const tp_call *call);
+
+/* ------------------------------------------------------------------------ */
+/* Destinations: by name, rank or worker info (CALL-2).                      */
+
+typedef struct tp_dest {
+    int kind;         /* 0 name, 1 rank, 2 info */
+    const char *name; /* borrowed */
+    int32_t rank;
+} tp_dest;
+
+static inline tp_dest tp_to_name(const char *name) {
+    tp_dest d = {0, name, -1};
+    return d;
+}
+static inline tp_dest tp_to_rank(int rank) {
+    tp_dest d = {1, NULL, (int32_t)rank};
+    return d;
+}
+static inline tp_dest tp_to_info(const tp_worker_info *info) {
+    tp_dest d = {2, info ? info->name : NULL, info ? (int32_t)info->id : -1};
+    return d;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Futures (FUTURE-1..8).                                                    */
+
+typedef struct tp_future tp_future;
+
+/*
+ * Waits until f completes or timeout_s passes (TP_TIMEOUT_INFINITE waits
+ * without deadline; the future keeps its own call deadline either way).
+ * Returns the future's status, or TP_ETIMEDOUT when this wait expired while
+ * the future is still pending (the future is unaffected).
+ */
+tp_status tp_future_wait(tp_future *f, double timeout_s);
+/* 1 when completed (value or error). Never blocks. */
+int tp_future_done(const tp_future *f);
+/* The status a completed future carries (TP_OK or its error); TP_EINVAL while pending. */
+tp_status tp_future_status(const tp_future *f);
+/* The value of a future completed with TP_OK, borrowed from f; NULL otherwise. */
+const tp_value *tp_future_value(const tp_future *f);
+/* Moves the value out (caller owns); later calls get NULL. */
+tp_value *tp_future_take_value(tp_future *f);
+/* The error message of a failed future ("" otherwise); borrowed from f. */
+const char *tp_future_error(const tp_future *f);
+
+/*
+ * A continuation: when f completes (with a value or an error), cb runs on a
+ * worker-pool thread with f lent for the callback only. It completes the
+ * chained future: TP_OK with *result (a new value, transferred to the
+ * library; NULL means nil), or a non-OK status with a message written into
+ * errmsg (errmsg_len bytes, NUL-terminated) (FUTURE-5). *chained is
+ * caller-owned.
+ */
+typedef tp_status (*tp_then_fn)(tp_future *f, tp_value **result, char *errmsg,
+                                size_t errmsg_len, void *user_data);
+tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future **chained);
+
+/*
+ * Waits for all futures; returns TP_OK when all succeeded, or the status of
+ * the first one to fail as soon as it fails, without waiting for the rest
+ * (FUTURE-6). *failed_index (may be NULL) names it.
+ */
+tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout_s,
+                             size_t *failed_index);
+
+/* Drops the caller's reference; the call itself goes on. NULL is a no-op. */
+void tp_future_free(tp_future *f);
+
+/* ------------------------------------------------------------------------ */
+/* Calls (CALL-1..9). args (a list) and kwargs (a map) are borrowed and may  */
+/* be NULL for none; they are encoded before the call returns.               */
+
+/* Calls fn on dest and waits for the result; *result caller-owned on TP_OK. */
+tp_status tp_rpc_sync(tp_dest dest, const char *fn, const tp_value *args,
+                      const tp_value *kwargs, double timeout_s, tp_value **result);
+
+/*
+ * Starts a call and returns a future (caller-owned) at once. Errors found
+ * before sending (bad destination, not initialised, bad timeout) return a
+ * status and no future; later errors complete the future.
+ */
+tp_status tp_rpc_async(tp_dest dest, const char *fn, const tp_value *args,
+                       const tp_value *kwargs, double timeout_s, tp_future **out);
+
+/*
+ * Runs fn on dest and keeps the result there; returns an rref to it at once
+ * (caller-owned, release with tp_rref_release). The timeout bounds the
+ * creation on the owner; a failure shows up in to_here.
+ */
+tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp_value *kwargs,
+                    double timeout_s, tp_rref **out);
+
+/* ------------------------------------------------------------------------ */
+/* RRefs (RREF-1..12).                                                       */
+
+/*
+ * Fetches a copy of the value (caller owns). A timeout leaves the rref
+ * usable; a later to_here can succeed (RREF-9).
+ */
+tp_status tp_rref_to_here(tp_rref *rref, double timeout_s, tp_value **out);
+/* The value itself, borrowed, on the owner only; TP_ENOTOWNER names both workers. */
+tp_status tp_rref_local_value(tp_rref *rref, const tp_value **out);
+tp_status tp_rref_owner(const tp_rref *rref, tp_worker_info *out);
+const char *tp_rref_owner_name(const tp_rref *rref);
+int tp_rref_is_owner(const tp_rref *rref);
+/* 1 once the owner has confirmed this reference (always 1 on the owner). */
+int tp_rref_confirmed_by_owner(const tp_rref *rref);
+/* A new reference to the same remote value (caller-owned). */
+tp_rref *tp_rref_clone(tp_rref *rref);
+/*
+ * Drops the caller's reference. When the last reference anywhere is gone
+ * the owner frees the value (RREF-3). NULL is a no-op.
+ */
+void tp_rref_release(tp_rref *rref);
+
+/* ------------------------------------------------------------------------ */
+/* Remote methods: method_factory binds a method name; calls run             */
+/* method(rref.local_value(), *args) on the rref's owner (METHOD-1..3).     */
+
+typedef struct tp_method tp_method;
+
+/* A method binder for method_name (borrowed, copied); caller owns *out. */
+tp_status tp_method_factory(const char *method_name, tp_method **out);
+void tp_method_free(tp_method *m);
+tp_status tp_method_call_sync(const tp_method *m, tp_rref *rref, const tp_value *args,
+                              const tp_value *kwargs, double timeout_s, tp_value **result);
+tp_status tp_method_call_async(const tp_method *m, tp_rref *rref, const tp_value *args,
+                               const tp_value *kwargs, double timeout_s, tp_future **out);
+tp_status tp_method_call_remote(const tp_method *m, tp_rref *rref, const tp_value *args,
+                                const tp_value *kwargs, double timeout_s, tp_rref **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TENSORPLAY_RPC_H */

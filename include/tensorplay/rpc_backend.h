@@ -1,0 +1,288 @@
+/*
+ * tensorplay/rpc_backend.h: the backend SPI, for authors of backends.
+ *
+ * A backend gives the RPC core (common/) everything it needs from the
+ * outside world through one table of function pointers, the agent
+ * interface: frames to and from peers, a monotonic clock and a timer, an
+ * executor for user functions, a lock with park/unpark for blocking waits,
+ * and a rendezvous store. The core never touches a socket, a clock, a
+ * thread or a file itself; that is what lets the same semantics run on the
+ * deterministic simulator (sim/) and on TCP (real/). The normative contract
+ * is spec/agent.md (rules AGENT-1..); each member below cites it.
+ *
+ * Threads and upcalls (AGENT-1, AGENT-2):
+ * - "I/O context" is the backend's event-loop thread (real) or the
+ *   scheduler (sim). Upcalls (tp_core_on_*) run there, never with the core
+ *   lock held and never from inside a downcall.
+ * - Downcalls may be made with the core lock held unless noted; they must
+ *   not block (except where noted) and must not call back into the core.
+ * - Lock order: core lock, then any backend-internal lock. A backend never
+ *   holds an internal lock while making an upcall.
+ */
+#ifndef TENSORPLAY_RPC_BACKEND_H
+#define TENSORPLAY_RPC_BACKEND_H
+
+#include "rpc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TP_BACKEND_API_VERSION 1
+
+typedef struct tp_agent tp_agent; /* the backend's per-worker object */
+typedef struct tp_core tp_core;   /* the core's per-worker object; opaque to backends */
+typedef struct tp_task tp_task;   /* a backend's token for a thread or simulated task */
+typedef struct tp_store tp_store; /* a rendezvous store instance */
+
+/* ------------------------------------------------------------------------ */
+/* Frames (spec/wire.md). A frame is one message: a 24-byte header then the */
+/* body, held in up to TP_FRAME_SEG_MAX segments so large tensor data can   */
+/* be sent from where it lies. Received frames are one segment.             */
+
+#define TP_FRAME_HEADER_SIZE 24
+#define TP_FRAME_SEG_MAX 8
+
+typedef struct tp_frame_seg {
+    const void *base;
+    size_t len;
+} tp_frame_seg;
+
+typedef struct tp_frame tp_frame;
+struct tp_frame {
+    tp_frame *next;  /* free for whoever holds the frame (queues) */
+    size_t len;      /* total bytes over all segments, header included */
+    int nseg;        /* 1..TP_FRAME_SEG_MAX; seg[0] starts with the header */
+    tp_frame_seg seg[TP_FRAME_SEG_MAX];
+    /* Frees the frame and whatever its segments reference. */
+    void (*destroy)(tp_frame *f);
+};
+
+/*
+ * A frame with one writable contiguous segment of len bytes (header
+ * included), freed by tp_frame_free. NULL on exhaustion. Backends allocate
+ * received frames with it.
+ */
+tp_frame *tp_frame_alloc(size_t len);
+/* The writable bytes of a frame from tp_frame_alloc. */
+uint8_t *tp_frame_bytes(tp_frame *f);
+/* Calls f->destroy; NULL is a no-op. */
+void tp_frame_free(tp_frame *f);
+
+/*
+ * Validates a frame header (magic, version, type, body length within
+ * max_message_size) before any body byte is read. On TP_OK *frame_len is
+ * the whole frame's length. TP_EPROTO or TP_EMSGSIZE otherwise, with a
+ * message in errmsg. Backends call this on the first 24 bytes of each frame.
+ */
+tp_status tp_frame_check_header(const uint8_t header[TP_FRAME_HEADER_SIZE],
+                                uint64_t max_message_size, size_t *frame_len, char *errmsg,
+                                size_t errmsg_len);
+
+/* ------------------------------------------------------------------------ */
+/* Executor work items: the core embeds one in each job (AGENT-7).          */
+
+typedef struct tp_work tp_work;
+struct tp_work {
+    tp_work *next; /* free for the executor's queue */
+    void (*run)(tp_work *w);
+};
+
+/* ------------------------------------------------------------------------ */
+/* The agent interface (AGENT-1..12).                                       */
+
+typedef struct tp_agent_ops {
+    uint32_t api_version; /* TP_BACKEND_API_VERSION */
+    const char *name;
+
+    /*
+     * AGENT-3. Attaches the core and starts I/O: listen, start the pool.
+     * Writes this worker's address (an opaque string other workers' agents
+     * understand) into addr. Blocking; init thread; core lock not held.
+     * Errors carry a message in errmsg.
+     */
+    tp_status (*start)(tp_agent *a, tp_core *core, char *addr, size_t addr_len, char *errmsg,
+                       size_t errmsg_len);
+
+    /*
+     * AGENT-4. The all-gathered addresses, indexed by worker id (addrs[i]
+     * borrowed during the call). Connections are opened on first use.
+     * Blocking allowed; init thread; core lock not held.
+     */
+    tp_status (*set_peers)(tp_agent *a, const char *const *addrs, uint32_t world_size,
+                           char *errmsg, size_t errmsg_len);
+
+    /*
+     * AGENT-5. Stops I/O and the pool: accepted work items still run (the
+     * core makes them finish fast), queued frames are dropped and freed.
+     * When it returns no upcall is running and none will run. Blocking;
+     * never from an upcall or a work item; core lock not held.
+     */
+    void (*stop)(tp_agent *a);
+
+    /* AGENT-6. Frees the agent and its store; after stop. */
+    void (*destroy)(tp_agent *a);
+
+    /*
+     * AGENT-8. Queues f for worker dst. Ownership of f transferred on
+     * TP_OK; on error the caller keeps it. Never blocks, never upcalls.
+     * TP_EPEERDOWN when dst is known to be down, TP_EUNKNOWNWORKER when
+     * dst has no address, TP_ESHUTDOWN after stop. Frames to one peer
+     * arrive in order or not at all (a broken connection loses the rest
+     * and raises peer-down at both ends). Any thread; lock may be held.
+     */
+    tp_status (*send)(tp_agent *a, uint32_t dst, tp_frame *f);
+
+    /* AGENT-9. Monotonic time in ns (virtual on the simulator). Any thread. */
+    uint64_t (*now_ns)(tp_agent *a);
+
+    /*
+     * AGENT-10. The core wants tp_core_on_timer at or after deadline_ns.
+     * A later call replaces the earlier arm; UINT64_MAX disarms. Any
+     * thread; lock may be held; never upcalls from inside.
+     */
+    void (*timer_arm)(tp_agent *a, uint64_t deadline_ns);
+
+    /*
+     * AGENT-7. Runs w->run(w) later on a worker-pool thread (simulated
+     * task), never inline; at most num_worker_threads at once, FIFO.
+     * Transferred on TP_OK: run is called exactly once. TP_ESHUTDOWN after
+     * stop (the caller keeps w). Any thread; lock may be held.
+     */
+    tp_status (*execute)(tp_agent *a, tp_work *w);
+
+    /* AGENT-11. The worker's core lock (not recursive). Any thread. */
+    void (*lock)(tp_agent *a);
+    void (*unlock)(tp_agent *a);
+
+    /* The calling thread's (task's) park token; stable for its life. */
+    tp_task *(*task_self)(tp_agent *a);
+
+    /*
+     * AGENT-12. Called with the lock held by self: releases it, blocks
+     * until unpark(self), deadline_ns (UINT64_MAX: none) or a spurious
+     * wakeup, then retakes it. TP_ETIMEDOUT once the deadline has passed;
+     * TP_ESHUTDOWN when the backend is stopping or the simulated world is
+     * ending: the caller must stop waiting and fail. An unpark that comes
+     * before the park (while the lock was held) is not lost.
+     */
+    tp_status (*park)(tp_agent *a, tp_task *self, uint64_t deadline_ns);
+    /* Wakes t if parked (or makes its next park return). Lock held. */
+    void (*unpark)(tp_agent *a, tp_task *t);
+
+    /* AGENT-13. The rendezvous store; owned by the agent. */
+    tp_store *(*store)(tp_agent *a);
+} tp_agent_ops;
+
+/* ------------------------------------------------------------------------ */
+/* Upcalls: the backend tells the core what happened (AGENT-2).             */
+
+/* A frame arrived from worker src; ownership transferred. I/O context. */
+void tp_core_on_frame(tp_core *core, uint32_t src, tp_frame *f);
+/*
+ * The connection to peer broke or the peer is known dead. Every in-flight
+ * call to it fails at once and later calls fail at once. detail borrowed
+ * (errno text, "killed by fault plan"). I/O context.
+ */
+void tp_core_on_peer_down(tp_core *core, uint32_t peer, tp_status why, const char *detail);
+/* The armed deadline passed. I/O context. */
+void tp_core_on_timer(tp_core *core);
+
+/* ------------------------------------------------------------------------ */
+/* Backends (BACKEND-1..5).                                                  */
+
+typedef struct tp_init_params {
+    const char *name; /* validated by the core */
+    uint32_t rank;
+    uint32_t world_size;
+    const tp_options *opts; /* never NULL; borrowed during init */
+} tp_init_params;
+
+struct tp_backend {
+    uint32_t api_version; /* TP_BACKEND_API_VERSION */
+    /* Fills backend defaults into fresh options; may be NULL. */
+    tp_status (*construct_options)(tp_options *opts);
+    /*
+     * Creates this worker's agent (not started) and its store. The store
+     * is reached through ops->store. Errors carry a message in errmsg.
+     */
+    tp_status (*init)(const tp_init_params *params, tp_agent **agent, const tp_agent_ops **ops,
+                      char *errmsg, size_t errmsg_len);
+};
+
+/* ------------------------------------------------------------------------ */
+/* The rendezvous store (STORE-1..8).                                        */
+
+#define TP_STORE_KEY_LEN_MAX 255
+#define TP_STORE_VALUE_LEN_MAX (1u << 20)
+
+typedef struct tp_store_ops {
+    uint32_t api_version;
+    /* Sets key to value (overwrites). value borrowed, copied. */
+    tp_status (*set)(tp_store *s, const char *key, const void *value, size_t len);
+    /*
+     * Gets key: *value is malloc'd (caller frees with free()), NUL-terminated
+     * past *len. TP_ENOENT when absent. Never blocks waiting for the key.
+     */
+    tp_status (*get)(tp_store *s, const char *key, void **value, size_t *len);
+    /* Atomically adds delta to the integer at key (absent = 0); *result the new value. */
+    tp_status (*add)(tp_store *s, const char *key, int64_t delta, int64_t *result);
+    /*
+     * Atomically: if key's value equals expected (expected NULL: key absent),
+     * set it to desired and *swapped = 1; else *swapped = 0.
+     */
+    tp_status (*compare_set)(tp_store *s, const char *key, const void *expected,
+                             size_t expected_len, const void *desired, size_t desired_len,
+                             int *swapped);
+    /* Deletes key; TP_OK whether or not it existed. */
+    tp_status (*del)(tp_store *s, const char *key);
+    /* Closes and frees the store handle. */
+    void (*close)(tp_store *s);
+} tp_store_ops;
+
+/* A store handle: implementations embed this first. */
+struct tp_store {
+    const tp_store_ops *ops;
+    char errmsg[TP_ERRMSG_LEN_MAX]; /* the last failed operation's message */
+};
+
+/*
+ * The SQLite store (store/sqlite_store.c). path ":memory:" gives a private
+ * in-memory database (the simulator's); a file path gives a store shared by
+ * many processes (WAL mode, busy timeout). *out caller-owned; close with
+ * (*out)->ops->close.
+ */
+tp_status tp_sqlite_store_open(const char *path, tp_store **out, char *errmsg,
+                               size_t errmsg_len);
+
+/* ------------------------------------------------------------------------ */
+/* Worker contexts (AGENT-14): for backends that run several workers in one */
+/* process, as the simulator does. Without them the process has one worker. */
+
+typedef struct tp_context tp_context;
+
+/* A fresh worker slot: its function registry and lifecycle state. NULL on
+ * exhaustion. Caller-owned. */
+tp_context *tp_context_new(void);
+/*
+ * Frees a slot. A worker still initialised in it is shut down first, not
+ * gracefully (its agent must still exist).
+ */
+void tp_context_free(tp_context *ctx);
+/*
+ * Makes ctx the calling thread's current worker (NULL: the process's own),
+ * with errmsg_buf (TP_ERRMSG_LEN_MAX bytes, NULL: the thread's own) holding
+ * tp_errmsg() for the task about to run. The simulator calls this each time
+ * it resumes a task.
+ */
+void tp_context_switch(tp_context *ctx, char *errmsg_buf);
+/* The calling thread's current worker slot (never NULL). */
+tp_context *tp_context_current(void);
+
+/* Registers the built-in backends ("TENSORPIPE" when built, "SIM"). Idempotent. */
+void tp_register_builtin_backends(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TENSORPLAY_RPC_BACKEND_H */

@@ -1,0 +1,116 @@
+/*
+ * tensorplay/sim.h: the deterministic simulator (sim/), for tests and for
+ * fault experiments.
+ *
+ * A tp_sim runs N simulated workers ("hosts") in one thread of one process.
+ * Each host runs a program (the same function for every rank) as a
+ * cooperative task; blocking calls (tp_init_rpc, tp_rpc_sync, future waits,
+ * to_here, tp_shutdown, tp_sleep) yield to the scheduler. Time is virtual
+ * and jumps to the next event; all randomness comes from the seed through
+ * separate streams (network, faults, workload). The same seed and fault
+ * plan give a byte-identical trace and the same trace hash (SIM-1..8).
+ *
+ * Programs call tp_init_rpc(name, "SIM", rank, world_size, opts) as they
+ * would on TCP.
+ */
+#ifndef TENSORPLAY_SIM_H
+#define TENSORPLAY_SIM_H
+
+#include <stdio.h>
+
+#include "rpc.h"
+#include "rpc_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tp_sim tp_sim;
+
+/* A host's program: returns 0 for success. rank is the host's index. */
+typedef int (*tp_sim_program)(int rank, int world_size, void *arg);
+
+typedef struct tp_sim_config {
+    uint32_t hosts;             /* number of simulated hosts, >= 1 */
+    uint64_t seed;
+    uint64_t latency_min_ns;    /* per message; default 20 us when 0 */
+    uint64_t latency_jitter_ns; /* uniform extra in [0, jitter); default 30 us when 0 */
+    uint64_t time_limit_ns;     /* virtual time limit; default 1 h when 0 */
+    size_t stack_size;          /* per task; default 256 KiB when 0 */
+    tp_store *store;            /* borrowed; NULL: an in-memory SQLite store owned by the sim */
+    FILE *trace;                /* borrowed; when set, the canonical trace is written here */
+} tp_sim_config;
+
+/* A new simulation; *out caller-owned (tp_sim_free). */
+tp_status tp_sim_new(const tp_sim_config *cfg, tp_sim **out);
+void tp_sim_free(tp_sim *sim);
+
+/* ---- Faults (SIM-5). Times are virtual ns from the start. ---------------- */
+
+/* Messages from -> to sent in [start, end) take extra_ns longer (FIFO kept). */
+tp_status tp_sim_fault_delay(tp_sim *sim, uint32_t from, uint32_t to, uint64_t start_ns,
+                             uint64_t end_ns, uint64_t extra_ns);
+/* At at_ns the connection between a and b breaks: what is in flight on it is
+ * lost and both ends get peer-down. Later sends open a new connection. */
+tp_status tp_sim_fault_break(tp_sim *sim, uint32_t a, uint32_t b, uint64_t at_ns);
+/* Between a and b nothing arrives in [start, end): the connection breaks at
+ * start (both ends see peer-down) and sends fail until end. */
+tp_status tp_sim_fault_partition(tp_sim *sim, uint32_t a, uint32_t b, uint64_t start_ns,
+                                 uint64_t end_ns);
+/* At at_ns host dies: its connections break, its queued messages are gone,
+ * its tasks are woken with TP_ESHUTDOWN and it never sends again. */
+tp_status tp_sim_fault_kill(tp_sim *sim, uint32_t host, uint64_t at_ns);
+/* Each message is lost with probability per_million/1e6 (a loss breaks the
+ * connection, as on TCP). */
+tp_status tp_sim_fault_drop(tp_sim *sim, uint32_t per_million);
+
+/*
+ * Reads a fault plan: one fault a line, '#' comments:
+ *   delay FROM TO START_MS END_MS EXTRA_MS
+ *   break A B AT_MS
+ *   partition A B START_MS END_MS
+ *   kill HOST AT_MS
+ *   drop PER_MILLION
+ * TP_EINVAL with the line number in errmsg on a bad line.
+ */
+tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t errmsg_len);
+
+/* ---- Running ------------------------------------------------------------ */
+
+/*
+ * Runs program on every host until all return, the world deadlocks (every
+ * task parked with no event left: a liveness failure), or the time limit.
+ * exit_codes (may be NULL) gets each host's return value (-1 if it never
+ * returned, 137 if killed). TP_OK when all returned; TP_ETIMEDOUT at the
+ * time limit; TP_ECANCELED on deadlock (the parked tasks are unwound with
+ * TP_ESHUTDOWN so nothing leaks). A sim runs once.
+ */
+tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_codes);
+
+/* The trace hash (64-bit FNV-1a over the canonical trace lines). */
+uint64_t tp_sim_trace_hash(const tp_sim *sim);
+uint64_t tp_sim_events(const tp_sim *sim);  /* events processed */
+uint64_t tp_sim_now_ns(const tp_sim *sim);  /* the virtual clock */
+uint64_t tp_sim_messages(const tp_sim *sim); /* messages delivered */
+
+/* ---- Inside a program ---------------------------------------------------- */
+
+/* The running simulation and host of the calling task; NULL/-1 outside one. */
+tp_sim *tp_sim_current(void);
+int tp_sim_current_host(void);
+/* The workload random stream (seeded), for scenario programs. */
+uint64_t tp_sim_random(void);
+/* The calling task's host dies now, as tp_sim_fault_kill (never returns to
+ * the scheduler's other work first; returns so the program can unwind). */
+void tp_sim_crash_self(void);
+/* Appends a line to the trace (a scenario's own checkpoints). */
+void tp_sim_trace_note(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TENSORPLAY_SIM_H */

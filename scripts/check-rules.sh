@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Determinism rule (spec/agent.md AGENT-1): common/ and sim/ take time,
+# randomness, threads, libuv and SQLite only through the agent interface.
+# Fails listing each offending line. Comments are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pattern='\b(time|clock|clock_gettime|gettimeofday|rand|random|srand|rand_r|drand48|getenv|pthread_[a-z_]+|thrd_[a-z_]+|mtx_[a-z_]+|cnd_[a-z_]+|uv_[a-z_]+|sqlite3_[a-z_0-9]+|sleep|usleep|nanosleep|fork)\s*\('
+hits=$(grep -rnE "$pattern" common sim --include='*.c' --include='*.h' \
+        | grep -vE '^[^:]+:[0-9]+:\s*(//|/?\*)' || true)
+includes=$(grep -rnE '#\s*include\s*<(pthread|threads|uv|sqlite3|time|sys/time)\.h>' common sim \
+        --include='*.c' --include='*.h' || true)
+if [ -n "$hits$includes" ]; then
+  echo "check-rules: forbidden calls or headers in common/ or sim/ (route them through the agent):"
+  [ -n "$hits" ] && echo "$hits"
+  [ -n "$includes" ] && echo "$includes"
+  exit 1
+fi
+echo "check-rules: common/ and sim/ are free of direct time, randomness, thread, libuv and SQLite calls"
