@@ -4,6 +4,7 @@
 
 #include "context.h"
 #include "errors.h"
+#include "registry.h"
 #include "tensorplay/rpc_backend.h"
 
 #define BACKENDS_MAX 16 /* a process registers a handful; a bound keeps the table static */
@@ -38,8 +39,10 @@ static const tp_backend *find_locked(const char *name) {
 }
 
 static tp_status add_backend(const char *name, const tp_backend *b) {
-    if (!name || !*name || strlen(name) > TP_NAME_LEN_MAX)
-        return tpi_fail(TP_EINVAL, "backend name must be 1..%d bytes", TP_NAME_LEN_MAX);
+    if (!tpi_name_valid(name, NULL))
+        return tpi_fail(TP_EINVAL, "backend name '%.*s' must match ^[A-Za-z0-9_:-]+$ and be 1..%d "
+                                   "bytes",
+                        TP_NAME_LEN_MAX + 8, name ? name : "(null)", TP_NAME_LEN_MAX);
     if (!b || !b->init)
         return tpi_fail(TP_EINVAL, "backend '%s' has no init handler", name);
     if (b->api_version != TP_BACKEND_API_VERSION)
@@ -95,7 +98,8 @@ const char *tp_backend_type_name(tp_backend_type type) {
 }
 
 tp_status tp_construct_rpc_backend_options(const char *name, tp_options **out) {
-    TPI_ASSERT(out);
+    if (!out)
+        return tpi_fail(TP_EINVAL, "construct_rpc_backend_options: out is NULL");
     *out = NULL;
     const tp_backend *b = tp_lookup_backend(name);
     if (!b)

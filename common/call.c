@@ -13,6 +13,7 @@
 
 #include "core.h"
 #include "options.h"
+#include "registry.h"
 
 /* ---- Deadline heap ------------------------------------------------------- */
 
@@ -275,10 +276,10 @@ void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f) {
 
 static tp_status check_args(const tp_value *args, const tp_value *kwargs) {
     if (args && tp_value_kind(args) != TP_KIND_LIST)
-        return tpi_fail(TP_ETYPE, "args must be a list, got %s",
+        return tpi_fail(TP_EINVAL, "args must be a list, got %s",
                         tp_kind_name(tp_value_kind(args)));
     if (kwargs && tp_value_kind(kwargs) != TP_KIND_MAP)
-        return tpi_fail(TP_ETYPE, "kwargs must be a map, got %s",
+        return tpi_fail(TP_EINVAL, "kwargs must be a map, got %s",
                         tp_kind_name(tp_value_kind(kwargs)));
     return TP_OK;
 }
@@ -309,9 +310,10 @@ tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const ch
 
 static tp_status validate_call(const char *what, const char *fn, const tp_value *args,
                                const tp_value *kwargs, double timeout_s) {
-    if (!fn || !*fn || strlen(fn) > TP_NAME_LEN_MAX)
-        return tpi_fail(TP_EINVAL, "%s: function name must be 1..%d bytes", what,
-                        TP_NAME_LEN_MAX);
+    if (!tpi_name_valid(fn, NULL))
+        return tpi_fail(TP_EINVAL, "%s: function name '%.*s' must match ^[A-Za-z0-9_:-]+$ and "
+                                   "be 1..%d bytes",
+                        what, TP_NAME_LEN_MAX + 8, fn ? fn : "(null)", TP_NAME_LEN_MAX);
     tp_status st = tpi_check_timeout(timeout_s, 1);
     if (st != TP_OK)
         return st;
@@ -320,7 +322,8 @@ static tp_status validate_call(const char *what, const char *fn, const tp_value 
 
 tp_status tp_rpc_async(tp_dest dest, const char *fn, const tp_value *args,
                        const tp_value *kwargs, double timeout_s, tp_future **out) {
-    TPI_ASSERT(out);
+    if (!out)
+        return tpi_fail(TP_EINVAL, "rpc_async: out is NULL");
     *out = NULL;
     tp_core *c;
     tp_status st = tpi_enter("rpc_async", &c);
@@ -357,7 +360,8 @@ tp_status tpi_future_result(tp_core *c, tp_future *f, tp_value **result) {
 
 tp_status tp_rpc_sync(tp_dest dest, const char *fn, const tp_value *args,
                       const tp_value *kwargs, double timeout_s, tp_value **result) {
-    TPI_ASSERT(result);
+    if (!result)
+        return tpi_fail(TP_EINVAL, "rpc_sync: result is NULL");
     *result = NULL;
     tp_core *c;
     tp_status st = tpi_enter("rpc_sync", &c);

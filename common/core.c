@@ -35,6 +35,38 @@ int tpi_lock_held(tp_core *c) {
     return atomic_load(&c->lock_owner) == c->ops->task_self(c->agent);
 }
 
+void tpi_work_enter(tp_core *c, tpi_waiter *node) {
+    tpi_lock(c);
+    node->task = c->ops->task_self(c->agent);
+    node->prev = NULL;
+    node->next = c->in_work;
+    if (c->in_work)
+        c->in_work->prev = node;
+    c->in_work = node;
+    tpi_unlock(c);
+}
+
+void tpi_work_leave(tp_core *c, tpi_waiter *node) {
+    tpi_lock(c);
+    if (node->prev)
+        node->prev->next = node->next;
+    else
+        c->in_work = node->next;
+    if (node->next)
+        node->next->prev = node->prev;
+    tpi_unlock(c);
+}
+
+int tpi_in_work(tp_core *c) {
+    tp_task *self = c->ops->task_self(c->agent);
+    tpi_lock(c);
+    int found = 0;
+    for (tpi_waiter *w = c->in_work; w && !found; w = w->next)
+        found = w->task == self;
+    tpi_unlock(c);
+    return found;
+}
+
 tp_status tpi_park(tp_core *c, uint64_t deadline_ns) {
     tp_task *self = c->ops->task_self(c->agent);
     TPI_ASSERT(atomic_load(&c->lock_owner) == self);

@@ -142,6 +142,7 @@ struct tp_core {
     atomic_int api_refs; /* threads inside the API using the agent */
     _Atomic(tp_task *) lock_owner; /* the task holding the lock, or NULL */
     tpi_waiter *parked;  /* lock: every task parked in the core, so teardown can wake it */
+    tpi_waiter *in_work; /* lock: tasks running user code for this worker (functions, callbacks) */
     tp_context *ctx;
     const tp_agent_ops *ops;
     tp_agent *agent;
@@ -191,6 +192,11 @@ int tpi_lock_held(tp_core *c);
 static inline uint64_t tpi_now(tp_core *c) {
     return c->ops->now_ns(c->agent);
 }
+/* Marks the calling task as running user code for c (SHUTDOWN-1: such a task
+ * may not shut the worker down). node lives on the caller's stack. */
+void tpi_work_enter(tp_core *c, tpi_waiter *node);
+void tpi_work_leave(tp_core *c, tpi_waiter *node);
+int tpi_in_work(tp_core *c);
 /* Parks the calling task (lock held) until woken or deadline. */
 tp_status tpi_park(tp_core *c, uint64_t deadline_ns);
 /* A deadline from now plus seconds (0: none). */
@@ -272,6 +278,8 @@ tpi_gid tpi_new_gid(tp_core *c);
 void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m);
 /* Owner record lookup/creation (lock held). */
 tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id);
+/* Records that holder has fork (lock held). */
+tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder);
 /* Sets the value of an owner record (lock held) and answers waiting fetches. */
 void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, const char *errmsg);
 /* Frees the owner record if nothing holds it (lock held). */
@@ -312,8 +320,11 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
  */
 tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
                            int honor_dead, char **values, const char *what);
-/* The init rendezvous (INIT-5..8): claims, all-gather, set_peers, ready barrier. */
+/* The init rendezvous (INIT-3..6): claims, all-gather, set_peers. */
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
+/* Then the ready barrier and the commit (INIT-5, INIT-7); the worker already
+ * serves requests while it waits here. */
+tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns);
 /* Publishes "dead/<r>" for every peer known dead (lock not held). */
 void tpi_publish_dead(tp_core *c);
 

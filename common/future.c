@@ -67,7 +67,9 @@ static void then_free(tpi_then *t) {
 /* Hands a then-callback to the executor (lock held). */
 static void then_schedule(tp_core *c, tpi_then *t) {
     t->work.run = then_run;
+    c->active_client++; /* a queued callback may still issue calls: drain waits for it */
     if (c->ops->execute(c->agent, &t->work) != TP_OK) {
+        c->active_client--;
         tpi_future_complete(c, t->chained, TP_ESHUTDOWN, NULL,
                             "then-callback not run: the worker is shutting down");
         then_free(t);
@@ -110,12 +112,17 @@ static void then_run(tp_work *w) {
         st = TP_ESHUTDOWN;
         tpi_format(err, sizeof err, "then-callback not run: the worker is shutting down");
     } else {
+        tpi_waiter node;
+        tpi_work_enter(c, &node);
         st = t->cb(t->parent, &result, err, sizeof err, t->user_data);
+        tpi_work_leave(c, &node);
         if (st != TP_OK && !err[0])
             tpi_format(err, sizeof err, "then-callback failed: %s", tp_strerror(st));
     }
     tpi_lock(c);
     tpi_future_complete(c, t->chained, st, result, err);
+    TPI_ASSERT(c->active_client > 0);
+    c->active_client--;
     tpi_unlock(c);
     then_free(t);
 }
@@ -157,18 +164,23 @@ static tp_status record(const tp_future *f) {
     return f->status;
 }
 
-/* Waits accept -1 and 0 alike as "until the future completes": the call's
- * own deadline already bounds it (FUTURE-2). */
+/* A wait's own deadline: -1 the current default, 0 none (FUTURE-2). */
 static tp_status wait_deadline(tp_core *c, double timeout_s, uint64_t *deadline) {
     tp_status st = tpi_check_timeout(timeout_s, 1);
     if (st != TP_OK)
         return st;
-    *deadline = timeout_s > 0 ? tpi_deadline_after(c, timeout_s) : TPI_NO_DEADLINE;
+    if (timeout_s == TP_TIMEOUT_DEFAULT) {
+        tpi_lock(c);
+        timeout_s = c->default_timeout_s;
+        tpi_unlock(c);
+    }
+    *deadline = tpi_deadline_after(c, timeout_s);
     return TP_OK;
 }
 
 tp_status tp_future_wait(tp_future *f, double timeout_s) {
-    TPI_ASSERT(f);
+    if (!f)
+        return tpi_fail(TP_EINVAL, "future wait: future is NULL");
     if (atomic_load_explicit(&f->done, memory_order_acquire))
         return record(f);
     tp_core *c = f->core;
@@ -224,7 +236,8 @@ const char *tp_future_error(const tp_future *f) {
 }
 
 tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future **chained) {
-    TPI_ASSERT(f && chained);
+    if (!f || !chained)
+        return tpi_fail(TP_EINVAL, "future then: %s is NULL", f ? "chained" : "future");
     *chained = NULL;
     if (!cb)
         return tpi_fail(TP_EINVAL, "then-callback is NULL");
@@ -261,13 +274,17 @@ tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future
 tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout_s,
                              size_t *failed_index) {
     if (failed_index)
-        *failed_index = SIZE_MAX;
+        *failed_index = n; /* FUTURE-6: n on success */
     if (n == 0)
         return TP_OK;
-    TPI_ASSERT(futures);
+    if (!futures)
+        return tpi_fail(TP_EINVAL, "wait_all: futures is NULL");
+    if (!futures[0])
+        return tpi_fail(TP_EINVAL, "wait_all: future 0 is NULL");
     tp_core *c = futures[0]->core;
     for (size_t i = 0; i < n; i++) {
-        TPI_ASSERT(futures[i]);
+        if (!futures[i])
+            return tpi_fail(TP_EINVAL, "wait_all: future %zu is NULL", i);
         if (futures[i]->core != c)
             return tpi_fail(TP_EINVAL, "wait_all: future %zu belongs to another worker", i);
     }
@@ -317,6 +334,12 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
             ws[i].task = NULL;
         }
         if (pst == TP_ETIMEDOUT || pst == TP_ESHUTDOWN) {
+            for (size_t i = 0; failed_index && i < n; i++) {
+                if (!atomic_load(&futures[i]->done)) { /* the lowest still pending */
+                    *failed_index = i;
+                    break;
+                }
+            }
             st = tpi_fail(pst, "wait_all: %s with %zu of %zu futures pending",
                           pst == TP_ETIMEDOUT ? "timed out" : "the worker is shutting down",
                           pending, n);

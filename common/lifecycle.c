@@ -78,7 +78,7 @@ static void wake_all(tp_core *c) {
 static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
     tp_status st = TP_OK;
     char why[TP_NAME_LEN_MAX + 64];
-    tpi_format(why, sizeof why, "rpc worker '%s' shut down", c->self.name);
+    tpi_format(why, sizeof why, "rpc is shut down on worker '%s'", c->self.name);
     atomic_store(&c->state, TPI_STATE_STOPPING);
     tpi_lock(c);
     tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
@@ -163,6 +163,14 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     const tp_backend *b = tp_lookup_backend(backend);
     if (!b)
         return tpi_fail(TP_EBACKEND, "no backend named '%s' is registered", backend);
+    for (size_t i = 0; opts && i < tpi_options_nkeys(opts); i++) {
+        const char *key = tpi_options_key_at(opts, i);
+        int known = 0;
+        for (const char *const *k = b->option_keys; k && *k && !known; k++)
+            known = strcmp(*k, key) == 0;
+        if (!known)
+            return tpi_fail(TP_EINVAL, "backend '%s' has no option '%s'", backend, key);
+    }
 
     tpi_context_lock(ctx);
     if (ctx->core || ctx->initializing) {
@@ -208,8 +216,22 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
         fail_init(ctx, c, 1);
         return tpi_fail(st, "%s", msg);
     }
+    /* Peers that finished init may call us from here on: serve them as a
+     * worker that is up, while we wait for the last ready keys. */
     tpi_context_lock(ctx);
     ctx->core = c;
+    tpi_context_unlock(ctx);
+    st = tpi_rendezvous_ready(c, deadline);
+    if (st != TP_OK) {
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        finish(ctx, c, tpi_deadline_after(c, tp_options_shutdown_timeout(c->opts)));
+        tpi_context_lock(ctx);
+        ctx->initializing = 0;
+        tpi_context_unlock(ctx);
+        return tpi_fail(st, "%s", msg);
+    }
+    tpi_context_lock(ctx);
     ctx->initializing = 0;
     tpi_context_unlock(ctx);
     return TP_OK;
@@ -219,12 +241,24 @@ tp_status tp_shutdown(int graceful) {
     tp_context *ctx = tp_context_current();
     tpi_context_lock(ctx);
     tp_core *c = ctx->core;
-    int busy = c && c->shutting_down;
-    if (c && !busy)
-        c->shutting_down = 1;
+    if (c)
+        tpi_core_ref(c);
     tpi_context_unlock(ctx);
     if (!c)
         return tpi_fail(TP_ENOTINIT, "shutdown: rpc is not initialized");
+    /* SHUTDOWN-1: never from a task serving this worker (its pool would wait
+     * for the very task that is waiting for it). */
+    int inside = atomic_load(&c->state) == TPI_STATE_RUNNING && tpi_in_work(c);
+    tpi_context_lock(ctx);
+    int busy = c->shutting_down;
+    if (!inside && !busy)
+        c->shutting_down = 1;
+    tpi_context_unlock(ctx);
+    tpi_core_unref(c); /* the context's reference stays until teardown ends */
+    if (inside)
+        return tpi_fail(TP_EINVAL, "shutdown: called from a function or callback worker '%s' is "
+                                   "serving; call it from the worker's own thread",
+                        c->self.name);
     if (busy)
         return tpi_fail(TP_EALREADY, "shutdown: already in progress on worker '%s'",
                         c->self.name);
@@ -251,7 +285,8 @@ int tp_is_initialized(void) {
 }
 
 tp_status tp_get_worker_info(const char *name, tp_worker_info *out) {
-    TPI_ASSERT(out);
+    if (!out)
+        return tpi_fail(TP_EINVAL, "get_worker_info: out is NULL");
     tp_core *c;
     tp_status st = tpi_enter("get_worker_info", &c);
     if (st != TP_OK)
@@ -269,7 +304,8 @@ tp_status tp_get_worker_info(const char *name, tp_worker_info *out) {
 }
 
 tp_status tp_get_worker_infos(tp_worker_info **out, size_t *count) {
-    TPI_ASSERT(out && count);
+    if (!out || !count)
+        return tpi_fail(TP_EINVAL, "get_worker_infos: %s is NULL", out ? "count" : "out");
     *out = NULL;
     *count = 0;
     tp_core *c;

@@ -15,7 +15,8 @@ struct tp_method {
 };
 
 tp_status tp_method_factory(const char *method_name, tp_method **out) {
-    TPI_ASSERT(out);
+    if (!out)
+        return tpi_fail(TP_EINVAL, "method_factory: out is NULL");
     *out = NULL;
     if (!method_name || !*method_name || strlen(method_name) > TP_NAME_LEN_MAX ||
         strchr(method_name, '.'))
@@ -49,7 +50,8 @@ static tp_status wire_args(tp_rref *rref, const tp_value *args, tp_value **out) 
 static tp_status start(const tp_method *m, tp_rref *rref, const tp_value *args,
                        const tp_value *kwargs, double timeout_s, int remote, tp_future **fut,
                        tp_rref **rout) {
-    TPI_ASSERT(m && rref);
+    if (!m || !rref)
+        return tpi_fail(TP_EINVAL, "method call: %s is NULL", m ? "rref" : "method");
     tp_core *c = rref->core;
     tp_status st = tpi_enter_core(c, "method call");
     if (st != TP_OK)
@@ -77,14 +79,16 @@ static tp_status start(const tp_method *m, tp_rref *rref, const tp_value *args,
 
 tp_status tp_method_call_async(const tp_method *m, tp_rref *rref, const tp_value *args,
                                const tp_value *kwargs, double timeout_s, tp_future **out) {
-    TPI_ASSERT(out);
+    if (!out)
+        return tpi_fail(TP_EINVAL, "method call: out is NULL");
     *out = NULL;
     return start(m, rref, args, kwargs, timeout_s, 0, out, NULL);
 }
 
 tp_status tp_method_call_sync(const tp_method *m, tp_rref *rref, const tp_value *args,
                               const tp_value *kwargs, double timeout_s, tp_value **result) {
-    TPI_ASSERT(result);
+    if (!result)
+        return tpi_fail(TP_EINVAL, "method call: result is NULL");
     *result = NULL;
     tp_future *f = NULL;
     tp_status st = start(m, rref, args, kwargs, timeout_s, 0, &f, NULL);
@@ -102,7 +106,8 @@ tp_status tp_method_call_sync(const tp_method *m, tp_rref *rref, const tp_value 
 
 tp_status tp_method_call_remote(const tp_method *m, tp_rref *rref, const tp_value *args,
                                 const tp_value *kwargs, double timeout_s, tp_rref **out) {
-    TPI_ASSERT(out);
+    if (!out)
+        return tpi_fail(TP_EINVAL, "method call: out is NULL");
     *out = NULL;
     return start(m, rref, args, kwargs, timeout_s, 1, NULL, out);
 }

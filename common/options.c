@@ -83,7 +83,8 @@ tp_status tpi_check_timeout(double seconds, int allow_default) {
 }
 
 tp_status tp_options_set_rpc_timeout(tp_options *o, double s) {
-    TPI_ASSERT(o);
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
     tp_status st = tpi_check_timeout(s, 0);
     if (st == TP_OK)
         o->rpc_timeout_s = s;
@@ -95,7 +96,8 @@ double tp_options_rpc_timeout(const tp_options *o) {
 }
 
 tp_status tp_options_set_init_method(tp_options *o, const char *m) {
-    TPI_ASSERT(o);
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
     if (!m || !*m)
         return tpi_fail(TP_EINVAL, "init_method is empty");
     char *copy = strdup(m);
@@ -111,7 +113,8 @@ const char *tp_options_init_method(const tp_options *o) {
 }
 
 tp_status tp_options_set_num_worker_threads(tp_options *o, int n) {
-    TPI_ASSERT(o);
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
     if (n < 1 || n > TPI_WORKER_THREADS_MAX)
         return tpi_fail(TP_EINVAL, "num_worker_threads %d outside [1, %d]", n,
                         TPI_WORKER_THREADS_MAX);
@@ -124,7 +127,8 @@ int tp_options_num_worker_threads(const tp_options *o) {
 }
 
 tp_status tp_options_set_init_timeout(tp_options *o, double s) {
-    TPI_ASSERT(o);
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
     tp_status st = tpi_check_timeout(s, 0);
     if (st == TP_OK)
         o->init_timeout_s = s;
@@ -136,7 +140,8 @@ double tp_options_init_timeout(const tp_options *o) {
 }
 
 tp_status tp_options_set_shutdown_timeout(tp_options *o, double s) {
-    TPI_ASSERT(o);
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
     tp_status st = tpi_check_timeout(s, 0);
     if (st == TP_OK)
         o->shutdown_timeout_s = s;
@@ -148,7 +153,8 @@ double tp_options_shutdown_timeout(const tp_options *o) {
 }
 
 tp_status tp_options_set_max_message_size(tp_options *o, uint64_t bytes) {
-    TPI_ASSERT(o);
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
     if (bytes < TPI_MESSAGE_SIZE_MIN || bytes > TPI_MESSAGE_SIZE_MAX)
         return tpi_fail(TP_EINVAL, "max_message_size %llu outside [%llu, %llu]",
                         (unsigned long long)bytes, (unsigned long long)TPI_MESSAGE_SIZE_MIN,
@@ -162,7 +168,8 @@ uint64_t tp_options_max_message_size(const tp_options *o) {
 }
 
 tp_status tp_options_set(tp_options *o, const char *key, const char *value) {
-    TPI_ASSERT(o);
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
     if (!key || !*key || !value)
         return tpi_fail(TP_EINVAL, "option key and value must be non-empty strings");
     for (size_t i = 0; i < o->nkv; i++) {
@@ -187,6 +194,15 @@ tp_status tp_options_set(tp_options *o, const char *key, const char *value) {
     o->values[o->nkv] = v;
     o->nkv++;
     return TP_OK;
+}
+
+size_t tpi_options_nkeys(const tp_options *o) {
+    return o->nkv;
+}
+
+const char *tpi_options_key_at(const tp_options *o, size_t i) {
+    TPI_ASSERT(i < o->nkv);
+    return o->keys[i];
 }
 
 const char *tp_options_get(const tp_options *o, const char *key) {

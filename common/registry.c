@@ -31,16 +31,10 @@ int tpi_name_valid(const char *s, size_t *len_out) {
     return n > 0;
 }
 
-/* Function and class names: anything printable but '.', 1..127 bytes. */
+/* Function, class and method names follow the worker-name rule (FUNC-2), so
+ * "Class.method" keys can never collide with a function name. */
 static int fn_name_valid(const char *s) {
-    size_t n = 0;
-    if (!s)
-        return 0;
-    for (; s[n]; n++)
-        if ((unsigned char)s[n] <= ' ' || s[n] == '.' || (unsigned char)s[n] >= 0x7f ||
-            n >= TP_NAME_LEN_MAX)
-            return 0;
-    return n > 0;
+    return tpi_name_valid(s, NULL);
 }
 
 static size_t lower_bound(const tp_context *ctx, const char *name) {
@@ -85,8 +79,9 @@ static tp_status insert(const char *name, tp_fn fn, void *ud) {
 
 tp_status tp_register_function(const char *name, tp_fn fn, void *user_data) {
     if (!fn_name_valid(name))
-        return tpi_fail(TP_EINVAL, "function name must be 1..%d printable bytes without '.'",
-                        TP_NAME_LEN_MAX);
+        return tpi_fail(TP_EINVAL, "function name '%.*s' must match ^[A-Za-z0-9_:-]+$ and be "
+                                   "1..%d bytes",
+                        TP_NAME_LEN_MAX + 8, name ? name : "(null)", TP_NAME_LEN_MAX);
     if (!fn)
         return tpi_fail(TP_EINVAL, "function '%s' is NULL", name);
     return insert(name, fn, user_data);
@@ -95,8 +90,8 @@ tp_status tp_register_function(const char *name, tp_fn fn, void *user_data) {
 tp_status tp_new_method(const char *class_name, const char *method_name, tp_fn fn,
                         void *user_data) {
     if (!fn_name_valid(class_name) || !fn_name_valid(method_name))
-        return tpi_fail(TP_EINVAL, "class and method names must be 1..%d printable bytes "
-                                   "without '.'",
+        return tpi_fail(TP_EINVAL, "class and method names must match ^[A-Za-z0-9_:-]+$ and "
+                                   "be 1..%d bytes",
                         TP_NAME_LEN_MAX);
     if (!fn)
         return tpi_fail(TP_EINVAL, "method '%s.%s' is NULL", class_name, method_name);

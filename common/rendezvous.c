@@ -56,15 +56,48 @@ static tp_status check_error_key(tp_core *c, const char *what) {
     tpi_key(c, key, sizeof key, "init/error");
     if (!key_exists(c, key, &v, &st))
         return st == TP_OK ? TP_OK : store_fail(c, st, what);
+    if (strncmp(v, "TP_OK\t", 6) == 0) { /* committed: the attempt succeeded (INIT-5) */
+        free(v);
+        return TP_OK;
+    }
     char *tab = strchr(v, '\t');
-    long code = strtol(v, NULL, 10);
-    if (!tab || code <= 0 || code >= TP_STATUS_COUNT_)
-        st = tpi_fail(TP_EINVAL, "%s: another worker failed init: %s", what, v);
-    else
-        st = tpi_fail((tp_status)code, "%s: %s", what, tab + 1);
+    tp_status code = TP_EINVAL;
+    if (tab) {
+        *tab = '\0';
+        for (int i = 1; i < TP_STATUS_COUNT_; i++)
+            if (strcmp(v, tp_status_name((tp_status)i)) == 0)
+                code = (tp_status)i;
+    }
+    st = tpi_fail(code, "%s: %s", what, tab ? tab + 1 : v);
     free(v);
     return st;
 }
+
+/*
+ * Publishes the outcome of this init attempt for every worker (INIT-5): the
+ * first outcome wins. Returns the outcome that won: st with msg, or the
+ * earlier one (recorded as tp_errmsg) when another worker decided first.
+ */
+static tp_status publish_outcome(tp_core *c, tp_status st, const char *msg) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char val[TP_ERRMSG_LEN_MAX + 32];
+    int swapped = 0;
+    tpi_key(c, key, sizeof key, "init/error");
+    size_t n = tpi_format(val, sizeof val, "%s\t%s", tp_status_name(st), msg);
+    tp_status sst = c->store->ops->compare_set(c->store, key, NULL, 0, val, n, &swapped);
+    if (sst != TP_OK)
+        return store_fail(c, sst, "init");
+    if (!swapped)
+        return check_error_key(c, "init");
+    return st == TP_OK ? TP_OK : tpi_fail(st, "%s", msg);
+}
+
+static tp_status publish_error(tp_core *c, tp_status st, const char *msg) {
+    tp_status won = publish_outcome(c, st, msg);
+    return won == TP_OK ? tpi_fail(st, "%s", msg) : won;
+}
+
+
 
 static void name_missing(tp_core *c, const uint8_t *present, char *buf, size_t len) {
     size_t n = 0, named = 0, missing = 0;
@@ -123,10 +156,21 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             break;
         if (tpi_now(c) >= deadline_ns) {
             char names[256];
+            char msg[TP_ERRMSG_LEN_MAX];
             name_missing(c, present, names, sizeof names);
-            st = tpi_fail(TP_ETIMEDOUT, "%s: timed out waiting for rank%s %s (of %u workers)",
-                          what, missing > 1 ? "s" : "", names, c->world_size);
-            break;
+            tpi_format(msg, sizeof msg, "%s: timed out waiting for rank%s %s (of %u workers)",
+                       what, missing > 1 ? "s" : "", names, c->world_size);
+            if (honor_dead) {
+                st = tpi_fail(TP_ETIMEDOUT, "%s", msg);
+                break;
+            }
+            /* Init: the timeout is an outcome, unless success was committed
+             * first, in which case every key exists and one more look ends it. */
+            st = publish_outcome(c, TP_ETIMEDOUT, msg);
+            if (st != TP_OK)
+                break;
+            deadline_ns = TPI_NO_DEADLINE;
+            continue;
         }
         st = nap(c, &backoff, deadline_ns);
         if (st != TP_OK) {
@@ -164,17 +208,6 @@ void tpi_publish_dead(tp_core *c) {
             c->store->ops->set(c->store, key, "1", 1);
         }
     }
-}
-
-/* Publishes an init failure for every worker to see (INIT-6). */
-static tp_status publish_error(tp_core *c, tp_status st, const char *msg) {
-    char key[TP_STORE_KEY_LEN_MAX + 1];
-    char val[TP_ERRMSG_LEN_MAX + 16];
-    int swapped = 0;
-    tpi_key(c, key, sizeof key, "init/error");
-    size_t n = tpi_format(val, sizeof val, "%d\t%s", (int)st, msg);
-    c->store->ops->compare_set(c->store, key, NULL, 0, val, n, &swapped);
-    return tpi_fail(st, "%s", msg);
 }
 
 /* Compare-and-set key from absent to value; on loss *other gets the winner's value. */
@@ -300,10 +333,18 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     if (st != TP_OK)
         return st;
 
+    return TP_OK;
+}
+
+tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
     /* INIT-7: nobody sends before everybody can route. */
     tpi_key(c, key, sizeof key, "init/ready/%u", c->rank);
-    st = c->store->ops->set(c->store, key, "1", 1);
+    tp_status st = c->store->ops->set(c->store, key, "1", 1);
     if (st != TP_OK)
         return store_fail(c, st, "init");
-    return tpi_store_gather(c, "init/ready", deadline_ns, 0, NULL, "init");
+    st = tpi_store_gather(c, "init/ready", deadline_ns, 0, NULL, "init");
+    if (st != TP_OK)
+        return st;
+    return publish_outcome(c, TP_OK, ""); /* commit, or learn of a failure decided first */
 }

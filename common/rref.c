@@ -15,6 +15,7 @@
 
 #include "core.h"
 #include "options.h"
+#include "registry.h"
 
 typedef struct tpi_child {
     tp_rref *rref; /* a handle kept for the child */
@@ -51,7 +52,7 @@ tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id) {
     return o;
 }
 
-static tp_status add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder) {
+tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder) {
     if (o->nforks == o->forks_cap) {
         size_t cap = o->forks_cap ? 2 * o->forks_cap : 4;
         tpi_fork_rec *grown = realloc(o->forks, cap * sizeof *grown);
@@ -309,7 +310,7 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
     tp_status st = TP_OK;
     if (r->is_owner) { /* the owner records the fork itself, at once */
         tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
-        st = o ? add_fork(o, w->fork_id, rc->peer) : TP_EINVAL;
+        st = o ? tpi_owner_add_fork(o, w->fork_id, rc->peer) : TP_EINVAL;
     } else { /* keep our reference until the child is confirmed (guarantee 2) */
         tpi_child *ch = malloc(sizeof *ch);
         st = ch ? TP_OK : TP_ENOMEM;
@@ -492,7 +493,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     }
     case TPI_MSG_RREF_FORK: {
         tpi_owner *o = tpi_owner_get_or_create(c, m->rref);
-        tp_status st = o ? add_fork(o, m->fork, src) : TP_ENOMEM;
+        tp_status st = o ? tpi_owner_add_fork(o, m->fork, src) : TP_ENOMEM;
         tpi_reply(c, src, m->id, st, NULL, st == TP_OK ? NULL : "owner out of memory");
         break;
     }
@@ -597,7 +598,6 @@ void tpi_rrefs_teardown(tp_core *c) {
 /* ---- The rref API (RREF-*) -------------------------------------------------- */
 
 static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
-    (void)c;
     tp_rref *r = call->rref;
     if (reply) {
         atomic_store(&r->confirmed, 1); /* the owner has it, value or error */
@@ -609,6 +609,16 @@ static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *repl
         tpi_format(msg, sizeof msg, "the rref was not created: remote '%s' on '%s' got no answer"
                    " (%s)", call->fn, r->owner_name, tp_strerror(st));
         r->fail_msg = strdup(msg);
+        /* A to_here already waiting learns it now (RREF-2): restart the scan
+         * after each finish, which changes the list. */
+        for (tpi_call *k = c->calls_head; k;) {
+            if (k->type == TPI_MSG_RREF_FETCH && k->rref == r) {
+                tpi_call_finish(c, k, st, NULL, msg);
+                k = c->calls_head;
+            } else {
+                k = k->next;
+            }
+        }
     }
 }
 
@@ -662,21 +672,24 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
 
 tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp_value *kwargs,
                     double timeout_s, tp_rref **out) {
-    TPI_ASSERT(out);
+    if (!out)
+        return tpi_fail(TP_EINVAL, "remote: out is NULL");
     *out = NULL;
     tp_core *c;
     tp_status st = tpi_enter("remote", &c);
     if (st != TP_OK)
         return st;
     uint32_t dst = 0;
-    if (!fn || !*fn || strlen(fn) > TP_NAME_LEN_MAX)
-        st = tpi_fail(TP_EINVAL, "remote: function name must be 1..%d bytes", TP_NAME_LEN_MAX);
+    if (!tpi_name_valid(fn, NULL))
+        st = tpi_fail(TP_EINVAL, "remote: function name '%.*s' must match ^[A-Za-z0-9_:-]+$ and "
+                                 "be 1..%d bytes",
+                      TP_NAME_LEN_MAX + 8, fn ? fn : "(null)", TP_NAME_LEN_MAX);
     if (st == TP_OK)
         st = tpi_check_timeout(timeout_s, 1);
     if (st == TP_OK && args && tp_value_kind(args) != TP_KIND_LIST)
-        st = tpi_fail(TP_ETYPE, "remote: args must be a list");
+        st = tpi_fail(TP_EINVAL, "remote: args must be a list");
     if (st == TP_OK && kwargs && tp_value_kind(kwargs) != TP_KIND_MAP)
-        st = tpi_fail(TP_ETYPE, "remote: kwargs must be a map");
+        st = tpi_fail(TP_EINVAL, "remote: kwargs must be a map");
     if (st == TP_OK)
         st = tpi_resolve(c, dest, &dst);
     if (st == TP_OK) {
@@ -709,7 +722,8 @@ static tp_status owner_ready(tp_core *c, tpi_owner *o, uint64_t deadline) {
 }
 
 tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
-    TPI_ASSERT(r && out);
+    if (!r || !out)
+        return tpi_fail(TP_EINVAL, "to_here: %s is NULL", r ? "out" : "rref");
     *out = NULL;
     tp_core *c = r->core;
     tp_status st = tpi_enter_core(c, "to_here");
@@ -763,7 +777,8 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
 }
 
 tp_status tp_rref_local_value(tp_rref *r, const tp_value **out) {
-    TPI_ASSERT(r && out);
+    if (!r || !out)
+        return tpi_fail(TP_EINVAL, "local_value: %s is NULL", r ? "out" : "rref");
     *out = NULL;
     tp_core *c = r->core;
     if (!r->is_owner)
@@ -789,7 +804,8 @@ tp_status tp_rref_local_value(tp_rref *r, const tp_value **out) {
 }
 
 tp_status tp_rref_owner(const tp_rref *r, tp_worker_info *out) {
-    TPI_ASSERT(r && out);
+    if (!r || !out)
+        return tpi_fail(TP_EINVAL, "rref owner: %s is NULL", r ? "out" : "rref");
     memset(out, 0, sizeof *out);
     tpi_format(out->name, sizeof out->name, "%s", r->owner_name);
     out->id = r->owner;

@@ -25,7 +25,9 @@ typedef struct tpi_job {
     tp_work work; /* first */
     tp_core *core;
     uint32_t src;
-    tp_frame *frame;
+    tp_frame *frame;  /* REQUEST: decoded on the pool */
+    tpi_msg *msg;     /* REMOTE: decoded in the I/O context */
+    tpi_owner *owner; /* REMOTE: the record being built */
 } tpi_job;
 
 void tp_call_set_error(tp_call *call, const char *fmt, ...) {
@@ -48,8 +50,9 @@ const tp_value *tp_call_self(const tp_call *call) {
     return call->self;
 }
 
-void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_value *value,
-               const char *errmsg) {
+/* Replies with a function's result; fn names it when the result cannot travel. */
+static void reply_result(tp_core *c, uint32_t dst, uint64_t id, tp_status st,
+                         const tp_value *value, const char *errmsg, const char *fn) {
     tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX];
     memset(&m, 0, sizeof m);
@@ -67,11 +70,17 @@ void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_val
         m.type = TPI_MSG_RESPONSE;
         m.id = id;
         m.status = (uint32_t)sst;
-        tpi_format(m.text, sizeof m.text, "the result cannot be sent back from %s: %s",
-                   c->self.name, err);
+        char who[TP_NAME_LEN_MAX + 32];
+        tpi_format(m.text, sizeof m.text, "the result of '%s' cannot be sent back from %s: %s",
+                   fn ? fn : "to_here", tpi_worker_desc(c, c->rank, who, sizeof who), err);
         tpi_send_msg(c, dst, &m, err, sizeof err);
     }
     /* Other failures mean the caller is gone; its side fails the call. */
+}
+
+void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_value *value,
+               const char *errmsg) {
+    reply_result(c, dst, id, st, value, errmsg, NULL);
 }
 
 /* Waits (lock held) until the owner record has its value (METHOD-2, RREF-8). */
@@ -146,61 +155,36 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
             tpi_format(err, err_len, "%s has no function '%s'", self_desc, m->text);
         return TP_EUNKNOWNFUNC;
     }
+    char full[2 * TP_NAME_LEN_MAX + 2];
+    if (class_name) /* METHOD-1: a method is known as "Class.method" */
+        tpi_format(full, sizeof full, "%s.%s", class_name, m->text);
     tp_call call;
     memset(&call, 0, sizeof call);
     call.core = c;
     call.caller = c->infos[src];
-    call.fn = m->text;
+    call.fn = class_name ? full : m->text;
     call.self = object;
     tp_status st = fn(&call, args, m->kwargs, result, ud);
     if (st != TP_OK) {
         tp_value_free(*result);
         *result = NULL;
         tpi_format(err, err_len, "%s '%s' on %s failed: %s", class_name ? "method" : "function",
-                   m->text, self_desc, call.err[0] ? call.err : tp_strerror(st));
+                   call.fn, self_desc, call.err[0] ? call.err : tp_strerror(st));
         return TP_EREMOTE;
     }
     return TP_OK;
 }
 
-static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m) {
+/* Runs the creating function of an owner record registered by on_remote. */
+static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o) {
     char err[TP_ERRMSG_LEN_MAX] = "";
     tp_value *result = NULL;
+    tp_status st = invoke(c, src, m, &result, err, sizeof err);
     tpi_lock(c);
-    tpi_owner *o = tpi_owner_get_or_create(c, m->rref);
-    tp_status st = o ? TP_OK : TP_ENOMEM;
-    if (o) {
-        if (m->fork.local != 0) { /* a user on src holds this fork */
-            tpi_fork_rec rec = {m->fork, src};
-            if (o->nforks == o->forks_cap) {
-                size_t cap = o->forks_cap ? 2 * o->forks_cap : 4;
-                tpi_fork_rec *grown = realloc(o->forks, cap * sizeof *grown);
-                if (grown) {
-                    o->forks = grown;
-                    o->forks_cap = cap;
-                }
-            }
-            if (o->nforks < o->forks_cap)
-                o->forks[o->nforks++] = rec;
-            else
-                st = TP_ENOMEM;
-        }
-        o->running = 1;
-    }
+    o->running = 0;
+    tpi_owner_set(c, o, st, result, err); /* takes result */
+    tpi_owner_maybe_free(c, o);
     tpi_unlock(c);
-    if (st == TP_OK)
-        st = invoke(c, src, m, &result, err, sizeof err);
-    else
-        tpi_format(err, sizeof err, "out of memory creating an rref on %s", c->self.name);
-    if (o) {
-        tpi_lock(c);
-        o->running = 0;
-        tpi_owner_set(c, o, st, result, err); /* takes result */
-        tpi_owner_maybe_free(c, o);
-        tpi_unlock(c);
-    } else {
-        tp_value_free(result);
-    }
     tpi_reply(c, src, m->id, st, NULL, err);
 }
 
@@ -210,13 +194,24 @@ static void job_run(tp_work *w) {
     tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX] = "";
     char who[TP_NAME_LEN_MAX + 32];
-    uint64_t id = tpi_frame_id(j->frame);
+    uint64_t id = j->msg ? j->msg->id : tpi_frame_id(j->frame);
+    tpi_waiter node;
+    tpi_work_enter(c, &node);
     if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
         tpi_format(err, sizeof err, "%s is shutting down",
                    tpi_worker_desc(c, c->rank, who, sizeof who));
+        if (j->owner) {
+            tpi_lock(c);
+            j->owner->running = 0;
+            if (!j->owner->ready)
+                tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, err);
+            tpi_unlock(c);
+        }
         tpi_reply(c, j->src, id, TP_ESHUTDOWN, NULL, err);
+    } else if (j->msg) {
+        serve_remote(c, j->src, j->msg, j->owner);
     } else {
-        tpi_rref_ctx rc = {c, j->src};
+        tpi_rref_ctx rc = {c, j->src, NULL, 0, 0};
         tpi_codec_hooks hooks;
         tpi_rref_hooks(&rc, &hooks);
         tp_status st = tpi_msg_decode(j->frame, &hooks, &m, err, sizeof err);
@@ -225,16 +220,18 @@ static void job_run(tp_work *w) {
             tpi_format(msg, sizeof msg, "%s could not decode the request: %s",
                        tpi_worker_desc(c, c->rank, who, sizeof who), err);
             tpi_reply(c, j->src, id, st, NULL, msg);
-        } else if (m.type == TPI_MSG_REMOTE) {
-            serve_remote(c, j->src, &m);
-            tpi_msg_clear(&m);
         } else {
             tp_value *result = NULL;
             st = invoke(c, j->src, &m, &result, err, sizeof err);
-            tpi_reply(c, j->src, id, st, result, err);
+            reply_result(c, j->src, id, st, result, err, m.text);
             tp_value_free(result);
             tpi_msg_clear(&m);
         }
+    }
+    tpi_work_leave(c, &node);
+    if (j->msg) {
+        tpi_msg_clear(j->msg);
+        free(j->msg);
     }
     tp_frame_free(j->frame);
     tpi_lock(c);
@@ -243,6 +240,52 @@ static void job_run(tp_work *w) {
     tpi_unlock(c);
     free(j);
     tpi_core_unref(c);
+}
+
+/*
+ * REMOTE: the owner record and the caller's fork are registered here, in
+ * the I/O context, before any later message on the same link (a to_here or
+ * a delete) is handled; only the function runs on the pool (RREF-5).
+ */
+static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, char *err,
+                           size_t err_len) {
+    tpi_rref_ctx rc = {c, src, NULL, 0, 0};
+    tpi_codec_hooks hooks;
+    tpi_rref_hooks(&rc, &hooks);
+    j->msg = malloc(sizeof *j->msg);
+    if (!j->msg) {
+        tpi_format(err, err_len, "the callee is out of memory");
+        return TP_ENOMEM;
+    }
+    tp_status st = tpi_msg_decode(f, &hooks, j->msg, err, err_len);
+    if (st != TP_OK) {
+        free(j->msg);
+        j->msg = NULL;
+        return st;
+    }
+    tpi_lock(c);
+    tpi_owner *o = tpi_owner_get_or_create(c, j->msg->rref);
+    if (!o) {
+        st = TP_ENOMEM;
+        tpi_format(err, err_len, "out of memory creating an rref on %s", c->self.name);
+    } else if (o->ready || o->running) {
+        st = TP_EPROTO; /* a peer sent the same rref id twice: its bug, not our crash */
+        tpi_format(err, err_len, "rref %u:%llu already exists on %s", j->msg->rref.worker,
+                   (unsigned long long)j->msg->rref.local, c->self.name);
+    } else if (j->msg->fork.local != 0 && tpi_owner_add_fork(o, j->msg->fork, src) != TP_OK) {
+        st = TP_ENOMEM;
+        tpi_format(err, err_len, "out of memory recording a fork on %s", c->self.name);
+    } else {
+        o->running = 1;
+        j->owner = o;
+    }
+    tpi_unlock(c);
+    if (st != TP_OK) {
+        tpi_msg_clear(j->msg);
+        free(j->msg);
+        j->msg = NULL;
+    }
+    return st;
 }
 
 void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
@@ -265,11 +308,22 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         return;
     }
     tpi_job *j = calloc(1, sizeof *j);
+    uint64_t id = tpi_frame_id(f);
     if (!j) {
-        uint64_t id = tpi_frame_id(f);
         tp_frame_free(f);
         tpi_reply(c, src, id, TP_ENOMEM, NULL, "the callee is out of memory");
         return;
+    }
+    if (type == TPI_MSG_REMOTE) {
+        char err[TP_ERRMSG_LEN_MAX];
+        tp_status st = on_remote(c, src, f, j, err, sizeof err);
+        tp_frame_free(f);
+        f = NULL;
+        if (st != TP_OK) {
+            free(j);
+            tpi_reply(c, src, id, st, NULL, err);
+            return;
+        }
     }
     j->work.run = job_run;
     j->core = c;
@@ -279,12 +333,20 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     tpi_lock(c);
     c->active_served++;
     tp_status st = c->ops->execute(c->agent, &j->work);
-    if (st != TP_OK)
+    if (st != TP_OK) {
         c->active_served--;
+        if (j->owner) {
+            j->owner->running = 0;
+            tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, "the callee is shutting down");
+        }
+    }
     tpi_unlock(c);
     if (st != TP_OK) {
-        uint64_t id = tpi_frame_id(f);
         tp_frame_free(f);
+        if (j->msg) {
+            tpi_msg_clear(j->msg);
+            free(j->msg);
+        }
         free(j);
         tpi_reply(c, src, id, TP_ESHUTDOWN, NULL, "the callee is shutting down");
         tpi_core_unref(c);

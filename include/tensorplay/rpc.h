@@ -313,9 +313,9 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
                       const tp_options *opts);
 
 /*
- * Tears the worker down. graceful != 0: a barrier of all workers, then every
- * worker's outstanding work drains (nested and follow-up calls included),
- * user rrefs are released, then teardown; each phase has a deadline and a
+ * Tears the worker down. graceful != 0: a barrier of all workers, then user
+ * rrefs are released, then every worker's outstanding work drains (nested
+ * and follow-up calls included, the rref deletes too), then teardown; each phase has a deadline and a
  * failed phase names the workers that did not answer (the worker is torn
  * down anyway). graceful == 0: local and immediate; in-flight futures fail
  * with TP_ESHUTDOWN. After shutdown, tp_init_rpc may be called again.
@@ -412,8 +412,9 @@ static inline tp_dest tp_to_info(const tp_worker_info *info) {
 typedef struct tp_future tp_future;
 
 /*
- * Waits until f completes or timeout_s passes (TP_TIMEOUT_INFINITE waits
- * without deadline; the future keeps its own call deadline either way).
+ * Waits until f completes or timeout_s passes (TP_TIMEOUT_DEFAULT: the
+ * current default; TP_TIMEOUT_INFINITE: no deadline for the wait; the
+ * future keeps its own call deadline either way).
  * Returns the future's status, or TP_ETIMEDOUT when this wait expired while
  * the future is still pending (the future is unaffected).
  */

@@ -89,7 +89,7 @@ struct tp_work {
 };
 
 /* ------------------------------------------------------------------------ */
-/* The agent interface (AGENT-1..12).                                       */
+/* The agent interface (AGENT-1..14).                                       */
 
 typedef struct tp_agent_ops {
     uint32_t api_version; /* TP_BACKEND_API_VERSION */
@@ -208,6 +208,12 @@ struct tp_backend {
      */
     tp_status (*init)(const tp_init_params *params, tp_agent **agent, const tp_agent_ops **ops,
                       char *errmsg, size_t errmsg_len);
+    /*
+     * The backend-specific keys (tp_options_set) it understands, NULL-
+     * terminated; NULL means none. Init rejects any other key with
+     * TP_EINVAL naming it, so a typo never passes silently (OPT-6).
+     */
+    const char *const *option_keys;
 };
 
 /* ------------------------------------------------------------------------ */

@@ -1,0 +1,108 @@
+/*
+ * tcp_addr.c: worker and store addresses as text ("host:port",
+ * "[v6]:port") and as socket addresses (spec/tcp.md TCP-2).
+ */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tcp_internal.h"
+
+int tpi_tcp_split_hostport(const char *s, char *host, size_t host_len, char *port,
+                           size_t port_len) {
+    if (!s || !*s)
+        return -1;
+    const char *colon;
+    const char *h = s;
+    size_t hl;
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':')
+            return -1;
+        h = s + 1;
+        hl = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || memchr(s, ':', (size_t)(colon - s)))
+            return -1; /* a bare IPv6 address needs brackets */
+        hl = (size_t)(colon - s);
+    }
+    size_t pl = strlen(colon + 1);
+    if (hl == 0 || hl >= host_len || pl == 0 || pl >= port_len)
+        return -1;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    memcpy(port, colon + 1, pl + 1);
+    return 0;
+}
+
+int tpi_tcp_parse_port(const char *s, int allow_zero, uint16_t *port) {
+    if (!s || !*s || strlen(s) > 5)
+        return -1;
+    unsigned v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        v = v * 10 + (unsigned)(*p - '0');
+    }
+    if (v > 65535 || (v == 0 && !allow_zero))
+        return -1;
+    *port = (uint16_t)v;
+    return 0;
+}
+
+tp_status tpi_tcp_resolve(const char *host, uint16_t port, struct sockaddr_storage *sa,
+                          socklen_t *sa_len, char *errmsg, size_t errmsg_len) {
+    char serv[8];
+    snprintf(serv, sizeof serv, "%u", (unsigned)port);
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST;
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(host, serv, &hints, &res);
+    if (rc == EAI_NONAME) {
+        /* Not a literal address: a host name, resolved once here. */
+        hints.ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG;
+        rc = getaddrinfo(host, serv, &hints, &res);
+    }
+    if (rc != 0 || !res) {
+        tpi_format(errmsg, errmsg_len, "cannot resolve host '%s': %s", host,
+                   rc ? gai_strerror(rc) : "no address");
+        if (res)
+            freeaddrinfo(res);
+        return TP_EINVAL;
+    }
+    TPI_ASSERT(res->ai_addrlen <= sizeof *sa);
+    memset(sa, 0, sizeof *sa);
+    memcpy(sa, res->ai_addr, res->ai_addrlen);
+    *sa_len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return TP_OK;
+}
+
+void tpi_tcp_format_hostport(const char *host, uint16_t port, char *buf, size_t len) {
+    if (strchr(host, ':'))
+        tpi_format(buf, len, "[%s]:%u", host, (unsigned)port);
+    else
+        tpi_format(buf, len, "%s:%u", host, (unsigned)port);
+}
+
+void tpi_tcp_format_sockaddr(const struct sockaddr *sa, char *buf, size_t len) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    uint16_t port = 0;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        port = ntohs(in->sin_port);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+        port = ntohs(in6->sin6_port);
+    }
+    tpi_tcp_format_hostport(host, port, buf, len);
+}

@@ -1,0 +1,277 @@
+/*
+ * tcp_agent.c: the "TENSORPIPE" backend: the agent interface on libuv TCP
+ * (spec/agent.md AGENT-1..13, spec/tcp.md TCP-1..12).
+ *
+ * init reads the options and opens the rendezvous store (tcp_store.c);
+ * start listens and starts the loop thread (tcp_loop.c); set_peers resolves
+ * the all-gathered addresses; connections open on first send (tcp_conn.c);
+ * the pool starts threads on demand (tcp_pool.c); the lock and park are
+ * pthreads (tcp_sync.c). stop refuses new work, wakes parked tasks, closes
+ * every handle, joins the loop thread, lets accepted work items finish and
+ * joins the pool, then frees what was still queued.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tcp_internal.h"
+
+static tpi_tcp_agent *AG(tp_agent *a) {
+    TPI_ASSERT(a);
+    return (tpi_tcp_agent *)a;
+}
+
+/* ---- start, set_peers (AGENT-3, AGENT-4) -------------------------------------------- */
+
+static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t addr_len,
+                             char *errmsg, size_t errmsg_len) {
+    tpi_tcp_agent *a = AG(ag);
+    TPI_ASSERT(core && addr && !a->started && !a->stopped);
+    a->core = core;
+    a->ctx = tp_context_current(); /* the init task's worker: the loop and pool use it */
+    tp_status st = tpi_tcp_loop_start(a, errmsg, errmsg_len);
+    if (st != TP_OK)
+        return st;
+    size_t n = strlen(a->self_addr);
+    if (n + 1 > addr_len) {
+        /* Cannot happen with TPI_ADDR_LEN_MAX buffers; refuse rather than truncate. */
+        tpi_format(errmsg, errmsg_len, "address '%s' does not fit %zu bytes", a->self_addr,
+                   addr_len);
+        return TP_EBACKEND;
+    }
+    memcpy(addr, a->self_addr, n + 1);
+    return TP_OK;
+}
+
+static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
+                                 char *errmsg, size_t errmsg_len) {
+    tpi_tcp_agent *a = AG(ag);
+    if (world_size != a->world_size || !addrs) {
+        tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size,
+                   a->world_size);
+        return TP_EINVAL;
+    }
+    struct sockaddr_storage *sas = calloc(world_size, sizeof *sas);
+    if (!sas) {
+        tpi_format(errmsg, errmsg_len, "out of memory for %u peer addresses", world_size);
+        return TP_ENOMEM;
+    }
+    tp_status st = TP_OK;
+    for (uint32_t r = 0; r < world_size && st == TP_OK; r++) {
+        /* Addresses came through the store: check, never assert. */
+        char host[TPI_ADDR_LEN_MAX], port_s[16], err[TP_ERRMSG_LEN_MAX];
+        uint16_t port = 0;
+        socklen_t len = 0;
+        const char *s = addrs[r] ? addrs[r] : "(null)";
+        if (strlen(s) >= TPI_ADDR_LEN_MAX ||
+            tpi_tcp_split_hostport(s, host, sizeof host, port_s, sizeof port_s) != 0 ||
+            tpi_tcp_parse_port(port_s, 0, &port) != 0) {
+            tpi_format(errmsg, errmsg_len, "worker %u's address '%.64s' is not host:port", r, s);
+            st = TP_EINVAL;
+        } else if (tpi_tcp_resolve(host, port, &sas[r], &len, err, sizeof err) != TP_OK) {
+            tpi_format(errmsg, errmsg_len, "worker %u's address '%.64s': %s", r, s, err);
+            st = TP_EINVAL;
+        }
+    }
+    if (st == TP_OK) {
+        pthread_mutex_lock(&a->qmu);
+        for (uint32_t r = 0; r < world_size; r++) {
+            tpi_format(a->peers[r].addr, sizeof a->peers[r].addr, "%s", addrs[r]);
+            a->peers[r].sa = sas[r];
+        }
+        a->have_peers = 1;
+        pthread_mutex_unlock(&a->qmu);
+    }
+    free(sas);
+    return st;
+}
+
+/* ---- stop, destroy (AGENT-5, AGENT-6) ------------------------------------------------ */
+
+static void agent_stop(tp_agent *ag) {
+    tpi_tcp_agent *a = AG(ag);
+    if (a->stopped)
+        return;
+    pthread_mutex_lock(&a->qmu);
+    a->stopping = 1;
+    atomic_store(&a->stop_flag, 1);
+    a->timer_deadline_ns = UINT64_MAX;
+    /* The loop closes the async handle only after seeing stopping under qmu,
+     * so it is still open here. */
+    if (a->started)
+        uv_async_send(&a->wake);
+    pthread_mutex_unlock(&a->qmu);
+    tpi_tcp_pool_close(a);   /* execute refuses from now on */
+    tpi_tcp_wake_parked(a);  /* parked tasks return TP_ESHUTDOWN */
+    tpi_tcp_loop_stop(a);    /* no upcall runs or will run after this */
+    tpi_tcp_pool_join(a);    /* accepted work items ran to their end */
+    tpi_tcp_drop_queues(a);  /* frames sent after the loop's last turn */
+    a->stopped = 1;
+}
+
+static void agent_destroy(tp_agent *ag) {
+    tpi_tcp_agent *a = AG(ag);
+    TPI_ASSERT(!a->started && !a->loop_inited);
+    TPI_ASSERT(a->nthreads == 0 && !a->parked);
+    if (a->store)
+        a->store->ops->close(a->store);
+    if (a->peers)
+        tpi_tcp_drop_queues(a);
+    pthread_mutex_destroy(&a->mu);
+    pthread_mutex_destroy(&a->qmu);
+    pthread_mutex_destroy(&a->pool_mu);
+    pthread_cond_destroy(&a->pool_cv);
+    free(a->peers);
+    free(a->dirty);
+    free(a->dirty_work);
+    free(a->threads);
+    free(a->staging);
+    free(a);
+}
+
+/* ---- Thin members -------------------------------------------------------------- */
+
+static tp_status agent_send(tp_agent *ag, uint32_t dst, tp_frame *f) {
+    return tpi_tcp_send(AG(ag), dst, f);
+}
+
+static uint64_t agent_now_ns(tp_agent *ag) {
+    (void)ag;
+    return tpi_tcp_now_ns();
+}
+
+static void agent_timer_arm(tp_agent *ag, uint64_t deadline_ns) {
+    tpi_tcp_timer_arm(AG(ag), deadline_ns);
+}
+
+static tp_status agent_execute(tp_agent *ag, tp_work *w) {
+    return tpi_tcp_pool_execute(AG(ag), w);
+}
+
+static tp_store *agent_store(tp_agent *ag) {
+    return AG(ag)->store;
+}
+
+static const tp_agent_ops tcp_agent_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .name = "TENSORPIPE",
+    .start = agent_start,
+    .set_peers = agent_set_peers,
+    .stop = agent_stop,
+    .destroy = agent_destroy,
+    .send = agent_send,
+    .now_ns = agent_now_ns,
+    .timer_arm = agent_timer_arm,
+    .execute = agent_execute,
+    .lock = tpi_tcp_lock,
+    .unlock = tpi_tcp_unlock,
+    .task_self = tpi_tcp_task_self,
+    .park = tpi_tcp_park,
+    .unpark = tpi_tcp_unpark,
+    .store = agent_store,
+};
+
+/* ---- The backend (BACKEND-1..5, TCP-12) ---------------------------------------------- */
+
+static tp_status construct_options(tp_options *opts) {
+    tp_status st = tp_options_set(opts, "listen_addr", "127.0.0.1");
+    if (st == TP_OK)
+        st = tp_options_set(opts, "listen_port", "0");
+    return st;
+}
+
+static int is_wildcard(const char *host) {
+    return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 || strcmp(host, "[::]") == 0;
+}
+
+/* Reads listen_addr, listen_port and advertise_addr (TCP-12). */
+static tp_status read_listen_options(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
+                                     size_t errmsg_len) {
+    const char *host = tp_options_get(opts, "listen_addr");
+    const char *port = tp_options_get(opts, "listen_port");
+    const char *adv = tp_options_get(opts, "advertise_addr");
+    if (!host || !*host)
+        host = "127.0.0.1";
+    if (!port || !*port)
+        port = "0";
+    if (strlen(host) >= sizeof a->listen_host || strpbrk(host, "\t\n")) {
+        tpi_format(errmsg, errmsg_len, "listen_addr '%.64s' is not a host", host);
+        return TP_EINVAL;
+    }
+    if (tpi_tcp_parse_port(port, 1, &a->listen_port) != 0) {
+        tpi_format(errmsg, errmsg_len, "listen_port '%.32s' is not a port number (0..65535)",
+                   port);
+        return TP_EINVAL;
+    }
+    if (!adv || !*adv) {
+        if (is_wildcard(host)) {
+            tpi_format(errmsg, errmsg_len,
+                       "listen_addr %s is not an address peers can dial: set advertise_addr "
+                       "to this host's address",
+                       host);
+            return TP_EINVAL;
+        }
+        adv = host;
+    }
+    if (strlen(adv) >= sizeof a->advertise_host - 8 || strpbrk(adv, "\t\n")) {
+        tpi_format(errmsg, errmsg_len, "advertise_addr '%.64s' is not a host", adv);
+        return TP_EINVAL;
+    }
+    tpi_format(a->listen_host, sizeof a->listen_host, "%s", host);
+    tpi_format(a->advertise_host, sizeof a->advertise_host, "%s", adv);
+    return TP_OK;
+}
+
+static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
+                              const tp_agent_ops **ops, char *errmsg, size_t errmsg_len) {
+    TPI_ASSERT(params && params->opts && agent && ops && params->world_size > 0);
+    tpi_tcp_agent *a = calloc(1, sizeof *a);
+    if (!a) {
+        tpi_format(errmsg, errmsg_len, "out of memory for the TCP agent");
+        return TP_ENOMEM;
+    }
+    a->rank = params->rank;
+    a->world_size = params->world_size;
+    a->max_msg = tp_options_max_message_size(params->opts);
+    int threads = tp_options_num_worker_threads(params->opts);
+    a->pool_max = threads < 1 ? 1 : threads > TPI_WORKER_THREADS_MAX ? TPI_WORKER_THREADS_MAX
+                                                                      : (uint32_t)threads;
+    a->timer_deadline_ns = UINT64_MAX;
+    atomic_init(&a->stop_flag, 0);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_mutex_init(&a->qmu, NULL);
+    pthread_mutex_init(&a->pool_mu, NULL);
+    pthread_cond_init(&a->pool_cv, NULL);
+    tpi_tcp_ctl_encode(a->rec_bye, TPI_TCP_CTL_BYE, a->rank);
+    tpi_tcp_ctl_encode(a->rec_abort, TPI_TCP_CTL_ABORT, a->rank);
+    tpi_tcp_ctl_encode(a->rec_ping, TPI_TCP_CTL_PING, a->rank);
+    tpi_tcp_ctl_encode(a->rec_pong, TPI_TCP_CTL_PONG, a->rank);
+    tp_status st = read_listen_options(a, params->opts, errmsg, errmsg_len);
+    if (st == TP_OK) {
+        a->peers = calloc(a->world_size, sizeof *a->peers);
+        a->dirty = calloc(a->world_size, sizeof *a->dirty);
+        a->dirty_work = calloc(a->world_size, sizeof *a->dirty_work);
+        a->threads = calloc(a->pool_max, sizeof *a->threads);
+        a->staging = malloc(TPI_TCP_STAGING_SIZE);
+        if (!a->peers || !a->dirty || !a->dirty_work || !a->threads || !a->staging) {
+            tpi_format(errmsg, errmsg_len, "out of memory for a world of %u workers",
+                       a->world_size);
+            st = TP_ENOMEM;
+        }
+    }
+    if (st == TP_OK)
+        st = tpi_tcp_store_open(params->opts, params->rank, &a->store, errmsg, errmsg_len);
+    if (st != TP_OK) {
+        a->store = NULL;
+        agent_destroy((tp_agent *)a);
+        return st;
+    }
+    *agent = (tp_agent *)a;
+    *ops = &tcp_agent_ops;
+    return TP_OK;
+}
+
+const tp_backend tpi_tcp_backend = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .construct_options = construct_options,
+    .init = backend_init,
+};

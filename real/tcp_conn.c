@@ -1,0 +1,655 @@
+/*
+ * tcp_conn.c: connections of a TCP agent, on its loop thread (spec/tcp.md
+ * TCP-1..8).
+ *
+ * Each worker dials its own outgoing connection to a peer on first send and
+ * writes frames only there; connections it accepts are read-only for
+ * frames. An outgoing connection carries: our hello, then frames (and PING);
+ * back come the acceptor's hello and control records (PONG, BYE, ABORT). An
+ * accepted one carries the dialer's hello, then frames and control records
+ * (PING, BYE, ABORT); back go our hello and PONGs.
+ *
+ * Failure (TCP-6, TCP-7): an outgoing connection that ends (EOF, reset,
+ * refused) without an ABORT record means the process behind the address is
+ * gone: peer-down TP_EPEERDOWN, the peer is dead for later sends. An
+ * accepted connection is only a claim of who is on the other end, so when
+ * it ends the peer is probed through our own outgoing connection: a dead
+ * process fails that one too (TP_EPEERDOWN), a live one answers (TP_EIO:
+ * frames on the broken connection may be lost, later ones travel on a new
+ * one). A malformed record or frame closes that one connection with an
+ * ABORT record, frees what it held and raises TP_EIO for the peer it claimed
+ * to be; the worker goes on serving everyone else.
+ *
+ * Reading: records and small bodies go through the agent's 64 KiB staging
+ * buffer (one read often holds many frames); once a header is checked with
+ * tp_frame_check_header its frame is allocated, and a body with at least
+ * TPI_TCP_DIRECT_MIN bytes still to come is read straight into the frame.
+ * Writing: every frame queued for a peer since the last loop turn goes out in
+ * one uv_write whose buffers are the frames' own segments (no copy); the
+ * frames are freed when the write completes or is cancelled.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tcp_internal.h"
+
+#define NO_PEER UINT32_MAX
+
+typedef enum conn_state {
+    CONN_HELLO = 1,    /* waiting for the other end's hello */
+    CONN_OPEN = 2,     /* identified: frames and control records flow */
+    CONN_ABORTING = 3, /* ABORT queued; closes once it is written */
+    CONN_CLOSED = 4    /* handles closing; freed by the last close callback */
+} conn_state;
+
+struct tpi_tcp_conn {
+    uv_tcp_t tcp; /* data: the conn */
+    uv_timer_t timer;
+    uv_connect_t connect_req;
+    tpi_tcp_agent *a;
+    tpi_tcp_conn *prev, *next; /* a->conns */
+    int outgoing;
+    uint32_t peer; /* NO_PEER until an accepted connection's hello */
+    conn_state state;
+    int handles; /* open libuv handles */
+    int got_bye, got_abort;
+    char addr[TPI_ADDR_LEN_MAX]; /* the other end, for messages */
+    uint8_t hello_out[TPI_TCP_RECORD_SIZE];
+    uint8_t rec[TPI_TCP_RECORD_SIZE]; /* a record or frame header being read */
+    size_t rec_got;
+    tp_frame *rx; /* a frame being read */
+    uint8_t *rx_bytes;
+    size_t rx_len, rx_got;
+};
+
+typedef struct conn_write {
+    uv_write_t req;
+    tpi_tcp_conn *c;
+    tp_frame *frames; /* freed when the write completes */
+    int close_after;  /* an ABORT record: close once written */
+    unsigned nbufs;
+    uv_buf_t bufs[];
+} conn_write;
+
+static void conn_close(tpi_tcp_conn *c);
+static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail);
+static void on_conn_timer(uv_timer_t *h);
+
+/* ---- Upcalls (AGENT-2): loop thread, no internal lock held ------------------------ */
+
+static void upcall_down(tpi_tcp_agent *a, uint32_t peer, tp_status why, const char *msg) {
+    if (atomic_load(&a->stop_flag))
+        return; /* AGENT-5: no upcall once stop began */
+    tp_core_on_peer_down(a->core, peer, why, msg);
+}
+
+static void free_frames(tp_frame *f) {
+    while (f) {
+        tp_frame *next = f->next;
+        tp_frame_free(f);
+        f = next;
+    }
+}
+
+/* ---- Life of a connection ------------------------------------------------------- */
+
+static void on_close(uv_handle_t *h) {
+    tpi_tcp_conn *c = h->data;
+    if (--c->handles > 0)
+        return;
+    tpi_tcp_agent *a = c->a;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        a->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    tp_frame_free(c->rx);
+    free(c);
+}
+
+static tpi_tcp_conn *conn_new(tpi_tcp_agent *a, int outgoing, uint32_t peer) {
+    tpi_tcp_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->a = a;
+    c->outgoing = outgoing;
+    c->peer = peer;
+    c->state = CONN_HELLO;
+    uv_tcp_init(&a->loop, &c->tcp);
+    uv_timer_init(&a->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->connect_req.data = c;
+    c->handles = 2;
+    c->next = a->conns;
+    if (a->conns)
+        a->conns->prev = c;
+    a->conns = c;
+    return c;
+}
+
+static void conn_close(tpi_tcp_conn *c) {
+    if (c->state == CONN_CLOSED)
+        return;
+    c->state = CONN_CLOSED;
+    /* Closing the stream cancels its writes (their callbacks free the
+     * frames) and a pending connect, before the close callback runs. */
+    uv_close((uv_handle_t *)&c->timer, on_close);
+    uv_close((uv_handle_t *)&c->tcp, on_close);
+}
+
+static void on_write(uv_write_t *req, int status) {
+    conn_write *w = (conn_write *)req;
+    tpi_tcp_conn *c = w->c;
+    int close_after = w->close_after;
+    free_frames(w->frames);
+    free(w);
+    if (c->state == CONN_CLOSED)
+        return;
+    if (close_after || (status < 0 && c->state == CONN_ABORTING)) {
+        conn_close(c);
+        return;
+    }
+    if (status < 0) {
+        if (c->outgoing)
+            out_fail(c, tpi_uv_err_means_dead(status) ? TP_EPEERDOWN : TP_EIO,
+                     uv_strerror(status));
+        else
+            conn_close(c); /* an accepted connection only carries our records */
+    }
+}
+
+/* Queues bufs in one uv_write; frames (may be NULL) are freed when it completes.
+ * 0, or a libuv error with the frames already freed. */
+static int conn_write_bufs(tpi_tcp_conn *c, const uv_buf_t *bufs, unsigned n, tp_frame *frames,
+                           int close_after) {
+    conn_write *w = malloc(sizeof *w + n * sizeof w->bufs[0]);
+    if (!w) {
+        free_frames(frames);
+        return UV_ENOMEM;
+    }
+    w->c = c;
+    w->frames = frames;
+    w->close_after = close_after;
+    w->nbufs = n;
+    memcpy(w->bufs, bufs, n * sizeof bufs[0]);
+    int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, n, on_write);
+    if (rc < 0) {
+        free_frames(frames);
+        free(w);
+    }
+    return rc;
+}
+
+static int conn_write_record(tpi_tcp_conn *c, const uint8_t *rec, int close_after) {
+    uv_buf_t b = uv_buf_init((char *)rec, TPI_TCP_RECORD_SIZE);
+    return conn_write_bufs(c, &b, 1, NULL, close_after);
+}
+
+/* Ends a connection after an error of ours to report: stop reading, send
+ * ABORT so the other end knows this process lives on, close when it is out. */
+static void conn_abort(tpi_tcp_conn *c) {
+    if (c->state == CONN_CLOSED || c->state == CONN_ABORTING)
+        return;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->state = CONN_ABORTING;
+    if (conn_write_record(c, c->a->rec_abort, 1) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_ABORT_LINGER_MS, 0);
+}
+
+/* ---- Verdicts on a peer (TCP-6, TCP-7) -------------------------------------------- */
+
+/*
+ * The outgoing connection c failed: why is TP_EPEERDOWN when the process
+ * behind the address is gone, TP_EIO when it may live. Frames still queued
+ * for the peer are lost with the connection (AGENT-8).
+ */
+static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail) {
+    tpi_tcp_agent *a = c->a;
+    TPI_ASSERT(c->outgoing && c->peer < a->world_size);
+    if (c->state == CONN_CLOSED || c->state == CONN_ABORTING)
+        return;
+    uint32_t id = c->peer;
+    tpi_tcp_peer *p = &a->peers[id];
+    if (p->out == c)
+        p->out = NULL;
+    p->suspect = 0; /* this is the verdict of any probe */
+    int newly_dead = 0;
+    pthread_mutex_lock(&a->qmu);
+    if (why == TP_EPEERDOWN && !p->dead) {
+        p->dead = 1; /* from now on send fails at once (AGENT-8) */
+        newly_dead = 1;
+    }
+    tp_frame *dropped = p->q_head;
+    p->q_head = p->q_tail = NULL;
+    pthread_mutex_unlock(&a->qmu);
+    free_frames(dropped);
+    char msg[TP_ERRMSG_LEN_MAX];
+    tpi_format(msg, sizeof msg, "%s: %s", c->addr, detail);
+    if (why == TP_EIO && c->state == CONN_OPEN)
+        conn_abort(c);
+    else
+        conn_close(c);
+    if (why == TP_EPEERDOWN) {
+        if (newly_dead)
+            upcall_down(a, id, TP_EPEERDOWN, msg);
+    } else if (!p->dead) {
+        upcall_down(a, id, TP_EIO, msg);
+    }
+}
+
+/* The peer answered on our outgoing connection while suspected: it lives,
+ * so what broke was only the connection it dialed to us. */
+static void peer_alive(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    tpi_tcp_peer *p = &a->peers[c->peer];
+    if (!p->suspect)
+        return;
+    p->suspect = 0;
+    uv_timer_stop(&c->timer);
+    char msg[TP_ERRMSG_LEN_MAX];
+    tpi_format(msg, sizeof msg, "%s; the worker still answers at %s", p->suspect_detail,
+               p->addr);
+    if (!p->dead)
+        upcall_down(a, c->peer, TP_EIO, msg);
+}
+
+static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id);
+
+/* A connection the peer dialed ended without ABORT: find out through our
+ * own connection whether the process is gone (TCP-7). */
+static void probe(tpi_tcp_agent *a, uint32_t id, const char *detail) {
+    tpi_tcp_peer *p = &a->peers[id];
+    if (p->dead || atomic_load(&a->stop_flag))
+        return;
+    tpi_format(p->suspect_detail, sizeof p->suspect_detail, "%s", detail);
+    if (!a->have_peers || !p->addr[0]) {
+        upcall_down(a, id, TP_EIO, detail); /* no address to probe yet */
+        return;
+    }
+    if (p->suspect)
+        return; /* one probe at a time answers for every connection */
+    p->suspect = 1;
+    if (!p->out) {
+        dial(a, id); /* the acceptor's hello is the answer; a failure is the verdict */
+        return;
+    }
+    tpi_tcp_conn *c = p->out;
+    if (c->state == CONN_OPEN && conn_write_record(c, a->rec_ping, 0) < 0) {
+        out_fail(c, TP_EIO, "cannot write a probe");
+        return;
+    }
+    uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_PROBE_TIMEOUT_MS, 0);
+}
+
+/* An accepted connection broke: peer unknown, ABORT, or a probe (TCP-7). */
+static void in_ended(tpi_tcp_conn *c, const char *detail) {
+    tpi_tcp_agent *a = c->a;
+    uint32_t id = c->peer;
+    int aborted = c->got_abort, bye = c->got_bye;
+    char msg[TP_ERRMSG_LEN_MAX];
+    tpi_format(msg, sizeof msg, "connection from %s closed: %s", c->addr,
+               aborted ? "the worker closed it after an error"
+                       : bye ? "the worker shut down" : detail);
+    conn_close(c);
+    if (id == NO_PEER)
+        return; /* never identified: nothing to report */
+    if (aborted) {
+        if (!a->peers[id].dead)
+            upcall_down(a, id, TP_EIO, msg);
+        return;
+    }
+    probe(a, id, msg);
+}
+
+/* A record or frame header we cannot accept on an identified accepted connection. */
+static void in_protocol_error(tpi_tcp_conn *c, const char *what) {
+    tpi_tcp_agent *a = c->a;
+    uint32_t id = c->peer;
+    char msg[TP_ERRMSG_LEN_MAX];
+    tpi_format(msg, sizeof msg, "connection from %s dropped: %s", c->addr, what);
+    tp_frame_free(c->rx);
+    c->rx = NULL;
+    conn_abort(c);
+    if (!a->peers[id].dead)
+        upcall_down(a, id, TP_EIO, msg);
+}
+
+static void on_conn_timer(uv_timer_t *h) {
+    tpi_tcp_conn *c = h->data;
+    if (c->state == CONN_CLOSED)
+        return;
+    if (c->state == CONN_ABORTING) {
+        conn_close(c); /* the ABORT record did not get out in time */
+        return;
+    }
+    if (!c->outgoing) {
+        conn_close(c); /* no hello in time: not one of ours */
+        return;
+    }
+    char detail[96];
+    if (c->a->peers[c->peer].suspect)
+        tpi_format(detail, sizeof detail, "no answer to a probe within %d ms",
+                   TPI_TCP_PROBE_TIMEOUT_MS);
+    else
+        tpi_format(detail, sizeof detail, "no answer to hello within %d ms",
+                   TPI_TCP_CONNECT_TIMEOUT_MS);
+    out_fail(c, TP_EIO, detail);
+}
+
+/* ---- Reading ------------------------------------------------------------------ */
+
+static void deliver(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    tp_frame *f = c->rx;
+    c->rx = NULL;
+    c->rx_bytes = NULL;
+    c->rx_len = c->rx_got = 0;
+    if (atomic_load(&a->stop_flag)) {
+        tp_frame_free(f); /* AGENT-5: incoming frames are dropped from stop on */
+        return;
+    }
+    tp_core_on_frame(a->core, c->peer, f);
+}
+
+static void in_frame_header(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    size_t len = 0;
+    char err[TP_ERRMSG_LEN_MAX];
+    /* WIRE-6: the header is checked before any body byte is read or allocated. */
+    if (tp_frame_check_header(c->rec, a->max_msg, &len, err, sizeof err) != TP_OK) {
+        in_protocol_error(c, err);
+        return;
+    }
+    tp_frame *f = tp_frame_alloc(len);
+    if (!f) {
+        tpi_format(err, sizeof err, "out of memory for a frame of %zu bytes", len);
+        in_protocol_error(c, err);
+        return;
+    }
+    c->rx = f;
+    c->rx_bytes = tp_frame_bytes(f);
+    c->rx_len = len;
+    memcpy(c->rx_bytes, c->rec, TPI_TCP_RECORD_SIZE);
+    c->rx_got = TPI_TCP_RECORD_SIZE;
+    if (c->rx_got == c->rx_len)
+        deliver(c);
+}
+
+static void on_record(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    char err[TP_ERRMSG_LEN_MAX];
+    err[0] = '\0';
+    uint32_t sender = 0;
+    if (c->state == CONN_HELLO && !c->outgoing) {
+        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_OPEN, a->rank, a->world_size, &sender, err,
+                                 sizeof err) ||
+            a->peers[sender].dead) {
+            conn_close(c); /* TCP-3: a bad hello is dropped, nobody is told */
+            return;
+        }
+        c->peer = sender;
+        c->state = CONN_OPEN;
+        uv_timer_stop(&c->timer);
+        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, sender, a->world_size);
+        if (conn_write_record(c, c->hello_out, 0) < 0)
+            in_ended(c, "cannot answer hello");
+        return;
+    }
+    if (c->state == CONN_HELLO) {
+        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size, &sender,
+                                 err, sizeof err) ||
+            sender != c->peer) {
+            char detail[TP_ERRMSG_LEN_MAX];
+            if (sender != c->peer && err[0] == '\0')
+                tpi_format(err, sizeof err, "it is worker %u", sender);
+            tpi_format(detail, sizeof detail, "the process at this address is not worker %u: %s",
+                       c->peer, err);
+            out_fail(c, TP_EPEERDOWN, detail);
+            return;
+        }
+        c->state = CONN_OPEN;
+        uv_timer_stop(&c->timer);
+        peer_alive(c);
+        return;
+    }
+    if (!c->outgoing && !tpi_tcp_is_ctl(c->rec)) {
+        in_frame_header(c);
+        return;
+    }
+    int kind = tpi_tcp_ctl_kind_of(c->rec);
+    switch (kind) {
+    case TPI_TCP_CTL_BYE:
+        c->got_bye = 1;
+        return;
+    case TPI_TCP_CTL_ABORT:
+        c->got_abort = 1;
+        return;
+    case TPI_TCP_CTL_PING:
+        if (!c->outgoing) {
+            if (conn_write_record(c, a->rec_pong, 0) < 0)
+                in_ended(c, "cannot answer a probe");
+            return;
+        }
+        break;
+    case TPI_TCP_CTL_PONG:
+        if (c->outgoing) {
+            peer_alive(c);
+            return;
+        }
+        break;
+    default:
+        break;
+    }
+    tpi_format(err, sizeof err, "unexpected record %02x %02x %02x %02x (kind %u) on %s connection",
+               c->rec[0], c->rec[1], c->rec[2], c->rec[3], c->rec[5],
+               c->outgoing ? "an outgoing" : "an accepted");
+    if (c->outgoing)
+        out_fail(c, TP_EIO, err);
+    else
+        in_protocol_error(c, err);
+}
+
+/* Bytes from the staging buffer: records, headers and small bodies. */
+static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
+    while (n > 0 && (c->state == CONN_HELLO || c->state == CONN_OPEN)) {
+        if (c->rx) {
+            size_t take = c->rx_len - c->rx_got;
+            if (take > n)
+                take = n;
+            memcpy(c->rx_bytes + c->rx_got, p, take);
+            c->rx_got += take;
+            p += take;
+            n -= take;
+            if (c->rx_got == c->rx_len)
+                deliver(c);
+            continue;
+        }
+        size_t take = TPI_TCP_RECORD_SIZE - c->rec_got;
+        if (take > n)
+            take = n;
+        memcpy(c->rec + c->rec_got, p, take);
+        c->rec_got += take;
+        p += take;
+        n -= take;
+        if (c->rec_got == TPI_TCP_RECORD_SIZE) {
+            c->rec_got = 0;
+            on_record(c);
+        }
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    (void)suggested;
+    tpi_tcp_conn *c = h->data;
+    if (c->rx && c->rx_len - c->rx_got >= TPI_TCP_DIRECT_MIN) {
+        /* The rest of a large body: straight into the frame, no copy. */
+        buf->base = (char *)(c->rx_bytes + c->rx_got);
+        buf->len = c->rx_len - c->rx_got;
+    } else {
+        buf->base = (char *)c->a->staging;
+        buf->len = TPI_TCP_STAGING_SIZE;
+    }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    tpi_tcp_conn *c = s->data;
+    if (c->state != CONN_HELLO && c->state != CONN_OPEN)
+        return;
+    if (nread < 0) {
+        int err = (int)nread;
+        if (!c->outgoing) {
+            in_ended(c, uv_strerror(err));
+        } else if (c->got_abort) {
+            out_fail(c, TP_EIO, "the worker closed the connection after an error");
+        } else {
+            tp_status why = tpi_uv_err_means_dead(err) ? TP_EPEERDOWN : TP_EIO;
+            out_fail(c, why, c->got_bye ? "the worker shut down" : uv_strerror(err));
+        }
+        return;
+    }
+    if (nread == 0)
+        return;
+    if (buf->base != (char *)c->a->staging) {
+        c->rx_got += (size_t)nread;
+        if (c->rx_got == c->rx_len)
+            deliver(c);
+        return;
+    }
+    consume(c, c->a->staging, (size_t)nread);
+}
+
+/* ---- Accepting (TCP-3) ------------------------------------------------------------ */
+
+void tpi_tcp_on_accept(uv_stream_t *server, int status) {
+    tpi_tcp_agent *a = server->data;
+    if (status < 0)
+        return;
+    tpi_tcp_conn *c = conn_new(a, 0, NO_PEER);
+    if (!c)
+        return; /* libuv calls again while the connection waits in the backlog */
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 || atomic_load(&a->stop_flag)) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_tcp_keepalive(&c->tcp, 1, TPI_TCP_KEEPALIVE_S);
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0)
+        tpi_tcp_format_sockaddr((struct sockaddr *)&sa, c->addr, sizeof c->addr);
+    else
+        tpi_format(c->addr, sizeof c->addr, "(unknown address)");
+    uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_HELLO_TIMEOUT_MS, 0);
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0)
+        conn_close(c);
+}
+
+/* ---- Dialing and writing (TCP-2, TCP-4) ---------------------------------------------- */
+
+static void on_connect(uv_connect_t *req, int status) {
+    tpi_tcp_conn *c = req->data;
+    if (status == UV_ECANCELED || c->state == CONN_CLOSED)
+        return;
+    if (status < 0) {
+        out_fail(c, tpi_uv_err_means_dead(status) ? TP_EPEERDOWN : TP_EIO, uv_strerror(status));
+        return;
+    }
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    if (rc < 0)
+        out_fail(c, TP_EIO, uv_strerror(rc));
+}
+
+/* Opens the outgoing connection to peer id and queues our hello; frames
+ * written now wait in libuv until the connection is up. NULL when it
+ * failed at once (the failure was reported). */
+static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
+    tpi_tcp_peer *p = &a->peers[id];
+    TPI_ASSERT(!p->out && id != a->rank);
+    tpi_tcp_conn *c = conn_new(a, 1, id);
+    if (!c) {
+        pthread_mutex_lock(&a->qmu);
+        tp_frame *dropped = p->q_head;
+        p->q_head = p->q_tail = NULL;
+        pthread_mutex_unlock(&a->qmu);
+        free_frames(dropped);
+        p->suspect = 0;
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s: out of memory for a connection", p->addr);
+        upcall_down(a, id, TP_EIO, msg);
+        return NULL;
+    }
+    p->out = c;
+    tpi_format(c->addr, sizeof c->addr, "%s", p->addr);
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_tcp_keepalive(&c->tcp, 1, TPI_TCP_KEEPALIVE_S);
+    int rc = uv_tcp_connect(&c->connect_req, &c->tcp, (const struct sockaddr *)&p->sa, on_connect);
+    if (rc < 0) {
+        out_fail(c, tpi_uv_err_means_dead(rc) ? TP_EPEERDOWN : TP_EIO, uv_strerror(rc));
+        return NULL;
+    }
+    tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_OPEN, a->rank, id, a->world_size);
+    rc = conn_write_record(c, c->hello_out, 0);
+    if (rc < 0) {
+        out_fail(c, TP_EIO, uv_strerror(rc));
+        return NULL;
+    }
+    uv_timer_start(&c->timer, on_conn_timer,
+                   p->suspect ? TPI_TCP_PROBE_TIMEOUT_MS : TPI_TCP_CONNECT_TIMEOUT_MS, 0);
+    return c;
+}
+
+/* Writes a list of frames in uv_writes of at most TPI_TCP_WRITE_BUFS_MAX buffers. */
+static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
+    uv_buf_t bufs[TPI_TCP_WRITE_BUFS_MAX];
+    while (f) {
+        unsigned n = 0;
+        tp_frame *batch = f, *last = NULL;
+        while (f && n + (unsigned)f->nseg <= TPI_TCP_WRITE_BUFS_MAX) {
+            for (int i = 0; i < f->nseg; i++)
+                bufs[n++] = uv_buf_init((char *)f->seg[i].base, (unsigned)f->seg[i].len);
+            last = f;
+            f = f->next;
+        }
+        last->next = NULL;
+        int rc = conn_write_bufs(c, bufs, n, batch, 0);
+        if (rc < 0) {
+            free_frames(f);
+            out_fail(c, TP_EIO, uv_strerror(rc));
+            return;
+        }
+    }
+}
+
+void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
+    tpi_tcp_peer *p = &a->peers[id];
+    if (!p->out && !dial(a, id))
+        return;
+    tpi_tcp_conn *c = p->out;
+    pthread_mutex_lock(&a->qmu);
+    tp_frame *f = p->q_head;
+    p->q_head = p->q_tail = NULL;
+    pthread_mutex_unlock(&a->qmu);
+    if (f)
+        write_frames(c, f);
+}
+
+void tpi_tcp_close_all(tpi_tcp_agent *a) {
+    for (tpi_tcp_conn *c = a->conns; c; c = c->next) {
+        if (c->state == CONN_CLOSED)
+            continue;
+        if (c->state == CONN_OPEN) {
+            /* Best effort: a BYE that does not fit now is skipped, and the
+             * other end sees a plain close, which means the same (TCP-8). */
+            uv_buf_t b = uv_buf_init((char *)a->rec_bye, TPI_TCP_RECORD_SIZE);
+            uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+        }
+        if (c->outgoing && a->peers[c->peer].out == c)
+            a->peers[c->peer].out = NULL;
+        conn_close(c);
+    }
+}

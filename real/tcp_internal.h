@@ -1,0 +1,296 @@
+/*
+ * tcp_internal.h: the "TENSORPIPE" backend, the agent interface on libuv TCP
+ * (spec/tcp.md TCP-1.., spec/agent.md AGENT-1..13).
+ *
+ * Threads of one agent:
+ * - the loop thread runs one uv_loop: the listener, every connection, the
+ *   core's timer and the wake-up async handle. It makes every upcall, with
+ *   no internal lock held (AGENT-2).
+ * - the pool: up to num_worker_threads pthreads, started on demand, run work
+ *   items in FIFO order (AGENT-7).
+ * - any thread may make downcalls; send and timer_arm only queue under qmu
+ *   and wake the loop with uv_async_send, the one libuv call that is safe
+ *   from another thread.
+ *
+ * Locks, in the order they may be taken: mu (the core lock, AGENT-11), then
+ * pool_mu or qmu (leaves, never held together, never held across an upcall
+ * or a blocking call).
+ */
+#ifndef TPI_TCP_INTERNAL_H
+#define TPI_TCP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "common/errors.h"
+#include "common/limits.h"
+#include "tensorplay/rpc_backend.h"
+
+/* ---- Transport records (TCP-3..5): hello and control, 24 bytes each ------- */
+
+#define TPI_TCP_RECORD_SIZE 24
+#define TPI_TCP_VERSION 1
+/* Magic of a hello record "TPHL" and of a control record "TPCT". */
+#define TPI_TCP_HELLO_MAGIC "TPHL"
+#define TPI_TCP_CTL_MAGIC "TPCT"
+
+typedef enum tpi_tcp_hello_kind {
+    TPI_TCP_HELLO_OPEN = 1,   /* dialer to acceptor: "I am worker s, you are worker r" */
+    TPI_TCP_HELLO_ACCEPT = 2  /* acceptor's answer, same fields from its side */
+} tpi_tcp_hello_kind;
+
+typedef enum tpi_tcp_ctl_kind {
+    TPI_TCP_CTL_BYE = 1,   /* the sender is stopping: EOF follows */
+    TPI_TCP_CTL_ABORT = 2, /* the sender closes this connection after an error; it lives on */
+    TPI_TCP_CTL_PING = 3,  /* dialer to acceptor: answer with PONG */
+    TPI_TCP_CTL_PONG = 4
+} tpi_tcp_ctl_kind;
+
+_Static_assert(TPI_TCP_RECORD_SIZE == TP_FRAME_HEADER_SIZE,
+               "records and frame headers are read with one 24-byte buffer");
+
+/* Writes a hello record; sender, receiver and world are worker ids/counts. */
+void tpi_tcp_hello_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
+                          uint32_t sender, uint32_t receiver, uint32_t world_size);
+/*
+ * Checks a hello record from the network: magic, version, kind, reserved
+ * bytes, the world size, receiver == me, sender < world and != me. On
+ * success *sender is the other end's worker id; otherwise a message.
+ */
+int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
+                        uint32_t me, uint32_t world_size, uint32_t *sender, char *errmsg,
+                        size_t errmsg_len);
+void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind,
+                        uint32_t sender);
+/* 1 when rec starts with the control magic. */
+int tpi_tcp_is_ctl(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
+/* The kind of a well-formed control record, 0 for a malformed one. */
+int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
+
+/* ---- Bounds and timeouts ------------------------------------------------- */
+
+/* Bytes the loop reads at once when it is not reading a large body directly. */
+#define TPI_TCP_STAGING_SIZE (64 * 1024)
+/* A body with at least this many bytes still to come is read straight into
+ * its frame; smaller rests are copied from the staging buffer. */
+#define TPI_TCP_DIRECT_MIN 4096
+/* An accepted connection must say hello within this time. */
+#define TPI_TCP_HELLO_TIMEOUT_MS 10000
+/* A dialed connection must be accepted and answered within this time. */
+#define TPI_TCP_CONNECT_TIMEOUT_MS 30000
+/* A suspected peer must answer a probe within this time (TCP-7). */
+#define TPI_TCP_PROBE_TIMEOUT_MS 5000
+/* An aborted connection is closed after its ABORT record or this time. */
+#define TPI_TCP_ABORT_LINGER_MS 2000
+/* Buffers in one uv_write: Linux's IOV_MAX; more frames take several writes. */
+#define TPI_TCP_WRITE_BUFS_MAX 1024
+/* Listen backlog: a whole world may dial one worker at once. */
+#define TPI_TCP_BACKLOG 1024
+/* TCP keepalive: probes start after this idle time (seconds). */
+#define TPI_TCP_KEEPALIVE_S 30
+
+/* ---- The agent ------------------------------------------------------------ */
+
+typedef struct tpi_tcp_task tpi_tcp_task;
+struct tpi_tcp_task {
+    pthread_cond_t cond;  /* CLOCK_MONOTONIC */
+    atomic_int permit;    /* an unpark not yet consumed by a park */
+    tpi_tcp_task *prev, *next; /* the agent's parked list, under its mu */
+    int parked;
+};
+
+typedef struct tpi_tcp_conn tpi_tcp_conn;
+
+typedef struct tpi_tcp_peer {
+    char addr[TPI_ADDR_LEN_MAX]; /* as published; "" until set_peers */
+    struct sockaddr_storage sa;  /* resolved in set_peers */
+    /* qmu */
+    tp_frame *q_head, *q_tail; /* frames waiting for the loop */
+    int dirty;                 /* on the agent's dirty list */
+    int dead;                  /* TP_EPEERDOWN seen: send fails at once */
+    /* loop thread only */
+    tpi_tcp_conn *out;         /* the connection we dialed: frames go there */
+    int suspect;               /* a probe is running (TCP-7) */
+    char suspect_detail[160];
+} tpi_tcp_peer;
+
+typedef struct tpi_tcp_agent {
+    uint32_t rank;
+    uint32_t world_size;
+    uint64_t max_msg;
+    uint32_t pool_max;
+    tp_core *core;
+    tp_context *ctx;
+    tp_store *store;
+    char listen_host[TPI_ADDR_LEN_MAX];
+    char advertise_host[TPI_ADDR_LEN_MAX];
+    uint16_t listen_port;
+    char self_addr[TPI_ADDR_LEN_MAX];
+
+    /* The core lock and the tasks parked on it. */
+    pthread_mutex_t mu;
+    tpi_tcp_task *parked;
+
+    /* qmu: what other threads hand to the loop. */
+    pthread_mutex_t qmu;
+    int stopping;
+    atomic_int stop_flag; /* mirror of stopping, read without qmu */
+    int have_peers;
+    tpi_tcp_peer *peers; /* world_size entries */
+    uint32_t *dirty;     /* ids with queued frames */
+    uint32_t ndirty;
+    uint64_t timer_deadline_ns;
+    int timer_dirty;
+
+    /* The pool (tcp_pool.c). */
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_cv;
+    tp_work *w_head, *w_tail;
+    uint32_t w_len;
+    uint32_t nthreads, nidle;
+    int pool_closing;
+    pthread_t *threads;
+
+    /* The loop (loop thread only after start). */
+    uv_loop_t loop;
+    uv_async_t wake;
+    uv_timer_t timer;
+    uv_tcp_t listener;
+    pthread_t loop_thread;
+    int loop_inited;
+    int started;
+    int stopped;
+    int closing_all;
+    uint32_t *dirty_work; /* the loop's copy of the dirty list */
+    tpi_tcp_conn *conns;  /* every connection not yet freed */
+    uint8_t *staging;
+    uint8_t rec_bye[TPI_TCP_RECORD_SIZE];
+    uint8_t rec_abort[TPI_TCP_RECORD_SIZE];
+    uint8_t rec_ping[TPI_TCP_RECORD_SIZE];
+    uint8_t rec_pong[TPI_TCP_RECORD_SIZE];
+} tpi_tcp_agent;
+
+/* ---- tcp_sync.c: lock, tasks, park/unpark, clock, threads ---------------- */
+
+void tpi_tcp_lock(tp_agent *a);
+void tpi_tcp_unlock(tp_agent *a);
+tp_task *tpi_tcp_task_self(tp_agent *a);
+tp_status tpi_tcp_park(tp_agent *a, tp_task *self, uint64_t deadline_ns);
+void tpi_tcp_unpark(tp_agent *a, tp_task *t);
+/* Wakes every task parked on the agent (stop): they see stop_flag. */
+void tpi_tcp_wake_parked(tpi_tcp_agent *a);
+uint64_t tpi_tcp_now_ns(void);
+/* pthread_create with every asynchronous signal blocked in the new thread, so
+ * signals reach the application's threads and SIGPIPE never kills us. */
+int tpi_tcp_thread_create(pthread_t *t, void *(*fn)(void *), void *arg);
+
+/* ---- tcp_pool.c (AGENT-7) -------------------------------------------------- */
+
+tp_status tpi_tcp_pool_execute(tpi_tcp_agent *a, tp_work *w);
+/* Refuses new items; the queued ones still run. */
+void tpi_tcp_pool_close(tpi_tcp_agent *a);
+/* Waits for every pool thread to finish the queue and exit. */
+void tpi_tcp_pool_join(tpi_tcp_agent *a);
+
+/* ---- tcp_loop.c: the loop thread, the timer, send ------------------------- */
+
+tp_status tpi_tcp_loop_start(tpi_tcp_agent *a, char *errmsg, size_t errmsg_len);
+/* Joins the loop thread once the agent set stopping and woke it (stop). */
+void tpi_tcp_loop_stop(tpi_tcp_agent *a);
+tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f);
+void tpi_tcp_timer_arm(tpi_tcp_agent *a, uint64_t deadline_ns);
+/* Frees every frame still queued (after the loop is gone). */
+void tpi_tcp_drop_queues(tpi_tcp_agent *a);
+
+/* ---- tcp_conn.c: connections (loop thread) -------------------------------- */
+
+/* uv_connection_cb of the listener. */
+void tpi_tcp_on_accept(uv_stream_t *server, int status);
+/* Writes whatever is queued for peer id, dialing first if needed. */
+void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id);
+/* Closes every connection (stop): BYE where it can, no upcall. */
+void tpi_tcp_close_all(tpi_tcp_agent *a);
+
+/* ---- tcp_addr.c ---------------------------------------------------------- */
+
+/* Splits "host:port" or "[v6]:port"; 0 on success. */
+int tpi_tcp_split_hostport(const char *s, char *host, size_t host_len, char *port,
+                           size_t port_len);
+/* A decimal port 0..65535 (allow_zero) or 1..65535; 0 on success. */
+int tpi_tcp_parse_port(const char *s, int allow_zero, uint16_t *port);
+/* Resolves host and a numeric port to the first address getaddrinfo gives. */
+tp_status tpi_tcp_resolve(const char *host, uint16_t port, struct sockaddr_storage *sa,
+                          socklen_t *sa_len, char *errmsg, size_t errmsg_len);
+/* "host:port", or "[v6]:port", of a socket address. */
+void tpi_tcp_format_sockaddr(const struct sockaddr *sa, char *buf, size_t len);
+/* "host:port", bracketing a host that contains ':'. */
+void tpi_tcp_format_hostport(const char *host, uint16_t port, char *buf, size_t len);
+
+/* ---- uv_errors.c: libuv and errno codes to tp_status, at the edge --------- */
+
+/* The status for a libuv error code (negative errno on Unix). */
+tp_status tpi_uv_status(int uverr, tp_status fallback);
+/* The status for an errno value. */
+tp_status tpi_errno_status(int err, tp_status fallback);
+/* Whether a connection error means the peer process is gone (TCP-6). */
+int tpi_uv_err_means_dead(int uverr);
+
+/* ---- tcp_sock.c: blocking-style sockets with deadlines (the store) -------- */
+
+/* A sentinel returned for an orderly close by the other end. */
+#define TPI_SOCK_EOF (-100000)
+/* Connects within timeout_ms; the fd (non-blocking, CLOEXEC) or -errno. */
+int tpi_sock_connect(const struct sockaddr *sa, socklen_t sa_len, int timeout_ms);
+/* Sends all n bytes before deadline_ns (MSG_NOSIGNAL); 0 or -errno. */
+int tpi_sock_send_all(int fd, const void *p, size_t n, uint64_t deadline_ns);
+/* Reads exactly n bytes before deadline_ns; 0, -errno or TPI_SOCK_EOF. */
+int tpi_sock_recv_all(int fd, void *p, size_t n, uint64_t deadline_ns);
+/* Text for a tpi_sock_* error code. */
+const char *tpi_sock_strerror(int rc);
+
+/* ---- tcp_store.c, tcp_store_server.c: the TCP rendezvous store (TCP-9..11) - */
+
+#define TPI_STORE_PROTO_MAGIC "TPST"
+#define TPI_STORE_PROTO_VERSION 1
+/* A request or reply body: an op, a key and up to two values. */
+#define TPI_STORE_MSG_MAX (64u + TP_STORE_KEY_LEN_MAX + 2u * (4u + TP_STORE_VALUE_LEN_MAX))
+/* One store operation's deadline (reply included). */
+#define TPI_STORE_OP_TIMEOUT_MS 30000
+/* The longest rank 0 keeps its store server for clients still connected. */
+#define TPI_STORE_LINGER_MAX_S 30.0
+
+typedef enum tpi_store_op {
+    TPI_STORE_SET = 1,
+    TPI_STORE_GET = 2,
+    TPI_STORE_ADD = 3,
+    TPI_STORE_CAS = 4,
+    TPI_STORE_DEL = 5
+} tpi_store_op;
+
+typedef struct tpi_store_server tpi_store_server;
+
+/* Binds sa and serves a fresh ":memory:" SQLite store from a thread. desc
+ * names the address in messages. TP_EADDRINUSE when the port is taken. */
+tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
+                                 tpi_store_server **out, char *errmsg, size_t errmsg_len);
+/* Stops accepting, serves the clients still connected for at most linger_ns,
+ * then stops and frees the server. */
+void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns);
+
+/*
+ * A store client connected to host:port, retrying until deadline_ns
+ * (UINT64_MAX: none). server (may be NULL) is stopped with linger_ns when
+ * the client closes. what names where the address came from, for messages.
+ */
+tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint64_t deadline_ns,
+                                const char *what, tpi_store_server *server, uint64_t linger_ns,
+                                tp_store **out, char *errmsg, size_t errmsg_len);
+
+/* Opens the store init_method names (TCP-9); rank 0 serves tcp:// and env://. */
+tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, tp_store **out,
+                             char *errmsg, size_t errmsg_len);
+
+#endif

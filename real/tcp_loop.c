@@ -1,0 +1,272 @@
+/*
+ * tcp_loop.c: the loop thread of a TCP agent: listening, the wake-up async
+ * handle, the core's timer, send's queues, loopback delivery, and stop
+ * (spec/agent.md AGENT-5, AGENT-8, AGENT-10; spec/tcp.md TCP-1, TCP-8).
+ *
+ * Other threads never touch a libuv handle: send and timer_arm record what
+ * they want under qmu and call uv_async_send while still holding qmu. The
+ * loop closes the async handle only after it saw stopping under qmu, and
+ * nobody calls uv_async_send once stopping is set, so the handle is always
+ * open when it is signalled.
+ */
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tcp_internal.h"
+
+/* ---- The core's timer (AGENT-10) ----------------------------------------------- */
+
+static void on_timer(uv_timer_t *h);
+
+/* Starts the uv timer for deadline_ns (loop thread). */
+static void timer_apply(tpi_tcp_agent *a, uint64_t deadline_ns) {
+    if (deadline_ns == UINT64_MAX) {
+        uv_timer_stop(&a->timer);
+        return;
+    }
+    uint64_t now = tpi_tcp_now_ns();
+    uint64_t ms = 0;
+    if (deadline_ns > now)
+        ms = (deadline_ns - now + 999999) / 1000000; /* never early by rounding */
+    uv_update_time(&a->loop);
+    uv_timer_start(&a->timer, on_timer, ms, 0); /* 0 ms: the next loop turn, never inline */
+}
+
+static void on_timer(uv_timer_t *h) {
+    tpi_tcp_agent *a = h->data;
+    pthread_mutex_lock(&a->qmu);
+    uint64_t deadline = a->timer_deadline_ns;
+    int fire = 0;
+    if (!a->stopping && deadline != UINT64_MAX) {
+        if (tpi_tcp_now_ns() >= deadline) {
+            a->timer_deadline_ns = UINT64_MAX; /* a re-arm from the upcall sets it again */
+            fire = 1;
+        }
+    }
+    pthread_mutex_unlock(&a->qmu);
+    if (fire)
+        tp_core_on_timer(a->core); /* no internal lock held (AGENT-2) */
+    else if (deadline != UINT64_MAX && !atomic_load(&a->stop_flag))
+        timer_apply(a, deadline); /* the loop's millisecond clock ran ahead of ours */
+}
+
+void tpi_tcp_timer_arm(tpi_tcp_agent *a, uint64_t deadline_ns) {
+    pthread_mutex_lock(&a->qmu);
+    if (!a->stopping && a->started) {
+        a->timer_deadline_ns = deadline_ns;
+        a->timer_dirty = 1;
+        uv_async_send(&a->wake);
+    }
+    pthread_mutex_unlock(&a->qmu);
+}
+
+/* ---- send (AGENT-8) ------------------------------------------------------------- */
+
+tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
+    TPI_ASSERT(f && f->nseg >= 1 && f->nseg <= TP_FRAME_SEG_MAX);
+    TPI_ASSERT(f->len >= TP_FRAME_HEADER_SIZE && f->seg[0].len >= 1);
+    tp_status st = TP_OK;
+    pthread_mutex_lock(&a->qmu);
+    if (a->stopping || !a->started) {
+        st = TP_ESHUTDOWN;
+    } else if (!a->have_peers || dst >= a->world_size || !a->peers[dst].addr[0]) {
+        st = TP_EUNKNOWNWORKER;
+    } else if (a->peers[dst].dead) {
+        st = TP_EPEERDOWN;
+    } else {
+        tpi_tcp_peer *p = &a->peers[dst];
+        f->next = NULL;
+        if (p->q_tail)
+            p->q_tail->next = f;
+        else
+            p->q_head = f;
+        p->q_tail = f;
+        if (!p->dirty) {
+            p->dirty = 1;
+            a->dirty[a->ndirty++] = dst;
+        }
+        uv_async_send(&a->wake);
+    }
+    pthread_mutex_unlock(&a->qmu);
+    return st;
+}
+
+/* Copies a frame into one fresh segment, as received frames are. */
+static tp_frame *flatten(const tp_frame *f) {
+    tp_frame *out = tp_frame_alloc(f->len);
+    if (!out)
+        return NULL;
+    uint8_t *p = tp_frame_bytes(out);
+    for (int i = 0; i < f->nseg; i++) {
+        if (f->seg[i].len)
+            memcpy(p, f->seg[i].base, f->seg[i].len);
+        p += f->seg[i].len;
+    }
+    return out;
+}
+
+/* Frames to this worker itself go round through the loop, in order (AGENT-8). */
+static void deliver_loopback(tpi_tcp_agent *a) {
+    tpi_tcp_peer *self = &a->peers[a->rank];
+    pthread_mutex_lock(&a->qmu);
+    tp_frame *f = self->q_head;
+    self->q_head = self->q_tail = NULL;
+    pthread_mutex_unlock(&a->qmu);
+    while (f) {
+        tp_frame *next = f->next;
+        f->next = NULL;
+        tp_frame *copy = atomic_load(&a->stop_flag) ? NULL : flatten(f);
+        tp_frame_free(f);
+        size_t len = 0;
+        char err[TP_ERRMSG_LEN_MAX];
+        if (copy && tp_frame_check_header(tp_frame_bytes(copy), a->max_msg, &len, err,
+                                          sizeof err) == TP_OK &&
+            len == copy->len)
+            tp_core_on_frame(a->core, a->rank, copy);
+        else
+            tp_frame_free(copy); /* dropped: our own bytes, so only on exhaustion */
+        f = next;
+    }
+}
+
+static void on_wake(uv_async_t *h) {
+    tpi_tcp_agent *a = h->data;
+    pthread_mutex_lock(&a->qmu);
+    int stopping = a->stopping;
+    uint32_t n = a->ndirty;
+    uint32_t *work = a->dirty;
+    a->dirty = a->dirty_work; /* swap: senders fill the other array meanwhile */
+    a->dirty_work = work;
+    a->ndirty = 0;
+    for (uint32_t i = 0; i < n; i++)
+        a->peers[work[i]].dirty = 0;
+    int timer_dirty = a->timer_dirty;
+    uint64_t deadline = a->timer_deadline_ns;
+    a->timer_dirty = 0;
+    pthread_mutex_unlock(&a->qmu);
+    if (stopping) {
+        if (!a->closing_all) {
+            a->closing_all = 1;
+            uv_close((uv_handle_t *)&a->wake, NULL);
+            uv_close((uv_handle_t *)&a->timer, NULL);
+            uv_close((uv_handle_t *)&a->listener, NULL);
+            tpi_tcp_close_all(a);
+        }
+        return;
+    }
+    if (timer_dirty)
+        timer_apply(a, deadline);
+    for (uint32_t i = 0; i < n; i++) {
+        if (work[i] == a->rank)
+            deliver_loopback(a);
+        else
+            tpi_tcp_flush(a, work[i]);
+    }
+}
+
+/* ---- The thread and start (AGENT-3) ------------------------------------------------ */
+
+static void *loop_main(void *arg) {
+    tpi_tcp_agent *a = arg;
+    tp_context_switch(a->ctx, NULL); /* upcalls act on this worker (AGENT-14) */
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* Closes the handles of a loop that never ran and releases the loop. */
+static void loop_abandon(tpi_tcp_agent *a) {
+    uv_close((uv_handle_t *)&a->wake, NULL);
+    uv_close((uv_handle_t *)&a->timer, NULL);
+    uv_close((uv_handle_t *)&a->listener, NULL);
+    uv_run(&a->loop, UV_RUN_DEFAULT);
+    int rc = uv_loop_close(&a->loop);
+    TPI_ASSERT(rc == 0);
+    a->loop_inited = 0;
+}
+
+tp_status tpi_tcp_loop_start(tpi_tcp_agent *a, char *errmsg, size_t errmsg_len) {
+    char where[TPI_ADDR_LEN_MAX + 8];
+    tpi_tcp_format_hostport(a->listen_host, a->listen_port, where, sizeof where);
+    struct sockaddr_storage sa;
+    socklen_t sa_len = 0;
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_status st = tpi_tcp_resolve(a->listen_host, a->listen_port, &sa, &sa_len, err, sizeof err);
+    if (st != TP_OK) {
+        tpi_format(errmsg, errmsg_len, "listen_addr %s: %s", where, err);
+        return st;
+    }
+    int rc = uv_loop_init(&a->loop);
+    if (rc < 0) {
+        tpi_format(errmsg, errmsg_len, "cannot start an event loop: %s", uv_strerror(rc));
+        return tpi_uv_status(rc, TP_EBACKEND);
+    }
+    a->loop_inited = 1;
+    a->loop.data = a;
+    uv_async_init(&a->loop, &a->wake, on_wake);
+    a->wake.data = a;
+    uv_timer_init(&a->loop, &a->timer);
+    a->timer.data = a;
+    uv_tcp_init(&a->loop, &a->listener);
+    a->listener.data = a;
+    rc = uv_tcp_bind(&a->listener, (const struct sockaddr *)&sa, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&a->listener, TPI_TCP_BACKLOG, tpi_tcp_on_accept);
+    struct sockaddr_storage bound;
+    int bound_len = sizeof bound;
+    if (rc == 0)
+        rc = uv_tcp_getsockname(&a->listener, (struct sockaddr *)&bound, &bound_len);
+    if (rc < 0) {
+        tpi_format(errmsg, errmsg_len, "cannot listen on %s (listen_addr, listen_port): %s",
+                   where, uv_strerror(rc));
+        loop_abandon(a);
+        return tpi_uv_status(rc, TP_EBACKEND);
+    }
+    uint16_t port = ntohs(bound.ss_family == AF_INET6
+                              ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                              : ((struct sockaddr_in *)&bound)->sin_port);
+    tpi_tcp_format_hostport(a->advertise_host, port, a->self_addr, sizeof a->self_addr);
+    a->started = 1; /* before the thread: send may be called as soon as start returns */
+    if (tpi_tcp_thread_create(&a->loop_thread, loop_main, a) != 0) {
+        a->started = 0;
+        tpi_format(errmsg, errmsg_len, "cannot start the event loop thread");
+        loop_abandon(a);
+        return TP_ENOMEM;
+    }
+    return TP_OK;
+}
+
+/* ---- stop (AGENT-5) ------------------------------------------------------------ */
+
+void tpi_tcp_loop_stop(tpi_tcp_agent *a) {
+    if (!a->started)
+        return;
+    /* The agent set stopping and woke the loop under qmu; the loop now
+     * closes every handle, and uv_run returns when the last one is closed. */
+    pthread_join(a->loop_thread, NULL);
+    int rc = uv_loop_close(&a->loop);
+    TPI_ASSERT(rc == 0 && "a libuv handle outlived stop");
+    a->loop_inited = 0;
+    pthread_mutex_lock(&a->qmu);
+    a->started = 0;
+    pthread_mutex_unlock(&a->qmu);
+}
+
+void tpi_tcp_drop_queues(tpi_tcp_agent *a) {
+    pthread_mutex_lock(&a->qmu);
+    for (uint32_t i = 0; i < a->world_size; i++) {
+        tp_frame *f = a->peers[i].q_head;
+        a->peers[i].q_head = a->peers[i].q_tail = NULL;
+        a->peers[i].dirty = 0;
+        pthread_mutex_unlock(&a->qmu);
+        while (f) {
+            tp_frame *next = f->next;
+            tp_frame_free(f);
+            f = next;
+        }
+        pthread_mutex_lock(&a->qmu);
+    }
+    a->ndirty = 0;
+    pthread_mutex_unlock(&a->qmu);
+}

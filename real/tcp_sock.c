@@ -1,0 +1,114 @@
+/*
+ * tcp_sock.c: plain sockets with deadlines, for the rendezvous store's
+ * client and server (spec/tcp.md TCP-9..11). Sockets are non-blocking and
+ * every wait is a poll() bounded by a deadline on CLOCK_MONOTONIC, so a
+ * store operation can never hang; sends use MSG_NOSIGNAL so a closed peer
+ * is an EPIPE, not a SIGPIPE.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tcp_internal.h"
+
+static int wait_fd(int fd, short events, uint64_t deadline_ns) {
+    for (;;) {
+        int timeout_ms = -1;
+        if (deadline_ns != UINT64_MAX) {
+            uint64_t now = tpi_tcp_now_ns();
+            if (now >= deadline_ns)
+                return -ETIMEDOUT;
+            uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+            timeout_ms = ms > 60000 ? 60000 : (int)ms;
+        }
+        struct pollfd p = {fd, events, 0};
+        int rc = poll(&p, 1, timeout_ms);
+        if (rc > 0)
+            return 0;
+        if (rc < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+int tpi_sock_connect(const struct sockaddr *sa, socklen_t sa_len, int timeout_ms) {
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, sa, sa_len) == 0)
+        return fd;
+    if (errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        return -err;
+    }
+    int rc = wait_fd(fd, POLLOUT, tpi_tcp_now_ns() + (uint64_t)timeout_ms * 1000000ull);
+    if (rc == 0) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+            err = errno;
+        rc = -err;
+    }
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+int tpi_sock_send_all(int fd, const void *p, size_t n, uint64_t deadline_ns) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+        if (k > 0) {
+            b += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -errno;
+        int rc = wait_fd(fd, POLLOUT, deadline_ns);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int tpi_sock_recv_all(int fd, void *p, size_t n, uint64_t deadline_ns) {
+    uint8_t *b = p;
+    while (n > 0) {
+        ssize_t k = recv(fd, b, n, 0);
+        if (k > 0) {
+            b += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k == 0)
+            return TPI_SOCK_EOF;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -errno;
+        int rc = wait_fd(fd, POLLIN, deadline_ns);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+const char *tpi_sock_strerror(int rc) {
+    if (rc == TPI_SOCK_EOF)
+        return "connection closed by the other end";
+    if (rc == -ETIMEDOUT)
+        return "timed out";
+    return strerror(rc < 0 ? -rc : rc);
+}

@@ -1,0 +1,467 @@
+/*
+ * tcp_store.c: the rendezvous store as the TCP agent opens it (spec/tcp.md
+ * TCP-9..11): init_method parsing, and the client of the TCP store server
+ * behind tp_store_ops.
+ *
+ * init_method (default "env://"):
+ * - "sqlite:///abs/path": the SQLite file store (store/sqlite_store.c);
+ * - "tcp://host:port": rank 0 serves a store on host:port (tcp_store_server.c);
+ *   every rank, rank 0 included, is a client and connects with retry until
+ *   the init deadline;
+ * - "env://": the same with MASTER_ADDR and MASTER_PORT from the environment.
+ *
+ * The client holds one connection and a mutex: an operation is one request
+ * and its reply, bounded by TPI_STORE_OP_TIMEOUT_MS. A broken connection
+ * fails that operation with TP_ESTORE (it may or may not have happened on
+ * the server, so it is never replayed); the next operation reconnects once.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tcp_internal.h"
+
+#define CLIENT_RETRY_MIN_MS 10    /* first pause between attempts to reach the store */
+#define CLIENT_RETRY_MAX_MS 200   /* longest pause: bounds the delay after it comes up */
+#define CLIENT_ATTEMPT_MS 1000    /* one connect attempt */
+#define CLIENT_RECONNECT_MS 2000  /* a reconnect after a lost connection */
+
+typedef struct tcp_store {
+    tp_store base; /* first */
+    pthread_mutex_t mu;
+    int fd; /* -1 after a failure: the next operation reconnects */
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+    char desc[TPI_ADDR_LEN_MAX];
+    tpi_store_server *server; /* rank 0's, stopped on close */
+    uint64_t linger_ns;
+} tcp_store;
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void sleep_ms(uint32_t ms) {
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static tp_status store_fail(tcp_store *s, tp_status st, const char *fmt, ...) TPI_PRINTF(3, 4);
+static tp_status store_fail(tcp_store *s, tp_status st, const char *fmt, ...) {
+    char *buf = s->base.errmsg;
+    size_t n = tpi_format(buf, sizeof s->base.errmsg, "rendezvous store at %s: ", s->desc);
+    va_list ap;
+    va_start(ap, fmt);
+    tpi_vformat(buf + n, sizeof s->base.errmsg - n, fmt, ap);
+    va_end(ap);
+    return tpi_fail_msg(st, buf);
+}
+
+/* One attempt: connect and exchange the handshake. The fd, or -errno
+ * (-EPROTO: something answered that is not a store). */
+static int connect_once(const struct sockaddr *sa, socklen_t sa_len, int timeout_ms) {
+    int fd = tpi_sock_connect(sa, sa_len, timeout_ms);
+    if (fd < 0)
+        return fd;
+    static const uint8_t hs[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 0, 0, 0};
+    uint8_t back[8];
+    uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int rc = tpi_sock_send_all(fd, hs, sizeof hs, deadline);
+    if (rc == 0)
+        rc = tpi_sock_recv_all(fd, back, sizeof back, deadline);
+    if (rc == 0 && memcmp(back, hs, sizeof hs) != 0)
+        rc = -EPROTO;
+    if (rc != 0) {
+        close(fd);
+        /* A server that closes on us while stopping is as good as absent. */
+        return rc == TPI_SOCK_EOF ? -ECONNREFUSED : rc;
+    }
+    return fd;
+}
+
+/* ---- Operations (STORE-2..5 over TCP-10) ------------------------------------------ */
+
+typedef struct reply {
+    tp_status status;
+    uint8_t aux;
+    uint8_t *payload; /* malloc'd, NUL-terminated past len */
+    size_t len;
+} reply;
+
+static tp_status check_key(tcp_store *s, const char *op, const char *key, size_t *len) {
+    TPI_ASSERT(key);
+    *len = strnlen(key, (size_t)TP_STORE_KEY_LEN_MAX + 1);
+    if (*len == 0)
+        return store_fail(s, TP_EINVAL, "%s: empty key", op);
+    if (*len > TP_STORE_KEY_LEN_MAX)
+        return store_fail(s, TP_EINVAL, "%s '%.40s...': key longer than %d bytes", op, key,
+                          TP_STORE_KEY_LEN_MAX);
+    return TP_OK;
+}
+
+static tp_status check_value(tcp_store *s, const char *op, const char *key, const void *v,
+                             size_t len) {
+    TPI_ASSERT(v || len == 0);
+    if (len > TP_STORE_VALUE_LEN_MAX)
+        return store_fail(s, TP_EINVAL, "%s '%s': value of %zu bytes is over the limit of %u", op,
+                          key, len, (unsigned)TP_STORE_VALUE_LEN_MAX);
+    return TP_OK;
+}
+
+/* Sends a request and reads its reply, under the client's mutex. */
+static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const uint8_t *req,
+                           size_t req_len, reply *r) {
+    memset(r, 0, sizeof *r);
+    if (s->fd < 0) {
+        int fd = connect_once((const struct sockaddr *)&s->sa, s->sa_len, CLIENT_RECONNECT_MS);
+        if (fd < 0)
+            return store_fail(s, TP_ESTORE, "%s '%s': the connection was lost and reconnecting "
+                              "failed: %s", op, key, tpi_sock_strerror(fd));
+        s->fd = fd;
+    }
+    uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)TPI_STORE_OP_TIMEOUT_MS * 1000000ull;
+    uint8_t head[12];
+    int rc = tpi_sock_send_all(s->fd, req, req_len, deadline);
+    if (rc == 0)
+        rc = tpi_sock_recv_all(s->fd, head, sizeof head, deadline);
+    uint32_t total = rc == 0 ? get_u32(head) : 0;
+    uint32_t plen = rc == 0 ? get_u32(head + 8) : 0;
+    if (rc == 0 && (total != 8 + (uint64_t)plen || plen > TPI_STORE_MSG_MAX ||
+                    head[4] >= TP_STATUS_COUNT_ || head[6] || head[7]))
+        rc = -EPROTO;
+    if (rc == 0) {
+        r->payload = malloc((size_t)plen + 1);
+        if (!r->payload)
+            rc = -ENOMEM;
+        else if (plen)
+            rc = tpi_sock_recv_all(s->fd, r->payload, plen, deadline);
+    }
+    if (rc != 0) {
+        free(r->payload);
+        r->payload = NULL;
+        close(s->fd);
+        s->fd = -1;
+        return store_fail(s, rc == -ENOMEM ? TP_ENOMEM : TP_ESTORE, "%s '%s': %s", op, key,
+                          rc == -EPROTO ? "malformed reply" : tpi_sock_strerror(rc));
+    }
+    r->payload[plen] = '\0';
+    r->len = plen;
+    r->status = (tp_status)head[4];
+    r->aux = head[5];
+    if (r->status != TP_OK) {
+        tp_status st = store_fail(s, r->status, "%s", (const char *)r->payload);
+        free(r->payload);
+        r->payload = NULL;
+        return st;
+    }
+    return TP_OK;
+}
+
+/* Builds "u32 len, u8 op, u8 flags, u16 key_len, key" plus extra bytes. */
+static uint8_t *request_new(uint8_t op, uint8_t flags, const char *key, size_t key_len,
+                            size_t extra, size_t *total) {
+    size_t body = 4 + key_len + extra;
+    uint8_t *b = malloc(4 + body);
+    if (!b)
+        return NULL;
+    put_u32(b, (uint32_t)body);
+    b[4] = op;
+    b[5] = flags;
+    b[6] = (uint8_t)key_len;
+    b[7] = (uint8_t)(key_len >> 8);
+    memcpy(b + 8, key, key_len);
+    *total = 4 + body;
+    return b;
+}
+
+static uint8_t *put_blob(uint8_t *p, const void *v, size_t n) {
+    put_u32(p, (uint32_t)n);
+    if (n)
+        memcpy(p + 4, v, n);
+    return p + 4 + n;
+}
+
+static tp_status run(tcp_store *s, const char *op, const char *key, uint8_t *req, size_t len,
+                     reply *r) {
+    if (!req)
+        return store_fail(s, TP_ENOMEM, "%s '%s': out of memory", op, key);
+    pthread_mutex_lock(&s->mu);
+    tp_status st = roundtrip(s, op, key, req, len, r);
+    pthread_mutex_unlock(&s->mu);
+    free(req);
+    return st;
+}
+
+static tp_status ts_set(tp_store *base, const char *key, const void *value, size_t len) {
+    tcp_store *s = (tcp_store *)base;
+    size_t kl, total = 0;
+    tp_status st = check_key(s, "set", key, &kl);
+    if (st == TP_OK)
+        st = check_value(s, "set", key, value, len);
+    if (st != TP_OK)
+        return st;
+    uint8_t *req = request_new(TPI_STORE_SET, 0, key, kl, 4 + len, &total);
+    if (req)
+        put_blob(req + 8 + kl, value, len);
+    reply r;
+    st = run(s, "set", key, req, total, &r);
+    free(r.payload);
+    return st;
+}
+
+static tp_status ts_get(tp_store *base, const char *key, void **value, size_t *len) {
+    TPI_ASSERT(value && len);
+    tcp_store *s = (tcp_store *)base;
+    *value = NULL;
+    *len = 0;
+    size_t kl, total = 0;
+    tp_status st = check_key(s, "get", key, &kl);
+    if (st != TP_OK)
+        return st;
+    reply r;
+    st = run(s, "get", key, request_new(TPI_STORE_GET, 0, key, kl, 0, &total), total, &r);
+    if (st == TP_OK) {
+        *value = r.payload;
+        *len = r.len;
+    }
+    return st;
+}
+
+static tp_status ts_add(tp_store *base, const char *key, int64_t delta, int64_t *result) {
+    TPI_ASSERT(result);
+    tcp_store *s = (tcp_store *)base;
+    size_t kl, total = 0;
+    tp_status st = check_key(s, "add", key, &kl);
+    if (st != TP_OK)
+        return st;
+    uint8_t *req = request_new(TPI_STORE_ADD, 0, key, kl, 8, &total);
+    if (req) {
+        put_u32(req + 8 + kl, (uint32_t)(uint64_t)delta);
+        put_u32(req + 12 + kl, (uint32_t)((uint64_t)delta >> 32));
+    }
+    reply r;
+    st = run(s, "add", key, req, total, &r);
+    if (st == TP_OK && r.len != 8) {
+        st = store_fail(s, TP_ESTORE, "add '%s': malformed reply", key);
+    } else if (st == TP_OK) {
+        *result = (int64_t)((uint64_t)get_u32(r.payload) | (uint64_t)get_u32(r.payload + 4) << 32);
+    }
+    free(r.payload);
+    return st;
+}
+
+static tp_status ts_compare_set(tp_store *base, const char *key, const void *expected,
+                                size_t expected_len, const void *desired, size_t desired_len,
+                                int *swapped) {
+    TPI_ASSERT(swapped);
+    tcp_store *s = (tcp_store *)base;
+    *swapped = 0;
+    size_t kl, total = 0;
+    tp_status st = check_key(s, "compare_set", key, &kl);
+    if (st == TP_OK && expected)
+        st = check_value(s, "compare_set", key, expected, expected_len);
+    if (st == TP_OK)
+        st = check_value(s, "compare_set", key, desired, desired_len);
+    if (st != TP_OK)
+        return st;
+    size_t elen = expected ? expected_len : 0;
+    uint8_t *req = request_new(TPI_STORE_CAS, expected ? 1 : 0, key, kl, 8 + elen + desired_len,
+                               &total);
+    if (req)
+        put_blob(put_blob(req + 8 + kl, expected, elen), desired, desired_len);
+    reply r;
+    st = run(s, "compare_set", key, req, total, &r);
+    if (st == TP_OK)
+        *swapped = r.aux ? 1 : 0;
+    free(r.payload);
+    return st;
+}
+
+static tp_status ts_del(tp_store *base, const char *key) {
+    tcp_store *s = (tcp_store *)base;
+    size_t kl, total = 0;
+    tp_status st = check_key(s, "del", key, &kl);
+    if (st != TP_OK)
+        return st;
+    reply r;
+    st = run(s, "del", key, request_new(TPI_STORE_DEL, 0, key, kl, 0, &total), total, &r);
+    free(r.payload);
+    return st;
+}
+
+static void ts_close(tp_store *base) {
+    tcp_store *s = (tcp_store *)base;
+    if (s->fd >= 0)
+        close(s->fd);
+    /* Rank 0's server outlives its own client until the others are done (TCP-11). */
+    tpi_store_server_stop(s->server, s->linger_ns);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static const tp_store_ops tcp_store_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = ts_set,
+    .get = ts_get,
+    .add = ts_add,
+    .compare_set = ts_compare_set,
+    .del = ts_del,
+    .close = ts_close,
+};
+
+/* ---- Connecting (TCP-9) ------------------------------------------------------------- */
+
+tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint64_t deadline_ns,
+                                const char *what, tpi_store_server *server, uint64_t linger_ns,
+                                tp_store **out, char *errmsg, size_t errmsg_len) {
+    *out = NULL;
+    tcp_store *s = calloc(1, sizeof *s);
+    if (!s) {
+        tpi_store_server_stop(server, 0);
+        tpi_format(errmsg, errmsg_len, "out of memory for the store client");
+        return TP_ENOMEM;
+    }
+    s->base.ops = &tcp_store_ops;
+    s->fd = -1;
+    s->server = server;
+    s->linger_ns = linger_ns;
+    pthread_mutex_init(&s->mu, NULL);
+    tpi_tcp_format_hostport(host, port, s->desc, sizeof s->desc);
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_status st = tpi_tcp_resolve(host, port, &s->sa, &s->sa_len, err, sizeof err);
+    if (st != TP_OK) {
+        tpi_format(errmsg, errmsg_len, "rendezvous store %s (%s): %s", s->desc, what, err);
+        ts_close(&s->base);
+        return st;
+    }
+    uint64_t start = tpi_tcp_now_ns();
+    uint32_t pause_ms = CLIENT_RETRY_MIN_MS;
+    for (;;) {
+        int fd = connect_once((const struct sockaddr *)&s->sa, s->sa_len, CLIENT_ATTEMPT_MS);
+        if (fd >= 0) {
+            s->fd = fd;
+            break;
+        }
+        if (fd == -EPROTO) {
+            tpi_format(errmsg, errmsg_len,
+                       "%s (%s) answered, but it is not a tensorplay rendezvous store",
+                       s->desc, what);
+            ts_close(&s->base);
+            return TP_ESTORE;
+        }
+        uint64_t now = tpi_tcp_now_ns();
+        if (now >= deadline_ns) {
+            tpi_format(errmsg, errmsg_len,
+                       "cannot reach the rendezvous store at %s (%s) within %.3g s: %s", s->desc,
+                       what, (double)(now - start) / 1e9, tpi_sock_strerror(fd));
+            ts_close(&s->base);
+            return TP_ETIMEDOUT;
+        }
+        uint64_t left_ms = (deadline_ns - now) / 1000000;
+        sleep_ms(left_ms < pause_ms ? (uint32_t)left_ms + 1 : pause_ms);
+        pause_ms = pause_ms * 2 > CLIENT_RETRY_MAX_MS ? CLIENT_RETRY_MAX_MS : pause_ms * 2;
+    }
+    *out = &s->base;
+    return TP_OK;
+}
+
+/* Seconds to nanoseconds from now; 0 or less means no deadline. */
+static uint64_t deadline_after(double seconds) {
+    if (!(seconds > 0))
+        return UINT64_MAX;
+    if (seconds > 1e9)
+        seconds = 1e9;
+    return tpi_tcp_now_ns() + (uint64_t)(seconds * 1e9);
+}
+
+tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, tp_store **out,
+                             char *errmsg, size_t errmsg_len) {
+    *out = NULL;
+    const char *method = tp_options_init_method(opts);
+    if (!method || !*method)
+        method = "env://";
+    if (strncmp(method, "sqlite://", 9) == 0) {
+        const char *path = method + 9;
+        if (path[0] != '/') {
+            tpi_format(errmsg, errmsg_len,
+                       "init_method '%.200s': the path must be absolute (sqlite:///abs/path)",
+                       method);
+            return TP_EINVAL;
+        }
+        return tp_sqlite_store_open(path, out, errmsg, errmsg_len);
+    }
+    char host[TPI_ADDR_LEN_MAX], port_s[16], what[TPI_ADDR_LEN_MAX + 64];
+    uint16_t port = 0;
+    if (strcmp(method, "env://") == 0) {
+        const char *h = getenv("MASTER_ADDR");
+        const char *p = getenv("MASTER_PORT");
+        if (!h || !*h || !p || !*p) {
+            tpi_format(errmsg, errmsg_len,
+                       "init_method env:// needs MASTER_ADDR and MASTER_PORT in the "
+                       "environment: %s is not set",
+                       !h || !*h ? "MASTER_ADDR" : "MASTER_PORT");
+            return TP_EINVAL;
+        }
+        if (strlen(h) >= sizeof host || strpbrk(h, "\t\n")) {
+            tpi_format(errmsg, errmsg_len, "MASTER_ADDR '%.64s' is not a host", h);
+            return TP_EINVAL;
+        }
+        if (tpi_tcp_parse_port(p, 0, &port) != 0) {
+            tpi_format(errmsg, errmsg_len, "MASTER_PORT '%.32s' is not a port number (1..65535)",
+                       p);
+            return TP_EINVAL;
+        }
+        tpi_format(host, sizeof host, "%s", h);
+        tpi_format(what, sizeof what, "init_method env://, MASTER_ADDR=%s MASTER_PORT=%u", host,
+                   (unsigned)port);
+    } else if (strncmp(method, "tcp://", 6) == 0) {
+        if (strlen(method) >= sizeof host ||
+            tpi_tcp_split_hostport(method + 6, host, sizeof host, port_s, sizeof port_s) != 0 ||
+            tpi_tcp_parse_port(port_s, 0, &port) != 0) {
+            tpi_format(errmsg, errmsg_len,
+                       "init_method '%.200s' is not tcp://host:port with a port in 1..65535",
+                       method);
+            return TP_EINVAL;
+        }
+        tpi_format(what, sizeof what, "init_method %s", method);
+    } else {
+        tpi_format(errmsg, errmsg_len,
+                   "unknown init_method '%.200s': expected env://, tcp://host:port or "
+                   "sqlite:///path",
+                   method);
+        return TP_EINVAL;
+    }
+    double linger_s = tp_options_shutdown_timeout(opts);
+    if (!(linger_s > 0) || linger_s > TPI_STORE_LINGER_MAX_S)
+        linger_s = TPI_STORE_LINGER_MAX_S;
+    uint64_t linger_ns = (uint64_t)(linger_s * 1e9);
+    tpi_store_server *server = NULL;
+    if (rank == 0) {
+        struct sockaddr_storage sa;
+        socklen_t sa_len = 0;
+        char err[TP_ERRMSG_LEN_MAX], desc[TPI_ADDR_LEN_MAX + 8];
+        tpi_tcp_format_hostport(host, port, desc, sizeof desc);
+        tp_status st = tpi_tcp_resolve(host, port, &sa, &sa_len, err, sizeof err);
+        if (st != TP_OK) {
+            tpi_format(errmsg, errmsg_len, "rendezvous store %s (%s): %s", desc, what, err);
+            return st;
+        }
+        st = tpi_store_server_start((const struct sockaddr *)&sa, sa_len, desc, &server, err,
+                                    sizeof err);
+        if (st != TP_OK) {
+            tpi_format(errmsg, errmsg_len, "%s (%s)", err, what);
+            return st;
+        }
+    }
+    return tpi_tcp_store_connect(host, port, deadline_after(tp_options_init_timeout(opts)), what,
+                                 server, linger_ns, out, errmsg, errmsg_len);
+}

@@ -1,0 +1,396 @@
+/*
+ * tcp_store_server.c: the rendezvous store server rank 0 runs for tcp:// and
+ * env:// (spec/tcp.md TCP-9..11). One thread, poll() over the listener, a
+ * wake-up pipe and the clients; each request runs against a private
+ * ":memory:" SQLite store (store/sqlite_store.c), so the semantics are
+ * exactly STORE-1..5's. Every byte from a client is checked: a malformed
+ * handshake or request drops that client only.
+ *
+ * Stopping (TCP-11): the listener closes at once (a later job's clients get
+ * "connection refused" and retry until the new server is up), the clients
+ * still connected are served until they all disconnect or the linger time
+ * passes, so workers still in their last shutdown round can finish it.
+ */
+#define _GNU_SOURCE /* accept4, pipe2: Linux, as libuv's epoll backend is */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tcp_internal.h"
+
+#define SRV_REPLY_TIMEOUT_MS 10000 /* a client that does not read its reply is dropped */
+#define SRV_READ_CHUNK 65536
+
+typedef struct srv_client {
+    int fd;
+    int handshaken;
+    uint8_t *buf;
+    size_t len, cap;
+} srv_client;
+
+struct tpi_store_server {
+    int lfd;
+    int wake_rd, wake_wr;
+    pthread_t thread;
+    tp_store *db;
+    char desc[TPI_ADDR_LEN_MAX];
+    srv_client *clients;
+    size_t nclients, cap;
+    atomic_int stop;
+    uint64_t linger_ns; /* written before stop is set */
+};
+
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p) {
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+static void put_u64(uint8_t *p, uint64_t v) {
+    put_u32(p, (uint32_t)v);
+    put_u32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* ---- One request (TCP-10) ----------------------------------------------------------- */
+
+/* Sends a reply: u32 length, u8 status, u8 aux, u16 0, u32 payload length, payload. */
+static int send_reply(srv_client *c, tp_status st, uint8_t aux, const void *payload, size_t n) {
+    uint8_t head[12];
+    put_u32(head, (uint32_t)(8 + n));
+    head[4] = (uint8_t)st;
+    head[5] = aux;
+    head[6] = head[7] = 0;
+    put_u32(head + 8, (uint32_t)n);
+    uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)SRV_REPLY_TIMEOUT_MS * 1000000ull;
+    int rc = tpi_sock_send_all(c->fd, head, sizeof head, deadline);
+    if (rc == 0 && n)
+        rc = tpi_sock_send_all(c->fd, payload, n, deadline);
+    return rc;
+}
+
+/* The store's message without its ":memory:" prefix: the client names the server. */
+static const char *store_text(tpi_store_server *s) {
+    static const char prefix[] = "store ':memory:': ";
+    const char *m = s->db->errmsg;
+    return strncmp(m, prefix, sizeof prefix - 1) == 0 ? m + sizeof prefix - 1 : m;
+}
+
+/* A blob: u32 length then bytes, within what is left of the body. */
+static int take_blob(const uint8_t **p, size_t *left, const uint8_t **blob, uint32_t *n) {
+    if (*left < 4)
+        return 0;
+    uint32_t len = get_u32(*p);
+    if (len > TP_STORE_VALUE_LEN_MAX || len > *left - 4)
+        return 0;
+    *blob = *p + 4;
+    *n = len;
+    *p += 4 + len;
+    *left -= 4 + (size_t)len;
+    return 1;
+}
+
+/* Runs one request body; 0 to keep the client, -1 to drop it (malformed or gone). */
+static int handle(tpi_store_server *s, srv_client *c, const uint8_t *p, size_t left) {
+    if (left < 4)
+        return -1;
+    uint8_t op = p[0], flags = p[1];
+    uint32_t key_len = (uint32_t)p[2] | (uint32_t)p[3] << 8;
+    p += 4;
+    left -= 4;
+    if (key_len == 0 || key_len > TP_STORE_KEY_LEN_MAX || key_len > left)
+        return -1;
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    memcpy(key, p, key_len);
+    key[key_len] = '\0';
+    p += key_len;
+    left -= key_len;
+    if (strlen(key) != key_len) {
+        const char *m = "key contains a NUL byte";
+        return send_reply(c, TP_EINVAL, 0, m, strlen(m)) == 0 ? 0 : -1;
+    }
+    tp_store *db = s->db;
+    tp_status st;
+    const uint8_t *a = NULL, *b = NULL;
+    uint32_t an = 0, bn = 0;
+    switch (op) {
+    case TPI_STORE_SET:
+        if (!take_blob(&p, &left, &a, &an) || left != 0)
+            return -1;
+        st = db->ops->set(db, key, a, an);
+        break;
+    case TPI_STORE_GET: {
+        if (left != 0)
+            return -1;
+        void *v = NULL;
+        size_t n = 0;
+        st = db->ops->get(db, key, &v, &n);
+        int rc = st == TP_OK ? send_reply(c, st, 0, v, n)
+                             : send_reply(c, st, 0, store_text(s), strlen(store_text(s)));
+        free(v);
+        return rc == 0 ? 0 : -1;
+    }
+    case TPI_STORE_ADD: {
+        if (left != 8)
+            return -1;
+        int64_t result = 0;
+        st = db->ops->add(db, key, (int64_t)get_u64(p), &result);
+        if (st == TP_OK) {
+            uint8_t out[8];
+            put_u64(out, (uint64_t)result);
+            return send_reply(c, st, 0, out, sizeof out) == 0 ? 0 : -1;
+        }
+        break;
+    }
+    case TPI_STORE_CAS: {
+        if (flags & ~1u)
+            return -1;
+        if (!take_blob(&p, &left, &a, &an) || !take_blob(&p, &left, &b, &bn) || left != 0)
+            return -1;
+        int swapped = 0;
+        st = db->ops->compare_set(db, key, (flags & 1u) ? (a ? a : (const uint8_t *)"") : NULL,
+                                  an, b, bn, &swapped);
+        if (st == TP_OK)
+            return send_reply(c, st, (uint8_t)swapped, NULL, 0) == 0 ? 0 : -1;
+        break;
+    }
+    case TPI_STORE_DEL:
+        if (left != 0)
+            return -1;
+        st = db->ops->del(db, key);
+        break;
+    default:
+        return -1;
+    }
+    int rc = st == TP_OK ? send_reply(c, st, 0, NULL, 0)
+                         : send_reply(c, st, 0, store_text(s), strlen(store_text(s)));
+    return rc == 0 ? 0 : -1;
+}
+
+/* Handles every complete message in the client's buffer; -1 drops the client. */
+static int process(tpi_store_server *s, srv_client *c) {
+    size_t off = 0;
+    if (!c->handshaken) {
+        if (c->len < 8)
+            return 0;
+        static const uint8_t hs[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 0, 0, 0};
+        if (memcmp(c->buf, hs, sizeof hs) != 0)
+            return -1;
+        uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)SRV_REPLY_TIMEOUT_MS * 1000000ull;
+        if (tpi_sock_send_all(c->fd, hs, sizeof hs, deadline) != 0)
+            return -1;
+        c->handshaken = 1;
+        off = 8;
+    }
+    while (c->len - off >= 4) {
+        uint32_t n = get_u32(c->buf + off);
+        if (n < 4 || n > TPI_STORE_MSG_MAX)
+            return -1;
+        if (c->len - off - 4 < n)
+            break;
+        if (handle(s, c, c->buf + off + 4, n) != 0)
+            return -1;
+        off += 4 + (size_t)n;
+    }
+    memmove(c->buf, c->buf + off, c->len - off);
+    c->len -= off;
+    return 0;
+}
+
+/* Reads what the client sent; -1 when it is gone or misbehaved. */
+static int client_read(tpi_store_server *s, srv_client *c) {
+    for (;;) {
+        size_t want = c->len + SRV_READ_CHUNK;
+        if (want > 4 + TPI_STORE_MSG_MAX + 8)
+            want = 4 + TPI_STORE_MSG_MAX + 8;
+        if (c->cap < want) {
+            uint8_t *nb = realloc(c->buf, want);
+            if (!nb)
+                return -1;
+            c->buf = nb;
+            c->cap = want;
+        }
+        if (c->len == c->cap)
+            return -1; /* a message over the limit cannot be complete (process checks first) */
+        ssize_t k = recv(c->fd, c->buf + c->len, c->cap - c->len, 0);
+        if (k == 0)
+            return -1;
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        }
+        c->len += (size_t)k;
+        if (process(s, c) != 0)
+            return -1;
+    }
+}
+
+static void client_drop(tpi_store_server *s, size_t i) {
+    close(s->clients[i].fd);
+    free(s->clients[i].buf);
+    s->clients[i] = s->clients[--s->nclients];
+}
+
+static void accept_all(tpi_store_server *s) {
+    for (;;) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN, or a transient error: poll tells us again */
+        if (s->nclients == s->cap) {
+            size_t cap = s->cap ? s->cap * 2 : 16;
+            srv_client *nc = realloc(s->clients, cap * sizeof *nc);
+            if (!nc) {
+                close(fd);
+                continue;
+            }
+            s->clients = nc;
+            s->cap = cap;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        s->clients[s->nclients++] = (srv_client){.fd = fd};
+    }
+}
+
+static void *server_main(void *arg) {
+    tpi_store_server *s = arg;
+    struct pollfd *pfds = NULL;
+    size_t pcap = 0;
+    uint64_t linger_deadline = UINT64_MAX;
+    for (;;) {
+        size_t n = 2 + s->nclients;
+        if (n > pcap) {
+            struct pollfd *np = realloc(pfds, n * sizeof *np);
+            if (!np)
+                break; /* cannot serve at all: clients see the close */
+            pfds = np;
+            pcap = n;
+        }
+        pfds[0] = (struct pollfd){s->wake_rd, POLLIN, 0};
+        pfds[1] = (struct pollfd){s->lfd, POLLIN, 0}; /* fd -1 is ignored by poll */
+        for (size_t i = 0; i < s->nclients; i++)
+            pfds[2 + i] = (struct pollfd){s->clients[i].fd, POLLIN, 0};
+        int timeout = -1;
+        if (linger_deadline != UINT64_MAX) {
+            uint64_t now = tpi_tcp_now_ns();
+            timeout = now >= linger_deadline ? 0 : (int)((linger_deadline - now) / 1000000 + 1);
+        }
+        int rc = poll(pfds, n, timeout);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (pfds[0].revents) {
+            char junk[16];
+            while (read(s->wake_rd, junk, sizeof junk) > 0) {
+            }
+        }
+        if (atomic_load(&s->stop) && s->lfd >= 0) {
+            close(s->lfd);
+            s->lfd = -1;
+            uint64_t now = tpi_tcp_now_ns();
+            linger_deadline = s->linger_ns > UINT64_MAX - now ? UINT64_MAX - 1 : now + s->linger_ns;
+        }
+        if (linger_deadline != UINT64_MAX &&
+            (s->nclients == 0 || tpi_tcp_now_ns() >= linger_deadline))
+            break;
+        if (rc <= 0)
+            continue;
+        /* Clients first, from the end, so dropping one does not move an unread one. */
+        for (size_t i = n - 2; i-- > 0;) {
+            if (i < s->nclients && pfds[2 + i].revents && client_read(s, &s->clients[i]) != 0)
+                client_drop(s, i);
+        }
+        if (s->lfd >= 0 && pfds[1].revents)
+            accept_all(s);
+    }
+    free(pfds);
+    return NULL;
+}
+
+tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
+                                 tpi_store_server **out, char *errmsg, size_t errmsg_len) {
+    *out = NULL;
+    tpi_store_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        tpi_format(errmsg, errmsg_len, "out of memory for the store server");
+        return TP_ENOMEM;
+    }
+    s->lfd = s->wake_rd = s->wake_wr = -1;
+    atomic_init(&s->stop, 0);
+    tpi_format(s->desc, sizeof s->desc, "%s", desc);
+    tp_status st = TP_OK;
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        bind(fd, sa, sa_len) < 0 || listen(fd, TPI_TCP_BACKLOG) < 0) {
+        int err = errno;
+        st = tpi_errno_status(err, TP_EBACKEND);
+        tpi_format(errmsg, errmsg_len, "cannot serve the rendezvous store on %s: %s", desc,
+                   strerror(err));
+        if (fd >= 0)
+            close(fd);
+        free(s);
+        return st;
+    }
+    s->lfd = fd;
+    int p[2];
+    if (pipe2(p, O_NONBLOCK | O_CLOEXEC) < 0) {
+        tpi_format(errmsg, errmsg_len, "store server: pipe: %s", strerror(errno));
+        st = TP_EBACKEND;
+    } else {
+        s->wake_rd = p[0];
+        s->wake_wr = p[1];
+        char err[TP_ERRMSG_LEN_MAX];
+        st = tp_sqlite_store_open(":memory:", &s->db, err, sizeof err);
+        if (st != TP_OK)
+            tpi_format(errmsg, errmsg_len, "store server: %s", err);
+    }
+    if (st == TP_OK && tpi_tcp_thread_create(&s->thread, server_main, s) != 0) {
+        tpi_format(errmsg, errmsg_len, "store server: cannot start its thread");
+        st = TP_ENOMEM;
+    }
+    if (st != TP_OK) {
+        if (s->db)
+            s->db->ops->close(s->db);
+        close(s->lfd);
+        if (s->wake_rd >= 0) {
+            close(s->wake_rd);
+            close(s->wake_wr);
+        }
+        free(s);
+        return st;
+    }
+    *out = s;
+    return TP_OK;
+}
+
+void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns) {
+    if (!s)
+        return;
+    s->linger_ns = linger_ns;
+    atomic_store(&s->stop, 1);
+    ssize_t k = write(s->wake_wr, "x", 1);
+    (void)k; /* a full pipe already wakes the thread */
+    pthread_join(s->thread, NULL);
+    for (size_t i = s->nclients; i-- > 0;)
+        client_drop(s, i);
+    free(s->clients);
+    if (s->lfd >= 0)
+        close(s->lfd);
+    close(s->wake_rd);
+    close(s->wake_wr);
+    s->db->ops->close(s->db);
+    free(s);
+}

@@ -1,0 +1,168 @@
+/*
+ * tcp_sync.c: the core lock, park/unpark, the clock, and thread creation
+ * for the TCP agent (spec/agent.md AGENT-9, AGENT-11, AGENT-12).
+ *
+ * A task is an OS thread. Its token (tpi_tcp_task) is created on the
+ * thread's first use, lives in thread-local storage and is freed by a
+ * pthread key destructor when the thread exits; the loop thread and pool
+ * threads have one like any user thread. park waits on the token's own
+ * condition variable (CLOCK_MONOTONIC) with the agent's mutex, so the lock is
+ * released and retaken atomically; a permit flag keeps an unpark that comes
+ * before the park.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "tcp_internal.h"
+
+static pthread_once_t task_key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t task_key;
+static _Thread_local tpi_tcp_task *task_tls;
+
+static tpi_tcp_agent *AG(tp_agent *a) {
+    TPI_ASSERT(a);
+    return (tpi_tcp_agent *)a;
+}
+
+uint64_t tpi_tcp_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void task_destroy(void *p) {
+    tpi_tcp_task *t = p;
+    if (!t)
+        return;
+    TPI_ASSERT(!t->parked);
+    pthread_cond_destroy(&t->cond);
+    free(t);
+    task_tls = NULL;
+}
+
+static void task_key_make(void) {
+    int rc = pthread_key_create(&task_key, task_destroy);
+    TPI_ASSERT(rc == 0);
+}
+
+static tpi_tcp_task *task_current(void) {
+    if (task_tls)
+        return task_tls;
+    pthread_once(&task_key_once, task_key_make);
+    tpi_tcp_task *t = calloc(1, sizeof *t);
+    /* The token is the thread's identity for the core lock: without one the
+     * thread cannot use the library at all. 100 bytes once per thread. */
+    TPI_ASSERT(t && "out of memory for a thread's park token");
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&t->cond, &attr);
+    pthread_condattr_destroy(&attr);
+    TPI_ASSERT(rc == 0);
+    atomic_init(&t->permit, 0);
+    pthread_setspecific(task_key, t);
+    task_tls = t;
+    return t;
+}
+
+void tpi_tcp_lock(tp_agent *ag) {
+    int rc = pthread_mutex_lock(&AG(ag)->mu);
+    TPI_ASSERT(rc == 0);
+}
+
+void tpi_tcp_unlock(tp_agent *ag) {
+    int rc = pthread_mutex_unlock(&AG(ag)->mu);
+    TPI_ASSERT(rc == 0);
+}
+
+tp_task *tpi_tcp_task_self(tp_agent *ag) {
+    (void)ag;
+    return (tp_task *)task_current();
+}
+
+static void park_link(tpi_tcp_agent *a, tpi_tcp_task *t) {
+    t->prev = NULL;
+    t->next = a->parked;
+    if (a->parked)
+        a->parked->prev = t;
+    a->parked = t;
+    t->parked = 1;
+}
+
+static void park_unlink(tpi_tcp_agent *a, tpi_tcp_task *t) {
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        a->parked = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    t->prev = t->next = NULL;
+    t->parked = 0;
+}
+
+tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
+    tpi_tcp_agent *a = AG(ag);
+    tpi_tcp_task *t = (tpi_tcp_task *)self;
+    /* A task parks itself, holding the lock (AGENT-12). */
+    TPI_ASSERT(t && t == task_tls && !t->parked);
+    if (atomic_load(&a->stop_flag))
+        return TP_ESHUTDOWN;
+    if (atomic_exchange(&t->permit, 0))
+        return TP_OK;
+    if (deadline_ns != UINT64_MAX && tpi_tcp_now_ns() >= deadline_ns)
+        return TP_ETIMEDOUT;
+    park_link(a, t);
+    int rc;
+    if (deadline_ns == UINT64_MAX) {
+        rc = pthread_cond_wait(&t->cond, &a->mu);
+    } else {
+        struct timespec ts;
+        ts.tv_sec = (time_t)(deadline_ns / 1000000000ull);
+        ts.tv_nsec = (long)(deadline_ns % 1000000000ull);
+        rc = pthread_cond_timedwait(&t->cond, &a->mu, &ts);
+    }
+    TPI_ASSERT(rc == 0 || rc == ETIMEDOUT);
+    park_unlink(a, t);
+    if (atomic_exchange(&t->permit, 0))
+        return TP_OK;
+    if (atomic_load(&a->stop_flag))
+        return TP_ESHUTDOWN;
+    if (deadline_ns != UINT64_MAX && tpi_tcp_now_ns() >= deadline_ns)
+        return TP_ETIMEDOUT;
+    return TP_OK; /* spurious: the caller re-checks its condition */
+}
+
+void tpi_tcp_unpark(tp_agent *ag, tp_task *task) {
+    (void)ag;
+    tpi_tcp_task *t = (tpi_tcp_task *)task;
+    TPI_ASSERT(t);
+    /* Called with the lock held: a parked target is inside cond_wait, an
+     * unparked one sees the permit at its next park. */
+    atomic_store(&t->permit, 1);
+    pthread_cond_signal(&t->cond);
+}
+
+void tpi_tcp_wake_parked(tpi_tcp_agent *a) {
+    pthread_mutex_lock(&a->mu);
+    for (tpi_tcp_task *t = a->parked; t; t = t->next)
+        pthread_cond_signal(&t->cond);
+    pthread_mutex_unlock(&a->mu);
+}
+
+int tpi_tcp_thread_create(pthread_t *t, void *(*fn)(void *), void *arg) {
+    sigset_t all, old;
+    sigfillset(&all);
+    /* Faults stay deliverable so a crash (or a sanitizer) reports as usual. */
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGTRAP);
+    sigdelset(&all, SIGABRT);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}

@@ -1,0 +1,589 @@
+/*
+ * sim_agent.c: the agent interface on the simulator (spec/agent.md
+ * AGENT-1..13, spec/sim.md) and the "SIM" backend.
+ *
+ * Everything runs on one thread and a task only loses control when it
+ * parks, waits in stop, or goes idle in the pool, so the lock needs no
+ * atomics: it records its holder and asserts the contract (not recursive,
+ * never held across a switch). Upcalls run in the scheduler, between task
+ * switches, with the host's context made current.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_internal.h"
+
+const tpi_sim_upcalls tpi_sim_core_upcalls = {
+    .on_frame = tp_core_on_frame,
+    .on_peer_down = tp_core_on_peer_down,
+    .on_timer = tp_core_on_timer,
+};
+
+static tpi_sim_agent *AG(tp_agent *a) {
+    TPI_ASSERT(a);
+    return (tpi_sim_agent *)a;
+}
+
+tpi_sim_agent *tpi_sim_agent_get(tp_sim *sim, uint32_t id) {
+    return id < sim->nagents ? sim->agents[id] : NULL;
+}
+
+tp_status tpi_sim_agent_create(tp_sim *sim, uint32_t host, uint32_t rank, uint32_t world_size,
+                               uint32_t pool_max, uint64_t max_message_size,
+                               tpi_sim_agent **out) {
+    TPI_ASSERT(sim && out && host < sim->cfg.hosts);
+    *out = NULL;
+    if (sim->nagents == sim->agents_cap) {
+        uint32_t cap = sim->agents_cap ? sim->agents_cap * 2 : 16;
+        tpi_sim_agent **agents = realloc(sim->agents, cap * sizeof *agents);
+        if (!agents)
+            return TP_ENOMEM;
+        sim->agents = agents;
+        sim->agents_cap = cap;
+    }
+    tpi_sim_agent *a = calloc(1, sizeof *a);
+    if (!a)
+        return TP_ENOMEM;
+    a->sim = sim;
+    a->id = sim->nagents;
+    a->host = host;
+    a->rank = rank;
+    a->world_size = world_size;
+    a->max_message_size = max_message_size;
+    a->up = &tpi_sim_core_upcalls;
+    a->timer_deadline_ns = UINT64_MAX;
+    a->pool_max = pool_max < 1 ? 1 : pool_max > TPI_WORKER_THREADS_MAX ? TPI_WORKER_THREADS_MAX
+                                                                         : pool_max;
+    sim->agents[sim->nagents++] = a;
+    *out = a;
+    return TP_OK;
+}
+
+/* ---- Upcalls -------------------------------------------------------------------- */
+
+static void upcall_enter(tpi_sim_agent *a) {
+    tp_sim *sim = a->sim;
+    /* AGENT-2: from the I/O context (the scheduler), never inside a downcall
+     * and never with the lock held. */
+    TPI_ASSERT(sim->current == NULL && sim->upcall_host < 0);
+    TPI_ASSERT(a->lock_holder == NULL);
+    sim->upcall_host = (int)a->host;
+    sim->upcall_errmsg[0] = '\0';
+    tp_context_switch(sim->hosts[a->host].ctx, sim->upcall_errmsg);
+}
+
+static void upcall_leave(tpi_sim_agent *a) {
+    tp_sim *sim = a->sim;
+    tp_context_switch(NULL, NULL);
+    sim->upcall_host = -1;
+    TPI_ASSERT(a->lock_holder == NULL);
+}
+
+void tpi_sim_upcall_frame(tpi_sim_agent *a, uint32_t src, tp_frame *f) {
+    upcall_enter(a);
+    a->up->on_frame(a->core, src, f);
+    upcall_leave(a);
+}
+
+void tpi_sim_agent_timer_event(tp_sim *sim, const tpi_sim_event *e) {
+    tpi_sim_agent *a = tpi_sim_agent_get(sim, e->a);
+    if (!a || a->timer_seq != e->x || a->stopping || !a->started)
+        return; /* re-armed, disarmed, or gone since */
+    a->timer_deadline_ns = UINT64_MAX;
+    tpi_sim_trace(sim, "timer host=%u agent=%u", a->host, a->id);
+    upcall_enter(a);
+    a->up->on_timer(a->core);
+    upcall_leave(a);
+}
+
+static void detail_text(tpi_sim_detail d, uint32_t about, char *buf, size_t len) {
+    switch (d) {
+    case TPI_SIM_DETAIL_KILLED:
+        tpi_format(buf, len, "worker on host %u was killed", about);
+        return;
+    case TPI_SIM_DETAIL_BREAK:
+        tpi_format(buf, len, "connection to host %u broke (fault plan)", about);
+        return;
+    case TPI_SIM_DETAIL_PARTITION:
+        tpi_format(buf, len, "connection to host %u broke: network partition", about);
+        return;
+    case TPI_SIM_DETAIL_LOSS:
+        tpi_format(buf, len, "connection to host %u broke: a message was lost", about);
+        return;
+    case TPI_SIM_DETAIL_BAD_FRAME:
+        tpi_format(buf, len, "connection to host %u closed: malformed frame", about);
+        return;
+    case TPI_SIM_DETAIL_REFUSED:
+        tpi_format(buf, len, "no worker is running on host %u (connection refused)", about);
+        return;
+    case TPI_SIM_DETAIL_STOPPED:
+        tpi_format(buf, len, "worker on host %u shut down (connection closed)", about);
+        return;
+    }
+    tpi_format(buf, len, "host %u", about);
+}
+
+void tpi_sim_agent_peer_down_event(tp_sim *sim, const tpi_sim_event *e) {
+    tpi_sim_agent *a = tpi_sim_agent_get(sim, e->a);
+    if (!a || a->stopping || !a->started || sim->hosts[a->host].dead)
+        return; /* no upcall after stop, none to the dead */
+    uint32_t peer = e->b;
+    tp_status why = (tp_status)e->c;
+    if (peer >= a->npeers || a->peer_dead[peer])
+        return; /* already known dead: nothing new to say */
+    if (why == TP_EPEERDOWN)
+        a->peer_dead[peer] = 1; /* later sends fail at once (AGENT-8) */
+    char detail[160];
+    detail_text((tpi_sim_detail)e->d, (uint32_t)e->x, detail, sizeof detail);
+    tpi_sim_trace(sim, "peer_down host=%u agent=%u peer=%u why=%s", a->host, a->id, peer,
+                  tp_status_name(why));
+    upcall_enter(a);
+    a->up->on_peer_down(a->core, peer, why, detail);
+    upcall_leave(a);
+}
+
+/* ---- start, set_peers (AGENT-3, AGENT-4) --------------------------------------- */
+
+static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t addr_len,
+                             char *errmsg, size_t errmsg_len) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    tpi_sim_host *h = &sim->hosts[a->host];
+    TPI_ASSERT(!a->started && addr && addr_len > 0);
+    if (h->dead) {
+        tpi_format(errmsg, errmsg_len, "simulated host %u was killed", a->host);
+        return TP_EBACKEND;
+    }
+    if (h->active_agent) {
+        tpi_format(errmsg, errmsg_len, "simulated host %u already runs a started worker",
+                   a->host);
+        return TP_EBACKEND;
+    }
+    char mine[32];
+    size_t n = tpi_format(mine, sizeof mine, "sim:%u", a->host);
+    if (n >= addr_len) {
+        tpi_format(errmsg, errmsg_len, "address buffer of %zu bytes is too small", addr_len);
+        return TP_EBACKEND;
+    }
+    memcpy(addr, mine, n + 1);
+    a->core = core;
+    a->started = 1;
+    h->active_agent = a->id + 1;
+    tpi_sim_trace(sim, "agent_start host=%u agent=%u rank=%u world=%u", a->host, a->id, a->rank,
+                  a->world_size);
+    return TP_OK;
+}
+
+/* "sim:<host>" -> host; 0 when the text is not one of ours. */
+static int parse_addr(const tp_sim *sim, const char *s, uint32_t *host) {
+    if (!s || strncmp(s, "sim:", 4) != 0)
+        return 0;
+    s += 4;
+    if (!*s)
+        return 0;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(*s - '0');
+        if (v >= sim->cfg.hosts)
+            return 0;
+    }
+    *host = (uint32_t)v;
+    return 1;
+}
+
+static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
+                                 char *errmsg, size_t errmsg_len) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    if (world_size != a->world_size || (world_size && !addrs)) {
+        tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size,
+                   a->world_size);
+        return TP_EINVAL;
+    }
+    uint32_t *ph = calloc(world_size ? world_size : 1, sizeof *ph);
+    uint8_t *pd = calloc(world_size ? world_size : 1, sizeof *pd);
+    if (!ph || !pd) {
+        free(ph);
+        free(pd);
+        tpi_format(errmsg, errmsg_len, "out of memory for %u peers", world_size);
+        return TP_ENOMEM;
+    }
+    for (uint32_t r = 0; r < world_size; r++) {
+        /* Addresses came through the store: check, never assert. */
+        if (!parse_addr(sim, addrs[r], &ph[r])) {
+            tpi_format(errmsg, errmsg_len,
+                       "worker %u's address '%.64s' is not a simulator address (sim:0..%u)", r,
+                       addrs[r] ? addrs[r] : "(null)", sim->cfg.hosts - 1);
+            free(ph);
+            free(pd);
+            return TP_EINVAL; /* AGENT-4 */
+        }
+        /* A host that died before we knew it is down from the start. */
+        pd[r] = (uint8_t)(sim->hosts[ph[r]].dead && ph[r] != a->host);
+    }
+    free(a->peer_host);
+    free(a->peer_dead);
+    a->peer_host = ph;
+    a->peer_dead = pd;
+    a->npeers = world_size;
+    tpi_sim_trace(sim, "agent_peers host=%u agent=%u world=%u", a->host, a->id, world_size);
+    return TP_OK;
+}
+
+/* ---- The pool (AGENT-7) ---------------------------------------------------------- */
+
+static void pool_notify(tpi_sim_agent *a) {
+    if (!a->stop_waiter)
+        return;
+    tpi_sim_task *w = tpi_sim_task_get(a->sim, a->stop_waiter - 1);
+    if (w && w->state == TPI_SIM_WAITING)
+        tpi_sim_task_wake(a->sim, w, TP_OK);
+}
+
+/* A pool task: runs queued work in FIFO order, then idles until woken. It
+ * never returns: stop frees idle pool tasks where they wait. */
+static void pool_main(void *arg) {
+    tpi_sim_agent *a = arg;
+    tp_sim *sim = a->sim;
+    tpi_sim_task *self = sim->current;
+    for (;;) {
+        TPI_ASSERT(a->pool_waking > 0);
+        a->pool_waking--;
+        a->pool_busy++;
+        while (a->q_head) {
+            tp_work *w = a->q_head;
+            a->q_head = w->next;
+            if (!a->q_head)
+                a->q_tail = NULL;
+            a->q_len--;
+            w->next = NULL;
+            tpi_sim_trace(sim, "work host=%u task=%u", a->host, self->id);
+            w->run(w);
+            TPI_ASSERT(a->lock_holder == NULL); /* a work item must not keep the lock */
+        }
+        a->pool_busy--;
+        self->state = TPI_SIM_IDLE;
+        self->idle_next = NULL;
+        if (a->idle_tail)
+            a->idle_tail->idle_next = self;
+        else
+            a->idle_head = self;
+        a->idle_tail = self;
+        pool_notify(a);
+        tpi_sim_task_yield(sim);
+    }
+}
+
+static tp_status agent_execute(tp_agent *ag, tp_work *w) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    TPI_ASSERT(w && w->run);
+    if (a->stopping)
+        return TP_ESHUTDOWN;
+    w->next = NULL;
+    tp_work *prev_tail = a->q_tail;
+    if (a->q_tail)
+        a->q_tail->next = w;
+    else
+        a->q_head = w;
+    a->q_tail = w;
+    a->q_len++;
+    if (a->q_len <= a->pool_waking)
+        return TP_OK; /* a task already on its way will take it */
+    if (a->idle_head) {
+        tpi_sim_task *t = a->idle_head;
+        a->idle_head = t->idle_next;
+        if (!a->idle_head)
+            a->idle_tail = NULL;
+        t->idle_next = NULL;
+        a->pool_waking++;
+        tpi_sim_task_wake(sim, t, TP_OK);
+    } else if (a->pool_live < a->pool_max) {
+        tpi_sim_task *t = NULL;
+        a->pool_waking++;
+        a->pool_live++;
+        if (tpi_sim_task_spawn(sim, &sim->hosts[a->host], TPI_SIM_TASK_POOL, pool_main, a, &t) ==
+            TP_OK) {
+            t->pool_agent = a;
+        } else {
+            a->pool_waking--;
+            a->pool_live--;
+            if (a->pool_live == 0) {
+                /* No task will ever take it: give it back (transferred on TP_OK only). */
+                a->q_tail = prev_tail;
+                if (prev_tail)
+                    prev_tail->next = NULL;
+                else
+                    a->q_head = NULL;
+                a->q_len--;
+                return TP_ENOMEM;
+            }
+        }
+    }
+    return TP_OK;
+}
+
+/* ---- stop, destroy (AGENT-5, AGENT-6) -------------------------------------------- */
+
+void tpi_sim_agent_wake_parkers(tpi_sim_agent *a) {
+    for (tpi_sim_task *t = a->sim->hosts[a->host].tasks_head; t; t = t->host_next)
+        if (t->state == TPI_SIM_PARKED && t->park_agent == a)
+            tpi_sim_task_wake(a->sim, t, TP_ESHUTDOWN);
+}
+
+static int pool_drained(const tpi_sim_agent *a) {
+    return a->q_len == 0 && a->pool_busy == 0 && a->pool_waking == 0 && a->parked == 0;
+}
+
+static void stop_wait(tpi_sim_agent *a) {
+    tp_sim *sim = a->sim;
+    tpi_sim_task *self = sim->current;
+    /* Outside a task nothing else can run while we wait: the pool must be
+     * drained already (true after a run: every work item has finished). */
+    TPI_ASSERT(self && "stop outside a task with a busy pool");
+    TPI_ASSERT(a->stop_waiter == 0);
+    a->stop_waiter = self->id + 1;
+    self->state = TPI_SIM_WAITING;
+    tpi_sim_task_yield(sim);
+    a->stop_waiter = 0;
+}
+
+static void agent_stop(tp_agent *ag) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    if (a->stopped)
+        return;
+    tpi_sim_task *cur = sim->current;
+    /* AGENT-5: never from an upcall or a work item of this agent. */
+    TPI_ASSERT(sim->upcall_host < 0);
+    TPI_ASSERT(!(cur && cur->kind == TPI_SIM_TASK_POOL && cur->pool_agent == a));
+    TPI_ASSERT(a->lock_holder == NULL);
+    if (!a->stopping) {
+        a->stopping = 1;
+        tpi_sim_trace(sim, "agent_stop host=%u agent=%u", a->host, a->id);
+        a->timer_seq++;
+        a->timer_deadline_ns = UINT64_MAX;
+        tpi_sim_host *h = &sim->hosts[a->host];
+        if (h->active_agent == a->id + 1) {
+            h->active_agent = 0; /* frames in flight to us are dropped on arrival */
+            if (a->started)
+                tpi_sim_net_closed(sim, a->host); /* AGENT-5: peers see the close */
+        }
+        tpi_sim_agent_wake_parkers(a);
+    }
+    /* Accepted work still runs (the core makes it finish fast). */
+    while (!pool_drained(a))
+        stop_wait(a);
+    /* Every pool task now idles in the FIFO holding nothing: free them there. */
+    while (a->idle_head) {
+        tpi_sim_task *t = a->idle_head;
+        a->idle_head = t->idle_next;
+        TPI_ASSERT(t->state == TPI_SIM_IDLE);
+        tpi_sim_trace(sim, "task_exit task=%u host=%u", t->id, t->host->index);
+        tpi_sim_task_destroy(sim, t);
+        a->pool_live--;
+    }
+    a->idle_tail = NULL;
+    TPI_ASSERT(a->pool_live == 0);
+    a->stopped = 1;
+}
+
+static void agent_destroy(tp_agent *ag) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    TPI_ASSERT(a->stopped || !a->started);
+    TPI_ASSERT(a->pool_live == 0 && a->q_len == 0 && a->parked == 0);
+    tpi_sim_host *h = &sim->hosts[a->host];
+    if (h->active_agent == a->id + 1)
+        h->active_agent = 0;
+    sim->agents[a->id] = NULL;
+    free(a->peer_host);
+    free(a->peer_dead);
+    free(a);
+}
+
+/* ---- send, clock, timer (AGENT-8..10) ------------------------------------------- */
+
+static tp_status agent_send(tp_agent *ag, uint32_t dst, tp_frame *f) {
+    return tpi_sim_net_send(AG(ag), dst, f);
+}
+
+static uint64_t agent_now_ns(tp_agent *ag) {
+    return AG(ag)->sim->now_ns;
+}
+
+static void agent_timer_arm(tp_agent *ag, uint64_t deadline_ns) {
+    tpi_sim_agent *a = AG(ag);
+    a->timer_seq++;
+    a->timer_deadline_ns = deadline_ns;
+    if (deadline_ns == UINT64_MAX || a->stopping)
+        return;
+    tpi_sim_event e = {.kind = TPI_SIM_EV_TIMER, .time_ns = deadline_ns, .a = a->id,
+                       .x = a->timer_seq};
+    tpi_sim_schedule(a->sim, &e);
+}
+
+/* ---- lock, park (AGENT-11, AGENT-12) --------------------------------------------- */
+
+static void agent_lock(tp_agent *ag) {
+    tpi_sim_agent *a = AG(ag);
+    /* Cooperative tasks never contend: a held lock here is a recursive lock
+     * or a lock kept across a switch, both bugs. */
+    TPI_ASSERT(a->lock_holder == NULL);
+    a->lock_holder = tpi_sim_self_token(a->sim);
+}
+
+static void agent_unlock(tp_agent *ag) {
+    tpi_sim_agent *a = AG(ag);
+    TPI_ASSERT(a->lock_holder == tpi_sim_self_token(a->sim));
+    a->lock_holder = NULL;
+}
+
+static tp_task *agent_task_self(tp_agent *ag) {
+    tp_sim *sim = AG(ag)->sim;
+    return (tp_task *)(sim->current ? sim->current : &sim->sched_token);
+}
+
+static tp_status park_for(tpi_sim_agent *a, tpi_sim_task *t, uint64_t deadline_ns);
+
+/*
+ * The world, the host or the agent is ending: the caller must stop waiting
+ * (AGENT-12). We still yield first: on one thread a caller that polls (park,
+ * check, park) without yielding would starve the very tasks it waits for.
+ */
+static tp_status park_shutdown(tpi_sim_agent *a, tpi_sim_task *t, uint64_t deadline_ns) {
+    tp_sim *sim = a->sim;
+    uint64_t until = sim->now_ns;
+    if (++t->shutdown_parks > TPI_SIM_SHUTDOWN_SPINS) {
+        uint64_t step = sim->now_ns + TPI_SIM_SHUTDOWN_POLL_NS;
+        until = deadline_ns < step ? deadline_ns : step;
+        if (until < sim->now_ns)
+            until = sim->now_ns;
+    }
+    t->unpark_pending = 0;
+    park_for(a, t, until);
+    return TP_ESHUTDOWN;
+}
+
+static tp_status agent_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    tpi_sim_task *t = (tpi_sim_task *)self;
+    /* Only a task parks, itself, holding the lock; never the scheduler. */
+    TPI_ASSERT(t && t == sim->current);
+    TPI_ASSERT(a->lock_holder == t);
+    if (sim->unwinding || sim->hosts[a->host].dead || a->stopping)
+        return park_shutdown(a, t, deadline_ns);
+    t->shutdown_parks = 0;
+    if (t->unpark_pending) {
+        t->unpark_pending = 0;
+        return TP_OK;
+    }
+    if (deadline_ns <= sim->now_ns)
+        return TP_ETIMEDOUT;
+    return park_for(a, t, deadline_ns);
+}
+
+static tp_status park_for(tpi_sim_agent *a, tpi_sim_task *t, uint64_t deadline_ns) {
+    tp_sim *sim = a->sim;
+    a->lock_holder = NULL;
+    a->parked++;
+    t->park_agent = a;
+    tp_status st = tpi_sim_task_park(sim, t, deadline_ns);
+    t->park_agent = NULL;
+    a->parked--;
+    TPI_ASSERT(a->lock_holder == NULL);
+    a->lock_holder = t;
+    if (a->stopping)
+        pool_notify(a);
+    return st;
+}
+
+static void agent_unpark(tp_agent *ag, tp_task *task) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    tpi_sim_task *t = (tpi_sim_task *)task;
+    TPI_ASSERT(a->lock_holder == tpi_sim_self_token(sim));
+    TPI_ASSERT(t && t->kind != TPI_SIM_TASK_SCHED && t->state != TPI_SIM_EXITED);
+    if (t->state == TPI_SIM_PARKED) {
+        tpi_sim_task_wake(sim, t, TP_OK);
+    } else if (!t->unpark_pending) {
+        t->unpark_pending = 1; /* the next park returns at once */
+        tpi_sim_trace(sim, "unpark task=%u host=%u pending", t->id, t->host->index);
+    }
+}
+
+/* ---- The store (AGENT-13) --------------------------------------------------------- */
+
+tp_store *tpi_sim_store(tp_sim *sim, char *errmsg, size_t errmsg_len) {
+    if (!sim->store) {
+        tp_store *s = NULL;
+        if (tp_sqlite_store_open(":memory:", &s, errmsg, errmsg_len) != TP_OK)
+            return NULL;
+        sim->store = s;
+        sim->store_owned = 1;
+    }
+    return sim->store;
+}
+
+static tp_store *agent_store(tp_agent *ag) {
+    return AG(ag)->sim->store; /* shared by every host; the sim closes it */
+}
+
+const tp_agent_ops tpi_sim_agent_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .name = "SIM",
+    .start = agent_start,
+    .set_peers = agent_set_peers,
+    .stop = agent_stop,
+    .destroy = agent_destroy,
+    .send = agent_send,
+    .now_ns = agent_now_ns,
+    .timer_arm = agent_timer_arm,
+    .execute = agent_execute,
+    .lock = agent_lock,
+    .unlock = agent_unlock,
+    .task_self = agent_task_self,
+    .park = agent_park,
+    .unpark = agent_unpark,
+    .store = agent_store,
+};
+
+/* ---- The "SIM" backend (BACKEND-1..5) --------------------------------------------- */
+
+static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
+                              const tp_agent_ops **ops, char *errmsg, size_t errmsg_len) {
+    TPI_ASSERT(params && params->opts && agent && ops);
+    tp_sim *sim = tpi_sim_active();
+    if (!sim || !sim->current) {
+        tpi_format(errmsg, errmsg_len, "the SIM backend runs only inside tp_sim_run");
+        return TP_EBACKEND;
+    }
+    tpi_sim_host *h = sim->current->host;
+    if (h->dead) {
+        tpi_format(errmsg, errmsg_len, "simulated host %u was killed", h->index);
+        return TP_EBACKEND;
+    }
+    if (!tpi_sim_store(sim, errmsg, errmsg_len))
+        return TP_ESTORE;
+    int threads = tp_options_num_worker_threads(params->opts);
+    tpi_sim_agent *a = NULL;
+    tp_status st = tpi_sim_agent_create(sim, h->index, params->rank, params->world_size,
+                                        threads > 0 ? (uint32_t)threads : 1,
+                                        tp_options_max_message_size(params->opts), &a);
+    if (st != TP_OK) {
+        tpi_format(errmsg, errmsg_len, "out of memory creating the SIM agent");
+        return st;
+    }
+    *agent = (tp_agent *)a;
+    *ops = &tpi_sim_agent_ops;
+    return TP_OK;
+}
+
+const tp_backend tpi_sim_backend = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .construct_options = NULL,
+    .init = backend_init,
+};

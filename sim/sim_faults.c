@@ -1,0 +1,465 @@
+/*
+ * sim_faults.c: injected faults and the fault-plan text format (spec/sim.md
+ * SIM-5).
+ *
+ * Faults are scheduled as events when they are added, so they interleave
+ * with everything else by (time, seq) like any event. Delay windows are
+ * looked up per send; the loss rate is drawn from the faults stream. A plan
+ * is parsed and checked completely before any of it is applied, so a bad
+ * line leaves the simulation as it was.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_internal.h"
+
+enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP };
+
+/* ---- Checks shared by the API and the plan loader ---------------------------- */
+
+static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, char *errmsg,
+                             size_t errmsg_len) {
+    uint32_t n = sim->cfg.hosts;
+    switch (f->kind) {
+    case F_DELAY:
+        if (f->a >= n || f->b >= n)
+            goto bad_host;
+        if (f->t0_ns >= f->t1_ns)
+            goto bad_window;
+        return TP_OK;
+    case F_BREAK:
+    case F_PARTITION:
+        if (f->a >= n || f->b >= n)
+            goto bad_host;
+        if (f->a == f->b) {
+            tpi_format(errmsg, errmsg_len, "hosts %u and %u are the same host", f->a, f->b);
+            return TP_EINVAL;
+        }
+        if (f->kind == F_PARTITION && f->t0_ns >= f->t1_ns)
+            goto bad_window;
+        return TP_OK;
+    case F_KILL:
+        if (f->a >= n)
+            goto bad_host;
+        return TP_OK;
+    case F_DROP:
+        if (f->per_million > 1000000) {
+            tpi_format(errmsg, errmsg_len, "drop rate %u is more than 1000000 per million",
+                       f->per_million);
+            return TP_EINVAL;
+        }
+        return TP_OK;
+    }
+    tpi_format(errmsg, errmsg_len, "unknown fault kind %d", f->kind);
+    return TP_EINVAL;
+bad_host:
+    tpi_format(errmsg, errmsg_len, "host %u out of range: hosts are 0..%u",
+               f->a >= n ? f->a : f->b, n - 1);
+    return TP_EINVAL;
+bad_window:
+    tpi_format(errmsg, errmsg_len, "window [%llu, %llu) ns is empty",
+               (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
+    return TP_EINVAL;
+}
+
+static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
+    tpi_sim_event e = {0};
+    switch (f->kind) {
+    case F_DELAY: {
+        if (sim->ndelays == TPI_SIM_DELAYS_MAX)
+            return tpi_fail(TP_ELIMIT, "more than %u delay faults", TPI_SIM_DELAYS_MAX);
+        if (sim->ndelays == sim->delays_cap) {
+            uint32_t cap = sim->delays_cap ? sim->delays_cap * 2 : 8;
+            tpi_sim_delay *d = realloc(sim->delays, cap * sizeof *d);
+            if (!d)
+                return tpi_fail(TP_ENOMEM, "out of memory adding a delay fault");
+            sim->delays = d;
+            sim->delays_cap = cap;
+        }
+        sim->delays[sim->ndelays++] = (tpi_sim_delay){f->a, f->b, f->t0_ns, f->t1_ns,
+                                                      f->extra_ns};
+        tpi_sim_trace(sim, "plan delay from=%u to=%u start=%llu end=%llu extra=%llu", f->a,
+                      f->b, (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns,
+                      (unsigned long long)f->extra_ns);
+        return TP_OK;
+    }
+    case F_BREAK:
+        tpi_sim_trace(sim, "plan break a=%u b=%u at=%llu", f->a, f->b,
+                      (unsigned long long)f->t0_ns);
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_BREAK, .time_ns = f->t0_ns, .a = f->a, .b = f->b};
+        tpi_sim_schedule(sim, &e);
+        return TP_OK;
+    case F_PARTITION:
+        tpi_sim_trace(sim, "plan partition a=%u b=%u start=%llu end=%llu", f->a, f->b,
+                      (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_PARTITION_START, .time_ns = f->t0_ns, .a = f->a,
+                            .b = f->b};
+        tpi_sim_schedule(sim, &e);
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_PARTITION_END, .time_ns = f->t1_ns, .a = f->a,
+                            .b = f->b};
+        tpi_sim_schedule(sim, &e);
+        return TP_OK;
+    case F_KILL:
+        tpi_sim_trace(sim, "plan kill host=%u at=%llu", f->a, (unsigned long long)f->t0_ns);
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_KILL, .time_ns = f->t0_ns, .a = f->a};
+        tpi_sim_schedule(sim, &e);
+        return TP_OK;
+    case F_DROP:
+        tpi_sim_trace(sim, "plan drop per_million=%u", f->per_million);
+        sim->drop_per_million = f->per_million;
+        return TP_OK;
+    }
+    TPI_ASSERT(!"checked fault kinds only");
+    return TP_EINVAL;
+}
+
+static tp_status add_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
+    if (!sim)
+        return tpi_fail(TP_EINVAL, "simulation is NULL");
+    char err[TP_ERRMSG_LEN_MAX];
+    if (check_fault(sim, f, err, sizeof err) != TP_OK)
+        return tpi_fail(TP_EINVAL, "fault: %s", err);
+    return apply_fault(sim, f);
+}
+
+/* ---- The API (sim.h) ------------------------------------------------------------ */
+
+tp_status tp_sim_fault_delay(tp_sim *sim, uint32_t from, uint32_t to, uint64_t start_ns,
+                             uint64_t end_ns, uint64_t extra_ns) {
+    tpi_sim_fault_line f = {.kind = F_DELAY, .a = from, .b = to, .t0_ns = start_ns,
+                            .t1_ns = end_ns, .extra_ns = extra_ns};
+    return add_fault(sim, &f);
+}
+
+tp_status tp_sim_fault_break(tp_sim *sim, uint32_t a, uint32_t b, uint64_t at_ns) {
+    tpi_sim_fault_line f = {.kind = F_BREAK, .a = a, .b = b, .t0_ns = at_ns};
+    return add_fault(sim, &f);
+}
+
+tp_status tp_sim_fault_partition(tp_sim *sim, uint32_t a, uint32_t b, uint64_t start_ns,
+                                 uint64_t end_ns) {
+    tpi_sim_fault_line f = {.kind = F_PARTITION, .a = a, .b = b, .t0_ns = start_ns,
+                            .t1_ns = end_ns};
+    return add_fault(sim, &f);
+}
+
+tp_status tp_sim_fault_kill(tp_sim *sim, uint32_t host, uint64_t at_ns) {
+    tpi_sim_fault_line f = {.kind = F_KILL, .a = host, .t0_ns = at_ns};
+    return add_fault(sim, &f);
+}
+
+tp_status tp_sim_fault_drop(tp_sim *sim, uint32_t per_million) {
+    tpi_sim_fault_line f = {.kind = F_DROP, .per_million = per_million};
+    return add_fault(sim, &f);
+}
+
+uint64_t tpi_sim_fault_delay_ns(tp_sim *sim, uint32_t from, uint32_t to) {
+    uint64_t extra = 0;
+    for (uint32_t i = 0; i < sim->ndelays; i++) {
+        const tpi_sim_delay *d = &sim->delays[i];
+        if (d->from == from && d->to == to && sim->now_ns >= d->start_ns &&
+            sim->now_ns < d->end_ns)
+            extra = extra > UINT64_MAX - d->extra_ns ? UINT64_MAX : extra + d->extra_ns;
+    }
+    return extra;
+}
+
+/* ---- Events ------------------------------------------------------------------- */
+
+void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how) {
+    if (h->dead)
+        return;
+    h->dead = 1;
+    tpi_sim_trace(sim, "fault %s host=%u", how, h->index);
+    /* Peers learn one latency later, as a reset would reach them. */
+    uint64_t at = sim->now_ns + sim->cfg.latency_min_ns;
+    for (uint32_t p = 0; p < sim->cfg.hosts; p++)
+        if (p != h->index)
+            tpi_sim_net_peer_down(sim, p, h->index, TP_EPEERDOWN, TPI_SIM_DETAIL_KILLED, at);
+    tpi_sim_wake_parked(sim, h, TP_ESHUTDOWN);
+}
+
+void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
+    switch ((tpi_sim_event_kind)e->kind) {
+    case TPI_SIM_EV_BREAK:
+        tpi_sim_trace(sim, "fault break a=%u b=%u", e->a, e->b);
+        tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_BREAK);
+        return;
+    case TPI_SIM_EV_PARTITION_START: {
+        tpi_sim_link *c = tpi_sim_link_get(sim, e->a < e->b ? e->a : e->b,
+                                           e->a < e->b ? e->b : e->a);
+        if (!c)
+            tpi_assert_fail("simulator link table exhausted memory", __FILE__, __LINE__);
+        c->partitions++;
+        tpi_sim_trace(sim, "fault partition a=%u b=%u", e->a, e->b);
+        tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_PARTITION);
+        return;
+    }
+    case TPI_SIM_EV_PARTITION_END: {
+        tpi_sim_link *c = tpi_sim_link_get(sim, e->a < e->b ? e->a : e->b,
+                                           e->a < e->b ? e->b : e->a);
+        if (!c)
+            tpi_assert_fail("simulator link table exhausted memory", __FILE__, __LINE__);
+        TPI_ASSERT(c->partitions > 0);
+        c->partitions--;
+        tpi_sim_trace(sim, "fault partition_end a=%u b=%u", e->a, e->b);
+        return;
+    }
+    case TPI_SIM_EV_KILL:
+        tpi_sim_host_kill(sim, &sim->hosts[e->a], "kill");
+        return;
+    default:
+        TPI_ASSERT(!"not a fault event");
+    }
+}
+
+/* ---- The plan format ---------------------------------------------------------- */
+
+#define PLAN_LINE_MAX 512
+#define PLAN_FIELDS_MAX 8
+
+/* A decimal integer with nothing else; 0 on anything else or past max. */
+static int parse_uint(const char *s, uint64_t max, uint64_t *out) {
+    if (!*s)
+        return 0;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return 0;
+        uint64_t d = (uint64_t)(*s - '0');
+        if (v > (max - d) / 10)
+            return 0;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Milliseconds as "123" or "1.5" (up to 6 decimals: ns resolution), in ns. */
+static int parse_ms(const char *s, uint64_t *ns) {
+    char whole[32];
+    const char *dot = strchr(s, '.');
+    size_t wl = dot ? (size_t)(dot - s) : strlen(s);
+    if (wl == 0 || wl >= sizeof whole)
+        return 0;
+    memcpy(whole, s, wl);
+    whole[wl] = '\0';
+    uint64_t ms, frac = 0;
+    if (!parse_uint(whole, UINT64_MAX / 1000000, &ms))
+        return 0;
+    if (dot) {
+        const char *f = dot + 1;
+        size_t fl = strlen(f);
+        if (fl == 0 || fl > 6 || !parse_uint(f, 999999, &frac))
+            return 0;
+        for (size_t i = fl; i < 6; i++)
+            frac *= 10;
+    }
+    uint64_t v = ms * 1000000;
+    if (v > UINT64_MAX - frac)
+        return 0;
+    *ns = v + frac;
+    return 1;
+}
+
+typedef struct plan_spec {
+    const char *word;
+    int kind;
+    int nargs;
+    const char *usage;
+} plan_spec;
+
+static const plan_spec plan_specs[] = {
+    {"delay", F_DELAY, 5, "delay FROM TO START_MS END_MS EXTRA_MS"},
+    {"break", F_BREAK, 3, "break A B AT_MS"},
+    {"partition", F_PARTITION, 4, "partition A B START_MS END_MS"},
+    {"kill", F_KILL, 2, "kill HOST AT_MS"},
+    {"drop", F_DROP, 1, "drop PER_MILLION"},
+};
+
+/* Parses the fields of one line; errmsg gets the reason without the line number. */
+static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *errmsg,
+                              size_t errmsg_len) {
+    const plan_spec *sp = NULL;
+    for (size_t i = 0; i < sizeof plan_specs / sizeof plan_specs[0]; i++)
+        if (strcmp(fld[0], plan_specs[i].word) == 0)
+            sp = &plan_specs[i];
+    if (!sp) {
+        tpi_format(errmsg, errmsg_len,
+                   "unknown fault '%.64s' (expected delay, break, partition, kill or drop)",
+                   fld[0]);
+        return TP_EINVAL;
+    }
+    if (n - 1 != sp->nargs) {
+        tpi_format(errmsg, errmsg_len, "'%s' takes %d fields, got %d (usage: %s)", sp->word,
+                   sp->nargs, n - 1, sp->usage);
+        return TP_EINVAL;
+    }
+    memset(out, 0, sizeof *out);
+    out->kind = sp->kind;
+    /* Which fields are hosts and which are times, per kind. */
+    static const char *const names[][5] = {
+        [F_DELAY] = {"FROM", "TO", "START_MS", "END_MS", "EXTRA_MS"},
+        [F_BREAK] = {"A", "B", "AT_MS"},
+        [F_PARTITION] = {"A", "B", "START_MS", "END_MS"},
+        [F_KILL] = {"HOST", "AT_MS"},
+        [F_DROP] = {"PER_MILLION"},
+    };
+    int nhosts = sp->kind == F_KILL ? 1 : sp->kind == F_DROP ? 0 : 2;
+    uint64_t v[5] = {0};
+    for (int i = 0; i < sp->nargs; i++) {
+        const char *s = fld[i + 1];
+        int ok = i < nhosts || sp->kind == F_DROP ? parse_uint(s, UINT32_MAX, &v[i])
+                                                  : parse_ms(s, &v[i]);
+        if (!ok) {
+            tpi_format(errmsg, errmsg_len, "%s: '%.64s' is not a %s", names[sp->kind][i], s,
+                       i < nhosts || sp->kind == F_DROP ? "non-negative integer"
+                                                       : "time in ms (e.g. 10 or 2.5)");
+            return TP_EINVAL;
+        }
+    }
+    switch (sp->kind) {
+    case F_DELAY:
+        *out = (tpi_sim_fault_line){.kind = F_DELAY, .a = (uint32_t)v[0], .b = (uint32_t)v[1],
+                                    .t0_ns = v[2], .t1_ns = v[3], .extra_ns = v[4]};
+        break;
+    case F_BREAK:
+        *out = (tpi_sim_fault_line){.kind = F_BREAK, .a = (uint32_t)v[0], .b = (uint32_t)v[1],
+                                    .t0_ns = v[2]};
+        break;
+    case F_PARTITION:
+        *out = (tpi_sim_fault_line){.kind = F_PARTITION, .a = (uint32_t)v[0],
+                                    .b = (uint32_t)v[1], .t0_ns = v[2], .t1_ns = v[3]};
+        break;
+    case F_KILL:
+        *out = (tpi_sim_fault_line){.kind = F_KILL, .a = (uint32_t)v[0], .t0_ns = v[1]};
+        break;
+    case F_DROP:
+        out->per_million = v[0] > UINT32_MAX ? UINT32_MAX : (uint32_t)v[0];
+        break;
+    }
+    return TP_OK;
+}
+
+/* Splits a line (modified in place) into fields; -1 when there are too many. */
+static int split(char *line, char **fld) {
+    int n = 0;
+    char *p = line;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\r')
+            p++;
+        if (!*p)
+            return n;
+        if (n == PLAN_FIELDS_MAX)
+            return -1;
+        fld[n++] = p;
+        while (*p && *p != ' ' && *p != '\t' && *p != '\r')
+            p++;
+        if (*p)
+            *p++ = '\0';
+    }
+}
+
+tp_status tpi_sim_faults_parse(const char *text, tpi_sim_fault_line **lines, size_t *nlines,
+                               char *errmsg, size_t errmsg_len) {
+    TPI_ASSERT(lines && nlines);
+    *lines = NULL;
+    *nlines = 0;
+    if (!text) {
+        tpi_format(errmsg, errmsg_len, "fault plan is NULL");
+        return TP_EINVAL;
+    }
+    tpi_sim_fault_line *out = NULL;
+    size_t n = 0, cap = 0;
+    int lineno = 0;
+    const char *p = text;
+    while (*p) {
+        lineno++;
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char line[PLAN_LINE_MAX];
+        char reason[TP_ERRMSG_LEN_MAX];
+        tp_status st = TP_OK;
+        if (len >= sizeof line) {
+            tpi_format(reason, sizeof reason, "line longer than %d bytes", PLAN_LINE_MAX - 1);
+            st = TP_EINVAL;
+        } else {
+            memcpy(line, p, len);
+            line[len] = '\0';
+            char *hash = strchr(line, '#');
+            if (hash)
+                *hash = '\0';
+            char *fld[PLAN_FIELDS_MAX];
+            int nf = split(line, fld);
+            if (nf < 0) {
+                tpi_format(reason, sizeof reason, "more than %d fields", PLAN_FIELDS_MAX);
+                st = TP_EINVAL;
+            } else if (nf > 0) {
+                if (n == cap) {
+                    size_t ncap = cap ? cap * 2 : 8;
+                    tpi_sim_fault_line *grown = realloc(out, ncap * sizeof *grown);
+                    if (!grown) {
+                        free(out);
+                        tpi_format(errmsg, errmsg_len, "out of memory reading a fault plan");
+                        return TP_ENOMEM;
+                    }
+                    out = grown;
+                    cap = ncap;
+                }
+                st = parse_fields(fld, nf, &out[n], reason, sizeof reason);
+                if (st == TP_OK)
+                    out[n++].line = lineno;
+            }
+        }
+        if (st != TP_OK) {
+            free(out);
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: %s", lineno, reason);
+            return st;
+        }
+        p = end ? end + 1 : p + len;
+    }
+    *lines = out;
+    *nlines = n;
+    return TP_OK;
+}
+
+tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t errmsg_len) {
+    char local[TP_ERRMSG_LEN_MAX];
+    if (!errmsg || errmsg_len == 0) {
+        errmsg = local;
+        errmsg_len = sizeof local;
+    }
+    errmsg[0] = '\0';
+    if (!sim) {
+        tpi_format(errmsg, errmsg_len, "simulation is NULL");
+        return tpi_fail(TP_EINVAL, "%s", errmsg);
+    }
+    tpi_sim_fault_line *lines;
+    size_t n;
+    tp_status st = tpi_sim_faults_parse(text, &lines, &n, errmsg, errmsg_len);
+    if (st != TP_OK)
+        return tpi_fail(st, "%s", errmsg);
+    char reason[TP_ERRMSG_LEN_MAX];
+    uint32_t delays = sim->ndelays;
+    for (size_t i = 0; i < n; i++) {
+        if (lines[i].kind == F_DELAY && ++delays > TPI_SIM_DELAYS_MAX) {
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u delay faults",
+                       lines[i].line, TPI_SIM_DELAYS_MAX);
+            free(lines);
+            return tpi_fail(TP_ELIMIT, "%s", errmsg);
+        }
+        if (check_fault(sim, &lines[i], reason, sizeof reason) != TP_OK) {
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: %s", lines[i].line, reason);
+            free(lines);
+            return tpi_fail(TP_EINVAL, "%s", errmsg);
+        }
+    }
+    for (size_t i = 0; i < n && st == TP_OK; i++) {
+        st = apply_fault(sim, &lines[i]);
+        if (st != TP_OK)
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: %s", lines[i].line,
+                       tp_errmsg());
+    }
+    free(lines);
+    return st;
+}

@@ -1,0 +1,410 @@
+/*
+ * sim_internal.h: the deterministic simulator's internals (spec/sim.md).
+ *
+ * One thread runs everything. A virtual clock jumps from event to event; the
+ * events sit in one binary heap ordered by (time, insertion sequence), so two
+ * runs with the same seed and the same fault plan process the same events in
+ * the same order (SIM-1, SIM-3, SIM-7). Simulated tasks are ucontext fibers
+ * that run only when the scheduler resumes them and give control back only
+ * when they park, wait or return; so nothing in here needs a lock.
+ *
+ * Objects that events point at (tasks, agents) are named by id, never by
+ * pointer: an event can outlive what it names, and a stale id resolves to
+ * NULL. Ids are handed out in creation order, which is deterministic.
+ */
+#ifndef TPI_SIM_INTERNAL_H
+#define TPI_SIM_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <ucontext.h>
+
+#include "common/errors.h"
+#include "common/limits.h"
+#include "tensorplay/rpc_backend.h"
+#include "tensorplay/sim.h"
+
+/* ---- Limits ---------------------------------------------------------------- */
+
+/* Hosts in one simulation: each has a context and a main task stack (mapped
+ * lazily); the bound keeps the per-host tables small. */
+#define TPI_SIM_HOSTS_MAX 4096u
+/* Defaults of tp_sim_config (sim.h). */
+#define TPI_SIM_LATENCY_MIN_DEFAULT_NS 20000u
+#define TPI_SIM_LATENCY_JITTER_DEFAULT_NS 30000u
+#define TPI_SIM_TIME_LIMIT_DEFAULT_NS (3600ull * 1000000000ull)
+#define TPI_SIM_STACK_SIZE_DEFAULT ((size_t)256 * 1024)
+/* The smallest stack we accept: the core keeps 1 KiB message buffers on it. */
+#define TPI_SIM_STACK_SIZE_MIN ((size_t)64 * 1024)
+/* Sanitizers need several times the stack (redzones, no frame sharing). */
+#ifdef TP_SANITIZE
+#define TPI_SIM_STACK_SANITIZE_FACTOR 4u
+#else
+#define TPI_SIM_STACK_SANITIZE_FACTOR 1u
+#endif
+/* Unwinding after a deadlock or the time limit: rounds of waking every parked
+ * task with TP_ESHUTDOWN, and events each round may take, before we give up
+ * on tasks that refuse to return (they are then freed where they stand). */
+#define TPI_SIM_UNWIND_ROUNDS_MAX 64u
+#define TPI_SIM_UNWIND_EVENTS_MAX 1000000u
+/* A park that fails with TP_ESHUTDOWN still yields, so the host's other
+ * tasks run and wind down too. A task that keeps parking in a dying world is
+ * polling: after this many such parks in a row each one also lets virtual
+ * time pass (up to its deadline, at most the poll interval), so a poll loop
+ * reaches its own deadline instead of spinning at one instant. */
+#define TPI_SIM_SHUTDOWN_SPINS 64u
+#define TPI_SIM_SHUTDOWN_POLL_NS 1000000u
+/* Faults of one kind in a simulation (delay windows are scanned per send). */
+#define TPI_SIM_DELAYS_MAX 4096u
+/* Bytes of one trace line, prefix and newline included (notes are cut). */
+#define TPI_SIM_TRACE_LINE_MAX (TP_ERRMSG_LEN_MAX + 256)
+
+_Static_assert(TPI_SIM_HOSTS_MAX <= TP_WORLD_SIZE_MAX, "a host runs at most one worker");
+_Static_assert(TPI_SIM_STACK_SIZE_DEFAULT >= TPI_SIM_STACK_SIZE_MIN, "default within min");
+
+/* ---- PRNG (SIM-2): xoshiro256** seeded through splitmix64 ------------------- */
+
+typedef struct tpi_sim_prng {
+    uint64_t s[4];
+} tpi_sim_prng;
+
+/* The independent streams drawn from one seed. */
+enum {
+    TPI_SIM_STREAM_NETWORK = 1, /* latency jitter */
+    TPI_SIM_STREAM_FAULTS = 2,  /* message loss */
+    TPI_SIM_STREAM_WORKLOAD = 3 /* tp_sim_random */
+};
+
+/* Seeds stream number `stream` of `seed`: different streams never share state. */
+void tpi_sim_prng_seed(tpi_sim_prng *p, uint64_t seed, uint64_t stream);
+uint64_t tpi_sim_prng_next(tpi_sim_prng *p);
+/* Uniform in [0, n) without modulo bias; n > 0. */
+uint64_t tpi_sim_prng_below(tpi_sim_prng *p, uint64_t n);
+/* One splitmix64 step: also the simulator's integer mixer. */
+uint64_t tpi_sim_splitmix64(uint64_t *state);
+
+/* ---- Events (SIM-3) ----------------------------------------------------------- */
+
+typedef enum tpi_sim_event_kind {
+    TPI_SIM_EV_RESUME = 1,      /* a: task id; x: the task's wake sequence */
+    TPI_SIM_EV_PARK_TIMEOUT,    /* a: task id; x: the park sequence it belongs to */
+    TPI_SIM_EV_TIMER,           /* a: agent id; x: the arm sequence */
+    TPI_SIM_EV_DELIVER,         /* p: tpi_sim_msg */
+    TPI_SIM_EV_PEER_DOWN,       /* a: agent id; b: rank; c: why; d: detail; x: about host */
+    TPI_SIM_EV_BREAK,           /* a, b: hosts */
+    TPI_SIM_EV_PARTITION_START, /* a, b: hosts; x: end */
+    TPI_SIM_EV_PARTITION_END,   /* a, b: hosts */
+    TPI_SIM_EV_KILL             /* a: host */
+} tpi_sim_event_kind;
+
+typedef struct tpi_sim_event {
+    uint64_t time_ns;
+    uint64_t seq; /* insertion order: breaks ties between equal times */
+    uint32_t kind;
+    uint32_t a, b, c, d;
+    uint64_t x;
+    void *p;
+} tpi_sim_event;
+
+typedef struct tpi_sim_heap {
+    tpi_sim_event *ev;
+    size_t len, cap;
+    uint64_t next_seq;
+} tpi_sim_heap;
+
+/* Pushes e (its seq is assigned here); TP_ENOMEM when the heap cannot grow. */
+tp_status tpi_sim_heap_push(tpi_sim_heap *h, tpi_sim_event *e);
+/* Pops the smallest (time, seq) into *out; 0 when empty. */
+int tpi_sim_heap_pop(tpi_sim_heap *h, tpi_sim_event *out);
+/* The smallest event, or NULL when empty. */
+const tpi_sim_event *tpi_sim_heap_peek(const tpi_sim_heap *h);
+void tpi_sim_heap_free(tpi_sim_heap *h);
+
+/* ---- Tasks (fibers) --------------------------------------------------------- */
+
+typedef enum tpi_sim_task_kind {
+    TPI_SIM_TASK_MAIN = 0,     /* a host's program */
+    TPI_SIM_TASK_POOL = 1,     /* an executor task of an agent's pool */
+    TPI_SIM_TASK_TEARDOWN = 2, /* frees a host's context after the run */
+    TPI_SIM_TASK_AUX = 3,      /* spawned by tests and scenarios */
+    TPI_SIM_TASK_SCHED = 4     /* the scheduler's stand-in token, never a fiber */
+} tpi_sim_task_kind;
+
+typedef enum tpi_sim_task_state {
+    TPI_SIM_RUNNABLE = 1, /* a resume event is pending */
+    TPI_SIM_RUNNING,
+    TPI_SIM_PARKED,  /* in park: woken by unpark, its deadline, or shutdown */
+    TPI_SIM_WAITING, /* an internal wait (stop draining the pool) */
+    TPI_SIM_IDLE,    /* a pool task with no work */
+    TPI_SIM_EXITED
+} tpi_sim_task_state;
+
+typedef struct tpi_sim_host tpi_sim_host;
+typedef struct tpi_sim_agent tpi_sim_agent;
+typedef struct tpi_sim_task tpi_sim_task;
+
+struct tpi_sim_task {
+    uint32_t id;
+    tpi_sim_task_kind kind;
+    tpi_sim_task_state state;
+    tpi_sim_host *host;
+    void (*fn)(void *arg);
+    void *arg;
+    uint64_t wake_seq;     /* bumped by each wake: older resume events are stale */
+    uint64_t park_seq;     /* bumped by each park: older timeouts are stale */
+    int unpark_pending;    /* an unpark came while not parked */
+    uint32_t shutdown_parks; /* parks in a row that failed with TP_ESHUTDOWN */
+    tp_status wake_status; /* what the pending park returns */
+    tpi_sim_agent *park_agent; /* the agent parked on (stop wakes its parkers) */
+    tpi_sim_agent *pool_agent; /* for pool tasks */
+    tpi_sim_task *host_prev, *host_next; /* the host's live tasks, creation order */
+    tpi_sim_task *idle_next;             /* the pool's idle FIFO */
+    ucontext_t uc;
+    void *map;       /* the mapping: a guard page, then the stack */
+    size_t map_size;
+    void *stack;     /* usable stack */
+    size_t stack_size;
+    unsigned valgrind_id;
+    void *asan_fake_stack;
+    char errmsg[TP_ERRMSG_LEN_MAX]; /* this task's tp_errmsg() */
+};
+
+/*
+ * A new task on host running fn(arg), scheduled to start now (after what is
+ * already due now). TP_ENOMEM when the stack or struct cannot be had.
+ */
+tp_status tpi_sim_task_spawn(tp_sim *sim, tpi_sim_host *host, tpi_sim_task_kind kind,
+                             void (*fn)(void *arg), void *arg, tpi_sim_task **out);
+/* Runs t until it yields (scheduler only). Frees it when it has returned. */
+void tpi_sim_task_resume(tp_sim *sim, tpi_sim_task *t);
+/* The running task gives control back (state already set by the caller). */
+void tpi_sim_task_yield(tp_sim *sim);
+/* Makes a parked/waiting/idle task runnable now; status is what park returns. */
+void tpi_sim_task_wake(tp_sim *sim, tpi_sim_task *t, tp_status status);
+/* Parks the running task until woken or deadline_ns (UINT64_MAX: none). */
+tp_status tpi_sim_task_park(tp_sim *sim, tpi_sim_task *t, uint64_t deadline_ns);
+/* Frees a task that has not returned (the end of a failed unwind). */
+void tpi_sim_task_destroy(tp_sim *sim, tpi_sim_task *t);
+/* The task with that id, or NULL when it is gone. */
+tpi_sim_task *tpi_sim_task_get(tp_sim *sim, uint32_t id);
+/* Wakes every parked task of host (every host when NULL) with status. */
+void tpi_sim_wake_parked(tp_sim *sim, tpi_sim_host *host, tp_status status);
+const char *tpi_sim_task_kind_name(tpi_sim_task_kind kind);
+
+/* ---- Network (SIM-4) ---------------------------------------------------------- */
+
+/* One direction of a pair of hosts; the entry of (min, max) also holds the
+ * connection's state, shared by both directions. */
+typedef struct tpi_sim_link {
+    uint32_t dst;
+    uint64_t last_arrival_ns; /* FIFO: no message overtakes an earlier one */
+    uint64_t epoch;           /* bumped by each break: older messages are lost */
+    uint32_t partitions;      /* partitions in force (they may overlap) */
+} tpi_sim_link;
+
+/* A message in flight. The frame stays the sender's until delivery. */
+typedef struct tpi_sim_msg {
+    uint64_t id;
+    tp_frame *frame;
+    uint32_t src_host, dst_host;
+    uint32_t src_rank, dst_rank;
+    uint32_t src_agent; /* id */
+    uint64_t epoch;     /* of the connection when sent */
+    int doomed;         /* chosen for loss by the drop fault */
+} tpi_sim_msg;
+
+/* Why a peer-down upcall happens: formatted into its detail text. */
+typedef enum tpi_sim_detail {
+    TPI_SIM_DETAIL_KILLED = 1,
+    TPI_SIM_DETAIL_BREAK,
+    TPI_SIM_DETAIL_PARTITION,
+    TPI_SIM_DETAIL_LOSS,
+    TPI_SIM_DETAIL_BAD_FRAME,
+    TPI_SIM_DETAIL_REFUSED,
+    TPI_SIM_DETAIL_STOPPED
+} tpi_sim_detail;
+
+/* The link src -> dst, created on first use; NULL on exhaustion. */
+tpi_sim_link *tpi_sim_link_get(tp_sim *sim, uint32_t src, uint32_t dst);
+/* The link src -> dst if it was ever used, else NULL. */
+tpi_sim_link *tpi_sim_link_find(const tp_sim *sim, uint32_t src, uint32_t dst);
+/* agent->ops->send (AGENT-8). */
+tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f);
+void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m);
+/* Frees a message never delivered (end of run). */
+void tpi_sim_msg_free(tpi_sim_msg *m);
+/* Breaks the connection a-b now: in-flight messages are lost, both ends get
+ * peer-down TP_EIO with detail. */
+void tpi_sim_net_break(tp_sim *sim, uint32_t a, uint32_t b, tpi_sim_detail detail);
+/* Schedules peer-down upcalls at at_ns on host's agent for every rank it maps
+ * to host `about`. */
+void tpi_sim_net_peer_down(tp_sim *sim, uint32_t host, uint32_t about, tp_status why,
+                           tpi_sim_detail detail, uint64_t at_ns);
+/* The worker on host stopped (AGENT-5): every host connected to it gets
+ * peer-down TP_EPEERDOWN, after the frames it already sent there. */
+void tpi_sim_net_closed(tp_sim *sim, uint32_t host);
+/* The extra delay the delay faults give a message sent now from -> to. */
+uint64_t tpi_sim_fault_delay_ns(tp_sim *sim, uint32_t from, uint32_t to);
+/* The host dies now (a kill fault or tp_sim_crash_self). */
+void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how);
+void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e);
+
+/* ---- Agents (AGENT-1..13 on the simulator) ------------------------------------ */
+
+/* Where upcalls go: the core's functions, or a test's. */
+typedef struct tpi_sim_upcalls {
+    void (*on_frame)(tp_core *core, uint32_t src, tp_frame *f);
+    void (*on_peer_down)(tp_core *core, uint32_t peer, tp_status why, const char *detail);
+    void (*on_timer)(tp_core *core);
+} tpi_sim_upcalls;
+
+struct tpi_sim_agent {
+    tp_sim *sim;
+    uint32_t id;
+    uint32_t host;
+    uint32_t rank;
+    uint32_t world_size;
+    uint64_t max_message_size;
+    tp_core *core;
+    const tpi_sim_upcalls *up;
+    int started, stopping, stopped;
+    const void *lock_holder; /* the task (or scheduler token) holding the lock */
+    uint64_t timer_seq;      /* bumped by each arm: older timer events are stale */
+    uint64_t timer_deadline_ns;
+    /* Peers, from set_peers: rank -> host, and what this agent saw die. */
+    uint32_t npeers;
+    uint32_t *peer_host;
+    uint8_t *peer_dead;
+    /* The executor pool (AGENT-7). */
+    uint32_t pool_max;
+    uint32_t pool_live;   /* tasks created and not yet returned */
+    uint32_t pool_busy;   /* tasks running a work item or about to look for one */
+    uint32_t pool_waking; /* tasks woken (or created) that have not run yet */
+    int pool_exit;
+    tp_work *q_head, *q_tail;
+    uint32_t q_len;
+    tpi_sim_task *idle_head, *idle_tail;
+    uint32_t parked;      /* tasks inside park on this agent */
+    uint32_t stop_waiter; /* task id + 1 of the task in stop, 0 if none */
+};
+
+extern const tp_agent_ops tpi_sim_agent_ops;
+/* The "SIM" backend (common/backend_registry.c registers it). */
+extern const tp_backend tpi_sim_backend;
+extern const tpi_sim_upcalls tpi_sim_core_upcalls;
+
+/*
+ * A new agent for host (not started), with its id registered. Backend init
+ * and tests use it; the store is the sim's (tpi_sim_store).
+ */
+tp_status tpi_sim_agent_create(tp_sim *sim, uint32_t host, uint32_t rank, uint32_t world_size,
+                               uint32_t pool_max, uint64_t max_message_size,
+                               tpi_sim_agent **out);
+tpi_sim_agent *tpi_sim_agent_get(tp_sim *sim, uint32_t id);
+void tpi_sim_agent_timer_event(tp_sim *sim, const tpi_sim_event *e);
+void tpi_sim_agent_peer_down_event(tp_sim *sim, const tpi_sim_event *e);
+/* Upcall helpers: switch to the agent's host context around the call. */
+void tpi_sim_upcall_frame(tpi_sim_agent *a, uint32_t src, tp_frame *f);
+/* Wakes every task parked on a with TP_ESHUTDOWN. */
+void tpi_sim_agent_wake_parkers(tpi_sim_agent *a);
+/* The sim's shared store, opened on first use; NULL with a message on failure. */
+tp_store *tpi_sim_store(tp_sim *sim, char *errmsg, size_t errmsg_len);
+
+/* ---- Hosts and the world ------------------------------------------------------ */
+
+struct tpi_sim_host {
+    uint32_t index;
+    tp_context *ctx;
+    int dead;
+    int returned;
+    int exit_code;
+    tpi_sim_task *main;
+    tpi_sim_task *tasks_head, *tasks_tail; /* live tasks, creation order */
+    uint32_t active_agent;                 /* agent id + 1 of the started agent, 0: none */
+    tpi_sim_link *links;                   /* sorted by dst */
+    uint32_t nlinks, links_cap;
+};
+
+typedef struct tpi_sim_delay {
+    uint32_t from, to;
+    uint64_t start_ns, end_ns, extra_ns;
+} tpi_sim_delay;
+
+struct tp_sim {
+    tp_sim_config cfg; /* defaults filled in */
+    uint64_t now_ns;
+    uint64_t events;
+    uint64_t messages;
+    uint64_t trace_hash;
+    uint64_t trace_lines;
+    tpi_sim_prng net_rng, fault_rng, work_rng;
+    tpi_sim_heap heap;
+    tpi_sim_host *hosts;
+    /* Id tables: slot i holds object id i, NULL once it is freed. */
+    tpi_sim_task **tasks;
+    uint32_t ntasks, tasks_cap;
+    uint32_t live_tasks;
+    tpi_sim_agent **agents;
+    uint32_t nagents, agents_cap;
+    tpi_sim_task *current;       /* the running task, NULL in the scheduler */
+    tpi_sim_task sched_token;    /* task_self() outside any task */
+    int upcall_host;             /* host of the upcall being made, -1 none */
+    char upcall_errmsg[TP_ERRMSG_LEN_MAX];
+    ucontext_t sched_uc;
+    const void *sched_stack_bottom; /* for the AddressSanitizer fiber calls */
+    size_t sched_stack_size;
+    uint32_t mains_live;
+    int ran;
+    int unwinding; /* parks fail with TP_ESHUTDOWN: the world is ending */
+    uint64_t next_msg_id;
+    tpi_sim_delay *delays;
+    uint32_t ndelays, delays_cap;
+    uint32_t drop_per_million;
+    tp_store *store;
+    int store_owned;
+    tp_sim_program program;
+    void *program_arg;
+};
+
+/* The simulation the calling thread is running, NULL outside tp_sim_run. */
+tp_sim *tpi_sim_active(void);
+void tpi_sim_set_active(tp_sim *sim);
+/* Pushes an event at max(time_ns, now). Exhaustion is fatal: a simulation
+ * that cannot record an event cannot stay deterministic. */
+void tpi_sim_schedule(tp_sim *sim, tpi_sim_event *e);
+/* Processes one event; 0 when there was none. */
+int tpi_sim_step(tp_sim *sim);
+/* The token for "who is running": the current task or the scheduler's. */
+const void *tpi_sim_self_token(tp_sim *sim);
+
+/* ---- Trace (SIM-6) ------------------------------------------------------------ */
+
+/* Emits "t=<now> " + the formatted text + "\n": folded into the hash, and
+ * written to cfg.trace when set. */
+void tpi_sim_trace(tp_sim *sim, const char *fmt, ...) TPI_PRINTF(2, 3);
+void tpi_sim_vtrace(tp_sim *sim, const char *fmt, va_list ap);
+#define TPI_FNV_OFFSET 0xcbf29ce484222325ull
+#define TPI_FNV_PRIME 0x100000001b3ull
+/* Folds len bytes into a 64-bit FNV-1a hash. */
+uint64_t tpi_sim_fnv1a(uint64_t hash, const void *data, size_t len);
+
+/* ---- Faults (SIM-5) ------------------------------------------------------------ */
+
+/* A parsed fault-plan line; the plan applies only when every line parses. */
+typedef struct tpi_sim_fault_line {
+    int kind; /* 1 delay, 2 break, 3 partition, 4 kill, 5 drop */
+    uint32_t a, b;
+    uint64_t t0_ns, t1_ns, extra_ns;
+    uint32_t per_million;
+    int line;
+} tpi_sim_fault_line;
+
+/*
+ * Parses a fault plan into *lines (caller frees with free()). TP_EINVAL with
+ * "fault plan line N: ..." in errmsg on the first bad line.
+ */
+tp_status tpi_sim_faults_parse(const char *text, tpi_sim_fault_line **lines, size_t *nlines,
+                               char *errmsg, size_t errmsg_len);
+
+#endif

@@ -1,0 +1,320 @@
+/*
+ * sim_network.c: the simulated network (spec/sim.md SIM-4).
+ *
+ * Hosts talk over connections, one per pair of hosts, each carrying two
+ * FIFO directions. A message sent at t arrives at
+ *     max(t + latency_min + jitter + fault delays, previous arrival on that link)
+ * where jitter is uniform in [0, latency_jitter) from the network stream, so
+ * messages never overtake each other on a link (AGENT-8). A break bumps the
+ * connection's epoch: whatever is in flight with an older epoch is lost at
+ * its arrival time, which is how "the rest is lost" is kept without
+ * searching the event queue. The frame stays the sender's until arrival;
+ * then its bytes are copied into one fresh contiguous frame, the header is
+ * checked with the receiver's size limit, and the receiver's core gets it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_internal.h"
+
+/* ---- Links ------------------------------------------------------------------ */
+
+/* The index of dst in h's sorted links, or where it would go (*found 0). */
+static uint32_t link_search(const tpi_sim_host *h, uint32_t dst, int *found) {
+    uint32_t lo = 0, hi = h->nlinks;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (h->links[mid].dst == dst) {
+            *found = 1;
+            return mid;
+        }
+        if (h->links[mid].dst < dst)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = 0;
+    return lo;
+}
+
+tpi_sim_link *tpi_sim_link_find(const tp_sim *sim, uint32_t src, uint32_t dst) {
+    TPI_ASSERT(src < sim->cfg.hosts && dst < sim->cfg.hosts);
+    const tpi_sim_host *h = &sim->hosts[src];
+    int found;
+    uint32_t i = link_search(h, dst, &found);
+    return found ? &h->links[i] : NULL;
+}
+
+tpi_sim_link *tpi_sim_link_get(tp_sim *sim, uint32_t src, uint32_t dst) {
+    TPI_ASSERT(src < sim->cfg.hosts && dst < sim->cfg.hosts);
+    tpi_sim_host *h = &sim->hosts[src];
+    int found;
+    uint32_t lo = link_search(h, dst, &found);
+    if (found)
+        return &h->links[lo];
+    if (h->nlinks == h->links_cap) {
+        uint32_t cap = h->links_cap ? h->links_cap * 2 : 4;
+        tpi_sim_link *links = realloc(h->links, cap * sizeof *links);
+        if (!links)
+            return NULL;
+        h->links = links;
+        h->links_cap = cap;
+    }
+    memmove(&h->links[lo + 1], &h->links[lo], (h->nlinks - lo) * sizeof *h->links);
+    h->nlinks++;
+    memset(&h->links[lo], 0, sizeof h->links[lo]);
+    h->links[lo].dst = dst;
+    return &h->links[lo];
+}
+
+/* The connection's shared state lives in the (min, max) direction's entry. */
+static tpi_sim_link *conn_get(tp_sim *sim, uint32_t a, uint32_t b) {
+    return a <= b ? tpi_sim_link_get(sim, a, b) : tpi_sim_link_get(sim, b, a);
+}
+
+static tpi_sim_link *conn_must(tp_sim *sim, uint32_t a, uint32_t b) {
+    tpi_sim_link *c = conn_get(sim, a, b);
+    if (!c)
+        tpi_assert_fail("simulator link table exhausted memory", __FILE__, __LINE__);
+    return c;
+}
+
+static uint64_t sat_add(uint64_t x, uint64_t y) {
+    return x > UINT64_MAX - y ? UINT64_MAX : x + y;
+}
+
+void tpi_sim_msg_free(tpi_sim_msg *m) {
+    if (!m)
+        return;
+    tp_frame_free(m->frame);
+    free(m);
+}
+
+/* ---- Peer-down ----------------------------------------------------------------- */
+
+static const char *detail_word(tpi_sim_detail d) {
+    switch (d) {
+    case TPI_SIM_DETAIL_KILLED:
+        return "killed";
+    case TPI_SIM_DETAIL_BREAK:
+        return "break";
+    case TPI_SIM_DETAIL_PARTITION:
+        return "partition";
+    case TPI_SIM_DETAIL_LOSS:
+        return "loss";
+    case TPI_SIM_DETAIL_BAD_FRAME:
+        return "bad-frame";
+    case TPI_SIM_DETAIL_REFUSED:
+        return "refused";
+    case TPI_SIM_DETAIL_STOPPED:
+        return "stopped";
+    }
+    return "?";
+}
+
+void tpi_sim_net_peer_down(tp_sim *sim, uint32_t host, uint32_t about, tp_status why,
+                           tpi_sim_detail detail, uint64_t at_ns) {
+    tpi_sim_host *h = &sim->hosts[host];
+    if (h->dead || !h->active_agent)
+        return;
+    tpi_sim_agent *a = tpi_sim_agent_get(sim, h->active_agent - 1);
+    if (!a || a->stopping)
+        return;
+    /* In rank order: deterministic, and usually one rank per host. */
+    for (uint32_t r = 0; r < a->npeers; r++) {
+        if (a->peer_host[r] != about)
+            continue;
+        tpi_sim_event e = {.kind = TPI_SIM_EV_PEER_DOWN, .time_ns = at_ns, .a = a->id, .b = r,
+                           .c = (uint32_t)why, .d = (uint32_t)detail, .x = about};
+        tpi_sim_schedule(sim, &e);
+    }
+}
+
+void tpi_sim_net_break(tp_sim *sim, uint32_t a, uint32_t b, tpi_sim_detail detail) {
+    tpi_sim_link *c = conn_must(sim, a, b);
+    c->epoch++;
+    tpi_sim_trace(sim, "break a=%u b=%u why=%s", a, b, detail_word(detail));
+    tpi_sim_net_peer_down(sim, a, b, TP_EIO, detail, sim->now_ns);
+    if (a != b)
+        tpi_sim_net_peer_down(sim, b, a, TP_EIO, detail, sim->now_ns);
+}
+
+void tpi_sim_net_closed(tp_sim *sim, uint32_t host) {
+    if (sim->hosts[host].dead)
+        return; /* its peers were told when it died */
+    for (uint32_t p = 0; p < sim->cfg.hosts; p++) {
+        if (p == host || !tpi_sim_link_find(sim, host < p ? host : p, host < p ? p : host))
+            continue; /* never connected: a later send there is refused instead */
+        /* The close travels behind what is already on the wire (FIFO). */
+        uint64_t at = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
+        const tpi_sim_link *out = tpi_sim_link_find(sim, host, p);
+        if (out && out->last_arrival_ns > at)
+            at = out->last_arrival_ns;
+        tpi_sim_net_peer_down(sim, p, host, TP_EPEERDOWN, TPI_SIM_DETAIL_STOPPED, at);
+    }
+}
+
+/* ---- Sending (AGENT-8) ---------------------------------------------------------- */
+
+static uint8_t frame_type(const tp_frame *f) {
+    /* Byte 5 of the header (spec/wire.md WIRE-1), for the trace only. */
+    return f->seg[0].len > 5 ? ((const uint8_t *)f->seg[0].base)[5] : 0;
+}
+
+static void check_segments(const tp_frame *f) {
+    /* The frame comes from the core: a bad shape is a programmer error. */
+    TPI_ASSERT(f->nseg >= 1 && f->nseg <= TP_FRAME_SEG_MAX);
+    size_t total = 0;
+    for (int i = 0; i < f->nseg; i++) {
+        TPI_ASSERT(f->seg[i].base || f->seg[i].len == 0);
+        total += f->seg[i].len;
+    }
+    TPI_ASSERT(total == f->len);
+}
+
+tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
+    tp_sim *sim = a->sim;
+    TPI_ASSERT(f);
+    check_segments(f);
+    if (a->stopping || sim->hosts[a->host].dead)
+        return TP_ESHUTDOWN;
+    if (dst_rank >= a->npeers)
+        return TP_EUNKNOWNWORKER;
+    if (a->peer_dead[dst_rank])
+        return TP_EPEERDOWN;
+    uint32_t src = a->host, dst = a->peer_host[dst_rank];
+    tpi_sim_link *conn = conn_get(sim, src, dst);
+    tpi_sim_link *link = conn ? tpi_sim_link_get(sim, src, dst) : NULL;
+    tpi_sim_msg *m = link ? calloc(1, sizeof *m) : NULL;
+    if (!m)
+        return TP_ENOMEM;
+    /* Draw from both streams on every send, whatever happens to the message,
+     * so one fault does not shift every later draw. */
+    uint64_t jitter = tpi_sim_prng_below(&sim->net_rng, sim->cfg.latency_jitter_ns);
+    int doomed = 0;
+    if (sim->drop_per_million && src != dst)
+        doomed = tpi_sim_prng_below(&sim->fault_rng, 1000000) < sim->drop_per_million;
+    m->id = ++sim->next_msg_id;
+    m->frame = f;
+    m->src_host = src;
+    m->dst_host = dst;
+    m->src_rank = a->rank;
+    m->dst_rank = dst_rank;
+    m->src_agent = a->id;
+    m->epoch = conn->epoch;
+    m->doomed = doomed;
+    uint64_t arrive = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
+    arrive = sat_add(arrive, jitter);
+    arrive = sat_add(arrive, tpi_sim_fault_delay_ns(sim, src, dst));
+    if (arrive < link->last_arrival_ns)
+        arrive = link->last_arrival_ns;
+    tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu",
+                  (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len,
+                  frame_type(f), (unsigned long long)arrive);
+    if (conn->partitions > 0) {
+        /* Accepted and lost: the caller's timeout notices (SIM-5). */
+        tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=partition",
+                      (unsigned long long)m->id, src, dst);
+        m->frame = NULL;
+        free(m);
+        tp_frame_free(f);
+        return TP_OK;
+    }
+    link->last_arrival_ns = arrive;
+    tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
+    tpi_sim_schedule(sim, &e);
+    return TP_OK;
+}
+
+/* ---- Arrival ------------------------------------------------------------------ */
+
+/* The receiving agent, if one is started and not stopping on the host. */
+static tpi_sim_agent *receiver(tp_sim *sim, uint32_t host) {
+    tpi_sim_host *h = &sim->hosts[host];
+    tpi_sim_agent *a = h->active_agent ? tpi_sim_agent_get(sim, h->active_agent - 1) : NULL;
+    return a && !a->stopping ? a : NULL;
+}
+
+static void drop(tp_sim *sim, tpi_sim_msg *m, const char *why) {
+    tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=%s", (unsigned long long)m->id,
+                  m->src_host, m->dst_host, why);
+}
+
+/* Copies the frame into one fresh segment; NULL on exhaustion. */
+static tp_frame *flatten(const tp_frame *f) {
+    tp_frame *out = tp_frame_alloc(f->len);
+    if (!out)
+        return NULL;
+    uint8_t *p = tp_frame_bytes(out);
+    for (int i = 0; i < f->nseg; i++) {
+        if (f->seg[i].len)
+            memcpy(p, f->seg[i].base, f->seg[i].len);
+        p += f->seg[i].len;
+    }
+    return out;
+}
+
+/* Checks the header against the receiver's limit; the bytes came from
+ * another worker, so a bad frame is an error, never an assertion. */
+static tp_status check_frame(const tpi_sim_agent *a, const tp_frame *f, char *errmsg,
+                             size_t errmsg_len) {
+    if (f->len < TP_FRAME_HEADER_SIZE) {
+        tpi_format(errmsg, errmsg_len, "frame of %zu bytes is shorter than its header", f->len);
+        return TP_EPROTO;
+    }
+    size_t frame_len = 0;
+    const uint8_t *bytes = f->seg[0].base;
+    tp_status st = tp_frame_check_header(bytes, a->max_message_size, &frame_len, errmsg,
+                                         errmsg_len);
+    if (st == TP_OK && frame_len != f->len) {
+        tpi_format(errmsg, errmsg_len, "header says %zu bytes, frame has %zu", frame_len,
+                   f->len);
+        st = TP_EPROTO;
+    }
+    return st;
+}
+
+void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
+    tpi_sim_link *conn = conn_must(sim, m->src_host, m->dst_host);
+    tpi_sim_agent *a = receiver(sim, m->dst_host);
+    if (conn->epoch != m->epoch) {
+        drop(sim, m, "broken"); /* the connection broke while it was in flight */
+    } else if (sim->hosts[m->src_host].dead) {
+        drop(sim, m, "sender-dead");
+    } else if (sim->hosts[m->dst_host].dead) {
+        drop(sim, m, "dead");
+    } else if (m->doomed) {
+        drop(sim, m, "loss"); /* as on TCP, a loss breaks the connection */
+        tpi_sim_net_break(sim, m->src_host, m->dst_host, TPI_SIM_DETAIL_LOSS);
+    } else if (!a) {
+        /* Nobody listens there: the sender sees a refused connection. */
+        drop(sim, m, "no-worker");
+        tpi_sim_host *sh = &sim->hosts[m->src_host];
+        if (sh->active_agent == m->src_agent + 1)
+            tpi_sim_net_peer_down(sim, m->src_host, m->dst_host, TP_EPEERDOWN,
+                                  TPI_SIM_DETAIL_REFUSED,
+                                  sat_add(sim->now_ns, sim->cfg.latency_min_ns));
+    } else {
+        tp_frame *f = flatten(m->frame);
+        char err[TP_ERRMSG_LEN_MAX];
+        tp_status st = f ? check_frame(a, f, err, sizeof err) : TP_ENOMEM;
+        if (st != TP_OK) {
+            tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=bad-frame error=%s",
+                          (unsigned long long)m->id, m->src_host, m->dst_host,
+                          f ? err : "out of memory");
+            tp_frame_free(f);
+            /* In order or not at all: a connection that lost a frame is over. */
+            tpi_sim_net_break(sim, m->src_host, m->dst_host, TPI_SIM_DETAIL_BAD_FRAME);
+        } else {
+            sim->messages++;
+            tpi_sim_trace(sim, "deliver msg=%llu from=%u to=%u src=%u dst=%u len=%zu",
+                          (unsigned long long)m->id, m->src_host, m->dst_host, m->src_rank,
+                          m->dst_rank, f->len);
+            uint32_t src_rank = m->src_rank;
+            tpi_sim_msg_free(m);
+            tpi_sim_upcall_frame(a, src_rank, f);
+            return;
+        }
+    }
+    tpi_sim_msg_free(m);
+}

@@ -1,0 +1,288 @@
+/*
+ * cases_errors.c: statuses and messages: remote failures carry the callee's
+ * message and name, unknown functions are named, limits are enforced
+ * without hurting the worker, and tp_errmsg() belongs to its own task.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+/* spec: CALL-6 FUNC-3 ERR-2: a remote error arrives with its message and the callee's name. */
+static int errors_remote_message_and_callee(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "boom", NULL, &res), TP_EREMOTE);
+        CHECK_CONTAINS(tp_errmsg(),
+                       "function 'boom' on worker 'w1' (id 1) failed: boom: deliberate failure");
+        CHECK(res == NULL);
+        tp_future *f = NULL;
+        if (CHECK_OK(conf_async(tp_to_rank(1), "boom", NULL, &f))) {
+            CHECK_STATUS(tp_future_wait(f, TP_TIMEOUT_INFINITE), TP_EREMOTE);
+            CHECK_CONTAINS(tp_future_error(f), "boom: deliberate failure");
+            CHECK_CONTAINS(tp_future_error(f), "w1");
+        }
+        tp_future_free(f);
+        /* The same on a self call. */
+        CHECK_STATUS(conf_sync(tp_to_rank(0), "boom", NULL, &res), TP_EREMOTE);
+        CHECK_CONTAINS(tp_errmsg(), "boom: deliberate failure");
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: FUNC-3: a function failing without a message still names itself. */
+static int errors_silent_failure_has_message(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "silent_fail", NULL, &res), TP_EREMOTE);
+        CHECK_CONTAINS(tp_errmsg(), "function 'silent_fail' on worker 'w1' (id 1) failed");
+        CHECK_CONTAINS(tp_errmsg(), tp_strerror(TP_ERANGE)); /* the status, described */
+        tp_value_free(res);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: CALL-5 METHOD-1: an unknown function is TP_EUNKNOWNFUNC, naming it. */
+static int errors_unknown_function(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "no_such_fn", NULL, &res), TP_EUNKNOWNFUNC);
+        CHECK_CONTAINS(tp_errmsg(), "worker 'w1' (id 1) has no function 'no_such_fn'");
+        CHECK_STATUS(conf_sync(tp_to_rank(0), "no_such_self_fn", NULL, &res), TP_EUNKNOWNFUNC);
+        CHECK_CONTAINS(tp_errmsg(), "no_such_self_fn");
+        tp_future *f = NULL;
+        if (CHECK_OK(conf_async(tp_to_rank(1), "no_such_async_fn", NULL, &f))) {
+            CHECK_STATUS(tp_future_wait(f, TP_TIMEOUT_INFINITE), TP_EUNKNOWNFUNC);
+            CHECK_CONTAINS(tp_future_error(f), "no_such_async_fn");
+        }
+        tp_future_free(f);
+        /* A method name is not a function name. */
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "increment", NULL, &res), TP_EUNKNOWNFUNC);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: CALL-6 FUNC-4: a failure two calls deep reaches the first caller with its message. */
+static int errors_nested_remote_propagates(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        tp_value *args = tp_value_list_of(2, tp_value_int(2), tp_value_str("boom"));
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "nested", args, &res), TP_EREMOTE);
+        CHECK_CONTAINS(tp_errmsg(), "boom: deliberate failure");
+        CHECK_CONTAINS(tp_errmsg(), "nested call to rank 2");
+        tp_value_free(res);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: ERR-1: every status has a distinct name and a description. */
+static int errors_status_strings(int rank, int ws) {
+    (void)ws;
+    for (int i = 0; i < TP_STATUS_COUNT_; i++) {
+        const char *name = tp_status_name((tp_status)i);
+        const char *text = tp_strerror((tp_status)i);
+        CHECK(name && strncmp(name, "TP_", 3) == 0);
+        CHECK(text && text[0] != '\0');
+        for (int j = 0; j < i; j++)
+            CHECK(strcmp(name, tp_status_name((tp_status)j)) != 0);
+    }
+    CHECK(strcmp(tp_status_name(TP_ETIMEDOUT), "TP_ETIMEDOUT") == 0);
+    CHECK(strcmp(tp_status_name(TP_OK), "TP_OK") == 0);
+    CHECK(strcmp(tp_strerror(TP_ETIMEDOUT), "timed out") == 0);
+    CHECK(tp_strerror((tp_status)9999) &&
+          strcmp(tp_strerror((tp_status)9999), "unknown status") == 0);
+    const char *odd = tp_status_name((tp_status)-1); /* spec: "TP_E?"; any non-status name */
+    CHECK(odd && strncmp(odd, "TP_", 3) == 0);
+    for (int j = 0; odd && j < TP_STATUS_COUNT_; j++)
+        CHECK(strcmp(odd, tp_status_name((tp_status)j)) != 0);
+    return conf_finish(rank);
+}
+
+/* spec: ERR-2: tp_errmsg() is per task: concurrent failures do not mix their messages. */
+static int errors_errmsg_per_task(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    char fn[32];
+    snprintf(fn, sizeof fn, "missing_by_%d", rank);
+    tp_value *res = NULL;
+    CHECK_STATUS(conf_sync(tp_to_rank((rank + 1) % ws), fn, NULL, &res), TP_EUNKNOWNFUNC);
+    CHECK_OK(tp_sleep(0.05)); /* the others fail their own calls meanwhile */
+    CHECK_CONTAINS(tp_errmsg(), fn);
+    /* A successful call does not clear it. */
+    CHECK_INT(conf_sync_int(rank, tp_to_rank((rank + 1) % ws), "add", CONF_INTS(1, 1), -1), 2);
+    CHECK_CONTAINS(tp_errmsg(), fn);
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: ERR-2: tp_errmsg() is "" until a call of this task fails; success leaves it. */
+static int errors_errmsg_empty_until_failure(int rank, int ws) {
+    CHECK(strcmp(tp_errmsg(), "") == 0);
+    CONF_INIT_OR_RETURN(rank, ws);
+    CHECK(strcmp(tp_errmsg(), "") == 0); /* init succeeded: nothing failed */
+    CHECK_INT(conf_sync_int(rank, tp_to_rank(1 - rank), "add", CONF_INTS(1, 2), -1), 3);
+    CHECK(strcmp(tp_errmsg(), "") == 0);
+    CHECK_OK(tp_shutdown(1));
+    CHECK(strcmp(tp_errmsg(), "") == 0);
+    return conf_finish(rank);
+}
+
+#define SMALL_LIMIT (64 * 1024)
+#define BIG_PAYLOAD (100 * 1024)
+
+/* spec: OPT-5 CALL-4 CALL-7: a message over max_message_size is TP_EMSGSIZE; service goes on. */
+static int errors_message_too_large(int rank, int ws) {
+    tp_options *o = conf_options();
+    CHECK_OK(tp_options_set_max_message_size(o, SMALL_LIMIT));
+    tp_status ist = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    if (!CHECK_OK(ist))
+        return conf_finish(rank);
+    if (rank == 0) {
+        uint8_t *big = calloc(1, BIG_PAYLOAD);
+        tp_value *args = tp_value_list_of(1, tp_value_bytes(big, BIG_PAYLOAD));
+        free(big);
+        tp_value *res = NULL;
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &res),
+                     TP_EMSGSIZE);
+        CHECK(tp_errmsg()[0] != '\0');
+        CHECK_CONTAINS(tp_errmsg(), "65536"); /* names the limit */
+        CHECK_CONTAINS(tp_errmsg(), "'w1' (id 1)");
+        tp_future *f = NULL;
+        /* Encoding errors fail the call before sending: a status and no future. */
+        CHECK_STATUS(tp_rpc_async(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &f),
+                     TP_EMSGSIZE);
+        CHECK(f == NULL);
+        tp_future_free(f);
+        tp_rref *r = NULL;
+        CHECK_STATUS(tp_remote(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &r),
+                     TP_EMSGSIZE);
+        CHECK(r == NULL);
+        tp_rref_release(r);
+        tp_value_free(args);
+        /* The worker keeps serving. */
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(2, 3), -1), 5);
+        /* A reply over the limit fails the call, and w1 keeps serving. */
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "make_bytes", CONF_INTS(BIG_PAYLOAD), &res),
+                     TP_EMSGSIZE);
+        CHECK_CONTAINS(tp_errmsg(), "65536");
+        CHECK_CONTAINS(tp_errmsg(), "make_bytes"); /* ERR-2: which function */
+        tp_value_free(res);
+        res = NULL;
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(4, 5), -1), 9);
+        /* Just under the limit works. */
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "make_bytes", CONF_INTS(SMALL_LIMIT / 2), &res))) {
+            const void *d = NULL;
+            size_t len = 0;
+            CHECK_OK(tp_value_get_bytes(res, &d, &len));
+            CHECK_INT(len, SMALL_LIMIT / 2);
+        }
+        tp_value_free(res);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: VALUE-8 CALL-4 CALL-7: objects cannot travel, as arguments or results; service goes on. */
+static int errors_object_not_sendable(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "make_object", NULL, &res), TP_ETYPE);
+        tp_value_free(res);
+        res = NULL;
+        /* The callee freed the unsendable result. */
+        CHECK_INT(conf_poll_int(rank, tp_to_rank(1), "live_objects", 0, 5.0), 0);
+        int *state = malloc(sizeof *state);
+        tp_value *obj = tp_value_object("Local", state, free);
+        tp_value *args = tp_value_list_of(1, obj);
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &res),
+                     TP_ETYPE);
+        CHECK_CONTAINS(tp_errmsg(), "objects cannot be sent");
+        tp_value_free(args);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: CALL-1 ERR-3: a NULL function name and non-list args are rejected, not crashed on. */
+static int errors_bad_call_arguments(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), NULL, NULL, NULL, TP_TIMEOUT_DEFAULT, &res),
+                     TP_EINVAL);
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "a b", NULL, NULL, TP_TIMEOUT_DEFAULT, &res),
+                     TP_EINVAL);
+        tp_value *notlist = tp_value_int(3);
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "echo", notlist, NULL, TP_TIMEOUT_DEFAULT, &res),
+                     TP_EINVAL);
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "echo", NULL, notlist, TP_TIMEOUT_DEFAULT, &res),
+                     TP_EINVAL);
+        CHECK(res == NULL);
+        tp_value_free(notlist);
+        tp_value_free(res);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/*
+ * spec: ERR-3: a NULL out pointer is TP_EINVAL naming the argument, not an
+ * assertion. Last in the suite: with an in-process launcher a library that asserts here ends the
+ * run.
+ */
+static int errors_null_out_pointers(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *args = CONF_INTS(1, 2);
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "add", args, NULL, TP_TIMEOUT_DEFAULT, NULL),
+                     TP_EINVAL);
+        CHECK_STATUS(tp_rpc_async(tp_to_rank(1), "add", args, NULL, TP_TIMEOUT_DEFAULT, NULL),
+                     TP_EINVAL);
+        CHECK_STATUS(tp_remote(tp_to_rank(1), "add", args, NULL, TP_TIMEOUT_DEFAULT, NULL),
+                     TP_EINVAL);
+        CHECK_STATUS(tp_get_worker_info(NULL, NULL), TP_EINVAL);
+        tp_future *f = NULL, *chained = NULL;
+        if (CHECK_OK(tp_rpc_async(tp_to_rank(1), "add", args, NULL, TP_TIMEOUT_DEFAULT, &f))) {
+            tp_future *with_null[2] = {f, NULL}; /* FUTURE-6: a NULL entry */
+            CHECK_STATUS(tp_future_wait_all(with_null, 2, TP_TIMEOUT_INFINITE, NULL), TP_EINVAL);
+            CHECK_STATUS(tp_future_then(f, NULL, NULL, &chained), TP_EINVAL); /* FUTURE-5 */
+            CHECK(chained == NULL);
+            CHECK_STATUS(tp_future_then(f, NULL, NULL, NULL), TP_EINVAL);
+        }
+        tp_future_free(chained);
+        tp_future_free(f);
+        tp_value_free(args);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+const tp_conformance_case conf_cases_errors[] = {
+    {"errors_remote_message_and_callee", 2, errors_remote_message_and_callee,
+     "CALL-6 FUNC-3 ERR-2"},
+    {"errors_silent_failure_has_message", 2, errors_silent_failure_has_message, "FUNC-3"},
+    {"errors_unknown_function", 2, errors_unknown_function, "CALL-5 METHOD-1"},
+    {"errors_nested_remote_propagates", 3, errors_nested_remote_propagates, "CALL-6 FUNC-4"},
+    {"errors_status_strings", 1, errors_status_strings, "ERR-1"},
+    {"errors_errmsg_per_task", 3, errors_errmsg_per_task, "ERR-2"},
+    {"errors_errmsg_empty_until_failure", 2, errors_errmsg_empty_until_failure, "ERR-2"},
+    {"errors_message_too_large", 2, errors_message_too_large, "OPT-5 CALL-4 CALL-7"},
+    {"errors_object_not_sendable", 2, errors_object_not_sendable, "VALUE-8 CALL-4 CALL-7"},
+    {"errors_bad_call_arguments", 2, errors_bad_call_arguments, "CALL-1 ERR-3"},
+    {"errors_null_out_pointers", 2, errors_null_out_pointers, "ERR-3 FUTURE-5 FUTURE-6"},
+};
+const size_t conf_cases_errors_count = sizeof conf_cases_errors / sizeof conf_cases_errors[0];

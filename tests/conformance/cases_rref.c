@@ -1,0 +1,409 @@
+/*
+ * cases_rref.c: remote references: creation, ownership, passing them in and
+ * out of calls, timeouts, failures, release, and remote methods.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+/* tp_remote with args transferred (freed here). */
+static tp_status remote_on(tp_dest dest, const char *fn, tp_value *args, double timeout_s,
+                           tp_rref **out) {
+    *out = NULL;
+    tp_status st = tp_remote(dest, fn, args, NULL, timeout_s, out);
+    tp_value_free(args);
+    return st;
+}
+
+/* to_here expecting an int. */
+static int64_t to_here_int(int rank, tp_rref *r, int64_t fallback) {
+    tp_value *v = NULL;
+    if (!CHECK_OK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v)))
+        return fallback;
+    int64_t x = conf_int_of(rank, v, fallback);
+    tp_value_free(v);
+    return x;
+}
+
+/* spec: RREF-2 RREF-8: remote() returns at once; to_here fetches the value, repeatably. */
+static int rref_remote_to_here(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        uint64_t t0 = conf_now_ns();
+        tp_value *args = tp_value_list_of(2, tp_value_int(200), tp_value_int(5));
+        if (CHECK_OK(remote_on(tp_to_rank(1), "slow_then_value", args, TP_TIMEOUT_DEFAULT, &r))) {
+            CHECK(conf_since_s(t0) < 0.15); /* did not wait for the 200 ms function */
+            CHECK_INT(to_here_int(rank, r, -1), 5);
+            CHECK_INT(to_here_int(rank, r, -1), 5);
+        }
+        tp_rref_release(r);
+        tp_rref_release(NULL);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-2 RREF-10 RREF-11: remote to self: the caller owns it; local_value works. */
+static int rref_remote_self(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    tp_rref *r = NULL;
+    if (CHECK_OK(remote_on(tp_to_rank(rank), "add", CONF_INTS(rank, 40), TP_TIMEOUT_DEFAULT, &r))) {
+        CHECK_INT(to_here_int(rank, r, -1), rank + 40);
+        CHECK(tp_rref_is_owner(r));
+        CHECK(tp_rref_confirmed_by_owner(r));
+        CHECK(tp_rref_owner_name(r) && strcmp(tp_rref_owner_name(r), conf_name(rank)) == 0);
+        const tp_value *lv = NULL;
+        if (CHECK_OK(tp_rref_local_value(r, &lv)))
+            CHECK_INT(conf_int_of(rank, lv, -1), rank + 40);
+    }
+    tp_rref_release(r);
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-1 RREF-11: owner, owner_name, is_owner; a clone names the same owner. */
+static int rref_owner_info(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(2), "echo", CONF_INTS(9), TP_TIMEOUT_DEFAULT, &r))) {
+            CHECK(!tp_rref_is_owner(r));
+            CHECK(tp_rref_owner_name(r) && strcmp(tp_rref_owner_name(r), "w2") == 0);
+            tp_worker_info owner;
+            if (CHECK_OK(tp_rref_owner(r, &owner))) {
+                CHECK_INT(owner.id, 2);
+                CHECK(strcmp(owner.name, "w2") == 0);
+            }
+            tp_rref *c = tp_rref_clone(r);
+            if (CHECK(c != NULL)) {
+                CHECK(tp_rref_owner_name(c) && strcmp(tp_rref_owner_name(c), "w2") == 0);
+                CHECK(!tp_rref_is_owner(c));
+                CHECK_INT(to_here_int(rank, c, -1), 9);
+            }
+            tp_rref_release(c);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-2 RREF-11: a user's rref is confirmed by its owner eventually. */
+static int rref_confirmed_by_owner(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(1), "echo", CONF_INTS(1), TP_TIMEOUT_DEFAULT, &r))) {
+            uint64_t t0 = conf_now_ns();
+            while (!tp_rref_confirmed_by_owner(r) && conf_since_s(t0) < 5.0)
+                if (tp_sleep(0.01) != TP_OK)
+                    break;
+            CHECK(tp_rref_confirmed_by_owner(r));
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-10 ERR-2: local_value on a user fails with TP_ENOTOWNER naming both workers. */
+static int rref_local_value_not_owner(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(1), "echo", CONF_INTS(3), TP_TIMEOUT_DEFAULT, &r))) {
+            const tp_value *lv = NULL;
+            CHECK_STATUS(tp_rref_local_value(r, &lv), TP_ENOTOWNER);
+            CHECK_CONTAINS(tp_errmsg(), "w0");
+            CHECK_CONTAINS(tp_errmsg(), "w1");
+            /* On the owner, local_value works (through a call that passes the rref). */
+            tp_value *res = NULL;
+            if (CHECK_OK(conf_sync(tp_to_rank(1), "rref_local",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res)))
+                CHECK_INT(conf_int_of(rank, res, -1), 3);
+            tp_value_free(res);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-6 RREF-7 VALUE-7: an rref passed as an argument reaches users and its owner. */
+static int rref_as_argument(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_str("payload"));
+        if (CHECK_OK(remote_on(tp_to_rank(1), "echo", args, TP_TIMEOUT_DEFAULT, &r))) {
+            tp_value *res = NULL;
+            /* A third worker fetches it. */
+            if (CHECK_OK(conf_sync(tp_to_rank(2), "rref_fetch",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res)))
+                CHECK(strcmp(conf_str_of(rank, res), "payload") == 0);
+            tp_value_free(res);
+            /* Ownership as seen by a user and by the owner. */
+            if (CHECK_OK(conf_sync(tp_to_rank(2), "rref_info",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res))) {
+                int is_owner = -1;
+                CHECK_OK(tp_value_get_bool(tp_list_get(res, 0), &is_owner));
+                CHECK_INT(is_owner, 0);
+                CHECK(strcmp(conf_str_of(rank, tp_list_get(res, 1)), "w1") == 0);
+            }
+            tp_value_free(res);
+            if (CHECK_OK(conf_sync(tp_to_rank(1), "rref_info",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res))) {
+                int is_owner = -1;
+                CHECK_OK(tp_value_get_bool(tp_list_get(res, 0), &is_owner));
+                CHECK_INT(is_owner, 1);
+            }
+            tp_value_free(res);
+            /* The owner gets its own rref back and reads it in place. */
+            if (CHECK_OK(conf_sync(tp_to_rank(1), "rref_local",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res)))
+                CHECK(strcmp(conf_str_of(rank, res), "payload") == 0);
+            tp_value_free(res);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-6 RREF-7: an rref returned by a function (created there, owned by a third worker). */
+static int rref_as_result(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "rref_make", CONF_INTS(2, 77), &res)) &&
+            CHECK(tp_value_kind(res) == TP_KIND_RREF)) {
+            tp_rref *borrowed = NULL;
+            CHECK_OK(tp_value_get_rref(res, &borrowed));
+            tp_rref *r = borrowed ? tp_rref_clone(borrowed) : NULL;
+            tp_value_free(res); /* our clone keeps the value alive */
+            res = NULL;
+            if (CHECK(r != NULL)) {
+                CHECK(tp_rref_owner_name(r) && strcmp(tp_rref_owner_name(r), "w2") == 0);
+                CHECK(!tp_rref_is_owner(r));
+                CHECK_INT(to_here_int(rank, r, -1), 77);
+            }
+            tp_rref_release(r);
+        }
+        tp_value_free(res);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-9 TIMEOUT-5: to_here times out, the rref stays usable, a later to_here succeeds. */
+static int rref_to_here_timeout_then_success(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        tp_value *args = tp_value_list_of(2, tp_value_int(300), tp_value_int(42));
+        if (CHECK_OK(remote_on(tp_to_rank(1), "slow_then_value", args, TP_TIMEOUT_INFINITE, &r))) {
+            tp_value *v = NULL;
+            uint64_t t0 = conf_now_ns();
+            CHECK_STATUS(tp_rref_to_here(r, 0.05, &v), TP_ETIMEDOUT);
+            CHECK(conf_since_s(t0) < 0.25);
+            CHECK(v == NULL);
+            tp_value_free(v);
+            v = NULL;
+            if (CHECK_OK(tp_rref_to_here(r, 5.0, &v)))
+                CHECK_INT(conf_int_of(rank, v, -1), 42);
+            tp_value_free(v);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-2 RREF-8 CALL-5: remote of a failing or unknown function: to_here returns the error.
+ */
+static int rref_remote_failure(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(1), "boom", NULL, TP_TIMEOUT_DEFAULT, &r))) {
+            tp_value *v = NULL;
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_EREMOTE);
+            CHECK_CONTAINS(tp_errmsg(), "boom: deliberate failure");
+            tp_value_free(v);
+            v = NULL;
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_EREMOTE); /* sticky */
+            tp_value_free(v);
+        }
+        tp_rref_release(r);
+        r = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(1), "no_such_function", NULL, TP_TIMEOUT_DEFAULT, &r))) {
+            tp_value *v = NULL;
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_EUNKNOWNFUNC);
+            CHECK_CONTAINS(tp_errmsg(), "no_such_function");
+            tp_value_free(v);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-3 RREF-4 RREF-5: the owner frees the value once every reference anywhere is gone. */
+static int rref_release_frees_on_owner(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_dest owner = tp_to_rank(1);
+        tp_rref *r = NULL;
+        tp_method *inc = NULL;
+        CHECK_OK(tp_method_factory("increment", &inc));
+        if (CHECK_OK(remote_on(owner, "make_counter", CONF_INTS(0), TP_TIMEOUT_DEFAULT, &r)) &&
+            inc) {
+            tp_value *res = NULL;
+            if (CHECK_OK(tp_method_call_sync(inc, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res)))
+                CHECK_INT(conf_int_of(rank, res, -1), 1);
+            tp_value_free(res);
+            CHECK_INT(conf_sync_int(rank, owner, "live_objects", NULL, -1), 1);
+            /* A third worker uses the rref and drops its reference. */
+            tp_value *args = tp_value_list_of(2, tp_value_rref(r), tp_value_int(5));
+            CHECK_INT(conf_sync_int(rank, tp_to_rank(2), "rref_inc", args, -1), 6);
+            CHECK_OK(tp_sleep(0.2));
+            CHECK_INT(conf_sync_int(rank, owner, "live_objects", NULL, -1), 1);
+            /* Releasing one of our two references keeps it alive. */
+            tp_rref *r2 = tp_rref_clone(r);
+            tp_rref_release(r);
+            r = NULL;
+            CHECK_OK(tp_sleep(0.2));
+            CHECK_INT(conf_sync_int(rank, owner, "live_objects", NULL, -1), 1);
+            res = NULL;
+            if (CHECK(r2 != NULL) &&
+                CHECK_OK(tp_method_call_sync(inc, r2, NULL, NULL, TP_TIMEOUT_DEFAULT, &res)))
+                CHECK_INT(conf_int_of(rank, res, -1), 7);
+            tp_value_free(res);
+            tp_rref_release(r2);
+            CHECK_INT(conf_poll_int(rank, owner, "live_objects", 0, 5.0), 0);
+        }
+        tp_rref_release(r);
+        tp_method_free(inc);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: METHOD-1 METHOD-2 FUNC-2: method_factory on a remote Counter: sync, async and remote. */
+static int rref_method_counter(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    tp_method *inc = NULL, *get = NULL;
+    CHECK_OK(tp_method_factory("increment", &inc));
+    CHECK_OK(tp_method_factory("get", &get));
+    tp_rref *r = NULL;
+    /* Rank 0 drives a Counter on w1; rank 1 one it owns itself. */
+    if (inc && get &&
+        CHECK_OK(remote_on(tp_to_rank(rank == 0 ? 1 : rank), "make_counter", CONF_INTS(10),
+                           TP_TIMEOUT_DEFAULT, &r))) {
+        tp_value *args = CONF_INTS(5);
+        tp_value *res = NULL;
+        if (CHECK_OK(tp_method_call_sync(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 15);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_future *f = NULL;
+        args = CONF_INTS(1);
+        if (CHECK_OK(tp_method_call_async(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, &f)) &&
+            CHECK_OK(tp_future_wait(f, TP_TIMEOUT_INFINITE)))
+            CHECK_INT(conf_int_of(rank, tp_future_value(f), -1), 16);
+        tp_future_free(f);
+        tp_value_free(args);
+        res = NULL;
+        if (CHECK_OK(tp_method_call_sync(inc, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 17);
+        tp_value_free(res);
+        tp_method *name = NULL;
+        res = NULL;
+        if (CHECK_OK(tp_method_factory("fn_name", &name)) &&
+            CHECK_OK(tp_method_call_sync(name, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK(strcmp(conf_str_of(rank, res), "Counter.fn_name") == 0);
+        tp_value_free(res);
+        tp_method_free(name);
+        tp_rref *r2 = NULL;
+        if (CHECK_OK(tp_method_call_remote(get, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &r2))) {
+            CHECK(tp_rref_owner_name(r2) && strcmp(tp_rref_owner_name(r2), "w1") == 0);
+            CHECK_INT(to_here_int(rank, r2, -1), 17);
+        }
+        tp_rref_release(r2);
+    }
+    tp_rref_release(r);
+    tp_method_free(inc);
+    tp_method_free(get);
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: METHOD-3 RREF-8 VALUE-8: a failing method, an unknown method, a method on a non-object. */
+static int rref_method_errors(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_method *fail = NULL, *nope = NULL, *get = NULL;
+        CHECK_OK(tp_method_factory("fail", &fail));
+        CHECK_OK(tp_method_factory("nope", &nope));
+        CHECK_OK(tp_method_factory("get", &get));
+        tp_rref *r = NULL, *plain = NULL;
+        CHECK_OK(remote_on(tp_to_rank(1), "make_counter", NULL, TP_TIMEOUT_DEFAULT, &r));
+        CHECK_OK(remote_on(tp_to_rank(1), "echo", CONF_INTS(3), TP_TIMEOUT_DEFAULT, &plain));
+        tp_value *res = NULL;
+        if (r && fail) {
+            CHECK_STATUS(tp_method_call_sync(fail, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res),
+                         TP_EREMOTE);
+            CHECK_CONTAINS(tp_errmsg(), "Counter.fail: deliberate failure");
+            CHECK_CONTAINS(tp_errmsg(), "'w1' (id 1)");
+        }
+        if (r && nope) {
+            CHECK_STATUS(tp_method_call_sync(nope, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res),
+                         TP_EUNKNOWNFUNC);
+            CHECK_CONTAINS(tp_errmsg(), "class 'Counter' has no method 'nope'");
+        }
+        if (plain && get) {
+            CHECK_STATUS(tp_method_call_sync(get, plain, NULL, NULL, TP_TIMEOUT_DEFAULT, &res),
+                         TP_ETYPE);
+            CHECK_CONTAINS(tp_errmsg(), "not an object");
+            tp_value_free(res);
+            res = NULL;
+        }
+        if (r) { /* an object cannot be copied out (RREF-8, VALUE-8) */
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &res), TP_ETYPE);
+            CHECK(res == NULL);
+            tp_value_free(res);
+            res = NULL;
+        }
+        if (r && get && CHECK_OK(tp_method_call_sync(get, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 0); /* the Counter survived */
+        tp_value_free(res);
+        tp_method *bad = NULL;
+        CHECK_STATUS(tp_method_factory("", &bad), TP_EINVAL);
+        tp_method_free(bad);
+        tp_rref_release(r);
+        tp_rref_release(plain);
+        tp_method_free(fail);
+        tp_method_free(nope);
+        tp_method_free(get);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+const tp_conformance_case conf_cases_rref[] = {
+    {"rref_remote_to_here", 2, rref_remote_to_here, "RREF-2 RREF-8"},
+    {"rref_remote_self", 2, rref_remote_self, "RREF-2 RREF-10 RREF-11"},
+    {"rref_owner_info", 3, rref_owner_info, "RREF-1 RREF-11"},
+    {"rref_confirmed_by_owner", 2, rref_confirmed_by_owner, "RREF-2 RREF-11"},
+    {"rref_local_value_not_owner", 2, rref_local_value_not_owner, "RREF-10 ERR-2"},
+    {"rref_as_argument", 3, rref_as_argument, "RREF-6 RREF-7 VALUE-7"},
+    {"rref_as_result", 3, rref_as_result, "RREF-6 RREF-7"},
+    {"rref_to_here_timeout_then_success", 2, rref_to_here_timeout_then_success, "RREF-9 TIMEOUT-5"},
+    {"rref_remote_failure", 2, rref_remote_failure, "RREF-2 RREF-8 CALL-5"},
+    {"rref_release_frees_on_owner", 3, rref_release_frees_on_owner, "RREF-3 RREF-4 RREF-5"},
+    {"rref_method_counter", 2, rref_method_counter, "METHOD-1 METHOD-2 FUNC-2"},
+    {"rref_method_errors", 2, rref_method_errors, "METHOD-3 RREF-8 VALUE-8"},
+};
+const size_t conf_cases_rref_count = sizeof conf_cases_rref / sizeof conf_cases_rref[0];

@@ -1,0 +1,236 @@
+/*
+ * cases_shutdown.c: graceful shutdown drains every worker's outstanding work
+ * (dropped futures and fire-and-forget chains included) and releases rrefs;
+ * non-graceful shutdown fails what is in flight at once.
+ *
+ * The drain checks read each worker's own counters after its tp_shutdown(1)
+ * returned: a graceful shutdown ends only when all work everywhere is done,
+ * so the counts must be complete by then on every worker.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+#define UNEVEN_CALLS 30
+#define UNEVEN_MS 100
+
+/* Worker 0 sends 30 slow calls to w1, then 30 to w2; kept or dropped futures. */
+static int uneven_load(int rank, int ws, int keep) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    tp_future *fs[2 * UNEVEN_CALLS] = {0};
+    if (rank == 0) {
+        for (int i = 0; i < 2 * UNEVEN_CALLS; i++) {
+            CHECK_OK(conf_async(tp_to_rank(i < UNEVEN_CALLS ? 1 : 2), "sleep_ms",
+                                CONF_INTS(UNEVEN_MS), &fs[i]));
+            if (!keep) {
+                tp_future_free(fs[i]);
+                fs[i] = NULL;
+            }
+        }
+    }
+    uint64_t t0 = conf_now_ns();
+    CHECK_OK(tp_shutdown(1));
+    if (rank == 0) {
+        /* Shutdown cannot end before the two batches on each worker ran. */
+        CHECK(conf_since_s(t0) >= 0.09);
+        if (keep) {
+            int bad = 0;
+            for (int i = 0; i < 2 * UNEVEN_CALLS; i++) {
+                int64_t x = -1;
+                if (!fs[i] || !tp_future_done(fs[i]) || tp_future_status(fs[i]) != TP_OK ||
+                    tp_value_get_int(tp_future_value(fs[i]), &x) != TP_OK || x != UNEVEN_MS)
+                    bad++;
+            }
+            CHECK_INT(bad, 0);
+        }
+        CHECK_INT(conf_served(0), 0);
+    } else {
+        CHECK_INT(conf_started(rank), UNEVEN_CALLS);
+        CHECK_INT(conf_served(rank), UNEVEN_CALLS);
+    }
+    for (int i = 0; i < 2 * UNEVEN_CALLS; i++)
+        tp_future_free(fs[i]);
+    return conf_finish(rank);
+}
+
+/* spec: SHUTDOWN-3 SHUTDOWN-5 FUTURE-4: dropped futures' calls all run before shutdown ends. */
+static int shutdown_graceful_uneven_load_dropped(int rank, int ws) {
+    return uneven_load(rank, ws, 0);
+}
+
+/* spec: SHUTDOWN-3 SHUTDOWN-5: kept futures are all complete when shutdown returns. */
+static int shutdown_graceful_uneven_load_kept(int rank, int ws) {
+    return uneven_load(rank, ws, 1);
+}
+
+#define CHAIN_HOPS 20 /* hops after the first call: 21 calls in all */
+#define CHAIN_DELAY_MS 20
+
+/* spec: SHUTDOWN-5 FUNC-4: a fire-and-forget chain of nested async calls is drained. */
+static int shutdown_graceful_drains_ff_chain(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_future *f = NULL;
+        CHECK_OK(conf_async(tp_to_rank(1), "ff_hop", CONF_INTS(CHAIN_HOPS, CHAIN_DELAY_MS), &f));
+        tp_future_free(f);
+    }
+    CHECK_OK(tp_shutdown(1));
+    /* Call k (0..CHAIN_HOPS) runs on worker (1 + k) % ws. */
+    int64_t want = 0;
+    for (int k = 0; k <= CHAIN_HOPS; k++)
+        want += (1 + k) % ws == rank;
+    CHECK_INT(conf_hops(rank), want);
+    return conf_finish(rank);
+}
+
+/* spec: SHUTDOWN-3 INIT-1: workers in the shutdown barrier keep serving a late worker's calls. */
+static int shutdown_barrier_keeps_serving(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == ws - 1) {
+        CHECK_OK(tp_sleep(0.3)); /* the others are in tp_shutdown by now */
+        for (int peer = 0; peer < ws - 1; peer++) {
+            CHECK_INT(conf_sync_int(rank, tp_to_rank(peer), "add", CONF_INTS(peer, 1), -1),
+                      peer + 1);
+            /* Functions there may still use the API (whoami reads get_worker_info). */
+            tp_value *res = NULL;
+            if (CHECK_OK(conf_sync(tp_to_rank(peer), "whoami", NULL, &res)))
+                CHECK(strcmp(conf_str_of(rank, res), conf_name(peer)) == 0);
+            tp_value_free(res);
+        }
+        tp_rref *r = NULL;
+        tp_value *args = CONF_INTS(5);
+        if (CHECK_OK(tp_remote(tp_to_rank(0), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &r))) {
+            tp_value *v = NULL;
+            if (CHECK_OK(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v)))
+                CHECK_INT(conf_int_of(rank, v, -1), 5);
+            tp_value_free(v);
+        }
+        tp_value_free(args);
+        tp_rref_release(r);
+    }
+    uint64_t t0 = conf_now_ns();
+    CHECK_OK(tp_shutdown(1));
+    if (rank == 0)
+        CHECK(conf_since_s(t0) >= 0.25); /* it waited for the late worker */
+    return conf_finish(rank);
+}
+
+/* spec: SHUTDOWN-4 RREF-11: user rrefs still held at shutdown are released; the owner frees them.
+ */
+static int shutdown_graceful_releases_rrefs(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    tp_rref *r = NULL;
+    if (rank == 0) {
+        tp_method *get = NULL;
+        CHECK_OK(tp_method_factory("get", &get));
+        if (CHECK_OK(
+                tp_remote(tp_to_rank(1), "make_counter", NULL, NULL, TP_TIMEOUT_DEFAULT, &r)) &&
+            get) {
+            tp_value *res = NULL;
+            if (CHECK_OK(tp_method_call_sync(get, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res)))
+                CHECK_INT(conf_int_of(rank, res, -1), 0);
+            tp_value_free(res);
+            CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "live_objects", NULL, -1), 1);
+        }
+        tp_method_free(get);
+    }
+    CHECK_OK(tp_shutdown(1));
+    if (rank == 1)
+        CHECK_INT(conf_live_objects(1), 0);
+    if (rank == 0 && r) {
+        tp_value *v = NULL;
+        CHECK_STATUS(tp_rref_to_here(r, 0.1, &v), TP_ESHUTDOWN); /* released by shutdown */
+        CHECK(v == NULL);
+        tp_value_free(v);
+        CHECK(tp_rref_owner_name(r) && strcmp(tp_rref_owner_name(r), "w1") == 0);
+    }
+    tp_rref_release(r); /* after shutdown: frees the handle only */
+    return conf_finish(rank);
+}
+
+/* spec: SHUTDOWN-2: non-graceful shutdown fails in-flight calls at once with TP_ESHUTDOWN. */
+static int shutdown_nongraceful_fails_inflight(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_future *f = NULL, *g = NULL;
+        tp_rref *r = NULL;
+        CHECK_OK(conf_async(tp_to_rank(1), "sleep_ms", CONF_INTS(3000), &f));
+        tp_value *args = tp_value_list_of(2, tp_value_int(3000), tp_value_int(1));
+        CHECK_OK(tp_remote(tp_to_rank(1), "slow_then_value", args, NULL, TP_TIMEOUT_DEFAULT, &r));
+        tp_value_free(args);
+        CHECK_OK(conf_async(tp_to_rank(0), "sleep_ms", CONF_INTS(3000), &g)); /* to self */
+        CHECK_OK(tp_sleep(0.1)); /* the calls are running on w1 */
+        uint64_t t0 = conf_now_ns();
+        CHECK_OK(tp_shutdown(0));
+        CHECK(conf_since_s(t0) < 1.0);
+        if (f) {
+            CHECK_STATUS(tp_future_wait(f, TP_TIMEOUT_INFINITE), TP_ESHUTDOWN);
+            CHECK(conf_since_s(t0) < 1.0);
+            CHECK_CONTAINS(tp_future_error(f), "sleep_ms");
+            CHECK_CONTAINS(tp_future_error(f), "shut down");
+        }
+        if (g)
+            CHECK_STATUS(tp_future_wait(g, TP_TIMEOUT_INFINITE), TP_ESHUTDOWN);
+        if (r) {
+            tp_value *v = NULL;
+            CHECK(tp_rref_to_here(r, 1.0, &v) != TP_OK);
+            tp_value_free(v);
+        }
+        tp_value *res = NULL;
+        tp_status st = conf_sync(tp_to_rank(1), "add", CONF_INTS(1, 1), &res);
+        CHECK(st == TP_ESHUTDOWN || st == TP_ENOTINIT);
+        tp_value_free(res);
+        tp_future_free(f);
+        tp_future_free(g);
+        tp_rref_release(r);
+    } else {
+        /* Wait until w0's sleep_ms runs here, then leave as abruptly. */
+        uint64_t t0 = conf_now_ns();
+        while (conf_started(rank) < 1 && conf_since_s(t0) < 10.0)
+            if (tp_sleep(0.01) != TP_OK)
+                break;
+        CHECK_INT(conf_started(rank), 1);
+        CHECK_OK(tp_sleep(0.3));
+        CHECK_OK(tp_shutdown(0));
+        CHECK(conf_since_s(t0) < 5.0); /* running functions did not hold shutdown for long */
+    }
+    return conf_finish(rank);
+}
+
+/* spec: SHUTDOWN-1: tp_shutdown from a served function is TP_EINVAL and changes nothing. */
+static int shutdown_from_function_rejected(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "try_shutdown", CONF_INTS(1), -1), TP_EINVAL);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "try_shutdown", CONF_INTS(0), -1), TP_EINVAL);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(0), "try_shutdown", CONF_INTS(0), -1), TP_EINVAL);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
+        tp_value *res = NULL; /* tell w1 (its hop counter) that we are done */
+        CHECK_OK(conf_sync(tp_to_rank(1), "ff_hop", CONF_INTS(0, 0), &res));
+        tp_value_free(res);
+    } else {
+        /* Stay RUNNING (not in our own shutdown) until w0 has tried. */
+        uint64_t t0 = conf_now_ns();
+        while (conf_hops(rank) < 1 && conf_since_s(t0) < 10.0)
+            if (tp_sleep(0.01) != TP_OK)
+                break;
+        CHECK_INT(conf_hops(rank), 1);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+const tp_conformance_case conf_cases_shutdown[] = {
+    {"shutdown_graceful_uneven_load_dropped", 3, shutdown_graceful_uneven_load_dropped,
+     "SHUTDOWN-3 SHUTDOWN-5 FUTURE-4"},
+    {"shutdown_graceful_uneven_load_kept", 3, shutdown_graceful_uneven_load_kept,
+     "SHUTDOWN-3 SHUTDOWN-5"},
+    {"shutdown_graceful_drains_ff_chain", 3, shutdown_graceful_drains_ff_chain,
+     "SHUTDOWN-5 FUNC-4"},
+    {"shutdown_barrier_keeps_serving", 3, shutdown_barrier_keeps_serving, "SHUTDOWN-3 INIT-1"},
+    {"shutdown_graceful_releases_rrefs", 2, shutdown_graceful_releases_rrefs, "SHUTDOWN-4 RREF-11"},
+    {"shutdown_nongraceful_fails_inflight", 2, shutdown_nongraceful_fails_inflight, "SHUTDOWN-2"},
+    {"shutdown_from_function_rejected", 2, shutdown_from_function_rejected, "SHUTDOWN-1"},
+};
+const size_t conf_cases_shutdown_count = sizeof conf_cases_shutdown / sizeof conf_cases_shutdown[0];

@@ -1,0 +1,1032 @@
+/*
+ * test_codec.c: the wire format (spec/wire.md WIRE-1..9): round trips of
+ * every value kind and message type, canonical re-encoding, and rejection
+ * of malformed input (truncation at every offset, bad header fields,
+ * unknown tags and dtypes, lengths past the end or the limits, depth
+ * bombs, trailing bytes, tensor byte-count mismatches, names too long,
+ * messages over max_size), with rref hooks.
+ */
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/codec.h"
+#include "common/errors.h"
+#include "common/value.h"
+
+/* Weak rref stand-ins, as in test_value.c: the library's real ones win when
+ * linked in, and the tests that create rref values then skip. */
+typedef struct fake_rref {
+    int refs;
+    tpi_rref_wire wire; /* what the decode hook saw */
+} fake_rref;
+
+static tp_rref *stub_rref_clone(tp_rref *r) {
+    ((fake_rref *)(void *)r)->refs++;
+    return r;
+}
+
+static void stub_rref_release(tp_rref *r) {
+    if (r)
+        ((fake_rref *)(void *)r)->refs--;
+}
+
+tp_rref *tp_rref_clone(tp_rref *rref) __attribute__((weak, alias("stub_rref_clone")));
+void tp_rref_release(tp_rref *rref) __attribute__((weak, alias("stub_rref_release")));
+
+static int stubs_active(void) {
+    tp_rref *(*volatile clone)(tp_rref *) = tp_rref_clone;
+    return clone == stub_rref_clone;
+}
+
+/* ---- Helpers ------------------------------------------------------------------ */
+
+static char err[TP_ERRMSG_LEN_MAX];
+
+static tp_frame *encode_ok(const tpi_msg *m, const tpi_codec_hooks *hooks) {
+    tp_frame *f = NULL;
+    tp_status st = tpi_msg_encode(m, hooks, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err);
+    if (st != TP_OK)
+        fail_msg("encode failed: %s: %s", tp_status_name(st), err);
+    assert_non_null(f);
+    assert_int_equal(f->nseg, 1);
+    return f;
+}
+
+/* Decodes bytes copied into a fresh frame (as a backend would receive them). */
+static tp_status decode_bytes(const void *bytes, size_t len, const tpi_codec_hooks *hooks,
+                              tpi_msg *m) {
+    tp_frame *f = tp_frame_alloc(len);
+    assert_non_null(f);
+    if (len)
+        memcpy(tp_frame_bytes(f), bytes, len);
+    err[0] = '\0';
+    tp_status st = tpi_msg_decode(f, hooks, m, err, sizeof err);
+    tp_frame_free(f);
+    return st;
+}
+
+static const uint8_t *frame_data(const tp_frame *f) {
+    return f->seg[0].base;
+}
+
+/* A frame of raw body bytes behind a valid header; returns its length. */
+static size_t make_frame(uint8_t *out, uint8_t type, uint16_t flags, const void *body,
+                         size_t body_len) {
+    static const uint8_t magic[4] = {'T', 'P', 'R', 'C'};
+    memcpy(out, magic, 4);
+    out[4] = TPI_WIRE_VERSION;
+    out[5] = type;
+    out[6] = (uint8_t)flags;
+    out[7] = (uint8_t)(flags >> 8);
+    for (int i = 0; i < 4; i++)
+        out[8 + i] = (uint8_t)(body_len >> (8 * i));
+    memset(out + 12, 0, 12);
+    out[16] = 5; /* id 5 */
+    if (body_len)
+        memcpy(out + TP_FRAME_HEADER_SIZE, body, body_len);
+    return TP_FRAME_HEADER_SIZE + body_len;
+}
+
+/* Decodes a RESPONSE whose OK value is the given raw bytes. */
+static tp_status decode_value_bytes(const void *value, size_t len, tpi_msg *m) {
+    uint8_t body[4096];
+    assert_true(len + 4 <= sizeof body);
+    memset(body, 0, 4); /* status TP_OK */
+    memcpy(body + 4, value, len);
+    uint8_t *frame = malloc(TP_FRAME_HEADER_SIZE + len + 4);
+    size_t n = make_frame(frame, TPI_MSG_RESPONSE, 0, body, len + 4);
+    tp_status st = decode_bytes(frame, n, NULL, m);
+    free(frame);
+    return st;
+}
+
+static void expect_proto(const void *value, size_t len, const char *needle) {
+    tpi_msg m;
+    assert_int_equal(decode_value_bytes(value, len, &m), TP_EPROTO);
+    if (!strstr(err, needle))
+        fail_msg("error '%s' does not contain '%s'", err, needle);
+    assert_null(m.value);
+}
+
+/* Round-trips v as a RESPONSE value; checks that re-encoding the decoded
+ * message gives the same bytes (canonical form, WIRE-7). */
+static tp_value *roundtrip(const tp_value *v) {
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.id = 0x1122334455667788u;
+    m.value = (tp_value *)v;
+    tp_frame *f = encode_ok(&m, NULL);
+    tpi_msg d;
+    tp_status st = tpi_msg_decode(f, NULL, &d, err, sizeof err);
+    if (st != TP_OK)
+        fail_msg("decode failed: %s", err);
+    assert_int_equal(d.type, TPI_MSG_RESPONSE);
+    assert_true(d.id == 0x1122334455667788u);
+    assert_int_equal(d.status, TP_OK);
+    tp_frame *again = encode_ok(&d, NULL);
+    assert_int_equal(again->len, f->len);
+    assert_memory_equal(frame_data(again), frame_data(f), f->len);
+    tp_value *out = d.value;
+    d.value = NULL;
+    tpi_msg_clear(&d);
+    tp_frame_free(f);
+    tp_frame_free(again);
+    return out;
+}
+
+static void assert_roundtrip(tp_value *v) {
+    tp_value *back = roundtrip(v);
+    assert_non_null(back);
+    if (!tp_value_equal(v, back)) {
+        char a[256], b[256];
+        tp_value_format(v, a, sizeof a);
+        tp_value_format(back, b, sizeof b);
+        fail_msg("round trip changed %s into %s", a, b);
+    }
+    tp_value_free(back);
+    tp_value_free(v);
+}
+
+/* ---- Round trips ----------------------------------------------------------------- */
+
+static void test_codec_roundtrip_scalars(void **state) {
+    (void)state;
+    assert_roundtrip(tp_value_nil());
+    assert_roundtrip(tp_value_bool(1));
+    assert_roundtrip(tp_value_bool(0));
+    const int64_t ints[] = {0, 1, -1, 255, -256, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        assert_roundtrip(tp_value_int(ints[i]));
+    const double floats[] = {0.0, -0.0, 1.5, -1e300, DBL_MIN / 4, DBL_MAX, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++)
+        assert_roundtrip(tp_value_float(floats[i]));
+    /* NaN keeps its exact bits (payload and sign) */
+    uint64_t bits = 0xfff8000000abcdefu, got;
+    double nan;
+    memcpy(&nan, &bits, sizeof nan);
+    tp_value *v = tp_value_float(nan);
+    tp_value *back = roundtrip(v);
+    double d;
+    assert_int_equal(tp_value_get_float(back, &d), TP_OK);
+    memcpy(&got, &d, sizeof got);
+    assert_true(got == bits);
+    tp_value_free(v);
+    tp_value_free(back);
+    /* -0.0 keeps its sign */
+    v = tp_value_float(-0.0);
+    back = roundtrip(v);
+    tp_value_get_float(back, &d);
+    assert_true(signbit(d));
+    tp_value_free(v);
+    tp_value_free(back);
+}
+
+static void test_codec_roundtrip_blobs_and_info(void **state) {
+    (void)state;
+    assert_roundtrip(tp_value_str(""));
+    assert_roundtrip(tp_value_str("héllo wörld ✓"));
+    assert_roundtrip(tp_value_strn("a\0b", 3));
+    assert_roundtrip(tp_value_bytes("", 0));
+    uint8_t all[256];
+    for (int i = 0; i < 256; i++)
+        all[i] = (uint8_t)i;
+    assert_roundtrip(tp_value_bytes(all, sizeof all));
+    tp_worker_info wi = {.name = "ps:0", .id = 65535};
+    assert_roundtrip(tp_value_worker_info(&wi));
+    tp_worker_info empty = {.name = "", .id = 0};
+    assert_roundtrip(tp_value_worker_info(&empty));
+}
+
+static void test_codec_roundtrip_containers(void **state) {
+    (void)state;
+    assert_roundtrip(tp_value_list());
+    assert_roundtrip(tp_value_map());
+    tp_value *m = tp_value_map();
+    tp_map_set(m, "z", tp_value_int(1));
+    tp_map_set(m, "", tp_value_list());
+    tp_map_set(m, "a", tp_value_map());
+    tp_value *nested = tp_value_list_of(
+        4, tp_value_list_of(2, tp_value_list_of(0), tp_value_list_of(1, tp_value_nil())), m,
+        tp_value_str("x"), tp_value_list_of(1, tp_value_map()));
+    tp_value *back = roundtrip(nested);
+    assert_true(tp_value_equal(nested, back));
+    /* insertion order survives */
+    const tp_value *bm = tp_list_get(back, 1);
+    assert_string_equal(tp_map_key_at(bm, 0), "z");
+    assert_string_equal(tp_map_key_at(bm, 1), "");
+    assert_string_equal(tp_map_key_at(bm, 2), "a");
+    tp_value_free(back);
+    tp_value_free(nested);
+    /* a wide list */
+    tp_value *wide = tp_value_list();
+    for (int i = 0; i < 1000; i++)
+        tp_list_append(wide, tp_value_int(i * 7919));
+    assert_roundtrip(wide);
+}
+
+static void test_codec_roundtrip_tensors_every_dtype(void **state) {
+    (void)state;
+    uint8_t data[2 * 3 * 8];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (uint8_t)(i * 37 + 1);
+    for (int dt = 0; dt < TP_DTYPE_COUNT_; dt++) {
+        uint8_t local[sizeof data];
+        memcpy(local, data, sizeof data);
+        if (dt == TP_DTYPE_BOOL)
+            for (size_t i = 0; i < sizeof local; i++)
+                local[i] &= 1;
+        int64_t shape[2] = {2, 3};
+        tp_value *t = tp_value_tensor((tp_dtype)dt, 2, shape, NULL, local);
+        assert_non_null(t);
+        tp_value *back = roundtrip(t);
+        assert_true(tp_value_equal(t, back));
+        assert_int_equal(tp_tensor_dtype(back), dt);
+        assert_memory_equal(tp_tensor_cdata(back), local, 6 * tp_dtype_size((tp_dtype)dt));
+        tp_value_free(back);
+        tp_value_free(t);
+    }
+    /* 0-d, empty, and the maximum number of dimensions */
+    double x = 3.25;
+    assert_roundtrip(tp_value_tensor(TP_DTYPE_FLOAT64, 0, NULL, NULL, &x));
+    int64_t empty[3] = {4, 0, 2};
+    assert_roundtrip(tp_value_tensor(TP_DTYPE_FLOAT32, 3, empty, NULL, NULL));
+    int64_t ones[TP_TENSOR_NDIM_MAX];
+    for (int i = 0; i < TP_TENSOR_NDIM_MAX; i++)
+        ones[i] = i == 3 ? 2 : 1;
+    assert_roundtrip(tp_value_tensor(TP_DTYPE_INT16, TP_TENSOR_NDIM_MAX, ones, NULL, NULL));
+}
+
+static void test_codec_strided_tensor_travels_packed(void **state) {
+    (void)state;
+    /* columns 1..2 of a 3x4 float64 matrix, transposed: shape [2, 3], strides [1, 4] */
+    double base[12];
+    for (int i = 0; i < 12; i++)
+        base[i] = i;
+    int64_t shape[2] = {2, 3}, strides[2] = {1, 4};
+    tp_value *t = tp_value_tensor(TP_DTYPE_FLOAT64, 2, shape, strides, base + 1);
+    assert_non_null(t);
+    tp_value *back = roundtrip(t);
+    assert_true(tp_tensor_is_contiguous(back));
+    assert_true(tp_tensor_strides(back)[0] == 3 && tp_tensor_strides(back)[1] == 1);
+    const double want[6] = {1, 5, 9, 2, 6, 10};
+    assert_memory_equal(tp_tensor_cdata(back), want, sizeof want);
+    assert_true(tp_value_equal(t, back));
+    tp_value_free(t);
+    tp_value_free(back);
+}
+
+static void test_codec_roundtrip_every_message_type(void **state) {
+    (void)state;
+    for (int type = TPI_MSG_REQUEST; type <= TPI_MSG_TYPE_MAX_; type++) {
+        tpi_msg m = {0};
+        m.type = (uint8_t)type;
+        m.id = 1000 + (uint64_t)type;
+        m.timeout_ms = 1500;
+        m.rref = (tpi_gid){2, 0xabcdef0123u};
+        m.fork = (tpi_gid){3, 77};
+        m.parent = 4;
+        if (type == TPI_MSG_REQUEST || type == TPI_MSG_REMOTE) {
+            strcpy(m.text, "my_module.add");
+            m.flags = type == TPI_MSG_REMOTE ? TPI_FLAG_METHOD : 0;
+            m.args = tp_value_list_of(2, tp_value_int(1), tp_value_float(2.5));
+            m.kwargs = tp_value_map();
+            tp_map_set(m.kwargs, "scale", tp_value_int(3));
+        }
+        tp_frame *f = encode_ok(&m, NULL);
+        assert_int_equal(tpi_frame_type(f), type);
+        assert_true(tpi_frame_id(f) == m.id);
+        size_t frame_len = 0;
+        assert_int_equal(
+            tp_frame_check_header(frame_data(f), TPI_MESSAGE_SIZE_MAX, &frame_len, err, sizeof err),
+            TP_OK);
+        assert_int_equal(frame_len, f->len);
+        tpi_msg d;
+        assert_int_equal(tpi_msg_decode(f, NULL, &d, err, sizeof err), TP_OK);
+        assert_int_equal(d.type, type);
+        assert_int_equal(d.flags, m.flags);
+        assert_true(d.id == m.id);
+        switch (type) {
+        case TPI_MSG_REMOTE:
+            assert_true(d.rref.worker == 2 && d.rref.local == 0xabcdef0123u);
+            assert_true(d.fork.worker == 3 && d.fork.local == 77);
+            /* fall through */
+        case TPI_MSG_REQUEST:
+            assert_int_equal(d.timeout_ms, 1500);
+            assert_string_equal(d.text, "my_module.add");
+            assert_true(tp_value_equal(d.args, m.args));
+            assert_true(tp_value_equal(d.kwargs, m.kwargs));
+            break;
+        case TPI_MSG_RESPONSE:
+            assert_int_equal(d.status, TP_OK);
+            assert_int_equal(tp_value_kind(d.value), TP_KIND_NIL); /* NULL travels as nil */
+            break;
+        case TPI_MSG_RREF_FETCH:
+            assert_true(d.rref.worker == 2 && d.rref.local == 0xabcdef0123u);
+            break;
+        case TPI_MSG_RREF_DELETE:
+            assert_true(d.rref.local == 0xabcdef0123u && d.fork.local == 77);
+            break;
+        case TPI_MSG_RREF_FORK:
+            assert_true(d.rref.local == 0xabcdef0123u && d.fork.worker == 3);
+            assert_int_equal(d.parent, 4);
+            break;
+        case TPI_MSG_RREF_ACCEPT:
+            assert_true(d.fork.worker == 3 && d.fork.local == 77);
+            break;
+        }
+        tpi_msg_clear(&d);
+        assert_null(d.args);
+        tpi_msg_clear(&m);
+        tp_frame_free(f);
+    }
+}
+
+static void test_codec_response_error_and_null_args(void **state) {
+    (void)state;
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.status = TP_EREMOTE;
+    strcpy(m.text, "ValueError: bad input");
+    tp_frame *f = encode_ok(&m, NULL);
+    tpi_msg d;
+    assert_int_equal(tpi_msg_decode(f, NULL, &d, err, sizeof err), TP_OK);
+    assert_int_equal(d.status, TP_EREMOTE);
+    assert_string_equal(d.text, "ValueError: bad input");
+    assert_null(d.value);
+    tp_frame_free(f);
+    /* the longest error text travels whole; a longer one is cut to the limit */
+    memset(m.text, 'e', sizeof m.text); /* not even terminated */
+    f = encode_ok(&m, NULL);
+    assert_int_equal(tpi_msg_decode(f, NULL, &d, err, sizeof err), TP_OK);
+    assert_int_equal(strlen(d.text), TPI_REMOTE_MSG_LEN_MAX);
+    tp_frame_free(f);
+    /* a request with NULL args and kwargs gets an empty list and map */
+    tpi_msg r = {0};
+    r.type = TPI_MSG_REQUEST;
+    strcpy(r.text, "f");
+    f = encode_ok(&r, NULL);
+    assert_int_equal(tpi_msg_decode(f, NULL, &d, err, sizeof err), TP_OK);
+    assert_int_equal(tp_value_kind(d.args), TP_KIND_LIST);
+    assert_int_equal(tp_list_len(d.args), 0);
+    assert_int_equal(tp_value_kind(d.kwargs), TP_KIND_MAP);
+    assert_int_equal(tp_map_len(d.kwargs), 0);
+    tpi_msg_clear(&d);
+    tp_frame_free(f);
+}
+
+static void test_codec_value_api_on_buffers(void **state) {
+    (void)state;
+    tpi_wbuf b;
+    tpi_wbuf_init(&b, 1 << 20);
+    tp_value *v = tp_value_list_of(2, tp_value_str("ab"), tp_value_int(-2));
+    assert_int_equal(tpi_value_encode(&b, v, NULL), TP_OK);
+    const uint8_t want[] = {6, 2, 0, 0, 0, 4, 2, 0, 0, 0, 'a', 'b', 2,
+                            0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    assert_int_equal(b.len, sizeof want);
+    assert_memory_equal(b.data, want, sizeof want);
+    tpi_rbuf r;
+    tpi_rbuf_init(&r, b.data, b.len);
+    tp_value *out = NULL;
+    assert_int_equal(tpi_value_decode(&r, NULL, &out), TP_OK);
+    assert_int_equal(r.pos, b.len);
+    assert_true(tp_value_equal(v, out));
+    tp_value_free(out);
+    /* a value that does not fit what is left: EMSGSIZE, sticky */
+    tpi_wbuf small;
+    tpi_wbuf_init(&small, 8);
+    assert_int_equal(tpi_value_encode(&small, v, NULL), TP_EMSGSIZE);
+    assert_int_equal(small.status, TP_EMSGSIZE);
+    assert_int_equal(small.len, 0);
+    tpi_wbuf_u8(&small, 1);
+    assert_int_equal(small.len, 0);
+    tpi_wbuf_free(&small);
+    tpi_wbuf_free(&b);
+    tp_value_free(v);
+}
+
+static void test_codec_buffers_primitives(void **state) {
+    (void)state;
+    tpi_wbuf b;
+    tpi_wbuf_init(&b, 64);
+    tpi_wbuf_u8(&b, 0xab);
+    tpi_wbuf_u16(&b, 0x1234);
+    tpi_wbuf_u32(&b, 0xdeadbeef);
+    tpi_wbuf_u64(&b, 0x0102030405060708u);
+    tpi_wbuf_str(&b, "hey", 3);
+    assert_int_equal(b.status, TP_OK);
+    const uint8_t want[] = {0xab, 0x34, 0x12, 0xef, 0xbe, 0xad, 0xde, 8, 7, 6, 5, 4, 3, 2, 1,
+                            3,    0,    0,    0,    'h',  'e',  'y'};
+    assert_int_equal(b.len, sizeof want);
+    assert_memory_equal(b.data, want, sizeof want);
+    tpi_rbuf r;
+    tpi_rbuf_init(&r, b.data, b.len);
+    uint8_t u8;
+    uint16_t u16;
+    uint32_t u32;
+    uint64_t u64;
+    const char *s;
+    uint32_t n;
+    assert_true(tpi_rbuf_u8(&r, &u8) && u8 == 0xab);
+    assert_true(tpi_rbuf_u16(&r, &u16) && u16 == 0x1234);
+    assert_true(tpi_rbuf_u32(&r, &u32) && u32 == 0xdeadbeef);
+    assert_true(tpi_rbuf_u64(&r, &u64) && u64 == 0x0102030405060708u);
+    tpi_rbuf r2 = r;
+    assert_false(tpi_rbuf_str(&r2, &s, &n, 2)); /* over its limit */
+    assert_int_equal(r2.status, TP_EPROTO);
+    assert_non_null(strstr(r2.errmsg, "string of 3 bytes at offset 15 exceeds the limit of 2"));
+    assert_true(tpi_rbuf_str(&r, &s, &n, 3) && n == 3 && memcmp(s, "hey", 3) == 0);
+    assert_false(tpi_rbuf_u8(&r, &u8)); /* at the end */
+    assert_int_equal(r.status, TP_EPROTO);
+    assert_string_equal(r.errmsg, "truncated at offset 22: 1 bytes needed, 0 left");
+    tpi_rbuf_fail(&r, TP_EINVAL, "later"); /* the first error stays */
+    assert_int_equal(r.status, TP_EPROTO);
+    /* past max: the first failure sticks */
+    for (int i = 0; i < 10; i++)
+        tpi_wbuf_u64(&b, 0);
+    assert_int_equal(b.status, TP_EMSGSIZE);
+    assert_true(b.len <= 64);
+    tpi_wbuf_free(&b);
+}
+
+/* ---- Frames ------------------------------------------------------------------------ */
+
+static void test_codec_frame_alloc_and_multi_segment_decode(void **state) {
+    (void)state;
+    tp_frame *z = tp_frame_alloc(0);
+    assert_non_null(z);
+    assert_int_equal(z->len, 0);
+    tp_frame_free(z);
+    tp_frame_free(NULL);
+    /* the same message split over three segments decodes the same */
+    tpi_msg m = {0};
+    m.type = TPI_MSG_REQUEST;
+    strcpy(m.text, "split");
+    m.args = tp_value_list_of(1, tp_value_str("across segments"));
+    tp_frame *f = encode_ok(&m, NULL);
+    tp_frame split = {0};
+    const uint8_t *p = frame_data(f);
+    split.len = f->len;
+    split.nseg = 3;
+    split.seg[0] = (tp_frame_seg){p, 10};
+    split.seg[1] = (tp_frame_seg){p + 10, 20};
+    split.seg[2] = (tp_frame_seg){p + 30, f->len - 30};
+    tpi_msg d;
+    assert_int_equal(tpi_msg_decode(&split, NULL, &d, err, sizeof err), TP_OK);
+    assert_true(tp_value_equal(d.args, m.args));
+    tpi_msg_clear(&d);
+    split.len = f->len + 1; /* segments that do not add up */
+    assert_int_equal(tpi_msg_decode(&split, NULL, &d, err, sizeof err), TP_EPROTO);
+    tpi_msg_clear(&m);
+    tp_frame_free(f);
+}
+
+static void test_codec_header_rejects_bad_fields(void **state) {
+    (void)state;
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RREF_FETCH;
+    tp_frame *f = encode_ok(&m, NULL);
+    uint8_t good[64];
+    memcpy(good, frame_data(f), f->len);
+    size_t len = f->len;
+    tp_frame_free(f);
+    size_t flen;
+    uint8_t h[64];
+    struct {
+        size_t off;
+        uint8_t val;
+        tp_status st;
+        const char *needle;
+    } cases[] = {
+        {0, 'X', TP_EPROTO, "bad magic"},
+        {3, 'c', TP_EPROTO, "bad magic"},
+        {4, 2, TP_EPROTO, "wire version 2, expected 1"},
+        {4, 0, TP_EPROTO, "wire version 0, expected 1"},
+        {5, 0, TP_EPROTO, "unknown message type 0"},
+        {5, 8, TP_EPROTO, "unknown message type 8"},
+        {6, 2, TP_EPROTO, "unknown flags 0x0002"},
+        {7, 0x80, TP_EPROTO, "unknown flags 0x8000"},
+        {12, 1, TP_EPROTO, "reserved header field"},
+        {15, 1, TP_EPROTO, "reserved header field"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(h, good, len);
+        h[cases[i].off] = cases[i].val;
+        err[0] = '\0';
+        assert_int_equal(tp_frame_check_header(h, TPI_MESSAGE_SIZE_MAX, &flen, err, sizeof err),
+                         cases[i].st);
+        if (!strstr(err, cases[i].needle))
+            fail_msg("case %zu: '%s' lacks '%s'", i, err, cases[i].needle);
+        tpi_msg d;
+        assert_int_equal(decode_bytes(h, len, NULL, &d), cases[i].st);
+        assert_non_null(strstr(err, cases[i].needle));
+    }
+    /* body length over the receiver's max_message_size: EMSGSIZE before reading it */
+    memcpy(h, good, len);
+    h[8] = 0xff;
+    h[9] = 0xff;
+    assert_int_equal(tp_frame_check_header(h, 4096, &flen, err, sizeof err), TP_EMSGSIZE);
+    assert_string_equal(err, "message of 65559 bytes exceeds the limit of 4096 bytes");
+    /* the limit is capped at TPI_MESSAGE_SIZE_MAX whatever the caller passes */
+    h[11] = 0xff;
+    assert_int_equal(tp_frame_check_header(h, UINT64_MAX, &flen, err, sizeof err), TP_EMSGSIZE);
+    /* METHOD is only for REQUEST and REMOTE */
+    memcpy(h, good, len);
+    h[6] = TPI_FLAG_METHOD;
+    tpi_msg d;
+    assert_int_equal(decode_bytes(h, len, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "flag METHOD on a RREF_FETCH message"));
+    /* shorter than a header */
+    assert_int_equal(decode_bytes(good, 10, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "shorter than the 24-byte header"));
+}
+
+/* ---- Hostile input ------------------------------------------------------------------ */
+
+/* A request whose args hold every kind that can travel without hooks. */
+static tp_frame *rich_request(void) {
+    tpi_msg m = {0};
+    m.type = TPI_MSG_REMOTE;
+    m.flags = TPI_FLAG_METHOD;
+    m.rref = (tpi_gid){1, 2};
+    m.fork = (tpi_gid){3, 4};
+    m.timeout_ms = 250;
+    strcpy(m.text, "step");
+    tp_worker_info wi = {.name = "w7", .id = 7};
+    int64_t shape[2] = {2, 2};
+    int32_t data[4] = {1, -2, 3, -4};
+    m.args = tp_value_list_of(9, tp_value_nil(), tp_value_bool(1), tp_value_int(-5),
+                              tp_value_float(0.5), tp_value_str("s"), tp_value_bytes("\0b", 2),
+                              tp_value_tensor(TP_DTYPE_INT32, 2, shape, NULL, data),
+                              tp_value_worker_info(&wi),
+                              tp_value_list_of(1, tp_value_map()));
+    m.kwargs = tp_value_map();
+    tp_map_set(m.kwargs, "k", tp_value_list_of(1, tp_value_int(1)));
+    tp_frame *f = encode_ok(&m, NULL);
+    tpi_msg_clear(&m);
+    return f;
+}
+
+static void test_codec_truncated_at_every_offset(void **state) {
+    (void)state;
+    tp_frame *f = rich_request();
+    const uint8_t *p = frame_data(f);
+    size_t body = f->len - TP_FRAME_HEADER_SIZE;
+    uint8_t *buf = malloc(f->len);
+    tpi_msg d;
+    for (size_t cut = 0; cut < f->len; cut++) {
+        /* the raw prefix: the header promises more than the frame holds */
+        assert_int_equal(decode_bytes(p, cut, NULL, &d), TP_EPROTO);
+        assert_null(d.args);
+    }
+    for (size_t cut = 0; cut < body; cut++) {
+        /* a consistent header around a cut body: the parser runs out */
+        size_t n = make_frame(buf, p[5], TPI_FLAG_METHOD, p + TP_FRAME_HEADER_SIZE, cut);
+        tp_status st = decode_bytes(buf, n, NULL, &d);
+        if (st != TP_EPROTO)
+            fail_msg("body cut at %zu of %zu: %s", cut, body, tp_status_name(st));
+        assert_null(d.args);
+        assert_null(d.kwargs);
+    }
+    size_t n = make_frame(buf, p[5], TPI_FLAG_METHOD, p + TP_FRAME_HEADER_SIZE, body);
+    assert_int_equal(decode_bytes(buf, n, NULL, &d), TP_OK);
+    tpi_msg_clear(&d);
+    free(buf);
+    tp_frame_free(f);
+}
+
+static void test_codec_trailing_bytes_rejected(void **state) {
+    (void)state;
+    tp_frame *f = rich_request();
+    const uint8_t *p = frame_data(f);
+    size_t body = f->len - TP_FRAME_HEADER_SIZE;
+    uint8_t *buf = calloc(1, f->len + 1);
+    tpi_msg d;
+    /* inside the body: the header counts the extra byte */
+    size_t n = make_frame(buf, p[5], TPI_FLAG_METHOD, p + TP_FRAME_HEADER_SIZE, body);
+    buf[n] = 0;
+    n = make_frame(buf, p[5], TPI_FLAG_METHOD, buf + TP_FRAME_HEADER_SIZE, body + 1);
+    assert_int_equal(decode_bytes(buf, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "1 trailing bytes after the body"));
+    /* after the frame: more bytes than the header says */
+    memcpy(buf, p, f->len);
+    assert_int_equal(decode_bytes(buf, f->len + 1, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "trailing"));
+    free(buf);
+    tp_frame_free(f);
+}
+
+static void test_codec_unknown_tag_and_dtype(void **state) {
+    (void)state;
+    expect_proto((const uint8_t[]){11}, 1, "unknown value tag 11 at offset 28");
+    expect_proto((const uint8_t[]){200}, 1, "unknown value tag 200");
+    /* tensor: tag, dtype 10 */
+    expect_proto((const uint8_t[]){8, 10, 0}, 3, "unknown dtype 10 at offset 29");
+    /* unknown tag deep in a list: the offset points at it */
+    expect_proto((const uint8_t[]){6, 2, 0, 0, 0, 0, 99}, 7, "unknown value tag 99 at offset 34");
+    /* bool other than 0/1 */
+    expect_proto((const uint8_t[]){1, 2}, 2, "bool at offset 28 is 2");
+}
+
+static void test_codec_lengths_past_end(void **state) {
+    (void)state;
+    /* str of 10 bytes with 3 present */
+    expect_proto((const uint8_t[]){4, 10, 0, 0, 0, 'a', 'b', 'c'}, 8, "truncated at offset 33");
+    /* list of 5 items with 1 byte left */
+    expect_proto((const uint8_t[]){6, 5, 0, 0, 0, 0}, 6, "cannot fit in the 1 bytes left");
+    /* map of 2 entries: each needs at least 5 bytes */
+    expect_proto((const uint8_t[]){7, 2, 0, 0, 0, 0, 0, 0, 0, 0}, 10, "cannot fit");
+    /* worker info name past the end */
+    expect_proto((const uint8_t[]){10, 1, 0, 0, 0, 5, 0, 0, 0, 'w'}, 10, "truncated");
+}
+
+static void test_codec_huge_length_prefix_not_allocated(void **state) {
+    (void)state;
+    /* Each is refused by the length check that runs before any allocation:
+     * the messages come from those checks, not from an allocation failure. */
+    expect_proto((const uint8_t[]){4, 0xff, 0xff, 0xff, 0x7f}, 5, "truncated at offset 33");
+    expect_proto((const uint8_t[]){4, 0xff, 0xff, 0xff, 0xff}, 5,
+                 "string of 4294967295 bytes at offset 29 exceeds the limit of 2147483647");
+    expect_proto((const uint8_t[]){5, 0xff, 0xff, 0xff, 0x7f}, 5, "truncated at offset 33");
+    expect_proto((const uint8_t[]){6, 0xff, 0xff, 0xff, 0xff}, 5,
+                 "list of 4294967295 items at offset 28 exceeds the limit of 16777216");
+    expect_proto((const uint8_t[]){6, 0, 0, 0, 1}, 5, "list of 16777216 items at offset 28 cannot "
+                                                      "fit in the 0 bytes left");
+    expect_proto((const uint8_t[]){7, 0, 0, 0, 1}, 5, "map of 16777216 items");
+    /* a tensor claiming 2^40 float64 elements and as many bytes */
+    uint8_t t[2 + 8 + 8 + 8] = {8, TP_DTYPE_FLOAT64, 1};
+    uint64_t dim = (uint64_t)1 << 40, nbytes = dim * 8;
+    for (int i = 0; i < 8; i++) {
+        t[3 + i] = (uint8_t)(dim >> (8 * i));
+        t[11 + i] = (uint8_t)(nbytes >> (8 * i));
+    }
+    expect_proto(t, 19, "tensor data of 8796093022208 bytes at offset 47 runs past the end");
+    /* dimensions whose product overflows */
+    uint8_t o[3 + 16 + 8] = {8, TP_DTYPE_UINT8, 2};
+    memset(o + 3, 0xff, 16);
+    o[10] = 0x3f;
+    o[18] = 0x3f;
+    expect_proto(o, sizeof o, "tensor shape at offset 31 is too large");
+}
+
+static void test_codec_tensor_shape_and_nbytes_checked(void **state) {
+    (void)state;
+    /* int16 [3]: needs 6 bytes; the count says 7 */
+    uint8_t t[3 + 8 + 8 + 7] = {8, TP_DTYPE_INT16, 1, 3};
+    t[11] = 7;
+    expect_proto(t, sizeof t, "its shape and dtype need 6 bytes, the byte count at offset 39 "
+                              "says 7");
+    t[11] = 6;
+    tpi_msg m;
+    assert_int_equal(decode_value_bytes(t, sizeof t - 1, &m), TP_OK);
+    assert_int_equal(tp_tensor_numel(m.value), 3);
+    tpi_msg_clear(&m);
+    /* 17 dimensions */
+    expect_proto((const uint8_t[]){8, TP_DTYPE_INT8, 17}, 3, "has 17 dimensions; the limit is 16");
+    /* a negative dimension */
+    uint8_t n[3 + 8 + 8] = {8, TP_DTYPE_INT8, 1};
+    memset(n + 3, 0xff, 8);
+    expect_proto(n, sizeof n, "tensor dimension 0 at offset 31 is negative");
+}
+
+static void test_codec_depth_bomb_and_limit(void **state) {
+    (void)state;
+    /* 100000 nested one-item lists: refused at depth 64, no deep recursion */
+    size_t levels = 100000;
+    uint8_t *bomb = malloc(levels * 5 + 1);
+    for (size_t i = 0; i < levels; i++) {
+        uint8_t one[5] = {6, 1, 0, 0, 0};
+        memcpy(bomb + i * 5, one, 5);
+    }
+    bomb[levels * 5] = 0;
+    uint8_t *body = malloc(levels * 5 + 5);
+    memset(body, 0, 4);
+    memcpy(body + 4, bomb, levels * 5 + 1);
+    uint8_t *frame = malloc(levels * 5 + 5 + TP_FRAME_HEADER_SIZE);
+    size_t n = make_frame(frame, TPI_MSG_RESPONSE, 0, body, levels * 5 + 5);
+    tpi_msg m;
+    assert_int_equal(decode_bytes(frame, n, NULL, &m), TP_EPROTO);
+    assert_non_null(strstr(err, "nested deeper than 64 levels at offset 348"));
+    /* maps count as well: a map whose value is the bomb */
+    free(frame);
+    free(body);
+    free(bomb);
+    /* exactly 64 levels travel; 65 do not (encode refuses with ELIMIT) */
+    tp_value *v = tp_value_nil();
+    for (int i = 0; i < TPI_VALUE_DEPTH_MAX; i++)
+        v = tp_value_list_of(1, v);
+    tp_value *back = roundtrip(v);
+    assert_true(tp_value_equal(v, back));
+    tp_value_free(back);
+    tp_value *deeper = tp_value_map();
+    tp_map_set(deeper, "x", v);
+    tpi_msg r = {0};
+    r.type = TPI_MSG_RESPONSE;
+    r.value = deeper;
+    tp_frame *f = NULL;
+    assert_int_equal(tpi_msg_encode(&r, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_ELIMIT);
+    assert_null(f);
+    assert_non_null(strstr(err, "nested deeper than 64"));
+    tp_value_free(deeper);
+}
+
+static void test_codec_map_keys_checked(void **state) {
+    (void)state;
+    /* a duplicate key */
+    expect_proto((const uint8_t[]){7, 2, 0, 0, 0, 1, 0, 0, 0, 'a', 0, 1, 0, 0, 0, 'a', 0}, 17,
+                 "map at offset 28 has the key 'a' twice");
+    /* a key with a NUL inside */
+    expect_proto((const uint8_t[]){7, 1, 0, 0, 0, 2, 0, 0, 0, 'a', 0, 0}, 12,
+                 "map key at offset 33 holds a NUL byte");
+    /* many distinct keys are fine (the duplicate check sorts, it does not scan) */
+    tp_value *m = tp_value_map();
+    char key[16];
+    for (int i = 0; i < 3000; i++) {
+        snprintf(key, sizeof key, "key%d", i);
+        tp_map_set(m, key, tp_value_int(i));
+    }
+    assert_roundtrip(m);
+}
+
+static void test_codec_names_checked(void **state) {
+    (void)state;
+    tpi_msg m = {0};
+    m.type = TPI_MSG_REQUEST;
+    memset(m.text, 'n', TP_NAME_LEN_MAX + 1);
+    tp_frame *f = NULL;
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EINVAL);
+    assert_non_null(strstr(err, "function name of 128 bytes"));
+    m.text[0] = '\0';
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EINVAL);
+    /* the longest name travels */
+    memset(m.text, 'n', TP_NAME_LEN_MAX);
+    m.text[TP_NAME_LEN_MAX] = '\0';
+    f = encode_ok(&m, NULL);
+    tpi_msg d;
+    assert_int_equal(tpi_msg_decode(f, NULL, &d, err, sizeof err), TP_OK);
+    assert_int_equal(strlen(d.text), TP_NAME_LEN_MAX);
+    tpi_msg_clear(&d);
+    tp_frame_free(f);
+    /* crafted: a 128-byte name, an empty one, one with a NUL */
+    uint8_t body[4 + 4 + 128 + 10] = {0};
+    body[4] = 128;
+    memset(body + 8, 'n', 128);
+    uint8_t frame[sizeof body + TP_FRAME_HEADER_SIZE];
+    size_t n = make_frame(frame, TPI_MSG_REQUEST, 0, body, sizeof body);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "string of 128 bytes at offset 28 exceeds the limit of 127"));
+    const uint8_t empty[] = {0, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 7, 0, 0, 0, 0};
+    n = make_frame(frame, TPI_MSG_REQUEST, 0, empty, sizeof empty);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "empty function name at offset 28"));
+    const uint8_t nul[] = {0, 0, 0, 0, 2, 0, 0, 0, 'f', 0, 6, 0, 0, 0, 0, 7, 0, 0, 0, 0};
+    n = make_frame(frame, TPI_MSG_REQUEST, 0, nul, sizeof nul);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "function name at offset 28 holds a NUL byte"));
+    /* args must be a list, kwargs a map */
+    const uint8_t bad_args[] = {0, 0, 0, 0, 1, 0, 0, 0, 'f', 7, 0, 0, 0, 0, 7, 0, 0, 0, 0};
+    n = make_frame(frame, TPI_MSG_REQUEST, 0, bad_args, sizeof bad_args);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "args at offset 33 must be a list, got map"));
+    m.text[0] = 'f';
+    m.text[1] = '\0';
+    m.args = tp_value_map();
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_ETYPE);
+    assert_string_equal(err, "args must be a list, got map");
+    tpi_msg_clear(&m);
+}
+
+static void test_codec_response_text_and_status_checked(void **state) {
+    (void)state;
+    uint8_t body[4 + 4 + 1024] = {TP_EREMOTE};
+    body[4] = 0x00;
+    body[5] = 0x04; /* 1024 bytes */
+    memset(body + 8, 'e', 1024);
+    uint8_t frame[sizeof body + TP_FRAME_HEADER_SIZE];
+    size_t n = make_frame(frame, TPI_MSG_RESPONSE, 0, body, sizeof body);
+    tpi_msg d;
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "string of 1024 bytes at offset 28 exceeds the limit of 1023"));
+    const uint8_t unknown[] = {200, 0, 0, 0, 0, 0, 0, 0};
+    n = make_frame(frame, TPI_MSG_RESPONSE, 0, unknown, sizeof unknown);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "unknown status 200 at offset 24"));
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.status = TP_STATUS_COUNT_;
+    tp_frame *f = NULL;
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EINVAL);
+    m.status = TP_OK;
+    m.type = 9;
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EINVAL);
+    m.type = TPI_MSG_RESPONSE;
+    m.flags = TPI_FLAG_METHOD;
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EINVAL);
+    assert_null(f);
+}
+
+static void test_codec_oversized_message_refused(void **state) {
+    (void)state;
+    static uint8_t blob[5000];
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.value = tp_value_bytes(blob, sizeof blob);
+    tp_frame *f = NULL;
+    assert_int_equal(tpi_msg_encode(&m, NULL, 4096, &f, err, sizeof err), TP_EMSGSIZE);
+    assert_null(f);
+    assert_string_equal(err, "a RESPONSE message of 5033 bytes exceeds the limit of 4096 bytes");
+    /* exactly at the limit is fine */
+    assert_int_equal(tpi_msg_encode(&m, NULL, 5033, &f, err, sizeof err), TP_OK);
+    assert_int_equal(f->len, 5033);
+    tp_frame_free(f);
+    /* and the receiver refuses it by its header alone */
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err), TP_OK);
+    size_t flen;
+    assert_int_equal(tp_frame_check_header(frame_data(f), 4096, &flen, err, sizeof err),
+                     TP_EMSGSIZE);
+    assert_string_equal(err, "message of 5033 bytes exceeds the limit of 4096 bytes");
+    tp_frame_free(f);
+    tpi_msg_clear(&m);
+}
+
+static void test_codec_objects_and_bare_rrefs_cannot_be_sent(void **state) {
+    (void)state;
+    tpi_msg m = {0};
+    m.type = TPI_MSG_REQUEST;
+    strcpy(m.text, "f");
+    m.args = tp_value_list_of(1, tp_value_object("Net", NULL, NULL));
+    tp_frame *f = NULL;
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_ETYPE);
+    assert_null(f);
+    assert_non_null(strstr(err, "objects cannot be sent; hold them in an rref"));
+    tpi_wbuf b;
+    tpi_wbuf_init(&b, 1024);
+    assert_int_equal(tpi_value_encode(&b, m.args, NULL), TP_ETYPE);
+    assert_non_null(strstr(tp_errmsg(), "objects cannot be sent; hold them in an rref"));
+    tpi_wbuf_free(&b);
+    tpi_msg_clear(&m);
+    /* an rref tag with no hooks to receive it */
+    uint8_t r[1 + 32] = {9};
+    expect_proto(r, sizeof r, "rref at offset 28 cannot be received here");
+}
+
+/* ---- RRef hooks ------------------------------------------------------------------------ */
+
+typedef struct hook_state {
+    int encodes;
+    int decodes;
+    tp_status fail_with;
+    fake_rref made;
+} hook_state;
+
+static tp_status enc_hook(void *ctx, tp_rref *rref, tpi_rref_wire *w) {
+    hook_state *h = ctx;
+    h->encodes++;
+    if (h->fail_with != TP_OK)
+        return tpi_fail(h->fail_with, "rref owner is shutting down");
+    (void)rref;
+    w->owner = 1;
+    w->rref_id = (tpi_gid){1, 100};
+    w->fork_id = (tpi_gid){2, 200 + (uint64_t)h->encodes};
+    w->parent = 2;
+    return TP_OK;
+}
+
+static tp_status dec_hook(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
+    hook_state *h = ctx;
+    h->decodes++;
+    if (h->fail_with != TP_OK)
+        return tpi_fail(h->fail_with, "owner %u is not a worker", (unsigned)w->owner);
+    h->made.refs++;
+    h->made.wire = *w;
+    *out = (tp_rref *)(void *)&h->made;
+    return TP_OK;
+}
+
+static void test_codec_rref_hooks_roundtrip(void **state) {
+    (void)state;
+    if (!stubs_active()) {
+        skip();
+        return;
+    }
+    fake_rref mine = {.refs = 1};
+    hook_state h = {0};
+    tpi_codec_hooks hooks = {&h, enc_hook, dec_hook};
+    tpi_msg m = {0};
+    m.type = TPI_MSG_REQUEST;
+    strcpy(m.text, "use");
+    m.args = tp_value_list_of(2, tp_value_rref((tp_rref *)(void *)&mine),
+                              tp_value_rref((tp_rref *)(void *)&mine));
+    assert_int_equal(mine.refs, 3);
+    tp_frame *f = encode_ok(&m, &hooks);
+    assert_int_equal(h.encodes, 2); /* once per rref in the value */
+    tpi_msg d;
+    assert_int_equal(tpi_msg_decode(f, &hooks, &d, err, sizeof err), TP_OK);
+    assert_int_equal(h.decodes, 2);
+    assert_int_equal(h.made.refs, 2); /* the decoded values own the hook's references */
+    assert_true(h.made.wire.owner == 1 && h.made.wire.rref_id.local == 100);
+    assert_true(h.made.wire.fork_id.local == 202 && h.made.wire.parent == 2);
+    tp_rref *got;
+    assert_int_equal(tp_value_get_rref(tp_list_get(d.args, 0), &got), TP_OK);
+    assert_ptr_equal(got, &h.made);
+    tpi_msg_clear(&d);
+    assert_int_equal(h.made.refs, 0);
+    /* a message that fails later releases what the hook made */
+    tp_frame *g = tp_frame_alloc(f->len);
+    memcpy(tp_frame_bytes(g), frame_data(f), f->len);
+    tp_frame_bytes(g)[f->len - 5] = 9; /* kwargs' tag: a map becomes an rref */
+    assert_int_equal(tpi_msg_decode(g, &hooks, &d, err, sizeof err), TP_EPROTO);
+    assert_int_equal(h.made.refs, 0);
+    tp_frame_free(g);
+    tp_frame_free(f);
+    /* no hooks: an rref cannot be sent */
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_ETYPE);
+    assert_non_null(strstr(err, "rref"));
+    /* a message over max_size fails before any rref is forked */
+    h.encodes = 0;
+    tp_list_append(m.args, tp_value_bytes(NULL, 0));
+    assert_int_equal(tpi_msg_encode(&m, &hooks, 30, &f, err, sizeof err), TP_EMSGSIZE);
+    assert_int_equal(h.encodes, 0);
+    tpi_msg_clear(&m);
+    assert_int_equal(mine.refs, 1);
+}
+
+static void test_codec_rref_hook_failure_reported(void **state) {
+    (void)state;
+    hook_state h = {0};
+    h.fail_with = TP_EUNKNOWNWORKER;
+    tpi_codec_hooks hooks = {&h, enc_hook, dec_hook};
+    tpi_fail(TP_ETIMEDOUT, "an earlier failure");
+    uint8_t r[1 + 32] = {9, 7};
+    tpi_msg d;
+    assert_int_equal(decode_value_bytes(r, sizeof r, &d), TP_EPROTO); /* no hooks there */
+    /* with hooks, through a hand-made frame */
+    uint8_t body[4 + sizeof r] = {0};
+    memcpy(body + 4, r, sizeof r);
+    uint8_t frame[sizeof body + TP_FRAME_HEADER_SIZE];
+    size_t n = make_frame(frame, TPI_MSG_RESPONSE, 0, body, sizeof body);
+    assert_int_equal(decode_bytes(frame, n, &hooks, &d), TP_EUNKNOWNWORKER);
+    assert_string_equal(err, "rref at offset 28: owner 7 is not a worker");
+    assert_string_equal(tp_errmsg(), "an earlier failure"); /* restored */
+    if (!stubs_active())
+        return;
+    fake_rref mine = {.refs = 1};
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.value = tp_value_rref((tp_rref *)(void *)&mine);
+    tp_frame *f = NULL;
+    assert_int_equal(tpi_msg_encode(&m, &hooks, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EUNKNOWNWORKER);
+    assert_null(f);
+    assert_string_equal(err, "sending an rref: rref owner is shutting down");
+    tpi_msg_clear(&m);
+    assert_int_equal(mine.refs, 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_codec_roundtrip_scalars),
+        cmocka_unit_test(test_codec_roundtrip_blobs_and_info),
+        cmocka_unit_test(test_codec_roundtrip_containers),
+        cmocka_unit_test(test_codec_roundtrip_tensors_every_dtype),
+        cmocka_unit_test(test_codec_strided_tensor_travels_packed),
+        cmocka_unit_test(test_codec_roundtrip_every_message_type),
+        cmocka_unit_test(test_codec_response_error_and_null_args),
+        cmocka_unit_test(test_codec_value_api_on_buffers),
+        cmocka_unit_test(test_codec_buffers_primitives),
+        cmocka_unit_test(test_codec_frame_alloc_and_multi_segment_decode),
+        cmocka_unit_test(test_codec_header_rejects_bad_fields),
+        cmocka_unit_test(test_codec_truncated_at_every_offset),
+        cmocka_unit_test(test_codec_trailing_bytes_rejected),
+        cmocka_unit_test(test_codec_unknown_tag_and_dtype),
+        cmocka_unit_test(test_codec_lengths_past_end),
+        cmocka_unit_test(test_codec_huge_length_prefix_not_allocated),
+        cmocka_unit_test(test_codec_tensor_shape_and_nbytes_checked),
+        cmocka_unit_test(test_codec_depth_bomb_and_limit),
+        cmocka_unit_test(test_codec_map_keys_checked),
+        cmocka_unit_test(test_codec_names_checked),
+        cmocka_unit_test(test_codec_response_text_and_status_checked),
+        cmocka_unit_test(test_codec_oversized_message_refused),
+        cmocka_unit_test(test_codec_objects_and_bare_rrefs_cannot_be_sent),
+        cmocka_unit_test(test_codec_rref_hooks_roundtrip),
+        cmocka_unit_test(test_codec_rref_hook_failure_reported),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

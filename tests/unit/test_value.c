@@ -1,0 +1,595 @@
+/*
+ * test_value.c: the value model (spec/api.md VALUE-1..9): constructors,
+ * typed reads, containers, tensors and their layouts, clone, equality,
+ * formatting, and ownership (every test ends leak-free under ASan).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/value.h"
+#include "tensorplay/rpc.h"
+
+/*
+ * RRefs: the real tp_rref_clone/tp_rref_release need a running core. These
+ * weak stand-ins count references on a fake rref; when the library's own
+ * definitions are linked in they win, and the rref tests skip themselves.
+ */
+typedef struct fake_rref {
+    int refs;
+} fake_rref;
+
+static tp_rref *stub_rref_clone(tp_rref *r) {
+    ((fake_rref *)(void *)r)->refs++;
+    return r;
+}
+
+static void stub_rref_release(tp_rref *r) {
+    if (r)
+        ((fake_rref *)(void *)r)->refs--;
+}
+
+tp_rref *tp_rref_clone(tp_rref *rref) __attribute__((weak, alias("stub_rref_clone")));
+void tp_rref_release(tp_rref *rref) __attribute__((weak, alias("stub_rref_release")));
+
+static int stubs_active(void) {
+    tp_rref *(*volatile clone)(tp_rref *) = tp_rref_clone;
+    return clone == stub_rref_clone;
+}
+
+/* ---- Scalars and typed reads ------------------------------------------------ */
+
+static void test_value_scalars_read_back(void **state) {
+    (void)state;
+    tp_value *n = tp_value_nil(), *b = tp_value_bool(5), *i = tp_value_int(INT64_MIN);
+    tp_value *d = tp_value_float(-2.5);
+    assert_int_equal(tp_value_kind(n), TP_KIND_NIL);
+    int bv = 0;
+    assert_int_equal(tp_value_get_bool(b, &bv), TP_OK);
+    assert_int_equal(bv, 1); /* any non-zero is true, stored as 1 */
+    int64_t iv = 0;
+    assert_int_equal(tp_value_get_int(i, &iv), TP_OK);
+    assert_true(iv == INT64_MIN);
+    double dv = 0;
+    assert_int_equal(tp_value_get_float(d, &dv), TP_OK);
+    assert_true(dv == -2.5);
+    /* get_float also reads ints */
+    assert_int_equal(tp_value_get_float(i, &dv), TP_OK);
+    assert_true(dv == (double)INT64_MIN);
+    tp_value_free(n);
+    tp_value_free(b);
+    tp_value_free(i);
+    tp_value_free(d);
+}
+
+static void test_value_typed_read_wrong_kind(void **state) {
+    (void)state;
+    tp_value *s = tp_value_str("x");
+    int64_t iv;
+    assert_int_equal(tp_value_get_int(s, &iv), TP_ETYPE);
+    assert_string_equal(tp_errmsg(), "expected int, got str");
+    int bv;
+    assert_int_equal(tp_value_get_bool(s, &bv), TP_ETYPE);
+    double dv;
+    assert_int_equal(tp_value_get_float(s, &dv), TP_ETYPE);
+    assert_string_equal(tp_errmsg(), "expected float, got str");
+    const void *p;
+    size_t len;
+    assert_int_equal(tp_value_get_bytes(s, &p, &len), TP_ETYPE);
+    tp_worker_info wi;
+    assert_int_equal(tp_value_get_worker_info(s, &wi), TP_ETYPE);
+    tp_rref *r;
+    assert_int_equal(tp_value_get_rref(s, &r), TP_ETYPE);
+    void *st;
+    assert_int_equal(tp_value_get_object(s, NULL, &st), TP_ETYPE);
+    assert_int_equal(tp_value_get_int(NULL, &iv), TP_EINVAL);
+    assert_int_equal(tp_value_get_str(s, NULL, &len), TP_EINVAL);
+    tp_value_free(s);
+}
+
+static void test_value_str_and_bytes_copied_and_terminated(void **state) {
+    (void)state;
+    char src[] = {'a', '\0', 'b'};
+    tp_value *s = tp_value_strn(src, sizeof src);
+    src[0] = 'z'; /* the value holds its own copy */
+    const char *data;
+    size_t len;
+    assert_int_equal(tp_value_get_str(s, &data, &len), TP_OK);
+    assert_int_equal(len, 3);
+    assert_memory_equal(data, "a\0b", 3);
+    assert_int_equal(data[3], '\0');
+    tp_value *e = tp_value_str("");
+    assert_int_equal(tp_value_get_str(e, &data, &len), TP_OK);
+    assert_int_equal(len, 0);
+    assert_string_equal(data, "");
+    tp_value *by = tp_value_bytes("\x00\xff", 2);
+    const void *bp;
+    assert_int_equal(tp_value_get_bytes(by, &bp, &len), TP_OK);
+    assert_int_equal(len, 2);
+    assert_memory_equal(bp, "\x00\xff", 2);
+    tp_value *eb = tp_value_bytes(NULL, 0);
+    assert_non_null(eb);
+    assert_null(tp_value_bytes(NULL, 1));
+    assert_null(tp_value_str(NULL));
+    assert_false(tp_value_equal(s, e));
+    tp_value_free(s);
+    tp_value_free(e);
+    tp_value_free(by);
+    tp_value_free(eb);
+}
+
+/* ---- Lists and maps ----------------------------------------------------------- */
+
+static void test_value_list_append_and_get(void **state) {
+    (void)state;
+    tp_value *l = tp_value_list();
+    assert_int_equal(tp_list_len(l), 0);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(tp_list_append(l, tp_value_int(i)), TP_OK);
+    assert_int_equal(tp_list_len(l), 100);
+    int64_t v;
+    assert_int_equal(tp_value_get_int(tp_list_get(l, 42), &v), TP_OK);
+    assert_int_equal(v, 42);
+    assert_null(tp_list_get(l, 100));
+    assert_int_equal(tp_list_append(l, l), TP_EINVAL);
+    assert_int_equal(tp_list_append(l, NULL), TP_EINVAL);
+    /* on failure the caller keeps the item */
+    tp_value *m = tp_value_map(), *item = tp_value_int(1);
+    assert_int_equal(tp_list_append(m, item), TP_ETYPE);
+    assert_string_equal(tp_errmsg(), "expected list, got map");
+    assert_int_equal(tp_list_len(m), 0);
+    assert_null(tp_list_get(m, 0));
+    tp_value_free(item);
+    tp_value_free(m);
+    tp_value_free(l);
+}
+
+static void test_value_map_keeps_order_and_replaces(void **state) {
+    (void)state;
+    tp_value *m = tp_value_map();
+    assert_int_equal(tp_map_set(m, "b", tp_value_int(1)), TP_OK);
+    assert_int_equal(tp_map_set(m, "a", tp_value_int(2)), TP_OK);
+    assert_int_equal(tp_map_set(m, "c", tp_value_int(3)), TP_OK);
+    assert_int_equal(tp_map_set(m, "a", tp_value_str("two")), TP_OK); /* replaces in place */
+    assert_int_equal(tp_map_len(m), 3);
+    assert_string_equal(tp_map_key_at(m, 0), "b");
+    assert_string_equal(tp_map_key_at(m, 1), "a");
+    assert_string_equal(tp_map_key_at(m, 2), "c");
+    assert_null(tp_map_key_at(m, 3));
+    assert_int_equal(tp_value_kind(tp_map_get(m, "a")), TP_KIND_STR);
+    assert_ptr_equal(tp_map_get(m, "a"), tp_map_value_at(m, 1));
+    assert_null(tp_map_get(m, "zz"));
+    assert_null(tp_map_value_at(m, 3));
+    /* setting the value already there is a no-op, not a use-after-free */
+    tp_value *same = (tp_value *)tp_map_get(m, "c");
+    assert_int_equal(tp_map_set(m, "c", same), TP_OK);
+    assert_ptr_equal(tp_map_get(m, "c"), same);
+    tp_value *item = tp_value_nil();
+    assert_int_equal(tp_map_set(m, NULL, item), TP_EINVAL);
+    assert_int_equal(tp_map_set(item, "k", item), TP_ETYPE);
+    tp_value_free(item);
+    tp_value_free(m);
+}
+
+static void test_value_map_find_duplicate(void **state) {
+    (void)state;
+    tp_value *m = tp_value_map();
+    char key[16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_int_equal(tpi_map_push(m, key, strlen(key), tp_value_int(i)), TP_OK);
+    }
+    size_t dup = 0;
+    assert_int_equal(tpi_map_find_duplicate(m, &dup), TP_OK);
+    assert_true(dup == SIZE_MAX);
+    assert_int_equal(tpi_map_push(m, "k7", 2, tp_value_nil()), TP_OK);
+    assert_int_equal(tpi_map_find_duplicate(m, &dup), TP_OK);
+    assert_int_equal(dup, 40); /* the later of the two */
+    tp_value_free(m);
+}
+
+static void test_value_list_of_transfers_all(void **state) {
+    (void)state;
+    tp_value *l = tp_value_list_of(3, tp_value_int(1), tp_value_str("a"), tp_value_nil());
+    assert_int_equal(tp_list_len(l), 3);
+    assert_int_equal(tp_value_kind(tp_list_get(l, 1)), TP_KIND_STR);
+    tp_value_free(l);
+    /* one NULL item (a failed constructor): NULL, and the others are freed */
+    assert_null(tp_value_list_of(3, tp_value_int(1), NULL, tp_value_str("leak?")));
+    tp_value *empty = tp_value_list_of(0);
+    assert_int_equal(tp_list_len(empty), 0);
+    tp_value_free(empty);
+}
+
+/* ---- Tensors -------------------------------------------------------------------- */
+
+static void test_value_tensor_contiguous_copy(void **state) {
+    (void)state;
+    float src[6] = {0, 1, 2, 3, 4, 5};
+    int64_t shape[2] = {2, 3};
+    tp_value *t = tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, NULL, src);
+    assert_non_null(t);
+    src[0] = 99; /* copied */
+    assert_int_equal(tp_tensor_dtype(t), TP_DTYPE_FLOAT32);
+    assert_int_equal(tp_tensor_ndim(t), 2);
+    assert_true(tp_tensor_shape(t)[0] == 2 && tp_tensor_shape(t)[1] == 3);
+    assert_true(tp_tensor_strides(t)[0] == 3 && tp_tensor_strides(t)[1] == 1);
+    assert_int_equal(tp_tensor_numel(t), 6);
+    assert_true(tp_tensor_is_contiguous(t));
+    const float *d = tp_tensor_cdata(t);
+    assert_true(d[0] == 0 && d[5] == 5);
+    ((float *)tp_tensor_data(t))[1] = 7;
+    assert_true(d[1] == 7);
+    assert_int_equal(tpi_tensor_packed_size(t), 24);
+    /* accessors on other kinds */
+    tp_value *n = tp_value_nil();
+    assert_int_equal(tp_tensor_ndim(n), 0);
+    assert_null(tp_tensor_shape(n));
+    assert_null(tp_tensor_data(n));
+    assert_int_equal(tp_tensor_numel(n), 0);
+    assert_false(tp_tensor_is_contiguous(n));
+    tp_value_free(n);
+    tp_value_free(t);
+}
+
+static void test_value_tensor_strided_packs_row_major(void **state) {
+    (void)state;
+    /* A transposed view of a 2x3 int32 matrix: shape [3, 2], strides [1, 3]. */
+    int32_t base[6] = {0, 1, 2, 3, 4, 5};
+    int64_t shape[2] = {3, 2}, strides[2] = {1, 3};
+    tp_value *t = tp_value_tensor(TP_DTYPE_INT32, 2, shape, strides, base);
+    assert_non_null(t);
+    assert_false(tp_tensor_is_contiguous(t));
+    assert_true(tp_tensor_strides(t)[0] == 1 && tp_tensor_strides(t)[1] == 3);
+    int32_t packed[6];
+    tpi_tensor_pack(t, packed);
+    int32_t want[6] = {0, 3, 1, 4, 2, 5};
+    assert_memory_equal(packed, want, sizeof want);
+    /* equal to the contiguous tensor with the same elements */
+    tp_value *c = tp_value_tensor(TP_DTYPE_INT32, 2, shape, NULL, want);
+    assert_true(tp_value_equal(t, c));
+    assert_true(tp_value_equal(c, t));
+    /* a clone keeps the layout and the elements */
+    tp_value *k = tp_value_clone(t);
+    assert_false(tp_tensor_is_contiguous(k));
+    assert_true(tp_value_equal(k, c));
+    want[5] = 6;
+    tp_value *c2 = tp_value_tensor(TP_DTYPE_INT32, 2, shape, NULL, want);
+    assert_false(tp_value_equal(t, c2));
+    tp_value_free(t);
+    tp_value_free(c);
+    tp_value_free(c2);
+    tp_value_free(k);
+}
+
+static void test_value_tensor_broadcast_and_sliced(void **state) {
+    (void)state;
+    /* stride 0: one element repeated */
+    double one = 1.5;
+    int64_t shape[1] = {4}, stride0[1] = {0};
+    tp_value *b = tp_value_tensor(TP_DTYPE_FLOAT64, 1, shape, stride0, &one);
+    assert_non_null(b);
+    double out[4];
+    tpi_tensor_pack(b, out);
+    for (int i = 0; i < 4; i++)
+        assert_true(out[i] == 1.5);
+    /* every other element of 7: span reaches elements 0, 2, 4, 6 only */
+    int16_t src[7] = {10, 11, 12, 13, 14, 15, 16};
+    int64_t s2[1] = {2};
+    tp_value *e = tp_value_tensor(TP_DTYPE_INT16, 1, shape, s2, src);
+    int16_t got[4];
+    tpi_tensor_pack(e, got);
+    assert_true(got[0] == 10 && got[1] == 12 && got[2] == 14 && got[3] == 16);
+    /* 3-d with a size-1 dimension whose stride is arbitrary: still contiguous */
+    int64_t sh3[3] = {2, 1, 2}, st3[3] = {2, 77, 1};
+    uint8_t u[4] = {1, 2, 3, 4};
+    tp_value *c = tp_value_tensor(TP_DTYPE_UINT8, 3, sh3, st3, u);
+    assert_non_null(c);
+    assert_true(tp_tensor_is_contiguous(c));
+    tp_value_free(b);
+    tp_value_free(e);
+    tp_value_free(c);
+}
+
+static void test_value_tensor_zeros_empty_and_scalar(void **state) {
+    (void)state;
+    int64_t shape[2] = {3, 3};
+    tp_value *z = tp_value_tensor(TP_DTYPE_INT64, 2, shape, NULL, NULL);
+    const int64_t *d = tp_tensor_cdata(z);
+    for (int i = 0; i < 9; i++)
+        assert_true(d[i] == 0);
+    int64_t empty_shape[2] = {0, 5};
+    tp_value *e = tp_value_tensor(TP_DTYPE_FLOAT32, 2, empty_shape, NULL, NULL);
+    assert_non_null(e);
+    assert_int_equal(tp_tensor_numel(e), 0);
+    assert_true(tp_tensor_is_contiguous(e));
+    assert_non_null(tp_tensor_cdata(e));
+    assert_true(tp_tensor_strides(e)[0] == 5);
+    int8_t x = -3;
+    tp_value *s = tp_value_tensor(TP_DTYPE_INT8, 0, NULL, NULL, &x);
+    assert_int_equal(tp_tensor_numel(s), 1);
+    assert_int_equal(*(const int8_t *)tp_tensor_cdata(s), -3);
+    tp_value *s2 = tp_value_clone(s);
+    assert_true(tp_value_equal(s, s2));
+    tp_value_free(z);
+    tp_value_free(e);
+    tp_value_free(s);
+    tp_value_free(s2);
+}
+
+static void test_value_tensor_rejects_bad_and_overflow(void **state) {
+    (void)state;
+    int64_t shape[2] = {2, 2};
+    int64_t big[TP_TENSOR_NDIM_MAX + 1];
+    for (int i = 0; i <= TP_TENSOR_NDIM_MAX; i++)
+        big[i] = 1;
+    assert_null(tp_value_tensor(TP_DTYPE_COUNT_, 2, shape, NULL, NULL));
+    assert_null(tp_value_tensor((tp_dtype)-1, 2, shape, NULL, NULL));
+    assert_null(tp_value_tensor(TP_DTYPE_FLOAT32, -1, shape, NULL, NULL));
+    assert_null(tp_value_tensor(TP_DTYPE_FLOAT32, TP_TENSOR_NDIM_MAX + 1, big, NULL, NULL));
+    tp_value *ok = tp_value_tensor(TP_DTYPE_FLOAT32, TP_TENSOR_NDIM_MAX, big, NULL, NULL);
+    assert_non_null(ok);
+    tp_value_free(ok);
+    assert_null(tp_value_tensor(TP_DTYPE_FLOAT32, 2, NULL, NULL, NULL));
+    int64_t neg[2] = {2, -1};
+    assert_null(tp_value_tensor(TP_DTYPE_FLOAT32, 2, neg, NULL, NULL));
+    int64_t neg_stride[2] = {1, -1};
+    assert_null(tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, neg_stride, NULL));
+    /* numel overflows int64 */
+    int64_t huge[2] = {(int64_t)1 << 40, (int64_t)1 << 40};
+    int64_t zero_strides[2] = {0, 0};
+    assert_null(tp_value_tensor(TP_DTYPE_UINT8, 2, huge, zero_strides, NULL));
+    /* numel fits but numel * element size does not */
+    int64_t wide[1] = {(int64_t)1 << 62};
+    int64_t z1[1] = {0};
+    assert_null(tp_value_tensor(TP_DTYPE_INT64, 1, wide, z1, NULL));
+    /* the span the strides reach overflows */
+    int64_t far[2] = {INT64_MAX, 1};
+    assert_null(tp_value_tensor(TP_DTYPE_UINT8, 2, shape, far, NULL));
+    /* empty, but the row-major strides overflow */
+    int64_t empty_huge[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40};
+    assert_null(tp_value_tensor(TP_DTYPE_UINT8, 3, empty_huge, NULL, NULL));
+    /* the check the codec uses agrees */
+    uint64_t packed = 0;
+    assert_int_equal(tpi_tensor_check(TP_DTYPE_UINT8, 3, empty_huge, &packed), TP_ERANGE);
+    assert_int_equal(tpi_tensor_check(TP_DTYPE_FLOAT64, 2, shape, &packed), TP_OK);
+    assert_int_equal(packed, 32);
+}
+
+static void test_value_dtype_and_kind_names(void **state) {
+    (void)state;
+    static const struct {
+        tp_dtype d;
+        const char *name;
+        size_t size;
+    } want[] = {
+        {TP_DTYPE_FLOAT32, "float32", 4}, {TP_DTYPE_FLOAT64, "float64", 8},
+        {TP_DTYPE_FLOAT16, "float16", 2}, {TP_DTYPE_BFLOAT16, "bfloat16", 2},
+        {TP_DTYPE_INT8, "int8", 1},       {TP_DTYPE_INT16, "int16", 2},
+        {TP_DTYPE_INT32, "int32", 4},     {TP_DTYPE_INT64, "int64", 8},
+        {TP_DTYPE_UINT8, "uint8", 1},     {TP_DTYPE_BOOL, "bool", 1},
+    };
+    assert_int_equal(sizeof want / sizeof want[0], TP_DTYPE_COUNT_);
+    for (size_t i = 0; i < TP_DTYPE_COUNT_; i++) {
+        assert_string_equal(tp_dtype_name(want[i].d), want[i].name);
+        assert_int_equal(tp_dtype_size(want[i].d), want[i].size);
+    }
+    assert_int_equal(tp_dtype_size(TP_DTYPE_COUNT_), 0);
+    assert_string_equal(tp_dtype_name(TP_DTYPE_COUNT_), "invalid");
+    assert_string_equal(tp_kind_name(TP_KIND_NIL), "nil");
+    assert_string_equal(tp_kind_name(TP_KIND_WORKER_INFO), "worker_info");
+    assert_string_equal(tp_kind_name(TP_KIND_OBJECT), "object");
+    assert_string_equal(tp_kind_name((tp_kind)12), "invalid");
+}
+
+/* ---- Clone, equality, objects, rrefs ------------------------------------------------ */
+
+static tp_value *sample_tree(void) {
+    tp_worker_info wi = {.name = "trainer:0", .id = 3};
+    int64_t shape[2] = {3, 2}, strides[2] = {1, 3};
+    uint16_t halves[6] = {1, 2, 3, 4, 5, 6};
+    tp_value *inner = tp_value_map();
+    tp_map_set(inner, "lr", tp_value_float(0.01));
+    tp_map_set(inner, "who", tp_value_worker_info(&wi));
+    tp_map_set(inner, "w", tp_value_tensor(TP_DTYPE_BFLOAT16, 2, shape, strides, halves));
+    tp_map_set(inner, "empty", tp_value_list());
+    return tp_value_list_of(6, tp_value_int(-7), tp_value_str("héllo"), tp_value_bytes("\0\1", 2),
+                            inner, tp_value_list_of(1, tp_value_list_of(0)), tp_value_bool(0));
+}
+
+static void test_value_clone_is_deep_and_equal(void **state) {
+    (void)state;
+    tp_value *a = sample_tree();
+    tp_value *b = tp_value_clone(a);
+    assert_non_null(b);
+    assert_true(tp_value_equal(a, b));
+    assert_ptr_not_equal(tp_list_get(a, 3), tp_list_get(b, 3));
+    /* changing the copy leaves the original */
+    tp_value *inner = (tp_value *)tp_list_get(b, 3);
+    tp_map_set(inner, "lr", tp_value_float(0.02));
+    assert_false(tp_value_equal(a, b));
+    double lr;
+    assert_int_equal(tp_value_get_float(tp_map_get(tp_list_get(a, 3), "lr"), &lr), TP_OK);
+    assert_true(lr == 0.01);
+    assert_null(tp_value_clone(NULL));
+    tp_value_free(a);
+    tp_value_free(b);
+}
+
+static void test_value_equal_rules(void **state) {
+    (void)state;
+    tp_value *nan1 = tp_value_float(NAN), *nan2 = tp_value_float(-NAN);
+    tp_value *pz = tp_value_float(0.0), *nz = tp_value_float(-0.0);
+    tp_value *i1 = tp_value_int(1), *f1 = tp_value_float(1.0);
+    assert_true(tp_value_equal(nan1, nan2));
+    assert_true(tp_value_equal(pz, nz));
+    assert_false(tp_value_equal(i1, f1)); /* kinds differ */
+    assert_true(tp_value_equal(NULL, NULL));
+    assert_false(tp_value_equal(i1, NULL));
+    /* maps: same keys and values in any order; lists: order matters */
+    tp_value *m1 = tp_value_map(), *m2 = tp_value_map();
+    tp_map_set(m1, "a", tp_value_int(1));
+    tp_map_set(m1, "b", tp_value_int(2));
+    tp_map_set(m2, "b", tp_value_int(2));
+    tp_map_set(m2, "a", tp_value_int(1));
+    assert_true(tp_value_equal(m1, m2));
+    tp_map_set(m2, "a", tp_value_int(3));
+    assert_false(tp_value_equal(m1, m2));
+    tp_value *l1 = tp_value_list_of(2, tp_value_int(1), tp_value_int(2));
+    tp_value *l2 = tp_value_list_of(2, tp_value_int(2), tp_value_int(1));
+    assert_false(tp_value_equal(l1, l2));
+    /* tensors: dtype and shape count */
+    int64_t s4[1] = {4}, s22[2] = {2, 2};
+    uint8_t data[4] = {1, 2, 3, 4};
+    tp_value *t1 = tp_value_tensor(TP_DTYPE_UINT8, 1, s4, NULL, data);
+    tp_value *t2 = tp_value_tensor(TP_DTYPE_UINT8, 2, s22, NULL, data);
+    tp_value *t3 = tp_value_tensor(TP_DTYPE_INT8, 1, s4, NULL, data);
+    assert_false(tp_value_equal(t1, t2));
+    assert_false(tp_value_equal(t1, t3));
+    tp_worker_info w1 = {.name = "a", .id = 1}, w2 = {.name = "a", .id = 2};
+    tp_value *v1 = tp_value_worker_info(&w1), *v2 = tp_value_worker_info(&w2);
+    assert_false(tp_value_equal(v1, v2));
+    tp_value *all[] = {nan1, nan2, pz, nz, i1, f1, m1, m2, l1, l2, t1, t2, t3, v1, v2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tp_value_free(all[i]);
+}
+
+static int destroyed;
+static void count_destroy(void *st) {
+    destroyed += *(int *)st;
+}
+
+static void test_value_object_lifecycle(void **state) {
+    (void)state;
+    static int one = 1;
+    destroyed = 0;
+    tp_value *o = tp_value_object("Counter", &one, count_destroy);
+    const char *cls;
+    void *st;
+    assert_int_equal(tp_value_get_object(o, &cls, &st), TP_OK);
+    assert_string_equal(cls, "Counter");
+    assert_ptr_equal(st, &one);
+    assert_int_equal(tp_value_get_object(o, NULL, NULL), TP_OK);
+    /* objects cannot be cloned, alone or inside a container */
+    assert_null(tp_value_clone(o));
+    tp_value *l = tp_value_list_of(2, tp_value_int(1), o);
+    assert_null(tp_value_clone(l));
+    assert_int_equal(destroyed, 0);
+    /* equality is identity of the state */
+    tp_value *o2 = tp_value_object("Other", &one, NULL);
+    tp_value *o3 = tp_value_object("Counter", &destroyed, NULL);
+    assert_true(tp_value_equal(tp_list_get(l, 1), o2));
+    assert_false(tp_value_equal(o2, o3));
+    tp_value_free(l);
+    assert_int_equal(destroyed, 1); /* destroy ran exactly once */
+    tp_value_free(o2);
+    tp_value_free(o3);
+    assert_int_equal(destroyed, 1);
+    assert_null(tp_value_object(NULL, &one, NULL));
+}
+
+static void test_value_worker_info_copied(void **state) {
+    (void)state;
+    tp_worker_info wi;
+    memset(wi.name, 'x', sizeof wi.name); /* not terminated: at most 127 bytes copied */
+    wi.id = 9;
+    tp_value *v = tp_value_worker_info(&wi);
+    tp_worker_info out;
+    assert_int_equal(tp_value_get_worker_info(v, &out), TP_OK);
+    assert_int_equal(out.id, 9);
+    assert_int_equal(strlen(out.name), TP_NAME_LEN_MAX);
+    assert_null(tp_value_worker_info(NULL));
+    tp_value_free(v);
+}
+
+static void test_value_rref_holds_own_reference(void **state) {
+    (void)state;
+    if (!stubs_active()) {
+        skip(); /* linked with the real rrefs: needs a running core */
+        return;
+    }
+    fake_rref fr = {.refs = 1};
+    tp_rref *r = (tp_rref *)(void *)&fr;
+    tp_value *v = tp_value_rref(r);
+    assert_int_equal(fr.refs, 2);
+    tp_rref *got = NULL;
+    assert_int_equal(tp_value_get_rref(v, &got), TP_OK);
+    assert_ptr_equal(got, r);
+    tp_value *c = tp_value_clone(v);
+    assert_int_equal(fr.refs, 3);
+    assert_true(tp_value_equal(v, c));
+    tp_value *l = tp_value_list_of(2, v, c);
+    tp_value_free(l);
+    assert_int_equal(fr.refs, 1);
+    assert_null(tp_value_rref(NULL));
+}
+
+/* ---- Format ---------------------------------------------------------------------- */
+
+static void test_value_format_reads_like_python(void **state) {
+    (void)state;
+    char buf[256];
+    tp_value *m = tp_value_map();
+    tp_map_set(m, "k", tp_value_list_of(3, tp_value_nil(), tp_value_bool(1), tp_value_float(0.1)));
+    tp_map_set(m, "s", tp_value_str("it's\n"));
+    tp_map_set(m, "b", tp_value_bytes("\x01z", 2));
+    tp_map_set(m, "f", tp_value_float(2.0));
+    tp_map_set(m, "i", tp_value_int(-12));
+    size_t n = tp_value_format(m, buf, sizeof buf);
+    assert_string_equal(buf, "{'k': [None, True, 0.1], 's': 'it\\'s\\n', 'b': b'\\x01z', "
+                             "'f': 2.0, 'i': -12}");
+    assert_int_equal(n, strlen(buf));
+    int64_t shape[2] = {2, 3};
+    tp_value *t = tp_value_tensor(TP_DTYPE_FLOAT16, 2, shape, NULL, NULL);
+    tp_value_format(t, buf, sizeof buf);
+    assert_string_equal(buf, "tensor(shape=[2, 3], dtype=float16)");
+    tp_worker_info wi = {.name = "w1", .id = 1};
+    tp_value *w = tp_value_worker_info(&wi);
+    tp_value_format(w, buf, sizeof buf);
+    assert_string_equal(buf, "WorkerInfo(id=1, name=w1)");
+    tp_value *inf = tp_value_list_of(3, tp_value_float(INFINITY), tp_value_float(-INFINITY),
+                                     tp_value_float(NAN));
+    tp_value_format(inf, buf, sizeof buf);
+    assert_string_equal(buf, "[inf, -inf, nan]");
+    /* truncation: always terminated, length is what was written */
+    char small[8];
+    n = tp_value_format(m, small, sizeof small);
+    assert_int_equal(n, 7);
+    assert_string_equal(small, "{'k': [");
+    assert_int_equal(tp_value_format(m, small, 0), 0);
+    tp_value_free(m);
+    tp_value_free(t);
+    tp_value_free(w);
+    tp_value_free(inf);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_value_scalars_read_back),
+        cmocka_unit_test(test_value_typed_read_wrong_kind),
+        cmocka_unit_test(test_value_str_and_bytes_copied_and_terminated),
+        cmocka_unit_test(test_value_list_append_and_get),
+        cmocka_unit_test(test_value_map_keeps_order_and_replaces),
+        cmocka_unit_test(test_value_map_find_duplicate),
+        cmocka_unit_test(test_value_list_of_transfers_all),
+        cmocka_unit_test(test_value_tensor_contiguous_copy),
+        cmocka_unit_test(test_value_tensor_strided_packs_row_major),
+        cmocka_unit_test(test_value_tensor_broadcast_and_sliced),
+        cmocka_unit_test(test_value_tensor_zeros_empty_and_scalar),
+        cmocka_unit_test(test_value_tensor_rejects_bad_and_overflow),
+        cmocka_unit_test(test_value_dtype_and_kind_names),
+        cmocka_unit_test(test_value_clone_is_deep_and_equal),
+        cmocka_unit_test(test_value_equal_rules),
+        cmocka_unit_test(test_value_object_lifecycle),
+        cmocka_unit_test(test_value_worker_info_copied),
+        cmocka_unit_test(test_value_rref_holds_own_reference),
+        cmocka_unit_test(test_value_format_reads_like_python),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,113 @@
+/*
+ * tpsim.h: the pieces of the tpsim fault-experiment tool (tools/README.md).
+ *
+ * tpsim.c parses the command line, builds the simulation, runs one scenario
+ * on every simulated host and prints the summary. tpsim_scenarios.c holds the
+ * scenario table and the per-worker scenario bodies; tpsim_functions.c the
+ * functions every simulated worker serves. Checks are recorded through
+ * tpsim_check so each one prints a PASS/FAIL line and lands in the trace.
+ *
+ * Everything here runs in one OS thread: the simulator's hosts are
+ * cooperative tasks, so the shared counters below need no locking.
+ */
+#ifndef TPSIM_H
+#define TPSIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensorplay/sim.h"
+
+/* Every simulated worker's rpc timeout, in seconds. */
+#define TPSIM_RPC_TIMEOUT_S 30.0
+/* A prompt failure (peer-down) must arrive within this much virtual time. */
+#define TPSIM_PROMPT_NS (100u * 1000u * 1000u)
+/* "Fails at once": a call to a known-dead worker must fail within this. */
+#define TPSIM_AT_ONCE_NS (1000u * 1000u)
+
+typedef struct tpsim_scenario {
+    const char *name;
+    const char *about;    /* one line for --list --verbose and --help */
+    uint32_t workers_min; /* fewer workers are rejected on the command line */
+    uint32_t workers_default;
+    /* Adds the scenario's own faults to the simulation before it runs; NULL: none. */
+    tp_status (*setup)(tp_sim *sim, uint32_t workers);
+    /* Runs on every worker between a successful init and the graceful shutdown. */
+    void (*body)(int rank, int world);
+    /* Checks after shutdown returned on a surviving worker; NULL: none. */
+    void (*after_shutdown)(int rank, int world);
+    /* The exit code each host is expected to end with (137: killed); NULL: all 0. */
+    int (*expect_exit)(int rank, int world);
+    /* Checks in main after the run (shared counters); NULL: none. */
+    void (*finish)(int world);
+} tpsim_scenario;
+
+/* The scenario table, in --list order. */
+extern const tpsim_scenario tpsim_scenarios[];
+extern const size_t tpsim_scenario_count;
+
+/* The scenario of that name, or NULL. */
+const tpsim_scenario *tpsim_scenario_find(const char *name);
+
+/*
+ * The program every simulated host runs (a tp_sim_program): registers the
+ * functions, initialises worker "w<rank>", runs the scenario's body, shuts
+ * down gracefully. arg is the tpsim_scenario. Returns 0, or 1 when a check
+ * on this host failed.
+ */
+int tpsim_program(int rank, int world, void *arg);
+
+/*
+ * Records one check: prints "PASS <what>" or "FAIL <what>" (what is
+ * printf-formatted; prefix it with the worker), and puts the same line into
+ * the trace when called inside the simulation. Returns ok.
+ */
+int tpsim_check(int ok, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Prints an informational line (not a check) and notes it in the trace. */
+void tpsim_info(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* Checks passed and failed so far; failures of one host (rank < world). */
+uint64_t tpsim_checks_passed(void);
+uint64_t tpsim_checks_failed(void);
+uint32_t tpsim_host_failures(int rank);
+
+/* Registers every function tpsim's workers serve, on the current worker. */
+tp_status tpsim_register_functions(void);
+
+/* ---- State shared by the functions and the scenarios (one thread). ------ */
+
+typedef struct tpsim_shared {
+    /* Counter objects (remote): created by make_counter, destroyed when freed. */
+    uint64_t counters_created;
+    uint64_t counters_destroyed;
+    /* Served calls of slow_add and forward (shutdown_load): begun and ended. */
+    uint64_t handlers_begun;
+    uint64_t handlers_ended;
+    /* worker_death: slow calls that reached the victim before it crashes. */
+    uint32_t victim_arrivals;
+    uint32_t victim_arrivals_expected;
+    uint64_t crash_ns; /* virtual time of tp_sim_crash_self; 0 before */
+    /* Lifecycle, summed over workers by tpsim_program. */
+    uint32_t inits_ok;
+    uint32_t shutdowns_ok;    /* graceful shutdowns that returned TP_OK on survivors */
+    uint64_t shutdown_ns_max; /* the longest graceful shutdown, virtual ns */
+} tpsim_shared;
+
+extern tpsim_shared tpsim_state;
+
+/* Virtual time now, in ns (inside the simulation). */
+uint64_t tpsim_now_ns(void);
+
+/* The worker name tpsim uses for a rank: "w<rank>" into buf. */
+void tpsim_worker_name(int rank, char *buf, size_t len);
+
+#endif
