@@ -25,10 +25,10 @@
 #include "value.h"
 
 /* Fixed sizes of the parts of a body (WIRE-2, WIRE-5). */
-#define GID_SIZE 12u        /* u32 worker, u64 local */
-#define RREF_WIRE_SIZE 32u  /* u32 owner, gid rref_id, gid fork_id, u32 parent */
-#define EMPTY_CONTAINER 5u  /* tag, u32 count 0 */
-#define MAP_ENTRY_MIN 5u    /* u32 key length 0, one tag */
+#define GID_SIZE 12u       /* u32 worker, u64 local */
+#define RREF_WIRE_SIZE 32u /* u32 owner, gid rref_id, gid fork_id, u32 parent */
+#define EMPTY_CONTAINER 5u /* tag, u32 count 0 */
+#define MAP_ENTRY_MIN 5u   /* u32 key length 0, one tag */
 
 /* ---- Output buffers --------------------------------------------------------- */
 
@@ -151,6 +151,7 @@ void tpi_rbuf_init(tpi_rbuf *r, const void *p, size_t len) {
     r->p = p;
     r->len = len;
     r->pos = 0;
+    r->values = 0;
     r->status = TP_OK;
     r->errmsg[0] = '\0';
 }
@@ -175,8 +176,8 @@ static const uint8_t *rbuf_take(tpi_rbuf *r, size_t n) {
     if (r->status != TP_OK)
         return NULL;
     if (n > rbuf_left(r)) {
-        tpi_rbuf_fail(r, TP_EPROTO, "truncated at offset %zu: %zu bytes needed, %zu left",
-                      r->pos, n, rbuf_left(r));
+        tpi_rbuf_fail(r, TP_EPROTO, "truncated at offset %zu: %zu bytes needed, %zu left", r->pos,
+                      n, rbuf_left(r));
         return NULL;
     }
     const uint8_t *p = r->p + r->pos;
@@ -660,8 +661,8 @@ static tp_value *decode_tensor(tpi_rbuf *r, size_t at) {
         return NULL;
     }
     if (ndim > TP_TENSOR_NDIM_MAX) {
-        tpi_rbuf_fail(r, TP_EPROTO, "tensor at offset %zu has %u dimensions; the limit is %d",
-                      at, ndim, TP_TENSOR_NDIM_MAX);
+        tpi_rbuf_fail(r, TP_EPROTO, "tensor at offset %zu has %u dimensions; the limit is %d", at,
+                      ndim, TP_TENSOR_NDIM_MAX);
         return NULL;
     }
     int64_t shape[TP_TENSOR_NDIM_MAX];
@@ -740,8 +741,7 @@ static tp_value *decode_rref(tpi_rbuf *r, const tpi_codec_hooks *hooks, size_t a
 }
 
 /* A name without NUL bytes, of min_len..max_len bytes, copied into out. */
-static int get_name(tpi_rbuf *r, const char *what, uint32_t min_len, uint32_t max_len,
-                    char *out) {
+static int get_name(tpi_rbuf *r, const char *what, uint32_t min_len, uint32_t max_len, char *out) {
     size_t at = r->pos;
     const char *s;
     uint32_t n;
@@ -774,6 +774,11 @@ static tp_value *decode_value(tpi_rbuf *r, const tpi_codec_hooks *hooks, int dep
     uint8_t tag;
     if (!tpi_rbuf_u8(r, &tag))
         return NULL;
+    if (++r->values > TPI_VALUES_PER_MESSAGE_MAX) {
+        tpi_rbuf_fail(r, TP_ELIMIT, "value at offset %zu is past the limit of %u values a message",
+                      at, TPI_VALUES_PER_MESSAGE_MAX);
+        return NULL;
+    }
     tp_value *v = NULL;
     switch (tag) {
     case TP_KIND_NIL:
@@ -851,8 +856,8 @@ static int has_method_flag(uint8_t type) {
 
 static const char *msg_type_name(uint8_t type) {
     static const char *const names[] = {
-        "?", "REQUEST", "RESPONSE", "REMOTE", "RREF_FETCH", "RREF_DELETE", "RREF_FORK",
-        "RREF_ACCEPT",
+        "?",          "REQUEST",     "RESPONSE",  "REMOTE",
+        "RREF_FETCH", "RREF_DELETE", "RREF_FORK", "RREF_ACCEPT",
     };
     return type <= TPI_MSG_TYPE_MAX_ ? names[type] : "?";
 }
@@ -934,8 +939,7 @@ static tp_status msg_size(enc *e, const tpi_msg *m, size_t *text_len, uint64_t *
 }
 
 static void header_write(tpi_wbuf *b, const tpi_msg *m, uint32_t body) {
-    const uint8_t magic[4] = {TPI_WIRE_MAGIC0, TPI_WIRE_MAGIC1, TPI_WIRE_MAGIC2,
-                              TPI_WIRE_MAGIC3};
+    const uint8_t magic[4] = {TPI_WIRE_MAGIC0, TPI_WIRE_MAGIC1, TPI_WIRE_MAGIC2, TPI_WIRE_MAGIC3};
     tpi_wbuf_put(b, magic, sizeof magic);
     tpi_wbuf_u8(b, TPI_WIRE_VERSION);
     tpi_wbuf_u8(b, m->type);
@@ -1078,8 +1082,7 @@ static void body_read(tpi_rbuf *r, const tpi_codec_hooks *hooks, tpi_msg *m) {
         if (!tpi_rbuf_u32(r, &m->status))
             return;
         if (m->status >= TP_STATUS_COUNT_) {
-            tpi_rbuf_fail(r, TP_EPROTO, "unknown status %u at offset %zu", (unsigned)m->status,
-                          at);
+            tpi_rbuf_fail(r, TP_EPROTO, "unknown status %u at offset %zu", (unsigned)m->status, at);
             return;
         }
         if (m->status == TP_OK)
@@ -1109,8 +1112,8 @@ static void body_read(tpi_rbuf *r, const tpi_codec_hooks *hooks, tpi_msg *m) {
 }
 
 /* The frame's bytes in one piece: received frames are; others are gathered. */
-static tp_status frame_bytes(const tp_frame *f, const uint8_t **p, uint8_t **gathered,
-                             char *errmsg, size_t errmsg_len) {
+static tp_status frame_bytes(const tp_frame *f, const uint8_t **p, uint8_t **gathered, char *errmsg,
+                             size_t errmsg_len) {
     *gathered = NULL;
     if (f->nseg < 1 || f->nseg > TP_FRAME_SEG_MAX)
         return report(TP_EPROTO, "frame with a bad segment count", errmsg, errmsg_len);
@@ -1143,8 +1146,8 @@ static tp_status frame_bytes(const tp_frame *f, const uint8_t **p, uint8_t **gat
     return TP_OK;
 }
 
-tp_status tpi_msg_decode(const tp_frame *f, const tpi_codec_hooks *hooks, tpi_msg *m,
-                         char *errmsg, size_t errmsg_len) {
+tp_status tpi_msg_decode(const tp_frame *f, const tpi_codec_hooks *hooks, tpi_msg *m, char *errmsg,
+                         size_t errmsg_len) {
     TPI_ASSERT(f != NULL && m != NULL);
     memset(m, 0, sizeof *m);
     const uint8_t *p = NULL;
@@ -1157,11 +1160,10 @@ tp_status tpi_msg_decode(const tp_frame *f, const tpi_codec_hooks *hooks, tpi_ms
     tpi_rbuf_init(&r, p, len);
     size_t frame_len = 0;
     if (len < TP_FRAME_HEADER_SIZE) {
-        tpi_rbuf_fail(&r, TP_EPROTO, "frame of %zu bytes is shorter than the %d-byte header",
-                      len, TP_FRAME_HEADER_SIZE);
+        tpi_rbuf_fail(&r, TP_EPROTO, "frame of %zu bytes is shorter than the %d-byte header", len,
+                      TP_FRAME_HEADER_SIZE);
     } else {
-        st = tp_frame_check_header(p, TPI_MESSAGE_SIZE_MAX, &frame_len, r.errmsg,
-                                   sizeof r.errmsg);
+        st = tp_frame_check_header(p, TPI_MESSAGE_SIZE_MAX, &frame_len, r.errmsg, sizeof r.errmsg);
         r.status = st;
     }
     if (r.status == TP_OK && frame_len != len) {

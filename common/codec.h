@@ -73,6 +73,7 @@ typedef struct tpi_rbuf {
     const uint8_t *p;
     size_t len;
     size_t pos;
+    uint32_t values; /* decoded so far: TPI_VALUES_PER_MESSAGE_MAX bounds it */
     tp_status status;
     char errmsg[160];
 } tpi_rbuf;

@@ -47,10 +47,9 @@ static uint32_t load_u32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static tp_status header_fail(tp_status st, char *errmsg, size_t errmsg_len, const char *fmt,
-                             ...) TPI_PRINTF(4, 5);
-static tp_status header_fail(tp_status st, char *errmsg, size_t errmsg_len, const char *fmt,
-                             ...) {
+static tp_status header_fail(tp_status st, char *errmsg, size_t errmsg_len, const char *fmt, ...)
+    TPI_PRINTF(4, 5);
+static tp_status header_fail(tp_status st, char *errmsg, size_t errmsg_len, const char *fmt, ...) {
     if (errmsg && errmsg_len > 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -71,11 +70,11 @@ tp_status tp_frame_check_header(const uint8_t header[TP_FRAME_HEADER_SIZE],
                            "bad magic %02x %02x %02x %02x at offset 0, expected \"TPRC\"",
                            header[0], header[1], header[2], header[3]);
     if (header[4] != TPI_WIRE_VERSION)
-        return header_fail(TP_EPROTO, errmsg, errmsg_len, "wire version %u, expected %u",
-                           header[4], TPI_WIRE_VERSION);
+        return header_fail(TP_EPROTO, errmsg, errmsg_len, "wire version %u, expected %u", header[4],
+                           TPI_WIRE_VERSION);
     if (header[5] < TPI_MSG_REQUEST || header[5] > TPI_MSG_TYPE_MAX_)
-        return header_fail(TP_EPROTO, errmsg, errmsg_len,
-                           "unknown message type %u at offset 5", header[5]);
+        return header_fail(TP_EPROTO, errmsg, errmsg_len, "unknown message type %u at offset 5",
+                           header[5]);
     unsigned flags = (unsigned)header[6] | (unsigned)header[7] << 8;
     if (flags & ~TPI_FLAGS_KNOWN)
         return header_fail(TP_EPROTO, errmsg, errmsg_len, "unknown flags 0x%04x at offset 6",
@@ -86,8 +85,8 @@ tp_status tp_frame_check_header(const uint8_t header[TP_FRAME_HEADER_SIZE],
                            "reserved header field is 0x%08x at offset 12, expected 0",
                            (unsigned)reserved);
     uint64_t total = TP_FRAME_HEADER_SIZE + (uint64_t)load_u32(header + 8);
-    uint64_t limit = max_message_size < TPI_MESSAGE_SIZE_MAX ? max_message_size
-                                                             : TPI_MESSAGE_SIZE_MAX;
+    uint64_t limit =
+        max_message_size < TPI_MESSAGE_SIZE_MAX ? max_message_size : TPI_MESSAGE_SIZE_MAX;
     if (total > limit)
         return header_fail(TP_EMSGSIZE, errmsg, errmsg_len,
                            "message of %llu bytes exceeds the limit of %llu bytes",

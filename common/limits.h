@@ -21,6 +21,10 @@
 #define TPI_VALUE_DEPTH_MAX 64
 /* Items in one list or map: bounds allocation before any item is read. */
 #define TPI_CONTAINER_LEN_MAX ((uint32_t)1 << 24)
+/* Values decoded from one message. A nil is one byte on the wire but some
+ * 50 bytes in memory: this bounds what a hostile frame can make us allocate
+ * (4 Mi values, ~200 MiB) whatever the message size limit. */
+#define TPI_VALUES_PER_MESSAGE_MAX ((uint32_t)1 << 22)
 /* Bytes of one string or bytes value (the frame bound applies as well). */
 #define TPI_BLOB_LEN_MAX TPI_MESSAGE_SIZE_MAX
 /* Bytes of a remote error message carried in a response. */
@@ -42,6 +46,6 @@ _Static_assert(TPI_MESSAGE_SIZE_MIN >= TP_FRAME_HEADER_SIZE + TP_ERRMSG_LEN_MAX 
 _Static_assert(TPI_MESSAGE_SIZE_MAX <= UINT32_MAX, "frame length fits the u32 header field");
 _Static_assert(TP_NAME_LEN_MAX < TP_STORE_KEY_LEN_MAX - 64, "store keys embed a name");
 _Static_assert(TP_TENSOR_NDIM_MAX <= 255, "ndim travels as a u8");
-_Static_assert(TPI_TIMEOUT_S_MAX * 1000.0 < 4294967295.0, "timeout ms fits a u32");
+_Static_assert((uint64_t)TPI_TIMEOUT_S_MAX * 1000u < 4294967295u, "timeout ms fits a u32");
 
 #endif

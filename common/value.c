@@ -69,8 +69,8 @@ struct tp_value {
 /* ---- Kinds and dtypes ---------------------------------------------------- */
 
 static const char *const kind_names[] = {
-    "nil", "bool", "int",    "float", "str",         "bytes",
-    "list", "map", "tensor", "rref",  "worker_info", "object",
+    "nil",  "bool", "int",    "float", "str",         "bytes",
+    "list", "map",  "tensor", "rref",  "worker_info", "object",
 };
 
 const char *tp_kind_name(tp_kind kind) {
@@ -299,8 +299,8 @@ tp_status tpi_tensor_check(tp_dtype dtype, int ndim, const int64_t *shape, uint6
     return st;
 }
 
-tp_value *tp_value_tensor(tp_dtype dtype, int ndim, const int64_t *shape,
-                          const int64_t *strides, const void *data) {
+tp_value *tp_value_tensor(tp_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides,
+                          const void *data) {
     tpi_tensor *t = malloc(sizeof *t);
     if (!t)
         return NULL;
@@ -682,8 +682,7 @@ static tp_status check_read(const tp_value *v, tp_kind want, const void *out) {
     if (!v || v->kind != want)
         return wrong_kind(v, want);
     if (!out)
-        return tpi_fail(TP_EINVAL, "reading a %s: the output pointer is NULL",
-                        tp_kind_name(want));
+        return tpi_fail(TP_EINVAL, "reading a %s: the output pointer is NULL", tp_kind_name(want));
     return TP_OK;
 }
 

@@ -79,8 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tp_frame *again = NULL;
     st = tpi_msg_encode(&m, &hooks, TPI_MESSAGE_SIZE_MAX, &again, err, sizeof err);
     check(st == TP_OK, "an accepted message re-encodes", err);
-    check(again->nseg == 1 && again->len == size &&
-              memcmp(again->seg[0].base, data, size) == 0,
+    check(again->nseg == 1 && again->len == size && memcmp(again->seg[0].base, data, size) == 0,
           "the encoding is canonical", "re-encoded bytes differ");
     tpi_msg m2;
     st = tpi_msg_decode(again, &hooks, &m2, err, sizeof err);

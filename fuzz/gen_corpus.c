@@ -5,9 +5,11 @@
  * Usage: gen_corpus DIR (normally fuzz/corpus/fuzz_msg_decode). The output
  * is deterministic, so the committed files only change with the format.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/codec.h"
 
@@ -18,7 +20,12 @@ static void write_file(const char *name, const void *data, size_t len) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", out_dir, name);
     FILE *fp = fopen(path, "wb");
-    if (!fp || fwrite(data, 1, len, fp) != len || fclose(fp) != 0) {
+    int ok = fp != NULL;
+    if (fp) {
+        ok = fwrite(data, 1, len, fp) == len;
+        ok = fclose(fp) == 0 && ok;
+    }
+    if (!ok) {
         fprintf(stderr, "gen_corpus: cannot write %s\n", path);
         failures++;
     }
@@ -66,6 +73,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     out_dir = argv[1];
+    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "gen_corpus: cannot create %s\n", out_dir);
+        return 1;
+    }
 
     tpi_msg m = msg(TPI_MSG_REQUEST, 1);
     strcpy(m.text, "add");
@@ -150,10 +161,17 @@ int main(int argc, char **argv) {
 
     /* A value holding an rref, hand-made (no core to fork one): the
      * harness refuses it, which covers that path. */
-    static const uint8_t rref_resp[] = {
-        'T', 'P', 'R', 'C', 1, TPI_MSG_RESPONSE, 0, 0, 37, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0,
-        0, 0, 0, 0, 0, 0, 9, 1, 0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 11, 0,
-        0, 0, 0, 0, 0, 0, 2, 0, 0, 0};
+    static const uint8_t rref_resp[] = {'T', 'P', 'R', 'C', 1, TPI_MSG_RESPONSE,
+                                        0,   0,   37,  0,   0, 0,
+                                        0,   0,   0,   0,   8, 0,
+                                        0,   0,   0,   0,   0, 0,
+                                        0,   0,   0,   0,   9, 1,
+                                        0,   0,   0,   1,   0, 0,
+                                        0,   7,   0,   0,   0, 0,
+                                        0,   0,   0,   2,   0, 0,
+                                        0,   11,  0,   0,   0, 0,
+                                        0,   0,   0,   2,   0, 0,
+                                        0};
     write_file("response-rref", rref_resp, sizeof rref_resp);
     return failures ? 1 : 0;
 }

@@ -2,8 +2,9 @@
 # Determinism rule (spec/agent.md AGENT-1): common/ and sim/ take time,
 # randomness, threads, libuv and SQLite only through the agent interface.
 # Fails listing each offending line. Comments are skipped.
+# Usage: scripts/check-rules.sh [ROOT]   (ROOT defaults to the repository)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "${1:-$(dirname "$0")/..}"
 pattern='\b(time|clock|clock_gettime|gettimeofday|rand|random|srand|rand_r|drand48|getenv|pthread_[a-z_]+|thrd_[a-z_]+|mtx_[a-z_]+|cnd_[a-z_]+|uv_[a-z_]+|sqlite3_[a-z_0-9]+|sleep|usleep|nanosleep|fork)\s*\('
 hits=$(grep -rnE "$pattern" common sim --include='*.c' --include='*.h' \
         | grep -vE '^[^:]+:[0-9]+:\s*(//|/?\*)' || true)

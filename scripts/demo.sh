@@ -5,7 +5,7 @@ set -euo pipefail
 build=${1:-build}
 echo "== simulator: add(3, 4) =="
 "$build/examples/add_sim"
-if [ -x "$build/examples/add_tcp" ] && [ -x "$build/tools/tprun" ]; then
+if [ -x "$build/examples/add_tcp" ] && [ -x "$build/real/tprun" ]; then
   echo "== TCP, two processes through tprun: add(3, 4) =="
-  "$build/tools/tprun" --nproc 2 "$build/examples/add_tcp"
+  "$build/real/tprun" --nproc 2 "$build/examples/add_tcp"
 fi

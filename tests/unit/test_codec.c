@@ -389,8 +389,8 @@ static void test_codec_value_api_on_buffers(void **state) {
     tpi_wbuf_init(&b, 1 << 20);
     tp_value *v = tp_value_list_of(2, tp_value_str("ab"), tp_value_int(-2));
     assert_int_equal(tpi_value_encode(&b, v, NULL), TP_OK);
-    const uint8_t want[] = {6, 2, 0, 0, 0, 4, 2, 0, 0, 0, 'a', 'b', 2,
-                            0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    const uint8_t want[] = {6,   2, 0,    0,    0,    4,    2,    0,    0,    0,   'a',
+                            'b', 2, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
     assert_int_equal(b.len, sizeof want);
     assert_memory_equal(b.data, want, sizeof want);
     tpi_rbuf r;
@@ -423,8 +423,8 @@ static void test_codec_buffers_primitives(void **state) {
     tpi_wbuf_u64(&b, 0x0102030405060708u);
     tpi_wbuf_str(&b, "hey", 3);
     assert_int_equal(b.status, TP_OK);
-    const uint8_t want[] = {0xab, 0x34, 0x12, 0xef, 0xbe, 0xad, 0xde, 8, 7, 6, 5, 4, 3, 2, 1,
-                            3,    0,    0,    0,    'h',  'e',  'y'};
+    const uint8_t want[] = {0xab, 0x34, 0x12, 0xef, 0xbe, 0xad, 0xde, 8, 7,   6,   5,
+                            4,    3,    2,    1,    3,    0,    0,    0, 'h', 'e', 'y'};
     assert_int_equal(b.len, sizeof want);
     assert_memory_equal(b.data, want, sizeof want);
     tpi_rbuf r;
@@ -566,8 +566,7 @@ static tp_frame *rich_request(void) {
     m.args = tp_value_list_of(9, tp_value_nil(), tp_value_bool(1), tp_value_int(-5),
                               tp_value_float(0.5), tp_value_str("s"), tp_value_bytes("\0b", 2),
                               tp_value_tensor(TP_DTYPE_INT32, 2, shape, NULL, data),
-                              tp_value_worker_info(&wi),
-                              tp_value_list_of(1, tp_value_map()));
+                              tp_value_worker_info(&wi), tp_value_list_of(1, tp_value_map()));
     m.kwargs = tp_value_map();
     tp_map_set(m.kwargs, "k", tp_value_list_of(1, tp_value_int(1)));
     tp_frame *f = encode_ok(&m, NULL);
@@ -658,8 +657,9 @@ static void test_codec_huge_length_prefix_not_allocated(void **state) {
     expect_proto((const uint8_t[]){5, 0xff, 0xff, 0xff, 0x7f}, 5, "truncated at offset 33");
     expect_proto((const uint8_t[]){6, 0xff, 0xff, 0xff, 0xff}, 5,
                  "list of 4294967295 items at offset 28 exceeds the limit of 16777216");
-    expect_proto((const uint8_t[]){6, 0, 0, 0, 1}, 5, "list of 16777216 items at offset 28 cannot "
-                                                      "fit in the 0 bytes left");
+    expect_proto((const uint8_t[]){6, 0, 0, 0, 1}, 5,
+                 "list of 16777216 items at offset 28 cannot "
+                 "fit in the 0 bytes left");
     expect_proto((const uint8_t[]){7, 0, 0, 0, 1}, 5, "map of 16777216 items");
     /* a tensor claiming 2^40 float64 elements and as many bytes */
     uint8_t t[2 + 8 + 8 + 8] = {8, TP_DTYPE_FLOAT64, 1};
@@ -682,8 +682,9 @@ static void test_codec_tensor_shape_and_nbytes_checked(void **state) {
     /* int16 [3]: needs 6 bytes; the count says 7 */
     uint8_t t[3 + 8 + 8 + 7] = {8, TP_DTYPE_INT16, 1, 3};
     t[11] = 7;
-    expect_proto(t, sizeof t, "its shape and dtype need 6 bytes, the byte count at offset 39 "
-                              "says 7");
+    expect_proto(t, sizeof t,
+                 "its shape and dtype need 6 bytes, the byte count at offset 39 "
+                 "says 7");
     t[11] = 6;
     tpi_msg m;
     assert_int_equal(decode_value_bytes(t, sizeof t - 1, &m), TP_OK);
@@ -802,8 +803,7 @@ static void test_codec_names_checked(void **state) {
     m.text[0] = 'f';
     m.text[1] = '\0';
     m.args = tp_value_map();
-    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
-                     TP_ETYPE);
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err), TP_ETYPE);
     assert_string_equal(err, "args must be a list, got map");
     tpi_msg_clear(&m);
 }
@@ -871,8 +871,7 @@ static void test_codec_objects_and_bare_rrefs_cannot_be_sent(void **state) {
     strcpy(m.text, "f");
     m.args = tp_value_list_of(1, tp_value_object("Net", NULL, NULL));
     tp_frame *f = NULL;
-    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
-                     TP_ETYPE);
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err), TP_ETYPE);
     assert_null(f);
     assert_non_null(strstr(err, "objects cannot be sent; hold them in an rref"));
     tpi_wbuf b;
@@ -956,8 +955,7 @@ static void test_codec_rref_hooks_roundtrip(void **state) {
     tp_frame_free(g);
     tp_frame_free(f);
     /* no hooks: an rref cannot be sent */
-    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
-                     TP_ETYPE);
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err), TP_ETYPE);
     assert_non_null(strstr(err, "rref"));
     /* a message over max_size fails before any rref is forked */
     h.encodes = 0;
@@ -1000,6 +998,38 @@ static void test_codec_rref_hook_failure_reported(void **state) {
     assert_int_equal(mine.refs, 1);
 }
 
+/* WIRE-8: a frame of tiny values cannot make the decoder allocate without
+ * bound: past TPI_VALUES_PER_MESSAGE_MAX values decoding stops with a limit
+ * error, while exactly the limit still decodes. */
+static void test_codec_values_per_message_limit(void **state) {
+    (void)state;
+    for (int over = 0; over <= 1; over++) {
+        uint32_t count = TPI_VALUES_PER_MESSAGE_MAX - 1 + (uint32_t)over; /* + the list itself */
+        size_t len = 5 + (size_t)count;
+        uint8_t *buf = calloc(1, len); /* tag 0 (nil) for every item */
+        assert_non_null(buf);
+        buf[0] = TP_KIND_LIST;
+        buf[1] = (uint8_t)count;
+        buf[2] = (uint8_t)(count >> 8);
+        buf[3] = (uint8_t)(count >> 16);
+        buf[4] = (uint8_t)(count >> 24);
+        tpi_rbuf r;
+        tpi_rbuf_init(&r, buf, len);
+        tp_value *v = NULL;
+        tp_status st = tpi_value_decode(&r, NULL, &v);
+        if (over) {
+            assert_int_equal(st, TP_ELIMIT);
+            assert_null(v);
+            assert_non_null(strstr(r.errmsg, "limit"));
+        } else {
+            assert_int_equal(st, TP_OK);
+            assert_int_equal(tp_list_len(v), count);
+            tp_value_free(v);
+        }
+        free(buf);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codec_roundtrip_scalars),
@@ -1027,6 +1057,7 @@ int main(void) {
         cmocka_unit_test(test_codec_objects_and_bare_rrefs_cannot_be_sent),
         cmocka_unit_test(test_codec_rref_hooks_roundtrip),
         cmocka_unit_test(test_codec_rref_hook_failure_reported),
+        cmocka_unit_test(test_codec_values_per_message_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

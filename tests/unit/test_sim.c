@@ -34,12 +34,12 @@
 static const tp_agent_ops *ops = &tpi_sim_agent_ops;
 static int failures;
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            failures++;                                                                        \
-            print_error("CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);             \
-        }                                                                                      \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            print_error("CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);                 \
+        }                                                                                          \
     } while (0)
 
 static int reset_failures(void **state) {
@@ -175,8 +175,8 @@ static void test_sim_events_time_then_seq(void **state) {
     tpi_sim_prng_seed(&p, 3, TPI_SIM_STREAM_WORKLOAD);
     enum { N = 2000 };
     for (uint64_t i = 0; i < N; i++) {
-        tpi_sim_event e = {.kind = TPI_SIM_EV_RESUME, .time_ns = tpi_sim_prng_below(&p, 40),
-                           .x = i};
+        tpi_sim_event e = {
+            .kind = TPI_SIM_EV_RESUME, .time_ns = tpi_sim_prng_below(&p, 40), .x = i};
         assert_int_equal(tpi_sim_heap_push(&h, &e), TP_OK);
     }
     assert_non_null(tpi_sim_heap_peek(&h));
@@ -332,6 +332,7 @@ static int time_program(int rank, int world, void *arg) {
     volatile uint64_t x = 0;
     for (int i = 0; i < 1000000; i++)
         x += (uint64_t)i; /* work takes no virtual time */
+    (void)x;
     CHECK(now() == t0);
     CHECK(ops->now_ns(A(a)) == t0);
     CHECK(sleep_until(a, 1000 * MS) == TP_OK);
@@ -725,13 +726,13 @@ static int split_program(int rank, int world, void *arg) {
     net_world *w = arg;
     net_host *h = net_join(rank, world);
     if (rank == 0) {
-        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 0) == TP_OK);    /* arrives before */
+        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 0) == TP_OK); /* arrives before */
         CHECK(sleep_until(h->a, 1 * MS - 5 * US) == TP_OK);
-        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 1) == TP_OK);    /* in flight: lost */
+        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 1) == TP_OK); /* in flight: lost */
         CHECK(sleep_until(h->a, 2 * MS) == TP_OK);
-        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 2) == TP_OK);    /* partition: lost */
+        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 2) == TP_OK); /* partition: lost */
         CHECK(sleep_until(h->a, 4 * MS) == TP_OK);
-        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 3) == TP_OK);    /* new connection */
+        CHECK(send_frame(h, 1, TPI_MSG_REQUEST, 3) == TP_OK); /* new connection */
     }
     CHECK(sleep_until(h->a, 6 * MS) == TP_OK);
     (void)w;
@@ -1205,7 +1206,7 @@ static tp_status fn_hang(tp_call *call, const tp_value *args, const tp_value *kw
 }
 
 typedef struct e2e {
-    int hang;    /* rank 0 calls "hang" with no timeout and rank 1 never shuts down */
+    int hang; /* rank 0 calls "hang" with no timeout and rank 1 never shuts down */
     int64_t sum;
     tp_status call_st;
 } e2e;
