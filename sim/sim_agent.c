@@ -29,8 +29,7 @@ tpi_sim_agent *tpi_sim_agent_get(tp_sim *sim, uint32_t id) {
 }
 
 tp_status tpi_sim_agent_create(tp_sim *sim, uint32_t host, uint32_t rank, uint32_t world_size,
-                               uint32_t pool_max, uint64_t max_message_size,
-                               tpi_sim_agent **out) {
+                               uint32_t pool_max, uint64_t max_message_size, tpi_sim_agent **out) {
     TPI_ASSERT(sim && out && host < sim->cfg.hosts);
     *out = NULL;
     if (sim->nagents == sim->agents_cap) {
@@ -52,8 +51,9 @@ tp_status tpi_sim_agent_create(tp_sim *sim, uint32_t host, uint32_t rank, uint32
     a->max_message_size = max_message_size;
     a->up = &tpi_sim_core_upcalls;
     a->timer_deadline_ns = UINT64_MAX;
-    a->pool_max = pool_max < 1 ? 1 : pool_max > TPI_WORKER_THREADS_MAX ? TPI_WORKER_THREADS_MAX
-                                                                         : pool_max;
+    a->pool_max = pool_max < 1                        ? 1
+                  : pool_max > TPI_WORKER_THREADS_MAX ? TPI_WORKER_THREADS_MAX
+                                                      : pool_max;
     sim->agents[sim->nagents++] = a;
     *out = a;
     return TP_OK;
@@ -144,8 +144,8 @@ void tpi_sim_agent_peer_down_event(tp_sim *sim, const tpi_sim_event *e) {
 
 /* ---- start, set_peers (AGENT-3, AGENT-4) --------------------------------------- */
 
-static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t addr_len,
-                             char *errmsg, size_t errmsg_len) {
+static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t addr_len, char *errmsg,
+                             size_t errmsg_len) {
     tpi_sim_agent *a = AG(ag);
     tp_sim *sim = a->sim;
     tpi_sim_host *h = &sim->hosts[a->host];
@@ -155,8 +155,7 @@ static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t add
         return TP_EBACKEND;
     }
     if (h->active_agent) {
-        tpi_format(errmsg, errmsg_len, "simulated host %u already runs a started worker",
-                   a->host);
+        tpi_format(errmsg, errmsg_len, "simulated host %u already runs a started worker", a->host);
         return TP_EBACKEND;
     }
     char mine[32];
@@ -198,8 +197,7 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
     tpi_sim_agent *a = AG(ag);
     tp_sim *sim = a->sim;
     if (world_size != a->world_size || (world_size && !addrs)) {
-        tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size,
-                   a->world_size);
+        tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size, a->world_size);
         return TP_EINVAL;
     }
     uint32_t *ph = calloc(world_size ? world_size : 1, sizeof *ph);
@@ -420,8 +418,8 @@ static void agent_timer_arm(tp_agent *ag, uint64_t deadline_ns) {
     a->timer_deadline_ns = deadline_ns;
     if (deadline_ns == UINT64_MAX || a->stopping)
         return;
-    tpi_sim_event e = {.kind = TPI_SIM_EV_TIMER, .time_ns = deadline_ns, .a = a->id,
-                       .x = a->timer_seq};
+    tpi_sim_event e = {
+        .kind = TPI_SIM_EV_TIMER, .time_ns = deadline_ns, .a = a->id, .x = a->timer_seq};
     tpi_sim_schedule(a->sim, &e);
 }
 

@@ -53,12 +53,12 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
     tpi_format(errmsg, errmsg_len, "unknown fault kind %d", f->kind);
     return TP_EINVAL;
 bad_host:
-    tpi_format(errmsg, errmsg_len, "host %u out of range: hosts are 0..%u",
-               f->a >= n ? f->a : f->b, n - 1);
+    tpi_format(errmsg, errmsg_len, "host %u out of range: hosts are 0..%u", f->a >= n ? f->a : f->b,
+               n - 1);
     return TP_EINVAL;
 bad_window:
-    tpi_format(errmsg, errmsg_len, "window [%llu, %llu) ns is empty",
-               (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
+    tpi_format(errmsg, errmsg_len, "window [%llu, %llu) ns is empty", (unsigned long long)f->t0_ns,
+               (unsigned long long)f->t1_ns);
     return TP_EINVAL;
 }
 
@@ -76,10 +76,9 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
             sim->delays = d;
             sim->delays_cap = cap;
         }
-        sim->delays[sim->ndelays++] = (tpi_sim_delay){f->a, f->b, f->t0_ns, f->t1_ns,
-                                                      f->extra_ns};
-        tpi_sim_trace(sim, "plan delay from=%u to=%u start=%llu end=%llu extra=%llu", f->a,
-                      f->b, (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns,
+        sim->delays[sim->ndelays++] = (tpi_sim_delay){f->a, f->b, f->t0_ns, f->t1_ns, f->extra_ns};
+        tpi_sim_trace(sim, "plan delay from=%u to=%u start=%llu end=%llu extra=%llu", f->a, f->b,
+                      (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns,
                       (unsigned long long)f->extra_ns);
         return TP_OK;
     }
@@ -92,11 +91,11 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
     case F_PARTITION:
         tpi_sim_trace(sim, "plan partition a=%u b=%u start=%llu end=%llu", f->a, f->b,
                       (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
-        e = (tpi_sim_event){.kind = TPI_SIM_EV_PARTITION_START, .time_ns = f->t0_ns, .a = f->a,
-                            .b = f->b};
+        e = (tpi_sim_event){
+            .kind = TPI_SIM_EV_PARTITION_START, .time_ns = f->t0_ns, .a = f->a, .b = f->b};
         tpi_sim_schedule(sim, &e);
-        e = (tpi_sim_event){.kind = TPI_SIM_EV_PARTITION_END, .time_ns = f->t1_ns, .a = f->a,
-                            .b = f->b};
+        e = (tpi_sim_event){
+            .kind = TPI_SIM_EV_PARTITION_END, .time_ns = f->t1_ns, .a = f->a, .b = f->b};
         tpi_sim_schedule(sim, &e);
         return TP_OK;
     case F_KILL:
@@ -126,8 +125,12 @@ static tp_status add_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
 
 tp_status tp_sim_fault_delay(tp_sim *sim, uint32_t from, uint32_t to, uint64_t start_ns,
                              uint64_t end_ns, uint64_t extra_ns) {
-    tpi_sim_fault_line f = {.kind = F_DELAY, .a = from, .b = to, .t0_ns = start_ns,
-                            .t1_ns = end_ns, .extra_ns = extra_ns};
+    tpi_sim_fault_line f = {.kind = F_DELAY,
+                            .a = from,
+                            .b = to,
+                            .t0_ns = start_ns,
+                            .t1_ns = end_ns,
+                            .extra_ns = extra_ns};
     return add_fault(sim, &f);
 }
 
@@ -138,8 +141,8 @@ tp_status tp_sim_fault_break(tp_sim *sim, uint32_t a, uint32_t b, uint64_t at_ns
 
 tp_status tp_sim_fault_partition(tp_sim *sim, uint32_t a, uint32_t b, uint64_t start_ns,
                                  uint64_t end_ns) {
-    tpi_sim_fault_line f = {.kind = F_PARTITION, .a = a, .b = b, .t0_ns = start_ns,
-                            .t1_ns = end_ns};
+    tpi_sim_fault_line f = {
+        .kind = F_PARTITION, .a = a, .b = b, .t0_ns = start_ns, .t1_ns = end_ns};
     return add_fault(sim, &f);
 }
 
@@ -157,8 +160,7 @@ uint64_t tpi_sim_fault_delay_ns(tp_sim *sim, uint32_t from, uint32_t to) {
     uint64_t extra = 0;
     for (uint32_t i = 0; i < sim->ndelays; i++) {
         const tpi_sim_delay *d = &sim->delays[i];
-        if (d->from == from && d->to == to && sim->now_ns >= d->start_ns &&
-            sim->now_ns < d->end_ns)
+        if (d->from == from && d->to == to && sim->now_ns >= d->start_ns && sim->now_ns < d->end_ns)
             extra = extra > UINT64_MAX - d->extra_ns ? UINT64_MAX : extra + d->extra_ns;
     }
     return extra;
@@ -186,8 +188,8 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_BREAK);
         return;
     case TPI_SIM_EV_PARTITION_START: {
-        tpi_sim_link *c = tpi_sim_link_get(sim, e->a < e->b ? e->a : e->b,
-                                           e->a < e->b ? e->b : e->a);
+        tpi_sim_link *c =
+            tpi_sim_link_get(sim, e->a < e->b ? e->a : e->b, e->a < e->b ? e->b : e->a);
         if (!c)
             tpi_assert_fail("simulator link table exhausted memory", __FILE__, __LINE__);
         c->partitions++;
@@ -196,8 +198,8 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         return;
     }
     case TPI_SIM_EV_PARTITION_END: {
-        tpi_sim_link *c = tpi_sim_link_get(sim, e->a < e->b ? e->a : e->b,
-                                           e->a < e->b ? e->b : e->a);
+        tpi_sim_link *c =
+            tpi_sim_link_get(sim, e->a < e->b ? e->a : e->b, e->a < e->b ? e->b : e->a);
         if (!c)
             tpi_assert_fail("simulator link table exhausted memory", __FILE__, __LINE__);
         TPI_ASSERT(c->partitions > 0);
@@ -314,22 +316,29 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         if (!ok) {
             tpi_format(errmsg, errmsg_len, "%s: '%.64s' is not a %s", names[sp->kind][i], s,
                        i < nhosts || sp->kind == F_DROP ? "non-negative integer"
-                                                       : "time in ms (e.g. 10 or 2.5)");
+                                                        : "time in ms (e.g. 10 or 2.5)");
             return TP_EINVAL;
         }
     }
     switch (sp->kind) {
     case F_DELAY:
-        *out = (tpi_sim_fault_line){.kind = F_DELAY, .a = (uint32_t)v[0], .b = (uint32_t)v[1],
-                                    .t0_ns = v[2], .t1_ns = v[3], .extra_ns = v[4]};
+        *out = (tpi_sim_fault_line){.kind = F_DELAY,
+                                    .a = (uint32_t)v[0],
+                                    .b = (uint32_t)v[1],
+                                    .t0_ns = v[2],
+                                    .t1_ns = v[3],
+                                    .extra_ns = v[4]};
         break;
     case F_BREAK:
-        *out = (tpi_sim_fault_line){.kind = F_BREAK, .a = (uint32_t)v[0], .b = (uint32_t)v[1],
-                                    .t0_ns = v[2]};
+        *out = (tpi_sim_fault_line){
+            .kind = F_BREAK, .a = (uint32_t)v[0], .b = (uint32_t)v[1], .t0_ns = v[2]};
         break;
     case F_PARTITION:
-        *out = (tpi_sim_fault_line){.kind = F_PARTITION, .a = (uint32_t)v[0],
-                                    .b = (uint32_t)v[1], .t0_ns = v[2], .t1_ns = v[3]};
+        *out = (tpi_sim_fault_line){.kind = F_PARTITION,
+                                    .a = (uint32_t)v[0],
+                                    .b = (uint32_t)v[1],
+                                    .t0_ns = v[2],
+                                    .t1_ns = v[3]};
         break;
     case F_KILL:
         *out = (tpi_sim_fault_line){.kind = F_KILL, .a = (uint32_t)v[0], .t0_ns = v[1]};
@@ -457,8 +466,7 @@ tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t
     for (size_t i = 0; i < n && st == TP_OK; i++) {
         st = apply_fault(sim, &lines[i]);
         if (st != TP_OK)
-            tpi_format(errmsg, errmsg_len, "fault plan line %d: %s", lines[i].line,
-                       tp_errmsg());
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: %s", lines[i].line, tp_errmsg());
     }
     free(lines);
     return st;

@@ -151,19 +151,19 @@ struct tpi_sim_task {
     tpi_sim_host *host;
     void (*fn)(void *arg);
     void *arg;
-    uint64_t wake_seq;     /* bumped by each wake: older resume events are stale */
-    uint64_t park_seq;     /* bumped by each park: older timeouts are stale */
-    int unpark_pending;    /* an unpark came while not parked */
-    uint32_t shutdown_parks; /* parks in a row that failed with TP_ESHUTDOWN */
-    tp_status wake_status; /* what the pending park returns */
-    tpi_sim_agent *park_agent; /* the agent parked on (stop wakes its parkers) */
-    tpi_sim_agent *pool_agent; /* for pool tasks */
+    uint64_t wake_seq;                   /* bumped by each wake: older resume events are stale */
+    uint64_t park_seq;                   /* bumped by each park: older timeouts are stale */
+    int unpark_pending;                  /* an unpark came while not parked */
+    uint32_t shutdown_parks;             /* parks in a row that failed with TP_ESHUTDOWN */
+    tp_status wake_status;               /* what the pending park returns */
+    tpi_sim_agent *park_agent;           /* the agent parked on (stop wakes its parkers) */
+    tpi_sim_agent *pool_agent;           /* for pool tasks */
     tpi_sim_task *host_prev, *host_next; /* the host's live tasks, creation order */
     tpi_sim_task *idle_next;             /* the pool's idle FIFO */
     ucontext_t uc;
-    void *map;       /* the mapping: a guard page, then the stack */
+    void *map; /* the mapping: a guard page, then the stack */
     size_t map_size;
-    void *stack;     /* usable stack */
+    void *stack; /* usable stack */
     size_t stack_size;
     unsigned valgrind_id;
     void *asan_fake_stack;
@@ -299,8 +299,7 @@ extern const tpi_sim_upcalls tpi_sim_core_upcalls;
  * and tests use it; the store is the sim's (tpi_sim_store).
  */
 tp_status tpi_sim_agent_create(tp_sim *sim, uint32_t host, uint32_t rank, uint32_t world_size,
-                               uint32_t pool_max, uint64_t max_message_size,
-                               tpi_sim_agent **out);
+                               uint32_t pool_max, uint64_t max_message_size, tpi_sim_agent **out);
 tpi_sim_agent *tpi_sim_agent_get(tp_sim *sim, uint32_t id);
 void tpi_sim_agent_timer_event(tp_sim *sim, const tpi_sim_event *e);
 void tpi_sim_agent_peer_down_event(tp_sim *sim, const tpi_sim_event *e);
@@ -347,9 +346,9 @@ struct tp_sim {
     uint32_t live_tasks;
     tpi_sim_agent **agents;
     uint32_t nagents, agents_cap;
-    tpi_sim_task *current;       /* the running task, NULL in the scheduler */
-    tpi_sim_task sched_token;    /* task_self() outside any task */
-    int upcall_host;             /* host of the upcall being made, -1 none */
+    tpi_sim_task *current;    /* the running task, NULL in the scheduler */
+    tpi_sim_task sched_token; /* task_self() outside any task */
+    int upcall_host;          /* host of the upcall being made, -1 none */
     char upcall_errmsg[TP_ERRMSG_LEN_MAX];
     ucontext_t sched_uc;
     const void *sched_stack_bottom; /* for the AddressSanitizer fiber calls */

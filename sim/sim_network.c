@@ -124,8 +124,13 @@ void tpi_sim_net_peer_down(tp_sim *sim, uint32_t host, uint32_t about, tp_status
     for (uint32_t r = 0; r < a->npeers; r++) {
         if (a->peer_host[r] != about)
             continue;
-        tpi_sim_event e = {.kind = TPI_SIM_EV_PEER_DOWN, .time_ns = at_ns, .a = a->id, .b = r,
-                           .c = (uint32_t)why, .d = (uint32_t)detail, .x = about};
+        tpi_sim_event e = {.kind = TPI_SIM_EV_PEER_DOWN,
+                           .time_ns = at_ns,
+                           .a = a->id,
+                           .b = r,
+                           .c = (uint32_t)why,
+                           .d = (uint32_t)detail,
+                           .x = about};
         tpi_sim_schedule(sim, &e);
     }
 }
@@ -188,8 +193,8 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     tpi_sim_msg *m = link ? calloc(1, sizeof *m) : NULL;
     if (!m)
         return TP_ENOMEM;
-    /* Draw from both streams on every send, whatever happens to the message,
-     * so one fault does not shift every later draw. */
+    /* Draw before deciding the message's fate, so a partition or a loss
+     * does not shift the jitter of every later send (SIM-2). */
     uint64_t jitter = tpi_sim_prng_below(&sim->net_rng, sim->cfg.latency_jitter_ns);
     int doomed = 0;
     if (sim->drop_per_million && src != dst)
@@ -209,12 +214,12 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     if (arrive < link->last_arrival_ns)
         arrive = link->last_arrival_ns;
     tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu",
-                  (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len,
-                  frame_type(f), (unsigned long long)arrive);
+                  (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
+                  (unsigned long long)arrive);
     if (conn->partitions > 0) {
         /* Accepted and lost: the caller's timeout notices (SIM-5). */
-        tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=partition",
-                      (unsigned long long)m->id, src, dst);
+        tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=partition", (unsigned long long)m->id,
+                      src, dst);
         m->frame = NULL;
         free(m);
         tp_frame_free(f);
@@ -236,8 +241,8 @@ static tpi_sim_agent *receiver(tp_sim *sim, uint32_t host) {
 }
 
 static void drop(tp_sim *sim, tpi_sim_msg *m, const char *why) {
-    tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=%s", (unsigned long long)m->id,
-                  m->src_host, m->dst_host, why);
+    tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=%s", (unsigned long long)m->id, m->src_host,
+                  m->dst_host, why);
 }
 
 /* Copies the frame into one fresh segment; NULL on exhaustion. */
@@ -264,11 +269,10 @@ static tp_status check_frame(const tpi_sim_agent *a, const tp_frame *f, char *er
     }
     size_t frame_len = 0;
     const uint8_t *bytes = f->seg[0].base;
-    tp_status st = tp_frame_check_header(bytes, a->max_message_size, &frame_len, errmsg,
-                                         errmsg_len);
+    tp_status st =
+        tp_frame_check_header(bytes, a->max_message_size, &frame_len, errmsg, errmsg_len);
     if (st == TP_OK && frame_len != f->len) {
-        tpi_format(errmsg, errmsg_len, "header says %zu bytes, frame has %zu", frame_len,
-                   f->len);
+        tpi_format(errmsg, errmsg_len, "header says %zu bytes, frame has %zu", frame_len, f->len);
         st = TP_EPROTO;
     }
     return st;

@@ -119,8 +119,8 @@ void tpi_sim_task_wake(tp_sim *sim, tpi_sim_task *t, tp_status status) {
     t->state = TPI_SIM_RUNNABLE;
     t->wake_status = status;
     t->wake_seq++;
-    tpi_sim_event e = {.kind = TPI_SIM_EV_RESUME, .time_ns = sim->now_ns, .a = t->id,
-                       .x = t->wake_seq};
+    tpi_sim_event e = {
+        .kind = TPI_SIM_EV_RESUME, .time_ns = sim->now_ns, .a = t->id, .x = t->wake_seq};
     tpi_sim_schedule(sim, &e);
 }
 
@@ -132,8 +132,8 @@ tp_status tpi_sim_task_park(tp_sim *sim, tpi_sim_task *t, uint64_t deadline_ns) 
     if (deadline_ns != UINT64_MAX) {
         tpi_sim_trace(sim, "park task=%u host=%u deadline=%llu", t->id, t->host->index,
                       (unsigned long long)deadline_ns);
-        tpi_sim_event e = {.kind = TPI_SIM_EV_PARK_TIMEOUT, .time_ns = deadline_ns, .a = t->id,
-                           .x = t->park_seq};
+        tpi_sim_event e = {
+            .kind = TPI_SIM_EV_PARK_TIMEOUT, .time_ns = deadline_ns, .a = t->id, .x = t->park_seq};
         tpi_sim_schedule(sim, &e);
     } else {
         tpi_sim_trace(sim, "park task=%u host=%u deadline=none", t->id, t->host->index);

@@ -218,8 +218,8 @@ static void teardown(tp_sim *sim) {
     tpi_sim_wake_parked(sim, NULL, TP_ESHUTDOWN);
     for (uint32_t i = 0; i < sim->cfg.hosts; i++) {
         tpi_sim_host *h = &sim->hosts[i];
-        if (h->ctx && tpi_sim_task_spawn(sim, h, TPI_SIM_TASK_TEARDOWN, teardown_entry, h,
-                                         NULL) != TP_OK) {
+        if (h->ctx &&
+            tpi_sim_task_spawn(sim, h, TPI_SIM_TASK_TEARDOWN, teardown_entry, h, NULL) != TP_OK) {
             /* Without a task, free it from here: fine when no worker runs. */
             tp_context_free(h->ctx);
             h->ctx = NULL;

@@ -54,7 +54,8 @@ tp_status tp_sim_fault_delay(tp_sim *sim, uint32_t from, uint32_t to, uint64_t s
  * lost and both ends get peer-down. Later sends open a new connection. */
 tp_status tp_sim_fault_break(tp_sim *sim, uint32_t a, uint32_t b, uint64_t at_ns);
 /* Between a and b nothing arrives in [start, end): the connection breaks at
- * start (both ends see peer-down) and sends fail until end. */
+ * start (both ends see peer-down with TP_EIO) and what is sent until end is
+ * accepted and lost, as on a real network: the callers' timeouts catch it. */
 tp_status tp_sim_fault_partition(tp_sim *sim, uint32_t a, uint32_t b, uint64_t start_ns,
                                  uint64_t end_ns);
 /* At at_ns host dies: its connections break, its queued messages are gone,
