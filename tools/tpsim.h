@@ -27,7 +27,7 @@
 
 typedef struct tpsim_scenario {
     const char *name;
-    const char *about;    /* one line for --list --verbose and --help */
+    const char *about;    /* one line for --help */
     uint32_t workers_min; /* fewer workers are rejected on the command line */
     uint32_t workers_default;
     /* Adds the scenario's own faults to the simulation before it runs; NULL: none. */

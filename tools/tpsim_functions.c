@@ -240,35 +240,36 @@ static tp_status fn_make_counter(tp_call *call, const tp_value *args, const tp_v
     return TP_OK;
 }
 
-static tp_status counter_state(tp_call *call, const tp_value *args, int64_t **state) {
+/* The Counter a method runs on: tp_call_self (METHOD-1). */
+static tp_status counter_state(tp_call *call, int64_t **state) {
     const char *cls = NULL;
     void *p = NULL;
-    const tp_value *self = tp_list_get(args, 0);
+    const tp_value *self = tp_call_self(call);
     if (!self || tp_value_get_object(self, &cls, &p) != TP_OK || !p) {
-        tp_call_set_error(call, "Counter.%s: args[0] is not a Counter", tp_call_function(call));
+        tp_call_set_error(call, "%s: not called on a Counter", tp_call_function(call));
         return TP_ETYPE;
     }
     *state = p;
     return TP_OK;
 }
 
-/* Counter.add(self, delta) -> the new count. */
+/* Counter.add(delta) -> the new count. */
 static tp_status fn_counter_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
                                 tp_value **result, void *user_data) {
     (void)kwargs, (void)user_data;
     int64_t *state, delta;
-    if (counter_state(call, args, &state) != TP_OK || arg_int(call, args, 1, &delta) != TP_OK)
+    if (counter_state(call, &state) != TP_OK || arg_int(call, args, 0, &delta) != TP_OK)
         return TP_EINVAL;
     *state += delta;
     return set_int(call, result, *state);
 }
 
-/* Counter.get(self) -> the count. */
+/* Counter.get() -> the count. */
 static tp_status fn_counter_get(tp_call *call, const tp_value *args, const tp_value *kwargs,
                                 tp_value **result, void *user_data) {
-    (void)kwargs, (void)user_data;
+    (void)args, (void)kwargs, (void)user_data;
     int64_t *state;
-    if (counter_state(call, args, &state) != TP_OK)
+    if (counter_state(call, &state) != TP_OK)
         return TP_EINVAL;
     return set_int(call, result, *state);
 }

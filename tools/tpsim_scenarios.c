@@ -255,7 +255,16 @@ static void remote_ranges(int world, tp_rref *r) {
     st = remote_to_here_sum(r, &sum);
     tpsim_check(st == TP_OK && sum == want, "w0: to_here = range(%d), sum %lld: %s", REMOTE_RANGE,
                 (long long)sum, st == TP_OK ? "ok" : why(st));
-    tpsim_check(tp_rref_confirmed_by_owner(r), "w0: rref confirmed by owner after to_here");
+    /* RREF-11: the owner's answer to REMOTE confirms the rref; it may come
+     * after the to_here answer, so give it a little virtual time. */
+    uint64_t t0 = tpsim_now_ns();
+    while (!tp_rref_confirmed_by_owner(r) && tpsim_now_ns() - t0 < TPSIM_PROMPT_NS) {
+        if (tp_sleep(100e-6) != TP_OK)
+            break;
+    }
+    tpsim_check(tp_rref_confirmed_by_owner(r),
+                "w0: rref confirmed by its owner (%.3f ms after to_here)",
+                (double)(tpsim_now_ns() - t0) / 1e6);
 
     tp_rref *clone = tp_rref_clone(r);
     tpsim_check(clone != NULL, "w0: rref_clone");
@@ -660,6 +669,8 @@ static void check_shutdown(const tpsim_scenario *sc, int rank, int world, tp_sta
     }
     tp_status want = killed ? TP_EPEERDOWN : TP_OK;
     if (st == want && named) {
+        if (killed && rank == 0)
+            tpsim_info("w0: graceful shutdown: %s: %s", tp_status_name(st), msg);
         tpsim_state.shutdowns_ok++;
         if (took_ns > tpsim_state.shutdown_ns_max)
             tpsim_state.shutdown_ns_max = took_ns;
