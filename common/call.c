@@ -138,6 +138,7 @@ tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_
     if (timeout_s == TP_TIMEOUT_DEFAULT)
         timeout_s = c->default_timeout_s; /* TIMEOUT-2: read when issued */
     call->id = ++c->next_id;
+    call->timeout_s = timeout_s;
     call->timeout_ms = (uint64_t)ceil(timeout_s * 1000.0);
     call->deadline_ns = tpi_deadline_after(c, timeout_s);
     m->id = call->id;
@@ -213,10 +214,13 @@ void tpi_calls_fail(tp_core *c, uint32_t dst, tp_status st, const char *why) {
             call = call->next;
             continue;
         }
+        char who[TP_NAME_LEN_MAX + 32];
+        tpi_worker_desc(c, call->dst, who, sizeof who);
         if (call->fn[0])
-            tpi_format(msg, sizeof msg, "%s of '%s': %s", call->what, call->fn, why);
+            tpi_format(msg, sizeof msg, "%s to %s, function '%s': %s", call->what, who, call->fn,
+                       why);
         else
-            tpi_format(msg, sizeof msg, "%s: %s", call->what, why);
+            tpi_format(msg, sizeof msg, "%s to %s: %s", call->what, who, why);
         tpi_call_finish(c, call, st, NULL, msg);
         call = c->calls_head;
     }
@@ -229,9 +233,9 @@ void tpi_deadlines_run(tp_core *c) {
     c->armed_ns = TPI_NO_DEADLINE; /* the timer that fired is spent */
     while (c->heap_len && c->heap[0]->deadline_ns <= now) {
         tpi_call *call = c->heap[0];
-        tpi_format(msg, sizeof msg, "%s to %s, function '%s': timed out after %llu ms",
-                   call->what, tpi_worker_desc(c, call->dst, who, sizeof who), call->fn,
-                   (unsigned long long)call->timeout_ms);
+        tpi_format(msg, sizeof msg, "%s to %s%s%s%s: timed out after %g ms", call->what,
+                   tpi_worker_desc(c, call->dst, who, sizeof who), call->fn[0] ? ", function '" : "",
+                   call->fn, call->fn[0] ? "'" : "", call->timeout_s * 1000.0);
         tpi_call_finish(c, call, TP_ETIMEDOUT, NULL, msg);
     }
     rearm(c);

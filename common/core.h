@@ -81,7 +81,8 @@ struct tpi_call {
     uint8_t type;          /* tpi_msg_type sent */
     const char *what;      /* "rpc_sync", "to_here"...: static */
     char fn[TP_NAME_LEN_MAX + 1];
-    uint64_t timeout_ms;   /* 0: none */
+    uint64_t timeout_ms;   /* 0: none; rounded up for the wire */
+    double timeout_s;      /* as configured, for messages */
     uint64_t deadline_ns;  /* TPI_NO_DEADLINE: none */
     size_t heap_index;     /* TPI_NO_INDEX when not in the heap */
     tp_future *future;     /* counted ref */

@@ -117,7 +117,8 @@ static void then_run(tp_work *w) {
         st = t->cb(t->parent, &result, err, sizeof err, t->user_data);
         tpi_work_leave(c, &node);
         if (st != TP_OK && !err[0])
-            tpi_format(err, sizeof err, "then-callback failed: %s", tp_strerror(st));
+            tpi_format(err, sizeof err, "then-callback failed: %s (%s)", tp_status_name(st),
+                       tp_strerror(st));
     }
     tpi_lock(c);
     tpi_future_complete(c, t->chained, st, result, err);
@@ -158,6 +159,16 @@ tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns)
     return TP_OK;
 }
 
+/* FUTURE-2: only tasks of the future's own worker wait on it (another
+ * worker's task would park on an agent that is not its own). */
+static tp_status check_waiter(tp_core *c, const char *what) {
+    if (tp_context_current()->core != c)
+        return tpi_fail(TP_EINVAL, "%s: the future belongs to worker '%s'; only its own tasks "
+                                   "may wait on it",
+                        what, c->self.name);
+    return TP_OK;
+}
+
 static tp_status record(const tp_future *f) {
     if (f->status != TP_OK)
         tpi_fail_msg(f->status, f->errmsg);
@@ -184,6 +195,8 @@ tp_status tp_future_wait(tp_future *f, double timeout_s) {
     if (atomic_load_explicit(&f->done, memory_order_acquire))
         return record(f);
     tp_core *c = f->core;
+    if (check_waiter(c, "future wait") != TP_OK)
+        return TP_EINVAL;
     tp_status st = tpi_enter_core(c, "future wait");
     if (st != TP_OK) {
         /* Teardown completes every future before the state leaves RUNNING
@@ -236,9 +249,10 @@ const char *tp_future_error(const tp_future *f) {
 }
 
 tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future **chained) {
+    if (chained)
+        *chained = NULL;
     if (!f || !chained)
         return tpi_fail(TP_EINVAL, "future then: %s is NULL", f ? "chained" : "future");
-    *chained = NULL;
     if (!cb)
         return tpi_fail(TP_EINVAL, "then-callback is NULL");
     tp_core *c = f->core;
@@ -261,9 +275,11 @@ tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future
     tpi_lock(c);
     if (atomic_load(&f->done)) {
         then_schedule(c, t);
-    } else {
-        t->next = f->thens;
-        f->thens = t;
+    } else { /* FUTURE-5: callbacks run in the order they were added */
+        tpi_then **tail = &f->thens;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = t;
     }
     tpi_unlock(c);
     tpi_leave(c);
@@ -288,6 +304,8 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
         if (futures[i]->core != c)
             return tpi_fail(TP_EINVAL, "wait_all: future %zu belongs to another worker", i);
     }
+    if (check_waiter(c, "wait_all") != TP_OK)
+        return TP_EINVAL;
     tp_status st = tpi_enter_core(c, "wait_all");
     if (st != TP_OK)
         return st;

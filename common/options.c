@@ -45,7 +45,8 @@ void tp_options_free(tp_options *o) {
 }
 
 tp_options *tp_options_clone(const tp_options *src) {
-    TPI_ASSERT(src);
+    if (!src)
+        return NULL;
     tp_options *o = tp_options_new();
     if (!o)
         return NULL;
@@ -92,7 +93,7 @@ tp_status tp_options_set_rpc_timeout(tp_options *o, double s) {
 }
 
 double tp_options_rpc_timeout(const tp_options *o) {
-    return o->rpc_timeout_s;
+    return o ? o->rpc_timeout_s : TP_DEFAULT_RPC_TIMEOUT_S;
 }
 
 tp_status tp_options_set_init_method(tp_options *o, const char *m) {
@@ -109,7 +110,7 @@ tp_status tp_options_set_init_method(tp_options *o, const char *m) {
 }
 
 const char *tp_options_init_method(const tp_options *o) {
-    return o->init_method;
+    return o ? o->init_method : NULL;
 }
 
 tp_status tp_options_set_num_worker_threads(tp_options *o, int n) {
@@ -123,7 +124,7 @@ tp_status tp_options_set_num_worker_threads(tp_options *o, int n) {
 }
 
 int tp_options_num_worker_threads(const tp_options *o) {
-    return o->num_worker_threads;
+    return o ? o->num_worker_threads : TP_DEFAULT_NUM_WORKER_THREADS;
 }
 
 tp_status tp_options_set_init_timeout(tp_options *o, double s) {
@@ -136,6 +137,8 @@ tp_status tp_options_set_init_timeout(tp_options *o, double s) {
 }
 
 double tp_options_init_timeout(const tp_options *o) {
+    if (!o)
+        return TP_DEFAULT_RPC_TIMEOUT_S;
     return o->init_timeout_s < 0 ? o->rpc_timeout_s : o->init_timeout_s;
 }
 
@@ -149,6 +152,8 @@ tp_status tp_options_set_shutdown_timeout(tp_options *o, double s) {
 }
 
 double tp_options_shutdown_timeout(const tp_options *o) {
+    if (!o)
+        return TP_DEFAULT_RPC_TIMEOUT_S;
     return o->shutdown_timeout_s < 0 ? o->rpc_timeout_s : o->shutdown_timeout_s;
 }
 
@@ -164,7 +169,7 @@ tp_status tp_options_set_max_message_size(tp_options *o, uint64_t bytes) {
 }
 
 uint64_t tp_options_max_message_size(const tp_options *o) {
-    return o->max_message_size;
+    return o ? o->max_message_size : TPI_MESSAGE_SIZE_DEFAULT;
 }
 
 tp_status tp_options_set(tp_options *o, const char *key, const char *value) {
@@ -206,6 +211,8 @@ const char *tpi_options_key_at(const tp_options *o, size_t i) {
 }
 
 const char *tp_options_get(const tp_options *o, const char *key) {
+    if (!o || !key)
+        return NULL;
     for (size_t i = 0; i < o->nkv; i++)
         if (strcmp(o->keys[i], key) == 0)
             return o->values[i];
