@@ -110,13 +110,17 @@ tp_status tpi_enter_core(tp_core *c, const char *what) {
     return TP_OK;
 }
 
-tp_status tpi_enter(const char *what, tp_core **out) {
-    tp_context *ctx = tp_context_current();
+tp_core *tpi_context_core(tp_context *ctx) {
     tpi_context_lock(ctx);
     tp_core *c = ctx->core;
     if (c)
         tpi_core_ref(c);
     tpi_context_unlock(ctx);
+    return c;
+}
+
+tp_status tpi_enter(const char *what, tp_core **out) {
+    tp_core *c = tpi_context_core(tp_context_current());
     if (!c)
         return tpi_fail(TP_ENOTINIT, "%s: rpc is not initialized: call tp_init_rpc first", what);
     tp_status st = tpi_enter_core(c, what);

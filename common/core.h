@@ -203,6 +203,8 @@ tp_status tpi_park(tp_core *c, uint64_t deadline_ns);
 /* A deadline from now plus seconds (0: none). */
 uint64_t tpi_deadline_after(tp_core *c, double seconds);
 
+/* The context's worker with a counted reference (tpi_core_unref), or NULL. */
+tp_core *tpi_context_core(tp_context *ctx);
 /*
  * Enters the API for the calling context's worker: TP_ENOTINIT or
  * TP_ESHUTDOWN (with a message naming what was attempted) when there is no
@@ -283,6 +285,9 @@ tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id);
 tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder);
 /* Sets the value of an owner record (lock held) and answers waiting fetches. */
 void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, const char *errmsg);
+/* Waits (lock held) until the record has its value, or deadline
+ * (TP_ETIMEDOUT) or teardown (TP_ESHUTDOWN); METHOD-2, RREF-8. */
+tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline);
 /* Frees the owner record if nothing holds it (lock held). */
 void tpi_owner_maybe_free(tp_core *c, tpi_owner *o);
 /* A peer died: drop its forks, children and fetches (lock held). */

@@ -239,11 +239,7 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
 
 tp_status tp_shutdown(int graceful) {
     tp_context *ctx = tp_context_current();
-    tpi_context_lock(ctx);
-    tp_core *c = ctx->core;
-    if (c)
-        tpi_core_ref(c);
-    tpi_context_unlock(ctx);
+    tp_core *c = tpi_context_core(ctx);
     if (!c)
         return tpi_fail(TP_ENOTINIT, "shutdown: rpc is not initialized");
     /* SHUTDOWN-1: never from a task serving this worker (its pool would wait

@@ -701,8 +701,7 @@ tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp
     return st;
 }
 
-/* Waits (lock held) for an owner record's value until deadline. */
-static tp_status owner_ready(tp_core *c, tpi_owner *o, uint64_t deadline) {
+tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline) {
     while (!o->ready) {
         tpi_waiter w = {c->ops->task_self(c->agent), NULL, o->waiters};
         if (o->waiters)
@@ -738,7 +737,7 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
     if (r->is_owner) {
         double t = timeout_s == TP_TIMEOUT_DEFAULT ? c->default_timeout_s : timeout_s;
         tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
-        st = o ? owner_ready(c, o, tpi_deadline_after(c, t)) : TP_EINVAL;
+        st = o ? tpi_owner_wait(c, o, tpi_deadline_after(c, t)) : TP_EINVAL;
         if (st == TP_ETIMEDOUT)
             tpi_fail(st, "to_here on the owner '%s': the value is not ready after %g s",
                      c->self.name, t);
@@ -791,7 +790,7 @@ tp_status tp_rref_local_value(tp_rref *r, const tp_value **out) {
         return st;
     tpi_lock(c);
     tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
-    st = o ? owner_ready(c, o, tpi_deadline_after(c, c->default_timeout_s)) : TP_EINVAL;
+    st = o ? tpi_owner_wait(c, o, tpi_deadline_after(c, c->default_timeout_s)) : TP_EINVAL;
     if (st == TP_ETIMEDOUT)
         tpi_fail(st, "local_value: the value is not ready after %g s", c->default_timeout_s);
     else if (st == TP_OK && o->status != TP_OK)

@@ -83,26 +83,6 @@ void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_val
     reply_result(c, dst, id, st, value, errmsg, NULL);
 }
 
-/* Waits (lock held) until the owner record has its value (METHOD-2, RREF-8). */
-static tp_status owner_wait_ready(tp_core *c, tpi_owner *o) {
-    while (!o->ready) {
-        tpi_waiter w = {c->ops->task_self(c->agent), NULL, o->waiters};
-        if (o->waiters)
-            o->waiters->prev = &w;
-        o->waiters = &w;
-        tp_status st = tpi_park(c, TPI_NO_DEADLINE);
-        if (w.prev)
-            w.prev->next = w.next;
-        else
-            o->waiters = w.next;
-        if (w.next)
-            w.next->prev = w.prev;
-        if (st == TP_ESHUTDOWN)
-            return st;
-    }
-    return TP_OK;
-}
-
 /* Runs a user function or method; fills *result or an error message. */
 static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **result,
                         char *err, size_t err_len) {
@@ -125,7 +105,7 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         }
         tpi_lock(c);
         tpi_owner *o = tpi_idmap_get(&c->owners, target->id);
-        tp_status st = o ? owner_wait_ready(c, o) : TP_ENOTOWNER;
+        tp_status st = o ? tpi_owner_wait(c, o, TPI_NO_DEADLINE) : TP_ENOTOWNER;
         tpi_unlock(c);
         if (st != TP_OK) {
             tpi_format(err, err_len, "method '%s' on %s: %s", m->text, self_desc,
