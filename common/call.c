@@ -145,10 +145,18 @@ tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_
     m->timeout_ms = (uint32_t)call->timeout_ms;
 
     if (c->peer_dead[call->dst]) {
-        tpi_fail(TP_EPEERDOWN, "%s to %s, function '%s': the worker is down", call->what,
-                 tpi_worker_desc(c, call->dst, who, sizeof who), call->fn);
+        tpi_fail(TP_EPEERDOWN, "%s to %s%s%s%s: the worker is down", call->what,
+                 tpi_worker_desc(c, call->dst, who, sizeof who), call->fn[0] ? ", function '" : "",
+                 call->fn, call->fn[0] ? "'" : "");
         tpi_call_free(c, call);
         return TP_EPEERDOWN;
+    }
+    if (c->calls.len >= TPI_CALLS_IN_FLIGHT_MAX) {
+        tpi_fail(TP_ELIMIT, "%s to %s: %u calls are already in flight from this worker",
+                 call->what, tpi_worker_desc(c, call->dst, who, sizeof who),
+                 TPI_CALLS_IN_FLIGHT_MAX);
+        tpi_call_free(c, call);
+        return TP_ELIMIT;
     }
     tpi_gid key = {0, call->id};
     tp_status st = tpi_idmap_put(&c->calls, key, call);
@@ -254,7 +262,7 @@ void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f) {
     tpi_lock(c);
     tpi_call *call = tpi_idmap_get(&c->calls, (tpi_gid){0, id});
     if (!call || call->dst != src) {
-        /* A late reply to a call that timed out or failed (TIMEOUT-6). */
+        /* A late reply to a call that timed out or failed (CALL-8). */
         tpi_unlock(c);
         if (st == TP_OK)
             tpi_msg_clear(&m);

@@ -27,8 +27,35 @@ void tpi_lock(tp_core *c) {
 
 void tpi_unlock(tp_core *c) {
     TPI_ASSERT(atomic_load(&c->lock_owner) == c->ops->task_self(c->agent));
+    tp_value **grave = c->grave;
+    size_t n = c->ngrave;
+    c->grave = NULL;
+    c->ngrave = c->grave_cap = 0;
     atomic_store(&c->lock_owner, NULL);
     c->ops->unlock(c->agent);
+    for (size_t i = 0; i < n; i++)
+        tp_value_free(grave[i]);
+    free(grave);
+}
+
+void tpi_defer_free(tp_core *c, tp_value *v) {
+    if (!v)
+        return;
+    if (atomic_load(&c->state) == TPI_STATE_STOPPED || !tpi_lock_held(c)) {
+        tp_value_free(v);
+        return;
+    }
+    if (c->ngrave == c->grave_cap) {
+        size_t cap = c->grave_cap ? 2 * c->grave_cap : 8;
+        tp_value **g = realloc(c->grave, cap * sizeof *g);
+        if (!g) { /* rare: free in place rather than leak */
+            tp_value_free(v);
+            return;
+        }
+        c->grave = g;
+        c->grave_cap = cap;
+    }
+    c->grave[c->ngrave++] = v;
 }
 
 int tpi_lock_held(tp_core *c) {

@@ -128,7 +128,10 @@ struct tp_rref {
     tpi_gid fork;        /* user side: this reference's fork id */
     int is_owner;
     atomic_int confirmed;
-    int released;        /* lock: the delete was sent (or shutdown dropped it) */
+    int released;        /* lock: the delete was sent (or is not owed) */
+    int closed;          /* lock: shutdown released it: the user may no longer use it */
+    int children;        /* lock: forks sent from it that their children have not accepted */
+    int delete_pending;  /* lock: shutdown wants the delete once children reach 0 */
     tp_status failed;    /* lock: creation failed locally (timeout, peer down) */
     char *fail_msg;      /* lock */
     tp_rref *prev, *next; /* lock: the core's list of live user rrefs */
@@ -144,6 +147,8 @@ struct tp_core {
     _Atomic(tp_task *) lock_owner; /* the task holding the lock, or NULL */
     tpi_waiter *parked;  /* lock: every task parked in the core, so teardown can wake it */
     tpi_waiter *in_work; /* lock: tasks running user code for this worker (functions, callbacks) */
+    tp_value **grave;    /* lock: values to free once the lock is released */
+    size_t ngrave, grave_cap;
     tp_context *ctx;
     const tp_agent_ops *ops;
     tp_agent *agent;
@@ -190,6 +195,12 @@ void tpi_core_free(tp_core *c); /* lifecycle.c: when refs reach 0 */
 void tpi_lock(tp_core *c);
 void tpi_unlock(tp_core *c);
 int tpi_lock_held(tp_core *c);
+/*
+ * Frees v now, or, when the calling task holds the lock, right after it
+ * releases it: freeing runs user code (an object's destroy, an rref's
+ * release) that may call the API, which must never happen under the lock.
+ */
+void tpi_defer_free(tp_core *c, tp_value *v);
 static inline uint64_t tpi_now(tp_core *c) {
     return c->ops->now_ns(c->agent);
 }
@@ -286,7 +297,7 @@ tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder);
 /* Sets the value of an owner record (lock held) and answers waiting fetches. */
 void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, const char *errmsg);
 /* Waits (lock held) until the record has its value, or deadline
- * (TP_ETIMEDOUT) or teardown (TP_ESHUTDOWN); METHOD-2, RREF-8. */
+ * (TP_ETIMEDOUT) or teardown (TP_ESHUTDOWN); METHOD-3, RREF-8. */
 tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline);
 /* Frees the owner record if nothing holds it (lock held). */
 void tpi_owner_maybe_free(tp_core *c, tpi_owner *o);
@@ -326,9 +337,9 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
  */
 tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
                            int honor_dead, char **values, const char *what);
-/* The init rendezvous (INIT-3..6): claims, all-gather, set_peers. */
+/* The init rendezvous (INIT-4..7): claims, all-gather, set_peers. */
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
-/* Then the ready barrier and the commit (INIT-5, INIT-7); the worker already
+/* Then the ready barrier and the commit (INIT-5, INIT-8); the worker already
  * serves requests while it waits here. */
 tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns);
 /* Publishes "dead/<r>" for every peer known dead (lock not held). */

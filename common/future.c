@@ -47,9 +47,9 @@ void tp_future_free(tp_future *f) {
     if (old != 1)
         return;
     TPI_ASSERT(!f->waiters && !f->thens);
-    tp_value_free(f->value);
-    free(f->errmsg);
     tp_core *c = f->core;
+    tpi_defer_free(c, f->value); /* the last reference may go under the lock */
+    free(f->errmsg);
     free(f);
     tpi_core_unref(c);
 }
@@ -68,10 +68,13 @@ static void then_free(tpi_then *t) {
 static void then_schedule(tp_core *c, tpi_then *t) {
     t->work.run = then_run;
     c->active_client++; /* a queued callback may still issue calls: drain waits for it */
-    if (c->ops->execute(c->agent, &t->work) != TP_OK) {
+    tp_status st = c->ops->execute(c->agent, &t->work);
+    if (st != TP_OK) {
         c->active_client--;
-        tpi_future_complete(c, t->chained, TP_ESHUTDOWN, NULL,
-                            "then-callback not run: the worker is shutting down");
+        char msg[128];
+        tpi_format(msg, sizeof msg, "then-callback not run: it could not be queued (%s)",
+                   tp_strerror(st));
+        tpi_future_complete(c, t->chained, st, NULL, msg);
         then_free(t);
     }
 }
@@ -80,13 +83,13 @@ void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value
                          const char *errmsg) {
     TPI_ASSERT(f->core == c);
     if (atomic_load(&f->done)) {
-        tp_value_free(value);
+        tpi_defer_free(c, value);
         return;
     }
     f->status = st;
     f->value = st == TP_OK ? value : NULL;
     if (st != TP_OK) {
-        tp_value_free(value);
+        tpi_defer_free(c, value);
         f->errmsg = strdup(errmsg && *errmsg ? errmsg : tp_strerror(st));
     }
     atomic_store_explicit(&f->done, 1, memory_order_release);
@@ -175,17 +178,18 @@ static tp_status record(const tp_future *f) {
     return f->status;
 }
 
-/* A wait's own deadline: -1 the current default, 0 none (FUTURE-2). */
-static tp_status wait_deadline(tp_core *c, double timeout_s, uint64_t *deadline) {
-    tp_status st = tpi_check_timeout(timeout_s, 1);
+/* A wait's own deadline: -1 the current default, 0 none (FUTURE-2);
+ * *timeout_s becomes the effective value, for messages. */
+static tp_status wait_deadline(tp_core *c, double *timeout_s, uint64_t *deadline) {
+    tp_status st = tpi_check_timeout(*timeout_s, 1);
     if (st != TP_OK)
         return st;
-    if (timeout_s == TP_TIMEOUT_DEFAULT) {
+    if (*timeout_s == TP_TIMEOUT_DEFAULT) {
         tpi_lock(c);
-        timeout_s = c->default_timeout_s;
+        *timeout_s = c->default_timeout_s;
         tpi_unlock(c);
     }
-    *deadline = tpi_deadline_after(c, timeout_s);
+    *deadline = tpi_deadline_after(c, *timeout_s);
     return TP_OK;
 }
 
@@ -206,7 +210,7 @@ tp_status tp_future_wait(tp_future *f, double timeout_s) {
         return st;
     }
     uint64_t deadline;
-    st = wait_deadline(c, timeout_s, &deadline);
+    st = wait_deadline(c, &timeout_s, &deadline);
     if (st == TP_OK) {
         tpi_lock(c);
         st = tpi_future_wait_locked(c, f, deadline);
@@ -227,6 +231,8 @@ int tp_future_done(const tp_future *f) {
 }
 
 tp_status tp_future_status(const tp_future *f) {
+    if (!f)
+        return tpi_fail(TP_EINVAL, "future status: future is NULL");
     if (!tp_future_done(f))
         return tpi_fail(TP_EINVAL, "the future is still pending");
     return f->status;
@@ -310,7 +316,7 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
     if (st != TP_OK)
         return st;
     uint64_t deadline;
-    st = wait_deadline(c, timeout_s, &deadline);
+    st = wait_deadline(c, &timeout_s, &deadline);
     tpi_waiter *ws = st == TP_OK ? calloc(n, sizeof *ws) : NULL;
     if (st == TP_OK && !ws)
         st = tpi_fail(TP_ENOMEM, "wait_all: out of memory for %zu waiters", n);

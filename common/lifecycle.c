@@ -24,6 +24,7 @@ void tpi_core_free(tp_core *c) {
     tpi_idmap_free(&c->owners);
     tpi_idmap_free(&c->children);
     free(c->heap);
+    free(c->grave);
     free(c->infos);
     free(c->by_name);
     free(c->peer_dead);
@@ -82,19 +83,20 @@ static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
     atomic_store(&c->state, TPI_STATE_STOPPING);
     tpi_lock(c);
     tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
+    /* Every thread inside the API is parked in the core or about to be, and
+     * each wakes to see the state and leave: no deadline can be better than
+     * this wait (freeing the agent under a thread would be a crash), so it
+     * polls until they are gone and reports if it took past the deadline. */
+    int late = 0;
     while (atomic_load(&c->api_refs) > 0) {
         wake_all(c);
-        if (tpi_now(c) >= deadline_ns) {
-            st = tpi_fail(TP_ETIMEDOUT, "shutdown: %d thread(s) still inside rpc calls",
-                          atomic_load(&c->api_refs));
-            break;
-        }
-        uint64_t until = tpi_now(c) + TEARDOWN_POLL_NS;
-        tpi_park(c, until < deadline_ns ? until : deadline_ns);
+        late |= tpi_now(c) >= deadline_ns;
+        tpi_park(c, tpi_now(c) + TEARDOWN_POLL_NS);
     }
     tpi_unlock(c);
-    if (st != TP_OK)
-        return st; /* the agent stays: freeing it under a thread would be worse */
+    if (late)
+        st = tpi_fail(TP_ETIMEDOUT, "shutdown: threads stayed inside rpc calls past the "
+                                    "shutdown deadline; the worker was torn down after they left");
     c->ops->stop(c->agent);
     tpi_lock(c);
     tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
@@ -110,13 +112,11 @@ static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
 /* Ends the worker in ctx: detach, tear down, drop the context's reference. */
 static tp_status finish(tp_context *ctx, tp_core *c, uint64_t deadline_ns) {
     tp_status st = teardown(c, deadline_ns);
-    if (st != TP_OK)
-        return st;
     tpi_context_lock(ctx);
     ctx->core = NULL;
     tpi_context_unlock(ctx);
     tpi_core_unref(c);
-    return TP_OK;
+    return st;
 }
 
 void tpi_worker_abandon(tp_context *ctx) {
@@ -239,6 +239,11 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
 
 tp_status tp_shutdown(int graceful) {
     tp_context *ctx = tp_context_current();
+    tpi_context_lock(ctx);
+    int initializing = ctx->initializing;
+    tpi_context_unlock(ctx);
+    if (initializing) /* INIT-1: init owns the worker until it returns */
+        return tpi_fail(TP_ENOTINIT, "shutdown: rpc init is still in progress on this worker");
     tp_core *c = tpi_context_core(ctx);
     if (!c)
         return tpi_fail(TP_ENOTINIT, "shutdown: rpc is not initialized");
@@ -268,7 +273,7 @@ tp_status tp_shutdown(int graceful) {
     uint64_t deadline = tpi_deadline_after(c, tp_options_shutdown_timeout(c->opts));
     tp_status tst = finish(ctx, c, deadline);
     if (st != TP_OK)
-        return tpi_fail(st, "%s", msg); /* torn down anyway (SHUTDOWN-5) */
+        return tpi_fail(st, "%s", msg); /* torn down anyway (SHUTDOWN-7) */
     return tst;
 }
 
@@ -336,13 +341,20 @@ tp_status tp_set_rpc_timeout(double seconds) {
 }
 
 double tp_get_rpc_timeout(void) {
-    tp_core *c;
-    if (tpi_enter("get_rpc_timeout", &c) != TP_OK)
-        return TP_DEFAULT_RPC_TIMEOUT_S;
-    tpi_lock(c);
-    double t = c->default_timeout_s;
-    tpi_unlock(c);
-    tpi_leave(c);
+    /* A query, not a call that fails: it leaves tp_errmsg() alone (ERR-2). */
+    tp_core *c = tpi_context_core(tp_context_current());
+    double t = TP_DEFAULT_RPC_TIMEOUT_S;
+    if (c && atomic_load(&c->state) == TPI_STATE_RUNNING) {
+        atomic_fetch_add(&c->api_refs, 1);
+        if (atomic_load(&c->state) == TPI_STATE_RUNNING) {
+            tpi_lock(c);
+            t = c->default_timeout_s;
+            tpi_unlock(c);
+        }
+        atomic_fetch_sub(&c->api_refs, 1);
+    }
+    if (c)
+        tpi_core_unref(c);
     return t;
 }
 

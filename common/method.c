@@ -9,6 +9,7 @@
 
 #include "core.h"
 #include "options.h"
+#include "registry.h"
 
 struct tp_method {
     char name[TP_NAME_LEN_MAX + 1];
@@ -18,9 +19,10 @@ tp_status tp_method_factory(const char *method_name, tp_method **out) {
     if (!out)
         return tpi_fail(TP_EINVAL, "method_factory: out is NULL");
     *out = NULL;
-    if (!method_name || !*method_name || strlen(method_name) > TP_NAME_LEN_MAX ||
-        strchr(method_name, '.'))
-        return tpi_fail(TP_EINVAL, "method name must be 1..%d bytes without '.'",
+    if (!tpi_name_valid(method_name, NULL))
+        return tpi_fail(TP_EINVAL, "method name '%.*s' must match ^[A-Za-z0-9_:-]+$ and be 1..%d "
+                                   "bytes",
+                        TP_NAME_LEN_MAX + 8, method_name ? method_name : "(null)",
                         TP_NAME_LEN_MAX);
     tp_method *m = calloc(1, sizeof *m);
     if (!m)
@@ -34,10 +36,36 @@ void tp_method_free(tp_method *m) {
     free(m);
 }
 
-/* [rref, args-copy]: the caller's args are copied (lists own their items). */
+/* 1 when v holds an object anywhere (objects cannot be sent: VALUE-8). */
+static int holds_object(const tp_value *v) {
+    switch (tp_value_kind(v)) {
+    case TP_KIND_OBJECT:
+        return 1;
+    case TP_KIND_LIST:
+        for (size_t i = 0; i < tp_list_len(v); i++)
+            if (holds_object(tp_list_get(v, i)))
+                return 1;
+        return 0;
+    case TP_KIND_MAP:
+        for (size_t i = 0; i < tp_map_len(v); i++)
+            if (holds_object(tp_map_value_at(v, i)))
+                return 1;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/*
+ * [rref, args-copy]: the caller's args are copied because lists own their
+ * items (a copy per method call; a borrowed-item list would avoid it).
+ */
 static tp_status wire_args(tp_rref *rref, const tp_value *args, tp_value **out) {
     if (args && tp_value_kind(args) != TP_KIND_LIST)
-        return tpi_fail(TP_ETYPE, "method args must be a list");
+        return tpi_fail(TP_EINVAL, "method call: args must be a list, got %s",
+                        tp_kind_name(tp_value_kind(args)));
+    if (args && holds_object(args))
+        return tpi_fail(TP_ETYPE, "method call: objects cannot be sent; hold them in an rref");
     tp_value *target = tp_value_rref(rref);
     tp_value *inner = args ? tp_value_clone(args) : tp_value_list();
     tp_value *list = tp_value_list_of(2, target, inner);
@@ -59,7 +87,8 @@ static tp_status start(const tp_method *m, tp_rref *rref, const tp_value *args,
     tp_value *wire = NULL;
     st = tpi_check_timeout(timeout_s, 1);
     if (st == TP_OK && kwargs && tp_value_kind(kwargs) != TP_KIND_MAP)
-        st = tpi_fail(TP_ETYPE, "method kwargs must be a map");
+        st = tpi_fail(TP_EINVAL, "method call: kwargs must be a map, got %s",
+                      tp_kind_name(tp_value_kind(kwargs)));
     if (st == TP_OK)
         st = wire_args(rref, args, &wire);
     if (st == TP_OK) {

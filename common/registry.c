@@ -31,7 +31,7 @@ int tpi_name_valid(const char *s, size_t *len_out) {
     return n > 0;
 }
 
-/* Function, class and method names follow the worker-name rule (FUNC-2), so
+/* Function, class and method names follow the worker-name rule (FUNC-1), so
  * "Class.method" keys can never collide with a function name. */
 static int fn_name_valid(const char *s) {
     return tpi_name_valid(s, NULL);

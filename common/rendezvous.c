@@ -61,7 +61,7 @@ static tp_status check_error_key(tp_core *c, const char *what) {
         return TP_OK;
     }
     char *tab = strchr(v, '\t');
-    tp_status code = TP_EINVAL;
+    tp_status code = TP_ESTORE; /* an outcome we cannot read is the store's fault */
     if (tab) {
         *tab = '\0';
         for (int i = 1; i < TP_STATUS_COUNT_; i++)
@@ -251,7 +251,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     char msg[TP_ERRMSG_LEN_MAX];
     char *other = NULL;
 
-    /* INIT-5: the first worker fixes the world size; others must agree. */
+    /* INIT-4: the first worker fixes the world size; others must agree. */
     tpi_key(c, key, sizeof key, "init/world_size");
     tpi_format(val, sizeof val, "%u", c->world_size);
     tp_status st = claim(c, key, val, &other);
@@ -269,7 +269,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     if (st != TP_OK)
         return st;
 
-    /* INIT-3: a rank is claimed once. */
+    /* INIT-4: a rank is claimed once. */
     tpi_key(c, key, sizeof key, "init/rank/%u", c->rank);
     tpi_format(val, sizeof val, "%s\t%s", c->self.name, addr);
     st = claim(c, key, val, &other);
@@ -298,7 +298,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     if (st != TP_OK)
         return st;
 
-    /* INIT-6: the all-gather. */
+    /* INIT-7: the all-gather. */
     char **values = calloc(c->world_size, sizeof *values);
     char **addrs = calloc(c->world_size, sizeof *addrs);
     if (!values || !addrs) {
@@ -310,7 +310,9 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++) {
         char *tab = strchr(values[r], '\t');
         if (!tab || tab == values[r] || (size_t)(tab - values[r]) > TP_NAME_LEN_MAX) {
-            st = tpi_fail(TP_ESTORE, "init: rank %u's entry in the store is malformed", r);
+            char bad[96];
+            tpi_format(bad, sizeof bad, "init: rank %u's entry in the store is malformed", r);
+            st = publish_error(c, TP_ESTORE, bad);
             break;
         }
         *tab = '\0';
@@ -323,8 +325,11 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
         char err[TP_ERRMSG_LEN_MAX] = "";
         st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
                                sizeof err);
-        if (st != TP_OK)
-            tpi_fail(st, "init: the backend could not take the peer addresses: %s", err);
+        if (st != TP_OK) {
+            tpi_format(msg, sizeof msg, "init: worker '%s' could not take the peer addresses: %s",
+                       c->self.name, err);
+            st = publish_error(c, st, msg);
+        }
     }
     for (uint32_t r = 0; r < c->world_size; r++)
         free(values[r]);
@@ -338,7 +343,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
 
 tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
-    /* INIT-7: nobody sends before everybody can route. */
+    /* INIT-8: nobody sends before everybody can route. */
     tpi_key(c, key, sizeof key, "init/ready/%u", c->rank);
     tp_status st = c->store->ops->set(c->store, key, "1", 1);
     if (st != TP_OK)

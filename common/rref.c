@@ -95,7 +95,7 @@ void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, cons
     o->status = st;
     o->value = st == TP_OK ? (value ? value : tp_value_nil()) : NULL;
     if (st != TP_OK) {
-        tp_value_free(value);
+        tpi_defer_free(c, value);
         o->errmsg = strdup(errmsg && *errmsg ? errmsg : tp_strerror(st));
     }
     tpi_fetch *fe = o->fetches;
@@ -119,7 +119,7 @@ static void owner_free(tp_core *c, tpi_owner *o) {
         free(fe);
         fe = next;
     }
-    tp_value_free(o->value); /* may release rrefs it holds: lock is held, they see it */
+    tpi_defer_free(c, o->value); /* an object's destroy runs after the unlock */
     free(o->errmsg);
     free(o->forks);
     free(o);
@@ -230,6 +230,23 @@ static void send_delete(tp_core *c, tp_rref *r) {
         return; /* the owner is unreachable; its peer-down handling drops the fork */
 }
 
+/*
+ * Drops a kept child (lock held): the child was accepted, rolled back, or its
+ * worker died. The parent's delete, if shutdown asked for one, waits for the
+ * last child so it cannot overtake the child's fork at the owner (RREF-5).
+ */
+static void drop_child(tp_core *c, tpi_child *ch) {
+    tp_rref *r = ch->rref;
+    free(ch);
+    TPI_ASSERT(r->children > 0);
+    r->children--;
+    if (r->children == 0 && r->delete_pending) {
+        r->delete_pending = 0;
+        send_delete(c, r);
+    }
+    tp_rref_release(r); /* lock held: handled inline */
+}
+
 /* The last handle went away (lock held, worker running). */
 static void last_handle(tp_core *c, tp_rref *r) {
     if (r->is_owner) {
@@ -308,7 +325,10 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
     if (!mine)
         tpi_lock(c);
     tp_status st = TP_OK;
-    if (r->is_owner) { /* the owner records the fork itself, at once */
+    if (!r->is_owner && (r->closed || r->released)) {
+        st = tpi_fail(TP_ESHUTDOWN, "rref %u:%llu was released by shutdown and cannot be sent",
+                      r->id.worker, (unsigned long long)r->id.local);
+    } else if (r->is_owner) { /* the owner records the fork itself, at once */
         tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
         st = o ? tpi_owner_add_fork(o, w->fork_id, rc->peer) : TP_EINVAL;
     } else { /* keep our reference until the child is confirmed (guarantee 2) */
@@ -321,6 +341,8 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
             if (st != TP_OK) {
                 atomic_fetch_sub(&r->handles, 1); /* cannot be the last: caller holds one */
                 free(ch);
+            } else {
+                r->children++;
             }
         }
     }
@@ -349,10 +371,8 @@ void tpi_rref_ctx_rollback(tpi_rref_ctx *rc) {
                 remove_fork(o, rc->undo[i].fork);
         } else {
             tpi_child *ch = tpi_idmap_del(&c->children, rc->undo[i].fork);
-            if (ch) {
-                tp_rref_release(ch->rref); /* lock held: handled inline */
-                free(ch);
-            }
+            if (ch)
+                drop_child(c, ch);
         }
     }
     rc->nundo = 0;
@@ -368,12 +388,19 @@ void tpi_rref_ctx_done(tpi_rref_ctx *rc) {
 
 static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork);
 
+/*
+ * The owner answered our fork (RREF-6): now the parent may drop its kept
+ * reference. The fork travels without a deadline, so the only other ends are
+ * the owner's death (nothing left to protect) and our own teardown (nothing
+ * is sent then); accepting after a timeout could let the owner free the
+ * value before a late fork arrives.
+ */
 static void fork_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
-    (void)st;
     tp_rref *r = call->rref;
-    if (reply) /* the owner recorded our fork: tell the parent (RREF-7) */
+    if (reply && st == TP_OK)
         atomic_store(&r->confirmed, 1);
-    send_accept(c, call->parent, call->fork);
+    if (reply || st == TP_EPEERDOWN)
+        send_accept(c, call->parent, call->fork);
 }
 
 static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
@@ -420,7 +447,7 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
                 call->fork = w->fork_id;
                 call->parent = w->parent;
                 call->on_reply = fork_reply;
-                tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT); /* a failure fails to_here */
+                tpi_call_issue(c, call, &m, TP_TIMEOUT_INFINITE); /* see fork_reply */
             }
         }
     }
@@ -441,10 +468,8 @@ void tpi_rref_hooks(tpi_rref_ctx *rc, tpi_codec_hooks *hooks) {
 static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork) {
     if (parent == c->rank) { /* we are the parent: drop the kept child at once */
         tpi_child *ch = tpi_idmap_del(&c->children, fork);
-        if (ch) {
-            tp_rref_release(ch->rref);
-            free(ch);
-        }
+        if (ch)
+            drop_child(c, ch);
         return;
     }
     tpi_call *call = tpi_call_new(c, parent, TPI_MSG_RREF_ACCEPT, "rref accept", NULL);
@@ -466,7 +491,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         if (!o) {
             tpi_format(err, sizeof err, "rref %u:%llu is unknown on its owner '%s'",
                        m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
-            tpi_reply(c, src, m->id, TP_EINVAL, NULL, err);
+            tpi_reply(c, src, m->id, TP_EPROTO, NULL, err);
         } else if (o->ready) {
             reply_fetch(c, o, src, m->id);
         } else {
@@ -499,10 +524,8 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     }
     case TPI_MSG_RREF_ACCEPT: {
         tpi_child *ch = tpi_idmap_del(&c->children, m->fork);
-        if (ch) {
-            tp_rref_release(ch->rref);
-            free(ch);
-        }
+        if (ch)
+            drop_child(c, ch);
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
         break;
     }
@@ -557,8 +580,7 @@ void tpi_rrefs_peer_down(tp_core *c, uint32_t peer) {
         tpi_child *ch = c->children.slots[i].value;
         if (ch && ch->to == peer) {
             tpi_idmap_del(&c->children, c->children.slots[i].key);
-            tp_rref_release(ch->rref);
-            free(ch);
+            drop_child(c, ch);
             i = (size_t)-1; /* the map shifted: rescan from the start */
         }
     }
@@ -567,7 +589,13 @@ void tpi_rrefs_peer_down(tp_core *c, uint32_t peer) {
 void tpi_rrefs_release_all(tp_core *c) {
     while (c->users) {
         tp_rref *r = c->users;
-        send_delete(c, r); /* unlists r */
+        r->closed = 1;
+        if (r->children > 0) { /* RREF-5: the delete waits for the last child */
+            r->delete_pending = 1;
+            unlist(c, r);
+        } else {
+            send_delete(c, r); /* unlists r */
+        }
     }
 }
 
@@ -585,8 +613,8 @@ void tpi_rrefs_teardown(tp_core *c) {
             tpi_child *ch = c->children.slots[i].value;
             if (ch) {
                 tpi_idmap_del(&c->children, c->children.slots[i].key);
-                tp_rref_release(ch->rref);
-                free(ch);
+                ch->rref->delete_pending = 0; /* teardown: nothing is sent any more */
+                drop_child(c, ch);
                 break;
             }
         }
@@ -628,7 +656,7 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
     tpi_gid id = tpi_new_gid(c);
     tpi_gid fork = no_fork;
     tp_rref *r;
-    if (dst == c->rank) { /* remote to self: we are the owner (RREF-5) */
+    if (dst == c->rank) { /* remote to self: we are the owner (RREF-2) */
         tpi_owner *o = tpi_owner_get_or_create(c, id);
         r = o ? tpi_rref_new_owner(c, o) : NULL;
     } else {
@@ -743,13 +771,16 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
                      c->self.name, t);
         else if (st == TP_OK && o->status != TP_OK)
             st = tpi_fail_msg(o->status, o->errmsg);
+        else if (st == TP_OK && tp_value_kind(o->value) == TP_KIND_OBJECT)
+            st = tpi_fail(TP_ETYPE, "to_here: the rref holds an object, which stays on its owner "
+                                    "(VALUE-8); use local_value or a method");
         else if (st == TP_OK && !(*out = tp_value_clone(o->value)))
             st = tpi_fail(TP_ENOMEM, "to_here: out of memory copying the value");
         tpi_unlock(c);
     } else if (r->failed) {
         st = tpi_fail_msg(r->failed, r->fail_msg);
         tpi_unlock(c);
-    } else if (r->released) {
+    } else if (r->closed || r->released) {
         st = tpi_fail(TP_ESHUTDOWN, "to_here: the rref was released by shutdown");
         tpi_unlock(c);
     } else {

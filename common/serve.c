@@ -105,7 +105,11 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         }
         tpi_lock(c);
         tpi_owner *o = tpi_idmap_get(&c->owners, target->id);
-        tp_status st = o ? tpi_owner_wait(c, o, TPI_NO_DEADLINE) : TP_ENOTOWNER;
+        /* Bounded by the caller's deadline: a pool slot never waits for a
+         * value whose creation was lost (METHOD-3). */
+        uint64_t deadline = m->timeout_ms ? tpi_deadline_after(c, m->timeout_ms / 1000.0)
+                                          : TPI_NO_DEADLINE;
+        tp_status st = o ? tpi_owner_wait(c, o, deadline) : TP_ENOTOWNER;
         tpi_unlock(c);
         if (st != TP_OK) {
             tpi_format(err, err_len, "method '%s' on %s: %s", m->text, self_desc,
@@ -225,7 +229,7 @@ static void job_run(tp_work *w) {
 /*
  * REMOTE: the owner record and the caller's fork are registered here, in
  * the I/O context, before any later message on the same link (a to_here or
- * a delete) is handled; only the function runs on the pool (RREF-5).
+ * a delete) is handled; only the function runs on the pool (RREF-2).
  */
 static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, char *err,
                            size_t err_len) {

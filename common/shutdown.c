@@ -81,6 +81,12 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
             break;
         if (active == 0 && prev_active == 0 && issued == prev_issued)
             break; /* st is TP_OK, or TP_EPEERDOWN naming the dead */
+        if (tpi_now(c) >= deadline) {
+            st = tpi_fail(TP_ETIMEDOUT, "shutdown drain: still %llu call(s) active over all workers "
+                                        "at the deadline (round %u)",
+                          (unsigned long long)active, round);
+            break;
+        }
         prev_active = active;
         prev_issued = issued;
         if (round + 1 == DRAIN_ROUNDS_MAX)
@@ -94,7 +100,7 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
 tp_status tpi_shutdown_graceful(tp_core *c) {
     double t = tp_options_shutdown_timeout(c->opts);
     char key[TP_STORE_KEY_LEN_MAX + 1];
-    /* SHUTDOWN-2: the barrier. */
+    /* SHUTDOWN-3: the barrier. */
     uint64_t deadline = tpi_deadline_after(c, t);
     tpi_publish_dead(c);
     tpi_key(c, key, sizeof key, "sd/arrive/%u", c->rank);
@@ -107,11 +113,11 @@ tp_status tpi_shutdown_graceful(tp_core *c) {
     char dead_msg[TP_ERRMSG_LEN_MAX] = "";
     if (dead != TP_OK)
         tpi_format(dead_msg, sizeof dead_msg, "%s", tp_errmsg());
-    /* SHUTDOWN-3: user rrefs go, so owners can free their values. */
+    /* SHUTDOWN-4: user rrefs go, so owners can free their values. */
     tpi_lock(c);
     tpi_rrefs_release_all(c);
     tpi_unlock(c);
-    /* SHUTDOWN-4: drain. */
+    /* SHUTDOWN-5: drain. */
     deadline = tpi_deadline_after(c, t);
     st = drain(c, deadline);
     if (st == TP_OK && dead != TP_OK)

@@ -9,6 +9,7 @@
  * later operation (pack, compare, encode) can rely on the numbers.
  */
 #include "value.h"
+#include "registry.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -216,7 +217,7 @@ tp_value *tpi_value_rref_adopt(tp_rref *rref) {
 }
 
 tp_value *tp_value_object(const char *class_name, void *state, void (*destroy)(void *state)) {
-    if (!class_name)
+    if (!tpi_name_valid(class_name, NULL)) /* a class name names methods (METHOD-1) */
         return NULL;
     tp_value *v = value_new(TP_KIND_OBJECT);
     if (!v)

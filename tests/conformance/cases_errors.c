@@ -101,7 +101,7 @@ static int errors_status_strings(int rank, int ws) {
     CHECK(strcmp(tp_strerror(TP_ETIMEDOUT), "timed out") == 0);
     CHECK(tp_strerror((tp_status)9999) &&
           strcmp(tp_strerror((tp_status)9999), "unknown status") == 0);
-    const char *odd = tp_status_name((tp_status)-1); /* spec: "TP_E?"; any non-status name */
+    const char *odd = tp_status_name((tp_status)-1); /* spec: "TP_UNKNOWN"; any non-status name */
     CHECK(odd && strncmp(odd, "TP_", 3) == 0);
     for (int j = 0; odd && j < TP_STATUS_COUNT_; j++)
         CHECK(strcmp(odd, tp_status_name((tp_status)j)) != 0);
