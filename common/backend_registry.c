@@ -20,7 +20,7 @@ static struct {
 } backends[BACKENDS_MAX];
 static size_t nbackends;
 static atomic_flag backends_spin = ATOMIC_FLAG_INIT;
-static atomic_int builtins_done;
+static atomic_int builtins_state; /* 0 none, 1 registering, 2 done */
 
 static void reg_lock(void) {
     while (atomic_flag_test_and_set_explicit(&backends_spin, memory_order_acquire)) {
@@ -64,12 +64,18 @@ static tp_status add_backend(const char *name, const tp_backend *b) {
 }
 
 void tp_register_builtin_backends(void) {
-    if (atomic_exchange(&builtins_done, 1))
-        return;
-    add_backend("SIM", &tpi_sim_backend);
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&builtins_state, &expected, 1)) {
+        add_backend("SIM", &tpi_sim_backend);
 #ifdef TP_HAVE_REAL
-    add_backend("TENSORPIPE", &tpi_tcp_backend);
+        add_backend("TENSORPIPE", &tpi_tcp_backend);
 #endif
+        atomic_store(&builtins_state, 2);
+        return;
+    }
+    /* Another thread is registering them: a lookup must not run before it ends. */
+    while (atomic_load(&builtins_state) != 2) {
+    }
 }
 
 tp_status tp_register_backend(const char *name, const tp_backend *backend) {

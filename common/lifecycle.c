@@ -239,22 +239,24 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
 
 tp_status tp_shutdown(int graceful) {
     tp_context *ctx = tp_context_current();
+    tp_core *c = tpi_context_core(ctx);
+    /* SHUTDOWN-1: never from a task serving this worker (its pool would wait
+     * for the very task that is waiting for it); checked first, because a
+     * worker serves requests while its own init finishes. */
+    int inside = c && atomic_load(&c->state) == TPI_STATE_RUNNING && tpi_in_work(c);
     tpi_context_lock(ctx);
     int initializing = ctx->initializing;
-    tpi_context_unlock(ctx);
-    if (initializing) /* INIT-1: init owns the worker until it returns */
-        return tpi_fail(TP_ENOTINIT, "shutdown: rpc init is still in progress on this worker");
-    tp_core *c = tpi_context_core(ctx);
-    if (!c)
-        return tpi_fail(TP_ENOTINIT, "shutdown: rpc is not initialized");
-    /* SHUTDOWN-1: never from a task serving this worker (its pool would wait
-     * for the very task that is waiting for it). */
-    int inside = atomic_load(&c->state) == TPI_STATE_RUNNING && tpi_in_work(c);
-    tpi_context_lock(ctx);
-    int busy = c->shutting_down;
-    if (!inside && !busy)
+    int busy = c && c->shutting_down;
+    if (c && !inside && !initializing && !busy)
         c->shutting_down = 1;
     tpi_context_unlock(ctx);
+    if (!inside && initializing) { /* INIT-1: init owns the worker until it returns */
+        if (c)
+            tpi_core_unref(c);
+        return tpi_fail(TP_ENOTINIT, "shutdown: rpc init is still in progress on this worker");
+    }
+    if (!c)
+        return tpi_fail(TP_ENOTINIT, "shutdown: rpc is not initialized");
     tpi_core_unref(c); /* the context's reference stays until teardown ends */
     if (inside)
         return tpi_fail(TP_EINVAL, "shutdown: called from a function or callback worker '%s' is "

@@ -22,8 +22,8 @@ static tpi_tcp_agent *AG(tp_agent *a) {
 
 /* ---- start, set_peers (AGENT-3, AGENT-4) -------------------------------------------- */
 
-static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t addr_len,
-                             char *errmsg, size_t errmsg_len) {
+static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t addr_len, char *errmsg,
+                             size_t errmsg_len) {
     tpi_tcp_agent *a = AG(ag);
     TPI_ASSERT(core && addr && !a->started && !a->stopped);
     a->core = core;
@@ -46,8 +46,7 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
                                  char *errmsg, size_t errmsg_len) {
     tpi_tcp_agent *a = AG(ag);
     if (world_size != a->world_size || !addrs) {
-        tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size,
-                   a->world_size);
+        tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size, a->world_size);
         return TP_EINVAL;
     }
     struct sockaddr_storage *sas = calloc(world_size, sizeof *sas);
@@ -100,11 +99,11 @@ static void agent_stop(tp_agent *ag) {
     if (a->started)
         uv_async_send(&a->wake);
     pthread_mutex_unlock(&a->qmu);
-    tpi_tcp_pool_close(a);   /* execute refuses from now on */
-    tpi_tcp_wake_parked(a);  /* parked tasks return TP_ESHUTDOWN */
-    tpi_tcp_loop_stop(a);    /* no upcall runs or will run after this */
-    tpi_tcp_pool_join(a);    /* accepted work items ran to their end */
-    tpi_tcp_drop_queues(a);  /* frames sent after the loop's last turn */
+    tpi_tcp_pool_close(a);  /* execute refuses from now on */
+    tpi_tcp_wake_parked(a); /* parked tasks return TP_ESHUTDOWN */
+    tpi_tcp_loop_stop(a);   /* no upcall runs or will run after this */
+    tpi_tcp_pool_join(a);   /* accepted work items ran to their end */
+    tpi_tcp_drop_queues(a); /* frames sent after the loop's last turn */
     a->stopped = 1;
 }
 
@@ -198,8 +197,7 @@ static tp_status read_listen_options(tpi_tcp_agent *a, const tp_options *opts, c
         return TP_EINVAL;
     }
     if (tpi_tcp_parse_port(port, 1, &a->listen_port) != 0) {
-        tpi_format(errmsg, errmsg_len, "listen_port '%.32s' is not a port number (0..65535)",
-                   port);
+        tpi_format(errmsg, errmsg_len, "listen_port '%.32s' is not a port number (0..65535)", port);
         return TP_EINVAL;
     }
     if (!adv || !*adv) {
@@ -233,8 +231,9 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
     a->world_size = params->world_size;
     a->max_msg = tp_options_max_message_size(params->opts);
     int threads = tp_options_num_worker_threads(params->opts);
-    a->pool_max = threads < 1 ? 1 : threads > TPI_WORKER_THREADS_MAX ? TPI_WORKER_THREADS_MAX
-                                                                      : (uint32_t)threads;
+    a->pool_max = threads < 1                        ? 1
+                  : threads > TPI_WORKER_THREADS_MAX ? TPI_WORKER_THREADS_MAX
+                                                     : (uint32_t)threads;
     a->timer_deadline_ns = UINT64_MAX;
     atomic_init(&a->stop_flag, 0);
     pthread_mutex_init(&a->mu, NULL);
@@ -259,7 +258,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
         }
     }
     if (st == TP_OK)
-        st = tpi_tcp_store_open(params->opts, params->rank, &a->store, errmsg, errmsg_len);
+        st = tpi_tcp_store_open(params->opts, params->rank, params->world_size, &a->store, errmsg,
+                                errmsg_len);
     if (st != TP_OK) {
         a->store = NULL;
         agent_destroy((tp_agent *)a);
@@ -270,8 +270,12 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
     return TP_OK;
 }
 
+/* TCP-12: the backend keys; init rejects any other (OPT-6). */
+static const char *const option_keys[] = {"listen_addr", "listen_port", "advertise_addr", NULL};
+
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,
     .construct_options = construct_options,
     .init = backend_init,
+    .option_keys = option_keys,
 };

@@ -153,8 +153,7 @@ static void on_write(uv_write_t *req, int status) {
     }
     if (status < 0) {
         if (c->outgoing)
-            out_fail(c, tpi_uv_err_means_dead(status) ? TP_EPEERDOWN : TP_EIO,
-                     uv_strerror(status));
+            out_fail(c, tpi_uv_err_means_dead(status) ? TP_EPEERDOWN : TP_EIO, uv_strerror(status));
         else
             conn_close(c); /* an accepted connection only carries our records */
     }
@@ -252,8 +251,7 @@ static void peer_alive(tpi_tcp_conn *c) {
     p->suspect = 0;
     uv_timer_stop(&c->timer);
     char msg[TP_ERRMSG_LEN_MAX];
-    tpi_format(msg, sizeof msg, "%s; the worker still answers at %s", p->suspect_detail,
-               p->addr);
+    tpi_format(msg, sizeof msg, "%s; the worker still answers at %s", p->suspect_detail, p->addr);
     if (!p->dead)
         upcall_down(a, c->peer, TP_EIO, msg);
 }
@@ -294,7 +292,8 @@ static void in_ended(tpi_tcp_conn *c, const char *detail) {
     char msg[TP_ERRMSG_LEN_MAX];
     tpi_format(msg, sizeof msg, "connection from %s closed: %s", c->addr,
                aborted ? "the worker closed it after an error"
-                       : bye ? "the worker shut down" : detail);
+               : bye   ? "the worker shut down"
+                       : detail);
     conn_close(c);
     if (id == NO_PEER)
         return; /* never identified: nothing to report */
@@ -401,8 +400,8 @@ static void on_record(tpi_tcp_conn *c) {
         return;
     }
     if (c->state == CONN_HELLO) {
-        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size, &sender,
-                                 err, sizeof err) ||
+        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size, &sender, err,
+                                 sizeof err) ||
             sender != c->peer) {
             char detail[TP_ERRMSG_LEN_MAX];
             if (sender != c->peer && err[0] == '\0')
@@ -508,7 +507,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             out_fail(c, TP_EIO, "the worker closed the connection after an error");
         } else {
             tp_status why = tpi_uv_err_means_dead(err) ? TP_EPEERDOWN : TP_EIO;
-            out_fail(c, why, c->got_bye ? "the worker shut down" : uv_strerror(err));
+            out_fail(c, why,
+                     c->got_bye      ? "the worker shut down"
+                     : err == UV_EOF ? "the connection was closed (end of file)"
+                                     : uv_strerror(err));
         }
         return;
     }
@@ -531,7 +533,8 @@ void tpi_tcp_on_accept(uv_stream_t *server, int status) {
         return;
     tpi_tcp_conn *c = conn_new(a, 0, NO_PEER);
     if (!c)
-        return; /* libuv calls again while the connection waits in the backlog */
+        return; /* out of memory: libuv keeps this connection and stops listening until it
+                   is accepted, so peers that dial later time out (TP_EIO); nothing leaks */
     if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 || atomic_load(&a->stop_flag)) {
         conn_close(c);
         return;
@@ -627,15 +630,16 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
 
 void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
     tpi_tcp_peer *p = &a->peers[id];
-    if (!p->out && !dial(a, id))
+    if (!p->dead && !p->out && !dial(a, id))
         return;
-    tpi_tcp_conn *c = p->out;
     pthread_mutex_lock(&a->qmu);
     tp_frame *f = p->q_head;
     p->q_head = p->q_tail = NULL;
     pthread_mutex_unlock(&a->qmu);
-    if (f)
-        write_frames(c, f);
+    if (p->dead)
+        free_frames(f); /* queued just before the verdict; a dead peer is never dialed again */
+    else if (f)
+        write_frames(p->out, f);
 }
 
 void tpi_tcp_close_all(tpi_tcp_agent *a) {

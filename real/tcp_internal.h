@@ -38,8 +38,8 @@
 #define TPI_TCP_CTL_MAGIC "TPCT"
 
 typedef enum tpi_tcp_hello_kind {
-    TPI_TCP_HELLO_OPEN = 1,   /* dialer to acceptor: "I am worker s, you are worker r" */
-    TPI_TCP_HELLO_ACCEPT = 2  /* acceptor's answer, same fields from its side */
+    TPI_TCP_HELLO_OPEN = 1,  /* dialer to acceptor: "I am worker s, you are worker r" */
+    TPI_TCP_HELLO_ACCEPT = 2 /* acceptor's answer, same fields from its side */
 } tpi_tcp_hello_kind;
 
 typedef enum tpi_tcp_ctl_kind {
@@ -63,8 +63,7 @@ void tpi_tcp_hello_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind k
 int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
                         uint32_t me, uint32_t world_size, uint32_t *sender, char *errmsg,
                         size_t errmsg_len);
-void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind,
-                        uint32_t sender);
+void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind, uint32_t sender);
 /* 1 when rec starts with the control magic. */
 int tpi_tcp_is_ctl(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
 /* The kind of a well-formed control record, 0 for a malformed one. */
@@ -96,8 +95,8 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
 
 typedef struct tpi_tcp_task tpi_tcp_task;
 struct tpi_tcp_task {
-    pthread_cond_t cond;  /* CLOCK_MONOTONIC */
-    atomic_int permit;    /* an unpark not yet consumed by a park */
+    pthread_cond_t cond;       /* CLOCK_MONOTONIC */
+    atomic_int permit;         /* an unpark not yet consumed by a park */
     tpi_tcp_task *prev, *next; /* the agent's parked list, under its mu */
     int parked;
 };
@@ -112,8 +111,8 @@ typedef struct tpi_tcp_peer {
     int dirty;                 /* on the agent's dirty list */
     int dead;                  /* TP_EPEERDOWN seen: send fails at once */
     /* loop thread only */
-    tpi_tcp_conn *out;         /* the connection we dialed: frames go there */
-    int suspect;               /* a probe is running (TCP-7) */
+    tpi_tcp_conn *out; /* the connection we dialed: frames go there */
+    int suspect;       /* a probe is running (TCP-7) */
     char suspect_detail[160];
 } tpi_tcp_peer;
 
@@ -217,8 +216,7 @@ void tpi_tcp_close_all(tpi_tcp_agent *a);
 /* ---- tcp_addr.c ---------------------------------------------------------- */
 
 /* Splits "host:port" or "[v6]:port"; 0 on success. */
-int tpi_tcp_split_hostport(const char *s, char *host, size_t host_len, char *port,
-                           size_t port_len);
+int tpi_tcp_split_hostport(const char *s, char *host, size_t host_len, char *port, size_t port_len);
 /* A decimal port 0..65535 (allow_zero) or 1..65535; 0 on success. */
 int tpi_tcp_parse_port(const char *s, int allow_zero, uint16_t *port);
 /* Resolves host and a numeric port to the first address getaddrinfo gives. */
@@ -255,6 +253,8 @@ const char *tpi_sock_strerror(int rc);
 
 #define TPI_STORE_PROTO_MAGIC "TPST"
 #define TPI_STORE_PROTO_VERSION 1
+/* The client's handshake: magic, version, 3 zero bytes, u32 its rank. */
+#define TPI_STORE_HANDSHAKE_LEN 12
 /* A request or reply body: an op, a key and up to two values. */
 #define TPI_STORE_MSG_MAX (64u + TP_STORE_KEY_LEN_MAX + 2u * (4u + TP_STORE_VALUE_LEN_MAX))
 /* One store operation's deadline (reply included). */
@@ -276,21 +276,28 @@ typedef struct tpi_store_server tpi_store_server;
  * names the address in messages. TP_EADDRINUSE when the port is taken. */
 tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
                                  tpi_store_server **out, char *errmsg, size_t errmsg_len);
-/* Stops accepting, serves the clients still connected for at most linger_ns,
- * then stops and frees the server. */
+/* Announces the job the server now serves: a stop keeps listening until each
+ * of its world_size ranks has connected (since, or at, this call). */
+void tpi_store_server_expect(tpi_store_server *s, uint32_t world_size);
+/* Stops the server: it listens until every announced rank came, serves the
+ * connected clients until they leave, all for at most linger_ns, then frees
+ * everything. NULL: no-op. */
 void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns);
 
 /*
  * A store client connected to host:port, retrying until deadline_ns
- * (UINT64_MAX: none). server (may be NULL) is stopped with linger_ns when
- * the client closes. what names where the address came from, for messages.
+ * (UINT64_MAX: none). rank is the worker's (UINT32_MAX: not a worker). server
+ * (may be NULL) is stopped with linger_ns when the client closes. what names
+ * where the address came from, for messages.
  */
-tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint64_t deadline_ns,
-                                const char *what, tpi_store_server *server, uint64_t linger_ns,
-                                tp_store **out, char *errmsg, size_t errmsg_len);
+tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
+                                uint64_t deadline_ns, const char *what, tpi_store_server *server,
+                                uint64_t linger_ns, tp_store **out, char *errmsg,
+                                size_t errmsg_len);
 
-/* Opens the store init_method names (TCP-9); rank 0 serves tcp:// and env://. */
-tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, tp_store **out,
-                             char *errmsg, size_t errmsg_len);
+/* Opens the store init_method names (TCP-9); rank 0 serves tcp:// and env:// for
+ * a world of world_size. */
+tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, uint32_t world_size,
+                             tp_store **out, char *errmsg, size_t errmsg_len);
 
 #endif

@@ -54,10 +54,11 @@ static void on_timer(uv_timer_t *h) {
 
 void tpi_tcp_timer_arm(tpi_tcp_agent *a, uint64_t deadline_ns) {
     pthread_mutex_lock(&a->qmu);
-    if (!a->stopping && a->started) {
+    if (!a->stopping) {
         a->timer_deadline_ns = deadline_ns;
         a->timer_dirty = 1;
-        uv_async_send(&a->wake);
+        if (a->started)
+            uv_async_send(&a->wake); /* before start, the loop applies it when it starts */
     }
     pthread_mutex_unlock(&a->qmu);
 }
@@ -121,8 +122,9 @@ static void deliver_loopback(tpi_tcp_agent *a) {
         tp_frame_free(f);
         size_t len = 0;
         char err[TP_ERRMSG_LEN_MAX];
-        if (copy && tp_frame_check_header(tp_frame_bytes(copy), a->max_msg, &len, err,
-                                          sizeof err) == TP_OK &&
+        if (copy &&
+            tp_frame_check_header(tp_frame_bytes(copy), a->max_msg, &len, err, sizeof err) ==
+                TP_OK &&
             len == copy->len)
             tp_core_on_frame(a->core, a->rank, copy);
         else
@@ -171,6 +173,13 @@ static void on_wake(uv_async_t *h) {
 static void *loop_main(void *arg) {
     tpi_tcp_agent *a = arg;
     tp_context_switch(a->ctx, NULL); /* upcalls act on this worker (AGENT-14) */
+    pthread_mutex_lock(&a->qmu);
+    int armed = a->timer_dirty && !a->stopping;
+    uint64_t deadline = a->timer_deadline_ns;
+    a->timer_dirty = 0;
+    pthread_mutex_unlock(&a->qmu);
+    if (armed)
+        timer_apply(a, deadline);
     uv_run(&a->loop, UV_RUN_DEFAULT);
     return NULL;
 }
@@ -218,14 +227,13 @@ tp_status tpi_tcp_loop_start(tpi_tcp_agent *a, char *errmsg, size_t errmsg_len) 
     if (rc == 0)
         rc = uv_tcp_getsockname(&a->listener, (struct sockaddr *)&bound, &bound_len);
     if (rc < 0) {
-        tpi_format(errmsg, errmsg_len, "cannot listen on %s (listen_addr, listen_port): %s",
-                   where, uv_strerror(rc));
+        tpi_format(errmsg, errmsg_len, "cannot listen on %s (listen_addr, listen_port): %s", where,
+                   uv_strerror(rc));
         loop_abandon(a);
         return tpi_uv_status(rc, TP_EBACKEND);
     }
-    uint16_t port = ntohs(bound.ss_family == AF_INET6
-                              ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                              : ((struct sockaddr_in *)&bound)->sin_port);
+    uint16_t port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                      : ((struct sockaddr_in *)&bound)->sin_port);
     tpi_tcp_format_hostport(a->advertise_host, port, a->self_addr, sizeof a->self_addr);
     a->started = 1; /* before the thread: send may be called as soon as start returns */
     if (tpi_tcp_thread_create(&a->loop_thread, loop_main, a) != 0) {

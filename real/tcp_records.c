@@ -79,8 +79,7 @@ int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_ki
     return 1;
 }
 
-void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind,
-                        uint32_t sender) {
+void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind, uint32_t sender) {
     memset(rec, 0, TPI_TCP_RECORD_SIZE);
     memcpy(rec, TPI_TCP_CTL_MAGIC, 4);
     rec[4] = TPI_TCP_VERSION;

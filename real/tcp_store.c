@@ -5,9 +5,9 @@
  *
  * init_method (default "env://"):
  * - "sqlite:///abs/path": the SQLite file store (store/sqlite_store.c);
- * - "tcp://host:port": rank 0 serves a store on host:port (tcp_store_server.c);
- *   every rank, rank 0 included, is a client and connects with retry until
- *   the init deadline;
+ * - "tcp://host:port": rank 0 serves a store on host:port (tcp_store_server.c)
+ *   that lives on in its process after shutdown (TCP-11); every rank, rank 0
+ *   included, is a client and connects with retry until the init deadline;
  * - "env://": the same with MASTER_ADDR and MASTER_PORT from the environment.
  *
  * The client holds one connection and a mutex: an operation is one request
@@ -24,10 +24,10 @@
 
 #include "tcp_internal.h"
 
-#define CLIENT_RETRY_MIN_MS 10    /* first pause between attempts to reach the store */
-#define CLIENT_RETRY_MAX_MS 200   /* longest pause: bounds the delay after it comes up */
-#define CLIENT_ATTEMPT_MS 1000    /* one connect attempt */
-#define CLIENT_RECONNECT_MS 2000  /* a reconnect after a lost connection */
+#define CLIENT_RETRY_MIN_MS 10   /* first pause between attempts to reach the store */
+#define CLIENT_RETRY_MAX_MS 200  /* longest pause: bounds the delay after it comes up */
+#define CLIENT_ATTEMPT_MS 1000   /* one connect attempt */
+#define CLIENT_RECONNECT_MS 2000 /* a reconnect after a lost connection */
 
 typedef struct tcp_store {
     tp_store base; /* first */
@@ -36,8 +36,9 @@ typedef struct tcp_store {
     struct sockaddr_storage sa;
     socklen_t sa_len;
     char desc[TPI_ADDR_LEN_MAX];
-    tpi_store_server *server; /* rank 0's, stopped on close */
+    tpi_store_server *server; /* stopped on close, if given one */
     uint64_t linger_ns;
+    uint32_t rank; /* sent in every handshake */
 } tcp_store;
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -68,14 +69,18 @@ static tp_status store_fail(tcp_store *s, tp_status st, const char *fmt, ...) {
 
 /* One attempt: connect and exchange the handshake. The fd, or -errno
  * (-EPROTO: something answered that is not a store). */
-static int connect_once(const struct sockaddr *sa, socklen_t sa_len, int timeout_ms) {
+static int connect_once(const struct sockaddr *sa, socklen_t sa_len, uint32_t rank,
+                        int timeout_ms) {
     int fd = tpi_sock_connect(sa, sa_len, timeout_ms);
     if (fd < 0)
         return fd;
     static const uint8_t hs[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 0, 0, 0};
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN];
+    memcpy(hello, hs, sizeof hs);
+    put_u32(hello + 8, rank);
     uint8_t back[8];
     uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    int rc = tpi_sock_send_all(fd, hs, sizeof hs, deadline);
+    int rc = tpi_sock_send_all(fd, hello, sizeof hello, deadline);
     if (rc == 0)
         rc = tpi_sock_recv_all(fd, back, sizeof back, deadline);
     if (rc == 0 && memcmp(back, hs, sizeof hs) != 0)
@@ -122,10 +127,13 @@ static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const 
                            size_t req_len, reply *r) {
     memset(r, 0, sizeof *r);
     if (s->fd < 0) {
-        int fd = connect_once((const struct sockaddr *)&s->sa, s->sa_len, CLIENT_RECONNECT_MS);
+        int fd =
+            connect_once((const struct sockaddr *)&s->sa, s->sa_len, s->rank, CLIENT_RECONNECT_MS);
         if (fd < 0)
-            return store_fail(s, TP_ESTORE, "%s '%s': the connection was lost and reconnecting "
-                              "failed: %s", op, key, tpi_sock_strerror(fd));
+            return store_fail(s, TP_ESTORE,
+                              "%s '%s': the connection was lost and reconnecting "
+                              "failed: %s",
+                              op, key, tpi_sock_strerror(fd));
         s->fd = fd;
     }
     uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)TPI_STORE_OP_TIMEOUT_MS * 1000000ull;
@@ -157,6 +165,15 @@ static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const 
     r->len = plen;
     r->status = (tp_status)head[4];
     r->aux = head[5];
+    if (r->status == TP_ENOENT) {
+        /* Absent is an answer, not a failure: polling callers see it all the
+         * time, so it stays out of tp_errmsg() (ERR-2), as in the SQLite store. */
+        tpi_format(s->base.errmsg, sizeof s->base.errmsg, "rendezvous store at %s: %s", s->desc,
+                   (const char *)r->payload);
+        free(r->payload);
+        r->payload = NULL;
+        return TP_ENOENT;
+    }
     if (r->status != TP_OK) {
         tp_status st = store_fail(s, r->status, "%s", (const char *)r->payload);
         free(r->payload);
@@ -228,7 +245,8 @@ static tp_status ts_get(tp_store *base, const char *key, void **value, size_t *l
     if (st != TP_OK)
         return st;
     reply r;
-    st = run(s, "get", key, request_new(TPI_STORE_GET, 0, key, kl, 0, &total), total, &r);
+    uint8_t *req = request_new(TPI_STORE_GET, 0, key, kl, 0, &total);
+    st = run(s, "get", key, req, total, &r);
     if (st == TP_OK) {
         *value = r.payload;
         *len = r.len;
@@ -274,8 +292,8 @@ static tp_status ts_compare_set(tp_store *base, const char *key, const void *exp
     if (st != TP_OK)
         return st;
     size_t elen = expected ? expected_len : 0;
-    uint8_t *req = request_new(TPI_STORE_CAS, expected ? 1 : 0, key, kl, 8 + elen + desired_len,
-                               &total);
+    uint8_t *req =
+        request_new(TPI_STORE_CAS, expected ? 1 : 0, key, kl, 8 + elen + desired_len, &total);
     if (req)
         put_blob(put_blob(req + 8 + kl, expected, elen), desired, desired_len);
     reply r;
@@ -293,7 +311,8 @@ static tp_status ts_del(tp_store *base, const char *key) {
     if (st != TP_OK)
         return st;
     reply r;
-    st = run(s, "del", key, request_new(TPI_STORE_DEL, 0, key, kl, 0, &total), total, &r);
+    uint8_t *req = request_new(TPI_STORE_DEL, 0, key, kl, 0, &total);
+    st = run(s, "del", key, req, total, &r);
     free(r.payload);
     return st;
 }
@@ -302,7 +321,7 @@ static void ts_close(tp_store *base) {
     tcp_store *s = (tcp_store *)base;
     if (s->fd >= 0)
         close(s->fd);
-    /* Rank 0's server outlives its own client until the others are done (TCP-11). */
+    /* A server handed to this client stops with it, after its other clients. */
     tpi_store_server_stop(s->server, s->linger_ns);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -320,9 +339,10 @@ static const tp_store_ops tcp_store_ops = {
 
 /* ---- Connecting (TCP-9) ------------------------------------------------------------- */
 
-tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint64_t deadline_ns,
-                                const char *what, tpi_store_server *server, uint64_t linger_ns,
-                                tp_store **out, char *errmsg, size_t errmsg_len) {
+tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
+                                uint64_t deadline_ns, const char *what, tpi_store_server *server,
+                                uint64_t linger_ns, tp_store **out, char *errmsg,
+                                size_t errmsg_len) {
     *out = NULL;
     tcp_store *s = calloc(1, sizeof *s);
     if (!s) {
@@ -334,6 +354,7 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint64_t deadli
     s->fd = -1;
     s->server = server;
     s->linger_ns = linger_ns;
+    s->rank = rank;
     pthread_mutex_init(&s->mu, NULL);
     tpi_tcp_format_hostport(host, port, s->desc, sizeof s->desc);
     char err[TP_ERRMSG_LEN_MAX];
@@ -346,15 +367,16 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint64_t deadli
     uint64_t start = tpi_tcp_now_ns();
     uint32_t pause_ms = CLIENT_RETRY_MIN_MS;
     for (;;) {
-        int fd = connect_once((const struct sockaddr *)&s->sa, s->sa_len, CLIENT_ATTEMPT_MS);
+        int fd =
+            connect_once((const struct sockaddr *)&s->sa, s->sa_len, s->rank, CLIENT_ATTEMPT_MS);
         if (fd >= 0) {
             s->fd = fd;
             break;
         }
         if (fd == -EPROTO) {
             tpi_format(errmsg, errmsg_len,
-                       "%s (%s) answered, but it is not a tensorplay rendezvous store",
-                       s->desc, what);
+                       "%s (%s) answered, but it is not a tensorplay rendezvous store", s->desc,
+                       what);
             ts_close(&s->base);
             return TP_ESTORE;
         }
@@ -374,6 +396,79 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint64_t deadli
     return TP_OK;
 }
 
+/* ---- Rank 0's server outlives its agent (TCP-11) ------------------------------------ */
+
+/*
+ * The server of the last rank-0 init in this process. It keeps serving after
+ * tp_shutdown, so a later init here (generation g1, g2, ... keys) finds the
+ * same store, and peers still in their last shutdown round are not cut off.
+ * It stops when a rank-0 init needs another address, and at exit, after the
+ * clients still connected are done (at most the linger time).
+ */
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static tpi_store_server *kept_server;
+static char kept_addr[TPI_ADDR_LEN_MAX + 8];
+static pid_t kept_pid;
+static uint64_t kept_linger_ns;
+static int kept_atexit_done;
+static tpi_store_server *inherited_server; /* a parent's, across fork: never ours to stop */
+
+/* kept_mu held. A forked child does not own its parent's server thread: it
+ * leaves it alone (still referenced, so not a leak). */
+static void kept_stop_locked(void) {
+    if (!kept_server || kept_pid != getpid())
+        return;
+    tpi_store_server_stop(kept_server, kept_linger_ns);
+    kept_server = NULL;
+}
+
+static void kept_at_exit(void) {
+    pthread_mutex_lock(&kept_mu);
+    kept_stop_locked();
+    pthread_mutex_unlock(&kept_mu);
+}
+
+/* Makes sure the right server runs before this rank connects: rank 0 reuses
+ * the one for desc or starts it, stopping one kept for another address.
+ * Other ranks leave it alone: another worker of this process may be rank 0. */
+static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const char *host,
+                                 uint16_t port, const char *desc, const char *what,
+                                 uint64_t linger_ns, char *errmsg, size_t errmsg_len) {
+    tp_status st = TP_OK;
+    pthread_mutex_lock(&kept_mu);
+    if (kept_server && kept_pid != getpid()) {
+        inherited_server = kept_server;
+        kept_server = NULL;
+    }
+    if (kept_server && rank == 0 && strcmp(kept_addr, desc) != 0)
+        kept_stop_locked(); /* a new job elsewhere: one server per process */
+    if (rank == 0 && !kept_server) {
+        struct sockaddr_storage sa;
+        socklen_t sa_len = 0;
+        char err[TP_ERRMSG_LEN_MAX];
+        st = tpi_tcp_resolve(host, port, &sa, &sa_len, err, sizeof err);
+        if (st != TP_OK)
+            tpi_format(errmsg, errmsg_len, "rendezvous store %s (%s): %s", desc, what, err);
+        else if ((st = tpi_store_server_start((const struct sockaddr *)&sa, sa_len, desc,
+                                              &kept_server, err, sizeof err)) != TP_OK)
+            tpi_format(errmsg, errmsg_len, "%s (%s)", err, what);
+        if (st == TP_OK) {
+            tpi_format(kept_addr, sizeof kept_addr, "%s", desc);
+            kept_pid = getpid();
+            if (!kept_atexit_done)
+                kept_atexit_done = atexit(kept_at_exit) == 0;
+        }
+    }
+    if (kept_server && rank == 0) {
+        /* The latest rank-0 init's job: its shutdown_timeout, and its ranks to
+         * wait for at exit (TCP-11). */
+        kept_linger_ns = linger_ns;
+        tpi_store_server_expect(kept_server, world_size);
+    }
+    pthread_mutex_unlock(&kept_mu);
+    return st;
+}
+
 /* Seconds to nanoseconds from now; 0 or less means no deadline. */
 static uint64_t deadline_after(double seconds) {
     if (!(seconds > 0))
@@ -383,8 +478,8 @@ static uint64_t deadline_after(double seconds) {
     return tpi_tcp_now_ns() + (uint64_t)(seconds * 1e9);
 }
 
-tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, tp_store **out,
-                             char *errmsg, size_t errmsg_len) {
+tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, uint32_t world_size,
+                             tp_store **out, char *errmsg, size_t errmsg_len) {
     *out = NULL;
     const char *method = tp_options_init_method(opts);
     if (!method || !*method)
@@ -443,25 +538,12 @@ tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, tp_store **o
     double linger_s = tp_options_shutdown_timeout(opts);
     if (!(linger_s > 0) || linger_s > TPI_STORE_LINGER_MAX_S)
         linger_s = TPI_STORE_LINGER_MAX_S;
-    uint64_t linger_ns = (uint64_t)(linger_s * 1e9);
-    tpi_store_server *server = NULL;
-    if (rank == 0) {
-        struct sockaddr_storage sa;
-        socklen_t sa_len = 0;
-        char err[TP_ERRMSG_LEN_MAX], desc[TPI_ADDR_LEN_MAX + 8];
-        tpi_tcp_format_hostport(host, port, desc, sizeof desc);
-        tp_status st = tpi_tcp_resolve(host, port, &sa, &sa_len, err, sizeof err);
-        if (st != TP_OK) {
-            tpi_format(errmsg, errmsg_len, "rendezvous store %s (%s): %s", desc, what, err);
-            return st;
-        }
-        st = tpi_store_server_start((const struct sockaddr *)&sa, sa_len, desc, &server, err,
-                                    sizeof err);
-        if (st != TP_OK) {
-            tpi_format(errmsg, errmsg_len, "%s (%s)", err, what);
-            return st;
-        }
-    }
-    return tpi_tcp_store_connect(host, port, deadline_after(tp_options_init_timeout(opts)), what,
-                                 server, linger_ns, out, errmsg, errmsg_len);
+    char desc[TPI_ADDR_LEN_MAX + 8];
+    tpi_tcp_format_hostport(host, port, desc, sizeof desc);
+    tp_status st = kept_server_for(rank, world_size, host, port, desc, what,
+                                   (uint64_t)(linger_s * 1e9), errmsg, errmsg_len);
+    if (st != TP_OK)
+        return st;
+    return tpi_tcp_store_connect(host, port, rank, deadline_after(tp_options_init_timeout(opts)),
+                                 what, NULL, 0, out, errmsg, errmsg_len);
 }

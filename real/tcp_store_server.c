@@ -6,10 +6,12 @@
  * exactly STORE-1..5's. Every byte from a client is checked: a malformed
  * handshake or request drops that client only.
  *
- * Stopping (TCP-11): the listener closes at once (a later job's clients get
- * "connection refused" and retry until the new server is up), the clients
- * still connected are served until they all disconnect or the linger time
- * passes, so workers still in their last shutdown round can finish it.
+ * Stopping (TCP-11): the listener stays open until every rank of the job
+ * announced with tpi_store_server_expect has come (its handshake names its
+ * rank), so a rank that starts late still finds the store and, say, the init
+ * error rank 0 published; then it closes, and the clients still connected
+ * are served until they all disconnect. All of it is bounded by the linger
+ * time.
  */
 #define _GNU_SOURCE /* accept4, pipe2: Linux, as libuv's epoll backend is */
 #include <errno.h>
@@ -30,6 +32,7 @@
 typedef struct srv_client {
     int fd;
     int handshaken;
+    uint32_t rank; /* from the handshake; UINT32_MAX: not a worker */
     uint8_t *buf;
     size_t len, cap;
 } srv_client;
@@ -43,7 +46,11 @@ struct tpi_store_server {
     srv_client *clients;
     size_t nclients, cap;
     atomic_int stop;
-    uint64_t linger_ns; /* written before stop is set */
+    uint64_t linger_ns;     /* written before stop is set */
+    atomic_uint expect_req; /* a world size to expect, posted by tpi_store_server_expect */
+    atomic_int expect_posted;
+    uint32_t world; /* server thread: the ranks of the job it serves */
+    uint8_t *seen;  /* server thread: world entries, 1 once that rank came */
 };
 
 static uint32_t get_u32(const uint8_t *p) {
@@ -160,8 +167,8 @@ static int handle(tpi_store_server *s, srv_client *c, const uint8_t *p, size_t l
         if (!take_blob(&p, &left, &a, &an) || !take_blob(&p, &left, &b, &bn) || left != 0)
             return -1;
         int swapped = 0;
-        st = db->ops->compare_set(db, key, (flags & 1u) ? (a ? a : (const uint8_t *)"") : NULL,
-                                  an, b, bn, &swapped);
+        st = db->ops->compare_set(db, key, (flags & 1u) ? (a ? a : (const uint8_t *)"") : NULL, an,
+                                  b, bn, &swapped);
         if (st == TP_OK)
             return send_reply(c, st, (uint8_t)swapped, NULL, 0) == 0 ? 0 : -1;
         break;
@@ -183,7 +190,7 @@ static int handle(tpi_store_server *s, srv_client *c, const uint8_t *p, size_t l
 static int process(tpi_store_server *s, srv_client *c) {
     size_t off = 0;
     if (!c->handshaken) {
-        if (c->len < 8)
+        if (c->len < TPI_STORE_HANDSHAKE_LEN)
             return 0;
         static const uint8_t hs[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 0, 0, 0};
         if (memcmp(c->buf, hs, sizeof hs) != 0)
@@ -192,7 +199,10 @@ static int process(tpi_store_server *s, srv_client *c) {
         if (tpi_sock_send_all(c->fd, hs, sizeof hs, deadline) != 0)
             return -1;
         c->handshaken = 1;
-        off = 8;
+        c->rank = get_u32(c->buf + 8);
+        if (c->rank < s->world)
+            s->seen[c->rank] = 1;
+        off = TPI_STORE_HANDSHAKE_LEN;
     }
     while (c->len - off >= 4) {
         uint32_t n = get_u32(c->buf + off);
@@ -261,8 +271,29 @@ static void accept_all(tpi_store_server *s) {
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        s->clients[s->nclients++] = (srv_client){.fd = fd};
+        s->clients[s->nclients++] = (srv_client){.fd = fd, .rank = UINT32_MAX};
     }
+}
+
+/* A new job's world: its ranks count as come if connected now, or later. */
+static void apply_expect(tpi_store_server *s, uint32_t world) {
+    uint8_t *seen = calloc(world ? world : 1, 1);
+    if (!seen)
+        return; /* keeps the previous job's view: at worst stops listening early */
+    for (size_t i = 0; i < s->nclients; i++)
+        if (s->clients[i].handshaken && s->clients[i].rank < world)
+            seen[s->clients[i].rank] = 1;
+    free(s->seen);
+    s->seen = seen;
+    s->world = world;
+}
+
+/* Every rank of the job came (vacuously true when no job was announced). */
+static int all_seen(const tpi_store_server *s) {
+    for (uint32_t r = 0; r < s->world; r++)
+        if (!s->seen[r])
+            return 0;
+    return 1;
 }
 
 static void *server_main(void *arg) {
@@ -271,6 +302,16 @@ static void *server_main(void *arg) {
     size_t pcap = 0;
     uint64_t linger_deadline = UINT64_MAX;
     for (;;) {
+        if (linger_deadline != UINT64_MAX) {
+            /* Stopping (TCP-11): listen until every expected client came,
+             * serve until all left, all bounded by the linger deadline. */
+            if (s->lfd >= 0 && all_seen(s)) {
+                close(s->lfd);
+                s->lfd = -1;
+            }
+            if ((s->lfd < 0 && s->nclients == 0) || tpi_tcp_now_ns() >= linger_deadline)
+                break;
+        }
         size_t n = 2 + s->nclients;
         if (n > pcap) {
             struct pollfd *np = realloc(pfds, n * sizeof *np);
@@ -296,15 +337,12 @@ static void *server_main(void *arg) {
             while (read(s->wake_rd, junk, sizeof junk) > 0) {
             }
         }
-        if (atomic_load(&s->stop) && s->lfd >= 0) {
-            close(s->lfd);
-            s->lfd = -1;
+        if (atomic_exchange(&s->expect_posted, 0))
+            apply_expect(s, atomic_load(&s->expect_req));
+        if (atomic_load(&s->stop) && linger_deadline == UINT64_MAX) {
             uint64_t now = tpi_tcp_now_ns();
             linger_deadline = s->linger_ns > UINT64_MAX - now ? UINT64_MAX - 1 : now + s->linger_ns;
         }
-        if (linger_deadline != UINT64_MAX &&
-            (s->nclients == 0 || tpi_tcp_now_ns() >= linger_deadline))
-            break;
         if (rc <= 0)
             continue;
         /* Clients first, from the end, so dropping one does not move an unread one. */
@@ -329,6 +367,8 @@ tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, co
     }
     s->lfd = s->wake_rd = s->wake_wr = -1;
     atomic_init(&s->stop, 0);
+    atomic_init(&s->expect_req, 0);
+    atomic_init(&s->expect_posted, 0);
     tpi_format(s->desc, sizeof s->desc, "%s", desc);
     tp_status st = TP_OK;
     int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -376,6 +416,13 @@ tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, co
     return TP_OK;
 }
 
+void tpi_store_server_expect(tpi_store_server *s, uint32_t world_size) {
+    atomic_store(&s->expect_req, world_size);
+    atomic_store(&s->expect_posted, 1);
+    ssize_t k = write(s->wake_wr, "x", 1);
+    (void)k; /* a full pipe already wakes the thread */
+}
+
 void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns) {
     if (!s)
         return;
@@ -392,5 +439,6 @@ void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns) {
     close(s->wake_rd);
     close(s->wake_wr);
     s->db->ops->close(s->db);
+    free(s->seen);
     free(s);
 }

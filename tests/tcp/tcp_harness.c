@@ -1,0 +1,235 @@
+/* tcp_harness.c: forked multi-process jobs on 127.0.0.1 (see tcp_harness.h). */
+#include "tcp_harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t tt_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+uint16_t tt_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+        perror("tt_free_port");
+        abort();
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+int tt_spawn(tt_job *job, int world, tt_body body, void *arg) {
+    if (world < 1 || world > TT_WORLD_MAX)
+        return -1;
+    job->world = world;
+    job->arg = arg;
+    job->store_port = tt_free_port();
+    snprintf(job->init_method, sizeof job->init_method, "tcp://127.0.0.1:%u",
+             (unsigned)job->store_port);
+    if (!job->shared) {
+        void *p = mmap(NULL, sizeof(tt_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                       -1, 0);
+        if (p == MAP_FAILED)
+            return -1;
+        job->shared = p;
+        memset(p, 0, sizeof(tt_shared));
+    }
+    for (int r = 0; r < world; r++) {
+        job->pid[r] = -1;
+        job->code[r] = -1;
+    }
+    for (int r = 0; r < world; r++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0)
+            return -1;
+        if (pid == 0) {
+            int code = body(job, r);
+            fflush(NULL);
+            exit(code); /* exit, not _exit: a sanitizer's leak check runs here */
+        }
+        job->pid[r] = pid;
+    }
+    return 0;
+}
+
+int tt_wait(tt_job *job, double timeout_s) {
+    uint64_t deadline = tt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    int left = 0;
+    for (int r = 0; r < job->world; r++)
+        left += job->pid[r] > 0 && job->code[r] < 0;
+    while (left > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid > 0) {
+            for (int r = 0; r < job->world; r++) {
+                if (job->pid[r] == pid && job->code[r] < 0) {
+                    job->code[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                    left--;
+                }
+            }
+            continue;
+        }
+        if (tt_now_ns() >= deadline) {
+            for (int r = 0; r < job->world; r++) {
+                if (job->code[r] < 0) {
+                    fprintf(stderr, "tt_wait: rank %d still running after %.1f s: killing it\n", r,
+                            timeout_s);
+                    kill(job->pid[r], SIGKILL);
+                }
+            }
+            deadline = UINT64_MAX;
+            continue;
+        }
+        sleep_ms(2);
+    }
+    int bad = 0;
+    for (int r = 0; r < job->world; r++)
+        bad |= job->code[r] != 0;
+    return bad ? -1 : 0;
+}
+
+void tt_job_free(tt_job *job) {
+    if (job->shared)
+        munmap(job->shared, sizeof(tt_shared));
+    job->shared = NULL;
+}
+
+tp_options *tt_options(const tt_job *job, double rpc_timeout_s, double shutdown_timeout_s) {
+    tp_options *o = NULL;
+    if (tp_construct_rpc_backend_options("TENSORPIPE", &o) != TP_OK)
+        return NULL;
+    tp_options_set_init_method(o, job->init_method);
+    tp_options_set_rpc_timeout(o, rpc_timeout_s);
+    tp_options_set_init_timeout(o, 20);
+    tp_options_set_shutdown_timeout(o, shutdown_timeout_s);
+    tp_options_set_num_worker_threads(o, 8);
+    return o;
+}
+
+static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *user_data) {
+    (void)kwargs;
+    (void)user_data;
+    int64_t a, b;
+    if (tp_list_len(args) != 2 || tp_value_get_int(tp_list_get(args, 0), &a) != TP_OK ||
+        tp_value_get_int(tp_list_get(args, 1), &b) != TP_OK) {
+        tp_call_set_error(call, "add takes two ints");
+        return TP_EINVAL;
+    }
+    *result = tp_value_int(a + b);
+    return TP_OK;
+}
+
+/* Returns its first argument back. */
+static tp_status fn_echo(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)kwargs;
+    (void)user_data;
+    if (tp_list_len(args) != 1) {
+        tp_call_set_error(call, "echo takes one argument");
+        return TP_EINVAL;
+    }
+    *result = tp_value_clone(tp_list_get(args, 0));
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/* Counts itself in shared counter args[0], then sleeps args[1] seconds. */
+static tp_status fn_slow(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)kwargs;
+    tt_shared *sh = user_data;
+    int64_t idx = 0;
+    double secs = 0;
+    if (tp_list_len(args) != 2 || tp_value_get_int(tp_list_get(args, 0), &idx) != TP_OK ||
+        tp_value_get_float(tp_list_get(args, 1), &secs) != TP_OK || idx < 0 || idx >= TT_FLAGS) {
+        tp_call_set_error(call, "slow takes a counter index and seconds");
+        return TP_EINVAL;
+    }
+    if (sh)
+        atomic_fetch_add(&sh->count[idx], 1);
+    tp_status st = tp_sleep(secs);
+    if (st != TP_OK) {
+        tp_call_set_error(call, "slow was interrupted");
+        return st;
+    }
+    *result = tp_value_int(idx);
+    return TP_OK;
+}
+
+/* Counts itself in shared counter args[0], then waits, outside the library,
+ * until shared flag args[0] is set (at most 30 s): a user function the core
+ * cannot interrupt. */
+static tp_status fn_block(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data) {
+    (void)kwargs;
+    tt_shared *sh = user_data;
+    int64_t idx = 0;
+    if (!sh || tp_list_len(args) != 1 || tp_value_get_int(tp_list_get(args, 0), &idx) != TP_OK ||
+        idx < 0 || idx >= TT_FLAGS) {
+        tp_call_set_error(call, "block takes a flag index");
+        return TP_EINVAL;
+    }
+    atomic_fetch_add(&sh->count[idx], 1);
+    if (tt_await_flag(sh, (int)idx, 1, 30) != 0) {
+        tp_call_set_error(call, "block: flag %d was never set", (int)idx);
+        return TP_ETIMEDOUT;
+    }
+    *result = tp_value_int(idx);
+    return TP_OK;
+}
+
+static tt_shared *registered_shared;
+
+void tt_register_functions(void) {
+    tp_register_function("add", fn_add, NULL);
+    tp_register_function("echo", fn_echo, NULL);
+    tp_register_function("slow", fn_slow, registered_shared);
+    tp_register_function("block", fn_block, registered_shared);
+}
+
+int tt_init(const tt_job *job, int rank, tp_options *opts) {
+    registered_shared = job->shared;
+    tt_register_functions();
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", rank);
+    tp_status st = tp_init_rpc(name, "TENSORPIPE", rank, job->world, opts);
+    if (st != TP_OK) {
+        fprintf(stderr, "rank %d: init failed: %s: %s\n", rank, tp_status_name(st), tp_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
+int tt_await_flag(tt_shared *sh, int i, int v, double timeout_s) {
+    uint64_t deadline = tt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    while (atomic_load(&sh->flag[i]) < v) {
+        if (tt_now_ns() >= deadline)
+            return -1;
+        sleep_ms(1);
+    }
+    return 0;
+}

@@ -1,0 +1,77 @@
+/*
+ * tcp_harness.h: multi-process jobs for the TCP transport's tests
+ * (spec/tcp.md). A job forks one child per rank; each child runs a worker
+ * body on 127.0.0.1 with an ephemeral listen port and init_method
+ * tcp://127.0.0.1:<a free port> (rank 0 serves the store), then exit()s
+ * with the body's status, so a sanitizer build checks each child for leaks.
+ * The parent may act on the running job (kill a rank, open raw sockets)
+ * and then waits for every child with a deadline.
+ */
+#ifndef TT_TCP_HARNESS_H
+#define TT_TCP_HARNESS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tensorplay/rpc.h"
+
+#define TT_WORLD_MAX 8
+#define TT_FLAGS 16
+
+/* Memory shared by the parent and every child of a job (MAP_SHARED). */
+typedef struct tt_shared {
+    atomic_int flag[TT_FLAGS];         /* test-defined signals */
+    atomic_int count[TT_FLAGS];        /* test-defined counters */
+    atomic_uint_fast64_t ns[TT_FLAGS]; /* test-defined times (CLOCK_MONOTONIC) */
+} tt_shared;
+
+typedef struct tt_job tt_job;
+/* A worker body: runs in the child of rank; its return is the exit status. */
+typedef int (*tt_body)(tt_job *job, int rank);
+
+struct tt_job {
+    int world;
+    uint16_t store_port;
+    char init_method[64];
+    pid_t pid[TT_WORLD_MAX];
+    int code[TT_WORLD_MAX]; /* exit status, 128 + signal, or -1 while running */
+    tt_shared *shared;
+    void *arg; /* for the body */
+};
+
+/* A TCP port on 127.0.0.1 nobody listens on right now. */
+uint16_t tt_free_port(void);
+/* Monotonic nanoseconds (the same clock in every process). */
+uint64_t tt_now_ns(void);
+
+/* Starts world children running body; 0 on success. */
+int tt_spawn(tt_job *job, int world, tt_body body, void *arg);
+/* Waits for every child until timeout_s, then SIGKILLs the rest; 0 when all
+ * exited with 0. */
+int tt_wait(tt_job *job, double timeout_s);
+/* Frees the job's shared memory. */
+void tt_job_free(tt_job *job);
+
+/* Options for a worker of job: init_method, short timeouts. Caller frees. */
+tp_options *tt_options(const tt_job *job, double rpc_timeout_s, double shutdown_timeout_s);
+/* Registers the test functions (add, echo, slow, block) in the calling process. */
+void tt_register_functions(void);
+/* Inits "worker<rank>" on TENSORPIPE with opts; prints tp_errmsg on failure. */
+int tt_init(const tt_job *job, int rank, tp_options *opts);
+
+/* Spins (sleeping 1 ms) until flag i reaches at least v or timeout; 0 when it did. */
+int tt_await_flag(tt_shared *sh, int i, int v, double timeout_s);
+
+/* A child-side check: prints the failed condition and returns from the body. */
+#define TT_CHECK(cond)                                                                             \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: rank check failed: %s (last error: %s)\n", __FILE__, __LINE__, \
+                    #cond, tp_errmsg());                                                           \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+#endif

@@ -1,0 +1,301 @@
+/*
+ * test_tcp_store.c: the TCP rendezvous store, server and client in one
+ * process (spec/tcp.md TCP-9..11, spec/store.md STORE-1..5 over TCP).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "real/tcp_internal.h"
+#include "tcp_harness.h"
+
+typedef struct fixture {
+    uint16_t port;
+    tpi_store_server *server;
+    tp_store *client;
+} fixture;
+
+static tpi_store_server *serve(uint16_t port) {
+    struct sockaddr_storage sa;
+    socklen_t len = 0;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_tcp_resolve("127.0.0.1", port, &sa, &len, err, sizeof err), TP_OK);
+    tpi_store_server *s = NULL;
+    tp_status st =
+        tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &s, err, sizeof err);
+    if (st != TP_OK)
+        fprintf(stderr, "%s\n", err);
+    assert_int_equal(st, TP_OK);
+    return s;
+}
+
+static tp_store *client_as(uint16_t port, uint32_t rank, double timeout_s) {
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_status st =
+        tpi_tcp_store_connect("127.0.0.1", port, rank, tt_now_ns() + (uint64_t)(timeout_s * 1e9),
+                              "test", NULL, 0, &c, err, sizeof err);
+    if (st != TP_OK)
+        fprintf(stderr, "%s\n", err);
+    assert_int_equal(st, TP_OK);
+    return c;
+}
+
+static tp_store *client(uint16_t port, double timeout_s) {
+    return client_as(port, UINT32_MAX, timeout_s);
+}
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    f->port = tt_free_port();
+    f->server = serve(f->port);
+    f->client = client(f->port, 5);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    f->client->ops->close(f->client);
+    tpi_store_server_stop(f->server, 0);
+    free(f);
+    return 0;
+}
+
+/* spec: STORE-2, STORE-3 over TCP-10 */
+static void test_tcp_store_ops(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    void *v = NULL;
+    size_t n = 7;
+    assert_int_equal(s->ops->get(s, "a", &v, &n), TP_ENOENT);
+    assert_null(v);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(s->errmsg, "no such key"));
+    assert_int_equal(s->ops->set(s, "a", "hello", 5), TP_OK);
+    assert_int_equal(s->ops->get(s, "a", &v, &n), TP_OK);
+    assert_int_equal(n, 5);
+    assert_string_equal(v, "hello");
+    free(v);
+    assert_int_equal(s->ops->set(s, "empty", "", 0), TP_OK);
+    assert_int_equal(s->ops->get(s, "empty", &v, &n), TP_OK);
+    assert_int_equal(n, 0);
+    free(v);
+    int64_t r = 0;
+    assert_int_equal(s->ops->add(s, "c", 5, &r), TP_OK);
+    assert_int_equal(r, 5);
+    assert_int_equal(s->ops->add(s, "c", -7, &r), TP_OK);
+    assert_int_equal(r, -2);
+    assert_int_equal(s->ops->add(s, "a", 1, &r), TP_EINVAL); /* "hello" is not a number */
+    int swapped = -1;
+    assert_int_equal(s->ops->compare_set(s, "k", NULL, 0, "x", 1, &swapped), TP_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(s->ops->compare_set(s, "k", NULL, 0, "y", 1, &swapped), TP_OK);
+    assert_int_equal(swapped, 0);
+    assert_int_equal(s->ops->compare_set(s, "k", "x", 1, "z", 1, &swapped), TP_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(s->ops->compare_set(s, "empty", "", 0, "full", 4, &swapped), TP_OK);
+    assert_int_equal(swapped, 1);
+    assert_int_equal(s->ops->del(s, "k"), TP_OK);
+    assert_int_equal(s->ops->del(s, "k"), TP_OK);
+    assert_int_equal(s->ops->get(s, "k", &v, &n), TP_ENOENT);
+}
+
+/* spec: STORE-1, STORE-4: the limits, checked on both ends */
+static void test_tcp_store_limits(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    char key[TP_STORE_KEY_LEN_MAX + 2];
+    memset(key, 'k', sizeof key);
+    key[TP_STORE_KEY_LEN_MAX] = '\0';
+    size_t big = TP_STORE_VALUE_LEN_MAX;
+    uint8_t *val = malloc(big + 1);
+    for (size_t i = 0; i < big + 1; i++)
+        val[i] = (uint8_t)(i * 7);
+    assert_int_equal(s->ops->set(s, key, val, big), TP_OK); /* the largest key and value */
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(s->ops->get(s, key, &v, &n), TP_OK);
+    assert_int_equal(n, big);
+    assert_memory_equal(v, val, big);
+    free(v);
+    assert_int_equal(s->ops->set(s, key, val, big + 1), TP_EINVAL);
+    key[TP_STORE_KEY_LEN_MAX] = 'k';
+    key[TP_STORE_KEY_LEN_MAX + 1] = '\0';
+    assert_int_equal(s->ops->set(s, key, "1", 1), TP_EINVAL);
+    assert_int_equal(s->ops->set(s, "", "1", 1), TP_EINVAL);
+    free(val);
+    /* Values with NUL bytes travel as they are. */
+    assert_int_equal(s->ops->set(s, "nul", "a\0b", 3), TP_OK);
+    assert_int_equal(s->ops->get(s, "nul", &v, &n), TP_OK);
+    assert_int_equal(n, 3);
+    assert_memory_equal(v, "a\0b", 3);
+    free(v);
+}
+
+typedef struct racer {
+    uint16_t port;
+    int swapped;
+    int64_t added;
+} racer;
+
+static void *race(void *arg) {
+    racer *r = arg;
+    tp_store *c = client(r->port, 5);
+    c->ops->compare_set(c, "race", NULL, 0, "me", 2, &r->swapped);
+    for (int i = 0; i < 50; i++)
+        c->ops->add(c, "sum", 1, &r->added);
+    c->ops->close(c);
+    return NULL;
+}
+
+/* spec: STORE-3: of N racers exactly one creates the key; adds never lose */
+static void test_tcp_store_races(void **state) {
+    fixture *f = *state;
+    enum { N = 8 };
+    racer rs[N];
+    pthread_t ts[N];
+    for (int i = 0; i < N; i++) {
+        rs[i] = (racer){f->port, 0, 0};
+        pthread_create(&ts[i], NULL, race, &rs[i]);
+    }
+    int wins = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(ts[i], NULL);
+        wins += rs[i].swapped;
+    }
+    assert_int_equal(wins, 1);
+    int64_t r = 0;
+    assert_int_equal(f->client->ops->add(f->client, "sum", 0, &r), TP_OK);
+    assert_int_equal(r, N * 50);
+}
+
+/* spec: TCP-11: a stopping server refuses new clients at once and serves the
+ * connected ones until they leave (or the linger time) */
+static void test_tcp_store_linger(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tp_store *c = client(port, 5);
+    assert_int_equal(c->ops->set(c, "x", "1", 1), TP_OK);
+    uint64_t t0 = tt_now_ns();
+    tpi_store_server_stop(srv, 300000000ull); /* 0.3 s: c stays connected */
+    uint64_t took = tt_now_ns() - t0;
+    assert_true(took >= 250000000ull && took < 3000000000ull);
+    /* The server is gone: the next operation fails with a message, once. */
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c->ops->get(c, "x", &v, &n), TP_ESTORE);
+    assert_non_null(strstr(c->errmsg, "rendezvous store at 127.0.0.1:"));
+    c->ops->close(c);
+    /* Without clients the stop is immediate. */
+    srv = serve(port);
+    t0 = tt_now_ns();
+    tpi_store_server_stop(srv, 10000000000ull);
+    assert_true(tt_now_ns() - t0 < 1000000000ull);
+}
+
+/* spec: TCP-9: a client waits for a server that comes up late */
+static void test_tcp_store_late_server(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    /* Nobody there: a clear timeout naming the address. */
+    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX,
+                                           tt_now_ns() + 200000000ull, "init_method tcp://", NULL,
+                                           0, &c, err, sizeof err),
+                     TP_ETIMEDOUT);
+    char want[64];
+    snprintf(want, sizeof want, "127.0.0.1:%u", (unsigned)port);
+    assert_non_null(strstr(err, want));
+    assert_non_null(strstr(err, "refused"));
+    /* Something that is not a store: refused with a message. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int cfd = accept(fd, NULL, NULL);
+        char junk[8];
+        ssize_t k = recv(cfd, junk, sizeof junk, 0);
+        k = send(cfd, "HTTP/1.0", 8, 0);
+        (void)k;
+        sleep(1);
+        _exit(0);
+    }
+    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX,
+                                           tt_now_ns() + 2000000000ull, "test", NULL, 0, &c, err,
+                                           sizeof err),
+                     TP_ESTORE);
+    assert_non_null(strstr(err, "not a tensorplay rendezvous store"));
+    close(fd);
+    int status;
+    waitpid(pid, &status, 0);
+}
+
+static void *stop_thread(void *arg) {
+    tpi_store_server_stop(arg, 5000000000ull);
+    return NULL;
+}
+
+/* spec: TCP-11: a stopping server still takes the ranks of its job that have
+ * not come yet (a late rank reads what rank 0 published), then stops once
+ * they have left; a client of another job does not count */
+static void test_tcp_store_waits_for_late_rank(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_expect(srv, 2);
+    tp_store *c0 = client_as(port, 0, 5); /* rank 0's own client */
+    assert_int_equal(c0->ops->set(c0, "g0/init/error", "7\tdup", 5), TP_OK);
+    c0->ops->close(c0);
+    uint64_t t0 = tt_now_ns();
+    pthread_t t;
+    pthread_create(&t, NULL, stop_thread, srv);
+    usleep(100000);
+    tp_store *other = client_as(port, 5, 2); /* not a rank of this job */
+    other->ops->close(other);
+    usleep(100000); /* rank 1 comes late */
+    tp_store *c1 = client_as(port, 1, 2);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c1->ops->get(c1, "g0/init/error", &v, &n), TP_OK);
+    assert_string_equal(v, "7\tdup");
+    free(v);
+    c1->ops->close(c1);
+    pthread_join(t, NULL);
+    uint64_t took = tt_now_ns() - t0;
+    assert_true(took < 3000000000ull); /* did not wait for the linger time */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
+        cmocka_unit_test(test_tcp_store_linger),
+        cmocka_unit_test(test_tcp_store_late_server),
+        cmocka_unit_test(test_tcp_store_waits_for_late_rank),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
