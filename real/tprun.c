@@ -1,7 +1,8 @@
 /*
  * tprun.c: starts an N-process job on this machine (spec/tcp.md TCP-13).
  *
- *   tprun --nproc N [--master-addr A] [--master-port P] [--grace S] PROGRAM [ARGS...]
+ *   tprun --nproc N [--master-addr A] [--master-port P] [--grace S] [--no-prefix]
+ *         PROGRAM [ARGS...]
  *
  * Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
  * MASTER_ADDR and MASTER_PORT (a free port of A when none is given), the
@@ -67,10 +68,10 @@ static uint64_t now_ns(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tprun --nproc N [--master-addr ADDR] [--master-port PORT] [--grace SECONDS] "
-               "PROGRAM [ARGS...]\n"
+               "[--no-prefix] PROGRAM [ARGS...]\n"
                "Starts N processes of PROGRAM with RANK, WORLD_SIZE, MASTER_ADDR and "
-               "MASTER_PORT set,\nprefixes their output lines with \"[rank] \" and stops them all "
-               "when one fails.\n");
+               "MASTER_PORT set,\nprefixes their output lines with \"[rank] \" (unless "
+               "--no-prefix) and stops them all when one fails.\n");
 }
 
 static void write_all(int fd, const char *p, size_t n) {
@@ -85,9 +86,11 @@ static void write_all(int fd, const char *p, size_t n) {
     }
 }
 
+static int prefix_lines = 1; /* --no-prefix clears it */
+
 static void emit_line(int rank, int out_fd, const char *p, size_t n) {
     char prefix[32];
-    int k = snprintf(prefix, sizeof prefix, "[%d] ", rank);
+    int k = prefix_lines ? snprintf(prefix, sizeof prefix, "[%d] ", rank) : 0;
     char *line = malloc((size_t)k + n + 1);
     if (!line) {
         write_all(out_fd, prefix, (size_t)k);
@@ -265,6 +268,10 @@ static int parse_args(int argc, char **argv, options *o) {
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             return -1;
+        }
+        if (strcmp(a, "--no-prefix") == 0) {
+            prefix_lines = 0;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "tprun: %s needs a value\n", a);

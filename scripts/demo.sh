@@ -7,5 +7,5 @@ echo "== simulator: add(3, 4) =="
 "$build/examples/add_sim"
 if [ -x "$build/examples/add_tcp" ] && [ -x "$build/real/tprun" ]; then
   echo "== TCP, two processes through tprun: add(3, 4) =="
-  "$build/real/tprun" --nproc 2 "$build/examples/add_tcp"
+  "$build/real/tprun" --nproc 2 --no-prefix "$build/examples/add_tcp"
 fi

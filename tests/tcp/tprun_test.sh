@@ -46,6 +46,10 @@ check "signal status" 137 "$rc"
 check "grace then SIGKILL" yes "$([ "$took" -lt 10 ] && echo yes || echo "no ($took s)")"
 
 # Usage errors.
+# --no-prefix: the lines as the program wrote them.
+out=$("$tprun" --nproc 1 --no-prefix sh -c 'echo "rank $RANK"')
+check "no prefix" "rank 0" "$out"
+
 "$tprun" sh -c true >/dev/null 2>&1; check "no --nproc" 2 $?
 "$tprun" --nproc 0 sh -c true >/dev/null 2>&1; check "bad --nproc" 2 $?
 "$tprun" --nproc 1 /nonexistent/program >/dev/null 2>&1; check "missing program" 127 $?
