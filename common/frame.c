@@ -94,3 +94,19 @@ tp_status tp_frame_check_header(const uint8_t header[TP_FRAME_HEADER_SIZE],
     *frame_len = (size_t)total;
     return TP_OK;
 }
+
+tp_frame *tp_frame_flatten(const tp_frame *f) {
+    TPI_ASSERT(f && f->nseg >= 1 && f->nseg <= TP_FRAME_SEG_MAX);
+    tp_frame *out = tp_frame_alloc(f->len);
+    if (!out)
+        return NULL;
+    uint8_t *p = tp_frame_bytes(out);
+    size_t total = 0;
+    for (int i = 0; i < f->nseg; i++) {
+        if (f->seg[i].len)
+            memcpy(p + total, f->seg[i].base, f->seg[i].len);
+        total += f->seg[i].len;
+    }
+    TPI_ASSERT(total == f->len);
+    return out;
+}

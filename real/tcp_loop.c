@@ -94,20 +94,6 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
     return st;
 }
 
-/* Copies a frame into one fresh segment, as received frames are. */
-static tp_frame *flatten(const tp_frame *f) {
-    tp_frame *out = tp_frame_alloc(f->len);
-    if (!out)
-        return NULL;
-    uint8_t *p = tp_frame_bytes(out);
-    for (int i = 0; i < f->nseg; i++) {
-        if (f->seg[i].len)
-            memcpy(p, f->seg[i].base, f->seg[i].len);
-        p += f->seg[i].len;
-    }
-    return out;
-}
-
 /* Frames to this worker itself go round through the loop, in order (AGENT-8). */
 static void deliver_loopback(tpi_tcp_agent *a) {
     tpi_tcp_peer *self = &a->peers[a->rank];
@@ -118,7 +104,7 @@ static void deliver_loopback(tpi_tcp_agent *a) {
     while (f) {
         tp_frame *next = f->next;
         f->next = NULL;
-        tp_frame *copy = atomic_load(&a->stop_flag) ? NULL : flatten(f);
+        tp_frame *copy = atomic_load(&a->stop_flag) ? NULL : tp_frame_flatten(f);
         tp_frame_free(f);
         size_t len = 0;
         char err[TP_ERRMSG_LEN_MAX];

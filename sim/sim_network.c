@@ -245,20 +245,6 @@ static void drop(tp_sim *sim, tpi_sim_msg *m, const char *why) {
                   m->dst_host, why);
 }
 
-/* Copies the frame into one fresh segment; NULL on exhaustion. */
-static tp_frame *flatten(const tp_frame *f) {
-    tp_frame *out = tp_frame_alloc(f->len);
-    if (!out)
-        return NULL;
-    uint8_t *p = tp_frame_bytes(out);
-    for (int i = 0; i < f->nseg; i++) {
-        if (f->seg[i].len)
-            memcpy(p, f->seg[i].base, f->seg[i].len);
-        p += f->seg[i].len;
-    }
-    return out;
-}
-
 /* Checks the header against the receiver's limit; the bytes came from
  * another worker, so a bad frame is an error, never an assertion. */
 static tp_status check_frame(const tpi_sim_agent *a, const tp_frame *f, char *errmsg,
@@ -299,7 +285,7 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
                                   TPI_SIM_DETAIL_REFUSED,
                                   sat_add(sim->now_ns, sim->cfg.latency_min_ns));
     } else {
-        tp_frame *f = flatten(m->frame);
+        tp_frame *f = tp_frame_flatten(m->frame);
         char err[TP_ERRMSG_LEN_MAX];
         tp_status st = f ? check_frame(a, f, err, sizeof err) : TP_ENOMEM;
         if (st != TP_OK) {

@@ -68,6 +68,9 @@ tp_frame *tp_frame_alloc(size_t len);
 uint8_t *tp_frame_bytes(tp_frame *f);
 /* Calls f->destroy; NULL is a no-op. */
 void tp_frame_free(tp_frame *f);
+/* A copy of f's bytes in one fresh contiguous segment, as received frames
+ * are (for loopback delivery); f stays the caller's. NULL on exhaustion. */
+tp_frame *tp_frame_flatten(const tp_frame *f);
 
 /*
  * Validates a frame header (magic, version, type, body length within

@@ -26,28 +26,12 @@
 #include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
-#define US 1000ull
-#define MS 1000000ull
+#include "sim_check.h"
+
 #define LAT_MIN (20 * US)
 #define LAT_JITTER (30 * US)
 
 static const tp_agent_ops *ops = &tpi_sim_agent_ops;
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            print_error("CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);                 \
-        }                                                                                          \
-    } while (0)
-
-static int reset_failures(void **state) {
-    (void)state;
-    failures = 0;
-    return 0;
-}
-
 #define A(a) ((tp_agent *)(a))
 
 static tp_sim *new_sim(uint32_t hosts, uint64_t seed) {

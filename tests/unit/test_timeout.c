@@ -25,31 +25,7 @@
 #include "tensorplay/rpc.h"
 #include "tensorplay/sim.h"
 
-#define US 1000ull
-#define MS 1000000ull
-#define SEC 1000000000ull
-/* Sim parks and timers end exactly at their deadline (SIM-1); a hair of slack. */
-#define TOL_NS (10 * US)
-/* One message's latency is at most 20 us + 30 us jitter (sim defaults). */
-#define HOP_NS (50 * US)
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            print_error("CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);                 \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t now_ns(void) {
-    return tp_sim_now_ns(tp_sim_current());
-}
-
-static int within(uint64_t t, uint64_t lo, uint64_t hi) {
-    return t >= lo && t <= hi;
-}
+#include "sim_check.h"
 
 /* What the served functions saw, shared by every host (one process). */
 static struct {
