@@ -118,8 +118,8 @@ struct tpi_owner {
 };
 
 struct tp_rref {
-    atomic_int handles; /* user-visible references */
-    int pins;           /* lock: internal references (calls in flight) */
+    atomic_int handles; /* user-visible references: the last one sends the delete */
+    atomic_int refs;    /* handles + calls in flight: whoever drops it to 0 frees */
     tp_core *core;      /* counted ref */
     uint32_t owner;
     char owner_name[TP_NAME_LEN_MAX + 1];
@@ -309,7 +309,7 @@ void tpi_rrefs_release_all(tp_core *c);
 void tpi_rrefs_teardown(tp_core *c);
 tp_rref *tpi_rref_new_user(tp_core *c, uint32_t owner, tpi_gid id, tpi_gid fork);
 tp_rref *tpi_rref_new_owner(tp_core *c, tpi_owner *o);
-/* Pins/unpins an rref for a call in flight (lock held). */
+/* Pins/unpins an rref's memory for a call in flight. */
 void tpi_rref_pin(tp_rref *r);
 void tpi_rref_unpin(tp_core *c, tp_rref *r);
 

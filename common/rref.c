@@ -138,6 +138,7 @@ static tp_rref *rref_alloc(tp_core *c, uint32_t owner, tpi_gid id) {
     if (!r)
         return NULL;
     atomic_init(&r->handles, 1);
+    atomic_init(&r->refs, 1);
     atomic_init(&r->confirmed, 0);
     r->core = c;
     tpi_core_ref(c);
@@ -191,31 +192,36 @@ static void rref_free(tp_rref *r) {
     tpi_core_unref(c);
 }
 
-/* Frees r when no handle and no call holds it (lock held). */
-static void rref_maybe_free(tp_core *c, tp_rref *r) {
-    if (atomic_load(&r->handles) == 0 && r->pins == 0) {
-        unlist(c, r);
+/*
+ * Drops one reference to r's memory; the last frees it. One atomic count for
+ * handles and calls in flight, so exactly one thread frees, even when a
+ * user's last release and the loop's last unpin race (they run unlocked).
+ */
+static void rref_put(tp_rref *r) {
+    int old = atomic_fetch_sub(&r->refs, 1);
+    TPI_ASSERT(old > 0);
+    if (old == 1) {
+        TPI_ASSERT(!r->listed); /* unlisted by its delete, or by teardown */
         rref_free(r);
     }
 }
 
 void tpi_rref_pin(tp_rref *r) {
-    r->pins++;
+    int old = atomic_fetch_add(&r->refs, 1);
+    TPI_ASSERT(old > 0);
 }
 
 void tpi_rref_unpin(tp_core *c, tp_rref *r) {
-    TPI_ASSERT(r->pins > 0);
-    r->pins--;
-    if (atomic_load(&c->state) == TPI_STATE_RUNNING || tpi_lock_held(c))
-        rref_maybe_free(c, r);
+    (void)c;
+    rref_put(r);
 }
 
 /* Sends RREF_DELETE for a user reference (lock held). RREF-4. */
 static void send_delete(tp_core *c, tp_rref *r) {
+    unlist(c, r); /* even when no delete is owed (a creation that never left) */
     if (r->released)
         return;
     r->released = 1;
-    unlist(c, r);
     if (c->peer_dead[r->owner])
         return;
     tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_DELETE, "rref delete", NULL);
@@ -247,7 +253,7 @@ static void drop_child(tp_core *c, tpi_child *ch) {
     tp_rref_release(r); /* lock held: handled inline */
 }
 
-/* The last handle went away (lock held, worker running). */
+/* The last handle went away (lock held, worker running): the protocol step. */
 static void last_handle(tp_core *c, tp_rref *r) {
     if (r->is_owner) {
         tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
@@ -259,14 +265,24 @@ static void last_handle(tp_core *c, tp_rref *r) {
     } else {
         send_delete(c, r);
     }
-    rref_maybe_free(c, r);
 }
 
 tp_rref *tp_rref_clone(tp_rref *r) {
     TPI_ASSERT(r);
     int old = atomic_fetch_add(&r->handles, 1);
     TPI_ASSERT(old > 0);
+    atomic_fetch_add(&r->refs, 1);
     return r;
+}
+
+/* Like tpi_enter_core, without recording a message: a release is not a call
+ * that can fail (ERR-2). 1 when the worker runs and the agent may be used. */
+static int enter_quietly(tp_core *c) {
+    atomic_fetch_add(&c->api_refs, 1);
+    if (atomic_load(&c->state) == TPI_STATE_RUNNING)
+        return 1;
+    atomic_fetch_sub(&c->api_refs, 1);
+    return 0;
 }
 
 void tp_rref_release(tp_rref *r) {
@@ -274,32 +290,23 @@ void tp_rref_release(tp_rref *r) {
         return;
     int old = atomic_fetch_sub(&r->handles, 1);
     TPI_ASSERT(old > 0);
-    if (old != 1)
-        return;
-    tp_core *c = r->core;
-    if (atomic_load(&c->state) == TPI_STATE_STOPPED) {
-        /* Teardown dropped the protocol state and the agent: only memory is left. */
-        if (r->pins == 0 && !r->listed)
-            rref_free(r);
-        return;
-    }
-    if (tpi_lock_held(c)) { /* freed from inside the core: a value under the lock */
-        if (atomic_load(&c->state) == TPI_STATE_RUNNING)
+    if (old == 1) {
+        /* Our share of refs keeps r alive through the protocol step. After
+         * teardown (not running) the protocol state is gone: memory only. */
+        tp_core *c = r->core;
+        if (atomic_load(&c->state) == TPI_STATE_STOPPED) {
+            /* nothing to tell anyone */
+        } else if (tpi_lock_held(c)) { /* a value freed inside the core */
+            if (atomic_load(&c->state) == TPI_STATE_RUNNING)
+                last_handle(c, r);
+        } else if (enter_quietly(c)) {
+            tpi_lock(c);
             last_handle(c, r);
-        else
-            rref_maybe_free(c, r);
-        return;
+            tpi_unlock(c);
+            tpi_leave(c);
+        }
     }
-    if (tpi_enter_core(c, "rref release") != TP_OK) {
-        /* Teardown dropped the protocol state already; only memory is left. */
-        if (r->pins == 0 && !r->listed)
-            rref_free(r);
-        return;
-    }
-    tpi_lock(c);
-    last_handle(c, r);
-    tpi_unlock(c);
-    tpi_leave(c);
+    rref_put(r);
 }
 
 /* ---- Sending and receiving rrefs inside values (RREF-7) ------------------------ */
@@ -339,7 +346,9 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
             ch->to = rc->peer;
             st = tpi_idmap_put(&c->children, w->fork_id, ch);
             if (st != TP_OK) {
-                atomic_fetch_sub(&r->handles, 1); /* cannot be the last: caller holds one */
+                /* Undo the clone; cannot be the last: the caller holds one. */
+                atomic_fetch_sub(&r->handles, 1);
+                atomic_fetch_sub(&r->refs, 1);
                 free(ch);
             } else {
                 r->children++;
