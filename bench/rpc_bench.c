@@ -1,0 +1,232 @@
+/*
+ * rpc_bench: figures of the TCP transport ("TENSORPIPE") next to raw TCP,
+ * all measured in one run so that they compare as ratios on a noisy shared
+ * machine. Prints one line per figure, "BENCH <name> <value> <unit>", then
+ * the ratios as "BENCH ratio_<name> <value> x". A program, not a test: it
+ * exits non-zero only when a workload fails to run, never for a slow
+ * figure. bench/README.md says what each figure means and the targets.
+ *
+ *   rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]
+ *             [--placement spread|one|free] [--worker-threads N] [-v]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_init.h"
+#include "bench_pair.h"
+#include "bench_syscalls.h"
+#include "bench_util.h"
+
+#define MIB ((size_t)1 << 20)
+
+typedef struct bench_args {
+    int quick;
+    int raw_only;
+    int placement;                        /* bench_placement of the two-process jobs */
+    int rtt, async, bulk, init, syscalls; /* the workloads to run */
+} bench_args;
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]\n"
+            "                 [--placement spread|one|free] [--worker-threads N] [-v]\n"
+            "  --quick        fewer samples and no 32-process init: a smoke run\n"
+            "  --raw-only     only the raw TCP figures (no rpc job)\n"
+            "  --no-syscalls  skip syscalls_per_rpc_sync (needs strace)\n"
+            "  --only W       one workload: rtt, async, bulk, init or syscalls (e.g. under\n"
+            "                 perf); a ratio is printed only when both its figures ran\n"
+            "  --placement P  where the two worker processes run: spread (default: rank r\n"
+            "                 on CPU r), one (both on CPU 0) or free (the scheduler's choice)\n"
+            "  --worker-threads N\n"
+            "                 num_worker_threads of the workers (default: the library's)\n"
+            "  -v             per-repetition details and the syscall breakdown on stderr\n");
+}
+
+static int parse_placement(const char *s) {
+    if (strcmp(s, "spread") == 0)
+        return BENCH_PLACE_SPREAD;
+    if (strcmp(s, "one") == 0)
+        return BENCH_PLACE_ONE;
+    if (strcmp(s, "free") == 0)
+        return BENCH_PLACE_FREE;
+    return -1;
+}
+
+static int parse_args(int argc, char **argv, bench_args *a) {
+    memset(a, 0, sizeof *a);
+    a->placement = BENCH_PLACE_SPREAD;
+    a->rtt = a->async = a->bulk = a->init = a->syscalls = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            a->quick = 1;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            const char *w = argv[++i];
+            a->rtt = strcmp(w, "rtt") == 0;
+            a->async = strcmp(w, "async") == 0;
+            a->bulk = strcmp(w, "bulk") == 0;
+            a->init = strcmp(w, "init") == 0;
+            a->syscalls = strcmp(w, "syscalls") == 0;
+            if (!a->rtt && !a->async && !a->bulk && !a->init && !a->syscalls)
+                return -1;
+        } else if (strcmp(argv[i], "--placement") == 0 && i + 1 < argc) {
+            a->placement = parse_placement(argv[++i]);
+            if (a->placement < 0)
+                return -1;
+        } else if (strcmp(argv[i], "--worker-threads") == 0 && i + 1 < argc) {
+            bench_worker_threads = atoi(argv[++i]);
+            if (bench_worker_threads < 1)
+                return -1;
+        } else if (strcmp(argv[i], "--raw-only") == 0) {
+            a->raw_only = 1;
+        } else if (strcmp(argv[i], "--no-syscalls") == 0) {
+            a->syscalls = 0;
+        } else if (strcmp(argv[i], "-v") == 0) {
+            bench_verbose = 1;
+        } else {
+            return -1;
+        }
+    }
+    if (a->raw_only) {
+        a->async = a->init = a->syscalls = 0;
+        a->rtt = a->bulk = 1;
+    }
+    return 0;
+}
+
+static bench_pair_config pair_config(const bench_args *a) {
+    bench_pair_config c = {
+        .use_rpc = !a->raw_only,
+        .do_rtt = a->rtt,
+        .do_async = a->async,
+        .do_bulk = a->bulk,
+        .placement = a->placement,
+        .rtt_samples = 12000,
+        .rtt_block = 500,
+        .remote_samples = 2400,
+        .async_window = 1000,
+        .async_calls = 50000,
+        .async_reps = 5,
+        .bulk_reps = 7,
+        .bulk_bytes = 64 * MIB,
+    };
+    if (a->quick) {
+        c.rtt_samples = 2000;
+        c.remote_samples = 400;
+        c.async_calls = 10000;
+        c.async_reps = 3;
+        c.bulk_reps = 3;
+    }
+    return c;
+}
+
+static int run_init_figures(const bench_args *a) {
+    static const int sizes[] = {2, 8, 32};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        double secs = 0;
+        if (a->quick && sizes[i] > 8)
+            continue;
+        if (bench_init_run(sizes[i], &secs) != 0) {
+            fprintf(stderr, "rpc_bench: init of %d processes failed\n", sizes[i]);
+            return -1;
+        }
+        char name[32];
+        snprintf(name, sizeof name, "init_%d_s", sizes[i]);
+        bench_print(name, secs, "s");
+    }
+    return 0;
+}
+
+static int run_syscall_figure(const bench_args *a) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        perror("rpc_bench: /proc/self/exe");
+        return -1;
+    }
+    self[n] = '\0';
+    double per_call = 0;
+    if (bench_syscalls_run(self, a->quick ? 500 : 2000, a->quick ? 1 : 2, a->placement,
+                           &per_call) != 0) {
+        fprintf(stderr, "rpc_bench: syscalls_per_rpc_sync failed (is strace installed? "
+                        "scripts/install-deps.sh strace)\n");
+        return -1;
+    }
+    bench_print("syscalls_per_rpc_sync", per_call, "calls");
+    return 0;
+}
+
+/*
+ * The round trips once more with both processes on one CPU: with no
+ * wake-up crossing CPUs (costly on a virtual machine), what is left of the
+ * gap to raw TCP is the library's own work: its system calls and the
+ * hand-offs between its threads.
+ */
+static int run_one_cpu_rtt(const bench_args *a) {
+    bench_args one = *a;
+    one.async = one.bulk = 0;
+    one.placement = BENCH_PLACE_ONE;
+    bench_pair_config cfg = pair_config(&one);
+    cfg.remote_samples = 0;
+    bench_pair_results r;
+    memset(&r, 0, sizeof r);
+    if (bench_pair_run(&cfg, &r) != 0) {
+        fprintf(stderr, "rpc_bench: the round trips on one CPU failed\n");
+        return -1;
+    }
+    bench_print("raw_tcp_rtt_1cpu_median_us", r.raw_rtt_median_us, "us");
+    bench_print("rpc_sync_rtt_1cpu_median_us", r.rpc_rtt_median_us, "us");
+    bench_print("ratio_rpc_sync_rtt_1cpu_median", r.rpc_rtt_median_us / r.raw_rtt_median_us, "x");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--syscall-job") == 0)
+        return bench_syscall_job(atoi(argv[2]), atoi(argv[3]));
+    bench_args a;
+    if (parse_args(argc, argv, &a) != 0) {
+        usage();
+        return 2;
+    }
+    uint64_t t0 = bench_now_ns();
+    bench_pair_config cfg = pair_config(&a);
+    bench_pair_results r;
+    memset(&r, 0, sizeof r);
+    if ((a.rtt || a.async || a.bulk) && bench_pair_run(&cfg, &r) != 0) {
+        fprintf(stderr, "rpc_bench: the two-process workloads failed\n");
+        return 1;
+    }
+    int rpc_rtt = a.rtt && !a.raw_only, rpc_bulk = a.bulk && !a.raw_only;
+    if (a.rtt)
+        bench_print("raw_tcp_rtt_median_us", r.raw_rtt_median_us, "us");
+    if (a.rtt && bench_verbose)
+        fprintf(stderr, "rpc_bench: raw_tcp_rtt_p99_us %.3f\n", r.raw_rtt_p99_us);
+    if (rpc_rtt) {
+        bench_print("rpc_sync_rtt_median_us", r.rpc_rtt_median_us, "us");
+        bench_print("rpc_sync_rtt_p99_us", r.rpc_rtt_p99_us, "us");
+    }
+    if (a.async)
+        bench_print("rpc_async_calls_per_s", r.async_calls_per_s, "calls/s");
+    if (a.bulk)
+        bench_print("raw_tcp_gbps", r.raw_gbps, "GB/s");
+    if (rpc_bulk)
+        bench_print("tensor_64mib_gbps", r.tensor_gbps, "GB/s");
+    if (rpc_rtt)
+        bench_print("remote_to_here_median_us", r.remote_median_us, "us");
+    if (a.init && run_init_figures(&a) != 0)
+        return 1;
+    if (a.syscalls && run_syscall_figure(&a) != 0)
+        return 1;
+    if (rpc_rtt) {
+        bench_print("ratio_rpc_sync_rtt_median", r.rpc_rtt_median_us / r.raw_rtt_median_us, "x");
+        bench_print("ratio_remote_to_here_median", r.remote_median_us / r.raw_rtt_median_us, "x");
+    }
+    if (rpc_bulk)
+        bench_print("ratio_tensor_64mib_gbps", r.tensor_gbps / r.raw_gbps, "x");
+    if (rpc_rtt && a.placement == BENCH_PLACE_SPREAD && run_one_cpu_rtt(&a) != 0)
+        return 1;
+    if (bench_verbose)
+        fprintf(stderr, "rpc_bench: the run took %.1f s\n", (double)(bench_now_ns() - t0) / 1e9);
+    return 0;
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# make bench: prints the benchmark figures, "BENCH <name> <value> <unit>", on
+# stdout (progress and notes go to stderr). bench/README.md explains them.
+#
+# Usage: scripts/bench.sh BUILD_DIR [--no-pytorch | --pytorch] [--quick]
+#                         [--placement spread|one|free]
+#   (default)     tensorplay-rpc (BUILD_DIR/bench/rpc_bench), then the same
+#                 workloads on PyTorch RPC when python3 can import torch
+#   --no-pytorch  tensorplay-rpc only
+#   --pytorch     PyTorch only; installs Debian's python3-torch when it is
+#                 missing and we are root, else prints the apt-get line and fails
+#   --quick       fewer samples: a smoke run of everything
+#   --placement   where the two worker processes run (rpc_bench --help)
+# Exits non-zero when a workload fails to run, never for a missed target.
+# PYTHON overrides the interpreter for PyTorch (default: Debian's /usr/bin/python3).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-build}"
+[ $# -gt 0 ] && shift
+mode=both
+common=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-pytorch) mode=ours ;;
+    --pytorch) mode=pytorch ;;
+    --quick) common+=(--quick) ;;
+    --placement) common+=(--placement "${2:?--placement needs spread, one or free}"); shift ;;
+    *) echo "bench.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+bin="$build/bench/rpc_bench"
+if [ ! -x "$bin" ]; then
+  echo "bench.sh: $bin is missing: build first (make bench builds it)" >&2
+  exit 1
+fi
+python="${PYTHON:-/usr/bin/python3}"
+
+have_torch() { "$python" -c 'import torch.distributed.rpc' >/dev/null 2>&1; }
+
+echo "# bench $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) CPUs, $(uname -r)" >&2
+
+# syscalls_per_rpc_sync counts with strace.
+"$here/scripts/install-deps.sh" strace
+
+if [ "$mode" != pytorch ]; then
+  echo "# tensorplay-rpc: $bin ${common[*]}" >&2
+  "$bin" "${common[@]}"
+fi
+
+if [ "$mode" = both ] && ! have_torch; then
+  echo "# PyTorch RPC skipped: '$python' cannot import torch (scripts/bench.sh $build" \
+       "--pytorch installs Debian's python3-torch as root)" >&2
+  exit 0
+fi
+if [ "$mode" = ours ]; then
+  exit 0
+fi
+if ! have_torch; then
+  line="apt-get update && apt-get install -y --no-install-recommends python3-torch"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bench.sh: PyTorch is missing; run as root:  $line" >&2
+    exit 1
+  fi
+  echo "# installing python3-torch (Debian's PyTorch 1.13)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends python3-torch >&2
+  have_torch || { echo "bench.sh: '$python' still cannot import torch" >&2; exit 1; }
+fi
+
+echo "# PyTorch $("$python" -c 'import torch; print(torch.__version__)') RPC:" \
+     "TensorPipe, _transports=[uv] _channels=[basic]" >&2
+GLOG_minloglevel=2 "$python" "$here/bench/pytorch_rpc_bench.py" "${common[@]}"
