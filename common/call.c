@@ -260,8 +260,7 @@ void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f) {
     tpi_codec_hooks hooks;
     tpi_rref_hooks(&rc, &hooks);
     uint64_t id = tpi_frame_id(f);
-    tp_status st = tpi_msg_decode(f, &hooks, &m, err, sizeof err);
-    tp_frame_free(f);
+    tp_status st = tpi_msg_decode_frame(f, &hooks, &m, err, sizeof err); /* takes f */
     tpi_lock(c);
     tpi_call *call = tpi_idmap_get(&c->calls, (tpi_gid){0, id});
     if (!call || call->dst != src) {

@@ -8,6 +8,12 @@
  * writes into a buffer of exactly that size, so a message that fails never
  * forks an rref, and a message never reallocates while it is written.
  *
+ * Large contiguous tensors travel without a copy (WIRE-10): the size pass
+ * picks them (the same ones, in the same order, as the write pass), the
+ * frame's own buffer gets every other byte, and each picked tensor's data
+ * becomes a segment of its own that borrows the tensor's storage. Decoding
+ * a frame it owns, the decoder makes large aligned tensors views into it.
+ *
  * Decoding treats the bytes as hostile (WIRE-6): every count and length is
  * checked against the bytes that remain and against the limits before
  * anything is allocated for it, recursion is bounded, and every failure is
@@ -152,6 +158,7 @@ void tpi_rbuf_init(tpi_rbuf *r, const void *p, size_t len) {
     r->len = len;
     r->pos = 0;
     r->values = 0;
+    r->hold = NULL;
     r->status = TP_OK;
     r->errmsg[0] = '\0';
 }
@@ -269,18 +276,46 @@ static void hook_leave(hook_msg *h, tp_status st, char *msg, size_t msg_len) {
 
 /* ---- Value encoding (WIRE-3, WIRE-4, WIRE-7) ----------------------------------- */
 
+/* A tensor the frame sends from its storage: its data follows own byte off. */
+typedef struct zc_seg {
+    size_t off;
+    const void *base;
+    size_t len;
+} zc_seg;
+
 typedef struct enc {
     tpi_wbuf *b;
     const tpi_codec_hooks *hooks;
     tp_status status;
     char err[TP_ERRMSG_LEN_MAX];
+    int zc_on;          /* large tensors may be shared (a frame is being built) */
+    int zc_sized;       /* tensors the size pass picked */
+    uint64_t zc_bytes;  /* and their data bytes, which the frame does not copy */
+    int zc_n;           /* tensors the write pass picked so far */
+    tp_frame *frame;    /* the frame being written, when zc_sized > 0 */
+    zc_seg zc[TPI_ZERO_COPY_TENSORS_MAX];
 } enc;
 
 static void enc_init(enc *e, tpi_wbuf *b, const tpi_codec_hooks *hooks) {
+    memset(e, 0, sizeof *e);
     e->b = b;
     e->hooks = hooks;
     e->status = TP_OK;
-    e->err[0] = '\0';
+}
+
+/*
+ * Whether tensor v travels as a segment of its own: a frame is being built,
+ * fewer than TPI_ZERO_COPY_TENSORS_MAX were picked before it (picked counts
+ * them in this pass), its data is at least TPI_ZERO_COPY_MIN bytes and
+ * contiguous in its storage. *blob and *data then name them.
+ */
+static int zc_pick(const enc *e, const tp_value *v, int picked, tpi_blob **blob,
+                   const void **data) {
+    if (!e->zc_on || picked >= TPI_ZERO_COPY_TENSORS_MAX ||
+        tpi_tensor_packed_size(v) < TPI_ZERO_COPY_MIN)
+        return 0;
+    *blob = tpi_tensor_storage(v, data);
+    return *blob != NULL;
 }
 
 static tp_status enc_fail(enc *e, tp_status st, const char *fmt, ...) TPI_PRINTF(3, 4);
@@ -368,10 +403,17 @@ static tp_status value_size(enc *e, const tp_value *v, int depth, uint64_t *size
         }
         break;
     }
-    case TP_KIND_TENSOR:
+    case TP_KIND_TENSOR: {
         n += 2 + 8 * (uint64_t)tp_tensor_ndim(v) + 8;
         n = add_sat(n, tpi_tensor_packed_size(v));
+        tpi_blob *blob;
+        const void *data;
+        if (zc_pick(e, v, e->zc_sized, &blob, &data)) {
+            e->zc_sized++;
+            e->zc_bytes += tpi_tensor_packed_size(v);
+        }
         break;
+    }
     case TP_KIND_RREF:
         if (!e->hooks || !e->hooks->encode_rref)
             return enc_fail(e, TP_ETYPE, "an rref value can only be sent by the rpc core");
@@ -422,11 +464,12 @@ static tp_status rref_write(enc *e, const tp_value *v) {
 }
 
 /*
- * Tensor data travels packed. This is the one place that copies it; a
- * zero-copy sender would end the current segment here and reference a
- * contiguous tensor's bytes as a segment of their own (TP_FRAME_SEG_MAX).
+ * Tensor data travels packed: copied (strided tensors are packed here), or
+ * for a tensor zc_pick chose, left out of the buffer and recorded as a
+ * segment that borrows the tensor's storage, which the frame holds.
  */
-static void tensor_write(tpi_wbuf *b, const tp_value *v) {
+static void tensor_write(enc *e, const tp_value *v) {
+    tpi_wbuf *b = e->b;
     int ndim = tp_tensor_ndim(v);
     const int64_t *shape = tp_tensor_shape(v);
     uint64_t packed = tpi_tensor_packed_size(v);
@@ -439,6 +482,14 @@ static void tensor_write(tpi_wbuf *b, const tp_value *v) {
         return;
     if (packed > SIZE_MAX) {
         b->status = b->status ? b->status : TP_EMSGSIZE;
+        return;
+    }
+    tpi_blob *blob;
+    const void *data;
+    if (b->status == TP_OK && zc_pick(e, v, e->zc_n, &blob, &data)) {
+        TPI_ASSERT(e->frame != NULL && e->zc_n < e->zc_sized);
+        tpi_frame_shared_hold(e->frame, blob);
+        e->zc[e->zc_n++] = (zc_seg){b->len, data, (size_t)packed};
         return;
     }
     uint8_t *dst = wbuf_reserve(b, (size_t)packed);
@@ -494,7 +545,7 @@ static tp_status value_write(enc *e, const tp_value *v) {
         }
         break;
     case TP_KIND_TENSOR:
-        tensor_write(b, v);
+        tensor_write(e, v);
         break;
     case TP_KIND_RREF:
         if (rref_write(e, v) != TP_OK)
@@ -700,7 +751,26 @@ static tp_value *decode_tensor(tpi_rbuf *r, size_t at) {
         return NULL;
     }
     const uint8_t *data = nbytes ? rbuf_take(r, (size_t)nbytes) : NULL;
-    tp_value *v = tp_value_tensor((tp_dtype)dtype, ndim, shape, NULL, data);
+    tp_value *v = NULL;
+    if (r->hold && nbytes >= TPI_ZERO_COPY_MIN) {
+        /*
+         * A view into the frame. The format has no padding, so whether the
+         * data is aligned for its elements depends on what precedes it;
+         * when it is not, it moves down in place onto its own byte count
+         * (read already, and at most 7 bytes back): one pass over bytes in
+         * memory, instead of a fresh allocation and a copy (WIRE-10).
+         */
+        uint8_t *own = r->hold->data + (data - r->p);
+        size_t mis = (uintptr_t)own % tp_dtype_size((tp_dtype)dtype);
+        TPI_ASSERT(mis <= (size_t)(own - r->hold->data) && mis < 8);
+        if (mis) {
+            memmove(own - mis, own, (size_t)nbytes);
+            own -= mis;
+        }
+        v = tpi_value_tensor_view((tp_dtype)dtype, ndim, shape, r->hold, own);
+        return v ? v : nomem(r, "tensor", at);
+    }
+    v = tp_value_tensor((tp_dtype)dtype, ndim, shape, NULL, data);
     return v ? v : nomem(r, "tensor", at);
 }
 
@@ -1006,6 +1076,7 @@ tp_status tpi_msg_encode(const tpi_msg *m, const tpi_codec_hooks *hooks, uint64_
                          tp_frame **out, char *errmsg, size_t errmsg_len) {
     enc e;
     enc_init(&e, NULL, hooks);
+    e.zc_on = 1; /* a frame can hold references: large tensors are shared */
     if (!m || !out)
         return report(TP_EINVAL, "message encode: NULL argument", errmsg, errmsg_len);
     *out = NULL;
@@ -1020,21 +1091,38 @@ tp_status tpi_msg_encode(const tpi_msg *m, const tpi_codec_hooks *hooks, uint64_
                  msg_type_name(m->type), (unsigned long long)total, (unsigned long long)limit);
         return report(e.status, e.err, errmsg, errmsg_len);
     }
-    tp_frame *f = tp_frame_alloc((size_t)total);
+    /* What the frame copies: everything but the data of the tensors it shares. */
+    size_t own = (size_t)(total - e.zc_bytes);
+    tp_frame *f = e.zc_sized ? tpi_frame_shared_alloc(own) : tp_frame_alloc(own);
     if (!f) {
         enc_fail(&e, TP_ENOMEM, "out of memory for a message of %llu bytes",
                  (unsigned long long)total);
         return report(e.status, e.err, errmsg, errmsg_len);
     }
+    uint8_t *bytes = e.zc_sized ? tpi_frame_shared_bytes(f) : tp_frame_bytes(f);
     tpi_wbuf b;
-    wbuf_over(&b, tp_frame_bytes(f), (size_t)total);
+    wbuf_over(&b, bytes, own);
     e.b = &b;
+    e.frame = e.zc_sized ? f : NULL;
     header_write(&b, m, (uint32_t)body);
     if (body_write(&e, m, text_len) != TP_OK) {
         tp_frame_free(f);
         return report(e.status, e.err, errmsg, errmsg_len);
     }
-    TPI_ASSERT(b.status == TP_OK && b.len == total);
+    TPI_ASSERT(b.status == TP_OK && b.len == own && e.zc_n == e.zc_sized);
+    if (e.zc_sized) {
+        size_t at = 0;
+        for (int i = 0; i < e.zc_n; i++) {
+            TPI_ASSERT(e.zc[i].off > at || (i > 0 && e.zc[i].off == at));
+            if (e.zc[i].off > at)
+                tpi_frame_push_seg(f, bytes + at, e.zc[i].off - at);
+            tpi_frame_push_seg(f, e.zc[i].base, e.zc[i].len);
+            at = e.zc[i].off;
+        }
+        if (own > at)
+            tpi_frame_push_seg(f, bytes + at, own - at);
+    }
+    TPI_ASSERT(f->len == total && f->seg[0].len >= TP_FRAME_HEADER_SIZE);
     *out = f;
     return TP_OK;
 }
@@ -1146,8 +1234,9 @@ static tp_status frame_bytes(const tp_frame *f, const uint8_t **p, uint8_t **gat
     return TP_OK;
 }
 
-tp_status tpi_msg_decode(const tp_frame *f, const tpi_codec_hooks *hooks, tpi_msg *m, char *errmsg,
-                         size_t errmsg_len) {
+/* Decodes f; with hold (f's one segment as a block), large tensors view it. */
+static tp_status msg_decode(const tp_frame *f, tpi_blob *hold, const tpi_codec_hooks *hooks,
+                            tpi_msg *m, char *errmsg, size_t errmsg_len) {
     TPI_ASSERT(f != NULL && m != NULL);
     memset(m, 0, sizeof *m);
     const uint8_t *p = NULL;
@@ -1158,6 +1247,10 @@ tp_status tpi_msg_decode(const tp_frame *f, const tpi_codec_hooks *hooks, tpi_ms
     size_t len = f->len;
     tpi_rbuf r;
     tpi_rbuf_init(&r, p, len);
+    if (hold && !gathered) {
+        TPI_ASSERT(hold->data == p && hold->len == len);
+        r.hold = hold;
+    }
     size_t frame_len = 0;
     if (len < TP_FRAME_HEADER_SIZE) {
         tpi_rbuf_fail(&r, TP_EPROTO, "frame of %zu bytes is shorter than the %d-byte header", len,
@@ -1195,6 +1288,36 @@ tp_status tpi_msg_decode(const tp_frame *f, const tpi_codec_hooks *hooks, tpi_ms
         return report(r.status, r.errmsg, errmsg, errmsg_len);
     }
     return TP_OK;
+}
+
+tp_status tpi_msg_decode(const tp_frame *f, const tpi_codec_hooks *hooks, tpi_msg *m, char *errmsg,
+                         size_t errmsg_len) {
+    return msg_decode(f, NULL, hooks, m, errmsg, errmsg_len);
+}
+
+/* The block standing for a received frame: its last reference frees the frame. */
+static void frame_hold_release(tpi_blob *b) {
+    tp_frame_free(b->ctx);
+    free(b);
+}
+
+tp_status tpi_msg_decode_frame(tp_frame *f, const tpi_codec_hooks *hooks, tpi_msg *m,
+                               char *errmsg, size_t errmsg_len) {
+    TPI_ASSERT(f != NULL && m != NULL);
+    tpi_blob *hold = tpi_frame_owns_bytes(f) ? malloc(sizeof *hold) : NULL;
+    if (!hold) { /* not ours to lend, or no memory for the block: copy */
+        tp_status st = msg_decode(f, NULL, hooks, m, errmsg, errmsg_len);
+        tp_frame_free(f);
+        return st;
+    }
+    atomic_init(&hold->refs, 1);
+    hold->data = tp_frame_bytes(f);
+    hold->len = f->len;
+    hold->release = frame_hold_release;
+    hold->ctx = f;
+    tp_status st = msg_decode(f, hold, hooks, m, errmsg, errmsg_len);
+    tpi_blob_unref(hold); /* the frame goes now unless a tensor views it */
+    return st;
 }
 
 void tpi_msg_clear(tpi_msg *m) {

@@ -74,6 +74,7 @@ typedef struct tpi_rbuf {
     size_t len;
     size_t pos;
     uint32_t values; /* decoded so far: TPI_VALUES_PER_MESSAGE_MAX bounds it */
+    struct tpi_blob *hold; /* p's bytes as a block tensors may view (WIRE-10), or NULL */
     tp_status status;
     char errmsg[160];
 } tpi_rbuf;
@@ -161,6 +162,39 @@ typedef struct tpi_msg {
  */
 tp_status tpi_msg_encode(const tpi_msg *m, const tpi_codec_hooks *hooks, uint64_t max_size,
                          tp_frame **out, char *errmsg, size_t errmsg_len);
+
+/*
+ * Decodes a whole frame as tpi_msg_decode does, taking the frame (always
+ * transferred, even on failure). A large contiguous tensor (at least
+ * TPI_ZERO_COPY_MIN bytes, its data aligned to its element size in the
+ * frame's buffer) becomes a view into the frame's bytes, without a copy: the
+ * frame then lives until the last such tensor is freed, whoever holds it
+ * (the msg or a value moved out of it). Other values are copied and the
+ * frame goes at once. Only a frame from tp_frame_alloc lends its bytes
+ * (they are writable and its own); any other frame is decoded by copy.
+ */
+tp_status tpi_msg_decode_frame(tp_frame *f, const tpi_codec_hooks *hooks, tpi_msg *m,
+                               char *errmsg, size_t errmsg_len);
+
+/* ---- Frames the codec builds (common/frame.c) ----------------------------- */
+
+/* 1 when f comes from tp_frame_alloc: one writable segment the frame owns. */
+int tpi_frame_owns_bytes(const tp_frame *f);
+
+typedef struct tpi_blob tpi_blob;
+
+/*
+ * A frame with own_len bytes of its own (aligned for any type) and no
+ * segments yet: the encoder writes the bytes (tpi_frame_shared_bytes), has
+ * the frame hold each block a segment borrows from (tpi_frame_shared_hold
+ * takes a reference, released by the frame's destroy), then lays out the
+ * segments in order (tpi_frame_push_seg, which adds to f->len). NULL on
+ * exhaustion; freed with tp_frame_free at any step.
+ */
+tp_frame *tpi_frame_shared_alloc(size_t own_len);
+uint8_t *tpi_frame_shared_bytes(tp_frame *f);
+void tpi_frame_shared_hold(tp_frame *f, tpi_blob *b);
+void tpi_frame_push_seg(tp_frame *f, const void *base, size_t len);
 
 /* Reads the header fields of a whole frame already checked by tp_frame_check_header. */
 uint8_t tpi_frame_type(const tp_frame *f);

@@ -1,14 +1,19 @@
 /*
  * frame.c: frames as backends hold them, and the header check backends run
  * on the first 24 bytes of each frame before they read (or allocate for)
- * its body (spec/wire.md WIRE-1, WIRE-6).
+ * its body (spec/wire.md WIRE-1, WIRE-6). Also the frames the encoder
+ * builds around shared tensor storage (WIRE-10): their own bytes, then
+ * segments that borrow blocks they hold a reference to until destroyed.
  */
+#include <stdalign.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codec.h"
 #include "errors.h"
+#include "value.h"
 #include "tensorplay/rpc_backend.h"
 
 /* One allocation: the struct, then the bytes (aligned as the struct is). */
@@ -34,6 +39,63 @@ tp_frame *tp_frame_alloc(size_t len) {
 uint8_t *tp_frame_bytes(tp_frame *f) {
     TPI_ASSERT(f != NULL && f->destroy == frame_alloc_destroy);
     return (uint8_t *)(f + 1);
+}
+
+int tpi_frame_owns_bytes(const tp_frame *f) {
+    return f != NULL && f->destroy == frame_alloc_destroy;
+}
+
+/* A frame with its own bytes after the struct and references to blocks. */
+typedef struct shared_frame {
+    tp_frame f;
+    int nrefs;
+    tpi_blob *refs[TP_FRAME_SEG_MAX];
+    size_t own_len;
+} shared_frame;
+
+#define SHARED_HEAD                                                                         \
+    ((sizeof(shared_frame) + alignof(max_align_t) - 1) / alignof(max_align_t) *            \
+     alignof(max_align_t))
+
+static void shared_frame_destroy(tp_frame *f) {
+    shared_frame *sf = (shared_frame *)f;
+    for (int i = 0; i < sf->nrefs; i++)
+        tpi_blob_unref(sf->refs[i]);
+    free(sf);
+}
+
+tp_frame *tpi_frame_shared_alloc(size_t own_len) {
+    if (own_len > SIZE_MAX - SHARED_HEAD)
+        return NULL;
+    shared_frame *sf = malloc(SHARED_HEAD + own_len);
+    if (!sf)
+        return NULL;
+    memset(sf, 0, sizeof *sf);
+    sf->own_len = own_len;
+    sf->f.destroy = shared_frame_destroy;
+    return &sf->f;
+}
+
+uint8_t *tpi_frame_shared_bytes(tp_frame *f) {
+    TPI_ASSERT(f != NULL && f->destroy == shared_frame_destroy);
+    return (uint8_t *)f + SHARED_HEAD;
+}
+
+void tpi_frame_shared_hold(tp_frame *f, tpi_blob *b) {
+    TPI_ASSERT(f != NULL && f->destroy == shared_frame_destroy && b != NULL);
+    shared_frame *sf = (shared_frame *)f;
+    TPI_ASSERT(sf->nrefs < TP_FRAME_SEG_MAX);
+    tpi_blob_ref(b);
+    sf->refs[sf->nrefs++] = b;
+}
+
+void tpi_frame_push_seg(tp_frame *f, const void *base, size_t len) {
+    TPI_ASSERT(f != NULL && f->nseg < TP_FRAME_SEG_MAX && (base != NULL || len == 0));
+    TPI_ASSERT(len <= SIZE_MAX - f->len);
+    f->seg[f->nseg].base = base;
+    f->seg[f->nseg].len = len;
+    f->nseg++;
+    f->len += len;
 }
 
 void tp_frame_free(tp_frame *f) {

@@ -30,6 +30,15 @@
 /* Bytes of a remote error message carried in a response. */
 #define TPI_REMOTE_MSG_LEN_MAX (TP_ERRMSG_LEN_MAX - 1)
 
+/* Tensor data of at least this many bytes travels without a copy (WIRE-10):
+ * a contiguous tensor is sent from its own memory as a frame segment, and
+ * a received one becomes a view into the frame. Below it a copy is cheaper
+ * than a segment (an iovec, a reference, a block). */
+#define TPI_ZERO_COPY_MIN ((uint64_t)64 * 1024)
+/* Tensors one frame sends without a copy: each takes a segment, and the
+ * bytes after it another, within TP_FRAME_SEG_MAX. Later ones are copied. */
+#define TPI_ZERO_COPY_TENSORS_MAX ((TP_FRAME_SEG_MAX - 1) / 2)
+
 /* Worker threads (or simulated pool tasks) per worker. */
 #define TPI_WORKER_THREADS_MAX 1024
 /* Address strings agents exchange through the store. */
@@ -46,6 +55,7 @@ _Static_assert(TPI_MESSAGE_SIZE_MIN >= TP_FRAME_HEADER_SIZE + TP_ERRMSG_LEN_MAX 
 _Static_assert(TPI_MESSAGE_SIZE_MAX <= UINT32_MAX, "frame length fits the u32 header field");
 _Static_assert(TP_NAME_LEN_MAX < TP_STORE_KEY_LEN_MAX - 64, "store keys embed a name");
 _Static_assert(TP_TENSOR_NDIM_MAX <= 255, "ndim travels as a u8");
+_Static_assert(TPI_ZERO_COPY_TENSORS_MAX >= 1, "a frame has room for one shared tensor");
 _Static_assert((uint64_t)TPI_TIMEOUT_S_MAX * 1000u < 4294967295u, "timeout ms fits a u32");
 
 #endif

@@ -198,7 +198,8 @@ static void job_run(tp_work *w) {
         tpi_rref_ctx rc = {c, j->src, NULL, 0, 0};
         tpi_codec_hooks hooks;
         tpi_rref_hooks(&rc, &hooks);
-        tp_status st = tpi_msg_decode(j->frame, &hooks, &m, err, sizeof err);
+        tp_status st = tpi_msg_decode_frame(j->frame, &hooks, &m, err, sizeof err);
+        j->frame = NULL; /* taken by the decoder: large tensors may view it */
         if (st != TP_OK) {
             char msg[TP_ERRMSG_LEN_MAX];
             tpi_format(msg, sizeof msg, "%s could not decode the request: %s",
@@ -238,10 +239,11 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
     tpi_rref_hooks(&rc, &hooks);
     j->msg = malloc(sizeof *j->msg);
     if (!j->msg) {
+        tp_frame_free(f);
         tpi_format(err, err_len, "the callee is out of memory");
         return TP_ENOMEM;
     }
-    tp_status st = tpi_msg_decode(f, &hooks, j->msg, err, err_len);
+    tp_status st = tpi_msg_decode_frame(f, &hooks, j->msg, err, err_len); /* takes f */
     if (st != TP_OK) {
         free(j->msg);
         j->msg = NULL;
@@ -281,8 +283,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         tpi_codec_hooks hooks;
         tpi_rref_hooks(&rc, &hooks);
         uint64_t id = tpi_frame_id(f);
-        tp_status st = tpi_msg_decode(f, &hooks, &m, err, sizeof err);
-        tp_frame_free(f);
+        tp_status st = tpi_msg_decode_frame(f, &hooks, &m, err, sizeof err); /* takes f */
         if (st != TP_OK) {
             tpi_reply(c, src, id, st, NULL, err);
             return;
@@ -300,8 +301,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     }
     if (type == TPI_MSG_REMOTE) {
         char err[TP_ERRMSG_LEN_MAX];
-        tp_status st = on_remote(c, src, f, j, err, sizeof err);
-        tp_frame_free(f);
+        tp_status st = on_remote(c, src, f, j, err, sizeof err); /* takes f */
         f = NULL;
         if (st != TP_OK) {
             free(j);

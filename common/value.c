@@ -1,7 +1,15 @@
 /*
  * value.c: the value model (spec/api.md VALUE-1..9). A value is a tree with
- * one owner: containers own their items, tensors own a copy of their
- * elements, an rref value owns one reference, an object owns its state.
+ * one owner: containers own their items, tensors own a reference to the
+ * storage of their elements, an rref value owns one reference, an object
+ * owns its state.
+ *
+ * Tensor storage is a reference-counted tpi_blob so that a frame can send a
+ * large tensor straight from its memory and a received frame can lend its
+ * bytes to the tensors decoded from it (spec/wire.md WIRE-10). A value
+ * still behaves as the only owner of its elements: tp_tensor_data, the one
+ * way to write them, first gives the tensor a private copy when a frame
+ * still reads the shared bytes (copy on write).
  *
  * Sizes that come from callers (tensor shapes and strides) are checked
  * against overflow with the compiler's checked arithmetic; a value that
@@ -12,6 +20,7 @@
 #include "registry.h"
 
 #include <math.h>
+#include <stdalign.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +35,9 @@ typedef struct tpi_tensor {
     int64_t shape[TP_TENSOR_NDIM_MAX];
     int64_t strides[TP_TENSOR_NDIM_MAX]; /* in elements, each >= 0 */
     int64_t numel;
-    size_t span;   /* bytes from element [0,...,0] past the last element reached */
-    uint8_t *data; /* span bytes (at least 1 allocated, so never NULL) */
+    size_t span;       /* bytes from element [0,...,0] past the last element reached */
+    uint8_t *data;     /* span bytes inside storage (never NULL) */
+    tpi_blob *storage; /* one reference, held by this tensor */
 } tpi_tensor;
 
 typedef struct map_entry {
@@ -232,6 +242,52 @@ tp_value *tp_value_object(const char *class_name, void *state, void (*destroy)(v
     return v;
 }
 
+/* ---- Shared storage ---------------------------------------------------------- */
+
+/* The bytes of a block from tpi_blob_new start here, aligned for any type. */
+#define BLOB_HEAD ((sizeof(tpi_blob) + alignof(max_align_t) - 1) / alignof(max_align_t) * \
+                   alignof(max_align_t))
+
+static void blob_free(tpi_blob *b) {
+    free(b);
+}
+
+tpi_blob *tpi_blob_new(size_t len, int zero) {
+    size_t alloc = len > 0 ? len : 1;
+    if (alloc > SIZE_MAX - BLOB_HEAD)
+        return NULL;
+    tpi_blob *b = zero ? calloc(1, BLOB_HEAD + alloc) : malloc(BLOB_HEAD + alloc);
+    if (!b)
+        return NULL;
+    atomic_init(&b->refs, 1);
+    b->data = (uint8_t *)b + BLOB_HEAD;
+    b->len = len;
+    b->release = blob_free;
+    b->ctx = NULL;
+    return b;
+}
+
+void tpi_blob_ref(tpi_blob *b) {
+    TPI_ASSERT(b != NULL);
+    size_t old = atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+    TPI_ASSERT(old > 0);
+}
+
+void tpi_blob_unref(tpi_blob *b) {
+    if (!b)
+        return;
+    size_t old = atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel);
+    TPI_ASSERT(old > 0);
+    if (old == 1)
+        b->release(b);
+}
+
+/* A view's block: its bytes lie in the parent block, which it keeps alive. */
+static void view_release(tpi_blob *b) {
+    tpi_blob_unref(b->ctx);
+    free(b);
+}
+
 /* ---- Tensors --------------------------------------------------------------- */
 
 /*
@@ -309,16 +365,47 @@ tp_value *tp_value_tensor(tp_dtype dtype, int ndim, const int64_t *shape, const 
         free(t);
         return NULL;
     }
-    size_t alloc = t->span > 0 ? t->span : 1;
-    t->data = data ? malloc(alloc) : calloc(1, alloc);
-    tp_value *v = t->data ? value_new(TP_KIND_TENSOR) : NULL;
+    t->storage = tpi_blob_new(t->span, data == NULL);
+    tp_value *v = t->storage ? value_new(TP_KIND_TENSOR) : NULL;
     if (!v) {
-        free(t->data);
+        tpi_blob_unref(t->storage);
         free(t);
         return NULL;
     }
+    t->data = t->storage->data;
     if (data && t->span > 0)
         memcpy(t->data, data, t->span);
+    v->u.tensor = t;
+    return v;
+}
+
+tp_value *tpi_value_tensor_view(tp_dtype dtype, int ndim, const int64_t *shape,
+                                tpi_blob *parent, uint8_t *data) {
+    TPI_ASSERT(parent != NULL && data != NULL);
+    TPI_ASSERT((uintptr_t)data % tp_dtype_size(dtype) == 0);
+    tpi_tensor *t = malloc(sizeof *t);
+    if (!t)
+        return NULL;
+    tp_status st = tensor_layout(dtype, ndim, shape, NULL, t);
+    TPI_ASSERT(st == TP_OK); /* the caller checked it with tpi_tensor_check */
+    (void)st;
+    TPI_ASSERT(data >= parent->data && t->span <= parent->len &&
+               (size_t)(data - parent->data) <= parent->len - t->span);
+    tpi_blob *b = malloc(sizeof *b);
+    tp_value *v = b ? value_new(TP_KIND_TENSOR) : NULL;
+    if (!v) {
+        free(b);
+        free(t);
+        return NULL;
+    }
+    atomic_init(&b->refs, 1);
+    b->data = data;
+    b->len = t->span;
+    b->release = view_release;
+    b->ctx = parent;
+    tpi_blob_ref(parent);
+    t->storage = b;
+    t->data = data;
     v->u.tensor = t;
     return v;
 }
@@ -370,13 +457,41 @@ int tp_tensor_is_contiguous(const tp_value *v) {
     return t ? tensor_contiguous(t) : 0;
 }
 
+/*
+ * Writable elements. When a frame still holds the storage (the tensor was
+ * sent without a copy and its bytes may not be written out yet), the tensor
+ * first takes a private copy, so that a write never changes what a call
+ * already made sends. NULL when that copy cannot be allocated.
+ */
 void *tp_tensor_data(tp_value *v) {
-    return v && v->kind == TP_KIND_TENSOR ? v->u.tensor->data : NULL;
+    if (!v || v->kind != TP_KIND_TENSOR)
+        return NULL;
+    tpi_tensor *t = v->u.tensor;
+    if (atomic_load_explicit(&t->storage->refs, memory_order_acquire) == 1)
+        return t->data; /* ours alone: nobody else can take a reference now */
+    tpi_blob *own = tpi_blob_new(t->span, 0);
+    if (!own)
+        return NULL;
+    if (t->span > 0)
+        memcpy(own->data, t->data, t->span);
+    tpi_blob_unref(t->storage);
+    t->storage = own;
+    t->data = own->data;
+    return t->data;
 }
 
 const void *tp_tensor_cdata(const tp_value *v) {
     const tpi_tensor *t = as_tensor(v);
     return t ? t->data : NULL;
+}
+
+tpi_blob *tpi_tensor_storage(const tp_value *v, const void **data) {
+    const tpi_tensor *t = as_tensor(v);
+    TPI_ASSERT(t != NULL && data != NULL);
+    if (!tensor_contiguous(t))
+        return NULL;
+    *data = t->data;
+    return t->storage;
 }
 
 uint64_t tpi_tensor_packed_size(const tp_value *v) {
@@ -781,7 +896,7 @@ void tp_value_free(tp_value *v) {
         free(v->u.map.entries);
         break;
     case TP_KIND_TENSOR:
-        free(v->u.tensor->data);
+        tpi_blob_unref(v->u.tensor->storage);
         free(v->u.tensor);
         break;
     case TP_KIND_RREF:

@@ -2,12 +2,14 @@
  * value.h: internals of the value model (common/value.c) that the codec
  * needs: building maps without the per-set duplicate search (the decoder
  * checks duplicates once, in O(n log n)), growing a list to a known size,
- * taking over a decoded rref, and packing a strided tensor into contiguous
- * bytes.
+ * taking over a decoded rref, packing a strided tensor into contiguous
+ * bytes, and the shared tensor storage that lets large tensors travel
+ * without a copy (spec/wire.md WIRE-10).
  */
 #ifndef TPI_VALUE_H
 #define TPI_VALUE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,5 +52,52 @@ tp_value *tpi_value_rref_adopt(tp_rref *rref);
  * tp_value_tensor(dtype, ndim, shape, NULL, data) fails only on exhaustion.
  */
 tp_status tpi_tensor_check(tp_dtype dtype, int ndim, const int64_t *shape, uint64_t *packed);
+
+/* ---- Shared storage (WIRE-10) ----------------------------------------------- */
+
+/*
+ * A reference-counted block of bytes. A tensor's elements live in one; a
+ * frame that sends the tensor without copying holds a second reference
+ * until its bytes are written, and a tensor decoded as a view into a
+ * received frame holds a block whose release drops the frame. The count is
+ * atomic because the last reference may go on another thread (the
+ * transport's); everything else about a block is immutable once shared.
+ */
+typedef struct tpi_blob tpi_blob;
+struct tpi_blob {
+    atomic_size_t refs;
+    uint8_t *data; /* len bytes */
+    size_t len;
+    /* Frees the block (and what it stands for) when the last reference goes. */
+    void (*release)(tpi_blob *b);
+    void *ctx; /* for release */
+};
+
+/* A block of len bytes in one allocation with it (aligned for any element),
+ * zeroed when zero != 0; one reference. NULL on exhaustion. */
+tpi_blob *tpi_blob_new(size_t len, int zero);
+/* Takes one more reference. */
+void tpi_blob_ref(tpi_blob *b);
+/* Drops one reference; the last one releases the block. NULL is a no-op. */
+void tpi_blob_unref(tpi_blob *b);
+
+/*
+ * The storage of a contiguous tensor, borrowed: its packed bytes are
+ * *data (tpi_tensor_packed_size bytes), which the block keeps alive; take
+ * a reference with tpi_blob_ref to keep them past t. NULL for a strided
+ * tensor (its bytes must be packed, WIRE-4).
+ */
+tpi_blob *tpi_tensor_storage(const tp_value *t, const void **data);
+
+/*
+ * A contiguous tensor whose elements are the bytes at data, inside the
+ * block parent (which gains a reference, dropped when the tensor is freed):
+ * no copy. data must be aligned to the element size and hold the packed
+ * size of the layout, already checked with tpi_tensor_check. The tensor
+ * owns those bytes exclusively: nothing else may read or write them while
+ * it lives. NULL on exhaustion.
+ */
+tp_value *tpi_value_tensor_view(tp_dtype dtype, int ndim, const int64_t *shape,
+                                tpi_blob *parent, uint8_t *data);
 
 #endif

@@ -224,7 +224,14 @@ const int64_t *tp_tensor_shape(const tp_value *t);   /* ndim entries, borrowed *
 const int64_t *tp_tensor_strides(const tp_value *t); /* ndim entries, in elements */
 int64_t tp_tensor_numel(const tp_value *t);
 int tp_tensor_is_contiguous(const tp_value *t);
-void *tp_tensor_data(tp_value *t);                   /* element [0,...,0]; borrowed */
+/*
+ * Element [0,...,0], writable, borrowed. If a frame still being sent shares
+ * the tensor's memory (large tensors travel without a copy, WIRE-10), the
+ * tensor takes a private copy first, so a write after rpc_async never
+ * changes what is sent; that copy can fail: NULL on exhaustion. Do not
+ * write through a pointer taken before a call while that call is sending.
+ */
+void *tp_tensor_data(tp_value *t);
 const void *tp_tensor_cdata(const tp_value *t);
 
 /* Builds a list value from n items (all transferred, even on failure). */

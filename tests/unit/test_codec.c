@@ -1030,6 +1030,296 @@ static void test_codec_values_per_message_limit(void **state) {
     }
 }
 
+/* ---- Zero copy (WIRE-10) ------------------------------------------------------- */
+
+#define ZC_ELEMS ((int64_t)(TPI_ZERO_COPY_MIN / 4) * 2) /* 128 KiB of float32 */
+
+static tp_value *zc_tensor(tp_dtype dtype, int64_t numel, unsigned seed) {
+    size_t n = (size_t)numel * tp_dtype_size(dtype);
+    uint8_t *data = malloc(n);
+    assert_non_null(data);
+    for (size_t i = 0; i < n; i++)
+        data[i] = (uint8_t)(i * 31u + seed);
+    if (dtype == TP_DTYPE_BOOL)
+        for (size_t i = 0; i < n; i++)
+            data[i] &= 1;
+    tp_value *t = tp_value_tensor(dtype, 1, &numel, NULL, data);
+    free(data);
+    assert_non_null(t);
+    return t;
+}
+
+static tp_frame *zc_encode(const tpi_msg *m) {
+    tp_frame *f = NULL;
+    tp_status st = tpi_msg_encode(m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err);
+    if (st != TP_OK)
+        fail_msg("encode failed: %s: %s", tp_status_name(st), err);
+    return f;
+}
+
+/* The bytes a RESPONSE carrying a 1-d tensor must have, built by hand (WIRE-4). */
+static uint8_t *zc_expected_response(const tp_value *t, size_t *len) {
+    uint64_t nbytes = (uint64_t)tp_tensor_numel(t) * tp_dtype_size(tp_tensor_dtype(t));
+    size_t body = 4 + 1 + 2 + 8 + 8 + (size_t)nbytes;
+    uint8_t *p = calloc(1, TP_FRAME_HEADER_SIZE + body);
+    uint8_t *zeros = calloc(1, body);
+    assert_non_null(p);
+    assert_non_null(zeros);
+    make_frame(p, TPI_MSG_RESPONSE, 0, zeros, body);
+    free(zeros);
+    p[16] = 9; /* id 9 */
+    uint8_t *q = p + TP_FRAME_HEADER_SIZE + 4; /* status 0 */
+    *q++ = TP_KIND_TENSOR;
+    *q++ = (uint8_t)tp_tensor_dtype(t);
+    *q++ = 1;
+    for (int i = 0; i < 8; i++)
+        *q++ = (uint8_t)((uint64_t)tp_tensor_numel(t) >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        *q++ = (uint8_t)(nbytes >> (8 * i));
+    memcpy(q, tp_tensor_cdata(t), (size_t)nbytes);
+    *len = TP_FRAME_HEADER_SIZE + body;
+    return p;
+}
+
+static void test_codec_zero_copy_send_borrows_tensor_memory(void **state) {
+    (void)state;
+    tp_value *t = zc_tensor(TP_DTYPE_FLOAT32, ZC_ELEMS, 1);
+    size_t want_len;
+    uint8_t *want = zc_expected_response(t, &want_len);
+    const void *mem = tp_tensor_cdata(t);
+
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.id = 9;
+    m.value = t;
+    tp_frame *f = zc_encode(&m);
+    /* The header and tensor header in the frame's own bytes, then the
+     * tensor's data where it lies: nothing follows it in a RESPONSE. */
+    assert_int_equal(f->nseg, 2);
+    assert_int_equal(f->len, want_len);
+    assert_int_equal(f->seg[0].len, want_len - (size_t)ZC_ELEMS * 4);
+    assert_ptr_equal(f->seg[1].base, mem);
+    assert_int_equal(f->seg[1].len, (size_t)ZC_ELEMS * 4);
+
+    /* A write after the call copies first: the frame still sends the old bytes. */
+    float *w = tp_tensor_data(t);
+    assert_non_null(w);
+    assert_ptr_not_equal(w, mem);
+    w[0] = 12345.0f;
+
+    /* The caller frees the value before the transport writes: the frame
+     * holds the storage (ASan would see a use after free otherwise). */
+    tp_value_free(t);
+    tp_frame *flat = tp_frame_flatten(f);
+    assert_non_null(flat);
+    assert_int_equal(flat->len, want_len);
+    assert_memory_equal(tp_frame_bytes(flat), want, want_len); /* byte-identical (WIRE-7) */
+    tp_frame_free(f);
+    tp_frame_free(flat);
+    free(want);
+}
+
+static void test_codec_zero_copy_send_limits(void **state) {
+    (void)state;
+    /* Small and strided tensors are copied: one segment. */
+    int64_t small = (int64_t)(TPI_ZERO_COPY_MIN / 4) - 1;
+    tp_value *s = zc_tensor(TP_DTYPE_FLOAT32, small, 2);
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.value = s;
+    tp_frame *f = zc_encode(&m);
+    assert_int_equal(f->nseg, 1);
+    tp_frame_free(f);
+    tp_value_free(s);
+
+    int64_t shape[2] = {256, 128}, strides[2] = {1, 256};
+    float *data = calloc(256 * 128, sizeof *data);
+    assert_non_null(data);
+    for (int i = 0; i < 256 * 128; i++)
+        data[i] = (float)i;
+    tp_value *st = tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, strides, data);
+    free(data);
+    assert_non_null(st);
+    m.value = st;
+    f = zc_encode(&m);
+    assert_int_equal(f->nseg, 1);
+    tpi_msg d;
+    assert_int_equal(tpi_msg_decode(f, NULL, &d, err, sizeof err), TP_OK);
+    assert_true(tp_value_equal(d.value, st)); /* packed on the way (WIRE-4) */
+    tpi_msg_clear(&d);
+    tp_frame_free(f);
+    tp_value_free(st);
+
+    /* At most TPI_ZERO_COPY_TENSORS_MAX shared tensors; later ones copied. */
+    tp_value *list = tp_value_list();
+    const void *mem[TPI_ZERO_COPY_TENSORS_MAX + 1];
+    for (int i = 0; i <= TPI_ZERO_COPY_TENSORS_MAX; i++) {
+        tp_value *t = zc_tensor(TP_DTYPE_INT32, ZC_ELEMS, (unsigned)i);
+        mem[i] = tp_tensor_cdata(t);
+        assert_int_equal(tp_list_append(list, t), TP_OK);
+    }
+    m.type = TPI_MSG_REQUEST;
+    strcpy(m.text, "f");
+    m.value = NULL;
+    m.args = list;
+    f = zc_encode(&m);
+    assert_true(f->nseg <= TP_FRAME_SEG_MAX);
+    assert_int_equal(f->nseg, 2 * TPI_ZERO_COPY_TENSORS_MAX + 1);
+    for (int i = 0; i < TPI_ZERO_COPY_TENSORS_MAX; i++) {
+        assert_ptr_equal(f->seg[2 * i + 1].base, mem[i]);
+        assert_int_equal(f->seg[2 * i + 1].len, (size_t)ZC_ELEMS * 4);
+    }
+    for (int i = 0; i < f->nseg; i++)
+        assert_ptr_not_equal(f->seg[i].base, mem[TPI_ZERO_COPY_TENSORS_MAX]);
+    /* The bytes are those of a flat encoding: decode, re-encode, compare. */
+    tp_frame *flat = tp_frame_flatten(f);
+    assert_int_equal(tpi_msg_decode(flat, NULL, &d, err, sizeof err), TP_OK);
+    assert_true(tp_value_equal(d.args, list));
+    tp_value_free(list);
+    tp_frame *again = zc_encode(&d);
+    tp_frame *flat2 = tp_frame_flatten(again);
+    assert_int_equal(flat2->len, flat->len);
+    assert_memory_equal(tp_frame_bytes(flat2), tp_frame_bytes(flat), flat->len);
+    tpi_msg_clear(&d);
+    tp_frame_free(again);
+    tp_frame_free(flat2);
+    tp_frame_free(flat);
+    tp_frame_free(f); /* after the values: it held their storage */
+
+    /* tpi_value_encode writes a flat buffer: always a copy. */
+    tp_value *t = zc_tensor(TP_DTYPE_FLOAT32, ZC_ELEMS, 3);
+    tpi_wbuf b;
+    tpi_wbuf_init(&b, 1 << 20);
+    assert_int_equal(tpi_value_encode(&b, t, NULL), TP_OK);
+    assert_int_equal(b.len, 1 + 2 + 8 + 8 + (size_t)ZC_ELEMS * 4);
+    assert_memory_equal(b.data + 19, tp_tensor_cdata(t), (size_t)ZC_ELEMS * 4);
+    tpi_wbuf_free(&b);
+    tp_value_free(t);
+}
+
+static int inside(const void *p, size_t n, const tp_frame *f) {
+    const uint8_t *lo = f->seg[0].base;
+    return (const uint8_t *)p >= lo && (const uint8_t *)p + n <= lo + f->len;
+}
+
+static void test_codec_zero_copy_receive_views_frame(void **state) {
+    (void)state;
+    static const tp_dtype dtypes[] = {TP_DTYPE_UINT8, TP_DTYPE_FLOAT32, TP_DTYPE_FLOAT64,
+                                      TP_DTYPE_INT16};
+    for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++) {
+        int64_t numel = (int64_t)TPI_ZERO_COPY_MIN; /* past the threshold for any dtype */
+        tp_value *t = zc_tensor(dtypes[k], numel, (unsigned)k);
+        size_t elem = tp_dtype_size(dtypes[k]), nbytes = (size_t)numel * elem;
+        size_t len;
+        uint8_t *bytes = zc_expected_response(t, &len);
+        tp_frame *f = tp_frame_alloc(len);
+        assert_non_null(f);
+        memcpy(tp_frame_bytes(f), bytes, len);
+        /* The data lies at offset 47: aligned only for 1-byte elements. */
+        const uint8_t *at = tp_frame_bytes(f) + 47;
+
+        /* The copying decoder leaves the frame alone and copies. */
+        tpi_msg d;
+        assert_int_equal(tpi_msg_decode(f, NULL, &d, err, sizeof err), TP_OK);
+        assert_false(inside(tp_tensor_cdata(d.value), 1, f));
+        assert_memory_equal(tp_frame_bytes(f), bytes, len);
+        tpi_msg_clear(&d);
+
+        /* The owning decoder views the frame: in place when aligned, else
+         * moved down onto its byte count, to the aligned address below. */
+        tp_frame *probe = f;
+        assert_int_equal(tpi_msg_decode_frame(f, NULL, &d, err, sizeof err), TP_OK);
+        tp_value *v = d.value;
+        d.value = NULL;
+        tpi_msg_clear(&d); /* the value outlives the msg */
+        const uint8_t *p = tp_tensor_cdata(v);
+        assert_true(inside(p, nbytes, probe));
+        assert_int_equal((uintptr_t)p % elem, 0);
+        if (p != at - ((uintptr_t)at % elem))
+            fail_msg("dtype %s: data at %+td from offset 47", tp_dtype_name(dtypes[k]), p - at);
+        assert_true(tp_value_equal(v, t));
+        /* Writable in place: the view owns its bytes. */
+        uint8_t *w = tp_tensor_data(v);
+        assert_ptr_equal(w, p);
+        w[nbytes - 1] ^= 1;
+        assert_false(tp_value_equal(v, t));
+        /* Re-encoding a view is byte-identical to what arrived (WIRE-7). */
+        w[nbytes - 1] ^= 1;
+        tpi_msg m = {0};
+        m.type = TPI_MSG_RESPONSE;
+        m.id = 9;
+        m.value = v;
+        tp_frame *again = zc_encode(&m);
+        assert_ptr_equal(again->seg[1].base, p); /* sent from the received frame */
+        tp_frame *flat = tp_frame_flatten(again);
+        assert_memory_equal(tp_frame_bytes(flat), bytes, len);
+        tp_value_free(v); /* the frame lives on in again */
+        tp_frame_free(flat);
+        tp_frame_free(again); /* the last reference: the received frame goes */
+        tp_value_free(t);
+        free(bytes);
+    }
+}
+
+static void test_codec_zero_copy_receive_shared_and_failures(void **state) {
+    (void)state;
+    /* Two views of one frame, freed in either order. */
+    tp_value *a = zc_tensor(TP_DTYPE_FLOAT32, ZC_ELEMS, 5);
+    tp_value *b = zc_tensor(TP_DTYPE_INT64, ZC_ELEMS / 2, 6);
+    tp_value *small = zc_tensor(TP_DTYPE_FLOAT32, 16, 7);
+    tpi_msg m = {0};
+    m.type = TPI_MSG_REQUEST;
+    strcpy(m.text, "pair");
+    m.args = tp_value_list_of(3, tp_value_clone(a), tp_value_clone(small), tp_value_clone(b));
+    assert_non_null(m.args);
+    tp_frame *sent = zc_encode(&m);
+    tp_frame *f = tp_frame_flatten(sent);
+    tp_frame_free(sent);
+    tp_frame *probe = f;
+    tpi_msg d;
+    assert_int_equal(tpi_msg_decode_frame(f, NULL, &d, err, sizeof err), TP_OK);
+    assert_true(tp_value_equal(d.args, m.args));
+    const tp_value *va = tp_list_get(d.args, 0), *vs = tp_list_get(d.args, 1),
+                   *vb = tp_list_get(d.args, 2);
+    assert_true(inside(tp_tensor_cdata(va), 1, probe));
+    assert_true(inside(tp_tensor_cdata(vb), 1, probe));
+    assert_false(inside(tp_tensor_cdata(vs), 1, probe)); /* small: copied */
+    tp_value *ownb = tp_value_clone(vb); /* a clone copies */
+    assert_false(inside(tp_tensor_cdata(ownb), 1, probe));
+    tp_value_free(ownb);
+    tpi_msg_clear(&d);
+    tpi_msg_clear(&m);
+
+    /* A frame that is not one owned segment is decoded by copy, and taken. */
+    m.type = TPI_MSG_RESPONSE;
+    m.value = a;
+    sent = zc_encode(&m);
+    assert_int_equal(sent->nseg, 2);
+    assert_int_equal(tpi_msg_decode_frame(sent, NULL, &d, err, sizeof err), TP_OK);
+    assert_ptr_not_equal(tp_tensor_cdata(d.value), tp_tensor_cdata(a));
+    assert_true(tp_value_equal(d.value, a));
+    tpi_msg_clear(&d);
+
+    /* A malformed frame fails and is freed, views made before the error too. */
+    m.type = TPI_MSG_REQUEST;
+    m.value = NULL;
+    m.args = tp_value_list_of(2, tp_value_clone(a), tp_value_clone(b));
+    sent = zc_encode(&m);
+    f = tp_frame_flatten(sent);
+    tp_frame_free(sent);
+    tpi_msg_clear(&m);
+    tp_frame *cut = tp_frame_alloc(f->len - 1);
+    memcpy(tp_frame_bytes(cut), tp_frame_bytes(f), f->len - 1);
+    tp_frame_free(f);
+    assert_int_equal(tpi_msg_decode_frame(cut, NULL, &d, err, sizeof err), TP_EPROTO);
+    assert_null(d.args);
+    assert_non_null(strstr(err, "truncated"));
+
+    tp_value_free(a);
+    tp_value_free(b);
+    tp_value_free(small);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codec_roundtrip_scalars),
@@ -1058,6 +1348,10 @@ int main(void) {
         cmocka_unit_test(test_codec_rref_hooks_roundtrip),
         cmocka_unit_test(test_codec_rref_hook_failure_reported),
         cmocka_unit_test(test_codec_values_per_message_limit),
+        cmocka_unit_test(test_codec_zero_copy_send_borrows_tensor_memory),
+        cmocka_unit_test(test_codec_zero_copy_send_limits),
+        cmocka_unit_test(test_codec_zero_copy_receive_views_frame),
+        cmocka_unit_test(test_codec_zero_copy_receive_shared_and_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -569,6 +570,103 @@ static void test_value_format_reads_like_python(void **state) {
     tp_value_free(inf);
 }
 
+/* ---- Shared storage (WIRE-10) ------------------------------------------------ */
+
+static void test_value_tensor_storage_shared_and_copy_on_write(void **state) {
+    (void)state;
+    int64_t shape[2] = {4, 8};
+    float data[32];
+    for (int i = 0; i < 32; i++)
+        data[i] = (float)i;
+    tp_value *t = tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, NULL, data);
+    assert_non_null(t);
+    const void *bytes = NULL;
+    tpi_blob *b = tpi_tensor_storage(t, &bytes);
+    assert_non_null(b);
+    assert_ptr_equal(bytes, tp_tensor_cdata(t));
+    assert_true(b->data == bytes && b->len == sizeof data);
+    assert_int_equal((uintptr_t)bytes % 16, 0); /* aligned for any element */
+    /* Alone: writes go straight to the storage. */
+    assert_ptr_equal(tp_tensor_data(t), bytes);
+
+    /* A frame holds the storage: the first write takes a private copy, and
+     * the shared bytes (what the frame sends) keep their values. */
+    tpi_blob_ref(b);
+    float *w = tp_tensor_data(t);
+    assert_non_null(w);
+    assert_ptr_not_equal(w, bytes);
+    assert_memory_equal(w, data, sizeof data);
+    w[0] = -1.0f;
+    assert_true(((const float *)bytes)[0] == 0.0f);
+    assert_ptr_equal(tp_tensor_data(t), w); /* now alone again: no second copy */
+    tp_value_free(t);
+    /* The frame's reference keeps the old bytes valid after the value went. */
+    assert_memory_equal(b->data, data, sizeof data);
+    tpi_blob_unref(b);
+    tpi_blob_unref(NULL);
+
+    /* A strided tensor has no contiguous storage to share. */
+    int64_t strides[2] = {1, 4};
+    int64_t tshape[2] = {8, 4};
+    tp_value *s = tp_value_tensor(TP_DTYPE_FLOAT32, 2, tshape, strides, data);
+    assert_non_null(s);
+    assert_false(tp_tensor_is_contiguous(s));
+    assert_null(tpi_tensor_storage(s, &bytes));
+    tp_value_free(s);
+}
+
+static int parent_released;
+
+static void count_release(tpi_blob *b) {
+    parent_released++;
+    free(b->data);
+    free(b);
+}
+
+static void test_value_tensor_view_keeps_parent(void **state) {
+    (void)state;
+    tpi_blob *parent = malloc(sizeof *parent);
+    assert_non_null(parent);
+    atomic_init(&parent->refs, 1);
+    parent->len = 256;
+    parent->data = malloc(parent->len);
+    assert_non_null(parent->data);
+    for (size_t i = 0; i < parent->len; i++)
+        parent->data[i] = (uint8_t)i;
+    parent->release = count_release;
+    parent->ctx = NULL;
+    parent_released = 0;
+
+    int64_t shape[1] = {16};
+    tp_value *a = tpi_value_tensor_view(TP_DTYPE_INT32, 1, shape, parent, parent->data + 64);
+    tp_value *b = tpi_value_tensor_view(TP_DTYPE_UINT8, 1, shape, parent, parent->data + 3);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_ptr_equal(tp_tensor_cdata(a), parent->data + 64);
+    assert_ptr_equal(tp_tensor_cdata(b), parent->data + 3);
+    assert_int_equal(tp_tensor_numel(a), 16);
+    assert_true(tp_tensor_is_contiguous(a));
+    /* A view owns its bytes: writable in place, no copy. */
+    int32_t *w = tp_tensor_data(a);
+    assert_ptr_equal(w, parent->data + 64);
+    w[0] = 7;
+    /* A clone copies. */
+    tp_value *c = tp_value_clone(a);
+    assert_non_null(c);
+    assert_ptr_not_equal(tp_tensor_cdata(c), tp_tensor_cdata(a));
+    assert_true(tp_value_equal(c, a));
+
+    tpi_blob_unref(parent); /* the creator's reference: the views keep it */
+    assert_int_equal(parent_released, 0);
+    tp_value_free(a);
+    assert_int_equal(parent_released, 0);
+    assert_int_equal(((const uint8_t *)tp_tensor_cdata(b))[0], 3);
+    tp_value_free(b);
+    assert_int_equal(parent_released, 1);
+    assert_int_equal(((const int32_t *)tp_tensor_cdata(c))[0], 7);
+    tp_value_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_value_scalars_read_back),
@@ -590,6 +688,8 @@ int main(void) {
         cmocka_unit_test(test_value_worker_info_copied),
         cmocka_unit_test(test_value_rref_holds_own_reference),
         cmocka_unit_test(test_value_format_reads_like_python),
+        cmocka_unit_test(test_value_tensor_storage_shared_and_copy_on_write),
+        cmocka_unit_test(test_value_tensor_view_keeps_parent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
