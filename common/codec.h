@@ -178,6 +178,15 @@ tp_status tpi_msg_decode_frame(tp_frame *f, const tpi_codec_hooks *hooks, tpi_ms
 
 /* ---- Frames the codec builds (common/frame.c) ----------------------------- */
 
+/*
+ * Large received frames (>= TPI_FRAME_CACHE_MIN) go back to a small bounded
+ * cache when freed, so the next large frame reuses warm memory instead of
+ * page-faulting a fresh mapping. trim frees every cached block (any thread,
+ * any time; frames in use are untouched); stats reports what it holds.
+ */
+void tpi_frame_cache_trim(void);
+void tpi_frame_cache_stats(size_t *blocks, size_t *bytes);
+
 /* 1 when f comes from tp_frame_alloc: one writable segment the frame owns. */
 int tpi_frame_owns_bytes(const tp_frame *f);
 

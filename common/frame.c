@@ -4,9 +4,12 @@
  * its body (spec/wire.md WIRE-1, WIRE-6). Also the frames the encoder
  * builds around shared tensor storage (WIRE-10): their own bytes, then
  * segments that borrow blocks they hold a reference to until destroyed.
+ * Large received frames reuse the blocks of earlier ones (a bounded cache),
+ * since a fresh large block costs a page fault per page.
  */
 #include <stdalign.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,29 +19,207 @@
 #include "value.h"
 #include "tensorplay/rpc_backend.h"
 
-/* One allocation: the struct, then the bytes (aligned as the struct is). */
-static void frame_alloc_destroy(tp_frame *f) {
-    free(f);
+/* ---- Frames from tp_frame_alloc, and the cache of large blocks ------------------ */
+
+/*
+ * One allocation: this struct, then cap bytes at OWNED_HEAD (aligned for any
+ * type), of which the frame uses the first f.len. A block is only ever
+ * reused whole, struct included, by one frame at a time.
+ */
+typedef struct owned_frame {
+    tp_frame f;
+    size_t cap;
+} owned_frame;
+
+#define OWNED_HEAD                                                                                 \
+    ((sizeof(owned_frame) + alignof(max_align_t) - 1) / alignof(max_align_t) * alignof(max_align_t))
+
+/* A cacheable block is allocated in steps of this many bytes, so that a
+ * frame slightly longer than the last still fits its block. The tail is
+ * never written, so it costs address space, not memory (a large block is
+ * mmapped and its pages come on first touch). */
+#define CACHE_STEP ((size_t)64 * 1024)
+
+/*
+ * Large blocks that frames gave back (TPI_FRAME_CACHE_MIN and up), within
+ * TPI_FRAME_CACHE_BLOCKS and TPI_FRAME_CACHE_BYTES, least recently returned
+ * first (it goes first when a bound is reached). Process-wide: a frame is
+ * allocated on one thread (the transport's loop, the simulator) and freed on
+ * any (whoever drops the last tensor viewing it). The spin lock is held for
+ * a scan of a few entries, never across malloc or free. Cached blocks stay
+ * reachable from here, so leak checkers do not report them;
+ * tpi_frame_cache_trim gives them back.
+ */
+typedef struct frame_cache {
+    atomic_flag spin;
+    int n;
+    size_t bytes; /* sum of cap[0..n) */
+    owned_frame *block[TPI_FRAME_CACHE_BLOCKS];
+    size_t cap[TPI_FRAME_CACHE_BLOCKS]; /* block[i]->cap, read without touching the block */
+} frame_cache;
+
+static frame_cache cache = {.spin = ATOMIC_FLAG_INIT};
+
+/* Under AddressSanitizer a cached block is poisoned: a read or write through
+ * a stale pointer into a frame's bytes is still reported as the use after
+ * free it is, until the block is reused. */
+#if defined(__SANITIZE_ADDRESS__)
+#define FRAME_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FRAME_ASAN 1
+#endif
+#endif
+#ifdef FRAME_ASAN
+#include <sanitizer/asan_interface.h>
+#define BLOCK_POISON(of, cap) ASAN_POISON_MEMORY_REGION((of), OWNED_HEAD + (cap))
+#define BLOCK_UNPOISON(of, cap) ASAN_UNPOISON_MEMORY_REGION((of), OWNED_HEAD + (cap))
+#else
+#define BLOCK_POISON(of, cap) ((void)(of), (void)(cap))
+#define BLOCK_UNPOISON(of, cap) ((void)(of), (void)(cap))
+#endif
+
+static void cache_lock(void) {
+    while (atomic_flag_test_and_set_explicit(&cache.spin, memory_order_acquire)) {
+        /* Held only for a few instructions by whoever has it. */
+    }
 }
 
+static void cache_unlock(void) {
+    atomic_flag_clear_explicit(&cache.spin, memory_order_release);
+}
+
+/* Removes entry i (lock held): its block is the caller's. */
+static owned_frame *cache_remove(int i, size_t *cap) {
+    TPI_ASSERT(i >= 0 && i < cache.n);
+    owned_frame *of = cache.block[i];
+    *cap = cache.cap[i];
+    cache.bytes -= cache.cap[i];
+    for (int j = i; j + 1 < cache.n; j++) {
+        cache.block[j] = cache.block[j + 1];
+        cache.cap[j] = cache.cap[j + 1];
+    }
+    cache.n--;
+    return of;
+}
+
+/* The smallest cached block that fits len bytes without wasting more than
+ * it uses (len <= cap <= 2 * len), the most recent of equals; NULL if none. */
+static owned_frame *cache_take(size_t len) {
+    size_t cap = 0;
+    owned_frame *of = NULL;
+    cache_lock();
+    int best = -1;
+    for (int i = 0; i < cache.n; i++) {
+        size_t c = cache.cap[i];
+        if (c >= len && c - len <= len && (best < 0 || c <= cache.cap[best]))
+            best = i;
+    }
+    if (best >= 0)
+        of = cache_remove(best, &cap);
+    cache_unlock();
+    if (of) {
+        BLOCK_UNPOISON(of, cap);
+        TPI_ASSERT(of->cap == cap);
+    }
+    return of;
+}
+
+/* Keeps a block for reuse, evicting the least recently returned ones beyond
+ * the bounds; a block larger than all the cache may hold is freed. */
+static void cache_put(owned_frame *of) {
+    size_t cap = of->cap;
+    if (cap > TPI_FRAME_CACHE_BYTES) {
+        free(of);
+        return;
+    }
+    owned_frame *evicted[TPI_FRAME_CACHE_BLOCKS];
+    size_t evicted_cap[TPI_FRAME_CACHE_BLOCKS];
+    int nevicted = 0;
+    BLOCK_POISON(of, cap); /* before another thread can take it */
+    cache_lock();
+    while (cache.n == TPI_FRAME_CACHE_BLOCKS || cache.bytes + cap > TPI_FRAME_CACHE_BYTES) {
+        TPI_ASSERT(nevicted < TPI_FRAME_CACHE_BLOCKS);
+        evicted[nevicted] = cache_remove(0, &evicted_cap[nevicted]);
+        nevicted++;
+    }
+    cache.block[cache.n] = of;
+    cache.cap[cache.n] = cap;
+    cache.n++;
+    cache.bytes += cap;
+    cache_unlock();
+    for (int i = 0; i < nevicted; i++) {
+        BLOCK_UNPOISON(evicted[i], evicted_cap[i]);
+        free(evicted[i]);
+    }
+}
+
+void tpi_frame_cache_trim(void) {
+    owned_frame *all[TPI_FRAME_CACHE_BLOCKS];
+    size_t caps[TPI_FRAME_CACHE_BLOCKS];
+    int n = 0;
+    cache_lock();
+    while (cache.n > 0) {
+        all[n] = cache_remove(cache.n - 1, &caps[n]);
+        n++;
+    }
+    TPI_ASSERT(cache.bytes == 0);
+    cache_unlock();
+    for (int i = 0; i < n; i++) {
+        BLOCK_UNPOISON(all[i], caps[i]);
+        free(all[i]);
+    }
+}
+
+void tpi_frame_cache_stats(size_t *blocks, size_t *bytes) {
+    cache_lock();
+    size_t n = (size_t)cache.n, b = cache.bytes;
+    cache_unlock();
+    if (blocks)
+        *blocks = n;
+    if (bytes)
+        *bytes = b;
+}
+
+static void frame_alloc_destroy(tp_frame *f) {
+    owned_frame *of = (owned_frame *)f;
+    if (of->cap >= TPI_FRAME_CACHE_MIN)
+        cache_put(of);
+    else
+        free(of);
+}
+
+/* A reused block holds an earlier frame's bytes, not zeros: every caller
+ * writes the whole frame (a transport reads it in, the codec and
+ * tp_frame_flatten fill it). */
 tp_frame *tp_frame_alloc(size_t len) {
-    if (len > SIZE_MAX - sizeof(tp_frame))
+    if (len > SIZE_MAX - OWNED_HEAD - CACHE_STEP)
         return NULL;
-    tp_frame *f = malloc(sizeof *f + len);
-    if (!f)
-        return NULL;
-    memset(f, 0, sizeof *f);
-    f->len = len;
-    f->nseg = 1;
-    f->seg[0].base = (uint8_t *)(f + 1);
-    f->seg[0].len = len;
-    f->destroy = frame_alloc_destroy;
-    return f;
+    owned_frame *of = len >= TPI_FRAME_CACHE_MIN ? cache_take(len) : NULL;
+    if (!of) {
+        size_t cap =
+            len >= TPI_FRAME_CACHE_MIN ? (len + CACHE_STEP - 1) / CACHE_STEP * CACHE_STEP : len;
+        of = malloc(OWNED_HEAD + cap);
+        if (!of) { /* what the cache holds is better spent here */
+            tpi_frame_cache_trim();
+            of = malloc(OWNED_HEAD + cap);
+            if (!of)
+                return NULL;
+        }
+        of->cap = cap;
+    }
+    memset(&of->f, 0, sizeof of->f);
+    of->f.len = len;
+    of->f.nseg = 1;
+    of->f.seg[0].base = (uint8_t *)of + OWNED_HEAD;
+    of->f.seg[0].len = len;
+    of->f.destroy = frame_alloc_destroy;
+    return &of->f;
 }
 
 uint8_t *tp_frame_bytes(tp_frame *f) {
     TPI_ASSERT(f != NULL && f->destroy == frame_alloc_destroy);
-    return (uint8_t *)(f + 1);
+    return (uint8_t *)f + OWNED_HEAD;
 }
 
 int tpi_frame_owns_bytes(const tp_frame *f) {
@@ -53,8 +234,8 @@ typedef struct shared_frame {
     size_t own_len;
 } shared_frame;
 
-#define SHARED_HEAD                                                                         \
-    ((sizeof(shared_frame) + alignof(max_align_t) - 1) / alignof(max_align_t) *            \
+#define SHARED_HEAD                                                                                \
+    ((sizeof(shared_frame) + alignof(max_align_t) - 1) / alignof(max_align_t) *                    \
      alignof(max_align_t))
 
 static void shared_frame_destroy(tp_frame *f) {

@@ -106,6 +106,7 @@ static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
     c->ops->destroy(c->agent);
     c->agent = NULL;
     c->store = NULL;
+    tpi_frame_cache_trim(); /* idle large buffers go back to the system */
     return st;
 }
 

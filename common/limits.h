@@ -39,6 +39,19 @@
  * bytes after it another, within TP_FRAME_SEG_MAX. Later ones are copied. */
 #define TPI_ZERO_COPY_TENSORS_MAX ((TP_FRAME_SEG_MAX - 1) / 2)
 
+/* Frame buffers of at least this many bytes (tp_frame_alloc) go back to a
+ * small process-wide cache when their frame is destroyed, and the next frame
+ * that fits takes one instead of a fresh allocation: a large fresh block is
+ * mmapped, page-faulted and zeroed page by page, which cost half the
+ * bandwidth of receiving a 64 MiB tensor. Below it malloc is cheap. */
+#define TPI_FRAME_CACHE_MIN ((size_t)1 << 20)
+/* Blocks the cache keeps: a few frames in flight at once (a request and a
+ * response, a frame being read while the last one is still viewed). */
+#define TPI_FRAME_CACHE_BLOCKS 4
+/* Bytes the cache keeps in all, the bound on memory held for nothing; a
+ * block larger than this is never kept. */
+#define TPI_FRAME_CACHE_BYTES ((size_t)256 << 20)
+
 /* Worker threads (or simulated pool tasks) per worker. */
 #define TPI_WORKER_THREADS_MAX 1024
 /* Address strings agents exchange through the store. */
@@ -56,6 +69,8 @@ _Static_assert(TPI_MESSAGE_SIZE_MAX <= UINT32_MAX, "frame length fits the u32 he
 _Static_assert(TP_NAME_LEN_MAX < TP_STORE_KEY_LEN_MAX - 64, "store keys embed a name");
 _Static_assert(TP_TENSOR_NDIM_MAX <= 255, "ndim travels as a u8");
 _Static_assert(TPI_ZERO_COPY_TENSORS_MAX >= 1, "a frame has room for one shared tensor");
+_Static_assert(TPI_FRAME_CACHE_BLOCKS >= 1 && TPI_FRAME_CACHE_MIN <= TPI_FRAME_CACHE_BYTES,
+               "the frame cache can hold a block");
 _Static_assert((uint64_t)TPI_TIMEOUT_S_MAX * 1000u < 4294967295u, "timeout ms fits a u32");
 
 #endif

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "sim_internal.h"
+#include "common/codec.h"
 
 static _Thread_local tp_sim *active_sim;
 
@@ -140,6 +141,7 @@ void tp_sim_free(tp_sim *sim) {
     if (sim->store && sim->store_owned)
         sim->store->ops->close(sim->store);
     free(sim);
+    tpi_frame_cache_trim(); /* the hosts shared the process's cache of large frames */
 }
 
 /* ---- Running -------------------------------------------------------------------- */
