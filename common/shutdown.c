@@ -44,11 +44,38 @@ static tp_status publish(tp_core *c, const char *key, const char *val) {
     return TP_OK;
 }
 
+/*
+ * 1 when some worker already detected termination (its "sd/done" key): a
+ * detection made from a complete round holds for everyone, so a worker that
+ * is a round behind (it saw a peer go away early, say) stops too instead of
+ * waiting for a round the finished peers will never publish.
+ */
+static int drain_done_elsewhere(tp_core *c) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    void *v = NULL;
+    size_t len = 0;
+    tpi_key(c, key, sizeof key, "sd/done");
+    if (c->store->ops->get(c->store, key, &v, &len) != TP_OK)
+        return 0;
+    free(v);
+    return 1;
+}
+
+static void drain_publish_done(tp_core *c, uint32_t round) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char val[16];
+    int swapped = 0;
+    tpi_key(c, key, sizeof key, "sd/done");
+    size_t n = tpi_format(val, sizeof val, "%u", round);
+    c->store->ops->compare_set(c->store, key, NULL, 0, val, n, &swapped);
+}
+
 static tp_status drain(tp_core *c, uint64_t deadline) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     char prefix[64];
     char val[96];
     uint64_t prev_active = UINT64_MAX, prev_issued = UINT64_MAX;
+    int prev_complete = 0; /* the previous round had every worker's value */
     char **values = calloc(c->world_size, sizeof *values);
     if (!values)
         return tpi_fail(TP_ENOMEM, "shutdown: out of memory");
@@ -57,6 +84,8 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
         st = wait_local_quiet(c, deadline);
         if (st != TP_OK)
             break;
+        if (drain_done_elsewhere(c))
+            break; /* st is TP_OK */
         tpi_lock(c);
         tpi_format(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, c->active_client,
                    c->active_served, c->issued);
@@ -79,8 +108,13 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
         }
         if (st != TP_OK && st != TP_EPEERDOWN)
             break;
-        if (active == 0 && prev_active == 0 && issued == prev_issued)
+        int complete = st == TP_OK;
+        if (active == 0 && prev_active == 0 && issued == prev_issued) {
+            if (complete && prev_complete) /* sums over everyone: valid for all */
+                drain_publish_done(c, round);
             break; /* st is TP_OK, or TP_EPEERDOWN naming the dead */
+        }
+        prev_complete = complete;
         if (tpi_now(c) >= deadline) {
             st = tpi_fail(TP_ETIMEDOUT, "shutdown drain: still %llu call(s) active over all workers "
                                         "at the deadline (round %u)",
