@@ -139,12 +139,19 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             if (present[r])
                 continue;
             tpi_key(c, key, sizeof key, "%s/%u", prefix, r);
-            if (key_exists(c, key, values ? &values[r] : NULL, &st))
+            if (key_exists(c, key, values ? &values[r] : NULL, &st)) {
                 present[r] = 1;
-            else if (st == TP_OK && honor_dead && known_dead(c, r, &st))
-                present[r] = 2; /* dead: not waited for */
-            else if (st == TP_OK)
+            } else if (st == TP_OK && honor_dead && known_dead(c, r, &st)) {
+                /* The key was read before the death was seen: the worker may have
+                 * published it and then left (its set was done before it shut its
+                 * connections, so a look now sees it). One more look decides. */
+                if (key_exists(c, key, values ? &values[r] : NULL, &st))
+                    present[r] = 1;
+                else if (st == TP_OK)
+                    present[r] = 2; /* dead: not waited for */
+            } else if (st == TP_OK) {
                 missing++;
+            }
         }
         if (st != TP_OK) {
             st = store_fail(c, st, what);

@@ -110,7 +110,7 @@ static void agent_stop(tp_agent *ag) {
 static void agent_destroy(tp_agent *ag) {
     tpi_tcp_agent *a = AG(ag);
     TPI_ASSERT(!a->started && !a->loop_inited);
-    TPI_ASSERT(a->nthreads == 0 && !a->parked);
+    TPI_ASSERT(a->nthreads == 0 && !a->parked && a->nwake == 0);
     if (a->store)
         a->store->ops->close(a->store);
     if (a->peers)
@@ -118,7 +118,6 @@ static void agent_destroy(tp_agent *ag) {
     pthread_mutex_destroy(&a->mu);
     pthread_mutex_destroy(&a->qmu);
     pthread_mutex_destroy(&a->pool_mu);
-    pthread_cond_destroy(&a->pool_cv);
     free(a->peers);
     free(a->dirty);
     free(a->dirty_work);
@@ -239,7 +238,6 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
     pthread_mutex_init(&a->mu, NULL);
     pthread_mutex_init(&a->qmu, NULL);
     pthread_mutex_init(&a->pool_mu, NULL);
-    pthread_cond_init(&a->pool_cv, NULL);
     tpi_tcp_ctl_encode(a->rec_bye, TPI_TCP_CTL_BYE, a->rank);
     tpi_tcp_ctl_encode(a->rec_abort, TPI_TCP_CTL_ABORT, a->rank);
     tpi_tcp_ctl_encode(a->rec_ping, TPI_TCP_CTL_PING, a->rank);

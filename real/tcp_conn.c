@@ -25,8 +25,10 @@
  * tp_frame_check_header its frame is allocated, and a body with at least
  * TPI_TCP_DIRECT_MIN bytes still to come is read straight into the frame.
  * Writing: every frame queued for a peer since the last loop turn goes out in
- * one uv_write whose buffers are the frames' own segments (no copy); the
- * frames are freed when the write completes or is cancelled.
+ * one write whose buffers are the frames' own segments (no copy): at once with
+ * uv_try_write when libuv has nothing queued on the connection (the frames are
+ * freed right away), else (or for what did not fit) in one uv_write whose
+ * frames are freed when it completes or is cancelled.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -606,7 +608,34 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
     return c;
 }
 
-/* Writes a list of frames in uv_writes of at most TPI_TCP_WRITE_BUFS_MAX buffers. */
+/*
+ * Writes what it can of bufs at once when libuv has nothing queued on c (its
+ * write queue empty and no connect pending; uv_try_write refuses otherwise,
+ * so bytes never overtake queued ones): no request, no deferred callback, no
+ * poll watcher to re-arm. Advances bufs past the bytes written and returns
+ * how many buffers are left to queue (from *first on).
+ */
+static unsigned write_now(tpi_tcp_conn *c, uv_buf_t *bufs, unsigned n, unsigned *first) {
+    *first = 0;
+    if (c->state != CONN_OPEN)
+        return n;
+    int k = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+    if (k <= 0)
+        return n; /* UV_EAGAIN, or an error the queued write reports in its callback */
+    size_t done = (size_t)k;
+    unsigned i = 0;
+    while (i < n && done >= bufs[i].len)
+        done -= bufs[i++].len;
+    if (i < n) {
+        bufs[i].base += done;
+        bufs[i].len -= done;
+    }
+    *first = i;
+    return n - i;
+}
+
+/* Writes a list of frames in batches of at most TPI_TCP_WRITE_BUFS_MAX buffers:
+ * each batch at once when it fits in the socket, the rest in one uv_write. */
 static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
     uv_buf_t bufs[TPI_TCP_WRITE_BUFS_MAX];
     while (f) {
@@ -619,7 +648,14 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
             f = f->next;
         }
         last->next = NULL;
-        int rc = conn_write_bufs(c, bufs, n, batch, 0);
+        unsigned first = 0;
+        unsigned left = write_now(c, bufs, n, &first);
+        if (left == 0) {
+            free_frames(batch); /* all written */
+            continue;
+        }
+        /* The frames of the batch stay alive until this write completes. */
+        int rc = conn_write_bufs(c, bufs + first, left, batch, 0);
         if (rc < 0) {
             free_frames(f);
             out_fail(c, TP_EIO, uv_strerror(rc));

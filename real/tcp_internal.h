@@ -97,8 +97,25 @@ typedef struct tpi_tcp_task tpi_tcp_task;
 struct tpi_tcp_task {
     pthread_cond_t cond;       /* CLOCK_MONOTONIC */
     atomic_int permit;         /* an unpark not yet consumed by a park */
+    atomic_int refs;           /* the thread's own, plus one per deferred signal */
     tpi_tcp_task *prev, *next; /* the agent's parked list, under its mu */
     int parked;
+};
+
+/* Unparks whose signal waits for the core lock's release (tcp_sync.c). */
+#define TPI_TCP_WAKE_MAX 32
+
+typedef struct tpi_tcp_agent tpi_tcp_agent;
+
+/* A pool thread (tcp_pool.c); slots live until pool_join. */
+typedef struct tpi_tcp_pool_thread tpi_tcp_pool_thread;
+struct tpi_tcp_pool_thread {
+    pthread_t tid;
+    pthread_cond_t cond; /* waits here while idle */
+    tpi_tcp_agent *a;
+    /* pool_mu */
+    tpi_tcp_pool_thread *next_idle; /* the agent's idle stack */
+    int woken;                      /* popped by a waker: searching (nsearch) */
 };
 
 typedef struct tpi_tcp_conn tpi_tcp_conn;
@@ -116,7 +133,7 @@ typedef struct tpi_tcp_peer {
     char suspect_detail[160];
 } tpi_tcp_peer;
 
-typedef struct tpi_tcp_agent {
+struct tpi_tcp_agent {
     uint32_t rank;
     uint32_t world_size;
     uint64_t max_msg;
@@ -129,9 +146,12 @@ typedef struct tpi_tcp_agent {
     uint16_t listen_port;
     char self_addr[TPI_ADDR_LEN_MAX];
 
-    /* The core lock and the tasks parked on it. */
+    /* The core lock, the tasks parked on it, and the unparked tasks to
+     * signal once it is released (each holds a reference: tcp_sync.c). */
     pthread_mutex_t mu;
     tpi_tcp_task *parked;
+    tpi_tcp_task *to_wake[TPI_TCP_WAKE_MAX];
+    uint32_t nwake;
 
     /* qmu: what other threads hand to the loop. */
     pthread_mutex_t qmu;
@@ -144,14 +164,15 @@ typedef struct tpi_tcp_agent {
     uint64_t timer_deadline_ns;
     int timer_dirty;
 
-    /* The pool (tcp_pool.c). */
+    /* The pool (tcp_pool.c), under pool_mu. */
     pthread_mutex_t pool_mu;
-    pthread_cond_t pool_cv;
     tp_work *w_head, *w_tail;
     uint32_t w_len;
-    uint32_t nthreads, nidle;
+    uint32_t nthreads;
+    uint32_t nsearch;          /* threads woken or started for the queue, no item yet */
+    tpi_tcp_pool_thread *idle; /* idle threads, most recent first */
     int pool_closing;
-    pthread_t *threads;
+    tpi_tcp_pool_thread *threads; /* pool_max slots; the first nthreads started */
 
     /* The loop (loop thread only after start). */
     uv_loop_t loop;
@@ -170,7 +191,7 @@ typedef struct tpi_tcp_agent {
     uint8_t rec_abort[TPI_TCP_RECORD_SIZE];
     uint8_t rec_ping[TPI_TCP_RECORD_SIZE];
     uint8_t rec_pong[TPI_TCP_RECORD_SIZE];
-} tpi_tcp_agent;
+};
 
 /* ---- tcp_sync.c: lock, tasks, park/unpark, clock, threads ---------------- */
 

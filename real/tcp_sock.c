@@ -35,27 +35,46 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns) {
     }
 }
 
+/*
+ * Whether fd is connected to itself: a connect to a local port nobody listens
+ * on (a store not up yet) may be given that very port as its own ephemeral
+ * one, and TCP's simultaneous open then connects the socket to itself. It
+ * would echo the store handshake back as a valid answer, and hold the port
+ * the store server is about to bind.
+ */
+static int connected_to_self(int fd) {
+    struct sockaddr_storage me, peer;
+    socklen_t me_len = sizeof me, peer_len = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&me, &me_len) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &peer_len) != 0)
+        return 0; /* not connected after all: the first read or write says so */
+    return me_len == peer_len && memcmp(&me, &peer, me_len) == 0;
+}
+
 int tpi_sock_connect(const struct sockaddr *sa, socklen_t sa_len, int timeout_ms) {
     int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(fd, sa, sa_len) == 0)
-        return fd;
-    if (errno != EINPROGRESS) {
-        int err = errno;
-        close(fd);
-        return -err;
+    int rc = 0;
+    if (connect(fd, sa, sa_len) != 0) {
+        if (errno != EINPROGRESS) {
+            int err = errno;
+            close(fd);
+            return -err;
+        }
+        rc = wait_fd(fd, POLLOUT, tpi_tcp_now_ns() + (uint64_t)timeout_ms * 1000000ull);
+        if (rc == 0) {
+            int err = 0;
+            socklen_t len = sizeof err;
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+                err = errno;
+            rc = -err;
+        }
     }
-    int rc = wait_fd(fd, POLLOUT, tpi_tcp_now_ns() + (uint64_t)timeout_ms * 1000000ull);
-    if (rc == 0) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
-            err = errno;
-        rc = -err;
-    }
+    if (rc == 0 && connected_to_self(fd))
+        rc = -ECONNREFUSED; /* nobody listens there: the caller retries */
     if (rc < 0) {
         close(fd);
         return rc;

@@ -9,6 +9,14 @@
  * condition variable (CLOCK_MONOTONIC) with the agent's mutex, so the lock is
  * released and retaken atomically; a permit flag keeps an unpark that comes
  * before the park.
+ *
+ * unpark (called with the lock held) does not signal at once: it records the
+ * task, and unlock signals it after releasing the lock, so the woken thread
+ * does not wake only to block on the lock still held by its waker (park
+ * signals what is recorded before it waits, as its wait releases the lock).
+ * The token may be freed as soon as the lock is released (its thread wakes
+ * for another reason, returns and exits), so each recorded task holds a
+ * reference, dropped after the signal; the last reference frees the token.
  */
 #include <errno.h>
 #include <signal.h>
@@ -32,14 +40,21 @@ uint64_t tpi_tcp_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static void task_unref(tpi_tcp_task *t) {
+    if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
+        pthread_cond_destroy(&t->cond);
+        free(t);
+    }
+}
+
+/* The thread exits: its own reference goes; a pending signal may keep the token. */
 static void task_destroy(void *p) {
     tpi_tcp_task *t = p;
     if (!t)
         return;
     TPI_ASSERT(!t->parked);
-    pthread_cond_destroy(&t->cond);
-    free(t);
     task_tls = NULL;
+    task_unref(t);
 }
 
 static void task_key_make(void) {
@@ -62,6 +77,7 @@ static tpi_tcp_task *task_current(void) {
     pthread_condattr_destroy(&attr);
     TPI_ASSERT(rc == 0);
     atomic_init(&t->permit, 0);
+    atomic_init(&t->refs, 1);
     pthread_setspecific(task_key, t);
     task_tls = t;
     return t;
@@ -72,9 +88,29 @@ void tpi_tcp_lock(tp_agent *ag) {
     TPI_ASSERT(rc == 0);
 }
 
+/* Signals the recorded unparks and drops their references; n of them from wake. */
+static void wake_signal(tpi_tcp_task *const *wake, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        pthread_cond_signal(&wake[i]->cond);
+        task_unref(wake[i]);
+    }
+}
+
 void tpi_tcp_unlock(tp_agent *ag) {
-    int rc = pthread_mutex_unlock(&AG(ag)->mu);
+    tpi_tcp_agent *a = AG(ag);
+    uint32_t n = a->nwake;
+    if (n == 0) {
+        int rc = pthread_mutex_unlock(&a->mu);
+        TPI_ASSERT(rc == 0);
+        return;
+    }
+    tpi_tcp_task *wake[TPI_TCP_WAKE_MAX];
+    for (uint32_t i = 0; i < n; i++)
+        wake[i] = a->to_wake[i];
+    a->nwake = 0;
+    int rc = pthread_mutex_unlock(&a->mu);
     TPI_ASSERT(rc == 0);
+    wake_signal(wake, n);
 }
 
 tp_task *tpi_tcp_task_self(tp_agent *ag) {
@@ -113,6 +149,9 @@ tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
         return TP_OK;
     if (deadline_ns != UINT64_MAX && tpi_tcp_now_ns() >= deadline_ns)
         return TP_ETIMEDOUT;
+    /* The wait releases the lock: what unlock would signal goes now. */
+    wake_signal(a->to_wake, a->nwake);
+    a->nwake = 0;
     park_link(a, t);
     int rc;
     if (deadline_ns == UINT64_MAX) {
@@ -135,13 +174,19 @@ tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
 }
 
 void tpi_tcp_unpark(tp_agent *ag, tp_task *task) {
-    (void)ag;
+    tpi_tcp_agent *a = AG(ag);
     tpi_tcp_task *t = (tpi_tcp_task *)task;
     TPI_ASSERT(t);
-    /* Called with the lock held: a parked target is inside cond_wait, an
-     * unparked one sees the permit at its next park. */
+    /* Called with the lock held: a parked target is inside cond_wait until
+     * the lock is released, an unparked one sees the permit at its next park
+     * (a signal it then gets anyway is a spurious wakeup, which park allows). */
     atomic_store(&t->permit, 1);
-    pthread_cond_signal(&t->cond);
+    if (a->nwake < TPI_TCP_WAKE_MAX) {
+        atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
+        a->to_wake[a->nwake++] = t; /* signalled by unlock, or by park */
+    } else {
+        pthread_cond_signal(&t->cond); /* full: under the lock, as unpark always did */
+    }
 }
 
 void tpi_tcp_wake_parked(tpi_tcp_agent *a) {
