@@ -200,10 +200,15 @@ static void rref_free(tp_rref *r) {
 static void rref_put(tp_rref *r) {
     int old = atomic_fetch_sub(&r->refs, 1);
     TPI_ASSERT(old > 0);
-    if (old == 1) {
-        TPI_ASSERT(!r->listed); /* unlisted by its delete, or by teardown */
-        rref_free(r);
-    }
+    if (old != 1)
+        return;
+    /* A running worker unlists a user rref at its last handle (its delete).
+     * One still listed lost its last handle during teardown (a queued
+     * callback freed a value holding it): teardown owns the list and frees
+     * it there (tpi_rrefs_teardown), after the agent stopped. */
+    if (r->listed)
+        return;
+    rref_free(r);
 }
 
 void tpi_rref_pin(tp_rref *r) {
@@ -628,8 +633,12 @@ void tpi_rrefs_teardown(tp_core *c) {
             }
         }
     }
-    while (c->users)
-        unlist(c, c->users);
+    while (c->users) {
+        tp_rref *r = c->users;
+        unlist(c, r);
+        if (atomic_load(&r->refs) == 0) /* its last reference went during teardown */
+            rref_free(r);
+    }
 }
 
 /* ---- The rref API (RREF-*) -------------------------------------------------- */

@@ -149,6 +149,42 @@ static int shutdown_graceful_releases_rrefs(int rank, int ws) {
     return conf_finish(rank);
 }
 
+static tp_status then_noop(tp_future *f, tp_value **result, char *errmsg, size_t errmsg_len,
+                           void *user_data) {
+    (void)f, (void)result, (void)errmsg, (void)errmsg_len, (void)user_data;
+    return TP_OK;
+}
+
+/*
+ * spec: SHUTDOWN-2 SHUTDOWN-6 FUTURE-5: a non-graceful shutdown while a queued
+ * then-callback holds the last reference to a future whose value is a user
+ * rref: teardown drops that rref without the protocol and without a crash or
+ * a leak (the callback does not run user code any more).
+ */
+static int shutdown_nongraceful_drops_rref_held_by_callback(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_future *f = NULL, *chained = NULL;
+        if (CHECK_OK(conf_async(tp_to_rank(1), "rref_make", CONF_INTS(1, 5), &f)) &&
+            CHECK_OK(tp_future_wait(f, TP_TIMEOUT_INFINITE))) {
+            CHECK(tp_value_kind(tp_future_value(f)) == TP_KIND_RREF);
+            CHECK_OK(tp_future_then(f, then_noop, NULL, &chained));
+        }
+        tp_future_free(f); /* the queued callback now holds the last reference */
+        CHECK_OK(tp_shutdown(0));
+        if (chained)
+            CHECK(tp_future_done(chained));
+        tp_future_free(chained);
+    } else {
+        uint64_t t0 = conf_now_ns();
+        while (conf_since_s(t0) < 0.5)
+            if (tp_sleep(0.01) != TP_OK)
+                break;
+        tp_shutdown(0); /* w0 left without a goodbye: a non-graceful end here too */
+    }
+    return conf_finish(rank);
+}
+
 /* spec: SHUTDOWN-2: non-graceful shutdown fails in-flight calls at once with TP_ESHUTDOWN. */
 static int shutdown_nongraceful_fails_inflight(int rank, int ws) {
     CONF_INIT_OR_RETURN(rank, ws);
@@ -230,6 +266,8 @@ const tp_conformance_case conf_cases_shutdown[] = {
      "SHUTDOWN-5 FUNC-4"},
     {"shutdown_barrier_keeps_serving", 3, shutdown_barrier_keeps_serving, "SHUTDOWN-3 INIT-1"},
     {"shutdown_graceful_releases_rrefs", 2, shutdown_graceful_releases_rrefs, "SHUTDOWN-4 RREF-11"},
+    {"shutdown_nongraceful_drops_rref_held_by_callback", 2,
+     shutdown_nongraceful_drops_rref_held_by_callback, "SHUTDOWN-2 SHUTDOWN-6 FUTURE-5"},
     {"shutdown_nongraceful_fails_inflight", 2, shutdown_nongraceful_fails_inflight, "SHUTDOWN-2"},
     {"shutdown_from_function_rejected", 2, shutdown_from_function_rejected, "SHUTDOWN-1"},
 };
