@@ -32,6 +32,10 @@ typedef enum tpi_state {
 } tpi_state;
 
 #define TPI_NO_DEADLINE UINT64_MAX
+/* The built-in function init's warm-up calls (INIT-8): answers nil, never
+ * registered, so it cannot clash with a user's (user names cannot be
+ * registered twice, and this one is answered before the registry). */
+#define TPI_PING_FN "tp:ping"
 #define TPI_NO_INDEX SIZE_MAX
 
 /* ---- Futures (FUTURE-1..8) ------------------------------------------------ */

@@ -50,6 +50,8 @@ static size_t lower_bound(const tp_context *ctx, const char *name) {
 }
 
 static tp_status insert(const char *name, tp_fn fn, void *ud) {
+    if (strncmp(name, "tp:", 3) == 0) /* the library's own, e.g. init's warm-up ping */
+        return tpi_fail(TP_EINVAL, "'%s': names starting with 'tp:' are reserved", name);
     tp_context *ctx = tp_context_current();
     tpi_context_lock(ctx);
     size_t at = lower_bound(ctx, name);

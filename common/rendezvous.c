@@ -348,6 +348,32 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     return TP_OK;
 }
 
+/* One call to peer's built-in ping, bounded by the init deadline. */
+static tp_status warm_up(tp_core *c, uint32_t peer, uint64_t deadline_ns) {
+    char who[TP_NAME_LEN_MAX + 32];
+    uint64_t now = tpi_now(c);
+    if (deadline_ns != TPI_NO_DEADLINE && now >= deadline_ns)
+        return tpi_fail(TP_ETIMEDOUT, "init: no time left to reach %s",
+                        tpi_worker_desc(c, peer, who, sizeof who));
+    double timeout_s = deadline_ns == TPI_NO_DEADLINE ? TP_TIMEOUT_INFINITE
+                                                      : (double)(deadline_ns - now) / 1e9;
+    tp_future *f = NULL;
+    tpi_lock(c);
+    tp_status st = tpi_start_request(c, peer, "init warm-up", TPI_PING_FN, 0, NULL, NULL,
+                                     timeout_s, &f);
+    tpi_unlock(c);
+    if (st == TP_OK)
+        st = tpi_future_result(c, f, NULL);
+    tp_future_free(f);
+    if (st != TP_OK) {
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        return tpi_fail(st, "init: worker '%s' (id %u) cannot reach %s: %s", c->self.name,
+                        c->rank, tpi_worker_desc(c, peer, who, sizeof who), msg);
+    }
+    return TP_OK;
+}
+
 tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     /* INIT-8: nobody sends before everybody can route. */
@@ -356,6 +382,24 @@ tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
     if (st != TP_OK)
         return store_fail(c, st, "init");
     st = tpi_store_gather(c, "init/ready", deadline_ns, 0, NULL, "init");
+    if (st != TP_OK)
+        return st;
+    /* INIT-8: the warm-up. Each worker calls the next one on a ring, which
+     * proves every worker's address reachable from a peer with n connections,
+     * not n^2 (they open on first use), and leaves them open for the first
+     * calls. Every worker waits for all to have succeeded before the commit,
+     * so a worker nobody can reach fails init everywhere, not later calls. */
+    st = warm_up(c, (c->rank + 1) % c->world_size, deadline_ns);
+    if (st != TP_OK) {
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        return publish_error(c, st, msg);
+    }
+    tpi_key(c, key, sizeof key, "init/reach/%u", c->rank);
+    st = c->store->ops->set(c->store, key, "1", 1);
+    if (st != TP_OK)
+        return store_fail(c, st, "init");
+    st = tpi_store_gather(c, "init/reach", deadline_ns, 0, NULL, "init");
     if (st != TP_OK)
         return st;
     return publish_outcome(c, TP_OK, ""); /* commit, or learn of a failure decided first */

@@ -129,6 +129,8 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         }
         args = tp_list_get(args, 1);
     }
+    if (!class_name && strcmp(m->text, TPI_PING_FN) == 0)
+        return TP_OK; /* init's warm-up (INIT-8): nil */
     tp_fn fn;
     void *ud;
     if (!tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud)) {

@@ -1,0 +1,92 @@
+/*
+ * test_init.c: init's warm-up on the simulator (spec/lifecycle.md INIT-8).
+ * A worker that no peer can reach fails init on every worker, within the
+ * init deadline and with a message naming it, instead of passing init and
+ * failing the first call later.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tensorplay/rpc.h"
+#include "tensorplay/sim.h"
+
+#include "sim_check.h"
+
+static tp_status statuses[2];
+static char messages[2][TP_ERRMSG_LEN_MAX];
+static uint64_t took_ns[2];
+
+static int program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 0.5) == TP_OK);
+    uint64_t t0 = now_ns();
+    statuses[rank] = tp_init_rpc(name, "SIM", rank, world_size, o);
+    took_ns[rank] = now_ns() - t0;
+    snprintf(messages[rank], sizeof messages[rank], "%s", tp_errmsg());
+    tp_options_free(o);
+    if (statuses[rank] == TP_OK)
+        tp_shutdown(0);
+    return 0;
+}
+
+static void run(int partitioned) {
+    tp_sim_config cfg = {.hosts = 2, .seed = 5};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    if (partitioned) /* the store still works; the network between 0 and 1 does not */
+        assert_int_equal(tp_sim_fault_partition(sim, 0, 1, 0, 3600 * SEC), TP_OK);
+    int codes[2] = {-1, -1};
+    assert_int_equal(tp_sim_run(sim, program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+}
+
+static void test_init_warmup_reaches_every_worker(void **state) {
+    (void)state;
+    run(0);
+    assert_int_equal(statuses[0], TP_OK);
+    assert_int_equal(statuses[1], TP_OK);
+}
+
+static void test_init_unreachable_worker_fails_init_everywhere(void **state) {
+    (void)state;
+    run(1);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(statuses[r], TP_ETIMEDOUT);
+        assert_non_null(strstr(messages[r], "cannot reach"));
+        assert_true(took_ns[r] <= 600 * MS); /* within the init deadline, not later */
+    }
+}
+
+static tp_status fn_nil(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)result, (void)user_data;
+    return TP_OK;
+}
+
+/* The library's own names ("tp:...") cannot be taken by a user function. */
+static void test_init_reserved_names_rejected(void **state) {
+    (void)state;
+    assert_int_equal(tp_register_function("tp:ping", fn_nil, NULL), TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "reserved"));
+    assert_int_equal(tp_new_method("tp:C", "m", fn_nil, NULL), TP_EINVAL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_init_warmup_reaches_every_worker, reset_failures),
+        cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere,
+                               reset_failures),
+        cmocka_unit_test(test_init_reserved_names_rejected),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
