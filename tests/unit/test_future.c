@@ -22,7 +22,7 @@
 #include "tensorplay/rpc.h"
 #include "tensorplay/sim.h"
 
-#include "sim_check.h"
+#include "sim_world.h"
 
 /* ---- Functions the workers serve ---------------------------------------------------- */
 
@@ -65,63 +65,10 @@ static tp_status fn_fail(tp_call *call, const tp_value *args, const tp_value *kw
 
 /* ---- Worlds -------------------------------------------------------------------------- */
 
-typedef struct world {
-    void (*scenario)(struct world *w); /* run by rank 0 between init and shutdown */
-    void (*others)(struct world *w);   /* run by the other ranks, may be NULL */
-    int threads;                       /* num_worker_threads; 0 for the default */
-    void *data;
-} world;
-
-static int worker_start(int rank, int world_size, const world *w) {
-    char name[16];
-    snprintf(name, sizeof name, "w%d", rank);
+static void world_register(void) {
     CHECK(tp_register_function("echo", fn_echo, NULL) == TP_OK);
     CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
     CHECK(tp_register_function("fail", fn_fail, NULL) == TP_OK);
-    tp_options *o = tp_options_new();
-    CHECK(o != NULL);
-    if (!o)
-        return -1;
-    /* Scenarios run for many virtual seconds; the shutdown barrier must wait. */
-    CHECK(tp_options_set_shutdown_timeout(o, 600.0) == TP_OK);
-    if (w->threads)
-        CHECK(tp_options_set_num_worker_threads(o, w->threads) == TP_OK);
-    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
-    tp_options_free(o);
-    CHECK(st == TP_OK);
-    if (st != TP_OK) {
-        print_error("init of %s: %s\n", name, tp_errmsg());
-        return -1;
-    }
-    return 0;
-}
-
-static int world_program(int rank, int world_size, void *arg) {
-    world *w = arg;
-    if (worker_start(rank, world_size, w) != 0)
-        return 1;
-    if (rank == 0)
-        w->scenario(w);
-    else if (w->others)
-        w->others(w);
-    tp_status st = tp_shutdown(1);
-    CHECK(st == TP_OK);
-    if (st != TP_OK)
-        print_error("shutdown of w%d: %s\n", rank, tp_errmsg());
-    return st == TP_OK ? 0 : 1;
-}
-
-static void run_world(uint32_t hosts, uint64_t seed, world *w) {
-    tp_sim_config cfg = {.hosts = hosts, .seed = seed};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    int codes[2] = {-9, -9};
-    assert_true(hosts <= 2);
-    assert_int_equal(tp_sim_run(sim, world_program, w, codes), TP_OK);
-    for (uint32_t i = 0; i < hosts; i++)
-        assert_int_equal(codes[i], 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
 }
 
 /* ---- Call helpers (inside the scenario) ------------------------------------------------ */

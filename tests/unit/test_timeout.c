@@ -25,7 +25,7 @@
 #include "tensorplay/rpc.h"
 #include "tensorplay/sim.h"
 
-#include "sim_check.h"
+#include "sim_world.h"
 
 /* What the served functions saw, shared by every host (one process). */
 static struct {
@@ -108,71 +108,11 @@ static tp_status fn_nested(tp_call *call, const tp_value *args, const tp_value *
 
 /* ---- Worlds -------------------------------------------------------------------------- */
 
-typedef struct world {
-    void (*scenario)(struct world *w); /* run by rank 0 between init and shutdown */
-    int threads;                       /* num_worker_threads; 0 for the default */
-    double rpc_timeout;                /* options' rpc_timeout; < 0 for the default */
-} world;
-
-static int worker_start(int rank, int world_size, const world *w) {
-    char name[16];
-    snprintf(name, sizeof name, "w%d", rank);
+static void world_register(void) {
     CHECK(tp_register_function("echo", fn_echo, NULL) == TP_OK);
     CHECK(tp_register_function("count", fn_count, NULL) == TP_OK);
     CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
     CHECK(tp_register_function("nested", fn_nested, NULL) == TP_OK);
-    tp_options *o = tp_options_new();
-    CHECK(o != NULL);
-    if (!o)
-        return -1;
-    CHECK(tp_options_set_shutdown_timeout(o, 600.0) == TP_OK);
-    CHECK(tp_options_set_init_timeout(o, 600.0) == TP_OK);
-    if (w->threads)
-        CHECK(tp_options_set_num_worker_threads(o, w->threads) == TP_OK);
-    if (w->rpc_timeout >= 0)
-        CHECK(tp_options_set_rpc_timeout(o, w->rpc_timeout) == TP_OK);
-    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
-    tp_options_free(o);
-    CHECK(st == TP_OK);
-    if (st != TP_OK) {
-        print_error("init of %s: %s\n", name, tp_errmsg());
-        return -1;
-    }
-    return 0;
-}
-
-static int world_program(int rank, int world_size, void *arg) {
-    world *w = arg;
-    if (worker_start(rank, world_size, w) != 0)
-        return 1;
-    if (rank == 0)
-        w->scenario(w);
-    tp_status st = tp_shutdown(1);
-    CHECK(st == TP_OK);
-    if (st != TP_OK)
-        print_error("shutdown of w%d: %s\n", rank, tp_errmsg());
-    return st == TP_OK ? 0 : 1;
-}
-
-/* Runs a world; reply_delay_s > 0 delays every frame from host 1 to host 0. */
-static void run_world_delayed(uint32_t hosts, uint64_t seed, world *w, double reply_delay_s) {
-    tp_sim_config cfg = {.hosts = hosts, .seed = seed};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    if (reply_delay_s > 0)
-        assert_int_equal(
-            tp_sim_fault_delay(sim, 1, 0, 0, 3600 * SEC, (uint64_t)(reply_delay_s * 1e9)), TP_OK);
-    int codes[2] = {-9, -9};
-    assert_true(hosts <= 2);
-    assert_int_equal(tp_sim_run(sim, world_program, w, codes), TP_OK);
-    for (uint32_t i = 0; i < hosts; i++)
-        assert_int_equal(codes[i], 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
-}
-
-static void run_world(uint32_t hosts, uint64_t seed, world *w) {
-    run_world_delayed(hosts, seed, w, 0);
 }
 
 /* ---- Call helpers (inside the scenario) ------------------------------------------------ */
@@ -251,7 +191,7 @@ static void sc_late_reply(world *w) {
 
 static void test_timeout_late_reply_dropped(void **state) {
     (void)state;
-    world w = {.scenario = sc_late_reply, .rpc_timeout = -1};
+    world w = {.scenario = sc_late_reply};
     run_world(2, 21, &w);
 }
 
@@ -271,7 +211,7 @@ static void sc_message_ms(world *w) {
  * rounded-up value that travels on the wire ("2 ms"). */
 static void test_timeout_message_gives_configured_ms(void **state) {
     (void)state;
-    world w = {.scenario = sc_message_ms, .rpc_timeout = -1};
+    world w = {.scenario = sc_message_ms};
     run_world(2, 22, &w);
 }
 
@@ -318,7 +258,7 @@ static void sc_default_at_issue(world *w) {
 
 static void test_timeout_default_read_at_issue(void **state) {
     (void)state;
-    world w = {.scenario = sc_default_at_issue, .rpc_timeout = 0.25};
+    world w = {.scenario = sc_default_at_issue, .set_rpc_timeout = 1, .rpc_timeout = 0.25};
     run_world(2, 23, &w);
 }
 
@@ -350,7 +290,7 @@ static void sc_zero_never(world *w) {
 
 static void test_timeout_zero_never_times_out(void **state) {
     (void)state;
-    world w = {.scenario = sc_zero_never, .rpc_timeout = 0.0};
+    world w = {.scenario = sc_zero_never, .set_rpc_timeout = 1, .rpc_timeout = 0.0};
     run_world(2, 24, &w);
 }
 
@@ -400,7 +340,7 @@ static void sc_invalid(world *w) {
 
 static void test_timeout_invalid_values_rejected(void **state) {
     (void)state;
-    world w = {.scenario = sc_invalid, .rpc_timeout = -1};
+    world w = {.scenario = sc_invalid};
     run_world(2, 25, &w);
 }
 
@@ -492,7 +432,7 @@ static void sc_many_deadlines(world *w) {
 
 static void test_timeout_many_deadlines_ordered(void **state) {
     (void)state;
-    world w = {.scenario = sc_many_deadlines, .rpc_timeout = -1};
+    world w = {.scenario = sc_many_deadlines};
     run_world_delayed(2, 26, &w, 30.0);
 }
 
@@ -534,7 +474,7 @@ static void sc_pool_blocked_self(world *w) {
 
 static void test_timeout_fires_while_pool_blocked(void **state) {
     (void)state;
-    world w = {.scenario = sc_pool_blocked_self, .threads = 1, .rpc_timeout = -1};
+    world w = {.scenario = sc_pool_blocked_self, .threads = 1};
     run_world(2, 27, &w);
 }
 
@@ -548,7 +488,7 @@ static void sc_pool_blocked_remote(world *w) {
 
 static void test_timeout_fires_while_pools_blocked_remote(void **state) {
     (void)state;
-    world w = {.scenario = sc_pool_blocked_remote, .threads = 1, .rpc_timeout = -1};
+    world w = {.scenario = sc_pool_blocked_remote, .threads = 1};
     run_world(2, 28, &w);
 }
 
@@ -571,7 +511,7 @@ static void sc_pool_blocked_single(world *w) {
 
 static void test_timeout_fires_while_pool_blocked_single_host(void **state) {
     (void)state;
-    world w = {.scenario = sc_pool_blocked_single, .threads = 1, .rpc_timeout = -1};
+    world w = {.scenario = sc_pool_blocked_single, .threads = 1};
     run_world(1, 29, &w);
 }
 
