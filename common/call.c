@@ -135,6 +135,95 @@ static void list_remove(tp_core *c, tpi_call *call) {
     call->prev = call->next = NULL;
 }
 
+/* ---- Flow control (FLOW-1..4) ------------------------------------------------ */
+
+static int window_fits(const tp_core *c, uint32_t dst, uint64_t len) {
+    /* A call alone may be larger than the window: it must be able to go. */
+    return c->inflight[dst] == 0 || c->inflight[dst] + len <= c->window;
+}
+
+static tpi_window_waiter *first_waiter(tp_core *c, uint32_t dst) {
+    if (!c->nwaiting[dst])
+        return NULL;
+    for (tpi_window_waiter *w = c->wq_head; w; w = w->next)
+        if (w->dst == dst)
+            return w;
+    TPI_ASSERT(!"nwaiting counts a waiter that is not in the list");
+    return NULL;
+}
+
+static void wake_first(tp_core *c, uint32_t dst) {
+    tpi_window_waiter *w = first_waiter(c, dst);
+    if (w)
+        c->ops->unpark(c->agent, w->task);
+}
+
+void tpi_window_wake_all(tp_core *c, uint32_t dst) {
+    for (tpi_window_waiter *w = c->wq_head; w && c->nwaiting[dst]; w = w->next)
+        if (w->dst == dst)
+            c->ops->unpark(c->agent, w->task);
+}
+
+/*
+ * FLOW-2: waits (lock held, may park) until a frame of len bytes fits dst's
+ * window and no earlier waiter for dst is ahead, or the call's deadline, the
+ * peer's death or teardown. The waiter counts as an active call, so shutdown's
+ * drain never sees a quiet worker while a call is about to go out.
+ */
+static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err, size_t err_len) {
+    uint32_t dst = call->dst;
+    if (!c->nwaiting[dst] && window_fits(c, dst, len))
+        return TP_OK;
+    tpi_window_waiter w = {c->ops->task_self(c->agent), dst, len, c->wq_tail, NULL};
+    if (c->wq_tail)
+        c->wq_tail->next = &w;
+    else
+        c->wq_head = &w;
+    c->wq_tail = &w;
+    c->nwaiting[dst]++;
+    c->active_client++;
+    tp_status st = TP_OK;
+    for (;;) {
+        if (c->peer_dead[dst]) {
+            st = TP_EPEERDOWN;
+            break;
+        }
+        if (first_waiter(c, dst) == &w && window_fits(c, dst, len))
+            break;
+        st = tpi_park(c, call->deadline_ns);
+        if (st != TP_OK && st != TP_ETIMEDOUT)
+            break; /* TP_ESHUTDOWN: teardown */
+        if (st == TP_ETIMEDOUT) {
+            if (first_waiter(c, dst) == &w && window_fits(c, dst, len) && !c->peer_dead[dst])
+                st = TP_OK; /* the room came with the deadline: go */
+            break;
+        }
+    }
+    if (w.prev)
+        w.prev->next = w.next;
+    else
+        c->wq_head = w.next;
+    if (w.next)
+        w.next->prev = w.prev;
+    else
+        c->wq_tail = w.prev;
+    c->nwaiting[dst]--;
+    TPI_ASSERT(c->active_client > 0);
+    c->active_client--;
+    wake_first(c, dst); /* the next in line checks for itself */
+    if (st == TP_ETIMEDOUT)
+        tpi_format(err, err_len,
+                   "timed out after %g ms waiting to send: %llu request bytes already in flight to "
+                   "it, this call adds %llu, max_inflight_bytes is %llu",
+                   call->timeout_s * 1000.0, (unsigned long long)c->inflight[dst],
+                   (unsigned long long)len, (unsigned long long)c->window);
+    else if (st == TP_EPEERDOWN)
+        tpi_format(err, err_len, "the worker went down while the call waited to send");
+    else if (st != TP_OK)
+        tpi_format(err, err_len, "the worker shut down while the call waited to send");
+    return st;
+}
+
 tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s) {
     char err[TP_ERRMSG_LEN_MAX];
     char who[TP_NAME_LEN_MAX + 32];
@@ -161,27 +250,50 @@ tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_
         tpi_call_free(c, call);
         return TP_ELIMIT;
     }
+    /* Encoded first: the window counts wire bytes. Rrefs inside fork now, under
+     * the lock, and are rolled back if the frame never leaves. */
+    tpi_rref_ctx rc = {c, call->dst, NULL, 0, 0};
+    tpi_codec_hooks hooks;
+    tpi_rref_hooks(&rc, &hooks);
+    tp_frame *f = NULL;
+    tp_status st = tpi_msg_encode(m, &hooks, c->max_msg, &f, err, sizeof err);
+    if (st == TP_OK && call->flow)
+        st = window_wait(c, call, f->len, err, sizeof err);
     tpi_gid key = {0, call->id};
-    tp_status st = tpi_idmap_put(&c->calls, key, call);
-    if (st == TP_OK && call->deadline_ns != TPI_NO_DEADLINE)
-        st = heap_push(c, call);
-    if (st != TP_OK) {
-        tpi_idmap_del(&c->calls, key);
-        tpi_fail(TP_ENOMEM, "%s: out of memory registering the call", call->what);
-        tpi_call_free(c, call);
-        return TP_ENOMEM;
+    if (st == TP_OK) {
+        st = tpi_idmap_put(&c->calls, key, call);
+        if (st == TP_OK && call->deadline_ns != TPI_NO_DEADLINE)
+            st = heap_push(c, call);
+        if (st != TP_OK) {
+            tpi_idmap_del(&c->calls, key);
+            tpi_format(err, sizeof err, "out of memory registering the call");
+            st = TP_ENOMEM;
+        }
     }
     /* Registered before the send: a reply can never beat its registration. */
-    st = tpi_send_msg(c, call->dst, m, err, sizeof err);
+    if (st == TP_OK) {
+        call->wire_len = f->len;
+        st = c->ops->send(c->agent, call->dst, f);
+        if (st != TP_OK) {
+            tpi_idmap_del(&c->calls, key);
+            if (call->heap_index != TPI_NO_INDEX)
+                heap_remove(c, call);
+            tpi_format(err, sizeof err, "send to worker id %u failed: %s", call->dst,
+                       tp_strerror(st));
+        }
+    }
     if (st != TP_OK) {
-        tpi_idmap_del(&c->calls, key);
-        if (call->heap_index != TPI_NO_INDEX)
-            heap_remove(c, call);
-        tpi_fail(st, "%s to %s, function '%s': %s", call->what,
-                 tpi_worker_desc(c, call->dst, who, sizeof who), call->fn, err);
+        tp_frame_free(f); /* the send's caller keeps the frame on error (AGENT-8) */
+        tpi_rref_ctx_rollback(&rc);
+        tpi_rref_ctx_done(&rc);
+        tpi_fail(st, "%s to %s%s%s%s: %s", call->what,
+                 tpi_worker_desc(c, call->dst, who, sizeof who), call->fn[0] ? ", function '" : "",
+                 call->fn, call->fn[0] ? "'" : "", err);
         tpi_call_free(c, call);
         return st;
     }
+    tpi_rref_ctx_done(&rc);
+    c->inflight[call->dst] += call->wire_len;
     call->prev = c->calls_tail;
     if (c->calls_tail)
         c->calls_tail->next = call;
@@ -204,6 +316,10 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
     list_remove(c, call);
     TPI_ASSERT(c->active_client > 0);
     c->active_client--;
+    TPI_ASSERT(c->inflight[call->dst] >= call->wire_len);
+    c->inflight[call->dst] -= call->wire_len;
+    if (c->nwaiting[call->dst])
+        wake_first(c, call->dst); /* FLOW-2: room for the next in line */
     if (call->on_reply)
         call->on_reply(c, call, st, reply);
     tp_value *value = NULL;
@@ -312,6 +428,7 @@ tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const ch
     tpi_call *call = tpi_call_new(c, dst, TPI_MSG_REQUEST, what, fn);
     if (!call)
         return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+    call->flow = 1;
     tp_future *f = tpi_future_ref(call->future);
     tp_status st = tpi_call_issue(c, call, &m, timeout_s);
     if (st != TP_OK) {

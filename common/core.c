@@ -273,6 +273,7 @@ void tp_core_on_peer_down(tp_core *c, uint32_t peer, tp_status why, const char *
         tpi_rrefs_peer_down(c, peer);
     }
     tpi_calls_fail(c, peer, why == TP_EPEERDOWN ? TP_EPEERDOWN : why, msg);
+    tpi_window_wake_all(c, peer); /* FLOW-3: waiters see the verdict */
     tpi_unlock(c);
 }
 

@@ -94,7 +94,19 @@ struct tpi_call {
     tp_rref *rref;         /* pinned rref the call concerns, or NULL */
     tpi_gid fork;          /* RREF_FORK: the fork to accept at parent */
     uint32_t parent;
+    int flow;              /* a user's call: waits for the send window (FLOW-2) */
+    uint64_t wire_len;     /* bytes sent, counted in the window until it ends */
     tpi_call *prev, *next; /* issue order: deterministic iteration */
+};
+
+/* A task waiting for room in a destination's send window (FLOW-2), on its
+ * stack; the core's list keeps arrival order, so waiters go first come. */
+typedef struct tpi_window_waiter tpi_window_waiter;
+struct tpi_window_waiter {
+    tp_task *task;
+    uint32_t dst;
+    uint64_t len;
+    tpi_window_waiter *prev, *next;
 };
 
 /* ---- RRefs (RREF-1..12) ------------------------------------------------- */
@@ -175,6 +187,12 @@ struct tp_core {
     tpi_call **heap; /* deadline min-heap */
     size_t heap_len, heap_cap;
     uint64_t armed_ns;
+
+    /* Flow control (FLOW-1..4, lock): request bytes in flight per destination. */
+    uint64_t window;     /* max_inflight_bytes */
+    uint64_t *inflight;  /* by id */
+    uint32_t *nwaiting;  /* by id: waiters in the list below */
+    tpi_window_waiter *wq_head, *wq_tail;
 
     /* Counters for shutdown's drain (lock). */
     uint64_t active_client; /* calls awaiting a reply */
@@ -260,6 +278,8 @@ void tpi_calls_fail(tp_core *c, uint32_t dst, tp_status st, const char *why);
 void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f);
 /* Fires expired deadlines (lock held) and rearms the timer. */
 void tpi_deadlines_run(tp_core *c);
+/* Wakes the tasks waiting for dst's send window (lock held): dst died. */
+void tpi_window_wake_all(tp_core *c, uint32_t dst);
 
 /* ---- serve.c ------------------------------------------------------------ */
 

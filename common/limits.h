@@ -59,6 +59,17 @@
 /* Calls in flight from one worker: bounds the pending table. */
 #define TPI_CALLS_IN_FLIGHT_MAX ((uint32_t)1 << 20)
 
+/* Request bytes one worker may have in flight to one destination (FLOW-1):
+ * issued, not yet answered. A call that would pass it waits, within its own
+ * deadline, for earlier calls to end. It bounds what piles up in the sender's
+ * queue, the network and the callee's pool queue for a callee that cannot
+ * keep up. The default is far above any steady workload's need (1,000 calls
+ * of 64 bytes are ~130 KB) yet keeps a runaway producer from using memory
+ * without end; a call that fits nothing else still goes out alone. */
+#define TPI_INFLIGHT_BYTES_DEFAULT ((uint64_t)256 << 20)
+#define TPI_INFLIGHT_BYTES_MIN ((uint64_t)4096)
+#define TPI_INFLIGHT_BYTES_MAX ((uint64_t)1 << 40)
+
 /* A timeout in seconds as a u32 of milliseconds on the wire: ~49 days. */
 #define TPI_TIMEOUT_S_MAX 4000000.0
 
@@ -71,6 +82,9 @@ _Static_assert(TP_TENSOR_NDIM_MAX <= 255, "ndim travels as a u8");
 _Static_assert(TPI_ZERO_COPY_TENSORS_MAX >= 1, "a frame has room for one shared tensor");
 _Static_assert(TPI_FRAME_CACHE_BLOCKS >= 1 && TPI_FRAME_CACHE_MIN <= TPI_FRAME_CACHE_BYTES,
                "the frame cache can hold a block");
+_Static_assert(TPI_INFLIGHT_BYTES_MIN <= TPI_INFLIGHT_BYTES_DEFAULT &&
+                   TPI_INFLIGHT_BYTES_DEFAULT <= TPI_INFLIGHT_BYTES_MAX,
+               "the default window is a valid one");
 _Static_assert((uint64_t)TPI_TIMEOUT_S_MAX * 1000u < 4294967295u, "timeout ms fits a u32");
 
 #endif

@@ -15,6 +15,7 @@ struct tp_options {
     double shutdown_timeout_s; /* < 0: follow rpc_timeout */
     int num_worker_threads;
     uint64_t max_message_size;
+    uint64_t max_inflight_bytes;
     char *init_method;
     size_t nkv;
     char *keys[OPTS_KV_MAX];
@@ -30,6 +31,7 @@ tp_options *tp_options_new(void) {
     o->shutdown_timeout_s = -1;
     o->num_worker_threads = TP_DEFAULT_NUM_WORKER_THREADS;
     o->max_message_size = TPI_MESSAGE_SIZE_DEFAULT;
+    o->max_inflight_bytes = TPI_INFLIGHT_BYTES_DEFAULT;
     return o;
 }
 
@@ -170,6 +172,21 @@ tp_status tp_options_set_max_message_size(tp_options *o, uint64_t bytes) {
 
 uint64_t tp_options_max_message_size(const tp_options *o) {
     return o ? o->max_message_size : TPI_MESSAGE_SIZE_DEFAULT;
+}
+
+tp_status tp_options_set_max_inflight_bytes(tp_options *o, uint64_t bytes) {
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
+    if (bytes < TPI_INFLIGHT_BYTES_MIN || bytes > TPI_INFLIGHT_BYTES_MAX)
+        return tpi_fail(TP_EINVAL, "max_inflight_bytes %llu outside [%llu, %llu]",
+                        (unsigned long long)bytes, (unsigned long long)TPI_INFLIGHT_BYTES_MIN,
+                        (unsigned long long)TPI_INFLIGHT_BYTES_MAX);
+    o->max_inflight_bytes = bytes;
+    return TP_OK;
+}
+
+uint64_t tp_options_max_inflight_bytes(const tp_options *o) {
+    return o ? o->max_inflight_bytes : TPI_INFLIGHT_BYTES_DEFAULT;
 }
 
 tp_status tp_options_set(tp_options *o, const char *key, const char *value) {

@@ -700,6 +700,7 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
     call->rref = r;
     tpi_rref_pin(r);
     call->on_reply = remote_reply;
+    call->flow = 1;
     tp_status st = tpi_call_issue(c, call, &m, timeout_s);
     if (st != TP_OK) {
         if (r->is_owner) { /* nobody will ever set it: make the record freeable */
@@ -813,6 +814,7 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
             m.rref = r->id;
             call->rref = r;
             tpi_rref_pin(r);
+            call->flow = 1;
             st = tpi_call_issue(c, call, &m, timeout_s);
         }
         tpi_unlock(c);

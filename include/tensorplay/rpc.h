@@ -281,6 +281,15 @@ double tp_options_shutdown_timeout(const tp_options *opts);
 /* Largest message this worker sends or accepts, in bytes (lowers WIRE-8's max). */
 tp_status tp_options_set_max_message_size(tp_options *opts, uint64_t bytes);
 uint64_t tp_options_max_message_size(const tp_options *opts);
+/*
+ * Request bytes (as sent, headers included) this worker keeps in flight to
+ * one destination, 4096 to 2^40, default 256 MiB (FLOW-1). A call that would
+ * pass it waits inside rpc_sync / rpc_async / remote / to_here, within its
+ * own timeout, until earlier calls to that worker end; a call alone may be
+ * larger. This is the back-pressure on a producer faster than its callee.
+ */
+tp_status tp_options_set_max_inflight_bytes(tp_options *opts, uint64_t bytes);
+uint64_t tp_options_max_inflight_bytes(const tp_options *opts);
 /* Backend-specific settings as strings; key and value borrowed, copied. */
 tp_status tp_options_set(tp_options *opts, const char *key, const char *value);
 const char *tp_options_get(const tp_options *opts, const char *key); /* NULL if unset */

@@ -246,6 +246,7 @@ static const case_group groups[] = {
     {conf_cases_rref, &conf_cases_rref_count},
     {conf_cases_shutdown, &conf_cases_shutdown_count},
     {conf_cases_faults, &conf_cases_faults_count},
+    {conf_cases_flow, &conf_cases_flow_count},
     {conf_cases_errors, &conf_cases_errors_count}, /* last: errors_null_out_pointers */
 };
 #define NGROUPS (sizeof groups / sizeof groups[0])

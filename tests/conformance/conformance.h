@@ -203,6 +203,8 @@ extern const tp_conformance_case conf_cases_errors[];
 extern const size_t conf_cases_errors_count;
 extern const tp_conformance_case conf_cases_faults[];
 extern const size_t conf_cases_faults_count;
+extern const tp_conformance_case conf_cases_flow[];
+extern const size_t conf_cases_flow_count;
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,184 @@
+/*
+ * cases_flow.c: back-pressure (spec/calls.md FLOW-1..4). A worker keeps at
+ * most max_inflight_bytes of requests in flight to one destination; a call
+ * that would pass it waits inside the API, within its own timeout, and goes
+ * out when earlier calls end. The window is set small here (64 KiB) and
+ * filled with 40,000-byte sleep_ms calls (sleep_ms reads its first argument
+ * and ignores the padding).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+#define WINDOW ((uint64_t)64 * 1024)
+#define PAD 40000 /* one padded call fits the window, two do not */
+
+static tp_status init_with_window(int rank, int ws, uint64_t window) {
+    tp_options *o = conf_options();
+    tp_status st = tp_options_set_max_inflight_bytes(o, window);
+    if (st == TP_OK)
+        st = tp_options_set_rpc_timeout(o, 30.0);
+    if (st == TP_OK)
+        st = tp_options_set_shutdown_timeout(o, 5.0);
+    if (st == TP_OK)
+        st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    return st;
+}
+
+#define INIT_WINDOW_OR_RETURN(rank, ws, w)                                                         \
+    do {                                                                                           \
+        if (!CHECK_OK(init_with_window((rank), (ws), (w))))                                        \
+            return conf_finish(rank);                                                              \
+    } while (0)
+
+/* [ms, bytes[PAD]]: a sleep_ms call padded to PAD bytes. Caller owns. */
+static tp_value *padded_sleep(int64_t ms) {
+    uint8_t *pad = calloc(1, PAD);
+    tp_value *args = pad ? tp_value_list_of(2, tp_value_int(ms), tp_value_bytes(pad, PAD)) : NULL;
+    free(pad);
+    return args;
+}
+
+/* spec: FLOW-1 FLOW-2 OPT-7: a call past the window waits, times out with a
+ * message naming the limit, lets small calls by, and goes once room is made. */
+static int flow_window_waits_then_times_out(int rank, int ws) {
+    INIT_WINDOW_OR_RETURN(rank, ws, WINDOW);
+    if (rank == 0) {
+        CHECK_INT(tp_options_max_inflight_bytes(NULL), 256 << 20);
+        tp_dest w1 = tp_to_rank(1);
+        uint64_t t0 = conf_now_ns();
+        tp_future *slow = NULL;
+        tp_value *args = padded_sleep(1500);
+        CHECK_OK(tp_rpc_async(w1, "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &slow));
+        tp_value_free(args);
+        CHECK(conf_since_s(t0) < 0.5); /* the window was empty: at once */
+
+        /* A second padded call does not fit: rpc_async itself waits, then
+         * times out before anything was sent. */
+        tp_future *f = NULL;
+        args = padded_sleep(1);
+        uint64_t t1 = conf_now_ns();
+        CHECK_STATUS(tp_rpc_async(w1, "sleep_ms", args, NULL, 0.3, &f), TP_ETIMEDOUT);
+        double took = conf_since_s(t1);
+        if (!CHECK(took >= 0.29 && took < 1.2))
+            conf_fail(rank, __FILE__, __LINE__, "waited %.3f s, want ~0.3 s", took);
+        CHECK(f == NULL);
+        CHECK_CONTAINS(tp_errmsg(), "'w1' (id 1)");
+        CHECK_CONTAINS(tp_errmsg(), "sleep_ms");
+        CHECK_CONTAINS(tp_errmsg(), "max_inflight_bytes is 65536");
+        tp_value_free(args);
+
+        /* A small call still fits beside the slow one. */
+        t1 = conf_now_ns();
+        CHECK_INT(conf_sync_int(rank, w1, "add", CONF_INTS(1, 2), -1), 3);
+        CHECK(conf_since_s(t1) < 1.0);
+        CHECK(!tp_future_done(slow));
+
+        /* With the default timeout it waits for the slow call, then succeeds. */
+        tp_value *res = NULL;
+        args = padded_sleep(1);
+        if (CHECK_OK(tp_rpc_sync(w1, "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 1);
+        tp_value_free(res);
+        tp_value_free(args);
+        CHECK(tp_future_done(slow)); /* it went out only after the slow call ended */
+        CHECK(conf_since_s(t0) >= 1.4);
+        CHECK_OK(tp_future_wait(slow, TP_TIMEOUT_INFINITE));
+        tp_future_free(slow);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: FLOW-1: a call larger than the whole window goes when nothing else
+ * is in flight; the setter's domain. */
+static int flow_large_call_goes_alone(int rank, int ws) {
+    tp_options *o = tp_options_new();
+    CHECK_STATUS(tp_options_set_max_inflight_bytes(o, 4095), TP_EINVAL);
+    CHECK_CONTAINS(tp_errmsg(), "max_inflight_bytes 4095 outside");
+    CHECK_STATUS(tp_options_set_max_inflight_bytes(o, ((uint64_t)1 << 40) + 1), TP_EINVAL);
+    CHECK_INT(tp_options_max_inflight_bytes(o), 256 << 20);
+    CHECK_OK(tp_options_set_max_inflight_bytes(o, 4096));
+    CHECK_INT(tp_options_max_inflight_bytes(o), 4096);
+    tp_options *copy = tp_options_clone(o);
+    CHECK_INT(tp_options_max_inflight_bytes(copy), 4096);
+    tp_options_free(copy);
+    tp_options_free(o);
+
+    INIT_WINDOW_OR_RETURN(rank, ws, 4096);
+    if (rank == 0) {
+        tp_value *res = NULL;
+        CHECK_OK(conf_sync(tp_to_rank(1), "make_bytes", CONF_INTS(100), &res));
+        tp_value_free(res);
+        res = NULL;
+        uint8_t *big = calloc(1, 100000);
+        tp_value *args = tp_value_list_of(1, tp_value_bytes(big, 100000));
+        free(big);
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "echo", args, &res)))
+            CHECK(tp_value_kind(res) == TP_KIND_BYTES);
+        tp_value_free(res);
+        /* Several at once: each goes when the one before it ended. */
+        tp_future *fs[4] = {NULL};
+        for (int i = 0; i < 4; i++) {
+            tp_value *a = padded_sleep(20);
+            CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &fs[i]));
+            tp_value_free(a);
+            if (i > 0) /* sent only once the previous call was answered */
+                CHECK(fs[i - 1] && tp_future_done(fs[i - 1]));
+        }
+        for (int i = 0; i < 4; i++) {
+            if (fs[i])
+                CHECK_OK(tp_future_wait(fs[i], TP_TIMEOUT_INFINITE));
+            tp_future_free(fs[i]);
+        }
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: FLOW-3: a call waiting for the window of a worker that dies fails
+ * promptly with the peer error, naming it. */
+static int flow_waiter_sees_peer_death(int rank, int ws) {
+    INIT_WINDOW_OR_RETURN(rank, ws, WINDOW);
+    if (rank == 1) {
+        uint64_t t0 = conf_now_ns();
+        while (conf_started(rank) < 1 && conf_since_s(t0) < 10.0)
+            if (tp_sleep(0.01) != TP_OK)
+                break;
+        CHECK_INT(conf_started(rank), 1);
+        tp_sleep(0.3); /* rank 0 is waiting for the window by now */
+        int failures = conf_finish(rank);
+        conf_crash_self();
+        return failures;
+    }
+    tp_future *slow = NULL;
+    tp_value *args = padded_sleep(20000);
+    CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &slow));
+    tp_value_free(args);
+    args = padded_sleep(1);
+    tp_future *f = NULL;
+    uint64_t t0 = conf_now_ns();
+    CHECK_STATUS(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &f),
+                 TP_EPEERDOWN);
+    double took = conf_since_s(t0);
+    if (!CHECK(took >= 0.2 && took < 5.0))
+        conf_fail(rank, __FILE__, __LINE__, "failed after %.3f s", took);
+    CHECK_CONTAINS(tp_errmsg(), "'w1' (id 1)");
+    CHECK_CONTAINS(tp_errmsg(), "went down while the call waited");
+    tp_value_free(args);
+    if (slow)
+        CHECK_STATUS(tp_future_wait(slow, TP_TIMEOUT_INFINITE), TP_EPEERDOWN);
+    tp_future_free(slow);
+    CHECK_STATUS(tp_shutdown(1), TP_EPEERDOWN);
+    return conf_finish(rank);
+}
+
+const tp_conformance_case conf_cases_flow[] = {
+    {"flow_window_waits_then_times_out", 2, flow_window_waits_then_times_out,
+     "FLOW-1 FLOW-2 OPT-7"},
+    {"flow_large_call_goes_alone", 2, flow_large_call_goes_alone, "FLOW-1 OPT-7"},
+    {"flow_waiter_sees_peer_death", 2, flow_waiter_sees_peer_death, "FLOW-3"},
+};
+const size_t conf_cases_flow_count = sizeof conf_cases_flow / sizeof conf_cases_flow[0];
