@@ -39,6 +39,19 @@ int tpi_tcp_split_hostport(const char *s, char *host, size_t host_len, char *por
     return 0;
 }
 
+int tpi_tcp_unbracket(const char *s, char *out, size_t out_len) {
+    size_t n = strlen(s);
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+        s++;
+        n -= 2;
+    }
+    if (n == 0 || n >= out_len || memchr(s, '[', n) || memchr(s, ']', n))
+        return -1;
+    memcpy(out, s, n);
+    out[n] = '\0';
+    return 0;
+}
+
 int tpi_tcp_parse_port(const char *s, int allow_zero, uint16_t *port) {
     if (!s || !*s || strlen(s) > 5)
         return -1;

@@ -177,8 +177,9 @@ static tp_status construct_options(tp_options *opts) {
     return st;
 }
 
+/* host without brackets (tpi_tcp_unbracket). */
 static int is_wildcard(const char *host) {
-    return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 || strcmp(host, "[::]") == 0;
+    return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
 }
 
 /* Reads listen_addr, listen_port and advertise_addr (TCP-12). */
@@ -187,14 +188,19 @@ static tp_status read_listen_options(tpi_tcp_agent *a, const tp_options *opts, c
     const char *host = tp_options_get(opts, "listen_addr");
     const char *port = tp_options_get(opts, "listen_port");
     const char *adv = tp_options_get(opts, "advertise_addr");
+    char host_buf[TPI_ADDR_LEN_MAX], adv_buf[TPI_ADDR_LEN_MAX];
     if (!host || !*host)
         host = "127.0.0.1";
     if (!port || !*port)
         port = "0";
-    if (strlen(host) >= sizeof a->listen_host || strpbrk(host, "\t\n")) {
+    /* "[::1]" names the same host as "::1": addresses are bracketed when
+     * formatted (TCP-2), so a bracketed host must not be kept as it is. */
+    if (strlen(host) >= sizeof a->listen_host || strpbrk(host, "\t\n") ||
+        tpi_tcp_unbracket(host, host_buf, sizeof host_buf) != 0) {
         tpi_format(errmsg, errmsg_len, "listen_addr '%.64s' is not a host", host);
         return TP_EINVAL;
     }
+    host = host_buf;
     if (tpi_tcp_parse_port(port, 1, &a->listen_port) != 0) {
         tpi_format(errmsg, errmsg_len, "listen_port '%.32s' is not a port number (0..65535)", port);
         return TP_EINVAL;
@@ -209,10 +215,12 @@ static tp_status read_listen_options(tpi_tcp_agent *a, const tp_options *opts, c
         }
         adv = host;
     }
-    if (strlen(adv) >= sizeof a->advertise_host - 8 || strpbrk(adv, "\t\n")) {
+    if (strlen(adv) >= sizeof a->advertise_host - 8 || strpbrk(adv, "\t\n") ||
+        tpi_tcp_unbracket(adv, adv_buf, sizeof adv_buf) != 0) {
         tpi_format(errmsg, errmsg_len, "advertise_addr '%.64s' is not a host", adv);
         return TP_EINVAL;
     }
+    adv = adv_buf;
     tpi_format(a->listen_host, sizeof a->listen_host, "%s", host);
     tpi_format(a->advertise_host, sizeof a->advertise_host, "%s", adv);
     return TP_OK;

@@ -245,6 +245,10 @@ tp_status tpi_tcp_resolve(const char *host, uint16_t port, struct sockaddr_stora
                           socklen_t *sa_len, char *errmsg, size_t errmsg_len);
 /* "host:port", or "[v6]:port", of a socket address. */
 void tpi_tcp_format_sockaddr(const struct sockaddr *sa, char *buf, size_t len);
+/* A host as a user may write it, "::1" or "[::1]", without the brackets
+ * (a "[v6]" with nothing after ']'); 0 on success, -1 when it does not fit or
+ * is a lone bracket. */
+int tpi_tcp_unbracket(const char *s, char *out, size_t out_len);
 /* "host:port", bracketing a host that contains ':'. */
 void tpi_tcp_format_hostport(const char *host, uint16_t port, char *buf, size_t len);
 

@@ -506,7 +506,9 @@ tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, uint32_t wor
                        !h || !*h ? "MASTER_ADDR" : "MASTER_PORT");
             return TP_EINVAL;
         }
-        if (strlen(h) >= sizeof host || strpbrk(h, "\t\n")) {
+        /* "::1" and "[::1]" alike (tcp://[::1]:port needs the brackets). */
+        if (strlen(h) >= sizeof host || strpbrk(h, "\t\n") ||
+            tpi_tcp_unbracket(h, host, sizeof host) != 0) {
             tpi_format(errmsg, errmsg_len, "MASTER_ADDR '%.64s' is not a host", h);
             return TP_EINVAL;
         }
@@ -515,8 +517,7 @@ tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, uint32_t wor
                        p);
             return TP_EINVAL;
         }
-        tpi_format(host, sizeof host, "%s", h);
-        tpi_format(what, sizeof what, "init_method env://, MASTER_ADDR=%s MASTER_PORT=%u", host,
+        tpi_format(what, sizeof what, "init_method env://, MASTER_ADDR=%s MASTER_PORT=%u", h,
                    (unsigned)port);
     } else if (strncmp(method, "tcp://", 6) == 0) {
         if (strlen(method) >= sizeof host ||
