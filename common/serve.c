@@ -317,16 +317,19 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     j->frame = f;
     tpi_core_ref(c);
     tpi_lock(c);
-    c->active_served++;
+    c->active_served++; /* before the job can run: shutdown's drain sees it */
+    tpi_unlock(c);
+    /* Outside the lock: the pool thread this wakes takes it first thing. */
     tp_status st = c->ops->execute(c->agent, &j->work);
     if (st != TP_OK) {
+        tpi_lock(c);
         c->active_served--;
         if (j->owner) {
             j->owner->running = 0;
             tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, "the callee is shutting down");
         }
+        tpi_unlock(c);
     }
-    tpi_unlock(c);
     if (st != TP_OK) {
         tp_frame_free(f);
         if (j->msg) {

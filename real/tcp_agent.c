@@ -121,6 +121,7 @@ static void agent_destroy(tp_agent *ag) {
     free(a->peers);
     free(a->dirty);
     free(a->dirty_work);
+    free(a->regrant);
     free(a->threads);
     free(a->staging);
     free(a);
@@ -255,13 +256,17 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
         a->peers = calloc(a->world_size, sizeof *a->peers);
         a->dirty = calloc(a->world_size, sizeof *a->dirty);
         a->dirty_work = calloc(a->world_size, sizeof *a->dirty_work);
+        a->regrant = calloc(a->world_size, sizeof *a->regrant);
         a->threads = calloc(a->pool_max, sizeof *a->threads);
         a->staging = malloc(TPI_TCP_STAGING_SIZE);
-        if (!a->peers || !a->dirty || !a->dirty_work || !a->threads || !a->staging) {
+        if (!a->peers || !a->dirty || !a->dirty_work || !a->regrant || !a->threads ||
+            !a->staging) {
             tpi_format(errmsg, errmsg_len, "out of memory for a world of %u workers",
                        a->world_size);
             st = TP_ENOMEM;
         }
+        for (uint32_t i = 0; a->peers && i < a->world_size; i++)
+            a->peers[i].direct_fd = -1;
     }
     if (st == TP_OK)
         st = tpi_tcp_store_open(params->opts, params->rank, params->world_size, &a->store, errmsg,

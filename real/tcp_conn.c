@@ -30,6 +30,7 @@
  * freed right away), else (or for what did not fit) in one uv_write whose
  * frames are freed when it completes or is cancelled.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,72 @@ static void free_frames(tp_frame *f) {
     }
 }
 
+/* ---- Direct writes (TCP-15) -------------------------------------------------------- */
+
+/*
+ * A thread that sends a frame while this loop has nothing of ours queued on
+ * the peer's outgoing socket may write it there itself (tcp_loop.c): that
+ * saves the hand-off to the loop, a wake-up and a context switch per message.
+ * Bytes never overtake ours: the grant (direct_fd >= 0, under qmu) exists
+ * only while our queue and libuv's write queue on the socket are empty. A
+ * sender takes it under qmu and marks the peer busy, writes without qmu (so
+ * the loop and other senders are not held up by its system call), and clears
+ * busy under qmu after queueing, first, whatever did not fit. Before the loop
+ * writes to the socket, takes its queue or closes it, it revokes the grant
+ * and waits out a busy sender (tpi_tcp_direct_stop_locked): one non-blocking
+ * sendmsg. A sender uses the grant up; the loop grants it again once per turn
+ * (tpi_tcp_direct_regrant), so a burst of sends still goes out in one
+ * vectored write by the loop.
+ */
+void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
+    tpi_tcp_peer *p = &a->peers[id];
+    tpi_tcp_conn *c = p->out;
+    uv_os_fd_t fd;
+    if (!c || c->state != CONN_OPEN ||
+        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) != 0 ||
+        uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return;
+    pthread_mutex_lock(&a->qmu);
+    if (!p->q_head && !p->dead && !p->direct_busy && !a->stopping)
+        p->direct_fd = fd;
+    pthread_mutex_unlock(&a->qmu);
+}
+
+void tpi_tcp_direct_stop_locked(tpi_tcp_agent *a, tpi_tcp_peer *p) {
+    p->direct_fd = -1;
+    while (p->direct_busy) {
+        pthread_mutex_unlock(&a->qmu);
+        sched_yield(); /* the writer is between two qmu sections: one sendmsg */
+        pthread_mutex_lock(&a->qmu);
+    }
+}
+
+static void direct_revoke(tpi_tcp_agent *a, uint32_t id) {
+    pthread_mutex_lock(&a->qmu);
+    tpi_tcp_direct_stop_locked(a, &a->peers[id]);
+    pthread_mutex_unlock(&a->qmu);
+}
+
+void tpi_tcp_direct_regrant(tpi_tcp_agent *a) {
+    /* Most loop turns have nothing to grant: no lock then, as a sender may be
+     * holding qmu through its write. */
+    while (atomic_load_explicit(&a->nregrant, memory_order_relaxed) > 0) {
+        uint32_t ids[64];
+        uint32_t n = 0;
+        pthread_mutex_lock(&a->qmu);
+        uint32_t left = atomic_load_explicit(&a->nregrant, memory_order_relaxed);
+        while (left > 0 && n < 64) {
+            uint32_t id = a->regrant[--left];
+            a->peers[id].regrant = 0;
+            ids[n++] = id;
+        }
+        atomic_store_explicit(&a->nregrant, left, memory_order_relaxed);
+        pthread_mutex_unlock(&a->qmu);
+        for (uint32_t i = 0; i < n; i++)
+            tpi_tcp_direct_grant(a, ids[i]);
+    }
+}
+
 /* ---- Life of a connection ------------------------------------------------------- */
 
 static void on_close(uv_handle_t *h) {
@@ -134,6 +201,8 @@ static tpi_tcp_conn *conn_new(tpi_tcp_agent *a, int outgoing, uint32_t peer) {
 static void conn_close(tpi_tcp_conn *c) {
     if (c->state == CONN_CLOSED)
         return;
+    if (c->outgoing && c->peer < c->a->world_size)
+        direct_revoke(c->a, c->peer); /* before the socket closes */
     c->state = CONN_CLOSED;
     /* Closing the stream cancels its writes (their callbacks free the
      * frames) and a pending connect, before the close callback runs. */
@@ -158,7 +227,10 @@ static void on_write(uv_write_t *req, int status) {
             out_fail(c, tpi_uv_err_means_dead(status) ? TP_EPEERDOWN : TP_EIO, uv_strerror(status));
         else
             conn_close(c); /* an accepted connection only carries our records */
+        return;
     }
+    if (c->outgoing && c->a->peers[c->peer].out == c)
+        tpi_tcp_direct_grant(c->a, c->peer);
 }
 
 /* Queues bufs in one uv_write; frames (may be NULL) are freed when it completes.
@@ -194,6 +266,8 @@ static void conn_abort(tpi_tcp_conn *c) {
     if (c->state == CONN_CLOSED || c->state == CONN_ABORTING)
         return;
     uv_read_stop((uv_stream_t *)&c->tcp);
+    if (c->outgoing)
+        direct_revoke(c->a, c->peer); /* the ABORT record goes first */
     c->state = CONN_ABORTING;
     if (conn_write_record(c, c->a->rec_abort, 1) < 0) {
         conn_close(c);
@@ -225,6 +299,7 @@ static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail) {
         p->dead = 1; /* from now on send fails at once (AGENT-8) */
         newly_dead = 1;
     }
+    tpi_tcp_direct_stop_locked(a, p); /* its rest joins the queue dropped here */
     tp_frame *dropped = p->q_head;
     p->q_head = p->q_tail = NULL;
     pthread_mutex_unlock(&a->qmu);
@@ -279,6 +354,7 @@ static void probe(tpi_tcp_agent *a, uint32_t id, const char *detail) {
         return;
     }
     tpi_tcp_conn *c = p->out;
+    direct_revoke(a, id); /* on_write grants it again once the probe is out */
     if (c->state == CONN_OPEN && conn_write_record(c, a->rec_ping, 0) < 0) {
         out_fail(c, TP_EIO, "cannot write a probe");
         return;
@@ -416,6 +492,7 @@ static void on_record(tpi_tcp_conn *c) {
         c->state = CONN_OPEN;
         uv_timer_stop(&c->timer);
         peer_alive(c);
+        tpi_tcp_direct_grant(a, c->peer);
         return;
     }
     if (!c->outgoing && !tpi_tcp_is_ctl(c->rec)) {
@@ -501,6 +578,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     tpi_tcp_conn *c = s->data;
     if (c->state != CONN_HELLO && c->state != CONN_OPEN)
         return;
+    /* Before the frames read here are handed on: the answers they cause can
+     * go out directly (the check handle would grant it only after them). */
+    tpi_tcp_direct_regrant(c->a);
     if (nread < 0) {
         int err = (int)nread;
         if (!c->outgoing) {
@@ -669,13 +749,18 @@ void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
     if (!p->dead && !p->out && !dial(a, id))
         return;
     pthread_mutex_lock(&a->qmu);
+    tpi_tcp_direct_stop_locked(a, p); /* the loop writes here now, after any direct rest */
     tp_frame *f = p->q_head;
     p->q_head = p->q_tail = NULL;
     pthread_mutex_unlock(&a->qmu);
-    if (p->dead)
+    if (p->dead) {
         free_frames(f); /* queued just before the verdict; a dead peer is never dialed again */
-    else if (f)
+        return;
+    }
+    if (f)
         write_frames(p->out, f);
+    if (p->out)
+        tpi_tcp_direct_grant(a, id); /* when all of it went out at once */
 }
 
 void tpi_tcp_close_all(tpi_tcp_agent *a) {

@@ -20,6 +20,7 @@
 #define TPI_TCP_INTERNAL_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -95,7 +96,7 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
 
 typedef struct tpi_tcp_task tpi_tcp_task;
 struct tpi_tcp_task {
-    pthread_cond_t cond;       /* CLOCK_MONOTONIC */
+    sem_t sem;                 /* posted by unpark; waited on with CLOCK_MONOTONIC */
     atomic_int permit;         /* an unpark not yet consumed by a park */
     atomic_int refs;           /* the thread's own, plus one per deferred signal */
     tpi_tcp_task *prev, *next; /* the agent's parked list, under its mu */
@@ -111,7 +112,7 @@ typedef struct tpi_tcp_agent tpi_tcp_agent;
 typedef struct tpi_tcp_pool_thread tpi_tcp_pool_thread;
 struct tpi_tcp_pool_thread {
     pthread_t tid;
-    pthread_cond_t cond; /* waits here while idle */
+    sem_t sem; /* waits here while idle */
     tpi_tcp_agent *a;
     /* pool_mu */
     tpi_tcp_pool_thread *next_idle; /* the agent's idle stack */
@@ -127,6 +128,9 @@ typedef struct tpi_tcp_peer {
     tp_frame *q_head, *q_tail; /* frames waiting for the loop */
     int dirty;                 /* on the agent's dirty list */
     int dead;                  /* TP_EPEERDOWN seen: send fails at once */
+    int direct_fd;             /* >= 0: a sender may write one frame to this socket itself (TCP-15) */
+    int direct_busy;           /* a sender took the grant and is writing, without qmu */
+    int regrant;               /* on the agent's regrant list */
     /* loop thread only */
     tpi_tcp_conn *out; /* the connection we dialed: frames go there */
     int suspect;       /* a probe is running (TCP-7) */
@@ -161,6 +165,8 @@ struct tpi_tcp_agent {
     tpi_tcp_peer *peers; /* world_size entries */
     uint32_t *dirty;     /* ids with queued frames */
     uint32_t ndirty;
+    uint32_t *regrant;   /* ids whose direct write was used: the loop grants another */
+    atomic_uint nregrant; /* written under qmu; read without it to skip an empty list */
     uint64_t timer_deadline_ns;
     int timer_dirty;
 
@@ -178,6 +184,7 @@ struct tpi_tcp_agent {
     uv_loop_t loop;
     uv_async_t wake;
     uv_timer_t timer;
+    uv_check_t check; /* after each poll: direct writes granted again (TCP-15) */
     uv_tcp_t listener;
     pthread_t loop_thread;
     int loop_inited;
@@ -233,6 +240,14 @@ void tpi_tcp_on_accept(uv_stream_t *server, int status);
 void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id);
 /* Closes every connection (stop): BYE where it can, no upcall. */
 void tpi_tcp_close_all(tpi_tcp_agent *a);
+/* Lets a sender write to peer id's outgoing socket itself if nothing of ours
+ * is queued on it (TCP-15). */
+void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id);
+/* Grants again every direct write used since the last call (loop thread). */
+void tpi_tcp_direct_regrant(tpi_tcp_agent *a);
+/* Revokes the grant and waits out a sender still writing with it (qmu held,
+ * released while it waits); after it, only the loop writes to the socket. */
+void tpi_tcp_direct_stop_locked(tpi_tcp_agent *a, tpi_tcp_peer *p);
 
 /* ---- tcp_addr.c ---------------------------------------------------------- */
 

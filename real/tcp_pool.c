@@ -14,13 +14,16 @@
  * its own thread up to pool_max (a user function waiting on another item's
  * result must not deadlock on a pool that was started too small).
  *
- * Each idle thread waits on its own condition variable on a LIFO stack (the
- * most recently idle thread is woken first): a waker pops the thread and sets
- * its woken flag under pool_mu, so a wake-up is never lost nor taken by
- * another thread, and signals once pool_mu is released, so the woken thread
- * does not block on pool_mu at once. The condition variables live until
- * pool_join has joined every thread.
+ * Each idle thread waits on its own semaphore on a LIFO stack (the most
+ * recently idle thread is woken first): a waker pops the thread and sets its
+ * woken flag under pool_mu, so a wake-up is never lost nor taken by another
+ * thread, and posts once pool_mu is released, so the woken thread does not
+ * block on pool_mu at once. A semaphore, not a condition variable: glibc's
+ * condition wait retakes its mutex marked contended, which costs every
+ * wake-up one more futex call when the thread next unlocks it. The
+ * semaphores live until pool_join has joined every thread.
  */
+#include <errno.h>
 #include <stdlib.h>
 
 #include "tcp_internal.h"
@@ -33,10 +36,10 @@ static int pool_start(tpi_tcp_agent *a) {
     t->a = a;
     t->woken = 0;
     t->next_idle = NULL;
-    if (pthread_cond_init(&t->cond, NULL) != 0)
+    if (sem_init(&t->sem, 0, 0) != 0)
         return -1;
     if (tpi_tcp_thread_create(&t->tid, pool_main, t) != 0) {
-        pthread_cond_destroy(&t->cond);
+        sem_destroy(&t->sem);
         return -1;
     }
     a->nthreads++;
@@ -86,8 +89,11 @@ static void *pool_main(void *arg) {
             self->woken = 0;
             self->next_idle = a->idle;
             a->idle = self;
-            while (!self->woken)
-                pthread_cond_wait(&self->cond, &a->pool_mu);
+            pthread_mutex_unlock(&a->pool_mu);
+            while (sem_wait(&self->sem) != 0)
+                TPI_ASSERT(errno == EINTR);
+            pthread_mutex_lock(&a->pool_mu);
+            TPI_ASSERT(self->woken); /* one post per wake-up, after woken was set */
             searching = 1; /* the waker counted us */
             continue;
         }
@@ -99,7 +105,7 @@ static void *pool_main(void *arg) {
         tpi_tcp_pool_thread *next = pool_summon(a);
         pthread_mutex_unlock(&a->pool_mu);
         if (next)
-            pthread_cond_signal(&next->cond);
+            sem_post(&next->sem);
         w->run(w);
         pthread_mutex_lock(&a->pool_mu);
     }
@@ -136,7 +142,7 @@ tp_status tpi_tcp_pool_execute(tpi_tcp_agent *a, tp_work *w) {
     }
     pthread_mutex_unlock(&a->pool_mu);
     if (next)
-        pthread_cond_signal(&next->cond); /* F3: after unlocking pool_mu */
+        sem_post(&next->sem); /* after unlocking pool_mu */
     return TP_OK;
 }
 
@@ -150,7 +156,7 @@ void tpi_tcp_pool_close(tpi_tcp_agent *a) {
         t->next_idle = NULL;
         t->woken = 1;
         a->nsearch++;
-        pthread_cond_signal(&t->cond);
+        sem_post(&t->sem);
     }
     pthread_mutex_unlock(&a->pool_mu);
 }
@@ -163,9 +169,9 @@ void tpi_tcp_pool_join(tpi_tcp_agent *a) {
     /* No thread starts once closing is set, so n is final. */
     for (uint32_t i = 0; i < n; i++)
         pthread_join(a->threads[i].tid, NULL);
-    /* Only now: a thread may signal another's condition variable until it exits. */
+    /* Only now: a thread may post another's semaphore until it exits. */
     for (uint32_t i = 0; i < n; i++)
-        pthread_cond_destroy(&a->threads[i].cond);
+        sem_destroy(&a->threads[i].sem);
     pthread_mutex_lock(&a->pool_mu);
     a->nthreads = 0;
     TPI_ASSERT(!a->w_head && a->w_len == 0 && a->nsearch == 0 && !a->idle);

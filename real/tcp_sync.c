@@ -5,10 +5,15 @@
  * A task is an OS thread. Its token (tpi_tcp_task) is created on the
  * thread's first use, lives in thread-local storage and is freed by a
  * pthread key destructor when the thread exits; the loop thread and pool
- * threads have one like any user thread. park waits on the token's own
- * condition variable (CLOCK_MONOTONIC) with the agent's mutex, so the lock is
- * released and retaken atomically; a permit flag keeps an unpark that comes
- * before the park.
+ * threads have one like any user thread. park releases the agent's mutex and
+ * waits on the token's own semaphore (CLOCK_MONOTONIC deadline); a permit
+ * flag, set under the lock, keeps an unpark that comes before the park, and a
+ * post that lands between the release and the wait is not lost (the count
+ * keeps it). A semaphore, not a condition variable: glibc's condition wait
+ * retakes the mutex marked contended, so every wake-up cost one more futex
+ * call at the next unlock. A post that outlives its park (the task woke by
+ * its deadline first) makes one later park return early, which AGENT-12
+ * allows as a spurious wakeup; park drains such stale posts before waiting.
  *
  * unpark (called with the lock held) does not signal at once: it records the
  * task, and unlock signals it after releasing the lock, so the woken thread
@@ -18,6 +23,7 @@
  * for another reason, returns and exits), so each recorded task holds a
  * reference, dropped after the signal; the last reference frees the token.
  */
+#define _GNU_SOURCE /* sem_clockwait */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -42,7 +48,7 @@ uint64_t tpi_tcp_now_ns(void) {
 
 static void task_unref(tpi_tcp_task *t) {
     if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
-        pthread_cond_destroy(&t->cond);
+        sem_destroy(&t->sem);
         free(t);
     }
 }
@@ -70,11 +76,7 @@ static tpi_tcp_task *task_current(void) {
     /* The token is the thread's identity for the core lock: without one the
      * thread cannot use the library at all. 100 bytes once per thread. */
     TPI_ASSERT(t && "out of memory for a thread's park token");
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&t->cond, &attr);
-    pthread_condattr_destroy(&attr);
+    int rc = sem_init(&t->sem, 0, 0);
     TPI_ASSERT(rc == 0);
     atomic_init(&t->permit, 0);
     atomic_init(&t->refs, 1);
@@ -91,7 +93,7 @@ void tpi_tcp_lock(tp_agent *ag) {
 /* Signals the recorded unparks and drops their references; n of them from wake. */
 static void wake_signal(tpi_tcp_task *const *wake, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
-        pthread_cond_signal(&wake[i]->cond);
+        sem_post(&wake[i]->sem);
         task_unref(wake[i]);
     }
 }
@@ -149,20 +151,32 @@ tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
         return TP_OK;
     if (deadline_ns != UINT64_MAX && tpi_tcp_now_ns() >= deadline_ns)
         return TP_ETIMEDOUT;
-    /* The wait releases the lock: what unlock would signal goes now. */
-    wake_signal(a->to_wake, a->nwake);
-    a->nwake = 0;
+    /* No permit: every post still counted is stale (its permit was used). */
+    while (sem_trywait(&t->sem) == 0)
+        ;
     park_link(a, t);
-    int rc;
+    /* The wait releases the lock: what unlock would signal goes now. */
+    uint32_t n = a->nwake;
+    tpi_tcp_task *wake[TPI_TCP_WAKE_MAX];
+    for (uint32_t i = 0; i < n; i++)
+        wake[i] = a->to_wake[i];
+    a->nwake = 0;
+    int rc = pthread_mutex_unlock(&a->mu);
+    TPI_ASSERT(rc == 0);
+    wake_signal(wake, n);
     if (deadline_ns == UINT64_MAX) {
-        rc = pthread_cond_wait(&t->cond, &a->mu);
+        while ((rc = sem_wait(&t->sem)) != 0 && errno == EINTR)
+            ;
     } else {
         struct timespec ts;
         ts.tv_sec = (time_t)(deadline_ns / 1000000000ull);
         ts.tv_nsec = (long)(deadline_ns % 1000000000ull);
-        rc = pthread_cond_timedwait(&t->cond, &a->mu, &ts);
+        while ((rc = sem_clockwait(&t->sem, CLOCK_MONOTONIC, &ts)) != 0 && errno == EINTR)
+            ;
     }
-    TPI_ASSERT(rc == 0 || rc == ETIMEDOUT);
+    TPI_ASSERT(rc == 0 || errno == ETIMEDOUT);
+    rc = pthread_mutex_lock(&a->mu);
+    TPI_ASSERT(rc == 0);
     park_unlink(a, t);
     if (atomic_exchange(&t->permit, 0))
         return TP_OK;
@@ -177,22 +191,23 @@ void tpi_tcp_unpark(tp_agent *ag, tp_task *task) {
     tpi_tcp_agent *a = AG(ag);
     tpi_tcp_task *t = (tpi_tcp_task *)task;
     TPI_ASSERT(t);
-    /* Called with the lock held: a parked target is inside cond_wait until
-     * the lock is released, an unparked one sees the permit at its next park
-     * (a signal it then gets anyway is a spurious wakeup, which park allows). */
+    /* Called with the lock held: an unparked target sees the permit at its
+     * next park, a parked one is posted once the lock is released. */
     atomic_store(&t->permit, 1);
+    if (!t->parked)
+        return;
     if (a->nwake < TPI_TCP_WAKE_MAX) {
         atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
-        a->to_wake[a->nwake++] = t; /* signalled by unlock, or by park */
+        a->to_wake[a->nwake++] = t; /* posted by unlock, or by park */
     } else {
-        pthread_cond_signal(&t->cond); /* full: under the lock, as unpark always did */
+        sem_post(&t->sem); /* full: now, under the lock */
     }
 }
 
 void tpi_tcp_wake_parked(tpi_tcp_agent *a) {
     pthread_mutex_lock(&a->mu);
     for (tpi_tcp_task *t = a->parked; t; t = t->next)
-        pthread_cond_signal(&t->cond);
+        sem_post(&t->sem);
     pthread_mutex_unlock(&a->mu);
 }
 

@@ -129,6 +129,7 @@ static void test_tcp_basic_calls(void **state) {
 /* ---- Many async calls ------------------------------------------------------------------ */
 
 #define ASYNC_CALLS 400
+#define BIG_EVERY 25 /* one 1 MiB echo per this many small calls */
 
 /* spec: TCP-4 (coalesced writes), AGENT-7 */
 static int body_many_async(tt_job *job, int rank) {
@@ -136,13 +137,27 @@ static int body_many_async(tt_job *job, int rank) {
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
     tp_future **fs = calloc(ASYNC_CALLS, sizeof *fs);
-    TT_CHECK(fs);
+    tp_future *big[ASYNC_CALLS / BIG_EVERY] = {NULL};
+    size_t big_len = (size_t)1 << 20;
+    uint8_t *data = malloc(big_len);
+    TT_CHECK(fs && data);
+    for (size_t k = 0; k < big_len; k++)
+        data[k] = (uint8_t)(k * 7 + (size_t)rank);
     for (int i = 0; i < ASYNC_CALLS; i++) {
         int dst = (rank + 1 + i % (job->world - 1)) % job->world;
         tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_int(rank));
         TT_CHECK(tp_rpc_async(tp_to_rank(dst), "add", args, NULL, TP_TIMEOUT_DEFAULT, &fs[i]) ==
                  TP_OK);
         tp_value_free(args);
+        if (i % BIG_EVERY == 0) {
+            /* A frame larger than the socket takes at once, between small
+             * ones: written partly by this thread (TCP-15), the rest by the
+             * loop, before the frames queued after it. */
+            args = tp_value_list_of(1, tp_value_bytes(data, big_len));
+            TT_CHECK(tp_rpc_async(tp_to_rank(dst), "echo", args, NULL, TP_TIMEOUT_DEFAULT,
+                                  &big[i / BIG_EVERY]) == TP_OK);
+            tp_value_free(args);
+        }
     }
     size_t failed = 0;
     TT_CHECK(tp_future_wait_all(fs, ASYNC_CALLS, 30, &failed) == TP_OK);
@@ -151,6 +166,15 @@ static int body_many_async(tt_job *job, int rank) {
         TT_CHECK(tp_value_get_int(tp_future_value(fs[i]), &v) == TP_OK && v == i + rank);
         tp_future_free(fs[i]);
     }
+    for (int i = 0; i < ASYNC_CALLS / BIG_EVERY; i++) {
+        const void *back = NULL;
+        size_t len = 0;
+        TT_CHECK(tp_future_wait(big[i], 30) == TP_OK);
+        TT_CHECK(tp_value_get_bytes(tp_future_value(big[i]), &back, &len) == TP_OK &&
+                 len == big_len && memcmp(back, data, len) == 0);
+        tp_future_free(big[i]);
+    }
+    free(data);
     free(fs);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
@@ -161,6 +185,64 @@ static void test_tcp_many_async(void **state) {
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 3, body_many_async, NULL), 0);
     assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
+/* ---- Several threads sending to one peer -------------------------------------------- */
+
+#define SENDERS 4
+#define SENDER_ROUNDS 16
+
+/* One sender thread of rank 0: alternates 4 MiB and small echoes, checking each. */
+static void *sender_main(void *arg) {
+    intptr_t id = (intptr_t)arg;
+    size_t big_len = (size_t)4 << 20; /* more than a loopback socket takes at once */
+    uint8_t *data = malloc(big_len);
+    intptr_t bad = data == NULL;
+    for (int i = 0; !bad && i < SENDER_ROUNDS; i++) {
+        size_t len = i % 2 ? 32 : big_len;
+        for (size_t k = 0; k < len; k++)
+            data[k] = (uint8_t)(k * 13 + (size_t)i * 5 + (size_t)id);
+        tp_value *args = tp_value_list_of(1, tp_value_bytes(data, len));
+        tp_value *res = NULL;
+        const void *back = NULL;
+        size_t got = 0;
+        if (tp_rpc_sync(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &res) != TP_OK ||
+            tp_value_get_bytes(res, &back, &got) != TP_OK || got != len ||
+            memcmp(back, data, len) != 0)
+            bad = 1;
+        tp_value_free(args);
+        tp_value_free(res);
+    }
+    free(data);
+    return (void *)bad;
+}
+
+/* spec: TCP-15, AGENT-8: threads racing for the direct write to one socket,
+ * with frames larger than the socket takes at once, keep every frame whole
+ * and in order (a rest written by the loop goes before later frames). */
+static int body_concurrent_senders(tt_job *job, int rank) {
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        pthread_t t[SENDERS];
+        for (intptr_t i = 0; i < SENDERS; i++)
+            TT_CHECK(pthread_create(&t[i], NULL, sender_main, (void *)i) == 0);
+        for (int i = 0; i < SENDERS; i++) {
+            void *bad = NULL;
+            TT_CHECK(pthread_join(t[i], &bad) == 0 && bad == NULL);
+        }
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_concurrent_senders(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_concurrent_senders, NULL), 0);
+    assert_all_ok(&job, 90);
     tt_job_free(&job);
 }
 
@@ -698,7 +780,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_kill9),        cmocka_unit_test(test_tcp_peer_leaves),
         cmocka_unit_test(test_tcp_garbage),      cmocka_unit_test(test_tcp_init_errors),
         cmocka_unit_test(test_tcp_sqlite_store), cmocka_unit_test(test_tcp_two_workers_one_process),
-        cmocka_unit_test(test_tcp_reinit),
+        cmocka_unit_test(test_tcp_reinit),       cmocka_unit_test(test_tcp_concurrent_senders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
