@@ -174,6 +174,13 @@ static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err
     uint32_t dst = call->dst;
     if (!c->nwaiting[dst] && window_fits(c, dst, len))
         return TP_OK;
+    if (tpi_check_may_wait(call->what) != TP_OK) { /* FUNC-6: it cannot wait for room */
+        tpi_format(err, err_len,
+                   "the send window is full (%llu request bytes in flight to it, "
+                   "max_inflight_bytes %llu) and a non-blocking function cannot wait for room",
+                   (unsigned long long)c->inflight[dst], (unsigned long long)c->window);
+        return TP_ELIMIT;
+    }
     tpi_window_waiter w = {c->ops->task_self(c->agent), dst, len, c->wq_tail, NULL};
     if (c->wq_tail)
         c->wq_tail->next = &w;
@@ -494,6 +501,8 @@ tp_status tp_rpc_sync(tp_dest dest, const char *fn, const tp_value *args,
     if (!result)
         return tpi_fail(TP_EINVAL, "rpc_sync: result is NULL");
     *result = NULL;
+    if (tpi_check_may_wait("rpc_sync") != TP_OK)
+        return TP_EINVAL;
     tp_core *c;
     tp_status st = tpi_enter("rpc_sync", &c);
     if (st != TP_OK)

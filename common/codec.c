@@ -1137,6 +1137,24 @@ uint64_t tpi_frame_id(const tp_frame *f) {
     return load_le((const uint8_t *)f->seg[0].base + 16, 8);
 }
 
+uint16_t tpi_frame_flags(const tp_frame *f) {
+    TPI_ASSERT(f && f->nseg >= 1 && f->seg[0].len >= TP_FRAME_HEADER_SIZE);
+    return (uint16_t)load_le((const uint8_t *)f->seg[0].base + 6, 2);
+}
+
+int tpi_frame_request_name(const tp_frame *f, char name[TP_NAME_LEN_MAX + 1]) {
+    TPI_ASSERT(f && f->nseg >= 1);
+    if (f->nseg != 1 || f->seg[0].len < TP_FRAME_HEADER_SIZE + 8)
+        return 0;
+    const uint8_t *p = (const uint8_t *)f->seg[0].base + TP_FRAME_HEADER_SIZE + 4; /* timeout */
+    uint64_t n = load_le(p, 4);
+    if (n == 0 || n > TP_NAME_LEN_MAX || n > f->seg[0].len - TP_FRAME_HEADER_SIZE - 8)
+        return 0;
+    memcpy(name, p + 4, (size_t)n);
+    name[n] = '\0';
+    return memchr(name, '\0', (size_t)n) == NULL;
+}
+
 /* Decodes args or kwargs and checks the kind. */
 static tp_value *arg_read(tpi_rbuf *r, const tpi_codec_hooks *hooks, tp_kind want,
                           const char *what) {

@@ -208,6 +208,15 @@ void tpi_frame_push_seg(tp_frame *f, const void *base, size_t len);
 /* Reads the header fields of a whole frame already checked by tp_frame_check_header. */
 uint8_t tpi_frame_type(const tp_frame *f);
 uint64_t tpi_frame_id(const tp_frame *f);
+/* Header flags of a frame's first segment. */
+uint16_t tpi_frame_flags(const tp_frame *f);
+/*
+ * The function name of a REQUEST frame, without decoding the rest: copied
+ * NUL-terminated into name (TP_NAME_LEN_MAX + 1 bytes). 0 when the frame is
+ * not one segment or the name is not within bounds; the full decode then
+ * reports what is wrong.
+ */
+int tpi_frame_request_name(const tp_frame *f, char name[TP_NAME_LEN_MAX + 1]);
 
 /*
  * Decodes a whole frame into *m (zeroed first; on failure m holds nothing

@@ -95,6 +95,10 @@ int tpi_in_work(tp_core *c) {
 }
 
 tp_status tpi_park(tp_core *c, uint64_t deadline_ns) {
+    /* FUNC-6: the API entries that wait refuse earlier; this is the backstop
+     * that keeps the I/O context from ever parking. */
+    if (tpi_check_may_wait("wait") != TP_OK)
+        return TP_EINVAL;
     tp_task *self = c->ops->task_self(c->agent);
     TPI_ASSERT(atomic_load(&c->lock_owner) == self);
     tpi_waiter node = {self, NULL, c->parked};

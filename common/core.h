@@ -285,6 +285,9 @@ void tpi_window_wake_all(tp_core *c, uint32_t dst);
 
 /* Handles a request-like frame from src (I/O context, lock not held). */
 void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f);
+/* TP_OK, or TP_EINVAL with a message naming what when the calling thread
+ * runs a non-blocking function, which must not wait (FUNC-6). */
+tp_status tpi_check_may_wait(const char *what);
 /* Sends a RESPONSE (lock not held). */
 void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_value *value,
                const char *errmsg);

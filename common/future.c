@@ -165,6 +165,8 @@ tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns)
 /* FUTURE-2: only tasks of the future's own worker wait on it (another
  * worker's task would park on an agent that is not its own). */
 static tp_status check_waiter(tp_core *c, const char *what) {
+    if (tpi_check_may_wait(what) != TP_OK)
+        return TP_EINVAL;
     if (tp_context_current()->core != c)
         return tpi_fail(TP_EINVAL, "%s: the future belongs to worker '%s'; only its own tasks "
                                    "may wait on it",

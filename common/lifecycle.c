@@ -370,6 +370,8 @@ tp_status tp_sleep(double seconds) {
     tp_status st = tpi_check_timeout(seconds, 0);
     if (st != TP_OK)
         return st;
+    if (seconds > 0 && tpi_check_may_wait("sleep") != TP_OK)
+        return TP_EINVAL;
     tp_core *c;
     st = tpi_enter("sleep", &c);
     if (st != TP_OK)

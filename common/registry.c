@@ -13,6 +13,7 @@ struct tpi_fn_entry {
     char name[ENTRY_NAME_MAX + 1];
     tp_fn fn;
     void *user_data;
+    unsigned flags; /* TP_FN_* */
 };
 
 int tpi_name_valid(const char *s, size_t *len_out) {
@@ -49,7 +50,7 @@ static size_t lower_bound(const tp_context *ctx, const char *name) {
     return lo;
 }
 
-static tp_status insert(const char *name, tp_fn fn, void *ud) {
+static tp_status insert(const char *name, tp_fn fn, void *ud, unsigned flags) {
     if (strncmp(name, "tp:", 3) == 0) /* the library's own, e.g. init's warm-up ping */
         return tpi_fail(TP_EINVAL, "'%s': names starting with 'tp:' are reserved", name);
     tp_context *ctx = tp_context_current();
@@ -74,19 +75,27 @@ static tp_status insert(const char *name, tp_fn fn, void *ud) {
     strcpy(e->name, name);
     e->fn = fn;
     e->user_data = ud;
+    e->flags = flags;
     ctx->nfns++;
     tpi_context_unlock(ctx);
     return TP_OK;
 }
 
 tp_status tp_register_function(const char *name, tp_fn fn, void *user_data) {
+    return tp_register_function_ex(name, fn, user_data, 0);
+}
+
+tp_status tp_register_function_ex(const char *name, tp_fn fn, void *user_data, unsigned flags) {
+    if (flags & ~TP_FN_NONBLOCKING)
+        return tpi_fail(TP_EINVAL, "function '%.*s': unknown flags 0x%x", TP_NAME_LEN_MAX + 8,
+                        name ? name : "(null)", flags & ~TP_FN_NONBLOCKING);
     if (!fn_name_valid(name))
         return tpi_fail(TP_EINVAL, "function name '%.*s' must match ^[A-Za-z0-9_:-]+$ and be "
                                    "1..%d bytes",
                         TP_NAME_LEN_MAX + 8, name ? name : "(null)", TP_NAME_LEN_MAX);
     if (!fn)
         return tpi_fail(TP_EINVAL, "function '%s' is NULL", name);
-    return insert(name, fn, user_data);
+    return insert(name, fn, user_data, flags);
 }
 
 tp_status tp_new_method(const char *class_name, const char *method_name, tp_fn fn,
@@ -99,11 +108,11 @@ tp_status tp_new_method(const char *class_name, const char *method_name, tp_fn f
         return tpi_fail(TP_EINVAL, "method '%s.%s' is NULL", class_name, method_name);
     char full[ENTRY_NAME_MAX + 1];
     tpi_format(full, sizeof full, "%s.%s", class_name, method_name);
-    return insert(full, fn, user_data);
+    return insert(full, fn, user_data, 0);
 }
 
 int tpi_registry_find(tp_context *ctx, const char *class_name, const char *name, tp_fn *fn,
-                      void **ud) {
+                      void **ud, unsigned *flags) {
     char full[ENTRY_NAME_MAX + 1];
     if (class_name) {
         tpi_format(full, sizeof full, "%s.%s", class_name, name);
@@ -115,6 +124,8 @@ int tpi_registry_find(tp_context *ctx, const char *class_name, const char *name,
     if (found) {
         *fn = ctx->fns[at].fn;
         *ud = ctx->fns[at].user_data;
+        if (flags)
+            *flags = ctx->fns[at].flags;
     }
     tpi_context_unlock(ctx);
     return found;

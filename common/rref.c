@@ -772,6 +772,8 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
         return tpi_fail(TP_EINVAL, "to_here: %s is NULL", r ? "out" : "rref");
     *out = NULL;
     tp_core *c = r->core;
+    if (tpi_check_may_wait("to_here") != TP_OK)
+        return TP_EINVAL;
     tp_status st = tpi_enter_core(c, "to_here");
     if (st != TP_OK)
         return st;

@@ -30,6 +30,21 @@ typedef struct tpi_job {
     tpi_owner *owner; /* REMOTE: the record being built */
 } tpi_job;
 
+/* FUNC-6: the non-blocking function this thread is running, or NULL. Such a
+ * function runs in the I/O context, which never switches tasks while it
+ * runs (it cannot park), so a thread-local names it for the simulator's
+ * scheduler thread as well as for a TCP loop thread. */
+static _Thread_local const char *nonblocking_fn;
+
+tp_status tpi_check_may_wait(const char *what) {
+    if (!nonblocking_fn)
+        return TP_OK;
+    return tpi_fail(TP_EINVAL,
+                    "%s: non-blocking function '%s' runs on the I/O thread and cannot wait "
+                    "(FUNC-6): use rpc_async and tp_future_then",
+                    what, nonblocking_fn);
+}
+
 void tp_call_set_error(tp_call *call, const char *fmt, ...) {
     TPI_ASSERT(call && fmt);
     va_list ap;
@@ -133,7 +148,7 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         return TP_OK; /* init's warm-up (INIT-8): nil */
     tp_fn fn;
     void *ud;
-    if (!tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud)) {
+    if (!tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud, NULL)) {
         if (class_name)
             tpi_format(err, err_len, "%s: class '%s' has no method '%s'", self_desc, class_name,
                        m->text);
@@ -174,10 +189,55 @@ static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o) {
     tpi_reply(c, src, m->id, st, NULL, err);
 }
 
+/* Decodes a REQUEST frame (taken), runs its function and replies. */
+static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id) {
+    tpi_msg m;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    char who[TP_NAME_LEN_MAX + 32];
+    tpi_rref_ctx rc = {c, src, NULL, 0, 0};
+    tpi_codec_hooks hooks;
+    tpi_rref_hooks(&rc, &hooks);
+    tp_status st = tpi_msg_decode_frame(f, &hooks, &m, err, sizeof err); /* takes f */
+    if (st != TP_OK) {
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s could not decode the request: %s",
+                   tpi_worker_desc(c, c->rank, who, sizeof who), err);
+        tpi_reply(c, src, id, st, NULL, msg);
+        return;
+    }
+    tp_value *result = NULL;
+    st = invoke(c, src, &m, &result, err, sizeof err);
+    reply_result(c, src, id, st, result, err, m.text);
+    tp_value_free(result);
+    tpi_msg_clear(&m);
+}
+
+/*
+ * FUNC-6: a REQUEST for a function registered non-blocking runs here, in
+ * the I/O context, with no pool hand-off. 1 when it did (f taken).
+ */
+static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
+    char name[TP_NAME_LEN_MAX + 1];
+    tp_fn fn;
+    void *ud;
+    unsigned flags = 0;
+    if ((tpi_frame_flags(f) & TPI_FLAG_METHOD) || !tpi_frame_request_name(f, name) ||
+        !tpi_registry_find(c->ctx, NULL, name, &fn, &ud, &flags) ||
+        !(flags & TP_FN_NONBLOCKING))
+        return 0;
+    TPI_ASSERT(!nonblocking_fn && "a non-blocking function cannot serve another");
+    tpi_waiter node;
+    tpi_work_enter(c, &node); /* SHUTDOWN-1: it runs user code */
+    nonblocking_fn = name;
+    serve_request(c, src, f, tpi_frame_id(f));
+    nonblocking_fn = NULL;
+    tpi_work_leave(c, &node);
+    return 1;
+}
+
 static void job_run(tp_work *w) {
     tpi_job *j = (tpi_job *)w;
     tp_core *c = j->core;
-    tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX] = "";
     char who[TP_NAME_LEN_MAX + 32];
     uint64_t id = j->msg ? j->msg->id : tpi_frame_id(j->frame);
@@ -197,23 +257,8 @@ static void job_run(tp_work *w) {
     } else if (j->msg) {
         serve_remote(c, j->src, j->msg, j->owner);
     } else {
-        tpi_rref_ctx rc = {c, j->src, NULL, 0, 0};
-        tpi_codec_hooks hooks;
-        tpi_rref_hooks(&rc, &hooks);
-        tp_status st = tpi_msg_decode_frame(j->frame, &hooks, &m, err, sizeof err);
-        j->frame = NULL; /* taken by the decoder: large tensors may view it */
-        if (st != TP_OK) {
-            char msg[TP_ERRMSG_LEN_MAX];
-            tpi_format(msg, sizeof msg, "%s could not decode the request: %s",
-                       tpi_worker_desc(c, c->rank, who, sizeof who), err);
-            tpi_reply(c, j->src, id, st, NULL, msg);
-        } else {
-            tp_value *result = NULL;
-            st = invoke(c, j->src, &m, &result, err, sizeof err);
-            reply_result(c, j->src, id, st, result, err, m.text);
-            tp_value_free(result);
-            tpi_msg_clear(&m);
-        }
+        serve_request(c, j->src, j->frame, id);
+        j->frame = NULL;
     }
     tpi_work_leave(c, &node);
     if (j->msg) {
@@ -294,6 +339,8 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         tpi_msg_clear(&m);
         return;
     }
+    if (type == TPI_MSG_REQUEST && serve_inline(c, src, f))
+        return;
     tpi_job *j = calloc(1, sizeof *j);
     uint64_t id = tpi_frame_id(f);
     if (!j) {

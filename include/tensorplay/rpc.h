@@ -380,6 +380,19 @@ typedef tp_status (*tp_fn)(tp_call *call, const tp_value *args, const tp_value *
 tp_status tp_register_function(const char *name, tp_fn fn, void *user_data);
 
 /*
+ * Flags for tp_register_function_ex (FUNC-6).
+ * TP_FN_NONBLOCKING: fn never waits. It runs on the worker's I/O thread as
+ * soon as its request is read, with no hand-off to the worker pool: the
+ * lowest latency a call can have. Inside it every API call that would wait
+ * (rpc_sync, future and rref waits, tp_sleep, a full send window) fails at
+ * once with TP_EINVAL; rpc_async and tp_future_then are the way to call on.
+ * It must not block on anything of its own either (locks held long, I/O):
+ * while it runs, this worker reads no other message.
+ */
+#define TP_FN_NONBLOCKING 0x1u
+tp_status tp_register_function_ex(const char *name, tp_fn fn, void *user_data, unsigned flags);
+
+/*
  * Registers a method of a class on this worker (new_method). The method is
  * called with the caller's arguments; tp_call_self() gives the object the
  * rref holds (METHOD-1).

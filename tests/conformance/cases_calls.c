@@ -522,6 +522,65 @@ static int calls_float_arguments(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: FUNC-6: a non-blocking function answers like any other; flags are
+ * checked; inside it every wait fails at once with a message, rpc_async works. */
+static int calls_nonblocking_function(int rank, int ws) {
+    CHECK_STATUS(tp_register_function_ex("nb_bad_flags", NULL, NULL, 0x4), TP_EINVAL);
+    CHECK_CONTAINS(tp_errmsg(), "unknown flags 0x4");
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "nb_add", CONF_INTS(3, 4), -1), 7);
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(0), "nb_add", CONF_INTS(5, 6), -1), 11);
+        tp_value *res = NULL;
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "nb_try_wait", NULL, &res)) &&
+            CHECK_INT(tp_list_len(res), 5)) {
+            CHECK_INT(conf_int_of(rank, tp_list_get(res, 0), -1), TP_EINVAL); /* rpc_sync */
+            CHECK_INT(conf_int_of(rank, tp_list_get(res, 1), -1), TP_EINVAL); /* sleep */
+            CHECK_INT(conf_int_of(rank, tp_list_get(res, 2), -1), TP_EINVAL); /* future wait */
+            CHECK_INT(conf_int_of(rank, tp_list_get(res, 3), -1), TP_OK);     /* rpc_async */
+            const char *msg = conf_str_of(rank, tp_list_get(res, 4));
+            CHECK_CONTAINS(msg, "rpc_sync: non-blocking function 'nb_try_wait'");
+            CHECK_CONTAINS(msg, "cannot wait");
+        }
+        tp_value_free(res);
+        /* An error from a non-blocking function travels like any other. */
+        CHECK_STATUS(conf_sync(tp_to_rank(1), "nb_add", CONF_INTS(1), &res), TP_EREMOTE);
+        CHECK_CONTAINS(tp_errmsg(), "function 'nb_add' on worker 'w1' (id 1) failed");
+        tp_value_free(res);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: FUNC-6 AGENT-7: a non-blocking function does not need a pool thread:
+ * it answers while the callee's only pool thread is busy. */
+static int calls_nonblocking_bypasses_pool(int rank, int ws) {
+    tp_options *o = conf_options();
+    CHECK_OK(tp_options_set_num_worker_threads(o, 1));
+    tp_status st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    if (!CHECK_OK(st))
+        return conf_finish(rank);
+    if (rank == 0) {
+        tp_future *slow = NULL;
+        uint64_t t0 = conf_now_ns();
+        CHECK_OK(conf_async(tp_to_rank(1), "sleep_ms", CONF_INTS(1000), &slow));
+        CHECK_OK(tp_sleep(0.2)); /* the sleep holds w1's only pool thread by now */
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "nb_add", CONF_INTS(3, 4), -1), 7);
+        if (!CHECK(conf_since_s(t0) < 0.8))
+            conf_fail(rank, __FILE__, __LINE__, "nb_add answered after %.3f s", conf_since_s(t0));
+        CHECK(slow && !tp_future_done(slow));
+        /* A pool function waits for the thread. */
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(3, 4), -1), 7);
+        CHECK(conf_since_s(t0) >= 0.95);
+        if (slow)
+            CHECK_OK(tp_future_wait(slow, TP_TIMEOUT_INFINITE));
+        tp_future_free(slow);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_calls[] = {
     {"calls_self_by_name_rank_info", 2, calls_self_by_name_rank_info, "CALL-2 CALL-3"},
     {"calls_dest_by_name_rank_info", 3, calls_dest_by_name_rank_info, "CALL-2"},
@@ -541,5 +600,7 @@ const tp_conformance_case conf_cases_calls[] = {
     {"calls_worker_info_values", 2, calls_worker_info_values, "VALUE-9 FUNC-2"},
     {"calls_result_nil_when_unset", 2, calls_result_nil_when_unset, "FUNC-3"},
     {"calls_float_arguments", 2, calls_float_arguments, "VALUE-2 VALUE-3"},
+    {"calls_nonblocking_function", 2, calls_nonblocking_function, "FUNC-6"},
+    {"calls_nonblocking_bypasses_pool", 2, calls_nonblocking_bypasses_pool, "FUNC-6 AGENT-7"},
 };
 const size_t conf_cases_calls_count = sizeof conf_cases_calls / sizeof conf_cases_calls[0];

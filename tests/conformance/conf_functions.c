@@ -719,6 +719,44 @@ static const struct {
     {"try_shutdown", fn_try_shutdown},
 };
 
+/*
+ * nb_try_wait(): a non-blocking function (FUNC-6) that tries what it may not
+ * do and what it may: returns [rpc_sync status, sleep status, future wait
+ * status, rpc_async status, the rpc_sync message]. The rpc_async (add(1, 2)
+ * to the caller) is fire-and-forget: its future is freed at once.
+ */
+static tp_status fn_nb_try_wait(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                tp_value **result, void *user_data) {
+    (void)args, (void)kwargs, (void)user_data;
+    tp_dest caller = tp_to_rank(tp_call_caller(call)->id);
+    tp_value *res = NULL;
+    tp_value *two = tp_value_list_of(2, tp_value_int(1), tp_value_int(2));
+    tp_status sync_st = tp_rpc_sync(caller, "add", two, NULL, TP_TIMEOUT_DEFAULT, &res);
+    char sync_msg[TP_ERRMSG_LEN_MAX];
+    snprintf(sync_msg, sizeof sync_msg, "%s", tp_errmsg());
+    tp_value_free(res);
+    tp_status sleep_st = tp_sleep(0.01);
+    tp_future *f = NULL;
+    tp_status async_st = tp_rpc_async(caller, "add", two, NULL, TP_TIMEOUT_DEFAULT, &f);
+    tp_status wait_st = f ? tp_future_wait(f, TP_TIMEOUT_DEFAULT) : TP_OK;
+    tp_future_free(f);
+    tp_value_free(two);
+    *result = tp_value_list_of(5, tp_value_int(sync_st), tp_value_int(sleep_st),
+                               tp_value_int(wait_st), tp_value_int(async_st),
+                               tp_value_str(sync_msg));
+    return *result ? TP_OK : nomem(call);
+}
+
+/* Functions registered TP_FN_NONBLOCKING: they run on the I/O thread. */
+static const struct {
+    const char *name;
+    tp_fn fn;
+} nonblocking_functions[] = {
+    {"nb_add", fn_add},
+    {"nb_echo", fn_echo},
+    {"nb_try_wait", fn_nb_try_wait},
+};
+
 static const struct {
     const char *name;
     tp_fn fn;
@@ -732,6 +770,12 @@ static const struct {
 tp_status conf_register_all(void) {
     for (size_t i = 0; i < sizeof functions / sizeof functions[0]; i++) {
         tp_status st = tp_register_function(functions[i].name, functions[i].fn, NULL);
+        if (st != TP_OK && st != TP_EALREADY)
+            return st;
+    }
+    for (size_t i = 0; i < sizeof nonblocking_functions / sizeof nonblocking_functions[0]; i++) {
+        tp_status st = tp_register_function_ex(nonblocking_functions[i].name,
+                                               nonblocking_functions[i].fn, NULL, TP_FN_NONBLOCKING);
         if (st != TP_OK && st != TP_EALREADY)
             return st;
     }

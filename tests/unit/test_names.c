@@ -203,7 +203,7 @@ static int clear_registry(void **state) {
 static int found(const char *class_name, const char *name, tp_fn *fn, void **ud) {
     tp_fn f = NULL;
     void *u = NULL;
-    int ok = tpi_registry_find(tp_context_current(), class_name, name, &f, &u);
+    int ok = tpi_registry_find(tp_context_current(), class_name, name, &f, &u, NULL);
     if (fn)
         *fn = f;
     if (ud)
