@@ -74,9 +74,12 @@ static int raw_serve(int fd, size_t bulk_max) {
 /* ---------------------------------------------------------------------- */
 /* The rpc side (rank 0).                                                 */
 
+/* The function rpc_sync and rpc_async call (bench_pair_config.echo). */
+static const char *echo_fn = "echo";
+
 static int rpc_ping(const tp_value *args) {
     tp_value *res = NULL;
-    tp_status st = tp_rpc_sync(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &res);
+    tp_status st = tp_rpc_sync(tp_to_rank(1), echo_fn, args, NULL, TP_TIMEOUT_DEFAULT, &res);
     size_t len = 0;
     const void *data;
     int bad = st != TP_OK || tp_value_get_bytes(res, &data, &len) != TP_OK || len != MSG_LEN;
@@ -137,7 +140,7 @@ static double async_window_run(const tp_value *args, int window, int calls) {
             bad = wait_one(*slot);
             *slot = NULL;
         }
-        tp_status st = tp_rpc_async(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, slot);
+        tp_status st = tp_rpc_async(tp_to_rank(1), echo_fn, args, NULL, TP_TIMEOUT_DEFAULT, slot);
         if (st != TP_OK) {
             fprintf(stderr, "rpc_bench: rpc_async: %s: %s\n", tp_status_name(st), tp_errmsg());
             bad = 1;
@@ -353,6 +356,7 @@ static int rank_body(const bench_pair_config *cfg, int rank, int lfd, uint16_t r
 }
 
 int bench_pair_run(const bench_pair_config *cfg, bench_pair_results *out) {
+    echo_fn = cfg->echo ? cfg->echo : "echo"; /* the forked ranks inherit it */
     uint16_t raw_port = 0, store_port = bench_free_port();
     int lfd = bench_listen_loopback(&raw_port);
     pair_shared *sh = bench_shared_alloc(sizeof *sh);

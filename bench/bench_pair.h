@@ -27,6 +27,7 @@ int bench_place(int placement, int rank);
 
 typedef struct bench_pair_config {
     int use_rpc;        /* 0: the raw figures only (no rpc job) */
+    const char *echo;   /* the echo rpc_sync and rpc_async call: "echo" (pool) or "nb_echo" */
     int do_rtt;         /* the round-trip workloads (raw, rpc_sync, remote + to_here) */
     int do_async;       /* the rpc_async window */
     int do_bulk;        /* the bulk transfers (raw, tensor) */

@@ -18,7 +18,8 @@
 /* ---------------------------------------------------------------------- */
 /* The traced job.                                                        */
 
-static int job_rank(int rank, int n, int placement, uint16_t store_port, int done_r, int done_w) {
+static int job_rank(int rank, int n, int placement, const char *fn, uint16_t store_port,
+                    int done_r, int done_w) {
     BENCH_CHECK(bench_place(placement, rank) == 0);
     bench_register_functions();
     tp_options *o = bench_worker_options(store_port);
@@ -37,7 +38,7 @@ static int job_rank(int rank, int n, int placement, uint16_t store_port, int don
         BENCH_CHECK(args != NULL);
         for (int i = 0; i < n + 1; i++) { /* call 0 opens the connections */
             tp_value *res = NULL;
-            st = tp_rpc_sync(tp_to_rank(1), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &res);
+            st = tp_rpc_sync(tp_to_rank(1), fn, args, NULL, TP_TIMEOUT_DEFAULT, &res);
             tp_value_free(res);
             BENCH_CHECK(st == TP_OK);
         }
@@ -56,7 +57,7 @@ static int job_rank(int rank, int n, int placement, uint16_t store_port, int don
     return 0;
 }
 
-int bench_syscall_job(int n, int placement) {
+int bench_syscall_job(int n, int placement, const char *fn) {
     uint16_t store_port = bench_free_port();
     int done[2];
     pid_t pids[2] = {-1, -1};
@@ -72,7 +73,7 @@ int bench_syscall_job(int n, int placement) {
             break;
         }
         if (pids[rank] == 0)
-            exit(job_rank(rank, n, placement, store_port, done[0], done[1]));
+            exit(job_rank(rank, n, placement, fn, store_port, done[0], done[1]));
     }
     close(done[0]);
     close(done[1]);
@@ -132,7 +133,7 @@ static int parse_summary(const char *path, syscall_table *t) {
     return t->total >= 0 ? 0 : -1;
 }
 
-static int run_traced(const char *self, int n, int placement, syscall_table *t) {
+static int run_traced(const char *self, int n, int placement, const char *fn, syscall_table *t) {
     char path[] = "/tmp/rpc_bench_strace_XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) {
@@ -146,7 +147,7 @@ static int run_traced(const char *self, int n, int placement, syscall_table *t) 
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
-        execlp("strace", "strace", "-f", "-c", "-o", path, "--", self, "--syscall-job", nbuf, pbuf,
+        execlp("strace", "strace", "-f", "-c", "-o", path, "--", self, "--syscall-job", nbuf, pbuf, fn,
                (char *)NULL);
         fprintf(stderr, "rpc_bench: cannot run strace: %s (scripts/install-deps.sh strace)\n",
                 strerror(errno));
@@ -178,18 +179,19 @@ static void print_breakdown(const syscall_table *with, const syscall_table *base
     }
 }
 
-int bench_syscalls_run(const char *self, int n, int reps, int placement, double *per_call) {
+int bench_syscalls_run(const char *self, int n, int reps, int placement, const char *fn,
+                       double *per_call) {
     static syscall_table with, base, t;
     long with_min = -1, base_min = -1;
     for (int r = 0; r < reps; r++) {
-        if (run_traced(self, n, placement, &t) != 0)
+        if (run_traced(self, n, placement, fn, &t) != 0)
             return -1;
         long with_total = t.total;
         if (with_min < 0 || t.total < with_min) {
             with_min = t.total;
             with = t;
         }
-        if (run_traced(self, 0, placement, &t) != 0)
+        if (run_traced(self, 0, placement, fn, &t) != 0)
             return -1;
         if (base_min < 0 || t.total < base_min) {
             base_min = t.total;

@@ -9,8 +9,9 @@
 #ifndef TP_BENCH_SYSCALLS_H
 #define TP_BENCH_SYSCALLS_H
 
-/* The traced program's body (rpc_bench --syscall-job n placement): 0 on success. */
-int bench_syscall_job(int n, int placement);
+/* The traced program's body (rpc_bench --syscall-job n placement fn): rpc_syncs
+ * of fn ("echo" or "nb_echo"); 0 on success. */
+int bench_syscall_job(int n, int placement, const char *fn);
 
 /*
  * Runs `strace -f -c` over `self --syscall-job n placement` and over `self
@@ -18,6 +19,7 @@ int bench_syscall_job(int n, int placement);
  * each kind is kept), and sets *per_call. 0 on success; -1 when strace is
  * missing or a run fails.
  */
-int bench_syscalls_run(const char *self, int n, int reps, int placement, double *per_call);
+int bench_syscalls_run(const char *self, int n, int reps, int placement, const char *fn,
+                       double *per_call);
 
 #endif

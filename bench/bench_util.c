@@ -226,6 +226,8 @@ static tp_status fn_numel(tp_call *call, const tp_value *args, const tp_value *k
 
 void bench_register_functions(void) {
     tp_register_function("echo", fn_echo, NULL);
+    /* The same echo, registered non-blocking: served on the I/O thread (FUNC-6). */
+    tp_register_function_ex("nb_echo", fn_echo, NULL, TP_FN_NONBLOCKING);
     tp_register_function("numel", fn_numel, NULL);
 }
 

@@ -98,6 +98,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
 static bench_pair_config pair_config(const bench_args *a) {
     bench_pair_config c = {
         .use_rpc = !a->raw_only,
+        .echo = "echo",
         .do_rtt = a->rtt,
         .do_async = a->async,
         .do_bulk = a->bulk,
@@ -138,7 +139,7 @@ static int run_init_figures(const bench_args *a) {
     return 0;
 }
 
-static int run_syscall_figure(const bench_args *a) {
+static int run_syscall_figure(const bench_args *a, const char *fn, const char *figure) {
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
@@ -147,13 +148,44 @@ static int run_syscall_figure(const bench_args *a) {
     }
     self[n] = '\0';
     double per_call = 0;
-    if (bench_syscalls_run(self, a->quick ? 500 : 2000, a->quick ? 1 : 2, a->placement,
+    if (bench_syscalls_run(self, a->quick ? 500 : 2000, a->quick ? 1 : 2, a->placement, fn,
                            &per_call) != 0) {
         fprintf(stderr, "rpc_bench: syscalls_per_rpc_sync failed (is strace installed? "
                         "scripts/install-deps.sh strace)\n");
         return -1;
     }
-    bench_print("syscalls_per_rpc_sync", per_call, "calls");
+    bench_print(figure, per_call, "calls");
+    return 0;
+}
+
+/*
+ * The round trips and the async window once more with the echo registered
+ * non-blocking (FUNC-6): served on the callee's I/O thread, no pool hand-off.
+ * Its own raw reference, measured interleaved in this second job.
+ */
+static int run_inline(const bench_args *a) {
+    bench_args in = *a;
+    in.bulk = 0;
+    bench_pair_config cfg = pair_config(&in);
+    cfg.echo = "nb_echo";
+    cfg.remote_samples = 0;
+    bench_pair_results r;
+    memset(&r, 0, sizeof r);
+    if ((in.rtt || in.async) && bench_pair_run(&cfg, &r) != 0) {
+        fprintf(stderr, "rpc_bench: the non-blocking echo job failed\n");
+        return -1;
+    }
+    if (in.rtt) {
+        bench_print("raw_tcp_rtt_nb_run_median_us", r.raw_rtt_median_us, "us");
+        bench_print("rpc_sync_nb_rtt_median_us", r.rpc_rtt_median_us, "us");
+        bench_print("rpc_sync_nb_rtt_p99_us", r.rpc_rtt_p99_us, "us");
+        bench_print("ratio_rpc_sync_nb_rtt_median", r.rpc_rtt_median_us / r.raw_rtt_median_us,
+                    "x");
+    }
+    if (in.async)
+        bench_print("rpc_async_nb_calls_per_s", r.async_calls_per_s, "calls/s");
+    if (in.syscalls && run_syscall_figure(a, "nb_echo", "syscalls_per_rpc_sync_nb") != 0)
+        return -1;
     return 0;
 }
 
@@ -182,8 +214,8 @@ static int run_one_cpu_rtt(const bench_args *a) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && strcmp(argv[1], "--syscall-job") == 0)
-        return bench_syscall_job(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 5 && strcmp(argv[1], "--syscall-job") == 0)
+        return bench_syscall_job(atoi(argv[2]), atoi(argv[3]), argv[4]);
     bench_args a;
     if (parse_args(argc, argv, &a) != 0) {
         usage();
@@ -216,7 +248,7 @@ int main(int argc, char **argv) {
         bench_print("remote_to_here_median_us", r.remote_median_us, "us");
     if (a.init && run_init_figures(&a) != 0)
         return 1;
-    if (a.syscalls && run_syscall_figure(&a) != 0)
+    if (a.syscalls && run_syscall_figure(&a, "echo", "syscalls_per_rpc_sync") != 0)
         return 1;
     if (rpc_rtt) {
         bench_print("ratio_rpc_sync_rtt_median", r.rpc_rtt_median_us / r.raw_rtt_median_us, "x");
@@ -225,6 +257,8 @@ int main(int argc, char **argv) {
     if (rpc_bulk)
         bench_print("ratio_tensor_64mib_gbps", r.tensor_gbps / r.raw_gbps, "x");
     if (rpc_rtt && a.placement == BENCH_PLACE_SPREAD && run_one_cpu_rtt(&a) != 0)
+        return 1;
+    if (!a.raw_only && (a.rtt || a.async || a.syscalls) && run_inline(&a) != 0)
         return 1;
     if (bench_verbose)
         fprintf(stderr, "rpc_bench: the run took %.1f s\n", (double)(bench_now_ns() - t0) / 1e9);
