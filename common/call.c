@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "core.h"
 #include "options.h"
 #include "registry.h"
@@ -96,12 +97,13 @@ static void rearm(tp_core *c) {
 
 tpi_call *tpi_call_new(tp_core *c, uint32_t dst, uint8_t type, const char *what,
                        const char *fn) {
-    tpi_call *call = calloc(1, sizeof *call);
+    tpi_call *call = tpi_block_alloc(sizeof *call); /* blocks.h: no malloc once warm */
     if (!call)
         return NULL;
+    memset(call, 0, sizeof *call);
     call->future = tpi_future_new(c);
     if (!call->future) {
-        free(call);
+        tpi_block_free(call, sizeof *call);
         return NULL;
     }
     call->dst = dst;
@@ -109,8 +111,11 @@ tpi_call *tpi_call_new(tp_core *c, uint32_t dst, uint8_t type, const char *what,
     call->what = what;
     call->heap_index = TPI_NO_INDEX;
     call->deadline_ns = TPI_NO_DEADLINE;
-    if (fn)
-        tpi_format(call->fn, sizeof call->fn, "%s", fn);
+    if (fn) { /* a valid name (CALL-1), so within the buffer; no printf on the hot path */
+        size_t n = strnlen(fn, sizeof call->fn - 1);
+        memcpy(call->fn, fn, n);
+        call->fn[n] = '\0';
+    }
     return call;
 }
 
@@ -120,7 +125,7 @@ void tpi_call_free(tp_core *c, tpi_call *call) {
     if (call->rref)
         tpi_rref_unpin(c, call->rref);
     tp_future_free(call->future);
-    free(call);
+    tpi_block_free(call, sizeof *call);
 }
 
 static void list_remove(tp_core *c, tpi_call *call) {
@@ -429,7 +434,9 @@ tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const ch
     memset(&m, 0, sizeof m);
     m.type = TPI_MSG_REQUEST;
     m.flags = flags;
-    tpi_format(m.text, sizeof m.text, "%s", fn);
+    size_t fn_len = strnlen(fn, sizeof m.text - 1); /* validated: within the buffer */
+    memcpy(m.text, fn, fn_len);
+    m.text[fn_len] = '\0';
     m.args = (tp_value *)args; /* borrowed: encoding only reads */
     m.kwargs = (tp_value *)kwargs;
     tpi_call *call = tpi_call_new(c, dst, TPI_MSG_REQUEST, what, fn);

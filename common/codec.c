@@ -1322,7 +1322,11 @@ static void frame_hold_release(tpi_blob *b) {
 tp_status tpi_msg_decode_frame(tp_frame *f, const tpi_codec_hooks *hooks, tpi_msg *m,
                                char *errmsg, size_t errmsg_len) {
     TPI_ASSERT(f != NULL && m != NULL);
-    tpi_blob *hold = tpi_frame_owns_bytes(f) ? malloc(sizeof *hold) : NULL;
+    /* Only a frame that can carry a tensor of TPI_ZERO_COPY_MIN bytes needs the
+     * block tensors view; a smaller one is copied out and freed here. */
+    tpi_blob *hold = tpi_frame_owns_bytes(f) && f->len >= TPI_ZERO_COPY_MIN
+                         ? malloc(sizeof *hold)
+                         : NULL;
     if (!hold) { /* not ours to lend, or no memory for the block: copy */
         tp_status st = msg_decode(f, NULL, hooks, m, errmsg, errmsg_len);
         tp_frame_free(f);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "codec.h"
 #include "errors.h"
 #include "value.h"
@@ -165,6 +166,7 @@ void tpi_frame_cache_trim(void) {
     }
     TPI_ASSERT(cache.bytes == 0);
     cache_unlock();
+    tpi_blocks_trim(); /* and the small blocks (blocks.h) */
     for (int i = 0; i < n; i++) {
         BLOCK_UNPOISON(all[i], caps[i]);
         free(all[i]);
@@ -186,7 +188,7 @@ static void frame_alloc_destroy(tp_frame *f) {
     if (of->cap >= TPI_FRAME_CACHE_MIN)
         cache_put(of);
     else
-        free(of);
+        tpi_block_free(of, OWNED_HEAD + of->cap); /* small: back to blocks.h, else free */
 }
 
 /* A reused block holds an earlier frame's bytes, not zeros: every caller
@@ -199,10 +201,13 @@ tp_frame *tp_frame_alloc(size_t len) {
     if (!of) {
         size_t cap =
             len >= TPI_FRAME_CACHE_MIN ? (len + CACHE_STEP - 1) / CACHE_STEP * CACHE_STEP : len;
-        of = malloc(OWNED_HEAD + cap);
+        /* A small frame's block comes from blocks.h: no malloc once warm. */
+        if (len < TPI_FRAME_CACHE_MIN)
+            cap = tpi_block_usable(OWNED_HEAD + cap) - OWNED_HEAD;
+        of = tpi_block_alloc(OWNED_HEAD + cap);
         if (!of) { /* what the cache holds is better spent here */
             tpi_frame_cache_trim();
-            of = malloc(OWNED_HEAD + cap);
+            of = tpi_block_alloc(OWNED_HEAD + cap);
             if (!of)
                 return NULL;
         }
@@ -242,13 +247,13 @@ static void shared_frame_destroy(tp_frame *f) {
     shared_frame *sf = (shared_frame *)f;
     for (int i = 0; i < sf->nrefs; i++)
         tpi_blob_unref(sf->refs[i]);
-    free(sf);
+    tpi_block_free(sf, SHARED_HEAD + sf->own_len);
 }
 
 tp_frame *tpi_frame_shared_alloc(size_t own_len) {
     if (own_len > SIZE_MAX - SHARED_HEAD)
         return NULL;
-    shared_frame *sf = malloc(SHARED_HEAD + own_len);
+    shared_frame *sf = tpi_block_alloc(SHARED_HEAD + own_len);
     if (!sf)
         return NULL;
     memset(sf, 0, sizeof *sf);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "core.h"
 #include "options.h"
 
@@ -23,9 +24,10 @@ struct tpi_then {
 };
 
 tp_future *tpi_future_new(tp_core *c) {
-    tp_future *f = calloc(1, sizeof *f);
+    tp_future *f = tpi_block_alloc(sizeof *f); /* blocks.h: no malloc once warm */
     if (!f)
         return NULL;
+    memset(f, 0, sizeof *f);
     atomic_init(&f->refs, 1);
     atomic_init(&f->done, 0);
     f->core = c;
@@ -50,7 +52,7 @@ void tp_future_free(tp_future *f) {
     tp_core *c = f->core;
     tpi_defer_free(c, f->value); /* the last reference may go under the lock */
     free(f->errmsg);
-    free(f);
+    tpi_block_free(f, sizeof *f);
     tpi_core_unref(c);
 }
 

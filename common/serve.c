@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "core.h"
 #include "registry.h"
 
@@ -101,8 +102,9 @@ void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_val
 /* Runs a user function or method; fills *result or an error message. */
 static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **result,
                         char *err, size_t err_len) {
+    /* Formatted only on the error paths below: no printf per served call. */
     char self_desc[TP_NAME_LEN_MAX + 32];
-    tpi_worker_desc(c, c->rank, self_desc, sizeof self_desc);
+#define SELF_DESC() tpi_worker_desc(c, c->rank, self_desc, sizeof self_desc)
     const tp_value *args = m->args;
     const tp_value *object = NULL;
     const char *class_name = NULL;
@@ -110,12 +112,12 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         tp_rref *target = NULL;
         if (tp_list_len(args) != 2 || tp_value_get_rref(tp_list_get(args, 0), &target) != TP_OK ||
             tp_value_kind(tp_list_get(args, 1)) != TP_KIND_LIST) {
-            tpi_format(err, err_len, "method call '%s' to %s is malformed", m->text, self_desc);
+            tpi_format(err, err_len, "method call '%s' to %s is malformed", m->text, SELF_DESC());
             return TP_EPROTO;
         }
         if (!target->is_owner) {
             tpi_format(err, err_len, "method '%s': %s does not own the rref (owner: '%s')",
-                       m->text, self_desc, target->owner_name);
+                       m->text, SELF_DESC(), target->owner_name);
             return TP_ENOTOWNER;
         }
         tpi_lock(c);
@@ -127,7 +129,7 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         tp_status st = o ? tpi_owner_wait(c, o, deadline) : TP_ENOTOWNER;
         tpi_unlock(c);
         if (st != TP_OK) {
-            tpi_format(err, err_len, "method '%s' on %s: %s", m->text, self_desc,
+            tpi_format(err, err_len, "method '%s' on %s: %s", m->text, SELF_DESC(),
                        tp_strerror(st));
             return st;
         }
@@ -139,7 +141,7 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         object = o->value;
         if (tp_value_get_object(object, &class_name, NULL) != TP_OK) {
             tpi_format(err, err_len, "method '%s' on %s: the rref holds a %s, not an object",
-                       m->text, self_desc, tp_kind_name(tp_value_kind(object)));
+                       m->text, SELF_DESC(), tp_kind_name(tp_value_kind(object)));
             return TP_ETYPE;
         }
         args = tp_list_get(args, 1);
@@ -150,10 +152,10 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
     void *ud;
     if (!tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud, NULL)) {
         if (class_name)
-            tpi_format(err, err_len, "%s: class '%s' has no method '%s'", self_desc, class_name,
+            tpi_format(err, err_len, "%s: class '%s' has no method '%s'", SELF_DESC(), class_name,
                        m->text);
         else
-            tpi_format(err, err_len, "%s has no function '%s'", self_desc, m->text);
+            tpi_format(err, err_len, "%s has no function '%s'", SELF_DESC(), m->text);
         return TP_EUNKNOWNFUNC;
     }
     char full[2 * TP_NAME_LEN_MAX + 2];
@@ -170,10 +172,11 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
         tp_value_free(*result);
         *result = NULL;
         tpi_format(err, err_len, "%s '%s' on %s failed: %s", class_name ? "method" : "function",
-                   call.fn, self_desc, call.err[0] ? call.err : tp_strerror(st));
+                   call.fn, SELF_DESC(), call.err[0] ? call.err : tp_strerror(st));
         return TP_EREMOTE;
     }
     return TP_OK;
+#undef SELF_DESC
 }
 
 /* Runs the creating function of an owner record registered by on_remote. */
@@ -270,7 +273,7 @@ static void job_run(tp_work *w) {
     TPI_ASSERT(c->active_served > 0);
     c->active_served--;
     tpi_unlock(c);
-    free(j);
+    tpi_block_free(j, sizeof *j);
     tpi_core_unref(c);
 }
 
@@ -341,7 +344,9 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     }
     if (type == TPI_MSG_REQUEST && serve_inline(c, src, f))
         return;
-    tpi_job *j = calloc(1, sizeof *j);
+    tpi_job *j = tpi_block_alloc(sizeof *j); /* blocks.h: no malloc once warm */
+    if (j)
+        memset(j, 0, sizeof *j);
     uint64_t id = tpi_frame_id(f);
     if (!j) {
         tp_frame_free(f);
@@ -353,7 +358,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         tp_status st = on_remote(c, src, f, j, err, sizeof err); /* takes f */
         f = NULL;
         if (st != TP_OK) {
-            free(j);
+            tpi_block_free(j, sizeof *j);
             tpi_reply(c, src, id, st, NULL, err);
             return;
         }
@@ -383,7 +388,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
             tpi_msg_clear(j->msg);
             free(j->msg);
         }
-        free(j);
+        tpi_block_free(j, sizeof *j);
         tpi_reply(c, src, id, TP_ESHUTDOWN, NULL, "the callee is shutting down");
         tpi_core_unref(c);
     }
