@@ -236,7 +236,13 @@ static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err
     return st;
 }
 
-tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s) {
+/*
+ * Issues call; with defer non-NULL and a message that carries no rref, the
+ * frame is registered and counted but not sent: *defer receives it and the
+ * caller sends it once the lock is released (tpi_send_deferred).
+ */
+static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
+                       tpi_deferred *defer) {
     char err[TP_ERRMSG_LEN_MAX];
     char who[TP_NAME_LEN_MAX + 32];
     if (timeout_s == TP_TIMEOUT_DEFAULT)
@@ -283,9 +289,10 @@ tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_
         }
     }
     /* Registered before the send: a reply can never beat its registration. */
+    int later = defer != NULL && rc.nundo == 0;
     if (st == TP_OK) {
         call->wire_len = f->len;
-        st = c->ops->send(c->agent, call->dst, f);
+        st = later ? TP_OK : c->ops->send(c->agent, call->dst, f);
         if (st != TP_OK) {
             tpi_idmap_del(&c->calls, key);
             if (call->heap_index != TPI_NO_INDEX)
@@ -305,6 +312,11 @@ tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_
         return st;
     }
     tpi_rref_ctx_done(&rc);
+    if (defer) {
+        defer->frame = later ? f : NULL;
+        defer->dst = call->dst;
+        defer->id = call->id;
+    }
     c->inflight[call->dst] += call->wire_len;
     call->prev = c->calls_tail;
     if (c->calls_tail)
@@ -316,6 +328,32 @@ tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_
     c->issued++;
     rearm(c);
     return TP_OK;
+}
+
+tp_status tpi_call_issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s) {
+    return issue(c, call, m, timeout_s, NULL);
+}
+
+tp_status tpi_send_deferred(tp_core *c, tpi_deferred *d, const char *what, const char *fn) {
+    if (!d->frame)
+        return TP_OK;
+    TPI_ASSERT(!tpi_lock_held(c));
+    tp_frame *f = d->frame;
+    d->frame = NULL;
+    tp_status st = c->ops->send(c->agent, d->dst, f);
+    if (st == TP_OK)
+        return TP_OK;
+    tp_frame_free(f); /* the send's caller keeps the frame on error (AGENT-8) */
+    char who[TP_NAME_LEN_MAX + 32];
+    char msg[TP_ERRMSG_LEN_MAX];
+    tpi_format(msg, sizeof msg, "%s to %s, function '%s': send to worker id %u failed: %s", what,
+               tpi_worker_desc(c, d->dst, who, sizeof who), fn, d->dst, tp_strerror(st));
+    tpi_lock(c);
+    tpi_call *call = tpi_idmap_get(&c->calls, (tpi_gid){0, d->id});
+    if (call) /* not yet ended by a timeout or a peer failure */
+        tpi_call_finish(c, call, st, NULL, msg);
+    tpi_unlock(c);
+    return tpi_fail_msg(st, msg);
 }
 
 void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
@@ -430,6 +468,12 @@ static tp_status check_args(const tp_value *args, const tp_value *kwargs) {
 tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const char *fn,
                             uint16_t flags, const tp_value *args, const tp_value *kwargs,
                             double timeout_s, tp_future **out) {
+    return tpi_start_request_deferred(c, dst, what, fn, flags, args, kwargs, timeout_s, out, NULL);
+}
+
+tp_status tpi_start_request_deferred(tp_core *c, uint32_t dst, const char *what, const char *fn,
+                                     uint16_t flags, const tp_value *args, const tp_value *kwargs,
+                                     double timeout_s, tp_future **out, tpi_deferred *defer) {
     tpi_msg m;
     memset(&m, 0, sizeof m);
     m.type = TPI_MSG_REQUEST;
@@ -444,7 +488,7 @@ tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const ch
         return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
     call->flow = 1;
     tp_future *f = tpi_future_ref(call->future);
-    tp_status st = tpi_call_issue(c, call, &m, timeout_s);
+    tp_status st = issue(c, call, &m, timeout_s, defer);
     if (st != TP_OK) {
         tp_future_free(f);
         return st;
@@ -479,9 +523,19 @@ tp_status tp_rpc_async(tp_dest dest, const char *fn, const tp_value *args,
     if (st == TP_OK)
         st = tpi_resolve(c, dest, &dst);
     if (st == TP_OK) {
+        /* Sent once the lock is released: a reply that comes at once never
+         * finds the lock held by this thread's system call. */
+        tpi_deferred d = {NULL, 0, 0};
         tpi_lock(c);
-        st = tpi_start_request(c, dst, "rpc_async", fn, 0, args, kwargs, timeout_s, out);
+        st = tpi_start_request_deferred(c, dst, "rpc_async", fn, 0, args, kwargs, timeout_s, out,
+                                        &d);
         tpi_unlock(c);
+        if (st == TP_OK)
+            st = tpi_send_deferred(c, &d, "rpc_async", fn);
+        if (st != TP_OK) {
+            tp_future_free(*out);
+            *out = NULL;
+        }
     }
     tpi_leave(c);
     return st;
@@ -520,9 +574,13 @@ tp_status tp_rpc_sync(tp_dest dest, const char *fn, const tp_value *args,
         st = tpi_resolve(c, dest, &dst);
     tp_future *f = NULL;
     if (st == TP_OK) {
+        tpi_deferred d = {NULL, 0, 0};
         tpi_lock(c);
-        st = tpi_start_request(c, dst, "rpc_sync", fn, 0, args, kwargs, timeout_s, &f);
+        st = tpi_start_request_deferred(c, dst, "rpc_sync", fn, 0, args, kwargs, timeout_s, &f,
+                                        &d);
         tpi_unlock(c);
+        if (st == TP_OK)
+            st = tpi_send_deferred(c, &d, "rpc_sync", fn); /* see rpc_async */
     }
     if (st == TP_OK)
         st = tpi_future_result(c, f, result);

@@ -346,6 +346,20 @@ void tpi_rref_unpin(tp_core *c, tp_rref *r);
 tp_status tpi_start_request(tp_core *c, uint32_t dst, const char *what, const char *fn,
                             uint16_t flags, const tp_value *args, const tp_value *kwargs,
                             double timeout_s, tp_future **out);
+/* A request registered under the lock whose frame is sent after it. */
+typedef struct tpi_deferred {
+    tp_frame *frame; /* NULL: nothing to send (it went already) */
+    uint32_t dst;
+    uint64_t id;
+} tpi_deferred;
+/* tpi_start_request that leaves the send of a message without rrefs to
+ * tpi_send_deferred (defer may be NULL: send now). */
+tp_status tpi_start_request_deferred(tp_core *c, uint32_t dst, const char *what, const char *fn,
+                                     uint16_t flags, const tp_value *args, const tp_value *kwargs,
+                                     double timeout_s, tp_future **out, tpi_deferred *defer);
+/* Sends a deferred frame (lock not held). On failure the call ends with the
+ * error (unless it ended already) and the status is returned with a message. */
+tp_status tpi_send_deferred(tp_core *c, tpi_deferred *d, const char *what, const char *fn);
 /* Waits for f (lock not held) and moves its result out, recording its message. */
 tp_status tpi_future_result(tp_core *c, tp_future *f, tp_value **result);
 /* Starts a REMOTE (lock held); *out is a new rref. */

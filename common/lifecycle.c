@@ -244,6 +244,8 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
 }
 
 tp_status tp_shutdown(int graceful) {
+    if (tpi_check_may_wait("shutdown") != TP_OK) /* FUNC-6, SHUTDOWN-1 */
+        return TP_EINVAL;
     tp_context *ctx = tp_context_current();
     tp_core *c = tpi_context_core(ctx);
     /* SHUTDOWN-1: never from a task serving this worker (its pool would wait

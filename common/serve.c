@@ -229,12 +229,11 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
         !(flags & TP_FN_NONBLOCKING))
         return 0;
     TPI_ASSERT(!nonblocking_fn && "a non-blocking function cannot serve another");
-    tpi_waiter node;
-    tpi_work_enter(c, &node); /* SHUTDOWN-1: it runs user code */
+    /* No tpi_work_enter: nonblocking_fn already makes tp_shutdown refuse
+     * (it waits), which is all SHUTDOWN-1 needs it for. */
     nonblocking_fn = name;
     serve_request(c, src, f, tpi_frame_id(f));
     nonblocking_fn = NULL;
-    tpi_work_leave(c, &node);
     return 1;
 }
 

@@ -120,13 +120,16 @@ void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
         uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
         return;
     pthread_mutex_lock(&a->qmu);
-    if (!p->q_head && !p->dead && !p->direct_busy && !a->stopping)
+    if (p->direct_busy)
+        p->direct_pending = fd + 1; /* the writer grants it when done, if all went out */
+    else if (!p->q_head && !p->dead && !a->stopping)
         p->direct_fd = fd;
     pthread_mutex_unlock(&a->qmu);
 }
 
 void tpi_tcp_direct_stop_locked(tpi_tcp_agent *a, tpi_tcp_peer *p) {
     p->direct_fd = -1;
+    p->direct_pending = 0;
     while (p->direct_busy) {
         pthread_mutex_unlock(&a->qmu);
         sched_yield(); /* the writer is between two qmu sections: one sendmsg */
@@ -534,6 +537,8 @@ static void on_record(tpi_tcp_conn *c) {
 
 /* Bytes from the staging buffer: records, headers and small bodies. */
 static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
+    tpi_tcp_agent *a = c->a;
+    unsigned delivered = 0;
     while (n > 0 && (c->state == CONN_HELLO || c->state == CONN_OPEN)) {
         if (c->rx) {
             size_t take = c->rx_len - c->rx_got;
@@ -543,8 +548,12 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
             c->rx_got += take;
             p += take;
             n -= take;
-            if (c->rx_got == c->rx_len)
+            if (c->rx_got == c->rx_len) {
                 deliver(c);
+                /* c stays valid: closing only schedules the free */
+                if (++delivered % TPI_TCP_FLUSH_EVERY == 0)
+                    tpi_tcp_flush_dirty(a);
+            }
             continue;
         }
         size_t take = TPI_TCP_RECORD_SIZE - c->rec_got;

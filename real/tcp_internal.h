@@ -77,6 +77,10 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
 /* A body with at least this many bytes still to come is read straight into
  * its frame; smaller rests are copied from the staging buffer. */
 #define TPI_TCP_DIRECT_MIN 4096
+/* Frames a read batch hands on between two flushes of what they caused to
+ * be queued: the answers stream out while the batch is still being read,
+ * instead of all at its end (the peer would sit idle meanwhile). */
+#define TPI_TCP_FLUSH_EVERY 128
 /* An accepted connection must say hello within this time. */
 #define TPI_TCP_HELLO_TIMEOUT_MS 10000
 /* A dialed connection must be accepted and answered within this time. */
@@ -130,6 +134,7 @@ typedef struct tpi_tcp_peer {
     int dead;                  /* TP_EPEERDOWN seen: send fails at once */
     int direct_fd;             /* >= 0: a sender may write one frame to this socket itself (TCP-15) */
     int direct_busy;           /* a sender took the grant and is writing, without qmu */
+    int direct_pending;        /* the loop granted while busy: the writer restores it */
     int regrant;               /* on the agent's regrant list */
     /* loop thread only */
     tpi_tcp_conn *out; /* the connection we dialed: frames go there */
@@ -228,6 +233,9 @@ tp_status tpi_tcp_loop_start(tpi_tcp_agent *a, char *errmsg, size_t errmsg_len);
 /* Joins the loop thread once the agent set stopping and woke it (stop). */
 void tpi_tcp_loop_stop(tpi_tcp_agent *a);
 tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f);
+/* Writes what senders queued, now (loop thread, between upcalls): frames
+ * answered while a read batch is handled go out without waiting for its end. */
+void tpi_tcp_flush_dirty(tpi_tcp_agent *a);
 void tpi_tcp_timer_arm(tpi_tcp_agent *a, uint64_t deadline_ns);
 /* Frees every frame still queued (after the loop is gone). */
 void tpi_tcp_drop_queues(tpi_tcp_agent *a);

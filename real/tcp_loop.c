@@ -134,7 +134,13 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
             int all = direct_write(fd, f);
             pthread_mutex_lock(&a->qmu);
             p->direct_busy = 0;
-            if (!p->regrant) {
+            int pending = p->direct_pending;
+            p->direct_pending = 0;
+            if (all && pending && !p->q_head && !a->stopping) {
+                /* The loop's grant for this turn came while we wrote (it
+                 * checked everything else): it is ours to restore. */
+                p->direct_fd = pending - 1;
+            } else if (!p->regrant) {
                 p->regrant = 1;
                 uint32_t n = atomic_load_explicit(&a->nregrant, memory_order_relaxed);
                 a->regrant[n] = dst;
@@ -203,6 +209,28 @@ static void deliver_loopback(tpi_tcp_agent *a) {
 /* After each poll: grant the direct writes used meanwhile (TCP-15). */
 static void on_check(uv_check_t *h) {
     tpi_tcp_direct_regrant(h->data);
+}
+
+void tpi_tcp_flush_dirty(tpi_tcp_agent *a) {
+    pthread_mutex_lock(&a->qmu);
+    if (a->stopping || a->ndirty == 0) {
+        pthread_mutex_unlock(&a->qmu);
+        return;
+    }
+    uint32_t n = a->ndirty;
+    uint32_t *work = a->dirty;
+    a->dirty = a->dirty_work;
+    a->dirty_work = work;
+    a->ndirty = 0;
+    for (uint32_t i = 0; i < n; i++)
+        a->peers[work[i]].dirty = 0;
+    pthread_mutex_unlock(&a->qmu);
+    for (uint32_t i = 0; i < n; i++) {
+        if (work[i] == a->rank)
+            deliver_loopback(a);
+        else
+            tpi_tcp_flush(a, work[i]);
+    }
 }
 
 static void on_wake(uv_async_t *h) {

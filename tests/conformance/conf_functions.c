@@ -722,7 +722,7 @@ static const struct {
 /*
  * nb_try_wait(): a non-blocking function (FUNC-6) that tries what it may not
  * do and what it may: returns [rpc_sync status, sleep status, future wait
- * status, rpc_async status, the rpc_sync message]. The rpc_async (add(1, 2)
+ * status, rpc_async status, the rpc_sync message, shutdown status]. The rpc_async (add(1, 2)
  * to the caller) is fire-and-forget: its future is freed at once.
  */
 static tp_status fn_nb_try_wait(tp_call *call, const tp_value *args, const tp_value *kwargs,
@@ -741,9 +741,10 @@ static tp_status fn_nb_try_wait(tp_call *call, const tp_value *args, const tp_va
     tp_status wait_st = f ? tp_future_wait(f, TP_TIMEOUT_DEFAULT) : TP_OK;
     tp_future_free(f);
     tp_value_free(two);
-    *result = tp_value_list_of(5, tp_value_int(sync_st), tp_value_int(sleep_st),
+    tp_status shutdown_st = tp_shutdown(1);
+    *result = tp_value_list_of(6, tp_value_int(sync_st), tp_value_int(sleep_st),
                                tp_value_int(wait_st), tp_value_int(async_st),
-                               tp_value_str(sync_msg));
+                               tp_value_str(sync_msg), tp_value_int(shutdown_st));
     return *result ? TP_OK : nomem(call);
 }
 
