@@ -4,7 +4,7 @@
  * Completion happens under the core lock from whichever context finishes the
  * call (I/O context for replies, timeouts and peer failures); it wakes
  * waiters directly with unpark and hands then-callbacks to the executor, so
- * user code never runs in the I/O context.
+ * no callback runs in the I/O context.
  */
 #include <stdlib.h>
 #include <string.h>
