@@ -73,14 +73,18 @@ void tpi_work_enter(tp_core *c, tpi_waiter *node) {
     tpi_unlock(c);
 }
 
-void tpi_work_leave(tp_core *c, tpi_waiter *node) {
-    tpi_lock(c);
+void tpi_work_leave_locked(tp_core *c, tpi_waiter *node) {
     if (node->prev)
         node->prev->next = node->next;
     else
         c->in_work = node->next;
     if (node->next)
         node->next->prev = node->prev;
+}
+
+void tpi_work_leave(tp_core *c, tpi_waiter *node) {
+    tpi_lock(c);
+    tpi_work_leave_locked(c, node);
     tpi_unlock(c);
 }
 

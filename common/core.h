@@ -230,6 +230,7 @@ static inline uint64_t tpi_now(tp_core *c) {
  * may not shut the worker down). node lives on the caller's stack. */
 void tpi_work_enter(tp_core *c, tpi_waiter *node);
 void tpi_work_leave(tp_core *c, tpi_waiter *node);
+void tpi_work_leave_locked(tp_core *c, tpi_waiter *node); /* lock held */
 int tpi_in_work(tp_core *c);
 /* Parks the calling task (lock held) until woken or deadline. */
 tp_status tpi_park(tp_core *c, uint64_t deadline_ns);

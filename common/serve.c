@@ -262,13 +262,13 @@ static void job_run(tp_work *w) {
         serve_request(c, j->src, j->frame, id);
         j->frame = NULL;
     }
-    tpi_work_leave(c, &node);
     if (j->msg) {
         tpi_msg_clear(j->msg);
         free(j->msg);
     }
     tp_frame_free(j->frame);
-    tpi_lock(c);
+    tpi_lock(c); /* one lock section for both: this runs once per served call */
+    tpi_work_leave_locked(c, &node);
     TPI_ASSERT(c->active_served > 0);
     c->active_served--;
     tpi_unlock(c);
