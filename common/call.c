@@ -203,13 +203,8 @@ static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err
         if (first_waiter(c, dst) == &w && window_fits(c, dst, len))
             break;
         st = tpi_park(c, call->deadline_ns);
-        if (st != TP_OK && st != TP_ETIMEDOUT)
-            break; /* TP_ESHUTDOWN: teardown */
-        if (st == TP_ETIMEDOUT) {
-            if (first_waiter(c, dst) == &w && window_fits(c, dst, len) && !c->peer_dead[dst])
-                st = TP_OK; /* the room came with the deadline: go */
-            break;
-        }
+        if (st != TP_OK)
+            break; /* the deadline (nothing is sent: FLOW-2), or teardown */
     }
     if (w.prev)
         w.prev->next = w.next;

@@ -158,7 +158,7 @@ tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns)
         waiter_unlink(f, &w);
         if (atomic_load(&f->done))
             break;
-        if (st == TP_ETIMEDOUT || st == TP_ESHUTDOWN)
+        if (st != TP_OK) /* deadline, teardown, or a wait refused (FUNC-6) */
             return st;
     }
     return TP_OK;
@@ -361,7 +361,7 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
                 waiter_unlink(futures[i], &ws[i]);
             ws[i].task = NULL;
         }
-        if (pst == TP_ETIMEDOUT || pst == TP_ESHUTDOWN) {
+        if (pst != TP_OK) { /* deadline, teardown, or a wait refused (FUNC-6) */
             for (size_t i = 0; failed_index && i < n; i++) {
                 if (!atomic_load(&futures[i]->done)) { /* the lowest still pending */
                     *failed_index = i;

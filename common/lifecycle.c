@@ -382,8 +382,8 @@ tp_status tp_sleep(double seconds) {
     uint64_t until = tpi_deadline_after(c, seconds);
     while (seconds > 0 && tpi_now(c) < until) {
         st = tpi_park(c, until);
-        if (st == TP_ESHUTDOWN)
-            break;
+        if (st != TP_OK && st != TP_ETIMEDOUT)
+            break; /* teardown */
         st = TP_OK;
     }
     tpi_unlock(c);

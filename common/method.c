@@ -119,6 +119,8 @@ tp_status tp_method_call_sync(const tp_method *m, tp_rref *rref, const tp_value 
     if (!result)
         return tpi_fail(TP_EINVAL, "method call: result is NULL");
     *result = NULL;
+    if (tpi_check_may_wait("method call") != TP_OK)
+        return TP_EINVAL;
     tp_future *f = NULL;
     tp_status st = start(m, rref, args, kwargs, timeout_s, 0, &f, NULL);
     if (st != TP_OK)

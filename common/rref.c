@@ -761,7 +761,7 @@ tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline) {
             o->waiters = w.next;
         if (w.next)
             w.next->prev = w.prev;
-        if (!o->ready && (st == TP_ETIMEDOUT || st == TP_ESHUTDOWN))
+        if (!o->ready && st != TP_OK) /* deadline, teardown, or a wait refused (FUNC-6) */
             return st;
     }
     return TP_OK;
@@ -843,7 +843,10 @@ tp_status tp_rref_local_value(tp_rref *r, const tp_value **out) {
         return st;
     tpi_lock(c);
     tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
-    st = o ? tpi_owner_wait(c, o, tpi_deadline_after(c, c->default_timeout_s)) : TP_EINVAL;
+    if (o && !o->ready && tpi_check_may_wait("local_value") != TP_OK)
+        st = TP_EINVAL; /* FUNC-6: a value not ready yet would mean a wait */
+    else
+        st = o ? tpi_owner_wait(c, o, tpi_deadline_after(c, c->default_timeout_s)) : TP_EINVAL;
     if (st == TP_ETIMEDOUT)
         tpi_fail(st, "local_value: the value is not ready after %g s", c->default_timeout_s);
     else if (st == TP_OK && o->status != TP_OK)

@@ -29,8 +29,8 @@ static tp_status wait_local_quiet(tp_core *c, uint64_t deadline) {
     while (c->active_client > 0 && tpi_now(c) < deadline) {
         uint64_t until = tpi_now(c) + DRAIN_POLL_NS;
         st = tpi_park(c, until < deadline ? until : deadline);
-        if (st == TP_ESHUTDOWN)
-            break;
+        if (st != TP_OK && st != TP_ETIMEDOUT)
+            break; /* teardown */
         st = TP_OK;
     }
     tpi_unlock(c);

@@ -776,6 +776,8 @@ void tpi_tcp_close_all(tpi_tcp_agent *a) {
     for (tpi_tcp_conn *c = a->conns; c; c = c->next) {
         if (c->state == CONN_CLOSED)
             continue;
+        if (c->outgoing && c->peer < a->world_size)
+            direct_revoke(a, c->peer); /* a sender mid-frame finishes first (TCP-15) */
         if (c->state == CONN_OPEN) {
             /* Best effort: a BYE that does not fit now is skipped, and the
              * other end sees a plain close, which means the same (TCP-8). */

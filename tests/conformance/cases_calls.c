@@ -533,7 +533,7 @@ static int calls_nonblocking_function(int rank, int ws) {
         CHECK_INT(conf_sync_int(rank, tp_to_rank(0), "nb_add", CONF_INTS(5, 6), -1), 11);
         tp_value *res = NULL;
         if (CHECK_OK(conf_sync(tp_to_rank(1), "nb_try_wait", NULL, &res)) &&
-            CHECK_INT(tp_list_len(res), 6)) {
+            CHECK_INT(tp_list_len(res), 8)) {
             CHECK_INT(conf_int_of(rank, tp_list_get(res, 0), -1), TP_EINVAL); /* rpc_sync */
             CHECK_INT(conf_int_of(rank, tp_list_get(res, 1), -1), TP_EINVAL); /* sleep */
             CHECK_INT(conf_int_of(rank, tp_list_get(res, 2), -1), TP_EINVAL); /* future wait */
@@ -542,6 +542,8 @@ static int calls_nonblocking_function(int rank, int ws) {
             CHECK_CONTAINS(msg, "rpc_sync: non-blocking function 'nb_try_wait'");
             CHECK_CONTAINS(msg, "cannot wait");
             CHECK_INT(conf_int_of(rank, tp_list_get(res, 5), -1), TP_EINVAL); /* shutdown */
+            CHECK_INT(conf_int_of(rank, tp_list_get(res, 6), -1), TP_EINVAL); /* local_value */
+            CHECK_INT(conf_int_of(rank, tp_list_get(res, 7), -1), TP_EINVAL); /* method call */
         }
         tp_value_free(res);
         /* An error from a non-blocking function travels like any other. */

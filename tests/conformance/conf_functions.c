@@ -722,7 +722,8 @@ static const struct {
 /*
  * nb_try_wait(): a non-blocking function (FUNC-6) that tries what it may not
  * do and what it may: returns [rpc_sync status, sleep status, future wait
- * status, rpc_async status, the rpc_sync message, shutdown status]. The rpc_async (add(1, 2)
+ * status, rpc_async status, the rpc_sync message, shutdown status, local_value
+ * status of a value not ready yet, method call status]. The rpc_async (add(1, 2)
  * to the caller) is fire-and-forget: its future is freed at once.
  */
 static tp_status fn_nb_try_wait(tp_call *call, const tp_value *args, const tp_value *kwargs,
@@ -742,9 +743,30 @@ static tp_status fn_nb_try_wait(tp_call *call, const tp_value *args, const tp_va
     tp_future_free(f);
     tp_value_free(two);
     tp_status shutdown_st = tp_shutdown(1);
-    *result = tp_value_list_of(6, tp_value_int(sync_st), tp_value_int(sleep_st),
+    /* An rref this worker owns whose value is still being made (sleep_ms on
+     * the pool): reading it would wait, and so would a method call. */
+    tp_worker_info me;
+    tp_rref *r = NULL;
+    tp_method *m = NULL;
+    tp_value *ms = tp_value_list_of(1, tp_value_int(200));
+    tp_status local_st = TP_OK, method_st = TP_OK;
+    if (tp_get_worker_info(NULL, &me) == TP_OK &&
+        tp_remote(tp_to_rank((int)me.id), "sleep_ms", ms, NULL, TP_TIMEOUT_DEFAULT, &r) ==
+            TP_OK &&
+        tp_method_factory("get", &m) == TP_OK) {
+        const tp_value *v = NULL;
+        local_st = tp_rref_local_value(r, &v);
+        tp_value *got = NULL;
+        method_st = tp_method_call_sync(m, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &got);
+        tp_value_free(got);
+    }
+    tp_method_free(m);
+    tp_rref_release(r);
+    tp_value_free(ms);
+    *result = tp_value_list_of(8, tp_value_int(sync_st), tp_value_int(sleep_st),
                                tp_value_int(wait_st), tp_value_int(async_st),
-                               tp_value_str(sync_msg), tp_value_int(shutdown_st));
+                               tp_value_str(sync_msg), tp_value_int(shutdown_st),
+                               tp_value_int(local_st), tp_value_int(method_st));
     return *result ? TP_OK : nomem(call);
 }
 
