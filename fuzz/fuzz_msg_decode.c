@@ -65,10 +65,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     if (size)
         memcpy(tp_frame_bytes(f), data, size);
+    /* The name peek that routes non-blocking functions (FUNC-6) reads the
+     * same hostile bytes before any decode. */
+    char name[TP_NAME_LEN_MAX + 1];
+    int peeked = size >= TP_FRAME_HEADER_SIZE && tpi_frame_request_name(f, name);
     tpi_msg m;
     err[0] = '\0';
     tp_status st = tpi_msg_decode(f, &hooks, &m, err, sizeof err);
     tp_frame_free(f);
+    if (st == TP_OK && m.type == TPI_MSG_REQUEST)
+        check(peeked && strcmp(name, m.text) == 0, "the peeked name is the decoded one", name);
     if (st != TP_OK) {
         check(err[0] != '\0', "a failed decode says why", tp_status_name(st));
         check(!m.args && !m.kwargs && !m.value, "a failed decode leaves nothing", err);
