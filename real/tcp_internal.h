@@ -8,9 +8,10 @@
  *   no internal lock held (AGENT-2).
  * - the pool: up to num_worker_threads pthreads, started on demand, run work
  *   items in FIFO order (AGENT-7).
- * - any thread may make downcalls; send and timer_arm only queue under qmu
- *   and wake the loop with uv_async_send, the one libuv call that is safe
- *   from another thread.
+ * - any thread may make downcalls; send and timer_arm queue under qmu and
+ *   wake the loop with uv_async_send, the one libuv call that is safe from
+ *   another thread; send may instead write the frame to the socket itself
+ *   when the loop grants it (TCP-15: direct writes, tcp_conn.c).
  *
  * Locks, in the order they may be taken: mu (the core lock, AGENT-11), then
  * pool_mu or qmu (leaves, never held together, never held across an upcall

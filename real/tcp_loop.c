@@ -4,7 +4,9 @@
  * (spec/agent.md AGENT-5, AGENT-8, AGENT-10; spec/tcp.md TCP-1, TCP-8).
  *
  * Other threads never touch a libuv handle: send and timer_arm record what
- * they want under qmu and call uv_async_send while still holding qmu. The
+ * they want under qmu and call uv_async_send while still holding qmu (send
+ * may instead write to a socket's file descriptor itself, under the grant of
+ * TCP-15, never through libuv). The
  * loop closes the async handle only after it saw stopping under qmu, and
  * nobody calls uv_async_send once stopping is set, so the handle is always
  * open when it is signalled.
@@ -86,9 +88,10 @@ static void frame_skip(tp_frame *f, size_t n) {
 }
 
 /*
- * TCP-15: writes f to the peer's socket from this thread (qmu held, the
- * grant taken). Returns 1 when all of it went; otherwise what is left of f
- * must go to the head of the queue for the loop, which also meets any error.
+ * TCP-15: writes f to the peer's socket from this thread (the grant taken,
+ * the peer marked busy, qmu released). Returns 1 when all of it went;
+ * otherwise what is left of f must go to the head of the queue for the
+ * loop, which also meets any error.
  */
 static int direct_write(int fd, tp_frame *f) {
     struct iovec iov[TP_FRAME_SEG_MAX];
@@ -219,7 +222,7 @@ void tpi_tcp_flush_dirty(tpi_tcp_agent *a) {
     }
     uint32_t n = a->ndirty;
     uint32_t *work = a->dirty;
-    a->dirty = a->dirty_work;
+    a->dirty = a->dirty_work; /* swap: senders fill the other array meanwhile */
     a->dirty_work = work;
     a->ndirty = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -237,13 +240,6 @@ static void on_wake(uv_async_t *h) {
     tpi_tcp_agent *a = h->data;
     pthread_mutex_lock(&a->qmu);
     int stopping = a->stopping;
-    uint32_t n = a->ndirty;
-    uint32_t *work = a->dirty;
-    a->dirty = a->dirty_work; /* swap: senders fill the other array meanwhile */
-    a->dirty_work = work;
-    a->ndirty = 0;
-    for (uint32_t i = 0; i < n; i++)
-        a->peers[work[i]].dirty = 0;
     int timer_dirty = a->timer_dirty;
     uint64_t deadline = a->timer_deadline_ns;
     a->timer_dirty = 0;
@@ -261,12 +257,7 @@ static void on_wake(uv_async_t *h) {
     }
     if (timer_dirty)
         timer_apply(a, deadline);
-    for (uint32_t i = 0; i < n; i++) {
-        if (work[i] == a->rank)
-            deliver_loopback(a);
-        else
-            tpi_tcp_flush(a, work[i]);
-    }
+    tpi_tcp_flush_dirty(a);
 }
 
 /* ---- The thread and start (AGENT-3) ------------------------------------------------ */
