@@ -107,9 +107,23 @@ int tt_wait(tt_job *job, double timeout_s) {
         sleep_ms(2);
     }
     int bad = 0;
-    for (int r = 0; r < job->world; r++)
+    for (int r = 0; r < job->world; r++) {
+        if (job->code[r] != 0)
+            fprintf(stderr, "tt_wait: rank %d exited with %d\n", r, job->code[r]);
         bad |= job->code[r] != 0;
+    }
     return bad ? -1 : 0;
+}
+
+tp_status tt_call_add(tp_dest d, int64_t a, int64_t b, double timeout_s, int64_t *out) {
+    tp_value *args = tp_value_list_of(2, tp_value_int(a), tp_value_int(b));
+    tp_value *res = NULL;
+    tp_status st = tp_rpc_sync(d, "add", args, NULL, timeout_s, &res);
+    if (st == TP_OK && tp_value_get_int(res, out) != TP_OK)
+        st = TP_ETYPE;
+    tp_value_free(args);
+    tp_value_free(res);
+    return st;
 }
 
 void tt_job_free(tt_job *job) {

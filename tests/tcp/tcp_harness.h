@@ -49,8 +49,10 @@ uint64_t tt_now_ns(void);
 /* Starts world children running body; 0 on success. */
 int tt_spawn(tt_job *job, int world, tt_body body, void *arg);
 /* Waits for every child until timeout_s, then SIGKILLs the rest; 0 when all
- * exited with 0. */
+ * exited with 0 (the others are named on stderr). */
 int tt_wait(tt_job *job, double timeout_s);
+/* rpc_sync add(a, b) on d; TP_ETYPE when the result is not an int. */
+tp_status tt_call_add(tp_dest d, int64_t a, int64_t b, double timeout_s, int64_t *out);
 /* Frees the job's shared memory. */
 void tt_job_free(tt_job *job);
 

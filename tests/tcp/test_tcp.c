@@ -26,23 +26,8 @@
 #include "tensorplay/rpc_backend.h"
 #include "tcp_harness.h"
 
-static tp_status call_add(tp_dest d, int64_t a, int64_t b, double timeout_s, int64_t *out) {
-    tp_value *args = tp_value_list_of(2, tp_value_int(a), tp_value_int(b));
-    tp_value *res = NULL;
-    tp_status st = tp_rpc_sync(d, "add", args, NULL, timeout_s, &res);
-    if (st == TP_OK && tp_value_get_int(res, out) != TP_OK)
-        st = TP_ETYPE;
-    tp_value_free(args);
-    tp_value_free(res);
-    return st;
-}
-
 static void assert_all_ok(tt_job *job, double timeout_s) {
-    int rc = tt_wait(job, timeout_s);
-    for (int r = 0; r < job->world; r++)
-        if (job->code[r] != 0)
-            fprintf(stderr, "rank %d exited with %d\n", r, job->code[r]);
-    assert_int_equal(rc, 0);
+    assert_int_equal(tt_wait(job, timeout_s), 0);
 }
 
 /* ---- Basic calls ------------------------------------------------------------------ */
@@ -54,7 +39,7 @@ static int body_basic(tt_job *job, int rank) {
     tp_options_free(o);
     for (int r = 0; r < job->world; r++) {
         int64_t v = 0;
-        TT_CHECK(call_add(tp_to_rank(r), rank, 10 * r, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
+        TT_CHECK(tt_call_add(tp_to_rank(r), rank, 10 * r, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
         TT_CHECK(v == rank + 10 * r);
     }
     /* 64 bytes and 3 MiB echoed: small bodies through the staging buffer,
@@ -357,10 +342,10 @@ static int body_kill(tt_job *job, int rank) {
         /* Later calls fail at once. */
         int64_t v;
         uint64_t t0 = tt_now_ns();
-        TT_CHECK(call_add(tp_to_rank(2), 1, 2, TP_TIMEOUT_DEFAULT, &v) == TP_EPEERDOWN);
+        TT_CHECK(tt_call_add(tp_to_rank(2), 1, 2, TP_TIMEOUT_DEFAULT, &v) == TP_EPEERDOWN);
         TT_CHECK(tt_now_ns() - t0 < 100000000ull);
         /* The survivors still talk. */
-        TT_CHECK(call_add(tp_to_rank(1), 1, 2, TP_TIMEOUT_DEFAULT, &v) == TP_OK && v == 3);
+        TT_CHECK(tt_call_add(tp_to_rank(1), 1, 2, TP_TIMEOUT_DEFAULT, &v) == TP_OK && v == 3);
         atomic_store(&sh->flag[F_W0_DONE], 1);
     } else {
         TT_CHECK(tt_await_flag(sh, F_W0_DONE, 1, 20) == 0);
@@ -450,7 +435,7 @@ static int body_garbage(tt_job *job, int rank) {
     /* Every pair still works, worker1 included, both ways. */
     for (int r = 0; r < job->world; r++) {
         int64_t v = 0;
-        TT_CHECK(call_add(tp_to_rank(r), rank, r, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
+        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
         TT_CHECK(v == rank + r);
     }
     TT_CHECK(tp_shutdown(1) == TP_OK);
@@ -717,7 +702,7 @@ static int body_init_errors(tt_job *job, int rank) {
     setenv("MASTER_PORT", m, 1);
     TT_CHECK(tp_init_rpc("solo", "TENSORPIPE", 0, 1, NULL) == TP_OK);
     int64_t v = 0;
-    TT_CHECK(call_add(tp_to_name("solo"), 2, 3, TP_TIMEOUT_DEFAULT, &v) == TP_EUNKNOWNFUNC);
+    TT_CHECK(tt_call_add(tp_to_name("solo"), 2, 3, TP_TIMEOUT_DEFAULT, &v) == TP_EUNKNOWNFUNC);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return bad;
 }
@@ -745,7 +730,7 @@ static int body_sqlite(tt_job *job, int rank) {
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     int64_t v = 0;
-    TT_CHECK(call_add(tp_to_rank(1 - rank), 40, 2, TP_TIMEOUT_DEFAULT, &v) == TP_OK && v == 42);
+    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), 40, 2, TP_TIMEOUT_DEFAULT, &v) == TP_OK && v == 42);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }
@@ -781,7 +766,7 @@ static void *ctx_worker(void *arg) {
     tp_options_free(o);
     int64_t v = 0;
     if (!bad)
-        bad = call_add(tp_to_rank(1 - rank), rank, 100, TP_TIMEOUT_DEFAULT, &v) != TP_OK ||
+        bad = tt_call_add(tp_to_rank(1 - rank), rank, 100, TP_TIMEOUT_DEFAULT, &v) != TP_OK ||
               v != rank + 100;
     if (!bad)
         bad = tp_shutdown(1) != TP_OK;
@@ -831,7 +816,7 @@ static int body_reinit(tt_job *job, int rank) {
         TT_CHECK(o && tt_init(job, rank, o) == 0);
         tp_options_free(o);
         int64_t v = -1;
-        TT_CHECK(call_add(tp_to_rank(1 - rank), round, rank, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
+        TT_CHECK(tt_call_add(tp_to_rank(1 - rank), round, rank, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
         TT_CHECK(v == round + rank);
         TT_CHECK(tp_shutdown(1) == TP_OK);
     }

@@ -65,22 +65,11 @@ typedef struct v6_cfg {
 } v6_cfg;
 
 static tp_status call_add(tp_dest d, int64_t a, int64_t b, int64_t *out) {
-    tp_value *args = tp_value_list_of(2, tp_value_int(a), tp_value_int(b));
-    tp_value *res = NULL;
-    tp_status st = tp_rpc_sync(d, "add", args, NULL, TP_TIMEOUT_DEFAULT, &res);
-    if (st == TP_OK && tp_value_get_int(res, out) != TP_OK)
-        st = TP_ETYPE;
-    tp_value_free(args);
-    tp_value_free(res);
-    return st;
+    return tt_call_add(d, a, b, TP_TIMEOUT_DEFAULT, out);
 }
 
 static void assert_all_ok(tt_job *job, double timeout_s) {
-    int rc = tt_wait(job, timeout_s);
-    for (int r = 0; r < job->world; r++)
-        if (job->code[r] != 0)
-            fprintf(stderr, "rank %d exited with %d\n", r, job->code[r]);
-    assert_int_equal(rc, 0);
+    assert_int_equal(tt_wait(job, timeout_s), 0);
 }
 
 /* Options for an IPv6 worker: tt_options' timeouts, listen_addr "::1", and
