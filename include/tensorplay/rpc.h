@@ -258,7 +258,8 @@ const char *tp_backend_type_name(tp_backend_type type);
 
 /*
  * New options with the defaults: rpc_timeout 60 s, num_worker_threads 16,
- * init_method NULL (the backend's default). Caller owns; free with
+ * init_method NULL (the backend's default), max_message_size 1 GiB + 1 MiB,
+ * max_inflight_bytes 256 MiB (OPT-1). Caller owns; free with
  * tp_options_free.
  */
 tp_options *tp_options_new(void);
