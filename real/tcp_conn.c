@@ -30,9 +30,12 @@
  * freed right away), else (or for what did not fit) in one uv_write whose
  * frames are freed when it completes or is cancelled.
  */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "tcp_internal.h"
 
@@ -164,6 +167,22 @@ void tpi_tcp_direct_regrant(tpi_tcp_agent *a) {
 }
 
 /* ---- Life of a connection ------------------------------------------------------- */
+
+/* TCP_NODELAY, and keepalive and a user timeout that find a silently vanished
+ * host (TPI_TCP_KEEPALIVE_*). Best effort: a socket that refuses an option
+ * still works, with the kernel's default for it. */
+static void socket_tune(tpi_tcp_conn *c) {
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_tcp_keepalive(&c->tcp, 1, TPI_TCP_KEEPALIVE_S);
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return;
+    int intvl = TPI_TCP_KEEPALIVE_INTVL_S, cnt = TPI_TCP_KEEPALIVE_CNT;
+    unsigned user_timeout = TPI_TCP_USER_TIMEOUT_MS;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
 
 static void on_close(uv_handle_t *h) {
     tpi_tcp_conn *c = h->data;
@@ -630,8 +649,7 @@ void tpi_tcp_on_accept(uv_stream_t *server, int status) {
         conn_close(c);
         return;
     }
-    uv_tcp_nodelay(&c->tcp, 1);
-    uv_tcp_keepalive(&c->tcp, 1, TPI_TCP_KEEPALIVE_S);
+    socket_tune(c);
     struct sockaddr_storage sa;
     int len = sizeof sa;
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0)
@@ -679,13 +697,12 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
     }
     p->out = c;
     tpi_format(c->addr, sizeof c->addr, "%s", p->addr);
-    uv_tcp_nodelay(&c->tcp, 1);
-    uv_tcp_keepalive(&c->tcp, 1, TPI_TCP_KEEPALIVE_S);
     int rc = uv_tcp_connect(&c->connect_req, &c->tcp, (const struct sockaddr *)&p->sa, on_connect);
     if (rc < 0) {
         out_fail(c, tpi_uv_err_means_dead(rc) ? TP_EPEERDOWN : TP_EIO, uv_strerror(rc));
         return NULL;
     }
+    socket_tune(c); /* the socket exists once the connect started */
     tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_OPEN, a->rank, id, a->world_size);
     rc = conn_write_record(c, c->hello_out, 0);
     if (rc < 0) {

@@ -94,8 +94,17 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
 #define TPI_TCP_WRITE_BUFS_MAX 1024
 /* Listen backlog: a whole world may dial one worker at once. */
 #define TPI_TCP_BACKLOG 1024
-/* TCP keepalive: probes start after this idle time (seconds). */
+/* TCP keepalive: probes start after this idle time (seconds), one every
+ * TPI_TCP_KEEPALIVE_INTVL_S, and TPI_TCP_KEEPALIVE_CNT unanswered ones end
+ * the connection. With TCP_USER_TIMEOUT as long as that whole sequence, a
+ * host that vanished without a reset (power loss, partition) is found within
+ * about 45 s whether the connection is idle or has data unacknowledged,
+ * instead of Linux's defaults (11 min idle, 15 min or more with data). */
 #define TPI_TCP_KEEPALIVE_S 30
+#define TPI_TCP_KEEPALIVE_INTVL_S 5
+#define TPI_TCP_KEEPALIVE_CNT 3
+#define TPI_TCP_USER_TIMEOUT_MS                                                                    \
+    ((TPI_TCP_KEEPALIVE_S + TPI_TCP_KEEPALIVE_INTVL_S * TPI_TCP_KEEPALIVE_CNT) * 1000)
 
 /* ---- The agent ------------------------------------------------------------ */
 

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -32,6 +33,31 @@ static void assert_all_ok(tt_job *job, double timeout_s) {
 
 /* ---- Basic calls ------------------------------------------------------------------ */
 
+/* This process's TCP sockets that carry the transport's keepalive and user
+ * timeout (TCP-2): the connections it dialed and accepted. */
+static int tuned_sockets(void) {
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++) {
+        int type = 0, keep = 0, intvl = 0, cnt = 0;
+        unsigned user_timeout = 0;
+        socklen_t len = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+            continue;
+        len = sizeof keep;
+        if (getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &keep, &len) != 0 || !keep)
+            continue;
+        len = sizeof intvl;
+        int ok = getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, &len) == 0;
+        len = sizeof cnt;
+        ok = ok && getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, &len) == 0;
+        len = sizeof user_timeout;
+        ok = ok && getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, &len) == 0;
+        n += ok && intvl == TPI_TCP_KEEPALIVE_INTVL_S && cnt == TPI_TCP_KEEPALIVE_CNT &&
+             user_timeout == TPI_TCP_USER_TIMEOUT_MS;
+    }
+    return n;
+}
+
 /* spec: TCP-1, TCP-2, TCP-4; AGENT-8 (loopback) */
 static int body_basic(tt_job *job, int rank) {
     tp_options *o = tt_options(job, 10, 10);
@@ -42,6 +68,13 @@ static int body_basic(tt_job *job, int rank) {
         TT_CHECK(tt_call_add(tp_to_rank(r), rank, 10 * r, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
         TT_CHECK(v == rank + 10 * r);
     }
+    /* Each peer is dialed (the call) and dials us (its call, or the init
+     * warm-up): at least one tuned socket each way per peer. A vanished
+     * host is found within ~45 s, not Linux's 11 minutes (TCP-2). */
+    uint64_t t0 = tt_now_ns();
+    while (tuned_sockets() < 2 * (job->world - 1) && tt_now_ns() - t0 < 5000000000ull)
+        usleep(10000);
+    TT_CHECK(tuned_sockets() >= 2 * (job->world - 1));
     /* 64 bytes and 3 MiB echoed: small bodies through the staging buffer,
      * a large one read straight into its frame. */
     size_t sizes[] = {64, 3u << 20};
