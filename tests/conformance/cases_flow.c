@@ -175,10 +175,60 @@ static int flow_waiter_sees_peer_death(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: FLOW-1 FLOW-2: remote and method calls wait for the window too. */
+static int flow_remote_and_method_wait(int rank, int ws) {
+    INIT_WINDOW_OR_RETURN(rank, ws, WINDOW);
+    if (rank == 0) {
+        tp_dest w1 = tp_to_rank(1);
+        tp_rref *counter = NULL;
+        tp_method *get = NULL;
+        tp_value *start = CONF_INTS(5);
+        CHECK_OK(tp_remote(w1, "make_counter", start, NULL, TP_TIMEOUT_DEFAULT, &counter));
+        tp_value_free(start);
+        CHECK_OK(tp_method_factory("get", &get));
+        uint8_t *pad = calloc(1, PAD);
+        tp_value *kwargs = tp_value_map();
+        if (!CHECK(pad && kwargs && tp_map_set(kwargs, "pad", tp_value_bytes(pad, PAD)) == TP_OK))
+            goto out;
+
+        tp_future *slow = NULL;
+        tp_value *args = padded_sleep(1000);
+        CHECK_OK(tp_rpc_async(w1, "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &slow));
+        tp_value_free(args);
+
+        tp_rref *r = NULL;
+        args = padded_sleep(1);
+        CHECK_STATUS(tp_remote(w1, "sleep_ms", args, NULL, 0.3, &r), TP_ETIMEDOUT);
+        CHECK_CONTAINS(tp_errmsg(), "max_inflight_bytes is 65536");
+        CHECK(r == NULL);
+        tp_value_free(args);
+        tp_value *res = NULL;
+        CHECK_STATUS(tp_method_call_sync(get, counter, NULL, kwargs, 0.3, &res), TP_ETIMEDOUT);
+        CHECK_CONTAINS(tp_errmsg(), "waiting to send");
+        tp_value_free(res);
+        res = NULL;
+
+        if (slow)
+            CHECK_OK(tp_future_wait(slow, TP_TIMEOUT_INFINITE));
+        tp_future_free(slow);
+        if (CHECK_OK(tp_method_call_sync(get, counter, NULL, kwargs, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 5);
+        tp_value_free(res);
+    out:
+        tp_value_free(kwargs);
+        free(pad);
+        tp_method_free(get);
+        tp_rref_release(counter);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_flow[] = {
     {"flow_window_waits_then_times_out", 2, flow_window_waits_then_times_out,
      "FLOW-1 FLOW-2 OPT-7"},
     {"flow_large_call_goes_alone", 2, flow_large_call_goes_alone, "FLOW-1 OPT-7"},
     {"flow_waiter_sees_peer_death", 2, flow_waiter_sees_peer_death, "FLOW-3"},
+    {"flow_remote_and_method_wait", 2, flow_remote_and_method_wait, "FLOW-1 FLOW-2"},
 };
 const size_t conf_cases_flow_count = sizeof conf_cases_flow / sizeof conf_cases_flow[0];
