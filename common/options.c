@@ -159,15 +159,22 @@ double tp_options_shutdown_timeout(const tp_options *o) {
     return o->shutdown_timeout_s < 0 ? o->rpc_timeout_s : o->shutdown_timeout_s;
 }
 
-tp_status tp_options_set_max_message_size(tp_options *o, uint64_t bytes) {
+/* Sets *field to bytes within [min, max] (OPT-5, OPT-7), else TP_EINVAL naming it. */
+static tp_status set_bytes(tp_options *o, uint64_t *field, const char *name, uint64_t bytes,
+                           uint64_t min, uint64_t max) {
     if (!o)
         return tpi_fail(TP_EINVAL, "options is NULL");
-    if (bytes < TPI_MESSAGE_SIZE_MIN || bytes > TPI_MESSAGE_SIZE_MAX)
-        return tpi_fail(TP_EINVAL, "max_message_size %llu outside [%llu, %llu]",
-                        (unsigned long long)bytes, (unsigned long long)TPI_MESSAGE_SIZE_MIN,
-                        (unsigned long long)TPI_MESSAGE_SIZE_MAX);
-    o->max_message_size = bytes;
+    if (bytes < min || bytes > max)
+        return tpi_fail(TP_EINVAL, "%s %llu outside [%llu, %llu]", name,
+                        (unsigned long long)bytes, (unsigned long long)min,
+                        (unsigned long long)max);
+    *field = bytes;
     return TP_OK;
+}
+
+tp_status tp_options_set_max_message_size(tp_options *o, uint64_t bytes) {
+    return set_bytes(o, o ? &o->max_message_size : NULL, "max_message_size", bytes,
+                     TPI_MESSAGE_SIZE_MIN, TPI_MESSAGE_SIZE_MAX);
 }
 
 uint64_t tp_options_max_message_size(const tp_options *o) {
@@ -175,14 +182,8 @@ uint64_t tp_options_max_message_size(const tp_options *o) {
 }
 
 tp_status tp_options_set_max_inflight_bytes(tp_options *o, uint64_t bytes) {
-    if (!o)
-        return tpi_fail(TP_EINVAL, "options is NULL");
-    if (bytes < TPI_INFLIGHT_BYTES_MIN || bytes > TPI_INFLIGHT_BYTES_MAX)
-        return tpi_fail(TP_EINVAL, "max_inflight_bytes %llu outside [%llu, %llu]",
-                        (unsigned long long)bytes, (unsigned long long)TPI_INFLIGHT_BYTES_MIN,
-                        (unsigned long long)TPI_INFLIGHT_BYTES_MAX);
-    o->max_inflight_bytes = bytes;
-    return TP_OK;
+    return set_bytes(o, o ? &o->max_inflight_bytes : NULL, "max_inflight_bytes", bytes,
+                     TPI_INFLIGHT_BYTES_MIN, TPI_INFLIGHT_BYTES_MAX);
 }
 
 uint64_t tp_options_max_inflight_bytes(const tp_options *o) {
