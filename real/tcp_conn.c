@@ -124,7 +124,7 @@ void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
         return;
     pthread_mutex_lock(&a->qmu);
     if (p->direct_busy)
-        p->direct_pending = fd + 1; /* the writer grants it when done, if all went out */
+        p->direct_pending = 1; /* the writer grants it when done, if all went out */
     else if (!p->q_head && !p->dead && !a->stopping)
         p->direct_fd = fd;
     pthread_mutex_unlock(&a->qmu);

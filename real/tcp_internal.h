@@ -144,7 +144,9 @@ typedef struct tpi_tcp_peer {
     int dead;                  /* TP_EPEERDOWN seen: send fails at once */
     int direct_fd;             /* >= 0: a sender may write one frame to this socket itself (TCP-15) */
     int direct_busy;           /* a sender took the grant and is writing, without qmu */
-    int direct_pending;        /* the loop granted while busy: the writer restores it */
+    int direct_pending;        /* the loop granted while busy: the writer restores the
+                                  grant on the socket it wrote to (the loop revokes,
+                                  clearing this, before that socket can change) */
     int regrant;               /* on the agent's regrant list */
     /* loop thread only */
     tpi_tcp_conn *out; /* the connection we dialed: frames go there */

@@ -142,7 +142,7 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
             if (all && pending && !p->q_head && !a->stopping) {
                 /* The loop's grant for this turn came while we wrote (it
                  * checked everything else): it is ours to restore. */
-                p->direct_fd = pending - 1;
+                p->direct_fd = fd;
             } else if (!p->regrant) {
                 p->regrant = 1;
                 uint32_t n = atomic_load_explicit(&a->nregrant, memory_order_relaxed);
