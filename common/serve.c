@@ -99,9 +99,16 @@ void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_val
     reply_result(c, dst, id, st, value, errmsg, NULL);
 }
 
-/* Runs a user function or method; fills *result or an error message. */
-static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **result,
-                        char *err, size_t err_len) {
+/* A function already found in the registry (FUNC-6 routing), or none. */
+typedef struct resolved_fn {
+    tp_fn fn; /* NULL: look it up */
+    void *ud;
+} resolved_fn;
+
+/* Runs a user function or method (found is NULL or a function resolved by
+ * name already); fills *result or an error message. */
+static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolved_fn *found,
+                        tp_value **result, char *err, size_t err_len) {
     /* Formatted only on the error paths below: no printf per served call. */
     char self_desc[TP_NAME_LEN_MAX + 32];
 #define SELF_DESC() tpi_worker_desc(c, c->rank, self_desc, sizeof self_desc)
@@ -148,9 +155,9 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
     }
     if (!class_name && strcmp(m->text, TPI_PING_FN) == 0)
         return TP_OK; /* init's warm-up (INIT-8): nil */
-    tp_fn fn;
-    void *ud;
-    if (!tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud, NULL)) {
+    tp_fn fn = found && !class_name ? found->fn : NULL;
+    void *ud = found && !class_name ? found->ud : NULL;
+    if (!fn && !tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud, NULL)) {
         if (class_name)
             tpi_format(err, err_len, "%s: class '%s' has no method '%s'", SELF_DESC(), class_name,
                        m->text);
@@ -183,7 +190,7 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, tp_value **r
 static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o) {
     char err[TP_ERRMSG_LEN_MAX] = "";
     tp_value *result = NULL;
-    tp_status st = invoke(c, src, m, &result, err, sizeof err);
+    tp_status st = invoke(c, src, m, NULL, &result, err, sizeof err);
     tpi_lock(c);
     o->running = 0;
     tpi_owner_set(c, o, st, result, err); /* takes result */
@@ -192,8 +199,9 @@ static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o) {
     tpi_reply(c, src, m->id, st, NULL, err);
 }
 
-/* Decodes a REQUEST frame (taken), runs its function and replies. */
-static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id) {
+/* Decodes a REQUEST frame (taken), runs its function (found: see invoke) and replies. */
+static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
+                          const resolved_fn *found) {
     tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX] = "";
     char who[TP_NAME_LEN_MAX + 32];
@@ -209,7 +217,7 @@ static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id) {
         return;
     }
     tp_value *result = NULL;
-    st = invoke(c, src, &m, &result, err, sizeof err);
+    st = invoke(c, src, &m, found, &result, err, sizeof err);
     reply_result(c, src, id, st, result, err, m.text);
     tp_value_free(result);
     tpi_msg_clear(&m);
@@ -221,18 +229,17 @@ static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id) {
  */
 static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     char name[TP_NAME_LEN_MAX + 1];
-    tp_fn fn;
-    void *ud;
+    resolved_fn found;
     unsigned flags = 0;
     if ((tpi_frame_flags(f) & TPI_FLAG_METHOD) || !tpi_frame_request_name(f, name) ||
-        !tpi_registry_find(c->ctx, NULL, name, &fn, &ud, &flags) ||
+        !tpi_registry_find(c->ctx, NULL, name, &found.fn, &found.ud, &flags) ||
         !(flags & TP_FN_NONBLOCKING))
         return 0;
     TPI_ASSERT(!nonblocking_fn && "a non-blocking function cannot serve another");
     /* No tpi_work_enter: nonblocking_fn already makes tp_shutdown refuse
      * (it waits), which is all SHUTDOWN-1 needs it for. */
     nonblocking_fn = name;
-    serve_request(c, src, f, tpi_frame_id(f));
+    serve_request(c, src, f, tpi_frame_id(f), &found); /* no second lookup */
     nonblocking_fn = NULL;
     return 1;
 }
@@ -259,7 +266,7 @@ static void job_run(tp_work *w) {
     } else if (j->msg) {
         serve_remote(c, j->src, j->msg, j->owner);
     } else {
-        serve_request(c, j->src, j->frame, id);
+        serve_request(c, j->src, j->frame, id, NULL);
         j->frame = NULL;
     }
     if (j->msg) {
