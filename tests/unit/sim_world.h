@@ -21,6 +21,8 @@ typedef struct world {
     int threads;                       /* num_worker_threads; 0 for the default */
     int set_rpc_timeout;               /* 1: use rpc_timeout below (0 means none) */
     double rpc_timeout;
+    const char *backend;               /* NULL: "SIM" (a test's wrapper of it otherwise) */
+    uint64_t max_inflight_bytes;       /* 0: the default */
     void *data;
 } world;
 
@@ -42,7 +44,9 @@ static inline int world_worker_start(int rank, int world_size, const world *w) {
         CHECK(tp_options_set_num_worker_threads(o, w->threads) == TP_OK);
     if (w->set_rpc_timeout)
         CHECK(tp_options_set_rpc_timeout(o, w->rpc_timeout) == TP_OK);
-    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    if (w->max_inflight_bytes)
+        CHECK(tp_options_set_max_inflight_bytes(o, w->max_inflight_bytes) == TP_OK);
+    tp_status st = tp_init_rpc(name, w->backend ? w->backend : "SIM", rank, world_size, o);
     tp_options_free(o);
     CHECK(st == TP_OK);
     if (st != TP_OK) {
