@@ -20,6 +20,7 @@
 #include "options.h"
 
 #define DRAIN_POLL_NS 1000000ull /* 1 ms between looks at the local call count */
+#define DRAIN_PAUSE_MAX_NS 20000000ull /* 20 ms: the longest pause between busy rounds */
 #define DRAIN_ROUNDS_MAX 100000  /* bounds the loop even if the deadline is infinite */
 
 /* Waits until this worker's own client calls are done or the deadline. */
@@ -35,6 +36,25 @@ static tp_status wait_local_quiet(tp_core *c, uint64_t deadline) {
     }
     tpi_unlock(c);
     return st;
+}
+
+/*
+ * Between two rounds that saw work still active: park for *pause (doubling up
+ * to DRAIN_PAUSE_MAX_NS, never past the deadline). The gather waits only for
+ * live peers, so with every peer dead or done nothing else would ever yield:
+ * the loop would spin at one instant while our own served requests, which
+ * need the pool (or, on the simulator, the scheduler) to finish, never get to.
+ */
+static tp_status drain_pause(tp_core *c, uint64_t *pause, uint64_t deadline) {
+    tp_status st = TP_OK;
+    tpi_lock(c);
+    uint64_t now = tpi_now(c);
+    uint64_t until = deadline > now && deadline - now > *pause ? now + *pause : deadline;
+    while (st == TP_OK && tpi_now(c) < until)
+        st = tpi_park(c, until);
+    tpi_unlock(c);
+    *pause = *pause * 2 < DRAIN_PAUSE_MAX_NS ? *pause * 2 : DRAIN_PAUSE_MAX_NS;
+    return st == TP_ETIMEDOUT ? TP_OK : st;
 }
 
 static tp_status publish(tp_core *c, const char *key, const char *val) {
@@ -76,6 +96,7 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
     char val[96];
     uint64_t prev_active = UINT64_MAX, prev_issued = UINT64_MAX;
     int prev_complete = 0; /* the previous round had every worker's value */
+    uint64_t pause = DRAIN_POLL_NS;
     char **values = calloc(c->world_size, sizeof *values);
     if (!values)
         return tpi_fail(TP_ENOMEM, "shutdown: out of memory");
@@ -123,6 +144,8 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
         }
         prev_active = active;
         prev_issued = issued;
+        if (active > 0 && (st = drain_pause(c, &pause, deadline)) != TP_OK)
+            break; /* teardown */
         if (round + 1 == DRAIN_ROUNDS_MAX)
             st = tpi_fail(TP_ETIMEDOUT, "shutdown drain: no quiet state after %d rounds",
                           DRAIN_ROUNDS_MAX);

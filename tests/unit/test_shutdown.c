@@ -1,0 +1,98 @@
+/*
+ * test_shutdown.c: graceful shutdown on the simulator when the world around
+ * the worker is gone (spec/lifecycle.md SHUTDOWN-5, SHUTDOWN-8).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sim_check.h"
+#include "tensorplay/rpc.h"
+#include "tensorplay/sim.h"
+
+/* How long the served function runs; shutdown must outlast it, not spin. */
+#define SLOW_S 0.1
+
+static tp_status slow_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    tp_status st = tp_sleep(SLOW_S);
+    *result = tp_value_nil();
+    return st;
+}
+
+typedef struct outcome {
+    tp_status shutdown_status;
+    char message[TP_ERRMSG_LEN_MAX];
+    uint64_t shutdown_ns; /* virtual time the shutdown took */
+} outcome;
+
+/*
+ * w0 starts a slow call on w1 and crashes while it runs; w1 shuts down
+ * gracefully while it still serves that call. Every other worker is dead,
+ * so the drain's gathers never wait: the drain itself must yield until the
+ * served call ends, then report the dead worker (TP_EPEERDOWN), not spin
+ * through its round cap at one instant and report TP_ETIMEDOUT.
+ */
+static int program(int rank, int world_size, void *arg) {
+    outcome *out = arg;
+    char name[8] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, 30.0) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(1), "slow", NULL, NULL, TP_TIMEOUT_DEFAULT, &f) == TP_OK);
+        CHECK(tp_sleep(0.001) == TP_OK); /* the request is being served on w1 */
+        tp_sim_crash_self();
+        tp_future_free(f);
+        (void)tp_shutdown(0);
+        return 0;
+    }
+    CHECK(tp_sleep(0.002) == TP_OK); /* w0 is dead and w1 still serves its call */
+    uint64_t t0 = now_ns();
+    out->shutdown_status = tp_shutdown(1);
+    out->shutdown_ns = now_ns() - t0;
+    snprintf(out->message, sizeof out->message, "%s", tp_errmsg());
+    return 0;
+}
+
+static void test_shutdown_drain_with_every_peer_dead(void **state) {
+    (void)state;
+    outcome out;
+    memset(&out, 0, sizeof out);
+    tp_sim_config cfg = {.hosts = 2, .seed = 1};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[2] = {-9, -9};
+    assert_int_equal(tp_sim_run(sim, program, &out, codes), TP_OK);
+    assert_int_equal(codes[0], 137);
+    assert_int_equal(codes[1], 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    print_message("w1's graceful shutdown: %s after %.3f ms: %s\n",
+                  tp_status_name(out.shutdown_status), (double)out.shutdown_ns / 1e6,
+                  out.message);
+    assert_int_equal(out.shutdown_status, TP_EPEERDOWN);
+    assert_non_null(strstr(out.message, "'w0'"));
+    /* It waited for the served call (about SLOW_S), and not much longer. */
+    assert_true(out.shutdown_ns >= (uint64_t)(SLOW_S * 1e9) - 2 * MS);
+    assert_true(out.shutdown_ns <= (uint64_t)(SLOW_S * 1e9) + 50 * MS);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
