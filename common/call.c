@@ -321,6 +321,12 @@ static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
     c->calls_tail = call;
     c->active_client++;
     c->issued++;
+    call->future->call_id = call->id;
+    if (c->ops->probe) {
+        tp_probe p = {.kind = TP_PROBE_CALL_ISSUE, .peer = call->dst, .msg_type = call->type,
+                      .id = call->id, .deadline_ns = call->deadline_ns, .fn = call->fn};
+        c->ops->probe(c->agent, &p);
+    }
     rearm(c);
     return TP_OK;
 }
@@ -365,6 +371,7 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
     c->inflight[call->dst] -= call->wire_len;
     if (c->nwaiting[call->dst])
         wake_first(c, call->dst); /* FLOW-2: room for the next in line */
+    tpi_probe(c, TP_PROBE_CALL_END, call->id, call->dst, st, call->fn);
     if (call->on_reply)
         call->on_reply(c, call, st, reply);
     tp_value *value = NULL;

@@ -57,6 +57,7 @@ struct tp_future {
     char *errmsg;          /* malloc'd, NULL means "" */
     tpi_waiter *waiters;   /* lock */
     tpi_then *thens;       /* lock; run once done */
+    uint64_t call_id;      /* the call it belongs to (probes), 0 for others */
 };
 
 /* A new pending future with one reference for the caller; NULL on exhaustion. */
@@ -206,6 +207,17 @@ struct tp_core {
     tp_rref *users;     /* live user rrefs */
     int shutting_down;  /* graceful shutdown in progress */
 };
+
+/* ---- Probes (AGENT-15) ---------------------------------------------------- */
+
+/* Reports one core step to the agent's checker, when it has one. */
+static inline void tpi_probe(const tp_core *c, tp_probe_kind kind, uint64_t id, uint32_t peer,
+                             tp_status st, const char *fn) {
+    if (!c->ops->probe)
+        return;
+    tp_probe p = {.kind = kind, .status = st, .peer = peer, .id = id, .fn = fn ? fn : ""};
+    c->ops->probe(c->agent, &p);
+}
 
 /* ---- core.c ------------------------------------------------------------- */
 

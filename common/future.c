@@ -95,6 +95,8 @@ void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value
         f->errmsg = strdup(errmsg && *errmsg ? errmsg : tp_strerror(st));
     }
     atomic_store_explicit(&f->done, 1, memory_order_release);
+    if (f->call_id)
+        tpi_probe(c, TP_PROBE_FUTURE_DONE, f->call_id, 0, st, NULL);
     for (tpi_waiter *w = f->waiters; w; w = w->next)
         c->ops->unpark(c->agent, w->task);
     tpi_then *t = f->thens;

@@ -275,12 +275,21 @@ tp_status tp_shutdown(int graceful) {
                         c->self.name);
     tp_status st = TP_OK;
     char msg[TP_ERRMSG_LEN_MAX] = "";
+    if (c->ops->probe) {
+        double t = tp_options_shutdown_timeout(c->opts);
+        tp_probe p = {.kind = TP_PROBE_SHUTDOWN_BEGIN, .graceful = graceful,
+                      .deadline_ns = t > 0 ? (uint64_t)(t * 1e9) : UINT64_MAX, .fn = ""};
+        c->ops->probe(c->agent, &p);
+    }
     if (graceful) {
         st = tpi_shutdown_graceful(c);
+        tpi_probe(c, TP_PROBE_SHUTDOWN_DRAINED, 0, c->rank, st, NULL);
         if (st != TP_OK)
             tpi_format(msg, sizeof msg, "%s", tp_errmsg());
     }
     uint64_t deadline = tpi_deadline_after(c, tp_options_shutdown_timeout(c->opts));
+    /* The agent is gone once finish returns: the last probe goes first. */
+    tpi_probe(c, TP_PROBE_SHUTDOWN_END, 0, c->rank, st, NULL);
     tp_status tst = finish(ctx, c, deadline);
     if (st != TP_OK)
         return tpi_fail(st, "%s", msg); /* torn down anyway (SHUTDOWN-7) */

@@ -174,7 +174,9 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
     call.caller = c->infos[src];
     call.fn = class_name ? full : m->text;
     call.self = object;
+    tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, call.fn);
     tp_status st = fn(&call, args, m->kwargs, result, ud);
+    tpi_probe(c, TP_PROBE_SERVE_END, m->id, src, st, call.fn);
     if (st != TP_OK) {
         tp_value_free(*result);
         *result = NULL;

@@ -431,6 +431,7 @@ static void agent_lock(tp_agent *ag) {
      * or a lock kept across a switch, both bugs. */
     TPI_ASSERT(a->lock_holder == NULL);
     a->lock_holder = tpi_sim_self_token(a->sim);
+    tpi_sim_oracle_busy(a->sim);
 }
 
 static void agent_unlock(tp_agent *ag) {
@@ -526,6 +527,11 @@ tp_store *tpi_sim_store(tp_sim *sim, char *errmsg, size_t errmsg_len) {
     return sim->store;
 }
 
+static void agent_probe(tp_agent *ag, const tp_probe *p) {
+    tpi_sim_agent *a = AG(ag);
+    tpi_sim_oracle_probe(a->sim, a, p);
+}
+
 static tp_store *agent_store(tp_agent *ag) {
     return AG(ag)->sim->store; /* shared by every host; the sim closes it */
 }
@@ -547,6 +553,7 @@ const tp_agent_ops tpi_sim_agent_ops = {
     .park = agent_park,
     .unpark = agent_unpark,
     .store = agent_store,
+    .probe = agent_probe,
 };
 
 /* ---- The "SIM" backend (BACKEND-1..5) --------------------------------------------- */

@@ -57,6 +57,13 @@
 #define TPI_SIM_SHUTDOWN_POLL_NS 1000000u
 /* Faults of one kind in a simulation (delay windows are scanned per send). */
 #define TPI_SIM_DELAYS_MAX 4096u
+/* The oracle (SIM-9). Timeouts fire exactly at their deadline on the
+ * simulator; the slack only absorbs events due at the same instant. */
+#define TPI_SIM_ORACLE_SLACK_NS 1000000ull
+/* Lock acquisitions plus events at one virtual instant before the oracle
+ * calls it a busy loop. The busiest legitimate instants (a thousand calls
+ * issued at once, 64 workers' init) stay well below it. */
+#define TPI_SIM_INSTANT_WORK_MAX 200000u
 /* Bytes of one trace line, prefix and newline included (notes are cut). */
 #define TPI_SIM_TRACE_LINE_MAX (TP_ERRMSG_LEN_MAX + 256)
 
@@ -364,6 +371,12 @@ struct tp_sim {
     int store_owned;
     tp_sim_program program;
     void *program_arg;
+    /* The oracle (SIM-9). */
+    struct tpi_sim_oracle *oracle; /* created on the first probe */
+    uint64_t violations;
+    char violation[TP_ERRMSG_LEN_MAX + 64]; /* the first one, with its time */
+    uint64_t instant_ns;    /* the instant instant_work counts */
+    uint32_t instant_work;  /* lock acquisitions and events at it */
 };
 
 /* The simulation the calling thread is running, NULL outside tp_sim_run. */
@@ -387,6 +400,19 @@ void tpi_sim_vtrace(tp_sim *sim, const char *fmt, va_list ap);
 #define TPI_FNV_PRIME 0x100000001b3ull
 /* Folds len bytes into a 64-bit FNV-1a hash. */
 uint64_t tpi_sim_fnv1a(uint64_t hash, const void *data, size_t len);
+
+/* ---- The oracle (SIM-9) ----------------------------------------------------------- */
+
+typedef struct tpi_sim_oracle tpi_sim_oracle;
+/* A probe from agent a's core (AGENT-15). */
+void tpi_sim_oracle_probe(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p);
+/* Counts one unit of work at the current instant (busy-loop bound). */
+void tpi_sim_oracle_busy(tp_sim *sim);
+/* The end-of-run checks, after teardown. */
+void tpi_sim_oracle_end(tp_sim *sim);
+void tpi_sim_oracle_free(tp_sim *sim);
+/* Records a violation: counted, traced, the first one kept with its time. */
+void tpi_sim_violation(tp_sim *sim, const char *fmt, ...) TPI_PRINTF(2, 3);
 
 /* ---- Faults (SIM-5) ------------------------------------------------------------ */
 

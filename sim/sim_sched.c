@@ -175,6 +175,7 @@ int tpi_sim_step(tp_sim *sim) {
     TPI_ASSERT(e.time_ns >= sim->now_ns);
     sim->now_ns = e.time_ns;
     sim->events++;
+    tpi_sim_oracle_busy(sim);
     switch ((tpi_sim_event_kind)e.kind) {
     case TPI_SIM_EV_RESUME:
         on_resume(sim, &e);

@@ -134,6 +134,7 @@ void tp_sim_free(tp_sim *sim) {
             free(a);
         }
     }
+    tpi_sim_oracle_free(sim);
     free(sim->agents);
     free(sim->tasks);
     free(sim->delays);
@@ -275,6 +276,7 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
     if (sim->mains_live)
         unwind(sim, mains_done, "programs");
     teardown(sim);
+    tpi_sim_oracle_end(sim);
     free_tasks(sim);
     free_events(sim);
     for (uint32_t i = 0; i < sim->cfg.hosts; i++) {
@@ -293,6 +295,14 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
 }
 
 /* ---- Counters -------------------------------------------------------------------- */
+
+uint64_t tp_sim_violations(const tp_sim *sim) {
+    return sim ? sim->violations : 0;
+}
+
+const char *tp_sim_violation(const tp_sim *sim) {
+    return sim ? sim->violation : "";
+}
 
 uint64_t tp_sim_trace_hash(const tp_sim *sim) {
     return sim ? sim->trace_hash : 0;

@@ -394,8 +394,9 @@ static double wall_seconds(void) {
 static void check_run(const tpsim_scenario *sc, uint32_t world, tp_status st,
                       const int *exit_codes) {
     tpsim_check(st == TP_OK, "run: every host's program returned (%s)", tp_status_name(st));
-    tpsim_check(tpsim_state.inits_ok == world, "run: %u/%u workers initialised",
-                (unsigned)tpsim_state.inits_ok, (unsigned)world);
+    tpsim_check(tpsim_state.inits_ok + tpsim_state.inits_cut == world,
+                "run: %u/%u workers initialised (%u killed during init)",
+                (unsigned)tpsim_state.inits_ok, (unsigned)world, (unsigned)tpsim_state.inits_cut);
     uint32_t survivors = 0, wrong = 0;
     int first_wrong = -1;
     for (uint32_t r = 0; r < world; r++) {
@@ -486,6 +487,9 @@ static int run(const tpsim_args *args) {
     check_run(sc, world, st, exit_codes);
     if (sc->finish)
         sc->finish((int)world);
+    uint64_t violations = tp_sim_violations(sim);
+    tpsim_check(violations == 0, "oracle: %" PRIu64 " violation(s)%s%s", violations,
+                violations ? "; first: " : "", tp_sim_violation(sim));
     print_summary(args, sim, wall_s);
     rc = checks_failed ? EXIT_CHECK_FAILED : 0;
 out:

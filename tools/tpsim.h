@@ -98,6 +98,7 @@ typedef struct tpsim_shared {
     uint64_t crash_ns; /* virtual time of tp_sim_crash_self; 0 before */
     /* Lifecycle, summed over workers by tpsim_program. */
     uint32_t inits_ok;
+    uint32_t inits_cut; /* killed hosts whose init their death ended */
     uint32_t shutdowns_ok;    /* graceful shutdowns that returned TP_OK on survivors */
     uint64_t shutdown_ns_max; /* the longest graceful shutdown, virtual ns */
 } tpsim_shared;

@@ -92,7 +92,35 @@ struct tp_work {
 };
 
 /* ------------------------------------------------------------------------ */
-/* The agent interface (AGENT-1..14).                                       */
+/* Probes (AGENT-15): what the core tells an optional checker, such as the  */
+/* simulator's oracle (spec/sim.md SIM-9). They describe the core's own     */
+/* steps, so a checker outside the core can hold them against the truth it  */
+/* knows (which host really served what, which link really broke).          */
+
+typedef enum tp_probe_kind {
+    TP_PROBE_CALL_ISSUE = 1, /* a call was registered: id, peer (dst), msg_type, fn, deadline_ns */
+    TP_PROBE_CALL_END,       /* a call ended: id, peer, status (exactly once per issue) */
+    TP_PROBE_FUTURE_DONE,    /* a call's future completed: id (the call's), status */
+    TP_PROBE_SERVE_BEGIN,    /* a user function starts for a request: id, peer (caller), fn */
+    TP_PROBE_SERVE_END,      /* it returned: id, peer, status */
+    TP_PROBE_SHUTDOWN_BEGIN, /* tp_shutdown starts: graceful, deadline_ns (the timeout, ns) */
+    TP_PROBE_SHUTDOWN_DRAINED, /* graceful phases returned: status (teardown follows) */
+    TP_PROBE_SHUTDOWN_END    /* tp_shutdown returns: status */
+} tp_probe_kind;
+
+typedef struct tp_probe {
+    tp_probe_kind kind;
+    tp_status status;
+    uint32_t peer;        /* a worker id (rank) */
+    uint8_t msg_type;     /* CALL_ISSUE: the wire message type (spec/wire.md) */
+    int graceful;         /* SHUTDOWN_BEGIN */
+    uint64_t id;          /* the caller's call id */
+    uint64_t deadline_ns; /* CALL_ISSUE: absolute (UINT64_MAX: none); SHUTDOWN_BEGIN: a timeout */
+    const char *fn;       /* borrowed for the upcall; "" when none */
+} tp_probe;
+
+/* ------------------------------------------------------------------------ */
+/* The agent interface (AGENT-1..15).                                       */
 
 typedef struct tp_agent_ops {
     uint32_t api_version; /* TP_BACKEND_API_VERSION */
@@ -175,6 +203,13 @@ typedef struct tp_agent_ops {
 
     /* AGENT-13. The rendezvous store; owned by the agent. */
     tp_store *(*store)(tp_agent *a);
+
+    /*
+     * AGENT-15. Optional (NULL: the core emits nothing). The core reports one
+     * of its steps; p is borrowed for the call. Called from any thread, lock
+     * held or not; must not block, fail, or call into the core.
+     */
+    void (*probe)(tp_agent *a, const tp_probe *p);
 } tp_agent_ops;
 
 /* ------------------------------------------------------------------------ */

@@ -88,6 +88,22 @@ tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t
  */
 tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_codes);
 
+/*
+ * The oracle (SIM-9): checks every run, whatever its faults, against rules
+ * that hold under any of them: every call ends exactly once and its future
+ * completes once with the same status; no call times out before its
+ * deadline or ends later than 1 ms after it; no function runs twice for one
+ * call; a call that ends with its function's answer was served by the host
+ * it went to; no function runs on a worker that took part in a graceful
+ * shutdown whose drain returned TP_OK or TP_EPEERDOWN; a graceful shutdown
+ * returns within twice its timeout; no more than 200,000 steps happen at
+ * one virtual instant (a busy loop). Checked at each step and after the run.
+ * The number of violations, and the first one as
+ * "t=<ns> ns, event <n>: <what>" ("" when none). Each is a trace line too.
+ */
+uint64_t tp_sim_violations(const tp_sim *sim);
+const char *tp_sim_violation(const tp_sim *sim);
+
 /* The trace hash (64-bit FNV-1a over the canonical trace lines). */
 uint64_t tp_sim_trace_hash(const tp_sim *sim);
 uint64_t tp_sim_events(const tp_sim *sim);  /* events processed */

@@ -107,6 +107,12 @@ static int sim_run_case(int world_size, tp_conformance_program program, char *wh
                                     codes[r], codes[r] == -1 ? " (never returned)" : "");
         }
     }
+    /* The simulator's oracle (SIM-9) holds under every case, faults included. */
+    if (tp_sim_violations(sim) && off < why_len) {
+        bad = 1;
+        off += (size_t)snprintf(why + off, why_len - off, "  oracle: %llu violation(s); first: %s\n",
+                                (unsigned long long)tp_sim_violations(sim), tp_sim_violation(sim));
+    }
     tp_sim_free(sim);
     return bad;
 }

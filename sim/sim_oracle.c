@@ -1,0 +1,382 @@
+/*
+ * sim_oracle.c: the simulator's oracle (spec/sim.md SIM-9).
+ *
+ * The core reports its steps through the agent's probe (AGENT-15); the
+ * oracle holds them against what only the simulator knows (which host
+ * really ran which function, which host is really dead, what the virtual
+ * clock says) at every step and once more at the end of the run. It is
+ * outside the code under test: a bug in common/ cannot also bend the check.
+ *
+ * Calls are keyed by (agent id, call id): every init makes a new agent, so
+ * a worker that initialises again starts a fresh namespace. Served requests
+ * are keyed by (serving agent id, caller rank, call id).
+ *
+ * The first violation is kept with its virtual time and event number, and
+ * every violation is a trace line, so a replay of the seed shows it in
+ * place. Checking never changes what the simulation does.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_internal.h"
+#include "common/codec.h"
+#include "common/idmap.h"
+
+/* What the oracle keeps per call; freed when both its end and its future's
+ * completion were seen (so a run's memory follows the calls in flight). */
+typedef struct ocall {
+    uint32_t agent, host;
+    uint32_t dst_rank, dst_host;
+    uint8_t type;
+    uint8_t ended, done;
+    tp_status end_status;
+    uint64_t issued_ns, deadline_ns;
+    char fn[48];
+} ocall;
+
+/* One served request: how often its function began and returned. */
+typedef struct oserve {
+    uint32_t begins, ends;
+} oserve;
+
+struct tpi_sim_oracle {
+    tpi_idmap calls;  /* {agent, call id} -> ocall */
+    tpi_idmap served; /* {agent, caller rank << 40 | call id} -> oserve */
+    uint32_t *running; /* by agent id: functions running now */
+    uint64_t *shutdown_begin_ns; /* by agent id: UINT64_MAX when not shutting down */
+    uint64_t *shutdown_timeout_ns;
+    uint8_t *shutdown_graceful;
+    uint32_t agents_cap;
+};
+
+#define SERVE_KEY_ID_BITS 40
+
+/* ---- Violations ----------------------------------------------------------------- */
+
+void tpi_sim_violation(tp_sim *sim, const char *fmt, ...) {
+    char text[TP_ERRMSG_LEN_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    tpi_vformat(text, sizeof text, fmt, ap);
+    va_end(ap);
+    sim->violations++;
+    tpi_sim_trace(sim, "violation %s", text);
+    if (sim->violations == 1)
+        tpi_format(sim->violation, sizeof sim->violation, "t=%llu ns, event %llu: %s",
+                   (unsigned long long)sim->now_ns, (unsigned long long)sim->events, text);
+}
+
+void tpi_sim_oracle_busy(tp_sim *sim) {
+    if (sim->instant_ns != sim->now_ns) {
+        sim->instant_ns = sim->now_ns;
+        sim->instant_work = 0;
+        return;
+    }
+    if (++sim->instant_work == TPI_SIM_INSTANT_WORK_MAX)
+        tpi_sim_violation(sim,
+                          "busy loop: %u lock acquisitions and events at one virtual instant "
+                          "(the bound is %u): something polls without letting time pass",
+                          TPI_SIM_INSTANT_WORK_MAX, TPI_SIM_INSTANT_WORK_MAX);
+}
+
+/* ---- State ------------------------------------------------------------------------ */
+
+static tpi_sim_oracle *oracle(tp_sim *sim) {
+    if (!sim->oracle) {
+        sim->oracle = calloc(1, sizeof *sim->oracle);
+        TPI_ASSERT(sim->oracle && "the oracle cannot run without memory");
+        tpi_idmap_init(&sim->oracle->calls);
+        tpi_idmap_init(&sim->oracle->served);
+    }
+    return sim->oracle;
+}
+
+/* Grows the per-agent tables to cover agent id `id`. */
+static void agents_cover(tpi_sim_oracle *o, uint32_t id) {
+    if (id < o->agents_cap)
+        return;
+    uint32_t cap = o->agents_cap ? o->agents_cap : 16;
+    while (cap <= id)
+        cap *= 2;
+    o->running = realloc(o->running, cap * sizeof *o->running);
+    o->shutdown_begin_ns = realloc(o->shutdown_begin_ns, cap * sizeof *o->shutdown_begin_ns);
+    o->shutdown_timeout_ns = realloc(o->shutdown_timeout_ns, cap * sizeof *o->shutdown_timeout_ns);
+    o->shutdown_graceful = realloc(o->shutdown_graceful, cap * sizeof *o->shutdown_graceful);
+    TPI_ASSERT(o->running && o->shutdown_begin_ns && o->shutdown_timeout_ns &&
+               o->shutdown_graceful);
+    for (uint32_t i = o->agents_cap; i < cap; i++) {
+        o->running[i] = 0;
+        o->shutdown_begin_ns[i] = UINT64_MAX;
+        o->shutdown_timeout_ns[i] = 0;
+        o->shutdown_graceful[i] = 0;
+    }
+    o->agents_cap = cap;
+}
+
+void tpi_sim_oracle_free(tp_sim *sim) {
+    tpi_sim_oracle *o = sim->oracle;
+    if (!o)
+        return;
+    for (size_t i = 0; i < o->calls.cap; i++)
+        free(o->calls.slots[i].value);
+    for (size_t i = 0; i < o->served.cap; i++)
+        free(o->served.slots[i].value);
+    tpi_idmap_free(&o->calls);
+    tpi_idmap_free(&o->served);
+    free(o->running);
+    free(o->shutdown_begin_ns);
+    free(o->shutdown_timeout_ns);
+    free(o->shutdown_graceful);
+    free(o);
+    sim->oracle = NULL;
+}
+
+/* The host a rank of agent a lives on, or UINT32_MAX when a does not know it. */
+static uint32_t rank_host(const tpi_sim_agent *a, uint32_t rank) {
+    if (rank == a->rank)
+        return a->host;
+    return a->peer_host && rank < a->npeers ? a->peer_host[rank] : UINT32_MAX;
+}
+
+/* The agent running on host now (started, not stopped), or NULL. */
+static tpi_sim_agent *host_agent(tp_sim *sim, uint32_t host) {
+    if (host >= sim->cfg.hosts || !sim->hosts[host].active_agent)
+        return NULL;
+    return tpi_sim_agent_get(sim, sim->hosts[host].active_agent - 1);
+}
+
+static const char *call_desc(const ocall *r, uint64_t id, char *buf, size_t len) {
+    tpi_format(buf, len, "call %llu from host %u (agent %u) to rank %u%s%s%s",
+               (unsigned long long)id, r->host, r->agent, r->dst_rank, r->fn[0] ? " '" : "",
+               r->fn, r->fn[0] ? "'" : "");
+    return buf;
+}
+
+/* ---- Calls -------------------------------------------------------------------------- */
+
+static void on_issue(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    tpi_gid key = {a->id, p->id};
+    if (tpi_idmap_get(&o->calls, key)) {
+        tpi_sim_violation(sim, "host %u (agent %u) issued call id %llu twice", a->host, a->id,
+                          (unsigned long long)p->id);
+        return;
+    }
+    ocall *r = calloc(1, sizeof *r);
+    TPI_ASSERT(r);
+    r->agent = a->id;
+    r->host = a->host;
+    r->dst_rank = p->peer;
+    r->dst_host = rank_host(a, p->peer);
+    r->type = p->msg_type;
+    r->issued_ns = sim->now_ns;
+    r->deadline_ns = p->deadline_ns;
+    tpi_format(r->fn, sizeof r->fn, "%s", p->fn);
+    tp_status st = tpi_idmap_put(&o->calls, key, r);
+    TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
+}
+
+/* A request that ended with what its function said must have run there. */
+static void check_served(tp_sim *sim, tpi_sim_agent *a, const ocall *r, uint64_t id,
+                         tp_status st) {
+    if ((r->type != TPI_MSG_REQUEST && r->type != TPI_MSG_REMOTE) ||
+        (st != TP_OK && st != TP_EREMOTE) || strcmp(r->fn, "tp:ping") == 0)
+        return;
+    tpi_sim_agent *dst = host_agent(sim, r->dst_host);
+    char desc[160];
+    if (!dst) {
+        tpi_sim_violation(sim, "%s ended %s, but no worker runs on host %u to have answered",
+                          call_desc(r, id, desc, sizeof desc), tp_status_name(st),
+                          r->dst_host);
+        return;
+    }
+    tpi_gid key = {dst->id, ((uint64_t)a->rank << SERVE_KEY_ID_BITS) | id};
+    oserve *s = tpi_idmap_get(&sim->oracle->served, key);
+    if (!s || s->ends == 0)
+        tpi_sim_violation(sim,
+                          "%s ended %s, but host %u (agent %u) never ran a function for it: the "
+                          "reply was matched to the wrong request",
+                          call_desc(r, id, desc, sizeof desc), tp_status_name(st), dst->host,
+                          dst->id);
+}
+
+static void on_end(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    tpi_gid key = {a->id, p->id};
+    ocall *r = tpi_idmap_get(&o->calls, key);
+    char desc[160];
+    if (!r || r->ended) {
+        tpi_sim_violation(sim, "host %u (agent %u): call %llu ended %s again (or was "
+                          "never issued)",
+                          a->host, a->id, (unsigned long long)p->id, tp_status_name(p->status));
+        return;
+    }
+    r->ended = 1;
+    r->end_status = p->status;
+    uint64_t now = sim->now_ns;
+    /* A user's call times out by its own deadline only; an rref's fetch may
+     * also report the creation's timeout (RREF-8), whatever its own. */
+    if (p->status == TP_ETIMEDOUT && now < r->deadline_ns &&
+        (r->type == TPI_MSG_REQUEST || r->type == TPI_MSG_REMOTE))
+        tpi_sim_violation(sim, "%s timed out %.3f ms before its deadline",
+                          call_desc(r, p->id, desc, sizeof desc),
+                          (double)(r->deadline_ns - now) / 1e6);
+    if (r->deadline_ns != UINT64_MAX && now > r->deadline_ns + TPI_SIM_ORACLE_SLACK_NS)
+        tpi_sim_violation(sim, "%s ended %s %.3f ms after its deadline (slack %.3f ms): the "
+                          "timeout did not fire",
+                          call_desc(r, p->id, desc, sizeof desc), tp_status_name(p->status),
+                          (double)(now - r->deadline_ns) / 1e6,
+                          (double)TPI_SIM_ORACLE_SLACK_NS / 1e6);
+    check_served(sim, a, r, p->id, p->status);
+    if (r->done) {
+        tpi_idmap_del(&o->calls, key);
+        free(r);
+    }
+}
+
+static void on_done(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    tpi_gid key = {a->id, p->id};
+    ocall *r = tpi_idmap_get(&o->calls, key);
+    char desc[160];
+    if (!r || r->done) {
+        tpi_sim_violation(sim, "host %u (agent %u): the future of call %llu completed %s: a "
+                          "second completion (or its call was never issued)",
+                          a->host, a->id, (unsigned long long)p->id, tp_status_name(p->status));
+        return;
+    }
+    if (!r->ended || r->end_status != p->status)
+        tpi_sim_violation(sim, "%s: its future completed %s, but the call %s",
+                          call_desc(r, p->id, desc, sizeof desc), tp_status_name(p->status),
+                          r->ended ? tp_status_name(r->end_status) : "had not ended");
+    r->done = 1;
+    if (r->ended) {
+        tpi_idmap_del(&o->calls, key);
+        free(r);
+    }
+}
+
+/* ---- Served requests and shutdown ----------------------------------------------------- */
+
+static void on_serve(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin) {
+    tpi_sim_oracle *o = oracle(sim);
+    agents_cover(o, a->id);
+    if (p->id >> SERVE_KEY_ID_BITS) {
+        tpi_sim_violation(sim, "host %u: call id %llu from rank %u is out of the oracle's range",
+                          a->host, (unsigned long long)p->id, p->peer);
+        return;
+    }
+    tpi_gid key = {a->id, ((uint64_t)p->peer << SERVE_KEY_ID_BITS) | p->id};
+    oserve *s = tpi_idmap_get(&o->served, key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        TPI_ASSERT(s);
+        tp_status st = tpi_idmap_put(&o->served, key, s);
+        TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
+    }
+    if (begin) {
+        if (++s->begins > 1)
+            tpi_sim_violation(sim, "host %u (agent %u) runs '%s' a second time for call %llu "
+                              "from rank %u",
+                              a->host, a->id, p->fn, (unsigned long long)p->id, p->peer);
+        o->running[a->id]++;
+        return;
+    }
+    s->ends++;
+    TPI_ASSERT(o->running[a->id] > 0);
+    o->running[a->id]--;
+}
+
+static void on_drained(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    agents_cover(o, a->id);
+    if (p->status != TP_OK && p->status != TP_EPEERDOWN)
+        return; /* a failed graceful shutdown promises nothing about quiet */
+    /* SHUTDOWN-5: termination was detected over every live worker, so no
+     * function runs anywhere that took part, this worker included. */
+    for (uint32_t h = 0; h < sim->cfg.hosts; h++) {
+        tpi_sim_agent *b = host_agent(sim, h);
+        if (!b || sim->hosts[h].dead || b->id >= o->agents_cap || !o->running[b->id])
+            continue;
+        if (b != a && o->shutdown_begin_ns[b->id] == UINT64_MAX)
+            continue; /* not shutting down: it did not take part (another generation) */
+        tpi_sim_violation(sim, "host %u's graceful shutdown drained (%s) while host %u still "
+                          "runs %u function(s)",
+                          a->host, tp_status_name(p->status), h, o->running[b->id]);
+    }
+}
+
+static void on_shutdown(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin) {
+    tpi_sim_oracle *o = oracle(sim);
+    agents_cover(o, a->id);
+    if (begin) {
+        o->shutdown_begin_ns[a->id] = sim->now_ns;
+        o->shutdown_timeout_ns[a->id] = p->deadline_ns;
+        o->shutdown_graceful[a->id] = (uint8_t)p->graceful;
+        return;
+    }
+    uint64_t began = o->shutdown_begin_ns[a->id];
+    uint64_t t = o->shutdown_timeout_ns[a->id];
+    if (began == UINT64_MAX || !o->shutdown_graceful[a->id] || t == UINT64_MAX)
+        return;
+    /* SHUTDOWN-2: the barrier and the drain each have the timeout. */
+    uint64_t took = sim->now_ns - began;
+    if (took > 2 * t + TPI_SIM_ORACLE_SLACK_NS)
+        tpi_sim_violation(sim, "host %u's graceful shutdown took %.3f ms, past its bound of "
+                          "2 x %.3f ms",
+                          a->host, (double)took / 1e6, (double)t / 1e6);
+}
+
+void tpi_sim_oracle_probe(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle_busy(sim);
+    switch (p->kind) {
+    case TP_PROBE_CALL_ISSUE:
+        on_issue(sim, a, p);
+        break;
+    case TP_PROBE_CALL_END:
+        on_end(sim, a, p);
+        break;
+    case TP_PROBE_FUTURE_DONE:
+        on_done(sim, a, p);
+        break;
+    case TP_PROBE_SERVE_BEGIN:
+    case TP_PROBE_SERVE_END:
+        on_serve(sim, a, p, p->kind == TP_PROBE_SERVE_BEGIN);
+        break;
+    case TP_PROBE_SHUTDOWN_BEGIN:
+    case TP_PROBE_SHUTDOWN_END:
+        on_shutdown(sim, a, p, p->kind == TP_PROBE_SHUTDOWN_BEGIN);
+        break;
+    case TP_PROBE_SHUTDOWN_DRAINED:
+        on_drained(sim, a, p);
+        break;
+    default:
+        tpi_sim_violation(sim, "host %u: unknown probe kind %d", a->host, (int)p->kind);
+    }
+}
+
+/* ---- The end of the run ----------------------------------------------------------------- */
+
+void tpi_sim_oracle_end(tp_sim *sim) {
+    tpi_sim_oracle *o = sim->oracle;
+    if (!o)
+        return;
+    /* Iterated in slot order: a pure function of the operations done (idmap.h). */
+    uint64_t open = 0;
+    for (size_t i = 0; i < o->calls.cap; i++) {
+        ocall *r = o->calls.slots[i].value;
+        if (!r)
+            continue;
+        if (open++ == 0) {
+            char desc[160];
+            tpi_sim_violation(sim, "%s never %s by the end of the run",
+                              call_desc(r, o->calls.slots[i].key.local, desc, sizeof desc),
+                              r->ended ? "had its future completed" : "ended");
+        }
+    }
+    if (open > 1)
+        tpi_sim_violation(sim, "%llu calls in all never completed",
+                          (unsigned long long)open);
+}
