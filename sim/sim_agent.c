@@ -119,6 +119,12 @@ static void detail_text(tpi_sim_detail d, uint32_t about, char *buf, size_t len)
     case TPI_SIM_DETAIL_STOPPED:
         tpi_format(buf, len, "worker on host %u shut down (connection closed)", about);
         return;
+    case TPI_SIM_DETAIL_STALLED:
+        tpi_format(buf, len,
+                   "connection to host %u broke: nothing got through for the user timeout "
+                   "(network partition)",
+                   about);
+        return;
     }
     tpi_format(buf, len, "host %u", about);
 }

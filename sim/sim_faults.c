@@ -13,7 +13,7 @@
 
 #include "sim_internal.h"
 
-enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP };
+enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP, F_ISOLATE, F_SPLIT };
 
 /* ---- Checks shared by the API and the plan loader ---------------------------- */
 
@@ -42,7 +42,24 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
         if (f->a >= n)
             goto bad_host;
         return TP_OK;
+    case F_ISOLATE:
+        if (f->a >= n)
+            goto bad_host;
+        if (f->t0_ns >= f->t1_ns)
+            goto bad_window;
+        return TP_OK;
+    case F_SPLIT:
+        if (f->a == 0 || f->a >= n) {
+            tpi_format(errmsg, errmsg_len, "split at %u leaves a side empty: hosts are 0..%u",
+                       f->a, n - 1);
+            return TP_EINVAL;
+        }
+        if (f->t0_ns >= f->t1_ns)
+            goto bad_window;
+        return TP_OK;
     case F_DROP:
+        if (f->t0_ns >= f->t1_ns)
+            goto bad_window;
         if (f->per_million > 1000000) {
             tpi_format(errmsg, errmsg_len, "drop rate %u is more than 1000000 per million",
                        f->per_million);
@@ -91,8 +108,11 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
     case F_PARTITION:
         tpi_sim_trace(sim, "plan partition a=%u b=%u start=%llu end=%llu", f->a, f->b,
                       (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
-        e = (tpi_sim_event){
-            .kind = TPI_SIM_EV_PARTITION_START, .time_ns = f->t0_ns, .a = f->a, .b = f->b};
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_PARTITION_START,
+                            .time_ns = f->t0_ns,
+                            .a = f->a,
+                            .b = f->b,
+                            .x = f->t1_ns};
         tpi_sim_schedule(sim, &e);
         e = (tpi_sim_event){
             .kind = TPI_SIM_EV_PARTITION_END, .time_ns = f->t1_ns, .a = f->a, .b = f->b};
@@ -103,9 +123,26 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
         e = (tpi_sim_event){.kind = TPI_SIM_EV_KILL, .time_ns = f->t0_ns, .a = f->a};
         tpi_sim_schedule(sim, &e);
         return TP_OK;
+    case F_ISOLATE:
+    case F_SPLIT:
+        /* Group partitions are the pair partitions across the cut. */
+        for (uint32_t x = 0; x < sim->cfg.hosts; x++)
+            for (uint32_t y = x + 1; y < sim->cfg.hosts; y++) {
+                int across = f->kind == F_ISOLATE ? (x == f->a) != (y == f->a)
+                                                  : (x < f->a) != (y < f->a);
+                if (!across)
+                    continue;
+                tpi_sim_fault_line pair = {
+                    .kind = F_PARTITION, .a = x, .b = y, .t0_ns = f->t0_ns, .t1_ns = f->t1_ns};
+                apply_fault(sim, &pair);
+            }
+        return TP_OK;
     case F_DROP:
-        tpi_sim_trace(sim, "plan drop per_million=%u", f->per_million);
+        tpi_sim_trace(sim, "plan drop per_million=%u start=%llu end=%llu", f->per_million,
+                      (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
         sim->drop_per_million = f->per_million;
+        sim->drop_start_ns = f->t0_ns;
+        sim->drop_end_ns = f->t1_ns;
         return TP_OK;
     }
     TPI_ASSERT(!"checked fault kinds only");
@@ -152,7 +189,7 @@ tp_status tp_sim_fault_kill(tp_sim *sim, uint32_t host, uint64_t at_ns) {
 }
 
 tp_status tp_sim_fault_drop(tp_sim *sim, uint32_t per_million) {
-    tpi_sim_fault_line f = {.kind = F_DROP, .per_million = per_million};
+    tpi_sim_fault_line f = {.kind = F_DROP, .per_million = per_million, .t1_ns = UINT64_MAX};
     return add_fault(sim, &f);
 }
 
@@ -193,6 +230,8 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         if (!c)
             tpi_assert_fail("simulator link table exhausted memory", __FILE__, __LINE__);
         c->partitions++;
+        if (e->x > c->partition_end_ns)
+            c->partition_end_ns = e->x;
         tpi_sim_trace(sim, "fault partition a=%u b=%u", e->a, e->b);
         tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_PARTITION);
         return;
@@ -204,7 +243,18 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
             tpi_assert_fail("simulator link table exhausted memory", __FILE__, __LINE__);
         TPI_ASSERT(c->partitions > 0);
         c->partitions--;
+        if (c->partitions == 0)
+            c->partition_end_ns = 0;
         tpi_sim_trace(sim, "fault partition_end a=%u b=%u", e->a, e->b);
+        return;
+    }
+    case TPI_SIM_EV_STALL_BREAK: {
+        const tpi_sim_link *c = tpi_sim_link_find(sim, e->a, e->b);
+        TPI_ASSERT(c);
+        if (c->epoch != e->x)
+            return; /* broken since: nothing is stalled on that connection any more */
+        tpi_sim_trace(sim, "fault stall_break a=%u b=%u", e->a, e->b);
+        tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_STALLED);
         return;
     }
     case TPI_SIM_EV_KILL:
@@ -276,7 +326,9 @@ static const plan_spec plan_specs[] = {
     {"break", F_BREAK, 3, "break A B AT_MS"},
     {"partition", F_PARTITION, 4, "partition A B START_MS END_MS"},
     {"kill", F_KILL, 2, "kill HOST AT_MS"},
-    {"drop", F_DROP, 1, "drop PER_MILLION"},
+    {"drop", F_DROP, 3, "drop PER_MILLION [START_MS END_MS]"},
+    {"isolate", F_ISOLATE, 3, "isolate HOST START_MS END_MS"},
+    {"split", F_SPLIT, 3, "split K START_MS END_MS (hosts below K on one side)"},
 };
 
 /* Parses the fields of one line; errmsg gets the reason without the line number. */
@@ -288,11 +340,14 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
             sp = &plan_specs[i];
     if (!sp) {
         tpi_format(errmsg, errmsg_len,
-                   "unknown fault '%.64s' (expected delay, break, partition, kill or drop)",
+                   "unknown fault '%.64s' (expected delay, break, partition, isolate, split, "
+                   "kill or drop)",
                    fld[0]);
         return TP_EINVAL;
     }
-    if (n - 1 != sp->nargs) {
+    /* drop's window is optional: without it the rate holds from now on. */
+    int nargs = sp->kind == F_DROP && n - 1 == 1 ? 1 : sp->nargs;
+    if (n - 1 != nargs) {
         tpi_format(errmsg, errmsg_len, "'%s' takes %d fields, got %d (usage: %s)", sp->word,
                    sp->nargs, n - 1, sp->usage);
         return TP_EINVAL;
@@ -305,18 +360,21 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         [F_BREAK] = {"A", "B", "AT_MS"},
         [F_PARTITION] = {"A", "B", "START_MS", "END_MS"},
         [F_KILL] = {"HOST", "AT_MS"},
-        [F_DROP] = {"PER_MILLION"},
+        [F_DROP] = {"PER_MILLION", "START_MS", "END_MS"},
+        [F_ISOLATE] = {"HOST", "START_MS", "END_MS"},
+        [F_SPLIT] = {"K", "START_MS", "END_MS"},
     };
-    int nhosts = sp->kind == F_KILL ? 1 : sp->kind == F_DROP ? 0 : 2;
-    uint64_t v[5] = {0};
-    for (int i = 0; i < sp->nargs; i++) {
+    /* The leading fields that are integers (hosts, a rate); the rest are times. */
+    int nints = sp->kind == F_DELAY || sp->kind == F_BREAK || sp->kind == F_PARTITION ? 2 : 1;
+    uint64_t v[5] = {0, 0, 0, UINT64_MAX, 0};
+    if (sp->kind == F_DROP)
+        v[2] = UINT64_MAX;
+    for (int i = 0; i < nargs; i++) {
         const char *s = fld[i + 1];
-        int ok = i < nhosts || sp->kind == F_DROP ? parse_uint(s, UINT32_MAX, &v[i])
-                                                  : parse_ms(s, &v[i]);
+        int ok = i < nints ? parse_uint(s, UINT32_MAX, &v[i]) : parse_ms(s, &v[i]);
         if (!ok) {
             tpi_format(errmsg, errmsg_len, "%s: '%.64s' is not a %s", names[sp->kind][i], s,
-                       i < nhosts || sp->kind == F_DROP ? "non-negative integer"
-                                                        : "time in ms (e.g. 10 or 2.5)");
+                       i < nints ? "non-negative integer" : "time in ms (e.g. 10 or 2.5)");
             return TP_EINVAL;
         }
     }
@@ -345,6 +403,13 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         break;
     case F_DROP:
         out->per_million = v[0] > UINT32_MAX ? UINT32_MAX : (uint32_t)v[0];
+        out->t0_ns = v[1];
+        out->t1_ns = v[2];
+        break;
+    case F_ISOLATE:
+    case F_SPLIT:
+        *out = (tpi_sim_fault_line){
+            .kind = sp->kind, .a = (uint32_t)v[0], .t0_ns = v[1], .t1_ns = v[2]};
         break;
     }
     return TP_OK;

@@ -55,6 +55,10 @@
  * reaches its own deadline instead of spinning at one instant. */
 #define TPI_SIM_SHUTDOWN_SPINS 64u
 #define TPI_SIM_SHUTDOWN_POLL_NS 1000000u
+/* A connection whose frames cannot get through (a partition) breaks after
+ * this long, as the TCP transport's TCP_USER_TIMEOUT makes it (spec/tcp.md);
+ * a partition that heals sooner delivers the frames late instead. */
+#define TPI_SIM_USER_TIMEOUT_NS (45ull * 1000000000ull)
 /* Faults of one kind in a simulation (delay windows are scanned per send). */
 #define TPI_SIM_DELAYS_MAX 4096u
 /* The oracle (SIM-9). Timeouts fire exactly at their deadline on the
@@ -100,9 +104,10 @@ typedef enum tpi_sim_event_kind {
     TPI_SIM_EV_DELIVER,         /* p: tpi_sim_msg */
     TPI_SIM_EV_PEER_DOWN,       /* a: agent id; b: rank; c: why; d: detail; x: about host */
     TPI_SIM_EV_BREAK,           /* a, b: hosts */
-    TPI_SIM_EV_PARTITION_START, /* a, b: hosts; x: end */
+    TPI_SIM_EV_PARTITION_START, /* a, b: hosts; x: its end */
     TPI_SIM_EV_PARTITION_END,   /* a, b: hosts */
-    TPI_SIM_EV_KILL             /* a: host */
+    TPI_SIM_EV_KILL,            /* a: host */
+    TPI_SIM_EV_STALL_BREAK      /* a, b: hosts; x: the connection epoch it ends */
 } tpi_sim_event_kind;
 
 typedef struct tpi_sim_event {
@@ -208,6 +213,8 @@ typedef struct tpi_sim_link {
     uint64_t last_arrival_ns; /* FIFO: no message overtakes an earlier one */
     uint64_t epoch;           /* bumped by each break: older messages are lost */
     uint32_t partitions;      /* partitions in force (they may overlap) */
+    uint64_t partition_end_ns; /* the latest end of those in force (UINT64_MAX: never) */
+    uint64_t stall_epoch;     /* epoch + 1 whose stall break is scheduled, 0: none */
 } tpi_sim_link;
 
 /* A message in flight. The frame stays the sender's until delivery. */
@@ -229,7 +236,8 @@ typedef enum tpi_sim_detail {
     TPI_SIM_DETAIL_LOSS,
     TPI_SIM_DETAIL_BAD_FRAME,
     TPI_SIM_DETAIL_REFUSED,
-    TPI_SIM_DETAIL_STOPPED
+    TPI_SIM_DETAIL_STOPPED,
+    TPI_SIM_DETAIL_STALLED
 } tpi_sim_detail;
 
 /* The link src -> dst, created on first use; NULL on exhaustion. */
@@ -367,6 +375,7 @@ struct tp_sim {
     tpi_sim_delay *delays;
     uint32_t ndelays, delays_cap;
     uint32_t drop_per_million;
+    uint64_t drop_start_ns, drop_end_ns; /* the loss rate applies in [start, end) */
     tp_store *store;
     int store_owned;
     tp_sim_program program;

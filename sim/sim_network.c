@@ -108,6 +108,8 @@ static const char *detail_word(tpi_sim_detail d) {
         return "refused";
     case TPI_SIM_DETAIL_STOPPED:
         return "stopped";
+    case TPI_SIM_DETAIL_STALLED:
+        return "stalled";
     }
     return "?";
 }
@@ -197,7 +199,8 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
      * does not shift the jitter of every later send (SIM-2). */
     uint64_t jitter = tpi_sim_prng_below(&sim->net_rng, sim->cfg.latency_jitter_ns);
     int doomed = 0;
-    if (sim->drop_per_million && src != dst)
+    if (sim->drop_per_million && src != dst && sim->now_ns >= sim->drop_start_ns &&
+        sim->now_ns < sim->drop_end_ns)
         doomed = tpi_sim_prng_below(&sim->fault_rng, 1000000) < sim->drop_per_million;
     m->id = ++sim->next_msg_id;
     m->frame = f;
@@ -211,20 +214,28 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     uint64_t arrive = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
     arrive = sat_add(arrive, jitter);
     arrive = sat_add(arrive, tpi_sim_fault_delay_ns(sim, src, dst));
+    if (conn->partitions > 0) {
+        /* The partition broke the connection when it began; this frame goes
+         * on a new one, which cannot get through until the partition heals
+         * (SIM-5): it arrives then, in order, or the connection breaks at the
+         * user timeout and it is lost with the rest. Never a hole. */
+        arrive = sat_add(conn->partition_end_ns, arrive - sim->now_ns);
+        if (conn->partition_end_ns - sim->now_ns > TPI_SIM_USER_TIMEOUT_NS &&
+            conn->stall_epoch != conn->epoch + 1) {
+            conn->stall_epoch = conn->epoch + 1;
+            tpi_sim_event e = {.kind = TPI_SIM_EV_STALL_BREAK,
+                               .time_ns = sim->now_ns + TPI_SIM_USER_TIMEOUT_NS,
+                               .a = src < dst ? src : dst,
+                               .b = src < dst ? dst : src,
+                               .x = conn->epoch};
+            tpi_sim_schedule(sim, &e);
+        }
+    }
     if (arrive < link->last_arrival_ns)
         arrive = link->last_arrival_ns;
     tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu",
                   (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
                   (unsigned long long)arrive);
-    if (conn->partitions > 0) {
-        /* Accepted and lost: the caller's timeout notices (SIM-5). */
-        tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=partition", (unsigned long long)m->id,
-                      src, dst);
-        m->frame = NULL;
-        free(m);
-        tp_frame_free(f);
-        return TP_OK;
-    }
     link->last_arrival_ns = arrive;
     tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
     tpi_sim_schedule(sim, &e);

@@ -196,6 +196,7 @@ int tpi_sim_step(tp_sim *sim) {
     case TPI_SIM_EV_PARTITION_START:
     case TPI_SIM_EV_PARTITION_END:
     case TPI_SIM_EV_KILL:
+    case TPI_SIM_EV_STALL_BREAK:
         tpi_sim_fault_event(sim, &e);
         break;
     default:
