@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo check-rules fuzz bench clean format
+.PHONY: all deps configure build test demo check-rules fuzz bench swarm clean format
 
 all: build
 
@@ -37,6 +37,11 @@ fuzz: build
 
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+# The long swarm sweep (spec/sim.md SIM-10): SEEDS=A..B, all cores.
+SEEDS ?= 1..100000
+swarm: build
+	@$(BUILD)/tools/tpsim swarm --seeds $(SEEDS) --jobs $(JOBS)
 
 format:
 	@clang-format -i $$(git ls-files '*.c' '*.h')

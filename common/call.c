@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "canary.h"
 #include "core.h"
 #include "options.h"
 #include "registry.h"
@@ -409,12 +410,19 @@ void tpi_deadlines_run(tp_core *c) {
     uint64_t now = tpi_now(c);
     char msg[TP_ERRMSG_LEN_MAX];
     char who[TP_NAME_LEN_MAX + 32];
-    c->armed_ns = TPI_NO_DEADLINE; /* the timer that fired is spent */
+    if (!TPI_CANARY(TPI_CANARY_TIMER_NOT_REARMED))
+        c->armed_ns = TPI_NO_DEADLINE; /* the timer that fired is spent */
     while (c->heap_len && c->heap[0]->deadline_ns <= now) {
         tpi_call *call = c->heap[0];
         tpi_format(msg, sizeof msg, "%s to %s%s%s%s: timed out after %g ms", call->what,
                    tpi_worker_desc(c, call->dst, who, sizeof who), call->fn[0] ? ", function '" : "",
                    call->fn, call->fn[0] ? "'" : "", call->timeout_s * 1000.0);
+        if (TPI_CANARY(TPI_CANARY_DOUBLE_COMPLETE) && call->type == TPI_MSG_REQUEST) {
+            heap_remove(c, call); /* broken: the call stays for its late reply */
+            call->deadline_ns = TPI_NO_DEADLINE;
+            tpi_future_complete(c, call->future, TP_ETIMEDOUT, NULL, msg);
+            continue;
+        }
         tpi_call_finish(c, call, TP_ETIMEDOUT, NULL, msg);
     }
     rearm(c);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "canary.h"
 #include "core.h"
 #include "options.h"
 
@@ -85,8 +86,15 @@ void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value
                          const char *errmsg) {
     TPI_ASSERT(f->core == c);
     if (atomic_load(&f->done)) {
-        tpi_defer_free(c, value);
-        return;
+        if (!TPI_CANARY(TPI_CANARY_DOUBLE_COMPLETE)) {
+            tpi_defer_free(c, value);
+            return;
+        }
+        /* Broken on purpose: the second completion overwrites the first. */
+        free(f->errmsg);
+        f->errmsg = NULL;
+        tpi_defer_free(c, f->value);
+        f->value = NULL;
     }
     f->status = st;
     f->value = st == TP_OK ? value : NULL;

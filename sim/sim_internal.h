@@ -374,6 +374,7 @@ struct tp_sim {
     uint64_t next_msg_id;
     tpi_sim_delay *delays;
     uint32_t ndelays, delays_cap;
+    uint64_t fired[TP_SIM_FAULT_KINDS_]; /* tp_sim_fault_count */
     uint32_t drop_per_million;
     uint64_t drop_start_ns, drop_end_ns; /* the loss rate applies in [start, end) */
     tp_store *store;

@@ -213,13 +213,16 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     m->doomed = doomed;
     uint64_t arrive = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
     arrive = sat_add(arrive, jitter);
-    arrive = sat_add(arrive, tpi_sim_fault_delay_ns(sim, src, dst));
+    uint64_t extra = tpi_sim_fault_delay_ns(sim, src, dst);
+    sim->fired[TP_SIM_FAULT_DELAY] += extra > 0;
+    arrive = sat_add(arrive, extra);
     if (conn->partitions > 0) {
         /* The partition broke the connection when it began; this frame goes
          * on a new one, which cannot get through until the partition heals
          * (SIM-5): it arrives then, in order, or the connection breaks at the
          * user timeout and it is lost with the rest. Never a hole. */
         arrive = sat_add(conn->partition_end_ns, arrive - sim->now_ns);
+        sim->fired[TP_SIM_FAULT_PARTITION_HELD]++;
         if (conn->partition_end_ns - sim->now_ns > TPI_SIM_USER_TIMEOUT_NS &&
             conn->stall_epoch != conn->epoch + 1) {
             conn->stall_epoch = conn->epoch + 1;
@@ -286,6 +289,7 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
         drop(sim, m, "dead");
     } else if (m->doomed) {
         drop(sim, m, "loss"); /* as on TCP, a loss breaks the connection */
+        sim->fired[TP_SIM_FAULT_DROP]++;
         tpi_sim_net_break(sim, m->src_host, m->dst_host, TPI_SIM_DETAIL_LOSS);
     } else if (!a) {
         /* Nobody listens there: the sender sees a refused connection. */

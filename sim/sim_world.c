@@ -296,6 +296,27 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
 
 /* ---- Counters -------------------------------------------------------------------- */
 
+uint64_t tp_sim_fault_count(const tp_sim *sim, tp_sim_fault_kind kind) {
+    return sim && (unsigned)kind < TP_SIM_FAULT_KINDS_ ? sim->fired[kind] : 0;
+}
+
+const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind) {
+    static const char *const names[TP_SIM_FAULT_KINDS_] = {
+        [TP_SIM_FAULT_DELAY] = "delay",
+        [TP_SIM_FAULT_BREAK] = "break",
+        [TP_SIM_FAULT_PARTITION] = "partition",
+        [TP_SIM_FAULT_PARTITION_HELD] = "partition_held",
+        [TP_SIM_FAULT_STALL_BREAK] = "stall_break",
+        [TP_SIM_FAULT_KILL] = "kill",
+        [TP_SIM_FAULT_DROP] = "drop",
+    };
+    return (unsigned)kind < TP_SIM_FAULT_KINDS_ ? names[kind] : "?";
+}
+
+int tp_sim_host_dead(const tp_sim *sim, uint32_t host) {
+    return sim && host < sim->cfg.hosts && sim->hosts[host].dead;
+}
+
 uint64_t tp_sim_violations(const tp_sim *sim) {
     return sim ? sim->violations : 0;
 }

@@ -509,6 +509,8 @@ out:
 int main(int argc, char **argv) {
     /* Line-buffered, so PASS/FAIL lines before an abort are not lost. */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1 && strcmp(argv[1], "swarm") == 0)
+        return tpsim_swarm_main(argc - 1, argv + 1);
     tpsim_args args;
     int rc = parse_args(argc, argv, &args);
     if (rc)

@@ -80,6 +80,9 @@ uint64_t tpsim_checks_passed(void);
 uint64_t tpsim_checks_failed(void);
 uint32_t tpsim_host_failures(int rank);
 
+/* `tpsim swarm ...` (tpsim_swarm.c): argv[0] is "swarm". Returns the exit status. */
+int tpsim_swarm_main(int argc, char **argv);
+
 /* Registers every function tpsim's workers serve, on the current worker. */
 tp_status tpsim_register_functions(void);
 

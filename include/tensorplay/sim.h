@@ -104,6 +104,23 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
 uint64_t tp_sim_violations(const tp_sim *sim);
 const char *tp_sim_violation(const tp_sim *sim);
 
+/* How often each kind of fault actually happened in a run, so an experiment
+ * can tell a fault that was planned from one that fired. */
+typedef enum tp_sim_fault_kind {
+    TP_SIM_FAULT_DELAY = 0,     /* a frame took longer because of a delay window */
+    TP_SIM_FAULT_BREAK,         /* a break fault broke a connection */
+    TP_SIM_FAULT_PARTITION,     /* a partition began between two hosts */
+    TP_SIM_FAULT_PARTITION_HELD, /* a frame waited for a partition to heal */
+    TP_SIM_FAULT_STALL_BREAK,   /* a partition outlasted the user timeout and broke a connection */
+    TP_SIM_FAULT_KILL,          /* a host died (kill or crash_self) */
+    TP_SIM_FAULT_DROP,          /* a frame was lost (and its connection broke) */
+    TP_SIM_FAULT_KINDS_
+} tp_sim_fault_kind;
+uint64_t tp_sim_fault_count(const tp_sim *sim, tp_sim_fault_kind kind);
+const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind);
+/* 1 when host has died (killed or crashed) so far; 0 otherwise. */
+int tp_sim_host_dead(const tp_sim *sim, uint32_t host);
+
 /* The trace hash (64-bit FNV-1a over the canonical trace lines). */
 uint64_t tp_sim_trace_hash(const tp_sim *sim);
 uint64_t tp_sim_events(const tp_sim *sim);  /* events processed */

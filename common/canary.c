@@ -1,0 +1,18 @@
+/* canary.c: the names of the deliberately broken variants (canary.h). */
+#include <stddef.h>
+
+#include "canary.h"
+
+#ifdef TP_CANARIES
+int tpi_canary;
+#endif
+
+const char *tpi_canary_name(int kind) {
+    static const char *const names[TPI_CANARY_KINDS_] = {
+        [TPI_CANARY_NONE] = "none",
+        [TPI_CANARY_TIMER_NOT_REARMED] = "timer_not_rearmed",
+        [TPI_CANARY_DOUBLE_COMPLETE] = "double_complete",
+        [TPI_CANARY_DRAIN_UNDERREPORTS] = "drain_underreports",
+    };
+    return kind >= 0 && kind < TPI_CANARY_KINDS_ ? names[kind] : NULL;
+}

@@ -1,0 +1,37 @@
+/*
+ * canary.h: deliberately broken variants of the core, for proving that the
+ * simulator's oracle and swarm catch real bugs (spec/sim.md SIM-11).
+ *
+ * Only a build with TP_CANARIES defined has them (the tensorplay_rpc_canary
+ * library that tpsim_canary links); there tpi_canary picks the one that runs,
+ * 0 for none. In every other build TPI_CANARY(n) is the constant 0 and the
+ * broken branches compile away.
+ */
+#ifndef TPI_CANARY_H
+#define TPI_CANARY_H
+
+typedef enum tpi_canary_kind {
+    TPI_CANARY_NONE = 0,
+    /* The deadline timer is not marked spent when it fires, so it is never
+     * armed again: later calls do not time out. */
+    TPI_CANARY_TIMER_NOT_REARMED = 1,
+    /* A timeout completes the future but leaves the call registered, and the
+     * future has no first-wins guard: a late reply completes it again. */
+    TPI_CANARY_DOUBLE_COMPLETE = 2,
+    /* The shutdown drain publishes no served requests, so it can end while
+     * functions still run. */
+    TPI_CANARY_DRAIN_UNDERREPORTS = 3,
+    TPI_CANARY_KINDS_
+} tpi_canary_kind;
+
+#ifdef TP_CANARIES
+extern int tpi_canary; /* which broken variant runs; set once before any worker */
+#define TPI_CANARY(kind) (tpi_canary == (kind))
+#else
+#define TPI_CANARY(kind) 0
+#endif
+
+/* The canary's name ("timer_not_rearmed"...), or NULL past the last. */
+const char *tpi_canary_name(int kind);
+
+#endif

@@ -1,0 +1,1039 @@
+/*
+ * tpsim_swarm.c: swarm runs (tools/README.md "Swarm runs", spec/sim.md SIM-10).
+ *
+ *   tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose] [--trace FILE]
+ *               [--canary NAME] [--expect-failure]
+ *
+ * Each seed draws a world: the worker count, the workload's knobs (call
+ * mix, payload sizes, per-call timeouts from sub-millisecond to infinite,
+ * pool and window sizes) and a fault plan (kills, partitions, isolations,
+ * splits, breaks, delays, loss). The run then goes through its phases:
+ *
+ *   chaos     every worker issues calls while the faults happen;
+ *   heal      every fault window ends (HEAL_NS); the dead stay dead;
+ *   liveness  every call of the chaos phase has ended, and a call between
+ *             any two live workers succeeds;
+ *   shutdown  every live worker shuts down gracefully: TP_OK, or
+ *             TP_EPEERDOWN when a worker died;
+ *   final     the simulator's oracle found nothing (SIM-9), no host hung.
+ *
+ * What a call may answer under faults is loose (a timeout, a dead or
+ * unreachable peer), but an answer that claims success must carry exactly
+ * the right value, and the oracle holds whatever the faults did. A failing
+ * seed prints its plan and a one-line replay command.
+ *
+ * Seeds run one after another in one process (no process start per seed);
+ * --jobs N forks N processes that take every N-th seed and report back
+ * through pipes.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/canary.h"
+#include "tools/tpsim.h"
+
+#define MS_NS 1000000ull
+#define S_NS 1000000000ull
+/* The phases, in virtual time. Faults are drawn inside [FAULT_FROM, HEAL). */
+#define FAULT_FROM_NS (50 * MS_NS)
+#define HEAL_NS (1000 * MS_NS) /* the usual heal time (a seed may draw a longer one) */
+/* A call of the chaos phase must have ended this long after the heal. */
+#define LIVENESS_WAIT_S 120.0
+/* The liveness probe's own timeout; it is retried (a pool may still be busy
+ * with relays whose callers gave up) until LIVENESS_BOUND_S after the heal. */
+#define LIVENESS_CALL_S 10.0
+#define LIVENESS_BOUND_S 300.0
+#define SWARM_WORKERS_MAX 16
+#define SWARM_PENDING_MAX 256
+#define SWARM_PLAN_MAX 4096
+#define SWARM_FAIL_TEXT_MAX 600
+#define SWARM_FAILURES_LISTED 20
+#define SWARM_JOBS_MAX 64
+
+/* ---- Operations and their outcomes ------------------------------------------ */
+
+typedef enum op_kind {
+    OP_SYNC_ADD,
+    OP_ASYNC_ADD,
+    OP_SLOW,
+    OP_FORWARD,
+    OP_ECHO,
+    OP_FAIL,
+    OP_UNKNOWN,
+    OP_REMOTE,
+    OP_FORGET,
+    OP_LIVENESS,
+    OP_KINDS
+} op_kind;
+
+static const char *const op_names[OP_KINDS] = {
+    "sync_add", "async_add", "slow", "forward", "echo", "fail", "unknown", "remote", "forget",
+    "liveness"};
+
+/* Outcome columns of the summary table. */
+enum { OUT_OK, OUT_TIMEOUT, OUT_PEERDOWN, OUT_EIO, OUT_REMOTE, OUT_OTHER, OUT_KINDS };
+static const char *const out_names[OUT_KINDS] = {"ok", "timeout", "peerdown", "eio", "remote",
+                                                 "other"};
+
+static int outcome_of(tp_status st) {
+    switch (st) {
+    case TP_OK:
+        return OUT_OK;
+    case TP_ETIMEDOUT:
+        return OUT_TIMEOUT;
+    case TP_EPEERDOWN:
+        return OUT_PEERDOWN;
+    case TP_EIO:
+        return OUT_EIO;
+    case TP_EREMOTE:
+    case TP_EUNKNOWNFUNC:
+        return OUT_REMOTE;
+    default:
+        return OUT_OTHER;
+    }
+}
+
+/* ---- One seed's world ---------------------------------------------------------- */
+
+typedef struct swarm_cfg {
+    uint64_t seed;
+    uint32_t workers;
+    uint32_t pool;
+    uint32_t calls;        /* per worker in the chaos phase */
+    uint32_t think_max_us; /* between two calls */
+    uint32_t payload_max;  /* echo bytes */
+    uint64_t window;       /* max_inflight_bytes, 0: default */
+    uint64_t heal_ns;      /* every fault window ends by then */
+    double default_timeout_s;
+    uint32_t mix[OP_FORGET + 1]; /* weights of the chaos operations */
+    uint32_t mix_total;
+    char plan[SWARM_PLAN_MAX];
+    uint32_t plan_lines;
+    uint32_t planned[TP_SIM_FAULT_KINDS_]; /* faults of each kind in the plan */
+} swarm_cfg;
+
+typedef struct swarm_stats {
+    uint64_t seeds, failed;
+    uint64_t fault_seeds_planned[TP_SIM_FAULT_KINDS_];
+    uint64_t fault_seeds_fired[TP_SIM_FAULT_KINDS_];
+    uint64_t fault_fired[TP_SIM_FAULT_KINDS_];
+    uint64_t ops[OP_KINDS][OUT_KINDS];
+    uint64_t events, calls_checked;
+    uint64_t violations;
+} swarm_stats;
+
+typedef struct swarm_run {
+    const swarm_cfg *cfg;
+    tp_sim *sim;
+    uint32_t settled; /* workers whose chaos calls have all ended (the liveness barrier) */
+    int failed;
+    char first[SWARM_FAIL_TEXT_MAX + 32];
+    uint64_t ops[OP_KINDS][OUT_KINDS];
+} swarm_run;
+
+/* A splitmix64 stream of the seed for the world's shape; the sim's own
+ * streams (SIM-2) drive jitter, loss and the per-call draws. */
+static uint64_t mix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t below(uint64_t *s, uint64_t n) {
+    return n ? mix64(s) % n : 0; /* a tiny modulo bias does not matter for shapes */
+}
+
+/* A timeout menu from sub-millisecond to infinite (0). */
+static const double timeout_menu[] = {0.0005, 0.003, 0.02, 0.2, 2.0, 30.0, 0.0};
+#define TIMEOUT_MENU_N (sizeof timeout_menu / sizeof timeout_menu[0])
+
+static void plan_add(swarm_cfg *c, tp_sim_fault_kind kind, const char *fmt, ...) {
+    size_t n = strlen(c->plan);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->plan + n, sizeof c->plan - n, fmt, ap);
+    va_end(ap);
+    n = strlen(c->plan);
+    if (n + 1 < sizeof c->plan) {
+        c->plan[n] = '\n';
+        c->plan[n + 1] = '\0';
+    }
+    c->plan_lines++;
+    c->planned[kind]++;
+}
+
+/* A window [a, b) in ms inside the fault phase. */
+static void draw_window(uint64_t *s, uint64_t heal_ns, double *a, double *b) {
+    double from = (double)FAULT_FROM_NS / 1e6, to = (double)heal_ns / 1e6;
+    double len;
+    if (heal_ns > 50 * S_NS && below(s, 2) == 0) { /* longer than the user timeout */
+        *a = from + (double)below(s, 4000);
+        len = 46000.0 + (double)below(s, 9000);
+    } else {
+        *a = from + (double)below(s, (uint64_t)(to - from)) + (double)below(s, 1000) / 1000.0;
+        len = 1.0 + (double)below(s, (uint64_t)(to - *a));
+    }
+    *b = *a + len < to ? *a + len : to;
+    if (*b <= *a)
+        *b = to;
+}
+
+static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
+    memset(c, 0, sizeof *c);
+    uint64_t s = seed ^ 0x5357524d53454544ull; /* "SWRMSEED": apart from the sim's streams */
+    c->seed = seed;
+    /* One world in eight has a long chaos phase, so that a partition can
+     * outlast the connection's user timeout (45 s) and break it. */
+    c->heal_ns = below(&s, 8) == 0 ? 60 * S_NS : HEAL_NS;
+    c->workers = workers ? workers : (below(&s, 8) == 0 ? 9 + (uint32_t)below(&s, 8)
+                                                         : 2 + (uint32_t)below(&s, 7));
+    static const uint32_t pools[] = {1, 2, 4, 16};
+    c->pool = pools[below(&s, 4)];
+    static const uint64_t windows[] = {0, 4096, 65536, 1u << 20};
+    c->window = windows[below(&s, 4)];
+    c->default_timeout_s = timeout_menu[below(&s, TIMEOUT_MENU_N)];
+    c->calls = 5 + (uint32_t)below(&s, 40);
+    static const uint32_t thinks[] = {0, 100, 2000, 30000};
+    c->think_max_us = thinks[below(&s, 4)];
+    if (c->heal_ns > HEAL_NS) /* spread the calls over the long chaos phase */
+        c->think_max_us = (uint32_t)(2 * (c->heal_ns / 1000) / c->calls);
+    static const uint32_t payloads[] = {0, 64, 4000, 70000, 1u << 20};
+    c->payload_max = payloads[below(&s, below(&s, 8) == 0 ? 5 : 4)];
+    for (int k = 0; k <= OP_FORGET; k++) {
+        c->mix[k] = below(&s, 3) == 0 ? 0 : 1 + (uint32_t)below(&s, 8);
+        c->mix_total += c->mix[k];
+    }
+    if (!c->mix_total) {
+        c->mix[OP_ASYNC_ADD] = 1;
+        c->mix_total = 1;
+    }
+    /* The fault mix: each kind in or out, then its instances. */
+    uint32_t n = c->workers;
+    double a, b;
+    if (below(&s, 2) == 0) { /* kills: never everyone */
+        uint32_t kills = 1 + (uint32_t)below(&s, n > 2 ? 2 : 1);
+        for (uint32_t i = 0; i < kills && i + 1 < n; i++) {
+            draw_window(&s, c->heal_ns, &a, &b);
+            plan_add(c, TP_SIM_FAULT_KILL, "kill %u %.3f", (unsigned)below(&s, n), a);
+        }
+    }
+    if (below(&s, 2) == 0)
+        for (uint32_t i = 0, k = 1 + (uint32_t)below(&s, 3); i < k; i++) {
+            uint32_t x = (uint32_t)below(&s, n), y = (uint32_t)below(&s, n - 1);
+            y = y >= x ? y + 1 : y;
+            draw_window(&s, c->heal_ns, &a, &b);
+            plan_add(c, TP_SIM_FAULT_PARTITION, "partition %u %u %.3f %.3f", x, y, a, b);
+        }
+    if (below(&s, 3) == 0) {
+        draw_window(&s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_PARTITION, "isolate %u %.3f %.3f", (unsigned)below(&s, n), a, b);
+    }
+    if (n > 2 && below(&s, 4) == 0) {
+        draw_window(&s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_PARTITION, "split %u %.3f %.3f", 1 + (unsigned)below(&s, n - 1),
+                 a, b);
+    }
+    if (below(&s, 2) == 0)
+        for (uint32_t i = 0, k = 1 + (uint32_t)below(&s, 3); i < k; i++) {
+            uint32_t x = (uint32_t)below(&s, n), y = (uint32_t)below(&s, n - 1);
+            y = y >= x ? y + 1 : y;
+            draw_window(&s, c->heal_ns, &a, &b);
+            plan_add(c, TP_SIM_FAULT_BREAK, "break %u %u %.3f", x, y, a);
+        }
+    if (below(&s, 2) == 0)
+        for (uint32_t i = 0, k = 1 + (uint32_t)below(&s, 4); i < k; i++) {
+            uint32_t x = (uint32_t)below(&s, n), y = (uint32_t)below(&s, n - 1);
+            y = y >= x ? y + 1 : y;
+            draw_window(&s, c->heal_ns, &a, &b);
+            static const uint32_t extra_ms[] = {1, 20, 200, 2000};
+            plan_add(c, TP_SIM_FAULT_DELAY, "delay %u %u %.3f %.3f %u", x, y, a, b,
+                     extra_ms[below(&s, 4)]);
+        }
+    if (below(&s, 3) == 0) {
+        draw_window(&s, c->heal_ns, &a, &b);
+        static const uint32_t rates[] = {1000, 20000, 200000};
+        plan_add(c, TP_SIM_FAULT_DROP, "drop %u %.3f %.3f", rates[below(&s, 3)], a, b);
+    }
+}
+
+/* ---- Inside the simulation ---------------------------------------------------- */
+
+static void run_fail(swarm_run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void run_fail(swarm_run *run, const char *fmt, ...) {
+    char text[SWARM_FAIL_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (tp_sim_current())
+        tp_sim_trace_note("swarm: FAIL %s", text);
+    if (run->failed++ == 0)
+        snprintf(run->first, sizeof run->first, "t=%.3f ms: %s",
+                 tp_sim_current() ? (double)tp_sim_now_ns(tp_sim_current()) / 1e6 : 0.0, text);
+}
+
+static uint64_t draw(uint64_t n) {
+    return n ? tp_sim_random() % n : 0;
+}
+
+static int self_dead(void) {
+    return tp_sim_host_dead(tp_sim_current(), (uint32_t)tp_sim_current_host());
+}
+
+static double draw_timeout(void) {
+    uint64_t k = draw(TIMEOUT_MENU_N + 2);
+    return k >= TIMEOUT_MENU_N ? TP_TIMEOUT_DEFAULT : timeout_menu[k];
+}
+
+/* echo(bytes) -> the same bytes */
+static tp_status fn_echo(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    *result = tp_value_clone(tp_list_get(args, 0));
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/*
+ * relay(dest, a, b, delay_us, timeout_us) -> slow_add(a, b, delay_us) called on
+ * worker dest with that finite timeout. A nested call that could wait forever
+ * would let two full pools wait for each other for good: a deadlock of the
+ * workload (PyTorch's pools have it too), not one the oracle should report.
+ */
+static tp_status fn_relay(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *ud) {
+    (void)kwargs, (void)ud;
+    int64_t v[5];
+    for (size_t i = 0; i < 5; i++)
+        if (tp_value_get_int(tp_list_get(args, i), &v[i]) != TP_OK) {
+            tp_call_set_error(call, "relay: argument %zu is not an int", i);
+            return TP_EINVAL;
+        }
+    tp_value *fargs = tp_value_list_of(3, tp_value_int(v[1]), tp_value_int(v[2]),
+                                       tp_value_int(v[3]));
+    tp_status st = fargs ? tp_rpc_sync(tp_to_rank((int)v[0]), "slow_add", fargs, NULL,
+                                       (double)v[4] / 1e6, result)
+                         : TP_ENOMEM;
+    if (st != TP_OK)
+        tp_call_set_error(call, "relay to rank %lld: %s", (long long)v[0], tp_errmsg());
+    tp_value_free(fargs);
+    return st;
+}
+
+/* fail() -> always an error */
+static tp_status fn_fail(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)args, (void)kwargs, (void)result, (void)ud;
+    tp_call_set_error(call, "fail: as asked");
+    return TP_ECANCELED;
+}
+
+/* A payload of len bytes that depends on tag. */
+static tp_value *payload(uint64_t tag, size_t len) {
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)((tag * 131u + i * 7u) >> 1);
+    tp_value *v = tp_value_bytes(buf, len);
+    free(buf);
+    return v;
+}
+
+typedef struct pending {
+    tp_future *f;
+    op_kind op;
+    int64_t expect;  /* the int answer, or the payload tag */
+    size_t len;      /* echo: the payload length */
+    int dst;
+} pending;
+
+/* Checks one outcome; value is the answer when st is TP_OK. */
+static void check_outcome(swarm_run *run, int me, const pending *p, tp_status st,
+                          const tp_value *value, const char *err) {
+    run->ops[p->op][outcome_of(st)]++;
+    int dead = self_dead() || tp_sim_host_dead(run->sim, (uint32_t)p->dst);
+    int transport = st == TP_ETIMEDOUT || st == TP_EPEERDOWN || st == TP_EIO ||
+                    (st == TP_ESHUTDOWN && dead);
+    int ok = transport;
+    switch (p->op) {
+    case OP_FAIL:
+        ok = ok || st == TP_EREMOTE;
+        break;
+    case OP_UNKNOWN:
+        ok = ok || st == TP_EUNKNOWNFUNC;
+        break;
+    case OP_SLOW:
+    case OP_FORWARD:
+        /* The function's own wait or nested call can fail the same ways. */
+        ok = ok || st == TP_EREMOTE;
+        /* fallthrough */
+    default:
+        if (st == TP_OK) {
+            if (p->op == OP_ECHO) {
+                tp_value *want = payload((uint64_t)p->expect, p->len);
+                ok = want && tp_value_equal(want, value);
+                tp_value_free(want);
+            } else {
+                int64_t got = 0;
+                ok = tp_value_get_int(value, &got) == TP_OK && got == p->expect;
+            }
+            if (!ok) {
+                run_fail(run, "w%d: %s to w%d answered TP_OK with a wrong value", me,
+                         op_names[p->op], p->dst);
+                return;
+            }
+        }
+    }
+    if (!ok)
+        run_fail(run, "w%d: %s to w%d ended %s, which it may not: %s", me, op_names[p->op],
+                 p->dst, tp_status_name(st), err);
+}
+
+static tp_value *ints(int n, const int64_t *v) {
+    tp_value *l = tp_value_list();
+    for (int i = 0; l && i < n; i++)
+        if (tp_list_append(l, tp_value_int(v[i])) != TP_OK) {
+            tp_value_free(l);
+            l = NULL;
+        }
+    return l;
+}
+
+/* Issues one chaos operation; an async one lands in *p (p->f set). */
+static void issue(swarm_run *run, int me, int world, uint64_t i, pending *p) {
+    const swarm_cfg *c = run->cfg;
+    uint64_t r = draw(c->mix_total);
+    op_kind op = OP_SYNC_ADD;
+    for (int k = 0; k <= OP_FORGET; k++) {
+        if (r < c->mix[k]) {
+            op = (op_kind)k;
+            break;
+        }
+        r -= c->mix[k];
+    }
+    int dst = (int)draw((uint64_t)world);
+    double t = draw_timeout();
+    int64_t a = (int64_t)draw(1000000), b = (int64_t)draw(1000000);
+    memset(p, 0, sizeof *p);
+    p->op = op;
+    p->dst = dst;
+    p->expect = a + b;
+    tp_value *args = NULL;
+    const char *fn = "add";
+    switch (op) {
+    case OP_SLOW:
+    case OP_FORGET: {
+        int64_t v[3] = {a, b, (int64_t)draw(50000)};
+        args = ints(3, v);
+        fn = "slow_add";
+        break;
+    }
+    case OP_FORWARD: {
+        /* Onwards to another worker than the one relaying, within a finite
+         * timeout (fn_relay says why). */
+        int64_t to = (int64_t)draw((uint64_t)world - 1);
+        to = to >= dst ? to + 1 : to;
+        double it = timeout_menu[draw(TIMEOUT_MENU_N - 2)]; /* 0.5 ms .. 2 s */
+        int64_t v[5] = {to, a, b, (int64_t)draw(20000), (int64_t)(it * 1e6)};
+        args = ints(5, v);
+        fn = "relay";
+        break;
+    }
+    case OP_ECHO:
+        p->expect = (int64_t)(((uint64_t)me << 32) | i);
+        p->len = (size_t)draw((uint64_t)c->payload_max + 1);
+        args = tp_value_list_of(1, payload((uint64_t)p->expect, p->len));
+        fn = "echo";
+        break;
+    case OP_FAIL:
+        args = tp_value_list();
+        fn = "fail";
+        break;
+    case OP_UNKNOWN:
+        args = tp_value_list();
+        fn = "no_such_function";
+        break;
+    default: {
+        int64_t v[2] = {a, b};
+        args = ints(2, v);
+        break;
+    }
+    }
+    if (!args) {
+        run_fail(run, "w%d: out of memory building arguments", me);
+        return;
+    }
+    tp_status st;
+    if (op == OP_SYNC_ADD || op == OP_FAIL || op == OP_UNKNOWN) {
+        tp_value *res = NULL;
+        st = tp_rpc_sync(tp_to_rank(dst), fn, args, NULL, t, &res);
+        check_outcome(run, me, p, st, res, tp_errmsg());
+        tp_value_free(res);
+    } else if (op == OP_REMOTE) {
+        tp_rref *rr = NULL;
+        st = tp_remote(tp_to_rank(dst), fn, args, NULL, t, &rr);
+        if (st == TP_OK) {
+            tp_value *res = NULL;
+            st = tp_rref_to_here(rr, draw_timeout(), &res);
+            check_outcome(run, me, p, st, res, tp_errmsg());
+            tp_value_free(res);
+            tp_rref_release(rr);
+        } else {
+            check_outcome(run, me, p, st, NULL, tp_errmsg());
+        }
+    } else {
+        st = tp_rpc_async(tp_to_rank(dst), fn, args, NULL, t, &p->f);
+        if (st != TP_OK)
+            check_outcome(run, me, p, st, NULL, tp_errmsg());
+        if (op == OP_FORGET && p->f) {
+            tp_future_free(p->f); /* fire and forget: the call goes on (FUTURE-8) */
+            p->f = NULL;
+            run->ops[OP_FORGET][OUT_OK]++;
+        }
+    }
+    tp_value_free(args);
+}
+
+static void settle(swarm_run *run, int me, pending *pend, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!pend[i].f)
+            continue;
+        tp_status w = tp_future_wait(pend[i].f, LIVENESS_WAIT_S);
+        if (w == TP_OK || tp_future_done(pend[i].f)) {
+            tp_status st = tp_future_status(pend[i].f);
+            check_outcome(run, me, &pend[i], st, tp_future_value(pend[i].f),
+                          tp_future_error(pend[i].f));
+        } else if (!self_dead()) {
+            run_fail(run, "w%d: liveness: %s to w%d has not ended %.0f s after the chaos (%s)",
+                     me, op_names[pend[i].op], pend[i].dst, LIVENESS_WAIT_S, tp_status_name(w));
+        }
+        tp_future_free(pend[i].f);
+        pend[i].f = NULL;
+    }
+}
+
+static void liveness(swarm_run *run, int me, int world) {
+    for (int q = 0; q < world && !self_dead(); q++) {
+        if (q == me || tp_sim_host_dead(run->sim, (uint32_t)q))
+            continue;
+        tp_value *args = tp_value_list_of(1, payload(7, 16));
+        tp_value *res = NULL;
+        tp_status st;
+        for (;;) {
+            st = tp_rpc_sync(tp_to_rank(q), "echo", args, NULL, LIVENESS_CALL_S, &res);
+            run->ops[OP_LIVENESS][outcome_of(st)]++;
+            if (st != TP_ETIMEDOUT ||
+                tp_sim_now_ns(run->sim) > run->cfg->heal_ns + (uint64_t)(LIVENESS_BOUND_S * 1e9))
+                break;
+        }
+        tp_value_free(args);
+        tp_value *want = payload(7, 16);
+        if (st != TP_OK || !tp_value_equal(want, res))
+            run_fail(run, "w%d: liveness: echo to live w%d after the heal: %s: %s", me, q,
+                     tp_status_name(st), st == TP_OK ? "wrong value" : tp_errmsg());
+        tp_value_free(want);
+        tp_value_free(res);
+    }
+}
+
+static int swarm_program(int rank, int world, void *arg) {
+    swarm_run *run = arg;
+    const swarm_cfg *c = run->cfg;
+    char name[16];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_status st = tpsim_register_functions();
+    if (st == TP_OK)
+        st = tp_register_function("echo", fn_echo, NULL);
+    if (st == TP_OK)
+        st = tp_register_function("fail", fn_fail, NULL);
+    if (st == TP_OK)
+        st = tp_register_function("relay", fn_relay, NULL);
+    tp_options *o = tp_options_new();
+    if (st == TP_OK && o) {
+        (void)tp_options_set_rpc_timeout(o, c->default_timeout_s);
+        (void)tp_options_set_shutdown_timeout(o, 60.0);
+        (void)tp_options_set_init_timeout(o, 60.0);
+        (void)tp_options_set_num_worker_threads(o, (int)c->pool);
+        if (c->window)
+            (void)tp_options_set_max_inflight_bytes(o, c->window);
+        st = tp_init_rpc(name, "SIM", rank, world, o);
+    }
+    tp_options_free(o);
+    if (st != TP_OK) {
+        if (!self_dead())
+            run_fail(run, "%s: init_rpc: %s: %s", name, tp_status_name(st), tp_errmsg());
+        return 0;
+    }
+    /* Chaos. */
+    pending *pend = calloc(SWARM_PENDING_MAX, sizeof *pend);
+    size_t npend = 0;
+    for (uint64_t i = 0; i < c->calls && pend && !self_dead(); i++) {
+        if (tp_sim_now_ns(run->sim) >= c->heal_ns)
+            break;
+        if (c->think_max_us)
+            (void)tp_sleep((double)draw(c->think_max_us) / 1e6);
+        pending p;
+        issue(run, rank, world, i, &p);
+        if (p.f && npend < SWARM_PENDING_MAX)
+            pend[npend++] = p;
+        else if (p.f) /* no room to track it: treat it as fire and forget */
+            tp_future_free(p.f);
+    }
+    /* Heal, then liveness: every chaos call ends, live workers answer. */
+    settle(run, rank, pend, npend);
+    free(pend);
+    uint64_t now = tp_sim_now_ns(run->sim);
+    if (now < c->heal_ns + 10 * MS_NS)
+        (void)tp_sleep((double)(c->heal_ns + 10 * MS_NS - now) / 1e9);
+    /* The liveness barrier: every live worker's chaos calls have ended, so
+     * no pool is still busy with the chaos phase's work. A harness-level
+     * barrier (the hosts share this process), polled on virtual time. */
+    run->settled++;
+    for (uint64_t spins = 0; !self_dead(); spins++) {
+        uint32_t dead = 0;
+        for (int q = 0; q < world; q++)
+            dead += (uint32_t)tp_sim_host_dead(run->sim, (uint32_t)q);
+        if (run->settled + dead >= (uint32_t)world)
+            break;
+        if (spins * 1e-3 > LIVENESS_WAIT_S) {
+            run_fail(run, "w%d: liveness barrier: %u of %d workers settled after %.0f s", rank,
+                     run->settled, world, LIVENESS_WAIT_S);
+            break;
+        }
+        (void)tp_sleep(1e-3);
+    }
+    liveness(run, rank, world);
+    /* Work still running while shutdown drains (SHUTDOWN-5): fire and forget,
+     * some with a timeout shorter than the function, so the callee still runs
+     * it after the caller has given up: only the callee's count shows it. */
+    for (int k = 0; k < 2 && !self_dead(); k++) {
+        int dst = (int)draw((uint64_t)world);
+        if (tp_sim_host_dead(run->sim, (uint32_t)dst))
+            continue;
+        static const double late_timeouts[] = {0.0005, 0.003, 0.0};
+        int64_t v[3] = {1, 2, (int64_t)draw(50000)};
+        tp_value *args = ints(3, v);
+        tp_future *f = NULL;
+        if (args && tp_rpc_async(tp_to_rank(dst), "slow_add", args, NULL, late_timeouts[draw(3)],
+                                 &f) == TP_OK)
+            tp_future_free(f);
+        tp_value_free(args);
+    }
+    /* Shutdown. */
+    st = tp_shutdown(1);
+    if (!self_dead()) {
+        int any_dead = 0;
+        for (int q = 0; q < world; q++)
+            any_dead |= tp_sim_host_dead(run->sim, (uint32_t)q);
+        tp_status want = any_dead ? TP_EPEERDOWN : TP_OK;
+        if (st != want)
+            run_fail(run, "%s: graceful shutdown: %s (expected %s): %s", name, tp_status_name(st),
+                     tp_status_name(want), tp_errmsg());
+    }
+    return 0;
+}
+
+/* ---- One seed ------------------------------------------------------------------- */
+
+typedef struct swarm_opts {
+    uint64_t from, to;
+    uint32_t jobs;
+    uint32_t workers; /* 0: drawn per seed */
+    int verbose;
+    int expect_failure;
+    const char *trace_path;
+    const char *canary;
+} swarm_opts;
+
+/* Runs one seed; fills *run's outcome and adds to *stats. */
+static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE *out) {
+    swarm_cfg cfg;
+    draw_cfg(seed, o->workers, &cfg);
+    swarm_run run;
+    memset(&run, 0, sizeof run);
+    run.cfg = &cfg;
+    FILE *trace = o->trace_path ? fopen(o->trace_path, "w") : NULL;
+    tp_sim_config sc = {.hosts = cfg.workers,
+                        .seed = seed,
+                        .time_limit_ns = 600 * S_NS,
+                        .trace = trace};
+    tp_sim *sim = NULL;
+    tp_status st = tp_sim_new(&sc, &sim);
+    char err[TP_ERRMSG_LEN_MAX];
+    if (st == TP_OK)
+        st = tp_sim_load_faults(sim, cfg.plan, err, sizeof err);
+    else
+        snprintf(err, sizeof err, "%s", tp_errmsg());
+    if (st != TP_OK) {
+        run_fail(&run, "setup: %s: %s", tp_status_name(st), err);
+    } else {
+        run.sim = sim;
+        int codes[SWARM_WORKERS_MAX];
+        st = tp_sim_run(sim, swarm_program, &run, codes);
+        if (st != TP_OK)
+            run_fail(&run, "the run did not end: %s: %s", tp_status_name(st), tp_errmsg());
+        if (tp_sim_violations(sim))
+            run_fail(&run, "oracle: %" PRIu64 " violation(s); first: %s", tp_sim_violations(sim),
+                     tp_sim_violation(sim));
+        for (int k = 0; k < TP_SIM_FAULT_KINDS_; k++) {
+            uint64_t n = tp_sim_fault_count(sim, (tp_sim_fault_kind)k);
+            stats->fault_fired[k] += n;
+            stats->fault_seeds_fired[k] += n > 0;
+            stats->fault_seeds_planned[k] += cfg.planned[k] > 0;
+        }
+        stats->events += tp_sim_events(sim);
+        stats->violations += tp_sim_violations(sim);
+    }
+    for (int k = 0; k < OP_KINDS; k++)
+        for (int j = 0; j < OUT_KINDS; j++) {
+            stats->ops[k][j] += run.ops[k][j];
+            stats->calls_checked += run.ops[k][j];
+        }
+    stats->seeds++;
+    if (run.failed)
+        stats->failed++;
+    if (run.failed || o->verbose) {
+        fprintf(out, "%s seed=%" PRIu64 " workers=%u pool=%u calls=%u window=%" PRIu64
+                     " timeout=%g%s%s\n",
+                run.failed ? "FAIL" : "PASS", seed, cfg.workers, cfg.pool, cfg.calls, cfg.window,
+                cfg.default_timeout_s, run.failed ? ": " : "", run.failed ? run.first : "");
+        char flat[SWARM_PLAN_MAX];
+        snprintf(flat, sizeof flat, "%s", cfg.plan);
+        for (char *p = flat; *p; p++)
+            if (*p == '\n')
+                *p = p[1] ? ';' : '\0';
+        fprintf(out, "  plan: %s\n", flat[0] ? flat : "(no faults)");
+        if (run.failed) {
+            char extra[96] = "";
+            if (o->workers)
+                snprintf(extra, sizeof extra, " --workers %u", o->workers);
+            if (o->canary)
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " --canary %s",
+                         o->canary);
+            fprintf(out, "  replay: tpsim%s swarm --seeds %" PRIu64 "%s --verbose --trace seed.trace\n",
+                    o->canary ? "_canary" : "", seed, extra);
+        }
+    }
+    if (sim)
+        tp_sim_free(sim);
+    if (trace)
+        fclose(trace);
+}
+
+/* ---- Many seeds ------------------------------------------------------------------ */
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Stats travel from a job to the parent as one line of numbers. */
+static void stats_write(FILE *f, const swarm_stats *s) {
+    const uint64_t *w = (const uint64_t *)s;
+    fputs("S", f);
+    for (size_t i = 0; i < sizeof *s / sizeof *w; i++)
+        fprintf(f, " %" PRIu64, w[i]);
+    fputs("\n", f);
+}
+
+static int stats_read(const char *line, swarm_stats *add) {
+    swarm_stats s;
+    uint64_t *w = (uint64_t *)&s;
+    const char *p = line + 1;
+    for (size_t i = 0; i < sizeof s / sizeof *w; i++) {
+        char *end;
+        errno = 0;
+        w[i] = strtoull(p, &end, 10);
+        if (end == p || errno)
+            return -1;
+        p = end;
+    }
+    uint64_t *a = (uint64_t *)add;
+    for (size_t i = 0; i < sizeof s / sizeof *w; i++)
+        a[i] += w[i];
+    return 0;
+}
+
+static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall_s) {
+    printf("swarm: %" PRIu64 " seeds (%" PRIu64 "..%" PRIu64 ") in %.1f s wall, %.0f seeds/s, "
+           "%" PRIu64 " failed%s%s\n",
+           s->seeds, o->from, o->to, wall_s, wall_s > 0 ? (double)s->seeds / wall_s : 0.0,
+           s->failed, o->canary ? ", canary " : "", o->canary ? o->canary : "");
+    printf("events=%" PRIu64 " outcomes_checked=%" PRIu64 " oracle_violations=%" PRIu64 "\n",
+           s->events, s->calls_checked, s->violations);
+    printf("\nfault kind       seeds planned  seeds fired   times fired\n");
+    for (int k = 0; k < TP_SIM_FAULT_KINDS_; k++)
+        printf("%-16s %13" PRIu64 " %12" PRIu64 " %13" PRIu64 "%s\n",
+               tp_sim_fault_kind_name((tp_sim_fault_kind)k), s->fault_seeds_planned[k],
+               s->fault_seeds_fired[k], s->fault_fired[k],
+               s->fault_fired[k] == 0 ? "   <- never fired" : "");
+    printf("\noperation ");
+    for (int j = 0; j < OUT_KINDS; j++)
+        printf(" %10s", out_names[j]);
+    printf("\n");
+    for (int k = 0; k < OP_KINDS; k++) {
+        printf("%-10s", op_names[k]);
+        uint64_t total = 0;
+        for (int j = 0; j < OUT_KINDS; j++) {
+            printf(" %10" PRIu64, s->ops[k][j]);
+            total += s->ops[k][j];
+        }
+        printf("%s\n", total == 0 ? "   <- never ran" : "");
+    }
+}
+
+/* Runs seeds from, from + step, ... <= to, writing results to out (a job's
+ * pipe, or stdout); the parent reads "F"/"S"/"P" lines from jobs. */
+static void run_range(const swarm_opts *o, uint64_t from, uint64_t step, swarm_stats *stats,
+                      FILE *out, int progress_lines) {
+    double last = wall_now();
+    for (uint64_t seed = from; seed <= o->to && seed >= from; seed += step) {
+        run_seed(o, seed, stats, out);
+        if (progress_lines) {
+            fprintf(out, "P %" PRIu64 " %" PRIu64 "\n", stats->seeds, stats->failed);
+            fflush(out);
+        } else if (isatty(2) && wall_now() - last > 1.0) {
+            last = wall_now();
+            fprintf(stderr, "\rswarm: %" PRIu64 " seeds, %" PRIu64 " failed   ", stats->seeds,
+                    stats->failed);
+        }
+        if (step > o->to - seed)
+            break;
+    }
+}
+
+static int run_jobs(const swarm_opts *o, swarm_stats *total) {
+    int fds[SWARM_JOBS_MAX];
+    pid_t pids[SWARM_JOBS_MAX];
+    uint32_t jobs = o->jobs;
+    for (uint32_t j = 0; j < jobs; j++) {
+        int p[2];
+        if (pipe(p) != 0) {
+            perror("tpsim swarm: pipe");
+            return -1;
+        }
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("tpsim swarm: fork");
+            return -1;
+        }
+        if (pid == 0) {
+            close(p[0]);
+            FILE *out = fdopen(p[1], "w");
+            swarm_stats s;
+            memset(&s, 0, sizeof s);
+            if (o->from + j <= o->to)
+                run_range(o, o->from + j, jobs, &s, out, 1);
+            stats_write(out, &s);
+            fclose(out);
+            _exit(0);
+        }
+        close(p[1]);
+        fds[j] = p[0];
+        pids[j] = pid;
+    }
+    /* Read every job's lines; a progress line on stderr about once a second. */
+    FILE *in[SWARM_JOBS_MAX];
+    uint64_t done[SWARM_JOBS_MAX] = {0}, failed[SWARM_JOBS_MAX] = {0};
+    int open_jobs = (int)jobs, rc = 0;
+    for (uint32_t j = 0; j < jobs; j++)
+        in[j] = fdopen(fds[j], "r");
+    double t0 = wall_now(), last = t0;
+    char line[SWARM_PLAN_MAX + 512];
+    while (open_jobs > 0) {
+        struct pollfd pf[SWARM_JOBS_MAX];
+        for (uint32_t j = 0; j < jobs; j++)
+            pf[j] = (struct pollfd){.fd = in[j] ? fds[j] : -1, .events = POLLIN};
+        if (poll(pf, jobs, 1000) < 0 && errno != EINTR)
+            break;
+        for (uint32_t j = 0; j < jobs; j++) {
+            if (!in[j] || !(pf[j].revents & (POLLIN | POLLHUP)))
+                continue;
+            if (!fgets(line, sizeof line, in[j])) {
+                fclose(in[j]);
+                in[j] = NULL;
+                open_jobs--;
+                continue;
+            }
+            if (line[0] == 'P')
+                (void)sscanf(line + 1, "%" SCNu64 " %" SCNu64, &done[j], &failed[j]);
+            else if (line[0] == 'S')
+                rc |= stats_read(line, total);
+            else
+                fputs(line, stdout); /* failure reports */
+        }
+        double now = wall_now();
+        if (now - last >= 1.0) {
+            last = now;
+            uint64_t d = 0, f = 0;
+            for (uint32_t j = 0; j < jobs; j++) {
+                d += done[j];
+                f += failed[j];
+            }
+            fprintf(stderr, "swarm: %" PRIu64 "/%" PRIu64 " seeds, %.0f seeds/s, %" PRIu64
+                            " failed\n",
+                    d, o->to - o->from + 1, (double)d / (now - t0), f);
+        }
+    }
+    for (uint32_t j = 0; j < jobs; j++) {
+        int status = 0;
+        if (waitpid(pids[j], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "tpsim swarm: job %u died (status %d): its seeds are not counted\n",
+                    j, status);
+            rc = -1;
+        }
+    }
+    return rc;
+}
+
+/* ---- Command line ---------------------------------------------------------------- */
+
+static int swarm_usage(FILE *out) {
+    fprintf(out,
+            "usage: tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
+            "                   [--trace FILE] [--canary NAME] [--expect-failure]\n"
+            "\n"
+            "Runs one randomized world per seed: chaos (faults), heal, liveness, graceful\n"
+            "shutdown, then the oracle's final checks. Prints each failing seed with its\n"
+            "plan and a replay command, then a summary with how often each fault kind and\n"
+            "each operation's outcome happened. Exit 0 when no seed failed, 1 when one did\n"
+            "(with --expect-failure: the other way round), 2 on a usage error.\n"
+            "\n"
+            "  --seeds A..B   the seeds, inclusive (A alone: one seed)\n"
+            "  --jobs N       run in N processes (default 1)\n"
+            "  --workers N    every world has N workers (default: drawn, 2..16)\n"
+            "  --verbose      print every seed, not only failing ones\n"
+            "  --trace FILE   write the canonical trace (one seed only)\n"
+            "  --canary NAME  run a deliberately broken core (tpsim_canary only)\n"
+            "  --expect-failure  succeed only when some seed fails (for canaries)\n");
+    return out == stdout ? 0 : 2;
+}
+
+static int parse_u64_arg(const char *s, uint64_t *out) {
+    if (!s || !*s || *s == '-')
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || *end)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+int tpsim_swarm_main(int argc, char **argv) {
+    swarm_opts o;
+    memset(&o, 0, sizeof o);
+    o.jobs = 1;
+    int have_seeds = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            return swarm_usage(stdout);
+        if (strcmp(a, "--verbose") == 0) {
+            o.verbose = 1;
+        } else if (strcmp(a, "--expect-failure") == 0) {
+            o.expect_failure = 1;
+        } else if (strcmp(a, "--seeds") == 0 && v) {
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", v);
+            char *dots = strstr(buf, "..");
+            if (dots)
+                *dots = '\0';
+            if (!parse_u64_arg(buf, &o.from) ||
+                (dots ? !parse_u64_arg(dots + 2, &o.to) : !parse_u64_arg(buf, &o.to)) ||
+                o.to < o.from) {
+                fprintf(stderr, "tpsim swarm: --seeds '%s': expected A..B with A <= B\n", v);
+                return 2;
+            }
+            have_seeds = 1;
+            i++;
+        } else if (strcmp(a, "--jobs") == 0 && v) {
+            if (!parse_u64_arg(v, &n) || n < 1 || n > SWARM_JOBS_MAX) {
+                fprintf(stderr, "tpsim swarm: --jobs '%s': expected 1..%d\n", v, SWARM_JOBS_MAX);
+                return 2;
+            }
+            o.jobs = (uint32_t)n;
+            i++;
+        } else if (strcmp(a, "--workers") == 0 && v) {
+            if (!parse_u64_arg(v, &n) || n < 2 || n > SWARM_WORKERS_MAX) {
+                fprintf(stderr, "tpsim swarm: --workers '%s': expected 2..%d\n", v,
+                        SWARM_WORKERS_MAX);
+                return 2;
+            }
+            o.workers = (uint32_t)n;
+            i++;
+        } else if (strcmp(a, "--trace") == 0 && v) {
+            o.trace_path = v;
+            i++;
+        } else if (strcmp(a, "--canary") == 0 && v) {
+            o.canary = v;
+            i++;
+        } else {
+            fprintf(stderr, "tpsim swarm: unknown or incomplete option '%s'\n", a);
+            return swarm_usage(stderr);
+        }
+    }
+    if (!have_seeds) {
+        fprintf(stderr, "tpsim swarm: --seeds is required\n");
+        return swarm_usage(stderr);
+    }
+    if (o.trace_path && o.from != o.to) {
+        fprintf(stderr, "tpsim swarm: --trace takes one seed (--seeds S)\n");
+        return 2;
+    }
+    if (o.canary) {
+#ifdef TP_CANARIES
+        int found = 0;
+        for (int k = 1; tpi_canary_name(k); k++)
+            if (strcmp(tpi_canary_name(k), o.canary) == 0) {
+                tpi_canary = k;
+                found = 1;
+            }
+        if (!found) {
+            fprintf(stderr, "tpsim swarm: unknown canary '%s'; known:", o.canary);
+            for (int k = 1; tpi_canary_name(k); k++)
+                fprintf(stderr, " %s", tpi_canary_name(k));
+            fprintf(stderr, "\n");
+            return 2;
+        }
+#else
+        fprintf(stderr, "tpsim swarm: --canary needs tpsim_canary (a build with TP_CANARIES)\n");
+        return 2;
+#endif
+    }
+    tp_register_builtin_backends();
+    swarm_stats stats;
+    memset(&stats, 0, sizeof stats);
+    double t0 = wall_now();
+    int rc = 0;
+    if (o.jobs > 1 && o.to - o.from >= 1)
+        rc = run_jobs(&o, &stats);
+    else
+        run_range(&o, o.from, 1, &stats, stdout, 0);
+    if (isatty(2) && o.jobs <= 1)
+        fprintf(stderr, "\r\n");
+    print_summary(&o, &stats, wall_now() - t0);
+    if (rc != 0)
+        return 2;
+    if (o.expect_failure) {
+        printf("%s: the %s canary %s\n", stats.failed ? "PASS" : "FAIL",
+               o.canary ? o.canary : "(none)",
+               stats.failed ? "was caught" : "survived every seed");
+        return stats.failed ? 0 : 1;
+    }
+    return stats.failed ? 1 : 0;
+}
