@@ -42,9 +42,9 @@ typedef struct oserve {
 } oserve;
 
 struct tpi_sim_oracle {
-    tpi_idmap calls;  /* {agent, call id} -> ocall */
-    tpi_idmap served; /* {agent, caller rank << 40 | call id} -> oserve */
-    uint32_t *running; /* by agent id: functions running now */
+    tpi_idmap calls;             /* {agent, call id} -> ocall */
+    tpi_idmap served;            /* {agent, caller rank << 40 | call id} -> oserve */
+    uint32_t *running;           /* by agent id: functions running now */
     uint64_t *shutdown_begin_ns; /* by agent id: UINT64_MAX when not shutting down */
     uint64_t *shutdown_timeout_ns;
     uint8_t *shutdown_graceful;
@@ -149,8 +149,8 @@ static tpi_sim_agent *host_agent(tp_sim *sim, uint32_t host) {
 
 static const char *call_desc(const ocall *r, uint64_t id, char *buf, size_t len) {
     tpi_format(buf, len, "call %llu from host %u (agent %u) to rank %u%s%s%s",
-               (unsigned long long)id, r->host, r->agent, r->dst_rank, r->fn[0] ? " '" : "",
-               r->fn, r->fn[0] ? "'" : "");
+               (unsigned long long)id, r->host, r->agent, r->dst_rank, r->fn[0] ? " '" : "", r->fn,
+               r->fn[0] ? "'" : "");
     return buf;
 }
 
@@ -179,8 +179,7 @@ static void on_issue(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
 }
 
 /* A request that ended with what its function said must have run there. */
-static void check_served(tp_sim *sim, tpi_sim_agent *a, const ocall *r, uint64_t id,
-                         tp_status st) {
+static void check_served(tp_sim *sim, tpi_sim_agent *a, const ocall *r, uint64_t id, tp_status st) {
     if ((r->type != TPI_MSG_REQUEST && r->type != TPI_MSG_REMOTE) ||
         (st != TP_OK && st != TP_EREMOTE) || strcmp(r->fn, "tp:ping") == 0)
         return;
@@ -188,8 +187,7 @@ static void check_served(tp_sim *sim, tpi_sim_agent *a, const ocall *r, uint64_t
     char desc[160];
     if (!dst) {
         tpi_sim_violation(sim, "%s ended %s, but no worker runs on host %u to have answered",
-                          call_desc(r, id, desc, sizeof desc), tp_status_name(st),
-                          r->dst_host);
+                          call_desc(r, id, desc, sizeof desc), tp_status_name(st), r->dst_host);
         return;
     }
     tpi_gid key = {dst->id, ((uint64_t)a->rank << SERVE_KEY_ID_BITS) | id};
@@ -208,7 +206,8 @@ static void on_end(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     ocall *r = tpi_idmap_get(&o->calls, key);
     char desc[160];
     if (!r || r->ended) {
-        tpi_sim_violation(sim, "host %u (agent %u): call %llu ended %s again (or was "
+        tpi_sim_violation(sim,
+                          "host %u (agent %u): call %llu ended %s again (or was "
                           "never issued)",
                           a->host, a->id, (unsigned long long)p->id, tp_status_name(p->status));
         return;
@@ -224,7 +223,8 @@ static void on_end(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
                           call_desc(r, p->id, desc, sizeof desc),
                           (double)(r->deadline_ns - now) / 1e6);
     if (r->deadline_ns != UINT64_MAX && now > r->deadline_ns + TPI_SIM_ORACLE_SLACK_NS)
-        tpi_sim_violation(sim, "%s ended %s %.3f ms after its deadline (slack %.3f ms): the "
+        tpi_sim_violation(sim,
+                          "%s ended %s %.3f ms after its deadline (slack %.3f ms): the "
                           "timeout did not fire",
                           call_desc(r, p->id, desc, sizeof desc), tp_status_name(p->status),
                           (double)(now - r->deadline_ns) / 1e6,
@@ -242,7 +242,8 @@ static void on_done(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     ocall *r = tpi_idmap_get(&o->calls, key);
     char desc[160];
     if (!r || r->done) {
-        tpi_sim_violation(sim, "host %u (agent %u): the future of call %llu completed %s: a "
+        tpi_sim_violation(sim,
+                          "host %u (agent %u): the future of call %llu completed %s: a "
                           "second completion (or its call was never issued)",
                           a->host, a->id, (unsigned long long)p->id, tp_status_name(p->status));
         return;
@@ -278,7 +279,8 @@ static void on_serve(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin
     }
     if (begin) {
         if (++s->begins > 1)
-            tpi_sim_violation(sim, "host %u (agent %u) runs '%s' a second time for call %llu "
+            tpi_sim_violation(sim,
+                              "host %u (agent %u) runs '%s' a second time for call %llu "
                               "from rank %u",
                               a->host, a->id, p->fn, (unsigned long long)p->id, p->peer);
         o->running[a->id]++;
@@ -302,7 +304,8 @@ static void on_drained(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
             continue;
         if (b != a && o->shutdown_begin_ns[b->id] == UINT64_MAX)
             continue; /* not shutting down: it did not take part (another generation) */
-        tpi_sim_violation(sim, "host %u's graceful shutdown drained (%s) while host %u still "
+        tpi_sim_violation(sim,
+                          "host %u's graceful shutdown drained (%s) while host %u still "
                           "runs %u function(s)",
                           a->host, tp_status_name(p->status), h, o->running[b->id]);
     }
@@ -324,7 +327,8 @@ static void on_shutdown(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int be
     /* SHUTDOWN-2: the barrier and the drain each have the timeout. */
     uint64_t took = sim->now_ns - began;
     if (took > 2 * t + TPI_SIM_ORACLE_SLACK_NS)
-        tpi_sim_violation(sim, "host %u's graceful shutdown took %.3f ms, past its bound of "
+        tpi_sim_violation(sim,
+                          "host %u's graceful shutdown took %.3f ms, past its bound of "
                           "2 x %.3f ms",
                           a->host, (double)took / 1e6, (double)t / 1e6);
 }
@@ -377,6 +381,5 @@ void tpi_sim_oracle_end(tp_sim *sim) {
         }
     }
     if (open > 1)
-        tpi_sim_violation(sim, "%llu calls in all never completed",
-                          (unsigned long long)open);
+        tpi_sim_violation(sim, "%llu calls in all never completed", (unsigned long long)open);
 }

@@ -74,14 +74,14 @@ typedef enum op_kind {
     OP_KINDS
 } op_kind;
 
-static const char *const op_names[OP_KINDS] = {
-    "sync_add", "async_add", "slow", "forward", "echo", "fail", "unknown", "remote", "forget",
-    "liveness"};
+static const char *const op_names[OP_KINDS] = {"sync_add", "async_add", "slow",    "forward",
+                                               "echo",     "fail",      "unknown", "remote",
+                                               "forget",   "liveness"};
 
 /* Outcome columns of the summary table. */
 enum { OUT_OK, OUT_TIMEOUT, OUT_PEERDOWN, OUT_EIO, OUT_REMOTE, OUT_OTHER, OUT_KINDS };
-static const char *const out_names[OUT_KINDS] = {"ok", "timeout", "peerdown", "eio", "remote",
-                                                 "other"};
+static const char *const out_names[OUT_KINDS] = {"ok",  "timeout", "peerdown",
+                                                 "eio", "remote",  "other"};
 
 static int outcome_of(tp_status st) {
     switch (st) {
@@ -194,8 +194,9 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
     /* One world in eight has a long chaos phase, so that a partition can
      * outlast the connection's user timeout (45 s) and break it. */
     c->heal_ns = below(&s, 8) == 0 ? 60 * S_NS : HEAL_NS;
-    c->workers = workers ? workers : (below(&s, 8) == 0 ? 9 + (uint32_t)below(&s, 8)
-                                                         : 2 + (uint32_t)below(&s, 7));
+    c->workers =
+        workers ? workers
+                : (below(&s, 8) == 0 ? 9 + (uint32_t)below(&s, 8) : 2 + (uint32_t)below(&s, 7));
     static const uint32_t pools[] = {1, 2, 4, 16};
     c->pool = pools[below(&s, 4)];
     static const uint64_t windows[] = {0, 4096, 65536, 1u << 20};
@@ -239,8 +240,8 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
     }
     if (n > 2 && below(&s, 4) == 0) {
         draw_window(&s, c->heal_ns, &a, &b);
-        plan_add(c, TP_SIM_FAULT_PARTITION, "split %u %.3f %.3f", 1 + (unsigned)below(&s, n - 1),
-                 a, b);
+        plan_add(c, TP_SIM_FAULT_PARTITION, "split %u %.3f %.3f", 1 + (unsigned)below(&s, n - 1), a,
+                 b);
     }
     if (below(&s, 2) == 0)
         for (uint32_t i = 0, k = 1 + (uint32_t)below(&s, 3); i < k; i++) {
@@ -317,8 +318,8 @@ static tp_status fn_relay(tp_call *call, const tp_value *args, const tp_value *k
             tp_call_set_error(call, "relay: argument %zu is not an int", i);
             return TP_EINVAL;
         }
-    tp_value *fargs = tp_value_list_of(3, tp_value_int(v[1]), tp_value_int(v[2]),
-                                       tp_value_int(v[3]));
+    tp_value *fargs =
+        tp_value_list_of(3, tp_value_int(v[1]), tp_value_int(v[2]), tp_value_int(v[3]));
     tp_status st = fargs ? tp_rpc_sync(tp_to_rank((int)v[0]), "slow_add", fargs, NULL,
                                        (double)v[4] / 1e6, result)
                          : TP_ENOMEM;
@@ -351,8 +352,8 @@ static tp_value *payload(uint64_t tag, size_t len) {
 typedef struct pending {
     tp_future *f;
     op_kind op;
-    int64_t expect;  /* the int answer, or the payload tag */
-    size_t len;      /* echo: the payload length */
+    int64_t expect; /* the int answer, or the payload tag */
+    size_t len;     /* echo: the payload length */
     int dst;
 } pending;
 
@@ -361,8 +362,8 @@ static void check_outcome(swarm_run *run, int me, const pending *p, tp_status st
                           const tp_value *value, const char *err) {
     run->ops[p->op][outcome_of(st)]++;
     int dead = self_dead() || tp_sim_host_dead(run->sim, (uint32_t)p->dst);
-    int transport = st == TP_ETIMEDOUT || st == TP_EPEERDOWN || st == TP_EIO ||
-                    (st == TP_ESHUTDOWN && dead);
+    int transport =
+        st == TP_ETIMEDOUT || st == TP_EPEERDOWN || st == TP_EIO || (st == TP_ESHUTDOWN && dead);
     int ok = transport;
     switch (p->op) {
     case OP_FAIL:
@@ -394,8 +395,8 @@ static void check_outcome(swarm_run *run, int me, const pending *p, tp_status st
         }
     }
     if (!ok)
-        run_fail(run, "w%d: %s to w%d ended %s, which it may not: %s", me, op_names[p->op],
-                 p->dst, tp_status_name(st), err);
+        run_fail(run, "w%d: %s to w%d ended %s, which it may not: %s", me, op_names[p->op], p->dst,
+                 tp_status_name(st), err);
 }
 
 static tp_value *ints(int n, const int64_t *v) {
@@ -513,8 +514,8 @@ static void settle(swarm_run *run, int me, pending *pend, size_t n) {
             check_outcome(run, me, &pend[i], st, tp_future_value(pend[i].f),
                           tp_future_error(pend[i].f));
         } else if (!self_dead()) {
-            run_fail(run, "w%d: liveness: %s to w%d has not ended %.0f s after the chaos (%s)",
-                     me, op_names[pend[i].op], pend[i].dst, LIVENESS_WAIT_S, tp_status_name(w));
+            run_fail(run, "w%d: liveness: %s to w%d has not ended %.0f s after the chaos (%s)", me,
+                     op_names[pend[i].op], pend[i].dst, LIVENESS_WAIT_S, tp_status_name(w));
         }
         tp_future_free(pend[i].f);
         pend[i].f = NULL;
@@ -662,10 +663,8 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
     memset(&run, 0, sizeof run);
     run.cfg = &cfg;
     FILE *trace = o->trace_path ? fopen(o->trace_path, "w") : NULL;
-    tp_sim_config sc = {.hosts = cfg.workers,
-                        .seed = seed,
-                        .time_limit_ns = 600 * S_NS,
-                        .trace = trace};
+    tp_sim_config sc = {
+        .hosts = cfg.workers, .seed = seed, .time_limit_ns = 600 * S_NS, .trace = trace};
     tp_sim *sim = NULL;
     tp_status st = tp_sim_new(&sc, &sim);
     char err[TP_ERRMSG_LEN_MAX];
@@ -702,8 +701,9 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
     if (run.failed)
         stats->failed++;
     if (run.failed || o->verbose) {
-        fprintf(out, "%s seed=%" PRIu64 " workers=%u pool=%u calls=%u window=%" PRIu64
-                     " timeout=%g%s%s\n",
+        fprintf(out,
+                "%s seed=%" PRIu64 " workers=%u pool=%u calls=%u window=%" PRIu64
+                " timeout=%g%s%s\n",
                 run.failed ? "FAIL" : "PASS", seed, cfg.workers, cfg.pool, cfg.calls, cfg.window,
                 cfg.default_timeout_s, run.failed ? ": " : "", run.failed ? run.first : "");
         char flat[SWARM_PLAN_MAX];
@@ -719,7 +719,8 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
             if (o->canary)
                 snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " --canary %s",
                          o->canary);
-            fprintf(out, "  replay: tpsim%s swarm --seeds %" PRIu64 "%s --verbose --trace seed.trace\n",
+            fprintf(out,
+                    "  replay: tpsim%s swarm --seeds %" PRIu64 "%s --verbose --trace seed.trace\n",
                     o->canary ? "_canary" : "", seed, extra);
         }
     }
@@ -881,16 +882,16 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
                 d += done[j];
                 f += failed[j];
             }
-            fprintf(stderr, "swarm: %" PRIu64 "/%" PRIu64 " seeds, %.0f seeds/s, %" PRIu64
-                            " failed\n",
-                    d, o->to - o->from + 1, (double)d / (now - t0), f);
+            fprintf(stderr,
+                    "swarm: %" PRIu64 "/%" PRIu64 " seeds, %.0f seeds/s, %" PRIu64 " failed\n", d,
+                    o->to - o->from + 1, (double)d / (now - t0), f);
         }
     }
     for (uint32_t j = 0; j < jobs; j++) {
         int status = 0;
         if (waitpid(pids[j], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "tpsim swarm: job %u died (status %d): its seeds are not counted\n",
-                    j, status);
+            fprintf(stderr, "tpsim swarm: job %u died (status %d): its seeds are not counted\n", j,
+                    status);
             rc = -1;
         }
     }
@@ -900,23 +901,22 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
 /* ---- Command line ---------------------------------------------------------------- */
 
 static int swarm_usage(FILE *out) {
-    fprintf(out,
-            "usage: tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
-            "                   [--trace FILE] [--canary NAME] [--expect-failure]\n"
-            "\n"
-            "Runs one randomized world per seed: chaos (faults), heal, liveness, graceful\n"
-            "shutdown, then the oracle's final checks. Prints each failing seed with its\n"
-            "plan and a replay command, then a summary with how often each fault kind and\n"
-            "each operation's outcome happened. Exit 0 when no seed failed, 1 when one did\n"
-            "(with --expect-failure: the other way round), 2 on a usage error.\n"
-            "\n"
-            "  --seeds A..B   the seeds, inclusive (A alone: one seed)\n"
-            "  --jobs N       run in N processes (default 1)\n"
-            "  --workers N    every world has N workers (default: drawn, 2..16)\n"
-            "  --verbose      print every seed, not only failing ones\n"
-            "  --trace FILE   write the canonical trace (one seed only)\n"
-            "  --canary NAME  run a deliberately broken core (tpsim_canary only)\n"
-            "  --expect-failure  succeed only when some seed fails (for canaries)\n");
+    fprintf(out, "usage: tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
+                 "                   [--trace FILE] [--canary NAME] [--expect-failure]\n"
+                 "\n"
+                 "Runs one randomized world per seed: chaos (faults), heal, liveness, graceful\n"
+                 "shutdown, then the oracle's final checks. Prints each failing seed with its\n"
+                 "plan and a replay command, then a summary with how often each fault kind and\n"
+                 "each operation's outcome happened. Exit 0 when no seed failed, 1 when one did\n"
+                 "(with --expect-failure: the other way round), 2 on a usage error.\n"
+                 "\n"
+                 "  --seeds A..B   the seeds, inclusive (A alone: one seed)\n"
+                 "  --jobs N       run in N processes (default 1)\n"
+                 "  --workers N    every world has N workers (default: drawn, 2..16)\n"
+                 "  --verbose      print every seed, not only failing ones\n"
+                 "  --trace FILE   write the canonical trace (one seed only)\n"
+                 "  --canary NAME  run a deliberately broken core (tpsim_canary only)\n"
+                 "  --expect-failure  succeed only when some seed fails (for canaries)\n");
     return out == stdout ? 0 : 2;
 }
 
@@ -1031,8 +1031,7 @@ int tpsim_swarm_main(int argc, char **argv) {
         return 2;
     if (o.expect_failure) {
         printf("%s: the %s canary %s\n", stats.failed ? "PASS" : "FAIL",
-               o.canary ? o.canary : "(none)",
-               stats.failed ? "was caught" : "survived every seed");
+               o.canary ? o.canary : "(none)", stats.failed ? "was caught" : "survived every seed");
         return stats.failed ? 0 : 1;
     }
     return stats.failed ? 1 : 0;

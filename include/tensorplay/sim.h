@@ -8,7 +8,8 @@
  * to_here, tp_shutdown, tp_sleep) yield to the scheduler. Time is virtual
  * and jumps to the next event; all randomness comes from the seed through
  * separate streams (network, faults, workload). The same seed and fault
- * plan give a byte-identical trace and the same trace hash (SIM-1..8).
+ * plan give a byte-identical trace and the same trace hash (SIM-1..8), and
+ * an oracle checks every run (SIM-9).
  *
  * Programs call tp_init_rpc(name, "SIM", rank, world_size, opts) as they
  * would on TCP.

@@ -81,8 +81,7 @@ static void test_shutdown_drain_with_every_peer_dead(void **state) {
     tp_sim_free(sim);
     assert_int_equal(failures, 0);
     print_message("w1's graceful shutdown: %s after %.3f ms: %s\n",
-                  tp_status_name(out.shutdown_status), (double)out.shutdown_ns / 1e6,
-                  out.message);
+                  tp_status_name(out.shutdown_status), (double)out.shutdown_ns / 1e6, out.message);
     assert_int_equal(out.shutdown_status, TP_EPEERDOWN);
     assert_non_null(strstr(out.message, "'w0'"));
     /* It waited for the served call (about SLOW_S), and not much longer. */
