@@ -41,9 +41,17 @@ typedef enum tpi_state {
 /* ---- Futures (FUTURE-1..8) ------------------------------------------------ */
 
 typedef struct tpi_waiter tpi_waiter;
+/* wait_all's record of which futures completed while it waited, so each
+ * wake looks only at those (O(n) over the whole wait, FUTURE-6). */
+typedef struct tpi_done_log {
+    size_t *index; /* room for every future waited on */
+    size_t n, cap;
+} tpi_done_log;
 struct tpi_waiter {
     tp_task *task;
     tpi_waiter *prev, *next;
+    tpi_done_log *log; /* a future's waiter in wait_all: completion appends index */
+    size_t index;
 };
 
 typedef struct tpi_then tpi_then;

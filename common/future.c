@@ -105,8 +105,11 @@ void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value
     atomic_store_explicit(&f->done, 1, memory_order_release);
     if (f->call_id)
         tpi_probe(c, TP_PROBE_FUTURE_DONE, f->call_id, 0, st, NULL);
-    for (tpi_waiter *w = f->waiters; w; w = w->next)
+    for (tpi_waiter *w = f->waiters; w; w = w->next) {
+        if (w->log && w->log->n < w->log->cap) /* once per future: it completes once */
+            w->log->index[w->log->n++] = w->index;
         c->ops->unpark(c->agent, w->task);
+    }
     tpi_then *t = f->thens;
     f->thens = NULL;
     while (t) {
@@ -332,20 +335,35 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
     uint64_t deadline;
     st = wait_deadline(c, &timeout_s, &deadline);
     tpi_waiter *ws = st == TP_OK ? calloc(n, sizeof *ws) : NULL;
-    if (st == TP_OK && !ws)
+    tpi_done_log log = {st == TP_OK ? calloc(n, sizeof *log.index) : NULL, 0, n};
+    if (st == TP_OK && (!ws || !log.index))
         st = tpi_fail(TP_ENOMEM, "wait_all: out of memory for %zu waiters", n);
     if (st != TP_OK) {
+        free(ws);
+        free(log.index);
         tpi_leave(c);
         return st;
     }
     tp_task *self = c->ops->task_self(c->agent);
     tpi_lock(c);
+    /* One look at every future, then only at those that complete: each
+     * pending one gets a waiter that logs its index when it completes. */
+    size_t pending = 0, failed = SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        if (!atomic_load(&futures[i]->done)) {
+            ws[i] = (tpi_waiter){.task = self, .log = &log, .index = i};
+            waiter_link(futures[i], &ws[i]);
+            pending++;
+        } else if (futures[i]->status != TP_OK && failed == SIZE_MAX) {
+            failed = i;
+        }
+    }
+    size_t seen = 0; /* log entries already looked at */
     for (;;) {
-        size_t pending = 0, failed = SIZE_MAX;
-        for (size_t i = 0; i < n; i++) {
-            if (!atomic_load(&futures[i]->done))
-                pending++;
-            else if (futures[i]->status != TP_OK && failed == SIZE_MAX)
+        for (; seen < log.n; seen++) {
+            size_t i = log.index[seen];
+            pending--;
+            if (futures[i]->status != TP_OK && i < failed)
                 failed = i;
         }
         if (failed != SIZE_MAX) { /* FUTURE-6: the first failure wins at once */
@@ -359,19 +377,8 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
             st = TP_OK;
             break;
         }
-        /* Link only pending futures; task != NULL marks the linked ones. */
-        for (size_t i = 0; i < n; i++) {
-            ws[i].task = atomic_load(&futures[i]->done) ? NULL : self;
-            if (ws[i].task)
-                waiter_link(futures[i], &ws[i]);
-        }
         tp_status pst = tpi_park(c, deadline);
-        for (size_t i = 0; i < n; i++) {
-            if (ws[i].task)
-                waiter_unlink(futures[i], &ws[i]);
-            ws[i].task = NULL;
-        }
-        if (pst != TP_OK) { /* deadline, teardown, or a wait refused (FUNC-6) */
+        if (pst != TP_OK && log.n == seen) { /* deadline, teardown, or a refused wait (FUNC-6) */
             for (size_t i = 0; failed_index && i < n; i++) {
                 if (!atomic_load(&futures[i]->done)) { /* the lowest still pending */
                     *failed_index = i;
@@ -384,8 +391,12 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
             break;
         }
     }
+    for (size_t i = 0; i < n; i++)
+        if (ws[i].task)
+            waiter_unlink(futures[i], &ws[i]);
     tpi_unlock(c);
     free(ws);
+    free(log.index);
     tpi_leave(c);
     return st;
 }

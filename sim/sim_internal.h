@@ -17,6 +17,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <ucontext.h>
 
@@ -59,6 +60,9 @@
  * this long, as the TCP transport's TCP_USER_TIMEOUT makes it (spec/tcp.md);
  * a partition that heals sooner delivers the frames late instead. */
 #define TPI_SIM_USER_TIMEOUT_NS (45ull * 1000000000ull)
+/* Stacks of returned tasks kept per thread for reuse (sim_task.c): enough
+ * for a swarm world's tasks, 64 x 256 KiB = 16 MiB at most. */
+#define TPI_SIM_STACK_CACHE_MAX 64u
 /* Faults of one kind in a simulation (delay windows are scanned per send). */
 #define TPI_SIM_DELAYS_MAX 4096u
 /* The oracle (SIM-9). Timeouts fire exactly at their deadline on the
@@ -173,6 +177,8 @@ struct tpi_sim_task {
     tpi_sim_task *host_prev, *host_next; /* the host's live tasks, creation order */
     tpi_sim_task *idle_next;             /* the pool's idle FIFO */
     ucontext_t uc;
+    jmp_buf jb;  /* where switch_out left it (plain builds: sim_task.c) */
+    int started; /* entered once through uc */
     void *map; /* the mapping: a guard page, then the stack */
     size_t map_size;
     void *stack; /* usable stack */

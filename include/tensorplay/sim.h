@@ -122,7 +122,7 @@ const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind);
 /* 1 when host has died (killed or crashed) so far; 0 otherwise. */
 int tp_sim_host_dead(const tp_sim *sim, uint32_t host);
 
-/* The trace hash (64-bit FNV-1a over the canonical trace lines). */
+/* The trace hash (64-bit FNV-1a over the canonical trace's records, SIM-6). */
 uint64_t tp_sim_trace_hash(const tp_sim *sim);
 uint64_t tp_sim_events(const tp_sim *sim);  /* events processed */
 uint64_t tp_sim_now_ns(const tp_sim *sim);  /* the virtual clock */

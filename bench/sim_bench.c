@@ -1,0 +1,161 @@
+/*
+ * sim_bench.c: how fast the simulator runs (make bench; spec/sim.md SIM-10).
+ *
+ * Prints "BENCH <name> <value> <unit>" lines, each measured in CPU time of
+ * this process (CLOCK_PROCESS_CPUTIME_ID), so a shared, noisy machine skews
+ * them less than wall time would. The trace hash is on in every run (it
+ * always is); no text trace is written. A program, never a test.
+ *
+ *   sim_bench [--quick]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tensorplay/rpc.h"
+#include "tensorplay/sim.h"
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    int64_t a = 0, b = 0;
+    tp_value_get_int(tp_list_get(args, 0), &a);
+    tp_value_get_int(tp_list_get(args, 1), &b);
+    *result = tp_value_int(a + b);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+typedef struct job {
+    int calls;    /* per calling worker */
+    int async;    /* issue in batches of `batch` futures, else rpc_sync */
+    int batch;
+    int callers;  /* ranks below this call; the rest only serve */
+    int failures; /* counted by the programs */
+} job;
+
+static int start(int rank, int world) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (tp_register_function("add", fn_add, NULL) != TP_OK)
+        return 1;
+    tp_options *o = tp_options_new();
+    tp_options_set_init_timeout(o, 600);
+    tp_options_set_shutdown_timeout(o, 600);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world, o);
+    tp_options_free(o);
+    return st == TP_OK ? 0 : 1;
+}
+
+static int program(int rank, int world, void *arg) {
+    job *j = arg;
+    if (start(rank, world) != 0) {
+        j->failures++;
+        return 1;
+    }
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    if (rank < j->callers && world > 1) {
+        tp_future **fs = calloc((size_t)j->batch, sizeof *fs);
+        for (int i = 0; i < j->calls;) {
+            int dst = (int)(tp_sim_random() % (uint64_t)(world - 1));
+            dst = dst >= rank ? dst + 1 : dst;
+            if (!j->async) {
+                tp_value *res = NULL;
+                if (tp_rpc_sync(tp_to_rank(dst), "add", args, NULL, 0, &res) != TP_OK)
+                    j->failures++;
+                tp_value_free(res);
+                i++;
+                continue;
+            }
+            int n = 0;
+            for (; n < j->batch && i < j->calls; n++, i++)
+                if (tp_rpc_async(tp_to_rank(dst), "add", args, NULL, 0, &fs[n]) != TP_OK)
+                    j->failures++;
+            if (tp_future_wait_all(fs, (size_t)n, 0, NULL) != TP_OK)
+                j->failures++;
+            for (int k = 0; k < n; k++)
+                tp_future_free(fs[k]);
+        }
+        free(fs);
+    }
+    tp_value_free(args);
+    if (tp_shutdown(1) != TP_OK)
+        j->failures++;
+    return 0;
+}
+
+/* Runs one world; returns the CPU seconds it took, or -1 on failure. */
+static double run(uint32_t hosts, uint64_t seed, job *j) {
+    tp_sim_config cfg = {.hosts = hosts, .seed = seed};
+    tp_sim *sim = NULL;
+    if (tp_sim_new(&cfg, &sim) != TP_OK)
+        return -1;
+    double t0 = cpu_seconds();
+    tp_status st = tp_sim_run(sim, program, j, NULL);
+    double t = cpu_seconds() - t0;
+    int bad = st != TP_OK || j->failures || tp_sim_violations(sim);
+    if (bad)
+        fprintf(stderr, "sim_bench: %u hosts, seed %llu: %s, %d failures, %llu violations %s\n",
+                hosts, (unsigned long long)seed, tp_status_name(st), j->failures,
+                (unsigned long long)tp_sim_violations(sim), tp_sim_violation(sim));
+    tp_sim_free(sim);
+    return bad ? -1 : t;
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    tp_register_builtin_backends();
+    int rc = 0;
+
+    /* Round trips: one caller, one callee, nothing else. */
+    int n = quick ? 5000 : 50000;
+    job sync_job = {.calls = n, .callers = 1};
+    double t = run(2, 1, &sync_job);
+    if (t > 0)
+        printf("BENCH sim_rpc_sync_round_trips_per_cpu_s %.0f calls/s\n", n / t);
+    else
+        rc = 1;
+    job async_job = {.calls = n, .async = 1, .batch = 1000, .callers = 1};
+    t = run(2, 1, &async_job);
+    if (t > 0)
+        printf("BENCH sim_rpc_async_round_trips_per_cpu_s %.0f calls/s\n", n / t);
+    else
+        rc = 1;
+
+    /* Small seeds: 4 workers, each calls the others 8 times (a few dozen calls). */
+    int seeds = quick ? 200 : 2000;
+    double total = 0;
+    for (int s = 1; s <= seeds; s++) {
+        job small = {.calls = 8, .callers = 4};
+        double ts = run(4, (uint64_t)s, &small);
+        if (ts < 0) {
+            rc = 1;
+            break;
+        }
+        total += ts;
+    }
+    if (total > 0)
+        printf("BENCH sim_small_seeds_per_cpu_min %.0f seeds/min\n", seeds / total * 60.0);
+
+    /* Large worlds: init, one call each, graceful shutdown. */
+    job w64 = {.calls = 1, .callers = 64};
+    t = run(64, 1, &w64);
+    if (t > 0)
+        printf("BENCH sim_seed_64_workers_cpu_ms %.1f ms\n", t * 1e3);
+    else
+        rc = 1;
+    uint32_t big = quick ? 200 : 1000;
+    job wbig = {.calls = 1, .callers = (int)big};
+    t = run(big, 1, &wbig);
+    if (t > 0)
+        printf("BENCH sim_seed_%u_workers_cpu_s %.2f s\n", big, t);
+    else
+        rc = 1;
+    return rc;
+}
