@@ -17,6 +17,13 @@
 
 #define TEARDOWN_POLL_NS 1000000ull /* 1 ms between looks at threads leaving the API */
 
+/* Worker cores allocated and not yet freed, in this process (AGENT-15). */
+static atomic_uint_fast64_t cores_live;
+
+uint64_t tp_core_live_count(void) {
+    return (uint64_t)atomic_load(&cores_live);
+}
+
 void tpi_core_free(tp_core *c) {
     TPI_ASSERT(atomic_load(&c->refs) == 0);
     TPI_ASSERT(!c->calls_head && c->calls.len == 0 && c->owners.len == 0);
@@ -32,6 +39,8 @@ void tpi_core_free(tp_core *c) {
     free(c->nwaiting);
     tp_options_free(c->opts);
     free(c);
+    uint_fast64_t was = atomic_fetch_sub(&cores_live, 1);
+    TPI_ASSERT(was > 0);
 }
 
 static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint32_t world,
@@ -39,6 +48,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tp_core *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
+    atomic_fetch_add(&cores_live, 1);
     atomic_init(&c->refs, 1);
     atomic_init(&c->state, TPI_STATE_RUNNING);
     atomic_init(&c->api_refs, 0);

@@ -100,7 +100,7 @@ def restore(tree, rel):
     shutil.copyfile(os.path.join(ROOT, rel), os.path.join(tree, rel))
 
 
-TARGETS = ["tpsim", "tpsim_canary", "conformance_sim", "test_future", "test_timeout",
+TARGETS = ["tpsim", "conformance_sim", "test_future", "test_timeout",
            "test_shutdown", "test_init", "test_send_failure"]
 
 
@@ -161,6 +161,14 @@ def main():
     subprocess.run(["rsync", "-a", "--delete", "--exclude", "build*", "--exclude", ".git",
                     ROOT + "/", tree + "/"], check=True)
     build = os.path.join(tree, "build-mutate")
+    # A deleted assignment can leave a variable unused: with -Werror that
+    # mutant would not compile and would not count, so the scratch tree
+    # builds with warnings as warnings.
+    cml = os.path.join(tree, "CMakeLists.txt")
+    with open(cml) as f:
+        text = f.read()
+    with open(cml, "w") as f:
+        f.write(text.replace("-Wall -Wextra -Werror", "-Wall -Wextra"))
     subprocess.run(["cmake", "-S", tree, "-B", build, "-DTP_BUILD_FUZZ=OFF"],
                    check=True, stdout=subprocess.DEVNULL)
 

@@ -61,8 +61,9 @@
  * a partition that heals sooner delivers the frames late instead. */
 #define TPI_SIM_USER_TIMEOUT_NS (45ull * 1000000000ull)
 /* Stacks of returned tasks kept per thread for reuse (sim_task.c): enough
- * for a swarm world's tasks, 64 x 256 KiB = 16 MiB at most. */
-#define TPI_SIM_STACK_CACHE_MAX 64u
+ * for a 64-worker world's tasks. Address space, not memory: only the pages a
+ * task touched stay resident (a few tens of KiB each). */
+#define TPI_SIM_STACK_CACHE_MAX 256u
 /* Faults of one kind in a simulation (delay windows are scanned per send). */
 #define TPI_SIM_DELAYS_MAX 4096u
 /* The oracle (SIM-9). Timeouts fire exactly at their deadline on the

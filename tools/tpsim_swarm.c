@@ -662,6 +662,7 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
     swarm_run run;
     memset(&run, 0, sizeof run);
     run.cfg = &cfg;
+    uint64_t cores_before = tp_core_live_count(); /* an earlier seed may have leaked */
     FILE *trace = o->trace_path ? fopen(o->trace_path, "w") : NULL;
     tp_sim_config sc = {
         .hosts = cfg.workers, .seed = seed, .time_limit_ns = 600 * S_NS, .trace = trace};
@@ -728,6 +729,14 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
         tp_sim_free(sim);
     if (trace)
         fclose(trace);
+    /* Every handle was released and every world torn down: a worker core
+     * still allocated is held by something that leaked (a call, a future). */
+    uint64_t leaked = tp_core_live_count() - cores_before;
+    if (leaked != 0 && !run.failed) {
+        run_fail(&run, "leak: %" PRIu64 " worker core(s) still allocated after the run", leaked);
+        stats->failed++;
+        fprintf(out, "FAIL seed=%" PRIu64 ": %s\n", seed, run.first);
+    }
 }
 
 /* ---- Many seeds ------------------------------------------------------------------ */

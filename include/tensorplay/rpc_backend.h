@@ -119,6 +119,14 @@ typedef struct tp_probe {
     const char *fn;       /* borrowed for the upcall; "" when none */
 } tp_probe;
 
+/*
+ * Worker cores allocated in this process and not yet freed (AGENT-15). A
+ * core lives until the last handle that points at it (future, rref, call in
+ * flight, job) is gone, so a checker that sees this above zero after every
+ * handle was released has found a leak. Any thread.
+ */
+uint64_t tp_core_live_count(void);
+
 /* ------------------------------------------------------------------------ */
 /* The agent interface (AGENT-1..15).                                       */
 

@@ -114,6 +114,14 @@ static int sim_run_case(int world_size, tp_conformance_program program, char *wh
                                 (unsigned long long)tp_sim_violations(sim), tp_sim_violation(sim));
     }
     tp_sim_free(sim);
+    /* Every handle a case took is released by its end: a worker core still
+     * allocated is held by a leaked call, future, rref or job. */
+    if (tp_core_live_count() != 0 && off < why_len) {
+        bad = 1;
+        off += (size_t)snprintf(why + off, why_len - off,
+                                "  leak: %llu worker core(s) still allocated after the case\n",
+                                (unsigned long long)tp_core_live_count());
+    }
     return bad;
 }
 
