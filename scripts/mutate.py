@@ -158,8 +158,9 @@ def main():
         return 0
 
     tree = args.keep or tempfile.mkdtemp(prefix="tp-mutate.")
-    subprocess.run(["rsync", "-a", "--delete", "--exclude", "build*", "--exclude", ".git",
-                    ROOT + "/", tree + "/"], check=True)
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(ROOT, tree, symlinks=True,
+                    ignore=shutil.ignore_patterns("build*", ".git"))
     build = os.path.join(tree, "build-mutate")
     # A deleted assignment can leave a variable unused: with -Werror that
     # mutant would not compile and would not count, so the scratch tree

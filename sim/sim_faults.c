@@ -211,6 +211,7 @@ void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how) {
     h->dead = 1;
     sim->fired[TP_SIM_FAULT_KILL]++;
     tpi_sim_trace(sim, "fault %s host=%u", how, h->index);
+    tpi_sim_pf_fault(sim, how, h->index, UINT32_MAX);
     /* Peers learn one latency later, as a reset would reach them. */
     uint64_t at = sim->now_ns + sim->cfg.latency_min_ns;
     for (uint32_t p = 0; p < sim->cfg.hosts; p++)
@@ -223,6 +224,7 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
     switch ((tpi_sim_event_kind)e->kind) {
     case TPI_SIM_EV_BREAK:
         tpi_sim_trace(sim, "fault break a=%u b=%u", e->a, e->b);
+        tpi_sim_pf_fault(sim, "break", e->a, e->b);
         sim->fired[TP_SIM_FAULT_BREAK]++;
         tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_BREAK);
         return;
@@ -235,6 +237,7 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         if (e->x > c->partition_end_ns)
             c->partition_end_ns = e->x;
         tpi_sim_trace(sim, "fault partition a=%u b=%u", e->a, e->b);
+        tpi_sim_pf_fault(sim, "partition", e->a, e->b);
         sim->fired[TP_SIM_FAULT_PARTITION]++;
         tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_PARTITION);
         return;
@@ -249,6 +252,7 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         if (c->partitions == 0)
             c->partition_end_ns = 0;
         tpi_sim_trace(sim, "fault partition_end a=%u b=%u", e->a, e->b);
+        tpi_sim_pf_fault(sim, "partition healed", e->a, e->b);
         return;
     }
     case TPI_SIM_EV_STALL_BREAK: {
@@ -257,6 +261,7 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         if (c->epoch != e->x)
             return; /* broken since: nothing is stalled on that connection any more */
         tpi_sim_trace(sim, "fault stall_break a=%u b=%u", e->a, e->b);
+        tpi_sim_pf_fault(sim, "stalled connection broke", e->a, e->b);
         sim->fired[TP_SIM_FAULT_STALL_BREAK]++;
         tpi_sim_net_break(sim, e->a, e->b, TPI_SIM_DETAIL_STALLED);
         return;

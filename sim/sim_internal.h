@@ -392,6 +392,7 @@ struct tp_sim {
     struct tpi_sim_oracle *oracle; /* created on the first probe */
     uint64_t violations;
     char violation[TP_ERRMSG_LEN_MAX + 64]; /* the first one, with its time */
+    uint64_t pf_events;     /* Perfetto events written (sim_perfetto.c) */
     uint64_t instant_ns;    /* the instant instant_work counts */
     uint32_t instant_work;  /* lock acquisitions and events at it */
 };
@@ -430,6 +431,17 @@ void tpi_sim_oracle_end(tp_sim *sim);
 void tpi_sim_oracle_free(tp_sim *sim);
 /* Records a violation: counted, traced, the first one kept with its time. */
 void tpi_sim_violation(tp_sim *sim, const char *fmt, ...) TPI_PRINTF(2, 3);
+
+/* ---- Perfetto (SIM-12): each a no-op unless cfg.perfetto is set ----------- */
+
+void tpi_sim_pf_begin(tp_sim *sim);
+void tpi_sim_pf_end(tp_sim *sim);
+void tpi_sim_pf_call(tp_sim *sim, uint32_t host, uint64_t id, const char *fn, int begin,
+                     tp_status st, uint32_t in_flight);
+void tpi_sim_pf_msg(tp_sim *sim, uint32_t host, uint64_t msg, int send, size_t len,
+                    unsigned type);
+/* b is UINT32_MAX for a fault of one host. */
+void tpi_sim_pf_fault(tp_sim *sim, const char *what, uint32_t a, uint32_t b);
 
 /* ---- Faults (SIM-5) ------------------------------------------------------------ */
 

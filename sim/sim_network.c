@@ -239,6 +239,7 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu",
                   (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
                   (unsigned long long)arrive);
+    tpi_sim_pf_msg(sim, src, m->id, 1, f->len, frame_type(f));
     link->last_arrival_ns = arrive;
     tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
     tpi_sim_schedule(sim, &e);
@@ -289,6 +290,7 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
         drop(sim, m, "dead");
     } else if (m->doomed) {
         drop(sim, m, "loss"); /* as on TCP, a loss breaks the connection */
+        tpi_sim_pf_fault(sim, "frame lost", m->src_host, m->dst_host);
         sim->fired[TP_SIM_FAULT_DROP]++;
         tpi_sim_net_break(sim, m->src_host, m->dst_host, TPI_SIM_DETAIL_LOSS);
     } else if (!a) {
@@ -315,6 +317,7 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
             tpi_sim_trace(sim, "deliver msg=%llu from=%u to=%u src=%u dst=%u len=%zu",
                           (unsigned long long)m->id, m->src_host, m->dst_host, m->src_rank,
                           m->dst_rank, f->len);
+            tpi_sim_pf_msg(sim, m->dst_host, m->id, 0, f->len, frame_type(f));
             uint32_t src_rank = m->src_rank;
             tpi_sim_msg_free(m);
             tpi_sim_upcall_frame(a, src_rank, f);

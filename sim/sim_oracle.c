@@ -48,6 +48,7 @@ struct tpi_sim_oracle {
     uint64_t *shutdown_begin_ns; /* by agent id: UINT64_MAX when not shutting down */
     uint64_t *shutdown_timeout_ns;
     uint8_t *shutdown_graceful;
+    uint32_t *in_flight; /* by agent id: calls issued and not ended */
     uint32_t agents_cap;
 };
 
@@ -104,13 +105,15 @@ static void agents_cover(tpi_sim_oracle *o, uint32_t id) {
     o->shutdown_begin_ns = realloc(o->shutdown_begin_ns, cap * sizeof *o->shutdown_begin_ns);
     o->shutdown_timeout_ns = realloc(o->shutdown_timeout_ns, cap * sizeof *o->shutdown_timeout_ns);
     o->shutdown_graceful = realloc(o->shutdown_graceful, cap * sizeof *o->shutdown_graceful);
+    o->in_flight = realloc(o->in_flight, cap * sizeof *o->in_flight);
     TPI_ASSERT(o->running && o->shutdown_begin_ns && o->shutdown_timeout_ns &&
-               o->shutdown_graceful);
+               o->shutdown_graceful && o->in_flight);
     for (uint32_t i = o->agents_cap; i < cap; i++) {
         o->running[i] = 0;
         o->shutdown_begin_ns[i] = UINT64_MAX;
         o->shutdown_timeout_ns[i] = 0;
         o->shutdown_graceful[i] = 0;
+        o->in_flight[i] = 0;
     }
     o->agents_cap = cap;
 }
@@ -129,6 +132,7 @@ void tpi_sim_oracle_free(tp_sim *sim) {
     free(o->shutdown_begin_ns);
     free(o->shutdown_timeout_ns);
     free(o->shutdown_graceful);
+    free(o->in_flight);
     free(o);
     sim->oracle = NULL;
 }
@@ -176,6 +180,9 @@ static void on_issue(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     tpi_format(r->fn, sizeof r->fn, "%s", p->fn);
     tp_status st = tpi_idmap_put(&o->calls, key, r);
     TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
+    agents_cover(o, a->id);
+    o->in_flight[a->id]++;
+    tpi_sim_pf_call(sim, a->host, p->id, r->fn, 1, TP_OK, o->in_flight[a->id]);
 }
 
 /* A request that ended with what its function said must have run there. */
@@ -214,6 +221,9 @@ static void on_end(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     }
     r->ended = 1;
     r->end_status = p->status;
+    agents_cover(o, a->id);
+    o->in_flight[a->id] -= o->in_flight[a->id] > 0;
+    tpi_sim_pf_call(sim, a->host, p->id, r->fn, 0, p->status, o->in_flight[a->id]);
     uint64_t now = sim->now_ns;
     /* A user's call times out by its own deadline only; an rref's fetch may
      * also report the creation's timeout (RREF-8), whatever its own. */

@@ -243,6 +243,7 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
     if (tpi_sim_active())
         return tpi_fail(TP_EINVAL, "tp_sim_run: simulations do not nest");
     sim->ran = 1;
+    tpi_sim_pf_begin(sim);
     sim->program = program;
     sim->program_arg = arg;
     tpi_sim_set_active(sim);
@@ -277,6 +278,7 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
         unwind(sim, mains_done, "programs");
     teardown(sim);
     tpi_sim_oracle_end(sim);
+    tpi_sim_pf_end(sim);
     free_tasks(sim);
     free_events(sim);
     for (uint32_t i = 0; i < sim->cfg.hosts; i++) {

@@ -86,6 +86,11 @@ uint32_t tpsim_host_failures(int rank) {
     return rank >= 0 && rank < host_count ? host_failures[rank] : 0;
 }
 
+int tpsim_trace_is_json(const char *path) {
+    size_t n = path ? strlen(path) : 0;
+    return n >= 5 && strcmp(path + n - 5, ".json") == 0;
+}
+
 uint64_t tpsim_now_ns(void) {
     tp_sim *sim = tp_sim_current();
     return sim ? tp_sim_now_ns(sim) : 0;
@@ -134,7 +139,8 @@ static void usage(FILE *out) {
             "  --workers N      simulated workers, from the scenario's minimum to %d\n"
             "  --seed S         the simulation seed, decimal or 0x hex (default 1)\n"
             "  --faults FILE    a fault plan to add (tools/README.md, tensorplay/sim.h)\n"
-            "  --trace FILE     write the canonical trace to FILE\n"
+            "  --trace FILE     write the canonical trace to FILE (FILE.json: Chrome\n"
+            "                   trace-event JSON, which Perfetto opens)\n"
             "  --wall-limit S   give up after S wall-clock seconds, exit 3 (default %d, 0: none)\n"
             "  --list           print the scenario names, one a line\n"
             "  --help           this text\n"
@@ -462,6 +468,10 @@ static int run(const tpsim_args *args) {
     }
     tp_register_builtin_backends();
     tp_sim_config cfg = {.hosts = world, .seed = args->seed, .trace = trace};
+    if (tpsim_trace_is_json(args->trace_path)) { /* Perfetto's format, not the text */
+        cfg.trace = NULL;
+        cfg.perfetto = trace;
+    }
     tp_status st = tp_sim_new(&cfg, &sim);
     if (st != TP_OK) {
         fprintf(stderr, "tpsim: tp_sim_new: %s: %s\n", tp_status_name(st), tp_errmsg());

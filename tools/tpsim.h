@@ -108,6 +108,9 @@ typedef struct tpsim_shared {
 
 extern tpsim_shared tpsim_state;
 
+/* 1 when a --trace path asks for Perfetto's JSON (it ends in ".json"). */
+int tpsim_trace_is_json(const char *path);
+
 /* Virtual time now, in ns (inside the simulation). */
 uint64_t tpsim_now_ns(void);
 

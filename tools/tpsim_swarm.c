@@ -666,6 +666,10 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
     FILE *trace = o->trace_path ? fopen(o->trace_path, "w") : NULL;
     tp_sim_config sc = {
         .hosts = cfg.workers, .seed = seed, .time_limit_ns = 600 * S_NS, .trace = trace};
+    if (tpsim_trace_is_json(o->trace_path)) { /* Perfetto's format, not the text */
+        sc.trace = NULL;
+        sc.perfetto = trace;
+    }
     tp_sim *sim = NULL;
     tp_status st = tp_sim_new(&sc, &sim);
     char err[TP_ERRMSG_LEN_MAX];

@@ -40,6 +40,7 @@ typedef struct tp_sim_config {
     size_t stack_size;          /* per task; default 256 KiB when 0 */
     tp_store *store;            /* borrowed; NULL: an in-memory SQLite store owned by the sim */
     FILE *trace;                /* borrowed; when set, the canonical trace is written here */
+    FILE *perfetto;             /* borrowed; when set, Chrome trace-event JSON (SIM-12) */
 } tp_sim_config;
 
 /* A new simulation; *out caller-owned (tp_sim_free). */
