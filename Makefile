@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo check-rules fuzz bench swarm clean format
+.PHONY: all deps configure build test demo check-rules fuzz bench swarm mutate clean format
 
 all: build
 
@@ -42,6 +42,12 @@ bench: build
 SEEDS ?= 1..100000
 swarm: build
 	@$(BUILD)/tools/tpsim swarm --seeds $(SEEDS) --jobs $(JOBS)
+
+# Mutation testing of common/ (scripts/mutate.py): MUTANTS drawn from MUTATE_SEED.
+MUTANTS ?= 60
+MUTATE_SEED ?= 1
+mutate: deps
+	@python3 scripts/mutate.py --count $(MUTANTS) --seed $(MUTATE_SEED) --jobs $(JOBS)
 
 format:
 	@clang-format -i $$(git ls-files '*.c' '*.h')

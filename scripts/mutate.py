@@ -79,8 +79,11 @@ def candidates(files):
             for name, pat, rep in OPERATORS:
                 for m in re.finditer(pat, line):
                     out.append((rel, i, name, m.start(), m.end(), rep))
-            if DELETABLE.match(line):
-                out.append((rel, i, "delete", 0, len(line), "/* deleted */"))
+            prev = lines[i - 1].rstrip() if i else ""
+            starts_statement = prev.endswith((";", "{", "}", "else")) or \
+                re.match(r"\s*(?:\} else )?(?:if|for|while) \(.*\)$", prev)
+            if DELETABLE.match(line) and starts_statement:
+                out.append((rel, i, "delete", 0, len(line), ";  /* deleted */"))
     return out
 
 

@@ -13,7 +13,12 @@
 
 #include "sim_internal.h"
 
-enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP, F_ISOLATE, F_SPLIT };
+enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP, F_ISOLATE, F_SPLIT, F_FAILSEND,
+       F_DELAYTYPE };
+
+/* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
+static const char *const type_names[TPI_SIM_MSG_TYPES] = {
+    "", "request", "response", "remote", "rref_fetch", "rref_delete", "rref_fork", "rref_accept"};
 
 /* ---- Checks shared by the API and the plan loader ---------------------------- */
 
@@ -56,6 +61,17 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
         }
         if (f->t0_ns >= f->t1_ns)
             goto bad_window;
+        return TP_OK;
+    case F_FAILSEND:
+        if (f->t0_ns >= f->t1_ns)
+            goto bad_window;
+        /* fallthrough */
+    case F_DELAYTYPE:
+        if (f->a == 0 || f->a >= TPI_SIM_MSG_TYPES) {
+            tpi_format(errmsg, errmsg_len, "message type %u out of range 1..%u", f->a,
+                       TPI_SIM_MSG_TYPES - 1);
+            return TP_EINVAL;
+        }
         return TP_OK;
     case F_DROP:
         if (f->t0_ns >= f->t1_ns)
@@ -136,6 +152,18 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
                     .kind = F_PARTITION, .a = x, .b = y, .t0_ns = f->t0_ns, .t1_ns = f->t1_ns};
                 apply_fault(sim, &pair);
             }
+        return TP_OK;
+    case F_FAILSEND:
+        tpi_sim_trace(sim, "plan failsend type=%u count=%u from=%llu until=%llu", f->a,
+                      f->per_million, (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
+        sim->fail_sends[f->a] += f->per_million;
+        sim->fail_from_ns[f->a] = f->t0_ns;
+        sim->fail_until_ns[f->a] = f->t1_ns;
+        return TP_OK;
+    case F_DELAYTYPE:
+        tpi_sim_trace(sim, "plan delaytype type=%u extra=%llu", f->a,
+                      (unsigned long long)f->extra_ns);
+        sim->type_delay_ns[f->a] = f->extra_ns;
         return TP_OK;
     case F_DROP:
         tpi_sim_trace(sim, "plan drop per_million=%u start=%llu end=%llu", f->per_million,
@@ -338,6 +366,10 @@ static const plan_spec plan_specs[] = {
     {"drop", F_DROP, 3, "drop PER_MILLION [START_MS END_MS]"},
     {"isolate", F_ISOLATE, 3, "isolate HOST START_MS END_MS"},
     {"split", F_SPLIT, 3, "split K START_MS END_MS (hosts below K on one side)"},
+    {"failsend", F_FAILSEND, 4, "failsend TYPE COUNT [FROM_MS [UNTIL_MS]] (TYPE: request, "
+                                "response, remote, rref_fetch, rref_delete, rref_fork, "
+                                "rref_accept)"},
+    {"delaytype", F_DELAYTYPE, 2, "delaytype TYPE EXTRA_MS"},
 };
 
 /* Parses the fields of one line; errmsg gets the reason without the line number. */
@@ -350,12 +382,15 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     if (!sp) {
         tpi_format(errmsg, errmsg_len,
                    "unknown fault '%.64s' (expected delay, break, partition, isolate, split, "
-                   "kill or drop)",
+                   "kill, drop, failsend or delaytype)",
                    fld[0]);
         return TP_EINVAL;
     }
-    /* drop's window is optional: without it the rate holds from now on. */
-    int nargs = sp->kind == F_DROP && n - 1 == 1 ? 1 : sp->nargs;
+    /* drop's window and failsend's start are optional: from now on without them. */
+    int nargs = (sp->kind == F_DROP && n - 1 == 1) ||
+                        (sp->kind == F_FAILSEND && (n - 1 == 2 || n - 1 == 3))
+                    ? n - 1
+                    : sp->nargs;
     if (n - 1 != nargs) {
         tpi_format(errmsg, errmsg_len, "'%s' takes %d fields, got %d (usage: %s)", sp->word,
                    sp->nargs, n - 1, sp->usage);
@@ -363,6 +398,39 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     }
     memset(out, 0, sizeof *out);
     out->kind = sp->kind;
+    if (sp->kind == F_FAILSEND || sp->kind == F_DELAYTYPE) { /* TYPE, then a count or a time */
+        uint64_t type = 0, v = 0;
+        for (uint32_t t = 1; t < TPI_SIM_MSG_TYPES; t++)
+            if (strcmp(fld[1], type_names[t]) == 0)
+                type = t;
+        if (!type && (!parse_uint(fld[1], UINT32_MAX, &type) || type == 0)) {
+            tpi_format(errmsg, errmsg_len, "TYPE: '%.64s' is not a message type (usage: %s)",
+                       fld[1], sp->usage);
+            return TP_EINVAL;
+        }
+        int ok = sp->kind == F_FAILSEND ? parse_uint(fld[2], UINT32_MAX, &v) : parse_ms(fld[2], &v);
+        if (!ok) {
+            tpi_format(errmsg, errmsg_len, "%s: '%.64s' is not a %s",
+                       sp->kind == F_FAILSEND ? "COUNT" : "EXTRA_MS", fld[2],
+                       sp->kind == F_FAILSEND ? "non-negative integer" : "time in ms");
+            return TP_EINVAL;
+        }
+        out->a = (uint32_t)(type > UINT32_MAX ? UINT32_MAX : type);
+        if (sp->kind == F_FAILSEND)
+            out->per_million = (uint32_t)v;
+        else
+            out->extra_ns = v;
+        out->t1_ns = UINT64_MAX;
+        if (nargs >= 3 && !parse_ms(fld[3], &out->t0_ns)) {
+            tpi_format(errmsg, errmsg_len, "FROM_MS: '%.64s' is not a time in ms", fld[3]);
+            return TP_EINVAL;
+        }
+        if (nargs == 4 && !parse_ms(fld[4], &out->t1_ns)) {
+            tpi_format(errmsg, errmsg_len, "UNTIL_MS: '%.64s' is not a time in ms", fld[4]);
+            return TP_EINVAL;
+        }
+        return TP_OK;
+    }
     /* Which fields are hosts and which are times, per kind. */
     static const char *const names[][5] = {
         [F_DELAY] = {"FROM", "TO", "START_MS", "END_MS", "EXTRA_MS"},

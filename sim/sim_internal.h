@@ -64,6 +64,8 @@
  * for a 64-worker world's tasks. Address space, not memory: only the pages a
  * task touched stay resident (a few tens of KiB each). */
 #define TPI_SIM_STACK_CACHE_MAX 256u
+/* Message types the per-type faults know (wire.md: 1..7), plus the unused 0. */
+#define TPI_SIM_MSG_TYPES 8u
 /* Faults of one kind in a simulation (delay windows are scanned per send). */
 #define TPI_SIM_DELAYS_MAX 4096u
 /* The oracle (SIM-9). Timeouts fire exactly at their deadline on the
@@ -232,7 +234,7 @@ typedef struct tpi_sim_msg {
     uint32_t src_rank, dst_rank;
     uint32_t src_agent; /* id */
     uint64_t epoch;     /* of the connection when sent */
-    int doomed;         /* chosen for loss by the drop fault */
+    int doomed;         /* chosen for loss: 1 by the drop fault, 2 by failsend */
 } tpi_sim_msg;
 
 /* Why a peer-down upcall happens: formatted into its detail text. */
@@ -382,6 +384,10 @@ struct tp_sim {
     tpi_sim_delay *delays;
     uint32_t ndelays, delays_cap;
     uint64_t fired[TP_SIM_FAULT_KINDS_]; /* tp_sim_fault_count */
+    uint32_t fail_sends[TPI_SIM_MSG_TYPES];    /* failsend: frames of each type still to lose */
+    uint64_t fail_from_ns[TPI_SIM_MSG_TYPES];  /* failsend: in [from, until) */
+    uint64_t fail_until_ns[TPI_SIM_MSG_TYPES];
+    uint64_t type_delay_ns[TPI_SIM_MSG_TYPES]; /* delaytype: extra latency per type */
     uint32_t drop_per_million;
     uint64_t drop_start_ns, drop_end_ns; /* the loss rate applies in [start, end) */
     tp_store *store;

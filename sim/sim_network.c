@@ -214,6 +214,15 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     uint64_t arrive = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
     arrive = sat_add(arrive, jitter);
     uint64_t extra = tpi_sim_fault_delay_ns(sim, src, dst);
+    uint8_t type = frame_type(f);
+    if (type < TPI_SIM_MSG_TYPES && src != dst) { /* the faulty-agent faults, by type */
+        extra = sat_add(extra, sim->type_delay_ns[type]);
+        if (!doomed && sim->fail_sends[type] && sim->now_ns >= sim->fail_from_ns[type] &&
+            sim->now_ns < sim->fail_until_ns[type]) {
+            sim->fail_sends[type]--;
+            m->doomed = doomed = 2;
+        }
+    }
     sim->fired[TP_SIM_FAULT_DELAY] += extra > 0;
     arrive = sat_add(arrive, extra);
     if (conn->partitions > 0) {
@@ -289,9 +298,11 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
     } else if (sim->hosts[m->dst_host].dead) {
         drop(sim, m, "dead");
     } else if (m->doomed) {
-        drop(sim, m, "loss"); /* as on TCP, a loss breaks the connection */
-        tpi_sim_pf_fault(sim, "frame lost", m->src_host, m->dst_host);
-        sim->fired[TP_SIM_FAULT_DROP]++;
+        /* As on TCP, a lost frame breaks the connection. */
+        drop(sim, m, m->doomed == 2 ? "failsend" : "loss");
+        tpi_sim_pf_fault(sim, m->doomed == 2 ? "send failed" : "frame lost", m->src_host,
+                         m->dst_host);
+        sim->fired[m->doomed == 2 ? TP_SIM_FAULT_FAILSEND : TP_SIM_FAULT_DROP]++;
         tpi_sim_net_break(sim, m->src_host, m->dst_host, TPI_SIM_DETAIL_LOSS);
     } else if (!a) {
         /* Nobody listens there: the sender sees a refused connection. */

@@ -311,6 +311,7 @@ const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind) {
         [TP_SIM_FAULT_STALL_BREAK] = "stall_break",
         [TP_SIM_FAULT_KILL] = "kill",
         [TP_SIM_FAULT_DROP] = "drop",
+        [TP_SIM_FAULT_FAILSEND] = "failsend",
     };
     return (unsigned)kind < TP_SIM_FAULT_KINDS_ ? names[kind] : "?";
 }

@@ -259,6 +259,17 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
             plan_add(c, TP_SIM_FAULT_DELAY, "delay %u %u %.3f %.3f %u", x, y, a, b,
                      extra_ms[below(&s, 4)]);
         }
+    /* PyTorch's faulty agent: the first sends of a type fail, a type is slow. */
+    static const char *const types[] = {"request",     "response",  "remote",     "rref_fetch",
+                                        "rref_delete", "rref_fork", "rref_accept"};
+    if (below(&s, 4) == 0) {
+        draw_window(&s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_FAILSEND, "failsend %s %u %.3f %.3f", types[below(&s, 7)],
+                 1 + (unsigned)below(&s, 3), a, b);
+    }
+    if (below(&s, 4) == 0)
+        plan_add(c, TP_SIM_FAULT_DELAY, "delaytype %s %u", types[below(&s, 7)],
+                 1 + (unsigned)below(&s, 50));
     if (below(&s, 3) == 0) {
         draw_window(&s, c->heal_ns, &a, &b);
         static const uint32_t rates[] = {1000, 20000, 200000};
