@@ -83,6 +83,105 @@ uint32_t tpsim_host_failures(int rank);
 /* `tpsim swarm ...` (tpsim_swarm.c): argv[0] is "swarm". Returns the exit status. */
 int tpsim_swarm_main(int argc, char **argv);
 
+/* `tpsim --workload FILE ...` (tpsim_workload.c): runs a workload file. */
+int tpsim_workload_main(const char *path, uint32_t workers_given, uint64_t seed,
+                        const char *faults_path, const char *trace_path);
+
+/* ---- Operations of swarm runs and workload files (tpsim_ops.c) ----------- */
+
+typedef enum tpsim_op {
+    TPSIM_OP_SYNC_ADD,  /* rpc_sync add(a, b) */
+    TPSIM_OP_ASYNC_ADD, /* rpc_async add(a, b) */
+    TPSIM_OP_SLOW,      /* rpc_async slow_add(a, b, delay) */
+    TPSIM_OP_FORWARD,   /* rpc_async relay: slow_add on a third worker */
+    TPSIM_OP_ECHO,      /* rpc_async echo(bytes) */
+    TPSIM_OP_FAIL,      /* rpc_sync of a function that fails */
+    TPSIM_OP_UNKNOWN,   /* rpc_sync of a function nobody has */
+    TPSIM_OP_REMOTE,    /* remote add(a, b), then to_here */
+    TPSIM_OP_FORGET,    /* rpc_async slow_add, the future freed at once */
+    TPSIM_OP_LIVENESS,  /* the liveness phase's echo */
+    TPSIM_OP_KINDS
+} tpsim_op;
+extern const char *const tpsim_op_names[TPSIM_OP_KINDS];
+
+/* Outcome columns of the summaries. */
+enum {
+    TPSIM_OUT_OK,
+    TPSIM_OUT_TIMEOUT,
+    TPSIM_OUT_PEERDOWN,
+    TPSIM_OUT_EIO,
+    TPSIM_OUT_REMOTE,
+    TPSIM_OUT_OTHER,
+    TPSIM_OUT_KINDS
+};
+extern const char *const tpsim_out_names[TPSIM_OUT_KINDS];
+int tpsim_outcome_of(tp_status st);
+
+#define TPSIM_FAIL_TEXT_MAX 600
+/* Every call of the chaos phase must have ended this long after it. */
+#define TPSIM_LIVENESS_WAIT_S 120.0
+/* The liveness echo's timeout, retried within the bound while pools finish
+ * work whose callers gave up. */
+#define TPSIM_LIVENESS_CALL_S 10.0
+#define TPSIM_LIVENESS_BOUND_S 300.0
+
+/* One simulated world's shared state (its hosts run in this one thread). */
+typedef struct tpsim_world {
+    tp_sim *sim;
+    uint32_t settled; /* workers past the liveness barrier */
+    int failed;
+    char first[TPSIM_FAIL_TEXT_MAX + 32]; /* the first failure, with its time */
+    uint64_t ops[TPSIM_OP_KINDS][TPSIM_OUT_KINDS];
+} tpsim_world;
+
+/* Records a failure (printf-style): counted, noted in the trace, the first kept. */
+void tpsim_world_fail(tpsim_world *w, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+int tpsim_self_dead(void);
+
+/* What to issue. */
+typedef struct tpsim_op_spec {
+    tpsim_op op;
+    int dst;
+    double timeout_s;       /* TP_TIMEOUT_DEFAULT allowed; 0: none */
+    double fetch_timeout_s; /* remote: to_here's */
+    int64_t a, b;           /* operands: the answer is a + b */
+    int64_t delay_us;       /* slow, forget, forward: the function's sleep */
+    int relay_to;           /* forward: the third worker */
+    double relay_timeout_s; /* forward: the nested call's (finite) */
+    uint64_t tag;           /* echo: the payload's pattern */
+    size_t len;             /* echo: the payload's bytes */
+    int sync;               /* wait for the answer here (rpc_sync) */
+    int must_succeed;       /* anything but TP_OK is a failure */
+} tpsim_op_spec;
+
+/* A call still in flight, or the record of one that ended. */
+typedef struct tpsim_pending {
+    tp_future *f; /* NULL once checked */
+    tpsim_op op;
+    int dst;
+    int64_t expect; /* the int answer, or the payload's tag */
+    size_t len;
+    int must_succeed;
+} tpsim_pending;
+
+/* Registers tpsim's functions and echo, relay and fail. */
+tp_status tpsim_ops_register(void);
+/* A payload of len bytes that depends on tag. */
+tp_value *tpsim_payload(uint64_t tag, size_t len);
+/* Issues s; a call left in flight lands in *p (p->f set), one that ended is checked. */
+void tpsim_op_start(tpsim_world *w, int me, const tpsim_op_spec *s, tpsim_pending *p);
+/* Checks one outcome (value: the answer when st is TP_OK). */
+void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_status st,
+                         const tp_value *value, const char *err);
+/* Waits for each call (within TPSIM_LIVENESS_WAIT_S) and checks it. */
+void tpsim_settle(tpsim_world *w, int me, tpsim_pending *pend, size_t n);
+/* The liveness barrier, then an echo to every other live worker that must succeed. */
+void tpsim_liveness(tpsim_world *w, int me, int world);
+
 /* Registers every function tpsim's workers serve, on the current worker. */
 tp_status tpsim_register_functions(void);
 

@@ -45,61 +45,11 @@
 /* The phases, in virtual time. Faults are drawn inside [FAULT_FROM, HEAL). */
 #define FAULT_FROM_NS (50 * MS_NS)
 #define HEAL_NS (1000 * MS_NS) /* the usual heal time (a seed may draw a longer one) */
-/* A call of the chaos phase must have ended this long after the heal. */
-#define LIVENESS_WAIT_S 120.0
-/* The liveness probe's own timeout; it is retried (a pool may still be busy
- * with relays whose callers gave up) until LIVENESS_BOUND_S after the heal. */
-#define LIVENESS_CALL_S 10.0
-#define LIVENESS_BOUND_S 300.0
 #define SWARM_WORKERS_MAX 16
 #define SWARM_PENDING_MAX 256
 #define SWARM_PLAN_MAX 4096
-#define SWARM_FAIL_TEXT_MAX 600
 #define SWARM_FAILURES_LISTED 20
 #define SWARM_JOBS_MAX 64
-
-/* ---- Operations and their outcomes ------------------------------------------ */
-
-typedef enum op_kind {
-    OP_SYNC_ADD,
-    OP_ASYNC_ADD,
-    OP_SLOW,
-    OP_FORWARD,
-    OP_ECHO,
-    OP_FAIL,
-    OP_UNKNOWN,
-    OP_REMOTE,
-    OP_FORGET,
-    OP_LIVENESS,
-    OP_KINDS
-} op_kind;
-
-static const char *const op_names[OP_KINDS] = {"sync_add", "async_add", "slow",    "forward",
-                                               "echo",     "fail",      "unknown", "remote",
-                                               "forget",   "liveness"};
-
-/* Outcome columns of the summary table. */
-enum { OUT_OK, OUT_TIMEOUT, OUT_PEERDOWN, OUT_EIO, OUT_REMOTE, OUT_OTHER, OUT_KINDS };
-static const char *const out_names[OUT_KINDS] = {"ok",  "timeout", "peerdown",
-                                                 "eio", "remote",  "other"};
-
-static int outcome_of(tp_status st) {
-    switch (st) {
-    case TP_OK:
-        return OUT_OK;
-    case TP_ETIMEDOUT:
-        return OUT_TIMEOUT;
-    case TP_EPEERDOWN:
-        return OUT_PEERDOWN;
-    case TP_EIO:
-        return OUT_EIO;
-    case TP_EREMOTE:
-    case TP_EUNKNOWNFUNC:
-        return OUT_REMOTE;
-    default:
-        return OUT_OTHER;
-    }
-}
 
 /* ---- One seed's world ---------------------------------------------------------- */
 
@@ -113,7 +63,7 @@ typedef struct swarm_cfg {
     uint64_t window;       /* max_inflight_bytes, 0: default */
     uint64_t heal_ns;      /* every fault window ends by then */
     double default_timeout_s;
-    uint32_t mix[OP_FORGET + 1]; /* weights of the chaos operations */
+    uint32_t mix[TPSIM_OP_FORGET + 1]; /* weights of the chaos operations */
     uint32_t mix_total;
     char plan[SWARM_PLAN_MAX];
     uint32_t plan_lines;
@@ -125,18 +75,14 @@ typedef struct swarm_stats {
     uint64_t fault_seeds_planned[TP_SIM_FAULT_KINDS_];
     uint64_t fault_seeds_fired[TP_SIM_FAULT_KINDS_];
     uint64_t fault_fired[TP_SIM_FAULT_KINDS_];
-    uint64_t ops[OP_KINDS][OUT_KINDS];
+    uint64_t ops[TPSIM_OP_KINDS][TPSIM_OUT_KINDS];
     uint64_t events, calls_checked;
     uint64_t violations;
 } swarm_stats;
 
 typedef struct swarm_run {
+    tpsim_world w; /* the world's shared state (tpsim.h) */
     const swarm_cfg *cfg;
-    tp_sim *sim;
-    uint32_t settled; /* workers whose chaos calls have all ended (the liveness barrier) */
-    int failed;
-    char first[SWARM_FAIL_TEXT_MAX + 32];
-    uint64_t ops[OP_KINDS][OUT_KINDS];
 } swarm_run;
 
 /* A splitmix64 stream of the seed for the world's shape; the sim's own
@@ -209,12 +155,12 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
         c->think_max_us = (uint32_t)(2 * (c->heal_ns / 1000) / c->calls);
     static const uint32_t payloads[] = {0, 64, 4000, 70000, 1u << 20};
     c->payload_max = payloads[below(&s, below(&s, 8) == 0 ? 5 : 4)];
-    for (int k = 0; k <= OP_FORGET; k++) {
+    for (int k = 0; k <= TPSIM_OP_FORGET; k++) {
         c->mix[k] = below(&s, 3) == 0 ? 0 : 1 + (uint32_t)below(&s, 8);
         c->mix_total += c->mix[k];
     }
     if (!c->mix_total) {
-        c->mix[OP_ASYNC_ADD] = 1;
+        c->mix[TPSIM_OP_ASYNC_ADD] = 1;
         c->mix_total = 1;
     }
     /* The fault mix: each kind in or out, then its instances. */
@@ -279,26 +225,8 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
 
 /* ---- Inside the simulation ---------------------------------------------------- */
 
-static void run_fail(swarm_run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void run_fail(swarm_run *run, const char *fmt, ...) {
-    char text[SWARM_FAIL_TEXT_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    if (tp_sim_current())
-        tp_sim_trace_note("swarm: FAIL %s", text);
-    if (run->failed++ == 0)
-        snprintf(run->first, sizeof run->first, "t=%.3f ms: %s",
-                 tp_sim_current() ? (double)tp_sim_now_ns(tp_sim_current()) / 1e6 : 0.0, text);
-}
-
 static uint64_t draw(uint64_t n) {
     return n ? tp_sim_random() % n : 0;
-}
-
-static int self_dead(void) {
-    return tp_sim_host_dead(tp_sim_current(), (uint32_t)tp_sim_current_host());
 }
 
 static double draw_timeout(void) {
@@ -306,255 +234,47 @@ static double draw_timeout(void) {
     return k >= TIMEOUT_MENU_N ? TP_TIMEOUT_DEFAULT : timeout_menu[k];
 }
 
-/* echo(bytes) -> the same bytes */
-static tp_status fn_echo(tp_call *call, const tp_value *args, const tp_value *kwargs,
-                         tp_value **result, void *ud) {
-    (void)call, (void)kwargs, (void)ud;
-    *result = tp_value_clone(tp_list_get(args, 0));
-    return *result ? TP_OK : TP_ENOMEM;
-}
-
-/*
- * relay(dest, a, b, delay_us, timeout_us) -> slow_add(a, b, delay_us) called on
- * worker dest with that finite timeout. A nested call that could wait forever
- * would let two full pools wait for each other for good: a deadlock of the
- * workload (PyTorch's pools have it too), not one the oracle should report.
- */
-static tp_status fn_relay(tp_call *call, const tp_value *args, const tp_value *kwargs,
-                          tp_value **result, void *ud) {
-    (void)kwargs, (void)ud;
-    int64_t v[5];
-    for (size_t i = 0; i < 5; i++)
-        if (tp_value_get_int(tp_list_get(args, i), &v[i]) != TP_OK) {
-            tp_call_set_error(call, "relay: argument %zu is not an int", i);
-            return TP_EINVAL;
-        }
-    tp_value *fargs =
-        tp_value_list_of(3, tp_value_int(v[1]), tp_value_int(v[2]), tp_value_int(v[3]));
-    tp_status st = fargs ? tp_rpc_sync(tp_to_rank((int)v[0]), "slow_add", fargs, NULL,
-                                       (double)v[4] / 1e6, result)
-                         : TP_ENOMEM;
-    if (st != TP_OK)
-        tp_call_set_error(call, "relay to rank %lld: %s", (long long)v[0], tp_errmsg());
-    tp_value_free(fargs);
-    return st;
-}
-
-/* fail() -> always an error */
-static tp_status fn_fail(tp_call *call, const tp_value *args, const tp_value *kwargs,
-                         tp_value **result, void *ud) {
-    (void)args, (void)kwargs, (void)result, (void)ud;
-    tp_call_set_error(call, "fail: as asked");
-    return TP_ECANCELED;
-}
-
-/* A payload of len bytes that depends on tag. */
-static tp_value *payload(uint64_t tag, size_t len) {
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-        return NULL;
-    for (size_t i = 0; i < len; i++)
-        buf[i] = (uint8_t)((tag * 131u + i * 7u) >> 1);
-    tp_value *v = tp_value_bytes(buf, len);
-    free(buf);
-    return v;
-}
-
-typedef struct pending {
-    tp_future *f;
-    op_kind op;
-    int64_t expect; /* the int answer, or the payload tag */
-    size_t len;     /* echo: the payload length */
-    int dst;
-} pending;
-
-/* Checks one outcome; value is the answer when st is TP_OK. */
-static void check_outcome(swarm_run *run, int me, const pending *p, tp_status st,
-                          const tp_value *value, const char *err) {
-    run->ops[p->op][outcome_of(st)]++;
-    int dead = self_dead() || tp_sim_host_dead(run->sim, (uint32_t)p->dst);
-    int transport =
-        st == TP_ETIMEDOUT || st == TP_EPEERDOWN || st == TP_EIO || (st == TP_ESHUTDOWN && dead);
-    int ok = transport;
-    switch (p->op) {
-    case OP_FAIL:
-        ok = ok || st == TP_EREMOTE;
-        break;
-    case OP_UNKNOWN:
-        ok = ok || st == TP_EUNKNOWNFUNC;
-        break;
-    case OP_SLOW:
-    case OP_FORWARD:
-        /* The function's own wait or nested call can fail the same ways. */
-        ok = ok || st == TP_EREMOTE;
-        /* fallthrough */
-    default:
-        if (st == TP_OK) {
-            if (p->op == OP_ECHO) {
-                tp_value *want = payload((uint64_t)p->expect, p->len);
-                ok = want && tp_value_equal(want, value);
-                tp_value_free(want);
-            } else {
-                int64_t got = 0;
-                ok = tp_value_get_int(value, &got) == TP_OK && got == p->expect;
-            }
-            if (!ok) {
-                run_fail(run, "w%d: %s to w%d answered TP_OK with a wrong value", me,
-                         op_names[p->op], p->dst);
-                return;
-            }
-        }
-    }
-    if (!ok)
-        run_fail(run, "w%d: %s to w%d ended %s, which it may not: %s", me, op_names[p->op], p->dst,
-                 tp_status_name(st), err);
-}
-
-static tp_value *ints(int n, const int64_t *v) {
-    tp_value *l = tp_value_list();
-    for (int i = 0; l && i < n; i++)
-        if (tp_list_append(l, tp_value_int(v[i])) != TP_OK) {
-            tp_value_free(l);
-            l = NULL;
-        }
-    return l;
-}
-
-/* Issues one chaos operation; an async one lands in *p (p->f set). */
-static void issue(swarm_run *run, int me, int world, uint64_t i, pending *p) {
+/* Draws and issues one chaos operation; an async one lands in *p (p->f set). */
+static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *p) {
     const swarm_cfg *c = run->cfg;
     uint64_t r = draw(c->mix_total);
-    op_kind op = OP_SYNC_ADD;
-    for (int k = 0; k <= OP_FORGET; k++) {
+    tpsim_op op = TPSIM_OP_SYNC_ADD;
+    for (int k = 0; k <= TPSIM_OP_FORGET; k++) {
         if (r < c->mix[k]) {
-            op = (op_kind)k;
+            op = (tpsim_op)k;
             break;
         }
         r -= c->mix[k];
     }
-    int dst = (int)draw((uint64_t)world);
-    double t = draw_timeout();
-    int64_t a = (int64_t)draw(1000000), b = (int64_t)draw(1000000);
-    memset(p, 0, sizeof *p);
-    p->op = op;
-    p->dst = dst;
-    p->expect = a + b;
-    tp_value *args = NULL;
-    const char *fn = "add";
+    tpsim_op_spec s = {.op = op,
+                       .dst = (int)draw((uint64_t)world),
+                       .timeout_s = draw_timeout(),
+                       .a = (int64_t)draw(1000000),
+                       .b = (int64_t)draw(1000000)};
     switch (op) {
-    case OP_SLOW:
-    case OP_FORGET: {
-        int64_t v[3] = {a, b, (int64_t)draw(50000)};
-        args = ints(3, v);
-        fn = "slow_add";
+    case TPSIM_OP_SLOW:
+    case TPSIM_OP_FORGET:
+        s.delay_us = (int64_t)draw(50000);
         break;
-    }
-    case OP_FORWARD: {
+    case TPSIM_OP_FORWARD:
         /* Onwards to another worker than the one relaying, within a finite
-         * timeout (fn_relay says why). */
-        int64_t to = (int64_t)draw((uint64_t)world - 1);
-        to = to >= dst ? to + 1 : to;
-        double it = timeout_menu[draw(TIMEOUT_MENU_N - 2)]; /* 0.5 ms .. 2 s */
-        int64_t v[5] = {to, a, b, (int64_t)draw(20000), (int64_t)(it * 1e6)};
-        args = ints(5, v);
-        fn = "relay";
+         * timeout (fn_relay in tpsim_ops.c says why). */
+        s.relay_to = (int)draw((uint64_t)world - 1);
+        s.relay_to = s.relay_to >= s.dst ? s.relay_to + 1 : s.relay_to;
+        s.relay_timeout_s = timeout_menu[draw(TIMEOUT_MENU_N - 2)]; /* 0.5 ms .. 2 s */
+        s.delay_us = (int64_t)draw(20000);
+        break;
+    case TPSIM_OP_ECHO:
+        s.tag = ((uint64_t)me << 32) | i;
+        s.len = (size_t)draw((uint64_t)c->payload_max + 1);
+        break;
+    case TPSIM_OP_REMOTE:
+        s.fetch_timeout_s = draw_timeout();
+        break;
+    default:
         break;
     }
-    case OP_ECHO:
-        p->expect = (int64_t)(((uint64_t)me << 32) | i);
-        p->len = (size_t)draw((uint64_t)c->payload_max + 1);
-        args = tp_value_list_of(1, payload((uint64_t)p->expect, p->len));
-        fn = "echo";
-        break;
-    case OP_FAIL:
-        args = tp_value_list();
-        fn = "fail";
-        break;
-    case OP_UNKNOWN:
-        args = tp_value_list();
-        fn = "no_such_function";
-        break;
-    default: {
-        int64_t v[2] = {a, b};
-        args = ints(2, v);
-        break;
-    }
-    }
-    if (!args) {
-        run_fail(run, "w%d: out of memory building arguments", me);
-        return;
-    }
-    tp_status st;
-    if (op == OP_SYNC_ADD || op == OP_FAIL || op == OP_UNKNOWN) {
-        tp_value *res = NULL;
-        st = tp_rpc_sync(tp_to_rank(dst), fn, args, NULL, t, &res);
-        check_outcome(run, me, p, st, res, tp_errmsg());
-        tp_value_free(res);
-    } else if (op == OP_REMOTE) {
-        tp_rref *rr = NULL;
-        st = tp_remote(tp_to_rank(dst), fn, args, NULL, t, &rr);
-        if (st == TP_OK) {
-            tp_value *res = NULL;
-            st = tp_rref_to_here(rr, draw_timeout(), &res);
-            check_outcome(run, me, p, st, res, tp_errmsg());
-            tp_value_free(res);
-            tp_rref_release(rr);
-        } else {
-            check_outcome(run, me, p, st, NULL, tp_errmsg());
-        }
-    } else {
-        st = tp_rpc_async(tp_to_rank(dst), fn, args, NULL, t, &p->f);
-        if (st != TP_OK)
-            check_outcome(run, me, p, st, NULL, tp_errmsg());
-        if (op == OP_FORGET && p->f) {
-            tp_future_free(p->f); /* fire and forget: the call goes on (FUTURE-8) */
-            p->f = NULL;
-            run->ops[OP_FORGET][OUT_OK]++;
-        }
-    }
-    tp_value_free(args);
-}
-
-static void settle(swarm_run *run, int me, pending *pend, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        if (!pend[i].f)
-            continue;
-        tp_status w = tp_future_wait(pend[i].f, LIVENESS_WAIT_S);
-        if (w == TP_OK || tp_future_done(pend[i].f)) {
-            tp_status st = tp_future_status(pend[i].f);
-            check_outcome(run, me, &pend[i], st, tp_future_value(pend[i].f),
-                          tp_future_error(pend[i].f));
-        } else if (!self_dead()) {
-            run_fail(run, "w%d: liveness: %s to w%d has not ended %.0f s after the chaos (%s)", me,
-                     op_names[pend[i].op], pend[i].dst, LIVENESS_WAIT_S, tp_status_name(w));
-        }
-        tp_future_free(pend[i].f);
-        pend[i].f = NULL;
-    }
-}
-
-static void liveness(swarm_run *run, int me, int world) {
-    for (int q = 0; q < world && !self_dead(); q++) {
-        if (q == me || tp_sim_host_dead(run->sim, (uint32_t)q))
-            continue;
-        tp_value *args = tp_value_list_of(1, payload(7, 16));
-        tp_value *res = NULL;
-        tp_status st;
-        for (;;) {
-            st = tp_rpc_sync(tp_to_rank(q), "echo", args, NULL, LIVENESS_CALL_S, &res);
-            run->ops[OP_LIVENESS][outcome_of(st)]++;
-            if (st != TP_ETIMEDOUT ||
-                tp_sim_now_ns(run->sim) > run->cfg->heal_ns + (uint64_t)(LIVENESS_BOUND_S * 1e9))
-                break;
-        }
-        tp_value_free(args);
-        tp_value *want = payload(7, 16);
-        if (st != TP_OK || !tp_value_equal(want, res))
-            run_fail(run, "w%d: liveness: echo to live w%d after the heal: %s: %s", me, q,
-                     tp_status_name(st), st == TP_OK ? "wrong value" : tp_errmsg());
-        tp_value_free(want);
-        tp_value_free(res);
-    }
+    tpsim_op_start(&run->w, me, &s, p);
 }
 
 static int swarm_program(int rank, int world, void *arg) {
@@ -562,13 +282,7 @@ static int swarm_program(int rank, int world, void *arg) {
     const swarm_cfg *c = run->cfg;
     char name[16];
     snprintf(name, sizeof name, "w%d", rank);
-    tp_status st = tpsim_register_functions();
-    if (st == TP_OK)
-        st = tp_register_function("echo", fn_echo, NULL);
-    if (st == TP_OK)
-        st = tp_register_function("fail", fn_fail, NULL);
-    if (st == TP_OK)
-        st = tp_register_function("relay", fn_relay, NULL);
+    tp_status st = tpsim_ops_register();
     tp_options *o = tp_options_new();
     if (st == TP_OK && o) {
         (void)tp_options_set_rpc_timeout(o, c->default_timeout_s);
@@ -581,19 +295,20 @@ static int swarm_program(int rank, int world, void *arg) {
     }
     tp_options_free(o);
     if (st != TP_OK) {
-        if (!self_dead())
-            run_fail(run, "%s: init_rpc: %s: %s", name, tp_status_name(st), tp_errmsg());
+        if (!tpsim_self_dead())
+            tpsim_world_fail(&run->w, "%s: init_rpc: %s: %s", name, tp_status_name(st),
+                             tp_errmsg());
         return 0;
     }
     /* Chaos. */
-    pending *pend = calloc(SWARM_PENDING_MAX, sizeof *pend);
+    tpsim_pending *pend = calloc(SWARM_PENDING_MAX, sizeof *pend);
     size_t npend = 0;
-    for (uint64_t i = 0; i < c->calls && pend && !self_dead(); i++) {
-        if (tp_sim_now_ns(run->sim) >= c->heal_ns)
+    for (uint64_t i = 0; i < c->calls && pend && !tpsim_self_dead(); i++) {
+        if (tp_sim_now_ns(run->w.sim) >= c->heal_ns)
             break;
         if (c->think_max_us)
             (void)tp_sleep((double)draw(c->think_max_us) / 1e6);
-        pending p;
+        tpsim_pending p;
         issue(run, rank, world, i, &p);
         if (p.f && npend < SWARM_PENDING_MAX)
             pend[npend++] = p;
@@ -601,55 +316,39 @@ static int swarm_program(int rank, int world, void *arg) {
             tp_future_free(p.f);
     }
     /* Heal, then liveness: every chaos call ends, live workers answer. */
-    settle(run, rank, pend, npend);
+    tpsim_settle(&run->w, rank, pend, npend);
     free(pend);
-    uint64_t now = tp_sim_now_ns(run->sim);
+    uint64_t now = tp_sim_now_ns(run->w.sim);
     if (now < c->heal_ns + 10 * MS_NS)
         (void)tp_sleep((double)(c->heal_ns + 10 * MS_NS - now) / 1e9);
-    /* The liveness barrier: every live worker's chaos calls have ended, so
-     * no pool is still busy with the chaos phase's work. A harness-level
-     * barrier (the hosts share this process), polled on virtual time. */
-    run->settled++;
-    for (uint64_t spins = 0; !self_dead(); spins++) {
-        uint32_t dead = 0;
-        for (int q = 0; q < world; q++)
-            dead += (uint32_t)tp_sim_host_dead(run->sim, (uint32_t)q);
-        if (run->settled + dead >= (uint32_t)world)
-            break;
-        if (spins * 1e-3 > LIVENESS_WAIT_S) {
-            run_fail(run, "w%d: liveness barrier: %u of %d workers settled after %.0f s", rank,
-                     run->settled, world, LIVENESS_WAIT_S);
-            break;
-        }
-        (void)tp_sleep(1e-3);
-    }
-    liveness(run, rank, world);
+    tpsim_liveness(&run->w, rank, world);
     /* Work still running while shutdown drains (SHUTDOWN-5): fire and forget,
      * some with a timeout shorter than the function, so the callee still runs
      * it after the caller has given up: only the callee's count shows it. */
-    for (int k = 0; k < 2 && !self_dead(); k++) {
+    for (int k = 0; k < 2 && !tpsim_self_dead(); k++) {
         int dst = (int)draw((uint64_t)world);
-        if (tp_sim_host_dead(run->sim, (uint32_t)dst))
+        if (tp_sim_host_dead(run->w.sim, (uint32_t)dst))
             continue;
         static const double late_timeouts[] = {0.0005, 0.003, 0.0};
-        int64_t v[3] = {1, 2, (int64_t)draw(50000)};
-        tp_value *args = ints(3, v);
-        tp_future *f = NULL;
-        if (args && tp_rpc_async(tp_to_rank(dst), "slow_add", args, NULL, late_timeouts[draw(3)],
-                                 &f) == TP_OK)
-            tp_future_free(f);
-        tp_value_free(args);
+        tpsim_op_spec spec = {.op = TPSIM_OP_FORGET,
+                              .dst = dst,
+                              .timeout_s = late_timeouts[draw(3)],
+                              .a = 1,
+                              .b = 2,
+                              .delay_us = (int64_t)draw(50000)};
+        tpsim_pending p;
+        tpsim_op_start(&run->w, rank, &spec, &p);
     }
     /* Shutdown. */
     st = tp_shutdown(1);
-    if (!self_dead()) {
+    if (!tpsim_self_dead()) {
         int any_dead = 0;
         for (int q = 0; q < world; q++)
-            any_dead |= tp_sim_host_dead(run->sim, (uint32_t)q);
+            any_dead |= tp_sim_host_dead(run->w.sim, (uint32_t)q);
         tp_status want = any_dead ? TP_EPEERDOWN : TP_OK;
         if (st != want)
-            run_fail(run, "%s: graceful shutdown: %s (expected %s): %s", name, tp_status_name(st),
-                     tp_status_name(want), tp_errmsg());
+            tpsim_world_fail(&run->w, "%s: graceful shutdown: %s (expected %s): %s", name,
+                             tp_status_name(st), tp_status_name(want), tp_errmsg());
     }
     return 0;
 }
@@ -689,16 +388,17 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
     else
         snprintf(err, sizeof err, "%s", tp_errmsg());
     if (st != TP_OK) {
-        run_fail(&run, "setup: %s: %s", tp_status_name(st), err);
+        tpsim_world_fail(&run.w, "setup: %s: %s", tp_status_name(st), err);
     } else {
-        run.sim = sim;
+        run.w.sim = sim;
         int codes[SWARM_WORKERS_MAX];
         st = tp_sim_run(sim, swarm_program, &run, codes);
         if (st != TP_OK)
-            run_fail(&run, "the run did not end: %s: %s", tp_status_name(st), tp_errmsg());
+            tpsim_world_fail(&run.w, "the run did not end: %s: %s", tp_status_name(st),
+                             tp_errmsg());
         if (tp_sim_violations(sim))
-            run_fail(&run, "oracle: %" PRIu64 " violation(s); first: %s", tp_sim_violations(sim),
-                     tp_sim_violation(sim));
+            tpsim_world_fail(&run.w, "oracle: %" PRIu64 " violation(s); first: %s",
+                             tp_sim_violations(sim), tp_sim_violation(sim));
         for (int k = 0; k < TP_SIM_FAULT_KINDS_; k++) {
             uint64_t n = tp_sim_fault_count(sim, (tp_sim_fault_kind)k);
             stats->fault_fired[k] += n;
@@ -708,27 +408,27 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
         stats->events += tp_sim_events(sim);
         stats->violations += tp_sim_violations(sim);
     }
-    for (int k = 0; k < OP_KINDS; k++)
-        for (int j = 0; j < OUT_KINDS; j++) {
-            stats->ops[k][j] += run.ops[k][j];
-            stats->calls_checked += run.ops[k][j];
+    for (int k = 0; k < TPSIM_OP_KINDS; k++)
+        for (int j = 0; j < TPSIM_OUT_KINDS; j++) {
+            stats->ops[k][j] += run.w.ops[k][j];
+            stats->calls_checked += run.w.ops[k][j];
         }
     stats->seeds++;
-    if (run.failed)
+    if (run.w.failed)
         stats->failed++;
-    if (run.failed || o->verbose) {
+    if (run.w.failed || o->verbose) {
         fprintf(out,
                 "%s seed=%" PRIu64 " workers=%u pool=%u calls=%u window=%" PRIu64
                 " timeout=%g%s%s\n",
-                run.failed ? "FAIL" : "PASS", seed, cfg.workers, cfg.pool, cfg.calls, cfg.window,
-                cfg.default_timeout_s, run.failed ? ": " : "", run.failed ? run.first : "");
+                run.w.failed ? "FAIL" : "PASS", seed, cfg.workers, cfg.pool, cfg.calls, cfg.window,
+                cfg.default_timeout_s, run.w.failed ? ": " : "", run.w.failed ? run.w.first : "");
         char flat[SWARM_PLAN_MAX];
         snprintf(flat, sizeof flat, "%s", cfg.plan);
         for (char *p = flat; *p; p++)
             if (*p == '\n')
                 *p = p[1] ? ';' : '\0';
         fprintf(out, "  plan: %s\n", flat[0] ? flat : "(no faults)");
-        if (run.failed) {
+        if (run.w.failed) {
             char extra[96] = "";
             if (o->workers)
                 snprintf(extra, sizeof extra, " --workers %u", o->workers);
@@ -747,10 +447,11 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
     /* Every handle was released and every world torn down: a worker core
      * still allocated is held by something that leaked (a call, a future). */
     uint64_t leaked = tp_core_live_count() - cores_before;
-    if (leaked != 0 && !run.failed) {
-        run_fail(&run, "leak: %" PRIu64 " worker core(s) still allocated after the run", leaked);
+    if (leaked != 0 && !run.w.failed) {
+        tpsim_world_fail(&run.w, "leak: %" PRIu64 " worker core(s) still allocated after the run",
+                         leaked);
         stats->failed++;
-        fprintf(out, "FAIL seed=%" PRIu64 ": %s\n", seed, run.first);
+        fprintf(out, "FAIL seed=%" PRIu64 ": %s\n", seed, run.w.first);
     }
 }
 
@@ -803,13 +504,13 @@ static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall
                s->fault_seeds_fired[k], s->fault_fired[k],
                s->fault_fired[k] == 0 ? "   <- never fired" : "");
     printf("\noperation ");
-    for (int j = 0; j < OUT_KINDS; j++)
-        printf(" %10s", out_names[j]);
+    for (int j = 0; j < TPSIM_OUT_KINDS; j++)
+        printf(" %10s", tpsim_out_names[j]);
     printf("\n");
-    for (int k = 0; k < OP_KINDS; k++) {
-        printf("%-10s", op_names[k]);
+    for (int k = 0; k < TPSIM_OP_KINDS; k++) {
+        printf("%-10s", tpsim_op_names[k]);
         uint64_t total = 0;
-        for (int j = 0; j < OUT_KINDS; j++) {
+        for (int j = 0; j < TPSIM_OUT_KINDS; j++) {
             printf(" %10" PRIu64, s->ops[k][j]);
             total += s->ops[k][j];
         }
