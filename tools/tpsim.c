@@ -108,6 +108,7 @@ typedef struct tpsim_args {
     uint64_t seed;
     const char *faults_path;
     const char *trace_path;
+    const char *workload_path;
     uint32_t wall_limit_s; /* 0: none */
     int list;
     int help;
@@ -128,6 +129,8 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: tpsim --scenario NAME [--workers N] [--seed S] [--faults FILE] [--trace FILE]\n"
             "                   [--wall-limit S]\n"
+            "       tpsim --workload FILE [--workers N] [--seed S] [--faults FILE] [--trace FILE]\n"
+            "       tpsim swarm --seeds A..B [...]   (tpsim swarm --help)\n"
             "       tpsim --list\n"
             "\n"
             "Runs a built-in scenario on N simulated workers and checks its results.\n"
@@ -136,6 +139,7 @@ static void usage(FILE *out) {
             "3 when the run exceeded the wall-clock limit (stuck).\n"
             "\n"
             "  --scenario NAME  the scenario to run (see below)\n"
+            "  --workload FILE  run the experiment a workload file describes (tools/README.md)\n"
             "  --workers N      simulated workers, from the scenario's minimum to %d\n"
             "  --seed S         the simulation seed, decimal or 0x hex (default 1)\n"
             "  --faults FILE    a fault plan to add (tools/README.md, tensorplay/sim.h)\n"
@@ -210,8 +214,9 @@ static int parse_args(int argc, char **argv, tpsim_args *args) {
             return usage_error("unexpected argument '%s' (try --help)", arg);
         const char *eq = strchr(arg, '=');
         size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
-        const char *opts[] = {"--scenario", "--workers", "--seed",
-                              "--faults",   "--trace",   "--wall-limit"};
+        const char *opts[] = {"--scenario", "--workers",    "--seed",
+                              "--faults",   "--trace",      "--wall-limit",
+                              "--workload"};
         size_t which = sizeof opts / sizeof opts[0];
         for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
             if (strlen(opts[k]) == name_len && strncmp(arg, opts[k], name_len) == 0)
@@ -258,6 +263,11 @@ static int parse_args(int argc, char **argv, tpsim_args *args) {
                 return usage_error("--trace given twice");
             args->trace_path = value;
             break;
+        case 6:
+            if (args->workload_path)
+                return usage_error("--workload given twice");
+            args->workload_path = value;
+            break;
         default:
             if (have_wall_limit++)
                 return usage_error("--wall-limit given twice");
@@ -271,6 +281,10 @@ static int parse_args(int argc, char **argv, tpsim_args *args) {
             return rc;
     }
     if (args->help || args->list)
+        return 0;
+    if (args->workload_path && args->scenario)
+        return usage_error("give --scenario or --workload, not both");
+    if (args->workload_path)
         return 0;
     if (!args->scenario) {
         fprintf(stderr, "tpsim: --scenario is required; valid scenarios are:\n");
@@ -533,5 +547,8 @@ int main(int argc, char **argv) {
         list_scenarios(stdout, 0);
         return 0;
     }
+    if (args.workload_path)
+        return tpsim_workload_main(args.workload_path, args.workers, args.seed, args.faults_path,
+                                   args.trace_path);
     return run(&args);
 }

@@ -132,6 +132,7 @@ typedef struct tpsim_world {
     int failed;
     char first[TPSIM_FAIL_TEXT_MAX + 32]; /* the first failure, with its time */
     uint64_t ops[TPSIM_OP_KINDS][TPSIM_OUT_KINDS];
+    uint64_t (*line_outs)[TPSIM_OUT_KINDS]; /* workload files: outcomes per line, or NULL */
 } tpsim_world;
 
 /* Records a failure (printf-style): counted, noted in the trace, the first kept. */
@@ -156,6 +157,7 @@ typedef struct tpsim_op_spec {
     size_t len;             /* echo: the payload's bytes */
     int sync;               /* wait for the answer here (rpc_sync) */
     int must_succeed;       /* anything but TP_OK is a failure */
+    int line;               /* workload files: the line it comes from (1..), 0: none */
 } tpsim_op_spec;
 
 /* A call still in flight, or the record of one that ended. */
@@ -166,6 +168,7 @@ typedef struct tpsim_pending {
     int64_t expect; /* the int answer, or the payload's tag */
     size_t len;
     int must_succeed;
+    int line;
 } tpsim_pending;
 
 /* Registers tpsim's functions and echo, relay and fail. */

@@ -127,6 +127,8 @@ tp_value *tpsim_payload(uint64_t tag, size_t len) {
 void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_status st,
                          const tp_value *value, const char *err) {
     w->ops[p->op][tpsim_outcome_of(st)]++;
+    if (w->line_outs && p->line > 0)
+        w->line_outs[p->line][tpsim_outcome_of(st)]++;
     int dead = tpsim_self_dead() || tp_sim_host_dead(w->sim, (uint32_t)p->dst);
     int transport =
         st == TP_ETIMEDOUT || st == TP_EPEERDOWN || st == TP_EIO || (st == TP_ESHUTDOWN && dead);
@@ -186,6 +188,7 @@ void tpsim_op_start(tpsim_world *w, int me, const tpsim_op_spec *s, tpsim_pendin
     p->dst = s->dst;
     p->expect = s->a + s->b;
     p->must_succeed = s->must_succeed;
+    p->line = s->line;
     tp_value *args = NULL;
     const char *fn = "add";
     switch (s->op) {
@@ -254,6 +257,8 @@ void tpsim_op_start(tpsim_world *w, int me, const tpsim_op_spec *s, tpsim_pendin
             tp_future_free(p->f); /* fire and forget: the call goes on (FUTURE-8) */
             p->f = NULL;
             w->ops[TPSIM_OP_FORGET][TPSIM_OUT_OK]++;
+            if (w->line_outs && p->line > 0)
+                w->line_outs[p->line][TPSIM_OUT_OK]++;
         }
     }
     tp_value_free(args);
