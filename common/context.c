@@ -57,5 +57,8 @@ void tpi_context_lock(tp_context *ctx) {
 }
 
 void tpi_context_unlock(tp_context *ctx) {
+    /* Set already (by us): an unlock without its lock is a bug. */
+    int held = atomic_flag_test_and_set_explicit(&ctx->spin, memory_order_relaxed);
+    TPI_ASSERT(held && "context unlocked without its lock");
     atomic_flag_clear_explicit(&ctx->spin, memory_order_release);
 }

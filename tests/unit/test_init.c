@@ -67,6 +67,46 @@ static void test_init_unreachable_worker_fails_init_everywhere(void **state) {
     }
 }
 
+/* Rank 2 never calls init: the others' rendezvous must end at the init
+ * deadline with a message naming it (INIT-6), without spinning there. */
+static tp_status missing_status[3];
+static char missing_msg[3][TP_ERRMSG_LEN_MAX];
+static uint64_t missing_took[3];
+
+static int missing_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (rank == 2)
+        return 0; /* never joins */
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 0.5) == TP_OK);
+    uint64_t t0 = now_ns();
+    missing_status[rank] = tp_init_rpc(name, "SIM", rank, world_size, o);
+    missing_took[rank] = now_ns() - t0;
+    snprintf(missing_msg[rank], sizeof missing_msg[rank], "%s", tp_errmsg());
+    tp_options_free(o);
+    if (missing_status[rank] == TP_OK)
+        tp_shutdown(0);
+    return 0;
+}
+
+static void test_init_missing_worker_times_out(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 3, .seed = 9};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, missing_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0); /* no busy loop at the deadline */
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(missing_status[r], TP_ETIMEDOUT);
+        assert_non_null(strstr(missing_msg[r], "rank 2"));
+        assert_true(missing_took[r] >= 500 * MS && missing_took[r] <= 600 * MS);
+    }
+}
+
 static tp_status fn_nil(tp_call *call, const tp_value *args, const tp_value *kwargs,
                         tp_value **result, void *user_data) {
     (void)call, (void)args, (void)kwargs, (void)result, (void)user_data;
@@ -87,6 +127,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere,
                                reset_failures),
         cmocka_unit_test(test_init_reserved_names_rejected),
+        cmocka_unit_test_setup(test_init_missing_worker_times_out, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
