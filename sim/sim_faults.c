@@ -14,7 +14,7 @@
 #include "sim_internal.h"
 
 enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP, F_ISOLATE, F_SPLIT, F_FAILSEND,
-       F_DELAYTYPE };
+       F_DELAYTYPE, F_PAUSE };
 
 /* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
 static const char *const type_names[TPI_SIM_MSG_TYPES] = {
@@ -48,6 +48,7 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
             goto bad_host;
         return TP_OK;
     case F_ISOLATE:
+    case F_PAUSE:
         if (f->a >= n)
             goto bad_host;
         if (f->t0_ns >= f->t1_ns)
@@ -153,6 +154,26 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
                 apply_fault(sim, &pair);
             }
         return TP_OK;
+    case F_PAUSE: {
+        if (sim->npauses == TPI_SIM_DELAYS_MAX)
+            return tpi_fail(TP_ELIMIT, "more than %u pause faults", TPI_SIM_DELAYS_MAX);
+        if (sim->npauses == sim->pauses_cap) {
+            uint32_t cap = sim->pauses_cap ? sim->pauses_cap * 2 : 8;
+            tpi_sim_pause *p = realloc(sim->pauses, cap * sizeof *p);
+            if (!p)
+                return tpi_fail(TP_ENOMEM, "out of memory adding a pause fault");
+            sim->pauses = p;
+            sim->pauses_cap = cap;
+        }
+        sim->pauses[sim->npauses++] = (tpi_sim_pause){f->a, f->t0_ns, f->t1_ns};
+        tpi_sim_trace(sim, "plan pause host=%u start=%llu end=%llu", f->a,
+                      (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_PAUSE, .time_ns = f->t0_ns, .a = f->a, .x = f->t1_ns};
+        tpi_sim_schedule(sim, &e);
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_UNPAUSE, .time_ns = f->t1_ns, .a = f->a};
+        tpi_sim_schedule(sim, &e);
+        return TP_OK;
+    }
     case F_FAILSEND:
         tpi_sim_trace(sim, "plan failsend type=%u count=%u from=%llu until=%llu", f->a,
                       f->per_million, (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
@@ -231,6 +252,39 @@ uint64_t tpi_sim_fault_delay_ns(tp_sim *sim, uint32_t from, uint32_t to) {
     return extra;
 }
 
+/* ---- Pauses ------------------------------------------------------------------- */
+
+uint64_t tpi_sim_paused_ns(const tp_sim *sim, uint32_t host, uint64_t from, uint64_t to) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < sim->npauses; i++) {
+        const tpi_sim_pause *p = &sim->pauses[i];
+        uint64_t a = p->start_ns > from ? p->start_ns : from;
+        uint64_t b = p->end_ns < to ? p->end_ns : to;
+        if (p->host == host && a < b)
+            total += b - a;
+    }
+    return total;
+}
+
+uint32_t tpi_sim_event_host(tp_sim *sim, const tpi_sim_event *e) {
+    switch ((tpi_sim_event_kind)e->kind) {
+    case TPI_SIM_EV_RESUME:
+    case TPI_SIM_EV_PARK_TIMEOUT: {
+        const tpi_sim_task *t = tpi_sim_task_get(sim, e->a);
+        return t ? t->host->index : UINT32_MAX;
+    }
+    case TPI_SIM_EV_TIMER:
+    case TPI_SIM_EV_PEER_DOWN: {
+        const tpi_sim_agent *a = tpi_sim_agent_get(sim, e->a);
+        return a ? a->host : UINT32_MAX;
+    }
+    case TPI_SIM_EV_DELIVER:
+        return ((const tpi_sim_msg *)e->p)->dst_host;
+    default:
+        return UINT32_MAX; /* faults happen on time, paused or not */
+    }
+}
+
 /* ---- Events ------------------------------------------------------------------- */
 
 void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how) {
@@ -297,6 +351,40 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
     case TPI_SIM_EV_KILL:
         tpi_sim_host_kill(sim, &sim->hosts[e->a], "kill");
         return;
+    case TPI_SIM_EV_PAUSE: {
+        tpi_sim_host *h = &sim->hosts[e->a];
+        if (e->x > h->paused_until)
+            h->paused_until = e->x;
+        sim->fired[TP_SIM_FAULT_PAUSE]++;
+        tpi_sim_trace(sim, "fault pause host=%u until=%llu", e->a, (unsigned long long)e->x);
+        tpi_sim_pf_fault(sim, "paused", e->a, UINT32_MAX);
+        /* Peers that get nothing back for the user timeout give up on its
+         * connections, as TCP_USER_TIMEOUT makes them (spec/tcp.md). */
+        if (e->x - e->time_ns > TPI_SIM_USER_TIMEOUT_NS)
+            for (uint32_t p = 0; p < sim->cfg.hosts; p++) {
+                const tpi_sim_link *c = p == e->a ? NULL
+                                        : p < e->a ? tpi_sim_link_find(sim, p, e->a)
+                                                   : tpi_sim_link_find(sim, e->a, p);
+                if (!c)
+                    continue;
+                tpi_sim_event b = {.kind = TPI_SIM_EV_STALL_BREAK,
+                                   .time_ns = e->time_ns + TPI_SIM_USER_TIMEOUT_NS,
+                                   .a = p < e->a ? p : e->a,
+                                   .b = p < e->a ? e->a : p,
+                                   .x = c->epoch};
+                tpi_sim_schedule(sim, &b);
+            }
+        return;
+    }
+    case TPI_SIM_EV_UNPAUSE: {
+        tpi_sim_host *h = &sim->hosts[e->a];
+        if (h->paused_until <= e->time_ns) { /* not extended by a later pause */
+            h->paused_until = 0;
+            tpi_sim_trace(sim, "fault resume host=%u", e->a);
+            tpi_sim_pf_fault(sim, "resumed", e->a, UINT32_MAX);
+        }
+        return;
+    }
     default:
         TPI_ASSERT(!"not a fault event");
     }
@@ -366,6 +454,7 @@ static const plan_spec plan_specs[] = {
     {"drop", F_DROP, 3, "drop PER_MILLION [START_MS END_MS]"},
     {"isolate", F_ISOLATE, 3, "isolate HOST START_MS END_MS"},
     {"split", F_SPLIT, 3, "split K START_MS END_MS (hosts below K on one side)"},
+    {"pause", F_PAUSE, 3, "pause HOST START_MS END_MS"},
     {"failsend", F_FAILSEND, 4, "failsend TYPE COUNT [FROM_MS [UNTIL_MS]] (TYPE: request, "
                                 "response, remote, rref_fetch, rref_delete, rref_fork, "
                                 "rref_accept)"},
@@ -382,7 +471,7 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     if (!sp) {
         tpi_format(errmsg, errmsg_len,
                    "unknown fault '%.64s' (expected delay, break, partition, isolate, split, "
-                   "kill, drop, failsend or delaytype)",
+                   "kill, pause, drop, failsend or delaytype)",
                    fld[0]);
         return TP_EINVAL;
     }
@@ -440,6 +529,7 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         [F_DROP] = {"PER_MILLION", "START_MS", "END_MS"},
         [F_ISOLATE] = {"HOST", "START_MS", "END_MS"},
         [F_SPLIT] = {"K", "START_MS", "END_MS"},
+        [F_PAUSE] = {"HOST", "START_MS", "END_MS"},
     };
     /* The leading fields that are integers (hosts, a rate); the rest are times. */
     int nints = sp->kind == F_DELAY || sp->kind == F_BREAK || sp->kind == F_PARTITION ? 2 : 1;
@@ -485,6 +575,7 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         break;
     case F_ISOLATE:
     case F_SPLIT:
+    case F_PAUSE:
         *out = (tpi_sim_fault_line){
             .kind = sp->kind, .a = (uint32_t)v[0], .t0_ns = v[1], .t1_ns = v[2]};
         break;

@@ -114,7 +114,9 @@ typedef enum tpi_sim_event_kind {
     TPI_SIM_EV_PARTITION_START, /* a, b: hosts; x: its end */
     TPI_SIM_EV_PARTITION_END,   /* a, b: hosts */
     TPI_SIM_EV_KILL,            /* a: host */
-    TPI_SIM_EV_STALL_BREAK      /* a, b: hosts; x: the connection epoch it ends */
+    TPI_SIM_EV_STALL_BREAK,     /* a, b: hosts; x: the connection epoch it ends */
+    TPI_SIM_EV_PAUSE,           /* a: host; x: its end */
+    TPI_SIM_EV_UNPAUSE          /* a: host */
 } tpi_sim_event_kind;
 
 typedef struct tpi_sim_event {
@@ -270,6 +272,11 @@ void tpi_sim_net_peer_down(tp_sim *sim, uint32_t host, uint32_t about, tp_status
 void tpi_sim_net_closed(tp_sim *sim, uint32_t host);
 /* The extra delay the delay faults give a message sent now from -> to. */
 uint64_t tpi_sim_fault_delay_ns(tp_sim *sim, uint32_t from, uint32_t to);
+/* Virtual ns of [from, to) during which host was paused (the oracle's allowance
+ * for a host whose own timers could not fire while it was held). */
+uint64_t tpi_sim_paused_ns(const tp_sim *sim, uint32_t host, uint64_t from, uint64_t to);
+/* The host an event concerns, when a pause should hold it; UINT32_MAX: none. */
+uint32_t tpi_sim_event_host(tp_sim *sim, const tpi_sim_event *e);
 /* The host dies now (a kill fault or tp_sim_crash_self). */
 void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how);
 void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e);
@@ -347,12 +354,19 @@ struct tpi_sim_host {
     uint32_t active_agent;                 /* agent id + 1 of the started agent, 0: none */
     tpi_sim_link *links;                   /* sorted by dst */
     uint32_t nlinks, links_cap;
+    uint64_t paused_until; /* a pause fault holds it until then; 0: running */
 };
 
 typedef struct tpi_sim_delay {
     uint32_t from, to;
     uint64_t start_ns, end_ns, extra_ns;
 } tpi_sim_delay;
+
+/* A pause fault: the host runs nothing in [start, end). */
+typedef struct tpi_sim_pause {
+    uint32_t host;
+    uint64_t start_ns, end_ns;
+} tpi_sim_pause;
 
 struct tp_sim {
     tp_sim_config cfg; /* defaults filled in */
@@ -383,6 +397,8 @@ struct tp_sim {
     uint64_t next_msg_id;
     tpi_sim_delay *delays;
     uint32_t ndelays, delays_cap;
+    tpi_sim_pause *pauses;
+    uint32_t npauses, pauses_cap;
     uint64_t fired[TP_SIM_FAULT_KINDS_]; /* tp_sim_fault_count */
     uint32_t fail_sends[TPI_SIM_MSG_TYPES];    /* failsend: frames of each type still to lose */
     uint64_t fail_from_ns[TPI_SIM_MSG_TYPES];  /* failsend: in [from, until) */

@@ -243,13 +243,18 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
             tpi_sim_schedule(sim, &e);
         }
     }
-    if (arrive < link->last_arrival_ns)
+    /* A frame chosen for loss is found lost when it would have arrived, not
+     * behind the frames queued before it (a loss drawn inside a fault window
+     * never surfaces long after it); the break it causes loses those too.
+     * Later frames still come after it, so none overtakes it (AGENT-8). */
+    if (!doomed && arrive < link->last_arrival_ns)
         arrive = link->last_arrival_ns;
     tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu",
                   (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
                   (unsigned long long)arrive);
     tpi_sim_pf_msg(sim, src, m->id, 1, f->len, frame_type(f));
-    link->last_arrival_ns = arrive;
+    if (arrive > link->last_arrival_ns)
+        link->last_arrival_ns = arrive;
     tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
     tpi_sim_schedule(sim, &e);
     return TP_OK;

@@ -232,7 +232,10 @@ static void on_end(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
         tpi_sim_violation(sim, "%s timed out %.3f ms before its deadline",
                           call_desc(r, p->id, desc, sizeof desc),
                           (double)(r->deadline_ns - now) / 1e6);
-    if (r->deadline_ns != UINT64_MAX && now > r->deadline_ns + TPI_SIM_ORACLE_SLACK_NS)
+    /* A paused host fires its timers when it resumes: the pause is allowed. */
+    if (r->deadline_ns != UINT64_MAX && now > r->deadline_ns + TPI_SIM_ORACLE_SLACK_NS &&
+        now - r->deadline_ns >
+            TPI_SIM_ORACLE_SLACK_NS + tpi_sim_paused_ns(sim, a->host, r->deadline_ns, now))
         tpi_sim_violation(sim,
                           "%s ended %s %.3f ms after its deadline (slack %.3f ms): the "
                           "timeout did not fire",
@@ -336,7 +339,7 @@ static void on_shutdown(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int be
         return;
     /* SHUTDOWN-2: the barrier and the drain each have the timeout. */
     uint64_t took = sim->now_ns - began;
-    if (took > 2 * t + TPI_SIM_ORACLE_SLACK_NS)
+    if (took > 2 * t + TPI_SIM_ORACLE_SLACK_NS + tpi_sim_paused_ns(sim, a->host, began, sim->now_ns))
         tpi_sim_violation(sim,
                           "host %u's graceful shutdown took %.3f ms, past its bound of "
                           "2 x %.3f ms",

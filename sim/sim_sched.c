@@ -176,6 +176,16 @@ int tpi_sim_step(tp_sim *sim) {
     sim->now_ns = e.time_ns;
     sim->events++;
     tpi_sim_oracle_busy(sim);
+    if (sim->npauses && !sim->unwinding && sim->mains_live) {
+        /* A paused host runs nothing: what concerns it waits for the resume,
+         * in the order it was due (SIM-5 pause). */
+        uint32_t h = tpi_sim_event_host(sim, &e);
+        if (h != UINT32_MAX && sim->hosts[h].paused_until > e.time_ns) {
+            e.time_ns = sim->hosts[h].paused_until;
+            tpi_sim_schedule(sim, &e);
+            return 1;
+        }
+    }
     switch ((tpi_sim_event_kind)e.kind) {
     case TPI_SIM_EV_RESUME:
         on_resume(sim, &e);
@@ -197,6 +207,8 @@ int tpi_sim_step(tp_sim *sim) {
     case TPI_SIM_EV_PARTITION_END:
     case TPI_SIM_EV_KILL:
     case TPI_SIM_EV_STALL_BREAK:
+    case TPI_SIM_EV_PAUSE:
+    case TPI_SIM_EV_UNPAUSE:
         tpi_sim_fault_event(sim, &e);
         break;
     default:

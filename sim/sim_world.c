@@ -138,6 +138,7 @@ void tp_sim_free(tp_sim *sim) {
     free(sim->agents);
     free(sim->tasks);
     free(sim->delays);
+    free(sim->pauses);
     free(sim->hosts);
     if (sim->store && sim->store_owned)
         sim->store->ops->close(sim->store);
@@ -312,6 +313,7 @@ const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind) {
         [TP_SIM_FAULT_KILL] = "kill",
         [TP_SIM_FAULT_DROP] = "drop",
         [TP_SIM_FAULT_FAILSEND] = "failsend",
+        [TP_SIM_FAULT_PAUSE] = "pause",
     };
     return (unsigned)kind < TP_SIM_FAULT_KINDS_ ? names[kind] : "?";
 }

@@ -205,6 +205,10 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
             plan_add(c, TP_SIM_FAULT_DELAY, "delay %u %u %.3f %.3f %u", x, y, a, b,
                      extra_ms[below(&s, 4)]);
         }
+    if (below(&s, 3) == 0) { /* slow, not dead: a host stops and resumes */
+        draw_window(&s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_PAUSE, "pause %u %.3f %.3f", (unsigned)below(&s, n), a, b);
+    }
     /* PyTorch's faulty agent: the first sends of a type fail, a type is slow. */
     static const char *const types[] = {"request",     "response",  "remote",     "rref_fetch",
                                         "rref_delete", "rref_fork", "rref_accept"};

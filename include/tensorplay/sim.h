@@ -117,6 +117,7 @@ typedef enum tp_sim_fault_kind {
     TP_SIM_FAULT_KILL,          /* a host died (kill or crash_self) */
     TP_SIM_FAULT_DROP,          /* a frame was lost (and its connection broke) */
     TP_SIM_FAULT_FAILSEND,      /* a frame of a listed type failed to send (failsend) */
+    TP_SIM_FAULT_PAUSE,         /* a host was paused (slow, not dead) */
     TP_SIM_FAULT_KINDS_
 } tp_sim_fault_kind;
 uint64_t tp_sim_fault_count(const tp_sim *sim, tp_sim_fault_kind kind);
