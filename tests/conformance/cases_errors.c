@@ -230,6 +230,27 @@ static int errors_bad_call_arguments(int rank, int ws) {
         CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "echo", NULL, notlist, TP_TIMEOUT_DEFAULT, &res),
                      TP_EINVAL);
         CHECK(res == NULL);
+        /* remote and to_here check their arguments the same way (CALL-1, TIMEOUT-1). */
+        tp_rref *rr = NULL;
+        CHECK_STATUS(tp_remote(tp_to_rank(1), "echo", notlist, NULL, TP_TIMEOUT_DEFAULT, &rr),
+                     TP_EINVAL);
+        CHECK_STATUS(tp_remote(tp_to_rank(1), "echo", NULL, notlist, TP_TIMEOUT_DEFAULT, &rr),
+                     TP_EINVAL);
+        tp_value *ab = CONF_INTS(1, 2);
+        CHECK_STATUS(tp_remote(tp_to_rank(1), "add", ab, NULL, -2.0, &rr), TP_EINVAL);
+        CHECK(rr == NULL);
+        if (CHECK_OK(tp_remote(tp_to_rank(1), "add", ab, NULL, TP_TIMEOUT_DEFAULT, &rr))) {
+            tp_value *v = NULL;
+            CHECK_STATUS(tp_rref_to_here(rr, -2.0, &v), TP_EINVAL);
+            CHECK(v == NULL);
+            if (CHECK_OK(tp_rref_to_here(rr, TP_TIMEOUT_DEFAULT, &v))) {
+                int64_t got = 0;
+                CHECK(tp_value_get_int(v, &got) == TP_OK && got == 3);
+            }
+            tp_value_free(v);
+            tp_rref_release(rr);
+        }
+        tp_value_free(ab);
         tp_value_free(notlist);
         tp_value_free(res);
         CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
