@@ -15,7 +15,6 @@
 #include "registry.h"
 
 struct tp_call {
-    tp_core *core;
     tp_worker_info caller;
     const char *fn;
     const tp_value *self; /* the object, for methods */
@@ -170,7 +169,6 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
         tpi_format(full, sizeof full, "%s.%s", class_name, m->text);
     tp_call call;
     memset(&call, 0, sizeof call);
-    call.core = c;
     call.caller = c->infos[src];
     call.fn = class_name ? full : m->text;
     call.self = object;

@@ -17,10 +17,14 @@
 /* How long the served function runs; shutdown must outlast it, not spin. */
 #define SLOW_S 0.1
 
+/* slow([seconds]): sleeps that long (SLOW_S without an argument). */
 static tp_status slow_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
                          tp_value **result, void *ud) {
-    (void)call, (void)args, (void)kwargs, (void)ud;
-    tp_status st = tp_sleep(SLOW_S);
+    (void)call, (void)kwargs, (void)ud;
+    double s = SLOW_S;
+    if (tp_list_len(args) > 0)
+        (void)tp_value_get_float(tp_list_get(args, 0), &s);
+    tp_status st = tp_sleep(s);
     *result = tp_value_nil();
     return st;
 }
@@ -89,9 +93,61 @@ static void test_shutdown_drain_with_every_peer_dead(void **state) {
     assert_true(out.shutdown_ns <= (uint64_t)(SLOW_S * 1e9) + 50 * MS);
 }
 
+/*
+ * SHUTDOWN-2: the barrier and the drain each get the whole shutdown timeout.
+ * w0 waits 0.8 s of its 1 s in the barrier for w1, which arrives with a
+ * 0.55 s call to w0 in flight: the drain must wait it out (to about 1.35 s),
+ * not stop at the barrier's deadline with TP_ETIMEDOUT.
+ */
+static tp_status phase_status[2];
+static char phase_msg[2][TP_ERRMSG_LEN_MAX];
+
+static int phases_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, 1.0) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 1) {
+        CHECK(tp_sleep(0.75) == TP_OK);
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(0.55));
+        CHECK(tp_rpc_async(tp_to_rank(0), "slow", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+        tp_value_free(args);
+        tp_future_free(f); /* goes on: the drain must wait for it */
+        CHECK(tp_sleep(0.05) == TP_OK);
+    }
+    phase_status[rank] = tp_shutdown(1);
+    snprintf(phase_msg[rank], sizeof phase_msg[rank], "%s", tp_errmsg());
+    return 0;
+}
+
+static void test_shutdown_each_phase_has_the_timeout(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 3};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, phases_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    for (int r = 0; r < 2; r++) {
+        if (phase_status[r] != TP_OK)
+            print_message("w%d: %s: %s\n", r, tp_status_name(phase_status[r]), phase_msg[r]);
+        assert_int_equal(phase_status[r], TP_OK);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_each_phase_has_the_timeout, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
