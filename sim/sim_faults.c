@@ -14,7 +14,7 @@
 #include "sim_internal.h"
 
 enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP, F_ISOLATE, F_SPLIT, F_FAILSEND,
-       F_DELAYTYPE, F_PAUSE };
+       F_DELAYTYPE, F_PAUSE, F_CHAOS };
 
 /* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
 static const char *const type_names[TPI_SIM_MSG_TYPES] = {
@@ -74,6 +74,12 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
             return TP_EINVAL;
         }
         return TP_OK;
+    case F_CHAOS:
+        if ((uint64_t)f->a + f->b + f->per_million > 1000000) {
+            tpi_format(errmsg, errmsg_len, "chaos rates add up to more than 1000000 per million");
+            return TP_EINVAL;
+        }
+        /* fallthrough */
     case F_DROP:
         if (f->t0_ns >= f->t1_ns)
             goto bad_window;
@@ -174,6 +180,15 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
         tpi_sim_schedule(sim, &e);
         return TP_OK;
     }
+    case F_CHAOS:
+        tpi_sim_trace(sim, "plan chaos drop=%u dup=%u reorder=%u start=%llu end=%llu", f->a, f->b,
+                      f->per_million, (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
+        sim->chaos_drop_pm = f->a;
+        sim->chaos_dup_pm = f->b;
+        sim->chaos_reorder_pm = f->per_million;
+        sim->chaos_start_ns = f->t0_ns;
+        sim->chaos_end_ns = f->t1_ns;
+        return TP_OK;
     case F_FAILSEND:
         tpi_sim_trace(sim, "plan failsend type=%u count=%u from=%llu until=%llu", f->a,
                       f->per_million, (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
@@ -455,6 +470,7 @@ static const plan_spec plan_specs[] = {
     {"isolate", F_ISOLATE, 3, "isolate HOST START_MS END_MS"},
     {"split", F_SPLIT, 3, "split K START_MS END_MS (hosts below K on one side)"},
     {"pause", F_PAUSE, 3, "pause HOST START_MS END_MS"},
+    {"chaos", F_CHAOS, 5, "chaos DROP_PM DUP_PM REORDER_PM [START_MS END_MS]"},
     {"failsend", F_FAILSEND, 4, "failsend TYPE COUNT [FROM_MS [UNTIL_MS]] (TYPE: request, "
                                 "response, remote, rref_fetch, rref_delete, rref_fork, "
                                 "rref_accept)"},
@@ -471,12 +487,12 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     if (!sp) {
         tpi_format(errmsg, errmsg_len,
                    "unknown fault '%.64s' (expected delay, break, partition, isolate, split, "
-                   "kill, pause, drop, failsend or delaytype)",
+                   "kill, pause, drop, chaos, failsend or delaytype)",
                    fld[0]);
         return TP_EINVAL;
     }
     /* drop's window and failsend's start are optional: from now on without them. */
-    int nargs = (sp->kind == F_DROP && n - 1 == 1) ||
+    int nargs = (sp->kind == F_DROP && n - 1 == 1) || (sp->kind == F_CHAOS && n - 1 == 3) ||
                         (sp->kind == F_FAILSEND && (n - 1 == 2 || n - 1 == 3))
                     ? n - 1
                     : sp->nargs;
@@ -530,12 +546,19 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         [F_ISOLATE] = {"HOST", "START_MS", "END_MS"},
         [F_SPLIT] = {"K", "START_MS", "END_MS"},
         [F_PAUSE] = {"HOST", "START_MS", "END_MS"},
+        [F_CHAOS] = {"DROP_PM", "DUP_PM", "REORDER_PM", "START_MS", "END_MS"},
     };
     /* The leading fields that are integers (hosts, a rate); the rest are times. */
-    int nints = sp->kind == F_DELAY || sp->kind == F_BREAK || sp->kind == F_PARTITION ? 2 : 1;
+    int nints = sp->kind == F_DELAY || sp->kind == F_BREAK || sp->kind == F_PARTITION ? 2
+                : sp->kind == F_CHAOS                                                 ? 3
+                                                                                      : 1;
     uint64_t v[5] = {0, 0, 0, UINT64_MAX, 0};
     if (sp->kind == F_DROP)
         v[2] = UINT64_MAX;
+    if (sp->kind == F_CHAOS) {
+        v[3] = 0;
+        v[4] = UINT64_MAX;
+    }
     for (int i = 0; i < nargs; i++) {
         const char *s = fld[i + 1];
         int ok = i < nints ? parse_uint(s, UINT32_MAX, &v[i]) : parse_ms(s, &v[i]);
@@ -578,6 +601,18 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     case F_PAUSE:
         *out = (tpi_sim_fault_line){
             .kind = sp->kind, .a = (uint32_t)v[0], .t0_ns = v[1], .t1_ns = v[2]};
+        break;
+    case F_CHAOS:
+        if (v[0] > 1000000 || v[1] > 1000000 || v[2] > 1000000) {
+            tpi_format(errmsg, errmsg_len, "chaos rates are per million: 0..1000000");
+            return TP_EINVAL;
+        }
+        *out = (tpi_sim_fault_line){.kind = F_CHAOS,
+                                    .a = (uint32_t)v[0],
+                                    .b = (uint32_t)v[1],
+                                    .per_million = (uint32_t)v[2],
+                                    .t0_ns = v[3],
+                                    .t1_ns = v[4]};
         break;
     }
     return TP_OK;

@@ -64,6 +64,8 @@
  * for a 64-worker world's tasks. Address space, not memory: only the pages a
  * task touched stay resident (a few tens of KiB each). */
 #define TPI_SIM_STACK_CACHE_MAX 256u
+/* The chaos mode holds a reordered or duplicated frame back by up to this. */
+#define TPI_SIM_CHAOS_JITTER_NS 10000000ull
 /* Message types the per-type faults know (wire.md: 1..7), plus the unused 0. */
 #define TPI_SIM_MSG_TYPES 8u
 /* Faults of one kind in a simulation (delay windows are scanned per send). */
@@ -406,6 +408,9 @@ struct tp_sim {
     uint64_t type_delay_ns[TPI_SIM_MSG_TYPES]; /* delaytype: extra latency per type */
     uint32_t drop_per_million;
     uint64_t drop_start_ns, drop_end_ns; /* the loss rate applies in [start, end) */
+    /* The chaos network mode (SIM-5): per million frames in [start, end). */
+    uint32_t chaos_drop_pm, chaos_dup_pm, chaos_reorder_pm;
+    uint64_t chaos_start_ns, chaos_end_ns;
     tp_store *store;
     int store_owned;
     tp_sim_program program;

@@ -202,6 +202,17 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     if (sim->drop_per_million && src != dst && sim->now_ns >= sim->drop_start_ns &&
         sim->now_ns < sim->drop_end_ns)
         doomed = tpi_sim_prng_below(&sim->fault_rng, 1000000) < sim->drop_per_million;
+    /* Chaos mode: beyond TCP, for protocols that claim to survive it. */
+    int chaos = 0; /* 1 drop, 2 duplicate, 3 reorder */
+    uint64_t chaos_extra = 0;
+    if ((sim->chaos_drop_pm | sim->chaos_dup_pm | sim->chaos_reorder_pm) && src != dst &&
+        sim->now_ns >= sim->chaos_start_ns && sim->now_ns < sim->chaos_end_ns && !doomed) {
+        uint64_t r = tpi_sim_prng_below(&sim->fault_rng, 1000000);
+        uint64_t d = sim->chaos_drop_pm, u = d + sim->chaos_dup_pm;
+        chaos = r < d ? 1 : r < u ? 2 : r < u + sim->chaos_reorder_pm ? 3 : 0;
+        if (chaos >= 2)
+            chaos_extra = tpi_sim_prng_below(&sim->fault_rng, TPI_SIM_CHAOS_JITTER_NS);
+    }
     m->id = ++sim->next_msg_id;
     m->frame = f;
     m->src_host = src;
@@ -243,6 +254,24 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
             tpi_sim_schedule(sim, &e);
         }
     }
+    if (chaos == 1) { /* gone, and the connection does not notice */
+        tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=chaos", (unsigned long long)m->id, src,
+                      dst);
+        sim->fired[TP_SIM_FAULT_CHAOS_DROP]++;
+        tpi_sim_msg_free(m);
+        return TP_OK;
+    }
+    if (chaos == 3) { /* held back: later frames may pass it */
+        sim->fired[TP_SIM_FAULT_CHAOS_REORDER]++;
+        arrive = sat_add(arrive, chaos_extra);
+        tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu "
+                      "chaos=reorder",
+                      (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
+                      (unsigned long long)arrive);
+        tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
+        tpi_sim_schedule(sim, &e);
+        return TP_OK;
+    }
     /* A frame chosen for loss is found lost when it would have arrived, not
      * behind the frames queued before it (a loss drawn inside a fault window
      * never surfaces long after it); the break it causes loses those too.
@@ -257,6 +286,24 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
         link->last_arrival_ns = arrive;
     tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
     tpi_sim_schedule(sim, &e);
+    if (chaos == 2) { /* and once more, a little later, out of order */
+        tpi_sim_msg *copy = calloc(1, sizeof *copy);
+        tp_frame *cf = copy ? tp_frame_flatten(f) : NULL;
+        if (cf) {
+            *copy = *m;
+            copy->id = ++sim->next_msg_id;
+            copy->frame = cf;
+            sim->fired[TP_SIM_FAULT_CHAOS_DUP]++;
+            tpi_sim_trace(sim, "duplicate msg=%llu of=%llu arrive=%llu",
+                          (unsigned long long)copy->id, (unsigned long long)m->id,
+                          (unsigned long long)sat_add(arrive, chaos_extra));
+            tpi_sim_event e2 = {
+                .kind = TPI_SIM_EV_DELIVER, .time_ns = sat_add(arrive, chaos_extra), .p = copy};
+            tpi_sim_schedule(sim, &e2);
+        } else {
+            free(copy);
+        }
+    }
     return TP_OK;
 }
 

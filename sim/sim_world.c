@@ -314,6 +314,9 @@ const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind) {
         [TP_SIM_FAULT_DROP] = "drop",
         [TP_SIM_FAULT_FAILSEND] = "failsend",
         [TP_SIM_FAULT_PAUSE] = "pause",
+        [TP_SIM_FAULT_CHAOS_DROP] = "chaos_drop",
+        [TP_SIM_FAULT_CHAOS_DUP] = "chaos_dup",
+        [TP_SIM_FAULT_CHAOS_REORDER] = "chaos_reorder",
     };
     return (unsigned)kind < TP_SIM_FAULT_KINDS_ ? names[kind] : "?";
 }

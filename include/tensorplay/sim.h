@@ -118,6 +118,9 @@ typedef enum tp_sim_fault_kind {
     TP_SIM_FAULT_DROP,          /* a frame was lost (and its connection broke) */
     TP_SIM_FAULT_FAILSEND,      /* a frame of a listed type failed to send (failsend) */
     TP_SIM_FAULT_PAUSE,         /* a host was paused (slow, not dead) */
+    TP_SIM_FAULT_CHAOS_DROP,    /* chaos mode: a frame vanished, its connection intact */
+    TP_SIM_FAULT_CHAOS_DUP,     /* chaos mode: a frame was delivered twice */
+    TP_SIM_FAULT_CHAOS_REORDER, /* chaos mode: a frame was held back past later ones */
     TP_SIM_FAULT_KINDS_
 } tp_sim_fault_kind;
 uint64_t tp_sim_fault_count(const tp_sim *sim, tp_sim_fault_kind kind);
