@@ -13,8 +13,19 @@
 
 #include "sim_internal.h"
 
-enum { F_DELAY = 1, F_BREAK, F_PARTITION, F_KILL, F_DROP, F_ISOLATE, F_SPLIT, F_FAILSEND,
-       F_DELAYTYPE, F_PAUSE, F_CHAOS };
+enum {
+    F_DELAY = 1,
+    F_BREAK,
+    F_PARTITION,
+    F_KILL,
+    F_DROP,
+    F_ISOLATE,
+    F_SPLIT,
+    F_FAILSEND,
+    F_DELAYTYPE,
+    F_PAUSE,
+    F_CHAOS
+};
 
 /* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
 static const char *const type_names[TPI_SIM_MSG_TYPES] = {
@@ -56,8 +67,8 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
         return TP_OK;
     case F_SPLIT:
         if (f->a == 0 || f->a >= n) {
-            tpi_format(errmsg, errmsg_len, "split at %u leaves a side empty: hosts are 0..%u",
-                       f->a, n - 1);
+            tpi_format(errmsg, errmsg_len, "split at %u leaves a side empty: hosts are 0..%u", f->a,
+                       n - 1);
             return TP_EINVAL;
         }
         if (f->t0_ns >= f->t1_ns)
@@ -151,8 +162,8 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
         /* Group partitions are the pair partitions across the cut. */
         for (uint32_t x = 0; x < sim->cfg.hosts; x++)
             for (uint32_t y = x + 1; y < sim->cfg.hosts; y++) {
-                int across = f->kind == F_ISOLATE ? (x == f->a) != (y == f->a)
-                                                  : (x < f->a) != (y < f->a);
+                int across =
+                    f->kind == F_ISOLATE ? (x == f->a) != (y == f->a) : (x < f->a) != (y < f->a);
                 if (!across)
                     continue;
                 tpi_sim_fault_line pair = {
@@ -174,7 +185,8 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
         sim->pauses[sim->npauses++] = (tpi_sim_pause){f->a, f->t0_ns, f->t1_ns};
         tpi_sim_trace(sim, "plan pause host=%u start=%llu end=%llu", f->a,
                       (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
-        e = (tpi_sim_event){.kind = TPI_SIM_EV_PAUSE, .time_ns = f->t0_ns, .a = f->a, .x = f->t1_ns};
+        e = (tpi_sim_event){
+            .kind = TPI_SIM_EV_PAUSE, .time_ns = f->t0_ns, .a = f->a, .x = f->t1_ns};
         tpi_sim_schedule(sim, &e);
         e = (tpi_sim_event){.kind = TPI_SIM_EV_UNPAUSE, .time_ns = f->t1_ns, .a = f->a};
         tpi_sim_schedule(sim, &e);
@@ -377,7 +389,7 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
          * connections, as TCP_USER_TIMEOUT makes them (spec/tcp.md). */
         if (e->x - e->time_ns > TPI_SIM_USER_TIMEOUT_NS)
             for (uint32_t p = 0; p < sim->cfg.hosts; p++) {
-                const tpi_sim_link *c = p == e->a ? NULL
+                const tpi_sim_link *c = p == e->a  ? NULL
                                         : p < e->a ? tpi_sim_link_find(sim, p, e->a)
                                                    : tpi_sim_link_find(sim, e->a, p);
                 if (!c)
@@ -471,9 +483,10 @@ static const plan_spec plan_specs[] = {
     {"split", F_SPLIT, 3, "split K START_MS END_MS (hosts below K on one side)"},
     {"pause", F_PAUSE, 3, "pause HOST START_MS END_MS"},
     {"chaos", F_CHAOS, 5, "chaos DROP_PM DUP_PM REORDER_PM [START_MS END_MS]"},
-    {"failsend", F_FAILSEND, 4, "failsend TYPE COUNT [FROM_MS [UNTIL_MS]] (TYPE: request, "
-                                "response, remote, rref_fetch, rref_delete, rref_fork, "
-                                "rref_accept)"},
+    {"failsend", F_FAILSEND, 4,
+     "failsend TYPE COUNT [FROM_MS [UNTIL_MS]] (TYPE: request, "
+     "response, remote, rref_fetch, rref_delete, rref_fork, "
+     "rref_accept)"},
     {"delaytype", F_DELAYTYPE, 2, "delaytype TYPE EXTRA_MS"},
 };
 

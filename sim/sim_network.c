@@ -264,7 +264,8 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     if (chaos == 3) { /* held back: later frames may pass it */
         sim->fired[TP_SIM_FAULT_CHAOS_REORDER]++;
         arrive = sat_add(arrive, chaos_extra);
-        tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu "
+        tpi_sim_trace(sim,
+                      "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu "
                       "chaos=reorder",
                       (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
                       (unsigned long long)arrive);

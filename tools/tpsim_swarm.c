@@ -367,12 +367,19 @@ typedef struct swarm_opts {
     int expect_failure;
     const char *trace_path;
     const char *canary;
+    const char *plan_text; /* --plan: replaces the seed's drawn fault plan */
+    uint32_t calls;        /* --calls: replaces the drawn calls per worker (0: drawn) */
+    int shrink;
 } swarm_opts;
 
-/* Runs one seed; fills *run's outcome and adds to *stats. */
-static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE *out) {
+/* Runs one seed; fills *run's outcome and adds to *stats. Returns 1 when it failed. */
+static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE *out) {
     swarm_cfg cfg;
     draw_cfg(seed, o->workers, &cfg);
+    if (o->plan_text)
+        snprintf(cfg.plan, sizeof cfg.plan, "%s", o->plan_text);
+    if (o->calls)
+        cfg.calls = o->calls;
     swarm_run run;
     memset(&run, 0, sizeof run);
     run.cfg = &cfg;
@@ -457,6 +464,105 @@ static void run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FIL
         stats->failed++;
         fprintf(out, "FAIL seed=%" PRIu64 ": %s\n", seed, run.w.first);
     }
+    return run.w.failed != 0;
+}
+
+/* ---- Shrinking a failing seed -------------------------------------------------------- */
+
+#define SHRINK_LINES_MAX 64
+
+/*
+ * Delta debugging on a failing seed: drops fault-plan lines one at a time
+ * while the seed still fails, then halves the calls per worker while it
+ * still fails. The world (workers, knobs, the workload's draws) stays the
+ * seed's, so the result replays with --plan and --calls.
+ */
+static int shrink_seed(const swarm_opts *o, uint64_t seed) {
+    swarm_cfg cfg;
+    draw_cfg(seed, o->workers, &cfg);
+    char plan[SWARM_PLAN_MAX];
+    snprintf(plan, sizeof plan, "%s", o->plan_text ? o->plan_text : cfg.plan);
+    uint32_t calls = o->calls ? o->calls : cfg.calls;
+    FILE *quiet = fopen("/dev/null", "w");
+    if (!quiet)
+        return 2;
+    swarm_opts q = *o;
+    q.verbose = 0;
+    q.trace_path = NULL;
+    q.calls = calls;
+    q.plan_text = plan;
+    swarm_stats st;
+    memset(&st, 0, sizeof st);
+    unsigned runs = 1;
+    if (!run_seed(&q, seed, &st, quiet)) {
+        printf("shrink: seed %" PRIu64 " does not fail: nothing to shrink\n", seed);
+        fclose(quiet);
+        return 1;
+    }
+    char lines[SHRINK_LINES_MAX][256];
+    int n = 0;
+    for (char *p = plan; *p && n < SHRINK_LINES_MAX;) {
+        size_t len = strcspn(p, "\n");
+        snprintf(lines[n], sizeof lines[n], "%.*s", (int)len, p);
+        n++;
+        p += len + (p[len] == '\n');
+    }
+    int orig_lines = n;
+    uint8_t keep[SHRINK_LINES_MAX];
+    memset(keep, 1, sizeof keep);
+    char cand[SWARM_PLAN_MAX];
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < n; i++) {
+            if (!keep[i])
+                continue;
+            size_t off = 0;
+            cand[0] = '\0';
+            for (int j = 0; j < n; j++)
+                if (keep[j] && j != i)
+                    off += (size_t)snprintf(cand + off, sizeof cand - off, "%s\n", lines[j]);
+            q.plan_text = cand;
+            runs++;
+            if (run_seed(&q, seed, &st, quiet)) {
+                keep[i] = 0;
+                changed = 1;
+            }
+        }
+    }
+    size_t off = 0;
+    plan[0] = '\0';
+    int kept = 0;
+    for (int j = 0; j < n; j++)
+        if (keep[j]) {
+            off += (size_t)snprintf(plan + off, sizeof plan - off, "%s\n", lines[j]);
+            kept++;
+        }
+    q.plan_text = plan;
+    while (calls > 1) {
+        q.calls = calls / 2;
+        runs++;
+        if (!run_seed(&q, seed, &st, quiet))
+            break;
+        calls /= 2;
+    }
+    fclose(quiet);
+    char path[64];
+    snprintf(path, sizeof path, "seed-%" PRIu64 ".plan", seed);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(plan, f);
+        fclose(f);
+    }
+    printf("shrink: seed %" PRIu64 " still fails with %d of %d plan lines and %u calls per worker "
+           "(%u runs)\n",
+           seed, kept, orig_lines, calls, runs);
+    for (int j = 0; j < n; j++)
+        if (keep[j])
+            printf("  %s\n", lines[j]);
+    printf("  replay: tpsim%s swarm --seeds %" PRIu64 " --plan %s --calls %u%s%s --verbose\n",
+           o->canary ? "_canary" : "", seed, f ? path : "(could not write the plan)", calls,
+           o->canary ? " --canary " : "", o->canary ? o->canary : "");
+    return 0;
 }
 
 /* ---- Many seeds ------------------------------------------------------------------ */
@@ -632,6 +738,7 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
 static int swarm_usage(FILE *out) {
     fprintf(out, "usage: tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
                  "                   [--trace FILE] [--canary NAME] [--expect-failure]\n"
+                 "                   [--plan FILE] [--calls N] [--shrink]\n"
                  "\n"
                  "Runs one randomized world per seed: chaos (faults), heal, liveness, graceful\n"
                  "shutdown, then the oracle's final checks. Prints each failing seed with its\n"
@@ -645,6 +752,10 @@ static int swarm_usage(FILE *out) {
                  "  --verbose      print every seed, not only failing ones\n"
                  "  --trace FILE   write the canonical trace (one seed only)\n"
                  "  --canary NAME  run a deliberately broken core (tpsim_canary only)\n"
+                 "  --plan FILE    use this fault plan instead of the seed's drawn one\n"
+                 "  --calls N      every worker issues N chaos calls instead of the drawn count\n"
+                 "  --shrink       one failing seed: drop plan lines and halve the calls while it\n"
+                 "                 still fails; print the smallest and write seed-S.plan\n"
                  "  --expect-failure  succeed only when some seed fails (for canaries)\n");
     return out == stdout ? 0 : 2;
 }
@@ -665,6 +776,7 @@ int tpsim_swarm_main(int argc, char **argv) {
     swarm_opts o;
     memset(&o, 0, sizeof o);
     o.jobs = 1;
+    char *plan_buf = NULL; /* --plan's text; freed at exit by the process */
     int have_seeds = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -711,6 +823,31 @@ int tpsim_swarm_main(int argc, char **argv) {
         } else if (strcmp(a, "--canary") == 0 && v) {
             o.canary = v;
             i++;
+        } else if (strcmp(a, "--shrink") == 0) {
+            o.shrink = 1;
+        } else if (strcmp(a, "--calls") == 0 && v) {
+            if (!parse_u64_arg(v, &n) || n < 1 || n > 100000) {
+                fprintf(stderr, "tpsim swarm: --calls '%s': expected 1..100000\n", v);
+                return 2;
+            }
+            o.calls = (uint32_t)n;
+            i++;
+        } else if (strcmp(a, "--plan") == 0 && v) {
+            FILE *pf = fopen(v, "r");
+            if (!pf) {
+                fprintf(stderr, "tpsim swarm: --plan %s: %s\n", v, strerror(errno));
+                return 2;
+            }
+            plan_buf = calloc(1, SWARM_PLAN_MAX);
+            size_t got = plan_buf ? fread(plan_buf, 1, SWARM_PLAN_MAX - 1, pf) : 0;
+            fclose(pf);
+            if (!plan_buf || got == SWARM_PLAN_MAX - 1) {
+                fprintf(stderr, "tpsim swarm: --plan %s: larger than %d bytes\n", v,
+                        SWARM_PLAN_MAX - 1);
+                return 2;
+            }
+            o.plan_text = plan_buf;
+            i++;
         } else {
             fprintf(stderr, "tpsim swarm: unknown or incomplete option '%s'\n", a);
             return swarm_usage(stderr);
@@ -719,6 +856,10 @@ int tpsim_swarm_main(int argc, char **argv) {
     if (!have_seeds) {
         fprintf(stderr, "tpsim swarm: --seeds is required\n");
         return swarm_usage(stderr);
+    }
+    if (o.shrink && o.from != o.to) {
+        fprintf(stderr, "tpsim swarm: --shrink takes one seed (--seeds S)\n");
+        return 2;
     }
     if (o.trace_path && o.from != o.to) {
         fprintf(stderr, "tpsim swarm: --trace takes one seed (--seeds S)\n");
@@ -745,6 +886,11 @@ int tpsim_swarm_main(int argc, char **argv) {
 #endif
     }
     tp_register_builtin_backends();
+    if (o.shrink) {
+        int src = shrink_seed(&o, o.from);
+        free(plan_buf);
+        return src;
+    }
     swarm_stats stats;
     memset(&stats, 0, sizeof stats);
     double t0 = wall_now();
