@@ -417,6 +417,7 @@ void tpi_deadlines_run(tp_core *c) {
         tpi_format(msg, sizeof msg, "%s to %s%s%s%s: timed out after %g ms", call->what,
                    tpi_worker_desc(c, call->dst, who, sizeof who), call->fn[0] ? ", function '" : "",
                    call->fn, call->fn[0] ? "'" : "", call->timeout_s * 1000.0);
+        c->unflushed[call->dst] = 1; /* its request may still be on the wire */
         if (TPI_CANARY(TPI_CANARY_DOUBLE_COMPLETE) && call->type == TPI_MSG_REQUEST) {
             heap_remove(c, call); /* broken: the call stays for its late reply */
             call->deadline_ns = TPI_NO_DEADLINE;

@@ -185,6 +185,8 @@ struct tp_core {
     tp_worker_info *infos; /* by id; set at the end of init */
     uint32_t *by_name;     /* ids sorted by name, for lookups */
     uint8_t *peer_dead;    /* lock: 1 once a peer is known dead */
+    uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still
+                            * be on the wire, where no counter shows it (SHUTDOWN-5) */
     tp_options *opts;
     double default_timeout_s; /* lock */
     uint64_t max_msg;

@@ -35,6 +35,7 @@ void tpi_core_free(tp_core *c) {
     free(c->infos);
     free(c->by_name);
     free(c->peer_dead);
+    free(c->unflushed);
     free(c->inflight);
     free(c->nwaiting);
     tp_options_free(c->opts);
@@ -62,6 +63,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->infos = calloc(world, sizeof *c->infos);
     c->by_name = calloc(world, sizeof *c->by_name);
     c->peer_dead = calloc(world, 1);
+    c->unflushed = calloc(world, 1);
     c->inflight = calloc(world, sizeof *c->inflight);
     c->nwaiting = calloc(world, sizeof *c->nwaiting);
     c->opts = opts ? tp_options_clone(opts) : tp_options_new();
@@ -69,7 +71,8 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->owners);
     tpi_idmap_init(&c->children);
     c->armed_ns = TPI_NO_DEADLINE;
-    if (!c->infos || !c->by_name || !c->peer_dead || !c->inflight || !c->nwaiting || !c->opts) {
+    if (!c->infos || !c->by_name || !c->peer_dead || !c->unflushed || !c->inflight ||
+        !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);
         tpi_core_free(c);
         return NULL;

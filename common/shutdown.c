@@ -58,6 +58,55 @@ static tp_status drain_pause(tp_core *c, uint64_t *pause, uint64_t deadline) {
     return st == TP_ETIMEDOUT ? TP_OK : st;
 }
 
+/*
+ * A request whose caller gave up (its call timed out) may still be on the
+ * wire: no counter shows it, not the caller's (the call ended) nor the
+ * callee's (it has not arrived), so a drain could call the world quiet and
+ * the request start a function afterwards. A ping to that peer goes on the
+ * same connection and is answered only after the peer took every frame sent
+ * before it (AGENT-8 order), so once it comes back every such request is
+ * counted by its callee or was lost with the connection. A ping that times
+ * out leaves the peer unflushed for the next round (the drain's deadline
+ * bounds it).
+ */
+static tp_status drain_flush(tp_core *c, uint64_t deadline) {
+    tp_future **fs = calloc(c->world_size, sizeof *fs);
+    uint32_t *peer = calloc(c->world_size, sizeof *peer);
+    if (!fs || !peer) {
+        free(fs);
+        free(peer);
+        return tpi_fail(TP_ENOMEM, "shutdown drain: out of memory");
+    }
+    uint32_t n = 0;
+    tpi_lock(c);
+    uint64_t now = tpi_now(c);
+    double left_s = deadline == TPI_NO_DEADLINE ? TP_TIMEOUT_INFINITE
+                    : deadline > now            ? (double)(deadline - now) / 1e9
+                                                : 1e-9;
+    for (uint32_t p = 0; p < c->world_size; p++) {
+        if (!c->unflushed[p] || c->peer_dead[p])
+            continue;
+        c->unflushed[p] = 0;
+        if (tpi_start_request(c, p, "shutdown flush", TPI_PING_FN, 0, NULL, NULL, left_s,
+                              &fs[n]) == TP_OK)
+            peer[n++] = p;
+    }
+    tp_status st = TP_OK;
+    for (uint32_t i = 0; i < n; i++) {
+        tp_status w = tpi_future_wait_locked(c, fs[i], TPI_NO_DEADLINE); /* the ping's own */
+        if (w != TP_OK && st == TP_OK)
+            st = w; /* teardown */
+        if (atomic_load(&fs[i]->done) && fs[i]->status == TP_ETIMEDOUT)
+            c->unflushed[peer[i]] = 1; /* still unknown: look again next round */
+    }
+    tpi_unlock(c);
+    for (uint32_t i = 0; i < n; i++)
+        tp_future_free(fs[i]);
+    free(fs);
+    free(peer);
+    return st;
+}
+
 static tp_status publish(tp_core *c, const char *key, const char *val) {
     tp_status st = c->store->ops->set(c->store, key, val, strlen(val));
     if (st != TP_OK)
@@ -104,6 +153,8 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
     tp_status st = TP_OK;
     for (uint32_t round = 0; round < DRAIN_ROUNDS_MAX; round++) {
         st = wait_local_quiet(c, deadline);
+        if (st == TP_OK)
+            st = drain_flush(c, deadline);
         if (st != TP_OK)
             break;
         if (drain_done_elsewhere(c))

@@ -24,7 +24,9 @@ enum {
     F_FAILSEND,
     F_DELAYTYPE,
     F_PAUSE,
-    F_CHAOS
+    F_CHAOS,
+    F_LATENCY,
+    F_BANDWIDTH
 };
 
 /* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
@@ -82,6 +84,20 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
         if (f->a == 0 || f->a >= TPI_SIM_MSG_TYPES) {
             tpi_format(errmsg, errmsg_len, "message type %u out of range 1..%u", f->a,
                        TPI_SIM_MSG_TYPES - 1);
+            return TP_EINVAL;
+        }
+        return TP_OK;
+    case F_LATENCY:
+    case F_BANDWIDTH:
+        if ((f->a != UINT32_MAX && f->a >= n) || (f->b != UINT32_MAX && f->b >= n))
+            goto bad_host;
+        if (f->kind == F_LATENCY && f->t0_ns > f->t1_ns) {
+            tpi_format(errmsg, errmsg_len, "latency MIN %llu ns is above MAX %llu ns",
+                       (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns);
+            return TP_EINVAL;
+        }
+        if (f->kind == F_BANDWIDTH && f->extra_ns == 0) {
+            tpi_format(errmsg, errmsg_len, "bandwidth must be above 0 Mbit/s");
             return TP_EINVAL;
         }
         return TP_OK;
@@ -190,6 +206,32 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
         tpi_sim_schedule(sim, &e);
         e = (tpi_sim_event){.kind = TPI_SIM_EV_UNPAUSE, .time_ns = f->t1_ns, .a = f->a};
         tpi_sim_schedule(sim, &e);
+        return TP_OK;
+    }
+    case F_LATENCY:
+    case F_BANDWIDTH: {
+        if (sim->nrules == TPI_SIM_DELAYS_MAX)
+            return tpi_fail(TP_ELIMIT, "more than %u link rules", TPI_SIM_DELAYS_MAX);
+        if (sim->nrules == sim->rules_cap) {
+            uint32_t cap = sim->rules_cap ? sim->rules_cap * 2 : 8;
+            tpi_sim_link_rule *r = realloc(sim->rules, cap * sizeof *r);
+            if (!r)
+                return tpi_fail(TP_ENOMEM, "out of memory adding a link rule");
+            sim->rules = r;
+            sim->rules_cap = cap;
+        }
+        tpi_sim_link_rule r = {.from = f->a,
+                               .to = f->b,
+                               .bandwidth = f->kind == F_BANDWIDTH,
+                               .dist = (tpi_sim_dist)f->per_million,
+                               .min_ns = f->t0_ns,
+                               .max_ns = f->t1_ns,
+                               .bits_per_s = f->extra_ns};
+        sim->rules[sim->nrules++] = r;
+        tpi_sim_trace(sim, "plan %s from=%d to=%d dist=%u min=%llu max=%llu bits=%llu",
+                      r.bandwidth ? "bandwidth" : "latency", (int)f->a, (int)f->b, f->per_million,
+                      (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns,
+                      (unsigned long long)f->extra_ns);
         return TP_OK;
     }
     case F_CHAOS:
@@ -483,6 +525,8 @@ static const plan_spec plan_specs[] = {
     {"split", F_SPLIT, 3, "split K START_MS END_MS (hosts below K on one side)"},
     {"pause", F_PAUSE, 3, "pause HOST START_MS END_MS"},
     {"chaos", F_CHAOS, 5, "chaos DROP_PM DUP_PM REORDER_PM [START_MS END_MS]"},
+    {"latency", F_LATENCY, 5, "latency FROM|* TO|* MIN_MS MAX_MS fixed|uniform|longtail"},
+    {"bandwidth", F_BANDWIDTH, 3, "bandwidth FROM|* TO|* MBIT_PER_S"},
     {"failsend", F_FAILSEND, 4,
      "failsend TYPE COUNT [FROM_MS [UNTIL_MS]] (TYPE: request, "
      "response, remote, rref_fetch, rref_delete, rref_fork, "
@@ -500,7 +544,7 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     if (!sp) {
         tpi_format(errmsg, errmsg_len,
                    "unknown fault '%.64s' (expected delay, break, partition, isolate, split, "
-                   "kill, pause, drop, chaos, failsend or delaytype)",
+                   "kill, pause, drop, chaos, failsend, delaytype, latency or bandwidth)",
                    fld[0]);
         return TP_EINVAL;
     }
@@ -516,6 +560,41 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     }
     memset(out, 0, sizeof *out);
     out->kind = sp->kind;
+    if (sp->kind == F_LATENCY || sp->kind == F_BANDWIDTH) { /* hosts may be '*' */
+        uint64_t h[2];
+        for (int i = 0; i < 2; i++) {
+            if (strcmp(fld[1 + i], "*") == 0) {
+                h[i] = UINT32_MAX;
+            } else if (!parse_uint(fld[1 + i], UINT32_MAX - 1, &h[i])) {
+                tpi_format(errmsg, errmsg_len, "%s: '%.64s' is not a host or *", i ? "TO" : "FROM",
+                           fld[1 + i]);
+                return TP_EINVAL;
+            }
+        }
+        out->a = (uint32_t)h[0];
+        out->b = (uint32_t)h[1];
+        if (sp->kind == F_BANDWIDTH) {
+            uint64_t mbit;
+            if (!parse_uint(fld[3], 1000000000, &mbit)) {
+                tpi_format(errmsg, errmsg_len, "MBIT_PER_S: '%.64s' is not an integer", fld[3]);
+                return TP_EINVAL;
+            }
+            out->extra_ns = mbit * 1000000; /* bits per second */
+            return TP_OK;
+        }
+        static const char *const dists[] = {"fixed", "uniform", "longtail"};
+        int d = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(fld[5], dists[i]) == 0)
+                d = i;
+        if (d < 0 || !parse_ms(fld[3], &out->t0_ns) || !parse_ms(fld[4], &out->t1_ns)) {
+            tpi_format(errmsg, errmsg_len,
+                       "expected MIN_MS MAX_MS fixed|uniform|longtail (usage: %s)", sp->usage);
+            return TP_EINVAL;
+        }
+        out->per_million = (uint32_t)d;
+        return TP_OK;
+    }
     if (sp->kind == F_FAILSEND || sp->kind == F_DELAYTYPE) { /* TYPE, then a count or a time */
         uint64_t type = 0, v = 0;
         for (uint32_t t = 1; t < TPI_SIM_MSG_TYPES; t++)

@@ -228,7 +228,19 @@ typedef struct tpi_sim_link {
     uint32_t partitions;      /* partitions in force (they may overlap) */
     uint64_t partition_end_ns; /* the latest end of those in force (UINT64_MAX: never) */
     uint64_t stall_epoch;     /* epoch + 1 whose stall break is scheduled, 0: none */
+    uint64_t tx_free_ns;      /* bandwidth: when this direction finishes its last frame */
 } tpi_sim_link;
+
+/* A link rule from a plan (latency or bandwidth), for FROM -> TO; a host of
+ * UINT32_MAX matches every host. The last matching rule of a kind wins. */
+typedef enum { TPI_SIM_DIST_FIXED, TPI_SIM_DIST_UNIFORM, TPI_SIM_DIST_LONGTAIL } tpi_sim_dist;
+typedef struct tpi_sim_link_rule {
+    uint32_t from, to;
+    int bandwidth;       /* 1: a bandwidth rule; 0: a latency rule */
+    tpi_sim_dist dist;   /* latency: how it is drawn in [min, max] */
+    uint64_t min_ns, max_ns;
+    uint64_t bits_per_s; /* bandwidth */
+} tpi_sim_link_rule;
 
 /* A message in flight. The frame stays the sender's until delivery. */
 typedef struct tpi_sim_msg {
@@ -401,6 +413,8 @@ struct tp_sim {
     uint32_t ndelays, delays_cap;
     tpi_sim_pause *pauses;
     uint32_t npauses, pauses_cap;
+    tpi_sim_link_rule *rules;
+    uint32_t nrules, rules_cap;
     uint64_t fired[TP_SIM_FAULT_KINDS_]; /* tp_sim_fault_count */
     uint32_t fail_sends[TPI_SIM_MSG_TYPES];    /* failsend: frames of each type still to lose */
     uint64_t fail_from_ns[TPI_SIM_MSG_TYPES];  /* failsend: in [from, until) */

@@ -161,6 +161,42 @@ void tpi_sim_net_closed(tp_sim *sim, uint32_t host) {
     }
 }
 
+/* ---- Link rules: latency distributions and bandwidth (SIM-5) ---------------------- */
+
+static const tpi_sim_link_rule *rule_for(const tp_sim *sim, uint32_t src, uint32_t dst,
+                                         int bandwidth) {
+    for (uint32_t i = sim->nrules; i-- > 0;) {
+        const tpi_sim_link_rule *r = &sim->rules[i];
+        if (r->bandwidth == bandwidth && (r->from == UINT32_MAX || r->from == src) &&
+            (r->to == UINT32_MAX || r->to == dst))
+            return r;
+    }
+    return NULL;
+}
+
+/* One latency draw from a rule, on the network stream (only when a rule
+ * applies, so worlds without rules keep their draws). */
+static uint64_t draw_latency(tp_sim *sim, const tpi_sim_link_rule *r) {
+    uint64_t span = r->max_ns - r->min_ns;
+    switch (r->dist) {
+    case TPI_SIM_DIST_FIXED:
+        return r->min_ns;
+    case TPI_SIM_DIST_UNIFORM:
+        return r->min_ns + (span ? tpi_sim_prng_below(&sim->net_rng, span + 1) : 0);
+    case TPI_SIM_DIST_LONGTAIL: {
+        /* Most frames near min, a few near max: span / 2^k with k geometric
+         * (a coin per step), times a uniform fraction. */
+        uint64_t x = span;
+        while (x > 1 && (tpi_sim_prng_next(&sim->net_rng) & 1))
+            x /= 2;
+        uint64_t scale = span > 1 ? span / x : 1;
+        uint64_t v = span ? tpi_sim_prng_below(&sim->net_rng, span + 1) / scale : 0;
+        return r->min_ns + v;
+    }
+    }
+    return r->min_ns;
+}
+
 /* ---- Sending (AGENT-8) ---------------------------------------------------------- */
 
 static uint8_t frame_type(const tp_frame *f) {
@@ -224,6 +260,20 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     m->doomed = doomed;
     uint64_t arrive = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
     arrive = sat_add(arrive, jitter);
+    if (sim->nrules && src != dst) {
+        const tpi_sim_link_rule *lat = rule_for(sim, src, dst, 0);
+        const tpi_sim_link_rule *bw = rule_for(sim, src, dst, 1);
+        if (lat) /* the rule's latency replaces the default one */
+            arrive = sat_add(sim->now_ns, draw_latency(sim, lat));
+        if (bw) {
+            /* The bytes leave one after another: a frame starts when the link
+             * has sent the previous one, and takes len / bandwidth. */
+            uint64_t start = link->tx_free_ns > sim->now_ns ? link->tx_free_ns : sim->now_ns;
+            uint64_t tx_ns = (uint64_t)((double)f->len * 8.0 * 1e9 / (double)bw->bits_per_s);
+            link->tx_free_ns = sat_add(start, tx_ns);
+            arrive = sat_add(arrive, link->tx_free_ns - sim->now_ns);
+        }
+    }
     uint64_t extra = tpi_sim_fault_delay_ns(sim, src, dst);
     uint8_t type = frame_type(f);
     if (type < TPI_SIM_MSG_TYPES && src != dst) { /* the faulty-agent faults, by type */

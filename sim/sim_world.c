@@ -139,6 +139,7 @@ void tp_sim_free(tp_sim *sim) {
     free(sim->tasks);
     free(sim->delays);
     free(sim->pauses);
+    free(sim->rules);
     free(sim->hosts);
     if (sim->store && sim->store_owned)
         sim->store->ops->close(sim->store);

@@ -205,6 +205,15 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
             plan_add(c, TP_SIM_FAULT_DELAY, "delay %u %u %.3f %.3f %u", x, y, a, b,
                      extra_ms[below(&s, 4)]);
         }
+    if (below(&s, 4) == 0) { /* a slower, jittery network, all run long */
+        static const char *const tails[] = {"1", "10", "50"};
+        plan_add(c, TP_SIM_FAULT_DELAY, "latency * * 0.02 %s %s", tails[below(&s, 3)],
+                 below(&s, 2) ? "longtail" : "uniform");
+    }
+    if (below(&s, 4) == 0) { /* so a 1 MiB payload takes simulated time */
+        static const unsigned mbits[] = {100, 1000, 10000};
+        plan_add(c, TP_SIM_FAULT_DELAY, "bandwidth * * %u", mbits[below(&s, 3)]);
+    }
     if (below(&s, 3) == 0) { /* slow, not dead: a host stops and resumes */
         draw_window(&s, c->heal_ns, &a, &b);
         plan_add(c, TP_SIM_FAULT_PAUSE, "pause %u %.3f %.3f", (unsigned)below(&s, n), a, b);

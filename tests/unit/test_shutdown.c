@@ -144,10 +144,59 @@ static void test_shutdown_each_phase_has_the_timeout(void **state) {
     }
 }
 
+/*
+ * SHUTDOWN-5: a request whose caller gave up (a 1 ms timeout on a 300 ms
+ * link) is still on the wire when both workers shut down, and arrives after
+ * every drain ended: it must be dropped or refused, never run while a drain
+ * says the world is quiet, and nothing may leak or hang (the oracle, SIM-9).
+ * Requests that land during the drain are the swarm's seeds 158 and 192.
+ */
+static int late_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, 10.0) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 1) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(0.02));
+        CHECK(tp_rpc_async(tp_to_rank(0), "slow", args, NULL, 0.001, &f) == TP_OK);
+        tp_value_free(args);
+        (void)tp_future_wait(f, TP_TIMEOUT_INFINITE);
+        CHECK(tp_future_status(f) == TP_ETIMEDOUT); /* gave up; the request goes on */
+        tp_future_free(f);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_shutdown_drain_sees_requests_in_flight(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 4};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    assert_int_equal(tp_sim_load_faults(sim, "latency 1 0 300 300 fixed\n", err, sizeof err),
+                     TP_OK);
+    assert_int_equal(tp_sim_run(sim, late_program, NULL, NULL), TP_OK);
+    if (tp_sim_violations(sim))
+        print_message("oracle: %s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
         cmocka_unit_test_setup(test_shutdown_each_phase_has_the_timeout, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_drain_sees_requests_in_flight, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
