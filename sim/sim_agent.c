@@ -538,8 +538,74 @@ static void agent_probe(tp_agent *ag, const tp_probe *p) {
     tpi_sim_oracle_probe(a->sim, a, p);
 }
 
+/* The store through an agent: refused once its host is dead, else the sim's
+ * shared store (which the sim closes), its message copied for the core. */
+static tp_store *view_target(tp_store *s) {
+    tpi_sim_store_view *v = (tpi_sim_store_view *)s;
+    tpi_sim_agent *a = v->agent;
+    if (a->sim->hosts[a->host].dead) {
+        tpi_format(s->errmsg, sizeof s->errmsg,
+                   "simulated host %u is dead: it reaches no store", a->host);
+        return NULL;
+    }
+    return a->sim->store;
+}
+
+static tp_status view_done(tp_store *s, tp_store *t, tp_status st) {
+    if (st != TP_OK && st != TP_ENOENT)
+        tpi_format(s->errmsg, sizeof s->errmsg, "%s", t->errmsg);
+    return st;
+}
+
+static tp_status view_set(tp_store *s, const char *key, const void *value, size_t len) {
+    tp_store *t = view_target(s);
+    return t ? view_done(s, t, t->ops->set(t, key, value, len)) : TP_ESTORE;
+}
+
+static tp_status view_get(tp_store *s, const char *key, void **value, size_t *len) {
+    tp_store *t = view_target(s);
+    return t ? view_done(s, t, t->ops->get(t, key, value, len)) : TP_ESTORE;
+}
+
+static tp_status view_add(tp_store *s, const char *key, int64_t delta, int64_t *result) {
+    tp_store *t = view_target(s);
+    return t ? view_done(s, t, t->ops->add(t, key, delta, result)) : TP_ESTORE;
+}
+
+static tp_status view_compare_set(tp_store *s, const char *key, const void *expected,
+                                  size_t expected_len, const void *desired, size_t desired_len,
+                                  int *swapped) {
+    tp_store *t = view_target(s);
+    return t ? view_done(s, t,
+                         t->ops->compare_set(t, key, expected, expected_len, desired, desired_len,
+                                             swapped))
+             : TP_ESTORE;
+}
+
+static tp_status view_del(tp_store *s, const char *key) {
+    tp_store *t = view_target(s);
+    return t ? view_done(s, t, t->ops->del(t, key)) : TP_ESTORE;
+}
+
+static void view_close(tp_store *s) {
+    (void)s; /* the sim owns the shared store */
+}
+
+static const tp_store_ops view_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = view_set,
+    .get = view_get,
+    .add = view_add,
+    .compare_set = view_compare_set,
+    .del = view_del,
+    .close = view_close,
+};
+
 static tp_store *agent_store(tp_agent *ag) {
-    return AG(ag)->sim->store; /* shared by every host; the sim closes it */
+    tpi_sim_agent *a = AG(ag);
+    a->store_view.base.ops = &view_ops;
+    a->store_view.agent = a;
+    return &a->store_view.base;
 }
 
 const tp_agent_ops tpi_sim_agent_ops = {

@@ -304,8 +304,16 @@ typedef struct tpi_sim_upcalls {
     void (*on_timer)(tp_core *core);
 } tpi_sim_upcalls;
 
+/* An agent's view of the sim's shared store: a dead host reaches nothing,
+ * the store included (a killed process writes no key). */
+typedef struct tpi_sim_store_view {
+    tp_store base; /* first: the core sees a tp_store */
+    tpi_sim_agent *agent;
+} tpi_sim_store_view;
+
 struct tpi_sim_agent {
     tp_sim *sim;
+    tpi_sim_store_view store_view;
     uint32_t id;
     uint32_t host;
     uint32_t rank;

@@ -77,13 +77,24 @@ typedef struct swarm_stats {
     uint64_t fault_fired[TP_SIM_FAULT_KINDS_];
     uint64_t ops[TPSIM_OP_KINDS][TPSIM_OUT_KINDS];
     uint64_t events, calls_checked;
+    uint64_t init_failed; /* seeds whose init failed everywhere under faults */
     uint64_t violations;
 } swarm_stats;
 
 typedef struct swarm_run {
     tpsim_world w; /* the world's shared state (tpsim.h) */
     const swarm_cfg *cfg;
+    tp_status init_status[SWARM_WORKERS_MAX];
+    char init_msg[SWARM_WORKERS_MAX][160];
 } swarm_run;
+
+/* Faults that fired so far in this world. */
+static uint64_t faults_fired(tp_sim *sim) {
+    uint64_t n = 0;
+    for (int k = 0; k < TP_SIM_FAULT_KINDS_; k++)
+        n += tp_sim_fault_count(sim, (tp_sim_fault_kind)k);
+    return n;
+}
 
 /* A splitmix64 stream of the seed for the world's shape; the sim's own
  * streams (SIM-2) drive jitter, loss and the per-call draws. */
@@ -307,8 +318,13 @@ static int swarm_program(int rank, int world, void *arg) {
         st = tp_init_rpc(name, "SIM", rank, world, o);
     }
     tp_options_free(o);
+    run->init_status[rank] = st;
+    snprintf(run->init_msg[rank], sizeof run->init_msg[rank], "%s", st ? tp_errmsg() : "");
     if (st != TP_OK) {
-        if (!tpsim_self_dead())
+        /* A fault during init (a worker killed, a link cut while it runs) may
+         * fail it; then every live worker must report the same outcome
+         * (INIT-5), checked after the run. Without a fault it must succeed. */
+        if (!tpsim_self_dead() && faults_fired(run->w.sim) == 0)
             tpsim_world_fail(&run->w, "%s: init_rpc: %s: %s", name, tp_status_name(st),
                              tp_errmsg());
         return 0;
@@ -416,6 +432,22 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
         if (st != TP_OK)
             tpsim_world_fail(&run.w, "the run did not end: %s: %s", tp_status_name(st),
                              tp_errmsg());
+        /* INIT-5: one outcome for every worker alive at the end. */
+        int first_live = -1;
+        for (uint32_t r = 0; r < cfg.workers; r++) {
+            if (tp_sim_host_dead(sim, r))
+                continue;
+            if (first_live < 0)
+                first_live = (int)r;
+            else if (run.init_status[r] != run.init_status[first_live])
+                tpsim_world_fail(&run.w,
+                                 "init outcomes disagree: w%d got %s (%s), w%u got %s (%s)",
+                                 first_live, tp_status_name(run.init_status[first_live]),
+                                 run.init_msg[first_live], r, tp_status_name(run.init_status[r]),
+                                 run.init_msg[r]);
+        }
+        if (first_live >= 0 && run.init_status[first_live] != TP_OK)
+            stats->init_failed++;
         if (tp_sim_violations(sim))
             tpsim_world_fail(&run.w, "oracle: %" PRIu64 " violation(s); first: %s",
                              tp_sim_violations(sim), tp_sim_violation(sim));
@@ -614,8 +646,9 @@ static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall
            "%" PRIu64 " failed%s%s\n",
            s->seeds, o->from, o->to, wall_s, wall_s > 0 ? (double)s->seeds / wall_s : 0.0,
            s->failed, o->canary ? ", canary " : "", o->canary ? o->canary : "");
-    printf("events=%" PRIu64 " outcomes_checked=%" PRIu64 " oracle_violations=%" PRIu64 "\n",
-           s->events, s->calls_checked, s->violations);
+    printf("events=%" PRIu64 " outcomes_checked=%" PRIu64 " oracle_violations=%" PRIu64
+           " init_failed_under_faults=%" PRIu64 "\n",
+           s->events, s->calls_checked, s->violations, s->init_failed);
     printf("\nfault kind       seeds planned  seeds fired   times fired\n");
     for (int k = 0; k < TP_SIM_FAULT_KINDS_; k++)
         printf("%-16s %13" PRIu64 " %12" PRIu64 " %13" PRIu64 "%s\n",
