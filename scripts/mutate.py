@@ -99,8 +99,10 @@ def apply(tree, mutant):
     return orig, lines[i]
 
 
-def restore(tree, rel):
-    shutil.copyfile(os.path.join(ROOT, rel), os.path.join(tree, rel))
+def restore(tree, rel, pristine):
+    # From the copy taken at the start: the working tree may have moved on.
+    with open(os.path.join(tree, rel), "w") as f:
+        f.write(pristine[rel])
 
 
 TARGETS = ["tpsim", "conformance_sim", "test_future", "test_timeout",
@@ -164,6 +166,10 @@ def main():
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(ROOT, tree, symlinks=True,
                     ignore=shutil.ignore_patterns("build*", ".git"))
+    pristine = {}
+    for rel in files:
+        with open(os.path.join(tree, rel)) as f:
+            pristine[rel] = f.read()
     build = os.path.join(tree, "build-mutate")
     # A deleted assignment can leave a variable unused: with -Werror that
     # mutant would not compile and would not count, so the scratch tree
@@ -203,7 +209,7 @@ def main():
             else:
                 survived.append((where, orig.strip(), new.strip()))
                 verdict = "SURVIVED"
-        restore(tree, rel)
+        restore(tree, rel, pristine)
         print(f"[{n}/{len(chosen)}] {where}: {verdict}", flush=True)
     make()
     total = len(killed) + len(survived)
