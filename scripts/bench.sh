@@ -48,6 +48,11 @@ echo "# bench $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) CPUs, $(uname -r)" >&2
 if [ "$mode" != pytorch ]; then
   echo "# tensorplay-rpc: $bin ${common[*]}" >&2
   "$bin" "${common[@]}"
+  # The simulator's own speed (spec/sim.md SIM-10): CPU-time figures.
+  quick=()
+  for a in "${common[@]}"; do [ "$a" = --quick ] && quick=(--quick); done
+  echo "# the simulator: $build/bench/sim_bench ${quick[*]}" >&2
+  "$build/bench/sim_bench" "${quick[@]}"
 fi
 
 if [ "$mode" = both ] && ! have_torch; then
