@@ -301,7 +301,8 @@ void tpsim_liveness(tpsim_world *w, int me, int world) {
         (void)tp_sleep(1e-3);
     }
     /* Every two live workers can call each other; a timeout is retried while
-     * pools still finish relayed work, within TPSIM_LIVENESS_BOUND_S. */
+     * pools still finish relayed work, and a lost connection once frames
+     * delayed past the heal have landed, within TPSIM_LIVENESS_BOUND_S. */
     for (int q = 0; q < world && !tpsim_self_dead(); q++) {
         if (q == me || tp_sim_host_dead(w->sim, (uint32_t)q))
             continue;
@@ -320,6 +321,13 @@ void tpsim_liveness(tpsim_world *w, int me, int world) {
             tp_value_free(args);
             if (st == TP_ETIMEDOUT && tp_sim_now_ns(w->sim) < until) {
                 w->ops[TPSIM_OP_LIVENESS][TPSIM_OUT_TIMEOUT]++;
+                continue;
+            }
+            /* A frame delayed past the heal (a delay fault's) can still take its
+             * lost connection down after it: a caller retries on a new one. */
+            if (st == TP_EIO && tp_sim_now_ns(w->sim) < until) {
+                w->ops[TPSIM_OP_LIVENESS][TPSIM_OUT_EIO]++;
+                (void)tp_sleep(0.01);
                 continue;
             }
             tpsim_pending p = {
