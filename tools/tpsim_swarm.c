@@ -654,7 +654,10 @@ static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall
         printf("%-16s %13" PRIu64 " %12" PRIu64 " %13" PRIu64 "%s\n",
                tp_sim_fault_kind_name((tp_sim_fault_kind)k), s->fault_seeds_planned[k],
                s->fault_seeds_fired[k], s->fault_fired[k],
-               s->fault_fired[k] == 0 ? "   <- never fired" : "");
+               s->fault_fired[k] != 0 ? ""
+               : k >= TP_SIM_FAULT_CHAOS_DROP && k <= TP_SIM_FAULT_CHAOS_REORDER
+                   ? "   (chaos mode: not drawn, today's calls do not survive it)"
+                   : "   <- never fired");
     printf("\noperation ");
     for (int j = 0; j < TPSIM_OUT_KINDS; j++)
         printf(" %10s", tpsim_out_names[j]);
