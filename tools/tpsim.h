@@ -173,6 +173,14 @@ typedef struct tpsim_pending {
 
 /* Registers tpsim's functions and echo, relay and fail. */
 tp_status tpsim_ops_register(void);
+/* Registers the functions and initialises worker "w<rank>" on SIM with that
+ * default timeout, pool (0: default) and window (0: default), and 60 s for
+ * init and shutdown. */
+tp_status tpsim_worker_start(int rank, int world, double rpc_timeout_s, int pool,
+                             uint64_t window);
+/* Graceful shutdown, which must return TP_OK, or TP_EPEERDOWN when a worker
+ * died (SHUTDOWN-8); anything else is recorded as a failure. */
+void tpsim_worker_shutdown(tpsim_world *w, int rank, int world);
 /* A payload of len bytes that depends on tag. */
 tp_value *tpsim_payload(uint64_t tag, size_t len);
 /* Issues s; a call left in flight lands in *p (p->f set), one that ended is checked. */

@@ -111,6 +111,40 @@ tp_status tpsim_ops_register(void) {
     return st;
 }
 
+tp_status tpsim_worker_start(int rank, int world, double rpc_timeout_s, int pool, uint64_t window) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_status st = tpsim_ops_register();
+    tp_options *o = tp_options_new();
+    if (st == TP_OK && !o)
+        st = TP_ENOMEM;
+    if (st == TP_OK) {
+        (void)tp_options_set_rpc_timeout(o, rpc_timeout_s);
+        (void)tp_options_set_shutdown_timeout(o, 60.0);
+        (void)tp_options_set_init_timeout(o, 60.0);
+        if (pool)
+            (void)tp_options_set_num_worker_threads(o, pool);
+        if (window)
+            (void)tp_options_set_max_inflight_bytes(o, window);
+        st = tp_init_rpc(name, "SIM", rank, world, o);
+    }
+    tp_options_free(o);
+    return st;
+}
+
+void tpsim_worker_shutdown(tpsim_world *w, int rank, int world) {
+    tp_status st = tp_shutdown(1);
+    if (tpsim_self_dead())
+        return;
+    int any_dead = 0;
+    for (int q = 0; q < world; q++)
+        any_dead |= tp_sim_host_dead(w->sim, (uint32_t)q);
+    tp_status want = any_dead ? TP_EPEERDOWN : TP_OK;
+    if (st != want)
+        tpsim_world_fail(w, "w%d: graceful shutdown: %s (expected %s): %s", rank,
+                         tp_status_name(st), tp_status_name(want), tp_errmsg());
+}
+
 /* ---- Issuing and checking ------------------------------------------------------------ */
 
 tp_value *tpsim_payload(uint64_t tag, size_t len) {

@@ -306,18 +306,7 @@ static int swarm_program(int rank, int world, void *arg) {
     const swarm_cfg *c = run->cfg;
     char name[16];
     snprintf(name, sizeof name, "w%d", rank);
-    tp_status st = tpsim_ops_register();
-    tp_options *o = tp_options_new();
-    if (st == TP_OK && o) {
-        (void)tp_options_set_rpc_timeout(o, c->default_timeout_s);
-        (void)tp_options_set_shutdown_timeout(o, 60.0);
-        (void)tp_options_set_init_timeout(o, 60.0);
-        (void)tp_options_set_num_worker_threads(o, (int)c->pool);
-        if (c->window)
-            (void)tp_options_set_max_inflight_bytes(o, c->window);
-        st = tp_init_rpc(name, "SIM", rank, world, o);
-    }
-    tp_options_free(o);
+    tp_status st = tpsim_worker_start(rank, world, c->default_timeout_s, (int)c->pool, c->window);
     run->init_status[rank] = st;
     snprintf(run->init_msg[rank], sizeof run->init_msg[rank], "%s", st ? tp_errmsg() : "");
     if (st != TP_OK) {
@@ -368,17 +357,7 @@ static int swarm_program(int rank, int world, void *arg) {
         tpsim_pending p;
         tpsim_op_start(&run->w, rank, &spec, &p);
     }
-    /* Shutdown. */
-    st = tp_shutdown(1);
-    if (!tpsim_self_dead()) {
-        int any_dead = 0;
-        for (int q = 0; q < world; q++)
-            any_dead |= tp_sim_host_dead(run->w.sim, (uint32_t)q);
-        tp_status want = any_dead ? TP_EPEERDOWN : TP_OK;
-        if (st != want)
-            tpsim_world_fail(&run->w, "%s: graceful shutdown: %s (expected %s): %s", name,
-                             tp_status_name(st), tp_status_name(want), tp_errmsg());
-    }
+    tpsim_worker_shutdown(&run->w, rank, world);
     return 0;
 }
 
@@ -440,8 +419,7 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
             if (first_live < 0)
                 first_live = (int)r;
             else if (run.init_status[r] != run.init_status[first_live])
-                tpsim_world_fail(&run.w,
-                                 "init outcomes disagree: w%d got %s (%s), w%u got %s (%s)",
+                tpsim_world_fail(&run.w, "init outcomes disagree: w%d got %s (%s), w%u got %s (%s)",
                                  first_live, tp_status_name(run.init_status[first_live]),
                                  run.init_msg[first_live], r, tp_status_name(run.init_status[r]),
                                  run.init_msg[r]);

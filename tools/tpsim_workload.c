@@ -322,19 +322,7 @@ static int workload_program(int rank, int world, void *arg) {
     const wl_file *f = run->file;
     char name[16];
     snprintf(name, sizeof name, "w%d", rank);
-    tp_status st = tpsim_ops_register();
-    tp_options *o = tp_options_new();
-    if (st == TP_OK && o) {
-        (void)tp_options_set_rpc_timeout(o, f->rpc_timeout_s);
-        (void)tp_options_set_shutdown_timeout(o, 60.0);
-        (void)tp_options_set_init_timeout(o, 60.0);
-        if (f->pool)
-            (void)tp_options_set_num_worker_threads(o, f->pool);
-        if (f->window)
-            (void)tp_options_set_max_inflight_bytes(o, f->window);
-        st = tp_init_rpc(name, "SIM", rank, world, o);
-    }
-    tp_options_free(o);
+    tp_status st = tpsim_worker_start(rank, world, f->rpc_timeout_s, f->pool, f->window);
     if (st != TP_OK) {
         if (!tpsim_self_dead())
             tpsim_world_fail(&run->w, "%s: init_rpc: %s: %s", name, tp_status_name(st),
@@ -401,16 +389,7 @@ static int workload_program(int rank, int world, void *arg) {
     free(pend);
     if (f->liveness)
         tpsim_liveness(&run->w, rank, world);
-    st = tp_shutdown(1);
-    if (!tpsim_self_dead()) {
-        int any_dead = 0;
-        for (int q = 0; q < world; q++)
-            any_dead |= tp_sim_host_dead(run->w.sim, (uint32_t)q);
-        tp_status want = any_dead ? TP_EPEERDOWN : TP_OK;
-        if (st != want)
-            tpsim_world_fail(&run->w, "%s: graceful shutdown: %s (expected %s): %s", name,
-                             tp_status_name(st), tp_status_name(want), tp_errmsg());
-    }
+    tpsim_worker_shutdown(&run->w, rank, world);
     return 0;
 }
 

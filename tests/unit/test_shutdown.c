@@ -29,6 +29,19 @@ static tp_status slow_fn(tp_call *call, const tp_value *args, const tp_value *kw
     return st;
 }
 
+/* Registers slow and initialises "w<rank>" with that shutdown timeout. */
+static tp_status start(int rank, int world_size, double shutdown_timeout_s) {
+    char name[8] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, shutdown_timeout_s) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    return st;
+}
+
 typedef struct outcome {
     tp_status shutdown_status;
     char message[TP_ERRMSG_LEN_MAX];
@@ -44,15 +57,7 @@ typedef struct outcome {
  */
 static int program(int rank, int world_size, void *arg) {
     outcome *out = arg;
-    char name[8] = "w0";
-    name[1] = (char)('0' + rank);
-    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
-    tp_options *o = tp_options_new();
-    CHECK(tp_options_set_shutdown_timeout(o, 30.0) == TP_OK);
-    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
-    tp_options_free(o);
-    CHECK(st == TP_OK);
-    if (st != TP_OK)
+    if (start(rank, world_size, 30.0) != TP_OK)
         return 1;
     if (rank == 0) {
         tp_future *f = NULL;
@@ -104,15 +109,7 @@ static char phase_msg[2][TP_ERRMSG_LEN_MAX];
 
 static int phases_program(int rank, int world_size, void *arg) {
     (void)arg;
-    char name[8] = "w0";
-    name[1] = (char)('0' + rank);
-    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
-    tp_options *o = tp_options_new();
-    CHECK(tp_options_set_shutdown_timeout(o, 1.0) == TP_OK);
-    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
-    tp_options_free(o);
-    CHECK(st == TP_OK);
-    if (st != TP_OK)
+    if (start(rank, world_size, 1.0) != TP_OK)
         return 1;
     if (rank == 1) {
         CHECK(tp_sleep(0.75) == TP_OK);
@@ -153,15 +150,7 @@ static void test_shutdown_each_phase_has_the_timeout(void **state) {
  */
 static int late_program(int rank, int world_size, void *arg) {
     (void)arg;
-    char name[8] = "w0";
-    name[1] = (char)('0' + rank);
-    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
-    tp_options *o = tp_options_new();
-    CHECK(tp_options_set_shutdown_timeout(o, 10.0) == TP_OK);
-    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
-    tp_options_free(o);
-    CHECK(st == TP_OK);
-    if (st != TP_OK)
+    if (start(rank, world_size, 10.0) != TP_OK)
         return 1;
     if (rank == 1) {
         tp_future *f = NULL;
