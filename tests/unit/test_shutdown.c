@@ -181,11 +181,55 @@ static void test_shutdown_drain_sees_requests_in_flight(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/*
+ * SHUTDOWN-5: a drain that cannot get quiet ends at its deadline with
+ * TP_ETIMEDOUT, on time, and without spinning at the deadline (the oracle's
+ * busy-loop bound, SIM-9): w0 still waits for a 10 s call to w1 when its 1 s
+ * shutdown timeout runs out.
+ */
+static tp_status stuck_status;
+static uint64_t stuck_ns;
+
+static int stuck_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 1.0) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(10.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+        tp_value_free(args);
+        uint64_t t0 = now_ns();
+        stuck_status = tp_shutdown(1);
+        stuck_ns = now_ns() - t0;
+        tp_future_free(f);
+        return 0;
+    }
+    (void)tp_shutdown(1);
+    return 0;
+}
+
+static void test_shutdown_drain_times_out_on_time(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 5};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, stuck_program, NULL, NULL), TP_OK);
+    if (tp_sim_violations(sim))
+        print_message("oracle: %s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(stuck_status, TP_ETIMEDOUT);
+    assert_true(stuck_ns >= 1 * SEC && stuck_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
         cmocka_unit_test_setup(test_shutdown_each_phase_has_the_timeout, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_sees_requests_in_flight, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_drain_times_out_on_time, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
