@@ -426,6 +426,11 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
         }
         if (first_live >= 0 && run.init_status[first_live] != TP_OK)
             stats->init_failed++;
+        /* A live worker was not shut down: its init never says so (a dead
+         * host that could still write the store once made it). */
+        if (first_live >= 0 && run.init_status[first_live] == TP_ESHUTDOWN)
+            tpsim_world_fail(&run.w, "init reports TP_ESHUTDOWN on live w%d: %s", first_live,
+                             run.init_msg[first_live]);
         if (tp_sim_violations(sim))
             tpsim_world_fail(&run.w, "oracle: %" PRIu64 " violation(s); first: %s",
                              tp_sim_violations(sim), tp_sim_violation(sim));
