@@ -86,16 +86,6 @@ uint32_t tpsim_host_failures(int rank) {
     return rank >= 0 && rank < host_count ? host_failures[rank] : 0;
 }
 
-int tpsim_trace_is_json(const char *path) {
-    size_t n = path ? strlen(path) : 0;
-    return n >= 5 && strcmp(path + n - 5, ".json") == 0;
-}
-
-uint64_t tpsim_now_ns(void) {
-    tp_sim *sim = tp_sim_current();
-    return sim ? tp_sim_now_ns(sim) : 0;
-}
-
 void tpsim_worker_name(int rank, char *buf, size_t len) {
     snprintf(buf, len, "w%d", rank);
 }

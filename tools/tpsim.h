@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tensorplay/sim.h"
 
@@ -82,6 +83,9 @@ uint32_t tpsim_host_failures(int rank);
 
 /* `tpsim swarm ...` (tpsim_swarm.c): argv[0] is "swarm". Returns the exit status. */
 int tpsim_swarm_main(int argc, char **argv);
+/* One swarm world decoded from bytes (spec/sim.md SIM-14); a failure is
+ * reported on out. Returns 1 when the world failed, else 0. */
+int tpsim_swarm_bytes(const uint8_t *data, size_t len, FILE *out);
 
 /* `tpsim --workload FILE ...` (tpsim_workload.c): runs a workload file. */
 int tpsim_workload_main(const char *path, uint32_t workers_given, uint64_t seed,

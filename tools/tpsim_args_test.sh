@@ -68,4 +68,19 @@ expect 0 '^seed=42$' --scenario seed --seed 42
 expect 0 '^trace_hash=[0-9a-f]{16}$' --scenario seed --seed 0
 expect 0 '^result=PASS$' --scenario fanout --workers 3 --faults "$faults/slow_links.plan"
 expect 1 '^result=FAIL$' --scenario remote --workers 3 --faults "$faults/kill_w2.plan"
+# Bytes worlds (spec/sim.md SIM-14): a seed saved as bytes replays the same
+# world (same trace hash); bytes and seeds do not mix; short bytes still run.
+expect 0 '^PASS seed=5 ' swarm --seeds 5 --save-bytes "$tmp/s5.bytes" --verbose
+seed_line=$(grep '^PASS seed=5 ' "$tmp/out")
+expect 0 '^PASS seed=5 ' swarm --bytes "$tmp/s5.bytes" --verbose
+if [ "$(grep '^PASS seed=5 ' "$tmp/out")" != "$seed_line" ]; then
+    echo "FAIL: --bytes of seed 5 is another world:"; echo "$seed_line"; grep '^PASS' "$tmp/out"
+    exit 1
+fi
+head -c 8 "$tmp/s5.bytes" >"$tmp/short.bytes" # the seed alone: no draws left, no faults
+expect 0 'plan: \(no faults\)' swarm --bytes "$tmp/short.bytes" --verbose
+expect 2 "--bytes is the whole world" swarm --bytes "$tmp/s5.bytes" --seeds 5
+expect 2 "--bytes $tmp/missing: No such file" swarm --bytes "$tmp/missing"
+expect 2 "--save-bytes takes one seed" swarm --seeds 1..2 --save-bytes "$tmp/x"
+expect 1 "save-bytes $tmp/no/dir/x" swarm --seeds 1 --save-bytes "$tmp/no/dir/x"
 echo "tpsim_args: $checks checks passed"

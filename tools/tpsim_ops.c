@@ -372,3 +372,13 @@ void tpsim_liveness(tpsim_world *w, int me, int world) {
         }
     }
 }
+
+int tpsim_trace_is_json(const char *path) {
+    size_t n = path ? strlen(path) : 0;
+    return n >= 5 && strcmp(path + n - 5, ".json") == 0;
+}
+
+uint64_t tpsim_now_ns(void) {
+    tp_sim *sim = tp_sim_current();
+    return sim ? tp_sim_now_ns(sim) : 0;
+}

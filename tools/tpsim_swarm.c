@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "common/canary.h"
+#include "common/errors.h"
 #include "tools/tpsim.h"
 
 #define MS_NS 1000000ull
@@ -96,8 +97,29 @@ static uint64_t faults_fired(tp_sim *sim) {
     return n;
 }
 
-/* A splitmix64 stream of the seed for the world's shape; the sim's own
- * streams (SIM-2) drive jitter, loss and the per-call draws. */
+/*
+ * Where a world's shape comes from (SIM-14): a splitmix64 stream of the seed,
+ * or bytes (a file, a fuzzer's input). The sim's own streams (SIM-2) drive
+ * jitter, loss and the per-call draws either way.
+ *
+ * Bytes: the first 8 are the seed (little-endian); then each draw among n
+ * choices takes 1, 2 or 4 bytes (n up to 2^8, 2^16, more), modulo n. Once
+ * the bytes run out every draw is 0 and every optional fault is left out,
+ * so cutting bytes off the end removes faults: what afl-tmin and --shrink
+ * rely on. A seed's draws can be recorded as bytes (rec) that replay the
+ * same world.
+ */
+typedef struct swarm_src {
+    uint64_t s;          /* seed mode: the splitmix64 state */
+    const uint8_t *in;   /* bytes mode when not NULL */
+    size_t in_len, in_pos;
+    uint8_t *rec;        /* seed mode: the draws as bytes, when not NULL */
+    size_t rec_len, rec_cap;
+} swarm_src;
+
+#define SWARM_BYTES_SEED 8 /* the seed's bytes at the head of a bytes world */
+#define SWARM_BYTES_MAX (64 * 1024)
+
 static uint64_t mix64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -105,8 +127,42 @@ static uint64_t mix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-static uint64_t below(uint64_t *s, uint64_t n) {
-    return n ? mix64(s) % n : 0; /* a tiny modulo bias does not matter for shapes */
+static unsigned draw_width(uint64_t n) {
+    return n <= 0x100u ? 1 : n <= 0x10000u ? 2 : 4;
+}
+
+/* A draw in [0, n). */
+static uint64_t below(swarm_src *src, uint64_t n) {
+    if (n == 0)
+        return 0;
+    unsigned w = draw_width(n);
+    TPI_ASSERT(n <= UINT32_MAX);
+    if (src->in) {
+        if (src->in_len - src->in_pos < w) {
+            src->in_pos = src->in_len; /* spent */
+            return 0;
+        }
+        uint64_t x = 0;
+        for (unsigned i = 0; i < w; i++)
+            x |= (uint64_t)src->in[src->in_pos++] << (8 * i);
+        return x % n;
+    }
+    uint64_t v = mix64(&src->s) % n; /* a tiny modulo bias does not matter for shapes */
+    if (src->rec && src->rec_len + w <= src->rec_cap)
+        for (unsigned i = 0; i < w; i++)
+            src->rec[src->rec_len++] = (uint8_t)(v >> (8 * i));
+    return v;
+}
+
+/* Whether bytes are left (always, for a seed). */
+static int more(const swarm_src *src) {
+    return !src->in || src->in_pos < src->in_len;
+}
+
+/* A one-in-n choice of the rarer branch (an optional fault, a large world);
+ * with no bytes left, never. In seed mode the same draw as below(n) == 0. */
+static int chance(swarm_src *src, uint64_t n) {
+    return more(src) && below(src, n) == 0;
 }
 
 /* A timeout menu from sub-millisecond to infinite (0). */
@@ -129,10 +185,10 @@ static void plan_add(swarm_cfg *c, tp_sim_fault_kind kind, const char *fmt, ...)
 }
 
 /* A window [a, b) in ms inside the fault phase. */
-static void draw_window(uint64_t *s, uint64_t heal_ns, double *a, double *b) {
+static void draw_window(swarm_src *s, uint64_t heal_ns, double *a, double *b) {
     double from = (double)FAULT_FROM_NS / 1e6, to = (double)heal_ns / 1e6;
     double len;
-    if (heal_ns > 50 * S_NS && below(s, 2) == 0) { /* longer than the user timeout */
+    if (heal_ns > 50 * S_NS && chance(s, 2)) { /* longer than the user timeout */
         *a = from + (double)below(s, 4000);
         len = 46000.0 + (double)below(s, 9000);
     } else {
@@ -144,30 +200,29 @@ static void draw_window(uint64_t *s, uint64_t heal_ns, double *a, double *b) {
         *b = to;
 }
 
-static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
+static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c) {
     memset(c, 0, sizeof *c);
-    uint64_t s = seed ^ 0x5357524d53454544ull; /* "SWRMSEED": apart from the sim's streams */
     c->seed = seed;
     /* One world in eight has a long chaos phase, so that a partition can
      * outlast the connection's user timeout (45 s) and break it. */
-    c->heal_ns = below(&s, 8) == 0 ? 60 * S_NS : HEAL_NS;
+    c->heal_ns = chance(s, 8) ? 60 * S_NS : HEAL_NS;
     c->workers =
         workers ? workers
-                : (below(&s, 8) == 0 ? 9 + (uint32_t)below(&s, 8) : 2 + (uint32_t)below(&s, 7));
+                : (chance(s, 8) ? 9 + (uint32_t)below(s, 8) : 2 + (uint32_t)below(s, 7));
     static const uint32_t pools[] = {1, 2, 4, 16};
-    c->pool = pools[below(&s, 4)];
+    c->pool = pools[below(s, 4)];
     static const uint64_t windows[] = {0, 4096, 65536, 1u << 20};
-    c->window = windows[below(&s, 4)];
-    c->default_timeout_s = timeout_menu[below(&s, TIMEOUT_MENU_N)];
-    c->calls = 5 + (uint32_t)below(&s, 40);
+    c->window = windows[below(s, 4)];
+    c->default_timeout_s = timeout_menu[below(s, TIMEOUT_MENU_N)];
+    c->calls = 5 + (uint32_t)below(s, 40);
     static const uint32_t thinks[] = {0, 100, 2000, 30000};
-    c->think_max_us = thinks[below(&s, 4)];
+    c->think_max_us = thinks[below(s, 4)];
     if (c->heal_ns > HEAL_NS) /* spread the calls over the long chaos phase */
         c->think_max_us = (uint32_t)(2 * (c->heal_ns / 1000) / c->calls);
     static const uint32_t payloads[] = {0, 64, 4000, 70000, 1u << 20};
-    c->payload_max = payloads[below(&s, below(&s, 8) == 0 ? 5 : 4)];
+    c->payload_max = payloads[below(s, chance(s, 8) ? 5 : 4)];
     for (int k = 0; k <= TPSIM_OP_FORGET; k++) {
-        c->mix[k] = below(&s, 3) == 0 ? 0 : 1 + (uint32_t)below(&s, 8);
+        c->mix[k] = chance(s, 3) ? 0 : 1 + (uint32_t)below(s, 8);
         c->mix_total += c->mix[k];
     }
     if (!c->mix_total) {
@@ -177,73 +232,73 @@ static void draw_cfg(uint64_t seed, uint32_t workers, swarm_cfg *c) {
     /* The fault mix: each kind in or out, then its instances. */
     uint32_t n = c->workers;
     double a, b;
-    if (below(&s, 2) == 0) { /* kills: never everyone */
-        uint32_t kills = 1 + (uint32_t)below(&s, n > 2 ? 2 : 1);
-        for (uint32_t i = 0; i < kills && i + 1 < n; i++) {
-            draw_window(&s, c->heal_ns, &a, &b);
-            plan_add(c, TP_SIM_FAULT_KILL, "kill %u %.3f", (unsigned)below(&s, n), a);
+    if (chance(s, 2)) { /* kills: never everyone */
+        uint32_t kills = 1 + (uint32_t)below(s, n > 2 ? 2 : 1);
+        for (uint32_t i = 0; i < kills && i + 1 < n && more(s); i++) {
+            draw_window(s, c->heal_ns, &a, &b);
+            plan_add(c, TP_SIM_FAULT_KILL, "kill %u %.3f", (unsigned)below(s, n), a);
         }
     }
-    if (below(&s, 2) == 0)
-        for (uint32_t i = 0, k = 1 + (uint32_t)below(&s, 3); i < k; i++) {
-            uint32_t x = (uint32_t)below(&s, n), y = (uint32_t)below(&s, n - 1);
+    if (chance(s, 2))
+        for (uint32_t i = 0, k = 1 + (uint32_t)below(s, 3); i < k && more(s); i++) {
+            uint32_t x = (uint32_t)below(s, n), y = (uint32_t)below(s, n - 1);
             y = y >= x ? y + 1 : y;
-            draw_window(&s, c->heal_ns, &a, &b);
+            draw_window(s, c->heal_ns, &a, &b);
             plan_add(c, TP_SIM_FAULT_PARTITION, "partition %u %u %.3f %.3f", x, y, a, b);
         }
-    if (below(&s, 3) == 0) {
-        draw_window(&s, c->heal_ns, &a, &b);
-        plan_add(c, TP_SIM_FAULT_PARTITION, "isolate %u %.3f %.3f", (unsigned)below(&s, n), a, b);
+    if (chance(s, 3)) {
+        draw_window(s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_PARTITION, "isolate %u %.3f %.3f", (unsigned)below(s, n), a, b);
     }
-    if (n > 2 && below(&s, 4) == 0) {
-        draw_window(&s, c->heal_ns, &a, &b);
-        plan_add(c, TP_SIM_FAULT_PARTITION, "split %u %.3f %.3f", 1 + (unsigned)below(&s, n - 1), a,
+    if (n > 2 && chance(s, 4)) {
+        draw_window(s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_PARTITION, "split %u %.3f %.3f", 1 + (unsigned)below(s, n - 1), a,
                  b);
     }
-    if (below(&s, 2) == 0)
-        for (uint32_t i = 0, k = 1 + (uint32_t)below(&s, 3); i < k; i++) {
-            uint32_t x = (uint32_t)below(&s, n), y = (uint32_t)below(&s, n - 1);
+    if (chance(s, 2))
+        for (uint32_t i = 0, k = 1 + (uint32_t)below(s, 3); i < k && more(s); i++) {
+            uint32_t x = (uint32_t)below(s, n), y = (uint32_t)below(s, n - 1);
             y = y >= x ? y + 1 : y;
-            draw_window(&s, c->heal_ns, &a, &b);
+            draw_window(s, c->heal_ns, &a, &b);
             plan_add(c, TP_SIM_FAULT_BREAK, "break %u %u %.3f", x, y, a);
         }
-    if (below(&s, 2) == 0)
-        for (uint32_t i = 0, k = 1 + (uint32_t)below(&s, 4); i < k; i++) {
-            uint32_t x = (uint32_t)below(&s, n), y = (uint32_t)below(&s, n - 1);
+    if (chance(s, 2))
+        for (uint32_t i = 0, k = 1 + (uint32_t)below(s, 4); i < k && more(s); i++) {
+            uint32_t x = (uint32_t)below(s, n), y = (uint32_t)below(s, n - 1);
             y = y >= x ? y + 1 : y;
-            draw_window(&s, c->heal_ns, &a, &b);
+            draw_window(s, c->heal_ns, &a, &b);
             static const uint32_t extra_ms[] = {1, 20, 200, 2000};
             plan_add(c, TP_SIM_FAULT_DELAY, "delay %u %u %.3f %.3f %u", x, y, a, b,
-                     extra_ms[below(&s, 4)]);
+                     extra_ms[below(s, 4)]);
         }
-    if (below(&s, 4) == 0) { /* a slower, jittery network, all run long */
+    if (chance(s, 4)) { /* a slower, jittery network, all run long */
         static const char *const tails[] = {"1", "10", "50"};
-        plan_add(c, TP_SIM_FAULT_DELAY, "latency * * 0.02 %s %s", tails[below(&s, 3)],
-                 below(&s, 2) ? "longtail" : "uniform");
+        plan_add(c, TP_SIM_FAULT_DELAY, "latency * * 0.02 %s %s", tails[below(s, 3)],
+                 below(s, 2) ? "longtail" : "uniform");
     }
-    if (below(&s, 4) == 0) { /* so a 1 MiB payload takes simulated time */
+    if (chance(s, 4)) { /* so a 1 MiB payload takes simulated time */
         static const unsigned mbits[] = {100, 1000, 10000};
-        plan_add(c, TP_SIM_FAULT_DELAY, "bandwidth * * %u", mbits[below(&s, 3)]);
+        plan_add(c, TP_SIM_FAULT_DELAY, "bandwidth * * %u", mbits[below(s, 3)]);
     }
-    if (below(&s, 3) == 0) { /* slow, not dead: a host stops and resumes */
-        draw_window(&s, c->heal_ns, &a, &b);
-        plan_add(c, TP_SIM_FAULT_PAUSE, "pause %u %.3f %.3f", (unsigned)below(&s, n), a, b);
+    if (chance(s, 3)) { /* slow, not dead: a host stops and resumes */
+        draw_window(s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_PAUSE, "pause %u %.3f %.3f", (unsigned)below(s, n), a, b);
     }
     /* PyTorch's faulty agent: the first sends of a type fail, a type is slow. */
     static const char *const types[] = {"request",     "response",  "remote",     "rref_fetch",
                                         "rref_delete", "rref_fork", "rref_accept"};
-    if (below(&s, 4) == 0) {
-        draw_window(&s, c->heal_ns, &a, &b);
-        plan_add(c, TP_SIM_FAULT_FAILSEND, "failsend %s %u %.3f %.3f", types[below(&s, 7)],
-                 1 + (unsigned)below(&s, 3), a, b);
+    if (chance(s, 4)) {
+        draw_window(s, c->heal_ns, &a, &b);
+        plan_add(c, TP_SIM_FAULT_FAILSEND, "failsend %s %u %.3f %.3f", types[below(s, 7)],
+                 1 + (unsigned)below(s, 3), a, b);
     }
-    if (below(&s, 4) == 0)
-        plan_add(c, TP_SIM_FAULT_DELAY, "delaytype %s %u", types[below(&s, 7)],
-                 1 + (unsigned)below(&s, 50));
-    if (below(&s, 3) == 0) {
-        draw_window(&s, c->heal_ns, &a, &b);
+    if (chance(s, 4))
+        plan_add(c, TP_SIM_FAULT_DELAY, "delaytype %s %u", types[below(s, 7)],
+                 1 + (unsigned)below(s, 50));
+    if (chance(s, 3)) {
+        draw_window(s, c->heal_ns, &a, &b);
         static const uint32_t rates[] = {1000, 20000, 200000};
-        plan_add(c, TP_SIM_FAULT_DROP, "drop %u %.3f %.3f", rates[below(&s, 3)], a, b);
+        plan_add(c, TP_SIM_FAULT_DROP, "drop %u %.3f %.3f", rates[below(s, 3)], a, b);
     }
 }
 
@@ -374,16 +429,64 @@ typedef struct swarm_opts {
     const char *plan_text; /* --plan: replaces the seed's drawn fault plan */
     uint32_t calls;        /* --calls: replaces the drawn calls per worker (0: drawn) */
     int shrink;
+    const uint8_t *bytes;  /* --bytes: one world decoded from these (SIM-14) */
+    size_t bytes_len;
+    const char *bytes_path;
+    const char *save_bytes; /* --save-bytes: write the seed's world as bytes here */
 } swarm_opts;
+
+/* The world of a seed, or of o->bytes (then *seed is set from them). When
+ * o->save_bytes is set, the seed's draws are written there as bytes that
+ * replay the same world; returns -1 when that fails. */
+static int world_cfg(const swarm_opts *o, uint64_t *seed, swarm_cfg *cfg) {
+    swarm_src src;
+    memset(&src, 0, sizeof src);
+    uint8_t *rec = NULL;
+    if (o->bytes) {
+        size_t head = o->bytes_len < SWARM_BYTES_SEED ? o->bytes_len : SWARM_BYTES_SEED;
+        *seed = 0;
+        for (size_t i = 0; i < head; i++)
+            *seed |= (uint64_t)o->bytes[i] << (8 * i);
+        src.in = o->bytes + head;
+        src.in_len = o->bytes_len - head;
+    } else {
+        src.s = *seed ^ 0x5357524d53454544ull; /* "SWRMSEED": apart from the sim's streams */
+        if (o->save_bytes) {
+            rec = malloc(SWARM_BYTES_MAX);
+            if (!rec)
+                return -1;
+            for (size_t i = 0; i < SWARM_BYTES_SEED; i++)
+                rec[i] = (uint8_t)(*seed >> (8 * i));
+            src.rec = rec;
+            src.rec_len = SWARM_BYTES_SEED;
+            src.rec_cap = SWARM_BYTES_MAX;
+        }
+    }
+    draw_cfg(&src, *seed, o->workers, cfg);
+    if (o->plan_text)
+        snprintf(cfg->plan, sizeof cfg->plan, "%s", o->plan_text);
+    if (o->calls)
+        cfg->calls = o->calls;
+    if (!rec)
+        return 0;
+    FILE *f = fopen(o->save_bytes, "wb");
+    int ok = f && fwrite(rec, 1, src.rec_len, f) == src.rec_len;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    free(rec);
+    return ok ? 0 : -1;
+}
 
 /* Runs one seed; fills *run's outcome and adds to *stats. Returns 1 when it failed. */
 static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE *out) {
     swarm_cfg cfg;
-    draw_cfg(seed, o->workers, &cfg);
-    if (o->plan_text)
-        snprintf(cfg.plan, sizeof cfg.plan, "%s", o->plan_text);
-    if (o->calls)
-        cfg.calls = o->calls;
+    if (world_cfg(o, &seed, &cfg) != 0) {
+        fprintf(out, "FAIL seed=%" PRIu64 ": --save-bytes %s: %s\n", seed, o->save_bytes,
+                strerror(errno));
+        stats->seeds++;
+        stats->failed++;
+        return 1;
+    }
     swarm_run run;
     memset(&run, 0, sizeof run);
     run.cfg = &cfg;
@@ -454,16 +557,21 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
     if (run.w.failed || o->verbose) {
         fprintf(out,
                 "%s seed=%" PRIu64 " workers=%u pool=%u calls=%u window=%" PRIu64
-                " timeout=%g%s%s\n",
+                " timeout=%g trace=%016" PRIx64 "%s%s\n",
                 run.w.failed ? "FAIL" : "PASS", seed, cfg.workers, cfg.pool, cfg.calls, cfg.window,
-                cfg.default_timeout_s, run.w.failed ? ": " : "", run.w.failed ? run.w.first : "");
+                cfg.default_timeout_s, sim ? tp_sim_trace_hash(sim) : 0,
+                run.w.failed ? ": " : "", run.w.failed ? run.w.first : "");
         char flat[SWARM_PLAN_MAX];
         snprintf(flat, sizeof flat, "%s", cfg.plan);
         for (char *p = flat; *p; p++)
             if (*p == '\n')
                 *p = p[1] ? ';' : '\0';
         fprintf(out, "  plan: %s\n", flat[0] ? flat : "(no faults)");
-        if (run.w.failed) {
+        if (run.w.failed && o->bytes) {
+            fprintf(out, "  replay: tpsim%s swarm --bytes %s%s%s --verbose --trace seed.trace\n",
+                    o->canary ? "_canary" : "", o->bytes_path ? o->bytes_path : "FILE",
+                    o->canary ? " --canary " : "", o->canary ? o->canary : "");
+        } else if (run.w.failed) {
             char extra[96] = "";
             if (o->workers)
                 snprintf(extra, sizeof extra, " --workers %u", o->workers);
@@ -503,7 +611,12 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
  */
 static int shrink_seed(const swarm_opts *o, uint64_t seed) {
     swarm_cfg cfg;
-    draw_cfg(seed, o->workers, &cfg);
+    swarm_opts drawn = *o;
+    drawn.plan_text = NULL;
+    drawn.calls = 0;
+    drawn.save_bytes = NULL;
+    if (world_cfg(&drawn, &seed, &cfg) != 0)
+        return 2;
     char plan[SWARM_PLAN_MAX];
     snprintf(plan, sizeof plan, "%s", o->plan_text ? o->plan_text : cfg.plan);
     uint32_t calls = o->calls ? o->calls : cfg.calls;
@@ -587,6 +700,87 @@ static int shrink_seed(const swarm_opts *o, uint64_t seed) {
            o->canary ? "_canary" : "", seed, f ? path : "(could not write the plan)", calls,
            o->canary ? " --canary " : "", o->canary ? o->canary : "");
     return 0;
+}
+
+/*
+ * The same for a bytes world (SIM-14): delta debugging on the bytes. Cuts
+ * chunks (half the input, then a quarter, ... one byte) while the world
+ * still fails; cutting the tail removes faults, cutting inside shifts the
+ * later draws. Writes BYTES_PATH.min. afl-tmin does the same job on the
+ * fuzz harness (fuzz/README.md).
+ */
+static int shrink_bytes(const swarm_opts *o) {
+    FILE *quiet = fopen("/dev/null", "w");
+    uint8_t *cur = malloc(o->bytes_len + 1), *cand = malloc(o->bytes_len + 1);
+    if (!quiet || !cur || !cand) {
+        if (quiet)
+            fclose(quiet);
+        free(cur);
+        free(cand);
+        return 2;
+    }
+    memcpy(cur, o->bytes, o->bytes_len);
+    size_t len = o->bytes_len;
+    swarm_opts q = *o;
+    q.verbose = 0;
+    q.trace_path = NULL;
+    q.save_bytes = NULL;
+    swarm_stats st;
+    memset(&st, 0, sizeof st);
+    unsigned runs = 1;
+    q.bytes = cur;
+    q.bytes_len = len;
+    if (!run_seed(&q, 0, &st, quiet)) {
+        printf("shrink: %s does not fail: nothing to shrink\n", o->bytes_path);
+        fclose(quiet);
+        free(cur);
+        free(cand);
+        return 1;
+    }
+    for (size_t chunk = len / 2 ? len / 2 : 1; chunk >= 1; chunk /= 2) {
+        for (size_t at = 0; at < len;) {
+            size_t cut = chunk < len - at ? chunk : len - at;
+            memcpy(cand, cur, at);
+            memcpy(cand + at, cur + at + cut, len - at - cut);
+            q.bytes = cand;
+            q.bytes_len = len - cut;
+            runs++;
+            if (run_seed(&q, 0, &st, quiet)) {
+                memcpy(cur, cand, len - cut);
+                len -= cut;
+            } else {
+                at += cut;
+            }
+        }
+        if (chunk == 1)
+            break;
+    }
+    fclose(quiet);
+    char path[4096];
+    snprintf(path, sizeof path, "%s.min", o->bytes_path);
+    FILE *f = fopen(path, "wb");
+    int wrote = f && fwrite(cur, 1, len, f) == len;
+    if (f && fclose(f) != 0)
+        wrote = 0;
+    printf("shrink: %s still fails with %zu of %zu bytes (%u runs)\n", o->bytes_path, len,
+           o->bytes_len, runs);
+    printf("  replay: tpsim%s swarm --bytes %s%s%s --verbose\n", o->canary ? "_canary" : "",
+           wrote ? path : "(could not write it)", o->canary ? " --canary " : "",
+           o->canary ? o->canary : "");
+    free(cur);
+    free(cand);
+    return wrote ? 0 : 2;
+}
+
+int tpsim_swarm_bytes(const uint8_t *data, size_t len, FILE *out) {
+    swarm_opts o;
+    memset(&o, 0, sizeof o);
+    o.jobs = 1;
+    o.bytes = data;
+    o.bytes_len = len;
+    swarm_stats st;
+    memset(&st, 0, sizeof st);
+    return run_seed(&o, 0, &st, out);
 }
 
 /* ---- Many seeds ------------------------------------------------------------------ */
@@ -766,7 +960,8 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
 static int swarm_usage(FILE *out) {
     fprintf(out, "usage: tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
                  "                   [--trace FILE] [--canary NAME] [--expect-failure]\n"
-                 "                   [--plan FILE] [--calls N] [--shrink]\n"
+                 "                   [--plan FILE] [--calls N] [--shrink] [--save-bytes FILE]\n"
+                 "       tpsim swarm --bytes FILE [--shrink] [...]\n"
                  "\n"
                  "Runs one randomized world per seed: chaos (faults), heal, liveness, graceful\n"
                  "shutdown, then the oracle's final checks. Prints each failing seed with its\n"
@@ -784,6 +979,9 @@ static int swarm_usage(FILE *out) {
                  "  --calls N      every worker issues N chaos calls instead of the drawn count\n"
                  "  --shrink       one failing seed: drop plan lines and halve the calls while it\n"
                  "                 still fails; print the smallest and write seed-S.plan\n"
+                 "                 (with --bytes: cut bytes while it fails; write FILE.min)\n"
+                 "  --bytes FILE   run the one world these bytes decode to (spec/sim.md SIM-14)\n"
+                 "  --save-bytes FILE  write one seed's world as bytes that replay it\n"
                  "  --expect-failure  succeed only when some seed fails (for canaries)\n");
     return out == stdout ? 0 : 2;
 }
@@ -804,7 +1002,8 @@ int tpsim_swarm_main(int argc, char **argv) {
     swarm_opts o;
     memset(&o, 0, sizeof o);
     o.jobs = 1;
-    char *plan_buf = NULL; /* --plan's text; freed at exit by the process */
+    char *plan_buf = NULL;     /* --plan's text */
+    uint8_t *bytes_buf = NULL; /* --bytes' contents */
     int have_seeds = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -860,6 +1059,27 @@ int tpsim_swarm_main(int argc, char **argv) {
             }
             o.calls = (uint32_t)n;
             i++;
+        } else if (strcmp(a, "--bytes") == 0 && v) {
+            FILE *bf = fopen(v, "rb");
+            if (!bf) {
+                fprintf(stderr, "tpsim swarm: --bytes %s: %s\n", v, strerror(errno));
+                return 2;
+            }
+            bytes_buf = malloc(SWARM_BYTES_MAX + 1);
+            size_t got = bytes_buf ? fread(bytes_buf, 1, SWARM_BYTES_MAX + 1, bf) : 0;
+            fclose(bf);
+            if (!bytes_buf || got > SWARM_BYTES_MAX) {
+                fprintf(stderr, "tpsim swarm: --bytes %s: larger than %d bytes\n", v,
+                        SWARM_BYTES_MAX);
+                return 2;
+            }
+            o.bytes = bytes_buf;
+            o.bytes_len = got;
+            o.bytes_path = v;
+            i++;
+        } else if (strcmp(a, "--save-bytes") == 0 && v) {
+            o.save_bytes = v;
+            i++;
         } else if (strcmp(a, "--plan") == 0 && v) {
             FILE *pf = fopen(v, "r");
             if (!pf) {
@@ -881,9 +1101,25 @@ int tpsim_swarm_main(int argc, char **argv) {
             return swarm_usage(stderr);
         }
     }
+    if (o.bytes && (have_seeds || o.save_bytes || o.plan_text || o.calls)) {
+        fprintf(stderr, "tpsim swarm: --bytes is the whole world: no --seeds, --save-bytes, "
+                        "--plan or --calls with it\n");
+        return 2;
+    }
+    if (o.bytes) { /* the seed shown is the one in the bytes */
+        for (size_t b = 0; b < SWARM_BYTES_SEED && b < o.bytes_len; b++)
+            o.from |= (uint64_t)o.bytes[b] << (8 * b);
+        o.to = o.from;
+        have_seeds = 1;
+    }
     if (!have_seeds) {
-        fprintf(stderr, "tpsim swarm: --seeds is required\n");
+        fprintf(stderr, "tpsim swarm: --seeds or --bytes is required\n");
         return swarm_usage(stderr);
+    }
+    if (o.save_bytes && (o.from != o.to || o.plan_text || o.calls)) {
+        fprintf(stderr, "tpsim swarm: --save-bytes takes one seed (--seeds S) and its drawn "
+                        "plan and calls\n");
+        return 2;
     }
     if (o.shrink && o.from != o.to) {
         fprintf(stderr, "tpsim swarm: --shrink takes one seed (--seeds S)\n");
@@ -915,8 +1151,9 @@ int tpsim_swarm_main(int argc, char **argv) {
     }
     tp_register_builtin_backends();
     if (o.shrink) {
-        int src = shrink_seed(&o, o.from);
+        int src = o.bytes ? shrink_bytes(&o) : shrink_seed(&o, o.from);
         free(plan_buf);
+        free(bytes_buf);
         return src;
     }
     swarm_stats stats;
@@ -930,6 +1167,8 @@ int tpsim_swarm_main(int argc, char **argv) {
     if (isatty(2) && o.jobs <= 1)
         fprintf(stderr, "\r\n");
     print_summary(&o, &stats, wall_now() - t0);
+    free(plan_buf);
+    free(bytes_buf);
     if (rc != 0)
         return 2;
     if (o.expect_failure) {
