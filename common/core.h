@@ -407,7 +407,25 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
  * serves requests while it waits here. */
 tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns);
 /* Publishes "dead/<r>" for every peer known dead (lock not held). */
-void tpi_publish_dead(tp_core *c);
+void tpi_publish_dead(tp_core *c, uint64_t deadline_ns);
+
+/* ---- store_retry.c ------------------------------------------------------ */
+
+/*
+ * The core's store calls (lock not held): TP_ESTORE is retried with backoff
+ * until deadline_ns (STORE-9); then it is returned, with the store's errmsg
+ * saying for how long it failed. Any other status returns at once.
+ */
+tp_status tpi_store_set(tp_core *c, const char *key, const void *value, size_t len,
+                        uint64_t deadline_ns);
+tp_status tpi_store_get(tp_core *c, const char *key, void **value, size_t *len,
+                        uint64_t deadline_ns);
+tp_status tpi_store_cas(tp_core *c, const char *key, const void *expected, size_t expected_len,
+                        const void *desired, size_t desired_len, int *swapped,
+                        uint64_t deadline_ns);
+/* Parks (lock not held) until now + *backoff, bounded by deadline; then
+ * doubles *backoff up to cap. TP_ESHUTDOWN when the worker is torn down. */
+tp_status tpi_store_nap(tp_core *c, uint64_t *backoff, uint64_t cap, uint64_t deadline);
 
 /* ---- shutdown.c --------------------------------------------------------- */
 

@@ -12,29 +12,24 @@
 #define POLL_FIRST_NS 500000ull     /* 0.5 ms: rendezvous partners are usually close */
 #define POLL_MAX_NS 20000000ull     /* 20 ms: bounds the latency added to a late joiner */
 #define MISSING_NAMED_MAX 8         /* ranks named in a timeout message */
+/* Publishing an init outcome may take this long past the moment it is
+ * decided (often at the deadline) while the store is failing (STORE-9). */
+#define OUTCOME_GRACE_NS 5000000000ull
 
 static tp_status store_fail(tp_core *c, tp_status st, const char *what) {
     return tpi_fail(st == TP_ENOENT ? TP_ESTORE : st, "%s: rendezvous store: %s", what,
                     c->store->errmsg[0] ? c->store->errmsg : tp_strerror(st));
 }
 
-/* Parks until now + wait (bounded by deadline); TP_ESHUTDOWN ends the wait. */
-static tp_status nap(tp_core *c, uint64_t *backoff, uint64_t deadline) {
-    tpi_lock(c);
-    uint64_t now = tpi_now(c);
-    uint64_t until = now + *backoff < deadline ? now + *backoff : deadline;
-    tp_status st = TP_OK;
-    while (st == TP_OK && tpi_now(c) < until)
-        st = tpi_park(c, until);
-    tpi_unlock(c);
-    *backoff = *backoff * 2 < POLL_MAX_NS ? *backoff * 2 : POLL_MAX_NS;
-    return st == TP_ETIMEDOUT ? TP_OK : st;
+static uint64_t outcome_deadline(tp_core *c) {
+    return tpi_now(c) + OUTCOME_GRACE_NS;
 }
 
-static int key_exists(tp_core *c, const char *key, char **value, tp_status *st) {
+static int key_exists(tp_core *c, const char *key, char **value, tp_status *st,
+                      uint64_t deadline_ns) {
     void *v = NULL;
     size_t len = 0;
-    *st = c->store->ops->get(c->store, key, &v, &len);
+    *st = tpi_store_get(c, key, &v, &len, deadline_ns);
     if (*st == TP_ENOENT) {
         *st = TP_OK;
         return 0;
@@ -49,12 +44,12 @@ static int key_exists(tp_core *c, const char *key, char **value, tp_status *st) 
 }
 
 /* An "init/error" published by another worker: "<status>\t<message>". */
-static tp_status check_error_key(tp_core *c, const char *what) {
+static tp_status check_error_key(tp_core *c, const char *what, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     char *v = NULL;
     tp_status st;
     tpi_key(c, key, sizeof key, "init/error");
-    if (!key_exists(c, key, &v, &st))
+    if (!key_exists(c, key, &v, &st, deadline_ns))
         return st == TP_OK ? TP_OK : store_fail(c, st, what);
     if (strncmp(v, "TP_OK\t", 6) == 0) { /* committed: the attempt succeeded (INIT-5) */
         free(v);
@@ -84,11 +79,12 @@ static tp_status publish_outcome(tp_core *c, tp_status st, const char *msg) {
     int swapped = 0;
     tpi_key(c, key, sizeof key, "init/error");
     size_t n = tpi_format(val, sizeof val, "%s\t%s", tp_status_name(st), msg);
-    tp_status sst = c->store->ops->compare_set(c->store, key, NULL, 0, val, n, &swapped);
+    uint64_t deadline_ns = outcome_deadline(c);
+    tp_status sst = tpi_store_cas(c, key, NULL, 0, val, n, &swapped, deadline_ns);
     if (sst != TP_OK)
         return store_fail(c, sst, "init");
     if (!swapped)
-        return check_error_key(c, "init");
+        return check_error_key(c, "init", deadline_ns);
     return st == TP_OK ? TP_OK : tpi_fail(st, "%s", msg);
 }
 
@@ -114,7 +110,7 @@ static void name_missing(tp_core *c, const uint8_t *present, char *buf, size_t l
         tpi_format(buf + n, len - n, " and %zu more", missing - named);
 }
 
-static int known_dead(tp_core *c, uint32_t r, tp_status *st) {
+static int known_dead(tp_core *c, uint32_t r, tp_status *st, uint64_t deadline_ns) {
     tpi_lock(c);
     int dead = c->peer_dead[r];
     tpi_unlock(c);
@@ -122,7 +118,7 @@ static int known_dead(tp_core *c, uint32_t r, tp_status *st) {
         return 1;
     char key[TP_STORE_KEY_LEN_MAX + 1];
     tpi_key(c, key, sizeof key, "dead/%u", r);
-    return key_exists(c, key, NULL, st);
+    return key_exists(c, key, NULL, st, deadline_ns);
 }
 
 tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
@@ -139,13 +135,13 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             if (present[r])
                 continue;
             tpi_key(c, key, sizeof key, "%s/%u", prefix, r);
-            if (key_exists(c, key, values ? &values[r] : NULL, &st)) {
+            if (key_exists(c, key, values ? &values[r] : NULL, &st, deadline_ns)) {
                 present[r] = 1;
-            } else if (st == TP_OK && honor_dead && known_dead(c, r, &st)) {
+            } else if (st == TP_OK && honor_dead && known_dead(c, r, &st, deadline_ns)) {
                 /* The key was read before the death was seen: the worker may have
                  * published it and then left (its set was done before it shut its
                  * connections, so a look now sees it). One more look decides. */
-                if (key_exists(c, key, values ? &values[r] : NULL, &st))
+                if (key_exists(c, key, values ? &values[r] : NULL, &st, deadline_ns))
                     present[r] = 1;
                 else if (st == TP_OK)
                     present[r] = 2; /* dead: not waited for */
@@ -157,7 +153,7 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             st = store_fail(c, st, what);
             break;
         }
-        if (!honor_dead && (st = check_error_key(c, what)) != TP_OK)
+        if (!honor_dead && (st = check_error_key(c, what, deadline_ns)) != TP_OK)
             break;
         if (missing == 0)
             break;
@@ -179,7 +175,7 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             deadline_ns = TPI_NO_DEADLINE;
             continue;
         }
-        st = nap(c, &backoff, deadline_ns);
+        st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
         if (st != TP_OK) {
             st = tpi_fail(st, "%s: the wait was interrupted: %s", what, tp_strerror(st));
             break;
@@ -204,7 +200,7 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
     return st;
 }
 
-void tpi_publish_dead(tp_core *c) {
+void tpi_publish_dead(tp_core *c, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     for (uint32_t r = 0; r < c->world_size; r++) {
         tpi_lock(c);
@@ -212,23 +208,23 @@ void tpi_publish_dead(tp_core *c) {
         tpi_unlock(c);
         if (dead) {
             tpi_key(c, key, sizeof key, "dead/%u", r);
-            c->store->ops->set(c->store, key, "1", 1);
+            (void)tpi_store_set(c, key, "1", 1, deadline_ns); /* a hint: gather also asks */
         }
     }
 }
 
 /* Compare-and-set key from absent to value; on loss *other gets the winner's value. */
-static tp_status claim(tp_core *c, const char *key, const char *value, char **other) {
+static tp_status claim(tp_core *c, const char *key, const char *value, char **other,
+                       uint64_t deadline_ns) {
     int swapped = 0;
     *other = NULL;
-    tp_status st = c->store->ops->compare_set(c->store, key, NULL, 0, value, strlen(value),
-                                              &swapped);
+    tp_status st = tpi_store_cas(c, key, NULL, 0, value, strlen(value), &swapped, deadline_ns);
     if (st != TP_OK)
         return store_fail(c, st, "init");
     if (swapped)
         return TP_OK;
     size_t len;
-    st = c->store->ops->get(c->store, key, (void **)other, &len);
+    st = tpi_store_get(c, key, (void **)other, &len, deadline_ns);
     return st == TP_OK ? TP_EALREADY : store_fail(c, st, "init");
 }
 
@@ -261,7 +257,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     /* INIT-4: the first worker fixes the world size; others must agree. */
     tpi_key(c, key, sizeof key, "init/world_size");
     tpi_format(val, sizeof val, "%u", c->world_size);
-    tp_status st = claim(c, key, val, &other);
+    tp_status st = claim(c, key, val, &other, deadline_ns);
     if (st == TP_EALREADY) {
         int same = strcmp(other, val) == 0;
         if (!same)
@@ -279,7 +275,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     /* INIT-4: a rank is claimed once. */
     tpi_key(c, key, sizeof key, "init/rank/%u", c->rank);
     tpi_format(val, sizeof val, "%s\t%s", c->self.name, addr);
-    st = claim(c, key, val, &other);
+    st = claim(c, key, val, &other, deadline_ns);
     if (st == TP_EALREADY) {
         char *tab = strchr(other, '\t');
         if (tab)
@@ -295,7 +291,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     /* INIT-4: a name is used once. */
     tpi_key(c, key, sizeof key, "init/name/%s", c->self.name);
     tpi_format(val, sizeof val, "%u", c->rank);
-    st = claim(c, key, val, &other);
+    st = claim(c, key, val, &other, deadline_ns);
     if (st == TP_EALREADY) {
         tpi_format(msg, sizeof msg, "duplicate worker name '%s': used by ranks %s and %u",
                    c->self.name, other, c->rank);
@@ -378,7 +374,7 @@ tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     /* INIT-8: nobody sends before everybody can route. */
     tpi_key(c, key, sizeof key, "init/ready/%u", c->rank);
-    tp_status st = c->store->ops->set(c->store, key, "1", 1);
+    tp_status st = tpi_store_set(c, key, "1", 1, deadline_ns);
     if (st != TP_OK)
         return store_fail(c, st, "init");
     st = tpi_store_gather(c, "init/ready", deadline_ns, 0, NULL, "init");
@@ -396,7 +392,7 @@ tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
         return publish_error(c, st, msg);
     }
     tpi_key(c, key, sizeof key, "init/reach/%u", c->rank);
-    st = c->store->ops->set(c->store, key, "1", 1);
+    st = tpi_store_set(c, key, "1", 1, deadline_ns);
     if (st != TP_OK)
         return store_fail(c, st, "init");
     st = tpi_store_gather(c, "init/reach", deadline_ns, 0, NULL, "init");

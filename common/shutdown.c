@@ -107,8 +107,8 @@ static tp_status drain_flush(tp_core *c, uint64_t deadline) {
     return st;
 }
 
-static tp_status publish(tp_core *c, const char *key, const char *val) {
-    tp_status st = c->store->ops->set(c->store, key, val, strlen(val));
+static tp_status publish(tp_core *c, const char *key, const char *val, uint64_t deadline) {
+    tp_status st = tpi_store_set(c, key, val, strlen(val), deadline);
     if (st != TP_OK)
         return tpi_fail(TP_ESTORE, "shutdown: rendezvous store: %s", c->store->errmsg);
     return TP_OK;
@@ -120,24 +120,24 @@ static tp_status publish(tp_core *c, const char *key, const char *val) {
  * is a round behind (it saw a peer go away early, say) stops too instead of
  * waiting for a round the finished peers will never publish.
  */
-static int drain_done_elsewhere(tp_core *c) {
+static int drain_done_elsewhere(tp_core *c, uint64_t deadline) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     void *v = NULL;
     size_t len = 0;
     tpi_key(c, key, sizeof key, "sd/done");
-    if (c->store->ops->get(c->store, key, &v, &len) != TP_OK)
+    if (tpi_store_get(c, key, &v, &len, deadline) != TP_OK)
         return 0;
     free(v);
     return 1;
 }
 
-static void drain_publish_done(tp_core *c, uint32_t round) {
+static void drain_publish_done(tp_core *c, uint32_t round, uint64_t deadline) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     char val[16];
     int swapped = 0;
     tpi_key(c, key, sizeof key, "sd/done");
     size_t n = tpi_format(val, sizeof val, "%u", round);
-    c->store->ops->compare_set(c->store, key, NULL, 0, val, n, &swapped);
+    (void)tpi_store_cas(c, key, NULL, 0, val, n, &swapped, deadline);
 }
 
 static tp_status drain(tp_core *c, uint64_t deadline) {
@@ -157,16 +157,16 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
             st = drain_flush(c, deadline);
         if (st != TP_OK)
             break;
-        if (drain_done_elsewhere(c))
+        if (drain_done_elsewhere(c, deadline))
             break; /* st is TP_OK */
         tpi_lock(c);
         tpi_format(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, c->active_client,
                    TPI_CANARY(TPI_CANARY_DRAIN_UNDERREPORTS) ? 0 : c->active_served, c->issued);
         tpi_unlock(c);
-        tpi_publish_dead(c);
+        tpi_publish_dead(c, deadline);
         tpi_format(prefix, sizeof prefix, "sd/drain/%u", round);
         tpi_key(c, key, sizeof key, "%s/%u", prefix, c->rank);
-        if ((st = publish(c, key, val)) != TP_OK)
+        if ((st = publish(c, key, val, deadline)) != TP_OK)
             break;
         st = tpi_store_gather(c, prefix, deadline, 1, values, "shutdown drain");
         uint64_t active = 0, issued = 0;
@@ -184,7 +184,7 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
         int complete = st == TP_OK;
         if (active == 0 && prev_active == 0 && issued == prev_issued) {
             if (complete && prev_complete) /* sums over everyone: valid for all */
-                drain_publish_done(c, round);
+                drain_publish_done(c, round, deadline);
             break; /* st is TP_OK, or TP_EPEERDOWN naming the dead */
         }
         prev_complete = complete;
@@ -211,9 +211,9 @@ tp_status tpi_shutdown_graceful(tp_core *c) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     /* SHUTDOWN-3: the barrier. */
     uint64_t deadline = tpi_deadline_after(c, t);
-    tpi_publish_dead(c);
+    tpi_publish_dead(c, deadline);
     tpi_key(c, key, sizeof key, "sd/arrive/%u", c->rank);
-    tp_status st = publish(c, key, "1");
+    tp_status st = publish(c, key, "1", deadline);
     if (st == TP_OK)
         st = tpi_store_gather(c, "sd/arrive", deadline, 1, NULL, "shutdown barrier");
     if (st != TP_OK && st != TP_EPEERDOWN)

@@ -538,17 +538,61 @@ static void agent_probe(tp_agent *ag, const tp_probe *p) {
     tpi_sim_oracle_probe(a->sim, a, p);
 }
 
-/* The store through an agent: refused once its host is dead, else the sim's
- * shared store (which the sim closes), its message copied for the core. */
+/*
+ * A storeslow fault: the calling task waits extra_ns before its operation,
+ * as a round trip to a slow store would. The core never calls the store
+ * holding its lock (a real store blocks on I/O), which this asserts. An
+ * unpark that arrives meanwhile was meant for the core's next park: kept.
+ * Returns 0 when the time passed, -1 when the host died or the world ends.
+ */
+static int store_wait(tpi_sim_agent *a, uint64_t extra_ns) {
+    tp_sim *sim = a->sim;
+    tpi_sim_task *t = sim->current;
+    TPI_ASSERT(t && a->lock_holder == NULL);
+    uint64_t until = sim->now_ns + extra_ns;
+    sim->fired[TP_SIM_FAULT_STORE_SLOW]++;
+    tpi_sim_trace(sim, "fault storeslow host=%u task=%u until=%llu", a->host, t->id,
+                  (unsigned long long)until);
+    while (sim->now_ns < until) {
+        if (sim->unwinding || sim->hosts[a->host].dead)
+            return -1;
+        tp_status st = tpi_sim_task_park(sim, t, until);
+        if (st == TP_OK && sim->now_ns < until)
+            t->unpark_pending = 1;
+        else if (st != TP_OK && st != TP_ETIMEDOUT)
+            return -1;
+    }
+    return 0;
+}
+
+/* The store through an agent: refused once its host is dead or while a
+ * storedown fault holds, slowed by storeslow, else the sim's shared store
+ * (which the sim closes), its message copied for the core. */
 static tp_store *view_target(tp_store *s) {
     tpi_sim_store_view *v = (tpi_sim_store_view *)s;
     tpi_sim_agent *a = v->agent;
-    if (a->sim->hosts[a->host].dead) {
+    tp_sim *sim = a->sim;
+    uint64_t slow = sim->nstore_faults ? tpi_sim_store_slow_ns(sim) : 0;
+    if (!sim->hosts[a->host].dead && slow && store_wait(a, slow) != 0) {
+        tpi_format(s->errmsg, sizeof s->errmsg,
+                   "simulated host %u: a slow store operation was interrupted", a->host);
+        return NULL;
+    }
+    if (sim->hosts[a->host].dead) {
         tpi_format(s->errmsg, sizeof s->errmsg,
                    "simulated host %u is dead: it reaches no store", a->host);
         return NULL;
     }
-    return a->sim->store;
+    uint64_t down = sim->nstore_faults ? tpi_sim_store_down_until(sim) : 0;
+    if (down) {
+        sim->fired[TP_SIM_FAULT_STORE_DOWN]++;
+        tpi_sim_trace(sim, "fault storedown host=%u until=%llu", a->host,
+                      (unsigned long long)down);
+        tpi_format(s->errmsg, sizeof s->errmsg,
+                   "store unavailable (simulated outage until t=%.3f ms)", (double)down / 1e6);
+        return NULL;
+    }
+    return sim->store;
 }
 
 static tp_status view_done(tp_store *s, tp_store *t, tp_status st) {

@@ -26,7 +26,9 @@ enum {
     F_PAUSE,
     F_CHAOS,
     F_LATENCY,
-    F_BANDWIDTH
+    F_BANDWIDTH,
+    F_STOREDOWN,
+    F_STORESLOW
 };
 
 /* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
@@ -59,6 +61,11 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
     case F_KILL:
         if (f->a >= n)
             goto bad_host;
+        return TP_OK;
+    case F_STOREDOWN:
+    case F_STORESLOW:
+        if (f->t0_ns >= f->t1_ns)
+            goto bad_window;
         return TP_OK;
     case F_ISOLATE:
     case F_PAUSE:
@@ -208,6 +215,26 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
         tpi_sim_schedule(sim, &e);
         return TP_OK;
     }
+    case F_STOREDOWN:
+    case F_STORESLOW: {
+        if (sim->nstore_faults == TPI_SIM_DELAYS_MAX)
+            return tpi_fail(TP_ELIMIT, "more than %u store faults", TPI_SIM_DELAYS_MAX);
+        if (sim->nstore_faults == sim->store_faults_cap) {
+            uint32_t cap = sim->store_faults_cap ? sim->store_faults_cap * 2 : 4;
+            tpi_sim_store_fault *p = realloc(sim->store_faults, cap * sizeof *p);
+            if (!p)
+                return tpi_fail(TP_ENOMEM, "out of memory adding a store fault");
+            sim->store_faults = p;
+            sim->store_faults_cap = cap;
+        }
+        sim->store_faults[sim->nstore_faults++] = (tpi_sim_store_fault){
+            f->kind == F_STOREDOWN, f->t0_ns, f->t1_ns, f->extra_ns};
+        tpi_sim_trace(sim, "plan %s start=%llu end=%llu extra=%llu",
+                      f->kind == F_STOREDOWN ? "storedown" : "storeslow",
+                      (unsigned long long)f->t0_ns, (unsigned long long)f->t1_ns,
+                      (unsigned long long)f->extra_ns);
+        return TP_OK;
+    }
     case F_LATENCY:
     case F_BANDWIDTH: {
         if (sim->nrules == TPI_SIM_DELAYS_MAX)
@@ -319,6 +346,28 @@ uint64_t tpi_sim_fault_delay_ns(tp_sim *sim, uint32_t from, uint32_t to) {
             extra = extra > UINT64_MAX - d->extra_ns ? UINT64_MAX : extra + d->extra_ns;
     }
     return extra;
+}
+
+/* ---- Store faults ---------------------------------------------------------------- */
+
+uint64_t tpi_sim_store_slow_ns(const tp_sim *sim) {
+    uint64_t extra = 0;
+    for (uint32_t i = 0; i < sim->nstore_faults; i++) {
+        const tpi_sim_store_fault *f = &sim->store_faults[i];
+        if (!f->down && sim->now_ns >= f->start_ns && sim->now_ns < f->end_ns)
+            extra = extra > UINT64_MAX - f->extra_ns ? UINT64_MAX : extra + f->extra_ns;
+    }
+    return extra;
+}
+
+uint64_t tpi_sim_store_down_until(const tp_sim *sim) {
+    uint64_t until = 0;
+    for (uint32_t i = 0; i < sim->nstore_faults; i++) {
+        const tpi_sim_store_fault *f = &sim->store_faults[i];
+        if (f->down && sim->now_ns >= f->start_ns && sim->now_ns < f->end_ns && f->end_ns > until)
+            until = f->end_ns;
+    }
+    return until;
 }
 
 /* ---- Pauses ------------------------------------------------------------------- */
@@ -532,6 +581,8 @@ static const plan_spec plan_specs[] = {
      "response, remote, rref_fetch, rref_delete, rref_fork, "
      "rref_accept)"},
     {"delaytype", F_DELAYTYPE, 2, "delaytype TYPE EXTRA_MS"},
+    {"storedown", F_STOREDOWN, 2, "storedown START_MS END_MS"},
+    {"storeslow", F_STORESLOW, 3, "storeslow START_MS END_MS EXTRA_MS"},
 };
 
 /* Parses the fields of one line; errmsg gets the reason without the line number. */
@@ -544,7 +595,8 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     if (!sp) {
         tpi_format(errmsg, errmsg_len,
                    "unknown fault '%.64s' (expected delay, break, partition, isolate, split, "
-                   "kill, pause, drop, chaos, failsend, delaytype, latency or bandwidth)",
+                   "kill, pause, drop, chaos, failsend, delaytype, latency, bandwidth, "
+                   "storedown or storeslow)",
                    fld[0]);
         return TP_EINVAL;
     }
@@ -639,10 +691,13 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         [F_SPLIT] = {"K", "START_MS", "END_MS"},
         [F_PAUSE] = {"HOST", "START_MS", "END_MS"},
         [F_CHAOS] = {"DROP_PM", "DUP_PM", "REORDER_PM", "START_MS", "END_MS"},
+        [F_STOREDOWN] = {"START_MS", "END_MS"},
+        [F_STORESLOW] = {"START_MS", "END_MS", "EXTRA_MS"},
     };
     /* The leading fields that are integers (hosts, a rate); the rest are times. */
     int nints = sp->kind == F_DELAY || sp->kind == F_BREAK || sp->kind == F_PARTITION ? 2
                 : sp->kind == F_CHAOS                                                 ? 3
+                : sp->kind == F_STOREDOWN || sp->kind == F_STORESLOW                  ? 0
                                                                                       : 1;
     uint64_t v[5] = {0, 0, 0, UINT64_MAX, 0};
     if (sp->kind == F_DROP)
@@ -693,6 +748,11 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     case F_PAUSE:
         *out = (tpi_sim_fault_line){
             .kind = sp->kind, .a = (uint32_t)v[0], .t0_ns = v[1], .t1_ns = v[2]};
+        break;
+    case F_STOREDOWN:
+    case F_STORESLOW:
+        *out = (tpi_sim_fault_line){
+            .kind = sp->kind, .t0_ns = v[0], .t1_ns = v[1], .extra_ns = v[2]};
         break;
     case F_CHAOS:
         if (v[0] > 1000000 || v[1] > 1000000 || v[2] > 1000000) {

@@ -286,6 +286,10 @@ void tpi_sim_net_peer_down(tp_sim *sim, uint32_t host, uint32_t about, tp_status
 void tpi_sim_net_closed(tp_sim *sim, uint32_t host);
 /* The extra delay the delay faults give a message sent now from -> to. */
 uint64_t tpi_sim_fault_delay_ns(tp_sim *sim, uint32_t from, uint32_t to);
+/* Store faults now: the extra time a store operation takes (storeslow), and
+ * the end of the store outage it falls in (storedown; 0: the store is up). */
+uint64_t tpi_sim_store_slow_ns(const tp_sim *sim);
+uint64_t tpi_sim_store_down_until(const tp_sim *sim);
 /* Virtual ns of [from, to) during which host was paused (the oracle's allowance
  * for a host whose own timers could not fire while it was held). */
 uint64_t tpi_sim_paused_ns(const tp_sim *sim, uint32_t host, uint64_t from, uint64_t to);
@@ -390,6 +394,13 @@ typedef struct tpi_sim_pause {
     uint64_t start_ns, end_ns;
 } tpi_sim_pause;
 
+/* A store fault: in [start, end) every store operation fails (down) or
+ * first waits extra_ns (slow). */
+typedef struct tpi_sim_store_fault {
+    int down;
+    uint64_t start_ns, end_ns, extra_ns;
+} tpi_sim_store_fault;
+
 struct tp_sim {
     tp_sim_config cfg; /* defaults filled in */
     uint64_t now_ns;
@@ -421,6 +432,8 @@ struct tp_sim {
     uint32_t ndelays, delays_cap;
     tpi_sim_pause *pauses;
     uint32_t npauses, pauses_cap;
+    tpi_sim_store_fault *store_faults;
+    uint32_t nstore_faults, store_faults_cap;
     tpi_sim_link_rule *rules;
     uint32_t nrules, rules_cap;
     uint64_t fired[TP_SIM_FAULT_KINDS_]; /* tp_sim_fault_count */

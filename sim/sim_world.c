@@ -139,6 +139,7 @@ void tp_sim_free(tp_sim *sim) {
     free(sim->tasks);
     free(sim->delays);
     free(sim->pauses);
+    free(sim->store_faults);
     free(sim->rules);
     free(sim->hosts);
     if (sim->store && sim->store_owned)
@@ -318,6 +319,8 @@ const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind) {
         [TP_SIM_FAULT_CHAOS_DROP] = "chaos_drop",
         [TP_SIM_FAULT_CHAOS_DUP] = "chaos_dup",
         [TP_SIM_FAULT_CHAOS_REORDER] = "chaos_reorder",
+        [TP_SIM_FAULT_STORE_DOWN] = "store_down",
+        [TP_SIM_FAULT_STORE_SLOW] = "store_slow",
     };
     return (unsigned)kind < TP_SIM_FAULT_KINDS_ ? names[kind] : "?";
 }

@@ -89,11 +89,14 @@ typedef struct swarm_run {
     char init_msg[SWARM_WORKERS_MAX][160];
 } swarm_run;
 
-/* Faults that fired so far in this world. */
+/* Faults that fired so far in this world and may fail an init: not a store
+ * outage or a slow store, which init outlasts (STORE-9: the swarm's outages
+ * end long before init's 60 s deadline). */
 static uint64_t faults_fired(tp_sim *sim) {
     uint64_t n = 0;
     for (int k = 0; k < TP_SIM_FAULT_KINDS_; k++)
-        n += tp_sim_fault_count(sim, (tp_sim_fault_kind)k);
+        if (k != TP_SIM_FAULT_STORE_DOWN && k != TP_SIM_FAULT_STORE_SLOW)
+            n += tp_sim_fault_count(sim, (tp_sim_fault_kind)k);
     return n;
 }
 
@@ -299,6 +302,17 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c
         draw_window(s, c->heal_ns, &a, &b);
         static const uint32_t rates[] = {1000, 20000, 200000};
         plan_add(c, TP_SIM_FAULT_DROP, "drop %u %.3f %.3f", rates[below(s, 3)], a, b);
+    }
+    /* The store (STORE-9): an outage during init or around shutdown (the
+     * only phases that use it; both outlast it), and a slow store all run. */
+    if (chance(s, 4)) {
+        a = chance(s, 2) ? (double)below(s, 20) : (double)(c->heal_ns / MS_NS + below(s, 2000));
+        b = a + 1.0 + (double)below(s, 3000);
+        plan_add(c, TP_SIM_FAULT_STORE_DOWN, "storedown %.3f %.3f", a, b);
+    }
+    if (chance(s, 4)) {
+        static const unsigned slow_ms[] = {1, 5, 20};
+        plan_add(c, TP_SIM_FAULT_STORE_SLOW, "storeslow 0 1000000 %u", slow_ms[below(s, 3)]);
     }
 }
 

@@ -74,7 +74,10 @@ tp_status tp_sim_fault_drop(tp_sim *sim, uint32_t per_million);
  *   partition A B START_MS END_MS
  *   kill HOST AT_MS
  *   drop PER_MILLION
- * TP_EINVAL with the line number in errmsg on a bad line.
+ *   storedown START_MS END_MS
+ *   storeslow START_MS END_MS EXTRA_MS
+ * and the rest of spec/sim.md SIM-5. TP_EINVAL with the line number in
+ * errmsg on a bad line.
  */
 tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t errmsg_len);
 
@@ -121,6 +124,8 @@ typedef enum tp_sim_fault_kind {
     TP_SIM_FAULT_CHAOS_DROP,    /* chaos mode: a frame vanished, its connection intact */
     TP_SIM_FAULT_CHAOS_DUP,     /* chaos mode: a frame was delivered twice */
     TP_SIM_FAULT_CHAOS_REORDER, /* chaos mode: a frame was held back past later ones */
+    TP_SIM_FAULT_STORE_DOWN,    /* a store operation failed: the store was down (storedown) */
+    TP_SIM_FAULT_STORE_SLOW,    /* a store operation was slowed (storeslow) */
     TP_SIM_FAULT_KINDS_
 } tp_sim_fault_kind;
 uint64_t tp_sim_fault_count(const tp_sim *sim, tp_sim_fault_kind kind);

@@ -9,11 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "tensorplay/rpc.h"
+#include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
 #include "sim_check.h"
@@ -121,6 +123,144 @@ static void test_init_reserved_names_rejected(void **state) {
     assert_int_equal(tp_new_method("tp:C", "m", fn_nil, NULL), TP_EINVAL);
 }
 
+/* ---- A failing store (spec/store.md STORE-9) ------------------------------ */
+
+/* Init with a store outage planned over [0, down_ms): both workers' results. */
+static tp_status store_status[2];
+static char store_msg[2][TP_ERRMSG_LEN_MAX];
+static uint64_t store_took[2];
+
+static int store_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 1.0) == TP_OK);
+    uint64_t t0 = now_ns();
+    store_status[rank] = tp_init_rpc(name, "SIM", rank, world_size, o);
+    store_took[rank] = now_ns() - t0;
+    snprintf(store_msg[rank], sizeof store_msg[rank], "%s", tp_errmsg());
+    tp_options_free(o);
+    if (store_status[rank] == TP_OK)
+        CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void run_store(const char *plan, tp_store *store) {
+    tp_sim_config cfg = {.hosts = 2, .seed = 3, .store = store};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
+    assert_int_equal(tp_sim_run(sim, store_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+}
+
+/* An outage shorter than init's deadline delays init; it does not fail it. */
+static void test_init_outlasts_store_outage(void **state) {
+    (void)state;
+    run_store("storedown 0 300\n", NULL);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(store_status[r], TP_OK);
+        assert_true(store_took[r] >= 300 * MS && store_took[r] < 600 * MS);
+    }
+}
+
+/* An outage past the deadline fails init there, saying how long and why. */
+static void test_init_store_outage_past_deadline(void **state) {
+    (void)state;
+    run_store("storedown 0 60000\n", NULL);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(store_status[r], TP_ESTORE);
+        assert_non_null(strstr(store_msg[r], "failing for 1.000 s"));
+        assert_non_null(strstr(store_msg[r], "store unavailable"));
+        assert_true(store_took[r] >= 1000 * MS && store_took[r] <= 1000 * MS + TOL_NS);
+    }
+}
+
+/* A slow store (each operation 20 ms) makes init slower, nothing else; the
+ * simulator asserts that no store operation is made under the core's lock. */
+static void test_init_slow_store(void **state) {
+    (void)state;
+    run_store("storeslow 0 100000 20\n", NULL);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(store_status[r], TP_OK);
+        assert_true(store_took[r] >= 100 * MS);
+    }
+}
+
+/*
+ * A store whose create-if-absent writes happen but whose replies are lost
+ * (a store server that applied the write, then lost the connection): the
+ * retry finds the key holding this worker's own value, and takes it as its
+ * own instead of reporting "rank claimed twice".
+ */
+typedef struct lossy_store {
+    tp_store base; /* first */
+    tp_store *inner;
+    int lost; /* replies lost so far */
+} lossy_store;
+
+static tp_status lossy_set(tp_store *s, const char *key, const void *value, size_t len) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->set(in, key, value, len);
+}
+static tp_status lossy_get(tp_store *s, const char *key, void **value, size_t *len) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->get(in, key, value, len);
+}
+static tp_status lossy_add(tp_store *s, const char *key, int64_t delta, int64_t *result) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->add(in, key, delta, result);
+}
+static tp_status lossy_cas(tp_store *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, int *swapped) {
+    lossy_store *ls = (lossy_store *)s;
+    tp_status st = ls->inner->ops->compare_set(ls->inner, key, expected, elen, desired, dlen,
+                                               swapped);
+    if (st == TP_OK && *swapped && !expected) {
+        ls->lost++;
+        snprintf(s->errmsg, sizeof s->errmsg, "compare_set '%s': the reply was lost", key);
+        return TP_ESTORE; /* written, but the caller cannot know */
+    }
+    return st;
+}
+static tp_status lossy_del(tp_store *s, const char *key) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->del(in, key);
+}
+static void lossy_close(tp_store *s) {
+    lossy_store *ls = (lossy_store *)s;
+    ls->inner->ops->close(ls->inner);
+    free(ls);
+}
+static const tp_store_ops lossy_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = lossy_set,
+    .get = lossy_get,
+    .add = lossy_add,
+    .compare_set = lossy_cas,
+    .del = lossy_del,
+    .close = lossy_close,
+};
+
+static void test_init_store_lost_replies(void **state) {
+    (void)state;
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &lossy_ops;
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    run_store("", &ls->base);
+    assert_true(ls->lost >= 6); /* world size, rank and name, on each worker */
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(store_status[r], TP_OK);
+        assert_string_equal(store_msg[r], "");
+    }
+    lossy_close(&ls->base);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_warmup_reaches_every_worker, reset_failures),
@@ -128,6 +268,10 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test(test_init_reserved_names_rejected),
         cmocka_unit_test_setup(test_init_missing_worker_times_out, reset_failures),
+        cmocka_unit_test_setup(test_init_outlasts_store_outage, reset_failures),
+        cmocka_unit_test_setup(test_init_store_outage_past_deadline, reset_failures),
+        cmocka_unit_test_setup(test_init_slow_store, reset_failures),
+        cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
