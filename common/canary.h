@@ -21,6 +21,10 @@ typedef enum tpi_canary_kind {
     /* The shutdown drain publishes no served requests, so it can end while
      * functions still run. */
     TPI_CANARY_DRAIN_UNDERREPORTS = 3,
+    /* A user that sends an rref keeps no pending child: its own delete can
+     * reach the owner before the child's fork, and the owner frees the value
+     * while the child still holds a reference (guarantee 2, RREF-5). */
+    TPI_CANARY_CHILD_DROPPED_EARLY = 4,
     TPI_CANARY_KINDS_
 } tpi_canary_kind;
 

@@ -229,6 +229,19 @@ static inline void tpi_probe(const tp_core *c, tp_probe_kind kind, uint64_t id, 
     c->ops->probe(c->agent, &p);
 }
 
+/* Reports an rref protocol step (RREF_FORK_LIVE, _GONE, RREF_OWNER_FREE). */
+static inline void tpi_probe_rref(const tp_core *c, tp_probe_kind kind, tpi_gid rref,
+                                  tpi_gid fork, uint32_t peer) {
+    if (!c->ops->probe)
+        return;
+    tp_probe p = {.kind = kind,
+                  .peer = peer,
+                  .fn = "",
+                  .rref = {rref.worker, rref.local},
+                  .fork = {fork.worker, fork.local}};
+    c->ops->probe(c->agent, &p);
+}
+
 /* ---- core.c ------------------------------------------------------------- */
 
 void tpi_core_ref(tp_core *c);

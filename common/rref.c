@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "canary.h"
 #include "core.h"
 #include "options.h"
 #include "registry.h"
@@ -127,8 +128,10 @@ static void owner_free(tp_core *c, tpi_owner *o) {
 
 void tpi_owner_maybe_free(tp_core *c, tpi_owner *o) {
     if (o->nforks == 0 && o->local_handles == 0 && !o->fetches && !o->waiters && !o->running &&
-        o->ready)
+        o->ready) {
+        tpi_probe_rref(c, TP_PROBE_RREF_OWNER_FREE, o->id, (tpi_gid){0, 0}, c->rank);
         owner_free(c, o);
+    }
 }
 
 /* ---- Handles ------------------------------------------------------------------ */
@@ -154,6 +157,7 @@ tp_rref *tpi_rref_new_user(tp_core *c, uint32_t owner, tpi_gid id, tpi_gid fork)
     if (!r)
         return NULL;
     r->fork = fork;
+    tpi_probe_rref(c, TP_PROBE_RREF_FORK_LIVE, id, fork, owner);
     r->next = c->users;
     if (c->users)
         c->users->prev = r;
@@ -227,6 +231,7 @@ static void send_delete(tp_core *c, tp_rref *r) {
     if (r->released)
         return;
     r->released = 1;
+    tpi_probe_rref(c, TP_PROBE_RREF_FORK_GONE, r->id, r->fork, r->owner);
     if (c->peer_dead[r->owner])
         return;
     tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_DELETE, "rref delete", NULL);
@@ -343,6 +348,9 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
     } else if (r->is_owner) { /* the owner records the fork itself, at once */
         tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
         st = o ? tpi_owner_add_fork(o, w->fork_id, rc->peer) : TP_EINVAL;
+    } else if (TPI_CANARY(TPI_CANARY_CHILD_DROPPED_EARLY)) {
+        /* Canary: no pending child, so the parent's delete can overtake the
+         * child's fork at the owner (a broken guarantee 2). */
     } else { /* keep our reference until the child is confirmed (guarantee 2) */
         tpi_child *ch = malloc(sizeof *ch);
         st = ch ? TP_OK : TP_ENOMEM;

@@ -36,6 +36,12 @@ typedef struct ocall {
     char fn[48];
 } ocall;
 
+/* A user rref alive on a worker (RREF_FORK_LIVE until RREF_FORK_GONE). */
+typedef struct ofork {
+    uint32_t agent, host;
+    tpi_gid rref, fork;
+} ofork;
+
 /* One served request: how often its function began and returned. */
 typedef struct oserve {
     uint32_t begins, ends;
@@ -44,6 +50,7 @@ typedef struct oserve {
 struct tpi_sim_oracle {
     tpi_idmap calls;             /* {agent, call id} -> ocall */
     tpi_idmap served;            /* {agent, caller rank << 40 | call id} -> oserve */
+    tpi_idmap forks;             /* {holder agent, fork worker << 40 | fork counter} -> ofork */
     uint32_t *running;           /* by agent id: functions running now */
     uint64_t *shutdown_begin_ns; /* by agent id: UINT64_MAX when not shutting down */
     uint64_t *shutdown_timeout_ns;
@@ -90,6 +97,7 @@ static tpi_sim_oracle *oracle(tp_sim *sim) {
         TPI_ASSERT(sim->oracle && "the oracle cannot run without memory");
         tpi_idmap_init(&sim->oracle->calls);
         tpi_idmap_init(&sim->oracle->served);
+        tpi_idmap_init(&sim->oracle->forks);
     }
     return sim->oracle;
 }
@@ -126,8 +134,11 @@ void tpi_sim_oracle_free(tp_sim *sim) {
         free(o->calls.slots[i].value);
     for (size_t i = 0; i < o->served.cap; i++)
         free(o->served.slots[i].value);
+    for (size_t i = 0; i < o->forks.cap; i++)
+        free(o->forks.slots[i].value);
     tpi_idmap_free(&o->calls);
     tpi_idmap_free(&o->served);
+    tpi_idmap_free(&o->forks);
     free(o->running);
     free(o->shutdown_begin_ns);
     free(o->shutdown_timeout_ns);
@@ -346,6 +357,73 @@ static void on_shutdown(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int be
                           a->host, (double)took / 1e6, (double)t / 1e6);
 }
 
+/* ---- RRefs ---------------------------------------------------------------------------- */
+
+static int fork_key(tp_sim *sim, const tpi_sim_agent *a, const tp_probe *p, tpi_gid *key) {
+    if (p->fork.local >> SERVE_KEY_ID_BITS) {
+        tpi_sim_violation(sim, "host %u: fork %u:%llu is out of the oracle's range", a->host,
+                          p->fork.worker, (unsigned long long)p->fork.local);
+        return 0;
+    }
+    *key = (tpi_gid){a->id, ((uint64_t)p->fork.worker << SERVE_KEY_ID_BITS) | p->fork.local};
+    return 1;
+}
+
+static void on_fork(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int live) {
+    tpi_sim_oracle *o = oracle(sim);
+    tpi_gid key;
+    if (!fork_key(sim, a, p, &key))
+        return;
+    ofork *f = tpi_idmap_get(&o->forks, key);
+    if (!live) {
+        if (f) {
+            tpi_idmap_del(&o->forks, key);
+            free(f);
+        }
+        return;
+    }
+    if (f) {
+        tpi_sim_violation(sim, "host %u (agent %u) received fork %u:%llu of rref %u:%llu twice",
+                          a->host, a->id, p->fork.worker, (unsigned long long)p->fork.local,
+                          p->rref.worker, (unsigned long long)p->rref.local);
+        return;
+    }
+    f = calloc(1, sizeof *f);
+    TPI_ASSERT(f);
+    *f = (ofork){a->id, a->host, {p->rref.worker, p->rref.local}, {p->fork.worker, p->fork.local}};
+    tp_status st = tpi_idmap_put(&o->forks, key, f);
+    TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
+}
+
+/*
+ * RREF-3..6: the owner frees a value only when no user rref of it is left.
+ * A fork counts while its holder runs (an agent of the same generation that
+ * has not stopped) and has not given it up. Only while no host has died:
+ * a parent's death drops its fork at the owner before its child's fork may
+ * have arrived (RREF-12), and the value may go early by design.
+ */
+static void on_owner_free(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    for (uint32_t h = 0; h < sim->cfg.hosts; h++)
+        if (sim->hosts[h].dead)
+            return;
+    /* Slot order: a pure function of the operations done (idmap.h). */
+    for (size_t i = 0; i < o->forks.cap; i++) {
+        const ofork *f = o->forks.slots[i].value;
+        if (!f || f->rref.worker != p->rref.worker || f->rref.local != p->rref.local)
+            continue;
+        tpi_sim_agent *holder = host_agent(sim, f->host);
+        if (!holder || holder->id != f->agent)
+            continue; /* its worker stopped: an earlier generation, or shut down */
+        tpi_sim_violation(sim,
+                          "host %u (agent %u) freed the value of rref %u:%llu while host %u "
+                          "(agent %u) still holds fork %u:%llu of it",
+                          a->host, a->id, p->rref.worker, (unsigned long long)p->rref.local,
+                          f->host, f->agent, f->fork.worker, (unsigned long long)f->fork.local);
+        return;
+    }
+}
+
 void tpi_sim_oracle_probe(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     tpi_sim_oracle_busy(sim);
     switch (p->kind) {
@@ -368,6 +446,13 @@ void tpi_sim_oracle_probe(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
         break;
     case TP_PROBE_SHUTDOWN_DRAINED:
         on_drained(sim, a, p);
+        break;
+    case TP_PROBE_RREF_FORK_LIVE:
+    case TP_PROBE_RREF_FORK_GONE:
+        on_fork(sim, a, p, p->kind == TP_PROBE_RREF_FORK_LIVE);
+        break;
+    case TP_PROBE_RREF_OWNER_FREE:
+        on_owner_free(sim, a, p);
         break;
     default:
         tpi_sim_violation(sim, "host %u: unknown probe kind %d", a->host, (int)p->kind);

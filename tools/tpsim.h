@@ -103,6 +103,8 @@ typedef enum tpsim_op {
     TPSIM_OP_UNKNOWN,   /* rpc_sync of a function nobody has */
     TPSIM_OP_REMOTE,    /* remote add(a, b), then to_here */
     TPSIM_OP_FORGET,    /* rpc_async slow_add, the future freed at once */
+    TPSIM_OP_SHARE,     /* remote add(a, b), the rref passed to a third worker that fetches it,
+                           released here at once (the rref protocol's forks, RREF-5/6) */
     TPSIM_OP_LIVENESS,  /* the liveness phase's echo */
     TPSIM_OP_KINDS
 } tpsim_op;
@@ -155,8 +157,8 @@ typedef struct tpsim_op_spec {
     double fetch_timeout_s; /* remote: to_here's */
     int64_t a, b;           /* operands: the answer is a + b */
     int64_t delay_us;       /* slow, forget, forward: the function's sleep */
-    int relay_to;           /* forward: the third worker */
-    double relay_timeout_s; /* forward: the nested call's (finite) */
+    int relay_to;           /* forward, share: the third worker */
+    double relay_timeout_s; /* forward: the nested call's; share: the to_here's (finite) */
     uint64_t tag;           /* echo: the payload's pattern */
     size_t len;             /* echo: the payload's bytes */
     int sync;               /* wait for the answer here (rpc_sync) */

@@ -14,9 +14,9 @@
 
 #include "tools/tpsim.h"
 
-const char *const tpsim_op_names[TPSIM_OP_KINDS] = {"sync_add", "async_add", "slow",    "forward",
-                                                    "echo",     "fail",      "unknown", "remote",
-                                                    "forget",   "liveness"};
+const char *const tpsim_op_names[TPSIM_OP_KINDS] = {
+    "sync_add", "async_add", "slow", "forward", "echo",    "fail",
+    "unknown",  "remote",    "forget", "share", "liveness"};
 
 const char *const tpsim_out_names[TPSIM_OUT_KINDS] = {"ok",  "timeout", "peerdown",
                                                       "eio", "remote",  "other"};
@@ -92,6 +92,25 @@ static tp_status fn_relay(tp_call *call, const tp_value *args, const tp_value *k
     return st;
 }
 
+/* rref_get(rref, timeout_us) -> the rref's value, fetched here with to_here.
+ * A fetch the owner cannot answer because it no longer knows the rref is the
+ * protocol's failure, not the network's: reported as such (TP_EPROTO). */
+static tp_status fn_rref_get(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                             tp_value **result, void *ud) {
+    (void)kwargs, (void)ud;
+    tp_rref *rref = NULL;
+    int64_t timeout_us = 0;
+    if (tp_value_get_rref(tp_list_get(args, 0), &rref) != TP_OK ||
+        tp_value_get_int(tp_list_get(args, 1), &timeout_us) != TP_OK) {
+        tp_call_set_error(call, "rref_get: expected (rref, timeout_us)");
+        return TP_EINVAL;
+    }
+    tp_status st = tp_rref_to_here(rref, (double)timeout_us / 1e6, result);
+    if (st != TP_OK)
+        tp_call_set_error(call, "rref_get: to_here: %s: %s", tp_status_name(st), tp_errmsg());
+    return st;
+}
+
 /* fail() -> always an error */
 static tp_status fn_fail(tp_call *call, const tp_value *args, const tp_value *kwargs,
                          tp_value **result, void *ud) {
@@ -108,6 +127,8 @@ tp_status tpsim_ops_register(void) {
         st = tp_register_function("fail", fn_fail, NULL);
     if (st == TP_OK)
         st = tp_register_function("relay", fn_relay, NULL);
+    if (st == TP_OK)
+        st = tp_register_function("rref_get", fn_rref_get, NULL);
     return st;
 }
 
@@ -176,8 +197,10 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
         break;
     case TPSIM_OP_SLOW:
     case TPSIM_OP_FORWARD:
-        /* The function's own wait or nested call can fail the same ways. */
-        ok = ok || st == TP_EREMOTE;
+    case TPSIM_OP_SHARE:
+        /* The function's own wait or nested call can fail the same ways; a
+         * shared rref's fetch never because its owner forgot it (RREF-5). */
+        ok = ok || (st == TP_EREMOTE && (p->op != TPSIM_OP_SHARE || !strstr(err, "TP_EPROTO")));
         /* fallthrough */
     default:
         if (st == TP_OK) {
@@ -266,11 +289,29 @@ void tpsim_op_start(tpsim_world *w, int me, const tpsim_op_spec *s, tpsim_pendin
     }
     tp_status st;
     if (s->op == TPSIM_OP_SYNC_ADD || s->op == TPSIM_OP_FAIL || s->op == TPSIM_OP_UNKNOWN ||
-        (s->sync && s->op != TPSIM_OP_REMOTE && s->op != TPSIM_OP_FORGET)) {
+        (s->sync && s->op != TPSIM_OP_REMOTE && s->op != TPSIM_OP_FORGET &&
+         s->op != TPSIM_OP_SHARE)) {
         tp_value *res = NULL;
         st = tp_rpc_sync(tp_to_rank(s->dst), fn, args, NULL, s->timeout_s, &res);
         tpsim_check_outcome(w, me, p, st, res, tp_errmsg());
         tp_value_free(res);
+    } else if (s->op == TPSIM_OP_SHARE) {
+        /* remote add on dst, then rref_get on relay_to with the rref; our
+         * handle goes at once, so only the protocol keeps the value alive. */
+        tp_rref *rr = NULL;
+        st = tp_remote(tp_to_rank(s->dst), fn, args, NULL, s->timeout_s, &rr);
+        tp_value *gargs = NULL;
+        if (st == TP_OK) {
+            gargs = tp_value_list_of(2, tp_value_rref(rr),
+                                     tp_value_int((int64_t)(s->relay_timeout_s * 1e6)));
+            st = gargs ? tp_rpc_async(tp_to_rank(s->relay_to), "rref_get", gargs, NULL,
+                                      s->timeout_s, &p->f)
+                       : TP_ENOMEM;
+            tp_rref_release(rr);
+        }
+        tp_value_free(gargs);
+        if (st != TP_OK)
+            tpsim_check_outcome(w, me, p, st, NULL, tp_errmsg());
     } else if (s->op == TPSIM_OP_REMOTE) {
         tp_rref *rr = NULL;
         st = tp_remote(tp_to_rank(s->dst), fn, args, NULL, s->timeout_s, &rr);

@@ -2,12 +2,15 @@
  * tpsim_swarm.c: swarm runs (tools/README.md "Swarm runs", spec/sim.md SIM-10).
  *
  *   tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose] [--trace FILE]
- *               [--canary NAME] [--expect-failure]
+ *               [--canary NAME] [--expect-failure] [--plan FILE] [--calls N]
+ *               [--shrink] [--save-bytes FILE]
+ *   tpsim swarm --bytes FILE [--shrink]
  *
  * Each seed draws a world: the worker count, the workload's knobs (call
  * mix, payload sizes, per-call timeouts from sub-millisecond to infinite,
  * pool and window sizes) and a fault plan (kills, partitions, isolations,
- * splits, breaks, delays, loss). The run then goes through its phases:
+ * splits, breaks, delays, loss, pauses, failed sends, link latency and
+ * bandwidth, store outages). The run then goes through its phases:
  *
  *   chaos     every worker issues calls while the faults happen;
  *   heal      every fault window ends (HEAL_NS); the dead stay dead;
@@ -64,7 +67,7 @@ typedef struct swarm_cfg {
     uint64_t window;       /* max_inflight_bytes, 0: default */
     uint64_t heal_ns;      /* every fault window ends by then */
     double default_timeout_s;
-    uint32_t mix[TPSIM_OP_FORGET + 1]; /* weights of the chaos operations */
+    uint32_t mix[TPSIM_OP_SHARE + 1]; /* weights of the chaos operations */
     uint32_t mix_total;
     char plan[SWARM_PLAN_MAX];
     uint32_t plan_lines;
@@ -314,6 +317,9 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c
         static const unsigned slow_ms[] = {1, 5, 20};
         plan_add(c, TP_SIM_FAULT_STORE_SLOW, "storeslow 0 1000000 %u", slow_ms[below(s, 3)]);
     }
+    /* Drawn last, so the worlds of earlier seeds keep their shape. */
+    c->mix[TPSIM_OP_SHARE] = chance(s, 2) ? 1 + (uint32_t)below(s, 8) : 0;
+    c->mix_total += c->mix[TPSIM_OP_SHARE];
 }
 
 /* ---- Inside the simulation ---------------------------------------------------- */
@@ -332,7 +338,7 @@ static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *
     const swarm_cfg *c = run->cfg;
     uint64_t r = draw(c->mix_total);
     tpsim_op op = TPSIM_OP_SYNC_ADD;
-    for (int k = 0; k <= TPSIM_OP_FORGET; k++) {
+    for (int k = 0; k <= TPSIM_OP_SHARE; k++) {
         if (r < c->mix[k]) {
             op = (tpsim_op)k;
             break;
@@ -363,6 +369,10 @@ static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *
         break;
     case TPSIM_OP_REMOTE:
         s.fetch_timeout_s = draw_timeout();
+        break;
+    case TPSIM_OP_SHARE: /* any third worker: the caller and the owner too (RREF-6) */
+        s.relay_to = (int)draw((uint64_t)world);
+        s.relay_timeout_s = timeout_menu[draw(TIMEOUT_MENU_N - 2)]; /* 0.5 ms .. 2 s */
         break;
     default:
         break;

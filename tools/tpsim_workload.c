@@ -116,7 +116,7 @@ static const struct {
 } fn_names[] = {
     {"add", TPSIM_OP_ASYNC_ADD}, {"slow", TPSIM_OP_SLOW},     {"relay", TPSIM_OP_FORWARD},
     {"echo", TPSIM_OP_ECHO},     {"fail", TPSIM_OP_FAIL},     {"unknown", TPSIM_OP_UNKNOWN},
-    {"remote", TPSIM_OP_REMOTE}, {"forget", TPSIM_OP_FORGET},
+    {"remote", TPSIM_OP_REMOTE}, {"forget", TPSIM_OP_FORGET},   {"share", TPSIM_OP_SHARE},
 };
 
 static int wl_error(const char *path, int lineno, const char *fmt, const char *what) {
@@ -159,7 +159,7 @@ static int parse_call(const char *path, int lineno, char **fld, int n, wl_line *
         }
     if (!found)
         return wl_error(path, lineno,
-                        "FN '%s': expected add, slow, relay, echo, fail, unknown, remote or forget",
+                        "FN '%s': expected add, slow, relay, echo, fail, unknown, remote, forget or share",
                         fld[3]);
     uint64_t rate = 0, for_ns = 1000000000ull, v;
     int have_count = 0;

@@ -105,8 +105,17 @@ typedef enum tp_probe_kind {
     TP_PROBE_SERVE_END,      /* it returned: id, peer, status */
     TP_PROBE_SHUTDOWN_BEGIN, /* tp_shutdown starts: graceful, deadline_ns (the timeout, ns) */
     TP_PROBE_SHUTDOWN_DRAINED, /* graceful phases returned: status (teardown follows) */
-    TP_PROBE_SHUTDOWN_END    /* tp_shutdown returns: status */
+    TP_PROBE_SHUTDOWN_END,   /* tp_shutdown returns: status */
+    TP_PROBE_RREF_FORK_LIVE, /* a user rref now exists here: rref, fork, peer (its owner) */
+    TP_PROBE_RREF_FORK_GONE, /* this worker gave it up (its delete sent, or none owed): rref, fork */
+    TP_PROBE_RREF_OWNER_FREE /* the owner freed the value by the protocol (RREF-3): rref */
 } tp_probe_kind;
+
+/* An rref or fork id (spec/rref.md RREF-1): the worker that made it, its counter. */
+typedef struct tp_probe_gid {
+    uint32_t worker;
+    uint64_t local;
+} tp_probe_gid;
 
 typedef struct tp_probe {
     tp_probe_kind kind;
@@ -117,6 +126,8 @@ typedef struct tp_probe {
     uint64_t id;          /* the caller's call id */
     uint64_t deadline_ns; /* CALL_ISSUE: absolute (UINT64_MAX: none); SHUTDOWN_BEGIN: a timeout */
     const char *fn;       /* borrowed for the upcall; "" when none */
+    tp_probe_gid rref;    /* RREF_*: the rref id */
+    tp_probe_gid fork;    /* RREF_FORK_*: the fork id */
 } tp_probe;
 
 /*

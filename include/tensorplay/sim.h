@@ -102,7 +102,8 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
  * it went to; no function runs on a worker that took part in a graceful
  * shutdown whose drain returned TP_OK or TP_EPEERDOWN; a graceful shutdown
  * returns within twice its timeout; no more than 200,000 steps happen at
- * one virtual instant (a busy loop). Checked at each step and after the run.
+ * one virtual instant (a busy loop); while no host has died, no owner frees
+ * a value that a running worker still holds a reference to (RREF-3..6). Checked at each step and after the run.
  * The number of violations, and the first one as
  * "t=<ns> ns, event <n>: <what>" ("" when none). Each is a trace line too.
  */
