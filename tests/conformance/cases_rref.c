@@ -392,6 +392,41 @@ static int rref_method_errors(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: METHOD-2 VALUE-8: a method call's argument list holding an object anywhere (here
+ * after an int) fails with TP_ETYPE before anything is sent, sync and remote alike. */
+static int rref_method_object_argument(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_method *inc = NULL;
+        tp_rref *r = NULL;
+        CHECK_OK(tp_method_factory("increment", &inc));
+        CHECK_OK(remote_on(tp_to_rank(1), "make_counter", CONF_INTS(4), TP_TIMEOUT_DEFAULT, &r));
+        int *state = malloc(sizeof *state);
+        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_object("Local", state, free));
+        tp_value *res = NULL;
+        if (inc && r) {
+            CHECK_STATUS(tp_method_call_sync(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, &res),
+                         TP_ETYPE);
+            CHECK_CONTAINS(tp_errmsg(), "objects cannot be sent");
+            CHECK(res == NULL);
+            tp_rref *out = NULL;
+            CHECK_STATUS(tp_method_call_remote(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, &out),
+                         TP_ETYPE);
+            CHECK(out == NULL);
+            tp_rref_release(out);
+            /* Nothing reached the Counter. */
+            if (CHECK_OK(tp_method_call_sync(inc, r, NULL, NULL, TP_TIMEOUT_DEFAULT, &res)))
+                CHECK_INT(conf_int_of(rank, res, -1), 5);
+        }
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+        tp_method_free(inc);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_rref[] = {
     {"rref_remote_to_here", 2, rref_remote_to_here, "RREF-2 RREF-8"},
     {"rref_remote_self", 2, rref_remote_self, "RREF-2 RREF-10 RREF-11"},
@@ -405,5 +440,6 @@ const tp_conformance_case conf_cases_rref[] = {
     {"rref_release_frees_on_owner", 3, rref_release_frees_on_owner, "RREF-3 RREF-4 RREF-5"},
     {"rref_method_counter", 2, rref_method_counter, "METHOD-1 METHOD-2 FUNC-2"},
     {"rref_method_errors", 2, rref_method_errors, "METHOD-3 RREF-8 VALUE-8"},
+    {"rref_method_object_argument", 2, rref_method_object_argument, "METHOD-2 VALUE-8"},
 };
 const size_t conf_cases_rref_count = sizeof conf_cases_rref / sizeof conf_cases_rref[0];

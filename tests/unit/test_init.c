@@ -23,6 +23,7 @@
 static tp_status statuses[2];
 static char messages[2][TP_ERRMSG_LEN_MAX];
 static uint64_t took_ns[2];
+static int up_after[2]; /* tp_is_initialized() right after init returned */
 
 static int program(int rank, int world_size, void *arg) {
     (void)arg;
@@ -34,6 +35,7 @@ static int program(int rank, int world_size, void *arg) {
     statuses[rank] = tp_init_rpc(name, "SIM", rank, world_size, o);
     took_ns[rank] = now_ns() - t0;
     snprintf(messages[rank], sizeof messages[rank], "%s", tp_errmsg());
+    up_after[rank] = tp_is_initialized();
     tp_options_free(o);
     if (statuses[rank] == TP_OK)
         tp_shutdown(0);
@@ -66,6 +68,18 @@ static void test_init_unreachable_worker_fails_init_everywhere(void **state) {
         assert_int_equal(statuses[r], TP_ETIMEDOUT);
         assert_non_null(strstr(messages[r], "cannot reach"));
         assert_true(took_ns[r] <= 600 * MS); /* within the init deadline, not later */
+    }
+}
+
+/* INIT-1, INIT-9: an init that fails in its last phase (the warm-up, after the
+ * worker already served peers) tears that worker down: the context is
+ * uninitialized again, so a corrected init may follow. */
+static void test_init_failed_warmup_leaves_worker_uninitialized(void **state) {
+    (void)state;
+    run(1);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(statuses[r], TP_ETIMEDOUT);
+        assert_int_equal(up_after[r], 0);
     }
 }
 
@@ -265,6 +279,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_warmup_reaches_every_worker, reset_failures),
         cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere,
+                               reset_failures),
+        cmocka_unit_test_setup(test_init_failed_warmup_leaves_worker_uninitialized,
                                reset_failures),
         cmocka_unit_test(test_init_reserved_names_rejected),
         cmocka_unit_test_setup(test_init_missing_worker_times_out, reset_failures),

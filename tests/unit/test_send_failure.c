@@ -24,6 +24,8 @@
 
 #include "sim_world.h"
 
+#include "common/codec.h"
+
 extern const tp_backend tpi_sim_backend;
 
 /* ---- The wrapper backend --------------------------------------------------------- */
@@ -32,8 +34,32 @@ static const tp_agent_ops *sim_ops;
 static tp_agent_ops failing_ops;
 static int fail_requests; /* the next this many REQUEST frames fail to send */
 
+static int forge_fetches; /* the next this many RREF_FETCH frames name an unknown rref */
+
+/* Re-encodes an RREF_FETCH with an rref id its owner never made (a forged or
+ * corrupted message). Takes f on success, as send does. */
+static tp_status forged_fetch_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+    tpi_msg m;
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_frame *g = NULL;
+    CHECK(tpi_msg_decode(f, NULL, &m, err, sizeof err) == TP_OK);
+    m.rref.local += 1000000;
+    CHECK(tpi_msg_encode(&m, NULL, UINT64_MAX, &g, err, sizeof err) == TP_OK);
+    tpi_msg_clear(&m);
+    tp_status st = sim_ops->send(a, dst, g);
+    if (st != TP_OK)
+        tp_frame_free(g);
+    else
+        tp_frame_free(f);
+    return st;
+}
+
 static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     const uint8_t *header = f->seg[0].base;
+    if (forge_fetches > 0 && header[5] == TPI_MSG_RREF_FETCH) {
+        forge_fetches--;
+        return forged_fetch_send(a, dst, f);
+    }
     if (fail_requests > 0 && header[5] == 1 /* REQUEST (WIRE-5) */) {
         fail_requests--;
         return TP_EIO; /* the caller keeps f (AGENT-8) */
@@ -68,8 +94,24 @@ static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwa
     return *result ? TP_OK : TP_ENOMEM;
 }
 
+/* make_obj(): an object kept on its owner; objs_freed counts its destroys. */
+static int objs_freed;
+
+static void obj_destroy(void *state) {
+    objs_freed++;
+    free(state);
+}
+
+static tp_status fn_make_obj(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                             tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data;
+    *result = tp_value_object("Obj", malloc(1), obj_destroy);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
 static void world_register(void) {
     CHECK(tp_register_function("add", fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function("make_obj", fn_make_obj, NULL) == TP_OK);
 }
 
 static void sc_send_fails(world *w) {
@@ -115,6 +157,80 @@ static void test_deferred_send_failure(void **state) {
     run_world(2, 5, &w);
 }
 
+/*
+ * RREF-5, RREF-7: a request carrying two user rrefs whose send fails undoes
+ * both forks: the kept children go, so releasing the rrefs afterwards sends
+ * both deletes and the owner frees both values.
+ */
+static void sc_send_fails_with_rrefs(world *w) {
+    (void)w;
+    objs_freed = 0;
+    tp_rref *r[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        CHECK(tp_remote(tp_to_name("w1"), "make_obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r[i]) ==
+              TP_OK);
+        tp_value *v = NULL;
+        CHECK(tp_rref_to_here(r[i], TP_TIMEOUT_INFINITE, &v) == TP_ETYPE); /* built; objects stay */
+        tp_value_free(v);
+    }
+    tp_value *args = tp_value_list_of(2, tp_value_rref(r[0]), tp_value_rref(r[1]));
+    tp_value *res = NULL;
+    fail_requests = 1;
+    CHECK(tp_rpc_sync(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &res) == TP_EIO);
+    CHECK(fail_requests == 0);
+    tp_value_free(args);
+    tp_rref_release(r[0]);
+    tp_rref_release(r[1]);
+    CHECK(objs_freed == 0);
+    /* The deletes go before this request on the same connection (AGENT-8). */
+    args = tp_value_list_of(2, tp_value_int(1), tp_value_int(2));
+    CHECK(tp_rpc_sync(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &res) == TP_OK);
+    tp_value_free(res);
+    tp_value_free(args);
+    CHECK(objs_freed == 2);
+}
+
+static void test_send_failure_undoes_every_rref_fork(void **state) {
+    (void)state;
+    world w = {.scenario = sc_send_fails_with_rrefs, .backend = "SIM_FAILSEND"};
+    run_world(2, 7, &w);
+}
+
+/*
+ * RREF-8, CALL-8: a fetch naming an rref its owner does not know (a forged
+ * or corrupted message) is answered TP_EPROTO at once, naming the owner, not
+ * left unanswered until the caller's deadline; the real rref stays usable.
+ */
+static void sc_unknown_rref_fetch(world *w) {
+    (void)w;
+    tp_rref *r = NULL;
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    CHECK(tp_remote(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    tp_value_free(args);
+    tp_value *v = NULL;
+    int64_t x = 0;
+    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK); /* the value is ready */
+    tp_value_free(v);
+    v = NULL;
+    forge_fetches = 1;
+    uint64_t t0 = now_ns();
+    CHECK(tp_rref_to_here(r, 1.0, &v) == TP_EPROTO);
+    CHECK(now_ns() - t0 < 10 * MS); /* answered, not timed out */
+    CHECK(strstr(tp_errmsg(), "unknown on its owner 'w1'") != NULL);
+    CHECK(v == NULL);
+    CHECK(forge_fetches == 0);
+    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK);
+    CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
+    tp_value_free(v);
+    tp_rref_release(r);
+}
+
+static void test_send_unknown_rref_fetch_answered(void **state) {
+    (void)state;
+    world w = {.scenario = sc_unknown_rref_fetch, .backend = "SIM_FAILSEND"};
+    run_world(2, 9, &w);
+}
+
 int main(void) {
     failing_backend = tpi_sim_backend;
     failing_backend.init = failing_init;
@@ -124,6 +240,8 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deferred_send_failure),
+        cmocka_unit_test(test_send_unknown_rref_fetch_answered),
+        cmocka_unit_test(test_send_failure_undoes_every_rref_fork),
     };
     return cmocka_run_group_tests_name("send_failure", tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -99,6 +100,89 @@ static void test_shutdown_drain_with_every_peer_dead(void **state) {
 }
 
 /*
+ * RREF-5, SHUTDOWN-8: a parent keeps its reference for a child it sent until
+ * the child is confirmed; when the child's worker dies first, peer-down drops
+ * that kept reference, so the parent's own release still deletes the value on
+ * its owner. w0 sends its rref (owned by w1) to w2, whose fork confirmation
+ * from w1 is held up by a 1 s delay; w2 dies before it arrives.
+ */
+static int child_freed, child_taken;
+
+static void child_obj_destroy(void *state) {
+    free(state);
+    child_freed++;
+}
+
+static tp_status child_obj_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                              tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_object("Obj", malloc(1), child_obj_destroy);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static tp_status take_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    child_taken = 1;
+    *result = tp_value_nil();
+    return TP_OK;
+}
+
+static int dead_child_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("obj", child_obj_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("take", take_fn, NULL) == TP_OK);
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 2) {
+        while (!child_taken)
+            CHECK(tp_sleep(0.001) == TP_OK);
+        tp_sim_crash_self(); /* before w1's confirmation of its fork arrives */
+        (void)tp_shutdown(0);
+        return 0;
+    }
+    if (rank == 1) {
+        CHECK(tp_sleep(5.0) == TP_OK);
+        CHECK(tp_shutdown(0) == TP_OK);
+        return 0;
+    }
+    tp_rref *r = NULL;
+    CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_ETYPE); /* built */
+    tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+    tp_future *f = NULL;
+    CHECK(tp_rpc_async(tp_to_rank(2), "take", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+    tp_value_free(args);
+    CHECK(tp_sleep(0.1) == TP_OK); /* w2 took it and died; w0 saw peer-down */
+    CHECK(tp_future_status(f) == TP_OK || tp_future_status(f) == TP_EPEERDOWN);
+    tp_future_free(f);
+    tp_rref_release(r);
+    /* The delete goes before this call on the same connection (AGENT-8). */
+    CHECK(tp_rpc_sync(tp_to_rank(1), "take", NULL, NULL, TP_TIMEOUT_INFINITE, &v) == TP_OK);
+    tp_value_free(v);
+    CHECK(child_freed == 1);
+    CHECK(tp_shutdown(0) == TP_OK);
+    return 0;
+}
+
+static void test_shutdown_dead_child_drops_kept_reference(void **state) {
+    (void)state;
+    child_freed = child_taken = 0;
+    tp_sim_config cfg = {.hosts = 3, .seed = 11};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_fault_delay(sim, 1, 2, 0, 3600 * SEC, 1 * SEC), TP_OK);
+    int codes[3] = {-9, -9, -9};
+    assert_int_equal(tp_sim_run(sim, dead_child_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(codes[2], 137);
+}
+
+/*
  * SHUTDOWN-2: the barrier and the drain each get the whole shutdown timeout.
  * w0 waits 0.8 s of its 1 s in the barrier for w1, which arrives with a
  * 0.55 s call to w0 in flight: the drain must wait it out (to about 1.35 s),
@@ -139,6 +223,57 @@ static void test_shutdown_each_phase_has_the_timeout(void **state) {
             print_message("w%d: %s: %s\n", r, tp_status_name(phase_status[r]), phase_msg[r]);
         assert_int_equal(phase_status[r], TP_OK);
     }
+}
+
+/*
+ * SHUTDOWN-4: the release phase deletes every user rref still held, so the
+ * owner frees its value during the holder's shutdown (its drain waits for the
+ * delete), not only when the holder's teardown later shows up as peer-down.
+ */
+static uint64_t obj_freed_ns, holder_down_ns;
+
+static void obj_destroy(void *state) {
+    free(state);
+    obj_freed_ns = now_ns();
+}
+
+static tp_status make_obj_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                             tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_object("Obj", malloc(1), obj_destroy);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static int held_rref_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("make_obj", make_obj_fn, NULL) == TP_OK);
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    tp_rref *r = NULL;
+    if (rank == 0) {
+        CHECK(tp_remote(tp_to_rank(1), "make_obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        tp_value *v = NULL;
+        CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_ETYPE); /* built */
+        tp_value_free(v);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    if (rank == 0)
+        holder_down_ns = now_ns();
+    tp_rref_release(r); /* after shutdown: the handle only */
+    return 0;
+}
+
+static void test_shutdown_release_phase_deletes_held_rref(void **state) {
+    (void)state;
+    obj_freed_ns = holder_down_ns = 0;
+    tp_sim_config cfg = {.hosts = 2, .seed = 8};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, held_rref_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_true(obj_freed_ns > 0 && holder_down_ns > 0);
+    assert_true(obj_freed_ns < holder_down_ns);
 }
 
 /*
@@ -224,12 +359,126 @@ static void test_shutdown_drain_times_out_on_time(void **state) {
     assert_true(stuck_ns >= 1 * SEC && stuck_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
 }
 
+/*
+ * SHUTDOWN-5, SHUTDOWN-7: the drain's wait for this worker's own client calls
+ * ends at the deadline itself, with the call still active. Unlike
+ * stuck_program (where w1's own drain times out first and its teardown ends
+ * the call just before w0's deadline), w1 here has a long shutdown timeout, so
+ * w0's 10 s call is still in flight at the instant w0's 1 s drain deadline
+ * arrives: w0 must stop waiting then, not poll again at that same instant.
+ */
+static tp_status active_status;
+static uint64_t active_ns;
+
+static int active_at_deadline_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, rank == 0 ? 1.0 : 30.0) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(10.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+        tp_value_free(args);
+        uint64_t t0 = now_ns();
+        active_status = tp_shutdown(1);
+        active_ns = now_ns() - t0;
+        CHECK(tp_future_status(f) == TP_ESHUTDOWN); /* still pending at teardown */
+        tp_future_free(f);
+        return 0;
+    }
+    (void)tp_shutdown(1);
+    return 0;
+}
+
+static void test_shutdown_drain_deadline_with_own_call_active(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 5};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, active_at_deadline_program, NULL, NULL), TP_OK);
+    if (tp_sim_violations(sim))
+        print_message("oracle: %s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(active_status, TP_ETIMEDOUT);
+    assert_true(active_ns >= 1 * SEC && active_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
+}
+
+/*
+ * SHUTDOWN-2, SHUTDOWN-6: a REMOTE still queued behind a busy pool when its
+ * worker shuts down non-gracefully runs without user code and is answered
+ * TP_ESHUTDOWN: the caller's to_here gets that answer, the owner record is
+ * settled, and nothing hangs or crashes. w1 has one pool thread, busy with a
+ * 1 s call from w0 when w0's remote arrives.
+ */
+static tp_status queued_to_here;
+static char queued_msg[TP_ERRMSG_LEN_MAX];
+
+static int queued_remote_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_rref *r = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(1.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+        CHECK(tp_remote(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        tp_value_free(args);
+        tp_value *v = NULL;
+        queued_to_here = tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v);
+        snprintf(queued_msg, sizeof queued_msg, "%s", tp_errmsg());
+        CHECK(v == NULL);
+        tp_value_free(v);
+        tp_rref_release(r);
+        (void)tp_future_wait(f, TP_TIMEOUT_INFINITE);
+        tp_future_free(f);
+    } else {
+        CHECK(tp_sleep(0.1) == TP_OK); /* slow runs on the only pool thread; the remote waits */
+    }
+    CHECK(tp_shutdown(0) == TP_OK);
+    return 0;
+}
+
+static void test_shutdown_nongraceful_answers_queued_remote(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 6};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[2] = {-9, -9};
+    assert_int_equal(tp_sim_run(sim, queued_remote_program, NULL, codes), TP_OK);
+    if (tp_sim_violations(sim))
+        print_message("oracle: %s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    if (queued_to_here != TP_ESHUTDOWN)
+        print_message("to_here: %s: %s\n", tp_status_name(queued_to_here), queued_msg);
+    assert_int_equal(queued_to_here, TP_ESHUTDOWN);
+    assert_non_null(strstr(queued_msg, "shutting down"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_dead_child_drops_kept_reference, reset_failures),
         cmocka_unit_test_setup(test_shutdown_each_phase_has_the_timeout, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_release_phase_deletes_held_rref, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_sees_requests_in_flight, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_times_out_on_time, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_nongraceful_answers_queued_remote, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_drain_deadline_with_own_call_active, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
