@@ -144,10 +144,15 @@ int main(int argc, char **argv) {
         printf("BENCH sim_small_seeds_per_cpu_min %.0f seeds/min\n", seeds / total * 60.0);
 
     /* Large worlds: init, one call each, graceful shutdown. */
-    job w64 = {.calls = 1, .callers = 64};
-    t = run(64, 1, &w64);
-    if (t > 0)
-        printf("BENCH sim_seed_64_workers_cpu_ms %.1f ms\n", t * 1e3);
+    /* The mean over 10 seeds: one seed's CPU time is too noisy to quote. */
+    double t64 = 0;
+    for (int s = 1; s <= 10 && t64 >= 0; s++) {
+        job w64 = {.calls = 1, .callers = 64};
+        t = run(64, (uint64_t)s, &w64);
+        t64 = t > 0 ? t64 + t : -1;
+    }
+    if (t64 > 0)
+        printf("BENCH sim_seed_64_workers_cpu_ms %.1f ms\n", t64 / 10 * 1e3);
     else
         rc = 1;
     uint32_t big = quick ? 200 : 1000;

@@ -129,6 +129,10 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
     uint64_t backoff = POLL_FIRST_NS;
     char key[TP_STORE_KEY_LEN_MAX + 1];
     tp_status st = TP_OK;
+    /* A round stops at the first key still missing (the later ones are
+     * likely missing too): a wait costs O(ranks + rounds) reads, not
+     * O(ranks x rounds). A full round names every missing rank at the end. */
+    int full = 0;
     for (;;) {
         uint32_t missing = 0;
         for (uint32_t r = 0; r < c->world_size && st == TP_OK; r++) {
@@ -147,6 +151,8 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
                     present[r] = 2; /* dead: not waited for */
             } else if (st == TP_OK) {
                 missing++;
+                if (!full)
+                    break;
             }
         }
         if (st != TP_OK) {
@@ -157,6 +163,10 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             break;
         if (missing == 0)
             break;
+        if (tpi_now(c) >= deadline_ns && !full) {
+            full = 1; /* one complete look first, for the message */
+            continue;
+        }
         if (tpi_now(c) >= deadline_ns) {
             char names[256];
             char msg[TP_ERRMSG_LEN_MAX];
