@@ -81,6 +81,7 @@ head -c 8 "$tmp/s5.bytes" >"$tmp/short.bytes" # the seed alone: no draws left, n
 expect 0 'plan: \(no faults\)' swarm --bytes "$tmp/short.bytes" --verbose
 expect 2 "--bytes is the whole world" swarm --bytes "$tmp/s5.bytes" --seeds 5
 expect 2 "--bytes $tmp/missing: No such file" swarm --bytes "$tmp/missing"
+expect 2 "--bytes given twice" swarm --bytes "$tmp/s5.bytes" --bytes "$tmp/s5.bytes"
 expect 2 "--save-bytes takes one seed" swarm --seeds 1..2 --save-bytes "$tmp/x"
 expect 1 "save-bytes $tmp/no/dir/x" swarm --seeds 1 --save-bytes "$tmp/no/dir/x"
 echo "tpsim_args: $checks checks passed"

@@ -1022,12 +1022,14 @@ static int parse_u64_arg(const char *s, uint64_t *out) {
     return 1;
 }
 
-int tpsim_swarm_main(int argc, char **argv) {
+/* The command line; *plan_buf and *bytes_buf (--plan's text, --bytes'
+ * contents) are the caller's to free, whichever way this returns. */
+static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_bufp) {
     swarm_opts o;
     memset(&o, 0, sizeof o);
     o.jobs = 1;
-    char *plan_buf = NULL;     /* --plan's text */
-    uint8_t *bytes_buf = NULL; /* --bytes' contents */
+    char *plan_buf = NULL;
+    uint8_t *bytes_buf = NULL;
     int have_seeds = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1089,7 +1091,12 @@ int tpsim_swarm_main(int argc, char **argv) {
                 fprintf(stderr, "tpsim swarm: --bytes %s: %s\n", v, strerror(errno));
                 return 2;
             }
-            bytes_buf = malloc(SWARM_BYTES_MAX + 1);
+            if (bytes_buf) {
+                fclose(bf);
+                fprintf(stderr, "tpsim swarm: --bytes given twice\n");
+                return 2;
+            }
+            bytes_buf = *bytes_bufp = malloc(SWARM_BYTES_MAX + 1);
             size_t got = bytes_buf ? fread(bytes_buf, 1, SWARM_BYTES_MAX + 1, bf) : 0;
             fclose(bf);
             if (!bytes_buf || got > SWARM_BYTES_MAX) {
@@ -1110,7 +1117,12 @@ int tpsim_swarm_main(int argc, char **argv) {
                 fprintf(stderr, "tpsim swarm: --plan %s: %s\n", v, strerror(errno));
                 return 2;
             }
-            plan_buf = calloc(1, SWARM_PLAN_MAX);
+            if (plan_buf) {
+                fclose(pf);
+                fprintf(stderr, "tpsim swarm: --plan given twice\n");
+                return 2;
+            }
+            plan_buf = *plan_bufp = calloc(1, SWARM_PLAN_MAX);
             size_t got = plan_buf ? fread(plan_buf, 1, SWARM_PLAN_MAX - 1, pf) : 0;
             fclose(pf);
             if (!plan_buf || got == SWARM_PLAN_MAX - 1) {
@@ -1175,10 +1187,7 @@ int tpsim_swarm_main(int argc, char **argv) {
     }
     tp_register_builtin_backends();
     if (o.shrink) {
-        int src = o.bytes ? shrink_bytes(&o) : shrink_seed(&o, o.from);
-        free(plan_buf);
-        free(bytes_buf);
-        return src;
+        return o.bytes ? shrink_bytes(&o) : shrink_seed(&o, o.from);
     }
     swarm_stats stats;
     memset(&stats, 0, sizeof stats);
@@ -1191,8 +1200,6 @@ int tpsim_swarm_main(int argc, char **argv) {
     if (isatty(2) && o.jobs <= 1)
         fprintf(stderr, "\r\n");
     print_summary(&o, &stats, wall_now() - t0);
-    free(plan_buf);
-    free(bytes_buf);
     if (rc != 0)
         return 2;
     if (o.expect_failure) {
@@ -1201,4 +1208,13 @@ int tpsim_swarm_main(int argc, char **argv) {
         return stats.failed ? 0 : 1;
     }
     return stats.failed ? 1 : 0;
+}
+
+int tpsim_swarm_main(int argc, char **argv) {
+    char *plan_buf = NULL;
+    uint8_t *bytes_buf = NULL;
+    int rc = swarm_main(argc, argv, &plan_buf, &bytes_buf);
+    free(plan_buf);
+    free(bytes_buf);
+    return rc;
 }
