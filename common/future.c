@@ -244,7 +244,7 @@ tp_status tp_future_wait(tp_future *f, double timeout_s) {
 }
 
 int tp_future_done(const tp_future *f) {
-    return atomic_load_explicit(&((tp_future *)f)->done, memory_order_acquire);
+    return f && atomic_load_explicit(&((tp_future *)f)->done, memory_order_acquire);
 }
 
 tp_status tp_future_status(const tp_future *f) {

@@ -876,13 +876,13 @@ tp_status tp_rref_owner(const tp_rref *r, tp_worker_info *out) {
 }
 
 const char *tp_rref_owner_name(const tp_rref *r) {
-    return r->owner_name;
+    return r ? r->owner_name : "";
 }
 
 int tp_rref_is_owner(const tp_rref *r) {
-    return r->is_owner;
+    return r && r->is_owner;
 }
 
 int tp_rref_confirmed_by_owner(const tp_rref *r) {
-    return atomic_load(&((tp_rref *)r)->confirmed);
+    return r && atomic_load(&((tp_rref *)r)->confirmed);
 }

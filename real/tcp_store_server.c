@@ -51,7 +51,15 @@ struct tpi_store_server {
     atomic_int expect_posted;
     uint32_t world; /* server thread: the ranks of the job it serves */
     uint8_t *seen;  /* server thread: world entries, 1 once that rank came */
+    /* Server thread: accept failed for lack of descriptors or memory; the
+     * listening socket is not polled until then (it would report the same
+     * waiting connection at once, forever: a busy loop). */
+    uint64_t accept_paused_until;
+    uint64_t accept_backoff_ns;
 };
+
+#define ACCEPT_BACKOFF_MIN_NS 10000000ull  /* 10 ms */
+#define ACCEPT_BACKOFF_MAX_NS 1000000000ull /* 1 s */
 
 static uint32_t get_u32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -166,6 +174,8 @@ static int handle(tpi_store_server *s, srv_client *c, const uint8_t *p, size_t l
             return -1;
         if (!take_blob(&p, &left, &a, &an) || !take_blob(&p, &left, &b, &bn) || left != 0)
             return -1;
+        if (!(flags & 1u) && an != 0)
+            return -1; /* "key absent" with an expected value: malformed, never an assertion */
         int swapped = 0;
         st = db->ops->compare_set(db, key, (flags & 1u) ? (a ? a : (const uint8_t *)"") : NULL, an,
                                   b, bn, &swapped);
@@ -257,8 +267,18 @@ static void client_drop(tpi_store_server *s, size_t i) {
 static void accept_all(tpi_store_server *s) {
     for (;;) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+            /* Out of descriptors or memory: back off instead of spinning. */
+            s->accept_backoff_ns = s->accept_backoff_ns ? s->accept_backoff_ns * 2
+                                                        : ACCEPT_BACKOFF_MIN_NS;
+            if (s->accept_backoff_ns > ACCEPT_BACKOFF_MAX_NS)
+                s->accept_backoff_ns = ACCEPT_BACKOFF_MAX_NS;
+            s->accept_paused_until = tpi_tcp_now_ns() + s->accept_backoff_ns;
+            return;
+        }
         if (fd < 0)
             return; /* EAGAIN, or a transient error: poll tells us again */
+        s->accept_backoff_ns = 0;
         if (s->nclients == s->cap) {
             size_t cap = s->cap ? s->cap * 2 : 16;
             srv_client *nc = realloc(s->clients, cap * sizeof *nc);
@@ -320,14 +340,18 @@ static void *server_main(void *arg) {
             pfds = np;
             pcap = n;
         }
+        uint64_t now = tpi_tcp_now_ns();
+        int accepting = s->lfd >= 0 && now >= s->accept_paused_until;
         pfds[0] = (struct pollfd){s->wake_rd, POLLIN, 0};
-        pfds[1] = (struct pollfd){s->lfd, POLLIN, 0}; /* fd -1 is ignored by poll */
+        pfds[1] = (struct pollfd){accepting ? s->lfd : -1, POLLIN, 0}; /* -1: not polled */
         for (size_t i = 0; i < s->nclients; i++)
             pfds[2 + i] = (struct pollfd){s->clients[i].fd, POLLIN, 0};
         int timeout = -1;
-        if (linger_deadline != UINT64_MAX) {
-            uint64_t now = tpi_tcp_now_ns();
+        if (linger_deadline != UINT64_MAX)
             timeout = now >= linger_deadline ? 0 : (int)((linger_deadline - now) / 1000000 + 1);
+        if (s->lfd >= 0 && !accepting) {
+            int left = (int)((s->accept_paused_until - now) / 1000000 + 1);
+            timeout = timeout < 0 || left < timeout ? left : timeout;
         }
         int rc = poll(pfds, n, timeout);
         if (rc < 0 && errno != EINTR)
@@ -340,8 +364,8 @@ static void *server_main(void *arg) {
         if (atomic_exchange(&s->expect_posted, 0))
             apply_expect(s, atomic_load(&s->expect_req));
         if (atomic_load(&s->stop) && linger_deadline == UINT64_MAX) {
-            uint64_t now = tpi_tcp_now_ns();
-            linger_deadline = s->linger_ns > UINT64_MAX - now ? UINT64_MAX - 1 : now + s->linger_ns;
+            uint64_t t = tpi_tcp_now_ns();
+            linger_deadline = s->linger_ns > UINT64_MAX - t ? UINT64_MAX - 1 : t + s->linger_ns;
         }
         if (rc <= 0)
             continue;
@@ -350,7 +374,7 @@ static void *server_main(void *arg) {
             if (i < s->nclients && pfds[2 + i].revents && client_read(s, &s->clients[i]) != 0)
                 client_drop(s, i);
         }
-        if (s->lfd >= 0 && pfds[1].revents)
+        if (accepting && s->lfd >= 0 && pfds[1].revents)
             accept_all(s);
     }
     free(pfds);

@@ -449,7 +449,8 @@ typedef struct tp_future tp_future;
  * the future is still pending (the future is unaffected).
  */
 tp_status tp_future_wait(tp_future *f, double timeout_s);
-/* 1 when completed (value or error). Never blocks. */
+/* 1 when completed (value or error). Never blocks. The four queries below
+ * take NULL as a future that never completes: 0, TP_EINVAL, NULL, NULL, "". */
 int tp_future_done(const tp_future *f);
 /* The status a completed future carries (TP_OK or its error); TP_EINVAL while pending. */
 tp_status tp_future_status(const tp_future *f);
@@ -518,9 +519,11 @@ tp_status tp_rref_to_here(tp_rref *rref, double timeout_s, tp_value **out);
 /* The value itself, borrowed, on the owner only; TP_ENOTOWNER names both workers. */
 tp_status tp_rref_local_value(tp_rref *rref, const tp_value **out);
 tp_status tp_rref_owner(const tp_rref *rref, tp_worker_info *out);
+/* The owner's name, borrowed from rref ("" for NULL). */
 const char *tp_rref_owner_name(const tp_rref *rref);
+/* 1 on the owner's own handle; 0 otherwise (and for NULL). */
 int tp_rref_is_owner(const tp_rref *rref);
-/* 1 once the owner has confirmed this reference (always 1 on the owner). */
+/* 1 once the owner has confirmed this reference (always 1 on the owner; 0 for NULL). */
 int tp_rref_confirmed_by_owner(const tp_rref *rref);
 /* A new reference to the same remote value (caller-owned). */
 tp_rref *tp_rref_clone(tp_rref *rref);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -111,6 +112,114 @@ static void test_tcp_store_ops(void **state) {
     assert_int_equal(s->ops->del(s, "k"), TP_OK);
     assert_int_equal(s->ops->del(s, "k"), TP_OK);
     assert_int_equal(s->ops->get(s, "k", &v, &n), TP_ENOENT);
+}
+
+/* A raw connection to the store port that has done the handshake (rank none). */
+static int raw_client(uint16_t port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    static const uint8_t hello[12] = {'T', 'P', 'S', 'T', 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
+    assert_int_equal(send(fd, hello, sizeof hello, 0), (ssize_t)sizeof hello);
+    uint8_t back[8];
+    assert_int_equal(recv(fd, back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
+    return fd;
+}
+
+/* Issue 8's 31-byte attack: a compare-and-set that says "key absent" but
+ * carries an expected value. The server drops that connection; it does not
+ * abort, and every other client keeps its store. */
+static void test_tcp_store_malformed_cas_drops_client(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    assert_int_equal(s->ops->set(s, "before", "1", 1), TP_OK);
+    int fd = raw_client(f->port);
+    static const uint8_t req[19] = {15, 0, 0, 0,       /* body length */
+                                    TPI_STORE_CAS, 0,  /* op, flags: no expected value */
+                                    1, 0, 'k',         /* key "k" */
+                                    1, 0, 0, 0, 'x',   /* expected: "x" (contradicts flags) */
+                                    1, 0, 0, 0, 'y'};  /* desired: "y" */
+    assert_int_equal(send(fd, req, sizeof req, 0), (ssize_t)sizeof req);
+    uint8_t buf[16];
+    assert_true(recv(fd, buf, sizeof buf, 0) <= 0); /* closed on us, no reply */
+    close(fd);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(s->ops->get(s, "before", &v, &n), TP_OK); /* the server lives */
+    free(v);
+    assert_int_equal(s->ops->get(s, "k", &v, &n), TP_ENOENT); /* nothing was written */
+}
+
+/*
+ * Issue 8: out of descriptors, accept fails while a connection waits; the
+ * server must back off, not spin. A child process runs the server, takes
+ * every free descriptor, and is connected to by the parent; over the next
+ * second its CPU time stays far below a spinning thread's (a behaviour
+ * check with a wide margin, not a speed target). Freed descriptors let the
+ * waiting and later clients in.
+ */
+static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    int ready[2], go[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(go), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(ready[0]);
+        close(go[1]);
+        struct rlimit lim;
+        if (getrlimit(RLIMIT_NOFILE, &lim) != 0)
+            _exit(4);
+        lim.rlim_cur = 256; /* a small table to fill (the test's process only) */
+        if (setrlimit(RLIMIT_NOFILE, &lim) != 0)
+            _exit(4);
+        tpi_store_server *srv = serve(port);
+        int held[256], nheld = 0;
+        while (nheld < 256 && (held[nheld] = dup(0)) >= 0)
+            nheld++;
+        if (nheld == 256)
+            _exit(5); /* the table did not fill */
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+            _exit(3);
+        struct rusage r0, r1;
+        getrusage(RUSAGE_SELF, &r0);
+        usleep(1000000);
+        getrusage(RUSAGE_SELF, &r1);
+        double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) +
+                     (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) / 1e6 +
+                     (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+                     (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
+        while (nheld > 0)
+            close(held[--nheld]);
+        tp_store *cl = client(port, 5); /* accepted once descriptors are back */
+        int ok = cl->ops->set(cl, "k", "v", 1) == TP_OK;
+        cl->ops->close(cl);
+        tpi_store_server_stop(srv, 0);
+        fprintf(stderr, "store server CPU while out of descriptors: %.3f s in 1 s\n", cpu);
+        _exit(cpu < 0.3 && ok ? 0 : 1);
+    }
+    close(ready[1]);
+    close(go[0]);
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0); /* in the backlog */
+    usleep(50000);
+    assert_int_equal(write(go[1], &c, 1), 1);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    close(fd);
+    close(ready[0]);
+    close(go[1]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 /* spec: STORE-1, STORE-4: the limits, checked on both ends */
@@ -293,6 +402,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup,
+                                        teardown),
+        cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),

@@ -156,6 +156,22 @@ static void sc_wait_deadline(world *w) {
     tp_future_free(f);
 }
 
+/* Issue 8: the handle queries take NULL without crashing: a NULL future is
+ * one that never completes, a NULL rref has no owner. */
+static void test_null_handle_queries(void **state) {
+    (void)state;
+    assert_int_equal(tp_future_done(NULL), 0);
+    assert_int_equal(tp_future_status(NULL), TP_EINVAL);
+    assert_null(tp_future_value(NULL));
+    assert_null(tp_future_take_value(NULL));
+    assert_string_equal(tp_future_error(NULL), "");
+    assert_string_equal(tp_rref_owner_name(NULL), "");
+    assert_int_equal(tp_rref_is_owner(NULL), 0);
+    assert_int_equal(tp_rref_confirmed_by_owner(NULL), 0);
+    tp_worker_info info;
+    assert_int_equal(tp_rref_owner(NULL, &info), TP_EINVAL);
+}
+
 static void test_future_wait_deadline_leaves_pending(void **state) {
     (void)state;
     world w = {.scenario = sc_wait_deadline};
@@ -791,6 +807,7 @@ static void test_future_null_arguments(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_null_handle_queries),
         cmocka_unit_test_setup(test_future_wait_deadline_leaves_pending, reset_failures),
         cmocka_unit_test_setup(test_future_wait_ends_at_call_deadline, reset_failures),
         cmocka_unit_test_setup(test_future_done_never_blocks, reset_failures),
