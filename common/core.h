@@ -436,6 +436,11 @@ tp_status tpi_store_get(tp_core *c, const char *key, void **value, size_t *len,
 tp_status tpi_store_cas(tp_core *c, const char *key, const void *expected, size_t expected_len,
                         const void *desired, size_t desired_len, int *swapped,
                         uint64_t deadline_ns);
+/* The store's optional scan (STORE-10), retried the same way; the store must
+ * have one (c->store->ops->scan). fn may see a key again after a retry. */
+tp_status tpi_store_scan(tp_core *c, const char *prefix,
+                         int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                         void *arg, uint64_t deadline_ns);
 /* Parks (lock not held) until now + *backoff, bounded by deadline; then
  * doubles *backoff up to cap. TP_ESHUTDOWN when the worker is torn down. */
 tp_status tpi_store_nap(tp_core *c, uint64_t *backoff, uint64_t cap, uint64_t deadline);

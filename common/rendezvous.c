@@ -121,21 +121,120 @@ static int known_dead(tp_core *c, uint32_t r, tp_status *st, uint64_t deadline_n
     return key_exists(c, key, NULL, st, deadline_ns);
 }
 
+/* ---- Rounds by scan (STORE-10) ------------------------------------------- */
+
+/* "<rank>" as the store writes it (decimal, no leading zero), below world. */
+static int parse_rank(const char *s, uint32_t world, uint32_t *r) {
+    if (!*s || (s[0] == '0' && s[1]))
+        return 0;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(*s - '0');
+        if (v >= world)
+            return 0;
+    }
+    *r = (uint32_t)v;
+    return 1;
+}
+
+typedef struct scan_seen {
+    uint32_t world;
+    size_t skip;   /* the prefix's length: the rank follows it */
+    uint8_t *seen; /* per rank: its key was in the scan */
+    char **values; /* optional: the values of ranks seen, malloc'd */
+    int oom;
+} scan_seen;
+
+static int on_scan_key(void *arg, const char *key, const void *value, size_t len) {
+    scan_seen *g = arg;
+    uint32_t r;
+    if (!parse_rank(key + g->skip, g->world, &r) || g->seen[r])
+        return 0; /* another key under the prefix, or seen before a retry */
+    if (g->values) {
+        char *copy = malloc(len + 1);
+        if (!copy) {
+            g->oom = 1;
+            return 1;
+        }
+        memcpy(copy, value, len);
+        copy[len] = '\0';
+        free(g->values[r]);
+        g->values[r] = copy;
+    }
+    g->seen[r] = 1;
+    return 0;
+}
+
+/* Marks seen[r] for every "<gen>/<prefix>/<r>" key in one scan. */
+static tp_status scan_ranks(tp_core *c, const char *prefix, uint8_t *seen, char **values,
+                            uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    scan_seen g = {.world = c->world_size, .seen = seen, .values = values};
+    g.skip = tpi_key(c, key, sizeof key, "%s/", prefix);
+    memset(seen, 0, c->world_size);
+    tp_status st = tpi_store_scan(c, key, on_scan_key, &g, deadline_ns);
+    if (st == TP_OK && g.oom)
+        st = TP_ENOMEM;
+    return st;
+}
+
+/*
+ * One round of a gather by scan: every key present now is seen at once, so
+ * a round costs one read of the keys that exist, whatever the world size.
+ * With honor_dead, a missing rank that is known dead (locally or by its
+ * "dead/<r>" key) gets one more look, as in the per-key round.
+ */
+static tp_status scan_round(tp_core *c, const char *prefix, uint8_t *present, char **values,
+                            int honor_dead, uint8_t *seen, uint8_t *dead,
+                            uint64_t deadline_ns) {
+    uint32_t n = c->world_size;
+    tp_status st = scan_ranks(c, prefix, seen, values, deadline_ns);
+    for (uint32_t r = 0; st == TP_OK && r < n; r++)
+        if (!present[r] && seen[r])
+            present[r] = 1;
+    if (st != TP_OK || !honor_dead)
+        return st;
+    st = scan_ranks(c, "dead", dead, NULL, deadline_ns);
+    int look_again = 0;
+    tpi_lock(c);
+    for (uint32_t r = 0; st == TP_OK && r < n; r++) {
+        dead[r] = dead[r] || c->peer_dead[r];
+        look_again |= !present[r] && dead[r];
+    }
+    tpi_unlock(c);
+    if (st != TP_OK || !look_again)
+        return st;
+    st = scan_ranks(c, prefix, seen, values, deadline_ns);
+    for (uint32_t r = 0; st == TP_OK && r < n; r++)
+        if (!present[r])
+            present[r] = seen[r] ? 1 : dead[r] ? 2 : 0;
+    return st;
+}
+
 tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
                            int honor_dead, char **values, const char *what) {
-    uint8_t *present = calloc(c->world_size, 1);
+    int by_scan = c->store->ops->scan != NULL;
+    uint8_t *present = calloc(c->world_size, by_scan ? 3 : 1);
     if (!present)
         return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+    uint8_t *seen = present + c->world_size, *dead_seen = seen + c->world_size; /* by_scan */
     uint64_t backoff = POLL_FIRST_NS;
     char key[TP_STORE_KEY_LEN_MAX + 1];
     tp_status st = TP_OK;
     /* A round stops at the first key still missing (the later ones are
      * likely missing too): a wait costs O(ranks + rounds) reads, not
      * O(ranks x rounds). A full round names every missing rank at the end. */
-    int full = 0;
+    int full = by_scan; /* a scan round is always complete */
     for (;;) {
         uint32_t missing = 0;
-        for (uint32_t r = 0; r < c->world_size && st == TP_OK; r++) {
+        if (by_scan) {
+            st = scan_round(c, prefix, present, values, honor_dead, seen, dead_seen, deadline_ns);
+            for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++)
+                missing += present[r] == 0;
+        }
+        for (uint32_t r = 0; !by_scan && r < c->world_size && st == TP_OK; r++) {
             if (present[r])
                 continue;
             tpi_key(c, key, sizeof key, "%s/%u", prefix, r);

@@ -37,13 +37,15 @@ tp_status tpi_store_nap(tp_core *c, uint64_t *backoff, uint64_t cap, uint64_t de
 
 /* One operation of the store, to try again. */
 typedef struct store_op {
-    enum { OP_SET, OP_GET, OP_CAS } kind;
+    enum { OP_SET, OP_GET, OP_CAS, OP_SCAN } kind;
     const char *key;
     const void *value, *expected;
     size_t len, expected_len;
     void **out;
     size_t *out_len;
     int *swapped;
+    int (*fn)(void *arg, const char *key, const void *value, size_t len); /* scan */
+    void *fn_arg;
 } store_op;
 
 static tp_status attempt(tp_core *c, const store_op *op) {
@@ -56,6 +58,8 @@ static tp_status attempt(tp_core *c, const store_op *op) {
     case OP_CAS:
         return s->ops->compare_set(s, op->key, op->expected, op->expected_len, op->value, op->len,
                                    op->swapped);
+    case OP_SCAN:
+        return s->ops->scan(s, op->key, op->fn, op->fn_arg);
     }
     TPI_ASSERT(0);
     return TP_EINVAL;
@@ -136,5 +140,13 @@ tp_status tpi_store_cas(tp_core *c, const char *key, const void *expected, size_
                    .value = desired,
                    .len = desired_len,
                    .swapped = swapped};
+    return with_retry(c, &op, deadline_ns);
+}
+
+tp_status tpi_store_scan(tp_core *c, const char *prefix,
+                         int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                         void *arg, uint64_t deadline_ns) {
+    TPI_ASSERT(c->store->ops->scan);
+    store_op op = {.kind = OP_SCAN, .key = prefix, .fn = fn, .fn_arg = arg};
     return with_retry(c, &op, deadline_ns);
 }

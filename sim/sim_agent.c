@@ -631,10 +631,18 @@ static tp_status view_del(tp_store *s, const char *key) {
     return t ? view_done(s, t, t->ops->del(t, key)) : TP_ESTORE;
 }
 
+static tp_status view_scan(tp_store *s, const char *prefix,
+                           int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                           void *arg) {
+    tp_store *t = view_target(s);
+    return t ? view_done(s, t, t->ops->scan(t, prefix, fn, arg)) : TP_ESTORE;
+}
+
 static void view_close(tp_store *s) {
     (void)s; /* the sim owns the shared store */
 }
 
+/* Two tables: scan only when the shared store has it (cfg.store may not). */
 static const tp_store_ops view_ops = {
     .api_version = TP_BACKEND_API_VERSION,
     .set = view_set,
@@ -645,9 +653,20 @@ static const tp_store_ops view_ops = {
     .close = view_close,
 };
 
+static const tp_store_ops view_ops_scan = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = view_set,
+    .get = view_get,
+    .add = view_add,
+    .compare_set = view_compare_set,
+    .del = view_del,
+    .close = view_close,
+    .scan = view_scan,
+};
+
 static tp_store *agent_store(tp_agent *ag) {
     tpi_sim_agent *a = AG(ag);
-    a->store_view.base.ops = &view_ops;
+    a->store_view.base.ops = a->sim->store->ops->scan ? &view_ops_scan : &view_ops;
     a->store_view.agent = a;
     return &a->store_view.base;
 }

@@ -66,6 +66,7 @@ typedef enum sqls_stmt {
     SQLS_BEGIN,
     SQLS_COMMIT,
     SQLS_ROLLBACK,
+    SQLS_SCAN,
     SQLS_STMT_COUNT_
 } sqls_stmt;
 
@@ -76,6 +77,9 @@ static const char *const sqls_sql[SQLS_STMT_COUNT_] = {
     [SQLS_BEGIN] = "BEGIN IMMEDIATE",
     [SQLS_COMMIT] = "COMMIT",
     [SQLS_ROLLBACK] = "ROLLBACK",
+    /* The primary key's b-tree in key order from the prefix on; the caller
+     * stops at the first key without the prefix. */
+    [SQLS_SCAN] = "SELECT k, v FROM tp_kv WHERE k >= ?1 ORDER BY k",
 };
 
 static const char sqls_schema[] = "CREATE TABLE IF NOT EXISTS tp_kv("
@@ -577,6 +581,76 @@ static void sqls_close(tp_store *base) {
     free(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* scan (STORE-10). */
+
+typedef struct sqls_scan_args {
+    const char *prefix;
+    size_t prefix_len;
+    int (*fn)(void *arg, const char *key, const void *value, size_t len);
+    void *arg;
+} sqls_scan_args;
+
+static int sqls_scan_body(sqls_store *s, void *arg, tp_status *status) {
+    sqls_scan_args *a = arg;
+    sqlite3_stmt *q = s->stmt[SQLS_SCAN];
+    int rc = sqls_bind_key(s, q, a->prefix, a->prefix_len);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const char *k = (const char *)sqlite3_column_text(q, 0);
+        size_t kn = (size_t)sqlite3_column_bytes(q, 0);
+        if (!k || kn < a->prefix_len || memcmp(k, a->prefix, a->prefix_len) != 0) {
+            rc = SQLITE_DONE; /* past the prefix */
+            break;
+        }
+        const void *v = sqlite3_column_blob(q, 1);
+        size_t n = (size_t)sqlite3_column_bytes(q, 1);
+        /* The file is shared with other programs: a row is input, not an invariant. */
+        if (n > TP_STORE_VALUE_LEN_MAX || strlen(k) != kn) {
+            *status = sqls_fail(s, TP_ESTORE, "scan '%s': stored row of %zu bytes is malformed",
+                                a->prefix, n);
+            rc = SQLITE_DONE;
+            break;
+        }
+        /* sqlite3_column_blob's buffer is NUL-terminated past its bytes only
+         * for text; copy what fn may read as a string. */
+        char small[256];
+        char *copy = n < sizeof small ? small : malloc(n + 1);
+        if (!copy) {
+            *status = sqls_fail(s, TP_ENOMEM, "scan '%s': out of memory for %zu bytes",
+                                a->prefix, n);
+            rc = SQLITE_DONE;
+            break;
+        }
+        if (n)
+            memcpy(copy, v, n);
+        copy[n] = '\0';
+        int stop = a->fn(a->arg, k, copy, n);
+        if (copy != small)
+            free(copy);
+        if (stop) {
+            rc = SQLITE_DONE;
+            break;
+        }
+        rc = SQLITE_OK; /* the next row */
+    }
+    sqlite3_reset(q);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static tp_status sqls_scan(tp_store *base, const char *prefix,
+                           int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                           void *arg) {
+    TPI_ASSERT(base != NULL && prefix != NULL && fn != NULL);
+    sqls_store *s = (sqls_store *)base;
+    sqls_scan_args a = {.prefix = prefix, .fn = fn, .arg = arg};
+    sqls_lock(s);
+    tp_status st = sqls_check_key(s, "scan", prefix, &a.prefix_len);
+    if (st == TP_OK)
+        st = sqls_run(s, 0, "scan", prefix, sqls_scan_body, &a);
+    sqls_unlock(s);
+    return st;
+}
+
 static const tp_store_ops sqls_ops = {
     .api_version = TP_BACKEND_API_VERSION,
     .set = sqls_set,
@@ -585,6 +659,7 @@ static const tp_store_ops sqls_ops = {
     .compare_set = sqls_compare_set,
     .del = sqls_del,
     .close = sqls_close,
+    .scan = sqls_scan,
 };
 
 /* Runs one setup statement (retrying lock conflicts), copying the first

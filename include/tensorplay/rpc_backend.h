@@ -274,7 +274,7 @@ struct tp_backend {
 };
 
 /* ------------------------------------------------------------------------ */
-/* The rendezvous store (STORE-1..8).                                        */
+/* The rendezvous store (STORE-1..10).                                       */
 
 #define TP_STORE_KEY_LEN_MAX 255
 #define TP_STORE_VALUE_LEN_MAX (1u << 20)
@@ -301,6 +301,17 @@ typedef struct tp_store_ops {
     tp_status (*del)(tp_store *s, const char *key);
     /* Closes and frees the store handle. */
     void (*close)(tp_store *s);
+    /*
+     * Optional (NULL: the core reads keys one by one). Calls fn for every
+     * key that starts with prefix, in key order, with its value (key and
+     * value borrowed for the call; the value NUL-terminated past len); fn
+     * returns 0 to go on, nonzero to stop there. fn must not call the store.
+     * A failure may come after some calls to fn (the caller's fn must
+     * tolerate seeing a key again on a retry). STORE-10.
+     */
+    tp_status (*scan)(tp_store *s, const char *prefix,
+                      int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                      void *arg);
 } tp_store_ops;
 
 /* A store handle: implementations embed this first. */

@@ -672,6 +672,56 @@ static void test_store_multi_process_atomic(void **state) {
     check_str(s, "cas", want);
 }
 
+/* ------------------------------------------------------------------------ */
+/* STORE-10: scan. */
+
+typedef struct scan_log {
+    char keys[8][32];
+    char values[8][32];
+    int n, stop_after;
+} scan_log;
+
+static int log_key(void *arg, const char *key, const void *value, size_t len) {
+    scan_log *l = arg;
+    if (l->n < 8) {
+        snprintf(l->keys[l->n], sizeof l->keys[l->n], "%s", key);
+        snprintf(l->values[l->n], sizeof l->values[l->n], "%.*s", (int)len, (const char *)value);
+        assert_int_equal(((const char *)value)[len], '\0'); /* NUL-terminated past len */
+    }
+    l->n++;
+    return l->stop_after && l->n == l->stop_after;
+}
+
+static void test_store_scan(fixture *f) {
+    tp_store *s = f->s;
+    assert_non_null(s->ops->scan);
+    put_str(s, "g0/init/rank/10", "ten");
+    put_str(s, "g0/init/rank/2", "two");
+    put_str(s, "g0/init/rank/0", "zero");
+    put_str(s, "g0/init/rankz", "not under the prefix");
+    put_str(s, "g0/init/ran", "before the prefix");
+    put_str(s, "g1/init/rank/0", "another generation");
+    scan_log l = {0};
+    assert_int_equal(s->ops->scan(s, "g0/init/rank/", log_key, &l), TP_OK);
+    assert_int_equal(l.n, 3); /* in key order: bytes, not numbers */
+    assert_string_equal(l.keys[0], "g0/init/rank/0");
+    assert_string_equal(l.values[0], "zero");
+    assert_string_equal(l.keys[1], "g0/init/rank/10");
+    assert_string_equal(l.values[1], "ten");
+    assert_string_equal(l.keys[2], "g0/init/rank/2");
+    /* fn stops it. */
+    scan_log stop = {.stop_after = 2};
+    assert_int_equal(s->ops->scan(s, "g0/init/rank/", log_key, &stop), TP_OK);
+    assert_int_equal(stop.n, 2);
+    /* Nothing under a prefix: no call, TP_OK. */
+    scan_log none = {0};
+    assert_int_equal(s->ops->scan(s, "g9/", log_key, &none), TP_OK);
+    assert_int_equal(none.n, 0);
+    /* The key rules apply to the prefix (STORE-4). */
+    assert_int_equal(s->ops->scan(s, "", log_key, &none), TP_EINVAL);
+}
+BOTH(test_store_scan)
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         TEST_BOTH(test_store_set_get),
@@ -686,6 +736,7 @@ int main(void) {
         TEST_BOTH(test_store_key_limits),
         TEST_BOTH(test_store_value_limits),
         TEST_BOTH(test_store_threads_share_a_handle),
+        TEST_BOTH(test_store_scan),
         cmocka_unit_test(test_store_open_missing_dir_is_estore),
         cmocka_unit_test(test_store_open_empty_path_is_einval),
         cmocka_unit_test(test_store_memory_stores_are_private),
