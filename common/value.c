@@ -48,6 +48,11 @@ typedef struct map_entry {
 
 struct tp_value {
     tp_kind kind;
+    /* The tree (VALUE-1): the container holding this value, NULL at a root;
+     * and the levels of lists and maps from here down (0 for a scalar, 1
+     * for a container of scalars), at most TPI_VALUE_DEPTH_MAX. */
+    tp_value *parent;
+    uint8_t height;
     union {
         int b;
         int64_t i;
@@ -121,9 +126,69 @@ tp_kind tp_value_kind(const tp_value *v) {
 
 static tp_value *value_new(tp_kind kind) {
     tp_value *v = calloc(1, sizeof *v);
-    if (v)
+    if (v) {
         v->kind = kind;
+        v->height = kind == TP_KIND_LIST || kind == TP_KIND_MAP;
+    }
     return v;
+}
+
+/* ---- The tree (VALUE-1, VALUE-4) --------------------------------------------- */
+
+/* Levels of containers above c plus c's own: c's depth counted from 1 at the root. */
+static unsigned level_of(const tp_value *c) {
+    unsigned n = 1;
+    for (const tp_value *p = c->parent; p; p = p->parent)
+        n++;
+    return n;
+}
+
+/*
+ * May item go into container c? It must be a root (one owner), not c or
+ * one of c's ancestors (no cycle), and the tree must stay within
+ * TPI_VALUE_DEPTH_MAX levels, so freeing, cloning, comparing and encoding
+ * never recurse deeper than that.
+ */
+static tp_status check_adopt(const tp_value *c, const tp_value *item, const char *what) {
+    if (item->parent)
+        return tpi_fail(TP_EINVAL,
+                        "%s: the item is already inside a list or map (a value has one "
+                        "owner; insert a tp_value_clone)",
+                        what);
+    for (const tp_value *p = c; p; p = p->parent)
+        if (p == item)
+            return tpi_fail(TP_EINVAL, "%s: a list or map cannot hold itself", what);
+    if (level_of(c) + item->height > TPI_VALUE_DEPTH_MAX)
+        return tpi_fail(TP_ELIMIT, "%s: lists and maps would nest deeper than %d levels", what,
+                        TPI_VALUE_DEPTH_MAX);
+    return TP_OK;
+}
+
+/* Recomputes c's height from its items, then its ancestors' while they change. */
+/* Recomputes c's height from its items, then its ancestors' while they change. */
+static void fix_heights(tp_value *c) {
+    for (tp_value *v = c; v; v = v->parent) {
+        unsigned h = 0;
+        if (v->kind == TP_KIND_LIST)
+            for (size_t i = 0; i < v->u.list.len; i++)
+                h = v->u.list.items[i]->height > h ? v->u.list.items[i]->height : h;
+        else
+            for (size_t i = 0; i < v->u.map.len; i++)
+                h = v->u.map.entries[i].value->height > h ? v->u.map.entries[i].value->height : h;
+        if (v->height == h + 1)
+            break;
+        v->height = (uint8_t)(h + 1);
+    }
+}
+
+/* item now belongs to c (checked): records it and raises the heights above. */
+static void adopt(tp_value *c, tp_value *item) {
+    item->parent = c;
+    for (tp_value *v = c, *child = item; v; child = v, v = v->parent) {
+        if (v->height >= child->height + 1)
+            break;
+        v->height = (uint8_t)(child->height + 1);
+    }
 }
 
 tp_value *tp_value_nil(void) {
@@ -629,12 +694,13 @@ tp_status tp_list_append(tp_value *list, tp_value *item) {
         return wrong_kind(list, TP_KIND_LIST);
     if (!item)
         return tpi_fail(TP_EINVAL, "list append: item is NULL");
-    if (item == list)
-        return tpi_fail(TP_EINVAL, "list append: a list cannot hold itself");
-    tp_status st = tpi_list_reserve(list, 1);
+    tp_status st = check_adopt(list, item, "list append");
+    if (st == TP_OK)
+        st = tpi_list_reserve(list, 1);
     if (st != TP_OK)
         return st;
     list->u.list.items[list->u.list.len++] = item;
+    adopt(list, item);
     return TP_OK;
 }
 
@@ -661,7 +727,9 @@ tp_status tpi_map_reserve(tp_value *map, size_t n) {
 tp_status tpi_map_push(tp_value *map, const char *key, size_t len, tp_value *item) {
     TPI_ASSERT(map && map->kind == TP_KIND_MAP && key && item && len < SIZE_MAX);
     TPI_ASSERT(memchr(key, '\0', len) == NULL);
-    tp_status st = tpi_map_reserve(map, 1);
+    tp_status st = check_adopt(map, item, "map set");
+    if (st == TP_OK)
+        st = tpi_map_reserve(map, 1);
     if (st != TP_OK)
         return st;
     char *copy = malloc(len + 1);
@@ -673,6 +741,7 @@ tp_status tpi_map_push(tp_value *map, const char *key, size_t len, tp_value *ite
     e->key = copy;
     e->len = len;
     e->value = item;
+    adopt(map, item);
     return TP_OK;
 }
 
@@ -690,14 +759,20 @@ tp_status tp_map_set(tp_value *map, const char *key, tp_value *item) {
         return wrong_kind(map, TP_KIND_MAP);
     if (!key || !item)
         return tpi_fail(TP_EINVAL, "map set: %s is NULL", key ? "item" : "key");
-    if (item == map)
-        return tpi_fail(TP_EINVAL, "map set: a map cannot hold itself");
     size_t len = strlen(key);
     map_entry *e = map_find(map, key, len);
+    if (e && e->value == item)
+        return TP_OK; /* already there */
     if (e) {
-        if (e->value != item)
-            tp_value_free(e->value);
+        tp_status st = check_adopt(map, item, "map set");
+        if (st != TP_OK)
+            return st;
+        tp_value *old = e->value;
+        old->parent = NULL;
+        tp_value_free(old);
         e->value = item;
+        adopt(map, item);
+        fix_heights(map); /* the old item may have been the deepest */
         return TP_OK;
     }
     return tpi_map_push(map, key, len, item);
@@ -777,11 +852,12 @@ tp_value *tp_value_list_of(size_t n, ...) {
     va_start(ap, n);
     for (size_t i = 0; i < n; i++) {
         tp_value *item = va_arg(ap, tp_value *);
-        if (ok && item) {
+        if (ok && item && check_adopt(list, item, "list of") == TP_OK) {
             list->u.list.items[list->u.list.len++] = item; /* reserved above */
+            adopt(list, item);
         } else {
             ok = 0;
-            tp_value_free(item);
+            tp_value_free(item); /* a no-op for an item another container owns */
         }
     }
     va_end(ap);
@@ -875,9 +951,17 @@ tp_status tp_value_get_object(const tp_value *v, const char **class_name, void *
 
 /* ---- Free, clone, equal ------------------------------------------------------ */
 
+static void value_free(tp_value *v);
+
 void tp_value_free(tp_value *v) {
-    if (!v)
+    /* A value inside a list or map is its container's to free (VALUE-1). */
+    if (!v || v->parent)
         return;
+    value_free(v);
+}
+
+/* Frees v and its items; recursion is bounded by TPI_VALUE_DEPTH_MAX. */
+static void value_free(tp_value *v) {
     switch (v->kind) {
     case TP_KIND_STR:
     case TP_KIND_BYTES:
@@ -885,13 +969,13 @@ void tp_value_free(tp_value *v) {
         break;
     case TP_KIND_LIST:
         for (size_t i = 0; i < v->u.list.len; i++)
-            tp_value_free(v->u.list.items[i]);
+            value_free(v->u.list.items[i]);
         free(v->u.list.items);
         break;
     case TP_KIND_MAP:
         for (size_t i = 0; i < v->u.map.len; i++) {
             free(v->u.map.entries[i].key);
-            tp_value_free(v->u.map.entries[i].value);
+            value_free(v->u.map.entries[i].value);
         }
         free(v->u.map.entries);
         break;
@@ -925,6 +1009,7 @@ static tp_value *list_clone(const tp_value *v) {
         if (!item)
             goto fail;
         c->u.list.items[c->u.list.len++] = item;
+        adopt(c, item);
     }
     return c;
 fail:

@@ -205,12 +205,19 @@ tp_status tp_value_get_rref(const tp_value *v, tp_rref **out);
 /* An object's state, borrowed; class_name may be NULL. */
 tp_status tp_value_get_object(const tp_value *v, const char **class_name, void **state);
 
-/* Lists. Append takes ownership of item on success. get is borrowed. */
+/*
+ * Lists. Append takes ownership of item on success. get is borrowed. Values
+ * form a tree (VALUE-1, VALUE-4): an item already inside a list or map, or
+ * one that holds list, is TP_EINVAL; nesting past 64 levels is TP_ELIMIT.
+ * A refused item stays the caller's. tp_value_free of an item does nothing:
+ * its container frees it.
+ */
 tp_status tp_list_append(tp_value *list, tp_value *item);
 size_t tp_list_len(const tp_value *list);          /* 0 for a non-list */
 const tp_value *tp_list_get(const tp_value *list, size_t index); /* NULL out of range */
 
-/* Maps (string keys, insertion order). set replaces an equal key; item transferred. */
+/* Maps (string keys, insertion order). set replaces an equal key; item
+ * transferred on success; the same rules as lists. */
 tp_status tp_map_set(tp_value *map, const char *key, tp_value *item);
 size_t tp_map_len(const tp_value *map);
 const tp_value *tp_map_get(const tp_value *map, const char *key); /* NULL if absent */
@@ -234,7 +241,8 @@ int tp_tensor_is_contiguous(const tp_value *t);
 void *tp_tensor_data(tp_value *t);
 const void *tp_tensor_cdata(const tp_value *t);
 
-/* Builds a list value from n items (all transferred, even on failure). */
+/* Builds a list value from n items (all transferred, even on failure, but an
+ * item already inside another list or map stays there; VALUE-4). */
 tp_value *tp_value_list_of(size_t n, ...);
 
 /* ------------------------------------------------------------------------ */

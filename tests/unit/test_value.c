@@ -17,6 +17,8 @@
 #include "common/value.h"
 #include "tensorplay/rpc.h"
 
+#include "common/limits.h"
+
 #include "fake_rref.h"
 
 /* ---- Scalars and typed reads ------------------------------------------------ */
@@ -184,6 +186,74 @@ static void test_value_list_of_transfers_all(void **state) {
 }
 
 /* ---- Tensors -------------------------------------------------------------------- */
+
+/* VALUE-1, VALUE-4: values form a tree (issue 8): one owner, no cycle, at
+ * most TPI_VALUE_DEPTH_MAX levels; what would break that is refused and
+ * left with the caller, so nothing is freed twice or recursed without end. */
+static void test_value_tree_one_owner_no_cycle(void **state) {
+    (void)state;
+    tp_value *a = tp_value_list(), *b = tp_value_list(), *x = tp_value_int(7);
+    assert_int_equal(tp_list_append(a, x), TP_OK);
+    /* x already belongs to a: not also to b (that was a double free) */
+    assert_int_equal(tp_list_append(b, x), TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "already inside a list or map"));
+    tp_value *m = tp_value_map();
+    assert_int_equal(tp_map_set(m, "x", x), TP_EINVAL);
+    /* freeing an item its container owns does nothing; the container frees it */
+    tp_value_free(x);
+    assert_int_equal(tp_list_len(a), 1);
+    /* a in b, then b in a: an indirect cycle, refused */
+    assert_int_equal(tp_list_append(b, a), TP_OK);
+    assert_int_equal(tp_list_append(a, b), TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "cannot hold itself"));
+    assert_int_equal(tp_map_set(m, "b", b), TP_OK);
+    assert_int_equal(tp_list_append(a, m), TP_EINVAL); /* m holds b holds a */
+    /* setting the same item again under its key changes nothing */
+    assert_int_equal(tp_map_set(m, "b", b), TP_OK);
+    assert_int_equal(tp_map_len(m), 1);
+    /* list_of does not take an item another container owns */
+    assert_null(tp_value_list_of(2, tp_value_int(1), x));
+    assert_int_equal(tp_list_len(a), 1); /* x is still a's */
+    tp_value_free(m); /* frees b, a and x, once each */
+}
+
+static void test_value_tree_depth_limit(void **state) {
+    (void)state;
+    /* 64 levels of lists are the most a value holds (the wire's limit) */
+    tp_value *top = tp_value_list(), *leaf = top;
+    for (int i = 1; i < TPI_VALUE_DEPTH_MAX; i++) {
+        tp_value *next = tp_value_list();
+        assert_int_equal(tp_list_append(leaf, next), TP_OK);
+        leaf = next;
+    }
+    tp_value *one_more = tp_value_list();
+    assert_int_equal(tp_list_append(leaf, one_more), TP_ELIMIT);
+    assert_non_null(strstr(tp_errmsg(), "deeper than 64 levels"));
+    assert_int_equal(tp_list_append(leaf, tp_value_int(1)), TP_OK); /* a scalar fits */
+    /* a deep tree cannot go under another container either */
+    tp_value *holder = tp_value_map();
+    assert_int_equal(tp_map_set(holder, "deep", top), TP_ELIMIT);
+    /* replacing a deep item by a shallow one makes room again */
+    tp_value *m = tp_value_map(), *deep = tp_value_list();
+    tp_value *d = deep;
+    for (int i = 2; i < TPI_VALUE_DEPTH_MAX; i++) {
+        tp_value *next = tp_value_list();
+        assert_int_equal(tp_list_append(d, next), TP_OK);
+        d = next;
+    }
+    assert_int_equal(tp_map_set(m, "k", deep), TP_OK); /* m: 64 levels */
+    tp_value *outer = tp_value_list();
+    tp_value *m2 = tp_value_clone(m);
+    assert_non_null(m2);
+    assert_int_equal(tp_list_append(outer, m2), TP_ELIMIT);
+    assert_int_equal(tp_map_set(m2, "k", tp_value_int(0)), TP_OK); /* deep freed */
+    assert_int_equal(tp_list_append(outer, m2), TP_OK);
+    tp_value_free(outer);
+    tp_value_free(m);
+    tp_value_free(holder);
+    tp_value_free(top);
+    tp_value_free(one_more);
+}
 
 static void test_value_tensor_contiguous_copy(void **state) {
     (void)state;
@@ -647,6 +717,8 @@ int main(void) {
         cmocka_unit_test(test_value_map_keeps_order_and_replaces),
         cmocka_unit_test(test_value_map_find_duplicate),
         cmocka_unit_test(test_value_list_of_transfers_all),
+        cmocka_unit_test(test_value_tree_one_owner_no_cycle),
+        cmocka_unit_test(test_value_tree_depth_limit),
         cmocka_unit_test(test_value_tensor_contiguous_copy),
         cmocka_unit_test(test_value_tensor_strided_packs_row_major),
         cmocka_unit_test(test_value_tensor_broadcast_and_sliced),
