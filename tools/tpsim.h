@@ -13,6 +13,7 @@
 #ifndef TPSIM_H
 #define TPSIM_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -139,6 +140,7 @@ typedef struct tpsim_world {
     char first[TPSIM_FAIL_TEXT_MAX + 32]; /* the first failure, with its time */
     uint64_t ops[TPSIM_OP_KINDS][TPSIM_OUT_KINDS];
     uint64_t (*line_outs)[TPSIM_OUT_KINDS]; /* workload files: outcomes per line, or NULL */
+    int ping_liveness; /* liveness calls the library's tp:ping, not tpsim's echo */
 } tpsim_world;
 
 /* Records a failure (printf-style): counted, noted in the trace, the first kept. */
@@ -147,6 +149,7 @@ void tpsim_world_fail(tpsim_world *w, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+void tpsim_world_vfail(tpsim_world *w, const char *fmt, va_list ap);
 int tpsim_self_dead(void);
 
 /* What to issue. */
@@ -182,6 +185,8 @@ tp_status tpsim_ops_register(void);
 /* Registers the functions and initialises worker "w<rank>" on SIM with that
  * default timeout, pool (0: default) and window (0: default), and 60 s for
  * init and shutdown. */
+/* The same without registering tpsim's functions (an experiment registers its own). */
+tp_status tpsim_worker_init(int rank, int world, double rpc_timeout_s, int pool, uint64_t window);
 tp_status tpsim_worker_start(int rank, int world, double rpc_timeout_s, int pool,
                              uint64_t window);
 /* Graceful shutdown, which must return TP_OK, or TP_EPEERDOWN when a worker

@@ -42,6 +42,7 @@
 
 #include "common/canary.h"
 #include "common/errors.h"
+#include "tensorplay/sim_experiment.h"
 #include "tools/tpsim.h"
 
 #define MS_NS 1000000ull
@@ -85,12 +86,20 @@ typedef struct swarm_stats {
     uint64_t violations;
 } swarm_stats;
 
-typedef struct swarm_run {
+/* One world while it runs: the experiment handle of sim_experiment.h. */
+struct tp_sim_experiment {
     tpsim_world w; /* the world's shared state (tpsim.h) */
     const swarm_cfg *cfg;
+    const tp_sim_experiment_def *def; /* an experiment's chaos, or NULL: tpsim's */
     tp_status init_status[SWARM_WORKERS_MAX];
     char init_msg[SWARM_WORKERS_MAX][160];
-} swarm_run;
+};
+typedef struct tp_sim_experiment swarm_run;
+
+/* Who we are in messages ("tpsim swarm", or an experiment's program), and
+ * the command that replays a seed. Set once by the entry point. */
+static const char *prog = "tpsim swarm";
+static char replay_cmd[256] = "tpsim swarm";
 
 /* Faults that fired so far in this world and may fail an init: not a store
  * outage or a slow store, which init outlasts (STORE-9: the swarm's outages
@@ -385,7 +394,14 @@ static int swarm_program(int rank, int world, void *arg) {
     const swarm_cfg *c = run->cfg;
     char name[16];
     snprintf(name, sizeof name, "w%d", rank);
-    tp_status st = tpsim_worker_start(rank, world, c->default_timeout_s, (int)c->pool, c->window);
+    const tp_sim_experiment_def *def = run->def;
+    tp_status st = TP_OK;
+    if (def && def->setup && (st = def->setup(run, rank, world, def->arg)) != TP_OK) {
+        tpsim_world_fail(&run->w, "%s: setup: %s: %s", name, tp_status_name(st), tp_errmsg());
+        return 0;
+    }
+    st = def ? tpsim_worker_init(rank, world, c->default_timeout_s, (int)c->pool, c->window)
+             : tpsim_worker_start(rank, world, c->default_timeout_s, (int)c->pool, c->window);
     run->init_status[rank] = st;
     snprintf(run->init_msg[rank], sizeof run->init_msg[rank], "%s", st ? tp_errmsg() : "");
     if (st != TP_OK) {
@@ -395,6 +411,15 @@ static int swarm_program(int rank, int world, void *arg) {
         if (!tpsim_self_dead() && faults_fired(run->w.sim) == 0)
             tpsim_world_fail(&run->w, "%s: init_rpc: %s: %s", name, tp_status_name(st),
                              tp_errmsg());
+        return 0;
+    }
+    if (def) { /* an experiment's own chaos, then the same phases */
+        def->chaos(run, rank, world, def->arg);
+        uint64_t now = tp_sim_now_ns(run->w.sim);
+        if (now < c->heal_ns + 10 * MS_NS)
+            (void)tp_sleep((double)(c->heal_ns + 10 * MS_NS - now) / 1e9);
+        tpsim_liveness(&run->w, rank, world);
+        tpsim_worker_shutdown(&run->w, rank, world);
         return 0;
     }
     /* Chaos. */
@@ -457,6 +482,7 @@ typedef struct swarm_opts {
     size_t bytes_len;
     const char *bytes_path;
     const char *save_bytes; /* --save-bytes: write the seed's world as bytes here */
+    const tp_sim_experiment_def *def; /* an experiment's (sim_experiment.h), or NULL */
 } swarm_opts;
 
 /* The world of a seed, or of o->bytes (then *seed is set from them). When
@@ -514,6 +540,8 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
     swarm_run run;
     memset(&run, 0, sizeof run);
     run.cfg = &cfg;
+    run.def = o->def;
+    run.w.ping_liveness = o->def != NULL;
     uint64_t cores_before = tp_core_live_count(); /* an earlier seed may have leaked */
     FILE *trace = o->trace_path ? fopen(o->trace_path, "w") : NULL;
     tp_sim_config sc = {
@@ -533,8 +561,12 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
         tpsim_world_fail(&run.w, "setup: %s: %s", tp_status_name(st), err);
     } else {
         run.w.sim = sim;
+        if (o->def && o->def->begin)
+            o->def->begin(&run, (int)cfg.workers, o->def->arg);
         int codes[SWARM_WORKERS_MAX];
         st = tp_sim_run(sim, swarm_program, &run, codes);
+        if (o->def && o->def->end)
+            o->def->end(&run, (int)cfg.workers, o->def->arg);
         if (st != TP_OK)
             tpsim_world_fail(&run.w, "the run did not end: %s: %s", tp_status_name(st),
                              tp_errmsg());
@@ -592,8 +624,8 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
                 *p = p[1] ? ';' : '\0';
         fprintf(out, "  plan: %s\n", flat[0] ? flat : "(no faults)");
         if (run.w.failed && o->bytes) {
-            fprintf(out, "  replay: tpsim%s swarm --bytes %s%s%s --verbose --trace seed.trace\n",
-                    o->canary ? "_canary" : "", o->bytes_path ? o->bytes_path : "FILE",
+            fprintf(out, "  replay: %s --bytes %s%s%s --verbose --trace seed.trace\n",
+                    replay_cmd, o->bytes_path ? o->bytes_path : "FILE",
                     o->canary ? " --canary " : "", o->canary ? o->canary : "");
         } else if (run.w.failed) {
             char extra[96] = "";
@@ -603,8 +635,8 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
                 snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " --canary %s",
                          o->canary);
             fprintf(out,
-                    "  replay: tpsim%s swarm --seeds %" PRIu64 "%s --verbose --trace seed.trace\n",
-                    o->canary ? "_canary" : "", seed, extra);
+                    "  replay: %s --seeds %" PRIu64 "%s --verbose --trace seed.trace\n",
+                    replay_cmd, seed, extra);
         }
     }
     if (sim)
@@ -720,8 +752,8 @@ static int shrink_seed(const swarm_opts *o, uint64_t seed) {
     for (int j = 0; j < n; j++)
         if (keep[j])
             printf("  %s\n", lines[j]);
-    printf("  replay: tpsim%s swarm --seeds %" PRIu64 " --plan %s --calls %u%s%s --verbose\n",
-           o->canary ? "_canary" : "", seed, f ? path : "(could not write the plan)", calls,
+    printf("  replay: %s --seeds %" PRIu64 " --plan %s --calls %u%s%s --verbose\n", replay_cmd,
+           seed, f ? path : "(could not write the plan)", calls,
            o->canary ? " --canary " : "", o->canary ? o->canary : "");
     return 0;
 }
@@ -788,7 +820,7 @@ static int shrink_bytes(const swarm_opts *o) {
         wrote = 0;
     printf("shrink: %s still fails with %zu of %zu bytes (%u runs)\n", o->bytes_path, len,
            o->bytes_len, runs);
-    printf("  replay: tpsim%s swarm --bytes %s%s%s --verbose\n", o->canary ? "_canary" : "",
+    printf("  replay: %s --bytes %s%s%s --verbose\n", replay_cmd,
            wrote ? path : "(could not write it)", o->canary ? " --canary " : "",
            o->canary ? o->canary : "");
     free(cur);
@@ -843,9 +875,9 @@ static int stats_read(const char *line, swarm_stats *add) {
 }
 
 static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall_s) {
-    printf("swarm: %" PRIu64 " seeds (%" PRIu64 "..%" PRIu64 ") in %.1f s wall, %.0f seeds/s, "
+    printf("%s: %" PRIu64 " seeds (%" PRIu64 "..%" PRIu64 ") in %.1f s wall, %.0f seeds/s, "
            "%" PRIu64 " failed%s%s\n",
-           s->seeds, o->from, o->to, wall_s, wall_s > 0 ? (double)s->seeds / wall_s : 0.0,
+           o->def ? prog : "swarm", s->seeds, o->from, o->to, wall_s, wall_s > 0 ? (double)s->seeds / wall_s : 0.0,
            s->failed, o->canary ? ", canary " : "", o->canary ? o->canary : "");
     printf("events=%" PRIu64 " outcomes_checked=%" PRIu64 " oracle_violations=%" PRIu64
            " init_failed_under_faults=%" PRIu64 "\n",
@@ -864,6 +896,8 @@ static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall
         printf(" %10s", tpsim_out_names[j]);
     printf("\n");
     for (int k = 0; k < TPSIM_OP_KINDS; k++) {
+        if (o->def && k != TPSIM_OP_LIVENESS)
+            continue; /* an experiment's chaos is its own */
         printf("%-10s", tpsim_op_names[k]);
         uint64_t total = 0;
         for (int j = 0; j < TPSIM_OUT_KINDS; j++) {
@@ -901,13 +935,13 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
     for (uint32_t j = 0; j < jobs; j++) {
         int p[2];
         if (pipe(p) != 0) {
-            perror("tpsim swarm: pipe");
+            perror(prog);
             return -1;
         }
         fflush(stdout);
         pid_t pid = fork();
         if (pid < 0) {
-            perror("tpsim swarm: fork");
+            perror(prog);
             return -1;
         }
         if (pid == 0) {
@@ -971,7 +1005,7 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
     for (uint32_t j = 0; j < jobs; j++) {
         int status = 0;
         if (waitpid(pids[j], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "tpsim swarm: job %u died (status %d): its seeds are not counted\n", j,
+            fprintf(stderr, "%s: job %u died (status %d): its seeds are not counted\n", prog, j,
                     status);
             rc = -1;
         }
@@ -982,10 +1016,10 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
 /* ---- Command line ---------------------------------------------------------------- */
 
 static int swarm_usage(FILE *out) {
-    fprintf(out, "usage: tpsim swarm --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
-                 "                   [--trace FILE] [--canary NAME] [--expect-failure]\n"
-                 "                   [--plan FILE] [--calls N] [--shrink] [--save-bytes FILE]\n"
-                 "       tpsim swarm --bytes FILE [--shrink] [...]\n"
+    fprintf(out, "usage: %s --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
+                 "          [--trace FILE] [--canary NAME] [--expect-failure]\n"
+                 "          [--plan FILE] [--calls N] [--shrink] [--save-bytes FILE]\n"
+                 "       %s --bytes FILE [--shrink] [...]\n"
                  "\n"
                  "Runs one randomized world per seed: chaos (faults), heal, liveness, graceful\n"
                  "shutdown, then the oracle's final checks. Prints each failing seed with its\n"
@@ -1006,7 +1040,7 @@ static int swarm_usage(FILE *out) {
                  "                 (with --bytes: cut bytes while it fails; write FILE.min)\n"
                  "  --bytes FILE   run the one world these bytes decode to (spec/sim.md SIM-14)\n"
                  "  --save-bytes FILE  write one seed's world as bytes that replay it\n"
-                 "  --expect-failure  succeed only when some seed fails (for canaries)\n");
+                 "  --expect-failure  succeed only when some seed fails (for canaries)\n", prog, prog);
     return out == stdout ? 0 : 2;
 }
 
@@ -1024,10 +1058,12 @@ static int parse_u64_arg(const char *s, uint64_t *out) {
 
 /* The command line; *plan_buf and *bytes_buf (--plan's text, --bytes'
  * contents) are the caller's to free, whichever way this returns. */
-static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_bufp) {
+static int swarm_main(const tp_sim_experiment_def *def, int argc, char **argv, char **plan_bufp,
+                      uint8_t **bytes_bufp) {
     swarm_opts o;
     memset(&o, 0, sizeof o);
     o.jobs = 1;
+    o.def = def;
     char *plan_buf = NULL;
     uint8_t *bytes_buf = NULL;
     int have_seeds = 0;
@@ -1050,21 +1086,21 @@ static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_b
             if (!parse_u64_arg(buf, &o.from) ||
                 (dots ? !parse_u64_arg(dots + 2, &o.to) : !parse_u64_arg(buf, &o.to)) ||
                 o.to < o.from) {
-                fprintf(stderr, "tpsim swarm: --seeds '%s': expected A..B with A <= B\n", v);
+                fprintf(stderr, "%s: --seeds '%s': expected A..B with A <= B\n", prog, v);
                 return 2;
             }
             have_seeds = 1;
             i++;
         } else if (strcmp(a, "--jobs") == 0 && v) {
             if (!parse_u64_arg(v, &n) || n < 1 || n > SWARM_JOBS_MAX) {
-                fprintf(stderr, "tpsim swarm: --jobs '%s': expected 1..%d\n", v, SWARM_JOBS_MAX);
+                fprintf(stderr, "%s: --jobs '%s': expected 1..%d\n", prog, v, SWARM_JOBS_MAX);
                 return 2;
             }
             o.jobs = (uint32_t)n;
             i++;
         } else if (strcmp(a, "--workers") == 0 && v) {
             if (!parse_u64_arg(v, &n) || n < 2 || n > SWARM_WORKERS_MAX) {
-                fprintf(stderr, "tpsim swarm: --workers '%s': expected 2..%d\n", v,
+                fprintf(stderr, "%s: --workers '%s': expected 2..%d\n", prog, v,
                         SWARM_WORKERS_MAX);
                 return 2;
             }
@@ -1080,7 +1116,7 @@ static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_b
             o.shrink = 1;
         } else if (strcmp(a, "--calls") == 0 && v) {
             if (!parse_u64_arg(v, &n) || n < 1 || n > 100000) {
-                fprintf(stderr, "tpsim swarm: --calls '%s': expected 1..100000\n", v);
+                fprintf(stderr, "%s: --calls '%s': expected 1..100000\n", prog, v);
                 return 2;
             }
             o.calls = (uint32_t)n;
@@ -1088,19 +1124,19 @@ static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_b
         } else if (strcmp(a, "--bytes") == 0 && v) {
             FILE *bf = fopen(v, "rb");
             if (!bf) {
-                fprintf(stderr, "tpsim swarm: --bytes %s: %s\n", v, strerror(errno));
+                fprintf(stderr, "%s: --bytes %s: %s\n", prog, v, strerror(errno));
                 return 2;
             }
             if (bytes_buf) {
                 fclose(bf);
-                fprintf(stderr, "tpsim swarm: --bytes given twice\n");
+                fprintf(stderr, "%s: --bytes given twice\n", prog);
                 return 2;
             }
             bytes_buf = *bytes_bufp = malloc(SWARM_BYTES_MAX + 1);
             size_t got = bytes_buf ? fread(bytes_buf, 1, SWARM_BYTES_MAX + 1, bf) : 0;
             fclose(bf);
             if (!bytes_buf || got > SWARM_BYTES_MAX) {
-                fprintf(stderr, "tpsim swarm: --bytes %s: larger than %d bytes\n", v,
+                fprintf(stderr, "%s: --bytes %s: larger than %d bytes\n", prog, v,
                         SWARM_BYTES_MAX);
                 return 2;
             }
@@ -1114,32 +1150,32 @@ static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_b
         } else if (strcmp(a, "--plan") == 0 && v) {
             FILE *pf = fopen(v, "r");
             if (!pf) {
-                fprintf(stderr, "tpsim swarm: --plan %s: %s\n", v, strerror(errno));
+                fprintf(stderr, "%s: --plan %s: %s\n", prog, v, strerror(errno));
                 return 2;
             }
             if (plan_buf) {
                 fclose(pf);
-                fprintf(stderr, "tpsim swarm: --plan given twice\n");
+                fprintf(stderr, "%s: --plan given twice\n", prog);
                 return 2;
             }
             plan_buf = *plan_bufp = calloc(1, SWARM_PLAN_MAX);
             size_t got = plan_buf ? fread(plan_buf, 1, SWARM_PLAN_MAX - 1, pf) : 0;
             fclose(pf);
             if (!plan_buf || got == SWARM_PLAN_MAX - 1) {
-                fprintf(stderr, "tpsim swarm: --plan %s: larger than %d bytes\n", v,
+                fprintf(stderr, "%s: --plan %s: larger than %d bytes\n", prog, v,
                         SWARM_PLAN_MAX - 1);
                 return 2;
             }
             o.plan_text = plan_buf;
             i++;
         } else {
-            fprintf(stderr, "tpsim swarm: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr, "%s: unknown or incomplete option '%s'\n", prog, a);
             return swarm_usage(stderr);
         }
     }
     if (o.bytes && (have_seeds || o.save_bytes || o.plan_text || o.calls)) {
-        fprintf(stderr, "tpsim swarm: --bytes is the whole world: no --seeds, --save-bytes, "
-                        "--plan or --calls with it\n");
+        fprintf(stderr, "%s: --bytes is the whole world: no --seeds, --save-bytes, "
+                        "--plan or --calls with it\n", prog);
         return 2;
     }
     if (o.bytes) { /* the seed shown is the one in the bytes */
@@ -1149,20 +1185,20 @@ static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_b
         have_seeds = 1;
     }
     if (!have_seeds) {
-        fprintf(stderr, "tpsim swarm: --seeds or --bytes is required\n");
+        fprintf(stderr, "%s: --seeds or --bytes is required\n", prog);
         return swarm_usage(stderr);
     }
     if (o.save_bytes && (o.from != o.to || o.plan_text || o.calls)) {
-        fprintf(stderr, "tpsim swarm: --save-bytes takes one seed (--seeds S) and its drawn "
-                        "plan and calls\n");
+        fprintf(stderr, "%s: --save-bytes takes one seed (--seeds S) and its drawn "
+                        "plan and calls\n", prog);
         return 2;
     }
     if (o.shrink && o.from != o.to) {
-        fprintf(stderr, "tpsim swarm: --shrink takes one seed (--seeds S)\n");
+        fprintf(stderr, "%s: --shrink takes one seed (--seeds S)\n", prog);
         return 2;
     }
     if (o.trace_path && o.from != o.to) {
-        fprintf(stderr, "tpsim swarm: --trace takes one seed (--seeds S)\n");
+        fprintf(stderr, "%s: --trace takes one seed (--seeds S)\n", prog);
         return 2;
     }
     if (o.canary) {
@@ -1174,17 +1210,21 @@ static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_b
                 found = 1;
             }
         if (!found) {
-            fprintf(stderr, "tpsim swarm: unknown canary '%s'; known:", o.canary);
+            fprintf(stderr, "%s: unknown canary '%s'; known:", prog, o.canary);
             for (int k = 1; tpi_canary_name(k); k++)
                 fprintf(stderr, " %s", tpi_canary_name(k));
             fprintf(stderr, "\n");
             return 2;
         }
 #else
-        fprintf(stderr, "tpsim swarm: --canary needs tpsim_canary (a build with TP_CANARIES)\n");
+        fprintf(stderr, "%s: --canary needs tpsim_canary (a build with TP_CANARIES)\n", prog);
         return 2;
 #endif
     }
+    if (def)
+        snprintf(replay_cmd, sizeof replay_cmd, "%s", argv[0]);
+    else
+        snprintf(replay_cmd, sizeof replay_cmd, "tpsim%s swarm", o.canary ? "_canary" : "");
     tp_register_builtin_backends();
     if (o.shrink) {
         return o.bytes ? shrink_bytes(&o) : shrink_seed(&o, o.from);
@@ -1210,11 +1250,42 @@ static int swarm_main(int argc, char **argv, char **plan_bufp, uint8_t **bytes_b
     return stats.failed ? 1 : 0;
 }
 
-int tpsim_swarm_main(int argc, char **argv) {
+static int main_with(const tp_sim_experiment_def *def, int argc, char **argv) {
     char *plan_buf = NULL;
     uint8_t *bytes_buf = NULL;
-    int rc = swarm_main(argc, argv, &plan_buf, &bytes_buf);
+    int rc = swarm_main(def, argc, argv, &plan_buf, &bytes_buf);
     free(plan_buf);
     free(bytes_buf);
     return rc;
+}
+
+int tpsim_swarm_main(int argc, char **argv) {
+    return main_with(NULL, argc, argv);
+}
+
+/* ---- Experiments (sim_experiment.h, spec/sim.md SIM-15) ------------------------- */
+
+int tp_sim_experiment_main(const tp_sim_experiment_def *def, int argc, char **argv) {
+    if (!def || !def->chaos || argc < 1 || !argv || !argv[0]) {
+        fprintf(stderr, "tp_sim_experiment_main: %s\n",
+                !def || !def->chaos ? "the definition has no chaos phase" : "no argv[0]");
+        return 2;
+    }
+    prog = def->name ? def->name : argv[0];
+    return main_with(def, argc, argv);
+}
+
+void tp_sim_experiment_fail(tp_sim_experiment *x, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tpsim_world_vfail(&x->w, fmt, ap);
+    va_end(ap);
+}
+
+uint64_t tp_sim_experiment_heal_ns(const tp_sim_experiment *x) {
+    return x->cfg->heal_ns;
+}
+
+uint64_t tp_sim_experiment_seed(const tp_sim_experiment *x) {
+    return x->cfg->seed;
 }
