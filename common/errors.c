@@ -76,3 +76,18 @@ _Noreturn void tpi_assert_fail(const char *cond, const char *file, int line) {
     fflush(stderr);
     abort();
 }
+
+int tpi_parse_index(const char *s, uint32_t limit, uint32_t *out) {
+    if (!s || !*s || (s[0] == '0' && s[1]))
+        return 0;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(*s - '0');
+        if (v >= limit)
+            return 0;
+    }
+    *out = (uint32_t)v;
+    return 1;
+}

@@ -23,6 +23,9 @@ tp_status tpi_fail(tp_status status, const char *fmt, ...) TPI_PRINTF(2, 3);
 tp_status tpi_fail_msg(tp_status status, const char *msg);
 /* snprintf that always terminates and never reports more than it wrote. */
 size_t tpi_format(char *buf, size_t len, const char *fmt, ...) TPI_PRINTF(3, 4);
+/* Parses s, the whole of it, as a decimal index below limit, as we write
+ * them ("%u": no sign, no leading zero): 1 and *out set, or 0. */
+int tpi_parse_index(const char *s, uint32_t limit, uint32_t *out);
 size_t tpi_vformat(char *buf, size_t len, const char *fmt, va_list ap);
 
 /* Always-on assertion for invariants (STYLE 8): never for input that crossed

@@ -123,22 +123,6 @@ static int known_dead(tp_core *c, uint32_t r, tp_status *st, uint64_t deadline_n
 
 /* ---- Rounds by scan (STORE-10) ------------------------------------------- */
 
-/* "<rank>" as the store writes it (decimal, no leading zero), below world. */
-static int parse_rank(const char *s, uint32_t world, uint32_t *r) {
-    if (!*s || (s[0] == '0' && s[1]))
-        return 0;
-    uint64_t v = 0;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9')
-            return 0;
-        v = v * 10 + (uint64_t)(*s - '0');
-        if (v >= world)
-            return 0;
-    }
-    *r = (uint32_t)v;
-    return 1;
-}
-
 typedef struct scan_seen {
     uint32_t world;
     size_t skip;   /* the prefix's length: the rank follows it */
@@ -150,7 +134,7 @@ typedef struct scan_seen {
 static int on_scan_key(void *arg, const char *key, const void *value, size_t len) {
     scan_seen *g = arg;
     uint32_t r;
-    if (!parse_rank(key + g->skip, g->world, &r) || g->seen[r])
+    if (!tpi_parse_index(key + g->skip, g->world, &r) || g->seen[r])
         return 0; /* another key under the prefix, or seen before a retry */
     if (g->values) {
         char *copy = malloc(len + 1);

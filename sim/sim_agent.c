@@ -181,21 +181,7 @@ static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t add
 
 /* "sim:<host>" -> host; 0 when the text is not one of ours. */
 static int parse_addr(const tp_sim *sim, const char *s, uint32_t *host) {
-    if (!s || strncmp(s, "sim:", 4) != 0)
-        return 0;
-    s += 4;
-    if (!*s)
-        return 0;
-    uint64_t v = 0;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9')
-            return 0;
-        v = v * 10 + (uint64_t)(*s - '0');
-        if (v >= sim->cfg.hosts)
-            return 0;
-    }
-    *host = (uint32_t)v;
-    return 1;
+    return s && strncmp(s, "sim:", 4) == 0 && tpi_parse_index(s + 4, sim->cfg.hosts, host);
 }
 
 static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
@@ -643,26 +629,12 @@ static void view_close(tp_store *s) {
 }
 
 /* Two tables: scan only when the shared store has it (cfg.store may not). */
-static const tp_store_ops view_ops = {
-    .api_version = TP_BACKEND_API_VERSION,
-    .set = view_set,
-    .get = view_get,
-    .add = view_add,
-    .compare_set = view_compare_set,
-    .del = view_del,
-    .close = view_close,
-};
-
-static const tp_store_ops view_ops_scan = {
-    .api_version = TP_BACKEND_API_VERSION,
-    .set = view_set,
-    .get = view_get,
-    .add = view_add,
-    .compare_set = view_compare_set,
-    .del = view_del,
-    .close = view_close,
-    .scan = view_scan,
-};
+#define VIEW_OPS                                                                                   \
+    .api_version = TP_BACKEND_API_VERSION, .set = view_set, .get = view_get, .add = view_add,      \
+    .compare_set = view_compare_set, .del = view_del, .close = view_close
+static const tp_store_ops view_ops = {VIEW_OPS};
+static const tp_store_ops view_ops_scan = {VIEW_OPS, .scan = view_scan};
+#undef VIEW_OPS
 
 static tp_store *agent_store(tp_agent *ag) {
     tpi_sim_agent *a = AG(ag);

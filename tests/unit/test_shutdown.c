@@ -49,6 +49,24 @@ typedef struct outcome {
     uint64_t shutdown_ns; /* virtual time the shutdown took */
 } outcome;
 
+/* Runs program on `hosts` workers under a fault plan (NULL: none) and the
+ * oracle: no violation and no failed CHECK. codes may be NULL. */
+static void run_checked(uint32_t hosts, uint64_t seed, const char *plan, tp_sim_program program,
+                        int *codes) {
+    tp_sim_config cfg = {.hosts = hosts, .seed = seed};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    if (plan)
+        assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program, NULL, codes), TP_OK);
+    if (tp_sim_violations(sim))
+        print_message("oracle: %s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+}
+
 /*
  * w0 starts a slow call on w1 and crashes while it runs; w1 shuts down
  * gracefully while it still serves that call. Every other worker is dead,
@@ -169,14 +187,8 @@ static int dead_child_program(int rank, int world_size, void *arg) {
 static void test_shutdown_dead_child_drops_kept_reference(void **state) {
     (void)state;
     child_freed = child_taken = 0;
-    tp_sim_config cfg = {.hosts = 3, .seed = 11};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    assert_int_equal(tp_sim_fault_delay(sim, 1, 2, 0, 3600 * SEC, 1 * SEC), TP_OK);
     int codes[3] = {-9, -9, -9};
-    assert_int_equal(tp_sim_run(sim, dead_child_program, NULL, codes), TP_OK);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
+    run_checked(3, 11, "delay 1 2 0 3600000 1000\n", dead_child_program, codes);
     assert_int_equal(codes[0], 0);
     assert_int_equal(codes[1], 0);
     assert_int_equal(codes[2], 137);
@@ -211,13 +223,7 @@ static int phases_program(int rank, int world_size, void *arg) {
 
 static void test_shutdown_each_phase_has_the_timeout(void **state) {
     (void)state;
-    tp_sim_config cfg = {.hosts = 2, .seed = 3};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    assert_int_equal(tp_sim_run(sim, phases_program, NULL, NULL), TP_OK);
-    assert_int_equal(tp_sim_violations(sim), 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
+    run_checked(2, 3, NULL, phases_program, NULL);
     for (int r = 0; r < 2; r++) {
         if (phase_status[r] != TP_OK)
             print_message("w%d: %s: %s\n", r, tp_status_name(phase_status[r]), phase_msg[r]);
@@ -266,12 +272,7 @@ static int held_rref_program(int rank, int world_size, void *arg) {
 static void test_shutdown_release_phase_deletes_held_rref(void **state) {
     (void)state;
     obj_freed_ns = holder_down_ns = 0;
-    tp_sim_config cfg = {.hosts = 2, .seed = 8};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    assert_int_equal(tp_sim_run(sim, held_rref_program, NULL, NULL), TP_OK);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
+    run_checked(2, 8, NULL, held_rref_program, NULL);
     assert_true(obj_freed_ns > 0 && holder_down_ns > 0);
     assert_true(obj_freed_ns < holder_down_ns);
 }
@@ -302,18 +303,7 @@ static int late_program(int rank, int world_size, void *arg) {
 
 static void test_shutdown_drain_sees_requests_in_flight(void **state) {
     (void)state;
-    tp_sim_config cfg = {.hosts = 2, .seed = 4};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    char err[256];
-    assert_int_equal(tp_sim_load_faults(sim, "latency 1 0 300 300 fixed\n", err, sizeof err),
-                     TP_OK);
-    assert_int_equal(tp_sim_run(sim, late_program, NULL, NULL), TP_OK);
-    if (tp_sim_violations(sim))
-        print_message("oracle: %s\n", tp_sim_violation(sim));
-    assert_int_equal(tp_sim_violations(sim), 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
+    run_checked(2, 4, "latency 1 0 300 300 fixed\n", late_program, NULL);
 }
 
 /*
@@ -346,15 +336,7 @@ static int stuck_program(int rank, int world_size, void *arg) {
 
 static void test_shutdown_drain_times_out_on_time(void **state) {
     (void)state;
-    tp_sim_config cfg = {.hosts = 2, .seed = 5};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    assert_int_equal(tp_sim_run(sim, stuck_program, NULL, NULL), TP_OK);
-    if (tp_sim_violations(sim))
-        print_message("oracle: %s\n", tp_sim_violation(sim));
-    assert_int_equal(tp_sim_violations(sim), 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
+    run_checked(2, 5, NULL, stuck_program, NULL);
     assert_int_equal(stuck_status, TP_ETIMEDOUT);
     assert_true(stuck_ns >= 1 * SEC && stuck_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
 }
@@ -392,15 +374,7 @@ static int active_at_deadline_program(int rank, int world_size, void *arg) {
 
 static void test_shutdown_drain_deadline_with_own_call_active(void **state) {
     (void)state;
-    tp_sim_config cfg = {.hosts = 2, .seed = 5};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    assert_int_equal(tp_sim_run(sim, active_at_deadline_program, NULL, NULL), TP_OK);
-    if (tp_sim_violations(sim))
-        print_message("oracle: %s\n", tp_sim_violation(sim));
-    assert_int_equal(tp_sim_violations(sim), 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
+    run_checked(2, 5, NULL, active_at_deadline_program, NULL);
     assert_int_equal(active_status, TP_ETIMEDOUT);
     assert_true(active_ns >= 1 * SEC && active_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
 }
@@ -451,16 +425,8 @@ static int queued_remote_program(int rank, int world_size, void *arg) {
 
 static void test_shutdown_nongraceful_answers_queued_remote(void **state) {
     (void)state;
-    tp_sim_config cfg = {.hosts = 2, .seed = 6};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
     int codes[2] = {-9, -9};
-    assert_int_equal(tp_sim_run(sim, queued_remote_program, NULL, codes), TP_OK);
-    if (tp_sim_violations(sim))
-        print_message("oracle: %s\n", tp_sim_violation(sim));
-    assert_int_equal(tp_sim_violations(sim), 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
+    run_checked(2, 6, NULL, queued_remote_program, codes);
     assert_int_equal(codes[0], 0);
     assert_int_equal(codes[1], 0);
     if (queued_to_here != TP_ESHUTDOWN)
