@@ -327,8 +327,14 @@ typedef enum tpi_store_op {
     TPI_STORE_GET = 2,
     TPI_STORE_ADD = 3,
     TPI_STORE_CAS = 4,
-    TPI_STORE_DEL = 5
+    TPI_STORE_DEL = 5,
+    /* key: a prefix; an optional blob: the last key already seen. The reply
+     * holds entries (u16 key length, key, u32 value length, value) in key
+     * order; aux 1 means more follow the last one (ask again after it). */
+    TPI_STORE_SCAN = 6
 } tpi_store_op;
+/* A scan reply stops before it grows past this (the next one goes on). */
+#define TPI_STORE_SCAN_REPLY_MAX (TPI_STORE_MSG_MAX - 64u)
 
 typedef struct tpi_store_server tpi_store_server;
 

@@ -209,6 +209,7 @@ static uint8_t *put_blob(uint8_t *p, const void *v, size_t n) {
 
 static tp_status run(tcp_store *s, const char *op, const char *key, uint8_t *req, size_t len,
                      reply *r) {
+    memset(r, 0, sizeof *r); /* callers free r->payload whatever happened */
     if (!req)
         return store_fail(s, TP_ENOMEM, "%s '%s': out of memory", op, key);
     pthread_mutex_lock(&s->mu);
@@ -327,6 +328,73 @@ static void ts_close(tp_store *base) {
     free(s);
 }
 
+/* Calls fn for each entry of a scan reply; 1 when fn stopped, -1 when the
+ * reply is malformed, -2 out of memory. *last gets the last key seen. */
+static int scan_entries(const reply *r, const char *prefix, size_t plen,
+                        int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                        void *arg, char *last) {
+    const uint8_t *p = r->payload, *end = r->payload + r->len;
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    while (p < end) {
+        if (end - p < 2)
+            return -1;
+        size_t kl = (size_t)p[0] | (size_t)p[1] << 8;
+        if (kl == 0 || kl > TP_STORE_KEY_LEN_MAX || (size_t)(end - p) < 2 + kl + 4)
+            return -1;
+        memcpy(key, p + 2, kl);
+        key[kl] = '\0';
+        uint32_t vl = get_u32(p + 2 + kl);
+        if (strlen(key) != kl || kl < plen || memcmp(key, prefix, plen) != 0 ||
+            vl > TP_STORE_VALUE_LEN_MAX || (size_t)(end - p) - 2 - kl - 4 < vl)
+            return -1;
+        const uint8_t *v = p + 6 + kl;
+        char small[256];
+        char *copy = vl < sizeof small ? small : malloc((size_t)vl + 1);
+        if (!copy)
+            return -2;
+        memcpy(copy, v, vl);
+        copy[vl] = '\0';
+        int stop = fn(arg, key, copy, vl);
+        if (copy != small)
+            free(copy);
+        memcpy(last, key, kl + 1);
+        if (stop)
+            return 1;
+        p = v + vl;
+    }
+    return 0;
+}
+
+/* STORE-10 over the protocol: replies that are full say so, and the next
+ * request asks for what follows the last key seen. */
+static tp_status ts_scan(tp_store *base, const char *prefix,
+                         int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                         void *arg) {
+    tcp_store *s = (tcp_store *)base;
+    size_t pl, total = 0;
+    tp_status st = check_key(s, "scan", prefix, &pl);
+    char last[TP_STORE_KEY_LEN_MAX + 1] = "";
+    for (int more = 1; st == TP_OK && more;) {
+        size_t ll = strlen(last);
+        uint8_t *req = request_new(TPI_STORE_SCAN, 0, prefix, pl, ll ? 4 + ll : 0, &total);
+        if (req && ll)
+            put_blob(req + 8 + pl, last, ll);
+        reply r;
+        st = run(s, "scan", prefix, req, total, &r);
+        if (st != TP_OK) {
+            free(r.payload);
+            break;
+        }
+        int rc = scan_entries(&r, prefix, pl, fn, arg, last);
+        more = r.aux && rc == 0;
+        free(r.payload);
+        if (rc < 0)
+            st = store_fail(s, rc == -2 ? TP_ENOMEM : TP_ESTORE, "scan '%s': %s", prefix,
+                            rc == -2 ? "out of memory" : "malformed reply");
+    }
+    return st;
+}
+
 static const tp_store_ops tcp_store_ops = {
     .api_version = TP_BACKEND_API_VERSION,
     .set = ts_set,
@@ -335,6 +403,7 @@ static const tp_store_ops tcp_store_ops = {
     .compare_set = ts_compare_set,
     .del = ts_del,
     .close = ts_close,
+    .scan = ts_scan,
 };
 
 /* ---- Connecting (TCP-9) ------------------------------------------------------------- */

@@ -117,6 +117,52 @@ static int take_blob(const uint8_t **p, size_t *left, const uint8_t **blob, uint
     return 1;
 }
 
+/* A scan's reply, built entry by entry (TPI_STORE_SCAN). */
+typedef struct scan_reply {
+    const uint8_t *after; /* keys up to this one were sent already */
+    uint32_t after_len;
+    uint8_t *buf;
+    size_t len, cap;
+    int more, oom;
+} scan_reply;
+
+static int scan_collect(void *arg, const char *key, const void *value, size_t vlen) {
+    scan_reply *r = arg;
+    size_t kl = strlen(key);
+    if (r->after) {
+        size_t n = kl < r->after_len ? kl : r->after_len;
+        int cmp = memcmp(key, r->after, n);
+        if (cmp < 0 || (cmp == 0 && kl <= r->after_len))
+            return 0; /* sent in an earlier reply */
+    }
+    size_t need = 2 + kl + 4 + vlen;
+    if (r->len + need > TPI_STORE_SCAN_REPLY_MAX) {
+        r->more = 1; /* the client asks again after the last key sent */
+        return 1;
+    }
+    if (r->len + need > r->cap) {
+        size_t cap = r->cap ? r->cap : 4096;
+        while (cap < r->len + need)
+            cap *= 2;
+        uint8_t *b = realloc(r->buf, cap);
+        if (!b) {
+            r->oom = 1;
+            return 1;
+        }
+        r->buf = b;
+        r->cap = cap;
+    }
+    uint8_t *p = r->buf + r->len;
+    p[0] = (uint8_t)kl;
+    p[1] = (uint8_t)(kl >> 8);
+    memcpy(p + 2, key, kl);
+    put_u32(p + 2 + kl, (uint32_t)vlen);
+    if (vlen)
+        memcpy(p + 6 + kl, value, vlen);
+    r->len += need;
+    return 0;
+}
+
 /* Runs one request body; 0 to keep the client, -1 to drop it (malformed or gone). */
 static int handle(tpi_store_server *s, srv_client *c, const uint8_t *p, size_t left) {
     if (left < 4)
@@ -188,6 +234,21 @@ static int handle(tpi_store_server *s, srv_client *c, const uint8_t *p, size_t l
             return -1;
         st = db->ops->del(db, key);
         break;
+    case TPI_STORE_SCAN: {
+        scan_reply r = {0};
+        if (left != 0 &&
+            (!take_blob(&p, &left, &r.after, &r.after_len) || left != 0 ||
+             r.after_len > TP_STORE_KEY_LEN_MAX))
+            return -1;
+        st = db->ops->scan(db, key, scan_collect, &r);
+        if (st == TP_OK && r.oom)
+            st = TP_ENOMEM;
+        int rc = st == TP_OK
+                     ? send_reply(c, st, (uint8_t)r.more, r.buf, r.len)
+                     : send_reply(c, st, 0, store_text(s), strlen(store_text(s)));
+        free(r.buf);
+        return rc == 0 ? 0 : -1;
+    }
     default:
         return -1;
     }

@@ -222,6 +222,77 @@ static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* STORE-10 over TCP: every key under the prefix, in key order, across
+ * several replies when the values are large; fn can stop it. */
+typedef struct scan_seen_log {
+    int n, stop_after;
+    char keys[8][32];
+    size_t lens[8];
+    int values_ok;
+} scan_seen_log;
+
+static int log_scan(void *arg, const char *key, const void *value, size_t len) {
+    scan_seen_log *l = arg;
+    if (l->n < 8) {
+        snprintf(l->keys[l->n], sizeof l->keys[l->n], "%s", key);
+        l->lens[l->n] = len;
+    }
+    const unsigned char *v = value;
+    l->values_ok &= len == 0 || (v[0] == (unsigned char)key[2] && v[len - 1] == 'z');
+    l->values_ok &= v[len] == '\0';
+    l->n++;
+    return l->stop_after && l->n == l->stop_after;
+}
+
+static void test_tcp_store_scan(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    assert_non_null(s->ops->scan);
+    size_t big = 700000; /* five of them make more than one reply */
+    char *v = malloc(big);
+    for (char c = '0'; c < '5'; c++) {
+        memset(v, c, big);
+        v[big - 1] = 'z';
+        char key[8] = {'s', '/', c, 0};
+        assert_int_equal(s->ops->set(s, key, v, big), TP_OK);
+    }
+    free(v);
+    assert_int_equal(s->ops->set(s, "s", "not under s/", 12), TP_OK);
+    assert_int_equal(s->ops->set(s, "t/0", "after the prefix", 16), TP_OK);
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "s/", log_scan, &l), TP_OK);
+    assert_int_equal(l.n, 5);
+    assert_true(l.values_ok);
+    for (int i = 0; i < 5; i++) {
+        char want[8] = {'s', '/', (char)('0' + i), 0};
+        assert_string_equal(l.keys[i], want);
+        assert_int_equal(l.lens[i], big);
+    }
+    scan_seen_log stop = {.stop_after = 2, .values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "s/", log_scan, &stop), TP_OK);
+    assert_int_equal(stop.n, 2);
+    scan_seen_log none = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "u/", log_scan, &none), TP_OK);
+    assert_int_equal(none.n, 0);
+    /* A scan request whose "after" key is too long is malformed: that client goes. */
+    int fd = raw_client(f->port);
+    uint8_t req[4 + 4 + 2 + 4 + 300] = {0};
+    uint32_t body = 4 + 2 + 4 + 300;
+    req[0] = (uint8_t)(body & 0xff);
+    req[1] = (uint8_t)(body >> 8);
+    req[4] = TPI_STORE_SCAN;
+    req[6] = 2;
+    req[8] = 's';
+    req[9] = '/';
+    req[10] = (uint8_t)(300 & 0xff);
+    req[11] = (uint8_t)(300 >> 8);
+    assert_int_equal(send(fd, req, sizeof req, 0), (ssize_t)sizeof req);
+    uint8_t buf[16];
+    assert_true(recv(fd, buf, sizeof buf, 0) <= 0);
+    close(fd);
+    assert_int_equal(s->ops->scan(s, "s/", log_scan, &none), TP_OK); /* still serving */
+}
+
 /* spec: STORE-1, STORE-4: the limits, checked on both ends */
 static void test_tcp_store_limits(void **state) {
     fixture *f = *state;
@@ -405,6 +476,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup,
                                         teardown),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
+        cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
