@@ -50,7 +50,9 @@ typedef struct tp_sim_experiment_def {
      * check what comes back with tp_sim_experiment_fail, and return; stop
      * issuing at tp_sim_experiment_heal_ns. Under faults a call may time
      * out or find its peer down or unreachable: that is not a failure, a
-     * wrong TP_OK answer is. Calls still in flight when it returns go on.
+     * wrong TP_OK answer is. Calls still in flight when it returns go on;
+     * free every future and release every rref you made, or the run's leak
+     * check fails the world.
      */
     void (*chaos)(tp_sim_experiment *x, int rank, int world_size, void *arg);
     /*
