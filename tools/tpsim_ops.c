@@ -186,6 +186,18 @@ tp_value *tpsim_payload(uint64_t tag, size_t len) {
     return v;
 }
 
+/* A fault that loses frames with a connection and no dead peer fired in this
+ * world (RREF-12: such lost protocol messages are not sent again yet). */
+static int loss_fired(const tpsim_world *w) {
+    static const tp_sim_fault_kind loss[] = {TP_SIM_FAULT_BREAK, TP_SIM_FAULT_PARTITION,
+                                             TP_SIM_FAULT_STALL_BREAK, TP_SIM_FAULT_DROP,
+                                             TP_SIM_FAULT_FAILSEND};
+    for (size_t i = 0; i < sizeof loss / sizeof loss[0]; i++)
+        if (tp_sim_fault_count(w->sim, loss[i]))
+            return 1;
+    return 0;
+}
+
 void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_status st,
                          const tp_value *value, const char *err) {
     w->ops[p->op][tpsim_outcome_of(st)]++;
@@ -202,11 +214,22 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
     case TPSIM_OP_UNKNOWN:
         ok = ok || st == TP_EUNKNOWNFUNC;
         break;
+    case TPSIM_OP_SHARE:
+        /* A shared rref's owner never forgets it early (RREF-5): "unknown on
+         * its owner" only when the REMOTE that made it was lost with a
+         * connection (RREF-12; retransmission is issue 9's), which the swarm
+         * found at seed 81736: the REMOTE stalled in a partition and was lost
+         * at the stall break, and the request carrying the rref went on the
+         * next connection. */
+        if ((st == TP_EPROTO || (st == TP_EREMOTE && strstr(err, "TP_EPROTO"))) &&
+            strstr(err, "unknown on its owner") && loss_fired(w)) {
+            ok = 1;
+            break;
+        }
+        /* fallthrough */
     case TPSIM_OP_SLOW:
     case TPSIM_OP_FORWARD:
-    case TPSIM_OP_SHARE:
-        /* The function's own wait or nested call can fail the same ways; a
-         * shared rref's fetch never because its owner forgot it (RREF-5). */
+        /* The function's own wait or nested call can fail the same ways. */
         ok = ok || (st == TP_EREMOTE && (p->op != TPSIM_OP_SHARE || !strstr(err, "TP_EPROTO")));
         /* fallthrough */
     default:
