@@ -51,15 +51,17 @@ for h in "${harnesses[@]}"; do
   out="fuzz/findings/$h"
   mkdir -p fuzz/findings
   if [ -d "$out" ]; then rm -rf "$out.prev"; mv "$out" "$out.prev"; fi
-  # Per-input time limit: a whole simulated world (fuzz_sim_world) takes up to
-  # about 0.3 s plain and 20 s under ASan (a fiber switch costs more there);
-  # the 1 s that suits a frame decoder would call those worlds hangs.
+  # Per-input time limit. "N+" lets AFL++ pick one from the seeds' timing,
+  # at most N: right for a frame decoder. A whole simulated world
+  # (fuzz_sim_world) takes up to about 0.3 s plain and 20 s under ASan (a
+  # fiber switch costs more there), far beyond its seeds' timing, so it gets
+  # a fixed limit; with "+" AFL++ picked 260 ms and called slow worlds hangs.
   case "$h" in
-    fuzz_sim_world) limit_ms=$([ "$asan" = 1 ] && echo 60000 || echo 5000) ;;
-    *) limit_ms=1000 ;;
+    fuzz_sim_world) limit=$([ "$asan" = 1 ] && echo 60000 || echo 5000) ;;
+    *) limit=1000+ ;;
   esac
   echo "fuzz: $h for ${seconds}s (findings in $out)" >&2
-  afl-fuzz -V "$seconds" -m none -t "$limit_ms+" -i "$corpus" -o "$out" -- "$afl_build/fuzz/$h" \
+  afl-fuzz -V "$seconds" -m none -t "$limit" -i "$corpus" -o "$out" -- "$afl_build/fuzz/$h" \
     > "$out.log" 2>&1 || { echo "fuzz: afl-fuzz failed for $h; see $out.log" >&2; tail -20 "$out.log" >&2; bad=1; continue; }
   crashes=$(find "$out" -path '*/crashes/id:*' -type f | sort)
   hangs=$(find "$out" -path '*/hangs/id:*' -type f | sort)
