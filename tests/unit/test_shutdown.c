@@ -312,12 +312,13 @@ static void test_shutdown_drain_sees_requests_in_flight(void **state) {
  * busy-loop bound, SIM-9): w0 still waits for a 10 s call to w1 when its 1 s
  * shutdown timeout runs out.
  */
-static tp_status stuck_status;
+static tp_status stuck_status, stuck_future;
 static uint64_t stuck_ns;
+static double stuck_w1_timeout_s; /* w1's shutdown timeout; w0's is 1 s */
 
 static int stuck_program(int rank, int world_size, void *arg) {
     (void)arg;
-    if (start(rank, world_size, 1.0) != TP_OK)
+    if (start(rank, world_size, rank == 0 ? 1.0 : stuck_w1_timeout_s) != TP_OK)
         return 1;
     if (rank == 0) {
         tp_future *f = NULL;
@@ -327,6 +328,7 @@ static int stuck_program(int rank, int world_size, void *arg) {
         uint64_t t0 = now_ns();
         stuck_status = tp_shutdown(1);
         stuck_ns = now_ns() - t0;
+        stuck_future = tp_future_done(f) ? tp_future_status(f) : TP_OK;
         tp_future_free(f);
         return 0;
     }
@@ -336,6 +338,7 @@ static int stuck_program(int rank, int world_size, void *arg) {
 
 static void test_shutdown_drain_times_out_on_time(void **state) {
     (void)state;
+    stuck_w1_timeout_s = 1.0;
     run_checked(2, 5, NULL, stuck_program, NULL);
     assert_int_equal(stuck_status, TP_ETIMEDOUT);
     assert_true(stuck_ns >= 1 * SEC && stuck_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
@@ -343,40 +346,19 @@ static void test_shutdown_drain_times_out_on_time(void **state) {
 
 /*
  * SHUTDOWN-5, SHUTDOWN-7: the drain's wait for this worker's own client calls
- * ends at the deadline itself, with the call still active. Unlike
- * stuck_program (where w1's own drain times out first and its teardown ends
- * the call just before w0's deadline), w1 here has a long shutdown timeout, so
- * w0's 10 s call is still in flight at the instant w0's 1 s drain deadline
- * arrives: w0 must stop waiting then, not poll again at that same instant.
+ * ends at the deadline itself, with the call still active. With a 1 s timeout
+ * on w1 too, w1's own drain times out first and its teardown ends the call
+ * just before w0's deadline; with 30 s, w0's 10 s call is still in flight at
+ * the instant w0's 1 s drain deadline arrives: w0 must stop waiting then, not
+ * poll again at that same instant.
  */
-static tp_status active_status;
-static uint64_t active_ns;
-
-static int active_at_deadline_program(int rank, int world_size, void *arg) {
-    (void)arg;
-    if (start(rank, world_size, rank == 0 ? 1.0 : 30.0) != TP_OK)
-        return 1;
-    if (rank == 0) {
-        tp_future *f = NULL;
-        tp_value *args = tp_value_list_of(1, tp_value_float(10.0));
-        CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
-        tp_value_free(args);
-        uint64_t t0 = now_ns();
-        active_status = tp_shutdown(1);
-        active_ns = now_ns() - t0;
-        CHECK(tp_future_status(f) == TP_ESHUTDOWN); /* still pending at teardown */
-        tp_future_free(f);
-        return 0;
-    }
-    (void)tp_shutdown(1);
-    return 0;
-}
-
 static void test_shutdown_drain_deadline_with_own_call_active(void **state) {
     (void)state;
-    run_checked(2, 5, NULL, active_at_deadline_program, NULL);
-    assert_int_equal(active_status, TP_ETIMEDOUT);
-    assert_true(active_ns >= 1 * SEC && active_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
+    stuck_w1_timeout_s = 30.0;
+    run_checked(2, 5, NULL, stuck_program, NULL);
+    assert_int_equal(stuck_status, TP_ETIMEDOUT);
+    assert_int_equal(stuck_future, TP_ESHUTDOWN); /* still pending at teardown */
+    assert_true(stuck_ns >= 1 * SEC && stuck_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
 }
 
 /*
