@@ -329,10 +329,12 @@ static void ts_close(tp_store *base) {
 }
 
 /* Calls fn for each entry of a scan reply; 1 when fn stopped, -1 when the
- * reply is malformed, -2 out of memory. *last gets the last key seen. */
+ * reply is malformed, -2 out of memory. *last gets the last key seen; every
+ * key must come after it, so a server that repeats itself cannot keep a
+ * client scanning forever. *n counts the entries. */
 static int scan_entries(const reply *r, const char *prefix, size_t plen,
                         int (*fn)(void *arg, const char *key, const void *value, size_t len),
-                        void *arg, char *last) {
+                        void *arg, char *last, size_t *n) {
     const uint8_t *p = r->payload, *end = r->payload + r->len;
     char key[TP_STORE_KEY_LEN_MAX + 1];
     while (p < end) {
@@ -345,7 +347,8 @@ static int scan_entries(const reply *r, const char *prefix, size_t plen,
         key[kl] = '\0';
         uint32_t vl = get_u32(p + 2 + kl);
         if (strlen(key) != kl || kl < plen || memcmp(key, prefix, plen) != 0 ||
-            vl > TP_STORE_VALUE_LEN_MAX || (size_t)(end - p) - 2 - kl - 4 < vl)
+            (last[0] && strcmp(key, last) <= 0) || vl > TP_STORE_VALUE_LEN_MAX ||
+            (size_t)(end - p) - 2 - kl - 4 < vl)
             return -1;
         const uint8_t *v = p + 6 + kl;
         char small[256];
@@ -358,6 +361,7 @@ static int scan_entries(const reply *r, const char *prefix, size_t plen,
         if (copy != small)
             free(copy);
         memcpy(last, key, kl + 1);
+        (*n)++;
         if (stop)
             return 1;
         p = v + vl;
@@ -385,7 +389,10 @@ static tp_status ts_scan(tp_store *base, const char *prefix,
             free(r.payload);
             break;
         }
-        int rc = scan_entries(&r, prefix, pl, fn, arg, last);
+        size_t n = 0;
+        int rc = scan_entries(&r, prefix, pl, fn, arg, last, &n);
+        if (rc == 0 && r.aux && n == 0)
+            rc = -1; /* "more" with nothing in it: no progress */
         more = r.aux && rc == 0;
         free(r.payload);
         if (rc < 0)

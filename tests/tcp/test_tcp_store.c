@@ -293,6 +293,51 @@ static void test_tcp_store_scan(void **state) {
     assert_int_equal(s->ops->scan(s, "s/", log_scan, &none), TP_OK); /* still serving */
 }
 
+/* A store server that answers every scan with the same entry and "more":
+ * the client must call that malformed (no progress), not scan forever. */
+static void test_tcp_store_scan_needs_progress(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = accept(lfd, NULL, NULL);
+        uint8_t hello[12], req[512];
+        if (fd < 0 || recv(fd, hello, sizeof hello, MSG_WAITALL) != 12 || send(fd, hello, 8, 0) != 8)
+            _exit(1);
+        /* entry: u16 3, "s/a", u32 1, "v" */
+        static const uint8_t reply[] = {8 + 10, 0, 0, 0, TP_OK, 1, 0, 0, 10, 0, 0, 0,
+                                        3,      0, 's', '/', 'a', 1, 0, 0, 0, 'v'};
+        for (int i = 0; i < 1000; i++) {
+            uint8_t len[4];
+            if (recv(fd, len, 4, MSG_WAITALL) != 4)
+                _exit(0); /* the client gave up: good */
+            size_t n = (size_t)len[0] | (size_t)len[1] << 8;
+            if (n > sizeof req || recv(fd, req, n, MSG_WAITALL) != (ssize_t)n ||
+                send(fd, reply, sizeof reply, 0) != (ssize_t)sizeof reply)
+                _exit(0);
+        }
+        _exit(2); /* 1000 scans: the client would loop forever */
+    }
+    close(lfd);
+    tp_store *c = client(port, 5);
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(c->ops->scan(c, "s/", log_scan, &l), TP_ESTORE);
+    assert_non_null(strstr(c->errmsg, "malformed reply"));
+    assert_int_equal(l.n, 1); /* the first reply's entry, once */
+    c->ops->close(c);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* spec: STORE-1, STORE-4: the limits, checked on both ends */
 static void test_tcp_store_limits(void **state) {
     fixture *f = *state;
@@ -477,6 +522,7 @@ int main(void) {
                                         teardown),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
+        cmocka_unit_test(test_tcp_store_scan_needs_progress),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
