@@ -259,7 +259,12 @@ void tp_core_on_frame(tp_core *c, uint32_t src, tp_frame *f) {
         tp_frame_free(f);
         return;
     }
-    if (tpi_frame_type(f) == TPI_MSG_RESPONSE)
+    uint8_t type = tpi_frame_type(f);
+    if (tpi_rejoin_stale(c, src, type, tpi_frame_id(f))) {
+        tp_frame_free(f); /* REJOIN-5: sent by an incarnation that has been replaced */
+        return;
+    }
+    if (type == TPI_MSG_RESPONSE)
         tpi_on_response(c, src, f);
     else
         tpi_on_request(c, src, f);

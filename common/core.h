@@ -36,6 +36,15 @@ typedef enum tpi_state {
  * registered, so it cannot clash with a user's (user names cannot be
  * registered twice, and this one is answered before the registry). */
 #define TPI_PING_FN "tp:ping"
+/* The built-in function a restarted worker calls on every peer to announce
+ * its new incarnation and address (REJOIN-4); answered in the I/O context. */
+#define TPI_JOIN_FN "tp:join"
+/* REJOIN-3: every id a worker mints (call ids, rref and fork ids) carries its
+ * incarnation above this bit, so no id of one incarnation is ever minted by
+ * another, and a request tells which incarnation sent it. 2^40 ids each. */
+#define TPI_INC_SHIFT 40
+#define TPI_INCARNATION_MAX ((1u << 24) - 1)
+#define TPI_INC_OF(id) ((uint32_t)((id) >> TPI_INC_SHIFT))
 #define TPI_NO_INDEX SIZE_MAX
 
 /* ---- Futures (FUTURE-1..8) ------------------------------------------------ */
@@ -147,6 +156,7 @@ struct tp_rref {
     atomic_int refs;    /* handles + calls in flight: whoever drops it to 0 frees */
     tp_core *core;      /* counted ref */
     uint32_t owner;
+    uint32_t owner_inc;  /* the owner's incarnation when this handle was made (REJOIN-6) */
     char owner_name[TP_NAME_LEN_MAX + 1];
     char self_name[TP_NAME_LEN_MAX + 1];
     tpi_gid id;
@@ -185,6 +195,10 @@ struct tp_core {
     tp_worker_info *infos; /* by id; set at the end of init */
     uint32_t *by_name;     /* ids sorted by name, for lookups */
     uint8_t *peer_dead;    /* lock: 1 once a peer is known dead */
+    uint32_t incarnation;  /* this worker's (REJOIN-2): 0, or k for the k-th rejoin */
+    _Atomic(uint32_t) *peer_inc; /* by id: the newest incarnation known (REJOIN-4); written
+                                  * with the lock held, read relaxed without it by the
+                                  * I/O context's fence (REJOIN-5) */
     uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still
                             * be on the wire, where no counter shows it (SHUTDOWN-5) */
     tp_options *opts;
@@ -419,6 +433,29 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
 /* Then the ready barrier and the commit (INIT-5, INIT-8); the worker already
  * serves requests while it waits here. */
 tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns);
+/* REJOIN-1..3: a restarted worker's rendezvous: checks the job, takes the next
+ * incarnation of its rank, gathers the peers (c->incarnation, peer_inc set). */
+tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_ns);
+
+/* The newest incarnation of q published in the store (*k = 0: none) and its
+ * address (REJOIN-2). */
+tp_status tpi_rejoin_lookup(tp_core *c, uint32_t q, uint32_t *k, char *addr, size_t addr_len,
+                            uint64_t deadline_ns);
+
+/* ---- rejoin.c (REJOIN-4..6) -------------------------------------------------- */
+
+/* Tells every peer not known dead of this worker's incarnation and address,
+ * bounded by the deadline; a peer that is dead is skipped. */
+tp_status tpi_rejoin_announce(tp_core *c, const char *addr, uint64_t deadline_ns);
+/* Serves tp:join from src (I/O context, lock not held): args [incarnation, address]. */
+tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char *err,
+                           size_t err_len);
+/* 1 when a frame of type `type` and id from src was minted by an incarnation
+ * of src older than the newest known (REJOIN-5): it is dropped. I/O context. */
+int tpi_rejoin_stale(const tp_core *c, uint32_t src, uint8_t type, uint64_t id);
+/* TP_OK, or TP_EPEERDOWN with a message when r's owner restarted since r was
+ * made (its value went with that incarnation). Lock held. */
+tp_status tpi_rref_owner_check(tp_core *c, const tp_rref *r, const char *what);
 /* Publishes "dead/<r>" for every peer known dead (lock not held). */
 void tpi_publish_dead(tp_core *c, uint64_t deadline_ns);
 

@@ -35,6 +35,7 @@ void tpi_core_free(tp_core *c) {
     free(c->infos);
     free(c->by_name);
     free(c->peer_dead);
+    free(c->peer_inc);
     free(c->unflushed);
     free(c->inflight);
     free(c->nwaiting);
@@ -63,6 +64,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->infos = calloc(world, sizeof *c->infos);
     c->by_name = calloc(world, sizeof *c->by_name);
     c->peer_dead = calloc(world, 1);
+    c->peer_inc = calloc(world, sizeof *c->peer_inc);
     c->unflushed = calloc(world, 1);
     c->inflight = calloc(world, sizeof *c->inflight);
     c->nwaiting = calloc(world, sizeof *c->nwaiting);
@@ -71,8 +73,8 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->owners);
     tpi_idmap_init(&c->children);
     c->armed_ns = TPI_NO_DEADLINE;
-    if (!c->infos || !c->by_name || !c->peer_dead || !c->unflushed || !c->inflight ||
-        !c->nwaiting || !c->opts) {
+    if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
+        !c->inflight || !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);
         tpi_core_free(c);
         return NULL;
@@ -228,7 +230,8 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
         return tpi_fail(st, "init: backend '%s' could not start: %s", backend, err);
     }
     uint64_t deadline = tpi_deadline_after(c, tp_options_init_timeout(c->opts));
-    st = tpi_rendezvous(c, addr, deadline);
+    int rejoin = tp_options_rejoin(c->opts);
+    st = rejoin ? tpi_rendezvous_rejoin(c, addr, deadline) : tpi_rendezvous(c, addr, deadline);
     if (st != TP_OK) {
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s", tp_errmsg());
@@ -240,7 +243,7 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     tpi_context_lock(ctx);
     ctx->core = c;
     tpi_context_unlock(ctx);
-    st = tpi_rendezvous_ready(c, deadline);
+    st = rejoin ? tpi_rejoin_announce(c, addr, deadline) : tpi_rendezvous_ready(c, deadline);
     if (st != TP_OK) {
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s", tp_errmsg());

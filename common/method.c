@@ -93,7 +93,10 @@ static tp_status start(const tp_method *m, tp_rref *rref, const tp_value *args,
         st = wire_args(rref, args, &wire);
     if (st == TP_OK) {
         tpi_lock(c);
-        if (remote)
+        st = tpi_rref_owner_check(c, rref, "method call");
+        if (st != TP_OK)
+            ; /* REJOIN-6: the object went with its owner's earlier incarnation */
+        else if (remote)
             st = tpi_start_remote(c, rref->owner, m->name, TPI_FLAG_METHOD, wire, kwargs,
                                   timeout_s, rout);
         else

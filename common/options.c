@@ -17,6 +17,7 @@ struct tp_options {
     uint64_t max_message_size;
     uint64_t max_inflight_bytes;
     char *init_method;
+    int rejoin; /* REJOIN-1 */
     size_t nkv;
     char *keys[OPTS_KV_MAX];
     char *values[OPTS_KV_MAX];
@@ -157,6 +158,19 @@ double tp_options_shutdown_timeout(const tp_options *o) {
     if (!o)
         return TP_DEFAULT_RPC_TIMEOUT_S;
     return o->shutdown_timeout_s < 0 ? o->rpc_timeout_s : o->shutdown_timeout_s;
+}
+
+tp_status tp_options_set_rejoin(tp_options *o, int rejoin) {
+    if (!o)
+        return tpi_fail(TP_EINVAL, "options is NULL");
+    if (rejoin != 0 && rejoin != 1)
+        return tpi_fail(TP_EINVAL, "rejoin must be 0 or 1, not %d", rejoin);
+    o->rejoin = rejoin;
+    return TP_OK;
+}
+
+int tp_options_rejoin(const tp_options *o) {
+    return o ? o->rejoin : 0;
 }
 
 /* Sets *field to bytes within [min, max] (OPT-5, OPT-7), else TP_EINVAL naming it. */

@@ -373,8 +373,12 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
         char *tab = strchr(other, '\t');
         if (tab)
             *tab = '\0';
-        tpi_format(msg, sizeof msg, "rank %u claimed twice, by '%s' and '%s'", c->rank, other,
-                   c->self.name);
+        tpi_format(msg, sizeof msg, "rank %u claimed twice, by '%s' and '%s'%s", c->rank, other,
+                   c->self.name,
+                   strcmp(other, c->self.name) == 0
+                       ? " (to restart a worker of a running job, init it with the rejoin "
+                         "option: REJOIN-1)"
+                       : "");
         free(other);
         return publish_error(c, TP_EINVAL, msg);
     }
@@ -492,4 +496,236 @@ tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
     if (st != TP_OK)
         return st;
     return publish_outcome(c, TP_OK, ""); /* commit, or learn of a failure decided first */
+}
+
+/* ---- Rejoin (REJOIN-1..3) ---------------------------------------------------- */
+
+/* Waits until the job's init outcome is published; TP_OK when it committed. */
+static tp_status rejoin_wait_commit(tp_core *c, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    uint64_t backoff = POLL_FIRST_NS;
+    tpi_key(c, key, sizeof key, "init/error");
+    for (;;) {
+        tp_status st;
+        if (key_exists(c, key, NULL, &st, deadline_ns))
+            return check_error_key(c, "rejoin: the job's init failed", deadline_ns);
+        if (st != TP_OK)
+            return store_fail(c, st, "rejoin");
+        if (deadline_ns != TPI_NO_DEADLINE && tpi_now(c) >= deadline_ns)
+            return tpi_fail(TP_ETIMEDOUT,
+                            "rejoin: timed out waiting for the job to finish its init "
+                            "(worker '%s', rank %u)",
+                            c->self.name, c->rank);
+        st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
+        if (st != TP_OK)
+            return tpi_fail(st, "rejoin: the wait was interrupted: %s", tp_strerror(st));
+    }
+}
+
+/* Reads a value that must exist; NULL with a failure recorded otherwise. */
+static char *must_get(tp_core *c, const char *key, uint64_t deadline_ns) {
+    char *v = NULL;
+    tp_status st;
+    if (key_exists(c, key, &v, &st, deadline_ns))
+        return v;
+    if (st == TP_OK)
+        tpi_fail(TP_ESTORE, "rejoin: the job has no key '%s' in its store", key);
+    else
+        store_fail(c, st, "rejoin");
+    return NULL;
+}
+
+/* "<k>\t<address>" -> k and the address's offset; 0 when malformed. */
+static int parse_inc(const char *v, uint32_t *k, const char **addr) {
+    const char *tab = strchr(v, '\t');
+    char num[16];
+    size_t n = tab ? (size_t)(tab - v) : 0;
+    if (!tab || n == 0 || n >= sizeof num || !tab[1])
+        return 0;
+    memcpy(num, v, n);
+    num[n] = '\0';
+    if (!tpi_parse_index(num, TPI_INCARNATION_MAX + 1, k) || *k == 0)
+        return 0;
+    *addr = tab + 1;
+    return 1;
+}
+
+/* REJOIN-2: takes incarnation k+1 of this rank, where k is the newest. */
+static tp_status take_incarnation(tp_core *c, const char *addr, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char val[TPI_ADDR_LEN_MAX + 16];
+    tpi_key(c, key, sizeof key, "inc/%u", c->rank);
+    for (;;) {
+        char *cur = NULL;
+        tp_status st;
+        int have = key_exists(c, key, &cur, &st, deadline_ns);
+        if (st != TP_OK)
+            return store_fail(c, st, "rejoin");
+        uint32_t k = 0;
+        const char *old_addr;
+        if (have && !parse_inc(cur, &k, &old_addr)) {
+            free(cur);
+            return tpi_fail(TP_ESTORE, "rejoin: the store's '%s' is malformed", key);
+        }
+        if (k >= TPI_INCARNATION_MAX) {
+            free(cur);
+            return tpi_fail(TP_ELIMIT, "rejoin: rank %u has restarted %u times, the most there "
+                                       "can be", c->rank, k);
+        }
+        size_t n = tpi_format(val, sizeof val, "%u\t%s", k + 1, addr);
+        int swapped = 0;
+        st = tpi_store_cas(c, key, cur, have ? strlen(cur) : 0, val, n, &swapped, deadline_ns);
+        free(cur);
+        if (st != TP_OK)
+            return store_fail(c, st, "rejoin");
+        if (!swapped) { /* a lost reply to our own write reads back as ours */
+            char *now = NULL;
+            if (key_exists(c, key, &now, &st, deadline_ns))
+                swapped = strcmp(now, val) == 0;
+            free(now);
+        }
+        if (swapped) {
+            c->incarnation = k + 1;
+            return TP_OK;
+        }
+        /* Another restart of this rank won the race: take the one after it. */
+        if (deadline_ns != TPI_NO_DEADLINE && tpi_now(c) >= deadline_ns)
+            return tpi_fail(TP_ETIMEDOUT, "rejoin: no time left to take an incarnation");
+    }
+}
+
+tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    if (!c->ops->set_peer) /* REJOIN-1: peers restarting later need it from us */
+        return tpi_fail(TP_EBACKEND, "rejoin: backend '%s' cannot take a restarted peer "
+                                     "(AGENT-16), so it cannot rejoin a job",
+                        c->ops->name);
+    tp_status st = rejoin_wait_commit(c, deadline_ns);
+    if (st != TP_OK)
+        return st;
+    /* REJOIN-1: the same job, the same rank under the same name. */
+    tpi_key(c, key, sizeof key, "init/world_size");
+    char *ws = must_get(c, key, deadline_ns);
+    if (!ws)
+        return TP_ESTORE;
+    uint32_t job_ws = 0;
+    int same = tpi_parse_index(ws, TP_WORLD_SIZE_MAX + 1, &job_ws) && job_ws == c->world_size;
+    if (!same) {
+        st = tpi_fail(TP_EINVAL, "rejoin: world size mismatch: worker '%s' (rank %u) says %u, "
+                                 "the job says %s",
+                      c->self.name, c->rank, c->world_size, ws);
+        free(ws);
+        return st;
+    }
+    free(ws);
+    /* REJOIN-1: a job that began its shutdown takes no one back. */
+    for (uint32_t q = 0; q < c->world_size; q++) {
+        tpi_key(c, key, sizeof key, "sd/arrive/%u", q);
+        if (key_exists(c, key, NULL, &st, deadline_ns))
+            return tpi_fail(TP_ESHUTDOWN, "rejoin: the job is shutting down (rank %u began)", q);
+        if (st != TP_OK)
+            return store_fail(c, st, "rejoin");
+    }
+    char **addrs = calloc(c->world_size, sizeof *addrs);
+    char **vals = calloc(c->world_size, sizeof *vals);
+    if (!addrs || !vals) {
+        free(addrs);
+        free(vals);
+        return tpi_fail(TP_ENOMEM, "rejoin: out of memory for %u workers", c->world_size);
+    }
+    /* REJOIN-3: the all-gather: names from init, addresses from the newest
+     * incarnation of each rank. */
+    for (uint32_t q = 0; st == TP_OK && q < c->world_size; q++) {
+        tpi_key(c, key, sizeof key, "init/rank/%u", q);
+        if (!(vals[q] = must_get(c, key, deadline_ns))) {
+            st = TP_ESTORE;
+            break;
+        }
+        char *tab = strchr(vals[q], '\t');
+        if (!tab || tab == vals[q] || (size_t)(tab - vals[q]) > TP_NAME_LEN_MAX) {
+            st = tpi_fail(TP_ESTORE, "rejoin: rank %u's entry in the store is malformed", q);
+            break;
+        }
+        *tab = '\0';
+        if (q == c->rank && strcmp(vals[q], c->self.name) != 0) {
+            st = tpi_fail(TP_EINVAL, "rejoin: rank %u is '%s' in this job, not '%s'", q,
+                          vals[q], c->self.name);
+            break;
+        }
+        tpi_format(c->infos[q].name, sizeof c->infos[q].name, "%s", vals[q]);
+        c->infos[q].id = q;
+        addrs[q] = tab + 1;
+    }
+    for (uint32_t q = 0; st == TP_OK && q < c->world_size; q++) {
+        if (q == c->rank) {
+            addrs[q] = (char *)addr;
+            continue;
+        }
+        char *v = NULL;
+        tpi_key(c, key, sizeof key, "inc/%u", q);
+        if (!key_exists(c, key, &v, &st, deadline_ns)) {
+            if (st != TP_OK)
+                st = store_fail(c, st, "rejoin");
+            continue;
+        }
+        uint32_t k;
+        const char *a;
+        if (!parse_inc(v, &k, &a)) {
+            free(v);
+            st = tpi_fail(TP_ESTORE, "rejoin: the store's '%s' is malformed", key);
+            break;
+        }
+        free(vals[q]); /* the name was copied into infos */
+        vals[q] = v;
+        addrs[q] = (char *)a;
+        tpi_lock(c);
+        atomic_store_explicit(&c->peer_inc[q], k, memory_order_relaxed);
+        tpi_unlock(c);
+    }
+    if (st == TP_OK) {
+        /* Routes first, then the address goes public (INIT-8's rule): a
+         * peer that reads it may send at once. */
+        sort_names(c);
+        char err[TP_ERRMSG_LEN_MAX] = "";
+        st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
+                               sizeof err);
+        if (st != TP_OK)
+            st = tpi_fail(st, "rejoin: worker '%s' could not take the peer addresses: %s",
+                          c->self.name, err);
+    }
+    if (st == TP_OK)
+        st = take_incarnation(c, addr, deadline_ns);
+    if (st == TP_OK) {
+        /* REJOIN-3: every id minted from here carries the incarnation. */
+        uint64_t base = (uint64_t)c->incarnation << TPI_INC_SHIFT;
+        tpi_lock(c);
+        c->next_id = base;
+        tpi_unlock(c);
+        atomic_store(&c->next_gid, base);
+    }
+    for (uint32_t q = 0; q < c->world_size; q++)
+        free(vals[q]);
+    free(vals);
+    free(addrs);
+    return st;
+}
+
+tp_status tpi_rejoin_lookup(tp_core *c, uint32_t q, uint32_t *k, char *addr, size_t addr_len,
+                            uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char *v = NULL;
+    tp_status st;
+    *k = 0;
+    tpi_key(c, key, sizeof key, "inc/%u", q);
+    if (!key_exists(c, key, &v, &st, deadline_ns))
+        return st == TP_OK ? TP_OK : store_fail(c, st, "rejoin");
+    const char *a;
+    if (!parse_inc(v, k, &a) || strlen(a) >= addr_len) {
+        free(v);
+        *k = 0;
+        return tpi_fail(TP_ESTORE, "rejoin: the store's '%s' is malformed", key);
+    }
+    memcpy(addr, a, strlen(a) + 1);
+    free(v);
+    return TP_OK;
 }

@@ -32,7 +32,7 @@ struct tpi_fetch {
 static const tpi_gid no_fork = {0, 0};
 
 tpi_gid tpi_new_gid(tp_core *c) {
-    tpi_gid g = {c->rank, atomic_fetch_add(&c->next_gid, 1) + 1};
+    tpi_gid g = {c->rank, atomic_fetch_add(&c->next_gid, 1) + 1}; /* REJOIN-3: from inc << 40 */
     return g;
 }
 
@@ -146,6 +146,7 @@ static tp_rref *rref_alloc(tp_core *c, uint32_t owner, tpi_gid id) {
     r->core = c;
     tpi_core_ref(c);
     r->owner = owner;
+    r->owner_inc = owner == c->rank ? c->incarnation : c->peer_inc[owner];
     r->id = id;
     tpi_format(r->owner_name, sizeof r->owner_name, "%s", c->infos[owner].name);
     tpi_format(r->self_name, sizeof r->self_name, "%s", c->self.name);
@@ -232,8 +233,8 @@ static void send_delete(tp_core *c, tp_rref *r) {
         return;
     r->released = 1;
     tpi_probe_rref(c, TP_PROBE_RREF_FORK_GONE, r->id, r->fork, r->owner);
-    if (c->peer_dead[r->owner])
-        return;
+    if (c->peer_dead[r->owner] || r->owner_inc != c->peer_inc[r->owner])
+        return; /* the owner died, or restarted without the value (REJOIN-6) */
     tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_DELETE, "rref delete", NULL);
     if (!call)
         return; /* the owner keeps the value until shutdown: a leak, not a crash */
@@ -811,6 +812,8 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
         tpi_unlock(c);
     } else if (r->closed || r->released) {
         st = tpi_fail(TP_ESHUTDOWN, "to_here: the rref was released by shutdown");
+        tpi_unlock(c);
+    } else if ((st = tpi_rref_owner_check(c, r, "to_here")) != TP_OK) {
         tpi_unlock(c);
     } else {
         tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_FETCH, "to_here", NULL);

@@ -154,6 +154,12 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
     }
     if (!class_name && strcmp(m->text, TPI_PING_FN) == 0)
         return TP_OK; /* init's warm-up (INIT-8): nil */
+    if (!class_name && strcmp(m->text, TPI_JOIN_FN) == 0) { /* REJOIN-4 */
+        tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, TPI_JOIN_FN);
+        tp_status st = tpi_rejoin_serve(c, src, args, err, err_len);
+        tpi_probe(c, TP_PROBE_SERVE_END, m->id, src, st, TPI_JOIN_FN);
+        return st;
+    }
     tp_fn fn = found && !class_name ? found->fn : NULL;
     void *ud = found && !class_name ? found->ud : NULL;
     if (!fn && !tpi_registry_find(c->ctx, class_name, m->text, &fn, &ud, NULL)) {
@@ -231,6 +237,12 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     char name[TP_NAME_LEN_MAX + 1];
     resolved_fn found;
     unsigned flags = 0;
+    if (!(tpi_frame_flags(f) & TPI_FLAG_METHOD) && tpi_frame_request_name(f, name) &&
+        strcmp(name, TPI_JOIN_FN) == 0) {
+        /* REJOIN-4: fenced in the I/O context, before any later frame. */
+        serve_request(c, src, f, tpi_frame_id(f), NULL);
+        return 1;
+    }
     if ((tpi_frame_flags(f) & TPI_FLAG_METHOD) || !tpi_frame_request_name(f, name) ||
         !tpi_registry_find(c->ctx, NULL, name, &found.fn, &found.ud, &flags) ||
         !(flags & TP_FN_NONBLOCKING))

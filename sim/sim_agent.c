@@ -30,7 +30,7 @@ tpi_sim_agent *tpi_sim_agent_get(tp_sim *sim, uint32_t id) {
 
 tp_status tpi_sim_agent_create(tp_sim *sim, uint32_t host, uint32_t rank, uint32_t world_size,
                                uint32_t pool_max, uint64_t max_message_size, tpi_sim_agent **out) {
-    TPI_ASSERT(sim && out && host < sim->cfg.hosts);
+    TPI_ASSERT(sim && out && host < sim->nhosts);
     *out = NULL;
     if (sim->nagents == sim->agents_cap) {
         uint32_t cap = sim->agents_cap ? sim->agents_cap * 2 : 16;
@@ -135,8 +135,8 @@ void tpi_sim_agent_peer_down_event(tp_sim *sim, const tpi_sim_event *e) {
         return; /* no upcall after stop, none to the dead */
     uint32_t peer = e->b;
     tp_status why = (tp_status)e->c;
-    if (peer >= a->npeers || a->peer_dead[peer])
-        return; /* already known dead: nothing new to say */
+    if (peer >= a->npeers || a->peer_dead[peer] || a->peer_host[peer] != (uint32_t)e->x)
+        return; /* already known dead, or news of a host the rank has left (AGENT-16) */
     if (why == TP_EPEERDOWN)
         a->peer_dead[peer] = 1; /* later sends fail at once (AGENT-8) */
     char detail[160];
@@ -181,7 +181,7 @@ static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t add
 
 /* "sim:<host>" -> host; 0 when the text is not one of ours. */
 static int parse_addr(const tp_sim *sim, const char *s, uint32_t *host) {
-    return s && strncmp(s, "sim:", 4) == 0 && tpi_parse_index(s + 4, sim->cfg.hosts, host);
+    return s && strncmp(s, "sim:", 4) == 0 && tpi_parse_index(s + 4, sim->nhosts, host);
 }
 
 static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
@@ -205,7 +205,7 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
         if (!parse_addr(sim, addrs[r], &ph[r])) {
             tpi_format(errmsg, errmsg_len,
                        "worker %u's address '%.64s' is not a simulator address (sim:0..%u)", r,
-                       addrs[r] ? addrs[r] : "(null)", sim->cfg.hosts - 1);
+                       addrs[r] ? addrs[r] : "(null)", sim->nhosts - 1);
             free(ph);
             free(pd);
             return TP_EINVAL; /* AGENT-4 */
@@ -219,6 +219,27 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
     a->peer_dead = pd;
     a->npeers = world_size;
     tpi_sim_trace(sim, "agent_peers host=%u agent=%u world=%u", a->host, a->id, world_size);
+    return TP_OK;
+}
+
+/* AGENT-16: rank restarted on another host. */
+static tp_status agent_set_peer(tp_agent *ag, uint32_t rank, const char *addr, char *errmsg,
+                                size_t errmsg_len) {
+    tpi_sim_agent *a = AG(ag);
+    tp_sim *sim = a->sim;
+    uint32_t host;
+    if (rank >= a->npeers || rank == a->rank) {
+        tpi_format(errmsg, errmsg_len, "worker %u is not a peer of worker %u", rank, a->rank);
+        return TP_EINVAL;
+    }
+    if (!parse_addr(sim, addr, &host)) {
+        tpi_format(errmsg, errmsg_len, "worker %u's address '%.64s' is not a simulator address",
+                   rank, addr);
+        return TP_EINVAL;
+    }
+    a->peer_host[rank] = host;
+    a->peer_dead[rank] = (uint8_t)(sim->hosts[host].dead != 0);
+    tpi_sim_trace(sim, "agent_peer host=%u agent=%u rank=%u now=%u", a->host, a->id, rank, host);
     return TP_OK;
 }
 
@@ -661,6 +682,7 @@ const tp_agent_ops tpi_sim_agent_ops = {
     .unpark = agent_unpark,
     .store = agent_store,
     .probe = agent_probe,
+    .set_peer = agent_set_peer,
 };
 
 /* ---- The "SIM" backend (BACKEND-1..5) --------------------------------------------- */

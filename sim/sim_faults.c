@@ -28,7 +28,8 @@ enum {
     F_LATENCY,
     F_BANDWIDTH,
     F_STOREDOWN,
-    F_STORESLOW
+    F_STORESLOW,
+    F_RESTART
 };
 
 /* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
@@ -59,8 +60,14 @@ static tp_status check_fault(const tp_sim *sim, const tpi_sim_fault_line *f, cha
             goto bad_window;
         return TP_OK;
     case F_KILL:
+    case F_RESTART:
         if (f->a >= n)
             goto bad_host;
+        if (f->kind == F_RESTART && sim->restarts_planned >= TPI_SIM_RESTARTS_MAX) {
+            tpi_format(errmsg, errmsg_len, "more than %u restarts in one simulation",
+                       TPI_SIM_RESTARTS_MAX);
+            return TP_ELIMIT;
+        }
         return TP_OK;
     case F_STOREDOWN:
     case F_STORESLOW:
@@ -178,6 +185,12 @@ static tp_status apply_fault(tp_sim *sim, const tpi_sim_fault_line *f) {
     case F_KILL:
         tpi_sim_trace(sim, "plan kill host=%u at=%llu", f->a, (unsigned long long)f->t0_ns);
         e = (tpi_sim_event){.kind = TPI_SIM_EV_KILL, .time_ns = f->t0_ns, .a = f->a};
+        tpi_sim_schedule(sim, &e);
+        return TP_OK;
+    case F_RESTART:
+        sim->restarts_planned++;
+        tpi_sim_trace(sim, "plan restart rank=%u at=%llu", f->a, (unsigned long long)f->t0_ns);
+        e = (tpi_sim_event){.kind = TPI_SIM_EV_RESTART, .time_ns = f->t0_ns, .a = f->a};
         tpi_sim_schedule(sim, &e);
         return TP_OK;
     case F_ISOLATE:
@@ -333,6 +346,11 @@ tp_status tp_sim_fault_kill(tp_sim *sim, uint32_t host, uint64_t at_ns) {
     return add_fault(sim, &f);
 }
 
+tp_status tp_sim_fault_restart(tp_sim *sim, uint32_t rank, uint64_t at_ns) {
+    tpi_sim_fault_line f = {.kind = F_RESTART, .a = rank, .t0_ns = at_ns};
+    return add_fault(sim, &f);
+}
+
 tp_status tp_sim_fault_drop(tp_sim *sim, uint32_t per_million) {
     tpi_sim_fault_line f = {.kind = F_DROP, .per_million = per_million, .t1_ns = UINT64_MAX};
     return add_fault(sim, &f);
@@ -414,7 +432,7 @@ void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how) {
     tpi_sim_pf_fault(sim, how, h->index, UINT32_MAX);
     /* Peers learn one latency later, as a reset would reach them. */
     uint64_t at = sim->now_ns + sim->cfg.latency_min_ns;
-    for (uint32_t p = 0; p < sim->cfg.hosts; p++)
+    for (uint32_t p = 0; p < sim->nhosts; p++)
         if (p != h->index)
             tpi_sim_net_peer_down(sim, p, h->index, TP_EPEERDOWN, TPI_SIM_DETAIL_KILLED, at);
     tpi_sim_wake_parked(sim, h, TP_ESHUTDOWN);
@@ -467,7 +485,11 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         return;
     }
     case TPI_SIM_EV_KILL:
-        tpi_sim_host_kill(sim, &sim->hosts[e->a], "kill");
+        /* A kill names a rank: after a restart, its newest incarnation. */
+        tpi_sim_host_kill(sim, &sim->hosts[sim->rank_host[e->a]], "kill");
+        return;
+    case TPI_SIM_EV_RESTART:
+        tpi_sim_host_restart(sim, e->a);
         return;
     case TPI_SIM_EV_PAUSE: {
         tpi_sim_host *h = &sim->hosts[e->a];
@@ -479,7 +501,7 @@ void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e) {
         /* Peers that get nothing back for the user timeout give up on its
          * connections, as TCP_USER_TIMEOUT makes them (spec/tcp.md). */
         if (e->x - e->time_ns > TPI_SIM_USER_TIMEOUT_NS)
-            for (uint32_t p = 0; p < sim->cfg.hosts; p++) {
+            for (uint32_t p = 0; p < sim->nhosts; p++) {
                 const tpi_sim_link *c = p == e->a  ? NULL
                                         : p < e->a ? tpi_sim_link_find(sim, p, e->a)
                                                    : tpi_sim_link_find(sim, e->a, p);
@@ -569,6 +591,7 @@ static const plan_spec plan_specs[] = {
     {"break", F_BREAK, 3, "break A B AT_MS"},
     {"partition", F_PARTITION, 4, "partition A B START_MS END_MS"},
     {"kill", F_KILL, 2, "kill HOST AT_MS"},
+    {"restart", F_RESTART, 2, "restart RANK AT_MS (a dead rank's next incarnation)"},
     {"drop", F_DROP, 3, "drop PER_MILLION [START_MS END_MS]"},
     {"isolate", F_ISOLATE, 3, "isolate HOST START_MS END_MS"},
     {"split", F_SPLIT, 3, "split K START_MS END_MS (hosts below K on one side)"},
@@ -595,8 +618,8 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
     if (!sp) {
         tpi_format(errmsg, errmsg_len,
                    "unknown fault '%.64s' (expected delay, break, partition, isolate, split, "
-                   "kill, pause, drop, chaos, failsend, delaytype, latency, bandwidth, "
-                   "storedown or storeslow)",
+                   "kill, restart, pause, drop, chaos, failsend, delaytype, latency, "
+                   "bandwidth, storedown or storeslow)",
                    fld[0]);
         return TP_EINVAL;
     }
@@ -686,6 +709,7 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
         [F_BREAK] = {"A", "B", "AT_MS"},
         [F_PARTITION] = {"A", "B", "START_MS", "END_MS"},
         [F_KILL] = {"HOST", "AT_MS"},
+        [F_RESTART] = {"RANK", "AT_MS"},
         [F_DROP] = {"PER_MILLION", "START_MS", "END_MS"},
         [F_ISOLATE] = {"HOST", "START_MS", "END_MS"},
         [F_SPLIT] = {"K", "START_MS", "END_MS"},
@@ -736,7 +760,8 @@ static tp_status parse_fields(char **fld, int n, tpi_sim_fault_line *out, char *
                                     .t1_ns = v[3]};
         break;
     case F_KILL:
-        *out = (tpi_sim_fault_line){.kind = F_KILL, .a = (uint32_t)v[0], .t0_ns = v[1]};
+    case F_RESTART:
+        *out = (tpi_sim_fault_line){.kind = sp->kind, .a = (uint32_t)v[0], .t0_ns = v[1]};
         break;
     case F_DROP:
         out->per_million = v[0] > UINT32_MAX ? UINT32_MAX : (uint32_t)v[0];

@@ -31,6 +31,10 @@
 /* Hosts in one simulation: each has a context and a main task stack (mapped
  * lazily); the bound keeps the per-host tables small. */
 #define TPI_SIM_HOSTS_MAX 4096u
+/* Restarts in one simulation (REJOIN, SIM-5 "restart"): each takes a host
+ * slot past the initial ones, so a restarted worker is a new machine with
+ * a new address, as a restarted process is. */
+#define TPI_SIM_RESTARTS_MAX 64u
 /* Defaults of tp_sim_config (sim.h). */
 #define TPI_SIM_LATENCY_MIN_DEFAULT_NS 20000u
 #define TPI_SIM_LATENCY_JITTER_DEFAULT_NS 30000u
@@ -118,7 +122,8 @@ typedef enum tpi_sim_event_kind {
     TPI_SIM_EV_KILL,            /* a: host */
     TPI_SIM_EV_STALL_BREAK,     /* a, b: hosts; x: the connection epoch it ends */
     TPI_SIM_EV_PAUSE,           /* a: host; x: its end */
-    TPI_SIM_EV_UNPAUSE          /* a: host */
+    TPI_SIM_EV_UNPAUSE,         /* a: host */
+    TPI_SIM_EV_RESTART          /* a: rank */
 } tpi_sim_event_kind;
 
 typedef struct tpi_sim_event {
@@ -295,6 +300,9 @@ uint64_t tpi_sim_store_down_until(const tp_sim *sim);
 uint64_t tpi_sim_paused_ns(const tp_sim *sim, uint32_t host, uint64_t from, uint64_t to);
 /* The host an event concerns, when a pause should hold it; UINT32_MAX: none. */
 uint32_t tpi_sim_event_host(tp_sim *sim, const tpi_sim_event *e);
+/* Rank's newest host is dead: a new host slot runs the program for it again
+ * as the next incarnation (a restart fault); a no-op while it lives. */
+void tpi_sim_host_restart(tp_sim *sim, uint32_t rank);
 /* The host dies now (a kill fault or tp_sim_crash_self). */
 void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how);
 void tpi_sim_fault_event(tp_sim *sim, const tpi_sim_event *e);
@@ -371,6 +379,8 @@ tp_store *tpi_sim_store(tp_sim *sim, char *errmsg, size_t errmsg_len);
 
 struct tpi_sim_host {
     uint32_t index;
+    uint32_t rank;        /* the program's rank: index, or the rank a restart took over */
+    uint32_t incarnation; /* 0, or k for the k-th restart of that rank */
     tp_context *ctx;
     int dead;
     int returned;
@@ -410,7 +420,10 @@ struct tp_sim {
     uint64_t trace_lines;
     tpi_sim_prng net_rng, fault_rng, work_rng;
     tpi_sim_heap heap;
-    tpi_sim_host *hosts;
+    tpi_sim_host *hosts;  /* cfg.hosts + TPI_SIM_RESTARTS_MAX slots */
+    uint32_t nhosts;      /* slots in use: cfg.hosts plus the restarts so far */
+    uint32_t *rank_host;  /* by rank: the slot of its newest incarnation */
+    uint32_t restarts_planned;
     /* Id tables: slot i holds object id i, NULL once it is freed. */
     tpi_sim_task **tasks;
     uint32_t ntasks, tasks_cap;

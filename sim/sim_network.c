@@ -38,7 +38,7 @@ static uint32_t link_search(const tpi_sim_host *h, uint32_t dst, int *found) {
 }
 
 tpi_sim_link *tpi_sim_link_find(const tp_sim *sim, uint32_t src, uint32_t dst) {
-    TPI_ASSERT(src < sim->cfg.hosts && dst < sim->cfg.hosts);
+    TPI_ASSERT(src < sim->nhosts && dst < sim->nhosts);
     const tpi_sim_host *h = &sim->hosts[src];
     int found;
     uint32_t i = link_search(h, dst, &found);
@@ -46,7 +46,7 @@ tpi_sim_link *tpi_sim_link_find(const tp_sim *sim, uint32_t src, uint32_t dst) {
 }
 
 tpi_sim_link *tpi_sim_link_get(tp_sim *sim, uint32_t src, uint32_t dst) {
-    TPI_ASSERT(src < sim->cfg.hosts && dst < sim->cfg.hosts);
+    TPI_ASSERT(src < sim->nhosts && dst < sim->nhosts);
     tpi_sim_host *h = &sim->hosts[src];
     int found;
     uint32_t lo = link_search(h, dst, &found);
@@ -149,7 +149,7 @@ void tpi_sim_net_break(tp_sim *sim, uint32_t a, uint32_t b, tpi_sim_detail detai
 void tpi_sim_net_closed(tp_sim *sim, uint32_t host) {
     if (sim->hosts[host].dead)
         return; /* its peers were told when it died */
-    for (uint32_t p = 0; p < sim->cfg.hosts; p++) {
+    for (uint32_t p = 0; p < sim->nhosts; p++) {
         if (p == host || !tpi_sim_link_find(sim, host < p ? host : p, host < p ? p : host))
             continue; /* never connected: a later send there is refused instead */
         /* The close travels behind what is already on the wire (FIFO). */

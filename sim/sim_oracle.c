@@ -59,7 +59,12 @@ struct tpi_sim_oracle {
     uint32_t agents_cap;
 };
 
-#define SERVE_KEY_ID_BITS 40
+/* A served request is keyed by (serving agent, caller rank << 52 | call id): ids carry
+ * the caller's incarnation from bit 40 (REJOIN-3), and a simulation has fewer than 2^12
+ * hosts and restarts. */
+#define SERVE_KEY_ID_BITS 52
+_Static_assert(TPI_SIM_HOSTS_MAX <= (1u << (64 - SERVE_KEY_ID_BITS)), "ranks fit the key");
+_Static_assert(TPI_SIM_RESTARTS_MAX < (1u << (SERVE_KEY_ID_BITS - 40)), "incarnations fit");
 
 /* ---- Violations ----------------------------------------------------------------- */
 
@@ -157,7 +162,7 @@ static uint32_t rank_host(const tpi_sim_agent *a, uint32_t rank) {
 
 /* The agent running on host now (started, not stopped), or NULL. */
 static tpi_sim_agent *host_agent(tp_sim *sim, uint32_t host) {
-    if (host >= sim->cfg.hosts || !sim->hosts[host].active_agent)
+    if (host >= sim->nhosts || !sim->hosts[host].active_agent)
         return NULL;
     return tpi_sim_agent_get(sim, sim->hosts[host].active_agent - 1);
 }
@@ -322,7 +327,7 @@ static void on_drained(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
         return; /* a failed graceful shutdown promises nothing about quiet */
     /* SHUTDOWN-5: termination was detected over every live worker, so no
      * function runs anywhere that took part, this worker included. */
-    for (uint32_t h = 0; h < sim->cfg.hosts; h++) {
+    for (uint32_t h = 0; h < sim->nhosts; h++) {
         tpi_sim_agent *b = host_agent(sim, h);
         if (!b || sim->hosts[h].dead || b->id >= o->agents_cap || !o->running[b->id])
             continue;
@@ -404,7 +409,7 @@ static void on_fork(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int live) 
  */
 static void on_owner_free(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     tpi_sim_oracle *o = oracle(sim);
-    for (uint32_t h = 0; h < sim->cfg.hosts; h++)
+    for (uint32_t h = 0; h < sim->nhosts; h++)
         if (sim->hosts[h].dead)
             return;
     /* Slot order: a pure function of the operations done (idmap.h). */

@@ -145,7 +145,7 @@ tp_status tpi_sim_task_park(tp_sim *sim, tpi_sim_task *t, uint64_t deadline_ns) 
 
 void tpi_sim_wake_parked(tp_sim *sim, tpi_sim_host *host, tp_status status) {
     uint32_t first = host ? host->index : 0;
-    uint32_t last = host ? host->index + 1 : sim->cfg.hosts;
+    uint32_t last = host ? host->index + 1 : sim->nhosts;
     for (uint32_t h = first; h < last; h++)
         for (tpi_sim_task *t = sim->hosts[h].tasks_head; t; t = t->host_next)
             if (t->state == TPI_SIM_PARKED)
@@ -209,6 +209,7 @@ int tpi_sim_step(tp_sim *sim) {
     case TPI_SIM_EV_STALL_BREAK:
     case TPI_SIM_EV_PAUSE:
     case TPI_SIM_EV_UNPAUSE:
+    case TPI_SIM_EV_RESTART:
         tpi_sim_fault_event(sim, &e);
         break;
     default:

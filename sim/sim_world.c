@@ -63,14 +63,20 @@ tp_status tp_sim_new(const tp_sim_config *cfg, tp_sim **out) {
     tpi_sim_prng_seed(&sim->net_rng, cfg->seed, TPI_SIM_STREAM_NETWORK);
     tpi_sim_prng_seed(&sim->fault_rng, cfg->seed, TPI_SIM_STREAM_FAULTS);
     tpi_sim_prng_seed(&sim->work_rng, cfg->seed, TPI_SIM_STREAM_WORKLOAD);
-    sim->hosts = calloc(cfg->hosts, sizeof *sim->hosts);
-    if (!sim->hosts) {
+    sim->hosts = calloc(cfg->hosts + TPI_SIM_RESTARTS_MAX, sizeof *sim->hosts);
+    sim->rank_host = calloc(cfg->hosts, sizeof *sim->rank_host);
+    if (!sim->hosts || !sim->rank_host) {
+        free(sim->hosts);
+        free(sim->rank_host);
         free(sim);
         return tpi_fail(TP_ENOMEM, "tp_sim_new: out of memory for %u hosts", cfg->hosts);
     }
+    sim->nhosts = cfg->hosts;
     for (uint32_t i = 0; i < cfg->hosts; i++) {
         tpi_sim_host *h = &sim->hosts[i];
         h->index = i;
+        h->rank = i;
+        sim->rank_host[i] = i;
         h->exit_code = -1;
         h->ctx = tp_context_new();
         if (!h->ctx) {
@@ -96,7 +102,7 @@ static void free_events(tp_sim *sim) {
 
 /* Frees tasks that never returned, reporting those that were not idle. */
 static void free_tasks(tp_sim *sim) {
-    for (uint32_t i = 0; i < sim->cfg.hosts; i++) {
+    for (uint32_t i = 0; i < sim->nhosts; i++) {
         tpi_sim_host *h = &sim->hosts[i];
         while (h->tasks_head) {
             tpi_sim_task *t = h->tasks_head;
@@ -116,12 +122,12 @@ void tp_sim_free(tp_sim *sim) {
     TPI_ASSERT(tpi_sim_active() != sim);
     if (sim->hosts) {
         /* Contexts left (the sim never ran): nothing runs in them. */
-        for (uint32_t i = 0; i < sim->cfg.hosts; i++) {
+        for (uint32_t i = 0; i < sim->nhosts; i++) {
             tp_context_free(sim->hosts[i].ctx);
             sim->hosts[i].ctx = NULL;
         }
         free_tasks(sim);
-        for (uint32_t i = 0; i < sim->cfg.hosts; i++)
+        for (uint32_t i = 0; i < sim->nhosts; i++)
             free(sim->hosts[i].links);
     }
     free_events(sim);
@@ -142,6 +148,7 @@ void tp_sim_free(tp_sim *sim) {
     free(sim->store_faults);
     free(sim->rules);
     free(sim->hosts);
+    free(sim->rank_host);
     if (sim->store && sim->store_owned)
         sim->store->ops->close(sim->store);
     free(sim);
@@ -157,7 +164,7 @@ static int mains_done(tp_sim *sim) {
 }
 
 static int teardown_done(tp_sim *sim) {
-    for (uint32_t i = 0; i < sim->cfg.hosts; i++)
+    for (uint32_t i = 0; i < sim->nhosts; i++)
         if (sim->hosts[i].ctx)
             return 0;
     return 1;
@@ -165,7 +172,7 @@ static int teardown_done(tp_sim *sim) {
 
 /* No task left that could still make progress (idle pool tasks may stay). */
 static int all_idle(tp_sim *sim) {
-    for (uint32_t i = 0; i < sim->cfg.hosts; i++)
+    for (uint32_t i = 0; i < sim->nhosts; i++)
         for (tpi_sim_task *t = sim->hosts[i].tasks_head; t; t = t->host_next)
             if (t->state != TPI_SIM_IDLE)
                 return 0;
@@ -201,7 +208,7 @@ static void unwind(tp_sim *sim, int (*done)(tp_sim *), const char *what) {
 static void main_entry(void *arg) {
     tpi_sim_host *h = arg;
     tp_sim *sim = tpi_sim_active();
-    int code = sim->program((int)h->index, (int)sim->cfg.hosts, sim->program_arg);
+    int code = sim->program((int)h->rank, (int)sim->cfg.hosts, sim->program_arg);
     h->returned = 1;
     h->exit_code = code;
     tpi_sim_trace(sim, "exit host=%u code=%d", h->index, code);
@@ -222,7 +229,7 @@ static void teardown(tp_sim *sim) {
     sim->unwinding = 1;
     tpi_sim_trace(sim, "teardown");
     tpi_sim_wake_parked(sim, NULL, TP_ESHUTDOWN);
-    for (uint32_t i = 0; i < sim->cfg.hosts; i++) {
+    for (uint32_t i = 0; i < sim->nhosts; i++) {
         tpi_sim_host *h = &sim->hosts[i];
         if (h->ctx &&
             tpi_sim_task_spawn(sim, h, TPI_SIM_TASK_TEARDOWN, teardown_entry, h, NULL) != TP_OK) {
@@ -284,8 +291,8 @@ tp_status tp_sim_run(tp_sim *sim, tp_sim_program program, void *arg, int *exit_c
     tpi_sim_pf_end(sim);
     free_tasks(sim);
     free_events(sim);
-    for (uint32_t i = 0; i < sim->cfg.hosts; i++) {
-        const tpi_sim_host *h = &sim->hosts[i];
+    for (uint32_t i = 0; i < sim->cfg.hosts; i++) { /* a rank's newest incarnation */
+        const tpi_sim_host *h = &sim->hosts[sim->rank_host[i]];
         if (exit_codes)
             exit_codes[i] = h->dead ? 137 : h->returned ? h->exit_code : -1;
     }
@@ -321,12 +328,58 @@ const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind) {
         [TP_SIM_FAULT_CHAOS_REORDER] = "chaos_reorder",
         [TP_SIM_FAULT_STORE_DOWN] = "store_down",
         [TP_SIM_FAULT_STORE_SLOW] = "store_slow",
+        [TP_SIM_FAULT_RESTART] = "restart",
     };
     return (unsigned)kind < TP_SIM_FAULT_KINDS_ ? names[kind] : "?";
 }
 
 int tp_sim_host_dead(const tp_sim *sim, uint32_t host) {
-    return sim && host < sim->cfg.hosts && sim->hosts[host].dead;
+    return sim && host < sim->nhosts && sim->hosts[host].dead;
+}
+
+int tp_sim_rank_dead(const tp_sim *sim, uint32_t rank) {
+    return sim && rank < sim->cfg.hosts && sim->hosts[sim->rank_host[rank]].dead;
+}
+
+uint32_t tp_sim_rank_host(const tp_sim *sim, uint32_t rank) {
+    return sim && rank < sim->cfg.hosts ? sim->rank_host[rank] : UINT32_MAX;
+}
+
+uint32_t tp_sim_incarnation(void) {
+    tp_sim *sim = active_sim;
+    int h = tp_sim_current_host();
+    return sim && h >= 0 ? sim->hosts[h].incarnation : 0;
+}
+
+void tpi_sim_host_restart(tp_sim *sim, uint32_t rank) {
+    TPI_ASSERT(rank < sim->cfg.hosts);
+    tpi_sim_host *old = &sim->hosts[sim->rank_host[rank]];
+    if (!old->dead) {
+        tpi_sim_trace(sim, "fault restart rank=%u skipped: host %u is alive", rank, old->index);
+        return;
+    }
+    if (sim->nhosts >= sim->cfg.hosts + TPI_SIM_RESTARTS_MAX || !sim->program) {
+        tpi_sim_trace(sim, "fault restart rank=%u skipped: no host slot left", rank);
+        return;
+    }
+    tpi_sim_host *h = &sim->hosts[sim->nhosts];
+    memset(h, 0, sizeof *h);
+    h->index = sim->nhosts;
+    h->rank = rank;
+    h->incarnation = old->incarnation + 1;
+    h->exit_code = -1;
+    h->ctx = tp_context_new();
+    if (!h->ctx)
+        tpi_assert_fail("simulator restart: out of memory for a context", __FILE__, __LINE__);
+    sim->nhosts++;
+    sim->rank_host[rank] = h->index;
+    sim->fired[TP_SIM_FAULT_RESTART]++;
+    tpi_sim_trace(sim, "fault restart rank=%u host=%u incarnation=%u replaces=%u", rank, h->index,
+                  h->incarnation, old->index);
+    tpi_sim_pf_fault(sim, "restarted", h->index, UINT32_MAX);
+    if (tpi_sim_task_spawn(sim, h, TPI_SIM_TASK_MAIN, main_entry, h, &h->main) != TP_OK)
+        tpi_assert_fail("simulator restart: out of memory for a task", __FILE__, __LINE__);
+    sim->mains_live++;
 }
 
 uint64_t tp_sim_violations(const tp_sim *sim) {

@@ -154,6 +154,9 @@ tp_status tpsim_worker_init(int rank, int world, double rpc_timeout_s, int pool,
             (void)tp_options_set_num_worker_threads(o, pool);
         if (window)
             (void)tp_options_set_max_inflight_bytes(o, window);
+        /* A restarted host is a restarted process: it rejoins (REJOIN-1). */
+        if (tp_sim_incarnation() > 0)
+            (void)tp_options_set_rejoin(o, 1);
         st = tp_init_rpc(name, "SIM", rank, world, o);
     }
     tp_options_free(o);
@@ -166,7 +169,7 @@ void tpsim_worker_shutdown(tpsim_world *w, int rank, int world) {
         return;
     int any_dead = 0;
     for (int q = 0; q < world; q++)
-        any_dead |= tp_sim_host_dead(w->sim, (uint32_t)q);
+        any_dead |= tp_sim_rank_dead(w->sim, (uint32_t)q); /* a restarted rank is back */
     tp_status want = any_dead ? TP_EPEERDOWN : TP_OK;
     if (st != want)
         tpsim_world_fail(w, "w%d: graceful shutdown: %s (expected %s): %s", rank,
@@ -203,7 +206,8 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
     w->ops[p->op][tpsim_outcome_of(st)]++;
     if (w->line_outs && p->line > 0)
         w->line_outs[p->line][tpsim_outcome_of(st)]++;
-    int dead = tpsim_self_dead() || tp_sim_host_dead(w->sim, (uint32_t)p->dst);
+    int dead = tpsim_self_dead() || tp_sim_host_dead(w->sim, (uint32_t)p->dst) ||
+               tp_sim_rank_dead(w->sim, (uint32_t)p->dst);
     int transport =
         st == TP_ETIMEDOUT || st == TP_EPEERDOWN || st == TP_EIO || (st == TP_ESHUTDOWN && dead);
     int ok = transport;
@@ -391,11 +395,12 @@ void tpsim_liveness(tpsim_world *w, int me, int world) {
     /* The barrier: every live worker's calls have ended, so no pool is still
      * busy with the chaos phase's work. A harness-level barrier (the hosts
      * share this process), polled on virtual time. */
-    w->settled++;
+    if (!tpsim_self_dead())
+        w->settled++; /* a killed incarnation does not count; its restart will */
     for (uint64_t spins = 0; !tpsim_self_dead(); spins++) {
         uint32_t dead = 0;
         for (int q = 0; q < world; q++)
-            dead += (uint32_t)tp_sim_host_dead(w->sim, (uint32_t)q);
+            dead += (uint32_t)tp_sim_rank_dead(w->sim, (uint32_t)q);
         if (w->settled + dead >= (uint32_t)world)
             break;
         if ((double)spins * 1e-3 > TPSIM_LIVENESS_WAIT_S) {
@@ -409,7 +414,7 @@ void tpsim_liveness(tpsim_world *w, int me, int world) {
      * pools still finish relayed work, and a lost connection once frames
      * delayed past the heal have landed, within TPSIM_LIVENESS_BOUND_S. */
     for (int q = 0; q < world && !tpsim_self_dead(); q++) {
-        if (q == me || tp_sim_host_dead(w->sim, (uint32_t)q))
+        if (q == me || tp_sim_rank_dead(w->sim, (uint32_t)q))
             continue;
         tpsim_op_spec s = {.op = TPSIM_OP_LIVENESS,
                            .dst = q,

@@ -13,7 +13,8 @@
  * bandwidth, store outages). The run then goes through its phases:
  *
  *   chaos     every worker issues calls while the faults happen;
- *   heal      every fault window ends (HEAL_NS); the dead stay dead;
+ *   heal      every fault window ends (HEAL_NS); some dead ranks restart as
+ *             new incarnations and rejoin (REJOIN), the others stay dead;
  *   liveness  every call of the chaos phase has ended, and a call between
  *             any two live workers succeeds;
  *   shutdown  every live worker shuts down gracefully: TP_OK, or
@@ -93,6 +94,7 @@ struct tp_sim_experiment {
     const tp_sim_experiment_def *def; /* an experiment's chaos, or NULL: tpsim's */
     tp_status init_status[SWARM_WORKERS_MAX];
     char init_msg[SWARM_WORKERS_MAX][160];
+    uint32_t rejoined; /* restarted workers whose rejoin succeeded */
 };
 typedef struct tp_sim_experiment swarm_run;
 
@@ -329,6 +331,13 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c
     /* Drawn last, so the worlds of earlier seeds keep their shape. */
     c->mix[TPSIM_OP_SHARE] = chance(s, 2) ? 1 + (uint32_t)below(s, 8) : 0;
     c->mix_total += c->mix[TPSIM_OP_SHARE];
+    /* The heal restarts some of the dead as new incarnations (REJOIN); the
+     * others are declared dead. A restart of a rank that is alive is a no-op. */
+    if (c->planned[TP_SIM_FAULT_KILL] && chance(s, 2))
+        for (uint32_t r = 0; r < n && more(s); r++)
+            if (chance(s, 2))
+                plan_add(c, TP_SIM_FAULT_RESTART, "restart %u %.3f", r,
+                         (double)(c->heal_ns / MS_NS) + (double)below(s, 5));
 }
 
 /* ---- Inside the simulation ---------------------------------------------------- */
@@ -402,6 +411,26 @@ static int swarm_program(int rank, int world, void *arg) {
     }
     st = def ? tpsim_worker_init(rank, world, c->default_timeout_s, (int)c->pool, c->window)
              : tpsim_worker_start(rank, world, c->default_timeout_s, (int)c->pool, c->window);
+    if (tp_sim_incarnation() > 0) { /* restarted in the heal: rejoin, then the checks */
+        if (st != TP_OK && !tpsim_self_dead()) {
+            /* Nothing fails in the heal, so a rejoin to a job whose init
+             * succeeded must too (a failed init fails it, REJOIN-1). */
+            if (run->init_status[rank] == TP_OK)
+                tpsim_world_fail(&run->w, "%s: rejoin as incarnation %u: %s: %s", name,
+                                 tp_sim_incarnation(), tp_status_name(st), tp_errmsg());
+            tp_sim_crash_self(); /* gone again, so no barrier waits for it */
+            return 0;
+        }
+        if (st != TP_OK)
+            return 0;
+        run->rejoined++;
+        uint64_t now = tp_sim_now_ns(run->w.sim);
+        if (now < c->heal_ns + 10 * MS_NS)
+            (void)tp_sleep((double)(c->heal_ns + 10 * MS_NS - now) / 1e9);
+        tpsim_liveness(&run->w, rank, world);
+        tpsim_worker_shutdown(&run->w, rank, world);
+        return 0;
+    }
     run->init_status[rank] = st;
     snprintf(run->init_msg[rank], sizeof run->init_msg[rank], "%s", st ? tp_errmsg() : "");
     if (st != TP_OK) {

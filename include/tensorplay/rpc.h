@@ -287,6 +287,16 @@ tp_status tp_options_set_init_timeout(tp_options *opts, double seconds);
 double tp_options_init_timeout(const tp_options *opts);
 tp_status tp_options_set_shutdown_timeout(tp_options *opts, double seconds);
 double tp_options_shutdown_timeout(const tp_options *opts);
+/*
+ * Rejoin (spec/lifecycle.md REJOIN-1..7): 1 says this process restarts a
+ * worker of a running job whose earlier process died. Init then takes the
+ * next incarnation of its rank instead of joining the initial rendezvous,
+ * tells every live peer, and returns once each of them routes to it; calls
+ * and rrefs of the earlier incarnation fail with TP_EPEERDOWN everywhere.
+ * Default 0: a second process claiming a running job's rank is refused.
+ */
+tp_status tp_options_set_rejoin(tp_options *opts, int rejoin);
+int tp_options_rejoin(const tp_options *opts);
 /* Largest message this worker sends or accepts, in bytes (lowers WIRE-8's max). */
 tp_status tp_options_set_max_message_size(tp_options *opts, uint64_t bytes);
 uint64_t tp_options_max_message_size(const tp_options *opts);

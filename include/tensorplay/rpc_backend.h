@@ -229,6 +229,18 @@ typedef struct tp_agent_ops {
      * held or not; must not block, fail, or call into the core.
      */
     void (*probe)(tp_agent *a, const tp_probe *p);
+
+    /*
+     * AGENT-16. Optional (NULL: a restarted peer cannot rejoin this worker,
+     * REJOIN-4). Worker `rank` restarted: its address is now addr (borrowed).
+     * The agent drops the old connection and whatever was queued for it,
+     * forgets that the rank was down, ignores any later news about the old
+     * connection, and routes later sends to addr. Any thread, with the
+     * lock held (the I/O context serving tp:join, or the rejoining worker's
+     * init); must not block or upcall.
+     */
+    tp_status (*set_peer)(tp_agent *a, uint32_t rank, const char *addr, char *errmsg,
+                          size_t errmsg_len);
 } tp_agent_ops;
 
 /* ------------------------------------------------------------------------ */

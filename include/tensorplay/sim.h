@@ -63,6 +63,11 @@ tp_status tp_sim_fault_partition(tp_sim *sim, uint32_t a, uint32_t b, uint64_t s
 /* At at_ns host dies: its connections break, its queued messages are gone,
  * its tasks are woken with TP_ESHUTDOWN and it never sends again. */
 tp_status tp_sim_fault_kill(tp_sim *sim, uint32_t host, uint64_t at_ns);
+/* At at_ns, if rank's newest incarnation is dead, a new host (a new slot,
+ * a new address) runs the program again for rank: a restarted process, the
+ * next incarnation (tp_sim_incarnation() says which), which inits with the
+ * rejoin option (spec/lifecycle.md REJOIN). At most 64 restarts a run. */
+tp_status tp_sim_fault_restart(tp_sim *sim, uint32_t rank, uint64_t at_ns);
 /* Each message is lost with probability per_million/1e6 (a loss breaks the
  * connection, as on TCP). */
 tp_status tp_sim_fault_drop(tp_sim *sim, uint32_t per_million);
@@ -73,6 +78,7 @@ tp_status tp_sim_fault_drop(tp_sim *sim, uint32_t per_million);
  *   break A B AT_MS
  *   partition A B START_MS END_MS
  *   kill HOST AT_MS
+ *   restart RANK AT_MS
  *   drop PER_MILLION
  *   storedown START_MS END_MS
  *   storeslow START_MS END_MS EXTRA_MS
@@ -127,12 +133,18 @@ typedef enum tp_sim_fault_kind {
     TP_SIM_FAULT_CHAOS_REORDER, /* chaos mode: a frame was held back past later ones */
     TP_SIM_FAULT_STORE_DOWN,    /* a store operation failed: the store was down (storedown) */
     TP_SIM_FAULT_STORE_SLOW,    /* a store operation was slowed (storeslow) */
+    TP_SIM_FAULT_RESTART,       /* a dead worker was restarted as a new incarnation (restart) */
     TP_SIM_FAULT_KINDS_
 } tp_sim_fault_kind;
 uint64_t tp_sim_fault_count(const tp_sim *sim, tp_sim_fault_kind kind);
 const char *tp_sim_fault_kind_name(tp_sim_fault_kind kind);
-/* 1 when host has died (killed or crashed) so far; 0 otherwise. */
+/* 1 when host (a slot: ranks first, then one per restart) has died (killed
+ * or crashed) so far; 0 otherwise. */
 int tp_sim_host_dead(const tp_sim *sim, uint32_t host);
+/* 1 when rank's newest incarnation has died (a restart brings it back). */
+int tp_sim_rank_dead(const tp_sim *sim, uint32_t rank);
+/* The host slot that runs rank's newest incarnation; UINT32_MAX for no rank. */
+uint32_t tp_sim_rank_host(const tp_sim *sim, uint32_t rank);
 
 /* The trace hash (64-bit FNV-1a over the canonical trace's records, SIM-6). */
 uint64_t tp_sim_trace_hash(const tp_sim *sim);
@@ -145,6 +157,9 @@ uint64_t tp_sim_messages(const tp_sim *sim); /* messages delivered */
 /* The running simulation and host of the calling task; NULL/-1 outside one. */
 tp_sim *tp_sim_current(void);
 int tp_sim_current_host(void);
+/* The calling host's incarnation: 0 for the hosts the run began with, k for
+ * the k-th restart of a rank (its program should init with rejoin). */
+uint32_t tp_sim_incarnation(void);
 /* The workload random stream (seeded), for scenario programs. */
 uint64_t tp_sim_random(void);
 /* The calling task's host dies now, as tp_sim_fault_kill (never returns to

@@ -1,0 +1,197 @@
+/*
+ * test_rejoin.c: a worker restarted as a new incarnation (spec/lifecycle.md
+ * REJOIN-1..7) on the simulator. Worker w1 of a two-worker job dies at
+ * 100 ms and its rank is restarted at 200 ms on a new host, as a restarted
+ * process would be.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tensorplay/rpc.h"
+#include "tensorplay/rpc_backend.h"
+#include "tensorplay/sim.h"
+
+#include "sim_check.h"
+
+#define KILL_MS 100
+#define RESTART_MS 200
+
+/* slow(ms, tag) -> tag, after sleeping ms. */
+static tp_status slow_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    int64_t ms = 0, tag = 0;
+    if (tp_value_get_int(tp_list_get(args, 0), &ms) != TP_OK ||
+        tp_value_get_int(tp_list_get(args, 1), &tag) != TP_OK)
+        return TP_EINVAL;
+    tp_status st = tp_sleep((double)ms / 1e3);
+    *result = tp_value_int(tag);
+    return st;
+}
+
+/* A value that lives on the worker that serves this. */
+static tp_status make_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_int(41);
+    return TP_OK;
+}
+
+typedef enum { MODE_OK, MODE_NO_OPTION, MODE_WRONG_NAME } rejoin_mode;
+
+static struct {
+    rejoin_mode mode;
+    tp_status rejoin_st;
+    char rejoin_msg[TP_ERRMSG_LEN_MAX];
+    int64_t new_answer;     /* w1's new incarnation: slow(900 ms, 2) from w0 */
+    tp_status new_st;
+    tp_status old_rref_st;  /* w0: to_here of an rref the dead incarnation owned */
+    char old_rref_msg[TP_ERRMSG_LEN_MAX];
+    tp_status after_st;     /* w0 -> w1 after the rejoin */
+    int64_t after_answer;
+    tp_status shutdown_st[2];
+} r;
+
+static int program(int rank, int world, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("make", make_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 5.0) == TP_OK);
+    const char *name = rank == 0 ? "w0" : "w1";
+    if (tp_sim_incarnation() > 0) {
+        /* The restarted process. */
+        if (r.mode != MODE_NO_OPTION)
+            CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
+        if (r.mode == MODE_WRONG_NAME)
+            name = "impostor";
+        r.rejoin_st = tp_init_rpc(name, "SIM", rank, world, o);
+        snprintf(r.rejoin_msg, sizeof r.rejoin_msg, "%s", tp_errmsg());
+        tp_options_free(o);
+        if (r.rejoin_st != TP_OK)
+            return 0;
+        tp_worker_info me;
+        CHECK(tp_get_worker_info(NULL, &me) == TP_OK && me.id == 1 && !strcmp(me.name, "w1"));
+        /* w0 still runs the old incarnation's slow call (id 2 there) and
+         * answers it at about 600 ms: the answer must not land on this
+         * call, whatever its id. */
+        tp_value *args = tp_value_list_of(2, tp_value_int(900), tp_value_int(2));
+        tp_value *res = NULL;
+        r.new_st = tp_rpc_sync(tp_to_rank(0), "slow", args, NULL, 10.0, &res);
+        (void)tp_value_get_int(res, &r.new_answer);
+        tp_value_free(res);
+        tp_value_free(args);
+        r.shutdown_st[1] = tp_shutdown(1);
+        return 0;
+    }
+    CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
+    tp_options_free(o);
+    if (rank == 1) {
+        /* The first incarnation: a call w0 answers after this one died. */
+        tp_value *args = tp_value_list_of(2, tp_value_int(500), tp_value_int(1));
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(0), "slow", args, NULL, 10.0, &f) == TP_OK);
+        tp_value_free(args);
+        (void)tp_future_wait(f, 10.0); /* killed in here */
+        tp_future_free(f);
+        (void)tp_shutdown(0);
+        return 0;
+    }
+    /* w0: an rref owned by w1's first incarnation. */
+    tp_rref *rref = NULL;
+    CHECK(tp_remote(tp_to_rank(1), "make", NULL, NULL, 10.0, &rref) == TP_OK);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(rref, 10.0, &v) == TP_OK);
+    tp_value_free(v);
+    v = NULL;
+    /* Wait until w1's new incarnation is back and has told us. */
+    (void)tp_sleep(1.5);
+    r.old_rref_st = tp_rref_to_here(rref, 10.0, &v);
+    snprintf(r.old_rref_msg, sizeof r.old_rref_msg, "%s", tp_errmsg());
+    tp_value_free(v);
+    tp_rref_release(rref);
+    if (r.rejoin_st == TP_OK) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(3));
+        tp_value *res = NULL;
+        r.after_st = tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10.0, &res);
+        (void)tp_value_get_int(res, &r.after_answer);
+        tp_value_free(res);
+        tp_value_free(args);
+    }
+    r.shutdown_st[0] = tp_shutdown(1);
+    return 0;
+}
+
+static tp_sim *run(rejoin_mode mode, uint64_t seed) {
+    memset(&r, 0, sizeof r);
+    r.mode = mode;
+    tp_sim_config cfg = {.hosts = 2, .seed = seed};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_fault_kill(sim, 1, KILL_MS * MS), TP_OK);
+    assert_int_equal(tp_sim_fault_restart(sim, 1, RESTART_MS * MS), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program, NULL, NULL), TP_OK);
+    assert_int_equal(failures, 0);
+    assert_int_equal(tp_sim_fault_count(sim, TP_SIM_FAULT_RESTART), 1);
+    assert_int_equal(tp_sim_rank_host(sim, 1), 2); /* a new host, a new address */
+    assert_true(tp_sim_host_dead(sim, 1));
+    assert_false(tp_sim_rank_dead(sim, 1));
+    return sim;
+}
+
+/* REJOIN-1..6: the new incarnation serves and calls; the old one's late
+ * answer reaches nobody; its rrefs fail with a clear error; shutdown is
+ * clean on both. The oracle checks every reply against its request. */
+static void test_rejoin_new_incarnation_works(void **state) {
+    (void)state;
+    for (uint64_t seed = 1; seed <= 5; seed++) {
+        tp_sim *sim = run(MODE_OK, seed);
+        assert_int_equal(r.rejoin_st, TP_OK);
+        assert_int_equal(r.new_st, TP_OK);
+        assert_int_equal(r.new_answer, 2); /* its own answer, not the old call's 1 */
+        assert_int_equal(r.after_st, TP_OK);
+        assert_int_equal(r.after_answer, 3);
+        assert_int_equal(r.old_rref_st, TP_EPEERDOWN);
+        assert_non_null(strstr(r.old_rref_msg, "restarted"));
+        assert_int_equal(r.shutdown_st[0], TP_OK);
+        assert_int_equal(r.shutdown_st[1], TP_OK);
+        assert_int_equal(tp_sim_violations(sim), 0);
+        tp_sim_free(sim);
+    }
+}
+
+/* REJOIN-1: without the option a second process for a running rank is
+ * refused, and the message says what to do. */
+static void test_rejoin_needs_the_option(void **state) {
+    (void)state;
+    tp_sim *sim = run(MODE_NO_OPTION, 1);
+    assert_int_equal(r.rejoin_st, TP_EINVAL);
+    assert_non_null(strstr(r.rejoin_msg, "claimed twice"));
+    assert_non_null(strstr(r.rejoin_msg, "rejoin"));
+    tp_sim_free(sim);
+}
+
+/* REJOIN-1: the rank is the job's, under its name. */
+static void test_rejoin_checks_the_name(void **state) {
+    (void)state;
+    tp_sim *sim = run(MODE_WRONG_NAME, 1);
+    assert_int_equal(r.rejoin_st, TP_EINVAL);
+    assert_non_null(strstr(r.rejoin_msg, "rank 1 is 'w1' in this job, not 'impostor'"));
+    tp_sim_free(sim);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_needs_the_option, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
