@@ -150,6 +150,12 @@ static tp_store *agent_store(tp_agent *ag) {
     return AG(ag)->store;
 }
 
+/* AGENT-16: a restarted peer (tcp_conn.c). */
+static tp_status agent_set_peer(tp_agent *ag, uint32_t rank, const char *addr, char *errmsg,
+                                size_t errmsg_len) {
+    return tpi_tcp_set_peer(AG(ag), rank, addr, errmsg, errmsg_len);
+}
+
 static const tp_agent_ops tcp_agent_ops = {
     .api_version = TP_BACKEND_API_VERSION,
     .name = "TENSORPIPE",
@@ -167,6 +173,7 @@ static const tp_agent_ops tcp_agent_ops = {
     .park = tpi_tcp_park,
     .unpark = tpi_tcp_unpark,
     .store = agent_store,
+    .set_peer = agent_set_peer,
 };
 
 /* ---- The backend (BACKEND-1..5, TCP-12) ---------------------------------------------- */

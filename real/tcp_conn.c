@@ -56,6 +56,7 @@ struct tpi_tcp_conn {
     tpi_tcp_conn *prev, *next; /* a->conns */
     int outgoing;
     uint32_t peer; /* NO_PEER until an accepted connection's hello */
+    unsigned gen;  /* the peer's generation it belongs to (AGENT-16) */
     conn_state state;
     int handles; /* open libuv handles */
     int got_bye, got_abort;
@@ -300,6 +301,35 @@ static void conn_abort(tpi_tcp_conn *c) {
 
 /* ---- Verdicts on a peer (TCP-6, TCP-7) -------------------------------------------- */
 
+/* A connection of an incarnation the peer has since replaced (AGENT-16):
+ * whatever happens to it says nothing about the peer as it is now. */
+static int stale(const tpi_tcp_conn *c) {
+    return c->peer < c->a->world_size &&
+           c->gen != atomic_load_explicit(&c->a->peers[c->peer].gen, memory_order_relaxed);
+}
+
+/* Applies a restart's new address before the loop next dials or writes
+ * (loop thread): the old connection closes quietly and its queue was
+ * dropped by set_peer. */
+static void apply_readdress(tpi_tcp_agent *a, uint32_t id) {
+    tpi_tcp_peer *p = &a->peers[id];
+    pthread_mutex_lock(&a->qmu);
+    if (!p->readdress) {
+        pthread_mutex_unlock(&a->qmu);
+        return;
+    }
+    p->readdress = 0;
+    tpi_tcp_direct_stop_locked(a, p); /* no sender writes to the old socket any more */
+    memcpy(p->addr, p->next_addr, sizeof p->addr);
+    p->sa = p->next_sa;
+    tpi_tcp_conn *old = p->out;
+    p->out = NULL;
+    pthread_mutex_unlock(&a->qmu);
+    p->suspect = 0;
+    if (old)
+        conn_close(old);
+}
+
 /*
  * The outgoing connection c failed: why is TP_EPEERDOWN when the process
  * behind the address is gone, TP_EIO when it may live. Frames still queued
@@ -310,6 +340,10 @@ static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail) {
     TPI_ASSERT(c->outgoing && c->peer < a->world_size);
     if (c->state == CONN_CLOSED || c->state == CONN_ABORTING)
         return;
+    if (stale(c)) {
+        conn_close(c); /* the peer restarted since: not a verdict on it */
+        return;
+    }
     uint32_t id = c->peer;
     tpi_tcp_peer *p = &a->peers[id];
     if (p->out == c)
@@ -361,6 +395,7 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id);
  * own connection whether the process is gone (TCP-7). */
 static void probe(tpi_tcp_agent *a, uint32_t id, const char *detail) {
     tpi_tcp_peer *p = &a->peers[id];
+    apply_readdress(a, id);
     if (p->dead || atomic_load(&a->stop_flag))
         return;
     tpi_format(p->suspect_detail, sizeof p->suspect_detail, "%s", detail);
@@ -394,9 +429,10 @@ static void in_ended(tpi_tcp_conn *c, const char *detail) {
                aborted ? "the worker closed it after an error"
                : bye   ? "the worker shut down"
                        : detail);
+    int old = id != NO_PEER && stale(c);
     conn_close(c);
-    if (id == NO_PEER)
-        return; /* never identified: nothing to report */
+    if (id == NO_PEER || old)
+        return; /* never identified, or from an incarnation since replaced */
     if (aborted) {
         if (!a->peers[id].dead)
             upcall_down(a, id, TP_EIO, msg);
@@ -413,8 +449,9 @@ static void in_protocol_error(tpi_tcp_conn *c, const char *what) {
     tpi_format(msg, sizeof msg, "connection from %s dropped: %s", c->addr, what);
     tp_frame_free(c->rx);
     c->rx = NULL;
+    int old = stale(c);
     conn_abort(c);
-    if (!a->peers[id].dead)
+    if (!a->peers[id].dead && !old)
         upcall_down(a, id, TP_EIO, msg);
 }
 
@@ -452,7 +489,15 @@ static void deliver(tpi_tcp_conn *c) {
         tp_frame_free(f); /* AGENT-5: incoming frames are dropped from stop on */
         return;
     }
+    atomic_uint *gen = &a->peers[c->peer].gen;
+    unsigned before = atomic_load_explicit(gen, memory_order_relaxed);
     tp_core_on_frame(a->core, c->peer, f);
+    /* A frame that made the core take a restarted peer's new address
+     * (tp:join, REJOIN-4) came from that new incarnation: this connection
+     * is of the new generation. */
+    unsigned after = atomic_load_explicit(gen, memory_order_relaxed);
+    if (after != before && c->gen == before)
+        c->gen = after;
 }
 
 static void in_frame_header(tpi_tcp_conn *c) {
@@ -486,12 +531,14 @@ static void on_record(tpi_tcp_conn *c) {
     uint32_t sender = 0;
     if (c->state == CONN_HELLO && !c->outgoing) {
         if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_OPEN, a->rank, a->world_size, &sender, err,
-                                 sizeof err) ||
-            a->peers[sender].dead) {
+                                 sizeof err)) {
             conn_close(c); /* TCP-3: a bad hello is dropped, nobody is told */
             return;
         }
+        /* A rank we saw die is heard: it may be its restart, whose first
+         * frame announces it (REJOIN-4); until then nothing is sent to it. */
         c->peer = sender;
+        c->gen = atomic_load_explicit(&a->peers[sender].gen, memory_order_relaxed);
         c->state = CONN_OPEN;
         uv_timer_stop(&c->timer);
         tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, sender, a->world_size);
@@ -696,6 +743,7 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
         return NULL;
     }
     p->out = c;
+    c->gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
     tpi_format(c->addr, sizeof c->addr, "%s", p->addr);
     int rc = uv_tcp_connect(&c->connect_req, &c->tcp, (const struct sockaddr *)&p->sa, on_connect);
     if (rc < 0) {
@@ -772,6 +820,7 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
 
 void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
     tpi_tcp_peer *p = &a->peers[id];
+    apply_readdress(a, id);
     if (!p->dead && !p->out && !dial(a, id))
         return;
     pthread_mutex_lock(&a->qmu);
@@ -805,4 +854,53 @@ void tpi_tcp_close_all(tpi_tcp_agent *a) {
             a->peers[c->peer].out = NULL;
         conn_close(c);
     }
+}
+
+/* ---- A restarted peer (AGENT-16) ------------------------------------------------- */
+
+tp_status tpi_tcp_set_peer(tpi_tcp_agent *a, uint32_t rank, const char *addr, char *errmsg,
+                           size_t errmsg_len) {
+    if (rank >= a->world_size || rank == a->rank) {
+        tpi_format(errmsg, errmsg_len, "worker %u is not a peer of worker %u", rank, a->rank);
+        return TP_EINVAL;
+    }
+    char host[TPI_ADDR_LEN_MAX], port_s[16], err[TP_ERRMSG_LEN_MAX];
+    uint16_t port = 0;
+    socklen_t len = 0;
+    struct sockaddr_storage sa;
+    /* The address came through the store and a peer: check, never assert. A
+     * numeric host resolves without blocking; a name asks the resolver. */
+    if (strlen(addr) >= TPI_ADDR_LEN_MAX ||
+        tpi_tcp_split_hostport(addr, host, sizeof host, port_s, sizeof port_s) != 0 ||
+        tpi_tcp_parse_port(port_s, 0, &port) != 0) {
+        tpi_format(errmsg, errmsg_len, "worker %u's address '%.64s' is not host:port", rank, addr);
+        return TP_EINVAL;
+    }
+    if (tpi_tcp_resolve(host, port, &sa, &len, err, sizeof err) != TP_OK) {
+        tpi_format(errmsg, errmsg_len, "worker %u's address '%.64s': %s", rank, addr, err);
+        return TP_EINVAL;
+    }
+    tpi_tcp_peer *p = &a->peers[rank];
+    pthread_mutex_lock(&a->qmu);
+    if (a->stopping || !a->have_peers) {
+        pthread_mutex_unlock(&a->qmu);
+        tpi_format(errmsg, errmsg_len, "the agent is %s", a->stopping ? "stopping" : "not started");
+        return TP_ESHUTDOWN;
+    }
+    tpi_tcp_direct_stop_locked(a, p); /* no sender writes to the old socket any more */
+    tp_frame *dropped = p->q_head;    /* queued for the earlier incarnation */
+    p->q_head = p->q_tail = NULL;
+    tpi_format(p->next_addr, sizeof p->next_addr, "%s", addr);
+    p->next_sa = sa;
+    p->readdress = 1;
+    p->dead = 0;
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed);
+    if (!p->dirty) { /* the loop applies the address on its next turn */
+        p->dirty = 1;
+        a->dirty[a->ndirty++] = rank;
+    }
+    uv_async_send(&a->wake);
+    pthread_mutex_unlock(&a->qmu);
+    free_frames(dropped);
+    return TP_OK;
 }

@@ -148,6 +148,14 @@ typedef struct tpi_tcp_peer {
                                   grant on the socket it wrote to (the loop revokes,
                                   clearing this, before that socket can change) */
     int regrant;               /* on the agent's regrant list */
+    /* The peer restarted (AGENT-16): its new address, applied by the loop
+     * before it next dials or writes (qmu). */
+    int readdress;
+    char next_addr[TPI_ADDR_LEN_MAX];
+    struct sockaddr_storage next_sa;
+    /* Bumped by each restart: news of a connection of an older generation
+     * (its end, its errors) is about an earlier incarnation and is ignored. */
+    atomic_uint gen;
     /* loop thread only */
     tpi_tcp_conn *out; /* the connection we dialed: frames go there */
     int suspect;       /* a probe is running (TCP-7) */
@@ -258,6 +266,9 @@ void tpi_tcp_drop_queues(tpi_tcp_agent *a);
 void tpi_tcp_on_accept(uv_stream_t *server, int status);
 /* Writes whatever is queued for peer id, dialing first if needed. */
 void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id);
+/* AGENT-16: rank restarted at addr (any thread, core lock held). */
+tp_status tpi_tcp_set_peer(tpi_tcp_agent *a, uint32_t rank, const char *addr, char *errmsg,
+                           size_t errmsg_len);
 /* Closes every connection (stop): BYE where it can, no upcall. */
 void tpi_tcp_close_all(tpi_tcp_agent *a);
 /* Lets a sender write to peer id's outgoing socket itself if nothing of ours

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_FILES = [
     "common/call.c", "common/future.c", "common/serve.c", "common/shutdown.c",
     "common/rendezvous.c", "common/lifecycle.c", "common/rref.c", "common/core.c",
-    "common/method.c",
+    "common/method.c", "common/rejoin.c",
 ]
 
 # Each operator: (name, regex, replacement). Applied to one match on one line.

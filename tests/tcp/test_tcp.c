@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -408,6 +409,104 @@ static void test_tcp_kill9(void **state) {
     assert_int_equal(job.code[0], 0);
     assert_int_equal(job.code[1], 0);
     assert_int_equal(job.code[2], 128 + SIGKILL);
+    tt_job_free(&job);
+}
+
+/* ---- A worker restarted as a new incarnation (REJOIN, AGENT-16) ------------------------- */
+
+enum { F_UP = 0, F_SAW_DEAD = 1, F_NEW_UP = 2, F_CALLED_NEW = 3, NS_REJOINED = 1 };
+
+/* spec: REJOIN-1..7 on TCP. worker2 is killed, a new process rejoins as
+ * worker2 on a new port; worker0's rref of the old one fails clearly, and
+ * calls both ways work again; every graceful shutdown says TP_OK. */
+static int body_rejoin(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->flag[F_UP], 1);
+    if (rank == 2) {
+        for (;;)
+            pause(); /* the first incarnation serves until the parent kills it */
+    }
+    int64_t v = 0;
+    tp_status st = TP_OK;
+    if (rank == 0) {
+        tp_rref *rref = NULL;
+        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(1));
+        st = tp_remote(tp_to_rank(2), "add", args, NULL, 10, &rref);
+        tp_value_free(args);
+        TT_CHECK(st == TP_OK);
+        tp_value *got = NULL;
+        TT_CHECK(tp_rref_to_here(rref, 10, &got) == TP_OK);
+        tp_value_free(got);
+        atomic_fetch_add(&sh->flag[F_UP], 1); /* the rref exists: kill now */
+        /* Until the kill is seen, then the restart announces itself. */
+        for (int i = 0; i < 2000 && st != TP_EPEERDOWN; i++) {
+            st = tt_call_add(tp_to_rank(2), 1, 2, 1.0, &v);
+            if (st != TP_EPEERDOWN)
+                usleep(5000);
+        }
+        TT_CHECK(st == TP_EPEERDOWN);
+        atomic_store(&sh->flag[F_SAW_DEAD], 1);
+        TT_CHECK(tt_await_flag(sh, F_NEW_UP, 1, 30) == 0);
+        TT_CHECK(tt_call_add(tp_to_rank(2), 20, 3, 10, &v) == TP_OK && v == 23);
+        got = NULL;
+        st = tp_rref_to_here(rref, 10, &got);
+        TT_CHECK(st == TP_EPEERDOWN && strstr(tp_errmsg(), "restarted") != NULL);
+        fprintf(stderr, "  worker0's old rref: %s\n", tp_errmsg());
+        tp_rref_release(rref);
+        atomic_store(&sh->flag[F_CALLED_NEW], 1);
+    } else {
+        TT_CHECK(tt_await_flag(sh, F_CALLED_NEW, 1, 60) == 0);
+        TT_CHECK(tt_call_add(tp_to_rank(2), 5, 6, 10, &v) == TP_OK && v == 11);
+    }
+    st = tp_shutdown(1);
+    TT_CHECK(st == TP_OK);
+    return 0;
+}
+
+/* The restarted worker2: a new process, a new ephemeral port. */
+static int body_rejoin_new(tt_job *job) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tp_options_set_rejoin(o, 1) == TP_OK);
+    uint64_t t0 = tt_now_ns();
+    TT_CHECK(tt_init(job, 2, o) == 0);
+    tp_options_free(o);
+    atomic_store(&sh->ns[NS_REJOINED], tt_now_ns() - t0);
+    int64_t v = 0;
+    TT_CHECK(tt_call_add(tp_to_rank(0), 2, 2, 10, &v) == TP_OK && v == 4);
+    TT_CHECK(tt_call_add(tp_to_rank(1), 3, 3, 10, &v) == TP_OK && v == 6);
+    atomic_store(&sh->flag[F_NEW_UP], 1);
+    TT_CHECK(tt_await_flag(sh, F_CALLED_NEW, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_rejoin(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_rejoin, NULL), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_UP, 4, 30), 0);
+    kill(job.pid[2], SIGKILL);
+    int status = 0;
+    assert_int_equal(waitpid(job.pid[2], &status, 0), job.pid[2]);
+    assert_int_equal(tt_await_flag(job.shared, F_SAW_DEAD, 1, 30), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int code = body_rejoin_new(&job);
+        fflush(NULL);
+        exit(code);
+    }
+    job.pid[2] = pid; /* tt_wait waits for the new incarnation */
+    tt_wait(&job, 60);
+    fprintf(stderr, "  the rejoin took %.1f ms\n", atomic_load(&job.shared->ns[NS_REJOINED]) / 1e6);
+    assert_int_equal(job.code[0], 0);
+    assert_int_equal(job.code[1], 0);
+    assert_int_equal(job.code[2], 0);
     tt_job_free(&job);
 }
 
@@ -867,7 +966,8 @@ static void test_tcp_reinit(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_basic_calls),  cmocka_unit_test(test_tcp_many_async),
-        cmocka_unit_test(test_tcp_kill9),        cmocka_unit_test(test_tcp_peer_leaves),
+        cmocka_unit_test(test_tcp_kill9),        cmocka_unit_test(test_tcp_rejoin),
+        cmocka_unit_test(test_tcp_peer_leaves),
         cmocka_unit_test(test_tcp_garbage),      cmocka_unit_test(test_tcp_init_errors),
         cmocka_unit_test(test_tcp_sqlite_store), cmocka_unit_test(test_tcp_two_workers_one_process),
         cmocka_unit_test(test_tcp_reinit),       cmocka_unit_test(test_tcp_concurrent_senders),
