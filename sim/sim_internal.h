@@ -510,6 +510,8 @@ void tpi_sim_violation(tp_sim *sim, const char *fmt, ...) TPI_PRINTF(2, 3);
 /* ---- Perfetto (SIM-12): each a no-op unless cfg.perfetto is set ----------- */
 
 void tpi_sim_pf_begin(tp_sim *sim);
+/* A host's process and thread names (a restart's when it begins). */
+void tpi_sim_pf_host(tp_sim *sim, uint32_t host);
 void tpi_sim_pf_end(tp_sim *sim);
 void tpi_sim_pf_call(tp_sim *sim, uint32_t host, uint64_t id, const char *fn, int begin,
                      tp_status st, uint32_t in_flight);

@@ -35,20 +35,32 @@ void tpi_sim_pf_begin(tp_sim *sim) {
     if (!out(sim))
         return;
     fputs("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[", out(sim));
+    for (uint32_t h = 0; h < sim->cfg.hosts; h++)
+        tpi_sim_pf_host(sim, h);
+}
+
+void tpi_sim_pf_host(tp_sim *sim, uint32_t h) {
+    if (!out(sim))
+        return;
     static const char *const threads[] = {"calls", "network", "faults"};
-    for (uint32_t h = 0; h < sim->cfg.hosts; h++) {
-        sep(sim);
+    const tpi_sim_host *host = &sim->hosts[h];
+    sep(sim);
+    if (host->incarnation) /* a restart (SIM-5): which rank it took over */
+        fprintf(out(sim),
+                "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"tid\":0,"
+                "\"args\":{\"name\":\"host %u (rank %u, incarnation %u)\"}}",
+                h, h, host->rank, host->incarnation);
+    else
         fprintf(out(sim),
                 "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"tid\":0,"
                 "\"args\":{\"name\":\"host %u\"}}",
                 h, h);
-        for (int t = 0; t < 3; t++) {
-            sep(sim);
-            fprintf(out(sim),
-                    "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%d,"
-                    "\"args\":{\"name\":\"%s\"}}",
-                    h, t, threads[t]);
-        }
+    for (int t = 0; t < 3; t++) {
+        sep(sim);
+        fprintf(out(sim),
+                "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%d,"
+                "\"args\":{\"name\":\"%s\"}}",
+                h, t, threads[t]);
     }
 }
 

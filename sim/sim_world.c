@@ -376,6 +376,7 @@ void tpi_sim_host_restart(tp_sim *sim, uint32_t rank) {
     sim->fired[TP_SIM_FAULT_RESTART]++;
     tpi_sim_trace(sim, "fault restart rank=%u host=%u incarnation=%u replaces=%u", rank, h->index,
                   h->incarnation, old->index);
+    tpi_sim_pf_host(sim, h->index);
     tpi_sim_pf_fault(sim, "restarted", h->index, UINT32_MAX);
     if (tpi_sim_task_spawn(sim, h, TPI_SIM_TASK_MAIN, main_entry, h, &h->main) != TP_OK)
         tpi_assert_fail("simulator restart: out of memory for a task", __FILE__, __LINE__);

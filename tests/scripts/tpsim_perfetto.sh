@@ -23,4 +23,12 @@ for run in a b; do
 done
 python3 "$check" "$tmp/a.json" --expect-partition || exit 1
 cmp -s "$tmp/a.json" "$tmp/b.json" || { echo "FAIL the same seed wrote different JSON"; exit 1; }
+# A swarm world whose w1 dies and is restarted (REJOIN): the restart's host
+# gets its own named process, and the file still passes the format check.
+printf 'kill 1 300\nrestart 1 1000\n' > "$tmp/r.plan"
+"$tpsim" swarm --seeds 1 --workers 3 --plan "$tmp/r.plan" --trace "$tmp/r.json" > "$tmp/r.out" ||
+    { echo "FAIL the restart world"; cat "$tmp/r.out"; exit 1; }
+python3 "$check" "$tmp/r.json" || exit 1
+grep -q '"host 3 (rank 1, incarnation 1)"' "$tmp/r.json" ||
+    { echo "FAIL the restarted host is not named"; exit 1; }
 echo "PASS the same seed writes the same JSON"
