@@ -214,6 +214,11 @@ static int run_one_cpu_rtt(const bench_args *a) {
 }
 
 int main(int argc, char **argv) {
+    /* The job secret every forked worker inherits (spec/tcp.md TCP-17). */
+    char secret[80];
+    if (!getenv("TP_SECRET") &&
+        (tp_job_secret_new(secret, sizeof secret) != TP_OK || setenv("TP_SECRET", secret, 1) != 0))
+        return 1;
     if (argc == 5 && strcmp(argv[1], "--syscall-job") == 0)
         return bench_syscall_job(atoi(argv[2]), atoi(argv[3]), argv[4]);
     bench_args a;

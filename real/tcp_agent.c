@@ -124,6 +124,7 @@ static void agent_destroy(tp_agent *ag) {
     free(a->regrant);
     free(a->threads);
     free(a->staging);
+    tpi_tcp_auth_clear(&a->auth);
     free(a);
 }
 
@@ -259,6 +260,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
     tpi_tcp_ctl_encode(a->rec_ping, TPI_TCP_CTL_PING, a->rank);
     tpi_tcp_ctl_encode(a->rec_pong, TPI_TCP_CTL_PONG, a->rank);
     tp_status st = read_listen_options(a, params->opts, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = tpi_tcp_auth_setup(params->opts, &a->auth, errmsg, errmsg_len);
     if (st == TP_OK) {
         a->peers = calloc(a->world_size, sizeof *a->peers);
         a->dirty = calloc(a->world_size, sizeof *a->dirty);
@@ -276,8 +279,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
             a->peers[i].direct_fd = -1;
     }
     if (st == TP_OK)
-        st = tpi_tcp_store_open(params->opts, params->rank, params->world_size, &a->store, errmsg,
-                                errmsg_len);
+        st = tpi_tcp_store_open(params->opts, &a->auth, params->rank, params->world_size,
+                                &a->store, errmsg, errmsg_len);
     if (st != TP_OK) {
         a->store = NULL;
         agent_destroy((tp_agent *)a);
@@ -289,7 +292,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
 }
 
 /* TCP-12: the backend keys; init rejects any other (OPT-6). */
-static const char *const option_keys[] = {"listen_addr", "listen_port", "advertise_addr", NULL};
+static const char *const option_keys[] = {"listen_addr", "listen_port", "advertise_addr",
+                                           "auth",        "secret",      NULL};
 
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,

@@ -42,10 +42,12 @@
 #define NO_PEER UINT32_MAX
 
 typedef enum conn_state {
-    CONN_HELLO = 1,    /* waiting for the other end's hello */
-    CONN_OPEN = 2,     /* identified: frames and control records flow */
-    CONN_ABORTING = 3, /* ABORT queued; closes once it is written */
-    CONN_CLOSED = 4    /* handles closing; freed by the last close callback */
+    CONN_HELLO = 1,      /* waiting for the other end's hello */
+    CONN_OPEN = 2,       /* identified: frames and control records flow */
+    CONN_ABORTING = 3,   /* ABORT queued; closes once it is written */
+    CONN_CLOSED = 4,     /* handles closing; freed by the last close callback */
+    CONN_AUTH_NONCE = 5, /* hello done; waiting for the other end's nonce (TCP-17) */
+    CONN_AUTH_PROOF = 6  /* waiting for the other end's proof; nothing else is read */
 } conn_state;
 
 struct tpi_tcp_conn {
@@ -55,13 +57,16 @@ struct tpi_tcp_conn {
     tpi_tcp_agent *a;
     tpi_tcp_conn *prev, *next; /* a->conns */
     int outgoing;
-    uint32_t peer; /* NO_PEER until an accepted connection's hello */
+    uint32_t peer; /* NO_PEER until an accepted connection's hello (and proof, TCP-17) */
+    uint32_t claimed; /* accepted: the id its hello claims, before its proof */
     unsigned gen;  /* the peer's generation it belongs to (AGENT-16) */
     conn_state state;
     int handles; /* open libuv handles */
     int got_bye, got_abort;
     char addr[TPI_ADDR_LEN_MAX]; /* the other end, for messages */
     uint8_t hello_out[TPI_TCP_RECORD_SIZE];
+    uint8_t auth_out[2][TPI_TCP_RECORD_SIZE]; /* our nonce and proof records (TCP-17) */
+    uint8_t nonce_mine[TPI_TCP_NONCE_SIZE], nonce_peer[TPI_TCP_NONCE_SIZE];
     uint8_t rec[TPI_TCP_RECORD_SIZE]; /* a record or frame header being read */
     size_t rec_got;
     tp_frame *rx; /* a frame being read */
@@ -79,6 +84,11 @@ typedef struct conn_write {
 } conn_write;
 
 static void conn_close(tpi_tcp_conn *c);
+/* A connection still being read: in its handshake or open. */
+static int reading(const tpi_tcp_conn *c) {
+    return c->state == CONN_HELLO || c->state == CONN_OPEN || c->state == CONN_AUTH_NONCE ||
+           c->state == CONN_AUTH_PROOF;
+}
 static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail);
 static void on_conn_timer(uv_timer_t *h);
 
@@ -207,6 +217,7 @@ static tpi_tcp_conn *conn_new(tpi_tcp_agent *a, int outgoing, uint32_t peer) {
     c->a = a;
     c->outgoing = outgoing;
     c->peer = peer;
+    c->claimed = NO_PEER;
     c->state = CONN_HELLO;
     uv_tcp_init(&a->loop, &c->tcp);
     uv_timer_init(&a->loop, &c->timer);
@@ -524,31 +535,135 @@ static void in_frame_header(tpi_tcp_conn *c) {
         deliver(c);
 }
 
+/* ---- Authentication (TCP-17) -------------------------------------------------------- */
+
+static unsigned hello_flags(const tpi_tcp_agent *a) {
+    return a->auth.on ? TPI_TCP_HELLO_AUTH : 0;
+}
+
+/* What both proofs cover: who dialed whom in which world, and both nonces. */
+static size_t proof_ctx(const tpi_tcp_conn *c, uint8_t *ctx) {
+    const tpi_tcp_agent *a = c->a;
+    uint32_t dialer = c->outgoing ? a->rank : c->claimed;
+    uint32_t acceptor = c->outgoing ? c->peer : a->rank;
+    const uint8_t *nd = c->outgoing ? c->nonce_mine : c->nonce_peer;
+    const uint8_t *na = c->outgoing ? c->nonce_peer : c->nonce_mine;
+    uint32_t v[3] = {dialer, acceptor, a->world_size};
+    size_t n = 0;
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 4; k++)
+            ctx[n++] = (uint8_t)(v[i] >> (8 * k));
+    memcpy(ctx + n, nd, TPI_TCP_NONCE_SIZE);
+    memcpy(ctx + n + TPI_TCP_NONCE_SIZE, na, TPI_TCP_NONCE_SIZE);
+    return n + 2 * TPI_TCP_NONCE_SIZE;
+}
+
+#define PROOF_ACCEPT "tp/conn/accept v1"
+#define PROOF_DIAL "tp/conn/dial v1"
+
+/* A failed handshake: the dialer learns the address is not ours (TCP-6); the
+ * acceptor drops the stranger without a word (TCP-3). */
+static void auth_fail(tpi_tcp_conn *c, const char *why) {
+    if (c->outgoing) {
+        char detail[TP_ERRMSG_LEN_MAX];
+        tpi_format(detail, sizeof detail,
+                   "the process at this address did not authenticate as worker %u of this "
+                   "job (another job secret?): %s",
+                   c->peer, why);
+        out_fail(c, TP_EPEERDOWN, detail);
+    } else {
+        conn_close(c);
+    }
+}
+
+static void on_auth_record(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    uint8_t pl[16], ctx[TPI_TCP_AUTH_CTX_MAX];
+    if (c->state == CONN_AUTH_NONCE) {
+        if (!tpi_tcp_auth_decode(c->rec, TPI_TCP_AUTH_NONCE, pl)) {
+            auth_fail(c, "expected its nonce");
+            return;
+        }
+        memcpy(c->nonce_peer, pl, sizeof c->nonce_peer);
+        c->state = CONN_AUTH_PROOF;
+        if (c->outgoing)
+            return; /* its proof follows */
+        /* The acceptor answers: ACCEPT, its nonce, its proof. */
+        if (tpi_tcp_auth_nonce(c->nonce_mine) != 0) {
+            conn_close(c);
+            return;
+        }
+        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, c->claimed,
+                             a->world_size, TPI_TCP_HELLO_AUTH);
+        tpi_tcp_auth_encode(c->auth_out[0], TPI_TCP_AUTH_NONCE, c->nonce_mine);
+        tpi_tcp_auth_proof(&a->auth, PROOF_ACCEPT, ctx, proof_ctx(c, ctx), pl);
+        tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
+        if (conn_write_record(c, c->hello_out, 0) < 0 ||
+            conn_write_record(c, c->auth_out[0], 0) < 0 ||
+            conn_write_record(c, c->auth_out[1], 0) < 0)
+            conn_close(c);
+        return;
+    }
+    int ok = tpi_tcp_auth_decode(c->rec, TPI_TCP_AUTH_PROOF, pl) &&
+             tpi_tcp_auth_check(&a->auth, c->outgoing ? PROOF_ACCEPT : PROOF_DIAL, ctx,
+                                proof_ctx(c, ctx), pl);
+    if (!ok) {
+        auth_fail(c, "its proof is wrong");
+        return;
+    }
+    c->state = CONN_OPEN;
+    uv_timer_stop(&c->timer);
+    if (!c->outgoing) { /* frames may come now, from the worker it proved to be */
+        c->peer = c->claimed;
+        c->gen = atomic_load_explicit(&a->peers[c->peer].gen, memory_order_relaxed);
+        return;
+    }
+    tpi_tcp_auth_proof(&a->auth, PROOF_DIAL, ctx, proof_ctx(c, ctx), pl);
+    tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
+    if (conn_write_record(c, c->auth_out[1], 0) < 0) {
+        out_fail(c, TP_EIO, "cannot write its proof");
+        return;
+    }
+    peer_alive(c);
+    tpi_tcp_flush(a, c->peer); /* the frames that waited for the handshake */
+}
+
 static void on_record(tpi_tcp_conn *c) {
     tpi_tcp_agent *a = c->a;
     char err[TP_ERRMSG_LEN_MAX];
     err[0] = '\0';
     uint32_t sender = 0;
+    if (c->state == CONN_AUTH_NONCE || c->state == CONN_AUTH_PROOF) {
+        on_auth_record(c);
+        return;
+    }
     if (c->state == CONN_HELLO && !c->outgoing) {
-        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_OPEN, a->rank, a->world_size, &sender, err,
-                                 sizeof err)) {
+        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_OPEN, a->rank, a->world_size, hello_flags(a),
+                                 &sender, err, sizeof err)) {
             conn_close(c); /* TCP-3: a bad hello is dropped, nobody is told */
             return;
         }
         /* A rank we saw die is heard: it may be its restart, whose first
          * frame announces it (REJOIN-4); until then nothing is sent to it. */
+        c->claimed = sender;
+        if (a->auth.on) {
+            /* Only a claim until its proof: a stranger's connection is never
+             * attributed to a worker, so its end probes nobody (TCP-7). */
+            c->state = CONN_AUTH_NONCE; /* the hello timer runs on until the proof */
+            return;
+        }
         c->peer = sender;
         c->gen = atomic_load_explicit(&a->peers[sender].gen, memory_order_relaxed);
         c->state = CONN_OPEN;
         uv_timer_stop(&c->timer);
-        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, sender, a->world_size);
+        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, sender, a->world_size, 0);
         if (conn_write_record(c, c->hello_out, 0) < 0)
             in_ended(c, "cannot answer hello");
         return;
     }
     if (c->state == CONN_HELLO) {
-        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size, &sender, err,
-                                 sizeof err) ||
+        if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size,
+                                 hello_flags(a), &sender, err, sizeof err) ||
             sender != c->peer) {
             char detail[TP_ERRMSG_LEN_MAX];
             if (sender != c->peer && err[0] == '\0')
@@ -556,6 +671,10 @@ static void on_record(tpi_tcp_conn *c) {
             tpi_format(detail, sizeof detail, "the process at this address is not worker %u: %s",
                        c->peer, err);
             out_fail(c, TP_EPEERDOWN, detail);
+            return;
+        }
+        if (a->auth.on) {
+            c->state = CONN_AUTH_NONCE; /* its nonce and proof follow the ACCEPT */
             return;
         }
         c->state = CONN_OPEN;
@@ -605,7 +724,7 @@ static void on_record(tpi_tcp_conn *c) {
 static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
     tpi_tcp_agent *a = c->a;
     unsigned delivered = 0;
-    while (n > 0 && (c->state == CONN_HELLO || c->state == CONN_OPEN)) {
+    while (n > 0 && reading(c)) {
         if (c->rx) {
             size_t take = c->rx_len - c->rx_got;
             if (take > n)
@@ -651,7 +770,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     tpi_tcp_conn *c = s->data;
-    if (c->state != CONN_HELLO && c->state != CONN_OPEN)
+    if (!reading(c))
         return;
     /* Before the frames read here are handed on: the answers they cause can
      * go out directly (the check handle would grant it only after them). */
@@ -751,8 +870,17 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
         return NULL;
     }
     socket_tune(c); /* the socket exists once the connect started */
-    tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_OPEN, a->rank, id, a->world_size);
+    tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_OPEN, a->rank, id, a->world_size,
+                         hello_flags(a));
     rc = conn_write_record(c, c->hello_out, 0);
+    if (rc == 0 && a->auth.on) { /* TCP-17: our nonce right behind the OPEN */
+        if (tpi_tcp_auth_nonce(c->nonce_mine) != 0) {
+            out_fail(c, TP_EIO, "the random generator failed");
+            return NULL;
+        }
+        tpi_tcp_auth_encode(c->auth_out[0], TPI_TCP_AUTH_NONCE, c->nonce_mine);
+        rc = conn_write_record(c, c->auth_out[0], 0);
+    }
     if (rc < 0) {
         out_fail(c, TP_EIO, uv_strerror(rc));
         return NULL;
@@ -823,6 +951,8 @@ void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
     apply_readdress(a, id);
     if (!p->dead && !p->out && !dial(a, id))
         return;
+    if (a->auth.on && p->out && p->out->state != CONN_OPEN)
+        return; /* TCP-17: frames wait in the queue until the handshake is done */
     pthread_mutex_lock(&a->qmu);
     tpi_tcp_direct_stop_locked(a, p); /* the loop writes here now, after any direct rest */
     tp_frame *f = p->q_head;

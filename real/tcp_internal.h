@@ -34,10 +34,56 @@
 /* ---- Transport records (TCP-3..5): hello and control, 24 bytes each ------- */
 
 #define TPI_TCP_RECORD_SIZE 24
-#define TPI_TCP_VERSION 1
-/* Magic of a hello record "TPHL" and of a control record "TPCT". */
+#define TPI_TCP_VERSION 2 /* 2: hello flags and authentication records (TCP-17) */
+/* Magic of a hello record "TPHL", a control record "TPCT", an authentication
+ * record "TPAU". */
 #define TPI_TCP_HELLO_MAGIC "TPHL"
 #define TPI_TCP_CTL_MAGIC "TPCT"
+#define TPI_TCP_AUTH_MAGIC "TPAU"
+/* Hello flags (offset 6): both ends must agree. */
+#define TPI_TCP_HELLO_AUTH 1u
+
+/* ---- Authentication (TCP-17): tcp_auth.c ---------------------------------- */
+
+/* A job secret's bytes: below 16 a secret can be guessed offline from one
+ * recorded handshake; above 128 is no stronger. */
+#define TPI_TCP_SECRET_MIN 16u
+#define TPI_TCP_SECRET_MAX 128u
+#define TPI_TCP_JOB_SECRET_BYTES 32u /* what tp_job_secret_new and tprun make */
+#define TPI_TCP_NONCE_SIZE 16 /* fresh per connection and side: no replay */
+#define TPI_TCP_PROOF_SIZE 16 /* HMAC-SHA-256 cut to 128 bits */
+#define TPI_TCP_AUTH_CTX_MAX 64
+
+typedef struct tpi_tcp_auth {
+    int on;
+    uint8_t key[32]; /* derived from the secret; the secret itself is not kept */
+} tpi_tcp_auth;
+
+typedef enum tpi_tcp_auth_kind {
+    TPI_TCP_AUTH_NONCE = 1, /* this side's fresh nonce */
+    TPI_TCP_AUTH_PROOF = 2  /* this side's proof over both nonces and both ids */
+} tpi_tcp_auth_kind;
+
+/* auth from the backend options "auth" and "secret", or TP_SECRET. TP_EAUTH
+ * when authentication is on and no secret is given; TP_EINVAL for a bad one. */
+tp_status tpi_tcp_auth_setup(const tp_options *opts, tpi_tcp_auth *auth, char *errmsg,
+                             size_t errmsg_len);
+/* Wipes the key. */
+void tpi_tcp_auth_clear(tpi_tcp_auth *auth);
+/* 1 when both are off, or on with the same key (constant time). */
+int tpi_tcp_auth_same(const tpi_tcp_auth *a, const tpi_tcp_auth *b);
+/* Fresh random bytes; -1 when the generator fails. */
+int tpi_tcp_auth_nonce(uint8_t nonce[TPI_TCP_NONCE_SIZE]);
+/* The proof of label || ctx (ctx_len <= TPI_TCP_AUTH_CTX_MAX) under auth's key. */
+void tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                        size_t ctx_len, uint8_t proof[TPI_TCP_PROOF_SIZE]);
+/* 1 when proof is right (constant time). */
+int tpi_tcp_auth_check(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                       size_t ctx_len, const uint8_t proof[TPI_TCP_PROOF_SIZE]);
+/* An authentication record: "TPAU", version, kind, 0 0, 16 bytes of payload. */
+void tpi_tcp_auth_encode(uint8_t rec[24], tpi_tcp_auth_kind kind, const uint8_t payload[16]);
+/* 1 with the payload when rec is a well-formed record of that kind. */
+int tpi_tcp_auth_decode(const uint8_t rec[24], tpi_tcp_auth_kind kind, uint8_t payload[16]);
 
 typedef enum tpi_tcp_hello_kind {
     TPI_TCP_HELLO_OPEN = 1,  /* dialer to acceptor: "I am worker s, you are worker r" */
@@ -54,17 +100,19 @@ typedef enum tpi_tcp_ctl_kind {
 _Static_assert(TPI_TCP_RECORD_SIZE == TP_FRAME_HEADER_SIZE,
                "records and frame headers are read with one 24-byte buffer");
 
-/* Writes a hello record; sender, receiver and world are worker ids/counts. */
+/* Writes a hello record; sender, receiver and world are worker ids/counts;
+ * flags TPI_TCP_HELLO_*. */
 void tpi_tcp_hello_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
-                          uint32_t sender, uint32_t receiver, uint32_t world_size);
+                          uint32_t sender, uint32_t receiver, uint32_t world_size,
+                          unsigned flags);
 /*
  * Checks a hello record from the network: magic, version, kind, reserved
  * bytes, the world size, receiver == me, sender < world and != me. On
  * success *sender is the other end's worker id; otherwise a message.
  */
 int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
-                        uint32_t me, uint32_t world_size, uint32_t *sender, char *errmsg,
-                        size_t errmsg_len);
+                        uint32_t me, uint32_t world_size, unsigned flags, uint32_t *sender,
+                        char *errmsg, size_t errmsg_len);
 void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind, uint32_t sender);
 /* 1 when rec starts with the control magic. */
 int tpi_tcp_is_ctl(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
@@ -174,6 +222,7 @@ struct tpi_tcp_agent {
     char advertise_host[TPI_ADDR_LEN_MAX];
     uint16_t listen_port;
     char self_addr[TPI_ADDR_LEN_MAX];
+    tpi_tcp_auth auth; /* TCP-17: set at init, read-only after */
 
     /* The core lock, the tasks parked on it, and the unparked tasks to
      * signal once it is released (each holds a reference: tcp_sync.c). */
@@ -323,9 +372,15 @@ const char *tpi_sock_strerror(int rc);
 /* ---- tcp_store.c, tcp_store_server.c: the TCP rendezvous store (TCP-9..11) - */
 
 #define TPI_STORE_PROTO_MAGIC "TPST"
-#define TPI_STORE_PROTO_VERSION 1
-/* The client's handshake: magic, version, 3 zero bytes, u32 its rank. */
-#define TPI_STORE_HANDSHAKE_LEN 12
+#define TPI_STORE_PROTO_VERSION 2 /* 2: the authenticated handshake (TCP-17) */
+/* The client's hello: "TPST", version, flags (bit 0: auth), 2 zero bytes, u32
+ * its rank, its 16-byte nonce. */
+#define TPI_STORE_HANDSHAKE_LEN 28
+/* The server's hello: "TPST", version, flags, 2 zero bytes, its nonce, its
+ * proof (zeros without auth). With auth the client then sends its proof and
+ * the server answers "TPOK" (or closes). */
+#define TPI_STORE_SERVER_HELLO_LEN 40
+#define TPI_STORE_AUTH_OK "TPOK"
 /* A request or reply body: an op, a key and up to two values. */
 #define TPI_STORE_MSG_MAX (64u + TP_STORE_KEY_LEN_MAX + 2u * (4u + TP_STORE_VALUE_LEN_MAX))
 /* One store operation's deadline (reply included). */
@@ -352,7 +407,8 @@ typedef struct tpi_store_server tpi_store_server;
 /* Binds sa and serves a fresh ":memory:" SQLite store from a thread. desc
  * names the address in messages. TP_EADDRINUSE when the port is taken. */
 tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
-                                 tpi_store_server **out, char *errmsg, size_t errmsg_len);
+                                 const tpi_tcp_auth *auth, tpi_store_server **out, char *errmsg,
+                                 size_t errmsg_len);
 /* Announces the job the server now serves: a stop keeps listening until each
  * of its world_size ranks has connected (since, or at, this call). */
 void tpi_store_server_expect(tpi_store_server *s, uint32_t world_size);
@@ -368,13 +424,14 @@ void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns);
  * where the address came from, for messages.
  */
 tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
-                                uint64_t deadline_ns, const char *what, tpi_store_server *server,
-                                uint64_t linger_ns, tp_store **out, char *errmsg,
-                                size_t errmsg_len);
+                                const tpi_tcp_auth *auth, uint64_t deadline_ns, const char *what,
+                                tpi_store_server *server, uint64_t linger_ns, tp_store **out,
+                                char *errmsg, size_t errmsg_len);
 
 /* Opens the store init_method names (TCP-9); rank 0 serves tcp:// and env:// for
  * a world of world_size. */
-tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, uint32_t world_size,
-                             tp_store **out, char *errmsg, size_t errmsg_len);
+tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, uint32_t rank,
+                             uint32_t world_size, tp_store **out, char *errmsg,
+                             size_t errmsg_len);
 
 #endif

@@ -4,10 +4,11 @@
  * buffer reads either; a control record's magic "TPCT" can never start a
  * frame ("TPRC"), so the two are told apart by their first four bytes.
  *
- *  hello:   0 "TPHL"  4 u8 version  5 u8 kind  6 u16 0  8 u32 sender
+ *  hello:   0 "TPHL"  4 u8 version  5 u8 kind  6 u16 flags  8 u32 sender
  *          12 u32 receiver  16 u32 world size  20 u32 0
  *  control: 0 "TPCT"  4 u8 version  5 u8 kind  6 u16 0  8 u32 sender
  *          12..23 zero
+ *  auth:    0 "TPAU"  4 u8 version  5 u8 kind  6 u16 0  8..23 payload (TCP-17)
  * Integers little-endian.
  */
 #include <string.h>
@@ -26,11 +27,14 @@ static uint32_t get_u32(const uint8_t *p) {
 }
 
 void tpi_tcp_hello_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
-                          uint32_t sender, uint32_t receiver, uint32_t world_size) {
+                          uint32_t sender, uint32_t receiver, uint32_t world_size,
+                          unsigned flags) {
     memset(rec, 0, TPI_TCP_RECORD_SIZE);
     memcpy(rec, TPI_TCP_HELLO_MAGIC, 4);
     rec[4] = TPI_TCP_VERSION;
     rec[5] = (uint8_t)kind;
+    rec[6] = (uint8_t)flags;
+    rec[7] = (uint8_t)(flags >> 8);
     put_u32(rec + 8, sender);
     put_u32(rec + 12, receiver);
     put_u32(rec + 16, world_size);
@@ -44,8 +48,8 @@ static int zero(const uint8_t *p, size_t n) {
 }
 
 int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
-                        uint32_t me, uint32_t world_size, uint32_t *sender, char *errmsg,
-                        size_t errmsg_len) {
+                        uint32_t me, uint32_t world_size, unsigned flags, uint32_t *sender,
+                        char *errmsg, size_t errmsg_len) {
     if (memcmp(rec, TPI_TCP_HELLO_MAGIC, 4) != 0) {
         tpi_format(errmsg, errmsg_len, "bad hello magic %02x %02x %02x %02x", rec[0], rec[1],
                    rec[2], rec[3]);
@@ -56,9 +60,19 @@ int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_ki
                    TPI_TCP_VERSION);
         return 0;
     }
-    if (rec[5] != (uint8_t)kind || !zero(rec + 6, 2) || !zero(rec + 20, 4)) {
+    if (rec[5] != (uint8_t)kind || !zero(rec + 20, 4)) {
         tpi_format(errmsg, errmsg_len, "hello of kind %u with reserved bytes %s, expected kind %u",
-                   rec[5], zero(rec + 6, 2) && zero(rec + 20, 4) ? "clear" : "set", kind);
+                   rec[5], zero(rec + 20, 4) ? "clear" : "set", kind);
+        return 0;
+    }
+    unsigned got = (unsigned)rec[6] | (unsigned)rec[7] << 8;
+    if (got != flags) {
+        tpi_format(errmsg, errmsg_len, "hello with flags %#x, expected %#x%s", got, flags,
+                   (got ^ flags) & TPI_TCP_HELLO_AUTH
+                       ? (flags & TPI_TCP_HELLO_AUTH ? ": the other end does not authenticate"
+                                                     : ": the other end authenticates, this one "
+                                                       "has auth=off")
+                       : "");
         return 0;
     }
     uint32_t s = get_u32(rec + 8), r = get_u32(rec + 12), w = get_u32(rec + 16);
@@ -98,4 +112,22 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]) {
     if (rec[5] < TPI_TCP_CTL_BYE || rec[5] > TPI_TCP_CTL_PONG)
         return 0;
     return rec[5];
+}
+
+void tpi_tcp_auth_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_auth_kind kind,
+                         const uint8_t payload[16]) {
+    memset(rec, 0, TPI_TCP_RECORD_SIZE);
+    memcpy(rec, TPI_TCP_AUTH_MAGIC, 4);
+    rec[4] = TPI_TCP_VERSION;
+    rec[5] = (uint8_t)kind;
+    memcpy(rec + 8, payload, 16);
+}
+
+int tpi_tcp_auth_decode(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_auth_kind kind,
+                        uint8_t payload[16]) {
+    if (memcmp(rec, TPI_TCP_AUTH_MAGIC, 4) != 0 || rec[4] != TPI_TCP_VERSION ||
+        rec[5] != (uint8_t)kind || !zero(rec + 6, 2))
+        return 0;
+    memcpy(payload, rec + 8, 16);
+    return 1;
 }

@@ -39,6 +39,7 @@ typedef struct tcp_store {
     tpi_store_server *server; /* stopped on close, if given one */
     uint64_t linger_ns;
     uint32_t rank; /* sent in every handshake */
+    tpi_tcp_auth auth; /* TCP-17: proves the job secret in every handshake */
 } tcp_store;
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -67,24 +68,54 @@ static tp_status store_fail(tcp_store *s, tp_status st, const char *fmt, ...) {
     return tpi_fail_msg(st, buf);
 }
 
-/* One attempt: connect and exchange the handshake. The fd, or -errno
- * (-EPROTO: something answered that is not a store). */
+/* What both store proofs cover: the client's rank and both nonces. */
+static size_t store_ctx(uint32_t rank, const uint8_t *nc, const uint8_t *ns, uint8_t *ctx) {
+    put_u32(ctx, rank);
+    memcpy(ctx + 4, nc, TPI_TCP_NONCE_SIZE);
+    memcpy(ctx + 4 + TPI_TCP_NONCE_SIZE, ns, TPI_TCP_NONCE_SIZE);
+    return 4 + 2 * TPI_TCP_NONCE_SIZE;
+}
+
+/* One attempt: connect and exchange the handshake (TCP-10, TCP-17). The fd,
+ * or -errno: -EPROTO when something answered that is not a store, -EACCES
+ * when the store or this client failed the other's proof. */
 static int connect_once(const struct sockaddr *sa, socklen_t sa_len, uint32_t rank,
-                        int timeout_ms) {
+                        const tpi_tcp_auth *auth, int timeout_ms) {
     int fd = tpi_sock_connect(sa, sa_len, timeout_ms);
     if (fd < 0)
         return fd;
-    static const uint8_t hs[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 0, 0, 0};
-    uint8_t hello[TPI_STORE_HANDSHAKE_LEN];
-    memcpy(hello, hs, sizeof hs);
+    uint8_t flags = auth->on ? 1 : 0;
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, flags};
     put_u32(hello + 8, rank);
-    uint8_t back[8];
+    uint8_t *nc = hello + 12;
+    int rc = auth->on && tpi_tcp_auth_nonce(nc) != 0 ? -EIO : 0;
+    uint8_t back[TPI_STORE_SERVER_HELLO_LEN];
     uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    int rc = tpi_sock_send_all(fd, hello, sizeof hello, deadline);
     if (rc == 0)
-        rc = tpi_sock_recv_all(fd, back, sizeof back, deadline);
-    if (rc == 0 && memcmp(back, hs, sizeof hs) != 0)
+        rc = tpi_sock_send_all(fd, hello, sizeof hello, deadline);
+    if (rc == 0) /* the first 8 bytes tell a store from something else */
+        rc = tpi_sock_recv_all(fd, back, 8, deadline);
+    if (rc == 0 && (memcmp(back, "TPST", 4) != 0 || back[4] != TPI_STORE_PROTO_VERSION))
         rc = -EPROTO;
+    if (rc == 0)
+        rc = tpi_sock_recv_all(fd, back + 8, sizeof back - 8, deadline);
+    if (rc == 0 && (back[5] != flags || back[6] || back[7]))
+        rc = -EACCES; /* one end authenticates and the other does not */
+    if (rc == 0 && auth->on) {
+        uint8_t ctx[TPI_TCP_AUTH_CTX_MAX], proof[TPI_TCP_PROOF_SIZE], ok[4];
+        size_t n = store_ctx(rank, nc, back + 8, ctx);
+        if (!tpi_tcp_auth_check(auth, "tp/store/server v1", ctx, n, back + 24))
+            rc = -EACCES; /* not our job's store: tell it nothing */
+        if (rc == 0) {
+            tpi_tcp_auth_proof(auth, "tp/store/client v1", ctx, n, proof);
+            rc = tpi_sock_send_all(fd, proof, sizeof proof, deadline);
+        }
+        if (rc == 0) {
+            rc = tpi_sock_recv_all(fd, ok, sizeof ok, deadline);
+            if (rc == TPI_SOCK_EOF || (rc == 0 && memcmp(ok, TPI_STORE_AUTH_OK, 4) != 0))
+                rc = -EACCES; /* the store refused our proof */
+        }
+    }
     if (rc != 0) {
         close(fd);
         /* A server that closes on us while stopping is as good as absent. */
@@ -128,7 +159,8 @@ static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const 
     memset(r, 0, sizeof *r);
     if (s->fd < 0) {
         int fd =
-            connect_once((const struct sockaddr *)&s->sa, s->sa_len, s->rank, CLIENT_RECONNECT_MS);
+            connect_once((const struct sockaddr *)&s->sa, s->sa_len, s->rank, &s->auth,
+                         CLIENT_RECONNECT_MS);
         if (fd < 0)
             return store_fail(s, TP_ESTORE,
                               "%s '%s': the connection was lost and reconnecting "
@@ -325,6 +357,7 @@ static void ts_close(tp_store *base) {
     /* A server handed to this client stops with it, after its other clients. */
     tpi_store_server_stop(s->server, s->linger_ns);
     pthread_mutex_destroy(&s->mu);
+    tpi_tcp_auth_clear(&s->auth);
     free(s);
 }
 
@@ -416,9 +449,9 @@ static const tp_store_ops tcp_store_ops = {
 /* ---- Connecting (TCP-9) ------------------------------------------------------------- */
 
 tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
-                                uint64_t deadline_ns, const char *what, tpi_store_server *server,
-                                uint64_t linger_ns, tp_store **out, char *errmsg,
-                                size_t errmsg_len) {
+                                const tpi_tcp_auth *auth, uint64_t deadline_ns, const char *what,
+                                tpi_store_server *server, uint64_t linger_ns, tp_store **out,
+                                char *errmsg, size_t errmsg_len) {
     *out = NULL;
     tcp_store *s = calloc(1, sizeof *s);
     if (!s) {
@@ -431,6 +464,7 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
     s->server = server;
     s->linger_ns = linger_ns;
     s->rank = rank;
+    s->auth = *auth;
     pthread_mutex_init(&s->mu, NULL);
     tpi_tcp_format_hostport(host, port, s->desc, sizeof s->desc);
     char err[TP_ERRMSG_LEN_MAX];
@@ -444,7 +478,8 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
     uint32_t pause_ms = CLIENT_RETRY_MIN_MS;
     for (;;) {
         int fd =
-            connect_once((const struct sockaddr *)&s->sa, s->sa_len, s->rank, CLIENT_ATTEMPT_MS);
+            connect_once((const struct sockaddr *)&s->sa, s->sa_len, s->rank, &s->auth,
+                         CLIENT_ATTEMPT_MS);
         if (fd >= 0) {
             s->fd = fd;
             break;
@@ -455,6 +490,15 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
                        what);
             ts_close(&s->base);
             return TP_ESTORE;
+        }
+        if (fd == -EACCES) {
+            tpi_format(errmsg, errmsg_len,
+                       "the rendezvous store at %s (%s) and this worker do not share the job "
+                       "secret (%s): authentication failed (TCP-17)",
+                       s->desc, what,
+                       s->auth.on ? "this worker authenticates" : "this worker has auth=off");
+            ts_close(&s->base);
+            return TP_EAUTH;
         }
         uint64_t now = tpi_tcp_now_ns();
         if (now >= deadline_ns) {
@@ -488,6 +532,7 @@ static pid_t kept_pid;
 static uint64_t kept_linger_ns;
 static int kept_atexit_done;
 static tpi_store_server *inherited_server; /* a parent's, across fork: never ours to stop */
+static tpi_tcp_auth kept_auth;             /* the kept server's: reused only for the same */
 
 /* kept_mu held. A forked child does not own its parent's server thread: it
  * leaves it alone (still referenced, so not a leak). */
@@ -507,17 +552,19 @@ static void kept_at_exit(void) {
 /* Makes sure the right server runs before this rank connects: rank 0 reuses
  * the one for desc or starts it, stopping one kept for another address.
  * Other ranks leave it alone: another worker of this process may be rank 0. */
-static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const char *host,
-                                 uint16_t port, const char *desc, const char *what,
-                                 uint64_t linger_ns, char *errmsg, size_t errmsg_len) {
+static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const tpi_tcp_auth *auth,
+                                 const char *host, uint16_t port, const char *desc,
+                                 const char *what, uint64_t linger_ns, char *errmsg,
+                                 size_t errmsg_len) {
     tp_status st = TP_OK;
     pthread_mutex_lock(&kept_mu);
     if (kept_server && kept_pid != getpid()) {
         inherited_server = kept_server;
         kept_server = NULL;
     }
-    if (kept_server && rank == 0 && strcmp(kept_addr, desc) != 0)
-        kept_stop_locked(); /* a new job elsewhere: one server per process */
+    if (kept_server && rank == 0 &&
+        (strcmp(kept_addr, desc) != 0 || !tpi_tcp_auth_same(&kept_auth, auth)))
+        kept_stop_locked(); /* a new job elsewhere, or another secret: one server per process */
     if (rank == 0 && !kept_server) {
         struct sockaddr_storage sa;
         socklen_t sa_len = 0;
@@ -525,11 +572,12 @@ static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const char 
         st = tpi_tcp_resolve(host, port, &sa, &sa_len, err, sizeof err);
         if (st != TP_OK)
             tpi_format(errmsg, errmsg_len, "rendezvous store %s (%s): %s", desc, what, err);
-        else if ((st = tpi_store_server_start((const struct sockaddr *)&sa, sa_len, desc,
+        else if ((st = tpi_store_server_start((const struct sockaddr *)&sa, sa_len, desc, auth,
                                               &kept_server, err, sizeof err)) != TP_OK)
             tpi_format(errmsg, errmsg_len, "%s (%s)", err, what);
         if (st == TP_OK) {
             tpi_format(kept_addr, sizeof kept_addr, "%s", desc);
+            kept_auth = *auth;
             kept_pid = getpid();
             if (!kept_atexit_done)
                 kept_atexit_done = atexit(kept_at_exit) == 0;
@@ -554,8 +602,9 @@ static uint64_t deadline_after(double seconds) {
     return tpi_tcp_now_ns() + (uint64_t)(seconds * 1e9);
 }
 
-tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, uint32_t world_size,
-                             tp_store **out, char *errmsg, size_t errmsg_len) {
+tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, uint32_t rank,
+                             uint32_t world_size, tp_store **out, char *errmsg,
+                             size_t errmsg_len) {
     *out = NULL;
     const char *method = tp_options_init_method(opts);
     if (!method || !*method)
@@ -617,10 +666,11 @@ tp_status tpi_tcp_store_open(const tp_options *opts, uint32_t rank, uint32_t wor
         linger_s = TPI_STORE_LINGER_MAX_S;
     char desc[TPI_ADDR_LEN_MAX + 8];
     tpi_tcp_format_hostport(host, port, desc, sizeof desc);
-    tp_status st = kept_server_for(rank, world_size, host, port, desc, what,
+    tp_status st = kept_server_for(rank, world_size, auth, host, port, desc, what,
                                    (uint64_t)(linger_s * 1e9), errmsg, errmsg_len);
     if (st != TP_OK)
         return st;
-    return tpi_tcp_store_connect(host, port, rank, deadline_after(tp_options_init_timeout(opts)),
-                                 what, NULL, 0, out, errmsg, errmsg_len);
+    return tpi_tcp_store_connect(host, port, rank, auth,
+                                 deadline_after(tp_options_init_timeout(opts)), what, NULL, 0, out,
+                                 errmsg, errmsg_len);
 }

@@ -31,13 +31,15 @@
 
 typedef struct srv_client {
     int fd;
-    int handshaken;
-    uint32_t rank; /* from the handshake; UINT32_MAX: not a worker */
+    int handshaken; /* 1 after the hello, 2 once authenticated (or without auth) */
+    uint32_t rank;  /* from the handshake; UINT32_MAX: not a worker */
+    uint8_t nonce_c[TPI_TCP_NONCE_SIZE], nonce_s[TPI_TCP_NONCE_SIZE];
     uint8_t *buf;
     size_t len, cap;
 } srv_client;
 
 struct tpi_store_server {
+    tpi_tcp_auth auth; /* TCP-17: every client proves the job secret first */
     int lfd;
     int wake_rd, wake_wr;
     pthread_t thread;
@@ -260,21 +262,54 @@ static int handle(tpi_store_server *s, srv_client *c, const uint8_t *p, size_t l
 /* Handles every complete message in the client's buffer; -1 drops the client. */
 static int process(tpi_store_server *s, srv_client *c) {
     size_t off = 0;
+    uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)SRV_REPLY_TIMEOUT_MS * 1000000ull;
+    uint8_t ctx[TPI_TCP_AUTH_CTX_MAX];
     if (!c->handshaken) {
         if (c->len < TPI_STORE_HANDSHAKE_LEN)
             return 0;
-        static const uint8_t hs[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 0, 0, 0};
-        if (memcmp(c->buf, hs, sizeof hs) != 0)
+        uint8_t flags = s->auth.on ? 1 : 0;
+        const uint8_t want[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, flags, 0, 0};
+        /* A client whose auth differs hears our flags and goes (TCP-17). */
+        if (memcmp(c->buf, want, 5) != 0 || c->buf[6] || c->buf[7])
             return -1;
-        uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)SRV_REPLY_TIMEOUT_MS * 1000000ull;
-        if (tpi_sock_send_all(c->fd, hs, sizeof hs, deadline) != 0)
-            return -1;
-        c->handshaken = 1;
+        uint8_t back[TPI_STORE_SERVER_HELLO_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION,
+                                                    flags};
         c->rank = get_u32(c->buf + 8);
-        if (c->rank < s->world)
-            s->seen[c->rank] = 1;
+        memcpy(c->nonce_c, c->buf + 12, sizeof c->nonce_c);
+        if (s->auth.on) {
+            if (tpi_tcp_auth_nonce(c->nonce_s) != 0)
+                return -1;
+            put_u32(ctx, c->rank);
+            memcpy(ctx + 4, c->nonce_c, TPI_TCP_NONCE_SIZE);
+            memcpy(ctx + 4 + TPI_TCP_NONCE_SIZE, c->nonce_s, TPI_TCP_NONCE_SIZE);
+            memcpy(back + 8, c->nonce_s, TPI_TCP_NONCE_SIZE);
+            tpi_tcp_auth_proof(&s->auth, "tp/store/server v1", ctx, 4 + 2 * TPI_TCP_NONCE_SIZE,
+                               back + 24);
+        }
+        if (tpi_sock_send_all(c->fd, back, sizeof back, deadline) != 0 || c->buf[5] != flags)
+            return -1;
+        c->handshaken = s->auth.on ? 1 : 2;
         off = TPI_STORE_HANDSHAKE_LEN;
     }
+    if (c->handshaken == 1) { /* its proof, before any request */
+        if (c->len - off < TPI_TCP_PROOF_SIZE) {
+            memmove(c->buf, c->buf + off, c->len - off);
+            c->len -= off;
+            return 0;
+        }
+        put_u32(ctx, c->rank);
+        memcpy(ctx + 4, c->nonce_c, TPI_TCP_NONCE_SIZE);
+        memcpy(ctx + 4 + TPI_TCP_NONCE_SIZE, c->nonce_s, TPI_TCP_NONCE_SIZE);
+        if (!tpi_tcp_auth_check(&s->auth, "tp/store/client v1", ctx, 4 + 2 * TPI_TCP_NONCE_SIZE,
+                                c->buf + off))
+            return -1; /* the stranger is dropped; it read nothing and wrote nothing */
+        if (tpi_sock_send_all(c->fd, TPI_STORE_AUTH_OK, 4, deadline) != 0)
+            return -1;
+        c->handshaken = 2;
+        off += TPI_TCP_PROOF_SIZE;
+    }
+    if (c->handshaken == 2 && c->rank < s->world)
+        s->seen[c->rank] = 1; /* TCP-11: an authenticated rank came */
     while (c->len - off >= 4) {
         uint32_t n = get_u32(c->buf + off);
         if (n < 4 || n > TPI_STORE_MSG_MAX)
@@ -362,7 +397,7 @@ static void apply_expect(tpi_store_server *s, uint32_t world) {
     if (!seen)
         return; /* keeps the previous job's view: at worst stops listening early */
     for (size_t i = 0; i < s->nclients; i++)
-        if (s->clients[i].handshaken && s->clients[i].rank < world)
+        if (s->clients[i].handshaken == 2 && s->clients[i].rank < world)
             seen[s->clients[i].rank] = 1;
     free(s->seen);
     s->seen = seen;
@@ -443,7 +478,8 @@ static void *server_main(void *arg) {
 }
 
 tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
-                                 tpi_store_server **out, char *errmsg, size_t errmsg_len) {
+                                 const tpi_tcp_auth *auth, tpi_store_server **out, char *errmsg,
+                                 size_t errmsg_len) {
     *out = NULL;
     tpi_store_server *s = calloc(1, sizeof *s);
     if (!s) {
@@ -451,6 +487,7 @@ tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, co
         return TP_ENOMEM;
     }
     s->lfd = s->wake_rd = s->wake_wr = -1;
+    s->auth = *auth;
     atomic_init(&s->stop, 0);
     atomic_init(&s->expect_req, 0);
     atomic_init(&s->expect_posted, 0);
@@ -525,5 +562,6 @@ void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns) {
     close(s->wake_wr);
     s->db->ops->close(s->db);
     free(s->seen);
+    tpi_tcp_auth_clear(&s->auth);
     free(s);
 }

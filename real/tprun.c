@@ -11,7 +11,9 @@
  * "[rank] ". When a process fails (non-zero exit or a signal) the others get
  * SIGTERM, then SIGKILL after the grace period (default 5 s), and tprun
  * exits with the first failure's status (128 + signal for a signal). SIGINT
- * and SIGTERM sent to tprun are forwarded the same way.
+ * and SIGTERM sent to tprun are forwarded the same way. Each run gets a fresh
+ * job secret in TP_SECRET (TCP-17), from the kernel's random generator,
+ * unless TP_SECRET is set already; it never appears on a command line.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -58,6 +61,29 @@ static void on_signal(int sig) {
     ssize_t k = write(sig_pipe[1], "x", 1);
     (void)k;
     errno = saved;
+}
+
+/* TCP-17: a fresh job secret for this run's processes, unless one is set. */
+static int job_secret(void) {
+    if (getenv("TP_SECRET"))
+        return 0;
+    uint8_t b[32];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t k = getrandom(b + got, sizeof b - got, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            fprintf(stderr, "tprun: cannot make a job secret: getrandom: %s\n", strerror(errno));
+            return -1;
+        }
+        got += (size_t)k;
+    }
+    char hex[2 * sizeof b + 1];
+    for (size_t i = 0; i < sizeof b; i++)
+        snprintf(hex + 2 * i, 3, "%02x", b[i]);
+    memset(b, 0, sizeof b);
+    return setenv("TP_SECRET", hex, 1);
 }
 
 static uint64_t now_ns(void) {
@@ -410,7 +436,7 @@ int main(int argc, char **argv) {
             return 1;
         o.port = port_buf;
     }
-    if (install_signals() != 0)
+    if (install_signals() != 0 || job_secret() != 0)
         return 1;
     job j = {.n = o.nproc, .kill_at = UINT64_MAX, .grace_s = o.grace_s};
     j.ps = calloc((size_t)j.n, sizeof *j.ps);

@@ -63,7 +63,8 @@ extern "C" {
     X(EIO, "input/output error")                                             \
     X(EADDRINUSE, "address already in use")                                  \
     X(ECONNREFUSED, "connection refused")                                    \
-    X(ENOENT, "no such key")
+    X(ENOENT, "no such key")                                                 \
+    X(EAUTH, "authentication failed")
 
 typedef enum tp_status {
 #define TP_STATUS_ENUM_(name, text) TP_##name,
@@ -297,6 +298,13 @@ double tp_options_shutdown_timeout(const tp_options *opts);
  */
 tp_status tp_options_set_rejoin(tp_options *opts, int rejoin);
 int tp_options_rejoin(const tp_options *opts);
+/*
+ * A fresh job secret for the TCP transport's authentication (spec/tcp.md
+ * TCP-17): 32 random bytes as 64 hex digits and a NUL, written to hex (len
+ * >= 65). Give the same secret to every worker of a job (TP_SECRET in the
+ * environment, or the backend option "secret"); tprun does it for you.
+ */
+tp_status tp_job_secret_new(char *hex, size_t len);
 /* Largest message this worker sends or accepts, in bytes (lowers WIRE-8's max). */
 tp_status tp_options_set_max_message_size(tp_options *opts, uint64_t bytes);
 uint64_t tp_options_max_message_size(const tp_options *opts);

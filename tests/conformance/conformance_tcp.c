@@ -249,6 +249,11 @@ static int tcp_launch(const tp_conformance_launcher *l, int world_size,
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
+    /* The job secret every forked worker inherits (spec/tcp.md TCP-17). */
+    char secret[80];
+    if (!getenv("TP_SECRET") &&
+        (tp_job_secret_new(secret, sizeof secret) != TP_OK || setenv("TP_SECRET", secret, 1) != 0))
+        return 1;
     tp_register_builtin_backends();
     if (!tp_lookup_backend("TENSORPIPE")) {
         fprintf(stderr, "conformance_tcp: this build has no TENSORPIPE backend\n");

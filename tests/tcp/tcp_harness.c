@@ -25,6 +25,17 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+void tt_ensure_secret(void) {
+    char hex[80];
+    if (getenv("TP_SECRET"))
+        return;
+    if (tp_job_secret_new(hex, sizeof hex) != TP_OK) {
+        fprintf(stderr, "tt_ensure_secret: %s\n", tp_errmsg());
+        abort();
+    }
+    setenv("TP_SECRET", hex, 1);
+}
+
 uint16_t tt_free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa;
@@ -44,6 +55,7 @@ uint16_t tt_free_port(void) {
 int tt_spawn(tt_job *job, int world, tt_body body, void *arg) {
     if (world < 1 || world > TT_WORLD_MAX)
         return -1;
+    tt_ensure_secret(); /* the children inherit the job's secret (TCP-17) */
     job->world = world;
     job->arg = arg;
     job->store_port = tt_free_port();

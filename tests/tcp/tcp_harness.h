@@ -41,6 +41,9 @@ struct tt_job {
     void *arg; /* for the body */
 };
 
+/* Sets TP_SECRET to a fresh random job secret unless it is set (TCP-17): a
+ * job's children inherit it, as tprun's do. */
+void tt_ensure_secret(void);
 /* A TCP port on 127.0.0.1 nobody listens on right now. */
 uint16_t tt_free_port(void);
 /* Monotonic nanoseconds (the same clock in every process). */

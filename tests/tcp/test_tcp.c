@@ -625,18 +625,56 @@ static void expect_abort_then_dropped(int fd) {
     expect_dropped(fd);
 }
 
-/* A valid hello as worker 2 to worker 1 of 3, and its answer checked. */
-static int hello_as_worker2(const char *addr) {
+/* The job's authentication, from TP_SECRET as the workers have it (TCP-17). */
+static tpi_tcp_auth job_auth(void) {
+    tpi_tcp_auth auth;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_tcp_auth_setup(NULL, &auth, err, sizeof err), TP_OK);
+    return auth;
+}
+
+/* What both connection proofs cover: dialer 2, acceptor 1, world 3, both nonces. */
+static size_t conn_ctx(const uint8_t nd[16], const uint8_t na[16], uint8_t ctx[64]) {
+    static const uint8_t ids[12] = {2, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0};
+    memcpy(ctx, ids, 12);
+    memcpy(ctx + 12, nd, 16);
+    memcpy(ctx + 28, na, 16);
+    return 44;
+}
+
+/* The dialer's half of the handshake as worker 2 to worker 1 of 3 (TCP-3,
+ * TCP-17); with a wrong key the worker's proof does not check and ours is
+ * refused. Returns the socket after our proof went out. */
+static int hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {
     int fd = raw_connect(addr);
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3);
+    uint8_t rec[TPI_TCP_RECORD_SIZE], nd[16], na[16], pa[16], ctx[64];
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
+    raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tpi_tcp_auth_nonce(nd), 0);
+    tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, nd);
     raw_send(fd, rec, sizeof rec);
     assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
     uint32_t sender = 99;
     char err[256];
-    assert_true(tpi_tcp_hello_check(rec, TPI_TCP_HELLO_ACCEPT, 2, 3, &sender, err, sizeof err));
+    assert_true(tpi_tcp_hello_check(rec, TPI_TCP_HELLO_ACCEPT, 2, 3, TPI_TCP_HELLO_AUTH, &sender,
+                                    err, sizeof err));
     assert_int_equal(sender, 1);
+    assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
+    assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_NONCE, na));
+    assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
+    assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_PROOF, pa));
+    size_t n = conn_ctx(nd, na, ctx);
+    tpi_tcp_auth job = job_auth();
+    assert_true(tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa)); /* worker1 is real */
+    tpi_tcp_auth_proof(auth, "tp/conn/dial v1", ctx, n, pa);
+    tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_PROOF, pa);
+    raw_send(fd, rec, sizeof rec);
     return fd;
+}
+
+static int hello_as_worker2(const char *addr) {
+    tpi_tcp_auth auth = job_auth();
+    return hello_as_worker2_with(addr, &auth);
 }
 
 static void header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len) {
@@ -662,8 +700,9 @@ static void test_tcp_garbage(void **state) {
     /* worker1's address, from the job's store like any client. */
     tp_store *store = NULL;
     char err[TP_ERRMSG_LEN_MAX];
-    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job.store_port, UINT32_MAX, UINT64_MAX,
-                                           "test", NULL, 0, &store, err, sizeof err),
+    tpi_tcp_auth auth = job_auth();
+    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job.store_port, UINT32_MAX, &auth,
+                                           UINT64_MAX, "test", NULL, 0, &store, err, sizeof err),
                      TP_OK);
     void *v = NULL;
     size_t len = 0;
@@ -684,19 +723,35 @@ static void test_tcp_garbage(void **state) {
     struct {
         uint8_t byte;
         uint8_t value;
-    } bad[] = {{0, 'X'}, {4, 9}, {5, 2}, {8, 7}, {12, 0}, {16, 4}, {21, 1}};
+    } bad[] = {{0, 'X'}, {4, 9}, {5, 2}, {6, 0}, {7, 1}, {8, 7}, {12, 0}, {16, 4}, {21, 1}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fd = raw_connect(addr);
-        tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3);
+        tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
         rec[bad[i].byte] = bad[i].value;
         raw_send(fd, rec, sizeof rec);
         expect_dropped(fd);
     }
     /* A truncated hello, then the socket closes. */
     fd = raw_connect(addr);
-    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3);
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
     raw_send(fd, rec, 10);
     close(fd);
+    /* TCP-17: an outsider without the secret. A good hello and nonce get
+     * worker1's answer, but a proof under another key is refused: dropped
+     * before any frame is read, and a frame it sends anyway runs nothing. */
+    tpi_tcp_auth stranger = job_auth();
+    stranger.key[0] ^= 1;
+    fd = hello_as_worker2_with(addr, &stranger);
+    header(h, 1, 1, 16);
+    raw_send(fd, h, sizeof h);
+    expect_dropped(fd);
+    /* ... and a record other than a nonce where the nonce belongs. */
+    fd = raw_connect(addr);
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
+    raw_send(fd, rec, sizeof rec);
+    header(h, 1, 1, 16);
+    raw_send(fd, h, sizeof h);
+    expect_dropped(fd);
     /* After a good hello: a ping is answered. */
     fd = hello_as_worker2(addr);
     tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
@@ -736,15 +791,29 @@ static void test_tcp_garbage(void **state) {
     /* The store server drops garbage too and keeps serving. */
     char store_addr[64];
     snprintf(store_addr, sizeof store_addr, "127.0.0.1:%u", (unsigned)job.store_port);
+    uint8_t shello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'X', TPI_STORE_PROTO_VERSION, 1};
     fd = raw_connect(store_addr);
-    raw_send(fd, "TPSX\1\0\0\0\0\0\0\0", TPI_STORE_HANDSHAKE_LEN);
+    raw_send(fd, shello, sizeof shello);
     expect_dropped(fd);
+    /* TCP-17 at the store: an outsider hears the server's hello and nonce,
+     * then its proof (here: the first bytes of a request) is refused. */
+    memcpy(shello, "TPST", 4);
+    memset(shello + 8, 0xff, 4); /* not a rank */
     fd = raw_connect(store_addr);
-    raw_send(fd, "TPST\1\0\0\0\xff\xff\xff\xff", TPI_STORE_HANDSHAKE_LEN); /* not a rank */
-    assert_int_equal(raw_recv(fd, rec, 8), 8);
-    assert_memory_equal(rec, "TPST\1\0\0\0", 8);
-    uint8_t huge[4] = {0xff, 0xff, 0xff, 0x7f};
+    raw_send(fd, shello, sizeof shello);
+    uint8_t sback[TPI_STORE_SERVER_HELLO_LEN];
+    assert_int_equal(raw_recv(fd, sback, sizeof sback), sizeof sback);
+    assert_memory_equal(sback, "TPST", 4);
+    assert_int_equal(sback[5], 1); /* it authenticates */
+    uint8_t huge[16] = {0xff, 0xff, 0xff, 0x7f};
     raw_send(fd, huge, sizeof huge);
+    expect_dropped(fd);
+    /* ... and a client that does not authenticate is told so and dropped. */
+    shello[5] = 0;
+    fd = raw_connect(store_addr);
+    raw_send(fd, shello, sizeof shello);
+    assert_int_equal(raw_recv(fd, sback, sizeof sback), sizeof sback);
+    assert_int_equal(sback[5], 1);
     expect_dropped(fd);
     assert_int_equal(store->ops->set(store, "test/after-garbage", "1", 1), TP_OK);
     store->ops->close(store);
@@ -847,6 +916,102 @@ static void test_tcp_init_errors(void **state) {
     assert_all_ok(&job, 60);
     tt_job_free(&job);
     close(holder_fd);
+}
+
+/* ---- Authentication (TCP-17) ----------------------------------------------------------- */
+
+enum { F_AUTH_DONE = 6, C_AUTH_UP = 6 };
+
+static int body_auth(tt_job *job, int rank) {
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&job->shared->count[C_AUTH_UP], 1);
+    TT_CHECK(tt_await_flag(job->shared, F_AUTH_DONE, 1, 60) == 0);
+    int64_t v = 0; /* the outsiders changed nothing */
+    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), 1, 2, 10, &v) == TP_OK && v == 3);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* An outsider's init against the running job; 1 when it went otherwise. */
+static int outsider_init(const tt_job *job, const char *key, const char *value, tp_status want,
+                         const char *needle) {
+    tp_options *o = tt_options(job, 2, 2);
+    tp_options_set_init_timeout(o, 2);
+    if (key)
+        tp_options_set(o, key, value);
+    tp_status st = tp_init_rpc("worker1", "TENSORPIPE", 1, 2, o);
+    tp_options_free(o);
+    if (st == TP_OK)
+        tp_shutdown(0);
+    if (st == want && strstr(tp_errmsg(), needle))
+        return 0;
+    fprintf(stderr, "outsider init: %s '%s', expected %s with '%s'\n", tp_status_name(st),
+            tp_errmsg(), tp_status_name(want), needle);
+    return 1;
+}
+
+/* The outsiders, in a process of their own: init attempts take this
+ * process's generations (INIT-1), which later jobs forked from it inherit. */
+static int outsiders(const tt_job *job) {
+    int bad = 0;
+    /* Another secret: the store does not prove ours, and we prove nothing to it. */
+    bad |= outsider_init(job, "secret", "00112233445566778899aabbccddeeff", TP_EAUTH,
+                         "do not share the job secret");
+    /* No authentication at all. */
+    bad |= outsider_init(job, "auth", "off", TP_EAUTH, "auth=off");
+    /* Bad settings are refused before any connection. */
+    bad |= outsider_init(job, "secret", "abc", TP_EINVAL, "not usable");
+    bad |= outsider_init(job, "auth", "maybe", TP_EINVAL, "'on' or 'off'");
+    unsetenv("TP_SECRET");
+    bad |= outsider_init(job, NULL, NULL, TP_EAUTH, "no job secret");
+    return bad;
+}
+
+/* spec: TCP-17: without the job's secret nobody joins, reads or writes the
+ * store; the job goes on untouched; the errors say what is wrong. */
+static void test_tcp_auth_refuses_outsiders(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_auth, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_AUTH_UP]) < 2 && tt_now_ns() < deadline)
+        usleep(1000);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int code = outsiders(&job);
+        fflush(NULL);
+        exit(code);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    atomic_store(&job.shared->flag[F_AUTH_DONE], 1);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
+static int body_auth_off(tt_job *job, int rank) {
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tp_options_set(o, "auth", "off") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    int64_t v = 0;
+    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), 20, 22, 10, &v) == TP_OK && v == 42);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-17: auth=off on every worker, asked for by name, runs as before. */
+static void test_tcp_auth_off(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_auth_off, NULL), 0);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
 }
 
 /* ---- The SQLite file store as init_method ------------------------------------------- */
@@ -964,10 +1129,13 @@ static void test_tcp_reinit(void **state) {
 }
 
 int main(void) {
+    tt_ensure_secret(); /* this process reads it too, to talk to the job (TCP-17) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_basic_calls),  cmocka_unit_test(test_tcp_many_async),
         cmocka_unit_test(test_tcp_kill9),        cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_peer_leaves),
+        cmocka_unit_test(test_tcp_auth_refuses_outsiders),
+        cmocka_unit_test(test_tcp_auth_off),
         cmocka_unit_test(test_tcp_garbage),      cmocka_unit_test(test_tcp_init_errors),
         cmocka_unit_test(test_tcp_sqlite_store), cmocka_unit_test(test_tcp_two_workers_one_process),
         cmocka_unit_test(test_tcp_reinit),       cmocka_unit_test(test_tcp_concurrent_senders),

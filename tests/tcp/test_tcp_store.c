@@ -22,6 +22,37 @@
 #include "real/tcp_internal.h"
 #include "tcp_harness.h"
 
+/* The job secret every client and server here uses (TCP-17), from TP_SECRET. */
+static tpi_tcp_auth auth;
+
+/* What both store proofs cover: the client's rank and both nonces. */
+static size_t store_ctx(const uint8_t rank[4], const uint8_t nc[16], const uint8_t ns[16],
+                        uint8_t ctx[64]) {
+    memcpy(ctx, rank, 4);
+    memcpy(ctx + 4, nc, 16);
+    memcpy(ctx + 20, ns, 16);
+    return 36;
+}
+
+/* The server's half of the handshake, for the fake servers below; 0 on success. */
+static int fake_server_handshake(int fd) {
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN], back[TPI_STORE_SERVER_HELLO_LEN] = {0}, proof[16];
+    uint8_t ctx[64];
+    if (recv(fd, hello, sizeof hello, MSG_WAITALL) != (ssize_t)sizeof hello)
+        return -1;
+    memcpy(back, hello, 8);
+    if (tpi_tcp_auth_nonce(back + 8) != 0)
+        return -1;
+    size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
+    tpi_tcp_auth_proof(&auth, "tp/store/server v1", ctx, n, back + 24);
+    if (send(fd, back, sizeof back, 0) != (ssize_t)sizeof back ||
+        recv(fd, proof, sizeof proof, MSG_WAITALL) != (ssize_t)sizeof proof ||
+        !tpi_tcp_auth_check(&auth, "tp/store/client v1", ctx, n, proof) ||
+        send(fd, TPI_STORE_AUTH_OK, 4, 0) != 4)
+        return -1;
+    return 0;
+}
+
 typedef struct fixture {
     uint16_t port;
     tpi_store_server *server;
@@ -35,7 +66,8 @@ static tpi_store_server *serve(uint16_t port) {
     assert_int_equal(tpi_tcp_resolve("127.0.0.1", port, &sa, &len, err, sizeof err), TP_OK);
     tpi_store_server *s = NULL;
     tp_status st =
-        tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &s, err, sizeof err);
+        tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &auth, &s, err,
+                               sizeof err);
     if (st != TP_OK)
         fprintf(stderr, "%s\n", err);
     assert_int_equal(st, TP_OK);
@@ -46,8 +78,9 @@ static tp_store *client_as(uint16_t port, uint32_t rank, double timeout_s) {
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX];
     tp_status st =
-        tpi_tcp_store_connect("127.0.0.1", port, rank, tt_now_ns() + (uint64_t)(timeout_s * 1e9),
-                              "test", NULL, 0, &c, err, sizeof err);
+        tpi_tcp_store_connect("127.0.0.1", port, rank, &auth,
+                              tt_now_ns() + (uint64_t)(timeout_s * 1e9), "test", NULL, 0, &c, err,
+                              sizeof err);
     if (st != TP_OK)
         fprintf(stderr, "%s\n", err);
     assert_int_equal(st, TP_OK);
@@ -121,10 +154,18 @@ static int raw_client(uint16_t port) {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    static const uint8_t hello[12] = {'T', 'P', 'S', 'T', 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1, 0,
+                                              0,   0xff, 0xff, 0xff, 0xff};
+    assert_int_equal(tpi_tcp_auth_nonce(hello + 12), 0);
     assert_int_equal(send(fd, hello, sizeof hello, 0), (ssize_t)sizeof hello);
-    uint8_t back[8];
+    uint8_t back[TPI_STORE_SERVER_HELLO_LEN], ctx[64], proof[16], ok[4];
     assert_int_equal(recv(fd, back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
+    size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
+    assert_true(tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24));
+    tpi_tcp_auth_proof(&auth, "tp/store/client v1", ctx, n, proof);
+    assert_int_equal(send(fd, proof, sizeof proof, 0), (ssize_t)sizeof proof);
+    assert_int_equal(recv(fd, ok, sizeof ok, MSG_WAITALL), (ssize_t)sizeof ok);
+    assert_memory_equal(ok, TPI_STORE_AUTH_OK, 4);
     return fd;
 }
 
@@ -309,8 +350,8 @@ static void test_tcp_store_scan_needs_progress(void **state) {
     assert_true(pid >= 0);
     if (pid == 0) {
         int fd = accept(lfd, NULL, NULL);
-        uint8_t hello[12], req[512];
-        if (fd < 0 || recv(fd, hello, sizeof hello, MSG_WAITALL) != 12 || send(fd, hello, 8, 0) != 8)
+        uint8_t req[512];
+        if (fd < 0 || fake_server_handshake(fd) != 0)
             _exit(1);
         /* entry: u16 3, "s/a", u32 1, "v" */
         static const uint8_t reply[] = {8 + 10, 0, 0, 0, TP_OK, 1, 0, 0, 10, 0, 0, 0,
@@ -439,7 +480,7 @@ static void test_tcp_store_late_server(void **state) {
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX];
     /* Nobody there: a clear timeout naming the address. */
-    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX,
+    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth,
                                            tt_now_ns() + 200000000ull, "init_method tcp://", NULL,
                                            0, &c, err, sizeof err),
                      TP_ETIMEDOUT);
@@ -468,7 +509,7 @@ static void test_tcp_store_late_server(void **state) {
         sleep(1);
         _exit(0);
     }
-    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX,
+    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth,
                                            tt_now_ns() + 2000000000ull, "test", NULL, 0, &c, err,
                                            sizeof err),
                      TP_ESTORE);
@@ -514,6 +555,12 @@ static void test_tcp_store_waits_for_late_rank(void **state) {
 }
 
 int main(void) {
+    tt_ensure_secret();
+    char err[TP_ERRMSG_LEN_MAX];
+    if (tpi_tcp_auth_setup(NULL, &auth, err, sizeof err) != TP_OK) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
