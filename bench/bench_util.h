@@ -61,6 +61,9 @@ void bench_print(const char *name, double value, const char *unit);
 extern int bench_verbose;
 /* num_worker_threads of every bench worker; 0 keeps the default (--worker-threads). */
 extern int bench_worker_threads;
+/* --auth off: the workers run with the backend option auth=off (TCP-17), to
+ * measure what authentication costs. */
+extern int bench_auth_off;
 
 /* A child-side check: prints the failed condition and the last rpc error, returns 1. */
 #define BENCH_CHECK(cond)                                                                          \

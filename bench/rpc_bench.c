@@ -7,7 +7,7 @@
  * figure. bench/README.md says what each figure means and the targets.
  *
  *   rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]
- *             [--placement spread|one|free] [--worker-threads N] [-v]
+ *             [--placement spread|one|free] [--worker-threads N] [--auth on|off] [-v]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +31,8 @@ typedef struct bench_args {
 static void usage(void) {
     fprintf(stderr,
             "usage: rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]\n"
-            "                 [--placement spread|one|free] [--worker-threads N] [-v]\n"
+            "                 [--placement spread|one|free] [--worker-threads N] [--auth on|off]\n"
+            "                 [-v]\n"
             "  --quick        fewer samples and no 32-process init: a smoke run\n"
             "  --raw-only     only the raw TCP figures (no rpc job)\n"
             "  --no-syscalls  skip syscalls_per_rpc_sync (needs strace)\n"
@@ -41,6 +42,7 @@ static void usage(void) {
             "                 on CPU r), one (both on CPU 0) or free (the scheduler's choice)\n"
             "  --worker-threads N\n"
             "                 num_worker_threads of the workers (default: the library's)\n"
+            "  --auth on|off  the workers' authentication (default on, spec/tcp.md TCP-17)\n"
             "  -v             per-repetition details and the syscall breakdown on stderr\n");
 }
 
@@ -78,6 +80,11 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             bench_worker_threads = atoi(argv[++i]);
             if (bench_worker_threads < 1)
                 return -1;
+        } else if (strcmp(argv[i], "--auth") == 0 && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+                return -1;
+            bench_auth_off = strcmp(v, "off") == 0; /* TCP-17's cost: compare on and off */
         } else if (strcmp(argv[i], "--raw-only") == 0) {
             a->raw_only = 1;
         } else if (strcmp(argv[i], "--no-syscalls") == 0) {

@@ -42,7 +42,8 @@ static int parse_secret(const char *hex, uint8_t *out, size_t *len, char *why, s
     for (size_t i = 0; i < n / 2; i++) {
         int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
         if (hi < 0 || lo < 0) {
-            tpi_format(why, why_len, "character %zu is not a hex digit", hi < 0 ? 2 * i : 2 * i + 1);
+            tpi_format(why, why_len, "character %zu is not a hex digit",
+                       hi < 0 ? 2 * i : 2 * i + 1);
             return 0;
         }
         out[i] = (uint8_t)(hi << 4 | lo);
