@@ -1,5 +1,6 @@
 /* core.c: the worker object, API entry, upcall dispatch (spec/agent.md AGENT-2). */
 #include "core.h"
+#include "log.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -282,8 +283,16 @@ void tp_core_on_peer_down(tp_core *c, uint32_t peer, tp_status why, const char *
                detail ? detail : "no detail");
     tpi_lock(c);
     if (why == TP_EPEERDOWN) {
+        /* LOG-3: a death, once; peers leaving while this worker shuts down
+         * too are the end of the job, not news (a stale read only picks the
+         * level). */
+        if (!c->peer_dead[peer])
+            tpi_log(c->shutting_down ? TP_LOG_INFO : TP_LOG_WARN, "worker '%s' (rank %u): %s",
+                    c->self.name, c->rank, msg);
         c->peer_dead[peer] = 1;
         tpi_rrefs_peer_down(c, peer);
+    } else {
+        tpi_log(TP_LOG_INFO, "worker '%s' (rank %u): %s", c->self.name, c->rank, msg);
     }
     tpi_calls_fail(c, peer, why == TP_EPEERDOWN ? TP_EPEERDOWN : why, msg);
     tpi_window_wake_all(c, peer); /* FLOW-3: waiters see the verdict */

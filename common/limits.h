@@ -19,6 +19,10 @@
 
 /* Nesting depth of lists and maps: bounds the decoder's recursion. */
 #define TPI_VALUE_DEPTH_MAX 64
+/* One log message (LOG-2), cut beyond: a status message plus its context. */
+#define TPI_LOG_LINE_MAX 1024
+/* A rendezvous that waits says so this often (LOG-3). */
+#define TPI_LOG_PROGRESS_NS (5ull * 1000000000ull)
 /* Items in one list or map: bounds allocation before any item is read. */
 #define TPI_CONTAINER_LEN_MAX ((uint32_t)1 << 24)
 /* Values decoded from one message. A nil is one byte on the wire but some

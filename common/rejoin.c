@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "log.h"
 
 #define ANNOUNCE_RETRY_FIRST_NS 1000000ull /* 1 ms */
 #define ANNOUNCE_RETRY_MAX_NS 200000000ull /* 200 ms */
@@ -72,6 +73,8 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
         tpi_format(msg, sizeof msg, "%s restarted as incarnation %lld: the earlier one is gone",
                    tpi_worker_desc(c, src, who, sizeof who), (long long)k);
         atomic_store_explicit(&c->peer_inc[src], (uint32_t)k, memory_order_relaxed);
+        tpi_log(TP_LOG_INFO, "worker '%s' (rank %u): %s, now at %s", c->self.name, c->rank, msg,
+                a);
         c->peer_dead[src] = 1;
         tpi_rrefs_peer_down(c, src);
         tpi_calls_fail(c, src, TP_EPEERDOWN, msg);

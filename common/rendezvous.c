@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "log.h"
 
 #define POLL_FIRST_NS 500000ull     /* 0.5 ms: rendezvous partners are usually close */
 #define POLL_MAX_NS 20000000ull     /* 20 ms: bounds the latency added to a late joiner */
@@ -211,6 +212,7 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
      * likely missing too): a wait costs O(ranks + rounds) reads, not
      * O(ranks x rounds). A full round names every missing rank at the end. */
     int full = by_scan; /* a scan round is always complete */
+    uint64_t started = tpi_now(c), next_note = started + TPI_LOG_PROGRESS_NS;
     for (;;) {
         uint32_t missing = 0;
         if (by_scan) {
@@ -268,6 +270,17 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             deadline_ns = TPI_NO_DEADLINE;
             continue;
         }
+        uint64_t now = tpi_now(c);
+        if (now >= next_note && tpi_log_on(TP_LOG_INFO)) { /* LOG-3: a wait says for whom */
+            char names[256];
+            name_missing(c, present, names, sizeof names);
+            tpi_log(TP_LOG_INFO, "%s: worker '%s' (rank %u) has waited %.1f s for '%s' keys; "
+                                 "not yet seen: rank%s %s (of %u workers)",
+                    what, c->self.name, c->rank, (double)(now - started) / 1e9, prefix,
+                    missing > 1 || !full ? "s" : "", names, c->world_size);
+        }
+        while (next_note <= now)
+            next_note += TPI_LOG_PROGRESS_NS;
         st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
         if (st != TP_OK) {
             st = tpi_fail(st, "%s: the wait was interrupted: %s", what, tp_strerror(st));

@@ -458,6 +458,7 @@ static void in_protocol_error(tpi_tcp_conn *c, const char *what) {
     uint32_t id = c->peer;
     char msg[TP_ERRMSG_LEN_MAX];
     tpi_format(msg, sizeof msg, "connection from %s dropped: %s", c->addr, what);
+    tpi_log(TP_LOG_WARN, "worker %u: %s", a->rank, msg);
     tp_frame_free(c->rx);
     c->rx = NULL;
     int old = stale(c);
@@ -475,6 +476,9 @@ static void on_conn_timer(uv_timer_t *h) {
         return;
     }
     if (!c->outgoing) {
+        tpi_log(TP_LOG_WARN, "worker %u dropped a connection from %s: no %s within %d ms",
+                c->a->rank, c->addr, c->state == CONN_HELLO ? "hello" : "authentication",
+                TPI_TCP_HELLO_TIMEOUT_MS);
         conn_close(c); /* no hello in time: not one of ours */
         return;
     }
@@ -572,6 +576,10 @@ static void auth_fail(tpi_tcp_conn *c, const char *why) {
                    c->peer, why);
         out_fail(c, TP_EPEERDOWN, detail);
     } else {
+        tpi_log(TP_LOG_WARN,
+                "worker %u refused a connection from %s claiming to be worker %u: it did not "
+                "authenticate (TCP-17): %s",
+                c->a->rank, c->addr, c->claimed, why);
         conn_close(c);
     }
 }
@@ -640,6 +648,8 @@ static void on_record(tpi_tcp_conn *c) {
     if (c->state == CONN_HELLO && !c->outgoing) {
         if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_OPEN, a->rank, a->world_size, hello_flags(a),
                                  &sender, err, sizeof err)) {
+            tpi_log(TP_LOG_WARN, "worker %u refused a connection from %s: %s", a->rank, c->addr,
+                    err);
             conn_close(c); /* TCP-3: a bad hello is dropped, nobody is told */
             return;
         }

@@ -29,6 +29,7 @@
 
 #include "common/errors.h"
 #include "common/limits.h"
+#include "common/log.h"
 #include "tensorplay/rpc_backend.h"
 
 /* ---- Transport records (TCP-3..5): hello and control, 24 bytes each ------- */

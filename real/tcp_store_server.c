@@ -34,6 +34,8 @@ typedef struct srv_client {
     int handshaken; /* 1 after the hello, 2 once authenticated (or without auth) */
     uint32_t rank;  /* from the handshake; UINT32_MAX: not a worker */
     uint8_t nonce_c[TPI_TCP_NONCE_SIZE], nonce_s[TPI_TCP_NONCE_SIZE];
+    const char *why; /* set when we drop it for what it sent (logged, LOG-3) */
+    char addr[TPI_ADDR_LEN_MAX];
     uint8_t *buf;
     size_t len, cap;
 } srv_client;
@@ -270,8 +272,10 @@ static int process(tpi_store_server *s, srv_client *c) {
         uint8_t flags = s->auth.on ? 1 : 0;
         const uint8_t want[8] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, flags, 0, 0};
         /* A client whose auth differs hears our flags and goes (TCP-17). */
-        if (memcmp(c->buf, want, 5) != 0 || c->buf[6] || c->buf[7])
+        if (memcmp(c->buf, want, 5) != 0 || c->buf[6] || c->buf[7]) {
+            c->why = "not a tensorplay store handshake of this version";
             return -1;
+        }
         uint8_t back[TPI_STORE_SERVER_HELLO_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION,
                                                     flags};
         c->rank = get_u32(c->buf + 8);
@@ -286,6 +290,9 @@ static int process(tpi_store_server *s, srv_client *c) {
             tpi_tcp_auth_proof(&s->auth, "tp/store/server v1", ctx, 4 + 2 * TPI_TCP_NONCE_SIZE,
                                back + 24);
         }
+        if (c->buf[5] != flags)
+            c->why = s->auth.on ? "it does not authenticate (auth=off), this store does"
+                                : "it authenticates, this store has auth=off";
         if (tpi_sock_send_all(c->fd, back, sizeof back, deadline) != 0 || c->buf[5] != flags)
             return -1;
         c->handshaken = s->auth.on ? 1 : 2;
@@ -301,8 +308,10 @@ static int process(tpi_store_server *s, srv_client *c) {
         memcpy(ctx + 4, c->nonce_c, TPI_TCP_NONCE_SIZE);
         memcpy(ctx + 4 + TPI_TCP_NONCE_SIZE, c->nonce_s, TPI_TCP_NONCE_SIZE);
         if (!tpi_tcp_auth_check(&s->auth, "tp/store/client v1", ctx, 4 + 2 * TPI_TCP_NONCE_SIZE,
-                                c->buf + off))
+                                c->buf + off)) {
+            c->why = "its proof of the job secret is wrong (TCP-17)";
             return -1; /* the stranger is dropped; it read nothing and wrote nothing */
+        }
         if (tpi_sock_send_all(c->fd, TPI_STORE_AUTH_OK, 4, deadline) != 0)
             return -1;
         c->handshaken = 2;
@@ -312,12 +321,16 @@ static int process(tpi_store_server *s, srv_client *c) {
         s->seen[c->rank] = 1; /* TCP-11: an authenticated rank came */
     while (c->len - off >= 4) {
         uint32_t n = get_u32(c->buf + off);
-        if (n < 4 || n > TPI_STORE_MSG_MAX)
+        if (n < 4 || n > TPI_STORE_MSG_MAX) {
+            c->why = "a request length out of bounds";
             return -1;
+        }
         if (c->len - off - 4 < n)
             break;
-        if (handle(s, c, c->buf + off + 4, n) != 0)
+        if (handle(s, c, c->buf + off + 4, n) != 0) {
+            c->why = "a malformed request, or a reply it did not read";
             return -1;
+        }
         off += 4 + (size_t)n;
     }
     memmove(c->buf, c->buf + off, c->len - off);
@@ -355,6 +368,9 @@ static int client_read(tpi_store_server *s, srv_client *c) {
 }
 
 static void client_drop(tpi_store_server *s, size_t i) {
+    if (s->clients[i].why)
+        tpi_log(TP_LOG_WARN, "rendezvous store %s dropped the client at %s: %s", s->desc,
+                s->clients[i].addr, s->clients[i].why);
     close(s->clients[i].fd);
     free(s->clients[i].buf);
     s->clients[i] = s->clients[--s->nclients];
@@ -387,7 +403,14 @@ static void accept_all(tpi_store_server *s) {
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        s->clients[s->nclients++] = (srv_client){.fd = fd, .rank = UINT32_MAX};
+        srv_client *c = &s->clients[s->nclients++];
+        *c = (srv_client){.fd = fd, .rank = UINT32_MAX};
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0)
+            tpi_tcp_format_sockaddr((struct sockaddr *)&sa, c->addr, sizeof c->addr);
+        else
+            tpi_format(c->addr, sizeof c->addr, "(unknown address)");
     }
 }
 

@@ -106,7 +106,7 @@ def restore(tree, rel, pristine):
 
 
 TARGETS = ["tpsim", "conformance_sim", "test_future", "test_timeout",
-           "test_shutdown", "test_init", "test_send_failure"]
+           "test_shutdown", "test_init", "test_send_failure", "test_rejoin"]
 
 
 def tests(build):
@@ -119,6 +119,7 @@ def tests(build):
         ("test_shutdown", [os.path.join(t, "test_shutdown")]),
         ("test_init", [os.path.join(t, "test_init")]),
         ("test_send_failure", [os.path.join(t, "test_send_failure")]),
+        ("test_rejoin", [os.path.join(t, "test_rejoin")]),
         ("swarm", [tp, "swarm", "--seeds", "1..150"]),
         ("swarm16", [tp, "swarm", "--seeds", "1001..1010", "--workers", "16"]),
         ("scenarios", ["sh", "-c", " && ".join(

@@ -298,6 +298,32 @@ double tp_options_shutdown_timeout(const tp_options *opts);
  */
 tp_status tp_options_set_rejoin(tp_options *opts, int rejoin);
 int tp_options_rejoin(const tp_options *opts);
+/* ---- The log (spec/api.md LOG-1..3) ------------------------------------- */
+
+/*
+ * What the library says without being asked: refused connections (with the
+ * address and the reason), peer deaths, restarts, a rendezvous still waiting
+ * (every 5 s, naming the missing ranks). The level comes from TP_LOG (error,
+ * warn, info or debug; default warn) unless tp_set_log_level set it.
+ */
+typedef enum tp_log_level {
+    TP_LOG_ERROR = 1,
+    TP_LOG_WARN = 2,
+    TP_LOG_INFO = 3,
+    TP_LOG_DEBUG = 4
+} tp_log_level;
+/* Receives each message at or above the level (msg borrowed for the call),
+ * from any thread, maybe inside the library's I/O loop: it must not block
+ * or call the library. */
+typedef void (*tp_log_fn)(tp_log_level level, const char *msg, void *user_data);
+/* NULL restores the default: "tensorplay-rpc: <level>: <msg>" lines on
+ * stderr. Set it before init: a message logged while it changes may reach
+ * the old function. */
+void tp_set_log_callback(tp_log_fn fn, void *user_data);
+tp_status tp_set_log_level(tp_log_level level); /* TP_EINVAL outside the enum */
+tp_log_level tp_log_level_now(void);
+const char *tp_log_level_name(tp_log_level level); /* "error" .. "debug", "?" */
+
 /*
  * A fresh job secret for the TCP transport's authentication (spec/tcp.md
  * TCP-17): 32 random bytes as 64 hex digits and a NUL, written to hex (len

@@ -557,8 +557,21 @@ static void test_tcp_peer_leaves(void **state) {
 
 enum { F_READY = 3, F_ATTACKED = 4, C_READY = 3 };
 
+enum { C_REFUSED = 4, C_STORE_DROPPED = 5 };
+
+/* LOG-3: each refusal is logged with the address and the reason; counted
+ * here in the job's shared memory for the parent to check. */
+static void count_refusals(tp_log_level level, const char *msg, void *ud) {
+    tt_shared *sh = ud;
+    if (level == TP_LOG_WARN && strstr(msg, "refused a connection from 127.0.0.1:"))
+        atomic_fetch_add(&sh->count[C_REFUSED], 1);
+    if (level == TP_LOG_WARN && strstr(msg, "dropped the client at 127.0.0.1:"))
+        atomic_fetch_add(&sh->count[C_STORE_DROPPED], 1);
+}
+
 static int body_garbage(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
+    tp_set_log_callback(count_refusals, sh);
     tp_options *o = tt_options(job, 10, 10);
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
@@ -816,6 +829,10 @@ static void test_tcp_garbage(void **state) {
     assert_int_equal(sback[5], 1);
     expect_dropped(fd);
     assert_int_equal(store->ops->set(store, "test/after-garbage", "1", 1), TP_OK);
+    /* LOG-3: the refused hellos and the stranger's proof at worker1, and the
+     * store's dropped clients at rank 0, were logged with their addresses. */
+    assert_true(atomic_load(&job.shared->count[C_REFUSED]) >= 10);
+    assert_true(atomic_load(&job.shared->count[C_STORE_DROPPED]) >= 3);
     store->ops->close(store);
     usleep(100000); /* let worker1 finish its probe before the calls */
     atomic_store(&job.shared->flag[F_ATTACKED], 1);

@@ -1,0 +1,116 @@
+/*
+ * test_log.c: the library's log (spec/api.md LOG-1..3): TP_LOG and the
+ * level, the callback, and what the core says on its own on the simulator:
+ * a rendezvous that waits names the missing ranks every 5 s, and a peer's
+ * death is a warning.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/log.h"
+#include "tensorplay/rpc.h"
+#include "tensorplay/sim.h"
+
+#include "sim_check.h"
+
+#define LINES_MAX 64
+
+static struct {
+    int n;
+    tp_log_level level[LINES_MAX];
+    char text[LINES_MAX][256];
+} got;
+
+static void collect(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (got.n < LINES_MAX) {
+        got.level[got.n] = level;
+        snprintf(got.text[got.n], sizeof got.text[got.n], "%s", msg);
+        got.n++;
+    }
+}
+
+static int count(tp_log_level level, const char *needle) {
+    int n = 0;
+    for (int i = 0; i < got.n; i++)
+        n += got.level[i] == level && strstr(got.text[i], needle) != NULL;
+    return n;
+}
+
+static int setup(void **state) {
+    (void)state;
+    memset(&got, 0, sizeof got);
+    failures = 0;
+    tp_set_log_callback(collect, NULL);
+    return 0;
+}
+
+/* LOG-1, LOG-2: TP_LOG gives the first level; tp_set_log_level overrides it;
+ * a message below the level is not formatted or delivered. */
+static void test_log_levels(void **state) {
+    (void)state;
+    assert_int_equal(tp_log_level_now(), TP_LOG_DEBUG); /* main set TP_LOG=debug first */
+    assert_int_equal(tp_set_log_level(TP_LOG_ERROR), TP_OK);
+    tpi_log(TP_LOG_WARN, "not %s", "this");
+    tpi_log(TP_LOG_ERROR, "this one, %d", 7);
+    assert_int_equal(got.n, 1);
+    assert_int_equal(got.level[0], TP_LOG_ERROR);
+    assert_string_equal(got.text[0], "this one, 7");
+    assert_int_equal(tp_set_log_level((tp_log_level)9), TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "log level 9"));
+    assert_int_equal(tp_log_level_now(), TP_LOG_ERROR);
+    assert_string_equal(tp_log_level_name(TP_LOG_INFO), "info");
+    assert_string_equal(tp_log_level_name((tp_log_level)0), "?");
+}
+
+/* w1 comes 12 s late (its host is paused); w0 dies at 20 s. */
+static int program(int rank, int world, void *arg) {
+    (void)arg;
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 60) == TP_OK);
+    CHECK(tp_init_rpc(rank ? "w1" : "w0", "SIM", rank, world, o) == TP_OK);
+    tp_options_free(o);
+    if (rank == 0) {
+        (void)tp_sleep(20.0);
+        tp_sim_crash_self();
+        return 0;
+    }
+    (void)tp_sleep(30.0);
+    (void)tp_shutdown(1); /* w0 is gone: TP_EPEERDOWN */
+    return 0;
+}
+
+/* LOG-3: init progress every 5 s, naming the missing rank; a peer's death
+ * once, as a warning naming it. */
+static void test_log_what_the_core_says(void **state) {
+    (void)state;
+    assert_int_equal(tp_set_log_level(TP_LOG_INFO), TP_OK);
+    tp_sim_config cfg = {.hosts = 2, .seed = 3};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    assert_int_equal(tp_sim_load_faults(sim, "pause 1 0 12000\n", err, sizeof err), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    /* w0 waited about 12 s for w1: told at 5 s and 10 s, not later. */
+    assert_int_equal(count(TP_LOG_INFO, "worker 'w0' (rank 0) has waited"), 2);
+    assert_int_equal(count(TP_LOG_INFO, "not yet seen: rank 1 (of 2 workers)"), 2);
+    assert_int_equal(count(TP_LOG_WARN, "worker 'w1' (rank 1): worker 'w0' (id 0) is down"), 1);
+}
+
+int main(void) {
+    setenv("TP_LOG", "debug", 1); /* read once, at the first message or query */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_log_levels, setup),
+        cmocka_unit_test_setup(test_log_what_the_core_says, setup),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
