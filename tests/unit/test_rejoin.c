@@ -187,11 +187,91 @@ static void test_rejoin_checks_the_name(void **state) {
     tp_sim_free(sim);
 }
 
+/* ---- A rejoin that cannot tell a live peer, and one with a dead peer ------------ */
+
+static struct {
+    tp_status rejoin_st, call_st, shutdown_st;
+    char rejoin_msg[TP_ERRMSG_LEN_MAX];
+    uint64_t rejoin_ns;
+} q;
+
+/* w1 dies at 100 ms and restarts at 200 ms; w2 (when there is one) dies at
+ * 100 ms for good; w0 serves (and is paused when the test says so). */
+static int program_peers(int rank, int world, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 2.0) == TP_OK);
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (tp_sim_incarnation() > 0) {
+        CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
+        uint64_t t0 = now_ns();
+        q.rejoin_st = tp_init_rpc(name, "SIM", rank, world, o);
+        q.rejoin_ns = now_ns() - t0;
+        snprintf(q.rejoin_msg, sizeof q.rejoin_msg, "%s", tp_errmsg());
+        tp_options_free(o);
+        if (q.rejoin_st != TP_OK)
+            return 0;
+        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(5));
+        tp_value *res = NULL;
+        q.call_st = tp_rpc_sync(tp_to_rank(0), "slow", args, NULL, 5.0, &res);
+        tp_value_free(res);
+        tp_value_free(args);
+        CHECK(tp_shutdown(0) == TP_OK);
+        return 0;
+    }
+    CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
+    tp_options_free(o);
+    if (rank != 0) {
+        (void)tp_sleep(60.0); /* killed in here */
+        return 0;
+    }
+    (void)tp_sleep(15.0);
+    q.shutdown_st = tp_shutdown(0);
+    return 0;
+}
+
+static void run_peers(uint32_t hosts, const char *plan) {
+    memset(&q, 0, sizeof q);
+    tp_sim_config cfg = {.hosts = hosts, .seed = 7};
+    tp_sim *sim = NULL;
+    char err[256];
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_peers, NULL, NULL), TP_OK);
+    assert_int_equal(failures, 0);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+}
+
+/* REJOIN-4: a live peer that cannot answer (paused past the init deadline)
+ * fails the rejoin at the deadline, naming it and why. */
+static void test_rejoin_unreachable_peer_times_out(void **state) {
+    (void)state;
+    run_peers(2, "kill 1 100\nrestart 1 200\npause 0 150 10000\n");
+    assert_int_equal(q.rejoin_st, TP_ETIMEDOUT);
+    assert_non_null(strstr(q.rejoin_msg, "could not tell worker 'w0' (id 0) of its restart"));
+    assert_non_null(strstr(q.rejoin_msg, "timed out"));
+    assert_true(q.rejoin_ns >= 2 * SEC - TOL_NS && q.rejoin_ns <= 2 * SEC + 50 * MS);
+}
+
+/* REJOIN-4: a peer that is dead needs no news: the rejoin goes on without it. */
+static void test_rejoin_skips_a_dead_peer(void **state) {
+    (void)state;
+    run_peers(3, "kill 1 100\nkill 2 100\nrestart 1 200\n");
+    assert_int_equal(q.rejoin_st, TP_OK);
+    assert_true(q.rejoin_ns < 100 * MS);
+    assert_int_equal(q.call_st, TP_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
         cmocka_unit_test_setup(test_rejoin_needs_the_option, reset_failures),
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
