@@ -94,7 +94,6 @@ struct tp_sim_experiment {
     const tp_sim_experiment_def *def; /* an experiment's chaos, or NULL: tpsim's */
     tp_status init_status[SWARM_WORKERS_MAX];
     char init_msg[SWARM_WORKERS_MAX][160];
-    uint32_t rejoined; /* restarted workers whose rejoin succeeded */
 };
 typedef struct tp_sim_experiment swarm_run;
 
@@ -398,6 +397,15 @@ static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *
     tpsim_op_start(&run->w, me, &s, p);
 }
 
+/* The heal (every fault window over), liveness, then graceful shutdown. */
+static void heal_then_finish(swarm_run *run, int rank, int world) {
+    uint64_t now = tp_sim_now_ns(run->w.sim), heal = run->cfg->heal_ns + 10 * MS_NS;
+    if (now < heal)
+        (void)tp_sleep((double)(heal - now) / 1e9);
+    tpsim_liveness(&run->w, rank, world);
+    tpsim_worker_shutdown(&run->w, rank, world);
+}
+
 static int swarm_program(int rank, int world, void *arg) {
     swarm_run *run = arg;
     const swarm_cfg *c = run->cfg;
@@ -421,14 +429,8 @@ static int swarm_program(int rank, int world, void *arg) {
             tp_sim_crash_self(); /* gone again, so no barrier waits for it */
             return 0;
         }
-        if (st != TP_OK)
-            return 0;
-        run->rejoined++;
-        uint64_t now = tp_sim_now_ns(run->w.sim);
-        if (now < c->heal_ns + 10 * MS_NS)
-            (void)tp_sleep((double)(c->heal_ns + 10 * MS_NS - now) / 1e9);
-        tpsim_liveness(&run->w, rank, world);
-        tpsim_worker_shutdown(&run->w, rank, world);
+        if (st == TP_OK)
+            heal_then_finish(run, rank, world);
         return 0;
     }
     run->init_status[rank] = st;
@@ -444,11 +446,7 @@ static int swarm_program(int rank, int world, void *arg) {
     }
     if (def) { /* an experiment's own chaos, then the same phases */
         def->chaos(run, rank, world, def->arg);
-        uint64_t now = tp_sim_now_ns(run->w.sim);
-        if (now < c->heal_ns + 10 * MS_NS)
-            (void)tp_sleep((double)(c->heal_ns + 10 * MS_NS - now) / 1e9);
-        tpsim_liveness(&run->w, rank, world);
-        tpsim_worker_shutdown(&run->w, rank, world);
+        heal_then_finish(run, rank, world);
         return 0;
     }
     /* Chaos. */
