@@ -139,7 +139,7 @@ typedef struct tp_probe {
 uint64_t tp_core_live_count(void);
 
 /* ------------------------------------------------------------------------ */
-/* The agent interface (AGENT-1..15).                                       */
+/* The agent interface (AGENT-1..16).                                       */
 
 typedef struct tp_agent_ops {
     uint32_t api_version; /* TP_BACKEND_API_VERSION */

@@ -52,7 +52,7 @@ static int setup(void **state) {
     return 0;
 }
 
-/* LOG-1, LOG-2: TP_LOG gives the first level; tp_set_log_level overrides it;
+/* spec: LOG-1, LOG-2: TP_LOG gives the first level; tp_set_log_level overrides it;
  * a message below the level is not formatted or delivered. */
 static void test_log_levels(void **state) {
     (void)state;
@@ -87,7 +87,7 @@ static int program(int rank, int world, void *arg) {
     return 0;
 }
 
-/* LOG-3: init progress every 5 s, naming the missing rank; a peer's death
+/* spec: LOG-3: init progress every 5 s, naming the missing rank; a peer's death
  * once, as a warning naming it. */
 static void test_log_what_the_core_says(void **state) {
     (void)state;

@@ -146,7 +146,7 @@ static tp_sim *run(rejoin_mode mode, uint64_t seed) {
     return sim;
 }
 
-/* REJOIN-1..6: the new incarnation serves and calls; the old one's late
+/* spec: REJOIN-1..6: the new incarnation serves and calls; the old one's late
  * answer reaches nobody; its rrefs fail with a clear error; shutdown is
  * clean on both. The oracle checks every reply against its request. */
 static void test_rejoin_new_incarnation_works(void **state) {
@@ -167,7 +167,7 @@ static void test_rejoin_new_incarnation_works(void **state) {
     }
 }
 
-/* REJOIN-1: without the option a second process for a running rank is
+/* spec: REJOIN-1: without the option a second process for a running rank is
  * refused, and the message says what to do. */
 static void test_rejoin_needs_the_option(void **state) {
     (void)state;
@@ -178,7 +178,7 @@ static void test_rejoin_needs_the_option(void **state) {
     tp_sim_free(sim);
 }
 
-/* REJOIN-1: the rank is the job's, under its name. */
+/* spec: REJOIN-1: the rank is the job's, under its name. */
 static void test_rejoin_checks_the_name(void **state) {
     (void)state;
     tp_sim *sim = run(MODE_WRONG_NAME, 1);
@@ -245,7 +245,7 @@ static void run_peers(uint32_t hosts, const char *plan) {
     tp_sim_free(sim);
 }
 
-/* REJOIN-4: a live peer that cannot answer (paused past the init deadline)
+/* spec: REJOIN-4: a live peer that cannot answer (paused past the init deadline)
  * fails the rejoin at the deadline, naming it and why. */
 static void test_rejoin_unreachable_peer_times_out(void **state) {
     (void)state;
@@ -256,7 +256,7 @@ static void test_rejoin_unreachable_peer_times_out(void **state) {
     assert_true(q.rejoin_ns >= 2 * SEC - TOL_NS && q.rejoin_ns <= 2 * SEC + 50 * MS);
 }
 
-/* REJOIN-4: a peer that is dead needs no news: the rejoin goes on without it. */
+/* spec: REJOIN-4: a peer that is dead needs no news: the rejoin goes on without it. */
 static void test_rejoin_skips_a_dead_peer(void **state) {
     (void)state;
     run_peers(3, "kill 1 100\nkill 2 100\nrestart 1 200\n");
