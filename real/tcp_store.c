@@ -541,6 +541,7 @@ static void kept_stop_locked(void) {
         return;
     tpi_store_server_stop(kept_server, kept_linger_ns);
     kept_server = NULL;
+    tpi_tcp_auth_clear(&kept_auth); /* no key outlives its server */
 }
 
 static void kept_at_exit(void) {
