@@ -28,6 +28,9 @@ static int errors_remote_message_and_callee(int rank, int ws) {
         /* The same on a self call. */
         CHECK_STATUS(conf_sync(tp_to_rank(0), "boom", NULL, &res), TP_EREMOTE);
         CHECK_CONTAINS(tp_errmsg(), "boom: deliberate failure");
+        /* spec: ERR-3: a NULL handle is an error, never a crash. */
+        CHECK_STATUS(tp_rref_to_here(NULL, 1.0, &res), TP_EINVAL);
+        CHECK(res == NULL);
     }
     CHECK_OK(tp_shutdown(1));
     return conf_finish(rank);

@@ -726,6 +726,15 @@ static const struct {
  * status of a value not ready yet, method call status]. The rpc_async (add(1, 2)
  * to the caller) is fire-and-forget: its future is freed at once.
  */
+/* A non-blocking *function* named like Counter's method "get": a method call
+ * "get" must reach the method, never this (FUNC-6 routes functions only). */
+static tp_status fn_nb_get_decoy(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                 tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_str("the function 'get', not Counter.get");
+    return TP_OK;
+}
+
 static tp_status fn_nb_try_wait(tp_call *call, const tp_value *args, const tp_value *kwargs,
                                 tp_value **result, void *user_data) {
     (void)args, (void)kwargs, (void)user_data;
@@ -778,6 +787,7 @@ static const struct {
     {"nb_add", fn_add},
     {"nb_echo", fn_echo},
     {"nb_try_wait", fn_nb_try_wait},
+    {"get", fn_nb_get_decoy}, /* METHOD-1, FUNC-6: a method call never takes this */
 };
 
 static const struct {

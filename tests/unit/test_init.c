@@ -275,8 +275,51 @@ static void test_init_store_lost_replies(void **state) {
     lossy_close(&ls->base);
 }
 
+/* spec: INIT-9: an init whose backend cannot start (here: a second worker
+ * context on a host that already runs a started worker) leaves the context
+ * as it was, so the next init is refused for the same reason, not as
+ * "already in progress". */
+static tp_status dead_st[2];
+static char dead_msg[2][TP_ERRMSG_LEN_MAX];
+
+static int program_dead_host(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_init_rpc(rank ? "w1" : "w0", "SIM", rank, world_size, NULL) == TP_OK);
+    if (rank == 1) {
+        tp_context *mine = tp_context_current();
+        tp_context *other = tp_context_new();
+        tp_context_switch(other, NULL);
+        for (int i = 0; i < 2; i++) { /* no wait happens before start fails */
+            dead_st[i] = tp_init_rpc("x", "SIM", 0, 1, NULL);
+            snprintf(dead_msg[i], sizeof dead_msg[i], "%s", tp_errmsg());
+        }
+        CHECK(!tp_is_initialized());
+        tp_context_switch(mine, NULL);
+        tp_context_free(other);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_init_backend_start_failure_cleans_up(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 1};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_dead_host, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(dead_st[i], TP_EBACKEND);
+        if (!strstr(dead_msg[i], "could not start"))
+            print_error("init %d: %s\n", i, dead_msg[i]);
+        assert_non_null(strstr(dead_msg[i], "could not start"));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
         cmocka_unit_test_setup(test_init_warmup_reaches_every_worker, reset_failures),
         cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere,
                                reset_failures),
