@@ -87,10 +87,10 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
     return st;
 }
 
-/* One round: tp:join to every peer in `todo`; clears those that answered,
- * and sets dead[q] for those down (their todo stays: see the caller). The
+/* One round: tp:join to every peer in `untold`; clears those that answered,
+ * and sets dead[q] for those down (their untold stays: see the caller). The
  * last failure's message is kept in last. */
-static tp_status announce_round(tp_core *c, const char *addr, uint8_t *todo, uint8_t *dead,
+static tp_status announce_round(tp_core *c, const char *addr, uint8_t *untold, uint8_t *dead,
                                 uint64_t deadline_ns, char *last, size_t last_len) {
     uint32_t n = c->world_size;
     tp_future **fs = calloc(n, sizeof *fs);
@@ -102,7 +102,7 @@ static tp_status announce_round(tp_core *c, const char *addr, uint8_t *todo, uin
                                                     : 1e-9;
     tp_status st = TP_OK;
     for (uint32_t q = 0; q < n && st == TP_OK; q++) {
-        if (!todo[q])
+        if (!untold[q])
             continue;
         tp_value *args = tp_value_list_of(2, tp_value_int(c->incarnation), tp_value_str(addr));
         if (!args) {
@@ -128,7 +128,7 @@ static tp_status announce_round(tp_core *c, const char *addr, uint8_t *todo, uin
         tp_status fst = st == TP_OK ? tpi_future_result(c, fs[q], NULL) : TP_OK;
         tp_future_free(fs[q]);
         if (fst == TP_OK) {
-            todo[q] = 0;
+            untold[q] = 0;
         } else if (fst == TP_EPEERDOWN) {
             dead[q] = 1;
         } else if (fst == TP_ETIMEDOUT || fst == TP_EIO) {
@@ -147,14 +147,14 @@ static tp_status announce_round(tp_core *c, const char *addr, uint8_t *todo, uin
 
 tp_status tpi_rejoin_announce(tp_core *c, const char *addr, uint64_t deadline_ns) {
     uint32_t n = c->world_size;
-    uint8_t *todo = calloc(n, 1);
-    if (!todo)
+    uint8_t *untold = calloc(n, 1);
+    if (!untold)
         return tpi_fail(TP_ENOMEM, "rejoin: out of memory for %u peers", n);
     for (uint32_t q = 0; q < n; q++)
-        todo[q] = q != c->rank;
+        untold[q] = q != c->rank;
     uint8_t *dead = calloc(n, 1);
     if (!dead) {
-        free(todo);
+        free(untold);
         return tpi_fail(TP_ENOMEM, "rejoin: out of memory for %u peers", n);
     }
     char last[TP_ERRMSG_LEN_MAX] = "";
@@ -162,7 +162,7 @@ tp_status tpi_rejoin_announce(tp_core *c, const char *addr, uint64_t deadline_ns
     tp_status st;
     for (;;) {
         memset(dead, 0, n);
-        st = announce_round(c, addr, todo, dead, deadline_ns, last, sizeof last);
+        st = announce_round(c, addr, untold, dead, deadline_ns, last, sizeof last);
         /* A peer that is down may have restarted too, after we read the
          * store: the later of two restarts finds the earlier's address here
          * (it published its own first), so every pair meets (REJOIN-4). */
@@ -186,13 +186,13 @@ tp_status tpi_rejoin_announce(tp_core *c, const char *addr, uint64_t deadline_ns
                                       "address: %s",
                                   q, err[0] ? err : "it cannot take a restarted peer");
             } else {
-                todo[q] = 0; /* dead, and not back: it needs no news */
+                untold[q] = 0; /* dead, and not back: it needs no news */
             }
             tpi_unlock(c);
         }
         uint32_t left = 0, first = 0;
         for (uint32_t q = n; q-- > 0;)
-            if (todo[q]) {
+            if (untold[q]) {
                 left++;
                 first = q;
             }
@@ -215,7 +215,7 @@ tp_status tpi_rejoin_announce(tp_core *c, const char *addr, uint64_t deadline_ns
             break;
         }
     }
-    free(todo);
+    free(untold);
     free(dead);
     return st;
 }
