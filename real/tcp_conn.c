@@ -33,6 +33,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -57,6 +58,7 @@ struct tpi_tcp_conn {
     tpi_tcp_agent *a;
     tpi_tcp_conn *prev, *next; /* a->conns */
     int outgoing;
+    int opened;    /* outgoing: the other end answered our hello (and proved itself) */
     uint32_t peer; /* NO_PEER until an accepted connection's hello (and proof, TCP-17) */
     uint32_t claimed; /* accepted: the id its hello claims, before its proof */
     unsigned gen;  /* the peer's generation it belongs to (AGENT-16) */
@@ -90,6 +92,7 @@ static int reading(const tpi_tcp_conn *c) {
            c->state == CONN_AUTH_PROOF;
 }
 static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail);
+static void out_broke(tpi_tcp_conn *c, int uverr, const char *detail);
 static void on_conn_timer(uv_timer_t *h);
 
 /* ---- Upcalls (AGENT-2): loop thread, no internal lock held ------------------------ */
@@ -258,7 +261,7 @@ static void on_write(uv_write_t *req, int status) {
     }
     if (status < 0) {
         if (c->outgoing)
-            out_fail(c, tpi_uv_err_means_dead(status) ? TP_EPEERDOWN : TP_EIO, uv_strerror(status));
+            out_broke(c, status, uv_strerror(status));
         else
             conn_close(c); /* an accepted connection only carries our records */
         return;
@@ -337,6 +340,11 @@ static void apply_readdress(tpi_tcp_agent *a, uint32_t id) {
     p->out = NULL;
     pthread_mutex_unlock(&a->qmu);
     p->suspect = 0;
+    p->dial_fail_since_ns = 0; /* a new address: a new retry window (TCP-20) */
+    if (p->redial_pending) {
+        uv_timer_stop(&p->redial);
+        p->redial_pending = 0;
+    }
     if (old)
         conn_close(old);
 }
@@ -385,6 +393,73 @@ static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail) {
     }
 }
 
+/* ---- Dialing again (TCP-20) ------------------------------------------------------ */
+
+static void on_redial(uv_timer_t *h) {
+    tpi_tcp_agent *a = h->data;
+    tpi_tcp_peer *p = (tpi_tcp_peer *)((char *)h - offsetof(tpi_tcp_peer, redial));
+    p->redial_pending = 0;
+    if (!atomic_load(&a->stop_flag))
+        tpi_tcp_flush(a, (uint32_t)(p - a->peers));
+}
+
+/* Our dial failed before the other end answered: one reset (a live worker
+ * out of descriptors resets what it cannot accept) or one refusal is no
+ * evidence of death. Schedules another dial after a backoff and keeps the
+ * queued frames; 0 when the window is over and the failure is the verdict. */
+static int redial_later(tpi_tcp_conn *c, int uverr, const char *detail) {
+    tpi_tcp_agent *a = c->a;
+    tpi_tcp_peer *p = &a->peers[c->peer];
+    if (c->opened || !reading(c) || p->out != c || p->dead || atomic_load(&a->stop_flag) ||
+        stale(c))
+        return 0;
+    uint64_t now = tpi_tcp_now_ns();
+    if (p->dial_fail_since_ns == 0) {
+        p->dial_fail_since_ns = now;
+        p->dial_backoff_ms = TPI_TCP_REDIAL_FIRST_MS;
+    }
+    uint64_t spent_ms = (now - p->dial_fail_since_ns) / 1000000u;
+    uint64_t window_ms =
+        uverr == UV_ECONNREFUSED ? TPI_TCP_REFUSED_DEAD_MS : TPI_TCP_CONNECT_TIMEOUT_MS;
+    if (spent_ms >= window_ms)
+        return 0;
+    if (!p->redial_inited) {
+        uv_timer_init(&a->loop, &p->redial);
+        p->redial.data = a;
+        p->redial_inited = 1;
+    }
+    tpi_log(TP_LOG_INFO, "worker %u: dial to worker %u at %s failed (%s); again in %u ms", a->rank,
+            c->peer, c->addr, detail, p->dial_backoff_ms);
+    p->out = NULL;
+    p->redial_pending = 1;
+    uv_timer_start(&p->redial, on_redial, p->dial_backoff_ms, 0);
+    p->dial_backoff_ms *= 2;
+    if (p->dial_backoff_ms > TPI_TCP_REDIAL_MAX_MS)
+        p->dial_backoff_ms = TPI_TCP_REDIAL_MAX_MS;
+    conn_close(c);
+    return 1;
+}
+
+/* The outgoing connection c failed with a libuv error: before the other end
+ * answered it is dialed again (TCP-20); after, TCP-6 decides. A dial that
+ * stayed refused means nobody listens there any more; one that kept
+ * failing otherwise says only that the network is broken. */
+static void out_broke(tpi_tcp_conn *c, int uverr, const char *detail) {
+    if (c->opened) {
+        out_fail(c, tpi_uv_err_means_dead(uverr) ? TP_EPEERDOWN : TP_EIO, detail);
+        return;
+    }
+    if (redial_later(c, uverr, detail))
+        return;
+    out_fail(c, uverr == UV_ECONNREFUSED ? TP_EPEERDOWN : TP_EIO, detail);
+}
+
+/* The peer answered our dial: the retry window starts afresh next time. */
+static void out_opened(tpi_tcp_conn *c) {
+    c->opened = 1;
+    c->a->peers[c->peer].dial_fail_since_ns = 0;
+}
+
 /* The peer answered on our outgoing connection while suspected: it lives,
  * so what broke was only the connection it dialed to us. */
 static void peer_alive(tpi_tcp_conn *c) {
@@ -418,7 +493,8 @@ static void probe(tpi_tcp_agent *a, uint32_t id, const char *detail) {
         return; /* one probe at a time answers for every connection */
     p->suspect = 1;
     if (!p->out) {
-        dial(a, id); /* the acceptor's hello is the answer; a failure is the verdict */
+        if (!p->redial_pending) /* else the pending dial answers */
+            dial(a, id); /* the acceptor's hello is the answer; a failure is the verdict */
         return;
     }
     tpi_tcp_conn *c = p->out;
@@ -626,6 +702,7 @@ static void on_auth_record(tpi_tcp_conn *c) {
         c->gen = atomic_load_explicit(&a->peers[c->peer].gen, memory_order_relaxed);
         return;
     }
+    out_opened(c);
     tpi_tcp_auth_proof(&a->auth, PROOF_DIAL, ctx, proof_ctx(c, ctx), pl);
     tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
     if (conn_write_record(c, c->auth_out[1], 0) < 0) {
@@ -689,8 +766,9 @@ static void on_record(tpi_tcp_conn *c) {
         }
         c->state = CONN_OPEN;
         uv_timer_stop(&c->timer);
+        out_opened(c);
         peer_alive(c);
-        tpi_tcp_direct_grant(a, c->peer);
+        tpi_tcp_flush(a, c->peer); /* the frames that waited for the answer; grants direct writes */
         return;
     }
     if (!c->outgoing && !tpi_tcp_is_ctl(c->rec)) {
@@ -792,11 +870,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         } else if (c->got_abort) {
             out_fail(c, TP_EIO, "the worker closed the connection after an error");
         } else {
-            tp_status why = tpi_uv_err_means_dead(err) ? TP_EPEERDOWN : TP_EIO;
-            out_fail(c, why,
-                     c->got_bye      ? "the worker shut down"
-                     : err == UV_EOF ? "the connection was closed (end of file)"
-                                     : uv_strerror(err));
+            out_broke(c, err,
+                      c->got_bye      ? "the worker shut down"
+                      : err == UV_EOF ? "the connection was closed (end of file)"
+                                      : uv_strerror(err));
         }
         return;
     }
@@ -844,7 +921,7 @@ static void on_connect(uv_connect_t *req, int status) {
     if (status == UV_ECANCELED || c->state == CONN_CLOSED)
         return;
     if (status < 0) {
-        out_fail(c, tpi_uv_err_means_dead(status) ? TP_EPEERDOWN : TP_EIO, uv_strerror(status));
+        out_broke(c, status, uv_strerror(status));
         return;
     }
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
@@ -876,7 +953,7 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
     tpi_format(c->addr, sizeof c->addr, "%s", p->addr);
     int rc = uv_tcp_connect(&c->connect_req, &c->tcp, (const struct sockaddr *)&p->sa, on_connect);
     if (rc < 0) {
-        out_fail(c, tpi_uv_err_means_dead(rc) ? TP_EPEERDOWN : TP_EIO, uv_strerror(rc));
+        out_broke(c, rc, uv_strerror(rc));
         return NULL;
     }
     socket_tune(c); /* the socket exists once the connect started */
@@ -959,10 +1036,11 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
 void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
     tpi_tcp_peer *p = &a->peers[id];
     apply_readdress(a, id);
-    if (!p->dead && !p->out && !dial(a, id))
-        return;
-    if (a->auth.on && p->out && p->out->state != CONN_OPEN)
-        return; /* TCP-17: frames wait in the queue until the handshake is done */
+    if (!p->dead && !p->out && (p->redial_pending || !dial(a, id)))
+        return; /* TCP-20: they wait for the next dial */
+    if (p->out && p->out->state != CONN_OPEN)
+        return; /* frames wait in the queue until the other end answered (and proved
+                   itself, TCP-17): a dial that fails before is tried again without loss */
     pthread_mutex_lock(&a->qmu);
     tpi_tcp_direct_stop_locked(a, p); /* the loop writes here now, after any direct rest */
     tp_frame *f = p->q_head;
@@ -993,6 +1071,12 @@ void tpi_tcp_close_all(tpi_tcp_agent *a) {
         if (c->outgoing && a->peers[c->peer].out == c)
             a->peers[c->peer].out = NULL;
         conn_close(c);
+    }
+    for (uint32_t i = 0; i < a->world_size; i++) {
+        if (a->peers[i].redial_inited) {
+            a->peers[i].redial_inited = a->peers[i].redial_pending = 0;
+            uv_close((uv_handle_t *)&a->peers[i].redial, NULL);
+        }
     }
 }
 

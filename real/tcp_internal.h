@@ -135,6 +135,16 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
 #define TPI_TCP_HELLO_TIMEOUT_MS 10000
 /* A dialed connection must be accepted and answered within this time. */
 #define TPI_TCP_CONNECT_TIMEOUT_MS 30000
+/* A dial that failed before the other end answered (reset, end of file,
+ * refused) is tried again (TCP-20): first after TPI_TCP_REDIAL_FIRST_MS, then
+ * twice as long each time up to TPI_TCP_REDIAL_MAX_MS. One reset is no
+ * evidence of death: a live worker out of descriptors resets what it cannot
+ * accept. Refusals for TPI_TCP_REFUSED_DEAD_MS are (nothing listens at the
+ * address any more); other failures for TPI_TCP_CONNECT_TIMEOUT_MS end in
+ * TP_EIO, not death. */
+#define TPI_TCP_REDIAL_FIRST_MS 10
+#define TPI_TCP_REDIAL_MAX_MS 1000
+#define TPI_TCP_REFUSED_DEAD_MS 1000
 /* A suspected peer must answer a probe within this time (TCP-7). */
 #define TPI_TCP_PROBE_TIMEOUT_MS 5000
 /* An aborted connection is closed after its ABORT record or this time. */
@@ -209,6 +219,12 @@ typedef struct tpi_tcp_peer {
     tpi_tcp_conn *out; /* the connection we dialed: frames go there */
     int suspect;       /* a probe is running (TCP-7) */
     char suspect_detail[160];
+    /* TCP-20: the dial failed before an answer; the next one waits for the
+     * redial timer (inited on first use, closed by stop). */
+    uv_timer_t redial;
+    int redial_inited, redial_pending;
+    uint64_t dial_fail_since_ns; /* 0 once a dial was answered */
+    unsigned dial_backoff_ms;
 } tpi_tcp_peer;
 
 struct tpi_tcp_agent {
