@@ -74,6 +74,48 @@
 #define TPI_INFLIGHT_BYTES_MIN ((uint64_t)4096)
 #define TPI_INFLIGHT_BYTES_MAX ((uint64_t)1 << 40)
 
+/* ---- Bounds against any peer (spec/tcp.md TCP-19) ------------------------
+ * What one connection, or all of them, can make a worker hold. Each is the
+ * default and the most a backend option may set: options only lower them. */
+
+/* An accepted connection must say hello and prove itself (TCP-17) within
+ * this time: a stranger holds a descriptor and ~1 KiB no longer. Option
+ * hello_timeout (seconds). */
+#define TPI_TCP_HELLO_TIMEOUT_MS 10000
+/* A frame whose header was admitted must arrive whole within this time plus
+ * one second for each TPI_TCP_FRAME_RATE_MIN bytes (a 1 GiB frame gets some
+ * 17 minutes): a slower sender holds a frame's memory for nothing and is
+ * dropped. Option frame_timeout (seconds, the first term). */
+#define TPI_TCP_FRAME_TIMEOUT_MS 30000
+#define TPI_TCP_FRAME_RATE_MIN ((uint64_t)1 << 20)
+/* An accepted connection that carried nothing for this long is asked to
+ * close (IDLE); the dialer closes it once its writes are out (CLOSE), so
+ * nothing is lost, and its next frame dials anew. Its descriptor and
+ * buffers come back. Option idle_timeout (seconds). */
+#define TPI_TCP_IDLE_TIMEOUT_MS 300000
+/* A dialer asked to close an idle connection does so within this time (or
+ * idle_timeout when shorter), or the connection is aborted; the dialer
+ * waits as long for the end. */
+#define TPI_TCP_IDLE_GRACE_MS 10000
+/* Bytes of the frames a worker is reading, over all its connections, as
+ * their headers declared them. A header that would pass it waits, its
+ * connection unread, until frames in progress end (waiting ones are then
+ * admitted in order; a header that fits does not wait behind them, so no
+ * peer's large frame holds up another's small ones); a frame alone is always
+ * admitted (max_message_size bounds it: one frame at a time per
+ * connection). 64 headers declaring 1 GiB reserve 2 GiB, not 64; the pages
+ * themselves are touched, so committed, only as bytes arrive. Option
+ * rx_budget (bytes). */
+#define TPI_TCP_RX_BUDGET_DEFAULT ((uint64_t)2 << 30)
+#define TPI_TCP_RX_BUDGET_MIN ((uint64_t)4096)
+/* Accepted connections still in their hello or handshake; beyond it new
+ * ones are closed at once (and logged), so strangers cannot take every
+ * descriptor or starve a peer's dial. Option max_handshakes. */
+#define TPI_TCP_HANDSHAKES_MAX 64
+/* Identified connections one peer may have open to a worker: it keeps one,
+ * and briefly a second while the end of a broken one is not yet seen. */
+#define TPI_TCP_CONNS_PER_PEER_MAX 4
+
 /* A timeout in seconds as a u32 of milliseconds on the wire: ~49 days. */
 #define TPI_TIMEOUT_S_MAX 4000000.0
 
@@ -89,6 +131,8 @@ _Static_assert(TPI_FRAME_CACHE_BLOCKS >= 1 && TPI_FRAME_CACHE_MIN <= TPI_FRAME_C
 _Static_assert(TPI_INFLIGHT_BYTES_MIN <= TPI_INFLIGHT_BYTES_DEFAULT &&
                    TPI_INFLIGHT_BYTES_DEFAULT <= TPI_INFLIGHT_BYTES_MAX,
                "the default window is a valid one");
+_Static_assert(TPI_TCP_RX_BUDGET_MIN <= TPI_TCP_RX_BUDGET_DEFAULT, "the default budget is valid");
+_Static_assert(TPI_TCP_IDLE_GRACE_MS < TPI_TCP_IDLE_TIMEOUT_MS, "asking to close takes less than idling");
 _Static_assert((uint64_t)TPI_TIMEOUT_S_MAX * 1000u < 4294967295u, "timeout ms fits a u32");
 
 #endif

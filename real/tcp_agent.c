@@ -10,6 +10,7 @@
  * every handle, joins the loop thread, lets accepted work items finish and
  * joins the pool, then frees what was still queued.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,6 +236,72 @@ static tp_status read_listen_options(tpi_tcp_agent *a, const tp_options *opts, c
     return TP_OK;
 }
 
+/* A seconds option no greater than max_ms, as milliseconds (at least 1). */
+static tp_status read_seconds(const tp_options *opts, const char *key, uint32_t max_ms,
+                              uint32_t *out, char *errmsg, size_t errmsg_len) {
+    const char *v = tp_options_get(opts, key);
+    *out = max_ms;
+    if (!v || !*v)
+        return TP_OK;
+    char *end = NULL;
+    errno = 0;
+    double s = strtod(v, &end);
+    if (errno != 0 || end == v || *end != '\0' || !(s > 0) || s * 1000.0 > (double)max_ms) {
+        tpi_format(errmsg, errmsg_len,
+                   "%s '%.32s' is not a number of seconds in (0, %g]: options can only lower "
+                   "this bound (TCP-19)",
+                   key, v, max_ms / 1000.0);
+        return TP_EINVAL;
+    }
+    uint32_t ms = (uint32_t)(s * 1000.0);
+    *out = ms ? ms : 1;
+    return TP_OK;
+}
+
+/* A whole-number option in [min, max]. */
+static tp_status read_count(const tp_options *opts, const char *key, uint64_t min, uint64_t max,
+                            uint64_t *out, char *errmsg, size_t errmsg_len) {
+    const char *v = tp_options_get(opts, key);
+    *out = max;
+    if (!v || !*v)
+        return TP_OK;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || *v == '-' || n < min || n > max) {
+        tpi_format(errmsg, errmsg_len,
+                   "%s '%.32s' is not a whole number in [%llu, %llu]: options can only lower "
+                   "this bound (TCP-19)",
+                   key, v, (unsigned long long)min, (unsigned long long)max);
+        return TP_EINVAL;
+    }
+    *out = n;
+    return TP_OK;
+}
+
+/* TCP-19: the bounds against any peer, lowered by options. */
+static tp_status read_bound_options(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
+                                    size_t errmsg_len) {
+    uint64_t hs = 0;
+    tp_status st =
+        read_seconds(opts, "hello_timeout", TPI_TCP_HELLO_TIMEOUT_MS, &a->hello_ms, errmsg,
+                     errmsg_len);
+    if (st == TP_OK)
+        st = read_seconds(opts, "frame_timeout", TPI_TCP_FRAME_TIMEOUT_MS, &a->frame_ms, errmsg,
+                          errmsg_len);
+    if (st == TP_OK)
+        st = read_seconds(opts, "idle_timeout", TPI_TCP_IDLE_TIMEOUT_MS, &a->idle_ms, errmsg,
+                          errmsg_len);
+    if (st == TP_OK)
+        st = read_count(opts, "rx_budget", TPI_TCP_RX_BUDGET_MIN, TPI_TCP_RX_BUDGET_DEFAULT,
+                        &a->rx_budget, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = read_count(opts, "max_handshakes", 1, TPI_TCP_HANDSHAKES_MAX, &hs, errmsg,
+                        errmsg_len);
+    a->handshakes_max = (uint32_t)hs;
+    return st;
+}
+
 static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
                               const tp_agent_ops **ops, char *errmsg, size_t errmsg_len) {
     TPI_ASSERT(params && params->opts && agent && ops && params->world_size > 0);
@@ -259,7 +326,11 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
     tpi_tcp_ctl_encode(a->rec_abort, TPI_TCP_CTL_ABORT, a->rank);
     tpi_tcp_ctl_encode(a->rec_ping, TPI_TCP_CTL_PING, a->rank);
     tpi_tcp_ctl_encode(a->rec_pong, TPI_TCP_CTL_PONG, a->rank);
+    tpi_tcp_ctl_encode(a->rec_idle, TPI_TCP_CTL_IDLE, a->rank);
+    tpi_tcp_ctl_encode(a->rec_close, TPI_TCP_CTL_CLOSE, a->rank);
     tp_status st = read_listen_options(a, params->opts, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = read_bound_options(a, params->opts, errmsg, errmsg_len);
     if (st == TP_OK)
         st = tpi_tcp_auth_setup(params->opts, &a->auth, errmsg, errmsg_len);
     if (st == TP_OK) {
@@ -292,8 +363,10 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
 }
 
 /* TCP-12: the backend keys; init rejects any other (OPT-6). */
-static const char *const option_keys[] = {"listen_addr", "listen_port", "advertise_addr",
-                                           "auth",        "secret",      NULL};
+static const char *const option_keys[] = {
+    "listen_addr",  "listen_port",  "advertise_addr", "auth",           "secret",
+    "hello_timeout", "frame_timeout", "idle_timeout",  "rx_budget",      "max_handshakes",
+    NULL};
 
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,

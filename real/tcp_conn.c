@@ -48,7 +48,8 @@ typedef enum conn_state {
     CONN_ABORTING = 3,   /* ABORT queued; closes once it is written */
     CONN_CLOSED = 4,     /* handles closing; freed by the last close callback */
     CONN_AUTH_NONCE = 5, /* hello done; waiting for the other end's nonce (TCP-17) */
-    CONN_AUTH_PROOF = 6  /* waiting for the other end's proof; nothing else is read */
+    CONN_AUTH_PROOF = 6, /* waiting for the other end's proof; nothing else is read */
+    CONN_CLOSING = 7     /* outgoing, asked to close as idle: CLOSE sent, waiting for the end */
 } conn_state;
 
 struct tpi_tcp_conn {
@@ -74,6 +75,18 @@ struct tpi_tcp_conn {
     tp_frame *rx; /* a frame being read */
     uint8_t *rx_bytes;
     size_t rx_len, rx_got;
+    /* TCP-19: accepted connections' bounds. Times are the loop's ms clock. */
+    int counted;              /* counted in a->nhandshakes until identified */
+    uint64_t rx_counted;      /* bytes of rx counted in a->rx_pending */
+    uint64_t rx_deadline_ms;  /* rx must be whole by then */
+    uint64_t active_ms;       /* the last read */
+    uint64_t idle_asked_ms;   /* when we sent IDLE; 0 before */
+    uint64_t timer_due_ms;    /* when the timer fires; UINT64_MAX when stopped */
+    int waiting;              /* its frame header waits for the read budget; not read */
+    size_t wait_len;          /* that frame's length */
+    tpi_tcp_conn *wait_next;  /* a->rx_wait_head's list */
+    uint8_t *stash;           /* bytes read after that header */
+    size_t stash_len;
 };
 
 typedef struct conn_write {
@@ -94,6 +107,10 @@ static int reading(const tpi_tcp_conn *c) {
 static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail);
 static void out_broke(tpi_tcp_conn *c, int uverr, const char *detail);
 static void on_conn_timer(uv_timer_t *h);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void in_frame_start(tpi_tcp_conn *c, size_t len);
+static void closing_done(tpi_tcp_conn *c);
 
 /* ---- Upcalls (AGENT-2): loop thread, no internal lock held ------------------------ */
 
@@ -210,6 +227,7 @@ static void on_close(uv_handle_t *h) {
     if (c->next)
         c->next->prev = c->prev;
     tp_frame_free(c->rx);
+    free(c->stash);
     free(c);
 }
 
@@ -222,6 +240,7 @@ static tpi_tcp_conn *conn_new(tpi_tcp_agent *a, int outgoing, uint32_t peer) {
     c->peer = peer;
     c->claimed = NO_PEER;
     c->state = CONN_HELLO;
+    c->timer_due_ms = UINT64_MAX;
     uv_tcp_init(&a->loop, &c->tcp);
     uv_timer_init(&a->loop, &c->timer);
     c->tcp.data = c;
@@ -235,9 +254,18 @@ static tpi_tcp_conn *conn_new(tpi_tcp_agent *a, int outgoing, uint32_t peer) {
     return c;
 }
 
+static void rx_release(tpi_tcp_conn *c);
+static void wait_remove(tpi_tcp_conn *c);
+
 static void conn_close(tpi_tcp_conn *c) {
     if (c->state == CONN_CLOSED)
         return;
+    rx_release(c); /* the frame itself is freed with c */
+    wait_remove(c);
+    if (c->counted) {
+        c->counted = 0;
+        c->a->nhandshakes--;
+    }
     if (c->outgoing && c->peer < c->a->world_size)
         direct_revoke(c->a, c->peer); /* before the socket closes */
     c->state = CONN_CLOSED;
@@ -260,7 +288,9 @@ static void on_write(uv_write_t *req, int status) {
         return;
     }
     if (status < 0) {
-        if (c->outgoing)
+        if (c->state == CONN_CLOSING)
+            closing_done(c);
+        else if (c->outgoing)
             out_broke(c, status, uv_strerror(status));
         else
             conn_close(c); /* an accepted connection only carries our records */
@@ -311,6 +341,65 @@ static void conn_abort(tpi_tcp_conn *c) {
         return;
     }
     uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_ABORT_LINGER_MS, 0);
+}
+
+/* ---- Bounds against any peer (TCP-19) ----------------------------------------------- */
+
+/* The frame being read no longer counts against the read budget: headers
+ * waiting for it are admitted on the loop's next turn. */
+static void rx_release(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    if (c->rx_counted == 0)
+        return;
+    TPI_ASSERT(a->rx_pending >= c->rx_counted);
+    a->rx_pending -= c->rx_counted;
+    c->rx_counted = 0;
+    if (a->rx_wait_head && !atomic_load(&a->stop_flag))
+        uv_idle_start(&a->rx_admit, tpi_tcp_on_rx_admit);
+}
+
+static void wait_remove(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    if (!c->waiting)
+        return;
+    c->waiting = 0;
+    tpi_tcp_conn **pp = &a->rx_wait_head, *prev = NULL;
+    while (*pp && *pp != c) {
+        prev = *pp;
+        pp = &(*pp)->wait_next;
+    }
+    TPI_ASSERT(*pp == c);
+    *pp = c->wait_next;
+    if (a->rx_wait_tail == c)
+        a->rx_wait_tail = prev;
+    c->wait_next = NULL;
+}
+
+/* How long a dialer asked to close an idle connection has to do it. */
+static uint32_t idle_grace_ms(const tpi_tcp_agent *a) {
+    return a->idle_ms < TPI_TCP_IDLE_GRACE_MS ? a->idle_ms : TPI_TCP_IDLE_GRACE_MS;
+}
+
+static void conn_timer_at(tpi_tcp_conn *c, uint64_t due_ms) {
+    c->timer_due_ms = due_ms;
+    if (due_ms == UINT64_MAX) {
+        uv_timer_stop(&c->timer);
+        return;
+    }
+    uint64_t now = uv_now(&c->a->loop);
+    uv_timer_start(&c->timer, on_conn_timer, due_ms > now ? due_ms - now : 0, 0);
+}
+
+/* An open accepted connection's next deadline: its frame's, the grace of an
+ * IDLE we sent, or its idle time's end. */
+static uint64_t in_next_due(const tpi_tcp_conn *c) {
+    if (c->waiting)
+        return UINT64_MAX; /* unread by our choice: no deadline runs */
+    if (c->rx)
+        return c->rx_deadline_ms;
+    if (c->idle_asked_ms)
+        return c->idle_asked_ms + idle_grace_ms(c->a);
+    return c->active_ms + c->a->idle_ms;
 }
 
 /* ---- Verdicts on a peer (TCP-6, TCP-7) -------------------------------------------- */
@@ -477,6 +566,38 @@ static void peer_alive(tpi_tcp_conn *c) {
 
 static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id);
 
+/* An outgoing connection we closed as idle ended (or its grace ran out):
+ * every frame we wrote on it was read, so the next one may go on a new
+ * connection without overtaking any (TCP-19). */
+static void closing_done(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    uint32_t id = c->peer;
+    tpi_tcp_peer *p = &a->peers[id];
+    if (p->out == c)
+        p->out = NULL;
+    conn_close(c);
+    pthread_mutex_lock(&a->qmu);
+    int queued = p->q_head != NULL;
+    pthread_mutex_unlock(&a->qmu);
+    if ((queued || p->suspect) && !atomic_load(&a->stop_flag))
+        tpi_tcp_flush(a, id); /* dials again */
+}
+
+/* The acceptor asks us to close our idle connection (TCP-19): CLOSE goes
+ * out behind whatever we wrote, and frames sent meanwhile wait for the end
+ * of this connection before a new one is dialed. */
+static void out_idle(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    peer_alive(c); /* it answered */
+    direct_revoke(a, c->peer);
+    c->state = CONN_CLOSING;
+    if (conn_write_record(c, a->rec_close, 0) < 0) {
+        closing_done(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_IDLE_GRACE_MS, 0);
+}
+
 /* A connection the peer dialed ended without ABORT: find out through our
  * own connection whether the process is gone (TCP-7). */
 static void probe(tpi_tcp_agent *a, uint32_t id, const char *detail) {
@@ -498,6 +619,8 @@ static void probe(tpi_tcp_agent *a, uint32_t id, const char *detail) {
         return;
     }
     tpi_tcp_conn *c = p->out;
+    if (c->state == CONN_CLOSING)
+        return; /* its end dials again, and that dial answers */
     direct_revoke(a, id); /* on_write grants it again once the probe is out */
     if (c->state == CONN_OPEN && conn_write_record(c, a->rec_ping, 0) < 0) {
         out_fail(c, TP_EIO, "cannot write a probe");
@@ -535,12 +658,76 @@ static void in_protocol_error(tpi_tcp_conn *c, const char *what) {
     char msg[TP_ERRMSG_LEN_MAX];
     tpi_format(msg, sizeof msg, "connection from %s dropped: %s", c->addr, what);
     tpi_log(TP_LOG_WARN, "worker %u: %s", a->rank, msg);
+    rx_release(c);
     tp_frame_free(c->rx);
     c->rx = NULL;
     int old = stale(c);
     conn_abort(c);
     if (!a->peers[id].dead && !old)
         upcall_down(a, id, TP_EIO, msg);
+}
+
+/* An open accepted connection's timer (TCP-19): a frame too slow, an IDLE
+ * not honoured, or idle long enough to ask for its close. */
+static void in_deadline(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    uint64_t now = uv_now(&a->loop);
+    c->timer_due_ms = UINT64_MAX;
+    if (c->waiting)
+        return;
+    char msg[TP_ERRMSG_LEN_MAX];
+    if (c->rx && now >= c->rx_deadline_ms) {
+        tpi_format(msg, sizeof msg,
+                   "a frame of %zu bytes was not whole within %u ms plus 1 s per MiB (%zu "
+                   "arrived): too slow a sender (frame_timeout)",
+                   c->rx_len, a->frame_ms, c->rx_got);
+        in_protocol_error(c, msg);
+        return;
+    }
+    if (!c->rx && c->idle_asked_ms && now >= c->idle_asked_ms + idle_grace_ms(a)) {
+        tpi_format(msg, sizeof msg, "it did not close an idle connection within %u ms of IDLE",
+                   idle_grace_ms(a));
+        in_protocol_error(c, msg);
+        return;
+    }
+    if (!c->rx && !c->idle_asked_ms && now >= c->active_ms + a->idle_ms) {
+        tpi_log(TP_LOG_DEBUG, "worker %u asks worker %u to close its connection from %s: idle %u ms",
+                a->rank, c->peer, c->addr, a->idle_ms);
+        c->idle_asked_ms = now ? now : 1;
+        if (conn_write_record(c, a->rec_idle, 0) < 0) {
+            in_ended(c, "cannot write IDLE");
+            return;
+        }
+    }
+    conn_timer_at(c, in_next_due(c));
+}
+
+/* An accepted connection proved who it is (TCP-3, TCP-17): it leaves the
+ * handshakes, within its peer's cap, and its deadlines start. 0 when it was
+ * closed for the cap. */
+static int in_identified(tpi_tcp_conn *c, uint32_t id) {
+    tpi_tcp_agent *a = c->a;
+    if (c->counted) {
+        c->counted = 0;
+        a->nhandshakes--;
+    }
+    uint32_t n = 0;
+    for (tpi_tcp_conn *o = a->conns; o; o = o->next)
+        n += o != c && !o->outgoing && o->peer == id && o->state == CONN_OPEN;
+    if (n >= TPI_TCP_CONNS_PER_PEER_MAX) {
+        tpi_log(TP_LOG_WARN,
+                "worker %u refused a connection from %s: worker %u has %u open already "
+                "(TPI_TCP_CONNS_PER_PEER_MAX, TCP-19)",
+                a->rank, c->addr, id, n);
+        conn_close(c);
+        return 0;
+    }
+    c->peer = id;
+    c->gen = atomic_load_explicit(&a->peers[id].gen, memory_order_relaxed);
+    c->state = CONN_OPEN;
+    c->active_ms = uv_now(&a->loop);
+    conn_timer_at(c, in_next_due(c));
+    return 1;
 }
 
 static void on_conn_timer(uv_timer_t *h) {
@@ -551,10 +738,18 @@ static void on_conn_timer(uv_timer_t *h) {
         conn_close(c); /* the ABORT record did not get out in time */
         return;
     }
+    if (c->state == CONN_CLOSING) {
+        closing_done(c); /* the acceptor did not end it in time: we do */
+        return;
+    }
+    if (!c->outgoing && c->state == CONN_OPEN) {
+        in_deadline(c);
+        return;
+    }
     if (!c->outgoing) {
-        tpi_log(TP_LOG_WARN, "worker %u dropped a connection from %s: no %s within %d ms",
+        tpi_log(TP_LOG_WARN, "worker %u dropped a connection from %s: no %s within %u ms",
                 c->a->rank, c->addr, c->state == CONN_HELLO ? "hello" : "authentication",
-                TPI_TCP_HELLO_TIMEOUT_MS);
+                c->a->hello_ms);
         conn_close(c); /* no hello in time: not one of ours */
         return;
     }
@@ -576,6 +771,7 @@ static void deliver(tpi_tcp_conn *c) {
     c->rx = NULL;
     c->rx_bytes = NULL;
     c->rx_len = c->rx_got = 0;
+    rx_release(c);
     if (atomic_load(&a->stop_flag)) {
         tp_frame_free(f); /* AGENT-5: incoming frames are dropped from stop on */
         return;
@@ -600,8 +796,32 @@ static void in_frame_header(tpi_tcp_conn *c) {
         in_protocol_error(c, err);
         return;
     }
+    /* TCP-19: within the read budget. A header that fits passes those that
+     * wait: one peer's large frames never hold up another's small ones. */
+    if (a->rx_pending > 0 && a->rx_pending + len > a->rx_budget) {
+        c->waiting = 1;
+        c->wait_len = len;
+        if (a->rx_wait_tail)
+            a->rx_wait_tail->wait_next = c;
+        else
+            a->rx_wait_head = c;
+        a->rx_wait_tail = c;
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        conn_timer_at(c, UINT64_MAX);
+        tpi_log(TP_LOG_DEBUG, "worker %u: a frame of %zu bytes from %s waits: %llu bytes are being read (rx_budget %llu)",
+                a->rank, len, c->addr, (unsigned long long)a->rx_pending,
+                (unsigned long long)a->rx_budget);
+        return;
+    }
+    in_frame_start(c, len);
+}
+
+/* Reads the frame of len bytes whose header is in c->rec. */
+static void in_frame_start(tpi_tcp_conn *c, size_t len) {
+    tpi_tcp_agent *a = c->a;
     tp_frame *f = tp_frame_alloc(len);
     if (!f) {
+        char err[TP_ERRMSG_LEN_MAX];
         tpi_format(err, sizeof err, "out of memory for a frame of %zu bytes", len);
         in_protocol_error(c, err);
         return;
@@ -611,8 +831,47 @@ static void in_frame_header(tpi_tcp_conn *c) {
     c->rx_len = len;
     memcpy(c->rx_bytes, c->rec, TPI_TCP_RECORD_SIZE);
     c->rx_got = TPI_TCP_RECORD_SIZE;
+    c->rx_counted = len;
+    a->rx_pending += len;
+    c->rx_deadline_ms = uv_now(&a->loop) + a->frame_ms + (uint64_t)len * 1000u / TPI_TCP_FRAME_RATE_MIN;
+    if (c->timer_due_ms > c->rx_deadline_ms)
+        conn_timer_at(c, c->rx_deadline_ms);
     if (c->rx_got == c->rx_len)
         deliver(c);
+}
+
+static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n);
+
+/* A waiting header is admitted: its frame is read, then what was read
+ * behind it, then the socket again. */
+static void in_resume(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    uint8_t *stash = c->stash;
+    size_t n = c->stash_len;
+    c->stash = NULL;
+    c->stash_len = 0;
+    in_frame_start(c, c->wait_len);
+    if (stash && c->state == CONN_OPEN)
+        consume(c, stash, n); /* may wait again, stashing the rest anew */
+    free(stash);
+    if (c->state != CONN_OPEN || c->waiting)
+        return;
+    c->active_ms = uv_now(&a->loop);
+    conn_timer_at(c, in_next_due(c));
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0)
+        in_ended(c, "cannot read again");
+}
+
+void tpi_tcp_on_rx_admit(uv_idle_t *h) {
+    tpi_tcp_agent *a = h->data;
+    uv_idle_stop(h);
+    while (a->rx_wait_head && !atomic_load(&a->stop_flag)) {
+        tpi_tcp_conn *c = a->rx_wait_head;
+        if (a->rx_pending > 0 && a->rx_pending + c->wait_len > a->rx_budget)
+            break; /* a release starts this again */
+        wait_remove(c);
+        in_resume(c);
+    }
 }
 
 /* ---- Authentication (TCP-17) -------------------------------------------------------- */
@@ -695,13 +954,12 @@ static void on_auth_record(tpi_tcp_conn *c) {
         auth_fail(c, "its proof is wrong");
         return;
     }
-    c->state = CONN_OPEN;
-    uv_timer_stop(&c->timer);
     if (!c->outgoing) { /* frames may come now, from the worker it proved to be */
-        c->peer = c->claimed;
-        c->gen = atomic_load_explicit(&a->peers[c->peer].gen, memory_order_relaxed);
+        in_identified(c, c->claimed);
         return;
     }
+    c->state = CONN_OPEN;
+    uv_timer_stop(&c->timer);
     out_opened(c);
     tpi_tcp_auth_proof(&a->auth, PROOF_DIAL, ctx, proof_ctx(c, ctx), pl);
     tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
@@ -739,10 +997,8 @@ static void on_record(tpi_tcp_conn *c) {
             c->state = CONN_AUTH_NONCE; /* the hello timer runs on until the proof */
             return;
         }
-        c->peer = sender;
-        c->gen = atomic_load_explicit(&a->peers[sender].gen, memory_order_relaxed);
-        c->state = CONN_OPEN;
-        uv_timer_stop(&c->timer);
+        if (!in_identified(c, sender))
+            return;
         tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, sender, a->world_size, 0);
         if (conn_write_record(c, c->hello_out, 0) < 0)
             in_ended(c, "cannot answer hello");
@@ -796,6 +1052,18 @@ static void on_record(tpi_tcp_conn *c) {
             return;
         }
         break;
+    case TPI_TCP_CTL_IDLE:
+        if (c->outgoing) {
+            out_idle(c);
+            return;
+        }
+        break;
+    case TPI_TCP_CTL_CLOSE:
+        if (!c->outgoing) {
+            conn_close(c); /* every frame before it was handed on; nothing follows */
+            return;
+        }
+        break;
     default:
         break;
     }
@@ -839,6 +1107,16 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
         if (c->rec_got == TPI_TCP_RECORD_SIZE) {
             c->rec_got = 0;
             on_record(c);
+            if (c->waiting && n > 0) { /* the rest waits with the header (TCP-19) */
+                c->stash = malloc(n);
+                if (!c->stash) {
+                    in_protocol_error(c, "out of memory for bytes read ahead");
+                    return;
+                }
+                memcpy(c->stash, p, n);
+                c->stash_len = n;
+                return;
+            }
         }
     }
 }
@@ -858,8 +1136,14 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     tpi_tcp_conn *c = s->data;
+    if (c->state == CONN_CLOSING) {
+        if (nread < 0)
+            closing_done(c); /* the acceptor read our CLOSE and everything before it */
+        return;              /* records only: nothing we need any more */
+    }
     if (!reading(c))
         return;
+    c->active_ms = uv_now(&c->a->loop);
     /* Before the frames read here are handed on: the answers they cause can
      * go out directly (the check handle would grant it only after them). */
     tpi_tcp_direct_regrant(c->a);
@@ -892,8 +1176,14 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 
 void tpi_tcp_on_accept(uv_stream_t *server, int status) {
     tpi_tcp_agent *a = server->data;
-    if (status < 0)
+    if (status < 0) {
+        /* Out of descriptors: libuv accepted and closed what waited (its
+         * reserve descriptor), so this does not spin; the dialers try
+         * again (TCP-20). */
+        tpi_log(TP_LOG_WARN, "worker %u cannot accept a connection: %s", a->rank,
+                uv_strerror(status));
         return;
+    }
     tpi_tcp_conn *c = conn_new(a, 0, NO_PEER);
     if (!c)
         return; /* out of memory: libuv keeps this connection and stops listening until it
@@ -902,14 +1192,32 @@ void tpi_tcp_on_accept(uv_stream_t *server, int status) {
         conn_close(c);
         return;
     }
-    socket_tune(c);
     struct sockaddr_storage sa;
     int len = sizeof sa;
     if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0)
         tpi_tcp_format_sockaddr((struct sockaddr *)&sa, c->addr, sizeof c->addr);
     else
         tpi_format(c->addr, sizeof c->addr, "(unknown address)");
-    uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_HELLO_TIMEOUT_MS, 0);
+    if (a->nhandshakes >= a->handshakes_max) { /* TCP-19: closed at once */
+        uint64_t now = uv_now(&a->loop);
+        if (now - a->refused_log_ms >= 1000 || a->refused_log_ms == 0) {
+            tpi_log(TP_LOG_WARN,
+                    "worker %u refused a connection from %s: %u connections are in their "
+                    "handshake already (max_handshakes, TCP-19); %u more refused since the last "
+                    "report",
+                    a->rank, c->addr, a->nhandshakes, a->refused_unlogged);
+            a->refused_log_ms = now ? now : 1;
+            a->refused_unlogged = 0;
+        } else {
+            a->refused_unlogged++;
+        }
+        conn_close(c);
+        return;
+    }
+    c->counted = 1;
+    a->nhandshakes++;
+    socket_tune(c);
+    uv_timer_start(&c->timer, on_conn_timer, a->hello_ms, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0)
         conn_close(c);
 }

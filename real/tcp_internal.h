@@ -35,7 +35,7 @@
 /* ---- Transport records (TCP-3..5): hello and control, 24 bytes each ------- */
 
 #define TPI_TCP_RECORD_SIZE 24
-#define TPI_TCP_VERSION 2 /* 2: hello flags and authentication records (TCP-17) */
+#define TPI_TCP_VERSION 3 /* 2: hello flags, authentication (TCP-17); 3: IDLE, CLOSE (TCP-19) */
 /* Magic of a hello record "TPHL", a control record "TPCT", an authentication
  * record "TPAU". */
 #define TPI_TCP_HELLO_MAGIC "TPHL"
@@ -95,7 +95,9 @@ typedef enum tpi_tcp_ctl_kind {
     TPI_TCP_CTL_BYE = 1,   /* the sender is stopping: EOF follows */
     TPI_TCP_CTL_ABORT = 2, /* the sender closes this connection after an error; it lives on */
     TPI_TCP_CTL_PING = 3,  /* dialer to acceptor: answer with PONG */
-    TPI_TCP_CTL_PONG = 4
+    TPI_TCP_CTL_PONG = 4,
+    TPI_TCP_CTL_IDLE = 5, /* acceptor to dialer: this connection idles; close it (TCP-19) */
+    TPI_TCP_CTL_CLOSE = 6 /* dialer to acceptor: nothing follows; I live on (TCP-19) */
 } tpi_tcp_ctl_kind;
 
 _Static_assert(TPI_TCP_RECORD_SIZE == TP_FRAME_HEADER_SIZE,
@@ -131,8 +133,8 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
  * be queued: the answers stream out while the batch is still being read,
  * instead of all at its end (the peer would sit idle meanwhile). */
 #define TPI_TCP_FLUSH_EVERY 128
-/* An accepted connection must say hello within this time. */
-#define TPI_TCP_HELLO_TIMEOUT_MS 10000
+/* The hello, frame and idle deadlines, the read budget and the connection
+ * caps are common/limits.h's (TCP-19). */
 /* A dialed connection must be accepted and answered within this time. */
 #define TPI_TCP_CONNECT_TIMEOUT_MS 30000
 /* A dial that failed before the other end answered (reset, end of file,
@@ -232,6 +234,9 @@ struct tpi_tcp_agent {
     uint32_t world_size;
     uint64_t max_msg;
     uint32_t pool_max;
+    /* TCP-19: bounds from the options, set at init, read-only after. */
+    uint32_t hello_ms, frame_ms, idle_ms, handshakes_max;
+    uint64_t rx_budget;
     tp_core *core;
     tp_context *ctx;
     tp_store *store;
@@ -285,10 +290,19 @@ struct tpi_tcp_agent {
     uint32_t *dirty_work; /* the loop's copy of the dirty list */
     tpi_tcp_conn *conns;  /* every connection not yet freed */
     uint8_t *staging;
+    /* TCP-19, loop thread only: the read budget and the handshakes. */
+    uint64_t rx_pending;                     /* bytes of the frames being read */
+    tpi_tcp_conn *rx_wait_head, *rx_wait_tail; /* headers waiting for the budget, FIFO */
+    uv_idle_t rx_admit;                      /* admits them after a release */
+    uint32_t nhandshakes;                    /* accepted, not yet identified */
+    uint64_t refused_log_ms;                 /* rate limit of the "refused" warning */
+    uint32_t refused_unlogged;
     uint8_t rec_bye[TPI_TCP_RECORD_SIZE];
     uint8_t rec_abort[TPI_TCP_RECORD_SIZE];
     uint8_t rec_ping[TPI_TCP_RECORD_SIZE];
     uint8_t rec_pong[TPI_TCP_RECORD_SIZE];
+    uint8_t rec_idle[TPI_TCP_RECORD_SIZE];
+    uint8_t rec_close[TPI_TCP_RECORD_SIZE];
 };
 
 /* ---- tcp_sync.c: lock, tasks, park/unpark, clock, threads ---------------- */
@@ -340,6 +354,8 @@ void tpi_tcp_close_all(tpi_tcp_agent *a);
 /* Lets a sender write to peer id's outgoing socket itself if nothing of ours
  * is queued on it (TCP-15). */
 void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id);
+/* uv_idle_cb of a->rx_admit: admits the headers waiting for the read budget (TCP-19). */
+void tpi_tcp_on_rx_admit(uv_idle_t *h);
 /* Grants again every direct write used since the last call (loop thread). */
 void tpi_tcp_direct_regrant(tpi_tcp_agent *a);
 /* Revokes the grant and waits out a sender still writing with it (qmu held,

@@ -250,6 +250,7 @@ static void on_wake(uv_async_t *h) {
             uv_close((uv_handle_t *)&a->wake, NULL);
             uv_close((uv_handle_t *)&a->timer, NULL);
             uv_close((uv_handle_t *)&a->check, NULL);
+            uv_close((uv_handle_t *)&a->rx_admit, NULL);
             uv_close((uv_handle_t *)&a->listener, NULL);
             tpi_tcp_close_all(a);
         }
@@ -281,6 +282,7 @@ static void loop_abandon(tpi_tcp_agent *a) {
     uv_close((uv_handle_t *)&a->wake, NULL);
     uv_close((uv_handle_t *)&a->timer, NULL);
     uv_close((uv_handle_t *)&a->check, NULL);
+    uv_close((uv_handle_t *)&a->rx_admit, NULL);
     uv_close((uv_handle_t *)&a->listener, NULL);
     uv_run(&a->loop, UV_RUN_DEFAULT);
     int rc = uv_loop_close(&a->loop);
@@ -314,6 +316,8 @@ tp_status tpi_tcp_loop_start(tpi_tcp_agent *a, char *errmsg, size_t errmsg_len) 
     a->check.data = a;
     uv_check_start(&a->check, on_check);
     uv_unref((uv_handle_t *)&a->check); /* never what keeps the loop running */
+    uv_idle_init(&a->loop, &a->rx_admit); /* started by a release of the read budget */
+    a->rx_admit.data = a;
     uv_tcp_init(&a->loop, &a->listener);
     a->listener.data = a;
     rc = uv_tcp_bind(&a->listener, (const struct sockaddr *)&sa, 0);

@@ -109,7 +109,7 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]) {
     if (!tpi_tcp_is_ctl(rec) || rec[4] != TPI_TCP_VERSION || !zero(rec + 6, 2) ||
         !zero(rec + 12, 12))
         return 0;
-    if (rec[5] < TPI_TCP_CTL_BYE || rec[5] > TPI_TCP_CTL_PONG)
+    if (rec[5] < TPI_TCP_CTL_BYE || rec[5] > TPI_TCP_CTL_CLOSE)
         return 0;
     return rec[5];
 }

@@ -27,6 +27,7 @@
 #include "real/tcp_internal.h"
 #include "tensorplay/rpc_backend.h"
 #include "tcp_harness.h"
+#include "tcp_raw.h"
 
 static void assert_all_ok(tt_job *job, double timeout_s) {
     assert_int_equal(tt_wait(job, timeout_s), 0);
@@ -587,120 +588,6 @@ static int body_garbage(tt_job *job, int rank) {
     return 0;
 }
 
-static int raw_connect(const char *addr) {
-    char host[64], port[16];
-    uint16_t p = 0;
-    assert_int_equal(tpi_tcp_split_hostport(addr, host, sizeof host, port, sizeof port), 0);
-    assert_int_equal(tpi_tcp_parse_port(port, 0, &p), 0);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(p);
-    inet_pton(AF_INET, host, &sa.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    return fd;
-}
-
-static void raw_send(int fd, const void *p, size_t n) {
-    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
-}
-
-/* Reads n bytes within 5 s; returns how many came before EOF. */
-static size_t raw_recv(int fd, void *p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, 5000) <= 0)
-            break;
-        ssize_t k = recv(fd, (uint8_t *)p + got, n - got, 0);
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-    }
-    return got;
-}
-
-/* The worker drops us: EOF (or a reset) within 5 s, nothing else first. */
-static void expect_dropped(int fd) {
-    uint8_t b[64];
-    struct pollfd pf = {fd, POLLIN, 0};
-    assert_true(poll(&pf, 1, 5000) == 1);
-    ssize_t k = recv(fd, b, sizeof b, 0);
-    assert_true(k == 0 || (k < 0 && errno == ECONNRESET));
-    close(fd);
-}
-
-static void expect_abort_then_dropped(int fd) {
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
-    assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_ABORT);
-    expect_dropped(fd);
-}
-
-/* The job's authentication, from TP_SECRET as the workers have it (TCP-17). */
-static tpi_tcp_auth job_auth(void) {
-    tpi_tcp_auth auth;
-    char err[TP_ERRMSG_LEN_MAX];
-    assert_int_equal(tpi_tcp_auth_setup(NULL, &auth, err, sizeof err), TP_OK);
-    return auth;
-}
-
-/* What both connection proofs cover: dialer 2, acceptor 1, world 3, both nonces. */
-static size_t conn_ctx(const uint8_t nd[16], const uint8_t na[16], uint8_t ctx[64]) {
-    static const uint8_t ids[12] = {2, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0};
-    memcpy(ctx, ids, 12);
-    memcpy(ctx + 12, nd, 16);
-    memcpy(ctx + 28, na, 16);
-    return 44;
-}
-
-/* The dialer's half of the handshake as worker 2 to worker 1 of 3 (TCP-3,
- * TCP-17); with a wrong key the worker's proof does not check and ours is
- * refused. Returns the socket after our proof went out. */
-static int hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {
-    int fd = raw_connect(addr);
-    uint8_t rec[TPI_TCP_RECORD_SIZE], nd[16], na[16], pa[16], ctx[64];
-    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
-    raw_send(fd, rec, sizeof rec);
-    assert_int_equal(tpi_tcp_auth_nonce(nd), 0);
-    tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, nd);
-    raw_send(fd, rec, sizeof rec);
-    assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
-    uint32_t sender = 99;
-    char err[256];
-    assert_true(tpi_tcp_hello_check(rec, TPI_TCP_HELLO_ACCEPT, 2, 3, TPI_TCP_HELLO_AUTH, &sender,
-                                    err, sizeof err));
-    assert_int_equal(sender, 1);
-    assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
-    assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_NONCE, na));
-    assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
-    assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_PROOF, pa));
-    size_t n = conn_ctx(nd, na, ctx);
-    tpi_tcp_auth job = job_auth();
-    assert_true(tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa)); /* worker1 is real */
-    tpi_tcp_auth_proof(auth, "tp/conn/dial v1", ctx, n, pa);
-    tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_PROOF, pa);
-    raw_send(fd, rec, sizeof rec);
-    return fd;
-}
-
-static int hello_as_worker2(const char *addr) {
-    tpi_tcp_auth auth = job_auth();
-    return hello_as_worker2_with(addr, &auth);
-}
-
-static void header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len) {
-    memset(h, 0, 24);
-    memcpy(h, "TPRC", 4);
-    h[4] = version;
-    h[5] = type;
-    h[8] = (uint8_t)body_len;
-    h[9] = (uint8_t)(body_len >> 8);
-    h[10] = (uint8_t)(body_len >> 16);
-    h[11] = (uint8_t)(body_len >> 24);
-}
-
 /* spec: TCP-3, TCP-5, TCP-7, WIRE-6 */
 static void test_tcp_garbage(void **state) {
     (void)state;
@@ -713,7 +600,7 @@ static void test_tcp_garbage(void **state) {
     /* worker1's address, from the job's store like any client. */
     tp_store *store = NULL;
     char err[TP_ERRMSG_LEN_MAX];
-    tpi_tcp_auth auth = job_auth();
+    tpi_tcp_auth auth = tt_job_auth();
     assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job.store_port, UINT32_MAX, &auth,
                                            UINT64_MAX, "test", NULL, 0, &store, err, sizeof err),
                      TP_OK);
@@ -728,106 +615,106 @@ static void test_tcp_garbage(void **state) {
 
     uint8_t rec[TPI_TCP_RECORD_SIZE], h[24];
     /* Not a hello at all. */
-    int fd = raw_connect(addr);
+    int fd = tt_raw_connect(addr);
     const char junk[] = "GET / HTTP/1.1\r\nHost: worker1\r\n\r\n";
-    raw_send(fd, junk, sizeof junk - 1);
-    expect_dropped(fd);
+    tt_raw_send(fd, junk, sizeof junk - 1);
+    tt_expect_dropped(fd);
     /* Hellos that are wrong in one field each. */
     struct {
         uint8_t byte;
         uint8_t value;
     } bad[] = {{0, 'X'}, {4, 9}, {5, 2}, {6, 0}, {7, 1}, {8, 7}, {12, 0}, {16, 4}, {21, 1}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        fd = raw_connect(addr);
+        fd = tt_raw_connect(addr);
         tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
         rec[bad[i].byte] = bad[i].value;
-        raw_send(fd, rec, sizeof rec);
-        expect_dropped(fd);
+        tt_raw_send(fd, rec, sizeof rec);
+        tt_expect_dropped(fd);
     }
     /* A truncated hello, then the socket closes. */
-    fd = raw_connect(addr);
+    fd = tt_raw_connect(addr);
     tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
-    raw_send(fd, rec, 10);
+    tt_raw_send(fd, rec, 10);
     close(fd);
     /* TCP-17: an outsider without the secret. A good hello and nonce get
      * worker1's answer, but a proof under another key is refused: dropped
      * before any frame is read, and a frame it sends anyway runs nothing. */
-    tpi_tcp_auth stranger = job_auth();
+    tpi_tcp_auth stranger = tt_job_auth();
     stranger.key[0] ^= 1;
-    fd = hello_as_worker2_with(addr, &stranger);
-    header(h, 1, 1, 16);
-    raw_send(fd, h, sizeof h);
-    expect_dropped(fd);
+    fd = tt_hello_as_worker2_with(addr, &stranger);
+    tt_frame_header(h, 1, 1, 16);
+    tt_raw_send(fd, h, sizeof h);
+    tt_expect_dropped(fd);
     /* ... and a record other than a nonce where the nonce belongs. */
-    fd = raw_connect(addr);
+    fd = tt_raw_connect(addr);
     tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
-    raw_send(fd, rec, sizeof rec);
-    header(h, 1, 1, 16);
-    raw_send(fd, h, sizeof h);
-    expect_dropped(fd);
+    tt_raw_send(fd, rec, sizeof rec);
+    tt_frame_header(h, 1, 1, 16);
+    tt_raw_send(fd, h, sizeof h);
+    tt_expect_dropped(fd);
     /* After a good hello: a ping is answered. */
-    fd = hello_as_worker2(addr);
+    fd = tt_hello_as_worker2(addr);
     tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
-    raw_send(fd, rec, sizeof rec);
-    assert_int_equal(raw_recv(fd, rec, sizeof rec), sizeof rec);
+    tt_raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
     assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_PONG);
     /* ... a frame header of a wrong version is refused with ABORT. */
-    header(h, 7, 1, 16);
-    raw_send(fd, h, sizeof h);
-    expect_abort_then_dropped(fd);
+    tt_frame_header(h, 7, 1, 16);
+    tt_raw_send(fd, h, sizeof h);
+    tt_expect_abort_then_dropped(fd);
     /* ... as is an oversized length, an unknown type, a bad magic, a bad control kind. */
-    fd = hello_as_worker2(addr);
-    header(h, 1, 1, 0xfffffff0u);
-    raw_send(fd, h, sizeof h);
-    expect_abort_then_dropped(fd);
-    fd = hello_as_worker2(addr);
-    header(h, 1, 99, 16);
-    raw_send(fd, h, sizeof h);
-    expect_abort_then_dropped(fd);
-    fd = hello_as_worker2(addr);
-    header(h, 1, 1, 16);
+    fd = tt_hello_as_worker2(addr);
+    tt_frame_header(h, 1, 1, 0xfffffff0u);
+    tt_raw_send(fd, h, sizeof h);
+    tt_expect_abort_then_dropped(fd);
+    fd = tt_hello_as_worker2(addr);
+    tt_frame_header(h, 1, 99, 16);
+    tt_raw_send(fd, h, sizeof h);
+    tt_expect_abort_then_dropped(fd);
+    fd = tt_hello_as_worker2(addr);
+    tt_frame_header(h, 1, 1, 16);
     h[0] = 'Z';
-    raw_send(fd, h, sizeof h);
-    expect_abort_then_dropped(fd);
-    fd = hello_as_worker2(addr);
+    tt_raw_send(fd, h, sizeof h);
+    tt_expect_abort_then_dropped(fd);
+    fd = tt_hello_as_worker2(addr);
     tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
     rec[5] = 77;
-    raw_send(fd, rec, sizeof rec);
-    expect_abort_then_dropped(fd);
+    tt_raw_send(fd, rec, sizeof rec);
+    tt_expect_abort_then_dropped(fd);
     /* ... a truncated frame, then the socket closes: worker1 frees it and
      * probes worker2, which is alive. */
-    fd = hello_as_worker2(addr);
-    header(h, 1, 1, 100);
-    raw_send(fd, h, sizeof h);
-    raw_send(fd, "0123456789", 10);
+    fd = tt_hello_as_worker2(addr);
+    tt_frame_header(h, 1, 1, 100);
+    tt_raw_send(fd, h, sizeof h);
+    tt_raw_send(fd, "0123456789", 10);
     close(fd);
     /* The store server drops garbage too and keeps serving. */
     char store_addr[64];
     snprintf(store_addr, sizeof store_addr, "127.0.0.1:%u", (unsigned)job.store_port);
     uint8_t shello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'X', TPI_STORE_PROTO_VERSION, 1};
-    fd = raw_connect(store_addr);
-    raw_send(fd, shello, sizeof shello);
-    expect_dropped(fd);
+    fd = tt_raw_connect(store_addr);
+    tt_raw_send(fd, shello, sizeof shello);
+    tt_expect_dropped(fd);
     /* TCP-17 at the store: an outsider hears the server's hello and nonce,
      * then its proof (here: the first bytes of a request) is refused. */
     memcpy(shello, "TPST", 4);
     memset(shello + 8, 0xff, 4); /* not a rank */
-    fd = raw_connect(store_addr);
-    raw_send(fd, shello, sizeof shello);
+    fd = tt_raw_connect(store_addr);
+    tt_raw_send(fd, shello, sizeof shello);
     uint8_t sback[TPI_STORE_SERVER_HELLO_LEN];
-    assert_int_equal(raw_recv(fd, sback, sizeof sback), sizeof sback);
+    assert_int_equal(tt_raw_recv(fd, sback, sizeof sback), sizeof sback);
     assert_memory_equal(sback, "TPST", 4);
     assert_int_equal(sback[5], 1); /* it authenticates */
     uint8_t huge[16] = {0xff, 0xff, 0xff, 0x7f};
-    raw_send(fd, huge, sizeof huge);
-    expect_dropped(fd);
+    tt_raw_send(fd, huge, sizeof huge);
+    tt_expect_dropped(fd);
     /* ... and a client that does not authenticate is told so and dropped. */
     shello[5] = 0;
-    fd = raw_connect(store_addr);
-    raw_send(fd, shello, sizeof shello);
-    assert_int_equal(raw_recv(fd, sback, sizeof sback), sizeof sback);
+    fd = tt_raw_connect(store_addr);
+    tt_raw_send(fd, shello, sizeof shello);
+    assert_int_equal(tt_raw_recv(fd, sback, sizeof sback), sizeof sback);
     assert_int_equal(sback[5], 1);
-    expect_dropped(fd);
+    tt_expect_dropped(fd);
     assert_int_equal(store->ops->set(store, "test/after-garbage", "1", 1), TP_OK);
     /* LOG-3: the refused hellos and the stranger's proof at worker1, and the
      * store's dropped clients at rank 0, were logged with their addresses. */

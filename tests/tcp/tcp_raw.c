@@ -1,0 +1,135 @@
+/*
+ * tcp_raw.c: a raw socket that plays a worker's peer by hand (spec/tcp.md
+ * TCP-3..5, TCP-17), for the tests that send what no worker would.
+ */
+#include "tcp_raw.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+int tt_raw_connect(const char *addr) {
+    char host[64], port[16];
+    uint16_t p = 0;
+    assert_int_equal(tpi_tcp_split_hostport(addr, host, sizeof host, port, sizeof port), 0);
+    assert_int_equal(tpi_tcp_parse_port(port, 0, &p), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(p);
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    int one = 1; /* no Nagle delay: each send goes out in the order the test made it */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+void tt_raw_send(int fd, const void *p, size_t n) {
+    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Reads n bytes within 5 s; returns how many came before EOF. */
+size_t tt_raw_recv(int fd, void *p, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 5000) <= 0)
+            break;
+        ssize_t k = recv(fd, (uint8_t *)p + got, n - got, 0);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    return got;
+}
+
+/* The worker drops us: EOF (or a reset) within 5 s, nothing else first. */
+void tt_expect_dropped(int fd) {
+    uint8_t b[64];
+    struct pollfd pf = {fd, POLLIN, 0};
+    assert_true(poll(&pf, 1, 5000) == 1);
+    ssize_t k = recv(fd, b, sizeof b, 0);
+    assert_true(k == 0 || (k < 0 && errno == ECONNRESET));
+    close(fd);
+}
+
+void tt_expect_abort_then_dropped(int fd) {
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+    assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_ABORT);
+    tt_expect_dropped(fd);
+}
+
+/* The job's authentication, from TP_SECRET as the workers have it (TCP-17). */
+tpi_tcp_auth tt_job_auth(void) {
+    tpi_tcp_auth auth;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_tcp_auth_setup(NULL, &auth, err, sizeof err), TP_OK);
+    return auth;
+}
+
+/* What both connection proofs cover: dialer 2, acceptor 1, world 3, both nonces. */
+static size_t conn_ctx(const uint8_t nd[16], const uint8_t na[16], uint8_t ctx[64]) {
+    static const uint8_t ids[12] = {2, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0};
+    memcpy(ctx, ids, 12);
+    memcpy(ctx + 12, nd, 16);
+    memcpy(ctx + 28, na, 16);
+    return 44;
+}
+
+/* The dialer's half of the handshake as worker 2 to worker 1 of 3 (TCP-3,
+ * TCP-17); with a wrong key the worker's proof does not check and ours is
+ * refused. Returns the socket after our proof went out. */
+int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {
+    int fd = tt_raw_connect(addr);
+    uint8_t rec[TPI_TCP_RECORD_SIZE], nd[16], na[16], pa[16], ctx[64];
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
+    tt_raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tpi_tcp_auth_nonce(nd), 0);
+    tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, nd);
+    tt_raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+    uint32_t sender = 99;
+    char err[256];
+    assert_true(tpi_tcp_hello_check(rec, TPI_TCP_HELLO_ACCEPT, 2, 3, TPI_TCP_HELLO_AUTH, &sender,
+                                    err, sizeof err));
+    assert_int_equal(sender, 1);
+    assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+    assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_NONCE, na));
+    assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+    assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_PROOF, pa));
+    size_t n = conn_ctx(nd, na, ctx);
+    tpi_tcp_auth job = tt_job_auth();
+    assert_true(tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa)); /* worker1 is real */
+    tpi_tcp_auth_proof(auth, "tp/conn/dial v1", ctx, n, pa);
+    tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_PROOF, pa);
+    tt_raw_send(fd, rec, sizeof rec);
+    return fd;
+}
+
+int tt_hello_as_worker2(const char *addr) {
+    tpi_tcp_auth auth = tt_job_auth();
+    return tt_hello_as_worker2_with(addr, &auth);
+}
+
+void tt_frame_header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len) {
+    memset(h, 0, 24);
+    memcpy(h, "TPRC", 4);
+    h[4] = version;
+    h[5] = type;
+    h[8] = (uint8_t)body_len;
+    h[9] = (uint8_t)(body_len >> 8);
+    h[10] = (uint8_t)(body_len >> 16);
+    h[11] = (uint8_t)(body_len >> 24);
+}

@@ -1,0 +1,34 @@
+/*
+ * tcp_raw.h: a raw socket that plays a worker's peer by hand, for the TCP
+ * tests that send what no worker would (spec/tcp.md TCP-3..5, TCP-17,
+ * TCP-19). Every call asserts with cmocka, so they run in the test's
+ * parent process, not in a job's children.
+ */
+#ifndef TT_TCP_RAW_H
+#define TT_TCP_RAW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "real/tcp_internal.h"
+
+/* A blocking IPv4 socket connected to "host:port". */
+int tt_raw_connect(const char *addr);
+void tt_raw_send(int fd, const void *p, size_t n);
+/* Reads n bytes within 5 s; returns how many came before EOF. */
+size_t tt_raw_recv(int fd, void *p, size_t n);
+/* The worker drops us: EOF (or a reset) within 5 s, nothing else first; closes fd. */
+void tt_expect_dropped(int fd);
+/* An ABORT record, then the drop; closes fd. */
+void tt_expect_abort_then_dropped(int fd);
+/* The job's authentication, from TP_SECRET as the workers have it (TCP-17). */
+tpi_tcp_auth tt_job_auth(void);
+/* The dialer's half of the handshake as worker 2 to worker 1 of a world of
+ * 3 under auth (a wrong key is refused after the worker's proof). Returns
+ * the socket once our proof went out: frames may follow. */
+int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth);
+int tt_hello_as_worker2(const char *addr);
+/* A frame header: "TPRC", version, type, body_len (the bytes after the header). */
+void tt_frame_header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len);
+
+#endif
