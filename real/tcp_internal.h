@@ -389,6 +389,7 @@ const char *tpi_sock_strerror(int rc);
 /* The longest rank 0 keeps its store server for clients still connected. */
 #define TPI_STORE_LINGER_MAX_S 30.0
 
+
 typedef enum tpi_store_op {
     TPI_STORE_SET = 1,
     TPI_STORE_GET = 2,
@@ -403,7 +404,64 @@ typedef enum tpi_store_op {
 /* A scan reply stops before it grows past this (the next one goes on). */
 #define TPI_STORE_SCAN_REPLY_MAX (TPI_STORE_MSG_MAX - 64u)
 
+/* ---- tcp_store_wire.c: the store protocol's messages, without sockets ---- */
+
+/* A reply's head: u32 length of the rest, u8 status, u8 aux, u16 0, u32
+ * payload length. */
+#define TPI_STORE_REPLY_HEAD_LEN 12
+
+/* A decoded request; pointers borrow the bytes it was decoded from. */
+typedef struct tpi_store_request {
+    uint8_t op;    /* tpi_store_op */
+    uint8_t flags; /* COMPARE_SET: bit 0, an expected value is given; else 0 */
+    const uint8_t *key;
+    uint16_t key_len; /* 1..TP_STORE_KEY_LEN_MAX; the key may hold a NUL (refused later) */
+    /* SET: the value; COMPARE_SET: expected (empty unless flags bit 0); SCAN:
+     * the last key already received, when has_a. */
+    int has_a;
+    const uint8_t *a;
+    uint32_t a_len;
+    const uint8_t *b; /* COMPARE_SET: desired */
+    uint32_t b_len;
+    int64_t delta; /* ADD */
+} tpi_store_request;
+
+/*
+ * Decodes the request at the front of p[0..n) (its u32 length first): pure,
+ * no allocation. Returns the bytes it takes (> 0) with *r filled; 0 when
+ * more bytes are needed, with *need the request's total length when its
+ * header is known (else 4); or -1 with *why when the bytes can never be a
+ * request (TCP-10's checks, made as soon as the bytes they need are there:
+ * a length out of bounds after 4 bytes, an unknown op, bad flags or key
+ * length after 8). Any thread.
+ */
+long tpi_store_request_decode(const uint8_t *p, size_t n, tpi_store_request *r, size_t *need,
+                              const char **why);
+/* The encoded size of r (length field included). */
+size_t tpi_store_request_size(const tpi_store_request *r);
+/* Encodes r into out (tpi_store_request_size bytes); r is well formed. */
+void tpi_store_request_encode(const tpi_store_request *r, uint8_t *out);
+/* Writes a reply head. */
+void tpi_store_reply_head_encode(uint8_t head[TPI_STORE_REPLY_HEAD_LEN], tp_status status,
+                                 uint8_t aux, uint32_t payload_len);
+/* Checks a reply head from the network: 0 with its fields, -1 when
+ * malformed (lengths that disagree or pass TPI_STORE_MSG_MAX, an unknown
+ * status, nonzero reserved bytes). */
+int tpi_store_reply_head_decode(const uint8_t head[TPI_STORE_REPLY_HEAD_LEN], tp_status *status,
+                                uint8_t *aux, uint32_t *payload_len);
+/*
+ * Calls fn for each entry of a scan reply's payload (STORE-10, TCP-10): 1
+ * when fn stopped, 0 at the end, -1 when the payload is malformed (a key not
+ * under prefix, not after *last, or out of bounds), -2 out of memory. last
+ * (TP_STORE_KEY_LEN_MAX + 1 bytes, "" at first) gets the last key seen; *n
+ * counts the entries. Values are NUL-terminated copies, lent for the call.
+ */
+int tpi_store_scan_entries(const uint8_t *p, size_t len, const char *prefix, size_t prefix_len,
+                           int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                           void *arg, char *last, size_t *n);
+
 typedef struct tpi_store_server tpi_store_server;
+
 
 /* Binds sa and serves a fresh ":memory:" SQLite store from a thread. desc
  * names the address in messages. TP_EADDRINUSE when the port is taken. */
