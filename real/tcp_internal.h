@@ -389,6 +389,57 @@ const char *tpi_sock_strerror(int rc);
 /* The longest rank 0 keeps its store server for clients still connected. */
 #define TPI_STORE_LINGER_MAX_S 30.0
 
+/* The store server's bounds (TCP-18): whatever its clients do, it holds at
+ * most this much for them, and one client never holds up another. */
+/* Connections at once: a job of thousands of workers, each with one store
+ * connection, and room for reconnects. Beyond it a new connection is closed
+ * at once (the client retries, TCP-9). */
+#define TPI_STORE_SERVER_CONNS_MAX 4096u
+/* Connections still in their handshake: a stranger holds a slot until the
+ * handshake deadline, so a flood of them is capped well below the whole, and
+ * authenticated workers keep the rest. Hundreds of workers arriving at once
+ * mostly get in; the others are closed and retry. */
+#define TPI_STORE_SERVER_UNAUTH_MAX 256u
+/* From accept to an authenticated client (TCP-17), as a worker connection's
+ * hello (TPI_TCP_HELLO_TIMEOUT_MS). There is no idle deadline after it: a
+ * worker stays connected, idle, for its whole job (and for all of its init
+ * timeout while it waits for others); keepalive finds a vanished host. */
+#define TPI_STORE_SERVER_HANDSHAKE_MS 10000u
+/* From a request's first byte to its last: a slow sender is dropped. The
+ * client gives up on an operation after the same time. */
+#define TPI_STORE_SERVER_REQUEST_MS TPI_STORE_OP_TIMEOUT_MS
+/* A client with replies unsent must take some within this time, else it is
+ * dropped (a client reads its reply at once; the old blocking send waited
+ * as long before dropping it). */
+#define TPI_STORE_SERVER_WRITE_MS 10000u
+/* Reply bytes queued for one client beyond what its socket took: two of the
+ * largest replies. A client that asks and does not read is dropped here. */
+#define TPI_STORE_SERVER_UNSENT_MAX (2u * (12u + TPI_STORE_MSG_MAX))
+/* Bytes held for all clients: partial requests and unsent replies. A client
+ * whose request or reply would pass it is dropped (its operation fails with
+ * TP_ESTORE and is retried, STORE-9). 64 of the largest requests at once;
+ * a rendezvous holds some hundred bytes per worker. */
+#define TPI_STORE_SERVER_MEM_MAX ((size_t)128 << 20)
+/* A request buffer larger than this is freed once its request is served, so
+ * an idle client holds nothing large. */
+#define TPI_STORE_SERVER_RX_KEEP 4096u
+/* Connections accepted per loop turn: the others wait for the next turn, so
+ * a flood does not starve the clients being served. */
+#define TPI_STORE_SERVER_ACCEPTS_PER_TURN 64u
+/* accept failing for lack of descriptors or memory pauses accepting for
+ * this long, doubling up to the max, instead of spinning on it. */
+#define TPI_STORE_SERVER_ACCEPT_BACKOFF_MIN_MS 10u
+#define TPI_STORE_SERVER_ACCEPT_BACKOFF_MAX_MS 1000u
+/* Refused connections are logged at most once per this time, with a count. */
+#define TPI_STORE_SERVER_REFUSE_LOG_MS 1000u
+
+_Static_assert(TPI_STORE_SERVER_UNAUTH_MAX <= TPI_STORE_SERVER_CONNS_MAX,
+               "the handshake cap is part of the connection cap");
+_Static_assert(TPI_STORE_SERVER_UNSENT_MAX >= 12u + TPI_STORE_MSG_MAX,
+               "the largest reply fits in what a client may leave unsent");
+_Static_assert(TPI_STORE_SERVER_MEM_MAX >= 8u * (4u + TPI_STORE_MSG_MAX + 12u + TPI_STORE_MSG_MAX),
+               "the budget holds several of the largest requests and replies");
+_Static_assert(TPI_STORE_SERVER_RX_KEEP < TPI_STORE_MSG_MAX, "kept buffers are small");
 
 typedef enum tpi_store_op {
     TPI_STORE_SET = 1,
@@ -462,9 +513,20 @@ int tpi_store_scan_entries(const uint8_t *p, size_t len, const char *prefix, siz
 
 typedef struct tpi_store_server tpi_store_server;
 
+/* The server's deadlines and caps (TCP-18), the TPI_STORE_SERVER_* above. */
+typedef struct tpi_store_server_limits {
+    uint32_t handshake_ms, request_ms, write_ms;
+    uint32_t conns_max, unauth_max;
+    size_t unsent_max, mem_max;
+} tpi_store_server_limits;
+/* Tests only: servers started after this call take l (lowered deadlines, so
+ * tests run in seconds); NULL restores the defaults. Not thread-safe: call
+ * it before starting servers. */
+void tpi_store_server_test_limits(const tpi_store_server_limits *l);
 
-/* Binds sa and serves a fresh ":memory:" SQLite store from a thread. desc
- * names the address in messages. TP_EADDRINUSE when the port is taken. */
+/* Binds sa and serves a fresh ":memory:" SQLite store from a thread running
+ * its own uv_loop (TCP-18). desc names the address in messages.
+ * TP_EADDRINUSE when the port is taken. */
 tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
                                  const tpi_tcp_auth *auth, tpi_store_server **out, char *errmsg,
                                  size_t errmsg_len);
