@@ -421,6 +421,58 @@ const char *tpi_sock_strerror(int rc);
 /* The longest rank 0 keeps its store server for clients still connected. */
 #define TPI_STORE_LINGER_MAX_S 30.0
 
+/* The store server's bounds (TCP-18): whatever its clients do, it holds at
+ * most this much for them, and one client never holds up another. */
+/* Connections at once: a job of thousands of workers, each with one store
+ * connection, and room for reconnects. Beyond it a new connection is closed
+ * at once (the client retries, TCP-9). */
+#define TPI_STORE_SERVER_CONNS_MAX 4096u
+/* Connections still in their handshake: a stranger holds a slot until the
+ * handshake deadline, so a flood of them is capped well below the whole, and
+ * authenticated workers keep the rest. Hundreds of workers arriving at once
+ * mostly get in; the others are closed and retry. */
+#define TPI_STORE_SERVER_UNAUTH_MAX 256u
+/* From accept to an authenticated client (TCP-17), as a worker connection's
+ * hello (TPI_TCP_HELLO_TIMEOUT_MS). There is no idle deadline after it: a
+ * worker stays connected, idle, for its whole job (and for all of its init
+ * timeout while it waits for others); keepalive finds a vanished host. */
+#define TPI_STORE_SERVER_HANDSHAKE_MS 10000u
+/* From a request's first byte to its last: a slow sender is dropped. The
+ * client gives up on an operation after the same time. */
+#define TPI_STORE_SERVER_REQUEST_MS TPI_STORE_OP_TIMEOUT_MS
+/* A client with replies unsent must take some within this time, else it is
+ * dropped (a client reads its reply at once; the old blocking send waited
+ * as long before dropping it). */
+#define TPI_STORE_SERVER_WRITE_MS 10000u
+/* Reply bytes queued for one client beyond what its socket took: two of the
+ * largest replies. A client that asks and does not read is dropped here. */
+#define TPI_STORE_SERVER_UNSENT_MAX (2u * (12u + TPI_STORE_MSG_MAX))
+/* Bytes held for all clients: partial requests and unsent replies. A client
+ * whose request or reply would pass it is dropped (its operation fails with
+ * TP_ESTORE and is retried, STORE-9). 64 of the largest requests at once;
+ * a rendezvous holds some hundred bytes per worker. */
+#define TPI_STORE_SERVER_MEM_MAX ((size_t)128 << 20)
+/* A request buffer larger than this is freed once its request is served, so
+ * an idle client holds nothing large. */
+#define TPI_STORE_SERVER_RX_KEEP 4096u
+/* Connections accepted per loop turn: the others wait for the next turn, so
+ * a flood does not starve the clients being served. */
+#define TPI_STORE_SERVER_ACCEPTS_PER_TURN 64u
+/* accept failing for lack of descriptors or memory pauses accepting for
+ * this long, doubling up to the max, instead of spinning on it. */
+#define TPI_STORE_SERVER_ACCEPT_BACKOFF_MIN_MS 10u
+#define TPI_STORE_SERVER_ACCEPT_BACKOFF_MAX_MS 1000u
+/* Refused connections are logged at most once per this time, with a count. */
+#define TPI_STORE_SERVER_REFUSE_LOG_MS 1000u
+
+_Static_assert(TPI_STORE_SERVER_UNAUTH_MAX <= TPI_STORE_SERVER_CONNS_MAX,
+               "the handshake cap is part of the connection cap");
+_Static_assert(TPI_STORE_SERVER_UNSENT_MAX >= 12u + TPI_STORE_MSG_MAX,
+               "the largest reply fits in what a client may leave unsent");
+_Static_assert(TPI_STORE_SERVER_MEM_MAX >= 8u * (4u + TPI_STORE_MSG_MAX + 12u + TPI_STORE_MSG_MAX),
+               "the budget holds several of the largest requests and replies");
+_Static_assert(TPI_STORE_SERVER_RX_KEEP < TPI_STORE_MSG_MAX, "kept buffers are small");
+
 typedef enum tpi_store_op {
     TPI_STORE_SET = 1,
     TPI_STORE_GET = 2,
@@ -435,10 +487,78 @@ typedef enum tpi_store_op {
 /* A scan reply stops before it grows past this (the next one goes on). */
 #define TPI_STORE_SCAN_REPLY_MAX (TPI_STORE_MSG_MAX - 64u)
 
+/* ---- tcp_store_wire.c: the store protocol's messages, without sockets ---- */
+
+/* A reply's head: u32 length of the rest, u8 status, u8 aux, u16 0, u32
+ * payload length. */
+#define TPI_STORE_REPLY_HEAD_LEN 12
+
+/* A decoded request; pointers borrow the bytes it was decoded from. */
+typedef struct tpi_store_request {
+    uint8_t op;    /* tpi_store_op */
+    uint8_t flags; /* COMPARE_SET: bit 0, an expected value is given; else 0 */
+    const uint8_t *key;
+    uint16_t key_len; /* 1..TP_STORE_KEY_LEN_MAX; the key may hold a NUL (refused later) */
+    /* SET: the value; COMPARE_SET: expected (empty unless flags bit 0); SCAN:
+     * the last key already received, when has_a. */
+    int has_a;
+    const uint8_t *a;
+    uint32_t a_len;
+    const uint8_t *b; /* COMPARE_SET: desired */
+    uint32_t b_len;
+    int64_t delta; /* ADD */
+} tpi_store_request;
+
+/*
+ * Decodes the request at the front of p[0..n) (its u32 length first): pure,
+ * no allocation. Returns the bytes it takes (> 0) with *r filled; 0 when
+ * more bytes are needed, with *need the request's total length when its
+ * header is known (else 4); or -1 with *why when the bytes can never be a
+ * request (TCP-10's checks, made as soon as the bytes they need are there:
+ * a length out of bounds after 4 bytes, an unknown op, bad flags or key
+ * length after 8). Any thread.
+ */
+long tpi_store_request_decode(const uint8_t *p, size_t n, tpi_store_request *r, size_t *need,
+                              const char **why);
+/* The encoded size of r (length field included). */
+size_t tpi_store_request_size(const tpi_store_request *r);
+/* Encodes r into out (tpi_store_request_size bytes); r is well formed. */
+void tpi_store_request_encode(const tpi_store_request *r, uint8_t *out);
+/* Writes a reply head. */
+void tpi_store_reply_head_encode(uint8_t head[TPI_STORE_REPLY_HEAD_LEN], tp_status status,
+                                 uint8_t aux, uint32_t payload_len);
+/* Checks a reply head from the network: 0 with its fields, -1 when
+ * malformed (lengths that disagree or pass TPI_STORE_MSG_MAX, an unknown
+ * status, nonzero reserved bytes). */
+int tpi_store_reply_head_decode(const uint8_t head[TPI_STORE_REPLY_HEAD_LEN], tp_status *status,
+                                uint8_t *aux, uint32_t *payload_len);
+/*
+ * Calls fn for each entry of a scan reply's payload (STORE-10, TCP-10): 1
+ * when fn stopped, 0 at the end, -1 when the payload is malformed (a key not
+ * under prefix, not after *last, or out of bounds), -2 out of memory. last
+ * (TP_STORE_KEY_LEN_MAX + 1 bytes, "" at first) gets the last key seen; *n
+ * counts the entries. Values are NUL-terminated copies, lent for the call.
+ */
+int tpi_store_scan_entries(const uint8_t *p, size_t len, const char *prefix, size_t prefix_len,
+                           int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                           void *arg, char *last, size_t *n);
+
 typedef struct tpi_store_server tpi_store_server;
 
-/* Binds sa and serves a fresh ":memory:" SQLite store from a thread. desc
- * names the address in messages. TP_EADDRINUSE when the port is taken. */
+/* The server's deadlines and caps (TCP-18), the TPI_STORE_SERVER_* above. */
+typedef struct tpi_store_server_limits {
+    uint32_t handshake_ms, request_ms, write_ms;
+    uint32_t conns_max, unauth_max;
+    size_t unsent_max, mem_max;
+} tpi_store_server_limits;
+/* Tests only: servers started after this call take l (lowered deadlines, so
+ * tests run in seconds); NULL restores the defaults. Not thread-safe: call
+ * it before starting servers. */
+void tpi_store_server_test_limits(const tpi_store_server_limits *l);
+
+/* Binds sa and serves a fresh ":memory:" SQLite store from a thread running
+ * its own uv_loop (TCP-18). desc names the address in messages.
+ * TP_EADDRINUSE when the port is taken. */
 tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
                                  const tpi_tcp_auth *auth, tpi_store_server **out, char *errmsg,
                                  size_t errmsg_len);

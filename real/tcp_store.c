@@ -169,14 +169,14 @@ static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const 
         s->fd = fd;
     }
     uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)TPI_STORE_OP_TIMEOUT_MS * 1000000ull;
-    uint8_t head[12];
+    uint8_t head[TPI_STORE_REPLY_HEAD_LEN];
+    tp_status status = TP_OK;
+    uint8_t aux = 0;
+    uint32_t plen = 0;
     int rc = tpi_sock_send_all(s->fd, req, req_len, deadline);
     if (rc == 0)
         rc = tpi_sock_recv_all(s->fd, head, sizeof head, deadline);
-    uint32_t total = rc == 0 ? get_u32(head) : 0;
-    uint32_t plen = rc == 0 ? get_u32(head + 8) : 0;
-    if (rc == 0 && (total != 8 + (uint64_t)plen || plen > TPI_STORE_MSG_MAX ||
-                    head[4] >= TP_STATUS_COUNT_ || head[6] || head[7]))
+    if (rc == 0 && tpi_store_reply_head_decode(head, &status, &aux, &plen) != 0)
         rc = -EPROTO;
     if (rc == 0) {
         r->payload = malloc((size_t)plen + 1);
@@ -195,8 +195,8 @@ static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const 
     }
     r->payload[plen] = '\0';
     r->len = plen;
-    r->status = (tp_status)head[4];
-    r->aux = head[5];
+    r->status = status;
+    r->aux = aux;
     if (r->status == TP_ENOENT) {
         /* Absent is an answer, not a failure: polling callers see it all the
          * time, so it stays out of tp_errmsg() (ERR-2), as in the SQLite store. */
@@ -215,35 +215,15 @@ static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const 
     return TP_OK;
 }
 
-/* Builds "u32 len, u8 op, u8 flags, u16 key_len, key" plus extra bytes. */
-static uint8_t *request_new(uint8_t op, uint8_t flags, const char *key, size_t key_len,
-                            size_t extra, size_t *total) {
-    size_t body = 4 + key_len + extra;
-    uint8_t *b = malloc(4 + body);
-    if (!b)
-        return NULL;
-    put_u32(b, (uint32_t)body);
-    b[4] = op;
-    b[5] = flags;
-    b[6] = (uint8_t)key_len;
-    b[7] = (uint8_t)(key_len >> 8);
-    memcpy(b + 8, key, key_len);
-    *total = 4 + body;
-    return b;
-}
-
-static uint8_t *put_blob(uint8_t *p, const void *v, size_t n) {
-    put_u32(p, (uint32_t)n);
-    if (n)
-        memcpy(p + 4, v, n);
-    return p + 4 + n;
-}
-
-static tp_status run(tcp_store *s, const char *op, const char *key, uint8_t *req, size_t len,
+/* Encodes rq (TCP-10, tcp_store_wire.c), sends it and reads its reply. */
+static tp_status run(tcp_store *s, const char *op, const char *key, const tpi_store_request *rq,
                      reply *r) {
     memset(r, 0, sizeof *r); /* callers free r->payload whatever happened */
+    size_t len = tpi_store_request_size(rq);
+    uint8_t *req = malloc(len);
     if (!req)
         return store_fail(s, TP_ENOMEM, "%s '%s': out of memory", op, key);
+    tpi_store_request_encode(rq, req);
     pthread_mutex_lock(&s->mu);
     tp_status st = roundtrip(s, op, key, req, len, r);
     pthread_mutex_unlock(&s->mu);
@@ -251,19 +231,25 @@ static tp_status run(tcp_store *s, const char *op, const char *key, uint8_t *req
     return st;
 }
 
+/* A request of op on key (checked: 1..TP_STORE_KEY_LEN_MAX bytes). */
+static tpi_store_request request_of(uint8_t op, const char *key, size_t key_len) {
+    return (tpi_store_request){.op = op, .key = (const uint8_t *)key, .key_len = (uint16_t)key_len};
+}
+
 static tp_status ts_set(tp_store *base, const char *key, const void *value, size_t len) {
     tcp_store *s = (tcp_store *)base;
-    size_t kl, total = 0;
+    size_t kl;
     tp_status st = check_key(s, "set", key, &kl);
     if (st == TP_OK)
         st = check_value(s, "set", key, value, len);
     if (st != TP_OK)
         return st;
-    uint8_t *req = request_new(TPI_STORE_SET, 0, key, kl, 4 + len, &total);
-    if (req)
-        put_blob(req + 8 + kl, value, len);
+    tpi_store_request rq = request_of(TPI_STORE_SET, key, kl);
+    rq.has_a = 1;
+    rq.a = value;
+    rq.a_len = (uint32_t)len;
     reply r;
-    st = run(s, "set", key, req, total, &r);
+    st = run(s, "set", key, &rq, &r);
     free(r.payload);
     return st;
 }
@@ -273,13 +259,13 @@ static tp_status ts_get(tp_store *base, const char *key, void **value, size_t *l
     tcp_store *s = (tcp_store *)base;
     *value = NULL;
     *len = 0;
-    size_t kl, total = 0;
+    size_t kl;
     tp_status st = check_key(s, "get", key, &kl);
     if (st != TP_OK)
         return st;
     reply r;
-    uint8_t *req = request_new(TPI_STORE_GET, 0, key, kl, 0, &total);
-    st = run(s, "get", key, req, total, &r);
+    tpi_store_request rq = request_of(TPI_STORE_GET, key, kl);
+    st = run(s, "get", key, &rq, &r);
     if (st == TP_OK) {
         *value = r.payload;
         *len = r.len;
@@ -290,17 +276,14 @@ static tp_status ts_get(tp_store *base, const char *key, void **value, size_t *l
 static tp_status ts_add(tp_store *base, const char *key, int64_t delta, int64_t *result) {
     TPI_ASSERT(result);
     tcp_store *s = (tcp_store *)base;
-    size_t kl, total = 0;
+    size_t kl;
     tp_status st = check_key(s, "add", key, &kl);
     if (st != TP_OK)
         return st;
-    uint8_t *req = request_new(TPI_STORE_ADD, 0, key, kl, 8, &total);
-    if (req) {
-        put_u32(req + 8 + kl, (uint32_t)(uint64_t)delta);
-        put_u32(req + 12 + kl, (uint32_t)((uint64_t)delta >> 32));
-    }
+    tpi_store_request rq = request_of(TPI_STORE_ADD, key, kl);
+    rq.delta = delta;
     reply r;
-    st = run(s, "add", key, req, total, &r);
+    st = run(s, "add", key, &rq, &r);
     if (st == TP_OK && r.len != 8) {
         st = store_fail(s, TP_ESTORE, "add '%s': malformed reply", key);
     } else if (st == TP_OK) {
@@ -316,7 +299,7 @@ static tp_status ts_compare_set(tp_store *base, const char *key, const void *exp
     TPI_ASSERT(swapped);
     tcp_store *s = (tcp_store *)base;
     *swapped = 0;
-    size_t kl, total = 0;
+    size_t kl;
     tp_status st = check_key(s, "compare_set", key, &kl);
     if (st == TP_OK && expected)
         st = check_value(s, "compare_set", key, expected, expected_len);
@@ -324,13 +307,15 @@ static tp_status ts_compare_set(tp_store *base, const char *key, const void *exp
         st = check_value(s, "compare_set", key, desired, desired_len);
     if (st != TP_OK)
         return st;
-    size_t elen = expected ? expected_len : 0;
-    uint8_t *req =
-        request_new(TPI_STORE_CAS, expected ? 1 : 0, key, kl, 8 + elen + desired_len, &total);
-    if (req)
-        put_blob(put_blob(req + 8 + kl, expected, elen), desired, desired_len);
+    tpi_store_request rq = request_of(TPI_STORE_CAS, key, kl);
+    rq.flags = expected ? 1 : 0;
+    rq.has_a = 1;
+    rq.a = expected;
+    rq.a_len = expected ? (uint32_t)expected_len : 0;
+    rq.b = desired;
+    rq.b_len = (uint32_t)desired_len;
     reply r;
-    st = run(s, "compare_set", key, req, total, &r);
+    st = run(s, "compare_set", key, &rq, &r);
     if (st == TP_OK)
         *swapped = r.aux ? 1 : 0;
     free(r.payload);
@@ -339,13 +324,13 @@ static tp_status ts_compare_set(tp_store *base, const char *key, const void *exp
 
 static tp_status ts_del(tp_store *base, const char *key) {
     tcp_store *s = (tcp_store *)base;
-    size_t kl, total = 0;
+    size_t kl;
     tp_status st = check_key(s, "del", key, &kl);
     if (st != TP_OK)
         return st;
     reply r;
-    uint8_t *req = request_new(TPI_STORE_DEL, 0, key, kl, 0, &total);
-    st = run(s, "del", key, req, total, &r);
+    tpi_store_request rq = request_of(TPI_STORE_DEL, key, kl);
+    st = run(s, "del", key, &rq, &r);
     free(r.payload);
     return st;
 }
@@ -361,69 +346,29 @@ static void ts_close(tp_store *base) {
     free(s);
 }
 
-/* Calls fn for each entry of a scan reply; 1 when fn stopped, -1 when the
- * reply is malformed, -2 out of memory. *last gets the last key seen; every
- * key must come after it, so a server that repeats itself cannot keep a
- * client scanning forever. *n counts the entries. */
-static int scan_entries(const reply *r, const char *prefix, size_t plen,
-                        int (*fn)(void *arg, const char *key, const void *value, size_t len),
-                        void *arg, char *last, size_t *n) {
-    const uint8_t *p = r->payload, *end = r->payload + r->len;
-    char key[TP_STORE_KEY_LEN_MAX + 1];
-    while (p < end) {
-        if (end - p < 2)
-            return -1;
-        size_t kl = (size_t)p[0] | (size_t)p[1] << 8;
-        if (kl == 0 || kl > TP_STORE_KEY_LEN_MAX || (size_t)(end - p) < 2 + kl + 4)
-            return -1;
-        memcpy(key, p + 2, kl);
-        key[kl] = '\0';
-        uint32_t vl = get_u32(p + 2 + kl);
-        if (strlen(key) != kl || kl < plen || memcmp(key, prefix, plen) != 0 ||
-            (last[0] && strcmp(key, last) <= 0) || vl > TP_STORE_VALUE_LEN_MAX ||
-            (size_t)(end - p) - 2 - kl - 4 < vl)
-            return -1;
-        const uint8_t *v = p + 6 + kl;
-        char small[256];
-        char *copy = vl < sizeof small ? small : malloc((size_t)vl + 1);
-        if (!copy)
-            return -2;
-        memcpy(copy, v, vl);
-        copy[vl] = '\0';
-        int stop = fn(arg, key, copy, vl);
-        if (copy != small)
-            free(copy);
-        memcpy(last, key, kl + 1);
-        (*n)++;
-        if (stop)
-            return 1;
-        p = v + vl;
-    }
-    return 0;
-}
-
 /* STORE-10 over the protocol: replies that are full say so, and the next
  * request asks for what follows the last key seen. */
 static tp_status ts_scan(tp_store *base, const char *prefix,
                          int (*fn)(void *arg, const char *key, const void *value, size_t len),
                          void *arg) {
     tcp_store *s = (tcp_store *)base;
-    size_t pl, total = 0;
+    size_t pl;
     tp_status st = check_key(s, "scan", prefix, &pl);
     char last[TP_STORE_KEY_LEN_MAX + 1] = "";
     for (int more = 1; st == TP_OK && more;) {
         size_t ll = strlen(last);
-        uint8_t *req = request_new(TPI_STORE_SCAN, 0, prefix, pl, ll ? 4 + ll : 0, &total);
-        if (req && ll)
-            put_blob(req + 8 + pl, last, ll);
+        tpi_store_request rq = request_of(TPI_STORE_SCAN, prefix, pl);
+        rq.has_a = ll > 0;
+        rq.a = (const uint8_t *)last;
+        rq.a_len = (uint32_t)ll;
         reply r;
-        st = run(s, "scan", prefix, req, total, &r);
+        st = run(s, "scan", prefix, &rq, &r);
         if (st != TP_OK) {
             free(r.payload);
             break;
         }
         size_t n = 0;
-        int rc = scan_entries(&r, prefix, pl, fn, arg, last, &n);
+        int rc = tpi_store_scan_entries(r.payload, r.len, prefix, pl, fn, arg, last, &n);
         if (rc == 0 && r.aux && n == 0)
             rc = -1; /* "more" with nothing in it: no progress */
         more = r.aux && rc == 0;

@@ -554,6 +554,316 @@ static void test_tcp_store_waits_for_late_rank(void **state) {
     assert_true(took < 3000000000ull); /* did not wait for the linger time */
 }
 
+/* ---- The server's bounds (TCP-18) -------------------------------------------------- */
+
+/* The defaults, with deadlines lowered for a test (0 keeps the default). */
+static void limits_for_test(uint32_t handshake_ms, uint32_t request_ms, uint32_t write_ms,
+                            uint32_t conns_max, uint32_t unauth_max) {
+    tpi_store_server_limits l = {
+        .handshake_ms = handshake_ms ? handshake_ms : TPI_STORE_SERVER_HANDSHAKE_MS,
+        .request_ms = request_ms ? request_ms : TPI_STORE_SERVER_REQUEST_MS,
+        .write_ms = write_ms ? write_ms : TPI_STORE_SERVER_WRITE_MS,
+        .conns_max = conns_max ? conns_max : TPI_STORE_SERVER_CONNS_MAX,
+        .unauth_max = unauth_max ? unauth_max : TPI_STORE_SERVER_UNAUTH_MAX,
+        .unsent_max = TPI_STORE_SERVER_UNSENT_MAX,
+        .mem_max = TPI_STORE_SERVER_MEM_MAX,
+    };
+    tpi_store_server_test_limits(&l);
+}
+
+/* A TCP connection to the store port, nothing sent; rcvbuf > 0 shrinks its
+ * receive buffer first (a reader that takes little). -1 on failure. */
+static int raw_connect(uint16_t port, int rcvbuf) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    if (rcvbuf > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The client's authenticated handshake on fd; 0, or -1 when the server
+ * closed it or answered wrongly. */
+static int raw_handshake(int fd) {
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1, 0,
+                                              0,   0xff, 0xff, 0xff, 0xff};
+    uint8_t back[TPI_STORE_SERVER_HELLO_LEN], ctx[64], proof[16], ok[4];
+    if (tpi_tcp_auth_nonce(hello + 12) != 0 ||
+        send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello ||
+        recv(fd, back, sizeof back, MSG_WAITALL) != (ssize_t)sizeof back)
+        return -1;
+    size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
+    if (!tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24))
+        return -1;
+    tpi_tcp_auth_proof(&auth, "tp/store/client v1", ctx, n, proof);
+    if (send(fd, proof, sizeof proof, MSG_NOSIGNAL) != (ssize_t)sizeof proof ||
+        recv(fd, ok, sizeof ok, MSG_WAITALL) != (ssize_t)sizeof ok ||
+        memcmp(ok, TPI_STORE_AUTH_OK, 4) != 0)
+        return -1;
+    return 0;
+}
+
+/* Reads fd until the server closes it (EOF or reset) or timeout_s passes;
+ * 1 when closed, 0 on timeout. *got counts the bytes read. */
+static int await_closed(int fd, double timeout_s, size_t *got) {
+    static uint8_t sink[65536];
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 50000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint64_t end = tt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    while (tt_now_ns() < end) {
+        ssize_t k = recv(fd, sink, sizeof sink, 0);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return 1;
+        if (k > 0 && got)
+            *got += (size_t)k;
+    }
+    return 0;
+}
+
+/* Some SETs and GETs through c, each checked. */
+static void well_behaved(tp_store *c, int rounds, const char *tag) {
+    for (int i = 0; i < rounds; i++) {
+        char key[64], val[64];
+        snprintf(key, sizeof key, "%s/%d", tag, i);
+        snprintf(val, sizeof val, "value %d", i);
+        assert_int_equal(c->ops->set(c, key, val, strlen(val)), TP_OK);
+        void *v = NULL;
+        size_t n = 0;
+        assert_int_equal(c->ops->get(c, key, &v, &n), TP_OK);
+        assert_int_equal(n, strlen(val));
+        assert_memory_equal(v, val, n);
+        free(v);
+    }
+}
+
+/*
+ * spec: TCP-18. Ten clients pipeline GETs of a 1 MiB value and never read:
+ * the server queues the replies (it never blocks on a send), drops each one
+ * once its unsent replies pass the bound, and meanwhile a well-behaved
+ * client's operations complete. An eleventh asks for less than the bound
+ * and does not read either: it stays connected, and the server still stops
+ * within its linger time. (The old server blocked up to 10 s in each of
+ * their replies' sends: the good client's first operation passed its 30 s
+ * deadline, and stop waited out the blocked send.)
+ */
+static void test_tcp_store_readers_that_do_not_read(void **state) {
+    (void)state;
+    enum { BAD = 10, GETS = 24, IDLE_GETS = 4 };
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tp_store *good = client(port, 5);
+    size_t big = TP_STORE_VALUE_LEN_MAX;
+    char *v = calloc(1, big);
+    assert_int_equal(good->ops->set(good, "big", v, big), TP_OK);
+    free(v);
+    static const uint8_t get_big[11] = {7, 0, 0, 0, TPI_STORE_GET, 0, 3, 0, 'b', 'i', 'g'};
+    uint8_t reqs[GETS * sizeof get_big];
+    for (int i = 0; i < GETS; i++)
+        memcpy(reqs + i * sizeof get_big, get_big, sizeof get_big);
+    /* Every client in before any asks, so no handshake waits on a blocked server. */
+    int bad[BAD + 1];
+    for (int i = 0; i <= BAD; i++) {
+        bad[i] = raw_connect(port, 4096);
+        assert_true(bad[i] >= 0);
+        assert_int_equal(raw_handshake(bad[i]), 0);
+    }
+    for (int i = 0; i < BAD; i++)
+        assert_int_equal(send(bad[i], reqs, sizeof reqs, MSG_NOSIGNAL), (ssize_t)sizeof reqs);
+    /* The last one asks for less than the unsent bound: it stays. */
+    size_t idle_len = IDLE_GETS * sizeof get_big;
+    assert_int_equal(send(bad[BAD], reqs, idle_len, MSG_NOSIGNAL), (ssize_t)idle_len);
+    well_behaved(good, 20, "good");
+    for (int i = 0; i < BAD; i++) {
+        size_t got = 0;
+        assert_true(await_closed(bad[i], 20, &got)); /* dropped, not served forever */
+        assert_true(got < (size_t)GETS * (12 + big));
+        close(bad[i]);
+    }
+    well_behaved(good, 5, "after");
+    /* Clients still connected, one with replies it does not read: the stop
+     * takes the linger time, not the time a send could block. */
+    uint64_t t0 = tt_now_ns();
+    tpi_store_server_stop(srv, 1000000000ull);
+    uint64_t took = tt_now_ns() - t0;
+    fprintf(stderr, "stop with linger 1 s and clients connected took %.3f s\n", took / 1e9);
+    assert_true(took >= 900000000ull && took < 5000000000ull);
+    close(bad[BAD]);
+    good->ops->close(good);
+}
+
+/*
+ * spec: TCP-18. A client that sends a request a byte at a time is dropped
+ * at the request deadline (lowered to 0.5 s here), before its request is
+ * complete, and nothing it sent is applied; a well-behaved client is served
+ * meanwhile. (The old server had no such deadline: the request completed
+ * after some 6 s and was answered.)
+ */
+static void test_tcp_store_slow_sender_dropped(void **state) {
+    (void)state;
+    limits_for_test(0, 500, 0, 0, 0);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    tp_store *good = client(port, 5);
+    int fd = raw_connect(port, 0);
+    assert_int_equal(raw_handshake(fd), 0);
+    uint8_t req[4 + 4 + 4 + 4 + 40] = {0};
+    req[0] = sizeof req - 4;
+    req[4] = TPI_STORE_SET;
+    req[6] = 4;
+    memcpy(req + 8, "slow", 4);
+    req[12] = 40;
+    memset(req + 16, 'x', 40);
+    size_t sent = 0;
+    int dropped = 0, answered = 0;
+    while (sent < sizeof req && !dropped && !answered) {
+        if (send(fd, req + sent, 1, MSG_NOSIGNAL) != 1) {
+            dropped = 1;
+            break;
+        }
+        sent++;
+        usleep(100000);
+        if (sent % 4 == 0)
+            well_behaved(good, 1, "meanwhile");
+        uint8_t b[16];
+        ssize_t k = recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            dropped = 1;
+        else if (k > 0)
+            answered = 1;
+    }
+    fprintf(stderr, "slow sender: dropped after %zu of %zu bytes\n", sent, sizeof req);
+    assert_false(answered);
+    assert_true(dropped);
+    assert_true(sent < sizeof req);
+    close(fd);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(good->ops->get(good, "slow", &v, &n), TP_ENOENT);
+    good->ops->close(good);
+    tpi_store_server_stop(srv, 0);
+}
+
+/*
+ * spec: TCP-18. A flood of connections that never finish their handshake:
+ * those over the handshake cap (8 here) are closed at once, the others at
+ * the handshake deadline (0.5 s here); an authenticated client is served
+ * throughout, and a new one gets in afterwards. Over the connection cap (16
+ * here) even authenticating clients are closed at once. (The old server
+ * kept every flood connection open forever.)
+ */
+static void test_tcp_store_connection_flood(void **state) {
+    (void)state;
+    enum { FLOOD = 40 };
+    limits_for_test(500, 0, 0, 16, 8);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    tp_store *good = client(port, 5);
+    int flood[FLOOD];
+    for (int i = 0; i < FLOOD; i++) {
+        flood[i] = raw_connect(port, 0);
+        assert_true(flood[i] >= 0);
+        if (i % 4 == 0) /* a partial hello */
+            assert_int_equal(send(flood[i], "TPST\2\1\0\0\0\0", 10, MSG_NOSIGNAL), 10);
+    }
+    well_behaved(good, 10, "flooded");
+    for (int i = 0; i < FLOOD; i++) {
+        assert_true(await_closed(flood[i], 5, NULL));
+        close(flood[i]);
+    }
+    tp_store *late = client(port, 5);
+    well_behaved(late, 2, "late");
+    /* The connection cap: 16 clients, two of them good and late. */
+    int in[20], nin = 0, refused = 0;
+    for (int i = 0; i < 20; i++) {
+        int fd = raw_connect(port, 0);
+        assert_true(fd >= 0);
+        if (raw_handshake(fd) == 0)
+            in[nin++] = fd;
+        else {
+            refused++;
+            close(fd);
+        }
+    }
+    fprintf(stderr, "connection cap 16: %d authenticated, %d refused\n", nin, refused);
+    assert_int_equal(nin, 14);
+    well_behaved(good, 2, "capped");
+    for (int i = 0; i < nin; i++)
+        close(in[i]);
+    late->ops->close(late);
+    good->ops->close(good);
+    tpi_store_server_stop(srv, 0);
+}
+
+typedef struct many_arg {
+    uint16_t port;
+    uint32_t rank;
+    int ok;
+} many_arg;
+
+static void *many_client(void *arg) {
+    many_arg *m = arg;
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX], key[64], val[64];
+    if (tpi_tcp_store_connect("127.0.0.1", m->port, m->rank, &auth, tt_now_ns() + 60000000000ull,
+                              "test", NULL, 0, &c, err, sizeof err) != TP_OK) {
+        fprintf(stderr, "client %u: %s\n", (unsigned)m->rank, err);
+        return NULL;
+    }
+    snprintf(key, sizeof key, "g0/init/rank/%u", (unsigned)m->rank);
+    snprintf(val, sizeof val, "127.0.0.1:%u", 10000u + m->rank);
+    void *v = NULL;
+    size_t n = 0;
+    m->ok = c->ops->set(c, key, val, strlen(val)) == TP_OK &&
+            c->ops->get(c, key, &v, &n) == TP_OK && n == strlen(val) && memcmp(v, val, n) == 0;
+    if (!m->ok)
+        fprintf(stderr, "client %u: %s\n", (unsigned)m->rank, c->errmsg);
+    free(v);
+    c->ops->close(c);
+    return NULL;
+}
+
+/* spec: TCP-18. 300 authenticated clients at once (more than the handshake
+ * cap: the ones refused retry, TCP-9), each a SET and a GET: all succeed,
+ * and every key is there afterwards. */
+static void test_tcp_store_many_clients(void **state) {
+    (void)state;
+    enum { N = 300 };
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_expect(srv, N);
+    static many_arg args[N];
+    static pthread_t ts[N];
+    uint64_t t0 = tt_now_ns();
+    for (int i = 0; i < N; i++) {
+        args[i] = (many_arg){port, (uint32_t)i, 0};
+        assert_int_equal(pthread_create(&ts[i], NULL, many_client, &args[i]), 0);
+    }
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(ts[i], NULL);
+        ok += args[i].ok;
+    }
+    fprintf(stderr, "%d clients, each connect + SET + GET + close: %.3f s\n", N,
+            (tt_now_ns() - t0) / 1e9);
+    assert_int_equal(ok, N);
+    tp_store *c = client(port, 5);
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(c->ops->scan(c, "g0/init/rank/", log_scan, &l), TP_OK);
+    assert_int_equal(l.n, N);
+    c->ops->close(c);
+    uint64_t t1 = tt_now_ns();
+    tpi_store_server_stop(srv, 5000000000ull); /* every rank came and left: at once */
+    assert_true(tt_now_ns() - t1 < 2000000000ull);
+}
+
 int main(void) {
     tt_ensure_secret();
     char err[TP_ERRMSG_LEN_MAX];
@@ -573,6 +883,10 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
+        cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
+        cmocka_unit_test(test_tcp_store_slow_sender_dropped),
+        cmocka_unit_test(test_tcp_store_connection_flood),
+        cmocka_unit_test(test_tcp_store_many_clients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
