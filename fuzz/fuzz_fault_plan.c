@@ -1,0 +1,116 @@
+/*
+ * fuzz_fault_plan.c: any bytes as a simulator fault plan (spec/sim.md SIM-5),
+ * the text tpsim --faults and tp_sim_load_faults read.
+ *
+ * The input, up to its first NUL, is the plan's text. Properties:
+ * - nothing crashes, leaks or reads out of bounds (under ASan);
+ * - a refused plan says "fault plan line N: why" and hands back no lines;
+ * - an accepted plan's lines have known kinds, increasing line numbers and
+ *   the bounds the parser promises (chaos rates per million, a latency
+ *   distribution, a host or '*');
+ * - printed back (tpi_sim_faults_format), one fault a line, it parses to the
+ *   same faults, and printing those gives the same text (a fixed point);
+ * - loading it into a simulation of 4 hosts refuses every plan the parser
+ *   refuses, with the same message; what the loader refuses beyond that
+ *   (hosts out of range, empty windows) it says in the same form.
+ * A violated property aborts, which the fuzzer reports as a crash.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/sim_internal.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define KINDS_MAX 16 /* the parser's fault kinds are 1..16 (sim_faults.c) */
+#define LINE_MAX_ 160
+
+static void check(int ok, const char *what, const char *detail) {
+    if (ok)
+        return;
+    fprintf(stderr, "fuzz_fault_plan: property violated: %s (%s)\n", what, detail);
+    abort();
+}
+
+static int same_fault(const tpi_sim_fault_line *x, const tpi_sim_fault_line *y) {
+    return x->kind == y->kind && x->a == y->a && x->b == y->b && x->t0_ns == y->t0_ns &&
+           x->t1_ns == y->t1_ns && x->extra_ns == y->extra_ns && x->per_million == y->per_million;
+}
+
+/* The plan printed back, one fault a line; malloc'd. */
+static char *print_plan(const tpi_sim_fault_line *l, size_t n) {
+    char *text = malloc(n * (LINE_MAX_ + 1) + 1);
+    check(text != NULL, "out of memory", "print");
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = tpi_sim_faults_format(&l[i], text + at, LINE_MAX_);
+        check(len > 0 && len < LINE_MAX_ - 1, "a printed fault fits a line", text + at);
+        at += len;
+        text[at++] = '\n';
+    }
+    text[at] = '\0';
+    return text;
+}
+
+static void check_bounds(const tpi_sim_fault_line *l, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "fault %zu", i);
+        check(l[i].kind >= 1 && l[i].kind <= KINDS_MAX, "a fault has a known kind", what);
+        check(l[i].line >= 1 && (i == 0 || l[i].line > l[i - 1].line),
+              "line numbers increase", what);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char *text = malloc(size + 1);
+    if (!text)
+        return 0;
+    memcpy(text, data, size);
+    text[size] = '\0';
+
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    static tpi_sim_fault_line sentinel;
+    tpi_sim_fault_line *lines = &sentinel; /* the parser must overwrite both */
+    size_t n = 99;
+    tp_status st = tpi_sim_faults_parse(text, &lines, &n, err, sizeof err);
+    if (st != TP_OK) {
+        check(strncmp(err, "fault plan line ", 16) == 0, "a refusal names its line", err);
+        check(lines == NULL && n == 0, "a refused plan hands back no lines", err);
+    } else {
+        check(n == 0 || lines != NULL, "an accepted plan hands back its lines", "NULL");
+        check_bounds(lines, n);
+        char *printed = print_plan(lines, n);
+        tpi_sim_fault_line *again = NULL;
+        size_t n2 = 0;
+        char err2[TP_ERRMSG_LEN_MAX] = "";
+        check(tpi_sim_faults_parse(printed, &again, &n2, err2, sizeof err2) == TP_OK,
+              "a printed plan parses", err2);
+        check(n2 == n, "a printed plan has as many faults", printed);
+        for (size_t i = 0; i < n; i++)
+            check(same_fault(&lines[i], &again[i]), "a printed fault parses to itself", printed);
+        char *reprinted = print_plan(again, n2);
+        check(strcmp(printed, reprinted) == 0, "printing is a fixed point", reprinted);
+        free(reprinted);
+        free(again);
+        free(printed);
+        free(lines);
+    }
+
+    /* The loader: the parser's verdict first, then its own checks. */
+    tp_sim_config cfg = {.hosts = 4, .seed = 1};
+    tp_sim *sim = NULL;
+    if (tp_sim_new(&cfg, &sim) == TP_OK) {
+        char lerr[TP_ERRMSG_LEN_MAX] = "";
+        tp_status lst = tp_sim_load_faults(sim, text, lerr, sizeof lerr);
+        if (st != TP_OK)
+            check(lst == st && strcmp(lerr, err) == 0, "the loader refuses as the parser", lerr);
+        else if (lst != TP_OK)
+            check(strncmp(lerr, "fault plan line ", 16) == 0, "a refusal names its line", lerr);
+        tp_sim_free(sim);
+    }
+    free(text);
+    return 0;
+}
