@@ -991,11 +991,29 @@ tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t
     if (st != TP_OK)
         return tpi_fail(st, "%s", errmsg);
     char reason[TP_ERRMSG_LEN_MAX];
-    uint32_t delays = sim->ndelays;
+    /* Every counted kind is counted over the whole plan before any of it is
+     * applied: apply_fault's own limit checks would stop half-way, and
+     * check_fault sees only the restarts planned before this plan. */
+    uint32_t delays = sim->ndelays, restarts = sim->restarts_planned, pauses = sim->npauses;
+    uint32_t store = sim->nstore_faults, rules = sim->nrules;
     for (size_t i = 0; i < n; i++) {
-        if (lines[i].kind == F_DELAY && ++delays > TPI_SIM_DELAYS_MAX) {
-            tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u delay faults",
-                       lines[i].line, TPI_SIM_DELAYS_MAX);
+        int k = lines[i].kind;
+        const char *over = k == F_DELAY && ++delays > TPI_SIM_DELAYS_MAX ? "delay faults"
+                           : k == F_PAUSE && ++pauses > TPI_SIM_DELAYS_MAX ? "pause faults"
+                           : (k == F_STOREDOWN || k == F_STORESLOW) && ++store > TPI_SIM_DELAYS_MAX
+                               ? "store faults"
+                           : (k == F_LATENCY || k == F_BANDWIDTH) && ++rules > TPI_SIM_DELAYS_MAX
+                               ? "link rules"
+                               : NULL;
+        if (k == F_RESTART && ++restarts > TPI_SIM_RESTARTS_MAX) {
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u restarts in one "
+                       "simulation", lines[i].line, TPI_SIM_RESTARTS_MAX);
+            free(lines);
+            return tpi_fail(TP_ELIMIT, "%s", errmsg);
+        }
+        if (over) {
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u %s", lines[i].line,
+                       TPI_SIM_DELAYS_MAX, over);
             free(lines);
             return tpi_fail(TP_ELIMIT, "%s", errmsg);
         }
