@@ -74,8 +74,8 @@ static void check_bounds(const tpi_sim_fault_line *l, size_t n) {
         char what[32];
         snprintf(what, sizeof what, "fault %zu", i);
         check(l[i].kind >= 1 && l[i].kind <= KINDS_MAX, "a fault has a known kind", what);
-        check(l[i].line >= 1 && (i == 0 || l[i].line > l[i - 1].line),
-              "line numbers increase", what);
+        check(l[i].line >= 1 && (i == 0 || l[i].line > l[i - 1].line), "line numbers increase",
+              what);
     }
 }
 

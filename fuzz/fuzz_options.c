@@ -95,12 +95,12 @@ static void set_timeout(tp_options *o, const char *key, const char *value) {
     double s;
     if (!number(value, &s))
         return;
-    tp_status (*set)(tp_options *, double) =
-        key[0] == 'r' ? tp_options_set_rpc_timeout
-        : key[0] == 'i' ? tp_options_set_init_timeout : tp_options_set_shutdown_timeout;
-    double (*get)(const tp_options *) =
-        key[0] == 'r' ? tp_options_rpc_timeout
-        : key[0] == 'i' ? tp_options_init_timeout : tp_options_shutdown_timeout;
+    tp_status (*set)(tp_options *, double) = key[0] == 'r'   ? tp_options_set_rpc_timeout
+                                             : key[0] == 'i' ? tp_options_set_init_timeout
+                                                             : tp_options_set_shutdown_timeout;
+    double (*get)(const tp_options *) = key[0] == 'r'   ? tp_options_rpc_timeout
+                                        : key[0] == 'i' ? tp_options_init_timeout
+                                                        : tp_options_shutdown_timeout;
     double before = get(o);
     tp_status st = set(o, s);
     int valid = !isnan(s) && s >= 0 && s <= TPI_TIMEOUT_S_MAX;
@@ -108,8 +108,10 @@ static void set_timeout(tp_options *o, const char *key, const char *value) {
     if (st == TP_OK)
         check(get(o) == s, "a timeout reads back", value);
     else
-        check(get(o) == before || (isnan(get(o)) && isnan(before)), "a refused timeout changes "
-              "nothing", value);
+        check(get(o) == before || (isnan(get(o)) && isnan(before)),
+              "a refused timeout changes "
+              "nothing",
+              value);
 }
 
 static void set_integer(tp_options *o, const char *key, const char *value) {
@@ -123,7 +125,8 @@ static void set_integer(tp_options *o, const char *key, const char *value) {
             return;
         int before = tp_options_num_worker_threads(o);
         st = tp_options_set_num_worker_threads(o, (int)v);
-        check((st == TP_OK) == (v >= 1 && v <= TPI_WORKER_THREADS_MAX), "thread count range", value);
+        check((st == TP_OK) == (v >= 1 && v <= TPI_WORKER_THREADS_MAX), "thread count range",
+              value);
         check(tp_options_num_worker_threads(o) == (st == TP_OK ? (int)v : before),
               "the thread count reads back", value);
     } else if (strcmp(key, "rejoin") == 0) {
@@ -236,8 +239,10 @@ static void check_auth(const tp_options *o, const uint8_t *data, size_t size) {
                                                    : toupper((unsigned char)*p));
         check(tp_options_set(o2, "secret", flipped) == TP_OK, "a secret is set", flipped);
         tpi_tcp_auth auth2;
-        check(tpi_tcp_auth_setup(o2, &auth2, err, sizeof err) == TP_OK, "the case of hex does not "
-              "matter", err);
+        check(tpi_tcp_auth_setup(o2, &auth2, err, sizeof err) == TP_OK,
+              "the case of hex does not "
+              "matter",
+              err);
         check(tpi_tcp_auth_same(&auth, &auth2), "the same secret, the same key", flipped);
         tpi_tcp_auth_clear(&auth2);
         tp_options_free(o2);
@@ -257,10 +262,9 @@ static void check_auth(const tp_options *o, const uint8_t *data, size_t size) {
 /* ---- The input ------------------------------------------------------------------- */
 
 static int typed(const char *key) {
-    static const char *const names[] = {"rpc_timeout",      "init_timeout",
-                                        "shutdown_timeout", "num_worker_threads",
-                                        "max_message_size", "max_inflight_bytes",
-                                        "rejoin",           "init_method"};
+    static const char *const names[] = {
+        "rpc_timeout",      "init_timeout",       "shutdown_timeout", "num_worker_threads",
+        "max_message_size", "max_inflight_bytes", "rejoin",           "init_method"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(key, names[i]) == 0)
             return (int)i + 1;

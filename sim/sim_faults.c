@@ -940,9 +940,8 @@ size_t tpi_sim_faults_format(const tpi_sim_fault_line *f, char *buf, size_t len)
     case F_LATENCY: {
         static const char *const dists[] = {"fixed", "uniform", "longtail"};
         TPI_ASSERT(f->per_million < 3);
-        return tpi_format(buf, len, "%s %s %s %s %s %s", w, fmt_host(f->a, ha),
-                          fmt_host(f->b, hb), fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1),
-                          dists[f->per_million]);
+        return tpi_format(buf, len, "%s %s %s %s %s %s", w, fmt_host(f->a, ha), fmt_host(f->b, hb),
+                          fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1), dists[f->per_million]);
     }
     case F_BANDWIDTH:
         return tpi_format(buf, len, "%s %s %s %llu", w, fmt_host(f->a, ha), fmt_host(f->b, hb),
@@ -961,14 +960,14 @@ size_t tpi_sim_faults_format(const tpi_sim_fault_line *f, char *buf, size_t len)
         if (f->t1_ns == UINT64_MAX)
             return tpi_format(buf, len, "%s %s %u %s", w, type, f->per_million,
                               fmt_ms(f->t0_ns, t0));
-        return tpi_format(buf, len, "%s %s %u %s %s", w, type, f->per_million,
-                          fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1));
+        return tpi_format(buf, len, "%s %s %u %s %s", w, type, f->per_million, fmt_ms(f->t0_ns, t0),
+                          fmt_ms(f->t1_ns, t1));
     }
     case F_STOREDOWN:
         return tpi_format(buf, len, "%s %s %s", w, fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1));
     case F_STORESLOW:
-        return tpi_format(buf, len, "%s %s %s %s", w, fmt_ms(f->t0_ns, t0),
-                          fmt_ms(f->t1_ns, t1), fmt_ms(f->extra_ns, x));
+        return tpi_format(buf, len, "%s %s %s %s", w, fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1),
+                          fmt_ms(f->extra_ns, x));
     }
     TPI_ASSERT(!"a fault kind without a format");
     return 0;
@@ -997,23 +996,31 @@ tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t
     uint32_t delays = sim->ndelays, restarts = sim->restarts_planned, pauses = sim->npauses;
     uint32_t store = sim->nstore_faults, rules = sim->nrules;
     for (size_t i = 0; i < n; i++) {
-        int k = lines[i].kind;
-        const char *over = k == F_DELAY && ++delays > TPI_SIM_DELAYS_MAX ? "delay faults"
-                           : k == F_PAUSE && ++pauses > TPI_SIM_DELAYS_MAX ? "pause faults"
-                           : (k == F_STOREDOWN || k == F_STORESLOW) && ++store > TPI_SIM_DELAYS_MAX
-                               ? "store faults"
-                           : (k == F_LATENCY || k == F_BANDWIDTH) && ++rules > TPI_SIM_DELAYS_MAX
-                               ? "link rules"
-                               : NULL;
-        if (k == F_RESTART && ++restarts > TPI_SIM_RESTARTS_MAX) {
-            tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u restarts in one "
-                       "simulation", lines[i].line, TPI_SIM_RESTARTS_MAX);
-            free(lines);
-            return tpi_fail(TP_ELIMIT, "%s", errmsg);
+        uint32_t *count = NULL, limit = TPI_SIM_DELAYS_MAX;
+        const char *what = NULL;
+        switch (lines[i].kind) {
+        case F_DELAY:
+            count = &delays, what = "delay faults";
+            break;
+        case F_PAUSE:
+            count = &pauses, what = "pause faults";
+            break;
+        case F_STOREDOWN:
+        case F_STORESLOW:
+            count = &store, what = "store faults";
+            break;
+        case F_LATENCY:
+        case F_BANDWIDTH:
+            count = &rules, what = "link rules";
+            break;
+        case F_RESTART:
+            count = &restarts, what = "restarts in one simulation";
+            limit = TPI_SIM_RESTARTS_MAX;
+            break;
         }
-        if (over) {
+        if (count && ++*count > limit) {
             tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u %s", lines[i].line,
-                       TPI_SIM_DELAYS_MAX, over);
+                       limit, what);
             free(lines);
             return tpi_fail(TP_ELIMIT, "%s", errmsg);
         }
