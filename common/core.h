@@ -437,6 +437,21 @@ tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns);
  * incarnation of its rank, gathers the peers (c->incarnation, peer_inc set). */
 tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_ns);
 
+/*
+ * The values other workers wrote, read back from the store: parsed here and
+ * nowhere else, never trusted (a store row crossed a trust boundary).
+ * tpi_outcome_parse: "init/error" = "<status name>\t<message>" (INIT-5): the
+ * status, TP_ESTORE for a value it cannot read; *msg the message (the whole
+ * value when there is no tab). Cuts v at the tab.
+ * tpi_rank_entry_parse: "init/rank/<r>" = "<name>\t<address>", the name 1 to
+ * TP_NAME_LEN_MAX bytes: 1, v cut at the tab and *addr after it; else 0, v as
+ * it was.
+ * tpi_inc_parse: "inc/<r>" = "<k>\t<address>", k in 1..TPI_INCARNATION_MAX
+ * written as "%u", the address not empty (REJOIN-2): 1 and *k, *addr; else 0.
+ */
+tp_status tpi_outcome_parse(char *v, const char **msg);
+int tpi_rank_entry_parse(char *v, const char **addr);
+int tpi_inc_parse(const char *v, uint32_t *k, const char **addr);
 /* The newest incarnation of q published in the store (*k = 0: none) and its
  * address (REJOIN-2). */
 tp_status tpi_rejoin_lookup(tp_core *c, uint32_t q, uint32_t *k, char *addr, size_t addr_len,

@@ -52,8 +52,16 @@ static tp_status check_error_key(tp_core *c, const char *what, uint64_t deadline
     tpi_key(c, key, sizeof key, "init/error");
     if (!key_exists(c, key, &v, &st, deadline_ns))
         return st == TP_OK ? TP_OK : store_fail(c, st, what);
+    const char *msg;
+    tp_status code = tpi_outcome_parse(v, &msg);
+    st = code == TP_OK ? TP_OK : tpi_fail(code, "%s: %s", what, msg);
+    free(v);
+    return st;
+}
+
+tp_status tpi_outcome_parse(char *v, const char **msg) {
     if (strncmp(v, "TP_OK\t", 6) == 0) { /* committed: the attempt succeeded (INIT-5) */
-        free(v);
+        *msg = v + 6;
         return TP_OK;
     }
     char *tab = strchr(v, '\t');
@@ -64,9 +72,17 @@ static tp_status check_error_key(tp_core *c, const char *what, uint64_t deadline
             if (strcmp(v, tp_status_name((tp_status)i)) == 0)
                 code = (tp_status)i;
     }
-    st = tpi_fail(code, "%s: %s", what, tab ? tab + 1 : v);
-    free(v);
-    return st;
+    *msg = tab ? tab + 1 : v;
+    return code;
+}
+
+int tpi_rank_entry_parse(char *v, const char **addr) {
+    char *tab = strchr(v, '\t');
+    if (!tab || tab == v || (size_t)(tab - v) > TP_NAME_LEN_MAX)
+        return 0;
+    *tab = '\0';
+    *addr = tab + 1;
+    return 1;
 }
 
 /*
@@ -421,17 +437,16 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     }
     st = tpi_store_gather(c, "init/rank", deadline_ns, 0, values, "init");
     for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++) {
-        char *tab = strchr(values[r], '\t');
-        if (!tab || tab == values[r] || (size_t)(tab - values[r]) > TP_NAME_LEN_MAX) {
+        const char *a;
+        if (!tpi_rank_entry_parse(values[r], &a)) {
             char bad[96];
             tpi_format(bad, sizeof bad, "init: rank %u's entry in the store is malformed", r);
             st = publish_error(c, TP_ESTORE, bad);
             break;
         }
-        *tab = '\0';
         tpi_format(c->infos[r].name, sizeof c->infos[r].name, "%s", values[r]);
         c->infos[r].id = r;
-        addrs[r] = tab + 1;
+        addrs[r] = (char *)a;
     }
     if (st == TP_OK) {
         sort_names(c);
@@ -548,8 +563,7 @@ static char *must_get(tp_core *c, const char *key, uint64_t deadline_ns) {
     return NULL;
 }
 
-/* "<k>\t<address>" -> k and the address's offset; 0 when malformed. */
-static int parse_inc(const char *v, uint32_t *k, const char **addr) {
+int tpi_inc_parse(const char *v, uint32_t *k, const char **addr) {
     const char *tab = strchr(v, '\t');
     char num[16];
     size_t n = tab ? (size_t)(tab - v) : 0;
@@ -576,7 +590,7 @@ static tp_status take_incarnation(tp_core *c, const char *addr, uint64_t deadlin
             return store_fail(c, st, "rejoin");
         uint32_t k = 0;
         const char *old_addr;
-        if (have && !parse_inc(cur, &k, &old_addr)) {
+        if (have && !tpi_inc_parse(cur, &k, &old_addr)) {
             free(cur);
             return tpi_fail(TP_ESTORE, "rejoin: the store's '%s' is malformed", key);
         }
@@ -654,12 +668,11 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
             st = TP_ESTORE;
             break;
         }
-        char *tab = strchr(vals[q], '\t');
-        if (!tab || tab == vals[q] || (size_t)(tab - vals[q]) > TP_NAME_LEN_MAX) {
+        const char *a;
+        if (!tpi_rank_entry_parse(vals[q], &a)) {
             st = tpi_fail(TP_ESTORE, "rejoin: rank %u's entry in the store is malformed", q);
             break;
         }
-        *tab = '\0';
         if (q == c->rank && strcmp(vals[q], c->self.name) != 0) {
             st = tpi_fail(TP_EINVAL, "rejoin: rank %u is '%s' in this job, not '%s'", q,
                           vals[q], c->self.name);
@@ -667,7 +680,7 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
         }
         tpi_format(c->infos[q].name, sizeof c->infos[q].name, "%s", vals[q]);
         c->infos[q].id = q;
-        addrs[q] = tab + 1;
+        addrs[q] = (char *)a;
     }
     for (uint32_t q = 0; st == TP_OK && q < c->world_size; q++) {
         if (q == c->rank) {
@@ -683,7 +696,7 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
         }
         uint32_t k;
         const char *a;
-        if (!parse_inc(v, &k, &a)) {
+        if (!tpi_inc_parse(v, &k, &a)) {
             free(v);
             st = tpi_fail(TP_ESTORE, "rejoin: the store's '%s' is malformed", key);
             break;
@@ -733,7 +746,7 @@ tp_status tpi_rejoin_lookup(tp_core *c, uint32_t q, uint32_t *k, char *addr, siz
     if (!key_exists(c, key, &v, &st, deadline_ns))
         return st == TP_OK ? TP_OK : store_fail(c, st, "rejoin");
     const char *a;
-    if (!parse_inc(v, k, &a) || strlen(a) >= addr_len) {
+    if (!tpi_inc_parse(v, k, &a) || strlen(a) >= addr_len) {
         free(v);
         *k = 0;
         return tpi_fail(TP_ESTORE, "rejoin: the store's '%s' is malformed", key);

@@ -33,6 +33,10 @@ int tpi_tcp_split_hostport(const char *s, char *host, size_t host_len, char *por
     size_t pl = strlen(colon + 1);
     if (hl == 0 || hl >= host_len || pl == 0 || pl >= port_len)
         return -1;
+    /* No host has a bracket (tpi_tcp_unbracket's rule too): "[[x]:1" would
+     * give "[x", which formats as "[x:1", an address that does not split. */
+    if (memchr(h, '[', hl) || memchr(h, ']', hl))
+        return -1;
     memcpy(host, h, hl);
     host[hl] = '\0';
     memcpy(port, colon + 1, pl + 1);

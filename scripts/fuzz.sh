@@ -8,8 +8,9 @@
 #   (default 60), starting from its seed corpus fuzz/corpus/<harness>. Findings go
 #   to fuzz/findings/<harness> (git-ignored; the previous run's are kept as
 #   <harness>.prev). Exits 1 when any harness crashed or hung, listing the inputs.
-# Environment: FUZZ_SECONDS (per harness), FUZZ_ASAN=0 to build without
-#   AddressSanitizer (faster, finds less), AFL_CC to use another AFL++ compiler.
+# Environment: FUZZ_SECONDS (per harness), FUZZ_ONLY="fuzz_a fuzz_b" to fuzz only
+#   those harnesses, FUZZ_ASAN=0 to build without AddressSanitizer (faster, finds
+#   less), AFL_CC to use another AFL++ compiler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: scripts/fuzz.sh BUILD_DIR}
@@ -26,6 +27,12 @@ for src in fuzz/fuzz_*.c; do
   [ -e "$src" ] && harnesses+=("$(basename "$src" .c)")
 done
 [ ${#harnesses[@]} -gt 0 ] || { echo "fuzz: no harness in fuzz/" >&2; exit 1; }
+if [ -n "${FUZZ_ONLY:-}" ]; then
+  for h in $FUZZ_ONLY; do
+    [ -e "fuzz/$h.c" ] || { echo "fuzz: FUZZ_ONLY names $h, which is not fuzz/$h.c" >&2; exit 1; }
+  done
+  read -r -a harnesses <<< "$FUZZ_ONLY"
+fi
 
 # The instrumented build: its own folder and compiler; no unit tests.
 afl_build="$build/afl"
@@ -65,10 +72,13 @@ for h in "${harnesses[@]}"; do
     > "$out.log" 2>&1 || { echo "fuzz: afl-fuzz failed for $h; see $out.log" >&2; tail -20 "$out.log" >&2; bad=1; continue; }
   crashes=$(find "$out" -path '*/crashes/id:*' -type f | sort)
   hangs=$(find "$out" -path '*/hangs/id:*' -type f | sort)
-  execs=$(sed -n 's/^execs_done *: *//p' "$out"/default/fuzzer_stats 2>/dev/null || echo '?')
+  stat() { sed -n "s/^$1 *: *//p" "$out"/default/fuzzer_stats 2>/dev/null || echo '?'; }
+  execs=$(stat execs_done)
+  speed=$(stat execs_per_sec)
+  paths=$(stat corpus_count)
   ncrash=$(printf '%s' "$crashes" | grep -c . || true)
   nhang=$(printf '%s' "$hangs" | grep -c . || true)
-  echo "fuzz: $h: $execs runs, $ncrash crashes, $nhang hangs"
+  echo "fuzz: $h: $execs runs ($speed/s), $paths paths, $ncrash crashes, $nhang hangs"
   if [ "$ncrash" -gt 0 ] || [ "$nhang" -gt 0 ]; then
     bad=1
     printf '%s\n' $crashes $hangs | sed 's/^/  /'

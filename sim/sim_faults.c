@@ -877,6 +877,102 @@ tp_status tpi_sim_faults_parse(const char *text, tpi_sim_fault_line **lines, siz
     return TP_OK;
 }
 
+/* ns as the plan writes ms: "12", or "1.5" (trailing zeros dropped). */
+static const char *fmt_ms(uint64_t ns, char buf[32]) {
+    uint64_t ms = ns / 1000000, frac = ns % 1000000;
+    if (!frac) {
+        tpi_format(buf, 32, "%llu", (unsigned long long)ms);
+        return buf;
+    }
+    int digits = 6;
+    while (frac % 10 == 0) {
+        frac /= 10;
+        digits--;
+    }
+    tpi_format(buf, 32, "%llu.%0*llu", (unsigned long long)ms, digits, (unsigned long long)frac);
+    return buf;
+}
+
+/* A host, or '*' for UINT32_MAX (latency, bandwidth). */
+static const char *fmt_host(uint32_t h, char buf[16]) {
+    if (h == UINT32_MAX)
+        return "*";
+    tpi_format(buf, 16, "%u", h);
+    return buf;
+}
+
+size_t tpi_sim_faults_format(const tpi_sim_fault_line *f, char *buf, size_t len) {
+    const plan_spec *sp = NULL;
+    for (size_t i = 0; i < sizeof plan_specs / sizeof plan_specs[0]; i++)
+        if (plan_specs[i].kind == f->kind)
+            sp = &plan_specs[i];
+    TPI_ASSERT(sp && len > 0);
+    char t0[32], t1[32], x[32], ha[16], hb[16], ty[16];
+    int forever = f->t0_ns == 0 && f->t1_ns == UINT64_MAX; /* the optional window left out */
+    const char *w = sp->word;
+    switch (f->kind) {
+    case F_DELAY:
+        return tpi_format(buf, len, "%s %u %u %s %s %s", w, f->a, f->b, fmt_ms(f->t0_ns, t0),
+                          fmt_ms(f->t1_ns, t1), fmt_ms(f->extra_ns, x));
+    case F_BREAK:
+        return tpi_format(buf, len, "%s %u %u %s", w, f->a, f->b, fmt_ms(f->t0_ns, t0));
+    case F_PARTITION:
+        return tpi_format(buf, len, "%s %u %u %s %s", w, f->a, f->b, fmt_ms(f->t0_ns, t0),
+                          fmt_ms(f->t1_ns, t1));
+    case F_KILL:
+    case F_RESTART:
+        return tpi_format(buf, len, "%s %u %s", w, f->a, fmt_ms(f->t0_ns, t0));
+    case F_DROP:
+        if (forever)
+            return tpi_format(buf, len, "%s %u", w, f->per_million);
+        return tpi_format(buf, len, "%s %u %s %s", w, f->per_million, fmt_ms(f->t0_ns, t0),
+                          fmt_ms(f->t1_ns, t1));
+    case F_ISOLATE:
+    case F_SPLIT:
+    case F_PAUSE:
+        return tpi_format(buf, len, "%s %u %s %s", w, f->a, fmt_ms(f->t0_ns, t0),
+                          fmt_ms(f->t1_ns, t1));
+    case F_CHAOS:
+        if (forever)
+            return tpi_format(buf, len, "%s %u %u %u", w, f->a, f->b, f->per_million);
+        return tpi_format(buf, len, "%s %u %u %u %s %s", w, f->a, f->b, f->per_million,
+                          fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1));
+    case F_LATENCY: {
+        static const char *const dists[] = {"fixed", "uniform", "longtail"};
+        TPI_ASSERT(f->per_million < 3);
+        return tpi_format(buf, len, "%s %s %s %s %s %s", w, fmt_host(f->a, ha), fmt_host(f->b, hb),
+                          fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1), dists[f->per_million]);
+    }
+    case F_BANDWIDTH:
+        return tpi_format(buf, len, "%s %s %s %llu", w, fmt_host(f->a, ha), fmt_host(f->b, hb),
+                          (unsigned long long)(f->extra_ns / 1000000));
+    case F_FAILSEND:
+    case F_DELAYTYPE: {
+        const char *type = f->a > 0 && f->a < TPI_SIM_MSG_TYPES ? type_names[f->a] : NULL;
+        if (!type) {
+            tpi_format(ty, sizeof ty, "%u", f->a);
+            type = ty;
+        }
+        if (f->kind == F_DELAYTYPE)
+            return tpi_format(buf, len, "%s %s %s", w, type, fmt_ms(f->extra_ns, x));
+        if (forever)
+            return tpi_format(buf, len, "%s %s %u", w, type, f->per_million);
+        if (f->t1_ns == UINT64_MAX)
+            return tpi_format(buf, len, "%s %s %u %s", w, type, f->per_million,
+                              fmt_ms(f->t0_ns, t0));
+        return tpi_format(buf, len, "%s %s %u %s %s", w, type, f->per_million, fmt_ms(f->t0_ns, t0),
+                          fmt_ms(f->t1_ns, t1));
+    }
+    case F_STOREDOWN:
+        return tpi_format(buf, len, "%s %s %s", w, fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1));
+    case F_STORESLOW:
+        return tpi_format(buf, len, "%s %s %s %s", w, fmt_ms(f->t0_ns, t0), fmt_ms(f->t1_ns, t1),
+                          fmt_ms(f->extra_ns, x));
+    }
+    TPI_ASSERT(!"a fault kind without a format");
+    return 0;
+}
+
 tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t errmsg_len) {
     char local[TP_ERRMSG_LEN_MAX];
     if (!errmsg || errmsg_len == 0) {
@@ -894,11 +990,37 @@ tp_status tp_sim_load_faults(tp_sim *sim, const char *text, char *errmsg, size_t
     if (st != TP_OK)
         return tpi_fail(st, "%s", errmsg);
     char reason[TP_ERRMSG_LEN_MAX];
-    uint32_t delays = sim->ndelays;
+    /* Every counted kind is counted over the whole plan before any of it is
+     * applied: apply_fault's own limit checks would stop half-way, and
+     * check_fault sees only the restarts planned before this plan. */
+    uint32_t delays = sim->ndelays, restarts = sim->restarts_planned, pauses = sim->npauses;
+    uint32_t store = sim->nstore_faults, rules = sim->nrules;
     for (size_t i = 0; i < n; i++) {
-        if (lines[i].kind == F_DELAY && ++delays > TPI_SIM_DELAYS_MAX) {
-            tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u delay faults",
-                       lines[i].line, TPI_SIM_DELAYS_MAX);
+        uint32_t *count = NULL, limit = TPI_SIM_DELAYS_MAX;
+        const char *what = NULL;
+        switch (lines[i].kind) {
+        case F_DELAY:
+            count = &delays, what = "delay faults";
+            break;
+        case F_PAUSE:
+            count = &pauses, what = "pause faults";
+            break;
+        case F_STOREDOWN:
+        case F_STORESLOW:
+            count = &store, what = "store faults";
+            break;
+        case F_LATENCY:
+        case F_BANDWIDTH:
+            count = &rules, what = "link rules";
+            break;
+        case F_RESTART:
+            count = &restarts, what = "restarts in one simulation";
+            limit = TPI_SIM_RESTARTS_MAX;
+            break;
+        }
+        if (count && ++*count > limit) {
+            tpi_format(errmsg, errmsg_len, "fault plan line %d: more than %u %s", lines[i].line,
+                       limit, what);
             free(lines);
             return tpi_fail(TP_ELIMIT, "%s", errmsg);
         }

@@ -537,5 +537,12 @@ typedef struct tpi_sim_fault_line {
  */
 tp_status tpi_sim_faults_parse(const char *text, tpi_sim_fault_line **lines, size_t *nlines,
                                char *errmsg, size_t errmsg_len);
+/*
+ * Writes f as one plan line (no newline) that parses back to f, line number
+ * aside: the canonical spelling (message types by name, times in ms with no
+ * trailing zeros, optional windows left out when open). Returns its length;
+ * a line fits in 160 bytes. f must come from tpi_sim_faults_parse.
+ */
+size_t tpi_sim_faults_format(const tpi_sim_fault_line *f, char *buf, size_t len);
 
 #endif

@@ -987,6 +987,54 @@ static void test_sim_fault_plan_parse_bad(void **state) {
     tp_sim_free(sim);
 }
 
+/* A plan of count copies of line, malloc'd. */
+static char *repeat_line(const char *line, size_t count) {
+    size_t len = strlen(line);
+    char *plan = malloc(len * count + 1);
+    assert_non_null(plan);
+    for (size_t i = 0; i < count; i++)
+        memcpy(plan + i * len, line, len);
+    plan[len * count] = '\0';
+    return plan;
+}
+
+/* Found while writing fuzz_fault_plan's properties (AFL++ had not reached
+ * plans this long): the loader counted only delays over a whole
+ * plan. 65 restarts loaded (the API refuses the 65th), and 4097 pauses,
+ * store faults or link rules were refused at the last line with the first
+ * 4096 already applied. Each limit now holds for the plan, all or nothing. */
+static void test_sim_fault_plan_limits_whole_plan(void **state) {
+    (void)state;
+    static const struct {
+        const char *line;
+        size_t count;
+        const char *want;
+    } cases[] = {
+        {"restart 1 5\n", TPI_SIM_RESTARTS_MAX + 1, "line 65: more than 64 restarts"},
+        {"pause 1 0 1\n", TPI_SIM_DELAYS_MAX + 1, "line 4097: more than 4096 pause faults"},
+        {"storeslow 0 1 1\n", TPI_SIM_DELAYS_MAX + 1, "line 4097: more than 4096 store faults"},
+        {"latency * * 0 1 fixed\n", TPI_SIM_DELAYS_MAX + 1, "line 4097: more than 4096 link rules"},
+        {"delay 0 1 0 1 1\n", TPI_SIM_DELAYS_MAX + 1, "line 4097: more than 4096 delay faults"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tp_sim *sim = new_sim(4, 1);
+        char *plan = repeat_line(cases[i].line, cases[i].count);
+        char err[256] = "";
+        uint64_t hash = tp_sim_trace_hash(sim);
+        assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_ELIMIT);
+        if (!strstr(err, cases[i].want))
+            fail_msg("%s: message \"%s\" lacks \"%s\"", cases[i].line, err, cases[i].want);
+        assert_true(sim->restarts_planned == 0 && sim->npauses == 0 && sim->nstore_faults == 0 &&
+                    sim->nrules == 0 && sim->ndelays == 0 && sim->heap.len == 0);
+        assert_true(tp_sim_trace_hash(sim) == hash);
+        /* One fewer is a plan the simulation takes. */
+        plan[strlen(cases[i].line) * (cases[i].count - 1)] = '\0';
+        assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
+        free(plan);
+        tp_sim_free(sim);
+    }
+}
+
 /* ---- Deadlock and the time limit (SIM-8) -------------------------------------------- */
 
 static int deadlock_program(int rank, int world, void *arg) {
@@ -1301,6 +1349,7 @@ int main(void) {
         cmocka_unit_test_setup(test_sim_stop_closes_connections, reset_failures),
         cmocka_unit_test(test_sim_fault_plan_parse_good),
         cmocka_unit_test(test_sim_fault_plan_parse_bad),
+        cmocka_unit_test(test_sim_fault_plan_limits_whole_plan),
         cmocka_unit_test_setup(test_sim_deadlock_unwinds, reset_failures),
         cmocka_unit_test_setup(test_sim_time_limit_unwinds, reset_failures),
         cmocka_unit_test_setup(test_sim_shutdown_park_yields, reset_failures),
