@@ -143,9 +143,97 @@ static void list_remove(tp_core *c, tpi_call *call) {
 
 /* ---- Flow control (FLOW-1..4) ------------------------------------------------ */
 
+atomic_int tpi_flow_ignore_credit;
+
+void tp_test_flow_ignore_credit(int on) {
+    atomic_store(&tpi_flow_ignore_credit, on != 0);
+}
+
+static void wake_first(tp_core *c, uint32_t dst);
+
+/* The window to dst: ours, within what dst granted us (FLOW-6). */
+static uint64_t window_to(const tp_core *c, uint32_t dst) {
+    if (atomic_load_explicit(&tpi_flow_ignore_credit, memory_order_relaxed))
+        return c->window;
+    return c->credit[dst] < c->window ? c->credit[dst] : c->window;
+}
+
 static int window_fits(const tp_core *c, uint32_t dst, uint64_t len) {
     /* A call alone may be larger than the window: it must be able to go. */
-    return c->inflight[dst] == 0 || c->inflight[dst] + len <= c->window;
+    return c->inflight[dst] == 0 || c->inflight[dst] + len <= window_to(c, dst);
+}
+
+/* ---- Debts of timed-out calls (FLOW-7) ------------------------------------------ */
+
+static void debt_unlink(tp_core *c, tpi_debt *d) {
+    if (d->prev)
+        d->prev->next = d->next;
+    else
+        c->debt_head = d->next;
+    if (d->next)
+        d->next->prev = d->prev;
+    void *was = tpi_idmap_del(&c->debts, (tpi_gid){0, d->id});
+    TPI_ASSERT(was == d);
+    TPI_ASSERT(c->inflight[d->dst] >= d->len);
+    c->inflight[d->dst] -= d->len;
+}
+
+/* The call ended by its deadline: its bytes stay counted until the late
+ * response (or the peer's end). 0 when there is no memory to remember it:
+ * the bytes are given back at once, as before FLOW-7. */
+static int debt_add(tp_core *c, const tpi_call *call) {
+    tpi_debt *d = tpi_block_alloc(sizeof *d);
+    if (!d)
+        return 0;
+    d->id = call->id;
+    d->dst = call->dst;
+    d->len = call->wire_len;
+    d->prev = NULL;
+    d->next = c->debt_head;
+    if (tpi_idmap_put(&c->debts, (tpi_gid){0, d->id}, d) != TP_OK) {
+        tpi_block_free(d, sizeof *d);
+        return 0;
+    }
+    if (c->debt_head)
+        c->debt_head->prev = d;
+    c->debt_head = d;
+    return 1;
+}
+
+int tpi_debt_pay(tp_core *c, uint32_t src, uint64_t id) {
+    tpi_debt *d = tpi_idmap_get(&c->debts, (tpi_gid){0, id});
+    if (!d || d->dst != src)
+        return 0;
+    debt_unlink(c, d);
+    tpi_block_free(d, sizeof *d);
+    if (c->nwaiting[src])
+        wake_first(c, src); /* FLOW-2: room for the next in line */
+    return 1;
+}
+
+void tpi_flow_peer_reset(tp_core *c, uint32_t peer) {
+    for (tpi_debt *d = c->debt_head; d;) {
+        tpi_debt *next = d->next;
+        if (d->dst == peer) {
+            debt_unlink(c, d);
+            tpi_block_free(d, sizeof *d);
+        }
+        d = next;
+    }
+    /* FLOW-8: what peer queued here counts against max_queued_bytes only. */
+    c->held[peer] = 0;
+    c->held_epoch[peer]++;
+    c->refused_warned[peer] = 0;
+    tpi_window_wake_all(c, peer);
+}
+
+void tpi_debts_free(tp_core *c) {
+    while (c->debt_head) {
+        tpi_debt *d = c->debt_head;
+        c->debt_head = d->next;
+        tpi_idmap_del(&c->debts, (tpi_gid){0, d->id});
+        tpi_block_free(d, sizeof *d);
+    }
 }
 
 static tpi_window_waiter *first_waiter(tp_core *c, uint32_t dst) {
@@ -219,7 +307,15 @@ static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err
     TPI_ASSERT(c->active_client > 0);
     c->active_client--;
     wake_first(c, dst); /* the next in line checks for itself */
-    if (st == TP_ETIMEDOUT)
+    if (st == TP_ETIMEDOUT && window_to(c, dst) < c->window)
+        tpi_format(err, err_len,
+                   "timed out after %g ms waiting to send: %llu request bytes already in flight to "
+                   "it, this call adds %llu, the credit it granted is %llu (FLOW-6; "
+                   "max_inflight_bytes %llu)",
+                   call->timeout_s * 1000.0, (unsigned long long)c->inflight[dst],
+                   (unsigned long long)len, (unsigned long long)window_to(c, dst),
+                   (unsigned long long)c->window);
+    else if (st == TP_ETIMEDOUT)
         tpi_format(err, err_len,
                    "timed out after %g ms waiting to send: %llu request bytes already in flight to "
                    "it, this call adds %llu, max_inflight_bytes is %llu",
@@ -369,9 +465,14 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
     TPI_ASSERT(c->active_client > 0);
     c->active_client--;
     TPI_ASSERT(c->inflight[call->dst] >= call->wire_len);
-    c->inflight[call->dst] -= call->wire_len;
-    if (c->nwaiting[call->dst])
-        wake_first(c, call->dst); /* FLOW-2: room for the next in line */
+    /* FLOW-7: a call that timed out keeps its bytes until its late reply,
+     * as the callee still holds its request. */
+    if (!(st == TP_ETIMEDOUT && call->wire_len > 0 && !c->peer_dead[call->dst] &&
+          debt_add(c, call))) {
+        c->inflight[call->dst] -= call->wire_len;
+        if (c->nwaiting[call->dst])
+            wake_first(c, call->dst); /* FLOW-2: room for the next in line */
+    }
     tpi_probe(c, TP_PROBE_CALL_END, call->id, call->dst, st, call->fn);
     if (call->on_reply)
         call->on_reply(c, call, st, reply);
@@ -441,7 +542,9 @@ void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f) {
     tpi_lock(c);
     tpi_call *call = tpi_idmap_get(&c->calls, (tpi_gid){0, id});
     if (!call || call->dst != src) {
-        /* A late reply to a call that timed out or failed (CALL-8). */
+        /* A late reply to a call that timed out or failed (CALL-8); it
+         * gives back the bytes a timed-out one kept (FLOW-7). */
+        tpi_debt_pay(c, src, id);
         tpi_unlock(c);
         if (st == TP_OK)
             tpi_msg_clear(&m);

@@ -63,14 +63,18 @@ int tpi_lock_held(tp_core *c) {
     return atomic_load(&c->lock_owner) == c->ops->task_self(c->agent);
 }
 
-void tpi_work_enter(tp_core *c, tpi_waiter *node) {
-    tpi_lock(c);
+void tpi_work_enter_locked(tp_core *c, tpi_waiter *node) {
     node->task = c->ops->task_self(c->agent);
     node->prev = NULL;
     node->next = c->in_work;
     if (c->in_work)
         c->in_work->prev = node;
     c->in_work = node;
+}
+
+void tpi_work_enter(tp_core *c, tpi_waiter *node) {
+    tpi_lock(c);
+    tpi_work_enter_locked(c, node);
     tpi_unlock(c);
 }
 
@@ -295,7 +299,7 @@ void tp_core_on_peer_down(tp_core *c, uint32_t peer, tp_status why, const char *
         tpi_log(TP_LOG_INFO, "worker '%s' (rank %u): %s", c->self.name, c->rank, msg);
     }
     tpi_calls_fail(c, peer, why == TP_EPEERDOWN ? TP_EPEERDOWN : why, msg);
-    tpi_window_wake_all(c, peer); /* FLOW-3: waiters see the verdict */
+    tpi_flow_peer_reset(c, peer); /* FLOW-7, FLOW-8; FLOW-3: waiters see the verdict */
     tpi_unlock(c);
 }
 

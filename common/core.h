@@ -127,6 +127,20 @@ struct tpi_window_waiter {
     tpi_window_waiter *prev, *next;
 };
 
+/* A call that timed out while its request may still be held by the callee:
+ * its bytes stay in the window until the late response (FLOW-7). */
+typedef struct tpi_debt tpi_debt;
+struct tpi_debt {
+    uint64_t id;
+    uint32_t dst;
+    uint64_t len;
+    tpi_debt *prev, *next; /* the core's debt list */
+};
+
+/* Tests only: a caller that ignores the credits it was granted (FLOW-8's
+ * refusals, seen from a non-conforming caller). */
+extern atomic_int tpi_flow_ignore_credit;
+
 /* ---- RRefs (RREF-1..12) ------------------------------------------------- */
 
 typedef struct tpi_owner tpi_owner;
@@ -215,7 +229,17 @@ struct tp_core {
 
     /* Flow control (FLOW-1..4, lock): request bytes in flight per destination. */
     uint64_t window;     /* max_inflight_bytes */
-    uint64_t *inflight;  /* by id */
+    uint64_t *inflight;  /* by id, timed-out calls' debts included (FLOW-7) */
+    uint64_t *credit;    /* by id: what each peer granted us (FLOW-6); window until init */
+    tpi_idmap debts;     /* key {0, call id} -> tpi_debt: timed-out calls' bytes (FLOW-7) */
+    tpi_debt *debt_head; /* the same debts, for forgiving a peer's */
+    /* Credit enforcement (FLOW-8, lock): request bytes held from each peer. */
+    uint64_t grant;      /* the credit this worker grants each peer */
+    uint64_t queued_max; /* max_queued_bytes */
+    uint64_t held_total; /* every request held, orphans included */
+    uint64_t *held;      /* by id: held under the peer's credit */
+    uint32_t *held_epoch; /* by id: bumped when the peer is reported down or restarts */
+    uint8_t *refused_warned; /* by id: a refusal was logged at warn this epoch */
     uint32_t *nwaiting;  /* by id: waiters in the list below */
     tpi_window_waiter *wq_head, *wq_tail;
 
@@ -278,6 +302,7 @@ static inline uint64_t tpi_now(tp_core *c) {
 /* Marks the calling task as running user code for c (SHUTDOWN-1: such a task
  * may not shut the worker down). node lives on the caller's stack. */
 void tpi_work_enter(tp_core *c, tpi_waiter *node);
+void tpi_work_enter_locked(tp_core *c, tpi_waiter *node); /* lock held */
 void tpi_work_leave(tp_core *c, tpi_waiter *node);
 void tpi_work_leave_locked(tp_core *c, tpi_waiter *node); /* lock held */
 int tpi_in_work(tp_core *c);
@@ -330,6 +355,14 @@ void tpi_on_response(tp_core *c, uint32_t src, tp_frame *f);
 void tpi_deadlines_run(tp_core *c);
 /* Wakes the tasks waiting for dst's send window (lock held): dst died. */
 void tpi_window_wake_all(tp_core *c, uint32_t dst);
+/* FLOW-7, FLOW-8 (lock held): peer was reported down or restarted; the debts
+ * to it are given back and what it queued here stops counting against its
+ * credit. */
+void tpi_flow_peer_reset(tp_core *c, uint32_t peer);
+/* FLOW-7 (lock held): the late response id from src pays its debt; 1 if it did. */
+int tpi_debt_pay(tp_core *c, uint32_t src, uint64_t id);
+/* Frees every debt record (teardown). */
+void tpi_debts_free(tp_core *c);
 
 /* ---- serve.c ------------------------------------------------------------ */
 
@@ -443,14 +476,15 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
  * tpi_outcome_parse: "init/error" = "<status name>\t<message>" (INIT-5): the
  * status, TP_ESTORE for a value it cannot read; *msg the message (the whole
  * value when there is no tab). Cuts v at the tab.
- * tpi_rank_entry_parse: "init/rank/<r>" = "<name>\t<address>", the name 1 to
- * TP_NAME_LEN_MAX bytes: 1, v cut at the tab and *addr after it; else 0, v as
- * it was.
+ * tpi_rank_entry_parse: "init/rank/<r>" = "<name>\t<credit>\t<address>", the
+ * name 1 to TP_NAME_LEN_MAX bytes, the credit (FLOW-6) TPI_INFLIGHT_BYTES_MIN to
+ * TPI_INFLIGHT_BYTES_MAX written as "%llu": 1, v cut at the first tab,
+ * *credit and *addr after the second; else 0, v as it was.
  * tpi_inc_parse: "inc/<r>" = "<k>\t<address>", k in 1..TPI_INCARNATION_MAX
  * written as "%u", the address not empty (REJOIN-2): 1 and *k, *addr; else 0.
  */
 tp_status tpi_outcome_parse(char *v, const char **msg);
-int tpi_rank_entry_parse(char *v, const char **addr);
+int tpi_rank_entry_parse(char *v, uint64_t *credit, const char **addr);
 int tpi_inc_parse(const char *v, uint32_t *k, const char **addr);
 /* The newest incarnation of q published in the store (*k = 0: none) and its
  * address (REJOIN-2). */

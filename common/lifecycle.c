@@ -38,6 +38,12 @@ void tpi_core_free(tp_core *c) {
     free(c->peer_inc);
     free(c->unflushed);
     free(c->inflight);
+    free(c->credit);
+    free(c->held);
+    free(c->held_epoch);
+    free(c->refused_warned);
+    tpi_debts_free(c);
+    tpi_idmap_free(&c->debts);
     free(c->nwaiting);
     tp_options_free(c->opts);
     free(c);
@@ -67,6 +73,11 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->peer_inc = calloc(world, sizeof *c->peer_inc);
     c->unflushed = calloc(world, 1);
     c->inflight = calloc(world, sizeof *c->inflight);
+    c->credit = calloc(world, sizeof *c->credit);
+    c->held = calloc(world, sizeof *c->held);
+    c->held_epoch = calloc(world, sizeof *c->held_epoch);
+    c->refused_warned = calloc(world, 1);
+    tpi_idmap_init(&c->debts);
     c->nwaiting = calloc(world, sizeof *c->nwaiting);
     c->opts = opts ? tp_options_clone(opts) : tp_options_new();
     tpi_idmap_init(&c->calls);
@@ -74,7 +85,8 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->children);
     c->armed_ns = TPI_NO_DEADLINE;
     if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
-        !c->inflight || !c->nwaiting || !c->opts) {
+        !c->inflight || !c->credit || !c->held || !c->held_epoch || !c->refused_warned ||
+        !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);
         tpi_core_free(c);
         return NULL;
@@ -82,6 +94,14 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->default_timeout_s = tp_options_rpc_timeout(c->opts);
     c->max_msg = tp_options_max_message_size(c->opts);
     c->window = tp_options_max_inflight_bytes(c->opts);
+    /* FLOW-6: the credit granted each peer, a share of max_queued_bytes. */
+    c->queued_max = tp_options_max_queued_bytes(c->opts);
+    uint64_t share = world > 1 ? c->queued_max / (world - 1) : c->queued_max;
+    if (share < TPI_CREDIT_MIN)
+        share = TPI_CREDIT_MIN;
+    c->grant = share < c->window ? share : c->window;
+    for (uint32_t r = 0; r < world; r++)
+        c->credit[r] = c->window; /* until the peers' grants are read (INIT-7) */
     return c;
 }
 

@@ -116,6 +116,17 @@
  * and briefly a second while the end of a broken one is not yet seen. */
 #define TPI_TCP_CONNS_PER_PEER_MAX 4
 
+/* Request bytes a worker holds from all its callers, queued or running
+ * (FLOW-6, OPT-9): each caller's credit is a share of it. 4 GiB holds a
+ * 256 MiB credit for 16 callers and 64 MiB for 64. The minimum still
+ * grants every caller TPI_CREDIT_MIN; one request alone is always taken. */
+#define TPI_QUEUED_BYTES_DEFAULT ((uint64_t)4 << 30)
+#define TPI_QUEUED_BYTES_MIN ((uint64_t)64 * 1024)
+#define TPI_QUEUED_BYTES_MAX ((uint64_t)1 << 40)
+/* The least credit a worker grants a caller, however many it has: a few
+ * small calls at once. */
+#define TPI_CREDIT_MIN ((uint64_t)64 * 1024)
+
 /* A timeout in seconds as a u32 of milliseconds on the wire: ~49 days. */
 #define TPI_TIMEOUT_S_MAX 4000000.0
 

@@ -16,6 +16,7 @@ struct tp_options {
     int num_worker_threads;
     uint64_t max_message_size;
     uint64_t max_inflight_bytes;
+    uint64_t max_queued_bytes;
     char *init_method;
     int rejoin; /* REJOIN-1 */
     size_t nkv;
@@ -33,6 +34,7 @@ tp_options *tp_options_new(void) {
     o->num_worker_threads = TP_DEFAULT_NUM_WORKER_THREADS;
     o->max_message_size = TPI_MESSAGE_SIZE_DEFAULT;
     o->max_inflight_bytes = TPI_INFLIGHT_BYTES_DEFAULT;
+    o->max_queued_bytes = TPI_QUEUED_BYTES_DEFAULT;
     return o;
 }
 
@@ -202,6 +204,15 @@ tp_status tp_options_set_max_inflight_bytes(tp_options *o, uint64_t bytes) {
 
 uint64_t tp_options_max_inflight_bytes(const tp_options *o) {
     return o ? o->max_inflight_bytes : TPI_INFLIGHT_BYTES_DEFAULT;
+}
+
+tp_status tp_options_set_max_queued_bytes(tp_options *o, uint64_t bytes) {
+    return set_bytes(o, o ? &o->max_queued_bytes : NULL, "max_queued_bytes", bytes,
+                     TPI_QUEUED_BYTES_MIN, TPI_QUEUED_BYTES_MAX);
+}
+
+uint64_t tp_options_max_queued_bytes(const tp_options *o) {
+    return o ? o->max_queued_bytes : TPI_QUEUED_BYTES_DEFAULT;
 }
 
 tp_status tp_options_set(tp_options *o, const char *key, const char *value) {

@@ -78,7 +78,7 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
         c->peer_dead[src] = 1;
         tpi_rrefs_peer_down(c, src);
         tpi_calls_fail(c, src, TP_EPEERDOWN, msg);
-        tpi_window_wake_all(c, src);
+        tpi_flow_peer_reset(c, src); /* FLOW-7, FLOW-8; wakes the window's waiters */
         c->unflushed[src] = 0; /* what timed out went to the earlier process */
         st = c->ops->set_peer(c->agent, src, a, err, err_len);
         c->peer_dead[src] = st != TP_OK;

@@ -76,12 +76,27 @@ tp_status tpi_outcome_parse(char *v, const char **msg) {
     return code;
 }
 
-int tpi_rank_entry_parse(char *v, const char **addr) {
+int tpi_rank_entry_parse(char *v, uint64_t *credit, const char **addr) {
     char *tab = strchr(v, '\t');
     if (!tab || tab == v || (size_t)(tab - v) > TP_NAME_LEN_MAX)
         return 0;
+    /* The credit: decimal digits, no leading zero, within its bounds. */
+    const char *d = tab + 1;
+    uint64_t n = 0;
+    size_t digits = 0;
+    while (d[digits] >= '0' && d[digits] <= '9' && digits < 20) {
+        uint64_t next = n * 10 + (uint64_t)(d[digits] - '0');
+        if (next / 10 != n)
+            return 0; /* overflow */
+        n = next;
+        digits++;
+    }
+    if (digits == 0 || d[digits] != '\t' || (d[0] == '0' && digits > 1) ||
+        n < TPI_INFLIGHT_BYTES_MIN || n > TPI_INFLIGHT_BYTES_MAX)
+        return 0;
     *tab = '\0';
-    *addr = tab + 1;
+    *credit = n;
+    *addr = d + digits + 1;
     return 1;
 }
 
@@ -372,7 +387,7 @@ static void sort_names(tp_core *c) {
 
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
-    char val[TP_NAME_LEN_MAX + TPI_ADDR_LEN_MAX + 8];
+    char val[TP_NAME_LEN_MAX + TPI_ADDR_LEN_MAX + 32];
     char msg[TP_ERRMSG_LEN_MAX];
     char *other = NULL;
 
@@ -396,7 +411,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
 
     /* INIT-4: a rank is claimed once. */
     tpi_key(c, key, sizeof key, "init/rank/%u", c->rank);
-    tpi_format(val, sizeof val, "%s\t%s", c->self.name, addr);
+    tpi_format(val, sizeof val, "%s\t%llu\t%s", c->self.name, (unsigned long long)c->grant, addr);
     st = claim(c, key, val, &other, deadline_ns);
     if (st == TP_EALREADY) {
         char *tab = strchr(other, '\t');
@@ -438,7 +453,8 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     st = tpi_store_gather(c, "init/rank", deadline_ns, 0, values, "init");
     for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++) {
         const char *a;
-        if (!tpi_rank_entry_parse(values[r], &a)) {
+        uint64_t credit = 0;
+        if (!tpi_rank_entry_parse(values[r], &credit, &a)) {
             char bad[96];
             tpi_format(bad, sizeof bad, "init: rank %u's entry in the store is malformed", r);
             st = publish_error(c, TP_ESTORE, bad);
@@ -446,6 +462,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
         }
         tpi_format(c->infos[r].name, sizeof c->infos[r].name, "%s", values[r]);
         c->infos[r].id = r;
+        c->credit[r] = credit; /* FLOW-6: our window to r (lock: no call runs yet) */
         addrs[r] = (char *)a;
     }
     if (st == TP_OK) {
@@ -669,7 +686,8 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
             break;
         }
         const char *a;
-        if (!tpi_rank_entry_parse(vals[q], &a)) {
+        uint64_t credit = 0;
+        if (!tpi_rank_entry_parse(vals[q], &credit, &a)) {
             st = tpi_fail(TP_ESTORE, "rejoin: rank %u's entry in the store is malformed", q);
             break;
         }
@@ -680,6 +698,7 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
         }
         tpi_format(c->infos[q].name, sizeof c->infos[q].name, "%s", vals[q]);
         c->infos[q].id = q;
+        c->credit[q] = credit; /* FLOW-6 */
         addrs[q] = (char *)a;
     }
     for (uint32_t q = 0; st == TP_OK && q < c->world_size; q++) {

@@ -12,6 +12,7 @@
 
 #include "blocks.h"
 #include "core.h"
+#include "log.h"
 #include "registry.h"
 
 struct tp_call {
@@ -28,6 +29,8 @@ typedef struct tpi_job {
     tp_frame *frame;  /* REQUEST: decoded on the pool */
     tpi_msg *msg;     /* REMOTE: decoded in the I/O context */
     tpi_owner *owner; /* REMOTE: the record being built */
+    uint64_t held;    /* bytes counted against src's credit until it runs (FLOW-8) */
+    uint32_t held_epoch;
 } tpi_job;
 
 /* FUNC-6: the non-blocking function this thread is running, or NULL. Such a
@@ -256,6 +259,59 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     return 1;
 }
 
+/* ---- Credit (FLOW-6..8) ---------------------------------------------------------- */
+
+/* Counts a request of len bytes from src against its credit and the
+ * worker's total, or refuses it with a message (FLOW-8). */
+static tp_status flow_admit(tp_core *c, uint32_t src, uint64_t len, uint32_t *epoch, char *err,
+                            size_t err_len) {
+    char me[TP_NAME_LEN_MAX + 32], who[TP_NAME_LEN_MAX + 32];
+    tpi_lock(c);
+    uint64_t held = c->held[src], total = c->held_total;
+    int over_credit = held > 0 && held + len > c->grant;
+    int over_total = !over_credit && total > 0 && total + len > c->queued_max;
+    if (!over_credit && !over_total) {
+        c->held[src] = held + len;
+        c->held_total = total + len;
+        *epoch = c->held_epoch[src];
+        tpi_unlock(c);
+        return TP_OK;
+    }
+    int first = !c->refused_warned[src];
+    c->refused_warned[src] = 1;
+    tpi_worker_desc(c, c->rank, me, sizeof me);
+    tpi_worker_desc(c, src, who, sizeof who);
+    if (over_credit)
+        tpi_format(err, err_len,
+                   "%s refused the request: %s has %llu request bytes queued here, this one adds "
+                   "%llu, over the credit of %llu bytes granted to it (FLOW-8): the caller does "
+                   "not follow flow control",
+                   me, who, (unsigned long long)held, (unsigned long long)len,
+                   (unsigned long long)c->grant);
+    else
+        tpi_format(err, err_len,
+                   "%s refused the request from %s: %llu request bytes are queued here, this one "
+                   "adds %llu, over max_queued_bytes of %llu (FLOW-8)",
+                   me, who, (unsigned long long)total, (unsigned long long)len,
+                   (unsigned long long)c->queued_max);
+    tpi_unlock(c);
+    tpi_log(first ? TP_LOG_WARN : TP_LOG_DEBUG, "%s", err);
+    return TP_ELIMIT;
+}
+
+/* The request leaves the queue (lock held): it runs now, or never. */
+static void flow_release(tp_core *c, tpi_job *j) {
+    if (!j->held)
+        return;
+    TPI_ASSERT(c->held_total >= j->held);
+    c->held_total -= j->held;
+    if (j->held_epoch == c->held_epoch[j->src]) {
+        TPI_ASSERT(c->held[j->src] >= j->held);
+        c->held[j->src] -= j->held;
+    }
+    j->held = 0;
+}
+
 static void job_run(tp_work *w) {
     tpi_job *j = (tpi_job *)w;
     tp_core *c = j->core;
@@ -263,7 +319,10 @@ static void job_run(tp_work *w) {
     char who[TP_NAME_LEN_MAX + 32];
     uint64_t id = j->msg ? j->msg->id : tpi_frame_id(j->frame);
     tpi_waiter node;
-    tpi_work_enter(c, &node);
+    tpi_lock(c); /* one lock section for both: this runs once per served call */
+    flow_release(c, j); /* before it runs, so before its answer can bring the next */
+    tpi_work_enter_locked(c, &node);
+    tpi_unlock(c);
     if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
         tpi_format(err, sizeof err, "%s is shutting down",
                    tpi_worker_desc(c, c->rank, who, sizeof who));
@@ -362,11 +421,27 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     }
     if (type == TPI_MSG_REQUEST && serve_inline(c, src, f))
         return;
-    tpi_job *j = tpi_block_alloc(sizeof *j); /* blocks.h: no malloc once warm */
-    if (j)
-        memset(j, 0, sizeof *j);
     uint64_t id = tpi_frame_id(f);
+    uint64_t len = f->len;
+    uint32_t epoch = 0;
+    char ferr[TP_ERRMSG_LEN_MAX];
+    if (flow_admit(c, src, len, &epoch, ferr, sizeof ferr) != TP_OK) {
+        tp_frame_free(f); /* FLOW-8: dropped unrun */
+        tpi_reply(c, src, id, TP_ELIMIT, NULL, ferr);
+        return;
+    }
+    tpi_job *j = tpi_block_alloc(sizeof *j); /* blocks.h: no malloc once warm */
+    if (j) {
+        memset(j, 0, sizeof *j);
+        j->src = src;
+        j->held = len;
+        j->held_epoch = epoch;
+    }
     if (!j) {
+        tpi_job none = {.src = src, .held = len, .held_epoch = epoch};
+        tpi_lock(c);
+        flow_release(c, &none);
+        tpi_unlock(c);
         tp_frame_free(f);
         tpi_reply(c, src, id, TP_ENOMEM, NULL, "the callee is out of memory");
         return;
@@ -376,6 +451,9 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         tp_status st = on_remote(c, src, f, j, err, sizeof err); /* takes f */
         f = NULL;
         if (st != TP_OK) {
+            tpi_lock(c);
+            flow_release(c, j);
+            tpi_unlock(c);
             tpi_block_free(j, sizeof *j);
             tpi_reply(c, src, id, st, NULL, err);
             return;
@@ -393,6 +471,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     tp_status st = c->ops->execute(c->agent, &j->work);
     if (st != TP_OK) {
         tpi_lock(c);
+        flow_release(c, j);
         c->active_served--;
         if (j->owner) {
             j->owner->running = 0;

@@ -7,7 +7,7 @@
  * The input, up to its first NUL (the store hands back NUL-terminated values),
  * is read as each kind of value the core parses:
  *   "g<gen>/init/error"    "<status name>\t<message>"   tpi_outcome_parse
- *   "g<gen>/init/rank/<r>" "<name>\t<address>"          tpi_rank_entry_parse
+ *   "g<gen>/init/rank/<r>" "<name>\t<credit>\t<address>"          tpi_rank_entry_parse
  *   "g<gen>/inc/<r>"       "<k>\t<address>"             tpi_inc_parse
  *   "g<gen>/init/world_size", and a rank after a scanned key's prefix:
  *                          "%u"                         tpi_parse_index
@@ -18,8 +18,9 @@
  *   publish_outcome writes it, gives the same bytes; every status written
  *   with this input as its message reads back as that status and message;
  * - a rank entry is taken only with a name of 1..TP_NAME_LEN_MAX bytes
- *   before its first tab, and name, tab, address give the input back; a
- *   refused one is left as it was;
+ *   before its first tab and a credit within its bounds (FLOW-6), and name,
+ *   credit and address joined by tabs give the input back; a refused one
+ *   is left as it was;
  * - an incarnation is taken only in 1..TPI_INCARNATION_MAX with an address,
  *   and "%u\t%s" of what was read gives the input back;
  * - an index is below its limit and prints back as the input.
@@ -88,18 +89,21 @@ static void outcome(const char *v) {
 static void rank_entry(const char *v) {
     char *copy = dup_text(v);
     const char *addr = NULL;
-    const char *tab = strchr(v, '\t');
-    int valid = tab && tab > v && (size_t)(tab - v) <= TP_NAME_LEN_MAX;
-    int ok = tpi_rank_entry_parse(copy, &addr);
-    check(ok == valid, "a rank entry is taken exactly when its name fits", v);
+    uint64_t credit = 0;
+    int ok = tpi_rank_entry_parse(copy, &credit, &addr);
     if (!ok) {
         check(strcmp(copy, v) == 0, "a refused rank entry is left as it was", v);
     } else {
         size_t n = strlen(copy);
         check(n >= 1 && n <= TP_NAME_LEN_MAX && !strchr(copy, '\t'), "a name fits", v);
-        char *again = join(copy, addr);
-        check(strcmp(again, v) == 0, "name, tab, address give the entry back", v);
+        check(credit >= TPI_INFLIGHT_BYTES_MIN && credit <= TPI_INFLIGHT_BYTES_MAX, "a credit fits", v);
+        char num[32];
+        snprintf(num, sizeof num, "%llu", (unsigned long long)credit);
+        char *tail = join(num, addr);
+        char *again = join(copy, tail);
+        check(strcmp(again, v) == 0, "name, credit, address give the entry back", v);
         free(again);
+        free(tail);
     }
     free(copy);
 }

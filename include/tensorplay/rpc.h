@@ -343,6 +343,14 @@ uint64_t tp_options_max_message_size(const tp_options *opts);
  */
 tp_status tp_options_set_max_inflight_bytes(tp_options *opts, uint64_t bytes);
 uint64_t tp_options_max_inflight_bytes(const tp_options *opts);
+/*
+ * Request bytes this worker holds from all its callers at once, queued or
+ * running (OPT-9, FLOW-6..8): 64 KiB to 2^40, default 4 GiB. Each caller
+ * is granted a share as its credit, and a caller that passes its credit has
+ * its requests refused with TP_ELIMIT.
+ */
+tp_status tp_options_set_max_queued_bytes(tp_options *opts, uint64_t bytes);
+uint64_t tp_options_max_queued_bytes(const tp_options *opts);
 /* Backend-specific settings as strings; key and value borrowed, copied. */
 tp_status tp_options_set(tp_options *opts, const char *key, const char *value);
 const char *tp_options_get(const tp_options *opts, const char *key); /* NULL if unset */

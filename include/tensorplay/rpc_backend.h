@@ -342,6 +342,11 @@ tp_status tp_sqlite_store_open(const char *path, tp_store **out, char *errmsg,
                                size_t errmsg_len);
 
 /* ------------------------------------------------------------------------ */
+/* For the conformance suite (spec/calls.md FLOW-8): while on, this process's
+ * calls ignore the credits their callees granted, as a non-conforming caller
+ * would, so a suite can check that a callee refuses them. Never in production. */
+void tp_test_flow_ignore_credit(int on);
+
 /* Worker contexts (AGENT-14): for backends that run several workers in one */
 /* process, as the simulator does. Without them the process has one worker. */
 

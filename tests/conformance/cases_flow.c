@@ -6,10 +6,12 @@
  * filled with 40,000-byte sleep_ms calls (sleep_ms reads its first argument
  * and ignores the padding).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "conformance.h"
+#include "tensorplay/rpc_backend.h"
 
 #define WINDOW ((uint64_t)64 * 1024)
 #define PAD 40000 /* one padded call fits the window, two do not */
@@ -224,7 +226,138 @@ static int flow_remote_and_method_wait(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* ---- Credit (FLOW-6..8) --------------------------------------------------------- */
+
+/* Worker 1 grants each caller 64 KiB (max_queued_bytes at its minimum, one
+ * peer) and runs one request at a time; worker 0 keeps its 256 MiB window. */
+static tp_status init_for_credit(int rank, int ws) {
+    tp_options *o = conf_options();
+    tp_status st = tp_options_set_rpc_timeout(o, 30.0);
+    if (st == TP_OK)
+        st = tp_options_set_shutdown_timeout(o, 5.0);
+    if (st == TP_OK && rank == 1)
+        st = tp_options_set_max_queued_bytes(o, 64 * 1024);
+    if (st == TP_OK && rank == 1)
+        st = tp_options_set_num_worker_threads(o, 1);
+    if (st == TP_OK)
+        st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    return st;
+}
+
+#define INIT_CREDIT_OR_RETURN(rank, ws)                                                            \
+    do {                                                                                           \
+        if (!CHECK_OK(init_for_credit((rank), (ws))))                                              \
+            return conf_finish(rank);                                                              \
+    } while (0)
+
+/* Issues n padded sleep_ms(ms) calls to worker 1 at once; *refused counts
+ * the TP_ELIMIT answers, every other answer must be the slept ms. */
+static void padded_burst(int rank, int n, int64_t ms, int *refused, char *msg, size_t msg_len) {
+    tp_future *fs[8] = {NULL};
+    *refused = 0;
+    for (int i = 0; i < n && i < 8; i++) {
+        tp_value *a = padded_sleep(ms);
+        CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &fs[i]));
+        tp_value_free(a);
+    }
+    for (int i = 0; i < n && i < 8; i++) {
+        if (!fs[i])
+            continue;
+        tp_status st = tp_future_wait(fs[i], TP_TIMEOUT_INFINITE);
+        if (st == TP_ELIMIT) {
+            if (!*refused)
+                snprintf(msg, msg_len, "%s", tp_future_error(fs[i]));
+            (*refused)++;
+        } else if (CHECK_OK(st)) {
+            CHECK_INT(conf_int_of(rank, tp_future_value(fs[i]), -1), ms);
+        }
+        tp_future_free(fs[i]);
+    }
+}
+
+/* spec: FLOW-6 OPT-9: a caller's window is the credit the callee granted:
+ * a burst past it waits in rpc_async instead of being refused. */
+static int flow_credit_caller_waits(int rank, int ws) {
+    tp_options *o = tp_options_new();
+    CHECK_INT(tp_options_max_queued_bytes(o), (uint64_t)4 << 30);
+    CHECK_STATUS(tp_options_set_max_queued_bytes(o, 65535), TP_EINVAL);
+    CHECK_CONTAINS(tp_errmsg(), "max_queued_bytes");
+    tp_options_free(o);
+    INIT_CREDIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        int refused = 0;
+        char msg[TP_ERRMSG_LEN_MAX] = "";
+        uint64_t t0 = conf_now_ns();
+        padded_burst(rank, 4, 100, &refused, msg, sizeof msg);
+        CHECK_INT(refused, 0);
+        CHECK(conf_since_s(t0) >= 0.35); /* one at a time: 40,000 bytes each, 64 KiB granted */
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: FLOW-8: a caller that ignores its credit has its requests refused
+ * past it, unrun, with a message that says so; the callee serves on. */
+static int flow_credit_refuses_nonconforming(int rank, int ws) {
+    INIT_CREDIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_test_flow_ignore_credit(1);
+        int refused = 0;
+        char msg[TP_ERRMSG_LEN_MAX] = "";
+        padded_burst(rank, 5, 200, &refused, msg, sizeof msg);
+        tp_test_flow_ignore_credit(0);
+        CHECK(refused >= 1 && refused <= 4);
+        CHECK_CONTAINS(msg, "refused the request");
+        CHECK_CONTAINS(msg, "'w0' (id 0)");
+        CHECK_CONTAINS(msg, "credit of 65536");
+        CHECK_CONTAINS(msg, "FLOW-8");
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
+        padded_burst(rank, 3, 1, &refused, msg, sizeof msg); /* conforming again */
+        CHECK_INT(refused, 0);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: FLOW-7: a call that timed out keeps its bytes in the window until
+ * its late answer, because the callee still holds its request: the next
+ * call waits for it instead of being refused. */
+static int flow_timed_out_call_keeps_credit(int rank, int ws) {
+    INIT_CREDIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_dest w1 = tp_to_rank(1);
+        /* Worker 1's one pool thread is busy for 600 ms... */
+        tp_future *busy = NULL;
+        tp_value *a = CONF_INTS(600);
+        CHECK_OK(tp_rpc_async(w1, "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &busy));
+        tp_value_free(a);
+        /* ... so this one waits in its queue, 40,000 bytes, and times out here. */
+        a = padded_sleep(1);
+        tp_value *res = NULL;
+        CHECK_STATUS(tp_rpc_sync(w1, "sleep_ms", a, NULL, 0.1, &res), TP_ETIMEDOUT);
+        tp_value_free(a);
+        /* Sent now it would be two padded requests queued at worker 1, past
+         * the 64 KiB granted: it waits for the late answer instead. */
+        uint64_t t0 = conf_now_ns();
+        a = padded_sleep(2);
+        if (CHECK_OK(tp_rpc_sync(w1, "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 2);
+        CHECK(conf_since_s(t0) >= 0.3);
+        tp_value_free(res);
+        tp_value_free(a);
+        if (busy)
+            CHECK_OK(tp_future_wait(busy, TP_TIMEOUT_INFINITE));
+        tp_future_free(busy);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_flow[] = {
+    {"flow_credit_caller_waits", 2, flow_credit_caller_waits, "FLOW-6 OPT-9"},
+    {"flow_credit_refuses_nonconforming", 2, flow_credit_refuses_nonconforming, "FLOW-8"},
+    {"flow_timed_out_call_keeps_credit", 2, flow_timed_out_call_keeps_credit, "FLOW-7"},
     {"flow_window_waits_then_times_out", 2, flow_window_waits_then_times_out,
      "FLOW-1 FLOW-2 OPT-7"},
     {"flow_large_call_goes_alone", 2, flow_large_call_goes_alone, "FLOW-1 OPT-7"},

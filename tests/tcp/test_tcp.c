@@ -607,7 +607,7 @@ static void test_tcp_garbage(void **state) {
     void *v = NULL;
     size_t len = 0;
     assert_int_equal(store->ops->get(store, "g0/init/rank/1", &v, &len), TP_OK);
-    char *tab = strchr(v, '\t');
+    char *tab = strrchr(v, '\t'); /* the address is the entry's last field */
     assert_non_null(tab);
     char addr[128];
     snprintf(addr, sizeof addr, "%s", tab + 1);

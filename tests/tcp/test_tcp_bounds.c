@@ -48,7 +48,7 @@ static void worker_addr(const tt_job *job, int rank, char *addr, size_t len) {
     size_t n = 0;
     snprintf(key, sizeof key, "g0/init/rank/%d", rank);
     assert_int_equal(store->ops->get(store, key, &v, &n), TP_OK);
-    char *tab = strchr(v, '\t');
+    char *tab = strrchr(v, '\t'); /* the address is the entry's last field */
     assert_non_null(tab);
     snprintf(addr, len, "%s", tab + 1);
     free(v);

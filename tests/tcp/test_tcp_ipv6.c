@@ -126,23 +126,24 @@ static int check_published(const tt_job *job, const v6_cfg *cfg) {
             break;
         }
         const char *s = v;
-        const char *tab = strchr(s, '\t');
+        /* "<name>\t<credit>\t<address>" (INIT-4, FLOW-6) */
+        const char *tab = strchr(s, '\t'), *last = strrchr(s, '\t');
         unsigned port = 0;
         char tail = 0;
-        if (!tab || (size_t)(tab - s) != strlen(want_name) ||
+        if (!tab || last == tab || (size_t)(tab - s) != strlen(want_name) ||
             strncmp(s, want_name, strlen(want_name)) != 0 ||
-            sscanf(tab + 1, "[::1]:%u%c", &port, &tail) != 1 || port == 0 || port > 65535) {
-            fprintf(stderr, "%s published '%s'; expected '%s\\t[::1]:<port>'\n", want_name, s,
-                    want_name);
+            sscanf(last + 1, "[::1]:%u%c", &port, &tail) != 1 || port == 0 || port > 65535) {
+            fprintf(stderr, "%s published '%s'; expected '%s\\t<credit>\\t[::1]:<port>'\n",
+                    want_name, s, want_name);
             bad = 1;
         }
         /* The literal round-trips through the address parser peers use. */
         char host[64], port_s[16];
         if (!bad &&
-            (tpi_tcp_split_hostport(tab + 1, host, sizeof host, port_s, sizeof port_s) != 0 ||
+            (tpi_tcp_split_hostport(last + 1, host, sizeof host, port_s, sizeof port_s) != 0 ||
              strcmp(host, "::1") != 0)) {
             fprintf(stderr, "%s's address '%s' does not split into ::1 and a port\n", want_name,
-                    tab + 1);
+                    last + 1);
             bad = 1;
         }
         free(v);
