@@ -29,8 +29,21 @@
  * uv_try_write when libuv has nothing queued on the connection (the frames are
  * freed right away), else (or for what did not fit) in one uv_write whose
  * frames are freed when it completes or is cancelled.
+ *
+ * Encryption (TCP-21, encrypt=on): once the handshake is done each
+ * direction of the stream is a sequence of sealed records (tcp_crypt.c)
+ * whose plaintexts, end to end, are exactly the plaintext stream above; so
+ * everything that parses and bounds frames and records is unchanged, it is
+ * only fed opened plaintext. Reading: sealed bytes go into the connection's
+ * own buffer (c->sealed); each whole record is opened, straight into the
+ * frame being read when it falls in its body, else into the staging buffer,
+ * and a record that does not open is a protocol error. Writing: a batch of
+ * frames is sealed into one buffer (the copy encryption needs) and the
+ * frames freed; control records are sealed one by one. Senders never write
+ * directly (TCP-15): records are numbered, so only the loop seals and writes.
  */
 #include <netinet/in.h>
+#include <openssl/crypto.h>
 #include <netinet/tcp.h>
 #include <sched.h>
 #include <stddef.h>
@@ -49,7 +62,9 @@ typedef enum conn_state {
     CONN_CLOSED = 4,     /* handles closing; freed by the last close callback */
     CONN_AUTH_NONCE = 5, /* hello done; waiting for the other end's nonce (TCP-17) */
     CONN_AUTH_PROOF = 6, /* waiting for the other end's proof; nothing else is read */
-    CONN_CLOSING = 7     /* outgoing, asked to close as idle: CLOSE sent, waiting for the end */
+    CONN_CLOSING = 7,    /* outgoing, asked to close as idle: CLOSE sent, waiting for the end */
+    CONN_REFUSING = 8    /* accepted, its encrypt differs: our ACCEPT tells it so; waiting for
+                            its end (TCP-21) */
 } conn_state;
 
 struct tpi_tcp_conn {
@@ -87,12 +102,18 @@ struct tpi_tcp_conn {
     tpi_tcp_conn *wait_next;  /* a->rx_wait_head's list */
     uint8_t *stash;           /* bytes read after that header */
     size_t stash_len;
+    /* TCP-21: the sealed stream, each direction on from its switch. */
+    int tx_sealed, rx_sealed;
+    tpi_tcp_cipher tx, rx_seal;
+    uint8_t *sealed; /* TPI_TCP_SEAL_BUF bytes read, not yet opened */
+    size_t sealed_len;
 };
 
 typedef struct conn_write {
     uv_write_t req;
     tpi_tcp_conn *c;
     tp_frame *frames; /* freed when the write completes */
+    void *owned;      /* sealed bytes (TCP-21), freed when the write completes */
     int close_after;  /* an ABORT record: close once written */
     unsigned nbufs;
     uv_buf_t bufs[];
@@ -146,6 +167,8 @@ static void free_frames(tp_frame *f) {
  * vectored write by the loop.
  */
 void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
+    if (a->encrypt)
+        return; /* TCP-21: records are numbered; only the loop seals and writes */
     tpi_tcp_peer *p = &a->peers[id];
     tpi_tcp_conn *c = p->out;
     uv_os_fd_t fd;
@@ -228,6 +251,9 @@ static void on_close(uv_handle_t *h) {
         c->next->prev = c->prev;
     tp_frame_free(c->rx);
     free(c->stash);
+    free(c->sealed);
+    tpi_tcp_seal_clear(&c->tx);
+    tpi_tcp_seal_clear(&c->rx_seal);
     free(c);
 }
 
@@ -280,6 +306,7 @@ static void on_write(uv_write_t *req, int status) {
     tpi_tcp_conn *c = w->c;
     int close_after = w->close_after;
     free_frames(w->frames);
+    free(w->owned);
     free(w);
     if (c->state == CONN_CLOSED)
         return;
@@ -300,31 +327,50 @@ static void on_write(uv_write_t *req, int status) {
         tpi_tcp_direct_grant(c->a, c->peer);
 }
 
-/* Queues bufs in one uv_write; frames (may be NULL) are freed when it completes.
- * 0, or a libuv error with the frames already freed. */
+/* Queues bufs in one uv_write; frames and owned (may be NULL) are freed when
+ * it completes. 0, or a libuv error with them already freed. */
 static int conn_write_bufs(tpi_tcp_conn *c, const uv_buf_t *bufs, unsigned n, tp_frame *frames,
-                           int close_after) {
+                           void *owned, int close_after) {
     conn_write *w = malloc(sizeof *w + n * sizeof w->bufs[0]);
     if (!w) {
         free_frames(frames);
+        free(owned);
         return UV_ENOMEM;
     }
     w->c = c;
     w->frames = frames;
+    w->owned = owned;
     w->close_after = close_after;
     w->nbufs = n;
     memcpy(w->bufs, bufs, n * sizeof bufs[0]);
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, n, on_write);
     if (rc < 0) {
         free_frames(frames);
+        free(owned);
         free(w);
     }
     return rc;
 }
 
+/* A 24-byte record sealed into out (TCP-21); 0 or -1. */
+static int seal_record(tpi_tcp_conn *c, const uint8_t *rec,
+                       uint8_t out[TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD]) {
+    struct iovec v = {(void *)rec, TPI_TCP_RECORD_SIZE};
+    return tpi_tcp_seal(&c->tx, &v, 1, TPI_TCP_RECORD_SIZE, out);
+}
+
 static int conn_write_record(tpi_tcp_conn *c, const uint8_t *rec, int close_after) {
+    if (c->tx_sealed) {
+        uint8_t *sealed = malloc(TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD);
+        if (!sealed || seal_record(c, rec, sealed) != 0) {
+            free(sealed);
+            return UV_ENOMEM;
+        }
+        uv_buf_t b = uv_buf_init((char *)sealed, TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD);
+        return conn_write_bufs(c, &b, 1, NULL, sealed, close_after);
+    }
     uv_buf_t b = uv_buf_init((char *)rec, TPI_TCP_RECORD_SIZE);
-    return conn_write_bufs(c, &b, 1, NULL, close_after);
+    return conn_write_bufs(c, &b, 1, NULL, NULL, close_after);
 }
 
 /* Ends a connection after an error of ours to report: stop reading, send
@@ -734,8 +780,8 @@ static void on_conn_timer(uv_timer_t *h) {
     tpi_tcp_conn *c = h->data;
     if (c->state == CONN_CLOSED)
         return;
-    if (c->state == CONN_ABORTING) {
-        conn_close(c); /* the ABORT record did not get out in time */
+    if (c->state == CONN_ABORTING || c->state == CONN_REFUSING) {
+        conn_close(c); /* the ABORT record, or our refusal, did not get out in time */
         return;
     }
     if (c->state == CONN_CLOSING) {
@@ -841,6 +887,7 @@ static void in_frame_start(tpi_tcp_conn *c, size_t len) {
 }
 
 static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n);
+static void sealed_drain(tpi_tcp_conn *c);
 
 /* A waiting header is admitted: its frame is read, then what was read
  * behind it, then the socket again. */
@@ -854,6 +901,8 @@ static void in_resume(tpi_tcp_conn *c) {
     if (stash && c->state == CONN_OPEN)
         consume(c, stash, n); /* may wait again, stashing the rest anew */
     free(stash);
+    if (c->rx_sealed && c->state == CONN_OPEN && !c->waiting)
+        sealed_drain(c); /* the records read behind it (TCP-21) */
     if (c->state != CONN_OPEN || c->waiting)
         return;
     c->active_ms = uv_now(&a->loop);
@@ -877,7 +926,7 @@ void tpi_tcp_on_rx_admit(uv_idle_t *h) {
 /* ---- Authentication (TCP-17) -------------------------------------------------------- */
 
 static unsigned hello_flags(const tpi_tcp_agent *a) {
-    return a->auth.on ? TPI_TCP_HELLO_AUTH : 0;
+    return (a->auth.on ? TPI_TCP_HELLO_AUTH : 0u) | (a->encrypt ? TPI_TCP_HELLO_ENCRYPT : 0u);
 }
 
 /* What both proofs cover: who dialed whom in which world, and both nonces. */
@@ -899,6 +948,23 @@ static size_t proof_ctx(const tpi_tcp_conn *c, uint8_t *ctx) {
 
 #define PROOF_ACCEPT "tp/conn/accept v1"
 #define PROOF_DIAL "tp/conn/dial v1"
+
+/* TCP-21: both nonces are known; the keys of both directions, and the buffer
+ * of sealed bytes read. Each direction switches to records on its own:
+ * after this end's proof for what it writes, after the other's for what it
+ * reads. 0, or -1 out of memory or when OpenSSL fails. */
+static int seal_start(tpi_tcp_conn *c) {
+    uint8_t ctx[TPI_TCP_AUTH_CTX_MAX], d2a[TPI_TCP_SEAL_KEY_SIZE], a2d[TPI_TCP_SEAL_KEY_SIZE];
+    tpi_tcp_seal_keys(&c->a->auth, ctx, proof_ctx(c, ctx), d2a, a2d);
+    int rc = tpi_tcp_seal_init(&c->tx, c->outgoing ? d2a : a2d, 1);
+    if (rc == 0)
+        rc = tpi_tcp_seal_init(&c->rx_seal, c->outgoing ? a2d : d2a, 0);
+    OPENSSL_cleanse(d2a, sizeof d2a);
+    OPENSSL_cleanse(a2d, sizeof a2d);
+    if (rc == 0 && !(c->sealed = malloc(TPI_TCP_SEAL_BUF)))
+        rc = -1;
+    return rc;
+}
 
 /* A failed handshake: the dialer learns the address is not ours (TCP-6); the
  * acceptor drops the stranger without a word (TCP-3). */
@@ -936,15 +1002,18 @@ static void on_auth_record(tpi_tcp_conn *c) {
             conn_close(c);
             return;
         }
-        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, c->claimed,
-                             a->world_size, TPI_TCP_HELLO_AUTH);
+        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, c->claimed, a->world_size,
+                             hello_flags(a));
         tpi_tcp_auth_encode(c->auth_out[0], TPI_TCP_AUTH_NONCE, c->nonce_mine);
         tpi_tcp_auth_proof(&a->auth, PROOF_ACCEPT, ctx, proof_ctx(c, ctx), pl);
         tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
         if (conn_write_record(c, c->hello_out, 0) < 0 ||
             conn_write_record(c, c->auth_out[0], 0) < 0 ||
-            conn_write_record(c, c->auth_out[1], 0) < 0)
+            conn_write_record(c, c->auth_out[1], 0) < 0 || (a->encrypt && seal_start(c) != 0)) {
             conn_close(c);
+            return;
+        }
+        c->tx_sealed = a->encrypt; /* all we write from now on (TCP-21) */
         return;
     }
     int ok = tpi_tcp_auth_decode(c->rec, TPI_TCP_AUTH_PROOF, pl) &&
@@ -955,7 +1024,8 @@ static void on_auth_record(tpi_tcp_conn *c) {
         return;
     }
     if (!c->outgoing) { /* frames may come now, from the worker it proved to be */
-        in_identified(c, c->claimed);
+        if (in_identified(c, c->claimed))
+            c->rx_sealed = a->encrypt; /* sealed, from the next byte on (TCP-21) */
         return;
     }
     c->state = CONN_OPEN;
@@ -967,8 +1037,40 @@ static void on_auth_record(tpi_tcp_conn *c) {
         out_fail(c, TP_EIO, "cannot write its proof");
         return;
     }
+    if (a->encrypt) { /* TCP-21: both directions sealed from here on */
+        if (seal_start(c) != 0) {
+            out_fail(c, TP_EIO, "cannot start encryption (out of memory, or OpenSSL failed)");
+            return;
+        }
+        c->tx_sealed = c->rx_sealed = 1;
+    }
     peer_alive(c);
     tpi_tcp_flush(a, c->peer); /* the frames that waited for the handshake */
+}
+
+/* TCP-21: an OPEN that is right but for its ENCRYPT flag, from a member
+ * (both ends authenticate) set otherwise: answered with our ACCEPT, whose
+ * flags tell the dialer why it cannot go on (a clear error there, not a
+ * silent drop it would retry for 30 s), then the connection waits for the
+ * dialer's end. The ACCEPT says nothing a stranger's right hello would not
+ * get. 1 when so answered. */
+static int encrypt_differs(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    char scratch[8];
+    uint32_t sender = NO_PEER;
+    if (!a->auth.on || !tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_OPEN, a->rank, a->world_size,
+                                            hello_flags(a) ^ TPI_TCP_HELLO_ENCRYPT, &sender,
+                                            scratch, sizeof scratch))
+        return 0;
+    tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, sender, a->world_size,
+                         hello_flags(a));
+    if (conn_write_record(c, c->hello_out, 0) < 0) {
+        conn_close(c);
+        return 1;
+    }
+    c->state = CONN_REFUSING; /* reads and drops what the dialer sent, until its end */
+    uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_ABORT_LINGER_MS, 0);
+    return 1;
 }
 
 static void on_record(tpi_tcp_conn *c) {
@@ -985,7 +1087,10 @@ static void on_record(tpi_tcp_conn *c) {
                                  &sender, err, sizeof err)) {
             tpi_log(TP_LOG_WARN, "worker %u refused a connection from %s: %s", a->rank, c->addr,
                     err);
-            conn_close(c); /* TCP-3: a bad hello is dropped, nobody is told */
+            /* TCP-3: a bad hello is dropped, nobody is told; but a member that
+             * differs only in encrypt is told by our ACCEPT (TCP-21). */
+            if (!encrypt_differs(c))
+                conn_close(c);
             return;
         }
         /* A rank we saw die is heard: it may be its restart, whose first
@@ -1008,7 +1113,22 @@ static void on_record(tpi_tcp_conn *c) {
         if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size,
                                  hello_flags(a), &sender, err, sizeof err) ||
             sender != c->peer) {
-            char detail[TP_ERRMSG_LEN_MAX];
+            char detail[TP_ERRMSG_LEN_MAX], scratch[8];
+            uint32_t s2 = NO_PEER;
+            if (a->auth.on &&
+                tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size,
+                                    hello_flags(a) ^ TPI_TCP_HELLO_ENCRYPT, &s2, scratch,
+                                    sizeof scratch) &&
+                s2 == c->peer) {
+                /* TCP-21: the worker itself, set otherwise: no use dialing again. */
+                tpi_format(detail, sizeof detail,
+                           "worker %u has encrypt=%s and this worker encrypt=%s: every worker of "
+                           "a job must set the backend option 'encrypt' alike (spec/tcp.md "
+                           "TCP-21)",
+                           c->peer, a->encrypt ? "off" : "on", a->encrypt ? "on" : "off");
+                out_fail(c, TP_EPEERDOWN, detail);
+                return;
+            }
             if (sender != c->peer && err[0] == '\0')
                 tpi_format(err, sizeof err, "it is worker %u", sender);
             tpi_format(detail, sizeof detail, "the process at this address is not worker %u: %s",
@@ -1076,10 +1196,14 @@ static void on_record(tpi_tcp_conn *c) {
         in_protocol_error(c, err);
 }
 
-/* Bytes from the staging buffer: records, headers and small bodies. */
+static void sealed_input(tpi_tcp_conn *c, const uint8_t *p, size_t n);
+
+/* Plaintext bytes (from the staging buffer, or opened): records, headers and
+ * small bodies. */
 static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
     tpi_tcp_agent *a = c->a;
     unsigned delivered = 0;
+    int sealed = c->rx_sealed;
     while (n > 0 && reading(c)) {
         if (c->rx) {
             size_t take = c->rx_len - c->rx_got;
@@ -1107,6 +1231,11 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
         if (c->rec_got == TPI_TCP_RECORD_SIZE) {
             c->rec_got = 0;
             on_record(c);
+            if (c->rx_sealed != sealed) { /* the handshake ended: the rest is sealed (TCP-21) */
+                if (n > 0 && reading(c))
+                    sealed_input(c, p, n);
+                return;
+            }
             if (c->waiting && n > 0) { /* the rest waits with the header (TCP-19) */
                 c->stash = malloc(n);
                 if (!c->stash) {
@@ -1121,10 +1250,77 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
     }
 }
 
+/* ---- The sealed stream (TCP-21) ---------------------------------------------------- */
+
+/* A sealed stream that cannot be opened: TCP-7's protocol error on an
+ * accepted connection, TCP-6's TP_EIO on an outgoing one. */
+static void sealed_error(tpi_tcp_conn *c, const char *what) {
+    if (c->outgoing)
+        out_fail(c, TP_EIO, what);
+    else
+        in_protocol_error(c, what);
+}
+
+/* Opens every whole record in c->sealed and hands on its plaintext, until
+ * the connection stops reading or a frame header waits for the read budget
+ * (TCP-19: the records behind it wait with it, unopened). */
+static void sealed_drain(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    size_t off = 0;
+    while (reading(c) && !c->waiting) {
+        size_t have = c->sealed_len - off;
+        if (have < TPI_TCP_SEAL_HEAD)
+            break;
+        const uint8_t *rec = c->sealed + off;
+        size_t m = tpi_tcp_seal_len(rec);
+        if (m == 0) { /* checked before any more of it is read */
+            char err[TP_ERRMSG_LEN_MAX];
+            uint32_t n = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
+                         (uint32_t)rec[3] << 24;
+            tpi_format(err, sizeof err, "a sealed record declares %u bytes, not 1 to %u (TCP-21)",
+                       n, (unsigned)TPI_TCP_SEAL_MAX);
+            sealed_error(c, err);
+            break;
+        }
+        if (have < m + TPI_TCP_SEAL_OVERHEAD)
+            break;
+        /* A record within the body of the frame being read opens straight
+         * into it; any other into the staging buffer, then parsed. */
+        int into_frame = c->rx && c->rx_len - c->rx_got >= m;
+        uint8_t *plain = into_frame ? c->rx_bytes + c->rx_got : a->staging;
+        if (tpi_tcp_open(&c->rx_seal, rec, plain) != 0) {
+            sealed_error(c, "a sealed record does not check: tampered with, replayed, "
+                            "reordered or not of this connection (TCP-21)");
+            break;
+        }
+        off += m + TPI_TCP_SEAL_OVERHEAD;
+        if (!into_frame) {
+            consume(c, a->staging, m);
+        } else if ((c->rx_got += m) == c->rx_len) {
+            deliver(c);
+        }
+    }
+    /* c lives on until its close callback, even if it closed here. */
+    memmove(c->sealed, c->sealed + off, c->sealed_len - off);
+    c->sealed_len -= off;
+}
+
+/* Sealed bytes read with the end of the handshake, in the staging buffer. */
+static void sealed_input(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
+    TPI_ASSERT(c->sealed_len == 0 && n <= TPI_TCP_SEAL_BUF); /* one read: the staging size */
+    memcpy(c->sealed, p, n);
+    c->sealed_len = n;
+    sealed_drain(c);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     (void)suggested;
     tpi_tcp_conn *c = h->data;
-    if (c->rx && c->rx_len - c->rx_got >= TPI_TCP_DIRECT_MIN) {
+    if (c->rx_sealed && reading(c)) {
+        /* TCP-21: sealed bytes behind those not yet opened (a partial record). */
+        buf->base = (char *)(c->sealed + c->sealed_len);
+        buf->len = TPI_TCP_SEAL_BUF - c->sealed_len;
+    } else if (c->rx && c->rx_len - c->rx_got >= TPI_TCP_DIRECT_MIN) {
         /* The rest of a large body: straight into the frame, no copy. */
         buf->base = (char *)(c->rx_bytes + c->rx_got);
         buf->len = c->rx_len - c->rx_got;
@@ -1140,6 +1336,11 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         if (nread < 0)
             closing_done(c); /* the acceptor read our CLOSE and everything before it */
         return;              /* records only: nothing we need any more */
+    }
+    if (c->state == CONN_REFUSING) {
+        if (nread < 0)
+            conn_close(c); /* the dialer read our answer and left */
+        return;
     }
     if (!reading(c))
         return;
@@ -1163,6 +1364,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread == 0)
         return;
+    if (c->rx_sealed) {
+        TPI_ASSERT(buf->base == (char *)(c->sealed + c->sealed_len));
+        c->sealed_len += (size_t)nread;
+        sealed_drain(c);
+        return;
+    }
     if (buf->base != (char *)c->a->staging) {
         c->rx_got += (size_t)nread;
         if (c->rx_got == c->rx_len)
@@ -1311,9 +1518,52 @@ static unsigned write_now(tpi_tcp_conn *c, uv_buf_t *bufs, unsigned n, unsigned 
     return n - i;
 }
 
+/* TCP-21: a list of frames sealed into one buffer, the frames freed at once,
+ * the buffer written as write_frames writes a batch. */
+static void write_frames_sealed(tpi_tcp_conn *c, tp_frame *f) {
+    size_t n = 0;
+    int nv = 0;
+    for (tp_frame *g = f; g; g = g->next) {
+        n += g->len;
+        nv += g->nseg;
+    }
+    struct iovec few[64];
+    struct iovec *iov = nv <= 64 ? few : malloc((size_t)nv * sizeof *iov);
+    size_t out_len = tpi_tcp_sealed_size(n);
+    uint8_t *out = iov ? malloc(out_len) : NULL;
+    int i = 0;
+    for (tp_frame *g = f; iov && g; g = g->next)
+        for (int k = 0; k < g->nseg; k++)
+            iov[i++] = (struct iovec){(void *)g->seg[k].base, g->seg[k].len};
+    int rc = out ? tpi_tcp_seal(&c->tx, iov, nv, n, out) : -1;
+    if (iov != few)
+        free(iov);
+    free_frames(f);
+    if (rc != 0) {
+        free(out);
+        out_fail(c, TP_EIO, "cannot seal frames (out of memory, or OpenSSL failed)");
+        return;
+    }
+    uv_buf_t b;
+    b.base = (char *)out;
+    b.len = out_len;
+    unsigned first = 0;
+    if (write_now(c, &b, 1, &first) == 0) {
+        free(out);
+        return;
+    }
+    rc = conn_write_bufs(c, &b, 1, NULL, out, 0);
+    if (rc < 0)
+        out_fail(c, TP_EIO, uv_strerror(rc));
+}
+
 /* Writes a list of frames in batches of at most TPI_TCP_WRITE_BUFS_MAX buffers:
  * each batch at once when it fits in the socket, the rest in one uv_write. */
 static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
+    if (c->tx_sealed) {
+        write_frames_sealed(c, f);
+        return;
+    }
     uv_buf_t bufs[TPI_TCP_WRITE_BUFS_MAX];
     while (f) {
         unsigned n = 0;
@@ -1332,7 +1582,7 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
             continue;
         }
         /* The frames of the batch stay alive until this write completes. */
-        int rc = conn_write_bufs(c, bufs + first, left, batch, 0);
+        int rc = conn_write_bufs(c, bufs + first, left, batch, NULL, 0);
         if (rc < 0) {
             free_frames(f);
             out_fail(c, TP_EIO, uv_strerror(rc));
@@ -1373,8 +1623,14 @@ void tpi_tcp_close_all(tpi_tcp_agent *a) {
         if (c->state == CONN_OPEN) {
             /* Best effort: a BYE that does not fit now is skipped, and the
              * other end sees a plain close, which means the same (TCP-8). */
+            uint8_t sealed[TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD];
             uv_buf_t b = uv_buf_init((char *)a->rec_bye, TPI_TCP_RECORD_SIZE);
-            uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+            if (c->tx_sealed)
+                b = seal_record(c, a->rec_bye, sealed) == 0
+                        ? uv_buf_init((char *)sealed, sizeof sealed)
+                        : uv_buf_init(NULL, 0);
+            if (b.len > 0)
+                uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         }
         if (c->outgoing && a->peers[c->peer].out == c)
             a->peers[c->peer].out = NULL;
