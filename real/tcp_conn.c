@@ -37,10 +37,12 @@
  * only fed opened plaintext. Reading: sealed bytes go into the connection's
  * own buffer (c->sealed); each whole record is opened, straight into the
  * frame being read when it falls in its body, else into the staging buffer,
- * and a record that does not open is a protocol error. Writing: a batch of
- * frames is sealed into one buffer (the copy encryption needs) and the
- * frames freed; control records are sealed one by one. Senders never write
- * directly (TCP-15): records are numbered, so only the loop seals and writes.
+ * and a record that does not open is a protocol error. Writing: frames and
+ * control records join the connection's plaintext queue, in order; the loop
+ * seals it a chunk at a time into one of two buffers the connection keeps
+ * (the copy encryption needs) and seals the next chunk as the socket takes
+ * one. Senders never write directly (TCP-15): records are numbered, so only
+ * the loop seals and writes.
  */
 #include <netinet/in.h>
 #include <openssl/crypto.h>
@@ -107,13 +109,21 @@ struct tpi_tcp_conn {
     tpi_tcp_cipher tx, rx_seal;
     uint8_t *sealed; /* TPI_TCP_SEAL_BUF bytes read, not yet opened */
     size_t sealed_len;
+    tp_frame *txq_head, *txq_tail; /* plaintext to seal, in order: frames and records */
+    size_t txq_off;                /* bytes of txq_head sealed already */
+    struct {
+        uint8_t *p;
+        size_t cap;
+        int busy; /* in a uv_write */
+    } out[2];     /* sealed chunks, kept for the connection's life */
+    int tx_pumping, tx_failed, tx_close_after;
 };
 
 typedef struct conn_write {
     uv_write_t req;
     tpi_tcp_conn *c;
     tp_frame *frames; /* freed when the write completes */
-    void *owned;      /* sealed bytes (TCP-21), freed when the write completes */
+    int chunk;        /* TCP-21: which of c->out it writes, or -1 */
     int close_after;  /* an ABORT record: close once written */
     unsigned nbufs;
     uv_buf_t bufs[];
@@ -132,6 +142,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void in_frame_start(tpi_tcp_conn *c, size_t len);
 static void closing_done(tpi_tcp_conn *c);
+static void tx_enqueue(tpi_tcp_conn *c, tp_frame *f);
+static void tx_pump(tpi_tcp_conn *c);
 
 /* ---- Upcalls (AGENT-2): loop thread, no internal lock held ------------------------ */
 
@@ -252,6 +264,9 @@ static void on_close(uv_handle_t *h) {
     tp_frame_free(c->rx);
     free(c->stash);
     free(c->sealed);
+    free_frames(c->txq_head);
+    free(c->out[0].p);
+    free(c->out[1].p);
     tpi_tcp_seal_clear(&c->tx);
     tpi_tcp_seal_clear(&c->rx_seal);
     free(c);
@@ -304,9 +319,8 @@ static void conn_close(tpi_tcp_conn *c) {
 static void on_write(uv_write_t *req, int status) {
     conn_write *w = (conn_write *)req;
     tpi_tcp_conn *c = w->c;
-    int close_after = w->close_after;
+    int close_after = w->close_after, chunk = w->chunk;
     free_frames(w->frames);
-    free(w->owned);
     free(w);
     if (c->state == CONN_CLOSED)
         return;
@@ -323,30 +337,34 @@ static void on_write(uv_write_t *req, int status) {
             conn_close(c); /* an accepted connection only carries our records */
         return;
     }
+    if (chunk >= 0) {
+        c->out[chunk].busy = 0;
+        tx_pump(c); /* the next chunk, or the close that waited for this one */
+        return;
+    }
     if (c->outgoing && c->a->peers[c->peer].out == c)
         tpi_tcp_direct_grant(c->a, c->peer);
 }
 
-/* Queues bufs in one uv_write; frames and owned (may be NULL) are freed when
- * it completes. 0, or a libuv error with them already freed. */
+/* Queues bufs in one uv_write; frames (may be NULL) are freed when it
+ * completes; chunk is the sealed buffer it writes (TCP-21), or -1. 0, or a
+ * libuv error with the frames already freed. */
 static int conn_write_bufs(tpi_tcp_conn *c, const uv_buf_t *bufs, unsigned n, tp_frame *frames,
-                           void *owned, int close_after) {
+                           int chunk, int close_after) {
     conn_write *w = malloc(sizeof *w + n * sizeof w->bufs[0]);
     if (!w) {
         free_frames(frames);
-        free(owned);
         return UV_ENOMEM;
     }
     w->c = c;
     w->frames = frames;
-    w->owned = owned;
+    w->chunk = chunk;
     w->close_after = close_after;
     w->nbufs = n;
     memcpy(w->bufs, bufs, n * sizeof bufs[0]);
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, w->bufs, n, on_write);
     if (rc < 0) {
         free_frames(frames);
-        free(owned);
         free(w);
     }
     return rc;
@@ -360,17 +378,19 @@ static int seal_record(tpi_tcp_conn *c, const uint8_t *rec,
 }
 
 static int conn_write_record(tpi_tcp_conn *c, const uint8_t *rec, int close_after) {
-    if (c->tx_sealed) {
-        uint8_t *sealed = malloc(TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD);
-        if (!sealed || seal_record(c, rec, sealed) != 0) {
-            free(sealed);
-            return UV_ENOMEM;
-        }
-        uv_buf_t b = uv_buf_init((char *)sealed, TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD);
-        return conn_write_bufs(c, &b, 1, NULL, sealed, close_after);
+    if (c->tx_sealed) { /* behind the frames queued before it (TCP-21) */
+        tp_frame *f = c->tx_failed ? NULL : tp_frame_alloc(TPI_TCP_RECORD_SIZE);
+        if (!f)
+            return c->tx_failed ? UV_EIO : UV_ENOMEM;
+        memcpy(tp_frame_bytes(f), rec, TPI_TCP_RECORD_SIZE);
+        f->next = NULL;
+        tx_enqueue(c, f);
+        c->tx_close_after |= close_after;
+        tx_pump(c);
+        return c->state == CONN_CLOSED ? UV_EIO : 0;
     }
     uv_buf_t b = uv_buf_init((char *)rec, TPI_TCP_RECORD_SIZE);
-    return conn_write_bufs(c, &b, 1, NULL, NULL, close_after);
+    return conn_write_bufs(c, &b, 1, NULL, -1, close_after);
 }
 
 /* Ends a connection after an error of ours to report: stop reading, send
@@ -1518,50 +1538,136 @@ static unsigned write_now(tpi_tcp_conn *c, uv_buf_t *bufs, unsigned n, unsigned 
     return n - i;
 }
 
-/* TCP-21: a list of frames sealed into one buffer, the frames freed at once,
- * the buffer written as write_frames writes a batch. */
-static void write_frames_sealed(tpi_tcp_conn *c, tp_frame *f) {
-    size_t n = 0;
-    int nv = 0;
-    for (tp_frame *g = f; g; g = g->next) {
-        n += g->len;
-        nv += g->nseg;
+/* ---- The sealed writer (TCP-21) ------------------------------------------------------ */
+
+static void tx_enqueue(tpi_tcp_conn *c, tp_frame *f) {
+    tp_frame *last = f;
+    while (last->next)
+        last = last->next;
+    if (c->txq_tail)
+        c->txq_tail->next = f;
+    else
+        c->txq_head = f;
+    c->txq_tail = last;
+}
+
+/* The next chunk of the queue (at most TPI_TCP_SEAL_CHUNK bytes, at most
+ * TPI_TCP_WRITE_BUFS_MAX pieces) as iov; its bytes. */
+static size_t tx_gather(const tpi_tcp_conn *c, struct iovec *iov, int *niov) {
+    size_t n = 0, skip = c->txq_off;
+    int k = 0;
+    for (const tp_frame *f = c->txq_head; f && n < TPI_TCP_SEAL_CHUNK; f = f->next) {
+        for (int i = 0; i < f->nseg && n < TPI_TCP_SEAL_CHUNK; i++) {
+            const uint8_t *b = f->seg[i].base;
+            size_t len = f->seg[i].len;
+            if (skip >= len) {
+                skip -= len;
+                continue;
+            }
+            if (k == TPI_TCP_WRITE_BUFS_MAX) {
+                *niov = k;
+                return n;
+            }
+            b += skip;
+            len -= skip;
+            skip = 0;
+            if (len > TPI_TCP_SEAL_CHUNK - n)
+                len = TPI_TCP_SEAL_CHUNK - n;
+            iov[k++] = (struct iovec){(void *)b, len};
+            n += len;
+        }
     }
-    struct iovec few[64];
-    struct iovec *iov = nv <= 64 ? few : malloc((size_t)nv * sizeof *iov);
-    size_t out_len = tpi_tcp_sealed_size(n);
-    uint8_t *out = iov ? malloc(out_len) : NULL;
-    int i = 0;
-    for (tp_frame *g = f; iov && g; g = g->next)
-        for (int k = 0; k < g->nseg; k++)
-            iov[i++] = (struct iovec){(void *)g->seg[k].base, g->seg[k].len};
-    int rc = out ? tpi_tcp_seal(&c->tx, iov, nv, n, out) : -1;
-    if (iov != few)
-        free(iov);
-    free_frames(f);
-    if (rc != 0) {
-        free(out);
-        out_fail(c, TP_EIO, "cannot seal frames (out of memory, or OpenSSL failed)");
-        return;
+    *niov = k;
+    return n;
+}
+
+/* n bytes of the queue were sealed: whole frames are freed. */
+static void tx_advance(tpi_tcp_conn *c, size_t n) {
+    n += c->txq_off;
+    while (c->txq_head && n >= c->txq_head->len) {
+        tp_frame *f = c->txq_head;
+        n -= f->len;
+        c->txq_head = f->next;
+        tp_frame_free(f);
     }
-    uv_buf_t b;
-    b.base = (char *)out;
-    b.len = out_len;
-    unsigned first = 0;
-    if (write_now(c, &b, 1, &first) == 0) {
-        free(out);
-        return;
+    if (!c->txq_head)
+        c->txq_tail = NULL;
+    c->txq_off = n;
+}
+
+/* The queue cannot be sealed or written: nothing more goes out on c. */
+static void tx_fail(tpi_tcp_conn *c, const char *why) {
+    c->tx_failed = 1;
+    free_frames(c->txq_head);
+    c->txq_head = c->txq_tail = NULL;
+    c->txq_off = 0;
+    if (c->outgoing)
+        out_fail(c, TP_EIO, why); /* its ABORT fails too: it closes */
+    else
+        conn_close(c);
+}
+
+/* Seals and writes the queue while a chunk buffer is free: each chunk at
+ * once when the socket takes it (the buffer is free again), else in a
+ * uv_write whose completion pumps again. With close_after (an ABORT queued)
+ * the connection closes once all is written, from a write's completion. */
+static void tx_pump(tpi_tcp_conn *c) {
+    if (c->tx_pumping)
+        return; /* a failure's ABORT, from inside the loop below */
+    c->tx_pumping = 1;
+    while (c->state != CONN_CLOSED && !c->tx_failed) {
+        int i = !c->out[0].busy ? 0 : !c->out[1].busy ? 1 : -1;
+        if (!c->txq_head) {
+            if (c->tx_close_after && !c->out[0].busy && !c->out[1].busy) {
+                c->tx_pumping = 0;
+                conn_close(c);
+                return;
+            }
+            break;
+        }
+        if (i < 0)
+            break; /* a completion pumps again */
+        struct iovec iov[TPI_TCP_WRITE_BUFS_MAX];
+        int niov = 0;
+        size_t n = tx_gather(c, iov, &niov);
+        size_t m = tpi_tcp_sealed_size(n);
+        if (c->out[i].cap < m) {
+            free(c->out[i].p);
+            c->out[i].p = malloc(m);
+            c->out[i].cap = c->out[i].p ? m : 0;
+        }
+        if (!c->out[i].p || tpi_tcp_seal(&c->tx, iov, niov, n, c->out[i].p) != 0) {
+            tx_fail(c, "cannot seal what it writes (out of memory, or OpenSSL failed)");
+            break;
+        }
+        tx_advance(c, n);
+        uv_buf_t b;
+        b.base = (char *)c->out[i].p;
+        b.len = m;
+        unsigned first = 0;
+        if (!c->tx_close_after && write_now(c, &b, 1, &first) == 0)
+            continue; /* all of it went: the buffer is free again */
+        c->out[i].busy = 1;
+        int rc = conn_write_bufs(c, &b, 1, NULL, i, 0);
+        if (rc < 0) {
+            c->out[i].busy = 0;
+            tx_fail(c, uv_strerror(rc));
+            break;
+        }
     }
-    rc = conn_write_bufs(c, &b, 1, NULL, out, 0);
-    if (rc < 0)
-        out_fail(c, TP_EIO, uv_strerror(rc));
+    c->tx_pumping = 0;
 }
 
 /* Writes a list of frames in batches of at most TPI_TCP_WRITE_BUFS_MAX buffers:
  * each batch at once when it fits in the socket, the rest in one uv_write. */
 static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
     if (c->tx_sealed) {
-        write_frames_sealed(c, f);
+        if (c->tx_failed) {
+            free_frames(f);
+            return;
+        }
+        tx_enqueue(c, f);
+        tx_pump(c);
         return;
     }
     uv_buf_t bufs[TPI_TCP_WRITE_BUFS_MAX];
@@ -1582,7 +1688,7 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
             continue;
         }
         /* The frames of the batch stay alive until this write completes. */
-        int rc = conn_write_bufs(c, bufs + first, left, batch, NULL, 0);
+        int rc = conn_write_bufs(c, bufs + first, left, batch, -1, 0);
         if (rc < 0) {
             free_frames(f);
             out_fail(c, TP_EIO, uv_strerror(rc));
@@ -1625,8 +1731,9 @@ void tpi_tcp_close_all(tpi_tcp_agent *a) {
              * other end sees a plain close, which means the same (TCP-8). */
             uint8_t sealed[TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD];
             uv_buf_t b = uv_buf_init((char *)a->rec_bye, TPI_TCP_RECORD_SIZE);
-            if (c->tx_sealed)
-                b = seal_record(c, a->rec_bye, sealed) == 0
+            if (c->tx_sealed) /* only between records: nothing of ours may be unsent */
+                b = !c->txq_head && !c->out[0].busy && !c->out[1].busy &&
+                            seal_record(c, a->rec_bye, sealed) == 0
                         ? uv_buf_init((char *)sealed, sizeof sealed)
                         : uv_buf_init(NULL, 0);
             if (b.len > 0)

@@ -107,6 +107,12 @@ int tpi_tcp_auth_decode(const uint8_t rec[24], tpi_tcp_auth_kind kind, uint8_t p
  * records, so one read brings as much as the plaintext staging buffer. */
 #define TPI_TCP_SEAL_BUF (4 * (TPI_TCP_SEAL_MAX + TPI_TCP_SEAL_OVERHEAD))
 #define TPI_TCP_SEAL_KEY_SIZE 32
+/* Plaintext a connection seals at once, into one of its two buffers, which
+ * it keeps (warm: a fresh buffer's page faults cost more than the cipher on
+ * a virtual machine). A large frame is sealed a chunk at a time as the
+ * socket takes the previous ones, so writing it holds two chunks, not a
+ * sealed copy of it. */
+#define TPI_TCP_SEAL_CHUNK (256 * 1024)
 
 /* One direction of one connection: its key (in the cipher context) and the
  * number of the next record. */
