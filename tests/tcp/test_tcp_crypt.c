@@ -10,14 +10,15 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -437,42 +438,46 @@ static void test_tcp_crypt_tampered(void **state) {
  * and advertises 127.0.0.2 (the same loopback), where the relay listens on
  * the same port and forwards each connection to 127.0.0.1:port, recording
  * every byte both ways. Worker 0 dials worker 1 through it; worker 1's own
- * connection to worker 0 does not pass it.
+ * connection to worker 0 does not pass it. The relay is a process of its
+ * own, forked before the job (a thread would be in the job's forks), and
+ * records into memory it shares with the test.
  */
-typedef struct relay {
-    int listen_fd;
-    uint16_t port;
-    pthread_t thread;
+typedef struct relay_shared {
     atomic_int stop;
-    uint8_t *seen; /* every byte forwarded, both directions, up to seen_cap */
-    size_t seen_len, seen_cap;
     atomic_int conns;
-} relay;
+    size_t seen_len; /* written by the relay, read once it exited */
+    uint8_t seen[];  /* every byte forwarded, both directions, up to RELAY_SEEN_MAX */
+} relay_shared;
 
 #define RELAY_CONNS_MAX 16
+#define RELAY_SEEN_MAX ((size_t)32 << 20)
 
-static void *relay_main(void *arg) {
-    relay *r = arg;
+typedef struct relay {
+    pid_t pid;
+    relay_shared *sh;
+} relay;
+
+static void relay_main(relay_shared *sh, int listen_fd, uint16_t port) {
     int fds[2 * RELAY_CONNS_MAX]; /* pairs: [2i] the dialer's side, [2i+1] worker 1's */
     int n = 0;
-    uint8_t buf[65536];
-    while (!atomic_load(&r->stop)) {
+    static uint8_t buf[65536];
+    while (!atomic_load(&sh->stop)) {
         struct pollfd pf[1 + 2 * RELAY_CONNS_MAX];
-        pf[0] = (struct pollfd){r->listen_fd, POLLIN, 0};
+        pf[0] = (struct pollfd){listen_fd, POLLIN, 0};
         for (int i = 0; i < n; i++)
             pf[1 + i] = (struct pollfd){fds[i], fds[i] >= 0 ? POLLIN : 0, 0};
         if (poll(pf, (nfds_t)(1 + n), 50) <= 0)
             continue;
         if ((pf[0].revents & POLLIN) && n < 2 * RELAY_CONNS_MAX) {
-            int in = accept(r->listen_fd, NULL, NULL);
+            int in = accept(listen_fd, NULL, NULL);
             if (in >= 0) {
-                struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->port)};
+                struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
                 inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
                 int out = socket(AF_INET, SOCK_STREAM, 0);
                 if (out >= 0 && connect(out, (struct sockaddr *)&sa, sizeof sa) == 0) {
                     fds[n++] = in;
                     fds[n++] = out;
-                    atomic_fetch_add(&r->conns, 1);
+                    atomic_fetch_add(&sh->conns, 1);
                 } else {
                     close(in);
                     if (out >= 0)
@@ -487,10 +492,10 @@ static void *relay_main(void *arg) {
             ssize_t k = recv(fds[i], buf, sizeof buf, 0);
             if (k > 0 && to >= 0 && send(to, buf, (size_t)k, MSG_NOSIGNAL) == k) {
                 size_t keep = (size_t)k;
-                if (keep > r->seen_cap - r->seen_len)
-                    keep = r->seen_cap - r->seen_len;
-                memcpy(r->seen + r->seen_len, buf, keep);
-                r->seen_len += keep;
+                if (keep > RELAY_SEEN_MAX - sh->seen_len)
+                    keep = RELAY_SEEN_MAX - sh->seen_len;
+                memcpy(sh->seen + sh->seen_len, buf, keep);
+                sh->seen_len += keep;
                 continue;
             }
             close(fds[i]); /* an end, or an error: both sides of the pair end */
@@ -502,38 +507,43 @@ static void *relay_main(void *arg) {
             }
         }
     }
-    for (int i = 0; i < n; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    return NULL;
 }
 
 /* 0 with the relay running; -1 when 127.0.0.2 cannot be bound (skip). */
 static int relay_start(relay *r, uint16_t port) {
-    memset(r, 0, sizeof *r);
-    r->port = port;
-    r->seen_cap = 32u << 20;
-    r->seen = malloc(r->seen_cap);
-    assert_non_null(r->seen);
-    r->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
     int one = 1;
-    setsockopt(r->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, "127.0.0.2", &sa.sin_addr);
-    if (bind(r->listen_fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        listen(r->listen_fd, 16) != 0) {
-        close(r->listen_fd);
-        free(r->seen);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0) {
+        close(fd);
         return -1;
     }
-    assert_int_equal(pthread_create(&r->thread, NULL, relay_main, r), 0);
+    r->sh = mmap(NULL, sizeof *r->sh + RELAY_SEEN_MAX, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(r->sh != MAP_FAILED);
+    fflush(NULL);
+    r->pid = fork();
+    assert_true(r->pid >= 0);
+    if (r->pid == 0) {
+        relay_main(r->sh, fd, port);
+        _exit(0);
+    }
+    close(fd);
     return 0;
 }
 
+/* Stops the relay; its record stays readable until relay_free. */
 static void relay_stop(relay *r) {
-    atomic_store(&r->stop, 1);
-    pthread_join(r->thread, NULL);
-    close(r->listen_fd);
+    atomic_store(&r->sh->stop, 1);
+    int status = 0;
+    assert_int_equal(waitpid(r->pid, &status, 0), r->pid);
+}
+
+static void relay_free(relay *r) {
+    munmap(r->sh, sizeof *r->sh + RELAY_SEEN_MAX);
 }
 
 typedef struct capture_args {
@@ -580,16 +590,18 @@ static int capture(const char *encrypt, size_t *seen_len) {
     if (relay_start(&r, ca.port1) != 0)
         return -1;
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_capture, &ca), 0);
-    assert_int_equal(tt_wait(&job, 60), 0);
+    int spawned = tt_spawn(&job, 2, body_capture, &ca);
+    int waited = spawned == 0 ? tt_wait(&job, 60) : -1;
     tt_job_free(&job);
     relay_stop(&r);
-    assert_true(atomic_load(&r.conns) >= 1); /* worker 0 dialed worker 1 through it */
+    int conns = atomic_load(&r.sh->conns);
     int hits = 0;
-    for (size_t i = 0; i + sizeof MARKER - 1 <= r.seen_len; i++)
-        hits += memcmp(r.seen + i, MARKER, sizeof MARKER - 1) == 0;
-    *seen_len = r.seen_len;
-    free(r.seen);
+    for (size_t i = 0; i + sizeof MARKER - 1 <= r.sh->seen_len; i++)
+        hits += memcmp(r.sh->seen + i, MARKER, sizeof MARKER - 1) == 0;
+    *seen_len = r.sh->seen_len;
+    relay_free(&r);
+    assert_int_equal(waited, 0);
+    assert_true(conns >= 1); /* worker 0 dialed worker 1 through it */
     return hits;
 }
 
