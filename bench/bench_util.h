@@ -64,6 +64,9 @@ extern int bench_worker_threads;
 /* --auth off: the workers run with the backend option auth=off (TCP-17), to
  * measure what authentication costs. */
 extern int bench_auth_off;
+/* --encrypt on: the workers seal their streams (encrypt=on, TCP-21); the crypt
+ * workload sets it for its second job. */
+extern int bench_encrypt;
 
 /* A child-side check: prints the failed condition and the last rpc error, returns 1. */
 #define BENCH_CHECK(cond)                                                                          \

@@ -7,7 +7,8 @@
  * figure. bench/README.md says what each figure means and the targets.
  *
  *   rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]
- *             [--placement spread|one|free] [--worker-threads N] [--auth on|off] [-v]
+ *             [--placement spread|one|free] [--worker-threads N] [--auth on|off]
+ *             [--encrypt on|off] [-v]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,24 +26,27 @@ typedef struct bench_args {
     int quick;
     int raw_only;
     int placement;                        /* bench_placement of the two-process jobs */
-    int rtt, async, bulk, init, syscalls; /* the workloads to run */
+    int rtt, async, bulk, init, syscalls, crypt; /* the workloads to run */
 } bench_args;
 
 static void usage(void) {
     fprintf(stderr,
             "usage: rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]\n"
             "                 [--placement spread|one|free] [--worker-threads N] [--auth on|off]\n"
-            "                 [-v]\n"
+            "                 [--encrypt on|off] [-v]\n"
             "  --quick        fewer samples and no 32-process init: a smoke run\n"
             "  --raw-only     only the raw TCP figures (no rpc job)\n"
             "  --no-syscalls  skip syscalls_per_rpc_sync (needs strace)\n"
-            "  --only W       one workload: rtt, async, bulk, init or syscalls (e.g. under\n"
+            "  --only W       one workload: rtt, async, bulk, init, syscalls or crypt (e.g. under\n"
             "                 perf); a ratio is printed only when both its figures ran\n"
             "  --placement P  where the two worker processes run: spread (default: rank r\n"
             "                 on CPU r), one (both on CPU 0) or free (the scheduler's choice)\n"
             "  --worker-threads N\n"
             "                 num_worker_threads of the workers (default: the library's)\n"
             "  --auth on|off  the workers' authentication (default on, spec/tcp.md TCP-17)\n"
+            "  --encrypt on|off\n"
+            "                 the workers' encryption of the stream (default off, TCP-21); the\n"
+            "                 crypt workload measures both in one run whatever this says\n"
             "  -v             per-repetition details and the syscall breakdown on stderr\n");
 }
 
@@ -59,7 +63,7 @@ static int parse_placement(const char *s) {
 static int parse_args(int argc, char **argv, bench_args *a) {
     memset(a, 0, sizeof *a);
     a->placement = BENCH_PLACE_SPREAD;
-    a->rtt = a->async = a->bulk = a->init = a->syscalls = 1;
+    a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             a->quick = 1;
@@ -70,7 +74,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             a->bulk = strcmp(w, "bulk") == 0;
             a->init = strcmp(w, "init") == 0;
             a->syscalls = strcmp(w, "syscalls") == 0;
-            if (!a->rtt && !a->async && !a->bulk && !a->init && !a->syscalls)
+            a->crypt = strcmp(w, "crypt") == 0;
+            if (!a->rtt && !a->async && !a->bulk && !a->init && !a->syscalls && !a->crypt)
                 return -1;
         } else if (strcmp(argv[i], "--placement") == 0 && i + 1 < argc) {
             a->placement = parse_placement(argv[++i]);
@@ -85,6 +90,11 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
                 return -1;
             bench_auth_off = strcmp(v, "off") == 0; /* TCP-17's cost: compare on and off */
+        } else if (strcmp(argv[i], "--encrypt") == 0 && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
+                return -1;
+            bench_encrypt = strcmp(v, "on") == 0;
         } else if (strcmp(argv[i], "--raw-only") == 0) {
             a->raw_only = 1;
         } else if (strcmp(argv[i], "--no-syscalls") == 0) {
@@ -95,6 +105,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             return -1;
         }
     }
+    if (a->raw_only || bench_auth_off)
+        a->crypt = 0; /* encryption needs rpc workers that authenticate */
     if (a->raw_only) {
         a->async = a->init = a->syscalls = 0;
         a->rtt = a->bulk = 1;
@@ -220,6 +232,57 @@ static int run_one_cpu_rtt(const bench_args *a) {
     return 0;
 }
 
+/*
+ * What encryption costs (spec/tcp.md TCP-21): the round trips and the 64 MiB
+ * tensor in two jobs, encrypt=off then encrypt=on, each against the raw
+ * reference measured interleaved in its own processes. The ratios are on
+ * over off, directly and (_vs_raw) as the quotient of the two jobs' ratios
+ * to their raw references: the second moves less when the machine is slower
+ * during one job, but more when a raw reference itself is disturbed.
+ */
+static int run_crypt(const bench_args *a) {
+    bench_args c = *a;
+    c.async = 0;
+    c.rtt = c.bulk = 1;
+    bench_pair_config cfg = pair_config(&c);
+    cfg.remote_samples = 0;
+    bench_pair_results r[2];
+    int saved = bench_encrypt;
+    for (int on = 0; on < 2; on++) {
+        memset(&r[on], 0, sizeof r[on]);
+        bench_encrypt = on;
+        if (bench_pair_run(&cfg, &r[on]) != 0) {
+            bench_encrypt = saved;
+            fprintf(stderr, "rpc_bench: the encrypt=%s job failed\n", on ? "on" : "off");
+            return -1;
+        }
+    }
+    bench_encrypt = saved;
+    static const char *const mode[2] = {"off", "on"};
+    for (int on = 0; on < 2; on++) {
+        char name[64];
+        snprintf(name, sizeof name, "crypt_%s_raw_tcp_rtt_median_us", mode[on]);
+        bench_print(name, r[on].raw_rtt_median_us, "us");
+        snprintf(name, sizeof name, "crypt_%s_rpc_sync_rtt_median_us", mode[on]);
+        bench_print(name, r[on].rpc_rtt_median_us, "us");
+        snprintf(name, sizeof name, "crypt_%s_raw_tcp_gbps", mode[on]);
+        bench_print(name, r[on].raw_gbps, "GB/s");
+        snprintf(name, sizeof name, "crypt_%s_tensor_64mib_gbps", mode[on]);
+        bench_print(name, r[on].tensor_gbps, "GB/s");
+    }
+    double rtt[2], bw[2];
+    for (int on = 0; on < 2; on++) {
+        rtt[on] = r[on].rpc_rtt_median_us / r[on].raw_rtt_median_us;
+        bw[on] = r[on].tensor_gbps / r[on].raw_gbps;
+    }
+    bench_print("ratio_crypt_rpc_sync_rtt_median",
+                r[1].rpc_rtt_median_us / r[0].rpc_rtt_median_us, "x");
+    bench_print("ratio_crypt_tensor_64mib_gbps", r[1].tensor_gbps / r[0].tensor_gbps, "x");
+    bench_print("ratio_crypt_rpc_sync_rtt_median_vs_raw", rtt[1] / rtt[0], "x");
+    bench_print("ratio_crypt_tensor_64mib_gbps_vs_raw", bw[1] / bw[0], "x");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     /* The job secret every forked worker inherits (spec/tcp.md TCP-17). */
     char secret[80];
@@ -271,6 +334,8 @@ int main(int argc, char **argv) {
     if (rpc_rtt && a.placement == BENCH_PLACE_SPREAD && run_one_cpu_rtt(&a) != 0)
         return 1;
     if (!a.raw_only && (a.rtt || a.async || a.syscalls) && run_inline(&a) != 0)
+        return 1;
+    if (a.crypt && run_crypt(&a) != 0)
         return 1;
     if (bench_verbose)
         fprintf(stderr, "rpc_bench: the run took %.1f s\n", (double)(bench_now_ns() - t0) / 1e9);

@@ -1,6 +1,6 @@
 /*
  * tcp_agent.c: the "TENSORPIPE" backend: the agent interface on libuv TCP
- * (spec/agent.md AGENT-1..13, spec/tcp.md TCP-1..12).
+ * (spec/agent.md AGENT-1..13, spec/tcp.md TCP-1..12, TCP-21).
  *
  * init reads the options and opens the rendezvous store (tcp_store.c);
  * start listens and starts the loop thread (tcp_loop.c); set_peers resolves
@@ -333,6 +333,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
         st = read_bound_options(a, params->opts, errmsg, errmsg_len);
     if (st == TP_OK)
         st = tpi_tcp_auth_setup(params->opts, &a->auth, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = tpi_tcp_encrypt_setup(params->opts, &a->auth, &a->encrypt, errmsg, errmsg_len);
     if (st == TP_OK) {
         a->peers = calloc(a->world_size, sizeof *a->peers);
         a->dirty = calloc(a->world_size, sizeof *a->dirty);
@@ -364,9 +366,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
 
 /* TCP-12: the backend keys; init rejects any other (OPT-6). */
 static const char *const option_keys[] = {
-    "listen_addr",  "listen_port",  "advertise_addr", "auth",           "secret",
-    "hello_timeout", "frame_timeout", "idle_timeout",  "rx_budget",      "max_handshakes",
-    NULL};
+    "listen_addr",   "listen_port",  "advertise_addr", "auth",           "secret",  "hello_timeout",
+    "frame_timeout", "idle_timeout", "rx_budget",      "max_handshakes", "encrypt", NULL};
 
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,

@@ -110,21 +110,27 @@ int tpi_tcp_auth_nonce(uint8_t nonce[TPI_TCP_NONCE_SIZE]) {
     return RAND_bytes(nonce, TPI_TCP_NONCE_SIZE) == 1 ? 0 : -1;
 }
 
-void tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
-                        size_t ctx_len, uint8_t proof[TPI_TCP_PROOF_SIZE]) {
+void tpi_tcp_auth_derive(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                         size_t ctx_len, uint8_t key[32]) {
     TPI_ASSERT(auth->on && label && ctx_len <= TPI_TCP_AUTH_CTX_MAX);
     uint8_t msg[64 + TPI_TCP_AUTH_CTX_MAX];
     size_t n = strlen(label);
     TPI_ASSERT(n <= 64);
     memcpy(msg, label, n);
     memcpy(msg + n, ctx, ctx_len);
-    uint8_t mac[32];
     unsigned int out_len = 0;
-    /* HMAC cannot fail with a valid digest and key; a failure leaves a proof
-     * of zeros, which no peer accepts. */
-    if (!HMAC(EVP_sha256(), auth->key, sizeof auth->key, msg, n + ctx_len, mac, &out_len))
-        memset(mac, 0, sizeof mac);
+    /* HMAC cannot fail with a valid digest and key; a failure leaves zeros,
+     * a proof no peer accepts and a key no peer shares. */
+    if (!HMAC(EVP_sha256(), auth->key, sizeof auth->key, msg, n + ctx_len, key, &out_len))
+        memset(key, 0, 32);
+}
+
+void tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                        size_t ctx_len, uint8_t proof[TPI_TCP_PROOF_SIZE]) {
+    uint8_t mac[32];
+    tpi_tcp_auth_derive(auth, label, ctx, ctx_len, mac);
     memcpy(proof, mac, TPI_TCP_PROOF_SIZE);
+    OPENSSL_cleanse(mac, sizeof mac);
 }
 
 int tpi_tcp_auth_check(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,

@@ -29,8 +29,23 @@
  * uv_try_write when libuv has nothing queued on the connection (the frames are
  * freed right away), else (or for what did not fit) in one uv_write whose
  * frames are freed when it completes or is cancelled.
+ *
+ * Encryption (TCP-21, encrypt=on): once the handshake is done each
+ * direction of the stream is a sequence of sealed records (tcp_crypt.c)
+ * whose plaintexts, end to end, are exactly the plaintext stream above; so
+ * everything that parses and bounds frames and records is unchanged, it is
+ * only fed opened plaintext. Reading: sealed bytes go into the connection's
+ * own buffer (c->sealed); each whole record is opened, straight into the
+ * frame being read when it falls in its body, else into the staging buffer,
+ * and a record that does not open is a protocol error. Writing: frames and
+ * control records join the connection's plaintext queue, in order; the loop
+ * seals it a chunk at a time into one of two buffers the connection keeps
+ * (the copy encryption needs) and seals the next chunk as the socket takes
+ * one. Senders never write directly (TCP-15): records are numbered, so only
+ * the loop seals and writes.
  */
 #include <netinet/in.h>
+#include <openssl/crypto.h>
 #include <netinet/tcp.h>
 #include <sched.h>
 #include <stddef.h>
@@ -49,7 +64,9 @@ typedef enum conn_state {
     CONN_CLOSED = 4,     /* handles closing; freed by the last close callback */
     CONN_AUTH_NONCE = 5, /* hello done; waiting for the other end's nonce (TCP-17) */
     CONN_AUTH_PROOF = 6, /* waiting for the other end's proof; nothing else is read */
-    CONN_CLOSING = 7     /* outgoing, asked to close as idle: CLOSE sent, waiting for the end */
+    CONN_CLOSING = 7,    /* outgoing, asked to close as idle: CLOSE sent, waiting for the end */
+    CONN_REFUSING = 8    /* accepted, its encrypt differs: our ACCEPT tells it so; waiting for
+                            its end (TCP-21) */
 } conn_state;
 
 struct tpi_tcp_conn {
@@ -87,12 +104,26 @@ struct tpi_tcp_conn {
     tpi_tcp_conn *wait_next;  /* a->rx_wait_head's list */
     uint8_t *stash;           /* bytes read after that header */
     size_t stash_len;
+    /* TCP-21: the sealed stream, each direction on from its switch. */
+    int tx_sealed, rx_sealed;
+    tpi_tcp_cipher tx, rx_seal;
+    uint8_t *sealed; /* TPI_TCP_SEAL_BUF bytes read, not yet opened */
+    size_t sealed_len;
+    tp_frame *txq_head, *txq_tail; /* plaintext to seal, in order: frames and records */
+    size_t txq_off;                /* bytes of txq_head sealed already */
+    struct {
+        uint8_t *p;
+        size_t cap;
+        int busy; /* in a uv_write */
+    } out[2];     /* sealed chunks, kept for the connection's life */
+    int tx_pumping, tx_failed, tx_close_after;
 };
 
 typedef struct conn_write {
     uv_write_t req;
     tpi_tcp_conn *c;
     tp_frame *frames; /* freed when the write completes */
+    int chunk;        /* TCP-21: which of c->out it writes, or -1 */
     int close_after;  /* an ABORT record: close once written */
     unsigned nbufs;
     uv_buf_t bufs[];
@@ -111,6 +142,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void in_frame_start(tpi_tcp_conn *c, size_t len);
 static void closing_done(tpi_tcp_conn *c);
+static void tx_enqueue(tpi_tcp_conn *c, tp_frame *f);
+static void tx_pump(tpi_tcp_conn *c);
 
 /* ---- Upcalls (AGENT-2): loop thread, no internal lock held ------------------------ */
 
@@ -146,6 +179,8 @@ static void free_frames(tp_frame *f) {
  * vectored write by the loop.
  */
 void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
+    if (a->encrypt)
+        return; /* TCP-21: records are numbered; only the loop seals and writes */
     tpi_tcp_peer *p = &a->peers[id];
     tpi_tcp_conn *c = p->out;
     uv_os_fd_t fd;
@@ -228,6 +263,12 @@ static void on_close(uv_handle_t *h) {
         c->next->prev = c->prev;
     tp_frame_free(c->rx);
     free(c->stash);
+    free(c->sealed);
+    free_frames(c->txq_head);
+    free(c->out[0].p);
+    free(c->out[1].p);
+    tpi_tcp_seal_clear(&c->tx);
+    tpi_tcp_seal_clear(&c->rx_seal);
     free(c);
 }
 
@@ -278,7 +319,7 @@ static void conn_close(tpi_tcp_conn *c) {
 static void on_write(uv_write_t *req, int status) {
     conn_write *w = (conn_write *)req;
     tpi_tcp_conn *c = w->c;
-    int close_after = w->close_after;
+    int close_after = w->close_after, chunk = w->chunk;
     free_frames(w->frames);
     free(w);
     if (c->state == CONN_CLOSED)
@@ -296,14 +337,20 @@ static void on_write(uv_write_t *req, int status) {
             conn_close(c); /* an accepted connection only carries our records */
         return;
     }
+    if (chunk >= 0) {
+        c->out[chunk].busy = 0;
+        tx_pump(c); /* the next chunk, or the close that waited for this one */
+        return;
+    }
     if (c->outgoing && c->a->peers[c->peer].out == c)
         tpi_tcp_direct_grant(c->a, c->peer);
 }
 
-/* Queues bufs in one uv_write; frames (may be NULL) are freed when it completes.
- * 0, or a libuv error with the frames already freed. */
+/* Queues bufs in one uv_write; frames (may be NULL) are freed when it
+ * completes; chunk is the sealed buffer it writes (TCP-21), or -1. 0, or a
+ * libuv error with the frames already freed. */
 static int conn_write_bufs(tpi_tcp_conn *c, const uv_buf_t *bufs, unsigned n, tp_frame *frames,
-                           int close_after) {
+                           int chunk, int close_after) {
     conn_write *w = malloc(sizeof *w + n * sizeof w->bufs[0]);
     if (!w) {
         free_frames(frames);
@@ -311,6 +358,7 @@ static int conn_write_bufs(tpi_tcp_conn *c, const uv_buf_t *bufs, unsigned n, tp
     }
     w->c = c;
     w->frames = frames;
+    w->chunk = chunk;
     w->close_after = close_after;
     w->nbufs = n;
     memcpy(w->bufs, bufs, n * sizeof bufs[0]);
@@ -322,9 +370,27 @@ static int conn_write_bufs(tpi_tcp_conn *c, const uv_buf_t *bufs, unsigned n, tp
     return rc;
 }
 
+/* A 24-byte record sealed into out (TCP-21); 0 or -1. */
+static int seal_record(tpi_tcp_conn *c, const uint8_t *rec,
+                       uint8_t out[TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD]) {
+    struct iovec v = {(void *)rec, TPI_TCP_RECORD_SIZE};
+    return tpi_tcp_seal(&c->tx, &v, 1, TPI_TCP_RECORD_SIZE, out);
+}
+
 static int conn_write_record(tpi_tcp_conn *c, const uint8_t *rec, int close_after) {
+    if (c->tx_sealed) { /* behind the frames queued before it (TCP-21) */
+        tp_frame *f = c->tx_failed ? NULL : tp_frame_alloc(TPI_TCP_RECORD_SIZE);
+        if (!f)
+            return c->tx_failed ? UV_EIO : UV_ENOMEM;
+        memcpy(tp_frame_bytes(f), rec, TPI_TCP_RECORD_SIZE);
+        f->next = NULL;
+        tx_enqueue(c, f);
+        c->tx_close_after |= close_after;
+        tx_pump(c);
+        return c->state == CONN_CLOSED ? UV_EIO : 0;
+    }
     uv_buf_t b = uv_buf_init((char *)rec, TPI_TCP_RECORD_SIZE);
-    return conn_write_bufs(c, &b, 1, NULL, close_after);
+    return conn_write_bufs(c, &b, 1, NULL, -1, close_after);
 }
 
 /* Ends a connection after an error of ours to report: stop reading, send
@@ -734,8 +800,8 @@ static void on_conn_timer(uv_timer_t *h) {
     tpi_tcp_conn *c = h->data;
     if (c->state == CONN_CLOSED)
         return;
-    if (c->state == CONN_ABORTING) {
-        conn_close(c); /* the ABORT record did not get out in time */
+    if (c->state == CONN_ABORTING || c->state == CONN_REFUSING) {
+        conn_close(c); /* the ABORT record, or our refusal, did not get out in time */
         return;
     }
     if (c->state == CONN_CLOSING) {
@@ -841,6 +907,7 @@ static void in_frame_start(tpi_tcp_conn *c, size_t len) {
 }
 
 static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n);
+static void sealed_drain(tpi_tcp_conn *c);
 
 /* A waiting header is admitted: its frame is read, then what was read
  * behind it, then the socket again. */
@@ -854,6 +921,8 @@ static void in_resume(tpi_tcp_conn *c) {
     if (stash && c->state == CONN_OPEN)
         consume(c, stash, n); /* may wait again, stashing the rest anew */
     free(stash);
+    if (c->rx_sealed && c->state == CONN_OPEN && !c->waiting)
+        sealed_drain(c); /* the records read behind it (TCP-21) */
     if (c->state != CONN_OPEN || c->waiting)
         return;
     c->active_ms = uv_now(&a->loop);
@@ -877,7 +946,7 @@ void tpi_tcp_on_rx_admit(uv_idle_t *h) {
 /* ---- Authentication (TCP-17) -------------------------------------------------------- */
 
 static unsigned hello_flags(const tpi_tcp_agent *a) {
-    return a->auth.on ? TPI_TCP_HELLO_AUTH : 0;
+    return (a->auth.on ? TPI_TCP_HELLO_AUTH : 0u) | (a->encrypt ? TPI_TCP_HELLO_ENCRYPT : 0u);
 }
 
 /* What both proofs cover: who dialed whom in which world, and both nonces. */
@@ -899,6 +968,23 @@ static size_t proof_ctx(const tpi_tcp_conn *c, uint8_t *ctx) {
 
 #define PROOF_ACCEPT "tp/conn/accept v1"
 #define PROOF_DIAL "tp/conn/dial v1"
+
+/* TCP-21: both nonces are known; the keys of both directions, and the buffer
+ * of sealed bytes read. Each direction switches to records on its own:
+ * after this end's proof for what it writes, after the other's for what it
+ * reads. 0, or -1 out of memory or when OpenSSL fails. */
+static int seal_start(tpi_tcp_conn *c) {
+    uint8_t ctx[TPI_TCP_AUTH_CTX_MAX], d2a[TPI_TCP_SEAL_KEY_SIZE], a2d[TPI_TCP_SEAL_KEY_SIZE];
+    tpi_tcp_seal_keys(&c->a->auth, ctx, proof_ctx(c, ctx), d2a, a2d);
+    int rc = tpi_tcp_seal_init(&c->tx, c->outgoing ? d2a : a2d, 1);
+    if (rc == 0)
+        rc = tpi_tcp_seal_init(&c->rx_seal, c->outgoing ? a2d : d2a, 0);
+    OPENSSL_cleanse(d2a, sizeof d2a);
+    OPENSSL_cleanse(a2d, sizeof a2d);
+    if (rc == 0 && !(c->sealed = malloc(TPI_TCP_SEAL_BUF)))
+        rc = -1;
+    return rc;
+}
 
 /* A failed handshake: the dialer learns the address is not ours (TCP-6); the
  * acceptor drops the stranger without a word (TCP-3). */
@@ -936,15 +1022,18 @@ static void on_auth_record(tpi_tcp_conn *c) {
             conn_close(c);
             return;
         }
-        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, c->claimed,
-                             a->world_size, TPI_TCP_HELLO_AUTH);
+        tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, c->claimed, a->world_size,
+                             hello_flags(a));
         tpi_tcp_auth_encode(c->auth_out[0], TPI_TCP_AUTH_NONCE, c->nonce_mine);
         tpi_tcp_auth_proof(&a->auth, PROOF_ACCEPT, ctx, proof_ctx(c, ctx), pl);
         tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
         if (conn_write_record(c, c->hello_out, 0) < 0 ||
             conn_write_record(c, c->auth_out[0], 0) < 0 ||
-            conn_write_record(c, c->auth_out[1], 0) < 0)
+            conn_write_record(c, c->auth_out[1], 0) < 0 || (a->encrypt && seal_start(c) != 0)) {
             conn_close(c);
+            return;
+        }
+        c->tx_sealed = a->encrypt; /* all we write from now on (TCP-21) */
         return;
     }
     int ok = tpi_tcp_auth_decode(c->rec, TPI_TCP_AUTH_PROOF, pl) &&
@@ -955,7 +1044,8 @@ static void on_auth_record(tpi_tcp_conn *c) {
         return;
     }
     if (!c->outgoing) { /* frames may come now, from the worker it proved to be */
-        in_identified(c, c->claimed);
+        if (in_identified(c, c->claimed))
+            c->rx_sealed = a->encrypt; /* sealed, from the next byte on (TCP-21) */
         return;
     }
     c->state = CONN_OPEN;
@@ -967,8 +1057,40 @@ static void on_auth_record(tpi_tcp_conn *c) {
         out_fail(c, TP_EIO, "cannot write its proof");
         return;
     }
+    if (a->encrypt) { /* TCP-21: both directions sealed from here on */
+        if (seal_start(c) != 0) {
+            out_fail(c, TP_EIO, "cannot start encryption (out of memory, or OpenSSL failed)");
+            return;
+        }
+        c->tx_sealed = c->rx_sealed = 1;
+    }
     peer_alive(c);
     tpi_tcp_flush(a, c->peer); /* the frames that waited for the handshake */
+}
+
+/* TCP-21: an OPEN that is right but for its ENCRYPT flag, from a member
+ * (both ends authenticate) set otherwise: answered with our ACCEPT, whose
+ * flags tell the dialer why it cannot go on (a clear error there, not a
+ * silent drop it would retry for 30 s), then the connection waits for the
+ * dialer's end. The ACCEPT says nothing a stranger's right hello would not
+ * get. 1 when so answered. */
+static int encrypt_differs(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    char scratch[8];
+    uint32_t sender = NO_PEER;
+    if (!a->auth.on || !tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_OPEN, a->rank, a->world_size,
+                                            hello_flags(a) ^ TPI_TCP_HELLO_ENCRYPT, &sender,
+                                            scratch, sizeof scratch))
+        return 0;
+    tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, sender, a->world_size,
+                         hello_flags(a));
+    if (conn_write_record(c, c->hello_out, 0) < 0) {
+        conn_close(c);
+        return 1;
+    }
+    c->state = CONN_REFUSING; /* reads and drops what the dialer sent, until its end */
+    uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_ABORT_LINGER_MS, 0);
+    return 1;
 }
 
 static void on_record(tpi_tcp_conn *c) {
@@ -985,7 +1107,10 @@ static void on_record(tpi_tcp_conn *c) {
                                  &sender, err, sizeof err)) {
             tpi_log(TP_LOG_WARN, "worker %u refused a connection from %s: %s", a->rank, c->addr,
                     err);
-            conn_close(c); /* TCP-3: a bad hello is dropped, nobody is told */
+            /* TCP-3: a bad hello is dropped, nobody is told; but a member that
+             * differs only in encrypt is told by our ACCEPT (TCP-21). */
+            if (!encrypt_differs(c))
+                conn_close(c);
             return;
         }
         /* A rank we saw die is heard: it may be its restart, whose first
@@ -1008,7 +1133,22 @@ static void on_record(tpi_tcp_conn *c) {
         if (!tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size,
                                  hello_flags(a), &sender, err, sizeof err) ||
             sender != c->peer) {
-            char detail[TP_ERRMSG_LEN_MAX];
+            char detail[TP_ERRMSG_LEN_MAX], scratch[8];
+            uint32_t s2 = NO_PEER;
+            if (a->auth.on &&
+                tpi_tcp_hello_check(c->rec, TPI_TCP_HELLO_ACCEPT, a->rank, a->world_size,
+                                    hello_flags(a) ^ TPI_TCP_HELLO_ENCRYPT, &s2, scratch,
+                                    sizeof scratch) &&
+                s2 == c->peer) {
+                /* TCP-21: the worker itself, set otherwise: no use dialing again. */
+                tpi_format(detail, sizeof detail,
+                           "worker %u has encrypt=%s and this worker encrypt=%s: every worker of "
+                           "a job must set the backend option 'encrypt' alike (spec/tcp.md "
+                           "TCP-21)",
+                           c->peer, a->encrypt ? "off" : "on", a->encrypt ? "on" : "off");
+                out_fail(c, TP_EPEERDOWN, detail);
+                return;
+            }
             if (sender != c->peer && err[0] == '\0')
                 tpi_format(err, sizeof err, "it is worker %u", sender);
             tpi_format(detail, sizeof detail, "the process at this address is not worker %u: %s",
@@ -1076,10 +1216,14 @@ static void on_record(tpi_tcp_conn *c) {
         in_protocol_error(c, err);
 }
 
-/* Bytes from the staging buffer: records, headers and small bodies. */
+static void sealed_input(tpi_tcp_conn *c, const uint8_t *p, size_t n);
+
+/* Plaintext bytes (from the staging buffer, or opened): records, headers and
+ * small bodies. */
 static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
     tpi_tcp_agent *a = c->a;
     unsigned delivered = 0;
+    int sealed = c->rx_sealed;
     while (n > 0 && reading(c)) {
         if (c->rx) {
             size_t take = c->rx_len - c->rx_got;
@@ -1107,6 +1251,11 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
         if (c->rec_got == TPI_TCP_RECORD_SIZE) {
             c->rec_got = 0;
             on_record(c);
+            if (c->rx_sealed != sealed) { /* the handshake ended: the rest is sealed (TCP-21) */
+                if (n > 0 && reading(c))
+                    sealed_input(c, p, n);
+                return;
+            }
             if (c->waiting && n > 0) { /* the rest waits with the header (TCP-19) */
                 c->stash = malloc(n);
                 if (!c->stash) {
@@ -1121,10 +1270,77 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
     }
 }
 
+/* ---- The sealed stream (TCP-21) ---------------------------------------------------- */
+
+/* A sealed stream that cannot be opened: TCP-7's protocol error on an
+ * accepted connection, TCP-6's TP_EIO on an outgoing one. */
+static void sealed_error(tpi_tcp_conn *c, const char *what) {
+    if (c->outgoing)
+        out_fail(c, TP_EIO, what);
+    else
+        in_protocol_error(c, what);
+}
+
+/* Opens every whole record in c->sealed and hands on its plaintext, until
+ * the connection stops reading or a frame header waits for the read budget
+ * (TCP-19: the records behind it wait with it, unopened). */
+static void sealed_drain(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    size_t off = 0;
+    while (reading(c) && !c->waiting) {
+        size_t have = c->sealed_len - off;
+        if (have < TPI_TCP_SEAL_HEAD)
+            break;
+        const uint8_t *rec = c->sealed + off;
+        size_t m = tpi_tcp_seal_len(rec);
+        if (m == 0) { /* checked before any more of it is read */
+            char err[TP_ERRMSG_LEN_MAX];
+            uint32_t n = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
+                         (uint32_t)rec[3] << 24;
+            tpi_format(err, sizeof err, "a sealed record declares %u bytes, not 1 to %u (TCP-21)",
+                       n, (unsigned)TPI_TCP_SEAL_MAX);
+            sealed_error(c, err);
+            break;
+        }
+        if (have < m + TPI_TCP_SEAL_OVERHEAD)
+            break;
+        /* A record within the body of the frame being read opens straight
+         * into it; any other into the staging buffer, then parsed. */
+        int into_frame = c->rx && c->rx_len - c->rx_got >= m;
+        uint8_t *plain = into_frame ? c->rx_bytes + c->rx_got : a->staging;
+        if (tpi_tcp_open(&c->rx_seal, rec, plain) != 0) {
+            sealed_error(c, "a sealed record does not check: tampered with, replayed, "
+                            "reordered or not of this connection (TCP-21)");
+            break;
+        }
+        off += m + TPI_TCP_SEAL_OVERHEAD;
+        if (!into_frame) {
+            consume(c, a->staging, m);
+        } else if ((c->rx_got += m) == c->rx_len) {
+            deliver(c);
+        }
+    }
+    /* c lives on until its close callback, even if it closed here. */
+    memmove(c->sealed, c->sealed + off, c->sealed_len - off);
+    c->sealed_len -= off;
+}
+
+/* Sealed bytes read with the end of the handshake, in the staging buffer. */
+static void sealed_input(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
+    TPI_ASSERT(c->sealed_len == 0 && n <= TPI_TCP_SEAL_BUF); /* one read: the staging size */
+    memcpy(c->sealed, p, n);
+    c->sealed_len = n;
+    sealed_drain(c);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     (void)suggested;
     tpi_tcp_conn *c = h->data;
-    if (c->rx && c->rx_len - c->rx_got >= TPI_TCP_DIRECT_MIN) {
+    if (c->rx_sealed && reading(c)) {
+        /* TCP-21: sealed bytes behind those not yet opened (a partial record). */
+        buf->base = (char *)(c->sealed + c->sealed_len);
+        buf->len = TPI_TCP_SEAL_BUF - c->sealed_len;
+    } else if (c->rx && c->rx_len - c->rx_got >= TPI_TCP_DIRECT_MIN) {
         /* The rest of a large body: straight into the frame, no copy. */
         buf->base = (char *)(c->rx_bytes + c->rx_got);
         buf->len = c->rx_len - c->rx_got;
@@ -1140,6 +1356,11 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         if (nread < 0)
             closing_done(c); /* the acceptor read our CLOSE and everything before it */
         return;              /* records only: nothing we need any more */
+    }
+    if (c->state == CONN_REFUSING) {
+        if (nread < 0)
+            conn_close(c); /* the dialer read our answer and left */
+        return;
     }
     if (!reading(c))
         return;
@@ -1163,6 +1384,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread == 0)
         return;
+    if (c->rx_sealed) {
+        TPI_ASSERT(buf->base == (char *)(c->sealed + c->sealed_len));
+        c->sealed_len += (size_t)nread;
+        sealed_drain(c);
+        return;
+    }
     if (buf->base != (char *)c->a->staging) {
         c->rx_got += (size_t)nread;
         if (c->rx_got == c->rx_len)
@@ -1311,9 +1538,138 @@ static unsigned write_now(tpi_tcp_conn *c, uv_buf_t *bufs, unsigned n, unsigned 
     return n - i;
 }
 
+/* ---- The sealed writer (TCP-21) ------------------------------------------------------ */
+
+static void tx_enqueue(tpi_tcp_conn *c, tp_frame *f) {
+    tp_frame *last = f;
+    while (last->next)
+        last = last->next;
+    if (c->txq_tail)
+        c->txq_tail->next = f;
+    else
+        c->txq_head = f;
+    c->txq_tail = last;
+}
+
+/* The next chunk of the queue (at most TPI_TCP_SEAL_CHUNK bytes, at most
+ * TPI_TCP_WRITE_BUFS_MAX pieces) as iov; its bytes. */
+static size_t tx_gather(const tpi_tcp_conn *c, struct iovec *iov, int *niov) {
+    size_t n = 0, skip = c->txq_off;
+    int k = 0;
+    for (const tp_frame *f = c->txq_head; f && n < TPI_TCP_SEAL_CHUNK; f = f->next) {
+        for (int i = 0; i < f->nseg && n < TPI_TCP_SEAL_CHUNK; i++) {
+            const uint8_t *b = f->seg[i].base;
+            size_t len = f->seg[i].len;
+            if (skip >= len) {
+                skip -= len;
+                continue;
+            }
+            if (k == TPI_TCP_WRITE_BUFS_MAX) {
+                *niov = k;
+                return n;
+            }
+            b += skip;
+            len -= skip;
+            skip = 0;
+            if (len > TPI_TCP_SEAL_CHUNK - n)
+                len = TPI_TCP_SEAL_CHUNK - n;
+            iov[k++] = (struct iovec){(void *)b, len};
+            n += len;
+        }
+    }
+    *niov = k;
+    return n;
+}
+
+/* n bytes of the queue were sealed: whole frames are freed. */
+static void tx_advance(tpi_tcp_conn *c, size_t n) {
+    n += c->txq_off;
+    while (c->txq_head && n >= c->txq_head->len) {
+        tp_frame *f = c->txq_head;
+        n -= f->len;
+        c->txq_head = f->next;
+        tp_frame_free(f);
+    }
+    if (!c->txq_head)
+        c->txq_tail = NULL;
+    c->txq_off = n;
+}
+
+/* The queue cannot be sealed or written: nothing more goes out on c. */
+static void tx_fail(tpi_tcp_conn *c, const char *why) {
+    c->tx_failed = 1;
+    free_frames(c->txq_head);
+    c->txq_head = c->txq_tail = NULL;
+    c->txq_off = 0;
+    if (c->outgoing)
+        out_fail(c, TP_EIO, why); /* its ABORT fails too: it closes */
+    else
+        conn_close(c);
+}
+
+/* Seals and writes the queue while a chunk buffer is free: each chunk at
+ * once when the socket takes it (the buffer is free again), else in a
+ * uv_write whose completion pumps again. With close_after (an ABORT queued)
+ * the connection closes once all is written, from a write's completion. */
+static void tx_pump(tpi_tcp_conn *c) {
+    if (c->tx_pumping)
+        return; /* a failure's ABORT, from inside the loop below */
+    c->tx_pumping = 1;
+    while (c->state != CONN_CLOSED && !c->tx_failed) {
+        int i = !c->out[0].busy ? 0 : !c->out[1].busy ? 1 : -1;
+        if (!c->txq_head) {
+            if (c->tx_close_after && !c->out[0].busy && !c->out[1].busy) {
+                c->tx_pumping = 0;
+                conn_close(c);
+                return;
+            }
+            break;
+        }
+        if (i < 0)
+            break; /* a completion pumps again */
+        struct iovec iov[TPI_TCP_WRITE_BUFS_MAX];
+        int niov = 0;
+        size_t n = tx_gather(c, iov, &niov);
+        size_t m = tpi_tcp_sealed_size(n);
+        if (c->out[i].cap < m) {
+            free(c->out[i].p);
+            c->out[i].p = malloc(m);
+            c->out[i].cap = c->out[i].p ? m : 0;
+        }
+        if (!c->out[i].p || tpi_tcp_seal(&c->tx, iov, niov, n, c->out[i].p) != 0) {
+            tx_fail(c, "cannot seal what it writes (out of memory, or OpenSSL failed)");
+            break;
+        }
+        tx_advance(c, n);
+        uv_buf_t b;
+        b.base = (char *)c->out[i].p;
+        b.len = m;
+        unsigned first = 0;
+        if (!c->tx_close_after && write_now(c, &b, 1, &first) == 0)
+            continue; /* all of it went: the buffer is free again */
+        c->out[i].busy = 1;
+        int rc = conn_write_bufs(c, &b, 1, NULL, i, 0);
+        if (rc < 0) {
+            c->out[i].busy = 0;
+            tx_fail(c, uv_strerror(rc));
+            break;
+        }
+    }
+    c->tx_pumping = 0;
+}
+
 /* Writes a list of frames in batches of at most TPI_TCP_WRITE_BUFS_MAX buffers:
  * each batch at once when it fits in the socket, the rest in one uv_write. */
 static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
+    if (c->tx_sealed) {
+        if (c->tx_failed) {
+            free_frames(f);
+            return;
+        }
+        tx_enqueue(c, f);
+        tx_pump(c);
+        return;
+    }
     uv_buf_t bufs[TPI_TCP_WRITE_BUFS_MAX];
     while (f) {
         unsigned n = 0;
@@ -1332,7 +1688,7 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
             continue;
         }
         /* The frames of the batch stay alive until this write completes. */
-        int rc = conn_write_bufs(c, bufs + first, left, batch, 0);
+        int rc = conn_write_bufs(c, bufs + first, left, batch, -1, 0);
         if (rc < 0) {
             free_frames(f);
             out_fail(c, TP_EIO, uv_strerror(rc));
@@ -1373,8 +1729,15 @@ void tpi_tcp_close_all(tpi_tcp_agent *a) {
         if (c->state == CONN_OPEN) {
             /* Best effort: a BYE that does not fit now is skipped, and the
              * other end sees a plain close, which means the same (TCP-8). */
+            uint8_t sealed[TPI_TCP_RECORD_SIZE + TPI_TCP_SEAL_OVERHEAD];
             uv_buf_t b = uv_buf_init((char *)a->rec_bye, TPI_TCP_RECORD_SIZE);
-            uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+            if (c->tx_sealed) /* only between records: nothing of ours may be unsent */
+                b = !c->txq_head && !c->out[0].busy && !c->out[1].busy &&
+                            seal_record(c, a->rec_bye, sealed) == 0
+                        ? uv_buf_init((char *)sealed, sizeof sealed)
+                        : uv_buf_init(NULL, 0);
+            if (b.len > 0)
+                uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
         }
         if (c->outgoing && a->peers[c->peer].out == c)
             a->peers[c->peer].out = NULL;

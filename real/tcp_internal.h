@@ -25,6 +25,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <uv.h>
 
 #include "common/errors.h"
@@ -43,6 +44,7 @@
 #define TPI_TCP_AUTH_MAGIC "TPAU"
 /* Hello flags (offset 6): both ends must agree. */
 #define TPI_TCP_HELLO_AUTH 1u
+#define TPI_TCP_HELLO_ENCRYPT 2u /* the stream after the handshake is sealed (TCP-21) */
 
 /* ---- Authentication (TCP-17): tcp_auth.c ---------------------------------- */
 
@@ -81,10 +83,71 @@ void tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8
 /* 1 when proof is right (constant time). */
 int tpi_tcp_auth_check(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
                        size_t ctx_len, const uint8_t proof[TPI_TCP_PROOF_SIZE]);
+/* A 32-byte key HMAC-SHA-256(auth's key, label || ctx): the proofs are its
+ * first 16 bytes; the stream keys (TCP-21) the whole of it under their own labels. */
+void tpi_tcp_auth_derive(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                         size_t ctx_len, uint8_t key[32]);
 /* An authentication record: "TPAU", version, kind, 0 0, 16 bytes of payload. */
 void tpi_tcp_auth_encode(uint8_t rec[24], tpi_tcp_auth_kind kind, const uint8_t payload[16]);
 /* 1 with the payload when rec is a well-formed record of that kind. */
 int tpi_tcp_auth_decode(const uint8_t rec[24], tpi_tcp_auth_kind kind, uint8_t payload[16]);
+
+/* ---- Encryption of the stream (TCP-21): tcp_crypt.c ------------------------ */
+
+/* A sealed record: u32 plaintext length n (1..TPI_TCP_SEAL_MAX), n bytes of
+ * AES-256-GCM ciphertext, a 16-byte tag. The length is the tag's associated
+ * data; the nonce is the record's number in its direction, never sent. */
+#define TPI_TCP_SEAL_HEAD 4
+#define TPI_TCP_SEAL_TAG 16
+#define TPI_TCP_SEAL_OVERHEAD (TPI_TCP_SEAL_HEAD + TPI_TCP_SEAL_TAG)
+/* Plaintext bytes per record: TLS's record size. A record is opened only
+ * whole, so this bounds what a reader holds before it can check a tag. */
+#define TPI_TCP_SEAL_MAX (16 * 1024)
+/* A connection's buffer of sealed bytes read and not yet opened: four
+ * records, so one read brings as much as the plaintext staging buffer. */
+#define TPI_TCP_SEAL_BUF (4 * (TPI_TCP_SEAL_MAX + TPI_TCP_SEAL_OVERHEAD))
+#define TPI_TCP_SEAL_KEY_SIZE 32
+/* Plaintext a connection seals at once, into one of its two buffers, which
+ * it keeps (warm: a fresh buffer's page faults cost more than the cipher on
+ * a virtual machine). A large frame is sealed a chunk at a time as the
+ * socket takes the previous ones, so writing it holds two chunks, not a
+ * sealed copy of it. */
+#define TPI_TCP_SEAL_CHUNK (256 * 1024)
+
+/* One direction of one connection: its key (in the cipher context) and the
+ * number of the next record. */
+typedef struct tpi_tcp_cipher {
+    void *evp; /* EVP_CIPHER_CTX */
+    uint64_t seq;
+    int sealing;
+} tpi_tcp_cipher;
+
+/* Reads the backend option "encrypt" (off by default): *on is 1 for "on".
+ * TP_EINVAL for another value, or for "on" without authentication. */
+tp_status tpi_tcp_encrypt_setup(const tp_options *opts, const tpi_tcp_auth *auth, int *on,
+                                char *errmsg, size_t errmsg_len);
+/* The two stream keys of a connection, from the job key and what both
+ * proofs cover (both ids, the world size, both nonces), one per direction. */
+void tpi_tcp_seal_keys(const tpi_tcp_auth *auth, const uint8_t *ctx, size_t ctx_len,
+                       uint8_t dialer_to_acceptor[TPI_TCP_SEAL_KEY_SIZE],
+                       uint8_t acceptor_to_dialer[TPI_TCP_SEAL_KEY_SIZE]);
+/* A direction keyed with key, sealing (1) or opening (0); 0, or -1 when
+ * OpenSSL fails. */
+int tpi_tcp_seal_init(tpi_tcp_cipher *s, const uint8_t key[TPI_TCP_SEAL_KEY_SIZE], int sealing);
+/* Frees the context (its key wiped). */
+void tpi_tcp_seal_clear(tpi_tcp_cipher *s);
+/* The bytes of the records that carry n bytes of plaintext. */
+size_t tpi_tcp_sealed_size(size_t n);
+/* Seals the n bytes gathered from iov[0..niov) into records at out
+ * (tpi_tcp_sealed_size(n) bytes); 0, or -1 when OpenSSL fails. */
+int tpi_tcp_seal(tpi_tcp_cipher *s, const struct iovec *iov, int niov, size_t n, uint8_t *out);
+/* The plaintext length a record's head declares, 0 when it is not
+ * 1..TPI_TCP_SEAL_MAX: checked before anything more is read. */
+size_t tpi_tcp_seal_len(const uint8_t head[TPI_TCP_SEAL_HEAD]);
+/* Opens the whole record rec (head, n = tpi_tcp_seal_len bytes, tag) into
+ * plain (n bytes); 0, or -1 when its tag does not check (tampered, replayed,
+ * reordered, of another connection or direction): plain is then garbage. */
+int tpi_tcp_open(tpi_tcp_cipher *s, const uint8_t *rec, uint8_t *plain);
 
 typedef enum tpi_tcp_hello_kind {
     TPI_TCP_HELLO_OPEN = 1,  /* dialer to acceptor: "I am worker s, you are worker r" */
@@ -133,6 +196,9 @@ int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
  * be queued: the answers stream out while the batch is still being read,
  * instead of all at its end (the peer would sit idle meanwhile). */
 #define TPI_TCP_FLUSH_EVERY 128
+_Static_assert(TPI_TCP_SEAL_MAX <= TPI_TCP_STAGING_SIZE, "a record opens into the staging buffer");
+_Static_assert(TPI_TCP_STAGING_SIZE <= TPI_TCP_SEAL_BUF,
+               "the sealed rest of one staging read fits the sealed buffer (TCP-21)");
 /* The hello, frame and idle deadlines, the read budget and the connection
  * caps are common/limits.h's (TCP-19). */
 /* A dialed connection must be accepted and answered within this time. */
@@ -245,6 +311,7 @@ struct tpi_tcp_agent {
     uint16_t listen_port;
     char self_addr[TPI_ADDR_LEN_MAX];
     tpi_tcp_auth auth; /* TCP-17: set at init, read-only after */
+    int encrypt;       /* TCP-21: streams sealed after the handshake; no direct writes */
 
     /* The core lock, the tasks parked on it, and the unparked tasks to
      * signal once it is released (each holds a reference: tcp_sync.c). */

@@ -4,7 +4,7 @@
  * buffer reads either; a control record's magic "TPCT" can never start a
  * frame ("TPRC"), so the two are told apart by their first four bytes.
  *
- *  hello:   0 "TPHL"  4 u8 version  5 u8 kind  6 u16 flags  8 u32 sender
+ *  hello:   0 "TPHL"  4 u8 version  5 u8 kind  6 u16 flags (AUTH, ENCRYPT)  8 u32 sender
  *          12 u32 receiver  16 u32 world size  20 u32 0
  *  control: 0 "TPCT"  4 u8 version  5 u8 kind  6 u16 0  8 u32 sender
  *          12..23 zero
@@ -67,12 +67,18 @@ int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_ki
     }
     unsigned got = (unsigned)rec[6] | (unsigned)rec[7] << 8;
     if (got != flags) {
-        tpi_format(errmsg, errmsg_len, "hello with flags %#x, expected %#x%s", got, flags,
-                   (got ^ flags) & TPI_TCP_HELLO_AUTH
-                       ? (flags & TPI_TCP_HELLO_AUTH ? ": the other end does not authenticate"
-                                                     : ": the other end authenticates, this one "
-                                                       "has auth=off")
-                       : "");
+        unsigned diff = got ^ flags;
+        const char *why = "";
+        if (diff & TPI_TCP_HELLO_AUTH)
+            why = flags & TPI_TCP_HELLO_AUTH ? ": the other end does not authenticate"
+                                             : ": the other end authenticates, this one has "
+                                               "auth=off";
+        else if (diff == TPI_TCP_HELLO_ENCRYPT)
+            why = flags & TPI_TCP_HELLO_ENCRYPT ? ": the other end has encrypt=off, this one "
+                                                  "encrypt=on"
+                                                : ": the other end has encrypt=on, this one "
+                                                  "encrypt=off";
+        tpi_format(errmsg, errmsg_len, "hello with flags %#x, expected %#x%s", got, flags, why);
         return 0;
     }
     uint32_t s = get_u32(rec + 8), r = get_u32(rec + 12), w = get_u32(rec + 16);

@@ -89,12 +89,14 @@ static size_t conn_ctx(const uint8_t nd[16], const uint8_t na[16], uint8_t ctx[6
 }
 
 /* The dialer's half of the handshake as worker 2 to worker 1 of 3 (TCP-3,
- * TCP-17); with a wrong key the worker's proof does not check and ours is
- * refused. Returns the socket after our proof went out. */
-int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {
+ * TCP-17) with hello flags; with a wrong key the worker's proof does not
+ * check and ours is refused. Returns the socket after our proof went out;
+ * ctx (64 bytes, may be NULL) gets what both proofs cover. */
+int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsigned flags,
+                              uint8_t *ctx_out, size_t *ctx_len) {
     int fd = tt_raw_connect(addr);
     uint8_t rec[TPI_TCP_RECORD_SIZE], nd[16], na[16], pa[16], ctx[64];
-    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, flags);
     tt_raw_send(fd, rec, sizeof rec);
     assert_int_equal(tpi_tcp_auth_nonce(nd), 0);
     tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, nd);
@@ -102,8 +104,8 @@ int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {
     assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
     uint32_t sender = 99;
     char err[256];
-    assert_true(tpi_tcp_hello_check(rec, TPI_TCP_HELLO_ACCEPT, 2, 3, TPI_TCP_HELLO_AUTH, &sender,
-                                    err, sizeof err));
+    assert_true(
+        tpi_tcp_hello_check(rec, TPI_TCP_HELLO_ACCEPT, 2, 3, flags, &sender, err, sizeof err));
     assert_int_equal(sender, 1);
     assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
     assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_NONCE, na));
@@ -115,7 +117,15 @@ int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {
     tpi_tcp_auth_proof(auth, "tp/conn/dial v1", ctx, n, pa);
     tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_PROOF, pa);
     tt_raw_send(fd, rec, sizeof rec);
+    if (ctx_out) {
+        memcpy(ctx_out, ctx, n);
+        *ctx_len = n;
+    }
     return fd;
+}
+
+int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {
+    return tt_hello_as_worker2_flags(addr, auth, TPI_TCP_HELLO_AUTH, NULL, NULL);
 }
 
 int tt_hello_as_worker2(const char *addr) {

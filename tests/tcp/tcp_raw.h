@@ -27,6 +27,10 @@ tpi_tcp_auth tt_job_auth(void);
  * 3 under auth (a wrong key is refused after the worker's proof). Returns
  * the socket once our proof went out: frames may follow. */
 int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth);
+/* The same with hello flags (TPI_TCP_HELLO_*); ctx (64 bytes, may be NULL)
+ * gets what both proofs cover, from which the stream keys derive (TCP-21). */
+int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsigned flags,
+                              uint8_t *ctx, size_t *ctx_len);
 int tt_hello_as_worker2(const char *addr);
 /* A frame header: "TPRC", version, type, body_len (the bytes after the header). */
 void tt_frame_header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len);
