@@ -12,6 +12,8 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,7 +30,7 @@ int tt_raw_connect(const char *addr) {
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_port = htons(p);
-    inet_pton(AF_INET, host, &sa.sin_addr);
+    assert_int_equal(inet_pton(AF_INET, host, &sa.sin_addr), 1);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     int one = 1; /* no Nagle delay: each send goes out in the order the test made it */
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -142,4 +144,22 @@ void tt_frame_header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body
     h[9] = (uint8_t)(body_len >> 8);
     h[10] = (uint8_t)(body_len >> 16);
     h[11] = (uint8_t)(body_len >> 24);
+}
+
+void tt_worker_addr(uint16_t store_port, int rank, char *addr, size_t len) {
+    tp_store *store = NULL;
+    char err[TP_ERRMSG_LEN_MAX], key[32];
+    tpi_tcp_auth auth = tt_job_auth();
+    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", store_port, UINT32_MAX, &auth, UINT64_MAX,
+                                           "test", NULL, 0, &store, err, sizeof err),
+                     TP_OK);
+    void *v = NULL;
+    size_t n = 0;
+    snprintf(key, sizeof key, "g0/init/rank/%d", rank);
+    assert_int_equal(store->ops->get(store, key, &v, &n), TP_OK);
+    char *tab = strrchr(v, '\t'); /* "<name>\t<credit>\t<address>" */
+    assert_non_null(tab);
+    snprintf(addr, len, "%s", tab + 1);
+    free(v);
+    store->ops->close(store);
 }

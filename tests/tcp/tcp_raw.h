@@ -12,6 +12,9 @@
 
 #include "real/tcp_internal.h"
 
+/* Rank's address from the job's store at 127.0.0.1:store_port, read like any
+ * client: the last field of its "init/rank/<r>" entry (INIT-4). */
+void tt_worker_addr(uint16_t store_port, int rank, char *addr, size_t len);
 /* A blocking IPv4 socket connected to "host:port". */
 int tt_raw_connect(const char *addr);
 void tt_raw_send(int fd, const void *p, size_t n);

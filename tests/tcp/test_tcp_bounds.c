@@ -36,25 +36,6 @@ static int await_count(tt_shared *sh, int i, int v, double timeout_s) {
     return atomic_load(&sh->count[i]) >= v ? 0 : -1;
 }
 
-/* Rank's address as the job's store has it (INIT-3), read like any client. */
-static void worker_addr(const tt_job *job, int rank, char *addr, size_t len) {
-    tp_store *store = NULL;
-    char err[TP_ERRMSG_LEN_MAX], key[32];
-    tpi_tcp_auth auth = tt_job_auth();
-    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job->store_port, UINT32_MAX, &auth,
-                                           UINT64_MAX, "test", NULL, 0, &store, err, sizeof err),
-                     TP_OK);
-    void *v = NULL;
-    size_t n = 0;
-    snprintf(key, sizeof key, "g0/init/rank/%d", rank);
-    assert_int_equal(store->ops->get(store, key, &v, &n), TP_OK);
-    char *tab = strrchr(v, '\t'); /* the address is the entry's last field */
-    assert_non_null(tab);
-    snprintf(addr, len, "%s", tab + 1);
-    free(v);
-    store->ops->close(store);
-}
-
 static double secs_since(uint64_t t0) {
     return (double)(tt_now_ns() - t0) / 1e9;
 }
@@ -115,7 +96,7 @@ static int body_attacked(tt_job *job, int rank) {
 static void attack_start(tt_job *job, attacked_args *args, char *addr1, size_t len) {
     assert_int_equal(tt_spawn(job, 3, body_attacked, args), 0);
     assert_int_equal(await_count(job->shared, C_READY, 3, 30), 0);
-    worker_addr(job, 1, addr1, len);
+    tt_worker_addr(job->store_port, 1, addr1, len);
 }
 
 /* The attack is over: worker 0's calls ran through it, and the job ends well. */
@@ -335,7 +316,7 @@ static void test_tcp_idle(void **state) {
     assert_int_equal(tt_spawn(&job, 3, body_idle, NULL), 0);
     assert_int_equal(await_count(job.shared, C_READY, 3, 30), 0);
     char addr[128];
-    worker_addr(&job, 1, addr, sizeof addr);
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
     int fd = tt_hello_as_worker2(addr);
     uint8_t rec[TPI_TCP_RECORD_SIZE];
     assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);

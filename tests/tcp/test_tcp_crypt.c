@@ -214,25 +214,6 @@ static int body_attacked(tt_job *job, int rank) {
     return 0;
 }
 
-/* Rank's address as the job's store has it (INIT-3), read like any client. */
-static void worker_addr(const tt_job *job, int rank, char *addr, size_t len) {
-    tp_store *store = NULL;
-    char err[TP_ERRMSG_LEN_MAX], key[32];
-    tpi_tcp_auth auth = tt_job_auth();
-    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job->store_port, UINT32_MAX, &auth,
-                                           UINT64_MAX, "test", NULL, 0, &store, err, sizeof err),
-                     TP_OK);
-    void *v = NULL;
-    size_t n = 0;
-    snprintf(key, sizeof key, "g0/init/rank/%d", rank);
-    assert_int_equal(store->ops->get(store, key, &v, &n), TP_OK);
-    char *tab = strchr(v, '\t');
-    assert_non_null(tab);
-    snprintf(addr, len, "%s", tab + 1);
-    free(v);
-    store->ops->close(store);
-}
-
 /* The impostor: worker 2's side of a connection to worker 1, with the keys
  * of both directions, built by the library's own encoder. */
 typedef struct impostor {
@@ -314,7 +295,7 @@ static void test_tcp_crypt_tampered(void **state) {
         usleep(1000);
     assert_int_equal(atomic_load(&job.shared->count[C_READY]), 3);
     char addr[128];
-    worker_addr(&job, 1, addr, sizeof addr);
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
     uint8_t rec[TPI_TCP_RECORD_SIZE], rec2[TPI_TCP_RECORD_SIZE];
     impostor im;
 
