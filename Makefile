@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo check-rules fuzz bench swarm mutate clean format
+.PHONY: all deps configure build test demo check-rules fuzz fuzz-net bench storm swarm mutate clean format
 
 all: build
 
@@ -37,6 +37,11 @@ fuzz: build
 
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+# Issue 8's storm against a live worker (tests/tcp/net_storm.c): 10,000
+# malformed frames and 5,000 idle connections; prints its figures.
+storm: build
+	@$(BUILD)/tests/tcp/net_storm
 
 # The long swarm sweep (spec/sim.md SIM-10): SEEDS=A..B, all cores.
 SEEDS ?= 1..100000
