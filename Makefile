@@ -35,6 +35,11 @@ check-rules:
 fuzz: build
 	@scripts/fuzz.sh $(BUILD)
 
+# The network-level fuzzer against a live worker and store, always in the
+# sanitizer build (build-san, configured and built here): FUZZ_SECONDS.
+fuzz-net:
+	@JOBS=$(JOBS) scripts/fuzz-net.sh build-san
+
 bench: build
 	@scripts/bench.sh $(BUILD)
 
