@@ -30,6 +30,8 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -597,63 +599,81 @@ typedef struct idle_result {
     double once_max_s, deadline_min_s, deadline_max_s, open_s;
 } idle_result;
 
+/* The idle connections: the main thread dials, a watcher thread stamps each
+ * end as epoll reports it, so a dial that blocks (a full accept queue
+ * retries its SYN after 1 s) does not make an end look later than it was. */
+typedef struct idle_set {
+    int ep;
+    long n;
+    int *fd;
+    uint64_t *t_open;
+    _Atomic uint64_t *t_shut;
+    atomic_long ended;
+    atomic_int stop;
+} idle_set;
+
+static void *idle_watch(void *arg) {
+    idle_set *is = arg;
+    struct epoll_event ev[256];
+    while (!atomic_load(&is->stop)) {
+        int k = epoll_wait(is->ep, ev, 256, 50);
+        uint64_t now = tt_now_ns();
+        for (int j = 0; j < k; j++) {
+            long c = (long)ev[j].data.u64;
+            uint8_t x;
+            if (recv(is->fd[c], &x, 1, MSG_DONTWAIT) > 0)
+                fprintf(stderr, "net_storm: the worker wrote to a stranger\n");
+            epoll_ctl(is->ep, EPOLL_CTL_DEL, is->fd[c], NULL);
+            atomic_store(&is->t_shut[c], now);
+            atomic_fetch_add(&is->ended, 1);
+        }
+    }
+    return NULL;
+}
+
 /* Phase 2: idle connections, held until the worker closes each. */
 static void storm_idle(storm *s, long want, idle_result *r) {
     memset(r, 0, sizeof *r);
     r->deadline_min_s = 1e9;
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    int *fd = calloc((size_t)want, sizeof *fd);
-    uint64_t *t_open = calloc((size_t)want, sizeof *t_open);
-    uint64_t *t_shut = calloc((size_t)want, sizeof *t_shut);
-    if (ep < 0 || !fd || !t_open || !t_shut) {
+    idle_set is = {.ep = epoll_create1(EPOLL_CLOEXEC), .n = want};
+    is.fd = calloc((size_t)want + 1, sizeof *is.fd);
+    is.t_open = calloc((size_t)want + 1, sizeof *is.t_open);
+    is.t_shut = calloc((size_t)want + 1, sizeof *is.t_shut);
+    pthread_t watcher;
+    if (is.ep < 0 || !is.fd || !is.t_open || !is.t_shut ||
+        pthread_create(&watcher, NULL, idle_watch, &is) != 0) {
         perror("net_storm: idle");
         exit(1);
     }
-    long open_now = 0;
-    struct epoll_event ev[256];
     uint64_t t0 = tt_now_ns(), last = t0;
-    for (long i = 0; i <= want; i++) {
-        if (i < want) {
-            fd[i] = tt_raw_dial(s->worker);
-            t_open[i] = last = tt_now_ns();
-            if (fd[i] < 0) {
-                s->dial_failed++;
-                continue;
-            }
-            s->conns++;
-            r->opened++;
-            open_now++;
-            struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = (uint64_t)i};
-            epoll_ctl(ep, EPOLL_CTL_ADD, fd[i], &e);
-        } else {
-            r->open_s = (double)(last - t0) / 1e9;
-        }
-        /* After each dial, without waiting; after the last, until all closed. */
-        uint64_t give_up = last + (uint64_t)((s->cfg->hello_s + 5) * 1e9);
-        do {
-            int k = epoll_wait(ep, ev, 256, i < want ? 0 : 100);
-            uint64_t now = tt_now_ns();
-            for (int j = 0; j < k; j++) {
-                long c = (long)ev[j].data.u64;
-                uint8_t x;
-                if (recv(fd[c], &x, 1, MSG_DONTWAIT) > 0)
-                    fprintf(stderr, "net_storm: the worker wrote to a stranger\n");
-                t_shut[c] = now;
-                close(fd[c]);
-                fd[c] = -1;
-                open_now--;
-            }
-        } while (i == want && open_now > 0 && tt_now_ns() < give_up);
-    }
     for (long i = 0; i < want; i++) {
-        if (t_open[i] == 0 || (fd[i] < 0 && t_shut[i] == 0))
-            continue; /* never opened */
-        if (fd[i] >= 0) {
-            r->stuck++;
-            close(fd[i]);
+        is.fd[i] = tt_raw_dial(s->worker);
+        is.t_open[i] = last = tt_now_ns();
+        if (is.fd[i] < 0) {
+            s->dial_failed++;
             continue;
         }
-        double dt = (double)(t_shut[i] - t_open[i]) / 1e9;
+        s->conns++;
+        r->opened++;
+        struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = (uint64_t)i};
+        epoll_ctl(is.ep, EPOLL_CTL_ADD, is.fd[i], &e);
+    }
+    r->open_s = (double)(last - t0) / 1e9;
+    uint64_t give_up = last + (uint64_t)((s->cfg->hello_s + 5) * 1e9);
+    while (atomic_load(&is.ended) < r->opened && tt_now_ns() < give_up)
+        usleep(10000);
+    atomic_store(&is.stop, 1);
+    pthread_join(watcher, NULL);
+    for (long i = 0; i < want; i++) {
+        if (is.fd[i] < 0)
+            continue; /* never opened */
+        close(is.fd[i]);
+        uint64_t shut = atomic_load(&is.t_shut[i]);
+        if (shut == 0) {
+            r->stuck++;
+            continue;
+        }
+        double dt = (double)(shut - is.t_open[i]) / 1e9;
         if (dt < s->cfg->hello_s / 2) {
             r->at_once++;
             r->once_max_s = dt > r->once_max_s ? dt : r->once_max_s;
@@ -665,10 +685,10 @@ static void storm_idle(storm *s, long want, idle_result *r) {
             r->between++;
         }
     }
-    close(ep);
-    free(fd);
-    free(t_open);
-    free(t_shut);
+    close(is.ep);
+    free(is.fd);
+    free(is.t_open);
+    free(is.t_shut);
 }
 
 /* ---- Usage snapshots ---------------------------------------------------------------- */
