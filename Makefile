@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo check-rules fuzz bench swarm mutate clean format
+.PHONY: all deps configure build test demo check-rules fuzz fuzz-net bench storm swarm mutate clean format
 
 all: build
 
@@ -35,8 +35,18 @@ check-rules:
 fuzz: build
 	@scripts/fuzz.sh $(BUILD)
 
+# The network-level fuzzer against a live worker and store, always in the
+# sanitizer build (build-san, configured and built here): FUZZ_SECONDS.
+fuzz-net:
+	@JOBS=$(JOBS) scripts/fuzz-net.sh build-san
+
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+# Issue 8's storm against a live worker (tests/tcp/net_storm.c): 10,000
+# malformed frames and 5,000 idle connections; prints its figures.
+storm: build
+	@$(BUILD)/tests/tcp/net_storm
 
 # The long swarm sweep (spec/sim.md SIM-10): SEEDS=A..B, all cores.
 SEEDS ?= 1..100000

@@ -2,6 +2,7 @@
 #include "tcp_harness.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -257,5 +258,34 @@ int tt_await_flag(tt_shared *sh, int i, int v, double timeout_s) {
             return -1;
         sleep_ms(1);
     }
+    return 0;
+}
+
+/* Entries of a /proc directory, less "." and ".."; -1 when it cannot be read. */
+static long dir_entries(const char *path) {
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    long n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+int tt_self_usage(uint64_t *rss_bytes, uint64_t *fds, uint64_t *threads) {
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    int ok = f && fscanf(f, "%lu %lu", &size, &resident) == 2;
+    if (f)
+        fclose(f);
+    long nfd = dir_entries("/proc/self/fd"); /* counts the descriptor reading it */
+    long ntask = dir_entries("/proc/self/task");
+    if (!ok || nfd < 1 || ntask < 1)
+        return -1;
+    *rss_bytes = (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+    *fds = (uint64_t)nfd - 1;
+    *threads = (uint64_t)ntask;
     return 0;
 }

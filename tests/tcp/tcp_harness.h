@@ -66,6 +66,11 @@ void tt_register_functions(void);
 /* Inits "worker<rank>" on TENSORPIPE with opts; prints tp_errmsg on failure. */
 int tt_init(const tt_job *job, int rank, tp_options *opts);
 
+/* The calling process's resident memory (bytes, /proc/self/statm), open
+ * descriptors (/proc/self/fd, not counting the one that reads it) and
+ * threads (/proc/self/task). 0 on success, -1 when /proc cannot be read. */
+int tt_self_usage(uint64_t *rss_bytes, uint64_t *fds, uint64_t *threads);
+
 /* Spins (sleeping 1 ms) until flag i reaches at least v or timeout; 0 when it did. */
 int tt_await_flag(tt_shared *sh, int i, int v, double timeout_s);
 

@@ -1,8 +1,8 @@
 /*
  * tcp_raw.h: a raw socket that plays a worker's peer by hand, for the TCP
  * tests that send what no worker would (spec/tcp.md TCP-3..5, TCP-17,
- * TCP-19). Every call asserts with cmocka, so they run in the test's
- * parent process, not in a job's children.
+ * TCP-19). The calls above "Without asserts" assert with cmocka, so they
+ * run in the test's parent process, not in a job's children.
  */
 #ifndef TT_TCP_RAW_H
 #define TT_TCP_RAW_H
@@ -37,5 +37,30 @@ int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsign
 int tt_hello_as_worker2(const char *addr);
 /* A frame header: "TPRC", version, type, body_len (the bytes after the header). */
 void tt_frame_header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len);
+
+/* ---- Without asserts: for programs that open thousands of connections
+ * (net_storm, net_fuzz), where a refused, reset or dropped connection is an
+ * outcome to count, not a failure. Errors are -1 with errno set. */
+
+/* A blocking IPv4 socket connected to "host:port" (TCP_NODELAY), or -1. */
+int tt_raw_dial(const char *addr);
+/* Sends all n bytes (MSG_NOSIGNAL): 0, or -1 when the socket fails. */
+int tt_raw_send_all(int fd, const void *p, size_t n);
+/* Reads up to n bytes, as they come, for at most timeout_ms in all: how many
+ * came before end of file, an error or the time (0: none). */
+size_t tt_raw_recv_within(int fd, void *p, size_t n, int timeout_ms);
+/* The dialer's handshake as worker me to worker to of a world of world
+ * (TCP-3, TCP-17), proving itself with auth after it checked the worker's
+ * proof against the job's key: the socket once our proof went out (frames
+ * may follow), or -1 when any step failed (the socket closed). */
+int tt_raw_hello_as(const char *addr, uint32_t me, uint32_t to, uint32_t world,
+                    const tpi_tcp_auth *auth);
+/* A store client's handshake (TCP-10, TCP-17) as rank (UINT32_MAX: not a
+ * worker) with auth: the socket once the server said "TPOK" (requests may
+ * follow), or -1. */
+int tt_raw_store_hello(const char *addr, uint32_t rank, const tpi_tcp_auth *auth);
+/* rank's published address (INIT-3), read from the job's store at
+ * 127.0.0.1:store_port like any client: 0, or -1 with a message on stderr. */
+int tt_raw_worker_addr(uint16_t store_port, int rank, char *addr, size_t len);
 
 #endif
