@@ -116,7 +116,7 @@
  * and briefly a second while the end of a broken one is not yet seen. */
 #define TPI_TCP_CONNS_PER_PEER_MAX 4
 
-/* Request bytes a worker holds from all its callers, queued or running
+/* Request bytes a worker holds from all its callers, waiting for its pool
  * (FLOW-6, OPT-9): each caller's credit is a share of it. 4 GiB holds a
  * 256 MiB credit for 16 callers and 64 MiB for 64. The minimum still
  * grants every caller TPI_CREDIT_MIN; one request alone is always taken. */

@@ -344,8 +344,8 @@ uint64_t tp_options_max_message_size(const tp_options *opts);
 tp_status tp_options_set_max_inflight_bytes(tp_options *opts, uint64_t bytes);
 uint64_t tp_options_max_inflight_bytes(const tp_options *opts);
 /*
- * Request bytes this worker holds from all its callers at once, queued or
- * running (OPT-9, FLOW-6..8): 64 KiB to 2^40, default 4 GiB. Each caller
+ * Request bytes this worker holds from all its callers at once, waiting for
+ * its pool (OPT-9, FLOW-6..8): 64 KiB to 2^40, default 4 GiB. Each caller
  * is granted a share as its credit, and a caller that passes its credit has
  * its requests refused with TP_ELIMIT.
  */
