@@ -24,7 +24,7 @@
 #include "tcp_harness.h"
 #include "tcp_raw.h"
 
-enum { F_FULL = 0, F_FREED = 1, F_DONE = 2, F_GO = 3, C_READY = 0, C_REDIALS = 1, C_LOGGED = 2, C_CALLS = 3 };
+enum { F_FULL = 0, F_FREED = 1, F_DONE = 2, F_GO = 3, C_READY = 0, C_REDIALS = 1, C_LOGGED = 2, C_CALLS = 3, C_PROBED = 4 };
 
 /* ---- Helpers -------------------------------------------------------------------------- */
 
@@ -50,6 +50,8 @@ static void count_logged(tp_log_level level, const char *msg, void *user) {
         fprintf(stderr, "[%.3f] %s\n", (double)tt_now_ns() / 1e9, msg);
     if (log_needle && strstr(msg, log_needle))
         atomic_fetch_add(&sh->count[C_LOGGED], 1);
+    if (strstr(msg, "still answers")) /* a probe's verdict (TCP-7) */
+        atomic_fetch_add(&sh->count[C_PROBED], 1);
 }
 
 /* Every worker: init with the test's options on worker 1, then rank 0 calls
@@ -100,12 +102,12 @@ static void attack_start(tt_job *job, attacked_args *args, char *addr1, size_t l
 }
 
 /* The attack is over: worker 0's calls ran through it, and the job ends well. */
-static void attack_end(tt_job *job, int calls_before) {
+static void attack_end(tt_job *job, int calls_before, int probes) {
     assert_true(atomic_load(&job->shared->count[C_CALLS]) > calls_before);
     /* An impostor's connection that ended without ABORT makes worker 1 probe
      * worker 2 (TCP-7), whose verdict, TP_EIO, fails the calls in flight to
      * worker 2 at that moment: it lands before the workers call each other. */
-    usleep(500000);
+    assert_int_equal(await_count(job->shared, C_PROBED, probes, 20), 0);
     atomic_store(&job->shared->flag[F_DONE], 1);
     assert_int_equal(tt_wait(job, 60), 0);
     tt_job_free(job);
@@ -236,7 +238,7 @@ static void test_tcp_slow_senders(void **state) {
     /* ... then the second is read, and is as slow. */
     tt_expect_abort_then_dropped(b);
     assert_true(secs_since(t0) > first + 0.5);
-    attack_end(&job, calls);
+    attack_end(&job, calls, 0); /* aborted, not ended: no probe */
 }
 
 /* spec: TCP-19. Connections in their handshake beyond max_handshakes are
@@ -268,7 +270,7 @@ static void test_tcp_handshake_cap(void **state) {
     assert_int_equal(tt_raw_recv(w, rec, sizeof rec), sizeof rec);
     assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_PONG);
     close(w);
-    attack_end(&job, calls);
+    attack_end(&job, calls, 1);
 }
 
 /* ---- Idle connections (TCP-19) ------------------------------------------------------- */
