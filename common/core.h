@@ -181,6 +181,7 @@ struct tp_rref {
     int closed;          /* lock: shutdown released it: the user may no longer use it */
     int children;        /* lock: forks sent from it that their children have not accepted */
     int delete_pending;  /* lock: shutdown wants the delete once children reach 0 */
+    int answered;        /* lock: the owner answered a fetch of it: it exists there */
     tp_status failed;    /* lock: creation failed locally (timeout, peer down) */
     char *fail_msg;      /* lock */
     tp_rref *prev, *next; /* lock: the core's list of live user rrefs */

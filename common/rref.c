@@ -652,13 +652,24 @@ void tpi_rrefs_teardown(tp_core *c) {
 
 /* ---- The rref API (RREF-*) -------------------------------------------------- */
 
+/* A fetch the owner answered, with the value or an error. */
+static void fetch_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
+    (void)c;
+    (void)st;
+    if (reply)
+        call->rref->answered = 1;
+}
+
 static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
     tp_rref *r = call->rref;
     if (reply) {
         atomic_store(&r->confirmed, 1); /* the owner has it, value or error */
         return;
     }
-    if (!r->failed) { /* no answer: creation timed out or the owner is gone */
+    /* No answer: creation timed out or the owner is gone. An owner that
+     * answered a fetch of it had created it (and our fork: RREF-2), its
+     * REMOTE answer was only lost behind that: not a failed creation. */
+    if (!r->failed && !r->answered) {
         r->failed = st;
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "the rref was not created: remote '%s' on '%s' got no answer"
@@ -826,6 +837,7 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
             m.type = TPI_MSG_RREF_FETCH;
             m.rref = r->id;
             call->rref = r;
+            call->on_reply = fetch_reply;
             tpi_rref_pin(r);
             call->flow = 1;
             st = tpi_call_issue(c, call, &m, timeout_s);
