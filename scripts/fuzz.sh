@@ -60,11 +60,11 @@ for h in "${harnesses[@]}"; do
   if [ -d "$out" ]; then rm -rf "$out.prev"; mv "$out" "$out.prev"; fi
   # Per-input time limit. "N+" lets AFL++ pick one from the seeds' timing,
   # at most N: right for a frame decoder. A whole simulated world
-  # (fuzz_sim_world) takes up to about 0.3 s plain and 20 s under ASan (a
+  # (fuzz_sim_world, fuzz_core_frames) takes up to about 0.3 s plain and 20 s under ASan (a
   # fiber switch costs more there), far beyond its seeds' timing, so it gets
   # a fixed limit; with "+" AFL++ picked 260 ms and called slow worlds hangs.
   case "$h" in
-    fuzz_sim_world) limit=$([ "$asan" = 1 ] && echo 60000 || echo 5000) ;;
+    fuzz_sim_world | fuzz_core_frames) limit=$([ "$asan" = 1 ] && echo 60000 || echo 5000) ;;
     *) limit=1000+ ;;
   esac
   echo "fuzz: $h for ${seconds}s (findings in $out)" >&2
