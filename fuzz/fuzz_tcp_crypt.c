@@ -247,6 +247,7 @@ typedef struct reader {
     size_t read_total;  /* stream bytes read into buf */
     const sealed *want; /* the harness's stream, when it sealed one */
     size_t clean_end;   /* bytes of the received stream equal to want's */
+    size_t head_done;   /* 1 + the stream offset of the last head checked alone; 0: none */
 } reader;
 
 /* One record framed in r->buf at off, whole bytes; opens it as the
@@ -292,28 +293,32 @@ static void drain(reader *r) {
     while (!r->refused) {
         size_t have = r->len - off;
         const uint8_t *p = r->buf + off;
-        /* The head from an exact copy of its bytes: its verdict needs no more. */
-        uint8_t *head = malloc(HEAD);
-        check(head != NULL, "memory for a head");
-        memcpy(head, p, have < HEAD ? have : HEAD);
-        long head_only = have >= HEAD ? tpi_tcp_sealed_next(head, HEAD) : 0;
-        size_t declared = have >= HEAD ? get_u32(head) : 0;
-        size_t n = have >= HEAD ? tpi_tcp_seal_len(head) : 0;
-        free(head);
         long whole = tpi_tcp_sealed_next(p, have);
         if (have < HEAD) {
             check(whole == 0, "fewer than 4 bytes wait");
             break;
         }
+        size_t declared = get_u32(p);
         int in_bounds = declared >= 1 && declared <= TPI_TCP_SEAL_MAX;
-        check(n == (in_bounds ? declared : 0), "seal_len is the head's length, 0 out of bounds");
+        size_t at = r->read_total - r->len + off;
+        if (r->head_done != at + 1) { /* once a record: reads of a byte are many */
+            r->head_done = at + 1;
+            /* The head from an exact copy of its bytes: its verdict needs no more. */
+            uint8_t *head = malloc(HEAD);
+            check(head != NULL, "memory for a head");
+            memcpy(head, p, HEAD);
+            long head_only = tpi_tcp_sealed_next(head, HEAD);
+            size_t n = tpi_tcp_seal_len(head);
+            free(head);
+            check(n == (in_bounds ? declared : 0), "seal_len is the head's length, 0 out of bounds");
+            check(head_only == (in_bounds ? 0 : -1),
+                  "the head alone refuses a length out of bounds, and waits for one in bounds");
+        }
         if (!in_bounds) {
-            check(whole == -1 && head_only == -1,
-                  "a length out of bounds is refused from the head alone");
+            check(whole == -1, "a length out of bounds is refused");
             r->refused = 1;
             break;
         }
-        check(head_only == 0, "a head in bounds, alone, waits for the rest of its record");
         if (whole == 0) {
             check(have < declared + OVER, "a record waits only until it is whole");
             break;
@@ -324,8 +329,10 @@ static void drain(reader *r) {
             break;
         off += (size_t)whole;
     }
-    memmove(r->buf, r->buf + off, r->len - off);
-    r->len -= off;
+    if (off > 0) { /* as the connection's, which memmoves always (glibc skips that; ASan does not) */
+        memmove(r->buf, r->buf + off, r->len - off);
+        r->len -= off;
+    }
     if (!r->refused)
         check(r->len < REC_MAX && r->len < TPI_TCP_SEAL_BUF,
               "after a drain less than a record waits: the buffer has room");
