@@ -121,8 +121,8 @@ static int model_open(const uint8_t key[TPI_TCP_SEAL_KEY_SIZE], uint64_t seq, co
 /* ---- The stream the harness seals ---------------------------------------------------- */
 
 typedef struct record {
-    size_t off, len;       /* in the sealed stream */
-    size_t plain_off, n;   /* its plaintext, in plain */
+    size_t off, len;     /* in the sealed stream */
+    size_t plain_off, n; /* its plaintext, in plain */
 } record;
 
 typedef struct sealed {
@@ -152,8 +152,8 @@ static void append(sealed *s, const uint8_t *p, size_t n) {
 /* Seals plain[0..n) as one call, from up to three iovec pieces (each an
  * exact copy, so a read past one is seen), into an exact buffer; checks
  * each record against the model (the nonce of its number, the d2a key). */
-static void seal_chunk(sealed *s, tpi_tcp_cipher *tx, const keys *k, const uint8_t *plain,
-                       size_t n, uint8_t split) {
+static void seal_chunk(sealed *s, tpi_tcp_cipher *tx, const keys *k, const uint8_t *plain, size_t n,
+                       uint8_t split) {
     size_t cut[4] = {0, 0, 0, n};
     if (n > 0) {
         cut[1] = (size_t)(split & 0x0f) * n / 15; /* at the ends too: empty pieces */
@@ -189,8 +189,8 @@ static void seal_chunk(sealed *s, tpi_tcp_cipher *tx, const keys *k, const uint8
               "each sealed record opens under its direction's key and its number's nonce");
         free(back);
         check(s->nrec < RECORDS_MAX, "records within the harness's bound");
-        s->rec[s->nrec++] = (record){s->len + off, len + OVER, s->plain_len + r * TPI_TCP_SEAL_MAX,
-                                     len};
+        s->rec[s->nrec++] =
+            (record){s->len + off, len + OVER, s->plain_len + r * TPI_TCP_SEAL_MAX, len};
         off += len + OVER;
     }
     check(off == m, "the records fill the sealed size exactly");
@@ -310,7 +310,8 @@ static void drain(reader *r) {
             long head_only = tpi_tcp_sealed_next(head, HEAD);
             size_t n = tpi_tcp_seal_len(head);
             free(head);
-            check(n == (in_bounds ? declared : 0), "seal_len is the head's length, 0 out of bounds");
+            check(n == (in_bounds ? declared : 0),
+                  "seal_len is the head's length, 0 out of bounds");
             check(head_only == (in_bounds ? 0 : -1),
                   "the head alone refuses a length out of bounds, and waits for one in bounds");
         }
@@ -329,7 +330,9 @@ static void drain(reader *r) {
             break;
         off += (size_t)whole;
     }
-    if (off > 0) { /* as the connection's, which memmoves always (glibc skips that; ASan does not) */
+    /* The connection moves its buffer on every drain: glibc skips a move of
+     * nothing, ASan checks it, and reads of a byte are many. */
+    if (off > 0) {
         memmove(r->buf, r->buf + off, r->len - off);
         r->len -= off;
     }

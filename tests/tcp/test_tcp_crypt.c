@@ -769,7 +769,7 @@ static void test_tcp_crypt_probe(void **state) {
     impostor im;
     impostor_open(&im, addr);
     ping_pong(&im);
-    impostor_close(&im); /* end of file, no ABORT: TCP-7's probe */
+    impostor_close(&im);                     /* end of file, no ABORT: TCP-7's probe */
     deadline = tt_now_ns() + 10000000000ull; /* the probe's 5 s, and room */
     while (atomic_load(&job.shared->count[C_ANSWERS]) < 1 && tt_now_ns() < deadline)
         usleep(1000);
