@@ -74,7 +74,7 @@ static int hello(const uint8_t rec[REC], const uint8_t *extra, size_t extra_len)
 
 static int control(const uint8_t rec[REC]) {
     int kind = tpi_tcp_ctl_kind_of(rec);
-    check(kind == 0 || (kind >= TPI_TCP_CTL_BYE && kind <= TPI_TCP_CTL_PONG),
+    check(kind == 0 || (kind >= TPI_TCP_CTL_BYE && kind <= TPI_TCP_CTL_CLOSE),
           "a control record's kind is 0 or known");
     check(!kind || tpi_tcp_is_ctl(rec), "a control record has the control magic");
     if (!kind)

@@ -1288,12 +1288,9 @@ static void sealed_drain(tpi_tcp_conn *c) {
     tpi_tcp_agent *a = c->a;
     size_t off = 0;
     while (reading(c) && !c->waiting) {
-        size_t have = c->sealed_len - off;
-        if (have < TPI_TCP_SEAL_HEAD)
-            break;
         const uint8_t *rec = c->sealed + off;
-        size_t m = tpi_tcp_seal_len(rec);
-        if (m == 0) { /* checked before any more of it is read */
+        long whole = tpi_tcp_sealed_next(rec, c->sealed_len - off);
+        if (whole < 0) { /* checked before any more of it is read */
             char err[TP_ERRMSG_LEN_MAX];
             uint32_t n = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
                          (uint32_t)rec[3] << 24;
@@ -1302,8 +1299,9 @@ static void sealed_drain(tpi_tcp_conn *c) {
             sealed_error(c, err);
             break;
         }
-        if (have < m + TPI_TCP_SEAL_OVERHEAD)
+        if (whole == 0)
             break;
+        size_t m = (size_t)whole - TPI_TCP_SEAL_OVERHEAD;
         /* A record within the body of the frame being read opens straight
          * into it; any other into the staging buffer, then parsed. */
         int into_frame = c->rx && c->rx_len - c->rx_got >= m;

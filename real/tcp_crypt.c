@@ -82,6 +82,16 @@ size_t tpi_tcp_seal_len(const uint8_t head[TPI_TCP_SEAL_HEAD]) {
     return n >= 1 && n <= TPI_TCP_SEAL_MAX ? n : 0;
 }
 
+long tpi_tcp_sealed_next(const uint8_t *p, size_t have) {
+    if (have < TPI_TCP_SEAL_HEAD)
+        return 0;
+    size_t n = tpi_tcp_seal_len(p); /* the head alone decides: nothing past it is read */
+    if (n == 0)
+        return -1;
+    size_t whole = TPI_TCP_SEAL_HEAD + n + TPI_TCP_SEAL_TAG;
+    return have >= whole ? (long)whole : 0;
+}
+
 /* The record's nonce: its number in this direction, little-endian, then zeros.
  * -1 when the counter is spent (2^64 records: never, but never wrap). */
 static int next_iv(tpi_tcp_cipher *s, uint8_t iv[IV_SIZE]) {

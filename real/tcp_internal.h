@@ -144,6 +144,13 @@ int tpi_tcp_seal(tpi_tcp_cipher *s, const struct iovec *iov, int niov, size_t n,
 /* The plaintext length a record's head declares, 0 when it is not
  * 1..TPI_TCP_SEAL_MAX: checked before anything more is read. */
 size_t tpi_tcp_seal_len(const uint8_t head[TPI_TCP_SEAL_HEAD]);
+/* The sealed bytes p[0..have) as a reader sees them (TCP-21): the bytes of
+ * the whole record they start with (head, plaintext, tag), 0 when more must
+ * be read first, or -1 when its head declares a length outside
+ * 1..TPI_TCP_SEAL_MAX, told from the 4 head bytes alone, before anything
+ * more is read or allocated. Pure: the connection's reader (tcp_conn.c) and
+ * fuzz_tcp_crypt frame records with it. */
+long tpi_tcp_sealed_next(const uint8_t *p, size_t have);
 /* Opens the whole record rec (head, n = tpi_tcp_seal_len bytes, tag) into
  * plain (n bytes); 0, or -1 when its tag does not check (tampered, replayed,
  * reordered, of another connection or direction): plain is then garbage. */

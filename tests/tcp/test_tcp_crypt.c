@@ -4,7 +4,10 @@
  * message, records tampered with, replayed, reordered, truncated or forged by
  * an impostor that knows the job secret refused as protocol errors while the
  * worker keeps serving, and a capture of the stream by a relay between two
- * workers that holds a known plaintext with encrypt=off and not with it on.
+ * workers that holds a known plaintext with encrypt=off and not with it on;
+ * and the control records of a sealed stream at work: idle connections
+ * closed by IDLE and CLOSE under racing calls (TCP-19), a probe's PING and
+ * PONG (TCP-7), and stop's BYE in a graceful shutdown (TCP-8).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -602,12 +605,239 @@ static void test_tcp_crypt_capture(void **state) {
     assert_int_equal(on, 0);
 }
 
+/* ---- Idle close, a probe and stop's BYE, sealed (TCP-19, TCP-7, TCP-8) ------------------ */
+
+/* What a worker's log showed, counted in the job's shared memory (count[]
+ * indices; C_READY is 1). Each is a control record's observable end: */
+enum {
+    C_IDLE_ASKED = 2, /* an acceptor sent IDLE (TCP-19, debug) */
+    C_TROUBLE = 3,    /* a peer-down of any kind, or a connection dropped, before shutdown */
+    C_NO_OPEN = 4,    /* "a sealed record does not check", or a length refused: any time */
+    C_ANSWERS = 5,    /* a probe answered: "the worker still answers" (TCP-7) */
+    C_BYE = 6,        /* a peer-down after a BYE: "the worker shut down" (TCP-6, TCP-8) */
+    C_WARN0 = 8       /* + rank: messages at warn level or worse, any time */
+};
+
+static tt_shared *log_shared;
+static int log_rank;
+static atomic_int log_stopping; /* this worker called tp_shutdown: peers leaving is no news */
+
+static void watch_log(tp_log_level level, const char *msg, void *user) {
+    (void)user;
+    tt_shared *sh = log_shared;
+    int trouble = strstr(msg, "unreachable") || strstr(msg, " is down") || strstr(msg, "dropped");
+    int no_open = strstr(msg, "sealed record") != NULL;
+    if (strstr(msg, "asks worker"))
+        atomic_fetch_add(&sh->count[C_IDLE_ASKED], 1);
+    if (trouble && !atomic_load(&log_stopping))
+        atomic_fetch_add(&sh->count[C_TROUBLE], 1);
+    if (no_open)
+        atomic_fetch_add(&sh->count[C_NO_OPEN], 1);
+    if (strstr(msg, "still answers"))
+        atomic_fetch_add(&sh->count[C_ANSWERS], 1);
+    if (strstr(msg, "the worker shut down"))
+        atomic_fetch_add(&sh->count[C_BYE], 1);
+    if (level <= TP_LOG_WARN)
+        atomic_fetch_add(&sh->count[C_WARN0 + log_rank], 1);
+    if (level <= TP_LOG_WARN || trouble || no_open || getenv("TT_LOG"))
+        fprintf(stderr, "worker%d log: %s\n", log_rank, msg);
+}
+
+/* Every worker of these tests: encrypt=on, its log watched at debug level. */
+static int init_watched(tt_job *job, int rank, const char *idle_timeout) {
+    log_shared = job->shared;
+    log_rank = rank;
+    tp_set_log_level(TP_LOG_DEBUG);
+    tp_set_log_callback(watch_log, NULL);
+    tp_options *o = crypt_options(job, "on");
+    if (!o || (idle_timeout && tp_options_set(o, "idle_timeout", idle_timeout) != TP_OK)) {
+        tp_options_free(o);
+        return -1;
+    }
+    int rc = tt_init(job, rank, o);
+    tp_options_free(o);
+    return rc;
+}
+
+/* Every pair calls, both ways; 0 when each answer is right. */
+static int call_all(const tt_job *job, int rank) {
+    for (int r = 0; r < job->world; r++) {
+        int64_t v = 0;
+        if (tt_call_add(tp_to_rank(r), rank, 100 * r, TP_TIMEOUT_DEFAULT, &v) != TP_OK ||
+            v != rank + 100 * r)
+            return -1;
+    }
+    return 0;
+}
+
+static int shutdown_watched(void) {
+    atomic_store(&log_stopping, 1);
+    tp_status st = tp_shutdown(1);
+    if (st != TP_OK)
+        fprintf(stderr, "worker%d: shutdown: %s %s\n", log_rank, tp_status_name(st), tp_errmsg());
+    return st == TP_OK ? 0 : -1;
+}
+
+static int body_idle(tt_job *job, int rank) {
+    TT_CHECK(init_watched(job, rank, "0.2") == 0);
+    /* Rounds of calls around the idle deadline, as test_tcp_bounds.c's
+     * test_tcp_idle, with pauses from half to twice it (some connections
+     * surely idle, on a busy machine too): some calls start as the peer asks
+     * us to close, and must neither be lost nor fail. */
+    for (int round = 0; round < 12; round++) {
+        usleep((useconds_t)(100000 + 25000 * ((round * 7 + rank * 3) % 13))); /* 0.1-0.4 s */
+        tp_future *f[20];
+        for (int i = 0; i < 20; i++) {
+            tp_value *args = tp_value_list_of(2, tp_value_int(round), tp_value_int(i));
+            TT_CHECK(tp_rpc_async(tp_to_rank((rank + 1 + i % 2) % 3), "add", args, NULL, 20,
+                                  &f[i]) == TP_OK);
+            tp_value_free(args);
+        }
+        for (int i = 0; i < 20; i++) {
+            int64_t v = -1;
+            TT_CHECK(tp_future_wait(f[i], 20) == TP_OK);
+            TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == round + i);
+            tp_future_free(f[i]);
+        }
+    }
+    TT_CHECK(shutdown_watched() == 0);
+    return 0;
+}
+
+/* The counts every sealed test checks: no record failed to open, no
+ * warning anywhere. */
+static void assert_sealed_clean(const tt_job *job) {
+    assert_int_equal(atomic_load(&job->shared->count[C_NO_OPEN]), 0);
+    for (int r = 0; r < job->world; r++)
+        assert_int_equal(atomic_load(&job->shared->count[C_WARN0 + r]), 0);
+}
+
+/* spec: TCP-19, TCP-21: with encrypt=on and idle_timeout 0.2 s on every
+ * worker, connections idle between rounds of calls are closed by a sealed
+ * IDLE and a sealed CLOSE while calls race the close: every call succeeds,
+ * IDLE was asked, and nobody saw a peer down or a connection dropped (an
+ * IDLE that does not open fails the dialer's connection, TP_EIO; a CLOSE
+ * that does not open is a protocol error at the acceptor). */
+static void test_tcp_crypt_idle(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_idle, NULL), 0);
+    int waited = tt_wait(&job, 120);
+    fprintf(stderr, "idle: IDLE asked %d times, trouble %d\n",
+            atomic_load(&job.shared->count[C_IDLE_ASKED]),
+            atomic_load(&job.shared->count[C_TROUBLE]));
+    assert_int_equal(waited, 0);
+    assert_true(atomic_load(&job.shared->count[C_IDLE_ASKED]) >= 3);
+    assert_int_equal(atomic_load(&job.shared->count[C_TROUBLE]), 0);
+    assert_sealed_clean(&job);
+    tt_job_free(&job);
+}
+
+enum { F_PROBED = 2 };
+
+static int body_probe(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    TT_CHECK(init_watched(job, rank, NULL) == 0);
+    TT_CHECK(call_all(job, rank) == 0);
+    if (rank == 1) { /* worker 1's own connection to worker 2 is open: the probe PINGs on it */
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(2), 1, 2, TP_TIMEOUT_DEFAULT, &v) == TP_OK && v == 3);
+    }
+    atomic_fetch_add(&sh->count[C_READY], 1);
+    TT_CHECK(tt_await_flag(sh, F_PROBED, 1, 60) == 0);
+    TT_CHECK(call_all(job, rank) == 0);
+    TT_CHECK(shutdown_watched() == 0);
+    return 0;
+}
+
+/* spec: TCP-7, TCP-21: worker 1's accepted connection from "worker 2" (an
+ * impostor with the secret, its sealed PING answered first) ends without
+ * ABORT, so worker 1 probes the real worker 2 with a sealed PING on its own
+ * connection; worker 2's sealed PONG comes back ("still answers", peer-down
+ * TP_EIO for the broken connection only) and the real peers still call
+ * each other, no record failing to open, no warning. */
+static void test_tcp_crypt_probe(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_probe, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_READY]) < 3 && tt_now_ns() < deadline)
+        usleep(1000);
+    assert_int_equal(atomic_load(&job.shared->count[C_READY]), 3);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    impostor im;
+    impostor_open(&im, addr);
+    ping_pong(&im);
+    impostor_close(&im);                     /* end of file, no ABORT: TCP-7's probe */
+    deadline = tt_now_ns() + 10000000000ull; /* the probe's 5 s, and room */
+    while (atomic_load(&job.shared->count[C_ANSWERS]) < 1 && tt_now_ns() < deadline)
+        usleep(1000);
+    int answers = atomic_load(&job.shared->count[C_ANSWERS]);
+    atomic_store(&job.shared->flag[F_PROBED], 1);
+    int waited = tt_wait(&job, 60);
+    assert_true(answers >= 1);
+    assert_int_equal(waited, 0);
+    assert_sealed_clean(&job);
+    tt_job_free(&job);
+}
+
+enum { F_BYE_GO = 3 };
+
+static int body_bye(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    TT_CHECK(init_watched(job, rank, NULL) == 0);
+    TT_CHECK(call_all(job, rank) == 0); /* a connection each way between every pair */
+    atomic_fetch_add(&sh->count[C_READY], 1);
+    TT_CHECK(tt_await_flag(sh, F_BYE_GO, 1, 60) == 0);
+    TT_CHECK(shutdown_watched() == 0);
+    return 0;
+}
+
+/* spec: TCP-8, TCP-21: a graceful shutdown of every worker with encrypt=on
+ * returns TP_OK on each, no record fails to open and no worker warns of a
+ * peer down (a BYE that does not open is a protocol error at an acceptor, a
+ * warning). Which BYEs the workers read depends on who stops first, so an
+ * observer makes it certain: a connection to worker 1 as "worker 2" (an
+ * impostor with the secret, idle after its PING is answered) gets worker
+ * 1's BYE as the next sealed record, before the end of file. */
+static void test_tcp_crypt_bye(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_bye, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_READY]) < 3 && tt_now_ns() < deadline)
+        usleep(1000);
+    assert_int_equal(atomic_load(&job.shared->count[C_READY]), 3);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    impostor im;
+    impostor_open(&im, addr);
+    ping_pong(&im);
+    atomic_store(&job.shared->flag[F_BYE_GO], 1);
+    int waited = tt_wait(&job, 90);
+    fprintf(stderr, "bye: %d peer-downs after a BYE between workers\n",
+            atomic_load(&job.shared->count[C_BYE]));
+    assert_int_equal(waited, 0);
+    assert_sealed_clean(&job);
+    /* Worker 1 is gone; what it wrote waits in our socket. */
+    uint8_t rec[TPI_TCP_RECORD_SIZE], bye[TPI_TCP_RECORD_SIZE];
+    recv_sealed_record(&im, rec);
+    tpi_tcp_ctl_encode(bye, TPI_TCP_CTL_BYE, 1);
+    assert_memory_equal(rec, bye, sizeof rec);
+    tt_expect_dropped(im.fd);
+    im.fd = -1;
+    impostor_close(&im);
+    tt_job_free(&job);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_crypt_calls),    cmocka_unit_test(test_tcp_crypt_mismatch),
         cmocka_unit_test(test_tcp_crypt_tampered), cmocka_unit_test(test_tcp_crypt_capture),
-        cmocka_unit_test(test_tcp_crypt_options),
+        cmocka_unit_test(test_tcp_crypt_idle),     cmocka_unit_test(test_tcp_crypt_probe),
+        cmocka_unit_test(test_tcp_crypt_bye),      cmocka_unit_test(test_tcp_crypt_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
