@@ -28,7 +28,8 @@ static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwa
     int64_t a = 0, b = 0;
     tp_value_get_int(tp_list_get(args, 0), &a);
     tp_value_get_int(tp_list_get(args, 1), &b);
-    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b)); /* wraps: any peer may send any ints */
+    /* Wraps: any peer may send any ints. */
+    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b));
     return *result ? TP_OK : TP_ENOMEM;
 }
 

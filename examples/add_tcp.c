@@ -21,7 +21,8 @@ static tp_status add(tp_call *call, const tp_value *args, const tp_value *kwargs
         tp_call_set_error(call, "add takes two ints");
         return TP_EINVAL;
     }
-    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b)); /* wraps: any peer may send any ints */
+    /* Wraps: any peer may send any ints. */
+    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b));
     return *result ? TP_OK : TP_ENOMEM;
 }
 

@@ -79,7 +79,8 @@ static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwa
     int64_t a, b;
     if (tp_list_len(args) == 2 && tp_value_get_int(tp_list_get(args, 0), &a) == TP_OK &&
         tp_value_get_int(tp_list_get(args, 1), &b) == TP_OK) {
-        *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b)); /* wraps: any peer may send any ints */
+        /* Wraps: any peer may send any ints. */
+        *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b));
         return *result ? TP_OK : nomem(call);
     }
     double x, y;

@@ -167,7 +167,8 @@ static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwa
         tp_call_set_error(call, "add takes two ints");
         return TP_EINVAL;
     }
-    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b)); /* wraps: any peer may send any ints */
+    /* Wraps: any peer may send any ints. */
+    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b));
     return TP_OK;
 }
 
