@@ -292,7 +292,7 @@ static int body_idle(tt_job *job, int rank) {
     /* Rounds of calls around the idle deadline: some start as the peer asks
      * us to close, and must neither be lost nor fail. */
     for (int round = 0; round < 12; round++) {
-        usleep((useconds_t)(150000 + 10000 * ((round * 7 + rank * 3) % 11)));
+        usleep((useconds_t)(150000 + 25000 * ((round * 7 + rank * 3) % 11))); /* 150..400 ms */
         tp_future *f[20];
         for (int i = 0; i < 20; i++) {
             tp_value *args = tp_value_list_of(2, tp_value_int(round), tp_value_int(i));
