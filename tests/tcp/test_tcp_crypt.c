@@ -750,6 +750,21 @@ static int body_probe(tt_job *job, int rank) {
     return 0;
 }
 
+/* Starts a job of three running body, waits until each worker counted
+ * itself ready, then connects *im to worker 1 as "worker 2" and has its
+ * sealed PING answered. */
+static void start_with_impostor(tt_job *job, tt_body body, impostor *im) {
+    assert_int_equal(tt_spawn(job, 3, body, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job->shared->count[C_READY]) < 3 && tt_now_ns() < deadline)
+        usleep(1000);
+    assert_int_equal(atomic_load(&job->shared->count[C_READY]), 3);
+    char addr[128];
+    tt_worker_addr(job->store_port, 1, addr, sizeof addr);
+    impostor_open(im, addr);
+    ping_pong(im);
+}
+
 /* spec: TCP-7, TCP-21: worker 1's accepted connection from "worker 2" (an
  * impostor with the secret, its sealed PING answered first) ends without
  * ABORT, so worker 1 probes the real worker 2 with a sealed PING on its own
@@ -759,18 +774,10 @@ static int body_probe(tt_job *job, int rank) {
 static void test_tcp_crypt_probe(void **state) {
     (void)state;
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 3, body_probe, NULL), 0);
-    uint64_t deadline = tt_now_ns() + 30000000000ull;
-    while (atomic_load(&job.shared->count[C_READY]) < 3 && tt_now_ns() < deadline)
-        usleep(1000);
-    assert_int_equal(atomic_load(&job.shared->count[C_READY]), 3);
-    char addr[128];
-    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
     impostor im;
-    impostor_open(&im, addr);
-    ping_pong(&im);
+    start_with_impostor(&job, body_probe, &im);
     impostor_close(&im);                     /* end of file, no ABORT: TCP-7's probe */
-    deadline = tt_now_ns() + 10000000000ull; /* the probe's 5 s, and room */
+    uint64_t deadline = tt_now_ns() + 10000000000ull; /* the probe's 5 s, and room */
     while (atomic_load(&job.shared->count[C_ANSWERS]) < 1 && tt_now_ns() < deadline)
         usleep(1000);
     int answers = atomic_load(&job.shared->count[C_ANSWERS]);
@@ -804,16 +811,8 @@ static int body_bye(tt_job *job, int rank) {
 static void test_tcp_crypt_bye(void **state) {
     (void)state;
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 3, body_bye, NULL), 0);
-    uint64_t deadline = tt_now_ns() + 30000000000ull;
-    while (atomic_load(&job.shared->count[C_READY]) < 3 && tt_now_ns() < deadline)
-        usleep(1000);
-    assert_int_equal(atomic_load(&job.shared->count[C_READY]), 3);
-    char addr[128];
-    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
     impostor im;
-    impostor_open(&im, addr);
-    ping_pong(&im);
+    start_with_impostor(&job, body_bye, &im);
     atomic_store(&job.shared->flag[F_BYE_GO], 1);
     int waited = tt_wait(&job, 90);
     fprintf(stderr, "bye: %d peer-downs after a BYE between workers\n",
