@@ -290,3 +290,23 @@ int tt_self_usage(uint64_t *rss_bytes, uint64_t *fds, uint64_t *threads) {
     *threads = (uint64_t)ntask;
     return 0;
 }
+
+int tt_idle_rounds(int rank, int rounds) {
+    for (int round = 0; round < rounds; round++) {
+        usleep((useconds_t)(100000 + 25000 * ((round * 7 + rank * 3) % 13))); /* 0.1-0.4 s */
+        tp_future *f[20];
+        for (int i = 0; i < 20; i++) {
+            tp_value *args = tp_value_list_of(2, tp_value_int(round), tp_value_int(i));
+            TT_CHECK(tp_rpc_async(tp_to_rank((rank + 1 + i % 2) % 3), "add", args, NULL, 20,
+                                  &f[i]) == TP_OK);
+            tp_value_free(args);
+        }
+        for (int i = 0; i < 20; i++) {
+            int64_t v = -1;
+            TT_CHECK(tp_future_wait(f[i], 20) == TP_OK);
+            TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == round + i);
+            tp_future_free(f[i]);
+        }
+    }
+    return 0;
+}

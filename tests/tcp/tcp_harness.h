@@ -71,6 +71,11 @@ int tt_init(const tt_job *job, int rank, tp_options *opts);
  * threads (/proc/self/task). 0 on success, -1 when /proc cannot be read. */
 int tt_self_usage(uint64_t *rss_bytes, uint64_t *fds, uint64_t *threads);
 
+/* Rounds of 20 rpc_async add calls from rank to the two others of a world of
+ * three, each round after a pause of 100..400 ms (varying with round and
+ * rank): with idle_timeout 0.2 s some calls race an idle close (TCP-19).
+ * 0 when every call answered right; else prints what failed, -1. */
+int tt_idle_rounds(int rank, int rounds);
 /* Spins (sleeping 1 ms) until flag i reaches at least v or timeout; 0 when it did. */
 int tt_await_flag(tt_shared *sh, int i, int v, double timeout_s);
 

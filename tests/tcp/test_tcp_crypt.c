@@ -684,22 +684,7 @@ static int body_idle(tt_job *job, int rank) {
      * test_tcp_idle, with pauses from half to twice it (some connections
      * surely idle, on a busy machine too): some calls start as the peer asks
      * us to close, and must neither be lost nor fail. */
-    for (int round = 0; round < 12; round++) {
-        usleep((useconds_t)(100000 + 25000 * ((round * 7 + rank * 3) % 13))); /* 0.1-0.4 s */
-        tp_future *f[20];
-        for (int i = 0; i < 20; i++) {
-            tp_value *args = tp_value_list_of(2, tp_value_int(round), tp_value_int(i));
-            TT_CHECK(tp_rpc_async(tp_to_rank((rank + 1 + i % 2) % 3), "add", args, NULL, 20,
-                                  &f[i]) == TP_OK);
-            tp_value_free(args);
-        }
-        for (int i = 0; i < 20; i++) {
-            int64_t v = -1;
-            TT_CHECK(tp_future_wait(f[i], 20) == TP_OK);
-            TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == round + i);
-            tp_future_free(f[i]);
-        }
-    }
+    TT_CHECK(tt_idle_rounds(rank, 12) == 0);
     TT_CHECK(shutdown_watched() == 0);
     return 0;
 }
