@@ -8,13 +8,16 @@
 #   (default 60), starting from its seed corpus fuzz/corpus/<harness>. Findings go
 #   to fuzz/findings/<harness> (git-ignored; the previous run's are kept as
 #   <harness>.prev). Exits 1 when any harness crashed or hung, listing the inputs.
-# Environment: FUZZ_SECONDS (per harness), FUZZ_ONLY="fuzz_a fuzz_b" to fuzz only
+# Environment: FUZZ_SECONDS (per harness), FUZZ_EXECS (stop a harness early
+#   once it ran about this many inputs; the default is no such stop), FUZZ_ONLY="fuzz_a fuzz_b" to fuzz only
 #   those harnesses, FUZZ_ASAN=0 to build without AddressSanitizer (faster, finds
 #   less), AFL_CC to use another AFL++ compiler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: scripts/fuzz.sh BUILD_DIR}
 seconds=${FUZZ_SECONDS:-60}
+execs_cap=()
+if [ -n "${FUZZ_EXECS:-}" ]; then execs_cap=(-E "$FUZZ_EXECS"); fi
 asan=${FUZZ_ASAN:-1}
 cc=${AFL_CC:-afl-clang-fast}
 
@@ -67,13 +70,17 @@ for h in "${harnesses[@]}"; do
   # its largest inputs (256 KiB sealed, read a byte at a time) pass under
   # load: each timeout restarts the target, and it ran 36 inputs a second
   # instead of about 450 with 500 ms.
+  # fuzz_tcp_conn runs a live TCP job: its first input waits for init, and an
+  # input after which worker 0 no longer reaches worker 1 restarts the job
+  # (shutdown, up to 40 s); its own deadlines catch a stalled reader.
   case "$h" in
     fuzz_sim_world | fuzz_core_frames) limit=$([ "$asan" = 1 ] && echo 60000 || echo 5000) ;;
+    fuzz_tcp_conn) limit=120000 ;;
     fuzz_tcp_crypt) limit=$([ "$asan" = 1 ] && echo 500 || echo 100) ;;
     *) limit=1000+ ;;
   esac
   echo "fuzz: $h for ${seconds}s (findings in $out)" >&2
-  afl-fuzz -V "$seconds" -m none -t "$limit" -i "$corpus" -o "$out" -- "$afl_build/fuzz/$h" \
+  afl-fuzz -V "$seconds" ${execs_cap[@]+"${execs_cap[@]}"} -m none -t "$limit" -i "$corpus" -o "$out" -- "$afl_build/fuzz/$h" \
     > "$out.log" 2>&1 || { echo "fuzz: afl-fuzz failed for $h; see $out.log" >&2; tail -20 "$out.log" >&2; bad=1; continue; }
   crashes=$(find "$out" -path '*/crashes/id:*' -type f | sort)
   hangs=$(find "$out" -path '*/hangs/id:*' -type f | sort)

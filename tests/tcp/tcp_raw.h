@@ -38,9 +38,10 @@ int tt_hello_as_worker2(const char *addr);
 /* A frame header: "TPRC", version, type, body_len (the bytes after the header). */
 void tt_frame_header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len);
 
-/* ---- Without asserts: for programs that open thousands of connections
- * (net_storm, net_fuzz), where a refused, reset or dropped connection is an
- * outcome to count, not a failure. Errors are -1 with errno set. */
+/* ---- Without asserts (tcp_raw_dial.c): for programs that open thousands of
+ * connections (net_storm, net_fuzz) or run without cmocka (fuzz_tcp_conn),
+ * where a refused, reset or dropped connection is an outcome to count, not a
+ * failure. Errors are -1 with errno set. */
 
 /* A blocking IPv4 socket connected to "host:port" (TCP_NODELAY), or -1. */
 int tt_raw_dial(const char *addr);
@@ -62,5 +63,8 @@ int tt_raw_store_hello(const char *addr, uint32_t rank, const tpi_tcp_auth *auth
 /* rank's published address (INIT-3), read from the job's store at
  * 127.0.0.1:store_port like any client: 0, or -1 with a message on stderr. */
 int tt_raw_worker_addr(uint16_t store_port, int rank, char *addr, size_t len);
+/* The same for the job's init attempt gen (INIT-1: g<gen>/ keys), when this
+ * process has called init before. */
+int tt_raw_worker_addr_in(uint16_t store_port, unsigned gen, int rank, char *addr, size_t len);
 
 #endif
