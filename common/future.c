@@ -213,6 +213,9 @@ static tp_status wait_deadline(tp_core *c, double *timeout_s, uint64_t *deadline
 tp_status tp_future_wait(tp_future *f, double timeout_s) {
     if (!f)
         return tpi_fail(TP_EINVAL, "future wait: future is NULL");
+    /* Checked first: whether an argument is valid must not depend on timing. */
+    if (tpi_check_timeout(timeout_s, 1) != TP_OK)
+        return TP_EINVAL;
     if (atomic_load_explicit(&f->done, memory_order_acquire))
         return record(f);
     tp_core *c = f->core;
@@ -314,6 +317,8 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
                              size_t *failed_index) {
     if (failed_index)
         *failed_index = n; /* FUTURE-6: n on success */
+    if (tpi_check_timeout(timeout_s, 1) != TP_OK)
+        return TP_EINVAL; /* first, as tp_future_wait does */
     if (n == 0)
         return TP_OK;
     if (!futures)
