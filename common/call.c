@@ -466,8 +466,10 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
     c->active_client--;
     TPI_ASSERT(c->inflight[call->dst] >= call->wire_len);
     /* FLOW-7: a call that timed out keeps its bytes until its late reply,
-     * as the callee still holds its request. */
-    if (!(st == TP_ETIMEDOUT && call->wire_len > 0 && !c->peer_dead[call->dst] &&
+     * as the callee still holds its request in its queue; only requests
+     * that run code are queued there (FLOW-8). */
+    int queued = call->type == TPI_MSG_REQUEST || call->type == TPI_MSG_REMOTE;
+    if (!(st == TP_ETIMEDOUT && queued && call->wire_len > 0 && !c->peer_dead[call->dst] &&
           debt_add(c, call))) {
         c->inflight[call->dst] -= call->wire_len;
         if (c->nwaiting[call->dst])
