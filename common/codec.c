@@ -927,7 +927,7 @@ static int has_method_flag(uint8_t type) {
 static const char *msg_type_name(uint8_t type) {
     static const char *const names[] = {
         "?",          "REQUEST",     "RESPONSE",  "REMOTE",
-        "RREF_FETCH", "RREF_DELETE", "RREF_FORK", "RREF_ACCEPT",
+        "RREF_FETCH", "RREF_DELETE", "RREF_FORK", "RREF_ACCEPT", "RREF_ABANDON",
     };
     return type <= TPI_MSG_TYPE_MAX_ ? names[type] : "?";
 }
@@ -1001,6 +1001,13 @@ static tp_status msg_size(enc *e, const tpi_msg *m, size_t *text_len, uint64_t *
     case TPI_MSG_RREF_FORK:
         n += 2 * GID_SIZE + 4;
         break;
+    case TPI_MSG_RREF_ABANDON:
+        if (m->status == TP_OK || m->status >= TP_STATUS_COUNT_)
+            return enc_fail(e, TP_EINVAL, "an abandoned creation with status %u",
+                            (unsigned)m->status);
+        *text_len = strnlen(m->text, TPI_REMOTE_MSG_LEN_MAX);
+        n += GID_SIZE + 4 + 4 + *text_len;
+        break;
     default:
         break;
     }
@@ -1056,6 +1063,11 @@ static tp_status body_write(enc *e, const tpi_msg *m, size_t text_len) {
         break;
     case TPI_MSG_RREF_ACCEPT:
         put_gid(b, m->fork);
+        break;
+    case TPI_MSG_RREF_ABANDON:
+        put_gid(b, m->rref);
+        tpi_wbuf_u32(b, m->status);
+        tpi_wbuf_str(b, m->text, text_len);
         break;
     default:
         break;
@@ -1212,6 +1224,19 @@ static void body_read(tpi_rbuf *r, const tpi_codec_hooks *hooks, tpi_msg *m) {
     case TPI_MSG_RREF_ACCEPT:
         get_gid(r, &m->fork);
         break;
+    case TPI_MSG_RREF_ABANDON: {
+        get_gid(r, &m->rref);
+        size_t at = r->pos;
+        if (!tpi_rbuf_u32(r, &m->status))
+            return;
+        if (m->status == TP_OK || m->status >= TP_STATUS_COUNT_) {
+            tpi_rbuf_fail(r, TP_EPROTO, "an abandoned creation with status %u at offset %zu",
+                          (unsigned)m->status, at);
+            return;
+        }
+        get_name(r, "error message", 0, TPI_REMOTE_MSG_LEN_MAX, m->text);
+        break;
+    }
     default:
         TPI_ASSERT(0 && "type checked by the header");
     }

@@ -39,7 +39,8 @@ typedef enum tpi_msg_type {
     TPI_MSG_RREF_DELETE = 5, /* a user (fork) is gone */
     TPI_MSG_RREF_FORK = 6,   /* a new user asks the owner to record its fork */
     TPI_MSG_RREF_ACCEPT = 7, /* a child tells its parent the owner confirmed it */
-    TPI_MSG_TYPE_MAX_ = 7
+    TPI_MSG_RREF_ABANDON = 8, /* the creator tells the owner its creation failed (RREF-14) */
+    TPI_MSG_TYPE_MAX_ = 8
 } tpi_msg_type;
 
 /* Header flags. */
@@ -138,6 +139,7 @@ tp_status tpi_value_decode(tpi_rbuf *r, const tpi_codec_hooks *hooks, tp_value *
  *   RREF_DELETE  rref, fork
  *   RREF_FORK    rref, fork, parent
  *   RREF_ACCEPT  fork
+ *   RREF_ABANDON rref, status (not TP_OK), text (why the creation failed)
  * Decoded text is copied and NUL-terminated; values are owned by the msg.
  */
 typedef struct tpi_msg {

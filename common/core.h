@@ -141,7 +141,7 @@ struct tpi_debt {
  * refusals, seen from a non-conforming caller). */
 extern atomic_int tpi_flow_ignore_credit;
 
-/* ---- RRefs (RREF-1..12) ------------------------------------------------- */
+/* ---- RRefs (RREF-1..14) ------------------------------------------------- */
 
 typedef struct tpi_owner tpi_owner;
 typedef struct tpi_fork_rec {
@@ -182,6 +182,9 @@ struct tp_rref {
     int children;        /* lock: forks sent from it that their children have not accepted */
     int delete_pending;  /* lock: shutdown wants the delete once children reach 0 */
     int answered;        /* lock: the owner answered a fetch of it: it exists there */
+    int fork_pending;    /* lock: our RREF_FORK is unanswered (RREF-6) */
+    tp_status fork_status; /* lock: why the owner did not confirm it (RREF-13), or TP_OK */
+    tpi_waiter *confirm_waiters; /* lock: functions waiting to run until it is confirmed */
     tp_status failed;    /* lock: creation failed locally (timeout, peer down) */
     char *fail_msg;      /* lock */
     tp_rref *prev, *next; /* lock: the core's list of live user rrefs */
@@ -393,10 +396,22 @@ typedef struct tpi_rref_ctx {
     uint32_t peer;  /* the destination (encode) or source (decode) */
     tpi_fork_undo *undo;
     size_t nundo, undo_cap;
+    /* Decode for a function (RREF-13): collect every user rref whose fork
+     * went to its owner unanswered, pinned, so the function runs only once
+     * the owner confirmed them all (tpi_rrefs_await_confirmed). */
+    int collect;
+    tp_rref **pending;
+    size_t npending, pending_cap;
 } tpi_rref_ctx;
 void tpi_rref_hooks(tpi_rref_ctx *rc, tpi_codec_hooks *hooks);
 void tpi_rref_ctx_rollback(tpi_rref_ctx *rc);
+/* Frees the context's lists; unpins what it collected. */
 void tpi_rref_ctx_done(tpi_rref_ctx *rc);
+/* RREF-13: parks until the owner answered every fork rc collected, or the
+ * deadline. TP_OK when all are confirmed; else the status with a message
+ * for what (the function about to run) in err. Lock not held. */
+tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const char *what,
+                                    char *err, size_t err_len);
 
 tpi_gid tpi_new_gid(tp_core *c);
 /* Owner-side handling of RREF_* messages and REMOTE (lock not held). */

@@ -1,5 +1,5 @@
 /*
- * rref.c: remote references (spec/rref.md RREF-1..12).
+ * rref.c: remote references (spec/rref.md RREF-1..14).
  *
  * The owner keeps a tpi_owner per value with the set of forks (user
  * references elsewhere) and its own local handles. A user reference is a
@@ -7,6 +7,8 @@
  *  - the owner hears of every user deletion (RREF_DELETE, answered);
  *  - a parent keeps its reference until the child it sent is confirmed by
  *    the owner (the parent holds a handle in `children` until RREF_ACCEPT).
+ * A function runs only once every rref among its arguments is confirmed
+ * (RREF-13: decode collects the forks, tpi_rrefs_await_confirmed waits).
  * This first cut assumes per-link FIFO delivery and no loss except with a
  * peer-down; the protocol under loss and reordering is a later issue.
  */
@@ -109,6 +111,20 @@ void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, cons
     }
     for (tpi_waiter *w = o->waiters; w; w = w->next)
         c->ops->unpark(c->agent, w->task);
+}
+
+/* The owner's record of a creation that failed for its creator (RREF-14):
+ * from now on it answers with the error. A value already built stays in
+ * memory until the record is freed (a local_value may have lent it out). */
+static void owner_abandon(tp_core *c, tpi_owner *o, tp_status st, const char *msg) {
+    if (!o->ready) {
+        tpi_owner_set(c, o, st, NULL, msg); /* the running function's result is dropped */
+        return;
+    }
+    if (o->status != TP_OK)
+        return; /* failed already: the first error stands */
+    o->status = st;
+    o->errmsg = strdup(msg && *msg ? msg : tp_strerror(st));
 }
 
 static void owner_free(tp_core *c, tpi_owner *o) {
@@ -343,11 +359,17 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
     if (!mine)
         tpi_lock(c);
     tp_status st = TP_OK;
+    tpi_owner *o = r->is_owner ? tpi_idmap_get(&c->owners, r->id) : NULL;
     if (!r->is_owner && (r->closed || r->released)) {
         st = tpi_fail(TP_ESHUTDOWN, "rref %u:%llu was released by shutdown and cannot be sent",
                       r->id.worker, (unsigned long long)r->id.local);
+    } else if (!r->is_owner && r->failed) { /* RREF-14: one fact, at once */
+        st = tpi_fail(r->failed, "rref %u:%llu cannot be sent: %s", r->id.worker,
+                      (unsigned long long)r->id.local, r->fail_msg ? r->fail_msg : "its creation failed");
+    } else if (o && o->ready && o->status != TP_OK) {
+        st = tpi_fail(o->status, "rref %u:%llu cannot be sent: %s", r->id.worker,
+                      (unsigned long long)r->id.local, o->errmsg ? o->errmsg : "its creation failed");
     } else if (r->is_owner) { /* the owner records the fork itself, at once */
-        tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
         st = o ? tpi_owner_add_fork(o, w->fork_id, rc->peer) : TP_EINVAL;
     } else if (TPI_CANARY(TPI_CANARY_CHILD_DROPPED_EARLY)) {
         /* Canary: no pending child, so the parent's delete can overtake the
@@ -407,6 +429,11 @@ void tpi_rref_ctx_done(tpi_rref_ctx *rc) {
     free(rc->undo);
     rc->undo = NULL;
     rc->nundo = rc->undo_cap = 0;
+    for (size_t i = 0; i < rc->npending; i++)
+        tpi_rref_unpin(rc->core, rc->pending[i]);
+    free(rc->pending);
+    rc->pending = NULL;
+    rc->npending = rc->pending_cap = 0;
 }
 
 static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork);
@@ -422,8 +449,73 @@ static void fork_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply)
     tp_rref *r = call->rref;
     if (reply && st == TP_OK)
         atomic_store(&r->confirmed, 1);
+    else
+        r->fork_status = st != TP_OK ? st : TP_EPROTO;
+    r->fork_pending = 0;
+    for (tpi_waiter *w = r->confirm_waiters; w; w = w->next) /* RREF-13 */
+        c->ops->unpark(c->agent, w->task);
     if (reply || st == TP_EPEERDOWN)
         send_accept(c, call->parent, call->fork);
+}
+
+/* Keeps r (pinned) for a function that must wait for its confirmation. */
+static void collect_pending(tpi_rref_ctx *rc, tp_rref *r) {
+    if (rc->npending == rc->pending_cap) {
+        size_t cap = rc->pending_cap ? 2 * rc->pending_cap : 4;
+        tp_rref **grown = realloc(rc->pending, cap * sizeof *grown);
+        if (!grown) {
+            /* Not confirmed, and nobody can wait for it: the function is refused. */
+            r->fork_pending = 0;
+            r->fork_status = TP_ENOMEM;
+            return;
+        }
+        rc->pending = grown;
+        rc->pending_cap = cap;
+    }
+    tpi_rref_pin(r);
+    rc->pending[rc->npending++] = r;
+}
+
+tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const char *what,
+                                    char *err, size_t err_len) {
+    tp_core *c = rc->core;
+    tp_status st = TP_OK;
+    tpi_lock(c);
+    for (size_t i = 0; i < rc->npending && st == TP_OK; i++) {
+        tp_rref *r = rc->pending[i];
+        while (r->fork_pending && st == TP_OK) {
+            tpi_waiter w = {c->ops->task_self(c->agent), NULL, r->confirm_waiters};
+            if (r->confirm_waiters)
+                r->confirm_waiters->prev = &w;
+            r->confirm_waiters = &w;
+            tp_status pst = tpi_park(c, deadline);
+            if (w.prev)
+                w.prev->next = w.next;
+            else
+                r->confirm_waiters = w.next;
+            if (w.next)
+                w.next->prev = w.prev;
+            if (r->fork_pending && pst != TP_OK) {
+                st = pst;
+                tpi_format(err, err_len,
+                           "%s did not run: rref %u:%llu among its arguments was not confirmed "
+                           "by its owner '%s' (RREF-13): %s",
+                           what, r->id.worker, (unsigned long long)r->id.local, r->owner_name,
+                           pst == TP_ETIMEDOUT ? "the call's deadline passed first"
+                                               : "the worker is shutting down");
+            }
+        }
+        if (st == TP_OK && !atomic_load(&r->confirmed)) {
+            st = r->fork_status != TP_OK ? r->fork_status : TP_EPROTO;
+            tpi_format(err, err_len,
+                       "%s did not run: rref %u:%llu among its arguments was not confirmed by "
+                       "its owner '%s' (RREF-13): %s",
+                       what, r->id.worker, (unsigned long long)r->id.local, r->owner_name,
+                       tp_strerror(st));
+        }
+    }
+    tpi_unlock(c);
+    return st;
 }
 
 static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
@@ -470,8 +562,18 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
                 call->fork = w->fork_id;
                 call->parent = w->parent;
                 call->on_reply = fork_reply;
-                tpi_call_issue(c, call, &m, TP_TIMEOUT_INFINITE); /* see fork_reply */
+                r->fork_pending = 1;
+                tp_status ist = tpi_call_issue(c, call, &m, TP_TIMEOUT_INFINITE); /* fork_reply */
+                if (ist != TP_OK) { /* never sent (the owner is down): as fork_reply would */
+                    r->fork_pending = 0;
+                    r->fork_status = ist;
+                    send_accept(c, w->parent, w->fork_id);
+                }
+            } else {
+                r->fork_status = TP_ENOMEM; /* never confirmed */
             }
+            if (rc->collect) /* pending, or settled unconfirmed: the wait says why */
+                collect_pending(rc, r);
         }
     }
     if (!mine)
@@ -549,6 +651,13 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         tpi_child *ch = tpi_idmap_del(&c->children, m->fork);
         if (ch)
             drop_child(c, ch);
+        tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
+        break;
+    }
+    case TPI_MSG_RREF_ABANDON: { /* RREF-14; an unknown rref id is ignored */
+        tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
+        if (o && m->rref.worker == src) /* only its creator may say so */
+            owner_abandon(c, o, (tp_status)m->status, m->text);
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
         break;
     }
@@ -660,31 +769,71 @@ static void fetch_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply
         call->rref->answered = 1;
 }
 
+/* Fails every to_here of r still waiting with the creation error (RREF-14). */
+static void fail_waiting_fetches(tp_core *c, tp_rref *r) {
+    /* Restart the scan after each finish, which changes the list. */
+    for (tpi_call *k = c->calls_head; k;) {
+        if (k->type == TPI_MSG_RREF_FETCH && k->rref == r) {
+            tpi_call_finish(c, k, r->failed, NULL, r->fail_msg);
+            k = c->calls_head;
+        } else {
+            k = k->next;
+        }
+    }
+}
+
+/* RREF-14: tells the owner that the creation failed here, so every holder
+ * sees the same fact. Answered; a lost one is no worse than RREF-12. */
+static void send_abandon(tp_core *c, tp_rref *r) {
+    if (c->peer_dead[r->owner] || r->owner_inc != c->peer_inc[r->owner])
+        return;
+    tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_ABANDON, "rref abandon", NULL);
+    if (!call)
+        return;
+    tpi_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = TPI_MSG_RREF_ABANDON;
+    m.rref = r->id;
+    m.status = (uint32_t)r->failed;
+    tpi_format(m.text, sizeof m.text, "%s", r->fail_msg ? r->fail_msg : tp_strerror(r->failed));
+    tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT);
+}
+
 static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
     tp_rref *r = call->rref;
+    char msg[TP_ERRMSG_LEN_MAX];
     if (reply) {
         atomic_store(&r->confirmed, 1); /* the owner has it, value or error */
+        if (st != TP_OK && !r->is_owner && !r->failed) { /* the function failed: RREF-14 */
+            r->failed = st;
+            r->fail_msg = strdup(reply->text[0] ? reply->text : tp_strerror(st));
+            fail_waiting_fetches(c, r);
+        }
         return;
     }
     /* No answer: creation timed out or the owner is gone. An owner that
      * answered a fetch of it had created it (and our fork: RREF-2), its
      * REMOTE answer was only lost behind that: not a failed creation. */
+    if (r->is_owner) { /* remote to self (RREF-14): the creation timed out unless built */
+        tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
+        if (o && !o->ready) {
+            tpi_format(msg, sizeof msg, "the rref was not created: remote '%s' on '%s' did not "
+                       "finish (%s)", call->fn, r->owner_name, tp_strerror(st));
+            tpi_owner_set(c, o, st, NULL, msg);
+        }
+        return;
+    }
     if (!r->failed && !r->answered) {
         r->failed = st;
-        char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "the rref was not created: remote '%s' on '%s' got no answer"
                    " (%s)", call->fn, r->owner_name, tp_strerror(st));
         r->fail_msg = strdup(msg);
-        /* A to_here already waiting learns it now (RREF-2): restart the scan
-         * after each finish, which changes the list. */
-        for (tpi_call *k = c->calls_head; k;) {
-            if (k->type == TPI_MSG_RREF_FETCH && k->rref == r) {
-                tpi_call_finish(c, k, st, NULL, msg);
-                k = c->calls_head;
-            } else {
-                k = k->next;
-            }
-        }
+        /* The fork no longer holds anything: whatever the owner has is
+         * abandoned (RREF-14), and the REMOTE that recorded it may be lost. */
+        tpi_probe_rref(c, TP_PROBE_RREF_FORK_GONE, r->id, r->fork, r->owner);
+        fail_waiting_fetches(c, r); /* a to_here already waiting learns it now (RREF-2) */
+        if (st != TP_EPEERDOWN)
+            send_abandon(c, r);
     }
 }
 

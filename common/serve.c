@@ -31,6 +31,8 @@ typedef struct tpi_job {
     tpi_owner *owner; /* REMOTE: the record being built */
     uint64_t held;    /* bytes counted against src's credit until it runs (FLOW-8) */
     uint32_t held_epoch;
+    tpi_rref_ctx rc;  /* REMOTE, or a REQUEST handed over decoded: unconfirmed rrefs (RREF-13) */
+    int decoded;      /* msg is a REQUEST decoded in the I/O context (serve_request) */
 } tpi_job;
 
 /* FUNC-6: the non-blocking function this thread is running, or NULL. Such a
@@ -195,18 +197,57 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
 #undef SELF_DESC
 }
 
+/* RREF-13: a function runs only once the owners confirmed every rref among
+ * its arguments; bounded by the call's own deadline. */
+static tp_status await_rrefs(tp_core *c, const tpi_msg *m, tpi_rref_ctx *rc, char *err,
+                             size_t err_len) {
+    if (rc->npending == 0)
+        return TP_OK;
+    char what[TP_NAME_LEN_MAX + 64], who[TP_NAME_LEN_MAX + 32];
+    tpi_format(what, sizeof what, "%s '%s' on %s",
+               (m->flags & TPI_FLAG_METHOD) ? "method" : "function", m->text,
+               tpi_worker_desc(c, c->rank, who, sizeof who));
+    uint64_t deadline =
+        m->timeout_ms ? tpi_deadline_after(c, m->timeout_ms / 1000.0) : TPI_NO_DEADLINE;
+    return tpi_rrefs_await_confirmed(rc, deadline, what, err, err_len);
+}
+
 /* Runs the creating function of an owner record registered by on_remote. */
-static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o) {
+static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o, tpi_rref_ctx *rc) {
     char err[TP_ERRMSG_LEN_MAX] = "";
     tp_value *result = NULL;
-    tp_status st = invoke(c, src, m, NULL, &result, err, sizeof err);
+    tp_status st = await_rrefs(c, m, rc, err, sizeof err);
+    if (st == TP_OK)
+        st = invoke(c, src, m, NULL, &result, err, sizeof err);
     tpi_lock(c);
     o->running = 0;
-    tpi_owner_set(c, o, st, result, err); /* takes result */
+    if (o->ready) { /* its creator gave up on it meanwhile (RREF-14): that error stands */
+        tpi_defer_free(c, result);
+        st = o->status;
+        tpi_format(err, sizeof err, "%s", o->errmsg ? o->errmsg : tp_strerror(st));
+    } else {
+        tpi_owner_set(c, o, st, result, err); /* takes result */
+    }
     tpi_owner_maybe_free(c, o);
     tpi_unlock(c);
     tpi_reply(c, src, m->id, st, NULL, err);
 }
+
+/* Runs a decoded REQUEST's function (found: see invoke) once its rrefs are
+ * confirmed, and replies. */
+static void run_request(tp_core *c, uint32_t src, const tpi_msg *m, tpi_rref_ctx *rc,
+                        const resolved_fn *found) {
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_value *result = NULL;
+    tp_status st = await_rrefs(c, m, rc, err, sizeof err);
+    if (st == TP_OK)
+        st = invoke(c, src, m, found, &result, err, sizeof err);
+    reply_result(c, src, m->id, st, result, err, m->text);
+    tp_value_free(result);
+}
+
+static int hand_over(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc);
+static void submit(tp_core *c, tpi_job *j, uint64_t id);
 
 /* Decodes a REQUEST frame (taken), runs its function (found: see invoke) and replies. */
 static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
@@ -214,7 +255,7 @@ static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
     tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX] = "";
     char who[TP_NAME_LEN_MAX + 32];
-    tpi_rref_ctx rc = {c, src, NULL, 0, 0};
+    tpi_rref_ctx rc = {c, src, NULL, 0, 0, 1, NULL, 0, 0};
     tpi_codec_hooks hooks;
     tpi_rref_hooks(&rc, &hooks);
     tp_status st = tpi_msg_decode_frame(f, &hooks, &m, err, sizeof err); /* takes f */
@@ -222,13 +263,16 @@ static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s could not decode the request: %s",
                    tpi_worker_desc(c, c->rank, who, sizeof who), err);
+        tpi_rref_ctx_done(&rc);
         tpi_reply(c, src, id, st, NULL, msg);
         return;
     }
-    tp_value *result = NULL;
-    st = invoke(c, src, &m, found, &result, err, sizeof err);
-    reply_result(c, src, id, st, result, err, m.text);
-    tp_value_free(result);
+    /* The I/O context cannot wait for confirmations: a non-blocking
+     * function with unconfirmed rrefs runs on the pool instead (RREF-13). */
+    if (rc.npending > 0 && nonblocking_fn && hand_over(c, src, &m, &rc))
+        return;
+    run_request(c, src, &m, &rc, found);
+    tpi_rref_ctx_done(&rc);
     tpi_msg_clear(&m);
 }
 
@@ -334,8 +378,10 @@ static void job_run(tp_work *w) {
             tpi_unlock(c);
         }
         tpi_reply(c, j->src, id, TP_ESHUTDOWN, NULL, err);
+    } else if (j->decoded) {
+        run_request(c, j->src, j->msg, &j->rc, NULL);
     } else if (j->msg) {
-        serve_remote(c, j->src, j->msg, j->owner);
+        serve_remote(c, j->src, j->msg, j->owner, &j->rc);
     } else {
         serve_request(c, j->src, j->frame, id, NULL);
         j->frame = NULL;
@@ -344,6 +390,7 @@ static void job_run(tp_work *w) {
         tpi_msg_clear(j->msg);
         free(j->msg);
     }
+    tpi_rref_ctx_done(&j->rc);
     tp_frame_free(j->frame);
     tpi_lock(c); /* one lock section for both: this runs once per served call */
     tpi_work_leave_locked(c, &node);
@@ -361,9 +408,8 @@ static void job_run(tp_work *w) {
  */
 static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, char *err,
                            size_t err_len) {
-    tpi_rref_ctx rc = {c, src, NULL, 0, 0};
     tpi_codec_hooks hooks;
-    tpi_rref_hooks(&rc, &hooks);
+    tpi_rref_hooks(&j->rc, &hooks);
     j->msg = malloc(sizeof *j->msg);
     if (!j->msg) {
         tp_frame_free(f);
@@ -448,21 +494,48 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     }
     if (type == TPI_MSG_REMOTE) {
         char err[TP_ERRMSG_LEN_MAX];
+        j->rc = (tpi_rref_ctx){c, src, NULL, 0, 0, 1, NULL, 0, 0};
         tp_status st = on_remote(c, src, f, j, err, sizeof err); /* takes f */
         f = NULL;
         if (st != TP_OK) {
             tpi_lock(c);
             flow_release(c, j);
             tpi_unlock(c);
+            tpi_rref_ctx_done(&j->rc);
             tpi_block_free(j, sizeof *j);
             tpi_reply(c, src, id, st, NULL, err);
             return;
         }
     }
+    j->frame = f;
+    submit(c, j, id);
+}
+
+/* Hands a decoded REQUEST (m and rc moved in) to the pool: 1 when it did. */
+static int hand_over(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc) {
+    tpi_job *j = tpi_block_alloc(sizeof *j);
+    tpi_msg *copy = j ? malloc(sizeof *copy) : NULL;
+    if (!copy) {
+        if (j)
+            tpi_block_free(j, sizeof *j);
+        return 0;
+    }
+    memset(j, 0, sizeof *j);
+    *copy = *m;
+    j->msg = copy;
+    j->decoded = 1;
+    j->src = src;
+    j->rc = *rc;
+    memset(rc, 0, sizeof *rc);
+    submit(c, j, copy->id);
+    return 1;
+}
+
+/* Queues job j (its frame or msg set) on the pool; answers id if it cannot. */
+static void submit(tp_core *c, tpi_job *j, uint64_t id) {
+    uint32_t src = j->src;
     j->work.run = job_run;
     j->core = c;
-    j->src = src;
-    j->frame = f;
     tpi_core_ref(c);
     tpi_lock(c);
     c->active_served++; /* before the job can run: shutdown's drain sees it */
@@ -480,11 +553,12 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         tpi_unlock(c);
     }
     if (st != TP_OK) {
-        tp_frame_free(f);
+        tp_frame_free(j->frame);
         if (j->msg) {
             tpi_msg_clear(j->msg);
             free(j->msg);
         }
+        tpi_rref_ctx_done(&j->rc);
         tpi_block_free(j, sizeof *j);
         tpi_reply(c, src, id, TP_ESHUTDOWN, NULL, "the callee is shutting down");
         tpi_core_unref(c);

@@ -159,6 +159,12 @@ int main(int argc, char **argv) {
     m.fork = (tpi_gid){2, 10};
     emit("rref-accept", &m);
 
+    m = msg(TPI_MSG_RREF_ABANDON, 0);
+    m.rref = (tpi_gid){1, 7};
+    m.status = TP_ETIMEDOUT;
+    snprintf(m.text, sizeof m.text, "the rref was not created: remote 'slow' on 'w1' got no answer");
+    emit("rref-abandon", &m);
+
     /* A value holding an rref, hand-made (no core to fork one): the
      * harness refuses it, which covers that path. */
     static const uint8_t rref_resp[] = {'T', 'P', 'R', 'C', 1, TPI_MSG_RESPONSE,

@@ -34,7 +34,8 @@ enum {
 
 /* Message types by name for failsend and delaytype (spec/wire.md), index = type. */
 static const char *const type_names[TPI_SIM_MSG_TYPES] = {
-    "", "request", "response", "remote", "rref_fetch", "rref_delete", "rref_fork", "rref_accept"};
+    "",          "request",   "response",    "remote",      "rref_fetch",
+    "rref_delete", "rref_fork", "rref_accept", "rref_abandon"};
 
 /* ---- Checks shared by the API and the plan loader ---------------------------- */
 
@@ -602,7 +603,7 @@ static const plan_spec plan_specs[] = {
     {"failsend", F_FAILSEND, 4,
      "failsend TYPE COUNT [FROM_MS [UNTIL_MS]] (TYPE: request, "
      "response, remote, rref_fetch, rref_delete, rref_fork, "
-     "rref_accept)"},
+     "rref_accept, rref_abandon)"},
     {"delaytype", F_DELAYTYPE, 2, "delaytype TYPE EXTRA_MS"},
     {"storedown", F_STOREDOWN, 2, "storedown START_MS END_MS"},
     {"storeslow", F_STORESLOW, 3, "storeslow START_MS END_MS EXTRA_MS"},

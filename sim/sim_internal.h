@@ -70,8 +70,8 @@
 #define TPI_SIM_STACK_CACHE_MAX 256u
 /* The chaos mode holds a reordered or duplicated frame back by up to this. */
 #define TPI_SIM_CHAOS_JITTER_NS 10000000ull
-/* Message types the per-type faults know (wire.md: 1..7), plus the unused 0. */
-#define TPI_SIM_MSG_TYPES 8u
+/* Message types the per-type faults know (wire.md: 1..8), plus the unused 0. */
+#define TPI_SIM_MSG_TYPES 9u
 /* Faults of one kind in a simulation (delay windows are scanned per send). */
 #define TPI_SIM_DELAYS_MAX 4096u
 /* The oracle (SIM-9). Timeouts fire exactly at their deadline on the

@@ -172,6 +172,55 @@ static int rref_as_argument(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* rref_info's confirmed_by_owner (1 expected) from a call to dst that passes r. */
+static void check_confirmed_inside(int rank, tp_dest dst, const char *fn, tp_rref *r) {
+    tp_value *res = NULL;
+    if (CHECK_OK(conf_sync(dst, fn, tp_value_list_of(1, tp_value_rref(r)), &res))) {
+        int confirmed = -1;
+        CHECK_OK(tp_value_get_bool(tp_list_get(res, 2), &confirmed));
+        CHECK_INT(confirmed, 1);
+    }
+    tp_value_free(res);
+}
+
+/* spec: RREF-13 RREF-6: a function that receives a user rref owned by a third
+ * worker runs only once the owner confirmed it (PyTorch 1.13 does the same):
+ * from a REQUEST served on the pool, from a non-blocking function (which
+ * then runs on the pool) and from a REMOTE's arguments. */
+static int rref_run_after_confirm(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(1), "echo", CONF_INTS(8), TP_TIMEOUT_DEFAULT, &r))) {
+            check_confirmed_inside(rank, tp_to_rank(2), "rref_info", r);
+            check_confirmed_inside(rank, tp_to_rank(2), "nb_rref_info", r);
+            /* Through a REMOTE's arguments: the function runs on w2 once confirmed. */
+            tp_rref *info = NULL;
+            if (CHECK_OK(remote_on(tp_to_rank(2), "rref_info",
+                                   tp_value_list_of(1, tp_value_rref(r)), TP_TIMEOUT_DEFAULT,
+                                   &info))) {
+                tp_value *v = NULL;
+                if (CHECK_OK(tp_rref_to_here(info, TP_TIMEOUT_DEFAULT, &v))) {
+                    int confirmed = -1;
+                    CHECK_OK(tp_value_get_bool(tp_list_get(v, 2), &confirmed));
+                    CHECK_INT(confirmed, 1);
+                }
+                tp_value_free(v);
+            }
+            tp_rref_release(info);
+            /* The function sees the value too: confirmed means the owner has the fork. */
+            tp_value *res = NULL;
+            if (CHECK_OK(conf_sync(tp_to_rank(2), "rref_fetch",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res)))
+                CHECK_INT(conf_int_of(rank, res, -1), 8);
+            tp_value_free(res);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /* spec: RREF-6 RREF-7: an rref returned by a function (created there, owned by a third worker). */
 static int rref_as_result(int rank, int ws) {
     CONF_INIT_OR_RETURN(rank, ws);
@@ -242,6 +291,81 @@ static int rref_remote_failure(int rank, int ws) {
             tp_value *v = NULL;
             CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_EUNKNOWNFUNC);
             CHECK_CONTAINS(tp_errmsg(), "no_such_function");
+            tp_value_free(v);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/* spec: RREF-14 RREF-2: a creation that failed is one fact everywhere: its
+ * creator's to_here, passing it on, a third worker that holds a copy sent
+ * before the timeout, and remote to self (PyTorch 1.13: "creation timed
+ * out"), and a function that failed. */
+static int rref_failed_creation_one_fact(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        /* Timed out on a user: w2 got a copy while it was being created. */
+        tp_rref *r = NULL;
+        tp_value *args = tp_value_list_of(2, tp_value_int(400), tp_value_int(5));
+        if (CHECK_OK(remote_on(tp_to_rank(1), "slow_then_value", args, 0.15, &r))) {
+            tp_future *early = NULL;
+            tp_value *pass = tp_value_list_of(1, tp_value_rref(r));
+            CHECK_OK(tp_rpc_async(tp_to_rank(2), "rref_fetch", pass, NULL, TP_TIMEOUT_DEFAULT,
+                                  &early));
+            tp_value_free(pass);
+            tp_value *v = NULL;
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_ETIMEDOUT);
+            CHECK_CONTAINS(tp_errmsg(), "not created");
+            /* w2's copy gets the same error, not the value built at 400 ms. */
+            if (early) {
+                CHECK_STATUS(tp_future_wait(early, TP_TIMEOUT_DEFAULT), TP_EREMOTE);
+                CHECK_CONTAINS(tp_errmsg(), "not created");
+            }
+            tp_future_free(early);
+            /* Passing it on fails at once with the creation error. */
+            tp_value *res = NULL;
+            CHECK_STATUS(conf_sync(tp_to_rank(2), "rref_fetch",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res),
+                         TP_ETIMEDOUT);
+            CHECK_CONTAINS(tp_errmsg(), "not created");
+            tp_value_free(res);
+            CHECK_OK(tp_sleep(0.4)); /* the function has finished on w1 by now */
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_ETIMEDOUT);
+            tp_value_free(v);
+        }
+        tp_rref_release(r);
+        r = NULL;
+        /* Remote to self: the creation timed out, whatever the function does later. */
+        args = tp_value_list_of(2, tp_value_int(300), tp_value_int(6));
+        if (CHECK_OK(remote_on(tp_to_rank(0), "slow_then_value", args, 0.1, &r))) {
+            tp_value *v = NULL;
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_ETIMEDOUT);
+            CHECK_CONTAINS(tp_errmsg(), "not created");
+            CHECK_OK(tp_sleep(0.4));
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_ETIMEDOUT);
+            const tp_value *lv = NULL;
+            CHECK_STATUS(tp_rref_local_value(r, &lv), TP_ETIMEDOUT);
+            tp_value_free(v);
+        }
+        tp_rref_release(r);
+        r = NULL;
+        /* A function that failed: once the creator knows, passing it on fails at once. */
+        if (CHECK_OK(remote_on(tp_to_rank(1), "boom", NULL, TP_TIMEOUT_DEFAULT, &r))) {
+            tp_value *v = NULL;
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_EREMOTE);
+            uint64_t t0 = conf_now_ns();
+            while (!tp_rref_confirmed_by_owner(r) && conf_since_s(t0) < 5.0)
+                if (tp_sleep(0.01) != TP_OK)
+                    break;
+            tp_value *res = NULL;
+            CHECK_STATUS(conf_sync(tp_to_rank(2), "rref_fetch",
+                                   tp_value_list_of(1, tp_value_rref(r)), &res),
+                         TP_EREMOTE);
+            CHECK_CONTAINS(tp_errmsg(), "boom: deliberate failure");
+            CHECK_CONTAINS(tp_errmsg(), "cannot be sent");
+            tp_value_free(res);
             tp_value_free(v);
         }
         tp_rref_release(r);
@@ -435,8 +559,10 @@ const tp_conformance_case conf_cases_rref[] = {
     {"rref_local_value_not_owner", 2, rref_local_value_not_owner, "RREF-10 ERR-2"},
     {"rref_as_argument", 3, rref_as_argument, "RREF-6 RREF-7 VALUE-7"},
     {"rref_as_result", 3, rref_as_result, "RREF-6 RREF-7"},
+    {"rref_run_after_confirm", 3, rref_run_after_confirm, "RREF-13 RREF-6"},
     {"rref_to_here_timeout_then_success", 2, rref_to_here_timeout_then_success, "RREF-9 TIMEOUT-5"},
     {"rref_remote_failure", 2, rref_remote_failure, "RREF-2 RREF-8 CALL-5"},
+    {"rref_failed_creation_one_fact", 3, rref_failed_creation_one_fact, "RREF-14 RREF-2"},
     {"rref_release_frees_on_owner", 3, rref_release_frees_on_owner, "RREF-3 RREF-4 RREF-5"},
     {"rref_method_counter", 2, rref_method_counter, "METHOD-1 METHOD-2 FUNC-2"},
     {"rref_method_errors", 2, rref_method_errors, "METHOD-3 RREF-8 VALUE-8"},

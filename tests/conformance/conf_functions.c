@@ -609,7 +609,8 @@ static tp_status fn_rref_local(tp_call *call, const tp_value *args, const tp_val
     return *result ? TP_OK : nomem(call);
 }
 
-/* rref_info(rref): [is_owner, owner_name] as this worker sees the rref. */
+/* rref_info(rref): [is_owner, owner_name, confirmed_by_owner] as this worker
+ * sees the rref while the function runs. */
 static tp_status fn_rref_info(tp_call *call, const tp_value *args, const tp_value *kwargs,
                               tp_value **result, void *user_data) {
     (void)kwargs, (void)user_data;
@@ -617,8 +618,9 @@ static tp_status fn_rref_info(tp_call *call, const tp_value *args, const tp_valu
     if (!r)
         return TP_ETYPE;
     const char *owner = tp_rref_owner_name(r);
-    *result = tp_value_list_of(2, tp_value_bool(tp_rref_is_owner(r)),
-                               tp_value_str(owner ? owner : "(null)"));
+    *result = tp_value_list_of(3, tp_value_bool(tp_rref_is_owner(r)),
+                               tp_value_str(owner ? owner : "(null)"),
+                               tp_value_bool(tp_rref_confirmed_by_owner(r)));
     return *result ? TP_OK : nomem(call);
 }
 
@@ -787,6 +789,7 @@ static const struct {
 } nonblocking_functions[] = {
     {"nb_add", fn_add},
     {"nb_echo", fn_echo},
+    {"nb_rref_info", fn_rref_info}, /* RREF-13: runs on the pool while its rref is unconfirmed */
     {"nb_try_wait", fn_nb_try_wait},
     {"get", fn_nb_get_decoy}, /* METHOD-1, FUNC-6: a method call never takes this */
 };

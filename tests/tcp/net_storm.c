@@ -438,7 +438,8 @@ static void attack_post(storm *s, kind k) {
         b[4] = (uint8_t)(2 + rnd(s) % 250);
         break;
     case K_FRAME_TYPE:
-        b[5] = rnd(s) % 2 ? 0 : (uint8_t)(8 + rnd(s) % 248);
+        b[5] = rnd(s) % 2 ? 0
+                          : (uint8_t)(TPI_MSG_TYPE_MAX_ + 1 + rnd(s) % (255 - TPI_MSG_TYPE_MAX_));
         break;
     case K_FRAME_HUGE: /* past max_message_size (1 GiB + 1 MiB) */
         put32(b + 8, (uint32_t)((1u << 30) + (1u << 20) + rnd(s) % ((1u << 31) - (1u << 30))));

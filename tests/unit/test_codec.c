@@ -271,6 +271,10 @@ static void test_codec_roundtrip_every_message_type(void **state) {
         m.rref = (tpi_gid){2, 0xabcdef0123u};
         m.fork = (tpi_gid){3, 77};
         m.parent = 4;
+        if (type == TPI_MSG_RREF_ABANDON) {
+            m.status = TP_ETIMEDOUT;
+            strcpy(m.text, "the rref was not created: timed out");
+        }
         if (type == TPI_MSG_REQUEST || type == TPI_MSG_REMOTE) {
             strcpy(m.text, "my_module.add");
             m.flags = type == TPI_MSG_REMOTE ? TPI_FLAG_METHOD : 0;
@@ -318,6 +322,11 @@ static void test_codec_roundtrip_every_message_type(void **state) {
             break;
         case TPI_MSG_RREF_ACCEPT:
             assert_true(d.fork.worker == 3 && d.fork.local == 77);
+            break;
+        case TPI_MSG_RREF_ABANDON:
+            assert_true(d.rref.worker == 2 && d.rref.local == 0xabcdef0123u);
+            assert_int_equal(d.status, TP_ETIMEDOUT);
+            assert_string_equal(d.text, "the rref was not created: timed out");
             break;
         }
         tpi_msg_clear(&d);
@@ -488,7 +497,7 @@ static void test_codec_header_rejects_bad_fields(void **state) {
         {4, 2, TP_EPROTO, "wire version 2, expected 1"},
         {4, 0, TP_EPROTO, "wire version 0, expected 1"},
         {5, 0, TP_EPROTO, "unknown message type 0"},
-        {5, 8, TP_EPROTO, "unknown message type 8"},
+        {5, 9, TP_EPROTO, "unknown message type 9"},
         {6, 2, TP_EPROTO, "unknown flags 0x0002"},
         {7, 0x80, TP_EPROTO, "unknown flags 0x8000"},
         {12, 1, TP_EPROTO, "reserved header field"},

@@ -122,9 +122,10 @@ static void test_shutdown_drain_with_every_peer_dead(void **state) {
  * the child is confirmed; when the child's worker dies first, peer-down drops
  * that kept reference, so the parent's own release still deletes the value on
  * its owner. w0 sends its rref (owned by w1) to w2, whose fork confirmation
- * from w1 is held up by a 1 s delay; w2 dies before it arrives.
+ * from w1 is held up by a 1 s delay; w2 dies before it arrives. The function
+ * that received the rref never runs (RREF-13: it waits for the confirmation).
  */
-static int child_freed, child_taken;
+static int child_freed, child_taken, child_die;
 
 static void child_obj_destroy(void *state) {
     free(state);
@@ -146,14 +147,23 @@ static tp_status take_fn(tp_call *call, const tp_value *args, const tp_value *kw
     return TP_OK;
 }
 
+static tp_status die_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                       tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    child_die = 1;
+    *result = tp_value_nil();
+    return TP_OK;
+}
+
 static int dead_child_program(int rank, int world_size, void *arg) {
     (void)arg;
     CHECK(tp_register_function("obj", child_obj_fn, NULL) == TP_OK);
     CHECK(tp_register_function("take", take_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("die", die_fn, NULL) == TP_OK);
     if (start(rank, world_size, 10.0) != TP_OK)
         return 1;
     if (rank == 2) {
-        while (!child_taken)
+        while (!child_die)
             CHECK(tp_sleep(0.001) == TP_OK);
         tp_sim_crash_self(); /* before w1's confirmation of its fork arrives */
         (void)tp_shutdown(0);
@@ -172,9 +182,14 @@ static int dead_child_program(int rank, int world_size, void *arg) {
     tp_future *f = NULL;
     CHECK(tp_rpc_async(tp_to_rank(2), "take", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
     tp_value_free(args);
-    CHECK(tp_sleep(0.1) == TP_OK); /* w2 took it and died; w0 saw peer-down */
-    CHECK(tp_future_status(f) == TP_OK || tp_future_status(f) == TP_EPEERDOWN);
+    CHECK(tp_sleep(0.05) == TP_OK); /* w2 has the rref; its "take" waits to run */
+    tp_future *die = NULL;
+    CHECK(tp_rpc_async(tp_to_rank(2), "die", NULL, NULL, TP_TIMEOUT_INFINITE, &die) == TP_OK);
+    CHECK(tp_sleep(0.1) == TP_OK); /* w2 died; w0 saw peer-down */
+    CHECK(tp_future_status(f) == TP_EPEERDOWN);
+    CHECK(child_taken == 0); /* RREF-13: never ran with an unconfirmed rref */
     tp_future_free(f);
+    tp_future_free(die);
     tp_rref_release(r);
     /* The delete goes before this call on the same connection (AGENT-8). */
     CHECK(tp_rpc_sync(tp_to_rank(1), "take", NULL, NULL, TP_TIMEOUT_INFINITE, &v) == TP_OK);
