@@ -85,6 +85,9 @@ static void heap_remove(tp_core *c, tpi_call *call) {
 
 static void rearm(tp_core *c) {
     uint64_t next = c->heap_len ? c->heap[0]->deadline_ns : TPI_NO_DEADLINE;
+    uint64_t retry = tpi_retries_next(c); /* RREF-15 */
+    if (retry < next)
+        next = retry;
     /* Lazy disarm: an armed deadline earlier than needed stays; when it fires
      * the upcall finds nothing due and arms the next one. Re-arming each
      * time a call ended cost the TCP loop a wake-up (3 syscalls) per call. */
@@ -529,6 +532,11 @@ void tpi_deadlines_run(tp_core *c) {
         }
         tpi_call_finish(c, call, TP_ETIMEDOUT, NULL, msg);
     }
+    tpi_retries_run(c, now);
+    rearm(c);
+}
+
+void tpi_rearm(tp_core *c) {
     rearm(c);
 }
 

@@ -112,6 +112,7 @@ struct tpi_call {
     tp_rref *rref;         /* pinned rref the call concerns, or NULL */
     tpi_gid fork;          /* RREF_FORK: the fork to accept at parent */
     uint32_t parent;
+    uint32_t attempt;      /* protocol messages: retries so far (RREF-15) */
     int flow;              /* a user's call: waits for the send window (FLOW-2) */
     uint64_t wire_len;     /* bytes sent, counted in the window until it ends */
     tpi_call *prev, *next; /* issue order: deterministic iteration */
@@ -130,6 +131,8 @@ struct tpi_window_waiter {
 /* A call that timed out while its request may still be held by the callee:
  * its bytes stay in the window until the late response (FLOW-7). */
 typedef struct tpi_debt tpi_debt;
+/* A protocol message waiting to be sent again (RREF-15), in due order. */
+typedef struct tpi_retry tpi_retry;
 struct tpi_debt {
     uint64_t id;
     uint32_t dst;
@@ -141,7 +144,7 @@ struct tpi_debt {
  * refusals, seen from a non-conforming caller). */
 extern atomic_int tpi_flow_ignore_credit;
 
-/* ---- RRefs (RREF-1..14) ------------------------------------------------- */
+/* ---- RRefs (RREF-1..15) ------------------------------------------------- */
 
 typedef struct tpi_owner tpi_owner;
 typedef struct tpi_fork_rec {
@@ -185,6 +188,7 @@ struct tp_rref {
     int fork_pending;    /* lock: our RREF_FORK is unanswered (RREF-6) */
     tp_status fork_status; /* lock: why the owner did not confirm it (RREF-13), or TP_OK */
     tpi_waiter *confirm_waiters; /* lock: functions waiting to run until it is confirmed */
+    int delete_deferred; /* lock: released while its fork was unanswered (RREF-15) */
     tp_status failed;    /* lock: creation failed locally (timeout, peer down) */
     char *fail_msg;      /* lock */
     tp_rref *prev, *next; /* lock: the core's list of live user rrefs */
@@ -255,6 +259,7 @@ struct tp_core {
     /* RRefs (lock). */
     atomic_uint_fast64_t next_gid; /* atomic: encoders fork without the lock */
     tpi_idmap owners;   /* rref id -> tpi_owner */
+    tpi_retry *retries; /* lock: protocol messages to send again, earliest due first */
     tpi_idmap children; /* fork id -> tp_rref* kept for a child not yet accepted */
     tp_rref *users;     /* live user rrefs */
     int shutting_down;  /* graceful shutdown in progress */
@@ -427,6 +432,12 @@ void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, cons
 tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline);
 /* Frees the owner record if nothing holds it (lock held). */
 void tpi_owner_maybe_free(tp_core *c, tpi_owner *o);
+/* Sends the protocol messages due again by now (lock held); the earliest
+ * still waiting, or TPI_NO_DEADLINE (RREF-15). */
+void tpi_retries_run(tp_core *c, uint64_t now);
+uint64_t tpi_retries_next(const tp_core *c);
+/* Arms the agent's timer for the earliest deadline or retry (lock held). */
+void tpi_rearm(tp_core *c);
 /* A peer died: drop its forks, children and fetches (lock held). */
 void tpi_rrefs_peer_down(tp_core *c, uint32_t peer);
 /* Graceful shutdown: release every user rref still held (lock held). */

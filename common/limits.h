@@ -63,6 +63,18 @@
 /* Calls in flight from one worker: bounds the pending table. */
 #define TPI_CALLS_IN_FLIGHT_MAX ((uint32_t)1 << 20)
 
+/* RREF-15: an rref protocol message that got no answer (a broken
+ * connection, a timeout) is sent again after this pause, doubling per
+ * attempt up to the max: soon enough that a fork is confirmed within a
+ * reconnect, rare enough that a peer that stays unreachable (not yet
+ * declared dead) costs a few messages a second. */
+#define TPI_RREF_RETRY_MIN_NS 20000000ull    /* 20 ms */
+#define TPI_RREF_RETRY_MAX_NS 2000000000ull  /* 2 s */
+/* RREF-15: how long one attempt of an accept, delete or abandon waits for
+ * its answer before it is sent again. Its own, not the worker's rpc timeout:
+ * a default shorter than a round trip would time out every attempt. */
+#define TPI_RREF_ATTEMPT_TIMEOUT_S 10.0
+
 /* Request bytes one worker may have in flight to one destination (FLOW-1):
  * issued, not yet answered. A call that would pass it waits, within its own
  * deadline, for earlier calls to end. It bounds what piles up in the sender's

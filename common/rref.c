@@ -1,5 +1,5 @@
 /*
- * rref.c: remote references (spec/rref.md RREF-1..14).
+ * rref.c: remote references (spec/rref.md RREF-1..15).
  *
  * The owner keeps a tpi_owner per value with the set of forks (user
  * references elsewhere) and its own local handles. A user reference is a
@@ -9,14 +9,15 @@
  *    the owner (the parent holds a handle in `children` until RREF_ACCEPT).
  * A function runs only once every rref among its arguments is confirmed
  * (RREF-13: decode collects the forks, tpi_rrefs_await_confirmed waits).
- * This first cut assumes per-link FIFO delivery and no loss except with a
- * peer-down; the protocol under loss and reordering is a later issue.
+ * Protocol messages are sent again until answered (RREF-15: proto_send);
+ * duplication and reordering beyond TCP's are a later step.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "canary.h"
 #include "core.h"
+#include "log.h"
 #include "options.h"
 #include "registry.h"
 
@@ -32,6 +33,9 @@ struct tpi_fetch {
 };
 
 static const tpi_gid no_fork = {0, 0};
+
+static void proto_send(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_gid fork,
+                       uint32_t parent, uint32_t attempt);
 
 tpi_gid tpi_new_gid(tp_core *c) {
     tpi_gid g = {c->rank, atomic_fetch_add(&c->next_gid, 1) + 1}; /* REJOIN-3: from inc << 40 */
@@ -68,6 +72,13 @@ tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder) {
     o->forks[o->nforks].holder = holder;
     o->nforks++;
     return TP_OK;
+}
+
+static int has_fork(const tpi_owner *o, tpi_gid fork) {
+    for (size_t i = 0; i < o->nforks; i++)
+        if (tpi_gid_eq(o->forks[i].fork, fork))
+            return 1;
+    return 0;
 }
 
 static int remove_fork(tpi_owner *o, tpi_gid fork) {
@@ -251,16 +262,11 @@ static void send_delete(tp_core *c, tp_rref *r) {
     tpi_probe_rref(c, TP_PROBE_RREF_FORK_GONE, r->id, r->fork, r->owner);
     if (c->peer_dead[r->owner] || r->owner_inc != c->peer_inc[r->owner])
         return; /* the owner died, or restarted without the value (REJOIN-6) */
-    tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_DELETE, "rref delete", NULL);
-    if (!call)
-        return; /* the owner keeps the value until shutdown: a leak, not a crash */
-    tpi_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = TPI_MSG_RREF_DELETE;
-    m.rref = r->id;
-    m.fork = r->fork;
-    if (tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT) != TP_OK)
-        return; /* the owner is unreachable; its peer-down handling drops the fork */
+    if (r->fork_pending) { /* RREF-15: never before the owner recorded the fork */
+        r->delete_deferred = 1;
+        return;
+    }
+    proto_send(c, TPI_MSG_RREF_DELETE, r->owner, r, r->fork, 0, 0);
 }
 
 /*
@@ -445,8 +451,8 @@ static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork);
  * is sent then); accepting after a timeout could let the owner free the
  * value before a late fork arrives.
  */
-static void fork_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
-    tp_rref *r = call->rref;
+static void fork_settle(tp_core *c, tp_rref *r, tpi_gid fork, uint32_t parent, tp_status st,
+                        const tpi_msg *reply) {
     if (reply && st == TP_OK)
         atomic_store(&r->confirmed, 1);
     else
@@ -455,7 +461,12 @@ static void fork_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply)
     for (tpi_waiter *w = r->confirm_waiters; w; w = w->next) /* RREF-13 */
         c->ops->unpark(c->agent, w->task);
     if (reply || st == TP_EPEERDOWN)
-        send_accept(c, call->parent, call->fork);
+        send_accept(c, parent, fork);
+    if (r->delete_deferred) { /* released meanwhile: now the delete may go (RREF-15) */
+        r->delete_deferred = 0;
+        if (st != TP_ESHUTDOWN && !c->peer_dead[r->owner] && r->owner_inc == c->peer_inc[r->owner])
+            proto_send(c, TPI_MSG_RREF_DELETE, r->owner, r, r->fork, 0, 0);
+    }
 }
 
 /* Keeps r (pinned) for a function that must wait for its confirmation. */
@@ -549,29 +560,8 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
         if (r && w->parent == w->owner) {
             atomic_store(&r->confirmed, 1); /* the owner recorded the fork when sending */
         } else if (r) {
-            tpi_call *call = tpi_call_new(c, w->owner, TPI_MSG_RREF_FORK, "rref fork", NULL);
-            if (call) {
-                tpi_msg m;
-                memset(&m, 0, sizeof m);
-                m.type = TPI_MSG_RREF_FORK;
-                m.rref = w->rref_id;
-                m.fork = w->fork_id;
-                m.parent = w->parent;
-                call->rref = r;
-                tpi_rref_pin(r);
-                call->fork = w->fork_id;
-                call->parent = w->parent;
-                call->on_reply = fork_reply;
-                r->fork_pending = 1;
-                tp_status ist = tpi_call_issue(c, call, &m, TP_TIMEOUT_INFINITE); /* fork_reply */
-                if (ist != TP_OK) { /* never sent (the owner is down): as fork_reply would */
-                    r->fork_pending = 0;
-                    r->fork_status = ist;
-                    send_accept(c, w->parent, w->fork_id);
-                }
-            } else {
-                r->fork_status = TP_ENOMEM; /* never confirmed */
-            }
+            r->fork_pending = 1; /* until fork_settle, through every retry (RREF-15) */
+            proto_send(c, TPI_MSG_RREF_FORK, w->owner, r, w->fork_id, w->parent, 0);
             if (rc->collect) /* pending, or settled unconfirmed: the wait says why */
                 collect_pending(rc, r);
         }
@@ -588,6 +578,159 @@ void tpi_rref_hooks(tpi_rref_ctx *rc, tpi_codec_hooks *hooks) {
     hooks->decode_rref = decode_rref;
 }
 
+/* ---- Retried protocol messages (RREF-15) ------------------------------------------ */
+
+struct tpi_retry {
+    uint8_t type;
+    uint32_t dst;
+    tp_rref *rref; /* pinned: FORK's child, DELETE's and ABANDON's rref; NULL for ACCEPT */
+    tpi_gid fork;
+    uint32_t parent;
+    uint32_t attempt;
+    uint64_t due_ns;
+    tpi_retry *next;
+};
+
+/* No answer, and the peer may still be there: worth sending again. */
+static int retryable(tp_status st) {
+    return st == TP_EIO || st == TP_ETIMEDOUT || st == TP_ELIMIT || st == TP_ENOMEM;
+}
+
+static const char *proto_what(uint8_t type) {
+    switch (type) {
+    case TPI_MSG_RREF_FORK:
+        return "rref fork";
+    case TPI_MSG_RREF_ACCEPT:
+        return "rref accept";
+    case TPI_MSG_RREF_DELETE:
+        return "rref delete";
+    default:
+        return "rref abandon";
+    }
+}
+
+/* The message's last word: answered, or it never will be (lock held). */
+static void proto_final(tp_core *c, uint8_t type, tp_rref *r, tpi_gid fork, uint32_t parent,
+                        tp_status st, const tpi_msg *reply) {
+    if (type == TPI_MSG_RREF_FORK)
+        fork_settle(c, r, fork, parent, st, reply);
+}
+
+/* The destination restarted or died: nothing of ours is wanted there. */
+static int proto_gone(const tp_core *c, uint32_t dst, const tp_rref *r) {
+    return c->peer_dead[dst] || (r && r->owner == dst && r->owner_inc != c->peer_inc[dst]);
+}
+
+/* An attempt got no answer: sends it again later, or gives up (lock held). */
+static void proto_unanswered(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_gid fork,
+                             uint32_t parent, uint32_t attempt, tp_status st) {
+    tpi_retry *t = retryable(st) && !proto_gone(c, dst, r) ? malloc(sizeof *t) : NULL;
+    if (!t) {
+        proto_final(c, type, r, fork, parent, proto_gone(c, dst, r) ? TP_EPEERDOWN : st, NULL);
+        return;
+    }
+    unsigned shift = attempt < 7 ? attempt : 7; /* 20 ms << 7 > 2 s */
+    uint64_t pause = TPI_RREF_RETRY_MIN_NS << shift;
+    *t = (tpi_retry){type, dst, r, fork, parent, attempt + 1,
+                     tpi_now(c) + (pause < TPI_RREF_RETRY_MAX_NS ? pause : TPI_RREF_RETRY_MAX_NS),
+                     NULL};
+    if (r)
+        tpi_rref_pin(r);
+    tpi_retry **p = &c->retries; /* after every one due no later: deterministic order */
+    while (*p && (*p)->due_ns <= t->due_ns)
+        p = &(*p)->next;
+    t->next = *p;
+    *p = t;
+    c->active_client++; /* the shutdown drain waits for it (SHUTDOWN-5) */
+    tpi_log(TP_LOG_DEBUG, "worker %u: %s to worker %u got no answer (%s); again in %llu ms",
+            c->rank, proto_what(type), dst, tp_strerror(st),
+            (unsigned long long)((t->due_ns - tpi_now(c)) / 1000000ull));
+    tpi_rearm(c);
+}
+
+static void proto_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
+    if (reply || !retryable(st))
+        proto_final(c, call->type, call->rref, call->fork, call->parent, st, reply);
+    else
+        proto_unanswered(c, call->type, call->dst, call->rref, call->fork, call->parent,
+                         call->attempt, st);
+}
+
+/* Sends one attempt of a protocol message, rebuilt from the rref (lock held). */
+static void proto_send(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_gid fork,
+                       uint32_t parent, uint32_t attempt) {
+    tpi_call *call = tpi_call_new(c, dst, type, proto_what(type), NULL);
+    if (!call) {
+        proto_unanswered(c, type, dst, r, fork, parent, attempt, TP_ENOMEM);
+        return;
+    }
+    tpi_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = type;
+    m.fork = fork;
+    m.parent = parent;
+    if (r)
+        m.rref = r->id;
+    if (type == TPI_MSG_RREF_ABANDON) {
+        m.status = (uint32_t)r->failed;
+        tpi_format(m.text, sizeof m.text, "%s", r->fail_msg ? r->fail_msg : tp_strerror(r->failed));
+    }
+    call->rref = r;
+    if (r)
+        tpi_rref_pin(r); /* the call's own pin, released with it */
+    call->fork = fork;
+    call->parent = parent;
+    call->attempt = attempt;
+    call->on_reply = proto_reply;
+    /* A fork has no deadline: it ends with the owner's answer, its death or
+     * a broken connection (RREF-6); the others are idempotent, so a timeout
+     * only sends them again. */
+    tp_status st = tpi_call_issue(c, call, &m,
+                                  type == TPI_MSG_RREF_FORK ? TP_TIMEOUT_INFINITE
+                                                            : TPI_RREF_ATTEMPT_TIMEOUT_S);
+    if (st != TP_OK) /* freed by the issue, on_reply not called */
+        proto_unanswered(c, type, dst, r, fork, parent, attempt, st);
+}
+
+uint64_t tpi_retries_next(const tp_core *c) {
+    return c->retries ? c->retries->due_ns : TPI_NO_DEADLINE;
+}
+
+void tpi_retries_run(tp_core *c, uint64_t now) {
+    while (c->retries && c->retries->due_ns <= now) {
+        tpi_retry *t = c->retries;
+        c->retries = t->next;
+        TPI_ASSERT(c->active_client > 0);
+        c->active_client--;
+        if (proto_gone(c, t->dst, t->rref))
+            proto_final(c, t->type, t->rref, t->fork, t->parent, TP_EPEERDOWN, NULL);
+        else
+            proto_send(c, t->type, t->dst, t->rref, t->fork, t->parent, t->attempt);
+        if (t->rref)
+            tpi_rref_unpin(c, t->rref);
+        free(t);
+    }
+}
+
+/* Ends the retries to peer, dead now, or all of them (UINT32_MAX) at teardown. */
+static void retries_drop(tp_core *c, uint32_t peer, tp_status st) {
+    for (tpi_retry **p = &c->retries; *p;) {
+        tpi_retry *t = *p;
+        if (peer != UINT32_MAX && t->dst != peer) {
+            p = &t->next;
+            continue;
+        }
+        *p = t->next;
+        TPI_ASSERT(c->active_client > 0);
+        c->active_client--;
+        proto_final(c, t->type, t->rref, t->fork, t->parent, st, NULL);
+        if (t->rref)
+            tpi_rref_unpin(c, t->rref);
+        free(t);
+        p = &c->retries; /* proto_final may have added or removed some: look again */
+    }
+}
+
 /* ---- Protocol messages (lock not held on entry) --------------------------------- */
 
 static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork) {
@@ -597,14 +740,7 @@ static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork) {
             drop_child(c, ch);
         return;
     }
-    tpi_call *call = tpi_call_new(c, parent, TPI_MSG_RREF_ACCEPT, "rref accept", NULL);
-    if (!call)
-        return;
-    tpi_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = TPI_MSG_RREF_ACCEPT;
-    m.fork = fork;
-    tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT);
+    proto_send(c, TPI_MSG_RREF_ACCEPT, parent, NULL, fork, parent, 0);
 }
 
 void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
@@ -641,9 +777,10 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
         break;
     }
-    case TPI_MSG_RREF_FORK: {
+    case TPI_MSG_RREF_FORK: { /* idempotent: a retry may repeat it (RREF-15) */
         tpi_owner *o = tpi_owner_get_or_create(c, m->rref);
-        tp_status st = o ? tpi_owner_add_fork(o, m->fork, src) : TP_ENOMEM;
+        tp_status st = !o ? TP_ENOMEM : has_fork(o, m->fork) ? TP_OK
+                                                              : tpi_owner_add_fork(o, m->fork, src);
         tpi_reply(c, src, m->id, st, NULL, st == TP_OK ? NULL : "owner out of memory");
         break;
     }
@@ -686,6 +823,7 @@ static size_t collect_owners(tp_core *c, tpi_owner ***out) {
 }
 
 void tpi_rrefs_peer_down(tp_core *c, uint32_t peer) {
+    retries_drop(c, peer, TP_EPEERDOWN);
     tpi_owner **os;
     size_t n = collect_owners(c, &os);
     for (size_t i = 0; i < n; i++) {
@@ -732,6 +870,7 @@ void tpi_rrefs_release_all(tp_core *c) {
 }
 
 void tpi_rrefs_teardown(tp_core *c) {
+    retries_drop(c, UINT32_MAX, TP_ESHUTDOWN);
     tpi_owner **os;
     size_t n = collect_owners(c, &os);
     for (size_t i = 0; i < n; i++) {
@@ -787,16 +926,7 @@ static void fail_waiting_fetches(tp_core *c, tp_rref *r) {
 static void send_abandon(tp_core *c, tp_rref *r) {
     if (c->peer_dead[r->owner] || r->owner_inc != c->peer_inc[r->owner])
         return;
-    tpi_call *call = tpi_call_new(c, r->owner, TPI_MSG_RREF_ABANDON, "rref abandon", NULL);
-    if (!call)
-        return;
-    tpi_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = TPI_MSG_RREF_ABANDON;
-    m.rref = r->id;
-    m.status = (uint32_t)r->failed;
-    tpi_format(m.text, sizeof m.text, "%s", r->fail_msg ? r->fail_msg : tp_strerror(r->failed));
-    tpi_call_issue(c, call, &m, TP_TIMEOUT_DEFAULT);
+    proto_send(c, TPI_MSG_RREF_ABANDON, r->owner, r, no_fork, 0, 0);
 }
 
 static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {

@@ -569,7 +569,7 @@ tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp
                     double timeout_s, tp_rref **out);
 
 /* ------------------------------------------------------------------------ */
-/* RRefs (RREF-1..14).                                                       */
+/* RRefs (RREF-1..15).                                                       */
 
 /*
  * Fetches a copy of the value (caller owns). A timeout leaves the rref

@@ -1,0 +1,237 @@
+/*
+ * test_rref_faults.c: the rref protocol through PyTorch's faulty agent
+ * (issue 9 item 6; spec/rref.md RREF-15, spec/sim.md failsend/delaytype).
+ *
+ * A user -> user share: w0 creates an rref owned by w1 and hands it to w2,
+ * then both let go. The first sends of the protocol's messages fail (each
+ * failure breaks its connection: TP_EIO at both ends) or are slowed; the
+ * share must still complete through retries: w2's fork is confirmed, w2 and
+ * w0 drop their references, and w1 frees the value. Without retries the
+ * fork stays unconfirmed, w0 keeps its kept child forever, and the value
+ * leaks.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sim_check.h"
+#include "tensorplay/rpc.h"
+#include "tensorplay/sim.h"
+
+#define WORLD 3
+#define SETTLE_S 5.0 /* virtual seconds for retries to finish: far past their backoff */
+
+static int destroyed;      /* the owner freed the object */
+static tp_rref *kept[WORLD]; /* the reference each worker keeps, by rank */
+
+static void obj_destroy(void *state) {
+    free(state);
+    destroyed++;
+}
+
+static tp_status obj_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_object("Obj", malloc(1), obj_destroy);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static int rank_of_self(void) {
+    tp_worker_info me;
+    return tp_get_worker_info(NULL, &me) == TP_OK ? (int)me.id : 0;
+}
+
+/* keep(rref): this worker keeps a reference; runs once it is confirmed (RREF-13). */
+static tp_status keep_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    tp_rref *r = NULL;
+    if (tp_value_get_rref(tp_list_get(args, 0), &r) != TP_OK)
+        return TP_ETYPE;
+    int me = rank_of_self();
+    tp_rref_release(kept[me]);
+    kept[me] = tp_rref_clone(r);
+    *result = tp_value_bool(tp_rref_confirmed_by_owner(r));
+    return TP_OK;
+}
+
+/* kept_confirmed(): whether this worker keeps a confirmed reference. */
+static tp_status kept_confirmed_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                   tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    tp_rref *r = kept[rank_of_self()];
+    *result = tp_value_bool(r && tp_rref_confirmed_by_owner(r));
+    return TP_OK;
+}
+
+/* drop(): this worker lets go of its reference. */
+static tp_status drop_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    int me = rank_of_self();
+    tp_rref_release(kept[me]);
+    kept[me] = NULL;
+    *result = tp_value_nil();
+    return TP_OK;
+}
+
+/* A call that may meet a broken connection (user calls are never retried):
+ * tried again until it succeeds, within SETTLE_S. */
+static tp_status call_until_ok(int dst, const char *fn, const tp_value *args, tp_value **out) {
+    uint64_t end = now_ns() + (uint64_t)(SETTLE_S * 1e9);
+    tp_status st;
+    do {
+        *out = NULL;
+        st = tp_rpc_sync(tp_to_rank(dst), fn, args, NULL, 1.0, out);
+        if (st == TP_OK)
+            return st;
+        tp_value_free(*out);
+        *out = NULL;
+        (void)tp_sleep(0.05);
+    } while (now_ns() < end);
+    return st;
+}
+
+static int share_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("keep", keep_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("kept_confirmed", kept_confirmed_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("drop", drop_fn, NULL) == TP_OK);
+    char name[4] = "w0";
+    name[1] = (char)('0' + rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, 30.0) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        while (r && !tp_rref_confirmed_by_owner(r) && tp_sleep(0.01) == TP_OK) {
+        }
+        /* The share: w2 receives our user rref and forks it through w1. */
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(2), "keep", args, NULL, 2.0, &f) == TP_OK);
+        tp_value_free(args);
+        tp_rref_release(r); /* only the protocol keeps the value alive now */
+        (void)tp_future_wait(f, TP_TIMEOUT_DEFAULT); /* may break with its connection */
+        tp_future_free(f);
+        tp_value *res = NULL;
+        int confirmed = 0;
+        uint64_t end = now_ns() + (uint64_t)(SETTLE_S * 1e9);
+        while (!confirmed && now_ns() < end) {
+            if (tp_rpc_sync(tp_to_rank(2), "kept_confirmed", NULL, NULL, 1.0, &res) == TP_OK)
+                (void)tp_value_get_bool(res, &confirmed);
+            tp_value_free(res);
+            res = NULL;
+            if (!confirmed)
+                (void)tp_sleep(0.05);
+        }
+        CHECK(confirmed); /* w2's fork reached w1 through the failed sends */
+        CHECK(destroyed == 0); /* w2 still holds it */
+        CHECK(call_until_ok(2, "drop", NULL, &res) == TP_OK);
+        tp_value_free(res);
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        CHECK(destroyed == 1); /* every reference gone: the owner freed it */
+    }
+    CHECK(tp_sleep(rank == 0 ? 0.0 : 2 * SETTLE_S + 2.0) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/*
+ * RREF-15's deferred delete: w2 gets the rref in a call whose deadline (10 ms)
+ * passes while its fork waits for a retry (20 ms after the failed send), so
+ * the function never runs (RREF-13) and w2 drops the rref with its fork still
+ * unanswered. Its delete must wait for the fork's answer: sent at once, it
+ * would reach w1 before the repeated fork, which would then record a fork
+ * nobody deletes, and the value would never be freed.
+ */
+static int dropped_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("keep", keep_fn, NULL) == TP_OK);
+    char name[4] = "w0";
+    name[1] = (char)('0' + rank);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, NULL);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        while (r && !tp_rref_confirmed_by_owner(r) && tp_sleep(0.01) == TP_OK) {
+        }
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 0.01, &res) != TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        CHECK(kept[2] == NULL); /* keep never ran */
+        CHECK(destroyed == 1);
+    }
+    CHECK(tp_sleep(rank == 0 ? 0.0 : SETTLE_S + 1.0) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void run_plan_with(const char *plan, tp_sim_program program) {
+    destroyed = 0;
+    memset(kept, 0, sizeof kept);
+    tp_sim_config cfg = {.hosts = WORLD, .seed = 7};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
+    int codes[WORLD] = {-9, -9, -9};
+    assert_int_equal(tp_sim_run(sim, program, NULL, codes), TP_OK);
+    if (tp_sim_violations(sim))
+        print_message("oracle: %s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    for (int i = 0; i < WORLD; i++)
+        assert_int_equal(codes[i], 0);
+    assert_int_equal(failures, 0);
+}
+
+static void run_plan(const char *plan) {
+    run_plan_with(plan, share_program);
+}
+
+static void test_rref_delete_waits_for_a_retried_fork(void **state) {
+    (void)state;
+    run_plan_with("failsend rref_fork 1\n", dropped_program);
+}
+
+/* The first two forks, accepts and deletes fail to send. */
+static void test_rref_share_survives_failed_sends(void **state) {
+    (void)state;
+    run_plan("failsend rref_fork 2\nfailsend rref_accept 2\nfailsend rref_delete 2\n");
+}
+
+/* Forks and accepts are slow as well as failing (PyTorch's delay list). */
+static void test_rref_share_survives_failed_and_slow_sends(void **state) {
+    (void)state;
+    run_plan("failsend rref_fork 1\nfailsend rref_delete 1\n"
+             "delaytype rref_fork 300\ndelaytype rref_accept 200\n");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_rref_share_survives_failed_sends, reset_failures),
+        cmocka_unit_test_setup(test_rref_share_survives_failed_and_slow_sends, reset_failures),
+        cmocka_unit_test_setup(test_rref_delete_waits_for_a_retried_fork, reset_failures),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
