@@ -487,6 +487,22 @@ static void collect_pending(tpi_rref_ctx *rc, tp_rref *r) {
     rc->pending[rc->npending++] = r;
 }
 
+/* Parks the calling task on list until unparked or the deadline (lock held). */
+static tp_status park_on(tp_core *c, tpi_waiter **list, uint64_t deadline) {
+    tpi_waiter w = {c->ops->task_self(c->agent), NULL, *list};
+    if (*list)
+        (*list)->prev = &w;
+    *list = &w;
+    tp_status st = tpi_park(c, deadline);
+    if (w.prev)
+        w.prev->next = w.next;
+    else
+        *list = w.next;
+    if (w.next)
+        w.next->prev = w.prev;
+    return st;
+}
+
 tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const char *what,
                                     char *err, size_t err_len) {
     tp_core *c = rc->core;
@@ -495,17 +511,7 @@ tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const c
     for (size_t i = 0; i < rc->npending && st == TP_OK; i++) {
         tp_rref *r = rc->pending[i];
         while (r->fork_pending && st == TP_OK) {
-            tpi_waiter w = {c->ops->task_self(c->agent), NULL, r->confirm_waiters};
-            if (r->confirm_waiters)
-                r->confirm_waiters->prev = &w;
-            r->confirm_waiters = &w;
-            tp_status pst = tpi_park(c, deadline);
-            if (w.prev)
-                w.prev->next = w.next;
-            else
-                r->confirm_waiters = w.next;
-            if (w.next)
-                w.next->prev = w.prev;
+            tp_status pst = park_on(c, &r->confirm_waiters, deadline);
             if (r->fork_pending && pst != TP_OK) {
                 st = pst;
                 tpi_format(err, err_len,
@@ -1049,17 +1055,7 @@ tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp
 
 tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline) {
     while (!o->ready) {
-        tpi_waiter w = {c->ops->task_self(c->agent), NULL, o->waiters};
-        if (o->waiters)
-            o->waiters->prev = &w;
-        o->waiters = &w;
-        tp_status st = tpi_park(c, deadline);
-        if (w.prev)
-            w.prev->next = w.next;
-        else
-            o->waiters = w.next;
-        if (w.next)
-            w.next->prev = w.prev;
+        tp_status st = park_on(c, &o->waiters, deadline);
         if (!o->ready && st != TP_OK) /* deadline, teardown, or a wait refused (FUNC-6) */
             return st;
     }

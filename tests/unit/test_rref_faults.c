@@ -97,8 +97,8 @@ static tp_status call_until_ok(int dst, const char *fn, const tp_value *args, tp
     return st;
 }
 
-static int share_program(int rank, int world_size, void *arg) {
-    (void)arg;
+/* Registers the functions and joins the job as w<rank>. */
+static tp_status join(int rank, int world_size) {
     CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
     CHECK(tp_register_function("keep", keep_fn, NULL) == TP_OK);
     CHECK(tp_register_function("kept_confirmed", kept_confirmed_fn, NULL) == TP_OK);
@@ -110,13 +110,24 @@ static int share_program(int rank, int world_size, void *arg) {
     tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
     tp_options_free(o);
     CHECK(st == TP_OK);
-    if (st != TP_OK)
+    return st;
+}
+
+/* w0's rref to an object on w1, once w1 confirmed it. */
+static tp_rref *confirmed_object(void) {
+    tp_rref *r = NULL;
+    CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    while (r && !tp_rref_confirmed_by_owner(r) && tp_sleep(0.01) == TP_OK) {
+    }
+    return r;
+}
+
+static int share_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
         return 1;
     if (rank == 0) {
-        tp_rref *r = NULL;
-        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
-        while (r && !tp_rref_confirmed_by_owner(r) && tp_sleep(0.01) == TP_OK) {
-        }
+        tp_rref *r = confirmed_object();
         /* The share: w2 receives our user rref and forks it through w1. */
         tp_value *args = tp_value_list_of(1, tp_value_rref(r));
         tp_future *f = NULL;
@@ -158,19 +169,10 @@ static int share_program(int rank, int world_size, void *arg) {
  */
 static int dropped_program(int rank, int world_size, void *arg) {
     (void)arg;
-    CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
-    CHECK(tp_register_function("keep", keep_fn, NULL) == TP_OK);
-    char name[4] = "w0";
-    name[1] = (char)('0' + rank);
-    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, NULL);
-    CHECK(st == TP_OK);
-    if (st != TP_OK)
+    if (join(rank, world_size) != TP_OK)
         return 1;
     if (rank == 0) {
-        tp_rref *r = NULL;
-        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
-        while (r && !tp_rref_confirmed_by_owner(r) && tp_sleep(0.01) == TP_OK) {
-        }
+        tp_rref *r = confirmed_object();
         tp_value *args = tp_value_list_of(1, tp_value_rref(r));
         tp_value *res = NULL;
         CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 0.01, &res) != TP_OK);
