@@ -144,7 +144,7 @@ struct tpi_debt {
  * refusals, seen from a non-conforming caller). */
 extern atomic_int tpi_flow_ignore_credit;
 
-/* ---- RRefs (RREF-1..15) ------------------------------------------------- */
+/* ---- RRefs (RREF-1..16) ------------------------------------------------- */
 
 typedef struct tpi_owner tpi_owner;
 typedef struct tpi_fork_rec {

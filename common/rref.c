@@ -1,5 +1,5 @@
 /*
- * rref.c: remote references (spec/rref.md RREF-1..15).
+ * rref.c: remote references (spec/rref.md RREF-1..16).
  *
  * The owner keeps a tpi_owner per value with the set of forks (user
  * references elsewhere) and its own local handles. A user reference is a
@@ -1175,4 +1175,66 @@ int tp_rref_is_owner(const tp_rref *r) {
 
 int tp_rref_confirmed_by_owner(const tp_rref *r) {
     return r && atomic_load(&((tp_rref *)r)->confirmed);
+}
+
+/* ---- Debug info (RREF-16) --------------------------------------------------------- */
+
+static int is_protocol(uint8_t type) {
+    return type == TPI_MSG_RREF_FORK || type == TPI_MSG_RREF_ACCEPT ||
+           type == TPI_MSG_RREF_DELETE || type == TPI_MSG_RREF_ABANDON;
+}
+
+tp_status tp_get_debug_info(tp_debug_info *out) {
+    if (!out)
+        return tpi_fail(TP_EINVAL, "debug info: out is NULL");
+    memset(out, 0, sizeof *out);
+    tp_core *c;
+    tp_status st = tpi_enter("debug info", &c);
+    if (st != TP_OK)
+        return st;
+    tpi_lock(c);
+    out->owned_values = c->owners.len;
+    for (size_t i = 0; i < c->owners.cap; i++) { /* a sum: the order does not matter */
+        const tpi_owner *o = c->owners.slots[i].value;
+        if (o)
+            out->owner_forks += o->nforks;
+    }
+    for (const tp_rref *r = c->users; r; r = r->next) {
+        out->user_rrefs++;
+        if (!atomic_load(&r->confirmed))
+            out->pending_users++;
+    }
+    out->pending_children = c->children.len;
+    for (const tpi_call *k = c->calls_head; k; k = k->next) {
+        out->calls_in_flight++;
+        if (is_protocol(k->type))
+            out->pending_protocol++;
+    }
+    for (const tpi_retry *t = c->retries; t; t = t->next)
+        out->pending_protocol++;
+    tpi_unlock(c);
+    tpi_leave(c);
+    return TP_OK;
+}
+
+tp_status tp_get_debug_calls_in_flight(int rank, uint64_t *out) {
+    if (!out)
+        return tpi_fail(TP_EINVAL, "debug info: out is NULL");
+    *out = 0;
+    tp_core *c;
+    tp_status st = tpi_enter("debug info", &c);
+    if (st != TP_OK)
+        return st;
+    if (rank < 0 || (uint32_t)rank >= c->world_size) {
+        st = tpi_fail(TP_EINVAL, "debug info: rank %d is outside the job of %u workers", rank,
+                      c->world_size);
+    } else {
+        tpi_lock(c);
+        for (const tpi_call *k = c->calls_head; k; k = k->next)
+            if (k->dst == (uint32_t)rank)
+                (*out)++;
+        tpi_unlock(c);
+    }
+    tpi_leave(c);
+    return st;
 }

@@ -569,7 +569,7 @@ tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp
                     double timeout_s, tp_rref **out);
 
 /* ------------------------------------------------------------------------ */
-/* RRefs (RREF-1..15).                                                       */
+/* RRefs (RREF-1..16).                                                       */
 
 /*
  * Fetches a copy of the value (caller owns). A timeout leaves the rref
@@ -592,6 +592,25 @@ tp_rref *tp_rref_clone(tp_rref *rref);
  * the owner frees the value (RREF-3). NULL is a no-op.
  */
 void tp_rref_release(tp_rref *rref);
+
+/*
+ * This worker's rref and call counters (RREF-16; PyTorch's
+ * rpc._get_debug_info), read at one instant. Every one returns to zero once
+ * the job released its rrefs and its calls ended.
+ */
+typedef struct tp_debug_info {
+    uint64_t owned_values;     /* values this worker owns (created, or being created) */
+    uint64_t owner_forks;      /* references to them held by other workers */
+    uint64_t user_rrefs;       /* references held here to values owned elsewhere */
+    uint64_t pending_users;    /* of those, not yet confirmed by their owner */
+    uint64_t pending_children; /* references sent from here not yet accepted */
+    uint64_t pending_protocol; /* rref messages unanswered or waiting to go again */
+    uint64_t calls_in_flight;  /* calls from here awaiting an answer, all peers */
+} tp_debug_info;
+/* Fills *out; TP_ESHUTDOWN outside a running worker, TP_EINVAL for NULL. */
+tp_status tp_get_debug_info(tp_debug_info *out);
+/* Calls from here to rank awaiting an answer; TP_EINVAL for a rank outside the job. */
+tp_status tp_get_debug_calls_in_flight(int rank, uint64_t *out);
 
 /* ------------------------------------------------------------------------ */
 /* Remote methods: method_factory binds a method name; calls run             */

@@ -374,6 +374,77 @@ static int rref_failed_creation_one_fact(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* Worker rank's debug counters (debug_info's list), or all -1. */
+static void debug_counters(int rank, int of, int64_t out[7]) {
+    for (int i = 0; i < 7; i++)
+        out[i] = -1;
+    tp_value *res = NULL;
+    tp_status st = of == rank ? TP_OK : conf_sync(tp_to_rank(of), "debug_info", NULL, &res);
+    if (of == rank) {
+        tp_debug_info d;
+        if (CHECK_OK(tp_get_debug_info(&d))) {
+            uint64_t v[7] = {d.owned_values,     d.owner_forks,      d.user_rrefs,
+                             d.pending_users,    d.pending_children, d.pending_protocol,
+                             d.calls_in_flight};
+            for (int i = 0; i < 7; i++)
+                out[i] = (int64_t)v[i];
+        }
+    } else if (CHECK_OK(st)) {
+        for (int i = 0; i < 7; i++)
+            (void)tp_value_get_int(tp_list_get(res, (size_t)i), &out[i]);
+    }
+    tp_value_free(res);
+}
+
+/* spec: RREF-16: the debug counters count what is held and return to zero
+ * on every worker once the rrefs are released. */
+static int rref_debug_info_back_to_zero(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_debug_info d;
+        CHECK_STATUS(tp_get_debug_info(NULL), TP_EINVAL);
+        uint64_t n = 0;
+        CHECK_STATUS(tp_get_debug_calls_in_flight(ws, &n), TP_EINVAL);
+        CHECK_OK(tp_get_debug_calls_in_flight(1, &n));
+        CHECK_INT((int64_t)n, 0);
+        tp_rref *r = NULL;
+        int64_t c[7];
+        if (CHECK_OK(remote_on(tp_to_rank(1), "echo", CONF_INTS(9), TP_TIMEOUT_DEFAULT, &r))) {
+            CHECK_INT(to_here_int(rank, r, -1), 9);
+            /* w2 keeps nothing: its copy goes with the call's arguments. */
+            tp_value *res = NULL;
+            CHECK_OK(conf_sync(tp_to_rank(2), "rref_fetch", tp_value_list_of(1, tp_value_rref(r)),
+                               &res));
+            tp_value_free(res);
+            if (CHECK_OK(tp_get_debug_info(&d))) {
+                CHECK_INT((int64_t)d.user_rrefs, 1);
+                CHECK_INT((int64_t)d.owned_values, 0);
+            }
+            debug_counters(rank, 1, c);
+            CHECK_INT(c[0], 1); /* w1 owns the value ... */
+            CHECK(c[1] >= 1);   /* ... and records w0's fork */
+        }
+        tp_rref_release(r);
+        /* Every counter on every worker returns to zero. */
+        for (int w = 0; w < ws; w++) {
+            uint64_t t0 = conf_now_ns();
+            int zero = 0;
+            while (!zero && conf_since_s(t0) < 5.0) {
+                debug_counters(rank, w, c);
+                zero = 1;
+                for (int i = 0; i < 6; i++)
+                    zero = zero && c[i] == 0;
+                if (!zero)
+                    (void)tp_sleep(0.01);
+            }
+            for (int i = 0; i < 6; i++)
+                CHECK_INT(c[i], 0);
+        }
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /* spec: RREF-3 RREF-4 RREF-5: the owner frees the value once every reference anywhere is gone. */
 static int rref_release_frees_on_owner(int rank, int ws) {
     CONF_INIT_OR_RETURN(rank, ws);
@@ -563,6 +634,7 @@ const tp_conformance_case conf_cases_rref[] = {
     {"rref_to_here_timeout_then_success", 2, rref_to_here_timeout_then_success, "RREF-9 TIMEOUT-5"},
     {"rref_remote_failure", 2, rref_remote_failure, "RREF-2 RREF-8 CALL-5"},
     {"rref_failed_creation_one_fact", 3, rref_failed_creation_one_fact, "RREF-14 RREF-2"},
+    {"rref_debug_info_back_to_zero", 3, rref_debug_info_back_to_zero, "RREF-16"},
     {"rref_release_frees_on_owner", 3, rref_release_frees_on_owner, "RREF-3 RREF-4 RREF-5"},
     {"rref_method_counter", 2, rref_method_counter, "METHOD-1 METHOD-2 FUNC-2"},
     {"rref_method_errors", 2, rref_method_errors, "METHOD-3 RREF-8 VALUE-8"},

@@ -624,6 +624,26 @@ static tp_status fn_rref_info(tp_call *call, const tp_value *args, const tp_valu
     return *result ? TP_OK : nomem(call);
 }
 
+/* debug_info(): this worker's tp_debug_info as a list, in the struct's order. */
+static tp_status fn_debug_info(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                               tp_value **result, void *user_data) {
+    (void)args, (void)kwargs, (void)user_data;
+    tp_debug_info d;
+    tp_status st = tp_get_debug_info(&d);
+    if (st != TP_OK) {
+        tp_call_set_error(call, "debug_info: %s", tp_errmsg());
+        return st;
+    }
+    *result = tp_value_list_of(7, tp_value_int((int64_t)d.owned_values),
+                               tp_value_int((int64_t)d.owner_forks),
+                               tp_value_int((int64_t)d.user_rrefs),
+                               tp_value_int((int64_t)d.pending_users),
+                               tp_value_int((int64_t)d.pending_children),
+                               tp_value_int((int64_t)d.pending_protocol),
+                               tp_value_int((int64_t)d.calls_in_flight));
+    return *result ? TP_OK : nomem(call);
+}
+
 /* rref_make(dst_rank, v): an rref to echo(v) on dst_rank, returned as the result. */
 static tp_status fn_rref_make(tp_call *call, const tp_value *args, const tp_value *kwargs,
                               tp_value **result, void *user_data) {
@@ -718,6 +738,7 @@ static const struct {
     {"rref_local", fn_rref_local},
     {"rref_info", fn_rref_info},
     {"rref_make", fn_rref_make},
+    {"debug_info", fn_debug_info},
     {"rref_inc", fn_rref_inc},
     {"try_shutdown", fn_try_shutdown},
 };
