@@ -102,8 +102,10 @@ static void fanout_body(int rank, int world) {
     tp_status st = TP_OK;
     for (; issued < FANOUT_CALLS; issued++) {
         int dest = 1 + (int)draw((uint64_t)world - 1);
-        const int64_t args[3] = {(int64_t)draw(1000000), (int64_t)draw(1000000),
-                                 (int64_t)draw(1000)};
+        int64_t args[3]; /* one draw per statement (SIM-1: unsequenced otherwise) */
+        args[0] = (int64_t)draw(1000000);
+        args[1] = (int64_t)draw(1000000);
+        args[2] = (int64_t)draw(1000);
         tp_value *v = int_list(3, args);
         st = v ? tp_rpc_async(tp_to_rank(dest), "slow_add", v, NULL, TP_TIMEOUT_DEFAULT,
                               &futs[issued])

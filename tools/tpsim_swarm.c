@@ -208,7 +208,11 @@ static void draw_window(swarm_src *s, uint64_t heal_ns, double *a, double *b) {
         *a = from + (double)below(s, 4000);
         len = 46000.0 + (double)below(s, 9000);
     } else {
-        *a = from + (double)below(s, (uint64_t)(to - from)) + (double)below(s, 1000) / 1000.0;
+        /* One draw per statement: C leaves the order of operands and
+         * arguments unsequenced, and a seed must mean one world whatever
+         * the compiler (SIM-1). */
+        double ms = (double)below(s, (uint64_t)(to - from));
+        *a = from + ms + (double)below(s, 1000) / 1000.0;
         len = 1.0 + (double)below(s, (uint64_t)(to - *a));
     }
     *b = *a + len < to ? *a + len : to;
@@ -289,8 +293,8 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c
         }
     if (chance(s, 4)) { /* a slower, jittery network, all run long */
         static const char *const tails[] = {"1", "10", "50"};
-        plan_add(c, TP_SIM_FAULT_DELAY, "latency * * 0.02 %s %s", tails[below(s, 3)],
-                 below(s, 2) ? "longtail" : "uniform");
+        const char *dist = below(s, 2) ? "longtail" : "uniform"; /* GCC drew it first */
+        plan_add(c, TP_SIM_FAULT_DELAY, "latency * * 0.02 %s %s", tails[below(s, 3)], dist);
     }
     if (chance(s, 4)) { /* so a 1 MiB payload takes simulated time */
         static const unsigned mbits[] = {100, 1000, 10000};
@@ -305,12 +309,14 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c
                                         "rref_delete", "rref_fork", "rref_accept"};
     if (chance(s, 4)) {
         draw_window(s, c->heal_ns, &a, &b);
-        plan_add(c, TP_SIM_FAULT_FAILSEND, "failsend %s %u %.3f %.3f", types[below(s, 7)],
-                 1 + (unsigned)below(s, 3), a, b);
+        unsigned count = 1 + (unsigned)below(s, 3); /* GCC drew it first */
+        plan_add(c, TP_SIM_FAULT_FAILSEND, "failsend %s %u %.3f %.3f", types[below(s, 7)], count,
+                 a, b);
     }
-    if (chance(s, 4))
-        plan_add(c, TP_SIM_FAULT_DELAY, "delaytype %s %u", types[below(s, 7)],
-                 1 + (unsigned)below(s, 50));
+    if (chance(s, 4)) {
+        unsigned extra = 1 + (unsigned)below(s, 50); /* GCC drew it first */
+        plan_add(c, TP_SIM_FAULT_DELAY, "delaytype %s %u", types[below(s, 7)], extra);
+    }
     if (chance(s, 3)) {
         draw_window(s, c->heal_ns, &a, &b);
         static const uint32_t rates[] = {1000, 20000, 200000};
