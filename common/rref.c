@@ -1114,7 +1114,8 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
             call->rref = r;
             call->on_reply = fetch_reply;
             tpi_rref_pin(r);
-            call->flow = 1;
+            /* No window wait (FLOW-1): sent now, in this lock section, right
+             * behind the creation it follows, never after its loss. */
             st = tpi_call_issue(c, call, &m, timeout_s);
         }
         tpi_unlock(c);
