@@ -407,6 +407,7 @@ typedef struct tpi_rref_ctx {
     int collect;
     tp_rref **pending;
     size_t npending, pending_cap;
+    int lost; /* a fork could not be collected (no memory): the function is refused */
 } tpi_rref_ctx;
 void tpi_rref_hooks(tpi_rref_ctx *rc, tpi_codec_hooks *hooks);
 void tpi_rref_ctx_rollback(tpi_rref_ctx *rc);

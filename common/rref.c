@@ -475,9 +475,9 @@ static void collect_pending(tpi_rref_ctx *rc, tp_rref *r) {
         size_t cap = rc->pending_cap ? 2 * rc->pending_cap : 4;
         tp_rref **grown = realloc(rc->pending, cap * sizeof *grown);
         if (!grown) {
-            /* Not confirmed, and nobody can wait for it: the function is refused. */
-            r->fork_pending = 0;
-            r->fork_status = TP_ENOMEM;
+            /* Nobody can wait for it: the function is refused. Its fork goes
+             * on (fork_pending stays, so a delete still waits for it). */
+            rc->lost = 1;
             return;
         }
         rc->pending = grown;
@@ -506,6 +506,12 @@ static tp_status park_on(tp_core *c, tpi_waiter **list, uint64_t deadline) {
 tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const char *what,
                                     char *err, size_t err_len) {
     tp_core *c = rc->core;
+    if (rc->lost) {
+        tpi_format(err, err_len,
+                   "%s did not run: out of memory tracking the rrefs among its arguments "
+                   "(RREF-13)", what);
+        return TP_ENOMEM;
+    }
     tp_status st = TP_OK;
     tpi_lock(c);
     for (size_t i = 0; i < rc->npending && st == TP_OK; i++) {

@@ -201,7 +201,7 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
  * its arguments; bounded by the call's own deadline. */
 static tp_status await_rrefs(tp_core *c, const tpi_msg *m, tpi_rref_ctx *rc, char *err,
                              size_t err_len) {
-    if (rc->npending == 0)
+    if (rc->npending == 0 && !rc->lost)
         return TP_OK;
     char what[TP_NAME_LEN_MAX + 64], who[TP_NAME_LEN_MAX + 32];
     tpi_format(what, sizeof what, "%s '%s' on %s",
