@@ -64,6 +64,14 @@ struct tpi_waiter {
 };
 
 typedef struct tpi_then tpi_then;
+/* An internal step run under the lock the moment a future completes
+ * (collect_all's count, an answer-later reply): it must not block and must
+ * not touch f after dropping a reference to it. The node is the caller's. */
+typedef struct tpi_hook tpi_hook;
+struct tpi_hook {
+    void (*fn)(tp_core *c, tp_future *f, tpi_hook *h);
+    tpi_hook *next;
+};
 
 struct tp_future {
     atomic_int refs;
@@ -74,7 +82,10 @@ struct tp_future {
     char *errmsg;          /* malloc'd, NULL means "" */
     tpi_waiter *waiters;   /* lock */
     tpi_then *thens;       /* lock; run once done */
+    tpi_hook *hooks;       /* lock; run once done, before then-callbacks */
     uint64_t call_id;      /* the call it belongs to (probes), 0 for others */
+    int user_made;         /* tp_future_new: the user completes it (FUTURE-9) */
+    tp_future *uprev, *unext; /* lock: the core's pending user futures, while listed */
 };
 
 /* A new pending future with one reference for the caller; NULL on exhaustion. */
@@ -89,6 +100,11 @@ void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value
 /* Waits (lock held) until f is done or deadline; TP_ETIMEDOUT/TP_ESHUTDOWN. */
 tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns);
 tp_future *tpi_future_ref(tp_future *f);
+/* Runs h when f completes (lock held); at once when it is done already. */
+void tpi_future_hook(tp_core *c, tp_future *f, tpi_hook *h);
+/* Teardown (lock held): fails every pending user future with st (FUTURE-9),
+ * so nothing waits on, or answers after, a future nobody can complete. */
+void tpi_futures_fail_user(tp_core *c, tp_status st, const char *why);
 
 /* ---- Calls: one per message that expects a reply (CALL, TIMEOUT) ----------- */
 
@@ -262,6 +278,7 @@ struct tp_core {
     tpi_retry *retries; /* lock: protocol messages to send again, earliest due first */
     tpi_idmap children; /* fork id -> tp_rref* kept for a child not yet accepted */
     tp_rref *users;     /* live user rrefs */
+    tp_future *user_futures; /* pending futures made by tp_future_new, each counted (FUTURE-9) */
     int shutting_down;  /* graceful shutdown in progress */
 };
 

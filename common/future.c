@@ -19,7 +19,8 @@ struct tpi_then {
     tp_core *core;
     tp_future *parent;
     tp_future *chained;
-    tp_then_fn cb;
+    tp_then_fn cb;     /* tp_future_then; chained is set */
+    tp_done_fn done_cb; /* tp_future_add_done_callback; chained is NULL */
     void *user_data;
     tpi_then *next;
 };
@@ -49,7 +50,7 @@ void tp_future_free(tp_future *f) {
     TPI_ASSERT(old > 0);
     if (old != 1)
         return;
-    TPI_ASSERT(!f->waiters && !f->thens);
+    TPI_ASSERT(!f->waiters && !f->thens && !f->hooks && !f->unext && !f->uprev);
     tp_core *c = f->core;
     tpi_defer_free(c, f->value); /* the last reference may go under the lock */
     free(f->errmsg);
@@ -77,9 +78,52 @@ static void then_schedule(tp_core *c, tpi_then *t) {
         char msg[128];
         tpi_format(msg, sizeof msg, "then-callback not run: it could not be queued (%s)",
                    tp_strerror(st));
-        tpi_future_complete(c, t->chained, st, NULL, msg);
+        if (t->chained)
+            tpi_future_complete(c, t->chained, st, NULL, msg);
         then_free(t);
     }
+}
+
+/* FUTURE-9: the core's list of pending user futures (lock held). */
+static void user_list(tp_core *c, tp_future *f) {
+    f->uprev = NULL;
+    f->unext = c->user_futures;
+    if (c->user_futures)
+        c->user_futures->uprev = f;
+    c->user_futures = f;
+    tpi_future_ref(f);
+}
+
+static void user_unlist(tp_core *c, tp_future *f) {
+    if (!f->uprev && c->user_futures != f)
+        return; /* not listed (completed already) */
+    if (f->uprev)
+        f->uprev->unext = f->unext;
+    else
+        c->user_futures = f->unext;
+    if (f->unext)
+        f->unext->uprev = f->uprev;
+    f->uprev = f->unext = NULL;
+    tp_future_free(f); /* the list's reference: never the last, the completer holds one */
+}
+
+void tpi_futures_fail_user(tp_core *c, tp_status st, const char *why) {
+    while (c->user_futures) {
+        tp_future *f = tpi_future_ref(c->user_futures);
+        tpi_future_complete(c, f, st, NULL, why); /* unlists it */
+        tp_future_free(f);
+    }
+}
+
+void tpi_future_hook(tp_core *c, tp_future *f, tpi_hook *h) {
+    TPI_ASSERT(f->core == c && h->fn);
+    if (atomic_load(&f->done)) {
+        h->next = NULL;
+        h->fn(c, f, h);
+        return;
+    }
+    h->next = f->hooks;
+    f->hooks = h;
 }
 
 void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value,
@@ -105,10 +149,19 @@ void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value
     atomic_store_explicit(&f->done, 1, memory_order_release);
     if (f->call_id)
         tpi_probe(c, TP_PROBE_FUTURE_DONE, f->call_id, 0, st, NULL);
+    if (f->user_made)
+        user_unlist(c, f); /* drops the list's reference; the caller still holds one */
     for (tpi_waiter *w = f->waiters; w; w = w->next) {
         if (w->log && w->log->n < w->log->cap) /* once per future: it completes once */
             w->log->index[w->log->n++] = w->index;
         c->ops->unpark(c->agent, w->task);
+    }
+    tpi_hook *h = f->hooks;
+    f->hooks = NULL;
+    while (h) { /* a hook may free its node, and drop its reference to f */
+        tpi_hook *next = h->next;
+        h->fn(c, f, h);
+        h = next;
     }
     tpi_then *t = f->thens;
     f->thens = NULL;
@@ -129,6 +182,12 @@ static void then_run(tp_work *w) {
     if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
         st = TP_ESHUTDOWN;
         tpi_format(err, sizeof err, "then-callback not run: the worker is shutting down");
+    } else if (t->done_cb) {
+        tpi_waiter node;
+        tpi_work_enter(c, &node);
+        t->done_cb(t->parent, t->user_data);
+        tpi_work_leave(c, &node);
+        st = TP_OK;
     } else {
         tpi_waiter node;
         tpi_work_enter(c, &node);
@@ -139,7 +198,10 @@ static void then_run(tp_work *w) {
                        tp_strerror(st));
     }
     tpi_lock(c);
-    tpi_future_complete(c, t->chained, st, result, err);
+    if (t->chained)
+        tpi_future_complete(c, t->chained, st, result, err);
+    else
+        tpi_defer_free(c, result);
     TPI_ASSERT(c->active_client > 0);
     c->active_client--;
     tpi_unlock(c);
@@ -274,29 +336,26 @@ const char *tp_future_error(const tp_future *f) {
     return tp_future_done(f) && f->errmsg ? f->errmsg : "";
 }
 
-tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future **chained) {
-    if (chained)
-        *chained = NULL;
-    if (!f || !chained)
-        return tpi_fail(TP_EINVAL, "future then: %s is NULL", f ? "chained" : "future");
-    if (!cb)
-        return tpi_fail(TP_EINVAL, "then-callback is NULL");
+/* Queues a continuation on f: cb with a chained future, or done_cb without. */
+static tp_status add_then(tp_future *f, tp_then_fn cb, tp_done_fn done_cb, void *user_data,
+                          tp_future **chained, const char *what) {
     tp_core *c = f->core;
-    tp_status st = tpi_enter_core(c, "future then");
+    tp_status st = tpi_enter_core(c, what);
     if (st != TP_OK)
         return st;
     tpi_then *t = calloc(1, sizeof *t);
-    tp_future *ch = t ? tpi_future_new(c) : NULL;
-    if (!ch) {
+    tp_future *ch = t && chained ? tpi_future_new(c) : NULL;
+    if (!t || (chained && !ch)) {
         free(t);
         tpi_leave(c);
-        return tpi_fail(TP_ENOMEM, "out of memory for a then-callback");
+        return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
     }
     tpi_core_ref(c);
     t->core = c;
     t->parent = tpi_future_ref(f);
-    t->chained = tpi_future_ref(ch);
+    t->chained = ch ? tpi_future_ref(ch) : NULL;
     t->cb = cb;
+    t->done_cb = done_cb;
     t->user_data = user_data;
     tpi_lock(c);
     if (atomic_load(&f->done)) {
@@ -309,7 +368,182 @@ tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future
     }
     tpi_unlock(c);
     tpi_leave(c);
-    *chained = ch;
+    if (chained)
+        *chained = ch;
+    return TP_OK;
+}
+
+tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future **chained) {
+    if (chained)
+        *chained = NULL;
+    if (!f || !chained)
+        return tpi_fail(TP_EINVAL, "future then: %s is NULL", f ? "chained" : "future");
+    if (!cb)
+        return tpi_fail(TP_EINVAL, "then-callback is NULL");
+    return add_then(f, cb, NULL, user_data, chained, "future then");
+}
+
+tp_status tp_future_add_done_callback(tp_future *f, tp_done_fn cb, void *user_data) {
+    if (!f || !cb)
+        return tpi_fail(TP_EINVAL, "add_done_callback: %s is NULL", f ? "callback" : "future");
+    return add_then(f, NULL, cb, user_data, NULL, "add_done_callback");
+}
+
+/* ---- Futures the user completes (FUTURE-9) ------------------------------------------- */
+
+tp_status tp_future_new(tp_future **out) {
+    if (!out)
+        return tpi_fail(TP_EINVAL, "future_new: out is NULL");
+    *out = NULL;
+    tp_core *c;
+    tp_status st = tpi_enter("future_new", &c);
+    if (st != TP_OK)
+        return st;
+    tp_future *f = tpi_future_new(c);
+    if (!f) {
+        tpi_leave(c);
+        return tpi_fail(TP_ENOMEM, "future_new: out of memory");
+    }
+    f->user_made = 1;
+    tpi_lock(c);
+    user_list(c, f);
+    tpi_unlock(c);
+    tpi_leave(c);
+    *out = f;
+    return TP_OK;
+}
+
+/* Completes a user future; value transferred whatever happens. */
+static tp_status set_outcome(tp_future *f, tp_status st, tp_value *value, const char *errmsg,
+                             const char *what) {
+    if (!f) {
+        tp_value_free(value);
+        return tpi_fail(TP_EINVAL, "%s: future is NULL", what);
+    }
+    if (!f->user_made) {
+        tp_value_free(value);
+        return tpi_fail(TP_EINVAL, "%s: only a future made by tp_future_new can be completed "
+                                   "by its user; this one belongs to a call",
+                        what);
+    }
+    tp_core *c = f->core;
+    tp_status est = tpi_enter_core(c, what);
+    if (est != TP_OK) {
+        tp_value_free(value);
+        return est;
+    }
+    tpi_lock(c);
+    int was_done = atomic_load(&f->done);
+    if (!was_done)
+        tpi_future_complete(c, f, st, value, errmsg);
+    else
+        tpi_defer_free(c, value);
+    tpi_unlock(c);
+    tpi_leave(c);
+    if (was_done)
+        return tpi_fail(TP_EINVAL, "%s: the future is already complete (%s); a future "
+                                   "completes once",
+                        what, f->status == TP_OK ? "with a value" : tp_status_name(f->status));
+    return TP_OK;
+}
+
+tp_status tp_future_set_result(tp_future *f, tp_value *value) {
+    return set_outcome(f, TP_OK, value, NULL, "future set_result");
+}
+
+tp_status tp_future_set_error(tp_future *f, tp_status status, const char *errmsg) {
+    if (status == TP_OK)
+        return tpi_fail(TP_EINVAL, "future set_error: the status must be an error, not TP_OK");
+    return set_outcome(f, status, NULL, errmsg, "future set_error");
+}
+
+/* ---- collect_all (FUTURE-11) ------------------------------------------------------- */
+
+typedef struct tpi_collect tpi_collect;
+typedef struct collect_slot {
+    tpi_hook hook; /* first: the hook gives back this slot */
+    tpi_collect *all;
+    tp_future *input; /* counted until it completes */
+} collect_slot;
+struct tpi_collect {
+    tp_future *result; /* counted */
+    size_t n, remaining;
+    collect_slot slots[];
+};
+
+/* The last input completed (lock held): the statuses, in order. */
+static void collect_finish(tp_core *c, tpi_collect *a) {
+    tp_value *list = tp_value_list();
+    for (size_t i = 0; list && i < a->n; i++) {
+        tp_value *s = tp_value_int((int64_t)a->slots[i].input->status);
+        if (tp_list_append(list, s) != TP_OK) {
+            tp_value_free(list);
+            list = NULL;
+        }
+    }
+    if (list)
+        tpi_future_complete(c, a->result, TP_OK, list, NULL);
+    else
+        tpi_future_complete(c, a->result, TP_ENOMEM, NULL,
+                            "collect_all: out of memory for the statuses");
+    for (size_t i = 0; i < a->n; i++)
+        tp_future_free(a->slots[i].input); /* the completer holds its own reference */
+    tp_future_free(a->result);
+    free(a);
+}
+
+static void collect_one(tp_core *c, tp_future *f, tpi_hook *h) {
+    collect_slot *slot = (collect_slot *)h;
+    tpi_collect *a = slot->all;
+    TPI_ASSERT(slot->input == f && a->remaining > 0);
+    (void)f;
+    if (--a->remaining == 0)
+        collect_finish(c, a);
+}
+
+tp_status tp_future_collect_all(tp_future *const *futures, size_t n, tp_future **out) {
+    if (!out)
+        return tpi_fail(TP_EINVAL, "collect_all: out is NULL");
+    *out = NULL;
+    if (n > 0 && !futures)
+        return tpi_fail(TP_EINVAL, "collect_all: futures is NULL");
+    for (size_t i = 0; i < n; i++) {
+        if (!futures[i])
+            return tpi_fail(TP_EINVAL, "collect_all: future %zu is NULL", i);
+        if (futures[i]->core != futures[0]->core)
+            return tpi_fail(TP_EINVAL, "collect_all: future %zu belongs to another worker", i);
+    }
+    tp_core *c = NULL;
+    tp_status st = n > 0 ? tpi_enter_core(futures[0]->core, "collect_all")
+                         : tpi_enter("collect_all", &c);
+    if (st != TP_OK)
+        return st;
+    if (n > 0)
+        c = futures[0]->core;
+    tpi_collect *a = n <= (SIZE_MAX - sizeof *a) / sizeof a->slots[0]
+                         ? calloc(1, sizeof *a + n * sizeof a->slots[0])
+                         : NULL;
+    tp_future *result = a ? tpi_future_new(c) : NULL;
+    if (!result) {
+        free(a);
+        tpi_leave(c);
+        return tpi_fail(TP_ENOMEM, "collect_all: out of memory for %zu futures", n);
+    }
+    a->result = tpi_future_ref(result);
+    a->n = n;
+    a->remaining = n + 1; /* one for this setup, so no hook finishes it half-built */
+    tpi_lock(c);
+    for (size_t i = 0; i < n; i++) {
+        a->slots[i].hook.fn = collect_one;
+        a->slots[i].all = a;
+        a->slots[i].input = tpi_future_ref(futures[i]);
+        tpi_future_hook(c, futures[i], &a->slots[i].hook); /* runs at once when done */
+    }
+    if (--a->remaining == 0)
+        collect_finish(c, a);
+    tpi_unlock(c);
+    tpi_leave(c);
+    *out = result;
     return TP_OK;
 }
 

@@ -123,6 +123,7 @@ static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
     atomic_store(&c->state, TPI_STATE_STOPPING);
     tpi_lock(c);
     tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
+    tpi_futures_fail_user(c, TP_ESHUTDOWN, why); /* FUTURE-9: nobody can complete them now */
     /* Every thread inside the API is parked in the core or about to be, and
      * each wakes to see the state and leave: no deadline can be better than
      * this wait (freeing the agent under a thread would be a crash), so it
@@ -140,6 +141,7 @@ static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
     c->ops->stop(c->agent);
     tpi_lock(c);
     tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
+    tpi_futures_fail_user(c, TP_ESHUTDOWN, why);
     tpi_rrefs_teardown(c);
     tpi_unlock(c);
     atomic_store(&c->state, TPI_STATE_STOPPED);

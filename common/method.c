@@ -145,3 +145,43 @@ tp_status tp_method_call_remote(const tp_method *m, tp_rref *rref, const tp_valu
     *out = NULL;
     return start(m, rref, args, kwargs, timeout_s, 1, NULL, out);
 }
+
+/* ---- RRef proxies (METHOD-4): rref.rpc_sync().m(...) and friends -------------------- */
+
+/* A method binder on the stack, resolved as tp_method_factory does. */
+static tp_status bind(const char *method_name, tp_method *m) {
+    tp_method *made = NULL;
+    tp_status st = tp_method_factory(method_name, &made);
+    if (st != TP_OK)
+        return st;
+    *m = *made;
+    tp_method_free(made);
+    return TP_OK;
+}
+
+tp_status tp_rref_rpc_sync(tp_rref *rref, const char *method_name, const tp_value *args,
+                           const tp_value *kwargs, double timeout_s, tp_value **result) {
+    if (result)
+        *result = NULL;
+    tp_method m;
+    tp_status st = bind(method_name, &m);
+    return st == TP_OK ? tp_method_call_sync(&m, rref, args, kwargs, timeout_s, result) : st;
+}
+
+tp_status tp_rref_rpc_async(tp_rref *rref, const char *method_name, const tp_value *args,
+                            const tp_value *kwargs, double timeout_s, tp_future **out) {
+    if (out)
+        *out = NULL;
+    tp_method m;
+    tp_status st = bind(method_name, &m);
+    return st == TP_OK ? tp_method_call_async(&m, rref, args, kwargs, timeout_s, out) : st;
+}
+
+tp_status tp_rref_remote(tp_rref *rref, const char *method_name, const tp_value *args,
+                         const tp_value *kwargs, double timeout_s, tp_rref **out) {
+    if (out)
+        *out = NULL;
+    tp_method m;
+    tp_status st = bind(method_name, &m);
+    return st == TP_OK ? tp_method_call_remote(&m, rref, args, kwargs, timeout_s, out) : st;
+}

@@ -1059,6 +1059,38 @@ tp_status tp_remote(tp_dest dest, const char *fn, const tp_value *args, const tp
     return st;
 }
 
+tp_status tp_rref_from_value(tp_value *value, tp_rref **out) {
+    if (!out) {
+        tp_value_free(value);
+        return tpi_fail(TP_EINVAL, "rref from value: out is NULL");
+    }
+    *out = NULL;
+    tp_core *c;
+    tp_status st = tpi_enter("rref from value", &c);
+    if (st != TP_OK) {
+        tp_value_free(value);
+        return st;
+    }
+    tpi_lock(c);
+    tpi_owner *o = tpi_owner_get_or_create(c, tpi_new_gid(c));
+    tp_rref *r = o ? tpi_rref_new_owner(c, o) : NULL;
+    if (r) {
+        tpi_owner_set(c, o, TP_OK, value, NULL); /* takes value */
+        value = NULL;
+    } else if (o) {
+        tpi_owner_set(c, o, TP_ENOMEM, NULL, "out of memory");
+        tpi_owner_maybe_free(c, o);
+    }
+    tpi_unlock(c);
+    tpi_leave(c);
+    if (!r) {
+        tp_value_free(value);
+        return tpi_fail(TP_ENOMEM, "rref from value: out of memory");
+    }
+    *out = r;
+    return TP_OK;
+}
+
 tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline) {
     while (!o->ready) {
         tp_status st = park_on(c, &o->waiters, deadline);

@@ -7,6 +7,7 @@
  * the I/O context. Every request is answered, errors included, so a caller
  * never waits for its deadline because of something the callee knew.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,10 +16,14 @@
 #include "log.h"
 #include "registry.h"
 
+typedef struct tpi_later tpi_later;
+
 struct tp_call {
     tp_worker_info caller;
     const char *fn;
     const tp_value *self; /* the object, for methods */
+    tp_core *core;
+    tp_future *later;     /* tp_call_answer_later: the answer's future (counted) */
     char err[TP_ERRMSG_LEN_MAX];
 };
 
@@ -70,6 +75,21 @@ const tp_value *tp_call_self(const tp_call *call) {
     return call->self;
 }
 
+tp_status tp_call_answer_later(tp_call *call, tp_future *f) {
+    if (!call || !f)
+        return tpi_fail(TP_EINVAL, "answer_later: %s is NULL", call ? "future" : "call");
+    if (call->later)
+        return tpi_fail(TP_EINVAL, "answer_later: '%s' already answers later; a call has one "
+                                   "answer",
+                        call->fn);
+    if (f->core != call->core)
+        return tpi_fail(TP_EINVAL, "answer_later: the future belongs to another worker than the "
+                                   "one serving '%s'",
+                        call->fn);
+    call->later = tpi_future_ref(f);
+    return TP_OK;
+}
+
 /* Replies with a function's result; fn names it when the result cannot travel. */
 static void reply_result(tp_core *c, uint32_t dst, uint64_t id, tp_status st,
                          const tp_value *value, const char *errmsg, const char *fn) {
@@ -103,6 +123,125 @@ void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_val
     reply_result(c, dst, id, st, value, errmsg, NULL);
 }
 
+/* ---- Answers sent later (FUNC-7) ------------------------------------------------ */
+
+/*
+ * A served call whose function answered with tp_call_answer_later: no pool
+ * thread waits for it. A hook on the future queues the reply (or, for a
+ * remote(), the owner's value) as a short work item when it completes. It
+ * counts in active_served from start to reply, so a graceful shutdown's
+ * drain waits for it like for any call being served.
+ */
+struct tpi_later {
+    tp_work work; /* first: the executor gives back this pointer */
+    tpi_hook hook;
+    tp_core *core; /* counted */
+    uint32_t src;
+    uint64_t id;
+    tpi_owner *owner; /* REMOTE: the record the value goes into */
+    tp_future *f;     /* counted */
+    const char *kind; /* "function" or "method": static */
+    char fn[2 * TP_NAME_LEN_MAX + 2];
+};
+
+static tpi_later *later_new(tp_core *c, uint32_t src, const tpi_msg *m, const char *kind,
+                            const char *fn, tp_future *f) {
+    tpi_later *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->core = c;
+    l->src = src;
+    l->id = m->id;
+    l->f = f; /* the call's reference moves here */
+    l->kind = kind;
+    tpi_format(l->fn, sizeof l->fn, "%s", fn);
+    return l;
+}
+
+/* Settles a REMOTE's owner record (lock held) unless its creator abandoned
+ * it (RREF-14), whose error then stands; value taken. */
+static void remote_settle(tp_core *c, tpi_owner *o, tp_status *st, tp_value *value, char *err,
+                          size_t err_len) {
+    o->running = 0;
+    if (o->ready) {
+        tpi_defer_free(c, value);
+        *st = o->status;
+        tpi_format(err, err_len, "%s", o->errmsg ? o->errmsg : tp_strerror(*st));
+    } else {
+        tpi_owner_set(c, o, *st, value, err); /* takes value */
+    }
+    tpi_owner_maybe_free(c, o);
+}
+
+static void later_free(tp_core *c, tpi_later *l) {
+    tp_future_free(l->f);
+    free(l);
+    tpi_core_unref(c);
+}
+
+static void later_run(tp_work *w) {
+    tpi_later *l = (tpi_later *)w;
+    tp_core *c = l->core;
+    tp_future *f = l->f;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    char who[TP_NAME_LEN_MAX + 32];
+    tp_status st = f->status; /* done: immutable now */
+    if (st != TP_OK) {
+        tpi_format(err, sizeof err, "%s '%s' on %s failed: %s", l->kind, l->fn,
+                   tpi_worker_desc(c, c->rank, who, sizeof who),
+                   f->errmsg ? f->errmsg : tp_strerror(st));
+        st = TP_EREMOTE;
+    }
+    if (l->owner) {
+        tpi_lock(c);
+        tp_value *value = NULL;
+        if (st == TP_OK) { /* the value moves into the rref (FUNC-7) */
+            value = f->value;
+            f->value = NULL;
+        }
+        remote_settle(c, l->owner, &st, value, err, sizeof err);
+        tpi_unlock(c);
+        tpi_reply(c, l->src, l->id, st, NULL, err);
+    } else {
+        reply_result(c, l->src, l->id, st, f->value, err, l->fn);
+    }
+    tpi_lock(c);
+    TPI_ASSERT(c->active_served > 0);
+    c->active_served--;
+    tpi_unlock(c);
+    later_free(c, l);
+}
+
+/* The answer's future completed (lock held): queue the reply. */
+static void later_ready(tp_core *c, tp_future *f, tpi_hook *h) {
+    tpi_later *l = (tpi_later *)((char *)h - offsetof(tpi_later, hook));
+    TPI_ASSERT(l->f == f);
+    (void)f;
+    l->work.run = later_run;
+    if (c->ops->execute(c->agent, &l->work) == TP_OK)
+        return;
+    /* Torn down: no reply can go; the caller's side fails the call. */
+    TPI_ASSERT(c->active_served > 0);
+    c->active_served--;
+    if (l->owner) {
+        tp_status st = TP_ESHUTDOWN;
+        char err[64] = "the callee is shutting down";
+        remote_settle(c, l->owner, &st, NULL, err, sizeof err);
+    }
+    later_free(c, l);
+}
+
+/* Hands a served call's answer to its future (owner: a REMOTE's record). */
+static void later_start(tp_core *c, tpi_later *l, tpi_owner *owner) {
+    l->owner = owner;
+    l->hook.fn = later_ready;
+    tpi_core_ref(c);
+    tpi_lock(c);
+    c->active_served++;
+    tpi_future_hook(c, l->f, &l->hook); /* at once when it is done already */
+    tpi_unlock(c);
+}
+
 /* A function already found in the registry (FUNC-6 routing), or none. */
 typedef struct resolved_fn {
     tp_fn fn; /* NULL: look it up */
@@ -112,7 +251,7 @@ typedef struct resolved_fn {
 /* Runs a user function or method (found is NULL or a function resolved by
  * name already); fills *result or an error message. */
 static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolved_fn *found,
-                        tp_value **result, char *err, size_t err_len) {
+                        tp_value **result, tpi_later **later, char *err, size_t err_len) {
     /* Formatted only on the error paths below: no printf per served call. */
     char self_desc[TP_NAME_LEN_MAX + 32];
 #define SELF_DESC() tpi_worker_desc(c, c->rank, self_desc, sizeof self_desc)
@@ -183,9 +322,25 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
     call.caller = c->infos[src];
     call.fn = class_name ? full : m->text;
     call.self = object;
+    call.core = c;
     tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, call.fn);
     tp_status st = fn(&call, args, m->kwargs, result, ud);
     tpi_probe(c, TP_PROBE_SERVE_END, m->id, src, st, call.fn);
+    if (st == TP_OK && call.later && *result) {
+        st = TP_EINVAL;
+        tpi_format(call.err, sizeof call.err, "it both returned a value and answers later "
+                                              "(FUNC-7); a call has one answer");
+    }
+    if (st == TP_OK && call.later) {
+        *later = later_new(c, src, m, class_name ? "method" : "function", call.fn, call.later);
+        if (!*later) {
+            st = TP_ENOMEM;
+            tpi_format(call.err, sizeof call.err, "out of memory to answer later");
+        }
+        call.later = NULL;
+    }
+    if (call.later)
+        tp_future_free(call.later); /* the error below answers instead */
     if (st != TP_OK) {
         tp_value_free(*result);
         *result = NULL;
@@ -216,19 +371,16 @@ static tp_status await_rrefs(tp_core *c, const tpi_msg *m, tpi_rref_ctx *rc, cha
 static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o, tpi_rref_ctx *rc) {
     char err[TP_ERRMSG_LEN_MAX] = "";
     tp_value *result = NULL;
+    tpi_later *later = NULL;
     tp_status st = await_rrefs(c, m, rc, err, sizeof err);
     if (st == TP_OK)
-        st = invoke(c, src, m, NULL, &result, err, sizeof err);
-    tpi_lock(c);
-    o->running = 0;
-    if (o->ready) { /* its creator gave up on it meanwhile (RREF-14): that error stands */
-        tpi_defer_free(c, result);
-        st = o->status;
-        tpi_format(err, sizeof err, "%s", o->errmsg ? o->errmsg : tp_strerror(st));
-    } else {
-        tpi_owner_set(c, o, st, result, err); /* takes result */
+        st = invoke(c, src, m, NULL, &result, &later, err, sizeof err);
+    if (later) { /* FUNC-7: the record stays running until the future completes */
+        later_start(c, later, o);
+        return;
     }
-    tpi_owner_maybe_free(c, o);
+    tpi_lock(c);
+    remote_settle(c, o, &st, result, err, sizeof err); /* takes result */
     tpi_unlock(c);
     tpi_reply(c, src, m->id, st, NULL, err);
 }
@@ -239,9 +391,14 @@ static void run_request(tp_core *c, uint32_t src, const tpi_msg *m, tpi_rref_ctx
                         const resolved_fn *found) {
     char err[TP_ERRMSG_LEN_MAX] = "";
     tp_value *result = NULL;
+    tpi_later *later = NULL;
     tp_status st = await_rrefs(c, m, rc, err, sizeof err);
     if (st == TP_OK)
-        st = invoke(c, src, m, found, &result, err, sizeof err);
+        st = invoke(c, src, m, found, &result, &later, err, sizeof err);
+    if (later) {
+        later_start(c, later, NULL);
+        return;
+    }
     reply_result(c, src, m->id, st, result, err, m->text);
     tp_value_free(result);
 }

@@ -423,6 +423,7 @@ tp_status tp_sleep(double seconds);
 /* Functions served by this worker (FUNC-1..5).                              */
 
 typedef struct tp_call tp_call;
+typedef struct tp_future tp_future;
 
 /*
  * A user function. args is a list and kwargs a map (both borrowed, never
@@ -473,6 +474,18 @@ const tp_worker_info *tp_call_caller(const tp_call *call);
 const char *tp_call_function(const tp_call *call);
 /* For a method: the object value the rref holds, borrowed; NULL for a function. */
 const tp_value *tp_call_self(const tp_call *call);
+/*
+ * Answers the call being served with f's outcome, sent when f completes
+ * (FUNC-7; PyTorch's @rpc.functions.async_execution): the function calls
+ * this once and returns TP_OK with *result left NULL, and its pool thread
+ * is free at once. f is borrowed (referenced until then) and of this
+ * worker: a tp_future_new the program completes later, or a call's or
+ * then's future. A value answers as the function's result (for remote(),
+ * it moves into the rref); an error answers as the function's failure
+ * (TP_EREMOTE at the caller, with f's message). Do not take f's value out
+ * (tp_future_take_value) before the answer went.
+ */
+tp_status tp_call_answer_later(tp_call *call, tp_future *f);
 
 /* ------------------------------------------------------------------------ */
 /* Destinations: by name, rank or worker info (CALL-2).                      */
@@ -544,6 +557,42 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
 /* Drops the caller's reference; the call itself goes on. NULL is a no-op. */
 void tp_future_free(tp_future *f);
 
+/*
+ * A callback run once f completes (with a value or an error), on a
+ * worker-pool thread, with f lent for the call only (FUTURE-10; PyTorch's
+ * add_done_callback). Callbacks run in the order they were added; not at
+ * all once the worker is being torn down.
+ */
+typedef void (*tp_done_fn)(tp_future *f, void *user_data);
+tp_status tp_future_add_done_callback(tp_future *f, tp_done_fn cb, void *user_data);
+
+/*
+ * A future that completes once every one of futures[0..n) has completed,
+ * whatever their outcomes: a failure does not cut it short (FUTURE-11;
+ * PyTorch's collect_all). It completes with TP_OK and a list of n ints,
+ * the status of each future in order (TP_OK = 0); their values and errors
+ * stay in them. futures borrowed (each is referenced until then), all of one
+ * worker; n may be 0 (done at once, an empty list). *out caller-owned.
+ */
+tp_status tp_future_collect_all(tp_future *const *futures, size_t n, tp_future **out);
+
+/*
+ * Futures the program completes itself (FUTURE-9; PyTorch's
+ * torch.futures.Future): pending and caller-owned, bound to the calling
+ * thread's worker (TP_ENOTINIT / TP_ESHUTDOWN without one). One still
+ * pending when the worker is torn down fails with TP_ESHUTDOWN.
+ */
+tp_status tp_future_new(tp_future **out);
+/*
+ * Completes a future made by tp_future_new with value (transferred, also
+ * when this fails; NULL means nil): waiters wake, callbacks and answers
+ * waiting on it go. Any thread may call it. TP_EINVAL when f is complete
+ * already (the first completion stands) or is a call's future.
+ */
+tp_status tp_future_set_result(tp_future *f, tp_value *value);
+/* The same with an error: status not TP_OK; errmsg copied (NULL: the status's text). */
+tp_status tp_future_set_error(tp_future *f, tp_status status, const char *errmsg);
+
 /* ------------------------------------------------------------------------ */
 /* Calls (CALL-1..9). args (a list) and kwargs (a map) are borrowed and may  */
 /* be NULL for none; they are encoded before the call returns.               */
@@ -585,6 +634,13 @@ const char *tp_rref_owner_name(const tp_rref *rref);
 int tp_rref_is_owner(const tp_rref *rref);
 /* 1 once the owner has confirmed this reference (always 1 on the owner; 0 for NULL). */
 int tp_rref_confirmed_by_owner(const tp_rref *rref);
+/*
+ * An rref this worker owns, holding value (transferred, also on failure;
+ * NULL means nil): PyTorch's RRef(value) (RREF-17). It travels in calls like
+ * any rref; an object in it is reached from other workers through methods.
+ * *out caller-owned.
+ */
+tp_status tp_rref_from_value(tp_value *value, tp_rref **out);
 /* A new reference to the same remote value (caller-owned). */
 tp_rref *tp_rref_clone(tp_rref *rref);
 /*
@@ -627,6 +683,19 @@ tp_status tp_method_call_async(const tp_method *m, tp_rref *rref, const tp_value
                                const tp_value *kwargs, double timeout_s, tp_future **out);
 tp_status tp_method_call_remote(const tp_method *m, tp_rref *rref, const tp_value *args,
                                 const tp_value *kwargs, double timeout_s, tp_rref **out);
+
+/*
+ * RRef proxies (METHOD-4; PyTorch's rref.rpc_sync().method(*args),
+ * rref.rpc_async().method(...), rref.remote().method(...)): the same calls
+ * as the tp_method_call_* above with the method named here, resolved on the
+ * owner as method_factory's are.
+ */
+tp_status tp_rref_rpc_sync(tp_rref *rref, const char *method_name, const tp_value *args,
+                           const tp_value *kwargs, double timeout_s, tp_value **result);
+tp_status tp_rref_rpc_async(tp_rref *rref, const char *method_name, const tp_value *args,
+                            const tp_value *kwargs, double timeout_s, tp_future **out);
+tp_status tp_rref_remote(tp_rref *rref, const char *method_name, const tp_value *args,
+                         const tp_value *kwargs, double timeout_s, tp_rref **out);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@ void conf_functions_reset(void) {
         atomic_store(&started[i], 0);
         atomic_store(&live_objects[i], 0);
     }
+    conf_async_reset();
 }
 
 static int64_t counter_read(_Atomic int64_t *a, int rank) {
@@ -307,6 +308,10 @@ static tp_value *counter_new(int owner, int64_t start) {
     }
     atomic_fetch_add(&live_objects[owner], 1);
     return v;
+}
+
+tp_value *conf_counter_new(int owner, int64_t start) {
+    return owner >= 0 && owner < TP_CONFORMANCE_RANKS_MAX ? counter_new(owner, start) : NULL;
 }
 
 /* make_counter(start=0): a Counter object, kept on this worker (use with remote). */
@@ -826,6 +831,9 @@ static const struct {
 };
 
 tp_status conf_register_all(void) {
+    tp_status ast = conf_register_async();
+    if (ast != TP_OK && ast != TP_EALREADY)
+        return ast;
     for (size_t i = 0; i < sizeof functions / sizeof functions[0]; i++) {
         tp_status st = tp_register_function(functions[i].name, functions[i].fn, NULL);
         if (st != TP_OK && st != TP_EALREADY)

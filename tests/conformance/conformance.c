@@ -242,6 +242,7 @@ static const case_group groups[] = {
     {conf_cases_lifecycle, &conf_cases_lifecycle_count},
     {conf_cases_calls, &conf_cases_calls_count},
     {conf_cases_futures, &conf_cases_futures_count},
+    {conf_cases_async, &conf_cases_async_count},
     {conf_cases_timeouts, &conf_cases_timeouts_count},
     {conf_cases_rref, &conf_cases_rref_count},
     {conf_cases_shutdown, &conf_cases_shutdown_count},

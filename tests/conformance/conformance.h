@@ -185,12 +185,22 @@ int64_t conf_hops(int rank);         /* fire-and-forget hops served by rank */
 int64_t conf_served(int rank);       /* sleep_ms calls completed by rank */
 int64_t conf_started(int rank);      /* sleep_ms calls started by rank */
 int64_t conf_live_objects(int rank); /* Counter objects alive on rank */
+/* A new Counter object (what make_counter returns) counted on owner's live_objects. */
+tp_value *conf_counter_new(int owner, int64_t start);
+/* conf_functions_async.c: functions that answer later (FUNC-7) and the
+ * parameter server; registered and reset by the two calls above. */
+tp_status conf_register_async(void);
+void conf_async_reset(void);
+/* The parameter server's shape: PS_DIM weights, starting at 100 * (i + 1). */
+#define CONF_PS_DIM 4
 
 /* The case tables (cases_*.c). */
 extern const tp_conformance_case conf_cases_calls[];
 extern const size_t conf_cases_calls_count;
 extern const tp_conformance_case conf_cases_futures[];
 extern const size_t conf_cases_futures_count;
+extern const tp_conformance_case conf_cases_async[];
+extern const size_t conf_cases_async_count;
 extern const tp_conformance_case conf_cases_timeouts[];
 extern const size_t conf_cases_timeouts_count;
 extern const tp_conformance_case conf_cases_rref[];
