@@ -34,6 +34,7 @@ void tp_context_free(tp_context *ctx) {
     tpi_registry_clear(ctx);
     current_ctx = saved == ctx ? NULL : saved;
     current_errmsg = saved == ctx ? NULL : saved_msg;
+    free(ctx->leaks);
     free(ctx);
 }
 

@@ -25,6 +25,9 @@ struct tp_context {
     uint32_t fns_cap;
     uint32_t generation; /* inits attempted here: namespaces store keys */
     int initializing;    /* an init is in progress (init twice is an error) */
+    tp_rref_leak *leaks; /* what the last graceful shutdown found (RREF-18), malloc'd */
+    size_t nleaks;
+    int leaks_known;     /* a graceful shutdown ran here */
 };
 
 /* The calling task's errmsg buffer (TP_ERRMSG_LEN_MAX bytes). */

@@ -460,6 +460,9 @@ void tpi_rearm(tp_core *c);
 void tpi_rrefs_peer_down(tp_core *c, uint32_t peer);
 /* Graceful shutdown: release every user rref still held (lock held). */
 void tpi_rrefs_release_all(tp_core *c);
+/* RREF-18 (lock held): the references not settled now, sorted; *out
+ * malloc'd (NULL when none). *incomplete is 1 when memory ran short. */
+size_t tpi_rrefs_leaks(tp_core *c, tp_rref_leak **out, int *incomplete);
 /* Teardown: frees every owner record and pending child (lock held). */
 void tpi_rrefs_teardown(tp_core *c);
 tp_rref *tpi_rref_new_user(tp_core *c, uint32_t owner, tpi_gid id, tpi_gid fork);

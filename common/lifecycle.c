@@ -12,6 +12,7 @@
 
 #include "core.h"
 #include "limits.h"
+#include "log.h"
 #include "options.h"
 #include "registry.h"
 
@@ -281,6 +282,62 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     return TP_OK;
 }
 
+/* RREF-18: what the graceful phases left unsettled, logged and kept in ctx
+ * for tp_shutdown_leaks. */
+static void report_leaks(tp_context *ctx, tp_core *c) {
+    tp_rref_leak *v = NULL;
+    int incomplete = 0;
+    tpi_lock(c);
+    size_t n = tpi_rrefs_leaks(c, &v, &incomplete);
+    tpi_unlock(c);
+    static const char *const kinds[] = {"", "its holder never deleted it",
+                                        "its holder never accepted it",
+                                        "the owner never acknowledged its delete"};
+    for (size_t i = 0; i < n; i++) {
+        char owner[TP_NAME_LEN_MAX + 32], holder[TP_NAME_LEN_MAX + 32];
+        tpi_log(TP_LOG_WARN,
+                "shutdown: worker '%s' leaks rref %u:%llu fork %u:%llu (owner %s, holder %s): "
+                "%s (RREF-18)",
+                c->self.name, v[i].rref_worker, (unsigned long long)v[i].rref_n,
+                v[i].fork_worker, (unsigned long long)v[i].fork_n,
+                tpi_worker_desc(c, v[i].owner, owner, sizeof owner),
+                tpi_worker_desc(c, v[i].holder, holder, sizeof holder), kinds[v[i].kind]);
+    }
+    if (incomplete)
+        tpi_log(TP_LOG_WARN, "shutdown: worker '%s': out of memory listing rref leaks; the list "
+                             "is incomplete",
+                c->self.name);
+    tpi_context_lock(ctx);
+    free(ctx->leaks);
+    ctx->leaks = v;
+    ctx->nleaks = n;
+    ctx->leaks_known = 1;
+    tpi_context_unlock(ctx);
+}
+
+tp_status tp_shutdown_leaks(tp_rref_leak **out, size_t *n) {
+    if (!out || !n)
+        return tpi_fail(TP_EINVAL, "shutdown_leaks: %s is NULL", out ? "n" : "out");
+    *out = NULL;
+    *n = 0;
+    tp_context *ctx = tp_context_current();
+    tpi_context_lock(ctx);
+    int known = ctx->leaks_known;
+    size_t count = ctx->nleaks;
+    tp_rref_leak *copy = count ? malloc(count * sizeof *copy) : NULL;
+    if (copy)
+        memcpy(copy, ctx->leaks, count * sizeof *copy);
+    tpi_context_unlock(ctx);
+    if (!known)
+        return tpi_fail(TP_ENOTINIT, "shutdown_leaks: no graceful shutdown ran on this thread's "
+                                     "context yet");
+    if (count && !copy)
+        return tpi_fail(TP_ENOMEM, "shutdown_leaks: out of memory for %zu entries", count);
+    *out = copy;
+    *n = count;
+    return TP_OK;
+}
+
 tp_status tp_shutdown(int graceful) {
     if (tpi_check_may_wait("shutdown") != TP_OK) /* FUNC-6, SHUTDOWN-1 */
         return TP_EINVAL;
@@ -324,6 +381,7 @@ tp_status tp_shutdown(int graceful) {
         tpi_probe(c, TP_PROBE_SHUTDOWN_DRAINED, 0, c->rank, st, NULL);
         if (st != TP_OK)
             tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        report_leaks(ctx, c);
     }
     uint64_t deadline = tpi_deadline_after(c, tp_options_shutdown_timeout(c->opts));
     /* The agent is gone once finish returns: the last probe goes first. */

@@ -910,6 +910,82 @@ void tpi_rrefs_teardown(tp_core *c) {
     }
 }
 
+/* ---- The leak report (RREF-18) --------------------------------------------------- */
+
+typedef struct leak_list {
+    tp_rref_leak *v;
+    size_t n, cap;
+    int short_of_memory;
+} leak_list;
+
+static void leak_add(leak_list *l, tp_leak_kind kind, tpi_gid rref, tpi_gid fork, uint32_t owner,
+                     uint32_t holder) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 8;
+        tp_rref_leak *v = realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            l->short_of_memory = 1;
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (tp_rref_leak){kind, rref.worker, rref.local, fork.worker, fork.local, owner,
+                                  holder};
+}
+
+/* A delete owed (sent and unanswered, waiting to go again, or deferred
+ * behind its fork, RREF-15) for the message type on r. */
+static int owes_delete(uint8_t type, const tp_rref *r) {
+    return r && !r->is_owner &&
+           (type == TPI_MSG_RREF_DELETE || (type == TPI_MSG_RREF_FORK && r->delete_deferred));
+}
+
+static int leak_cmp(const void *pa, const void *pb) {
+    const tp_rref_leak *a = pa, *b = pb;
+#define CMP(f)                                                                                     \
+    if (a->f != b->f)                                                                              \
+        return a->f < b->f ? -1 : 1;
+    CMP(rref_worker)
+    CMP(rref_n)
+    CMP(fork_worker)
+    CMP(fork_n)
+    CMP(kind)
+    CMP(holder)
+#undef CMP
+    return 0;
+}
+
+size_t tpi_rrefs_leaks(tp_core *c, tp_rref_leak **out, int *incomplete) {
+    leak_list l = {NULL, 0, 0, 0};
+    tpi_owner **os;
+    size_t n = collect_owners(c, &os);
+    if (c->owners.len > 0 && !os)
+        l.short_of_memory = 1;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < os[i]->nforks; k++)
+            leak_add(&l, TP_LEAK_FORK, os[i]->id, os[i]->forks[k].fork, c->rank,
+                     os[i]->forks[k].holder);
+    free(os);
+    for (size_t i = 0; i < c->children.cap; i++) {
+        tpi_child *ch = c->children.slots[i].value;
+        if (ch)
+            leak_add(&l, TP_LEAK_CHILD, ch->rref->id, c->children.slots[i].key, ch->rref->owner,
+                     ch->to);
+    }
+    for (tpi_call *k = c->calls_head; k; k = k->next)
+        if (owes_delete(k->type, k->rref))
+            leak_add(&l, TP_LEAK_DELETE, k->rref->id, k->rref->fork, k->rref->owner, c->rank);
+    for (tpi_retry *t = c->retries; t; t = t->next)
+        if (owes_delete(t->type, t->rref))
+            leak_add(&l, TP_LEAK_DELETE, t->rref->id, t->rref->fork, t->rref->owner, c->rank);
+    if (l.n > 1) /* maps iterate in slot order: sorted, the report is the same every run */
+        qsort(l.v, l.n, sizeof *l.v, leak_cmp);
+    *incomplete = l.short_of_memory;
+    *out = l.v;
+    return l.n;
+}
+
 /* ---- The rref API (RREF-*) -------------------------------------------------- */
 
 /* A fetch the owner answered, with the value or an error. */

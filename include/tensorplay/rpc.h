@@ -665,6 +665,33 @@ typedef struct tp_debug_info {
 } tp_debug_info;
 /* Fills *out; TP_ESHUTDOWN outside a running worker, TP_EINVAL for NULL. */
 tp_status tp_get_debug_info(tp_debug_info *out);
+
+/*
+ * A reference a graceful shutdown could not settle (RREF-18; PyTorch's
+ * "Leaking RRef ... with fork Id ..." report). Ids are as messages print
+ * them, "<worker>:<n>": the rref's, and the fork's (the one reference).
+ */
+typedef enum tp_leak_kind {
+    TP_LEAK_FORK = 1,  /* on the owner: a user's fork never deleted */
+    TP_LEAK_CHILD = 2, /* on a parent: a fork sent to holder never accepted */
+    TP_LEAK_DELETE = 3 /* on a user: a delete its owner never acknowledged */
+} tp_leak_kind;
+typedef struct tp_rref_leak {
+    tp_leak_kind kind;
+    uint32_t rref_worker;
+    uint64_t rref_n;
+    uint32_t fork_worker;
+    uint64_t fork_n;
+    uint32_t owner;  /* rank of the worker that owns the value */
+    uint32_t holder; /* rank of the worker holding (or meant to hold) the fork */
+} tp_rref_leak;
+/*
+ * The leaks the calling thread's last graceful shutdown found, after its
+ * release and drain, sorted by rref then fork; each is also logged at warn.
+ * *out is a malloc'd copy the caller frees (NULL when *n is 0). TP_ENOTINIT
+ * before any graceful shutdown here.
+ */
+tp_status tp_shutdown_leaks(tp_rref_leak **out, size_t *n);
 /* Calls from here to rank awaiting an answer; TP_EINVAL for a rank outside the job. */
 tp_status tp_get_debug_calls_in_flight(int rank, uint64_t *out);
 

@@ -135,16 +135,39 @@ static int shutdown_graceful_releases_rrefs(int rank, int ws) {
         }
         tp_method_free(get);
     }
+    tp_rref *mine = NULL; /* an owner rref the user still holds at shutdown */
+    CHECK_OK(tp_rref_from_value(tp_value_int(rank), &mine));
     CHECK_OK(tp_shutdown(1));
     if (rank == 1)
         CHECK_INT(conf_live_objects(1), 0);
+    /* RREF-18: nothing left unsettled anywhere. */
+    tp_rref_leak *leaks = NULL;
+    size_t nleaks = 99;
+    CHECK_OK(tp_shutdown_leaks(&leaks, &nleaks));
+    CHECK_INT(nleaks, 0);
+    CHECK(leaks == NULL);
+    free(leaks);
     if (rank == 0 && r) {
         tp_value *v = NULL;
         CHECK_STATUS(tp_rref_to_here(r, 0.1, &v), TP_ESHUTDOWN); /* released by shutdown */
         CHECK(v == NULL);
         tp_value_free(v);
         CHECK(tp_rref_owner_name(r) && strcmp(tp_rref_owner_name(r), "w1") == 0);
+        CHECK_STATUS(tp_rref_rpc_sync(r, "get", NULL, NULL, TP_TIMEOUT_DEFAULT, &v),
+                     TP_ESHUTDOWN);
+        CHECK(v == NULL);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_status st = tp_rpc_sync(tp_to_rank(1), "rref_fetch", args, NULL, TP_TIMEOUT_DEFAULT, &v);
+        CHECK(st == TP_ESHUTDOWN || st == TP_ENOTINIT);
+        tp_value_free(args);
     }
+    if (mine) { /* the owner's own handle outlives its worker, answering from memory */
+        const tp_value *lv = NULL;
+        CHECK_STATUS(tp_rref_local_value(mine, &lv), TP_ESHUTDOWN);
+        CHECK(lv == NULL);
+        CHECK(tp_rref_is_owner(mine));
+    }
+    tp_rref_release(mine);
     tp_rref_release(r); /* after shutdown: frees the handle only */
     return conf_finish(rank);
 }
@@ -265,7 +288,8 @@ const tp_conformance_case conf_cases_shutdown[] = {
     {"shutdown_graceful_drains_ff_chain", 3, shutdown_graceful_drains_ff_chain,
      "SHUTDOWN-5 FUNC-4"},
     {"shutdown_barrier_keeps_serving", 3, shutdown_barrier_keeps_serving, "SHUTDOWN-3 INIT-1"},
-    {"shutdown_graceful_releases_rrefs", 2, shutdown_graceful_releases_rrefs, "SHUTDOWN-4 RREF-11"},
+    {"shutdown_graceful_releases_rrefs", 2, shutdown_graceful_releases_rrefs,
+     "SHUTDOWN-4 RREF-11 RREF-18"},
     {"shutdown_nongraceful_drops_rref_held_by_callback", 2,
      shutdown_nongraceful_drops_rref_held_by_callback, "SHUTDOWN-2 SHUTDOWN-6 FUTURE-5"},
     {"shutdown_nongraceful_fails_inflight", 2, shutdown_nongraceful_fails_inflight, "SHUTDOWN-2"},

@@ -97,6 +97,8 @@ static tp_status call_until_ok(int dst, const char *fn, const tp_value *args, tp
     return st;
 }
 
+static double shutdown_timeout_s[WORLD] = {30.0, 30.0, 30.0};
+
 /* Registers the functions and joins the job as w<rank>. */
 static tp_status join(int rank, int world_size) {
     CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
@@ -106,7 +108,7 @@ static tp_status join(int rank, int world_size) {
     char name[4] = "w0";
     name[1] = (char)('0' + rank);
     tp_options *o = tp_options_new();
-    CHECK(tp_options_set_shutdown_timeout(o, 30.0) == TP_OK);
+    CHECK(tp_options_set_shutdown_timeout(o, shutdown_timeout_s[rank]) == TP_OK);
     tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
     tp_options_free(o);
     CHECK(st == TP_OK);
@@ -188,6 +190,76 @@ static int dropped_program(int rank, int world_size, void *arg) {
     return 0;
 }
 
+/*
+ * RREF-18: every delete fails to send, so w0's release never reaches w1
+ * (its owner). Each graceful shutdown waits for it until its own deadline,
+ * then reports what it could not settle. The side whose deadline comes
+ * first reports; the other then sees it gone (peer-down), and a reference
+ * to or from a dead worker is settled, not leaked. So with w0's deadline
+ * first, w0 reports the delete nobody acknowledged; with w1's first, w1
+ * reports the fork nobody deleted; both name the same rref and fork.
+ */
+static void run_plan_with(const char *plan, tp_sim_program program);
+static tp_status shutdown_st[WORLD];
+static tp_rref_leak leaks[WORLD][2];
+static size_t nleaks[WORLD];
+
+static int leak_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = confirmed_object();
+        tp_rref_release(r);
+    }
+    shutdown_st[rank] = tp_shutdown(1);
+    tp_rref_leak *v = NULL;
+    size_t n = 0;
+    CHECK(tp_shutdown_leaks(&v, &n) == TP_OK);
+    nleaks[rank] = n;
+    for (size_t i = 0; i < n && i < 2; i++)
+        leaks[rank][i] = v[i];
+    free(v);
+    return 0;
+}
+
+/* Runs leak_program with the given rank's deadline first; returns its one leak. */
+static const tp_rref_leak *leak_run(int first) {
+    memset(leaks, 0, sizeof leaks);
+    memset(nleaks, 0, sizeof nleaks);
+    for (int r = 0; r < WORLD; r++)
+        shutdown_timeout_s[r] = r == first ? 2.0 : 4.0;
+    run_plan_with("failsend rref_delete 1000000\n", leak_program);
+    for (int r = 0; r < WORLD; r++)
+        shutdown_timeout_s[r] = 30.0;
+    assert_int_equal(shutdown_st[first], TP_ETIMEDOUT); /* its drain waited for the delete */
+    for (int r = 0; r < WORLD; r++)
+        assert_int_equal(nleaks[r], r == first ? 1 : 0);
+    const tp_rref_leak *l = &leaks[first][0];
+    assert_int_equal(l->owner, 1);
+    assert_int_equal(l->holder, 0);
+    assert_int_equal(l->rref_worker, 0); /* w0 made the rref and its fork */
+    assert_int_equal(l->fork_worker, 0);
+    assert_true(l->rref_n != 0 && l->fork_n != 0 && l->rref_n != l->fork_n);
+    return l;
+}
+
+static void test_rref_leaks_reported_at_shutdown(void **state) {
+    (void)state;
+    tp_rref_leak *v = NULL;
+    size_t n = 9;
+    assert_int_equal(tp_shutdown_leaks(&v, &n), TP_ENOTINIT); /* none ran on this thread */
+    assert_null(v);
+    assert_int_equal(n, 0);
+    tp_rref_leak user = *leak_run(0);
+    assert_int_equal(user.kind, TP_LEAK_DELETE);
+    tp_rref_leak owner = *leak_run(1);
+    assert_int_equal(owner.kind, TP_LEAK_FORK);
+    /* The same world (seed, plan): the same rref and fork ids. */
+    assert_int_equal(user.rref_n, owner.rref_n);
+    assert_int_equal(user.fork_n, owner.fork_n);
+}
+
 static void run_plan_with(const char *plan, tp_sim_program program) {
     destroyed = 0;
     memset(kept, 0, sizeof kept);
@@ -234,6 +306,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_share_survives_failed_sends, reset_failures),
         cmocka_unit_test_setup(test_rref_share_survives_failed_and_slow_sends, reset_failures),
         cmocka_unit_test_setup(test_rref_delete_waits_for_a_retried_fork, reset_failures),
+        cmocka_unit_test_setup(test_rref_leaks_reported_at_shutdown, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
