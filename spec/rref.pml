@@ -1,0 +1,274 @@
+/*
+ * rref.pml: the rref protocol's fork/accept/delete, for spin (issue 9 item 5).
+ * The rules cited are spec/rref.md's, the ones common/rref.c cites.
+ *
+ * Three workers: O owns a value; A holds a confirmed user rref to it (fork
+ * FA, recorded on O). A may pass it to B in a user call (the share): A keeps
+ * a pending child for the new fork FB (RREF-5), B sends RREF_FORK(FB) to O
+ * (RREF-6), O records FB and answers, B sends RREF_ACCEPT(FB) to A, A drops
+ * its child. Each of A and B releases its reference once (RREF-4): a delete
+ * waits for the sender's pending children (RREF-5) and, on B, for its own
+ * fork's answer (RREF-15). O frees the value when no fork is recorded (RREF-3).
+ *
+ * The network between each pair of workers is one connection: frames keep
+ * their order on it (AGENT-8) unless CHAOS is defined, in which case any
+ * frame in flight may be taken first. The environment may break a connection
+ * (everything in flight on it is lost, both ways, and every unanswered
+ * protocol message on it is sent again: RREF-15) and may time an accept or
+ * delete out while it is still in flight (it is sent again behind itself: a
+ * duplicate). A fork has no timeout (RREF-6). Both are bounded (MAX_BREAKS,
+ * MAX_TIMEOUTS) so every run ends. Duplicates arise from both; reordering
+ * between links always, within one with CHAOS.
+ *
+ * The share itself is a user call, never sent again (RREF-15): the model
+ * delivers it, on its own channel that breaks do not touch. A user call lost
+ * with its connection leaves the parent's pending child until the child's
+ * worker is known dead (RREF-12): a leak, not an early free; it is outside
+ * this model.
+ *
+ * Checked (make test, tests/scripts/spin_rref.sh), each with both claims:
+ *   the model as written, with and without CHAOS (must hold);
+ *   each MUTANT_* (one rule broken on purpose) and CHAOS_DUP (the network
+ *   itself duplicates frames: a fork repeated after its delete, which the
+ *   protocol assumes the transport never delivers, RREF-12) must each be
+ *   caught, so the check is shown to bite.
+ * The properties:
+ *   safety  - the owner never frees while a worker holds a reference (RREF-3,
+ *             RREF-5), B never receives a reference to a freed value, a
+ *             repeated delete or accept never counts twice (RREF-15);
+ *   liveness - under weak fairness the value is freed (ltl eventually_freed).
+ */
+
+#define NONE 0
+#define FA 1 /* A's fork */
+#define FB 2 /* the fork A made for B */
+
+#ifndef MAX_BREAKS
+#define MAX_BREAKS 2
+#endif
+#ifndef MAX_TIMEOUTS
+#define MAX_TIMEOUTS 1
+#endif
+
+#ifdef CHAOS
+#define RECV ??
+#else
+#define RECV ?
+#endif
+
+mtype = { FORK, FORK_OK, ACCEPT, ACCEPT_OK, DELETE, DELETE_OK };
+
+/* One channel per direction of each connection. */
+chan a2o = [4] of { mtype, byte };
+chan o2a = [4] of { mtype, byte };
+chan b2o = [4] of { mtype, byte };
+chan o2b = [4] of { mtype, byte };
+chan a2b = [4] of { mtype, byte };
+chan b2a = [4] of { mtype, byte };
+chan share = [1] of { byte }; /* the user call carrying FB (delivered) */
+
+/* A sender's view of one protocol message (RREF-15). */
+#define IDLE 0
+#define SENT 1  /* an attempt is in flight, unanswered */
+#define AGAIN 2 /* its attempt ended without an answer: send again */
+#define DONE 3
+
+/* The owner O. */
+bool recorded[3]; /* forks recorded (RREF-6), by id */
+bool freed;
+byte fork_records; /* times a fork was recorded: each fork once (RREF-15) */
+byte fork_deletes; /* times a recorded fork was removed: each once */
+
+/* A: its handle, its pending child, its delete. */
+bool a_holds = 1;
+bool a_child; /* pending child FB (RREF-5) */
+bool a_shared;
+bool a_delete_waits; /* released with a pending child */
+byte a_delete = IDLE;
+
+/* B: its handle, its fork, its accept, its delete. */
+bool b_holds;
+bool b_confirmed;
+bool b_released;
+bool b_delete_waits; /* released before its fork was answered (RREF-15) */
+byte b_fork = IDLE;
+byte b_accept = IDLE;
+byte b_delete = IDLE;
+
+byte breaks, timeouts;
+
+/* The ghost count: references the workers really hold (the oracle's view). */
+#define HELD (a_holds + a_child + b_holds)
+
+inline free_if_unreferenced() {
+    if
+    :: !recorded[FA] && !recorded[FB] && !freed ->
+        assert(HELD == 0); /* RREF-3: never free what a worker holds */
+        freed = 1
+    :: else -> skip
+    fi
+}
+
+active proctype Owner() {
+    byte f;
+    recorded[FA] = 1; /* A's confirmed reference; only the owner reads these */
+end:
+    do
+    :: atomic { b2o RECV FORK, f ->
+        assert(!freed); /* RREF-5: the parent's child keeps the value alive */
+        if
+#ifndef MUTANT_FORK_NOT_IDEMPOTENT
+        :: !recorded[f] -> recorded[f] = 1; fork_records++
+        :: else -> skip /* a repeated fork is recorded once (RREF-15) */
+#else
+        :: recorded[f] = 1; fork_records++ /* broken on purpose: counts a repeat */
+#endif
+        fi;
+        o2b ! FORK_OK, f }
+    :: atomic { a2o RECV DELETE, f ->
+        if
+        :: recorded[f] -> recorded[f] = 0; fork_deletes++
+        :: else -> skip /* unknown: ignored (RREF-4) */
+        fi;
+        o2a ! DELETE_OK, f;
+        free_if_unreferenced() }
+    :: atomic { b2o RECV DELETE, f ->
+        if
+        :: recorded[f] -> recorded[f] = 0; fork_deletes++
+        :: else -> skip
+        fi;
+        o2b ! DELETE_OK, f;
+        free_if_unreferenced() }
+    od
+}
+
+active proctype UserA() {
+    byte f;
+end:
+    do
+    /* The share: A keeps a pending child for FB (RREF-5, RREF-7). */
+    :: atomic { a_holds && !a_shared -> a_shared = 1; a_child = 1; share ! FB }
+    /* Release (RREF-4), waiting for the pending child (RREF-5). */
+    :: atomic { a_holds ->
+        a_holds = 0;
+        if
+#ifndef MUTANT_DELETE_OVERTAKES_CHILD
+        :: a_child -> a_delete_waits = 1
+        :: else -> a_delete = SENT; a2o ! DELETE, FA
+#else
+        :: a_delete = SENT; a2o ! DELETE, FA /* broken on purpose: RREF-5 ignored */
+#endif
+        fi }
+    :: atomic { b2a RECV ACCEPT, f ->
+        if
+        :: a_child ->
+            a_child = 0;
+            if
+            :: a_delete_waits -> a_delete_waits = 0; a_delete = SENT; a2o ! DELETE, FA
+            :: else -> skip
+            fi
+        :: else -> skip /* a repeated accept drops nothing (RREF-15) */
+        fi;
+        a2b ! ACCEPT_OK, f }
+    :: atomic { o2a RECV DELETE_OK, f -> a_delete = DONE }
+    :: atomic { a_delete == AGAIN -> a_delete = SENT; a2o ! DELETE, FA } /* RREF-15 */
+    od
+}
+
+active proctype UserB() {
+    byte f;
+end:
+    do
+    /* Receiving FB from A: an unconfirmed user rref, RREF_FORK to O (RREF-6). */
+    :: atomic { share ? f ->
+        assert(!freed);
+        b_holds = 1;
+        b_fork = SENT;
+        b2o ! FORK, FB }
+    :: atomic { o2b RECV FORK_OK, f ->
+        if
+        :: b_fork != DONE ->
+            b_fork = DONE;
+            b_confirmed = 1;
+            b_accept = SENT;
+            b2a ! ACCEPT, FB;
+            if
+            :: b_delete_waits -> b_delete_waits = 0; b_delete = SENT; b2o ! DELETE, FB
+            :: else -> skip
+            fi
+        :: else -> skip /* the answer to a repeat */
+        fi }
+    :: atomic { b_holds ->
+        b_holds = 0;
+        b_released = 1;
+        if
+#ifndef MUTANT_DELETE_OVERTAKES_FORK
+        :: b_fork == DONE -> b_delete = SENT; b2o ! DELETE, FB
+        :: else -> b_delete_waits = 1 /* RREF-15: never overtake the fork */
+#else
+        :: b_delete = SENT; b2o ! DELETE, FB /* broken on purpose: RREF-15 ignored */
+#endif
+        fi }
+    :: atomic { a2b RECV ACCEPT_OK, f -> b_accept = DONE }
+    :: atomic { o2b RECV DELETE_OK, f -> b_delete = DONE }
+    :: atomic { b_fork == AGAIN -> b_fork = SENT; b2o ! FORK, FB }
+    :: atomic { b_accept == AGAIN -> b_accept = SENT; b2a ! ACCEPT, FB }
+    :: atomic { b_delete == AGAIN -> b_delete = SENT; b2o ! DELETE, FB }
+    od
+}
+
+/* Empties a channel: what was in flight on a broken connection is lost. */
+inline drain(ch) {
+    do
+    :: nempty(ch) -> ch ? _, _
+    :: empty(ch) -> break
+    od
+}
+
+inline again(st) {
+    if
+    :: st == SENT -> st = AGAIN
+    :: else -> skip
+    fi
+}
+
+#ifdef CHAOS_DUP
+#ifndef MAX_DUPS
+#define MAX_DUPS 1
+#endif
+byte dups;
+/* Copies a frame in flight on ch (taken at random, CHAOS). */
+inline dup(ch) {
+    mtype m;
+    byte x;
+    ch ?? <m, x> -> ch ! m, x
+}
+#endif
+
+/* The environment: broken connections and attempts that time out. */
+active proctype Network() {
+end:
+    do
+#ifdef CHAOS_DUP
+    :: atomic { dups < MAX_DUPS && nempty(b2o) && nfull(b2o) -> dups++; dup(b2o) }
+    :: atomic { dups < MAX_DUPS && nempty(a2o) && nfull(a2o) -> dups++; dup(a2o) }
+    :: atomic { dups < MAX_DUPS && nempty(b2a) && nfull(b2a) -> dups++; dup(b2a) }
+    :: atomic { dups < MAX_DUPS && nempty(o2b) && nfull(o2b) -> dups++; dup(o2b) }
+#endif
+    :: atomic { breaks < MAX_BREAKS -> breaks++;
+        drain(a2o); drain(o2a); again(a_delete) }
+    :: atomic { breaks < MAX_BREAKS -> breaks++;
+        drain(b2o); drain(o2b); again(b_fork); again(b_delete) }
+    :: atomic { breaks < MAX_BREAKS -> breaks++;
+        drain(a2b); drain(b2a); again(b_accept) }
+    /* An accept or delete attempt times out in flight: sent again behind itself. */
+    :: atomic { timeouts < MAX_TIMEOUTS && a_delete == SENT -> timeouts++; a_delete = AGAIN }
+    :: atomic { timeouts < MAX_TIMEOUTS && b_delete == SENT -> timeouts++; b_delete = AGAIN }
+    :: atomic { timeouts < MAX_TIMEOUTS && b_accept == SENT -> timeouts++; b_accept = AGAIN }
+    od
+}
+
+/* Each fork is recorded once and removed once, whatever was repeated. */
+ltl once_each { [] (fork_records <= 1 && fork_deletes <= 2) }
+/* Guarantee 1 and 2 together: the value goes once every reference went. */
+ltl eventually_freed { <> freed }
