@@ -300,6 +300,9 @@ void tp_core_on_peer_down(tp_core *c, uint32_t peer, tp_status why, const char *
     }
     tpi_calls_fail(c, peer, why == TP_EPEERDOWN ? TP_EPEERDOWN : why, msg);
     tpi_flow_peer_reset(c, peer); /* FLOW-7, FLOW-8; FLOW-3: waiters see the verdict */
+    if (why != TP_EPEERDOWN && !c->peer_dead[peer] && peer != c->rank &&
+        atomic_load(&c->state) == TPI_STATE_RUNNING)
+        tpi_forks_query(c, peer); /* RREF-19: after the calls it ended failed */
     tpi_unlock(c);
 }
 

@@ -39,6 +39,10 @@ typedef enum tpi_state {
 /* The built-in function a restarted worker calls on every peer to announce
  * its new incarnation and address (REJOIN-4); answered in the I/O context. */
 #define TPI_JOIN_FN "tp:join"
+/* The built-in function that asks a peer which of the forks sent to it it
+ * holds, after a broken connection may have lost them (RREF-19); answered
+ * in the I/O context. */
+#define TPI_FORKS_FN "tp:forks"
 /* REJOIN-3: every id a worker mints (call ids, rref and fork ids) carries its
  * incarnation above this bit, so no id of one incarnation is ever minted by
  * another, and a request tells which incarnation sent it. 2^40 ids each. */
@@ -237,6 +241,8 @@ struct tp_core {
     _Atomic(uint32_t) *peer_inc; /* by id: the newest incarnation known (REJOIN-4); written
                                   * with the lock held, read relaxed without it by the
                                   * I/O context's fence (REJOIN-5) */
+    uint32_t *undecoded;   /* lock: by id: its requests queued here not yet decoded (RREF-19) */
+    uint8_t *forks_query;  /* lock: by id: RREF-19's query to it: 0 none, 1 out, 2 out + again */
     uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still
                             * be on the wire, where no counter shows it (SHUTDOWN-5) */
     tp_options *opts;
@@ -442,7 +448,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m);
 /* Owner record lookup/creation (lock held). */
 tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id);
 /* Records that holder has fork (lock held). */
-tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder);
+tp_status tpi_owner_add_fork(tp_core *c, tpi_owner *o, tpi_gid fork, uint32_t holder);
 /* Sets the value of an owner record (lock held) and answers waiting fetches. */
 void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, const char *errmsg);
 /* Waits (lock held) until the record has its value, or deadline
@@ -456,6 +462,14 @@ void tpi_retries_run(tp_core *c, uint64_t now);
 uint64_t tpi_retries_next(const tp_core *c);
 /* Arms the agent's timer for the earliest deadline or retry (lock held). */
 void tpi_rearm(tp_core *c);
+/* RREF-19 (lock held): the connection to peer broke while both live: ask it
+ * which of the forks sent to it it holds, and settle the rest. */
+void tpi_forks_query(tp_core *c, uint32_t peer);
+/* RREF-19: answers a peer's query (the tp:forks function, I/O context, lock
+ * not held); *result caller-owned: a list of held flags, or nil for "ask
+ * again later" while requests from src wait to be decoded. */
+tp_status tpi_forks_serve(tp_core *c, uint32_t src, const tp_value *args, tp_value **result,
+                          char *err, size_t err_len);
 /* A peer died: drop its forks, children and fetches (lock held). */
 void tpi_rrefs_peer_down(tp_core *c, uint32_t peer);
 /* Graceful shutdown: release every user rref still held (lock held). */

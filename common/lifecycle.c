@@ -38,6 +38,8 @@ void tpi_core_free(tp_core *c) {
     free(c->peer_dead);
     free(c->peer_inc);
     free(c->unflushed);
+    free(c->undecoded);
+    free(c->forks_query);
     free(c->inflight);
     free(c->credit);
     free(c->held);
@@ -73,6 +75,8 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->peer_dead = calloc(world, 1);
     c->peer_inc = calloc(world, sizeof *c->peer_inc);
     c->unflushed = calloc(world, 1);
+    c->undecoded = calloc(world, sizeof *c->undecoded);
+    c->forks_query = calloc(world, 1);
     c->inflight = calloc(world, sizeof *c->inflight);
     c->credit = calloc(world, sizeof *c->credit);
     c->held = calloc(world, sizeof *c->held);
@@ -86,6 +90,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->children);
     c->armed_ns = TPI_NO_DEADLINE;
     if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
+        !c->undecoded || !c->forks_query ||
         !c->inflight || !c->credit || !c->held || !c->held_epoch || !c->refused_warned ||
         !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);
@@ -307,6 +312,7 @@ static void report_leaks(tp_context *ctx, tp_core *c) {
         tpi_log(TP_LOG_WARN, "shutdown: worker '%s': out of memory listing rref leaks; the list "
                              "is incomplete",
                 c->self.name);
+    tpi_probe(c, TP_PROBE_RREF_LEAKS, n, c->rank, TP_OK, NULL);
     tpi_context_lock(ctx);
     free(ctx->leaks);
     ctx->leaks = v;

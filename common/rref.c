@@ -59,7 +59,7 @@ tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id) {
     return o;
 }
 
-tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder) {
+tp_status tpi_owner_add_fork(tp_core *c, tpi_owner *o, tpi_gid fork, uint32_t holder) {
     if (o->nforks == o->forks_cap) {
         size_t cap = o->forks_cap ? 2 * o->forks_cap : 4;
         tpi_fork_rec *grown = realloc(o->forks, cap * sizeof *grown);
@@ -71,6 +71,7 @@ tp_status tpi_owner_add_fork(tpi_owner *o, tpi_gid fork, uint32_t holder) {
     o->forks[o->nforks].fork = fork;
     o->forks[o->nforks].holder = holder;
     o->nforks++;
+    tpi_probe_rref(c, TP_PROBE_RREF_OWNER_FORK, o->id, fork, holder);
     return TP_OK;
 }
 
@@ -81,9 +82,10 @@ static int has_fork(const tpi_owner *o, tpi_gid fork) {
     return 0;
 }
 
-static int remove_fork(tpi_owner *o, tpi_gid fork) {
+static int remove_fork(tp_core *c, tpi_owner *o, tpi_gid fork) {
     for (size_t i = 0; i < o->nforks; i++) {
         if (tpi_gid_eq(o->forks[i].fork, fork)) {
+            tpi_probe_rref(c, TP_PROBE_RREF_OWNER_UNFORK, o->id, fork, o->forks[i].holder);
             /* Keep the order: iteration order must not depend on removal. */
             memmove(&o->forks[i], &o->forks[i + 1], (o->nforks - i - 1) * sizeof o->forks[0]);
             o->nforks--;
@@ -376,7 +378,7 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
         st = tpi_fail(o->status, "rref %u:%llu cannot be sent: %s", r->id.worker,
                       (unsigned long long)r->id.local, o->errmsg ? o->errmsg : "its creation failed");
     } else if (r->is_owner) { /* the owner records the fork itself, at once */
-        st = o ? tpi_owner_add_fork(o, w->fork_id, rc->peer) : TP_EINVAL;
+        st = o ? tpi_owner_add_fork(c, o, w->fork_id, rc->peer) : TP_EINVAL;
     } else if (TPI_CANARY(TPI_CANARY_CHILD_DROPPED_EARLY)) {
         /* Canary: no pending child, so the parent's delete can overtake the
          * child's fork at the owner (a broken guarantee 2). */
@@ -419,7 +421,7 @@ void tpi_rref_ctx_rollback(tpi_rref_ctx *rc) {
         if (r->is_owner) {
             tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
             if (o)
-                remove_fork(o, rc->undo[i].fork);
+                remove_fork(c, o, rc->undo[i].fork);
         } else {
             tpi_child *ch = tpi_idmap_del(&c->children, rc->undo[i].fork);
             if (ch)
@@ -562,7 +564,7 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
             r = tpi_rref_new_owner(c, o);
             st = r ? TP_OK : TP_ENOMEM;
             if (r && w->parent == c->rank)
-                remove_fork(o, w->fork_id); /* our own send; the handle replaces it */
+                remove_fork(c, o, w->fork_id); /* our own send; the handle replaces it */
             else if (r)
                 send_accept(c, w->parent, w->fork_id);
         }
@@ -603,6 +605,11 @@ struct tpi_retry {
     tpi_retry *next;
 };
 
+/* A tpi_retry that sends RREF-19's query again: outside the wire's types. */
+#define TPI_RETRY_FORKS_QUERY 0xF0
+static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt);
+static size_t collect_owners(tp_core *c, tpi_owner ***out);
+
 /* No answer, and the peer may still be there: worth sending again. */
 static int retryable(tp_status st) {
     return st == TP_EIO || st == TP_ETIMEDOUT || st == TP_ELIMIT || st == TP_ENOMEM;
@@ -610,6 +617,8 @@ static int retryable(tp_status st) {
 
 static const char *proto_what(uint8_t type) {
     switch (type) {
+    case TPI_RETRY_FORKS_QUERY:
+        return "rref forks query";
     case TPI_MSG_RREF_FORK:
         return "rref fork";
     case TPI_MSG_RREF_ACCEPT:
@@ -633,13 +642,13 @@ static int proto_gone(const tp_core *c, uint32_t dst, const tp_rref *r) {
     return c->peer_dead[dst] || (r && r->owner == dst && r->owner_inc != c->peer_inc[dst]);
 }
 
-/* An attempt got no answer: sends it again later, or gives up (lock held). */
-static void proto_unanswered(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_gid fork,
-                             uint32_t parent, uint32_t attempt, tp_status st) {
+/* An attempt got no answer: sends it again later (1), or gives up (0) (lock held). */
+static int proto_unanswered(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_gid fork,
+                            uint32_t parent, uint32_t attempt, tp_status st) {
     tpi_retry *t = retryable(st) && !proto_gone(c, dst, r) ? malloc(sizeof *t) : NULL;
     if (!t) {
         proto_final(c, type, r, fork, parent, proto_gone(c, dst, r) ? TP_EPEERDOWN : st, NULL);
-        return;
+        return 0;
     }
     unsigned shift = attempt < 7 ? attempt : 7; /* 20 ms << 7 > 2 s */
     uint64_t pause = TPI_RREF_RETRY_MIN_NS << shift;
@@ -658,6 +667,7 @@ static void proto_unanswered(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r,
             c->rank, proto_what(type), dst, tp_strerror(st),
             (unsigned long long)((t->due_ns - tpi_now(c)) / 1000000ull));
     tpi_rearm(c);
+    return 1;
 }
 
 static void proto_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
@@ -714,10 +724,15 @@ void tpi_retries_run(tp_core *c, uint64_t now) {
         c->retries = t->next;
         TPI_ASSERT(c->active_client > 0);
         c->active_client--;
-        if (proto_gone(c, t->dst, t->rref))
+        if (t->type == TPI_RETRY_FORKS_QUERY) {
+            c->forks_query[t->dst] = 0;
+            if (!c->peer_dead[t->dst])
+                forks_query_send(c, t->dst, t->attempt);
+        } else if (proto_gone(c, t->dst, t->rref)) {
             proto_final(c, t->type, t->rref, t->fork, t->parent, TP_EPEERDOWN, NULL);
-        else
+        } else {
             proto_send(c, t->type, t->dst, t->rref, t->fork, t->parent, t->attempt);
+        }
         if (t->rref)
             tpi_rref_unpin(c, t->rref);
         free(t);
@@ -735,12 +750,218 @@ static void retries_drop(tp_core *c, uint32_t peer, tp_status st) {
         *p = t->next;
         TPI_ASSERT(c->active_client > 0);
         c->active_client--;
+        if (t->type == TPI_RETRY_FORKS_QUERY)
+            c->forks_query[t->dst] = 0;
         proto_final(c, t->type, t->rref, t->fork, t->parent, st, NULL);
         if (t->rref)
             tpi_rref_unpin(c, t->rref);
         free(t);
         p = &c->retries; /* proto_final may have added or removed some: look again */
     }
+}
+
+/* ---- Forks a broken connection may have lost (RREF-19) ---------------------------- */
+
+/*
+ * A frame that carried an rref, or the answer to it, may be lost with its
+ * connection while both workers live: a pending child then waits for an
+ * accept that never comes, and an owner keeps a fork for a holder that never
+ * got it. So after a broken connection each side asks the other, with the
+ * tp:forks function, which of the forks it sent there the peer holds, and
+ * settles the rest as the accept (a child) or the delete (an owner's fork)
+ * would have. The query goes after every frame of the broken connection was
+ * read or lost, and the peer answers only when it has decoded every request
+ * it read from us ("ask again later" otherwise), so "not held" means never
+ * received, or released (its accept or delete then comes too, and finds
+ * nothing: both are idempotent).
+ */
+
+/* 1 when this worker holds fork f as a user: its rref is live, kept for a
+ * child it sent on, or waiting for its own fork's answer (lock held). */
+static int user_holds_fork(tp_core *c, tpi_gid f) {
+    for (tp_rref *r = c->users; r; r = r->next)
+        if (tpi_gid_eq(r->fork, f))
+            return 1;
+    for (size_t i = 0; i < c->children.cap; i++) {
+        tpi_child *ch = c->children.slots[i].value;
+        if (ch && tpi_gid_eq(ch->rref->fork, f))
+            return 1;
+    }
+    for (tpi_call *k = c->calls_head; k; k = k->next)
+        if (k->type == TPI_MSG_RREF_FORK && tpi_gid_eq(k->fork, f))
+            return 1;
+    for (tpi_retry *t = c->retries; t; t = t->next)
+        if (t->type == TPI_MSG_RREF_FORK && tpi_gid_eq(t->fork, f))
+            return 1;
+    return 0;
+}
+
+/* [rref worker, rref n, fork worker, fork n] (+ held, in an answer). */
+static tp_value *fork_entry(tpi_gid rref, tpi_gid fork, int held) {
+    tp_value *e = tp_value_list_of(4, tp_value_int(rref.worker), tp_value_int((int64_t)rref.local),
+                                   tp_value_int(fork.worker), tp_value_int((int64_t)fork.local));
+    if (e && held >= 0 && tp_list_append(e, tp_value_int(held)) != TP_OK) {
+        tp_value_free(e);
+        return NULL;
+    }
+    return e;
+}
+
+static int read_entry(const tp_value *e, size_t n, tpi_gid *rref, tpi_gid *fork, int64_t *held) {
+    int64_t v[5] = {0, 0, 0, 0, 0};
+    if (tp_list_len(e) != n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (tp_value_get_int(tp_list_get(e, i), &v[i]) != TP_OK || v[i] < 0)
+            return 0;
+    if (v[0] > UINT32_MAX || v[2] > UINT32_MAX)
+        return 0;
+    *rref = (tpi_gid){(uint32_t)v[0], (uint64_t)v[1]};
+    *fork = (tpi_gid){(uint32_t)v[2], (uint64_t)v[3]};
+    if (held)
+        *held = v[4];
+    return 1;
+}
+
+/* The peer does not hold fork f of rref: settle it (lock held). */
+static void fork_not_held(tp_core *c, uint32_t peer, tpi_gid rref, tpi_gid f) {
+    tpi_child *ch = tpi_idmap_get(&c->children, f);
+    if (ch && ch->to == peer) { /* as its accept would (RREF-5) */
+        tpi_idmap_del(&c->children, f);
+        drop_child(c, ch);
+        return;
+    }
+    tpi_owner *o = tpi_idmap_get(&c->owners, rref);
+    if (!o)
+        return;
+    for (size_t k = 0; k < o->nforks; k++) {
+        if (tpi_gid_eq(o->forks[k].fork, f) && o->forks[k].holder == peer) {
+            remove_fork(c, o, f); /* as its delete would (RREF-4) */
+            tpi_owner_maybe_free(c, o);
+            return;
+        }
+    }
+}
+
+static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
+    uint32_t peer = call->dst;
+    int again = c->forks_query[peer] == 2;
+    c->forks_query[peer] = 0;
+    if (c->peer_dead[peer])
+        return; /* its death settled every fork it had (RREF-12) */
+    const tp_value *v = reply && st == TP_OK ? reply->value : NULL;
+    if (v && tp_value_kind(v) == TP_KIND_LIST) {
+        for (size_t i = 0; i < tp_list_len(v); i++) {
+            tpi_gid rref, f;
+            int64_t held;
+            if (read_entry(tp_list_get(v, i), 5, &rref, &f, &held) && held == 0)
+                fork_not_held(c, peer, rref, f);
+        }
+    } else if ((reply && st == TP_OK) || retryable(st)) { /* busy, or no answer */
+        /* The retry collects the forks afresh: those sent meanwhile too. */
+        if (proto_unanswered(c, TPI_RETRY_FORKS_QUERY, peer, NULL, (tpi_gid){0, 0}, 0,
+                             call->attempt, TP_EIO))
+            c->forks_query[peer] = 1;
+        return;
+    } else {
+        tpi_log(TP_LOG_WARN, "worker '%s': %s could not settle the forks sent to worker %u: %s",
+                c->self.name, TPI_FORKS_FN, peer, tp_strerror(st));
+    }
+    if (again)
+        forks_query_send(c, peer, 0);
+}
+
+static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
+    tp_value *entries = tp_value_list();
+    int ok = entries != NULL;
+    for (size_t i = 0; ok && i < c->children.cap; i++) {
+        tpi_child *ch = c->children.slots[i].value;
+        if (ch && ch->to == peer)
+            ok = tp_list_append(entries, fork_entry(ch->rref->id, c->children.slots[i].key, -1)) ==
+                 TP_OK;
+    }
+    tpi_owner **os;
+    size_t n = ok ? collect_owners(c, &os) : 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; ok && k < os[i]->nforks; k++)
+            if (os[i]->forks[k].holder == peer)
+                ok = tp_list_append(entries, fork_entry(os[i]->id, os[i]->forks[k].fork, -1)) ==
+                     TP_OK;
+    if (n)
+        free(os);
+    tp_value *args = ok && tp_list_len(entries) > 0 ? tp_value_list_of(1, entries) : NULL;
+    if (!args) {
+        if (!ok || tp_list_len(entries) > 0)
+            tpi_log(TP_LOG_WARN, "worker '%s': out of memory asking worker %u for its forks",
+                    c->self.name, peer);
+        if (entries && !args)
+            tpi_defer_free(c, entries);
+        return;
+    }
+    tpi_call *call = tpi_call_new(c, peer, TPI_MSG_REQUEST, "rref forks query", TPI_FORKS_FN);
+    tp_status st = TP_ENOMEM;
+    if (call) {
+        tpi_msg m;
+        memset(&m, 0, sizeof m);
+        m.type = TPI_MSG_REQUEST;
+        tpi_format(m.text, sizeof m.text, "%s", TPI_FORKS_FN);
+        m.args = args;
+        call->attempt = attempt;
+        call->on_reply = forks_reply;
+        st = tpi_call_issue(c, call, &m, TPI_RREF_ATTEMPT_TIMEOUT_S);
+    }
+    tpi_defer_free(c, args);
+    if (st == TP_OK) {
+        c->forks_query[peer] = 1;
+        return;
+    }
+    if (proto_unanswered(c, TPI_RETRY_FORKS_QUERY, peer, NULL, (tpi_gid){0, 0}, 0, attempt,
+                         st == TP_ENOMEM || st == TP_ELIMIT ? st : TP_EIO))
+        c->forks_query[peer] = 1; /* until the retry runs */
+}
+
+void tpi_forks_query(tp_core *c, uint32_t peer) {
+    TPI_ASSERT(peer < c->world_size && peer != c->rank);
+    if (c->forks_query[peer]) {
+        c->forks_query[peer] = 2; /* forks sent meanwhile: ask again after the answer */
+        return;
+    }
+    forks_query_send(c, peer, 0);
+}
+
+tp_status tpi_forks_serve(tp_core *c, uint32_t src, const tp_value *args, tp_value **result,
+                          char *err, size_t err_len) {
+    const tp_value *entries = tp_list_get(args, 0);
+    if (tp_list_len(args) != 1 || tp_value_kind(entries) != TP_KIND_LIST) {
+        tpi_format(err, err_len, "%s: malformed query", TPI_FORKS_FN);
+        return TP_EPROTO;
+    }
+    tpi_lock(c);
+    if (c->undecoded[src] > 0) { /* its earlier requests may carry those forks */
+        tpi_unlock(c);
+        *result = tp_value_nil();
+        return *result ? TP_OK : TP_ENOMEM;
+    }
+    tp_value *answer = tp_value_list();
+    tp_status st = answer ? TP_OK : TP_ENOMEM;
+    for (size_t i = 0; st == TP_OK && i < tp_list_len(entries); i++) {
+        tpi_gid rref, f;
+        if (!read_entry(tp_list_get(entries, i), 4, &rref, &f, NULL)) {
+            tpi_format(err, err_len, "%s: entry %zu is malformed", TPI_FORKS_FN, i);
+            st = TP_EPROTO;
+            break;
+        }
+        st = tp_list_append(answer, fork_entry(rref, f, user_holds_fork(c, f)));
+    }
+    tpi_unlock(c);
+    if (st != TP_OK) {
+        tp_value_free(answer);
+        if (st == TP_ENOMEM)
+            tpi_format(err, err_len, "%s: out of memory", TPI_FORKS_FN);
+        return st;
+    }
+    *result = answer;
+    return TP_OK;
 }
 
 /* ---- Protocol messages (lock not held on entry) --------------------------------- */
@@ -783,7 +1004,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     case TPI_MSG_RREF_DELETE: {
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
         if (o) {
-            remove_fork(o, m->fork);
+            remove_fork(c, o, m->fork);
             tpi_owner_maybe_free(c, o);
         }
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
@@ -792,7 +1013,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     case TPI_MSG_RREF_FORK: { /* idempotent: a retry may repeat it (RREF-15) */
         tpi_owner *o = tpi_owner_get_or_create(c, m->rref);
         tp_status st = !o ? TP_ENOMEM : has_fork(o, m->fork) ? TP_OK
-                                                              : tpi_owner_add_fork(o, m->fork, src);
+                                                              : tpi_owner_add_fork(c, o, m->fork, src);
         tpi_reply(c, src, m->id, st, NULL, st == TP_OK ? NULL : "owner out of memory");
         break;
     }
@@ -842,7 +1063,7 @@ void tpi_rrefs_peer_down(tp_core *c, uint32_t peer) {
         tpi_owner *o = os[i];
         for (size_t k = 0; k < o->nforks;) {
             if (o->forks[k].holder == peer)
-                remove_fork(o, o->forks[k].fork);
+                remove_fork(c, o, o->forks[k].fork);
             else
                 k++;
         }

@@ -38,6 +38,7 @@ typedef struct tpi_job {
     uint32_t held_epoch;
     tpi_rref_ctx rc;  /* REMOTE, or a REQUEST handed over decoded: unconfirmed rrefs (RREF-13) */
     int decoded;      /* msg is a REQUEST decoded in the I/O context (serve_request) */
+    int undecoded;    /* counted in core->undecoded[src] until it runs (RREF-19) */
 } tpi_job;
 
 /* FUNC-6: the non-blocking function this thread is running, or NULL. Such a
@@ -298,6 +299,12 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
     }
     if (!class_name && strcmp(m->text, TPI_PING_FN) == 0)
         return TP_OK; /* init's warm-up (INIT-8): nil */
+    if (!class_name && strcmp(m->text, TPI_FORKS_FN) == 0) { /* RREF-19 */
+        tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, TPI_FORKS_FN);
+        tp_status st = tpi_forks_serve(c, src, args, result, err, err_len);
+        tpi_probe(c, TP_PROBE_SERVE_END, m->id, src, st, TPI_FORKS_FN);
+        return st;
+    }
     if (!class_name && strcmp(m->text, TPI_JOIN_FN) == 0) { /* REJOIN-4 */
         tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, TPI_JOIN_FN);
         tp_status st = tpi_rejoin_serve(c, src, args, err, err_len);
@@ -442,8 +449,9 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     resolved_fn found;
     unsigned flags = 0;
     if (!(tpi_frame_flags(f) & TPI_FLAG_METHOD) && tpi_frame_request_name(f, name) &&
-        strcmp(name, TPI_JOIN_FN) == 0) {
-        /* REJOIN-4: fenced in the I/O context, before any later frame. */
+        (strcmp(name, TPI_JOIN_FN) == 0 || strcmp(name, TPI_FORKS_FN) == 0)) {
+        /* REJOIN-4: fenced in the I/O context, before any later frame;
+         * RREF-19: after every earlier frame from src was read. */
         serve_request(c, src, f, tpi_frame_id(f), NULL);
         return 1;
     }
@@ -543,6 +551,12 @@ static void job_run(tp_work *w) {
         serve_request(c, j->src, j->frame, id, NULL);
         j->frame = NULL;
     }
+    if (j->undecoded) { /* decoded, or dropped unread: RREF-19 may answer src now */
+        tpi_lock(c);
+        TPI_ASSERT(c->undecoded[j->src] > 0);
+        c->undecoded[j->src]--;
+        tpi_unlock(c);
+    }
     if (j->msg) {
         tpi_msg_clear(j->msg);
         free(j->msg);
@@ -588,7 +602,7 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
         st = TP_EPROTO; /* a peer sent the same rref id twice: its bug, not our crash */
         tpi_format(err, err_len, "rref %u:%llu already exists on %s", j->msg->rref.worker,
                    (unsigned long long)j->msg->rref.local, c->self.name);
-    } else if (j->msg->fork.local != 0 && tpi_owner_add_fork(o, j->msg->fork, src) != TP_OK) {
+    } else if (j->msg->fork.local != 0 && tpi_owner_add_fork(c, o, j->msg->fork, src) != TP_OK) {
         st = TP_ENOMEM;
         tpi_format(err, err_len, "out of memory recording a fork on %s", c->self.name);
     } else {
@@ -665,6 +679,12 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         }
     }
     j->frame = f;
+    if (f) { /* a REQUEST read but not decoded: its rrefs are not known yet (RREF-19) */
+        j->undecoded = 1;
+        tpi_lock(c);
+        c->undecoded[src]++;
+        tpi_unlock(c);
+    }
     submit(c, j, id);
 }
 
@@ -703,6 +723,8 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
         tpi_lock(c);
         flow_release(c, j);
         c->active_served--;
+        if (j->undecoded)
+            c->undecoded[src]--;
         if (j->owner) {
             j->owner->running = 0;
             tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, "the callee is shutting down");

@@ -51,11 +51,13 @@ struct tpi_sim_oracle {
     tpi_idmap calls;             /* {agent, call id} -> ocall */
     tpi_idmap served;            /* {agent, caller rank << 40 | call id} -> oserve */
     tpi_idmap forks;             /* {holder agent, fork worker << 40 | fork counter} -> ofork */
+    tpi_idmap recorded;          /* {owner agent, the same fork key} -> 1: forks owners record */
     uint32_t *running;           /* by agent id: functions running now */
     uint64_t *shutdown_begin_ns; /* by agent id: UINT64_MAX when not shutting down */
     uint64_t *shutdown_timeout_ns;
     uint8_t *shutdown_graceful;
     uint32_t *in_flight; /* by agent id: calls issued and not ended */
+    uint8_t *drained_quiet; /* by agent id: its graceful drain found the job quiet */
     uint32_t agents_cap;
 };
 
@@ -103,6 +105,7 @@ static tpi_sim_oracle *oracle(tp_sim *sim) {
         tpi_idmap_init(&sim->oracle->calls);
         tpi_idmap_init(&sim->oracle->served);
         tpi_idmap_init(&sim->oracle->forks);
+        tpi_idmap_init(&sim->oracle->recorded);
     }
     return sim->oracle;
 }
@@ -119,14 +122,16 @@ static void agents_cover(tpi_sim_oracle *o, uint32_t id) {
     o->shutdown_timeout_ns = realloc(o->shutdown_timeout_ns, cap * sizeof *o->shutdown_timeout_ns);
     o->shutdown_graceful = realloc(o->shutdown_graceful, cap * sizeof *o->shutdown_graceful);
     o->in_flight = realloc(o->in_flight, cap * sizeof *o->in_flight);
+    o->drained_quiet = realloc(o->drained_quiet, cap * sizeof *o->drained_quiet);
     TPI_ASSERT(o->running && o->shutdown_begin_ns && o->shutdown_timeout_ns &&
-               o->shutdown_graceful && o->in_flight);
+               o->shutdown_graceful && o->in_flight && o->drained_quiet);
     for (uint32_t i = o->agents_cap; i < cap; i++) {
         o->running[i] = 0;
         o->shutdown_begin_ns[i] = UINT64_MAX;
         o->shutdown_timeout_ns[i] = 0;
         o->shutdown_graceful[i] = 0;
         o->in_flight[i] = 0;
+        o->drained_quiet[i] = 0;
     }
     o->agents_cap = cap;
 }
@@ -144,11 +149,13 @@ void tpi_sim_oracle_free(tp_sim *sim) {
     tpi_idmap_free(&o->calls);
     tpi_idmap_free(&o->served);
     tpi_idmap_free(&o->forks);
+    tpi_idmap_free(&o->recorded); /* its values are markers, not memory */
     free(o->running);
     free(o->shutdown_begin_ns);
     free(o->shutdown_timeout_ns);
     free(o->shutdown_graceful);
     free(o->in_flight);
+    free(o->drained_quiet);
     free(o);
     sim->oracle = NULL;
 }
@@ -325,6 +332,7 @@ static void on_drained(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     agents_cover(o, a->id);
     if (p->status != TP_OK && p->status != TP_EPEERDOWN)
         return; /* a failed graceful shutdown promises nothing about quiet */
+    o->drained_quiet[a->id] = 1;
     /* SHUTDOWN-5: termination was detected over every live worker, so no
      * function runs anywhere that took part, this worker included. */
     for (uint32_t h = 0; h < sim->nhosts; h++) {
@@ -429,6 +437,53 @@ static void on_owner_free(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     }
 }
 
+/*
+ * RREF-15: a repeated fork (or a duplicated frame) is recorded once, and a
+ * fork is removed only once it was recorded: the owner's count never takes a
+ * reference twice, so a later delete cannot leave a ghost fork behind.
+ */
+static void on_owner_fork(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int add) {
+    tpi_sim_oracle *o = oracle(sim);
+    tpi_gid key;
+    if (!fork_key(sim, a, p, &key))
+        return;
+    int had = tpi_idmap_get(&o->recorded, key) != NULL;
+    if (add && had) {
+        tpi_sim_violation(sim,
+                          "host %u (agent %u) recorded fork %u:%llu of rref %u:%llu twice: a "
+                          "repeat counted as a new reference (RREF-15)",
+                          a->host, a->id, p->fork.worker, (unsigned long long)p->fork.local,
+                          p->rref.worker, (unsigned long long)p->rref.local);
+        return;
+    }
+    if (!add && !had) {
+        tpi_sim_violation(sim,
+                          "host %u (agent %u) removed fork %u:%llu of rref %u:%llu, which it "
+                          "never recorded",
+                          a->host, a->id, p->fork.worker, (unsigned long long)p->fork.local,
+                          p->rref.worker, (unsigned long long)p->rref.local);
+        return;
+    }
+    if (add) {
+        tp_status st = tpi_idmap_put(&o->recorded, key, (void *)(uintptr_t)1);
+        TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
+    } else {
+        tpi_idmap_del(&o->recorded, key);
+    }
+}
+
+/* RREF-18: a graceful drain that found the job quiet settled every reference,
+ * so the report that follows it is empty. */
+static void on_leaks(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    agents_cover(o, a->id);
+    if (p->id > 0 && o->drained_quiet[a->id])
+        tpi_sim_violation(sim,
+                          "host %u (agent %u): its graceful shutdown drained, yet it reports %llu "
+                          "rref leak(s) (RREF-18)",
+                          a->host, a->id, (unsigned long long)p->id);
+}
+
 void tpi_sim_oracle_probe(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     tpi_sim_oracle_busy(sim);
     switch (p->kind) {
@@ -458,6 +513,13 @@ void tpi_sim_oracle_probe(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
         break;
     case TP_PROBE_RREF_OWNER_FREE:
         on_owner_free(sim, a, p);
+        break;
+    case TP_PROBE_RREF_OWNER_FORK:
+    case TP_PROBE_RREF_OWNER_UNFORK:
+        on_owner_fork(sim, a, p, p->kind == TP_PROBE_RREF_OWNER_FORK);
+        break;
+    case TP_PROBE_RREF_LEAKS:
+        on_leaks(sim, a, p);
         break;
     default:
         tpi_sim_violation(sim, "host %u: unknown probe kind %d", a->host, (int)p->kind);

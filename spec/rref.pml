@@ -22,9 +22,9 @@
  *
  * The share itself is a user call, never sent again (RREF-15): the model
  * delivers it, on its own channel that breaks do not touch. A user call lost
- * with its connection leaves the parent's pending child until the child's
- * worker is known dead (RREF-12): a leak, not an early free; it is outside
- * this model.
+ * with its connection is settled by asking the receiver which forks it
+ * holds (RREF-19), which this model leaves out; the simulator's oracle and
+ * tests/unit/test_rref_faults.c check it.
  *
  * Checked (make test, tests/scripts/spin_rref.sh), each with both claims:
  *   the model as written, with and without CHAOS (must hold);

@@ -603,10 +603,12 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
         if (st != TP_OK)
             tpsim_world_fail(&run.w, "the run did not end: %s: %s", tp_status_name(st),
                              tp_errmsg());
-        /* INIT-5: one outcome for every worker alive at the end. */
+        /* INIT-5: one outcome for every worker alive at the end that
+         * reached the store. One whose store failed at its deadline
+         * (TP_ESTORE) never read the outcome, and publishes none. */
         int first_live = -1;
         for (uint32_t r = 0; r < cfg.workers; r++) {
-            if (tp_sim_host_dead(sim, r))
+            if (tp_sim_host_dead(sim, r) || run.init_status[r] == TP_ESTORE)
                 continue;
             if (first_live < 0)
                 first_live = (int)r;

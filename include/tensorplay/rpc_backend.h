@@ -108,7 +108,10 @@ typedef enum tp_probe_kind {
     TP_PROBE_SHUTDOWN_END,   /* tp_shutdown returns: status */
     TP_PROBE_RREF_FORK_LIVE, /* a user rref now exists here: rref, fork, peer (its owner) */
     TP_PROBE_RREF_FORK_GONE, /* this worker gave it up (its delete sent, or none owed): rref, fork */
-    TP_PROBE_RREF_OWNER_FREE /* the owner freed the value by the protocol (RREF-3): rref */
+    TP_PROBE_RREF_OWNER_FREE, /* the owner freed the value by the protocol (RREF-3): rref */
+    TP_PROBE_RREF_OWNER_FORK, /* the owner recorded a fork: rref, fork, peer (its holder) */
+    TP_PROBE_RREF_OWNER_UNFORK, /* the owner removed a recorded fork: rref, fork, peer */
+    TP_PROBE_RREF_LEAKS      /* a graceful shutdown's leak report (RREF-18): id = entries */
 } tp_probe_kind;
 
 /* An rref or fork id (spec/rref.md RREF-1): the worker that made it, its counter. */

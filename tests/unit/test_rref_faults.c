@@ -200,6 +200,14 @@ static int dropped_program(int rank, int world_size, void *arg) {
  * reports the fork nobody deleted; both name the same rref and fork.
  */
 static void run_plan_with(const char *plan, tp_sim_program program);
+
+/* Sleeps until virtual time s. */
+static void sleep_until(double s) {
+    uint64_t at = (uint64_t)(s * 1e9);
+    if (now_ns() < at)
+        CHECK(tp_sleep((double)(at - now_ns()) / 1e9) == TP_OK);
+}
+
 static tp_status shutdown_st[WORLD];
 static tp_rref_leak leaks[WORLD][2];
 static size_t nleaks[WORLD];
@@ -210,6 +218,7 @@ static int leak_program(int rank, int world_size, void *arg) {
         return 1;
     if (rank == 0) {
         tp_rref *r = confirmed_object();
+        sleep_until(1.0); /* past LEAK_PLAN's start: from here every request fails */
         tp_rref_release(r);
     }
     shutdown_st[rank] = tp_shutdown(1);
@@ -223,15 +232,23 @@ static int leak_program(int rank, int world_size, void *arg) {
     return 0;
 }
 
-/* Runs leak_program with the given rank's deadline first; returns its one leak. */
-static const tp_rref_leak *leak_run(int first) {
+/* Every delete fails, and so does every request after init: RREF-19's query
+ * too, so the owner cannot learn of the release either. */
+#define LEAK_PLAN "failsend rref_delete 1000000\nfailsend request 1000000 900\n"
+
+static void leak_world(const char *plan, int first) {
     memset(leaks, 0, sizeof leaks);
     memset(nleaks, 0, sizeof nleaks);
     for (int r = 0; r < WORLD; r++)
         shutdown_timeout_s[r] = r == first ? 2.0 : 4.0;
-    run_plan_with("failsend rref_delete 1000000\n", leak_program);
+    run_plan_with(plan, leak_program);
     for (int r = 0; r < WORLD; r++)
         shutdown_timeout_s[r] = 30.0;
+}
+
+/* Runs leak_program with the given rank's deadline first; returns its one leak. */
+static const tp_rref_leak *leak_run(int first) {
+    leak_world(LEAK_PLAN, first);
     assert_int_equal(shutdown_st[first], TP_ETIMEDOUT); /* its drain waited for the delete */
     for (int r = 0; r < WORLD; r++)
         assert_int_equal(nleaks[r], r == first ? 1 : 0);
@@ -258,6 +275,76 @@ static void test_rref_leaks_reported_at_shutdown(void **state) {
     /* The same world (seed, plan): the same rref and fork ids. */
     assert_int_equal(user.rref_n, owner.rref_n);
     assert_int_equal(user.fork_n, owner.fork_n);
+    /* With the query getting through, each failed delete's broken connection
+     * makes the owner ask w0 (RREF-19), learn of the release and free the
+     * value: nothing is left to report anywhere. */
+    destroyed = 0;
+    leak_world("failsend rref_delete 1000000\n", 1);
+    for (int r = 0; r < WORLD; r++)
+        assert_int_equal(nleaks[r], 0);
+    assert_int_equal(destroyed, 1);
+}
+
+/*
+ * RREF-19: the frame that carries an rref is lost with its connection while
+ * every worker lives (the plan fails the first request sent after 1 s). The
+ * sender's side of the share (w0's pending child; or, when the owner w1
+ * sends its own value, w1's recorded fork for w2) would wait forever for an
+ * accept or a delete nobody will send, and the value would never be freed.
+ * After the break the sender asks w2 which forks it holds and settles the
+ * one w2 never got.
+ */
+
+static void lost_share(int sender, tp_rref *r) {
+    sleep_until(1.0); /* every earlier request is done: the next one is lost */
+    tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+    tp_value *res = NULL;
+    CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 2.0, &res) == TP_EIO);
+    tp_value_free(res);
+    tp_value_free(args);
+    tp_rref_release(r);
+    (void)sender;
+}
+
+static int lost_user_share_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0)
+        lost_share(0, confirmed_object()); /* a user's child: w1 owns the value */
+    sleep_until(1.0 + SETTLE_S);
+    if (rank == 1) {
+        CHECK(kept[2] == NULL); /* the function never ran on w2 */
+        CHECK(destroyed == 1);  /* the child was settled, so w0's delete went */
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static int lost_owner_share_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 1) { /* the owner sends its own value: it records w2's fork at once */
+        tp_rref *r = NULL;
+        CHECK(tp_rref_from_value(tp_value_object("Obj", malloc(1), obj_destroy), &r) == TP_OK);
+        lost_share(1, r);
+    }
+    sleep_until(1.0 + SETTLE_S);
+    if (rank == 1)
+        CHECK(destroyed == 1); /* the fork w2 never got was settled */
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_lost_carrying_frame_from_user(void **state) {
+    (void)state;
+    run_plan_with("failsend request 1 1000\n", lost_user_share_program);
+}
+
+static void test_rref_lost_carrying_frame_from_owner(void **state) {
+    (void)state;
+    run_plan_with("failsend request 1 1000\n", lost_owner_share_program);
 }
 
 static void run_plan_with(const char *plan, tp_sim_program program) {
@@ -307,6 +394,8 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_share_survives_failed_and_slow_sends, reset_failures),
         cmocka_unit_test_setup(test_rref_delete_waits_for_a_retried_fork, reset_failures),
         cmocka_unit_test_setup(test_rref_leaks_reported_at_shutdown, reset_failures),
+        cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_user, reset_failures),
+        cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
