@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo check-rules fuzz fuzz-net bench storm swarm mutate clean format
+.PHONY: all deps configure build test demo install check-rules fuzz fuzz-net bench storm swarm mutate clean format
 
 all: build
 
@@ -28,6 +28,11 @@ test: build
 
 demo: build
 	@scripts/demo.sh $(BUILD)
+
+# Installs headers, libraries, tprun, tpsim, pkg-config and CMake files.
+PREFIX ?= /usr/local
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 check-rules:
 	@scripts/check-rules.sh
