@@ -445,6 +445,96 @@ static int rref_debug_info_back_to_zero(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* Waits until every rref counter of every worker is zero (5 s at most). */
+static void counters_back_to_zero(int rank, int ws) {
+    int64_t c[7];
+    for (int w = 0; w < ws; w++) {
+        uint64_t t0 = conf_now_ns();
+        int zero = 0;
+        while (!zero && conf_since_s(t0) < 5.0) {
+            debug_counters(rank, w, c);
+            zero = 1;
+            for (int i = 0; i < 6; i++)
+                zero = zero && c[i] == 0;
+            if (!zero)
+                (void)tp_sleep(0.01);
+        }
+        for (int i = 0; i < 6; i++)
+            CHECK_INT(c[i], 0);
+    }
+}
+
+/* rref_info(r) on dest: [is_owner, owner name, confirmed]; -1s when it fails. */
+static void info_on(int rank, int dest, tp_rref *r, int *is_owner, int *confirmed) {
+    tp_value *info = NULL;
+    *is_owner = *confirmed = -1;
+    if (CHECK_OK(conf_sync(tp_to_rank(dest), "rref_info", tp_value_list_of(1, tp_value_rref(r)),
+                           &info))) {
+        CHECK_OK(tp_value_get_bool(tp_list_get(info, 0), is_owner));
+        CHECK_OK(tp_value_get_bool(tp_list_get(info, 2), confirmed));
+        CHECK(strcmp(conf_str_of(rank, tp_list_get(info, 1)), tp_rref_owner_name(r)) == 0);
+    }
+    tp_value_free(info);
+}
+
+/* An rref that rank 0 gets as the result of fn(args) on dest. */
+static tp_rref *rref_result(int rank, int dest, const char *fn, tp_value *args, tp_value **keep) {
+    tp_rref *r = NULL;
+    *keep = NULL;
+    if (CHECK_OK(conf_sync(tp_to_rank(dest), fn, args, keep)))
+        CHECK_OK(tp_value_get_rref(*keep, &r));
+    return r;
+}
+
+/*
+ * spec: RREF-5 RREF-6 RREF-7 RREF-3: every direction a reference travels in,
+ * as an argument and as a result: user to owner, user to user, user to
+ * itself, owner to user, and a user's result to another user. Each arrives
+ * usable and confirmed; after release every counter everywhere is zero.
+ */
+static int rref_share_every_direction(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        int owner = -1, confirmed = -1;
+        if (CHECK_OK(remote_on(tp_to_rank(1), "echo", CONF_INTS(7), TP_TIMEOUT_DEFAULT, &r))) {
+            for (int to = 0; to < 3; to++) { /* to itself, to its owner, to another user */
+                CHECK_INT(conf_sync_int(rank, tp_to_rank(to), "rref_fetch",
+                                        tp_value_list_of(1, tp_value_rref(r)), -1),
+                          7);
+                info_on(rank, to, r, &owner, &confirmed);
+                CHECK_INT(owner, to == 1);
+                CHECK_INT(confirmed, 1); /* a function runs once confirmed (RREF-13) */
+            }
+        }
+        /* Owner to user: w1 makes the rref and returns it. */
+        tp_value *kept1 = NULL, *kept2 = NULL;
+        tp_rref *from_owner = rref_result(rank, 1, "rref_make", CONF_INTS(1, 9), &kept1);
+        if (from_owner) {
+            CHECK(!tp_rref_is_owner(from_owner));
+            CHECK(tp_rref_confirmed_by_owner(from_owner)); /* the owner recorded it (RREF-7) */
+            CHECK_INT(to_here_int(rank, from_owner, -1), 9);
+        }
+        /* A user's result to another user: w2 makes an rref owned by w1. */
+        tp_rref *from_user = rref_result(rank, 2, "rref_make", CONF_INTS(1, 5), &kept2);
+        if (from_user) {
+            CHECK_INT(to_here_int(rank, from_user, -1), 5);
+            CHECK(strcmp(tp_rref_owner_name(from_user), conf_name(1)) == 0);
+        }
+        tp_value_free(kept1);
+        tp_value_free(kept2);
+        tp_rref_release(r);
+        counters_back_to_zero(rank, ws);
+    }
+    CHECK_OK(tp_shutdown(1));
+    tp_rref_leak *leaks = NULL;
+    size_t n = 9;
+    CHECK_OK(tp_shutdown_leaks(&leaks, &n));
+    CHECK_INT(n, 0);
+    free(leaks);
+    return conf_finish(rank);
+}
+
 /* spec: RREF-3 RREF-4 RREF-5: the owner frees the value once every reference anywhere is gone. */
 static int rref_release_frees_on_owner(int rank, int ws) {
     CONF_INIT_OR_RETURN(rank, ws);
@@ -636,6 +726,8 @@ const tp_conformance_case conf_cases_rref[] = {
     {"rref_failed_creation_one_fact", 3, rref_failed_creation_one_fact, "RREF-14 RREF-2"},
     {"rref_debug_info_back_to_zero", 3, rref_debug_info_back_to_zero, "RREF-16"},
     {"rref_release_frees_on_owner", 3, rref_release_frees_on_owner, "RREF-3 RREF-4 RREF-5"},
+    {"rref_share_every_direction", 3, rref_share_every_direction,
+     "RREF-5 RREF-6 RREF-7 RREF-3 RREF-18"},
     {"rref_method_counter", 2, rref_method_counter, "METHOD-1 METHOD-2 FUNC-2"},
     {"rref_method_errors", 2, rref_method_errors, "METHOD-3 RREF-8 VALUE-8"},
     {"rref_method_object_argument", 2, rref_method_object_argument, "METHOD-2 VALUE-8"},
