@@ -396,6 +396,25 @@ static void debug_counters(int rank, int of, int64_t out[7]) {
     tp_value_free(res);
 }
 
+/* Waits until every rref counter of every worker is zero (5 s at most). */
+static void counters_back_to_zero(int rank, int ws) {
+    int64_t c[7];
+    for (int w = 0; w < ws; w++) {
+        uint64_t t0 = conf_now_ns();
+        int zero = 0;
+        while (!zero && conf_since_s(t0) < 5.0) {
+            debug_counters(rank, w, c);
+            zero = 1;
+            for (int i = 0; i < 6; i++)
+                zero = zero && c[i] == 0;
+            if (!zero)
+                (void)tp_sleep(0.01);
+        }
+        for (int i = 0; i < 6; i++)
+            CHECK_INT(c[i], 0);
+    }
+}
+
 /* spec: RREF-16: the debug counters count what is held and return to zero
  * on every worker once the rrefs are released. */
 static int rref_debug_info_back_to_zero(int rank, int ws) {
@@ -425,43 +444,10 @@ static int rref_debug_info_back_to_zero(int rank, int ws) {
             CHECK(c[1] >= 1);   /* ... and records w0's fork */
         }
         tp_rref_release(r);
-        /* Every counter on every worker returns to zero. */
-        for (int w = 0; w < ws; w++) {
-            uint64_t t0 = conf_now_ns();
-            int zero = 0;
-            while (!zero && conf_since_s(t0) < 5.0) {
-                debug_counters(rank, w, c);
-                zero = 1;
-                for (int i = 0; i < 6; i++)
-                    zero = zero && c[i] == 0;
-                if (!zero)
-                    (void)tp_sleep(0.01);
-            }
-            for (int i = 0; i < 6; i++)
-                CHECK_INT(c[i], 0);
-        }
+        counters_back_to_zero(rank, ws); /* on every worker */
     }
     CHECK_OK(tp_shutdown(1));
     return conf_finish(rank);
-}
-
-/* Waits until every rref counter of every worker is zero (5 s at most). */
-static void counters_back_to_zero(int rank, int ws) {
-    int64_t c[7];
-    for (int w = 0; w < ws; w++) {
-        uint64_t t0 = conf_now_ns();
-        int zero = 0;
-        while (!zero && conf_since_s(t0) < 5.0) {
-            debug_counters(rank, w, c);
-            zero = 1;
-            for (int i = 0; i < 6; i++)
-                zero = zero && c[i] == 0;
-            if (!zero)
-                (void)tp_sleep(0.01);
-        }
-        for (int i = 0; i < 6; i++)
-            CHECK_INT(c[i], 0);
-    }
 }
 
 /* rref_info(r) on dest: [is_owner, owner name, confirmed]; -1s when it fails. */
