@@ -1,0 +1,653 @@
+/*
+ * _rpc.c: tensorplay._rpc, the CPython extension under
+ * tensorplay.distributed.rpc (issue 10; the Python layer shapes the API).
+ *
+ * What it does:
+ * - Values cross between Python and tp_value here (to_value, from_value):
+ *   None, bool, int (64-bit), float, str, bytes, list, tuple (as a list),
+ *   dict with str keys, RRef. Anything else is a TypeError naming the type
+ *   and where it was found. No pickle: a peer's bytes never become code.
+ * - One C function, "py:call", serves every Python call: it takes the GIL
+ *   on its pool thread and hands (module, qualname, args, kwargs) to the
+ *   dispatcher the Python layer registered, which finds the function among
+ *   modules already imported (never importing one a peer named).
+ * - Every blocking call releases the GIL; nothing here runs on the I/O thread.
+ * Ownership: Future and RRef objects own one tp_future / tp_rref reference.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#include "tensorplay/rpc.h"
+
+#define PY_CALL_FN "py:call"
+#define NEST_MAX 64 /* values nested deeper are refused, both ways */
+
+static PyObject *dispatcher;   /* the Python layer's: (module, qualname, args, kwargs) -> value */
+static PyObject *RemoteError;  /* raised for TP_EREMOTE, carrying the remote message */
+static PyTypeObject FutureType, RRefType;
+
+typedef struct {
+    PyObject_HEAD tp_future *f;
+} FutureObject;
+
+typedef struct {
+    PyObject_HEAD tp_rref *r;
+} RRefObject;
+
+/* ---- Errors -------------------------------------------------------------------------- */
+
+/* Raises the Python exception for a failed tp_ call (its message from tp_errmsg). */
+static PyObject *raise_status(tp_status st, const char *msg) {
+    PyObject *type = PyExc_RuntimeError;
+    switch (st) {
+    case TP_ETIMEDOUT:
+        type = PyExc_TimeoutError;
+        break;
+    case TP_EINVAL:
+        type = PyExc_ValueError;
+        break;
+    case TP_ETYPE:
+        type = PyExc_TypeError;
+        break;
+    case TP_ENOMEM:
+        type = PyExc_MemoryError;
+        break;
+    case TP_EREMOTE:
+        type = RemoteError;
+        break;
+    default:
+        break;
+    }
+    PyObject *value = Py_BuildValue("(is)", (int)st, msg && *msg ? msg : tp_strerror(st));
+    if (value) {
+        PyErr_SetObject(type, value);
+        Py_DECREF(value);
+    }
+    return NULL;
+}
+
+static PyObject *raise_last(tp_status st) {
+    return raise_status(st, tp_errmsg());
+}
+
+/* ---- Values ---------------------------------------------------------------------------- */
+
+static tp_value *to_value(PyObject *o, const char *where, int depth);
+
+static tp_value *type_error(PyObject *o, const char *where) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: a value of type '%s' cannot be sent (None, bool, int, float, str, bytes, "
+                 "list, tuple, dict with str keys and RRef can)",
+                 where, Py_TYPE(o)->tp_name);
+    return NULL;
+}
+
+static tp_value *seq_value(PyObject *o, const char *where, int depth) {
+    tp_value *list = tp_value_list();
+    if (!list)
+        return (tp_value *)PyErr_NoMemory();
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        tp_value *v = to_value(items[i], where, depth + 1);
+        if (!v || tp_list_append(list, v) != TP_OK) {
+            tp_value_free(list);
+            return v ? (tp_value *)PyErr_NoMemory() : NULL;
+        }
+    }
+    return list;
+}
+
+static tp_value *to_value(PyObject *o, const char *where, int depth) {
+    if (depth > NEST_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: values nest more than %d deep", where, NEST_MAX);
+        return NULL;
+    }
+    tp_value *v = NULL;
+    if (o == Py_None) {
+        v = tp_value_nil();
+    } else if (PyBool_Check(o)) {
+        v = tp_value_bool(o == Py_True);
+    } else if (PyLong_Check(o)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (overflow) {
+            PyErr_Format(PyExc_OverflowError, "%s: int %R does not fit in 64 bits", where, o);
+            return NULL;
+        }
+        if (x == -1 && PyErr_Occurred())
+            return NULL;
+        v = tp_value_int((int64_t)x);
+    } else if (PyFloat_Check(o)) {
+        v = tp_value_float(PyFloat_AS_DOUBLE(o));
+    } else if (PyUnicode_Check(o)) {
+        Py_ssize_t len = 0;
+        const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+        if (!s)
+            return NULL;
+        v = tp_value_strn(s, (size_t)len);
+    } else if (PyBytes_Check(o)) {
+        v = tp_value_bytes(PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o));
+    } else if (PyList_Check(o) || PyTuple_Check(o)) {
+        PyObject *fast = PySequence_Fast(o, "a list");
+        if (!fast)
+            return NULL;
+        v = seq_value(fast, where, depth);
+        Py_DECREF(fast);
+        return v;
+    } else if (PyDict_Check(o)) {
+        v = tp_value_map();
+        PyObject *key, *item;
+        Py_ssize_t pos = 0;
+        while (v && PyDict_Next(o, &pos, &key, &item)) {
+            if (!PyUnicode_Check(key)) {
+                tp_value_free(v);
+                PyErr_Format(PyExc_TypeError, "%s: dict keys must be str, got '%s'", where,
+                             Py_TYPE(key)->tp_name);
+                return NULL;
+            }
+            const char *k = PyUnicode_AsUTF8(key);
+            tp_value *x = k ? to_value(item, where, depth + 1) : NULL;
+            if (!x || tp_map_set(v, k, x) != TP_OK) {
+                tp_value_free(v);
+                return x ? (tp_value *)raise_last(TP_EINVAL) : NULL;
+            }
+        }
+    } else if (PyObject_TypeCheck(o, &RRefType)) {
+        v = tp_value_rref(((RRefObject *)o)->r);
+    } else {
+        return type_error(o, where);
+    }
+    if (!v)
+        PyErr_NoMemory();
+    return v;
+}
+
+static PyObject *rref_wrap(tp_rref *r);
+
+static PyObject *from_value(const tp_value *v, int depth) {
+    if (depth > NEST_MAX) {
+        PyErr_Format(PyExc_ValueError, "a received value nests more than %d deep", NEST_MAX);
+        return NULL;
+    }
+    switch (tp_value_kind(v)) {
+    case TP_KIND_NIL:
+        Py_RETURN_NONE;
+    case TP_KIND_BOOL: {
+        int b = 0;
+        tp_value_get_bool(v, &b);
+        return PyBool_FromLong(b);
+    }
+    case TP_KIND_INT: {
+        int64_t x = 0;
+        tp_value_get_int(v, &x);
+        return PyLong_FromLongLong((long long)x);
+    }
+    case TP_KIND_FLOAT: {
+        double d = 0;
+        tp_value_get_float(v, &d);
+        return PyFloat_FromDouble(d);
+    }
+    case TP_KIND_STR: {
+        const char *s = NULL;
+        size_t len = 0;
+        tp_value_get_str(v, &s, &len);
+        return PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, "strict");
+    }
+    case TP_KIND_BYTES: {
+        const void *p = NULL;
+        size_t len = 0;
+        tp_value_get_bytes(v, &p, &len);
+        return PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
+    }
+    case TP_KIND_LIST: {
+        size_t n = tp_list_len(v);
+        PyObject *list = PyList_New((Py_ssize_t)n);
+        for (size_t i = 0; list && i < n; i++) {
+            PyObject *x = from_value(tp_list_get(v, i), depth + 1);
+            if (!x) {
+                Py_DECREF(list);
+                return NULL;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, x);
+        }
+        return list;
+    }
+    case TP_KIND_MAP: {
+        PyObject *d = PyDict_New();
+        for (size_t i = 0; d && i < tp_map_len(v); i++) {
+            PyObject *x = from_value(tp_map_value_at(v, i), depth + 1);
+            if (!x || PyDict_SetItemString(d, tp_map_key_at(v, i), x) != 0) {
+                Py_XDECREF(x);
+                Py_DECREF(d);
+                return NULL;
+            }
+            Py_DECREF(x);
+        }
+        return d;
+    }
+    case TP_KIND_RREF: {
+        tp_rref *r = NULL;
+        tp_value_get_rref(v, &r);
+        return rref_wrap(tp_rref_clone(r));
+    }
+    case TP_KIND_WORKER_INFO: {
+        tp_worker_info info;
+        tp_value_get_worker_info(v, &info);
+        return Py_BuildValue("(sI)", info.name, info.id);
+    }
+    default:
+        PyErr_Format(PyExc_TypeError, "a received value of kind '%s' has no Python form yet",
+                     tp_kind_name(tp_value_kind(v)));
+        return NULL;
+    }
+}
+
+/* ---- The served side: "py:call" ------------------------------------------------------ */
+
+/* Formats the current Python exception as "Type: message\n<traceback>" into call's error. */
+static void exception_to_call(tp_call *call) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *text = NULL;
+    PyObject *tbmod = PyImport_ImportModule("traceback");
+    if (tbmod) {
+        PyObject *lines = PyObject_CallMethod(tbmod, "format_exception", "OOO", type,
+                                              value ? value : Py_None, tb ? tb : Py_None);
+        if (lines) {
+            PyObject *empty = PyUnicode_FromString("");
+            text = empty ? PyUnicode_Join(empty, lines) : NULL;
+            Py_XDECREF(empty);
+            Py_DECREF(lines);
+        }
+        Py_DECREF(tbmod);
+    }
+    const char *name = type ? ((PyTypeObject *)type)->tp_name : "Exception";
+    PyObject *msg = value ? PyObject_Str(value) : NULL;
+    const char *m = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+    tp_call_set_error(call, "%s: %s\n%s", name, m ? m : "", t ? t : "");
+    PyErr_Clear();
+    Py_XDECREF(msg);
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)user_data;
+    PyGILState_STATE g = PyGILState_Ensure();
+    tp_status st = TP_OK;
+    PyObject *pargs = NULL, *pkw = NULL, *out = NULL;
+    if (!dispatcher) {
+        tp_call_set_error(call, "RuntimeError: no Python dispatcher is registered");
+        st = TP_EINVAL;
+        goto done;
+    }
+    pargs = from_value(args, 0);
+    pkw = pargs ? from_value(kwargs, 0) : NULL;
+    if (!pkw) {
+        exception_to_call(call);
+        st = TP_ETYPE;
+        goto done;
+    }
+    out = PyObject_CallFunctionObjArgs(dispatcher, pargs, pkw, NULL);
+    if (!out) {
+        exception_to_call(call);
+        st = TP_EREMOTE;
+        goto done;
+    }
+    *result = to_value(out, "the result", 0);
+    if (!*result) {
+        exception_to_call(call);
+        st = TP_ETYPE;
+    }
+done:
+    Py_XDECREF(pargs);
+    Py_XDECREF(pkw);
+    Py_XDECREF(out);
+    PyGILState_Release(g);
+    return st;
+}
+
+/* ---- Futures ----------------------------------------------------------------------- */
+
+static PyObject *future_wrap(tp_future *f) {
+    FutureObject *o = PyObject_New(FutureObject, &FutureType);
+    if (!o) {
+        tp_future_free(f);
+        return NULL;
+    }
+    o->f = f;
+    return (PyObject *)o;
+}
+
+static void future_dealloc(FutureObject *o) {
+    tp_future_free(o->f);
+    PyObject_Free(o);
+}
+
+static PyObject *future_wait(FutureObject *o, PyObject *args) {
+    double timeout = TP_TIMEOUT_INFINITE;
+    if (!PyArg_ParseTuple(args, "|d", &timeout))
+        return NULL;
+    tp_status st;
+    Py_BEGIN_ALLOW_THREADS st = tp_future_wait(o->f, timeout);
+    Py_END_ALLOW_THREADS if (st != TP_OK) return raise_last(st);
+    const tp_value *v = tp_future_value(o->f);
+    return v ? from_value(v, 0) : Py_NewRef(Py_None);
+}
+
+static PyObject *future_done(FutureObject *o, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(tp_future_done(o->f));
+}
+
+static void done_trampoline(tp_future *f, void *user_data) {
+    (void)f;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *cb = user_data;
+    PyObject *r = PyObject_CallNoArgs(cb);
+    if (!r)
+        PyErr_WriteUnraisable(cb);
+    Py_XDECREF(r);
+    Py_DECREF(cb);
+    PyGILState_Release(g);
+}
+
+/* _add_done_callback(cb): cb() runs on a pool thread once the future completes. */
+static PyObject *future_add_done(FutureObject *o, PyObject *cb) {
+    if (!PyCallable_Check(cb))
+        return PyErr_Format(PyExc_TypeError, "add_done_callback needs a callable");
+    Py_INCREF(cb);
+    tp_status st = tp_future_add_done_callback(o->f, done_trampoline, cb);
+    if (st != TP_OK) {
+        Py_DECREF(cb);
+        return raise_last(st);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef future_methods[] = {
+    {"wait", (PyCFunction)future_wait, METH_VARARGS, "wait(timeout=0): the value, or raises"},
+    {"done", (PyCFunction)future_done, METH_NOARGS, "done(): completed?"},
+    {"_add_done_callback", (PyCFunction)future_add_done, METH_O, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject FutureType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensorplay._rpc.Future",
+    .tp_basicsize = sizeof(FutureObject),
+    .tp_dealloc = (destructor)future_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = future_methods,
+};
+
+/* ---- RRefs ------------------------------------------------------------------------ */
+
+static PyObject *rref_wrap(tp_rref *r) {
+    if (!r)
+        return PyErr_NoMemory();
+    RRefObject *o = PyObject_New(RRefObject, &RRefType);
+    if (!o) {
+        tp_rref_release(r);
+        return NULL;
+    }
+    o->r = r;
+    return (PyObject *)o;
+}
+
+static void rref_dealloc(RRefObject *o) {
+    tp_rref *r = o->r;
+    /* The release may send a delete: never with the GIL held across a wait,
+     * and it does not wait. */
+    tp_rref_release(r);
+    PyObject_Free(o);
+}
+
+static PyObject *rref_to_here(RRefObject *o, PyObject *args) {
+    double timeout = TP_TIMEOUT_DEFAULT;
+    if (!PyArg_ParseTuple(args, "|d", &timeout))
+        return NULL;
+    tp_value *v = NULL;
+    tp_status st;
+    Py_BEGIN_ALLOW_THREADS st = tp_rref_to_here(o->r, timeout, &v);
+    Py_END_ALLOW_THREADS if (st != TP_OK) return raise_last(st);
+    PyObject *out = from_value(v, 0);
+    tp_value_free(v);
+    return out;
+}
+
+static PyObject *rref_local_value(RRefObject *o, PyObject *unused) {
+    (void)unused;
+    const tp_value *v = NULL;
+    tp_status st;
+    Py_BEGIN_ALLOW_THREADS st = tp_rref_local_value(o->r, &v);
+    Py_END_ALLOW_THREADS if (st != TP_OK) return raise_last(st);
+    return from_value(v, 0);
+}
+
+static PyObject *rref_owner(RRefObject *o, PyObject *unused) {
+    (void)unused;
+    tp_worker_info info;
+    tp_status st = tp_rref_owner(o->r, &info);
+    if (st != TP_OK)
+        return raise_last(st);
+    return Py_BuildValue("(sI)", info.name, info.id);
+}
+
+static PyObject *rref_is_owner(RRefObject *o, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(tp_rref_is_owner(o->r));
+}
+
+static PyObject *rref_confirmed(RRefObject *o, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(tp_rref_confirmed_by_owner(o->r));
+}
+
+static PyMethodDef rref_methods[] = {
+    {"to_here", (PyCFunction)rref_to_here, METH_VARARGS, "to_here(timeout=-1): a copy"},
+    {"local_value", (PyCFunction)rref_local_value, METH_NOARGS, NULL},
+    {"_owner", (PyCFunction)rref_owner, METH_NOARGS, NULL},
+    {"is_owner", (PyCFunction)rref_is_owner, METH_NOARGS, NULL},
+    {"confirmed_by_owner", (PyCFunction)rref_confirmed, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject RRefType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensorplay._rpc.RRef",
+    .tp_basicsize = sizeof(RRefObject),
+    .tp_dealloc = (destructor)rref_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = rref_methods,
+};
+
+/* ---- Module functions ------------------------------------------------------------- */
+
+static int parse_dest(PyObject *to, tp_dest *d) {
+    if (PyUnicode_Check(to)) {
+        const char *s = PyUnicode_AsUTF8(to);
+        if (!s)
+            return 0;
+        *d = tp_to_name(s);
+        return 1;
+    }
+    if (PyLong_Check(to)) {
+        long r = PyLong_AsLong(to);
+        if (r == -1 && PyErr_Occurred())
+            return 0;
+        *d = tp_to_rank((int)r);
+        return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "to must be a worker name, rank or WorkerInfo, not '%s'",
+                 Py_TYPE(to)->tp_name);
+    return 0;
+}
+
+/* The wire arguments of a Python call: [module, qualname, args, kwargs]. */
+static tp_value *call_args(const char *module, const char *qualname, PyObject *args,
+                           PyObject *kwargs) {
+    tp_value *a = to_value(args, "args", 1);
+    tp_value *k = a ? to_value(kwargs, "kwargs", 1) : NULL;
+    if (!k) {
+        tp_value_free(a);
+        return NULL;
+    }
+    tp_value *v = tp_value_list_of(4, tp_value_str(module), tp_value_str(qualname), a, k);
+    if (!v)
+        PyErr_NoMemory();
+    return v;
+}
+
+static PyObject *m_rpc_async(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *to, *pargs, *pkw;
+    const char *module, *qualname;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "OssO!O!d", &to, &module, &qualname, &PyTuple_Type, &pargs,
+                          &PyDict_Type, &pkw, &timeout))
+        return NULL;
+    tp_dest d;
+    if (!parse_dest(to, &d))
+        return NULL;
+    tp_value *wire = call_args(module, qualname, pargs, pkw);
+    if (!wire)
+        return NULL;
+    tp_future *f = NULL;
+    tp_status st;
+    Py_BEGIN_ALLOW_THREADS st = tp_rpc_async(d, PY_CALL_FN, wire, NULL, timeout, &f);
+    Py_END_ALLOW_THREADS tp_value_free(wire);
+    if (st != TP_OK)
+        return raise_last(st);
+    return future_wrap(f);
+}
+
+static PyObject *m_remote(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *to, *pargs, *pkw;
+    const char *module, *qualname;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "OssO!O!d", &to, &module, &qualname, &PyTuple_Type, &pargs,
+                          &PyDict_Type, &pkw, &timeout))
+        return NULL;
+    tp_dest d;
+    if (!parse_dest(to, &d))
+        return NULL;
+    tp_value *wire = call_args(module, qualname, pargs, pkw);
+    if (!wire)
+        return NULL;
+    tp_rref *r = NULL;
+    tp_status st;
+    Py_BEGIN_ALLOW_THREADS st = tp_remote(d, PY_CALL_FN, wire, NULL, timeout, &r);
+    Py_END_ALLOW_THREADS tp_value_free(wire);
+    if (st != TP_OK)
+        return raise_last(st);
+    return rref_wrap(r);
+}
+
+static PyObject *m_init_rpc(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name, *backend;
+    int rank, world;
+    double rpc_timeout, init_timeout;
+    int threads;
+    const char *init_method;
+    if (!PyArg_ParseTuple(args, "ssiiddiz", &name, &backend, &rank, &world, &rpc_timeout,
+                          &init_timeout, &threads, &init_method))
+        return NULL;
+    tp_options *o = tp_options_new();
+    if (!o)
+        return PyErr_NoMemory();
+    tp_status st = tp_options_set_rpc_timeout(o, rpc_timeout);
+    if (st == TP_OK && init_timeout >= 0)
+        st = tp_options_set_init_timeout(o, init_timeout);
+    if (st == TP_OK && threads > 0)
+        st = tp_options_set_num_worker_threads(o, threads);
+    if (st == TP_OK && init_method)
+        st = tp_options_set_init_method(o, init_method);
+    if (st == TP_OK) {
+        st = tp_register_function(PY_CALL_FN, py_call, NULL);
+        if (st == TP_EALREADY)
+            st = TP_OK;
+    }
+    if (st == TP_OK) {
+        Py_BEGIN_ALLOW_THREADS st = tp_init_rpc(name, backend, rank, world, o);
+        Py_END_ALLOW_THREADS
+    }
+    tp_options_free(o);
+    if (st != TP_OK)
+        return raise_last(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_shutdown(PyObject *self, PyObject *args) {
+    (void)self;
+    int graceful = 1;
+    if (!PyArg_ParseTuple(args, "|p", &graceful))
+        return NULL;
+    tp_status st;
+    Py_BEGIN_ALLOW_THREADS st = tp_shutdown(graceful);
+    Py_END_ALLOW_THREADS if (st != TP_OK) return raise_last(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_get_worker_info(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "|z", &name))
+        return NULL;
+    tp_worker_info info;
+    tp_status st = tp_get_worker_info(name, &info);
+    if (st != TP_OK)
+        return raise_last(st);
+    return Py_BuildValue("(sI)", info.name, info.id);
+}
+
+static PyObject *m_is_available(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(tp_is_available());
+}
+
+static PyObject *m_set_dispatcher(PyObject *self, PyObject *fn) {
+    (void)self;
+    if (!PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "the dispatcher must be callable");
+    Py_XSETREF(dispatcher, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"init_rpc", m_init_rpc, METH_VARARGS, NULL},
+    {"shutdown", m_shutdown, METH_VARARGS, NULL},
+    {"rpc_async", m_rpc_async, METH_VARARGS, NULL},
+    {"remote", m_remote, METH_VARARGS, NULL},
+    {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
+    {"is_available", m_is_available, METH_NOARGS, NULL},
+    {"set_dispatcher", m_set_dispatcher, METH_O, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "tensorplay._rpc",
+                                        "The C core of tensorplay.distributed.rpc", -1,
+                                        module_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__rpc(void); /* the one symbol the module exports */
+PyMODINIT_FUNC PyInit__rpc(void) {
+    if (PyType_Ready(&FutureType) < 0 || PyType_Ready(&RRefType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    RemoteError = PyErr_NewException("tensorplay._rpc.RemoteError", PyExc_RuntimeError, NULL);
+    if (!RemoteError || PyModule_AddObjectRef(m, "RemoteError", RemoteError) < 0 ||
+        PyModule_AddObjectRef(m, "Future", (PyObject *)&FutureType) < 0 ||
+        PyModule_AddObjectRef(m, "RRef", (PyObject *)&RRefType) < 0 ||
+        PyModule_AddIntConstant(m, "TIMEOUT_DEFAULT", -1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

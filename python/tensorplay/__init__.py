@@ -1,0 +1,1 @@
+"""tensorplay: the Python face of tensorplay-rpc (see tensorplay.distributed.rpc)."""

@@ -1,0 +1,1 @@
+"""tensorplay.distributed: distributed helpers; rpc is the one there is."""

@@ -1,0 +1,247 @@
+"""tensorplay.distributed.rpc: call functions on other workers (PyTorch 1.13's
+torch.distributed.rpc API, over the C library tensorplay-rpc).
+
+    import tensorplay.distributed.rpc as rpc
+    rpc.init_rpc("worker0", rank=0, world_size=2)
+    rpc.rpc_sync("worker1", add, args=(3, 4))
+    rpc.shutdown()
+
+Functions travel as their qualified name (module and qualname); the callee
+finds the same function among the modules its program has already imported
+(``__main__`` included) and never imports a module because a peer named it.
+Values are None, bool, int (64-bit), float, str, bytes, list, tuple (arriving
+as a list), dict with str keys and RRef; nothing is pickled.
+"""
+import builtins
+import os
+import sys
+
+from ... import _rpc
+
+__all__ = [
+    "BackendType", "RRef", "RemoteError", "TensorPipeRpcBackendOptions", "WorkerInfo", "Future",
+    "get_worker_info", "init_rpc", "is_available", "remote", "rpc_async", "rpc_sync",
+    "shutdown", "wait_all",
+]
+
+RemoteError = _rpc.RemoteError
+_DEFAULT = -1.0  # the worker's default timeout (TP_TIMEOUT_DEFAULT)
+
+
+class BackendType:
+    """The built-in backends: TENSORPIPE (TCP between processes) and SIM."""
+    TENSORPIPE = "TENSORPIPE"
+    SIM = "SIM"
+
+
+class TensorPipeRpcBackendOptions:
+    """Backend options, with PyTorch's names and defaults."""
+
+    def __init__(self, num_worker_threads=16, rpc_timeout=60.0, init_method="env://",
+                 init_timeout=None):
+        self.num_worker_threads = num_worker_threads
+        self.rpc_timeout = rpc_timeout
+        self.init_method = init_method
+        self.init_timeout = init_timeout
+
+
+class WorkerInfo:
+    """A worker's name and id (its rank); equal when both are."""
+    __slots__ = ("name", "id")
+
+    def __init__(self, name, id):
+        self.name = name
+        self.id = id
+
+    def __eq__(self, other):
+        return isinstance(other, WorkerInfo) and (self.name, self.id) == (other.name, other.id)
+
+    def __hash__(self):
+        return hash((self.name, self.id))
+
+    def __repr__(self):
+        return "WorkerInfo(id=%d, name=%s)" % (self.id, self.name)
+
+
+def is_available():
+    return _rpc.is_available()
+
+
+def _env_int(name):
+    v = os.environ.get(name)
+    if v is None:
+        raise ValueError("%s is not set: pass it to init_rpc or set the environment" % name)
+    return int(v)
+
+
+def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
+    """Joins the job as `name`; blocks until every worker joined."""
+    if rank is None or rank < 0:
+        rank = _env_int("RANK")
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE")
+    opts = rpc_backend_options or TensorPipeRpcBackendOptions()
+    init_method = opts.init_method
+    if init_method == "env://":
+        init_method = None  # the backend's own default reads the same variables
+    init_timeout = -1.0 if opts.init_timeout is None else float(opts.init_timeout)
+    _rpc.set_dispatcher(_dispatch)
+    _rpc.init_rpc(name, backend or BackendType.TENSORPIPE, rank, world_size,
+                  float(opts.rpc_timeout), init_timeout, int(opts.num_worker_threads),
+                  init_method)
+
+
+def shutdown(graceful=True, timeout=0):
+    """Leaves the job; graceful waits for every worker's outstanding work."""
+    del timeout  # the backend options' shutdown timeout bounds it
+    _rpc.shutdown(bool(graceful))
+
+
+def get_worker_info(worker_name=None):
+    name, id = _rpc.get_worker_info(worker_name)
+    return WorkerInfo(name, id)
+
+
+def _dest(to):
+    if isinstance(to, WorkerInfo):
+        return to.id
+    return to
+
+
+def _qualified(func):
+    """(module, qualname) of a function a peer can find by name."""
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None)
+    if not module or not qualname or not callable(func):
+        raise TypeError("%r cannot be called remotely: only module-level functions and "
+                        "classes travel (by their qualified name)" % (func,))
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise TypeError("%s.%s cannot be called remotely: a lambda or a function defined "
+                        "inside another has no name a peer can find" % (module, qualname))
+    return module, qualname
+
+
+def _wrap(v):
+    """Received values: the C layer's rrefs become RRef."""
+    if isinstance(v, _rpc.RRef):
+        return RRef(v)
+    if isinstance(v, list):
+        return [_wrap(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _wrap(x) for k, x in v.items()}
+    return v
+
+
+def _unwrap(v):
+    """Values to send: RRef becomes the C layer's rref."""
+    if isinstance(v, RRef):
+        return v._core
+    if isinstance(v, (list, tuple)):
+        return [_unwrap(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _unwrap(x) for k, x in v.items()}
+    return v
+
+
+def _dispatch(wire_args, wire_kwargs):
+    """The callee's side: runs module.qualname(*args, **kwargs) (from C, GIL held)."""
+    module, qualname, args, kwargs = _wrap(wire_args)
+    mod = sys.modules.get(module)
+    if mod is None:
+        raise LookupError("function %s.%s: module '%s' is not imported on this worker (it is "
+                          "never imported because a peer named it)" % (module, qualname, module))
+    obj = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise LookupError("function %s.%s is not defined on this worker" % (module, qualname))
+    return _unwrap(obj(*args, **kwargs))
+
+
+class Future:
+    """The result of rpc_async: wait(), value(), done(), then(), add_done_callback()."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def wait(self, timeout=None):
+        return _wrap(_raise_remote(
+            lambda: self._core.wait(0.0 if timeout is None else float(timeout))))
+
+    def value(self):
+        if not self._core.done():
+            raise RuntimeError("the future is still pending")
+        return self.wait()
+
+    def done(self):
+        return self._core.done()
+
+    def add_done_callback(self, callback):
+        self._core._add_done_callback(lambda: callback(self))
+
+
+def wait_all(futures):
+    return [f.wait() for f in futures]
+
+
+_BUILTIN_EXCEPTIONS = {name: obj for name, obj in vars(builtins).items()
+                       if isinstance(obj, type) and issubclass(obj, BaseException)}
+
+
+def _raise_remote(fn):
+    """Re-raises a remote failure with its original built-in type when it has one."""
+    try:
+        return fn()
+    except RemoteError as e:
+        msg = e.args[1] if len(e.args) > 1 else str(e)
+        # "function 'py:call' on worker 'w1' (id 1) failed: ValueError: boom\nTraceback..."
+        head, _, rest = msg.partition(" failed: ")
+        type_name = rest.split(":", 1)[0] if rest else ""
+        exc_type = _BUILTIN_EXCEPTIONS.get(type_name, RuntimeError)
+        worker = head.split(" on ", 1)[1] if " on " in head else "a worker"
+        raise exc_type("%s raised on %s: %s" % (type_name or "the function", worker, rest)) from None
+    except _rpc.RemoteError:
+        raise
+
+
+def rpc_async(to, func, args=None, kwargs=None, timeout=_DEFAULT):
+    module, qualname = _qualified(func)
+    core = _rpc.rpc_async(_dest(to), module, qualname, tuple(_unwrap(list(args or ()))),
+                          _unwrap(dict(kwargs or {})), float(timeout))
+    return Future(core)
+
+
+def rpc_sync(to, func, args=None, kwargs=None, timeout=_DEFAULT):
+    return rpc_async(to, func, args, kwargs, timeout).wait()
+
+
+class RRef:
+    """A reference to a value on its owner: to_here(), owner(), is_owner() and the rest."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def to_here(self, timeout=_DEFAULT):
+        return _wrap(_raise_remote(lambda: self._core.to_here(float(timeout))))
+
+    def local_value(self):
+        return _wrap(self._core.local_value())
+
+    def owner(self):
+        name, id = self._core._owner()
+        return WorkerInfo(name, id)
+
+    def owner_name(self):
+        return self.owner().name
+
+    def is_owner(self):
+        return self._core.is_owner()
+
+    def confirmed_by_owner(self):
+        return self._core.confirmed_by_owner()
+
+
+def remote(to, func, args=None, kwargs=None, timeout=_DEFAULT):
+    module, qualname = _qualified(func)
+    return RRef(_rpc.remote(_dest(to), module, qualname, tuple(_unwrap(list(args or ()))),
+                            _unwrap(dict(kwargs or {})), float(timeout)))

@@ -1,0 +1,153 @@
+"""tensorplay.distributed.rpc through the installed-in-build-tree package: each
+test runs a small program on two worker processes started by tprun and
+checks what rank 0 printed (issue 10)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+TPRUN = os.environ.get("TPRUN", "tprun")
+PYTHON = os.environ.get("PYTHON", sys.executable)
+
+PROLOGUE = """
+import os, sys, time
+import tensorplay.distributed.rpc as rpc
+
+def add(a, b):
+    return a + b
+
+def echo(x):
+    return x
+
+def boom():
+    raise ValueError("deliberate failure")
+
+def slow(seconds):
+    time.sleep(seconds)
+    return seconds
+
+def fetch(r):
+    return r.to_here()
+
+def owner_of(r):
+    return [r.owner().name, r.is_owner()]
+
+rank = int(os.environ["RANK"])
+"""
+
+
+def run(tmp_path, body, nproc=2, rank0_only=True):
+    script = tmp_path / "prog.py"
+    script.write_text(PROLOGUE + textwrap.dedent(body))
+    proc = subprocess.run([TPRUN, "--nproc", str(nproc), PYTHON, str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    if rank0_only:
+        lines = [l[4:] for l in lines if l.startswith("[0] ")]
+    return lines
+
+
+def test_calls_and_values(tmp_path):
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", add, args=(3, 4)))
+            print(rpc.rpc_async(1, add, args=(10,), kwargs={"b": 5}).wait())
+            me = rpc.get_worker_info()
+            other = rpc.get_worker_info("worker1")
+            print(me.name, me.id, other == rpc.get_worker_info("worker1"), len({other, other}))
+            print(rpc.rpc_sync(other, echo, args=([1, -2**63, "x", b"y", None, True, 2.5,
+                                                   {"k": [1, {"n": None}]}],)))
+            print(rpc.rpc_sync("worker1", echo, args=((1, 2),)))
+        rpc.shutdown()
+    """)
+    assert out == ["7", "15", "worker0 0 True 1",
+                   "[1, -9223372036854775808, 'x', b'y', None, True, 2.5, {'k': [1, {'n': None}]}]",
+                   "[1, 2]"]
+
+
+def test_errors_keep_their_type_and_name_the_worker(tmp_path):
+    out = run(tmp_path, """
+        try:
+            rpc.rpc_sync("worker1", add, args=(1, 2))
+        except RuntimeError as e:
+            print("before init:", "not initialized" in str(e))
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            try:
+                rpc.rpc_sync("worker1", boom)
+            except ValueError as e:
+                print("ValueError", "worker1" in str(e), "deliberate failure" in str(e),
+                      "Traceback" in str(e))
+            for bad in (lambda: 1, ):
+                try:
+                    rpc.rpc_sync("worker1", bad)
+                except TypeError as e:
+                    print("lambda:", "lambda" in str(e))
+            try:
+                rpc.rpc_sync("worker1", echo, args=(2**64,))
+            except OverflowError as e:
+                print("overflow:", "64 bits" in str(e))
+            try:
+                rpc.rpc_sync("worker1", echo, args=({1, 2},))
+            except TypeError as e:
+                print("set:", "'set'" in str(e))
+            try:
+                rpc.rpc_sync("worker1", slow, args=(2.0,), timeout=0.2)
+            except TimeoutError as e:
+                print("timeout:", "timed out" in str(e))
+            try:
+                rpc.rpc_sync("nobody", add, args=(1, 2))
+            except RuntimeError as e:
+                print("unknown worker:", "nobody" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["before init: True", "ValueError True True True", "lambda: True",
+                   "overflow: True", "set: True", "timeout: True", "unknown worker: True"]
+
+
+def test_callee_never_imports_a_module_a_peer_names(tmp_path):
+    (tmp_path / "helper_mod.py").write_text("def triple(x):\n    return 3 * x\n")
+    out = run(tmp_path, """
+        sys.path.insert(0, os.getcwd())
+        if rank == 0:
+            import helper_mod
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print(rpc.rpc_sync("worker0", helper_mod.triple, args=(5,)))
+            try:
+                rpc.rpc_sync("worker1", helper_mod.triple, args=(5,))
+            except LookupError as e:
+                print("LookupError", "not imported" in str(e))
+        rpc.shutdown()
+        print("helper imported on %d:" % rank, "helper_mod" in sys.modules)
+    """, rank0_only=False)
+    assert "[0] 15" in out
+    assert "[0] LookupError True" in out
+    assert "[1] helper imported on 1: False" in out
+
+
+def test_remote_rrefs_and_futures(tmp_path):
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            r = rpc.remote("worker1", add, args=(20, 22))
+            print(r.to_here(), r.owner(), r.owner_name(), r.is_owner())
+            print(rpc.rpc_sync("worker1", fetch, args=(r,)))
+            print(rpc.rpc_sync("worker1", owner_of, args=(r,)))
+            f = rpc.rpc_async("worker1", slow, args=(0.2,))
+            seen = []
+            f.add_done_callback(lambda fut: seen.append(fut.value()))
+            print(f.done(), f.wait())
+            t0 = time.time()
+            while not seen and time.time() - t0 < 5:
+                time.sleep(0.01)
+            print("callback saw", seen)
+            print(rpc.wait_all([rpc.rpc_async(1, add, args=(i, i)) for i in range(3)]))
+        rpc.shutdown()
+    """)
+    assert out == ["42 WorkerInfo(id=1, name=worker1) worker1 False", "42", "['worker1', True]",
+                   "False 0.2", "callback saw [0.2]", "[0, 2, 4]"]
