@@ -17,16 +17,20 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "tensorplay/rpc.h"
 
 #define PY_CALL_FN "py:call"
+#define PY_METHOD "py:method" /* every Python object's one method: [name, args, kwargs] */
 #define NEST_MAX 64 /* values nested deeper are refused, both ways */
+#define WAIT_SLICE_S 0.1 /* a blocking wait looks for Ctrl-C this often */
 
 static PyObject *dispatcher;   /* the Python layer's: (module, qualname, args, kwargs) -> value */
 static PyObject *RemoteError;  /* raised for TP_EREMOTE, carrying the remote message */
-static PyTypeObject FutureType, RRefType;
+static PyTypeObject FutureType, RRefType, TensorType;
 
 typedef struct {
     PyObject_HEAD tp_future *f;
@@ -60,11 +64,7 @@ static PyObject *raise_status(tp_status st, const char *msg) {
     default:
         break;
     }
-    PyObject *value = Py_BuildValue("(is)", (int)st, msg && *msg ? msg : tp_strerror(st));
-    if (value) {
-        PyErr_SetObject(type, value);
-        Py_DECREF(value);
-    }
+    PyErr_SetString(type, msg && *msg ? msg : tp_strerror(st));
     return NULL;
 }
 
@@ -74,7 +74,7 @@ static PyObject *raise_last(tp_status st) {
 
 /* ---- Values ---------------------------------------------------------------------------- */
 
-static tp_value *to_value(PyObject *o, const char *where, int depth);
+static tp_value *to_value(PyObject *o, const char *where, int depth, int objects);
 
 static tp_value *type_error(PyObject *o, const char *where) {
     PyErr_Format(PyExc_TypeError,
@@ -84,14 +84,14 @@ static tp_value *type_error(PyObject *o, const char *where) {
     return NULL;
 }
 
-static tp_value *seq_value(PyObject *o, const char *where, int depth) {
+static tp_value *seq_value(PyObject *o, const char *where, int depth, int objects) {
     tp_value *list = tp_value_list();
     if (!list)
         return (tp_value *)PyErr_NoMemory();
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     PyObject **items = PySequence_Fast_ITEMS(o);
     for (Py_ssize_t i = 0; i < n; i++) {
-        tp_value *v = to_value(items[i], where, depth + 1);
+        tp_value *v = to_value(items[i], where, depth + 1, objects);
         if (!v || tp_list_append(list, v) != TP_OK) {
             tp_value_free(list);
             return v ? (tp_value *)PyErr_NoMemory() : NULL;
@@ -100,7 +100,10 @@ static tp_value *seq_value(PyObject *o, const char *where, int depth) {
     return list;
 }
 
-static tp_value *to_value(PyObject *o, const char *where, int depth) {
+static tp_value *object_value(PyObject *o);
+static tp_value *buffer_value(PyObject *o, const char *where);
+
+static tp_value *to_value(PyObject *o, const char *where, int depth, int objects) {
     if (depth > NEST_MAX) {
         PyErr_Format(PyExc_ValueError, "%s: values nest more than %d deep", where, NEST_MAX);
         return NULL;
@@ -134,7 +137,7 @@ static tp_value *to_value(PyObject *o, const char *where, int depth) {
         PyObject *fast = PySequence_Fast(o, "a list");
         if (!fast)
             return NULL;
-        v = seq_value(fast, where, depth);
+        v = seq_value(fast, where, depth, objects);
         Py_DECREF(fast);
         return v;
     } else if (PyDict_Check(o)) {
@@ -149,7 +152,7 @@ static tp_value *to_value(PyObject *o, const char *where, int depth) {
                 return NULL;
             }
             const char *k = PyUnicode_AsUTF8(key);
-            tp_value *x = k ? to_value(item, where, depth + 1) : NULL;
+            tp_value *x = k ? to_value(item, where, depth + 1, objects) : NULL;
             if (!x || tp_map_set(v, k, x) != TP_OK) {
                 tp_value_free(v);
                 return x ? (tp_value *)raise_last(TP_EINVAL) : NULL;
@@ -157,6 +160,12 @@ static tp_value *to_value(PyObject *o, const char *where, int depth) {
         }
     } else if (PyObject_TypeCheck(o, &RRefType)) {
         v = tp_value_rref(((RRefObject *)o)->r);
+    } else if (PyByteArray_Check(o)) {
+        v = tp_value_bytes(PyByteArray_AS_STRING(o), (size_t)PyByteArray_GET_SIZE(o));
+    } else if (PyObject_CheckBuffer(o)) { /* numpy arrays and other typed buffers */
+        return buffer_value(o, where);
+    } else if (objects) { /* a served result kept on its owner (remote) */
+        return object_value(o);
     } else {
         return type_error(o, where);
     }
@@ -164,6 +173,149 @@ static tp_value *to_value(PyObject *o, const char *where, int depth) {
         PyErr_NoMemory();
     return v;
 }
+
+/* Objects a served function returns for remote(): kept on the owner as a
+ * tp_value_object whose state is the PyObject (one reference). The last
+ * reference may go on any thread, the I/O thread included, which never takes
+ * the GIL: the decref is handed to the interpreter's main thread. */
+static int decref_pending(void *o) {
+    Py_DECREF((PyObject *)o);
+    return 0;
+}
+
+static void py_object_destroy(void *state) {
+    if (Py_AddPendingCall(decref_pending, state) != 0) { /* its queue is full: rare */
+        PyGILState_STATE g = PyGILState_Ensure();
+        Py_DECREF((PyObject *)state);
+        PyGILState_Release(g);
+    }
+}
+
+static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                           tp_value **result, void *user_data);
+
+/* "py:<module>:<qualname>" with every character a name may not hold as '_'. */
+static void class_name_of(PyObject *o, char *buf, size_t len) {
+    PyTypeObject *t = Py_TYPE(o);
+    PyObject *mod = PyObject_GetAttrString((PyObject *)t, "__module__");
+    const char *m = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : "?";
+    snprintf(buf, len, "py:%s:%s", m ? m : "?", t->tp_name);
+    PyErr_Clear();
+    Py_XDECREF(mod);
+    for (char *c = buf; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_' || *c == ':' || *c == '-'))
+            *c = '_';
+}
+
+static tp_value *object_value(PyObject *o) {
+    char cls[TP_NAME_LEN_MAX + 1];
+    class_name_of(o, cls, sizeof cls);
+    tp_status st = tp_new_method(cls, PY_METHOD, py_method, NULL);
+    if (st != TP_OK && st != TP_EALREADY)
+        return (tp_value *)raise_last(st);
+    Py_INCREF(o);
+    tp_value *v = tp_value_object(cls, o, py_object_destroy);
+    if (!v) {
+        Py_DECREF(o);
+        PyErr_NoMemory();
+    }
+    return v;
+}
+
+/* A typed buffer (a numpy array) as a tensor: dtype from its format. */
+static int dtype_of(const Py_buffer *b, tp_dtype *out) {
+    const char *f = b->format ? b->format : "B";
+    while (*f == '<' || *f == '=' || *f == '@' || *f == '!' || *f == '>')
+        f++; /* the native order is the only one tensors carry */
+    static const struct {
+        char c;
+        Py_ssize_t size;
+        tp_dtype d;
+    } map[] = {{'f', 4, TP_DTYPE_FLOAT32}, {'d', 8, TP_DTYPE_FLOAT64}, {'e', 2, TP_DTYPE_FLOAT16},
+               {'b', 1, TP_DTYPE_INT8},    {'h', 2, TP_DTYPE_INT16},   {'i', 4, TP_DTYPE_INT32},
+               {'l', 8, TP_DTYPE_INT64},   {'q', 8, TP_DTYPE_INT64},   {'B', 1, TP_DTYPE_UINT8},
+               {'?', 1, TP_DTYPE_BOOL}};
+    if (f[0] && !f[1])
+        for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+            if (map[i].c == f[0] && map[i].size == b->itemsize) {
+                *out = map[i].d;
+                return 1;
+            }
+    return 0;
+}
+
+static tp_value *buffer_value(PyObject *o, const char *where) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(o, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return (tp_value *)PyErr_Format(PyExc_TypeError,
+                                        "%s: a '%s' is sent as a tensor only when C-contiguous "
+                                        "(numpy.ascontiguousarray)",
+                                        where, Py_TYPE(o)->tp_name);
+    }
+    tp_dtype d;
+    int64_t shape[64];
+    tp_value *v = NULL;
+    if (!dtype_of(&b, &d)) {
+        PyErr_Format(PyExc_TypeError, "%s: a '%s' of element format '%s' has no tensor dtype",
+                     where, Py_TYPE(o)->tp_name, b.format ? b.format : "B");
+    } else if (b.ndim > 64) {
+        PyErr_Format(PyExc_ValueError, "%s: %d dimensions is too many", where, b.ndim);
+    } else {
+        for (int i = 0; i < b.ndim; i++)
+            shape[i] = b.shape ? (int64_t)b.shape[i] : (int64_t)(b.len / b.itemsize);
+        v = tp_value_tensor(d, b.ndim, shape, NULL, b.buf);
+        if (!v)
+            raise_last(TP_EINVAL);
+    }
+    PyBuffer_Release(&b);
+    return v;
+}
+
+/* A received tensor: owns its value; numpy views its bytes (the Python
+ * layer makes the array, so numpy is needed only by those who send arrays). */
+typedef struct {
+    PyObject_HEAD tp_value *v;
+} TensorObject;
+
+static void tensor_dealloc(TensorObject *o) {
+    tp_value_free(o->v);
+    PyObject_Free(o);
+}
+
+static int tensor_getbuffer(TensorObject *o, Py_buffer *view, int flags) {
+    size_t len = (size_t)tp_tensor_numel(o->v) * tp_dtype_size(tp_tensor_dtype(o->v));
+    return PyBuffer_FillInfo(view, (PyObject *)o, tp_tensor_data(o->v), (Py_ssize_t)len, 0, flags);
+}
+
+static PyObject *tensor_dtype(TensorObject *o, void *unused) {
+    (void)unused;
+    return PyUnicode_FromString(tp_dtype_name(tp_tensor_dtype(o->v)));
+}
+
+static PyObject *tensor_shape(TensorObject *o, void *unused) {
+    (void)unused;
+    int n = tp_tensor_ndim(o->v);
+    const int64_t *shape = tp_tensor_shape(o->v);
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++)
+        PyTuple_SET_ITEM(t, i, PyLong_FromLongLong((long long)shape[i]));
+    return t;
+}
+
+static PyBufferProcs tensor_buffer = {(getbufferproc)tensor_getbuffer, NULL};
+static PyGetSetDef tensor_getset[] = {{"dtype", (getter)tensor_dtype, NULL, NULL, NULL},
+                                      {"shape", (getter)tensor_shape, NULL, NULL, NULL},
+                                      {NULL, NULL, NULL, NULL, NULL}};
+static PyTypeObject TensorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensorplay._rpc.Tensor",
+    .tp_basicsize = sizeof(TensorObject),
+    .tp_dealloc = (destructor)tensor_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_as_buffer = &tensor_buffer,
+    .tp_getset = tensor_getset,
+};
 
 static PyObject *rref_wrap(tp_rref *r);
 
@@ -232,6 +384,27 @@ static PyObject *from_value(const tp_value *v, int depth) {
         tp_rref *r = NULL;
         tp_value_get_rref(v, &r);
         return rref_wrap(tp_rref_clone(r));
+    }
+    case TP_KIND_TENSOR: {
+        /* A copy the array views (the value it came in is the caller's). */
+        TensorObject *t = PyObject_New(TensorObject, &TensorType);
+        if (!t)
+            return NULL;
+        t->v = tp_value_clone(v);
+        if (!t->v) {
+            PyObject_Free(t);
+            return PyErr_NoMemory();
+        }
+        return (PyObject *)t;
+    }
+    case TP_KIND_OBJECT: {
+        const char *cls = NULL;
+        void *state = NULL;
+        tp_value_get_object(v, &cls, &state);
+        if (strncmp(cls, "py:", 3) != 0)
+            return PyErr_Format(PyExc_TypeError, "an object of C class '%s' has no Python form",
+                                cls);
+        return Py_NewRef((PyObject *)state);
     }
     case TP_KIND_WORKER_INFO: {
         tp_worker_info info;
@@ -302,7 +475,7 @@ static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kw
         st = TP_EREMOTE;
         goto done;
     }
-    *result = to_value(out, "the result", 0);
+    *result = to_value(out, "the result", 0, 1);
     if (!*result) {
         exception_to_call(call);
         st = TP_ETYPE;
@@ -310,6 +483,48 @@ static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kw
 done:
     Py_XDECREF(pargs);
     Py_XDECREF(pkw);
+    Py_XDECREF(out);
+    PyGILState_Release(g);
+    return st;
+}
+
+/* Every Python object's method: args [name, args, kwargs] on tp_call_self's object. */
+static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                           tp_value **result, void *user_data) {
+    (void)kwargs, (void)user_data;
+    PyGILState_STATE g = PyGILState_Ensure();
+    tp_status st = TP_OK;
+    PyObject *self = NULL, *wire = NULL, *fn = NULL, *pargs = NULL, *out = NULL;
+    const tp_value *obj = tp_call_self(call);
+    self = obj ? from_value(obj, 0) : NULL;
+    wire = self ? from_value(args, 0) : NULL;
+    if (!wire || !PyList_Check(wire) || PyList_GET_SIZE(wire) != 3 ||
+        !PyUnicode_Check(PyList_GET_ITEM(wire, 0)) || !PyList_Check(PyList_GET_ITEM(wire, 1)) ||
+        !PyDict_Check(PyList_GET_ITEM(wire, 2))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "a method call is [name, args, kwargs]");
+        exception_to_call(call);
+        st = TP_EPROTO;
+        goto done;
+    }
+    fn = PyObject_GetAttr(self, PyList_GET_ITEM(wire, 0));
+    pargs = fn ? PyList_AsTuple(PyList_GET_ITEM(wire, 1)) : NULL;
+    out = pargs ? PyObject_Call(fn, pargs, PyList_GET_ITEM(wire, 2)) : NULL;
+    if (!out) {
+        exception_to_call(call);
+        st = TP_EREMOTE;
+        goto done;
+    }
+    *result = to_value(out, "the result", 0, 1);
+    if (!*result) {
+        exception_to_call(call);
+        st = TP_ETYPE;
+    }
+done:
+    Py_XDECREF(self);
+    Py_XDECREF(wire);
+    Py_XDECREF(fn);
+    Py_XDECREF(pargs);
     Py_XDECREF(out);
     PyGILState_Release(g);
     return st;
@@ -332,13 +547,43 @@ static void future_dealloc(FutureObject *o) {
     PyObject_Free(o);
 }
 
+static double monotonic_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* wait(timeout=0): the value, or raises; 0 waits as long as the call lasts.
+ * Waits in slices so Ctrl-C in the main thread interrupts it within one. */
 static PyObject *future_wait(FutureObject *o, PyObject *args) {
-    double timeout = TP_TIMEOUT_INFINITE;
+    double timeout = 0.0;
     if (!PyArg_ParseTuple(args, "|d", &timeout))
         return NULL;
+    if (timeout < 0)
+        return PyErr_Format(PyExc_ValueError, "wait timeout %g s is negative", timeout);
+    double deadline = timeout > 0 ? monotonic_s() + timeout : 0;
     tp_status st;
-    Py_BEGIN_ALLOW_THREADS st = tp_future_wait(o->f, timeout);
-    Py_END_ALLOW_THREADS if (st != TP_OK) return raise_last(st);
+    for (;;) {
+        double slice = WAIT_SLICE_S;
+        if (deadline > 0) {
+            double left = deadline - monotonic_s();
+            if (left <= 0) {
+                PyErr_Format(PyExc_TimeoutError, "future wait timed out after %g s; the call "
+                                                 "goes on",
+                             timeout);
+                return NULL;
+            }
+            slice = left < slice ? left : slice;
+        }
+        Py_BEGIN_ALLOW_THREADS st = tp_future_wait(o->f, slice);
+        Py_END_ALLOW_THREADS
+        if (st != TP_ETIMEDOUT || tp_future_done(o->f))
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return NULL; /* KeyboardInterrupt: the call goes on */
+    }
+    if (st != TP_OK)
+        return raise_last(st);
     const tp_value *v = tp_future_value(o->f);
     return v ? from_value(v, 0) : Py_NewRef(Py_None);
 }
@@ -491,8 +736,8 @@ static int parse_dest(PyObject *to, tp_dest *d) {
 /* The wire arguments of a Python call: [module, qualname, args, kwargs]. */
 static tp_value *call_args(const char *module, const char *qualname, PyObject *args,
                            PyObject *kwargs) {
-    tp_value *a = to_value(args, "args", 1);
-    tp_value *k = a ? to_value(kwargs, "kwargs", 1) : NULL;
+    tp_value *a = to_value(args, "args", 1, 0);
+    tp_value *k = a ? to_value(kwargs, "kwargs", 1, 0) : NULL;
     if (!k) {
         tp_value_free(a);
         return NULL;
@@ -547,6 +792,37 @@ static PyObject *m_remote(PyObject *self, PyObject *args) {
     if (st != TP_OK)
         return raise_last(st);
     return rref_wrap(r);
+}
+
+/* rref_call(rref, name, args, kwargs, timeout, remote): a method of the
+ * object the rref holds, on its owner: a Future, or (remote) an RRef. */
+static PyObject *m_rref_call(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *rref, *pargs, *pkw;
+    const char *name;
+    double timeout;
+    int remote;
+    if (!PyArg_ParseTuple(args, "O!sO!O!dp", &RRefType, &rref, &name, &PyTuple_Type, &pargs,
+                          &PyDict_Type, &pkw, &timeout, &remote))
+        return NULL;
+    tp_value *a = to_value(pargs, "args", 1, 0);
+    tp_value *k = a ? to_value(pkw, "kwargs", 1, 0) : NULL;
+    tp_value *wire = k ? tp_value_list_of(3, tp_value_str(name), a, k) : NULL;
+    if (!wire) {
+        if (!k)
+            tp_value_free(a);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    tp_rref *r = ((RRefObject *)rref)->r;
+    tp_status st;
+    tp_future *f = NULL;
+    tp_rref *out = NULL;
+    Py_BEGIN_ALLOW_THREADS st = remote ? tp_rref_remote(r, PY_METHOD, wire, NULL, timeout, &out)
+                                       : tp_rref_rpc_async(r, PY_METHOD, wire, NULL, timeout, &f);
+    Py_END_ALLOW_THREADS tp_value_free(wire);
+    if (st != TP_OK)
+        return raise_last(st);
+    return remote ? rref_wrap(out) : future_wrap(f);
 }
 
 static PyObject *m_init_rpc(PyObject *self, PyObject *args) {
@@ -625,6 +901,7 @@ static PyMethodDef module_methods[] = {
     {"shutdown", m_shutdown, METH_VARARGS, NULL},
     {"rpc_async", m_rpc_async, METH_VARARGS, NULL},
     {"remote", m_remote, METH_VARARGS, NULL},
+    {"rref_call", m_rref_call, METH_VARARGS, NULL},
     {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
     {"is_available", m_is_available, METH_NOARGS, NULL},
     {"set_dispatcher", m_set_dispatcher, METH_O, NULL},
@@ -636,7 +913,8 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "tensorplay._rpc"
 
 PyMODINIT_FUNC PyInit__rpc(void); /* the one symbol the module exports */
 PyMODINIT_FUNC PyInit__rpc(void) {
-    if (PyType_Ready(&FutureType) < 0 || PyType_Ready(&RRefType) < 0)
+    if (PyType_Ready(&FutureType) < 0 || PyType_Ready(&RRefType) < 0 ||
+        PyType_Ready(&TensorType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
@@ -645,6 +923,7 @@ PyMODINIT_FUNC PyInit__rpc(void) {
     if (!RemoteError || PyModule_AddObjectRef(m, "RemoteError", RemoteError) < 0 ||
         PyModule_AddObjectRef(m, "Future", (PyObject *)&FutureType) < 0 ||
         PyModule_AddObjectRef(m, "RRef", (PyObject *)&RRefType) < 0 ||
+        PyModule_AddObjectRef(m, "Tensor", (PyObject *)&TensorType) < 0 ||
         PyModule_AddIntConstant(m, "TIMEOUT_DEFAULT", -1) < 0) {
         Py_DECREF(m);
         return NULL;

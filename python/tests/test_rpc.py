@@ -151,3 +151,62 @@ def test_remote_rrefs_and_futures(tmp_path):
     """)
     assert out == ["42 WorkerInfo(id=1, name=worker1) worker1 False", "42", "['worker1', True]",
                    "False 0.2", "callback saw [0.2]", "[0, 2, 4]"]
+
+
+def test_remote_objects_proxies_and_arrays(tmp_path):
+    out = run(tmp_path, """
+        import numpy as np
+
+        class Counter:
+            def __init__(self, start):
+                self.n = start
+            def add(self, k=1):
+                self.n += k
+                return self.n
+
+        def double(a):
+            return a * 2
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            c = rpc.remote("worker1", Counter, args=(10,))
+            print(c.rpc_sync().add(5), c.rpc_async().add(k=2).wait())
+            print(c.remote().add().to_here())
+            try:
+                c.rpc_sync().missing()
+            except AttributeError as e:
+                print("AttributeError", "missing" in str(e))
+            try:
+                rpc.rpc_sync("worker1", Counter, args=(1,))
+            except TypeError as e:
+                print("object result:", "cannot be sent" in str(e), "Counter" in str(e))
+            a = np.arange(12, dtype=np.float32).reshape(3, 4)
+            b = rpc.rpc_sync("worker1", double, args=(a,))
+            print(b.dtype, b.shape, float(b.sum()), b.flags.writeable)
+            print(rpc.rpc_sync("worker1", echo, args=(np.array([True, False]),)).tolist())
+            try:
+                rpc.rpc_sync("worker1", echo, args=(a.T,))
+            except TypeError as e:
+                print("strided:", "contiguous" in str(e))
+            del c
+        rpc.shutdown()
+    """)
+    assert out == ["15 17", "18", "AttributeError True", "object result: True True",
+                   "float32 (3, 4) 132.0 True", "[True, False]", "strided: True"]
+
+
+def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):
+    out = run(tmp_path, """
+        import signal, threading
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            t0 = time.time()
+            try:
+                rpc.rpc_sync("worker1", slow, args=(3.0,))
+                print("not interrupted")
+            except KeyboardInterrupt:
+                print("KeyboardInterrupt within a second:", time.time() - t0 < 1.3)
+        rpc.shutdown()
+    """)
+    assert out == ["KeyboardInterrupt within a second: True"]

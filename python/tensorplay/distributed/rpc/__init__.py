@@ -10,7 +10,14 @@ Functions travel as their qualified name (module and qualname); the callee
 finds the same function among the modules its program has already imported
 (``__main__`` included) and never imports a module because a peer named it.
 Values are None, bool, int (64-bit), float, str, bytes, list, tuple (arriving
-as a list), dict with str keys and RRef; nothing is pickled.
+as a list), dict with str keys, RRef and C-contiguous numpy arrays (as
+tensors: dtype and shape kept); nothing is pickled. remote(to, SomeClass)
+keeps the object on its owner, reached through rref.rpc_sync().method().
+
+Not yet (issue 10): Future.then, method_factory/new_method, register_backend
+and construct_rpc_backend_options, allow_pickle, sending an array without a
+copy (it is copied once into the message, and once out of it on receipt),
+and make install for the package.
 """
 import builtins
 import os
@@ -122,9 +129,13 @@ def _qualified(func):
 
 
 def _wrap(v):
-    """Received values: the C layer's rrefs become RRef."""
+    """Received values: the C layer's rrefs become RRef, its tensors numpy arrays
+    (viewing the received copy, which the array keeps alive)."""
     if isinstance(v, _rpc.RRef):
         return RRef(v)
+    if isinstance(v, _rpc.Tensor):
+        import numpy  # only a program that receives arrays needs numpy
+        return numpy.frombuffer(v, dtype=v.dtype).reshape(v.shape)
     if isinstance(v, list):
         return [_wrap(x) for x in v]
     if isinstance(v, dict):
@@ -193,7 +204,7 @@ def _raise_remote(fn):
     try:
         return fn()
     except RemoteError as e:
-        msg = e.args[1] if len(e.args) > 1 else str(e)
+        msg = str(e)
         # "function 'py:call' on worker 'w1' (id 1) failed: ValueError: boom\nTraceback..."
         head, _, rest = msg.partition(" failed: ")
         type_name = rest.split(":", 1)[0] if rest else ""
@@ -239,6 +250,35 @@ class RRef:
 
     def confirmed_by_owner(self):
         return self._core.confirmed_by_owner()
+
+    def rpc_sync(self, timeout=_DEFAULT):
+        """rref.rpc_sync().m(*args): m of the object this rref holds, run on its owner."""
+        return _Proxy(self, timeout, lambda f: f.wait())
+
+    def rpc_async(self, timeout=_DEFAULT):
+        return _Proxy(self, timeout, lambda f: f)
+
+    def remote(self, timeout=_DEFAULT):
+        return _Proxy(self, timeout, None)
+
+    def __repr__(self):
+        return "RRef(owner=%s)" % self.owner_name()
+
+
+class _Proxy:
+    """The methods of an rref's object, called on its owner (PyTorch's RRef proxies)."""
+
+    def __init__(self, rref, timeout, finish):
+        self._rref, self._timeout, self._finish = rref, float(timeout), finish
+
+    def __getattr__(self, name):
+        def method(*args, **kwargs):
+            wire = (self._rref._core, name, tuple(_unwrap(list(args))), _unwrap(dict(kwargs)),
+                    self._timeout)
+            if self._finish is None:
+                return RRef(_rpc.rref_call(*wire, True))
+            return self._finish(Future(_rpc.rref_call(*wire, False)))
+        return method
 
 
 def remote(to, func, args=None, kwargs=None, timeout=_DEFAULT):
