@@ -618,10 +618,68 @@ static PyObject *future_add_done(FutureObject *o, PyObject *cb) {
     Py_RETURN_NONE;
 }
 
+/* _then(cb): a Future completed by cb(parent) on a pool thread (FUTURE-5);
+ * cb's return value (sendable) or exception completes it. */
+typedef struct then_ctx {
+    PyObject *cb;     /* counted */
+    PyObject *parent; /* the FutureObject, counted: the callback gets it */
+} then_ctx;
+
+static tp_status then_trampoline(tp_future *f, tp_value **result, char *errmsg,
+                                 size_t errmsg_len, void *user_data) {
+    (void)f;
+    then_ctx *t = user_data;
+    PyGILState_STATE g = PyGILState_Ensure();
+    tp_status st = TP_OK;
+    PyObject *r = PyObject_CallOneArg(t->cb, t->parent);
+    if (r) {
+        *result = to_value(r, "the then-callback's result", 0, 0);
+        Py_DECREF(r);
+    }
+    if (!r || !*result) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_Str(value) : NULL;
+        snprintf(errmsg, errmsg_len, "%s: %s", type ? ((PyTypeObject *)type)->tp_name : "Error",
+                 msg && PyUnicode_AsUTF8(msg) ? PyUnicode_AsUTF8(msg) : "");
+        PyErr_Clear();
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        st = TP_EREMOTE;
+    }
+    Py_DECREF(t->cb);
+    Py_DECREF(t->parent);
+    PyGILState_Release(g);
+    PyMem_RawFree(t);
+    return st;
+}
+
+static PyObject *future_then(FutureObject *o, PyObject *cb) {
+    if (!PyCallable_Check(cb))
+        return PyErr_Format(PyExc_TypeError, "then needs a callable");
+    then_ctx *t = PyMem_RawMalloc(sizeof *t);
+    if (!t)
+        return PyErr_NoMemory();
+    t->cb = Py_NewRef(cb);
+    t->parent = Py_NewRef((PyObject *)o);
+    tp_future *chained = NULL;
+    tp_status st = tp_future_then(o->f, then_trampoline, t, &chained);
+    if (st != TP_OK) {
+        Py_DECREF(t->cb);
+        Py_DECREF(t->parent);
+        PyMem_RawFree(t);
+        return raise_last(st);
+    }
+    return future_wrap(chained);
+}
+
 static PyMethodDef future_methods[] = {
     {"wait", (PyCFunction)future_wait, METH_VARARGS, "wait(timeout=0): the value, or raises"},
     {"done", (PyCFunction)future_done, METH_NOARGS, "done(): completed?"},
     {"_add_done_callback", (PyCFunction)future_add_done, METH_O, NULL},
+    {"_then", (PyCFunction)future_then, METH_O, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject FutureType = {

@@ -210,3 +210,34 @@ def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["KeyboardInterrupt within a second: True"]
+
+
+def test_then_method_factory_and_backend_options(tmp_path):
+    out = run(tmp_path, """
+        class Box:
+            def __init__(self, v):
+                self.v = v
+            def get(self):
+                return self.v
+
+        opts = rpc.construct_rpc_backend_options(rpc.BackendType.TENSORPIPE, rpc_timeout=20)
+        print(type(opts).__name__, opts.rpc_timeout, opts.num_worker_threads)
+        try:
+            rpc.construct_rpc_backend_options("NOPE")
+        except ValueError as e:
+            print("unknown backend:", "NOPE" in str(e))
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            f = rpc.rpc_async("worker1", add, args=(1, 2)).then(lambda fut: fut.wait() * 10)
+            print(f.wait())
+            g = rpc.rpc_async("worker1", boom).then(lambda fut: fut.wait())
+            try:
+                g.wait()
+            except Exception as e:
+                print("then failure:", "deliberate failure" in str(e))
+            get = rpc.method_factory("get")
+            print(get(rpc.remote("worker1", Box, args=("boxed",))))
+        rpc.shutdown()
+    """)
+    assert out == ["TensorPipeRpcBackendOptions 20 16", "unknown backend: True", "30",
+                   "then failure: True", "boxed"]

@@ -14,10 +14,11 @@ as a list), dict with str keys, RRef and C-contiguous numpy arrays (as
 tensors: dtype and shape kept); nothing is pickled. remote(to, SomeClass)
 keeps the object on its owner, reached through rref.rpc_sync().method().
 
-Not yet (issue 10): Future.then, method_factory/new_method, register_backend
-and construct_rpc_backend_options, allow_pickle, sending an array without a
-copy (it is copied once into the message, and once out of it on receipt),
-and make install for the package.
+Not yet (issue 10): new_method (methods are found on the object's class),
+allow_pickle, sending an array without a copy (it is copied once into the
+message, and once out of it on receipt), functions that answer later
+(@async_execution) and futures the program completes, and a test of the
+installed package.
 """
 import builtins
 import os
@@ -27,7 +28,8 @@ from ... import _rpc
 
 __all__ = [
     "BackendType", "RRef", "RemoteError", "TensorPipeRpcBackendOptions", "WorkerInfo", "Future",
-    "get_worker_info", "init_rpc", "is_available", "remote", "rpc_async", "rpc_sync",
+    "construct_rpc_backend_options", "get_worker_info", "init_backend", "init_rpc",
+    "is_available", "method_factory", "register_backend", "remote", "rpc_async", "rpc_sync",
     "shutdown", "wait_all",
 ]
 
@@ -188,7 +190,12 @@ class Future:
         return self._core.done()
 
     def add_done_callback(self, callback):
+        """callback(self) runs on a pool thread once the future completes."""
         self._core._add_done_callback(lambda: callback(self))
+
+    def then(self, callback):
+        """A Future of callback(self)'s return value, run once this completes."""
+        return Future(self._core._then(lambda core: _unwrap(callback(self))))
 
 
 def wait_all(futures):
@@ -279,6 +286,44 @@ class _Proxy:
                 return RRef(_rpc.rref_call(*wire, True))
             return self._finish(Future(_rpc.rref_call(*wire, False)))
         return method
+
+
+def method_factory(method_name):
+    """A callable m(rref, *args, **kwargs) that runs method_name of the object
+    rref holds on its owner (the C API's method_factory)."""
+    def method(rref, *args, **kwargs):
+        return getattr(rref.rpc_sync(), method_name)(*args, **kwargs)
+    method.__name__ = method_name
+    return method
+
+
+_backends = {}
+
+
+def register_backend(backend_name, construct_rpc_backend_options_handler, init_backend_handler):
+    """Registers a backend implemented in Python by its two handlers (PyTorch's
+    signature). The built-in ones (TENSORPIPE, SIM) are always there."""
+    if backend_name in _backends or backend_name in (BackendType.TENSORPIPE, BackendType.SIM):
+        raise RuntimeError("RPC backend %s: already registered" % backend_name)
+    _backends[backend_name] = (construct_rpc_backend_options_handler, init_backend_handler)
+    return backend_name
+
+
+def construct_rpc_backend_options(backend, rpc_timeout=60.0, init_method="env://", **kwargs):
+    """Options for backend: TensorPipeRpcBackendOptions for the built-in ones."""
+    if backend in _backends:
+        return _backends[backend][0](rpc_timeout, init_method, **kwargs)
+    if backend not in (BackendType.TENSORPIPE, BackendType.SIM):
+        raise ValueError("no backend named %r is registered" % (backend,))
+    return TensorPipeRpcBackendOptions(rpc_timeout=rpc_timeout, init_method=init_method, **kwargs)
+
+
+def init_backend(backend, *args, **kwargs):
+    """Starts a registered Python backend through its handler."""
+    if backend not in _backends:
+        raise ValueError("no Python backend named %r is registered; the built-in ones start "
+                         "with init_rpc" % (backend,))
+    return _backends[backend][1](*args, **kwargs)
 
 
 def remote(to, func, args=None, kwargs=None, timeout=_DEFAULT):
