@@ -241,3 +241,37 @@ def test_then_method_factory_and_backend_options(tmp_path):
     """)
     assert out == ["TensorPipeRpcBackendOptions 20 16", "unknown backend: True", "30",
                    "then failure: True", "boxed"]
+
+
+def test_waits_release_the_gil_and_memory_stays_flat(tmp_path):
+    out = run(tmp_path, """
+        import threading
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            done = []
+            t = threading.Thread(target=lambda: done.append(rpc.rpc_sync("worker1", slow, args=(1.0,))))
+            t.start()
+            time.sleep(0.1)
+            t0 = time.time()
+            for i in range(10):  # from this thread, while the other waits
+                rpc.rpc_sync("worker1", add, args=(i, i))
+            print("calls while another thread waits:", time.time() - t0 < 0.8, not done)
+            t.join()
+
+            def rss_kib():
+                with open("/proc/self/statm") as f:
+                    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+            for i in range(3000):
+                rpc.rpc_sync("worker1", echo, args=([i, "x" * 64, {"k": b"y"}],))
+            before = rss_kib()
+            t0 = time.time()
+            for i in range(20000):
+                rpc.rpc_sync("worker1", echo, args=([i, "x" * 64, {"k": b"y"}],))
+            grew = rss_kib() - before
+            print("20000 calls, rss grew < 4 MiB:", grew < 4096)
+            sys.stderr.write("20000 calls: %.1f us each, rss grew %d KiB\\n"
+                             % ((time.time() - t0) / 20000 * 1e6, grew))
+        rpc.shutdown()
+    """)
+    assert out == ["calls while another thread waits: True True",
+                   "20000 calls, rss grew < 4 MiB: True"]
