@@ -87,4 +87,11 @@ else
   cat "$work/cmake.log"
   check "CMake app builds" yes no
 fi
+# The Python package, when the build made it: importable from the prefix.
+if [ -d "$build/python/tensorplay" ]; then
+  py=${PYTHON:-/usr/bin/python3}
+  out=$(PYTHONPATH="$prefix/lib/python3/dist-packages" "$py" -c \
+    'import tensorplay.distributed.rpc as rpc; print(rpc.is_available(), rpc.__file__)' 2>&1)
+  check "installed Python package imports" "True $prefix/lib/python3/dist-packages/tensorplay/distributed/rpc/__init__.py" "$out"
+fi
 exit $fail
