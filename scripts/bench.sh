@@ -53,6 +53,11 @@ if [ "$mode" != pytorch ]; then
   for a in "${common[@]}"; do [ "$a" = --quick ] && quick=(--quick); done
   echo "# the simulator: $build/bench/sim_bench ${quick[*]}" >&2
   "$build/bench/sim_bench" "${quick[@]}"
+  # The same workloads from Python over the same library (issue 10).
+  if [ -d "$build/python/tensorplay" ]; then
+    echo "# Python: bench/python_rpc_bench.py ${quick[*]}" >&2
+    PYTHONPATH="$build/python" "$python" "$here/bench/python_rpc_bench.py" "${quick[@]}"
+  fi
 fi
 
 if [ "$mode" = both ] && ! have_torch; then
