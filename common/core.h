@@ -285,6 +285,8 @@ struct tp_core {
     tpi_idmap children; /* fork id -> tp_rref* kept for a child not yet accepted */
     tp_rref *users;     /* live user rrefs */
     tp_future *user_futures; /* pending futures made by tp_future_new, each counted (FUTURE-9) */
+    tpi_gid *abandoned;      /* ring of TPI_ABANDONED_MAX (RREF-14), lazily allocated */
+    size_t nabandoned;       /* ids pushed so far (the ring holds the last ones) */
     int shutting_down;  /* graceful shutdown in progress */
 };
 

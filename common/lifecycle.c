@@ -39,6 +39,7 @@ void tpi_core_free(tp_core *c) {
     free(c->peer_inc);
     free(c->unflushed);
     free(c->undecoded);
+    free(c->abandoned);
     free(c->forks_query);
     free(c->inflight);
     free(c->credit);
@@ -297,7 +298,8 @@ static void report_leaks(tp_context *ctx, tp_core *c) {
     tpi_unlock(c);
     static const char *const kinds[] = {"", "its holder never deleted it",
                                         "its holder never accepted it",
-                                        "the owner never acknowledged its delete"};
+                                        "the owner never acknowledged its delete",
+                                        "no reference holds it, yet it was not freed"};
     for (size_t i = 0; i < n; i++) {
         char owner[TP_NAME_LEN_MAX + 32], holder[TP_NAME_LEN_MAX + 32];
         tpi_log(TP_LOG_WARN,

@@ -74,6 +74,11 @@
  * its answer before it is sent again. Its own, not the worker's rpc timeout:
  * a default shorter than a round trip would time out every attempt. */
 #define TPI_RREF_ATTEMPT_TIMEOUT_S 10.0
+/* RREF-14: rref ids whose creator abandoned them before the owner heard of
+ * them (their remote() was lost), remembered so a fork arriving later makes
+ * no placeholder that would wait forever. The most recent ones; an id pushed
+ * out would only leak a placeholder, never free a held value. */
+#define TPI_ABANDONED_MAX 1024
 
 /* Request bytes one worker may have in flight to one destination (FLOW-1):
  * issued, not yet answered. A call that would pass it waits, within its own

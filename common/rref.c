@@ -976,6 +976,30 @@ static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork) {
     proto_send(c, TPI_MSG_RREF_ACCEPT, parent, NULL, fork, parent, 0);
 }
 
+/* RREF-14: a ring of rref ids abandoned before this owner heard of them. */
+static void abandoned_push(tp_core *c, tpi_gid id) {
+    if (!c->abandoned && !(c->abandoned = calloc(TPI_ABANDONED_MAX, sizeof *c->abandoned)))
+        return; /* without memory a later fork only leaks a placeholder */
+    c->abandoned[c->nabandoned++ % TPI_ABANDONED_MAX] = id;
+}
+
+static int abandoned_has(const tp_core *c, tpi_gid id) {
+    size_t n = c->nabandoned < TPI_ABANDONED_MAX ? c->nabandoned : TPI_ABANDONED_MAX;
+    for (size_t i = 0; c->abandoned && i < n; i++)
+        if (tpi_gid_eq(c->abandoned[i], id))
+            return 1;
+    return 0;
+}
+
+/* The worker that made rref id (its remote()) is dead, or restarted since
+ * (REJOIN-3: ids carry the incarnation that minted them). Lock held. */
+static int creator_gone(const tp_core *c, tpi_gid id) {
+    return id.worker < c->world_size && id.worker != c->rank &&
+           (c->peer_dead[id.worker] ||
+            TPI_INC_OF(id.local) < atomic_load_explicit(&c->peer_inc[id.worker],
+                                                        memory_order_relaxed));
+}
+
 void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     char err[TP_ERRMSG_LEN_MAX];
     tpi_lock(c);
@@ -1011,7 +1035,25 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         break;
     }
     case TPI_MSG_RREF_FORK: { /* idempotent: a retry may repeat it (RREF-15) */
-        tpi_owner *o = tpi_owner_get_or_create(c, m->rref);
+        tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
+        if (!o && abandoned_has(c, m->rref)) {
+            tpi_format(err, sizeof err, "rref %u:%llu: its creation failed; its creator "
+                       "abandoned it before the owner '%s' heard of it (RREF-14)",
+                       m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
+            tpi_reply(c, src, m->id, TP_EPEERDOWN, NULL, err);
+            break;
+        }
+        if (!o && creator_gone(c, m->rref)) {
+            /* No placeholder for a remote() that died with its creator: it
+             * would wait forever for a value that never comes (RREF-12). */
+            tpi_format(err, sizeof err, "rref %u:%llu: its creator died before its remote() "
+                       "reached the owner '%s'",
+                       m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
+            tpi_reply(c, src, m->id, TP_EPEERDOWN, NULL, err);
+            break;
+        }
+        if (!o)
+            o = tpi_owner_get_or_create(c, m->rref);
         tp_status st = !o ? TP_ENOMEM : has_fork(o, m->fork) ? TP_OK
                                                               : tpi_owner_add_fork(c, o, m->fork, src);
         tpi_reply(c, src, m->id, st, NULL, st == TP_OK ? NULL : "owner out of memory");
@@ -1024,10 +1066,14 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
         break;
     }
-    case TPI_MSG_RREF_ABANDON: { /* RREF-14; an unknown rref id is ignored */
+    case TPI_MSG_RREF_ABANDON: { /* RREF-14 */
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
-        if (o && m->rref.worker == src) /* only its creator may say so */
+        if (o && m->rref.worker == src) { /* only its creator may say so */
             owner_abandon(c, o, (tp_status)m->status, m->text);
+            tpi_owner_maybe_free(c, o); /* a placeholder whose forks all went */
+        } else if (!o && m->rref.worker == src) {
+            abandoned_push(c, m->rref); /* its remote() was lost: it never comes */
+        }
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
         break;
     }
@@ -1066,6 +1112,16 @@ void tpi_rrefs_peer_down(tp_core *c, uint32_t peer) {
                 remove_fork(c, o, o->forks[k].fork);
             else
                 k++;
+        }
+        if (!o->ready && !o->running && creator_gone(c, o->id)) {
+            /* A placeholder a fork made while its remote() was on the way
+             * (RREF-6): that remote died with its creator, so the value
+             * never comes. Failed, it is freed once its forks go. */
+            char msg[TP_NAME_LEN_MAX + 96];
+            tpi_format(msg, sizeof msg, "rref %u:%llu: its creator, worker %u, died before its "
+                       "remote() reached the owner",
+                       o->id.worker, (unsigned long long)o->id.local, peer);
+            tpi_owner_set(c, o, TP_EPEERDOWN, NULL, msg);
         }
         for (tpi_fetch **p = &o->fetches; *p;) {
             if ((*p)->src == peer) {
@@ -1183,10 +1239,13 @@ size_t tpi_rrefs_leaks(tp_core *c, tp_rref_leak **out, int *incomplete) {
     size_t n = collect_owners(c, &os);
     if (c->owners.len > 0 && !os)
         l.short_of_memory = 1;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         for (size_t k = 0; k < os[i]->nforks; k++)
             leak_add(&l, TP_LEAK_FORK, os[i]->id, os[i]->forks[k].fork, c->rank,
                      os[i]->forks[k].holder);
+        if (os[i]->nforks == 0 && os[i]->local_handles == 0) /* RREF-3 should have freed it */
+            leak_add(&l, TP_LEAK_ORPHAN, os[i]->id, (tpi_gid){0, 0}, c->rank, c->rank);
+    }
     free(os);
     for (size_t i = 0; i < c->children.cap; i++) {
         tpi_child *ch = c->children.slots[i].value;

@@ -674,7 +674,8 @@ tp_status tp_get_debug_info(tp_debug_info *out);
 typedef enum tp_leak_kind {
     TP_LEAK_FORK = 1,  /* on the owner: a user's fork never deleted */
     TP_LEAK_CHILD = 2, /* on a parent: a fork sent to holder never accepted */
-    TP_LEAK_DELETE = 3 /* on a user: a delete its owner never acknowledged */
+    TP_LEAK_DELETE = 3, /* on a user: a delete its owner never acknowledged */
+    TP_LEAK_ORPHAN = 4  /* on an owner: a value no reference holds, not freed (fork 0:0) */
 } tp_leak_kind;
 typedef struct tp_rref_leak {
     tp_leak_kind kind;
