@@ -806,13 +806,16 @@ static tp_value *call_args(const char *module, const char *qualname, PyObject *a
     return v;
 }
 
-static PyObject *m_rpc_async(PyObject *self, PyObject *args) {
+/* call(to, module, qualname, args, kwargs, timeout, remote): a Python
+ * function on worker `to`: a Future, or (remote) an RRef to its result. */
+static PyObject *m_call(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *to, *pargs, *pkw;
     const char *module, *qualname;
     double timeout;
-    if (!PyArg_ParseTuple(args, "OssO!O!d", &to, &module, &qualname, &PyTuple_Type, &pargs,
-                          &PyDict_Type, &pkw, &timeout))
+    int remote;
+    if (!PyArg_ParseTuple(args, "OssO!O!dp", &to, &module, &qualname, &PyTuple_Type, &pargs,
+                          &PyDict_Type, &pkw, &timeout, &remote))
         return NULL;
     tp_dest d;
     if (!parse_dest(to, &d))
@@ -821,35 +824,14 @@ static PyObject *m_rpc_async(PyObject *self, PyObject *args) {
     if (!wire)
         return NULL;
     tp_future *f = NULL;
-    tp_status st;
-    Py_BEGIN_ALLOW_THREADS st = tp_rpc_async(d, PY_CALL_FN, wire, NULL, timeout, &f);
-    Py_END_ALLOW_THREADS tp_value_free(wire);
-    if (st != TP_OK)
-        return raise_last(st);
-    return future_wrap(f);
-}
-
-static PyObject *m_remote(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *to, *pargs, *pkw;
-    const char *module, *qualname;
-    double timeout;
-    if (!PyArg_ParseTuple(args, "OssO!O!d", &to, &module, &qualname, &PyTuple_Type, &pargs,
-                          &PyDict_Type, &pkw, &timeout))
-        return NULL;
-    tp_dest d;
-    if (!parse_dest(to, &d))
-        return NULL;
-    tp_value *wire = call_args(module, qualname, pargs, pkw);
-    if (!wire)
-        return NULL;
     tp_rref *r = NULL;
     tp_status st;
-    Py_BEGIN_ALLOW_THREADS st = tp_remote(d, PY_CALL_FN, wire, NULL, timeout, &r);
+    Py_BEGIN_ALLOW_THREADS st = remote ? tp_remote(d, PY_CALL_FN, wire, NULL, timeout, &r)
+                                       : tp_rpc_async(d, PY_CALL_FN, wire, NULL, timeout, &f);
     Py_END_ALLOW_THREADS tp_value_free(wire);
     if (st != TP_OK)
         return raise_last(st);
-    return rref_wrap(r);
+    return remote ? rref_wrap(r) : future_wrap(f);
 }
 
 /* rref_call(rref, name, args, kwargs, timeout, remote): a method of the
@@ -957,8 +939,7 @@ static PyObject *m_set_dispatcher(PyObject *self, PyObject *fn) {
 static PyMethodDef module_methods[] = {
     {"init_rpc", m_init_rpc, METH_VARARGS, NULL},
     {"shutdown", m_shutdown, METH_VARARGS, NULL},
-    {"rpc_async", m_rpc_async, METH_VARARGS, NULL},
-    {"remote", m_remote, METH_VARARGS, NULL},
+    {"call", m_call, METH_VARARGS, NULL},
     {"rref_call", m_rref_call, METH_VARARGS, NULL},
     {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
     {"is_available", m_is_available, METH_NOARGS, NULL},

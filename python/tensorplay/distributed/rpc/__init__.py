@@ -224,8 +224,8 @@ def _raise_remote(fn):
 
 def rpc_async(to, func, args=None, kwargs=None, timeout=_DEFAULT):
     module, qualname = _qualified(func)
-    core = _rpc.rpc_async(_dest(to), module, qualname, tuple(_unwrap(list(args or ()))),
-                          _unwrap(dict(kwargs or {})), float(timeout))
+    core = _rpc.call(_dest(to), module, qualname, tuple(_unwrap(list(args or ()))),
+                     _unwrap(dict(kwargs or {})), float(timeout), False)
     return Future(core)
 
 
@@ -328,5 +328,5 @@ def init_backend(backend, *args, **kwargs):
 
 def remote(to, func, args=None, kwargs=None, timeout=_DEFAULT):
     module, qualname = _qualified(func)
-    return RRef(_rpc.remote(_dest(to), module, qualname, tuple(_unwrap(list(args or ()))),
-                            _unwrap(dict(kwargs or {})), float(timeout)))
+    return RRef(_rpc.call(_dest(to), module, qualname, tuple(_unwrap(list(args or ()))),
+                          _unwrap(dict(kwargs or {})), float(timeout), True))
