@@ -40,6 +40,22 @@ typedef struct {
     PyObject_HEAD tp_rref *r;
 } RRefObject;
 
+/* ---- The GIL on pool threads -------------------------------------------------------- */
+
+/* A pool thread's Python thread state is made once and kept: PyGILState
+ * would otherwise make and delete one per call, and deleting one unmaps its
+ * frame stack (a TLB shootdown on every core, most of a call's cost). */
+static _Thread_local int tstate_kept;
+
+static PyGILState_STATE gil_enter(void) {
+    if (!tstate_kept) {
+        PyGILState_Ensure(); /* its count of 1 keeps the thread state for the thread's life */
+        PyEval_SaveThread();
+        tstate_kept = 1;
+    }
+    return PyGILState_Ensure();
+}
+
 /* ---- Errors -------------------------------------------------------------------------- */
 
 /* Raises the Python exception for a failed tp_ call (its message from tp_errmsg). */
@@ -185,7 +201,7 @@ static int decref_pending(void *o) {
 
 static void py_object_destroy(void *state) {
     if (Py_AddPendingCall(decref_pending, state) != 0) { /* its queue is full: rare */
-        PyGILState_STATE g = PyGILState_Ensure();
+        PyGILState_STATE g = gil_enter();
         Py_DECREF((PyObject *)state);
         PyGILState_Release(g);
     }
@@ -454,7 +470,7 @@ static void exception_to_call(tp_call *call) {
 static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kwargs,
                          tp_value **result, void *user_data) {
     (void)user_data;
-    PyGILState_STATE g = PyGILState_Ensure();
+    PyGILState_STATE g = gil_enter();
     tp_status st = TP_OK;
     PyObject *pargs = NULL, *pkw = NULL, *out = NULL;
     if (!dispatcher) {
@@ -492,7 +508,7 @@ done:
 static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *kwargs,
                            tp_value **result, void *user_data) {
     (void)kwargs, (void)user_data;
-    PyGILState_STATE g = PyGILState_Ensure();
+    PyGILState_STATE g = gil_enter();
     tp_status st = TP_OK;
     PyObject *self = NULL, *wire = NULL, *fn = NULL, *pargs = NULL, *out = NULL;
     const tp_value *obj = tp_call_self(call);
@@ -595,7 +611,7 @@ static PyObject *future_done(FutureObject *o, PyObject *unused) {
 
 static void done_trampoline(tp_future *f, void *user_data) {
     (void)f;
-    PyGILState_STATE g = PyGILState_Ensure();
+    PyGILState_STATE g = gil_enter();
     PyObject *cb = user_data;
     PyObject *r = PyObject_CallNoArgs(cb);
     if (!r)
@@ -629,7 +645,7 @@ static tp_status then_trampoline(tp_future *f, tp_value **result, char *errmsg,
                                  size_t errmsg_len, void *user_data) {
     (void)f;
     then_ctx *t = user_data;
-    PyGILState_STATE g = PyGILState_Ensure();
+    PyGILState_STATE g = gil_enter();
     tp_status st = TP_OK;
     PyObject *r = PyObject_CallOneArg(t->cb, t->parent);
     if (r) {
