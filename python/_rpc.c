@@ -29,6 +29,10 @@
 #define WAIT_SLICE_S 0.1 /* a blocking wait looks for Ctrl-C this often */
 
 static PyObject *dispatcher;   /* the Python layer's: (module, qualname, args, kwargs) -> value */
+/* The call py_call serves on this thread, for answer_later; and whether the
+ * function answered that way (then its return value is not the answer). */
+static _Thread_local tp_call *serving;
+static _Thread_local int answered_later;
 static PyObject *RemoteError;  /* raised for TP_EREMOTE, carrying the remote message */
 static PyTypeObject FutureType, RRefType, TensorType;
 
@@ -485,12 +489,20 @@ static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kw
         st = TP_ETYPE;
         goto done;
     }
+    tp_call *outer = serving;
+    serving = call;
+    answered_later = 0;
     out = PyObject_CallFunctionObjArgs(dispatcher, pargs, pkw, NULL);
+    int later = answered_later;
+    serving = outer;
+    answered_later = 0;
     if (!out) {
         exception_to_call(call);
         st = TP_EREMOTE;
         goto done;
     }
+    if (later) /* FUNC-7: the future answers; the return value is not the answer */
+        goto done;
     *result = to_value(out, "the result", 0, 1);
     if (!*result) {
         exception_to_call(call);
@@ -691,11 +703,35 @@ static PyObject *future_then(FutureObject *o, PyObject *cb) {
     return future_wrap(chained);
 }
 
+/* _set_result(value) / _set_exception(text): completes a future made by
+ * future_new (FUTURE-9); a second completion raises ValueError. */
+static PyObject *future_set_result(FutureObject *o, PyObject *value) {
+    tp_value *v = to_value(value, "set_result", 0, 0);
+    if (!v)
+        return NULL;
+    tp_status st = tp_future_set_result(o->f, v); /* takes v */
+    if (st != TP_OK)
+        return raise_last(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *future_set_exception(FutureObject *o, PyObject *args) {
+    const char *text;
+    if (!PyArg_ParseTuple(args, "s", &text))
+        return NULL;
+    tp_status st = tp_future_set_error(o->f, TP_EREMOTE, text);
+    if (st != TP_OK)
+        return raise_last(st);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef future_methods[] = {
     {"wait", (PyCFunction)future_wait, METH_VARARGS, "wait(timeout=0): the value, or raises"},
     {"done", (PyCFunction)future_done, METH_NOARGS, "done(): completed?"},
     {"_add_done_callback", (PyCFunction)future_add_done, METH_O, NULL},
     {"_then", (PyCFunction)future_then, METH_O, NULL},
+    {"_set_result", (PyCFunction)future_set_result, METH_O, NULL},
+    {"_set_exception", (PyCFunction)future_set_exception, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject FutureType = {
@@ -944,6 +980,31 @@ static PyObject *m_is_available(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(tp_is_available());
 }
 
+static PyObject *m_future_new(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    tp_future *f = NULL;
+    tp_status st = tp_future_new(&f);
+    if (st != TP_OK)
+        return raise_last(st);
+    return future_wrap(f);
+}
+
+/* answer_later(future): the function being served on this thread answers
+ * with that future's outcome (FUNC-7, @async_execution). */
+static PyObject *m_answer_later(PyObject *self, PyObject *fut) {
+    (void)self;
+    if (!PyObject_TypeCheck(fut, &FutureType))
+        return PyErr_Format(PyExc_TypeError, "answer_later needs a Future, not '%s'",
+                            Py_TYPE(fut)->tp_name);
+    if (!serving)
+        return PyErr_Format(PyExc_RuntimeError, "answer_later: no served call on this thread");
+    tp_status st = tp_call_answer_later(serving, ((FutureObject *)fut)->f);
+    if (st != TP_OK)
+        return raise_last(st);
+    answered_later = 1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *m_set_dispatcher(PyObject *self, PyObject *fn) {
     (void)self;
     if (!PyCallable_Check(fn))
@@ -960,6 +1021,8 @@ static PyMethodDef module_methods[] = {
     {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
     {"is_available", m_is_available, METH_NOARGS, NULL},
     {"set_dispatcher", m_set_dispatcher, METH_O, NULL},
+    {"future_new", m_future_new, METH_NOARGS, NULL},
+    {"answer_later", m_answer_later, METH_O, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "tensorplay._rpc",

@@ -275,3 +275,67 @@ def test_waits_release_the_gil_and_memory_stays_flat(tmp_path):
     """)
     assert out == ["calls while another thread waits: True True",
                    "20000 calls, rss grew < 4 MiB: True"]
+
+
+def test_async_execution_and_futures_the_program_completes(tmp_path):
+    out = run(tmp_path, """
+        import threading
+        lock = threading.Lock()
+        state = {"fut": None, "grads": [], "w": 100}
+
+        @rpc.functions.async_execution
+        def ps_update(trainers, grad):
+            # PyTorch's batch-updating parameter server: every call of a round
+            # answers with one future, completed by the round's last gradient.
+            with lock:
+                if state["fut"] is None:
+                    state["fut"] = rpc.Future()
+                fut = state["fut"]
+                state["grads"].append(grad)
+                if len(state["grads"]) == trainers:
+                    state["w"] -= sum(state["grads"])
+                    state["grads"], state["fut"] = [], None
+                    fut.set_result(state["w"])
+            return fut
+
+        @rpc.functions.async_execution
+        def forward(x):
+            return rpc.rpc_async("w2", add, args=(x, 1)).then(lambda f: f.wait() * 10)
+
+        @rpc.functions.async_execution
+        def not_a_future():
+            return 5
+
+        opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=1 if rank == 0 else 16)
+        rpc.init_rpc("w%d" % rank, rpc_backend_options=opts)
+        if rank == 1:
+            f = rpc.Future()
+            f.set_result([1, 2])
+            try:
+                f.set_result(3)
+            except ValueError as e:
+                print("twice:", "already complete" in str(e))
+            g = rpc.Future()
+            g.set_exception(KeyError("k"))
+            try:
+                g.wait()
+            except KeyError as e:
+                print("set_exception:", "k" in str(e))
+            print(f.wait(), f.done(), rpc.rpc_sync("w0", forward, args=(4,)))
+            try:
+                rpc.rpc_sync("w0", not_a_future)
+            except TypeError as e:
+                print("not a future:", "async_execution" in str(e))
+        if rank in (1, 2):
+            # Two trainers, a server with one pool thread: a call that held it
+            # would stall the round.
+            ws = [rpc.rpc_sync("w0", ps_update, args=(2, rank * r)) for r in (1, 2, 3)]
+            print("trainer", rank, ws)
+        rpc.shutdown()
+    """, nproc=3, rank0_only=False)
+    assert "[1] twice: True" in out
+    assert "[1] set_exception: True" in out
+    assert "[1] [1, 2] True 50" in out
+    assert "[1] not a future: True" in out
+    assert "[1] trainer 1 [97, 91, 82]" in out
+    assert "[2] trainer 2 [97, 91, 82]" in out

@@ -16,9 +16,7 @@ keeps the object on its owner, reached through rref.rpc_sync().method().
 
 Not yet (issue 10): new_method (methods are found on the object's class),
 allow_pickle, sending an array without a copy (it is copied once into the
-message, and once out of it on receipt), functions that answer later
-(@async_execution) and futures the program completes, and a test of the
-installed package.
+message, and once out of it on receipt), and tuples kept as tuples.
 """
 import builtins
 import os
@@ -28,6 +26,7 @@ from ... import _rpc
 
 __all__ = [
     "BackendType", "RRef", "RemoteError", "TensorPipeRpcBackendOptions", "WorkerInfo", "Future",
+    "functions",
     "construct_rpc_backend_options", "get_worker_info", "init_backend", "init_rpc",
     "is_available", "method_factory", "register_backend", "remote", "rpc_async", "rpc_sync",
     "shutdown", "wait_all",
@@ -168,14 +167,40 @@ def _dispatch(wire_args, wire_kwargs):
         obj = getattr(obj, part, None)
         if obj is None:
             raise LookupError("function %s.%s is not defined on this worker" % (module, qualname))
-    return _unwrap(obj(*args, **kwargs))
+    result = obj(*args, **kwargs)
+    if getattr(obj, "_tp_async_execution", False):
+        if not isinstance(result, Future):
+            raise TypeError("%s.%s is marked async_execution but returned %s, not a Future"
+                            % (module, qualname, type(result).__name__))
+        _rpc.answer_later(result._core)  # the reply goes when the future completes
+        return None
+    return _unwrap(result)
+
+
+class functions:
+    """rpc.functions.async_execution, as in PyTorch."""
+
+    @staticmethod
+    def async_execution(fn):
+        """Marks fn as answering with the Future it returns: the reply goes when
+        that future completes, and no pool thread waits for it."""
+        fn._tp_async_execution = True
+        return fn
 
 
 class Future:
-    """The result of rpc_async: wait(), value(), done(), then(), add_done_callback()."""
+    """The result of rpc_async: wait(), value(), done(), then(), add_done_callback().
+    Future() makes one the program completes with set_result / set_exception
+    (torch.futures.Future), on the worker of the calling process (after init_rpc)."""
 
-    def __init__(self, core):
-        self._core = core
+    def __init__(self, core=None):
+        self._core = core if core is not None else _rpc.future_new()
+
+    def set_result(self, result):
+        self._core._set_result(_unwrap(result))
+
+    def set_exception(self, exception):
+        self._core._set_exception("%s: %s" % (type(exception).__name__, exception))
 
     def wait(self, timeout=None):
         return _wrap(_raise_remote(
@@ -212,12 +237,15 @@ def _raise_remote(fn):
         return fn()
     except RemoteError as e:
         msg = str(e)
-        # "function 'py:call' on worker 'w1' (id 1) failed: ValueError: boom\nTraceback..."
-        head, _, rest = msg.partition(" failed: ")
-        type_name = rest.split(":", 1)[0] if rest else ""
+        # "function 'py:call' on worker 'w1' (id 1) failed: ValueError: boom\nTraceback...",
+        # or a future the program failed: "ValueError: boom".
+        head, sep, rest = msg.partition(" failed: ")
+        if not sep:
+            head, rest = "", msg
+        type_name = rest.split(":", 1)[0]
         exc_type = _BUILTIN_EXCEPTIONS.get(type_name, RuntimeError)
-        worker = head.split(" on ", 1)[1] if " on " in head else "a worker"
-        raise exc_type("%s raised on %s: %s" % (type_name or "the function", worker, rest)) from None
+        where = " on " + head.split(" on ", 1)[1] if " on " in head else ""
+        raise exc_type("%s raised%s: %s" % (type_name or "the function", where, rest)) from None
     except _rpc.RemoteError:
         raise
 
