@@ -406,6 +406,8 @@ static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
         tpi_call_free(c, call);
         return st;
     }
+    if (!later)
+        tpi_rref_ctx_sent(&rc); /* lock held */
     tpi_rref_ctx_done(&rc);
     if (defer) {
         defer->frame = later ? f : NULL;

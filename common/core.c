@@ -243,6 +243,8 @@ tp_status tpi_send_msg(tp_core *c, uint32_t dst, const tpi_msg *m, char *errmsg,
     }
     if (st != TP_OK)
         tpi_rref_ctx_rollback(&rc);
+    else
+        tpi_rref_ctx_sent(&rc);
     tpi_rref_ctx_done(&rc);
     return st;
 }

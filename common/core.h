@@ -169,7 +169,8 @@ extern atomic_int tpi_flow_ignore_credit;
 typedef struct tpi_owner tpi_owner;
 typedef struct tpi_fork_rec {
     tpi_gid fork;
-    uint32_t holder; /* the worker holding that reference */
+    uint32_t holder;    /* the worker holding that reference */
+    uint8_t in_transit; /* recorded by our send, whose frame is not handed to the agent yet */
 } tpi_fork_rec;
 typedef struct tpi_fetch tpi_fetch;
 
@@ -436,6 +437,9 @@ typedef struct tpi_rref_ctx {
 } tpi_rref_ctx;
 void tpi_rref_hooks(tpi_rref_ctx *rc, tpi_codec_hooks *hooks);
 void tpi_rref_ctx_rollback(tpi_rref_ctx *rc);
+/* The message went to the agent: the forks it carries are on the wire now,
+ * where a broken connection can lose them (RREF-19 asks about them). */
+void tpi_rref_ctx_sent(tpi_rref_ctx *rc);
 /* Frees the context's lists; unpins what it collected. */
 void tpi_rref_ctx_done(tpi_rref_ctx *rc);
 /* RREF-13: parks until the owner answered every fork rc collected, or the

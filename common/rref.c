@@ -24,6 +24,7 @@
 typedef struct tpi_child {
     tp_rref *rref; /* a handle kept for the child */
     uint32_t to;
+    int in_transit; /* its frame is not handed to the agent yet (RREF-19) */
 } tpi_child;
 
 struct tpi_fetch {
@@ -70,6 +71,7 @@ tp_status tpi_owner_add_fork(tp_core *c, tpi_owner *o, tpi_gid fork, uint32_t ho
     }
     o->forks[o->nforks].fork = fork;
     o->forks[o->nforks].holder = holder;
+    o->forks[o->nforks].in_transit = 0;
     o->nforks++;
     tpi_probe_rref(c, TP_PROBE_RREF_OWNER_FORK, o->id, fork, holder);
     return TP_OK;
@@ -379,6 +381,8 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
                       (unsigned long long)r->id.local, o->errmsg ? o->errmsg : "its creation failed");
     } else if (r->is_owner) { /* the owner records the fork itself, at once */
         st = o ? tpi_owner_add_fork(c, o, w->fork_id, rc->peer) : TP_EINVAL;
+        if (st == TP_OK)
+            o->forks[o->nforks - 1].in_transit = 1;
     } else if (TPI_CANARY(TPI_CANARY_CHILD_DROPPED_EARLY)) {
         /* Canary: no pending child, so the parent's delete can overtake the
          * child's fork at the owner (a broken guarantee 2). */
@@ -388,6 +392,7 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
         if (ch) {
             ch->rref = tp_rref_clone(r);
             ch->to = rc->peer;
+            ch->in_transit = 1;
             st = tpi_idmap_put(&c->children, w->fork_id, ch);
             if (st != TP_OK) {
                 /* Undo the clone; cannot be the last: the caller holds one. */
@@ -429,6 +434,31 @@ void tpi_rref_ctx_rollback(tpi_rref_ctx *rc) {
         }
     }
     rc->nundo = 0;
+    if (!mine)
+        tpi_unlock(c);
+}
+
+void tpi_rref_ctx_sent(tpi_rref_ctx *rc) {
+    if (rc->nundo == 0)
+        return;
+    tp_core *c = rc->core;
+    int mine = tpi_lock_held(c);
+    if (!mine)
+        tpi_lock(c);
+    for (size_t i = 0; i < rc->nundo; i++) {
+        tp_rref *r = rc->undo[i].rref;
+        tpi_gid f = rc->undo[i].fork;
+        if (!r->is_owner) {
+            tpi_child *ch = tpi_idmap_get(&c->children, f);
+            if (ch)
+                ch->in_transit = 0;
+            continue;
+        }
+        tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
+        for (size_t k = 0; o && k < o->nforks; k++)
+            if (tpi_gid_eq(o->forks[k].fork, f))
+                o->forks[k].in_transit = 0;
+    }
     if (!mine)
         tpi_unlock(c);
 }
@@ -876,7 +906,7 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     int ok = entries != NULL;
     for (size_t i = 0; ok && i < c->children.cap; i++) {
         tpi_child *ch = c->children.slots[i].value;
-        if (ch && ch->to == peer)
+        if (ch && ch->to == peer && !ch->in_transit) /* one still being sent is not lost */
             ok = tp_list_append(entries, fork_entry(ch->rref->id, c->children.slots[i].key, -1)) ==
                  TP_OK;
     }
@@ -884,7 +914,7 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     size_t n = ok ? collect_owners(c, &os) : 0;
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; ok && k < os[i]->nforks; k++)
-            if (os[i]->forks[k].holder == peer)
+            if (os[i]->forks[k].holder == peer && !os[i]->forks[k].in_transit)
                 ok = tp_list_append(entries, fork_entry(os[i]->id, os[i]->forks[k].fork, -1)) ==
                      TP_OK;
     if (n)
