@@ -451,6 +451,9 @@ tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const c
 tpi_gid tpi_new_gid(tp_core *c);
 /* Owner-side handling of RREF_* messages and REMOTE (lock not held). */
 void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m);
+/* RREF-20 (lock held): the worker that made rref id is dead, or restarted
+ * since it made it (ids carry the incarnation that minted them, REJOIN-3). */
+int tpi_rref_creator_gone(const tp_core *c, tpi_gid id);
 /* Owner record lookup/creation (lock held). */
 tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id);
 /* Records that holder has fork (lock held). */

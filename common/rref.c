@@ -1023,7 +1023,7 @@ static int abandoned_has(const tp_core *c, tpi_gid id) {
 
 /* The worker that made rref id (its remote()) is dead, or restarted since
  * (REJOIN-3: ids carry the incarnation that minted them). Lock held. */
-static int creator_gone(const tp_core *c, tpi_gid id) {
+int tpi_rref_creator_gone(const tp_core *c, tpi_gid id) {
     return id.worker < c->world_size && id.worker != c->rank &&
            (c->peer_dead[id.worker] ||
             TPI_INC_OF(id.local) < atomic_load_explicit(&c->peer_inc[id.worker],
@@ -1073,7 +1073,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             tpi_reply(c, src, m->id, TP_EPEERDOWN, NULL, err);
             break;
         }
-        if (!o && creator_gone(c, m->rref)) {
+        if (!o && tpi_rref_creator_gone(c, m->rref)) {
             /* No placeholder for a remote() that died with its creator: it
              * would wait forever for a value that never comes (RREF-12). */
             tpi_format(err, sizeof err, "rref %u:%llu: its creator died before its remote() "
@@ -1143,7 +1143,7 @@ void tpi_rrefs_peer_down(tp_core *c, uint32_t peer) {
             else
                 k++;
         }
-        if (!o->ready && !o->running && creator_gone(c, o->id)) {
+        if (!o->ready && !o->running && tpi_rref_creator_gone(c, o->id)) {
             /* A placeholder a fork made while its remote() was on the way
              * (RREF-6): that remote died with its creator, so the value
              * never comes. Failed, it is freed once its forks go. */

@@ -594,7 +594,19 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
         return st;
     }
     tpi_lock(c);
-    tpi_owner *o = tpi_owner_get_or_create(c, j->msg->rref);
+    tpi_owner *o = NULL;
+    if (tpi_rref_creator_gone(c, j->msg->rref)) {
+        /* RREF-20: a remote() from an incarnation already gone (its frame
+         * was read after its death was): nobody is left to release it. */
+        tpi_unlock(c);
+        tpi_format(err, err_len, "rref %u:%llu: its creator is gone", j->msg->rref.worker,
+                   (unsigned long long)j->msg->rref.local);
+        tpi_msg_clear(j->msg);
+        free(j->msg);
+        j->msg = NULL;
+        return TP_EPEERDOWN;
+    }
+    o = tpi_owner_get_or_create(c, j->msg->rref);
     if (!o) {
         st = TP_ENOMEM;
         tpi_format(err, err_len, "out of memory creating an rref on %s", c->self.name);
