@@ -15,7 +15,6 @@ import collections
 import multiprocessing as mp
 import os
 import secrets
-import socket
 import statistics
 import sys
 import time
@@ -23,6 +22,8 @@ import time
 import numpy
 
 import tensorplay.distributed.rpc as rpc
+
+from bench_common import bench_print, free_port, now_us, percentile
 
 MSG_LEN = 64
 BULK_BYTES = 64 << 20
@@ -36,19 +37,7 @@ def numel(a):
     return int(a.size)
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def now_us():
-    return time.monotonic_ns() / 1e3
-
-
-def percentile(sorted_v, p):
-    i = int(round((len(sorted_v) - 1) * p / 100.0))
-    return sorted_v[min(i, len(sorted_v) - 1)]
 
 
 def measure(cfg):
@@ -139,8 +128,7 @@ def main():
     for pr in procs:
         pr.join(60)
     for name, (value, unit) in results.items():
-        fmt = "BENCH python_{} {:.0f} {}" if value >= 1000 else "BENCH python_{} {:.3f} {}"
-        print(fmt.format(name, value, unit), flush=True)
+        bench_print("python_" + name, value, unit)
     return 1 if failed or not results else 0
 
 

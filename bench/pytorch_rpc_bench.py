@@ -32,6 +32,8 @@ import traceback
 import torch
 import torch.distributed.rpc as rpc
 
+from bench_common import bench_print, free_port, now_us, percentile
+
 MSG_LEN = 64
 BULK_BYTES = 64 << 20
 
@@ -47,16 +49,6 @@ def numel(t):
 
 
 # ---- Helpers ------------------------------------------------------------------------
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def now_us():
-    return time.monotonic_ns() / 1e3
-
 
 def place(placement, rank):
     """Pins this process (and threads it starts later) like rpc_bench --placement."""
@@ -76,14 +68,6 @@ def options(port, threads=16):
     )
 
 
-def percentile(sorted_v, p):
-    i = int(round((len(sorted_v) - 1) * p / 100.0))
-    return sorted_v[min(i, len(sorted_v) - 1)]
-
-
-def bench_print(name, value, unit):
-    fmt = "BENCH {} {:.0f} {}" if value >= 1000 else "BENCH {} {:.3f} {}"
-    print(fmt.format(name, value, unit), flush=True)
 
 
 # ---- The raw TCP reference, between the same two processes -------------------------------

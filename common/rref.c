@@ -414,31 +414,9 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
     return TP_OK;
 }
 
-void tpi_rref_ctx_rollback(tpi_rref_ctx *rc) {
-    if (rc->nundo == 0)
-        return;
-    tp_core *c = rc->core;
-    int mine = tpi_lock_held(c);
-    if (!mine)
-        tpi_lock(c);
-    for (size_t i = 0; i < rc->nundo; i++) {
-        tp_rref *r = rc->undo[i].rref;
-        if (r->is_owner) {
-            tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
-            if (o)
-                remove_fork(c, o, rc->undo[i].fork);
-        } else {
-            tpi_child *ch = tpi_idmap_del(&c->children, rc->undo[i].fork);
-            if (ch)
-                drop_child(c, ch);
-        }
-    }
-    rc->nundo = 0;
-    if (!mine)
-        tpi_unlock(c);
-}
-
-void tpi_rref_ctx_sent(tpi_rref_ctx *rc) {
+/* Settles the forks a send made: undone when the frame never left
+ * (rollback), or marked as on the wire (sent, RREF-19). */
+static void forks_settle(tpi_rref_ctx *rc, int undo) {
     if (rc->nundo == 0)
         return;
     tp_core *c = rc->core;
@@ -449,18 +427,32 @@ void tpi_rref_ctx_sent(tpi_rref_ctx *rc) {
         tp_rref *r = rc->undo[i].rref;
         tpi_gid f = rc->undo[i].fork;
         if (!r->is_owner) {
-            tpi_child *ch = tpi_idmap_get(&c->children, f);
-            if (ch)
+            tpi_child *ch = undo ? tpi_idmap_del(&c->children, f) : tpi_idmap_get(&c->children, f);
+            if (ch && undo)
+                drop_child(c, ch);
+            else if (ch)
                 ch->in_transit = 0;
             continue;
         }
         tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
-        for (size_t k = 0; o && k < o->nforks; k++)
+        if (o && undo)
+            remove_fork(c, o, f);
+        for (size_t k = 0; o && !undo && k < o->nforks; k++)
             if (tpi_gid_eq(o->forks[k].fork, f))
                 o->forks[k].in_transit = 0;
     }
+    if (undo)
+        rc->nundo = 0;
     if (!mine)
         tpi_unlock(c);
+}
+
+void tpi_rref_ctx_rollback(tpi_rref_ctx *rc) {
+    forks_settle(rc, 1);
+}
+
+void tpi_rref_ctx_sent(tpi_rref_ctx *rc) {
+    forks_settle(rc, 0);
 }
 
 void tpi_rref_ctx_done(tpi_rref_ctx *rc) {
