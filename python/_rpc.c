@@ -605,8 +605,14 @@ static PyObject *future_wait(FutureObject *o, PyObject *args) {
         }
         Py_BEGIN_ALLOW_THREADS st = tp_future_wait(o->f, slice);
         Py_END_ALLOW_THREADS
-        if (st != TP_ETIMEDOUT || tp_future_done(o->f))
+        if (tp_future_done(o->f)) {
+            /* It may have completed just as the slice ran out: its own
+             * status, not the slice's timeout (returns at once). */
+            st = tp_future_wait(o->f, TP_TIMEOUT_INFINITE);
             break;
+        }
+        if (st != TP_ETIMEDOUT)
+            break; /* the worker is shutting down, or the wait was refused */
         if (PyErr_CheckSignals() < 0)
             return NULL; /* KeyboardInterrupt: the call goes on */
     }
