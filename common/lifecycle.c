@@ -329,13 +329,19 @@ tp_status tp_shutdown_leaks(tp_rref_leak **out, size_t *n) {
     *out = NULL;
     *n = 0;
     tp_context *ctx = tp_context_current();
+    /* The context's lock is a spin lock: no malloc under it. The list only
+     * changes at this thread's own shutdown, so the count read holds. */
     tpi_context_lock(ctx);
     int known = ctx->leaks_known;
     size_t count = ctx->nleaks;
-    tp_rref_leak *copy = count ? malloc(count * sizeof *copy) : NULL;
-    if (copy)
-        memcpy(copy, ctx->leaks, count * sizeof *copy);
     tpi_context_unlock(ctx);
+    tp_rref_leak *copy = count ? malloc(count * sizeof *copy) : NULL;
+    if (copy) {
+        tpi_context_lock(ctx);
+        count = count < ctx->nleaks ? count : ctx->nleaks;
+        memcpy(copy, ctx->leaks, count * sizeof *copy);
+        tpi_context_unlock(ctx);
+    }
     if (!known)
         return tpi_fail(TP_ENOTINIT, "shutdown_leaks: no graceful shutdown ran on this thread's "
                                      "context yet");
