@@ -79,6 +79,10 @@
  * no placeholder that would wait forever. The most recent ones; an id pushed
  * out would only leak a placeholder, never free a held value. */
 #define TPI_ABANDONED_MAX 1024
+/* RREF-19: forks one tp:forks query may name. Each is looked up in the I/O
+ * context, so a peer's query costs CPU in proportion: a larger one is
+ * refused (TP_ELIMIT), and the asker sends at most this many at a time. */
+#define TPI_FORKS_QUERY_MAX 4096
 
 /* Request bytes one worker may have in flight to one destination (FLOW-1):
  * issued, not yet answered. A call that would pass it waits, within its own

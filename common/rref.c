@@ -896,7 +896,8 @@ static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply
 static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     tp_value *entries = tp_value_list();
     int ok = entries != NULL;
-    for (size_t i = 0; ok && i < c->children.cap; i++) {
+    for (size_t i = 0; ok && i < c->children.cap && tp_list_len(entries) < TPI_FORKS_QUERY_MAX;
+         i++) {
         tpi_child *ch = c->children.slots[i].value;
         if (ch && ch->to == peer && !ch->in_transit) /* one still being sent is not lost */
             ok = tp_list_append(entries, fork_entry(ch->rref->id, c->children.slots[i].key, -1)) ==
@@ -905,7 +906,8 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     tpi_owner **os;
     size_t n = ok ? collect_owners(c, &os) : 0;
     for (size_t i = 0; i < n; i++)
-        for (size_t k = 0; ok && k < os[i]->nforks; k++)
+        for (size_t k = 0; ok && k < os[i]->nforks && tp_list_len(entries) < TPI_FORKS_QUERY_MAX;
+             k++)
             if (os[i]->forks[k].holder == peer && !os[i]->forks[k].in_transit)
                 ok = tp_list_append(entries, fork_entry(os[i]->id, os[i]->forks[k].fork, -1)) ==
                      TP_OK;
@@ -957,6 +959,11 @@ tp_status tpi_forks_serve(tp_core *c, uint32_t src, const tp_value *args, tp_val
     if (tp_list_len(args) != 1 || tp_value_kind(entries) != TP_KIND_LIST) {
         tpi_format(err, err_len, "%s: malformed query", TPI_FORKS_FN);
         return TP_EPROTO;
+    }
+    if (tp_list_len(entries) > TPI_FORKS_QUERY_MAX) {
+        tpi_format(err, err_len, "%s: %zu forks in one query, over TPI_FORKS_QUERY_MAX (%d)",
+                   TPI_FORKS_FN, tp_list_len(entries), TPI_FORKS_QUERY_MAX);
+        return TP_ELIMIT;
     }
     tpi_lock(c);
     if (c->undecoded[src] > 0) { /* its earlier requests may carry those forks */
