@@ -227,6 +227,10 @@ void tpi_flow_peer_reset(tp_core *c, uint32_t peer) {
     c->held[peer] = 0;
     c->held_epoch[peer]++;
     c->refused_warned[peer] = 0;
+    /* FLOW-9: our requests from now on are counted under a new generation;
+     * the peer's next one names its own. */
+    c->flow_gen[peer]++;
+    c->src_gen_known[peer] = 0;
     tpi_window_wake_all(c, peer);
 }
 
@@ -372,6 +376,9 @@ static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
     tp_status st = tpi_msg_encode(m, &hooks, c->max_msg, &f, err, sizeof err);
     if (st == TP_OK && call->flow)
         st = window_wait(c, call, f->len, err, sizeof err);
+    uint8_t type = st == TP_OK ? tpi_frame_type(f) : 0;
+    if (type == TPI_MSG_REQUEST || type == TPI_MSG_REMOTE)
+        tpi_frame_set_gen(f, c->flow_gen[call->dst]); /* FLOW-9: counted under this one */
     tpi_gid key = {0, call->id};
     if (st == TP_OK) {
         st = tpi_idmap_put(&c->calls, key, call);

@@ -1154,6 +1154,19 @@ uint16_t tpi_frame_flags(const tp_frame *f) {
     return (uint16_t)load_le((const uint8_t *)f->seg[0].base + 6, 2);
 }
 
+uint32_t tpi_frame_gen(const tp_frame *f) {
+    TPI_ASSERT(f && f->nseg >= 1 && f->seg[0].len >= TP_FRAME_HEADER_SIZE);
+    return (uint32_t)load_le((const uint8_t *)f->seg[0].base + 12, 4);
+}
+
+void tpi_frame_set_gen(tp_frame *f, uint32_t gen) {
+    TPI_ASSERT(f && f->nseg >= 1 && f->seg[0].len >= TP_FRAME_HEADER_SIZE);
+    uint8_t *h = (uint8_t *)f->seg[0].base; /* the encoder's own header bytes */
+    TPI_ASSERT(h[5] == TPI_MSG_REQUEST || h[5] == TPI_MSG_REMOTE);
+    for (int i = 0; i < 4; i++)
+        h[12 + i] = (uint8_t)(gen >> (8 * i));
+}
+
 int tpi_frame_request_name(const tp_frame *f, char name[TP_NAME_LEN_MAX + 1]) {
     TPI_ASSERT(f && f->nseg >= 1);
     if (f->nseg != 1 || f->seg[0].len < TP_FRAME_HEADER_SIZE + 8)

@@ -22,14 +22,15 @@
  *  5 u8  type (tpi_msg_type)
  *  6 u16 flags
  *  8 u32 body length (bytes after the header)
- * 12 u32 reserved, must be 0
+ * 12 u32 gen: REQUEST and REMOTE, the caller's window generation toward
+ *        the callee (spec/calls.md FLOW-9); must be 0 on every other type
  * 16 u64 id (the call id a response answers)
  * All integers little-endian. */
 #define TPI_WIRE_MAGIC0 0x54
 #define TPI_WIRE_MAGIC1 0x50
 #define TPI_WIRE_MAGIC2 0x52
 #define TPI_WIRE_MAGIC3 0x43
-#define TPI_WIRE_VERSION 1
+#define TPI_WIRE_VERSION 2 /* 2: offset 12 is FLOW-9's generation (WIRE-9) */
 
 typedef enum tpi_msg_type {
     TPI_MSG_REQUEST = 1,     /* run a function (or method) and reply with its result */
@@ -212,6 +213,10 @@ uint8_t tpi_frame_type(const tp_frame *f);
 uint64_t tpi_frame_id(const tp_frame *f);
 /* Header flags of a frame's first segment. */
 uint16_t tpi_frame_flags(const tp_frame *f);
+/* The window generation of a REQUEST or REMOTE frame (FLOW-9): read, and
+ * written into an encoded frame's header just before it is sent. */
+uint32_t tpi_frame_gen(const tp_frame *f);
+void tpi_frame_set_gen(tp_frame *f, uint32_t gen);
 /*
  * The function name of a REQUEST frame, without decoding the rest: copied
  * NUL-terminated into name (TP_NAME_LEN_MAX + 1 bytes). 0 when the frame is

@@ -271,6 +271,10 @@ struct tp_core {
     uint64_t *held;      /* by id: held under the peer's credit */
     uint32_t *held_epoch; /* by id: bumped when the peer is reported down or restarts */
     uint8_t *refused_warned; /* by id: a refusal was logged at warn this epoch */
+    /* Window generations (FLOW-9, lock), so a break's give-back matches on both ends. */
+    uint32_t *flow_gen;      /* by id: ours toward each peer, bumped by each reset */
+    uint32_t *src_gen;       /* by id: the peer's toward us that held[] counts */
+    uint8_t *src_gen_known;  /* by id: src_gen is set (0 after a reset of the peer) */
     uint32_t *nwaiting;  /* by id: waiters in the list below */
     tpi_window_waiter *wq_head, *wq_tail;
 

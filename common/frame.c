@@ -327,11 +327,13 @@ tp_status tp_frame_check_header(const uint8_t header[TP_FRAME_HEADER_SIZE],
     if (flags & ~TPI_FLAGS_KNOWN)
         return header_fail(TP_EPROTO, errmsg, errmsg_len, "unknown flags 0x%04x at offset 6",
                            flags & ~TPI_FLAGS_KNOWN);
-    uint32_t reserved = load_u32(header + 12);
-    if (reserved != 0)
+    /* Offset 12: REQUEST and REMOTE carry the caller's window generation
+     * (FLOW-9), any value; it is reserved, 0, on every other type. */
+    uint32_t gen = load_u32(header + 12);
+    if (gen != 0 && header[5] != TPI_MSG_REQUEST && header[5] != TPI_MSG_REMOTE)
         return header_fail(TP_EPROTO, errmsg, errmsg_len,
                            "reserved header field is 0x%08x at offset 12, expected 0",
-                           (unsigned)reserved);
+                           (unsigned)gen);
     uint64_t total = TP_FRAME_HEADER_SIZE + (uint64_t)load_u32(header + 8);
     uint64_t limit =
         max_message_size < TPI_MESSAGE_SIZE_MAX ? max_message_size : TPI_MESSAGE_SIZE_MAX;

@@ -46,6 +46,9 @@ void tpi_core_free(tp_core *c) {
     free(c->held);
     free(c->held_epoch);
     free(c->refused_warned);
+    free(c->flow_gen);
+    free(c->src_gen);
+    free(c->src_gen_known);
     tpi_debts_free(c);
     tpi_idmap_free(&c->debts);
     free(c->nwaiting);
@@ -83,6 +86,9 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->held = calloc(world, sizeof *c->held);
     c->held_epoch = calloc(world, sizeof *c->held_epoch);
     c->refused_warned = calloc(world, 1);
+    c->flow_gen = calloc(world, sizeof *c->flow_gen);
+    c->src_gen = calloc(world, sizeof *c->src_gen);
+    c->src_gen_known = calloc(world, 1);
     tpi_idmap_init(&c->debts);
     c->nwaiting = calloc(world, sizeof *c->nwaiting);
     c->opts = opts ? tp_options_clone(opts) : tp_options_new();
@@ -93,7 +99,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
         !c->undecoded || !c->forks_query ||
         !c->inflight || !c->credit || !c->held || !c->held_epoch || !c->refused_warned ||
-        !c->nwaiting || !c->opts) {
+        !c->flow_gen || !c->src_gen || !c->src_gen_known || !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);
         tpi_core_free(c);
         return NULL;

@@ -470,19 +470,44 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
 
 /* ---- Credit (FLOW-6..8) ---------------------------------------------------------- */
 
-/* Counts a request of len bytes from src against its credit and the
- * worker's total, or refuses it with a message (FLOW-8). */
-static tp_status flow_admit(tp_core *c, uint32_t src, uint64_t len, uint32_t *epoch, char *err,
-                            size_t err_len) {
+/*
+ * FLOW-9: which of src's requests its credit counts (lock held). 1 when a
+ * request of generation gen counts against it, after forgetting what src
+ * sent under older generations (src gave those bytes back); 0 when gen is
+ * older than what is counted: src gave that request's bytes back already,
+ * so it counts against max_queued_bytes only.
+ */
+static int flow_gen_counts(tp_core *c, uint32_t src, uint32_t gen) {
+    if (c->src_gen_known[src] && gen == c->src_gen[src])
+        return 1;
+    if (c->src_gen_known[src] && (int32_t)(gen - c->src_gen[src]) < 0)
+        return 0;
+    if (c->src_gen_known[src]) { /* newer: src reset its window to us */
+        c->held[src] = 0;
+        c->held_epoch[src]++;
+    }
+    c->src_gen[src] = gen;
+    c->src_gen_known[src] = 1;
+    return 1;
+}
+
+/* Counts a request of len bytes and generation gen from src against its
+ * credit and the worker's total, or refuses it with a message (FLOW-8). */
+static tp_status flow_admit(tp_core *c, uint32_t src, uint64_t len, uint32_t gen,
+                            uint32_t *epoch, char *err, size_t err_len) {
     char me[TP_NAME_LEN_MAX + 32], who[TP_NAME_LEN_MAX + 32];
     tpi_lock(c);
-    uint64_t held = c->held[src], total = c->held_total;
+    int counted = flow_gen_counts(c, src, gen);
+    uint64_t held = counted ? c->held[src] : 0, total = c->held_total;
     int over_credit = held > 0 && held + len > c->grant;
     int over_total = !over_credit && total > 0 && total + len > c->queued_max;
     if (!over_credit && !over_total) {
-        c->held[src] = held + len;
+        if (counted)
+            c->held[src] = held + len;
         c->held_total = total + len;
-        *epoch = c->held_epoch[src];
+        /* An uncounted request carries an epoch that is already over, so
+         * flow_release leaves held[src] alone. */
+        *epoch = counted ? c->held_epoch[src] : c->held_epoch[src] - 1;
         tpi_unlock(c);
         return TP_OK;
     }
@@ -654,7 +679,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     uint64_t len = f->len;
     uint32_t epoch = 0;
     char ferr[TP_ERRMSG_LEN_MAX];
-    if (flow_admit(c, src, len, &epoch, ferr, sizeof ferr) != TP_OK) {
+    if (flow_admit(c, src, len, tpi_frame_gen(f), &epoch, ferr, sizeof ferr) != TP_OK) {
         tp_frame_free(f); /* FLOW-8: dropped unrun */
         tpi_reply(c, src, id, TP_ELIMIT, NULL, ferr);
         return;

@@ -38,8 +38,11 @@ def ctl(kind, sender=2):
     return b"TPCT" + bytes([3, kind, 0, 0]) + struct.pack("<I", sender) + bytes(12)
 
 
+WIRE_VERSION = 2  # common/codec.h TPI_WIRE_VERSION
+
+
 def frame(body_len, typ=1):
-    return b"TPRC" + bytes([1, typ, 0, 0]) + struct.pack("<I", 24 + body_len) + bytes(12) + \
+    return b"TPRC" + bytes([WIRE_VERSION, typ, 0, 0]) + struct.pack("<I", 24 + body_len) + bytes(12) + \
         bytes((i * 7) & 0xff for i in range(body_len))
 
 

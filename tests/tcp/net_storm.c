@@ -414,9 +414,9 @@ static void attack_pre(storm *s, kind k) {
     attack(s, fd, k, b, n, want);
 }
 
-/* A frame header: version 1, type, body length, a random id. */
+/* A frame header: the current version, type, body length, a random id. */
 static void header(storm *s, uint8_t *h, uint8_t type, uint32_t body_len) {
-    tt_frame_header(h, 1, type, body_len);
+    tt_frame_header(h, TPI_WIRE_VERSION, type, body_len);
     uint64_t id = rnd(s);
     memcpy(h + 16, &id, sizeof id);
 }

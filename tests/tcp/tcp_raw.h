@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/codec.h" /* TPI_WIRE_VERSION */
 #include "real/tcp_internal.h"
 
 /* Rank's address from the job's store at 127.0.0.1:store_port, read like any

@@ -642,14 +642,14 @@ static void test_tcp_garbage(void **state) {
     tpi_tcp_auth stranger = tt_job_auth();
     stranger.key[0] ^= 1;
     fd = tt_hello_as_worker2_with(addr, &stranger);
-    tt_frame_header(h, 1, 1, 16);
+    tt_frame_header(h, TPI_WIRE_VERSION, 1, 16);
     tt_raw_send(fd, h, sizeof h);
     tt_expect_dropped(fd);
     /* ... and a record other than a nonce where the nonce belongs. */
     fd = tt_raw_connect(addr);
     tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
     tt_raw_send(fd, rec, sizeof rec);
-    tt_frame_header(h, 1, 1, 16);
+    tt_frame_header(h, TPI_WIRE_VERSION, 1, 16);
     tt_raw_send(fd, h, sizeof h);
     tt_expect_dropped(fd);
     /* After a good hello: a ping is answered. */
@@ -664,15 +664,15 @@ static void test_tcp_garbage(void **state) {
     tt_expect_abort_then_dropped(fd);
     /* ... as is an oversized length, an unknown type, a bad magic, a bad control kind. */
     fd = tt_hello_as_worker2(addr);
-    tt_frame_header(h, 1, 1, 0xfffffff0u);
+    tt_frame_header(h, TPI_WIRE_VERSION, 1, 0xfffffff0u);
     tt_raw_send(fd, h, sizeof h);
     tt_expect_abort_then_dropped(fd);
     fd = tt_hello_as_worker2(addr);
-    tt_frame_header(h, 1, 99, 16);
+    tt_frame_header(h, TPI_WIRE_VERSION, 99, 16);
     tt_raw_send(fd, h, sizeof h);
     tt_expect_abort_then_dropped(fd);
     fd = tt_hello_as_worker2(addr);
-    tt_frame_header(h, 1, 1, 16);
+    tt_frame_header(h, TPI_WIRE_VERSION, 1, 16);
     h[0] = 'Z';
     tt_raw_send(fd, h, sizeof h);
     tt_expect_abort_then_dropped(fd);
@@ -684,7 +684,7 @@ static void test_tcp_garbage(void **state) {
     /* ... a truncated frame, then the socket closes: worker1 frees it and
      * probes worker2, which is alive. */
     fd = tt_hello_as_worker2(addr);
-    tt_frame_header(h, 1, 1, 100);
+    tt_frame_header(h, TPI_WIRE_VERSION, 1, 100);
     tt_raw_send(fd, h, sizeof h);
     tt_raw_send(fd, "0123456789", 10);
     close(fd);

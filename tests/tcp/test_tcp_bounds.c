@@ -220,14 +220,14 @@ static void test_tcp_slow_senders(void **state) {
     /* A frame of 90,000 bytes that stops after 100 of its body. */
     uint8_t h[24], body[100] = {0};
     int a = tt_hello_as_worker2(addr);
-    tt_frame_header(h, 1, 1, 90000);
+    tt_frame_header(h, TPI_WIRE_VERSION, 1, 90000);
     tt_raw_send(a, h, sizeof h);
     tt_raw_send(a, body, sizeof body);
     t0 = tt_now_ns();
     /* A second one while the first is read: 2 x 90,024 bytes pass the
      * budget of 100,000, so it waits, unread and unallocated. */
     int b = tt_hello_as_worker2(addr);
-    tt_frame_header(h, 1, 1, 90000);
+    tt_frame_header(h, TPI_WIRE_VERSION, 1, 90000);
     tt_raw_send(b, h, sizeof h);
     tt_raw_send(b, body, sizeof body);
     assert_int_equal(await_count(job.shared, C_LOGGED, 1, 5), 0);

@@ -494,8 +494,9 @@ static void test_codec_header_rejects_bad_fields(void **state) {
     } cases[] = {
         {0, 'X', TP_EPROTO, "bad magic"},
         {3, 'c', TP_EPROTO, "bad magic"},
-        {4, 2, TP_EPROTO, "wire version 2, expected 1"},
-        {4, 0, TP_EPROTO, "wire version 0, expected 1"},
+        {4, 1, TP_EPROTO, "wire version 1, expected 2"},
+        {4, 3, TP_EPROTO, "wire version 3, expected 2"},
+        {4, 0, TP_EPROTO, "wire version 0, expected 2"},
         {5, 0, TP_EPROTO, "unknown message type 0"},
         {5, 9, TP_EPROTO, "unknown message type 9"},
         {6, 2, TP_EPROTO, "unknown flags 0x0002"},
@@ -533,6 +534,34 @@ static void test_codec_header_rejects_bad_fields(void **state) {
     /* shorter than a header */
     assert_int_equal(decode_bytes(good, 10, NULL, &d), TP_EPROTO);
     assert_non_null(strstr(err, "shorter than the 24-byte header"));
+}
+
+/* FLOW-9: offset 12 of a REQUEST or REMOTE is the caller's window
+ * generation, any value, read back as written; encoders write 0. */
+static void test_codec_header_window_generation(void **state) {
+    (void)state;
+    static const uint8_t types[] = {TPI_MSG_REQUEST, TPI_MSG_REMOTE};
+    for (size_t i = 0; i < sizeof types; i++) {
+        tpi_msg m = {0};
+        m.type = types[i];
+        snprintf(m.text, sizeof m.text, "f");
+        m.rref = (tpi_gid){1, 2};
+        tp_frame *f = encode_ok(&m, NULL);
+        assert_int_equal(tpi_frame_gen(f), 0);
+        tpi_frame_set_gen(f, 0xfedcba98u);
+        assert_int_equal(tpi_frame_gen(f), 0xfedcba98u);
+        const uint8_t *h = frame_data(f);
+        assert_int_equal(h[12], 0x98);
+        assert_int_equal(h[15], 0xfe);
+        size_t flen;
+        assert_int_equal(tp_frame_check_header(h, TPI_MESSAGE_SIZE_MAX, &flen, err, sizeof err),
+                         TP_OK);
+        tpi_msg d;
+        assert_int_equal(decode_bytes(h, f->len, NULL, &d), TP_OK);
+        assert_int_equal(d.type, types[i]);
+        tpi_msg_clear(&d);
+        tp_frame_free(f);
+    }
 }
 
 /* ---- Hostile input ------------------------------------------------------------------ */
@@ -1310,6 +1339,7 @@ int main(void) {
         cmocka_unit_test(test_codec_buffers_primitives),
         cmocka_unit_test(test_codec_frame_alloc_and_multi_segment_decode),
         cmocka_unit_test(test_codec_header_rejects_bad_fields),
+        cmocka_unit_test(test_codec_header_window_generation),
         cmocka_unit_test(test_codec_truncated_at_every_offset),
         cmocka_unit_test(test_codec_trailing_bytes_rejected),
         cmocka_unit_test(test_codec_unknown_tag_and_dtype),
