@@ -32,7 +32,7 @@
 
 /* Fixed sizes of the parts of a body (WIRE-2, WIRE-5). */
 #define GID_SIZE 12u       /* u32 worker, u64 local */
-#define RREF_WIRE_SIZE 32u /* u32 owner, gid rref_id, gid fork_id, u32 parent */
+#define RREF_WIRE_SIZE 36u /* u32 owner, u32 owner_inc, gid rref_id, gid fork_id, u32 parent */
 #define EMPTY_CONTAINER 5u /* tag, u32 count 0 */
 #define MAP_ENTRY_MIN 5u   /* u32 key length 0, one tag */
 
@@ -457,6 +457,7 @@ static tp_status rref_write(enc *e, const tp_value *v) {
     if (st != TP_OK)
         return enc_fail(e, st, "sending an rref: %s", msg);
     tpi_wbuf_u32(e->b, w.owner);
+    tpi_wbuf_u32(e->b, w.owner_inc);
     put_gid(e->b, w.rref_id);
     put_gid(e->b, w.fork_id);
     tpi_wbuf_u32(e->b, w.parent);
@@ -782,6 +783,7 @@ static void get_gid(tpi_rbuf *r, tpi_gid *g) {
 static tp_value *decode_rref(tpi_rbuf *r, const tpi_codec_hooks *hooks, size_t at) {
     tpi_rref_wire w;
     tpi_rbuf_u32(r, &w.owner);
+    tpi_rbuf_u32(r, &w.owner_inc);
     get_gid(r, &w.rref_id);
     get_gid(r, &w.fork_id);
     tpi_rbuf_u32(r, &w.parent);
@@ -999,7 +1001,7 @@ static tp_status msg_size(enc *e, const tpi_msg *m, size_t *text_len, uint64_t *
         n += 2 * GID_SIZE;
         break;
     case TPI_MSG_RREF_FORK:
-        n += 2 * GID_SIZE + 4;
+        n += 2 * GID_SIZE + 4 + 4;
         break;
     case TPI_MSG_RREF_ABANDON:
         if (m->status == TP_OK || m->status >= TP_STATUS_COUNT_)
@@ -1060,6 +1062,7 @@ static tp_status body_write(enc *e, const tpi_msg *m, size_t text_len) {
         put_gid(b, m->rref);
         put_gid(b, m->fork);
         tpi_wbuf_u32(b, m->parent);
+        tpi_wbuf_u32(b, m->owner_inc);
         break;
     case TPI_MSG_RREF_ACCEPT:
         put_gid(b, m->fork);
@@ -1233,6 +1236,7 @@ static void body_read(tpi_rbuf *r, const tpi_codec_hooks *hooks, tpi_msg *m) {
         get_gid(r, &m->rref);
         get_gid(r, &m->fork);
         tpi_rbuf_u32(r, &m->parent);
+        tpi_rbuf_u32(r, &m->owner_inc);
         break;
     case TPI_MSG_RREF_ACCEPT:
         get_gid(r, &m->fork);

@@ -104,10 +104,11 @@ typedef struct tpi_gid {
 
 /* An rref as it travels (RREF-7). */
 typedef struct tpi_rref_wire {
-    uint32_t owner;  /* worker id of the owner */
-    tpi_gid rref_id; /* the value's id */
-    tpi_gid fork_id; /* the new reference's id */
-    uint32_t parent; /* the sender, who keeps its reference until accepted */
+    uint32_t owner;     /* worker id of the owner */
+    uint32_t owner_inc; /* the owner's incarnation that holds the value (REJOIN-6) */
+    tpi_gid rref_id;    /* the value's id */
+    tpi_gid fork_id;    /* the new reference's id */
+    uint32_t parent;    /* the sender, who keeps its reference until accepted */
 } tpi_rref_wire;
 
 /* The core's hooks for rrefs inside values; ctx passed back. */
@@ -153,6 +154,7 @@ typedef struct tpi_msg {
     tpi_gid rref;
     tpi_gid fork;
     uint32_t parent;
+    uint32_t owner_inc; /* RREF_FORK: the owner incarnation the fork is for (RREF-20) */
     tp_value *args;   /* list; NULL encodes as an empty list */
     tp_value *kwargs; /* map; NULL encodes as an empty map */
     tp_value *value;  /* RESPONSE TP_OK; NULL encodes as nil */

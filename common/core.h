@@ -458,6 +458,14 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m);
 /* RREF-20 (lock held): the worker that made rref id is dead, or restarted
  * since it made it (ids carry the incarnation that minted them, REJOIN-3). */
 int tpi_rref_creator_gone(const tp_core *c, tpi_gid id);
+/* 1 when r's owner is known to have restarted since r's value was made
+ * there (REJOIN-6): the value went with the earlier process. A handle may
+ * also name an incarnation newer than this worker has heard of yet (it came
+ * from a peer that has): that one is not stale. */
+static inline int tpi_rref_owner_restarted(const tp_core *c, const tp_rref *r) {
+    return r->owner != c->rank &&
+           r->owner_inc < atomic_load_explicit(&c->peer_inc[r->owner], memory_order_relaxed);
+}
 /* Owner record lookup/creation (lock held). */
 tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id);
 /* Records that holder has fork (lock held). */

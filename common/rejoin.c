@@ -23,7 +23,7 @@ int tpi_rejoin_stale(const tp_core *c, uint32_t src, uint8_t type, uint64_t id) 
 
 tp_status tpi_rref_owner_check(tp_core *c, const tp_rref *r, const char *what) {
     TPI_ASSERT(tpi_lock_held(c));
-    if (r->owner == c->rank || r->owner_inc == c->peer_inc[r->owner])
+    if (!tpi_rref_owner_restarted(c, r))
         return TP_OK;
     char who[TP_NAME_LEN_MAX + 32];
     return tpi_fail(TP_EPEERDOWN,

@@ -264,7 +264,7 @@ static void send_delete(tp_core *c, tp_rref *r) {
         return;
     r->released = 1;
     tpi_probe_rref(c, TP_PROBE_RREF_FORK_GONE, r->id, r->fork, r->owner);
-    if (c->peer_dead[r->owner] || r->owner_inc != c->peer_inc[r->owner])
+    if (c->peer_dead[r->owner] || tpi_rref_owner_restarted(c, r))
         return; /* the owner died, or restarted without the value (REJOIN-6) */
     if (r->fork_pending) { /* RREF-15: never before the owner recorded the fork */
         r->delete_deferred = 1;
@@ -362,6 +362,7 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
         rc->undo_cap = cap;
     }
     w->owner = r->owner;
+    w->owner_inc = r->owner_inc;
     w->rref_id = r->id;
     w->fork_id = tpi_new_gid(c);
     w->parent = c->rank;
@@ -373,6 +374,8 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
     if (!r->is_owner && (r->closed || r->released)) {
         st = tpi_fail(TP_ESHUTDOWN, "rref %u:%llu was released by shutdown and cannot be sent",
                       r->id.worker, (unsigned long long)r->id.local);
+    } else if (!r->is_owner && tpi_rref_owner_restarted(c, r)) { /* REJOIN-6, RREF-20 */
+        st = tpi_rref_owner_check(c, r, "sending an rref");
     } else if (!r->is_owner && r->failed) { /* RREF-14: one fact, at once */
         st = tpi_fail(r->failed, "rref %u:%llu cannot be sent: %s", r->id.worker,
                       (unsigned long long)r->id.local, r->fail_msg ? r->fail_msg : "its creation failed");
@@ -488,7 +491,7 @@ static void fork_settle(tp_core *c, tp_rref *r, tpi_gid fork, uint32_t parent, t
         send_accept(c, parent, fork);
     if (r->delete_deferred) { /* released meanwhile: now the delete may go (RREF-15) */
         r->delete_deferred = 0;
-        if (st != TP_ESHUTDOWN && !c->peer_dead[r->owner] && r->owner_inc == c->peer_inc[r->owner])
+        if (st != TP_ESHUTDOWN && !c->peer_dead[r->owner] && !tpi_rref_owner_restarted(c, r))
             proto_send(c, TPI_MSG_RREF_DELETE, r->owner, r, r->fork, 0, 0);
     }
 }
@@ -577,7 +580,19 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
         tpi_lock(c);
     tp_status st = TP_OK;
     tp_rref *r = NULL;
-    if (w->owner == c->rank) {
+    if (w->owner == c->rank && w->owner_inc != c->incarnation) {
+        /* RREF-20: ours, of another incarnation. Nothing to keep alive any
+         * more: the parent may drop the reference it kept for this one. */
+        st = tpi_fail(w->owner_inc < c->incarnation ? TP_EPEERDOWN : TP_EPROTO,
+                      "rref %u:%llu is of incarnation %u of its owner '%s', which is incarnation "
+                      "%u: %s",
+                      w->rref_id.worker, (unsigned long long)w->rref_id.local, w->owner_inc,
+                      c->self.name, c->incarnation,
+                      w->owner_inc < c->incarnation ? "the value went with the earlier process"
+                                                    : "no such incarnation yet");
+        if (w->owner_inc < c->incarnation && w->parent != c->rank)
+            send_accept(c, w->parent, w->fork_id);
+    } else if (w->owner == c->rank) {
         tpi_owner *o = tpi_idmap_get(&c->owners, w->rref_id);
         if (!o) {
             st = tpi_fail(TP_EPROTO, "rref %u:%llu is unknown on its owner '%s'",
@@ -593,7 +608,16 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
     } else {
         r = tpi_rref_new_user(c, w->owner, w->rref_id, w->fork_id);
         st = r ? TP_OK : TP_ENOMEM;
-        if (r && w->parent == w->owner) {
+        if (r)
+            r->owner_inc = w->owner_inc; /* the sender's word, not what we know yet */
+        if (r && tpi_rref_owner_restarted(c, r)) {
+            /* RREF-20: the value went with the owner's earlier process; no
+             * fork for its new one. A surviving parent may drop its kept
+             * reference; a parent that was that owner is gone. */
+            r->fork_status = TP_EPEERDOWN;
+            if (w->parent != w->owner)
+                send_accept(c, w->parent, w->fork_id);
+        } else if (r && w->parent == w->owner) {
             atomic_store(&r->confirmed, 1); /* the owner recorded the fork when sending */
         } else if (r) {
             r->fork_pending = 1; /* until fork_settle, through every retry (RREF-15) */
@@ -661,7 +685,7 @@ static void proto_final(tp_core *c, uint8_t type, tp_rref *r, tpi_gid fork, uint
 
 /* The destination restarted or died: nothing of ours is wanted there. */
 static int proto_gone(const tp_core *c, uint32_t dst, const tp_rref *r) {
-    return c->peer_dead[dst] || (r && r->owner == dst && r->owner_inc != c->peer_inc[dst]);
+    return c->peer_dead[dst] || (r && r->owner == dst && tpi_rref_owner_restarted(c, r));
 }
 
 /* An attempt got no answer: sends it again later (1), or gives up (0) (lock held). */
@@ -713,8 +737,10 @@ static void proto_send(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_g
     m.type = type;
     m.fork = fork;
     m.parent = parent;
-    if (r)
+    if (r) {
         m.rref = r->id;
+        m.owner_inc = r->owner_inc; /* RREF-20: the owner incarnation the fork is for */
+    }
     if (type == TPI_MSG_RREF_ABANDON) {
         m.status = (uint32_t)r->failed;
         tpi_format(m.text, sizeof m.text, "%s", r->fail_msg ? r->fail_msg : tp_strerror(r->failed));
@@ -1064,6 +1090,20 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         break;
     }
     case TPI_MSG_RREF_FORK: { /* idempotent: a retry may repeat it (RREF-15) */
+        if (m->owner_inc != c->incarnation) {
+            /* RREF-20: a fork for a value of another incarnation of this
+             * rank; a placeholder would wait for a remote() that went to it. */
+            tpi_format(err, sizeof err,
+                       "rref %u:%llu is of incarnation %u of its owner '%s', which is "
+                       "incarnation %u: %s",
+                       m->rref.worker, (unsigned long long)m->rref.local, m->owner_inc,
+                       c->self.name, c->incarnation,
+                       m->owner_inc < c->incarnation ? "the value went with the earlier process"
+                                                     : "no such incarnation yet");
+            tpi_reply(c, src, m->id, m->owner_inc < c->incarnation ? TP_EPEERDOWN : TP_EPROTO,
+                      NULL, err);
+            break;
+        }
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
         if (!o && abandoned_has(c, m->rref)) {
             tpi_format(err, sizeof err, "rref %u:%llu: its creation failed; its creator "
@@ -1321,7 +1361,7 @@ static void fail_waiting_fetches(tp_core *c, tp_rref *r) {
 /* RREF-14: tells the owner that the creation failed here, so every holder
  * sees the same fact. Answered; a lost one is no worse than RREF-12. */
 static void send_abandon(tp_core *c, tp_rref *r) {
-    if (c->peer_dead[r->owner] || r->owner_inc != c->peer_inc[r->owner])
+    if (c->peer_dead[r->owner] || tpi_rref_owner_restarted(c, r))
         return;
     proto_send(c, TPI_MSG_RREF_ABANDON, r->owner, r, no_fork, 0, 0);
 }

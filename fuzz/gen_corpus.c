@@ -167,17 +167,16 @@ int main(int argc, char **argv) {
 
     /* A value holding an rref, hand-made (no core to fork one): the
      * harness refuses it, which covers that path. */
-    static const uint8_t rref_resp[] = {'T', 'P', 'R', 'C', 1, TPI_MSG_RESPONSE,
-                                        0,   0,   37,  0,   0, 0,
-                                        0,   0,   0,   0,   8, 0,
-                                        0,   0,   0,   0,   0, 0,
-                                        0,   0,   0,   0,   9, 1,
-                                        0,   0,   0,   1,   0, 0,
-                                        0,   7,   0,   0,   0, 0,
-                                        0,   0,   0,   2,   0, 0,
-                                        0,   11,  0,   0,   0, 0,
-                                        0,   0,   0,   2,   0, 0,
-                                        0};
+    static const uint8_t rref_resp[] = {
+        'T', 'P', 'R', 'C', TPI_WIRE_VERSION, TPI_MSG_RESPONSE, 0, 0, /* magic, version, type */
+        41, 0, 0, 0, 0, 0, 0, 0,                                     /* body length, gen */
+        8, 0, 0, 0, 0, 0, 0, 0,                                      /* id */
+        0, 0, 0, 0,                                                  /* status TP_OK */
+        9,                                                           /* tag rref */
+        1, 0, 0, 0, 0, 0, 0, 0,                                      /* owner 1, incarnation 0 */
+        1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0,                          /* rref 1:7 */
+        2, 0, 0, 0, 11, 0, 0, 0, 0, 0, 0, 0,                         /* fork 2:11 */
+        2, 0, 0, 0};                                                 /* parent 2 */
     write_file("response-rref", rref_resp, sizeof rref_resp);
     return failures ? 1 : 0;
 }

@@ -434,9 +434,11 @@ static void attack_post(storm *s, kind k) {
         if (memcmp(b, TPI_TCP_CTL_MAGIC, 4) == 0)
             b[0] = 'X';
         break;
-    case K_FRAME_VERSION:
-        b[4] = (uint8_t)(2 + rnd(s) % 250);
+    case K_FRAME_VERSION: { /* any version but ours */
+        uint8_t v = (uint8_t)(rnd(s) % 255);
+        b[4] = v >= TPI_WIRE_VERSION ? (uint8_t)(v + 1) : v;
         break;
+    }
     case K_FRAME_TYPE:
         b[5] = rnd(s) % 2 ? 0
                           : (uint8_t)(TPI_MSG_TYPE_MAX_ + 1 + rnd(s) % (255 - TPI_MSG_TYPE_MAX_));

@@ -893,7 +893,7 @@ static void test_codec_objects_and_bare_rrefs_cannot_be_sent(void **state) {
     tpi_wbuf_free(&b);
     tpi_msg_clear(&m);
     /* an rref tag with no hooks to receive it */
-    uint8_t r[1 + 32] = {9};
+    uint8_t r[1 + 36] = {9};
     expect_proto(r, sizeof r, "rref at offset 28 cannot be received here");
 }
 
@@ -980,7 +980,7 @@ static void test_codec_rref_hook_failure_reported(void **state) {
     h.fail_with = TP_EUNKNOWNWORKER;
     tpi_codec_hooks hooks = {&h, enc_hook, dec_hook};
     tpi_fail(TP_ETIMEDOUT, "an earlier failure");
-    uint8_t r[1 + 32] = {9, 7};
+    uint8_t r[1 + 36] = {9, 7};
     tpi_msg d;
     assert_int_equal(decode_value_bytes(r, sizeof r, &d), TP_EPROTO); /* no hooks there */
     /* with hooks, through a hand-made frame */

@@ -54,6 +54,8 @@ static struct {
     tp_status new_st;
     tp_status old_rref_st;  /* w0: to_here of an rref the dead incarnation owned */
     char old_rref_msg[TP_ERRMSG_LEN_MAX];
+    tp_status pass_st;      /* w0: that rref passed to the new incarnation */
+    char pass_msg[TP_ERRMSG_LEN_MAX];
     tp_status after_st;     /* w0 -> w1 after the rejoin */
     int64_t after_answer;
     tp_status shutdown_st[2];
@@ -116,6 +118,16 @@ static int program(int rank, int world, void *arg) {
     r.old_rref_st = tp_rref_to_here(rref, 10.0, &v);
     snprintf(r.old_rref_msg, sizeof r.old_rref_msg, "%s", tp_errmsg());
     tp_value_free(v);
+    if (r.rejoin_st == TP_OK) {
+        /* RREF-20: sent to its owner's new incarnation, it would make a fork
+         * there for a value that went with the old one. */
+        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_rref(rref));
+        tp_value *res = NULL;
+        r.pass_st = tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10.0, &res);
+        snprintf(r.pass_msg, sizeof r.pass_msg, "%s", tp_errmsg());
+        tp_value_free(res);
+        tp_value_free(args);
+    }
     tp_rref_release(rref);
     if (r.rejoin_st == TP_OK) {
         tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(3));
@@ -160,6 +172,9 @@ static void test_rejoin_new_incarnation_works(void **state) {
         assert_int_equal(r.after_answer, 3);
         assert_int_equal(r.old_rref_st, TP_EPEERDOWN);
         assert_non_null(strstr(r.old_rref_msg, "restarted"));
+        assert_int_equal(r.pass_st, TP_EPEERDOWN);
+        assert_non_null(strstr(r.pass_msg, "sending an rref: the owner of rref"));
+        assert_non_null(strstr(r.pass_msg, "the value went with the earlier process"));
         assert_int_equal(r.shutdown_st[0], TP_OK);
         assert_int_equal(r.shutdown_st[1], TP_OK);
         assert_int_equal(tp_sim_violations(sim), 0);
