@@ -444,6 +444,51 @@ tp_value *tp_value_tensor(tp_dtype dtype, int ndim, const int64_t *shape, const 
     return v;
 }
 
+/* A borrowed block: the caller's bytes, handed back through its callback. */
+typedef struct borrowed_blob {
+    tpi_blob b;
+    tp_release_fn release;
+    void *ctx;
+} borrowed_blob;
+
+static void borrowed_release(tpi_blob *b) {
+    borrowed_blob *bb = (borrowed_blob *)b;
+    bb->release(bb->ctx); /* last: may run on any thread, the transport's included */
+    free(bb);
+}
+
+tp_value *tp_value_tensor_borrow(tp_dtype dtype, int ndim, const int64_t *shape, void *data,
+                                 tp_release_fn release, void *ctx) {
+    size_t elem = tp_dtype_size(dtype);
+    if (!release || elem == 0 || !data || (uintptr_t)data % elem != 0)
+        return NULL;
+    tpi_tensor *t = malloc(sizeof *t);
+    if (!t)
+        return NULL;
+    if (tensor_layout(dtype, ndim, shape, NULL, t) != TP_OK) {
+        free(t);
+        return NULL;
+    }
+    borrowed_blob *bb = malloc(sizeof *bb);
+    tp_value *v = bb ? value_new(TP_KIND_TENSOR) : NULL;
+    if (!v) {
+        free(bb);
+        free(t);
+        return NULL;
+    }
+    atomic_init(&bb->b.refs, 1);
+    bb->b.data = data;
+    bb->b.len = t->span;
+    bb->b.release = borrowed_release;
+    bb->b.ctx = NULL;
+    bb->release = release;
+    bb->ctx = ctx;
+    t->storage = &bb->b;
+    t->data = data;
+    v->u.tensor = t;
+    return v;
+}
+
 tp_value *tpi_value_tensor_view(tp_dtype dtype, int ndim, const int64_t *shape,
                                 tpi_blob *parent, uint8_t *data) {
     TPI_ASSERT(parent != NULL && data != NULL);

@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -243,6 +244,53 @@ static tp_value *object_value(PyObject *o) {
     return v;
 }
 
+/* ---- Arrays lent to the library (VALUE-10) ---------------------------------------------- */
+
+/*
+ * A large array is sent from its own buffer: the tensor borrows the
+ * Py_buffer, and the library hands it back when the value and the frame
+ * that sends it are gone, on whatever thread that is, the I/O thread
+ * included, which must not take the GIL. So a returned buffer waits on a
+ * lock-free stack, and PyBuffer_Release runs later with the GIL: on the
+ * main thread through Py_AddPendingCall (callable without the GIL), and
+ * whenever this module converts an array or ends a wait slice.
+ */
+#define LEND_MIN (64 * 1024) /* smaller arrays are copied: cheaper than lending */
+
+typedef struct lent {
+    Py_buffer b;
+    struct lent *next;
+} lent;
+
+static _Atomic(lent *) lent_returned;
+static atomic_int lent_pending_call; /* one pending call scheduled at a time */
+
+static void lent_drain(void) { /* the GIL held */
+    lent *l = atomic_exchange(&lent_returned, NULL);
+    while (l) {
+        lent *next = l->next;
+        PyBuffer_Release(&l->b);
+        PyMem_RawFree(l);
+        l = next;
+    }
+}
+
+static int lent_pending(void *unused) {
+    (void)unused;
+    atomic_store(&lent_pending_call, 0);
+    lent_drain();
+    return 0;
+}
+
+static void lent_release(void *ctx) { /* any thread, no GIL */
+    lent *l = ctx;
+    l->next = atomic_load(&lent_returned);
+    while (!atomic_compare_exchange_weak(&lent_returned, &l->next, l))
+        ;
+    if (!atomic_exchange(&lent_pending_call, 1) && Py_AddPendingCall(lent_pending, NULL) != 0)
+        atomic_store(&lent_pending_call, 0); /* the queue is full: a later drain frees it */
+}
+
 /* A typed buffer (a numpy array) as a tensor: dtype from its format. */
 static int dtype_of(const Py_buffer *b, tp_dtype *out) {
     const char *f = b->format ? b->format : "B";
@@ -266,6 +314,7 @@ static int dtype_of(const Py_buffer *b, tp_dtype *out) {
 }
 
 static tp_value *buffer_value(PyObject *o, const char *where) {
+    lent_drain();
     Py_buffer b;
     if (PyObject_GetBuffer(o, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
         PyErr_Clear();
@@ -285,6 +334,14 @@ static tp_value *buffer_value(PyObject *o, const char *where) {
     } else {
         for (int i = 0; i < b.ndim; i++)
             shape[i] = b.shape ? (int64_t)b.shape[i] : (int64_t)(b.len / b.itemsize);
+        lent *l = b.len >= LEND_MIN ? PyMem_RawMalloc(sizeof *l) : NULL;
+        if (l) { /* sent from the array's memory; the value keeps the buffer */
+            l->b = b;
+            v = tp_value_tensor_borrow(d, b.ndim, shape, b.buf, lent_release, l);
+            if (v)
+                return v;
+            PyMem_RawFree(l); /* not borrowable (alignment): copied below */
+        }
         v = tp_value_tensor(d, b.ndim, shape, NULL, b.buf);
         if (!v)
             raise_last(TP_EINVAL);
@@ -605,6 +662,7 @@ static PyObject *future_wait(FutureObject *o, PyObject *args) {
         }
         Py_BEGIN_ALLOW_THREADS st = tp_future_wait(o->f, slice);
         Py_END_ALLOW_THREADS
+        lent_drain();
         if (tp_future_done(o->f)) {
             /* It may have completed just as the slice ran out: its own
              * status, not the slice's timeout (returns at once). */
@@ -965,7 +1023,9 @@ static PyObject *m_shutdown(PyObject *self, PyObject *args) {
         return NULL;
     tp_status st;
     Py_BEGIN_ALLOW_THREADS st = tp_shutdown(graceful);
-    Py_END_ALLOW_THREADS if (st != TP_OK) return raise_last(st);
+    Py_END_ALLOW_THREADS lent_drain(); /* every frame is gone: every lent array is back */
+    if (st != TP_OK)
+        return raise_last(st);
     Py_RETURN_NONE;
 }
 

@@ -167,6 +167,22 @@ tp_value *tp_value_worker_info(const tp_worker_info *info); /* borrowed, copied 
 tp_value *tp_value_tensor(tp_dtype dtype, int ndim, const int64_t *shape,
                           const int64_t *strides, const void *data);
 
+/* Hands borrowed memory back to its owner (tp_value_tensor_borrow). */
+typedef void (*tp_release_fn)(void *ctx);
+
+/*
+ * A contiguous row-major tensor over the caller's memory, without a copy
+ * (VALUE-10): data (aligned to the element size, not NULL) must hold the
+ * packed elements and stay valid, and unwritten while a call sends it,
+ * until release(ctx) runs. release runs exactly once, when the value and
+ * every frame still sending its bytes are gone, on any thread (the
+ * transport's I/O thread included), with no library lock held; it must not
+ * block or call the library. Returns NULL (release never runs) on a bad
+ * dtype, shape or alignment, or on exhaustion.
+ */
+tp_value *tp_value_tensor_borrow(tp_dtype dtype, int ndim, const int64_t *shape, void *data,
+                                 tp_release_fn release, void *ctx);
+
 /*
  * An rref as a value, to pass it into a call (RREF-7). The value holds its
  * own reference; rref stays owned by the caller.

@@ -195,6 +195,38 @@ def test_remote_objects_proxies_and_arrays(tmp_path):
                    "float32 (3, 4) 132.0 True", "[True, False]", "strided: True"]
 
 
+def test_large_array_is_sent_from_its_own_memory(tmp_path):
+    """A 64 MiB array goes out from the array's buffer (VALUE-10): the
+    sender's peak memory does not grow by a copy of it."""
+    out = run(tmp_path, """
+        import resource
+        import numpy as np
+
+        def summary(a):
+            return [a.nbytes, float(a[0]), float(a[-1])]
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            a = np.ones(16 * 1024 * 1024, dtype=np.float32)
+            a[-1] = 7.0
+            rpc.rpc_sync("worker1", summary, args=(np.ones(1 << 16, dtype=np.float32),))
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            print(rpc.rpc_sync("worker1", summary, args=(a,)))
+            grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+            print("peak grew by less than a quarter of the array:", grew < 16 * 1024)
+            sys.stderr.write("sending 64 MiB grew the peak by %d KiB\\n" % grew)
+            r = rpc.rpc_async("worker1", summary, args=(a,)).wait()
+            a[0] = 3.0  # once the call completed the array is ours again
+            print(r[0], rpc.rpc_sync("worker1", summary, args=(a,))[1])
+            b = rpc.rpc_sync("worker1", echo, args=(a,))
+            print(b.nbytes, float(b[0]), float(b[-1]), b.flags.writeable,
+                  np.shares_memory(a, b))
+        rpc.shutdown()
+    """)
+    assert out == ["[67108864, 1.0, 7.0]", "peak grew by less than a quarter of the array: True",
+                   "67108864 3.0", "67108864 3.0 7.0 True False"]
+
+
 def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):
     out = run(tmp_path, """
         import signal, threading

@@ -1125,6 +1125,63 @@ static void test_codec_zero_copy_send_borrows_tensor_memory(void **state) {
     free(want);
 }
 
+/* VALUE-10: the caller's own memory, handed back exactly once when the
+ * value and the frame that sends it are both gone. */
+static int borrow_released;
+static void borrow_release(void *ctx) {
+    borrow_released++;
+    free(ctx);
+}
+
+static void test_codec_zero_copy_send_borrowed_tensor(void **state) {
+    (void)state;
+    float *mem = malloc((size_t)ZC_ELEMS * 4);
+    assert_non_null(mem);
+    for (int64_t i = 0; i < ZC_ELEMS; i++)
+        mem[i] = (float)i;
+    int64_t shape[1] = {ZC_ELEMS};
+    borrow_released = 0;
+    tp_value *t = tp_value_tensor_borrow(TP_DTYPE_FLOAT32, 1, shape, mem, borrow_release, mem);
+    assert_non_null(t);
+    assert_ptr_equal(tp_tensor_cdata(t), mem);
+    assert_ptr_equal(tp_tensor_data(t), mem); /* nobody shares it yet: no copy */
+    assert_int_equal(tp_tensor_numel(t), ZC_ELEMS);
+    tp_value *copy = tp_value_clone(t);
+    assert_non_null(copy);
+    assert_ptr_not_equal(tp_tensor_cdata(copy), mem);
+    assert_true(tp_value_equal(copy, t));
+
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.value = t;
+    tp_frame *f = zc_encode(&m);
+    assert_int_equal(f->nseg, 2);
+    assert_ptr_equal(f->seg[1].base, mem); /* sent from the caller's memory */
+    tp_value_free(t);
+    assert_int_equal(borrow_released, 0); /* the frame still reads it */
+    tpi_msg d;
+    tp_frame *flat = tp_frame_flatten(f);
+    assert_non_null(flat);
+    assert_int_equal(tpi_msg_decode(flat, NULL, &d, err, sizeof err), TP_OK);
+    assert_true(tp_value_equal(d.value, copy));
+    tpi_msg_clear(&d);
+    tp_frame_free(flat);
+    tp_frame_free(f);
+    assert_int_equal(borrow_released, 1);
+    tp_value_free(copy);
+
+    /* Refused: no memory, misaligned memory, no callback, a bad shape. */
+    uint64_t words[2] = {0, 0};
+    int64_t two[1] = {2}, neg[1] = {-1};
+    assert_null(tp_value_tensor_borrow(TP_DTYPE_FLOAT32, 1, two, NULL, borrow_release, NULL));
+    assert_null(tp_value_tensor_borrow(TP_DTYPE_FLOAT32, 1, two, (uint8_t *)words + 1,
+                                       borrow_release, NULL));
+    assert_null(tp_value_tensor_borrow(TP_DTYPE_FLOAT32, 1, two, words, NULL, NULL));
+    assert_null(tp_value_tensor_borrow(TP_DTYPE_FLOAT32, 1, neg, words, borrow_release, NULL));
+    assert_null(tp_value_tensor_borrow((tp_dtype)99, 1, two, words, borrow_release, NULL));
+    assert_int_equal(borrow_released, 1);
+}
+
 static void test_codec_zero_copy_send_limits(void **state) {
     (void)state;
     /* Small and strided tensors are copied: one segment. */
@@ -1356,6 +1413,7 @@ int main(void) {
         cmocka_unit_test(test_codec_rref_hook_failure_reported),
         cmocka_unit_test(test_codec_values_per_message_limit),
         cmocka_unit_test(test_codec_zero_copy_send_borrows_tensor_memory),
+        cmocka_unit_test(test_codec_zero_copy_send_borrowed_tensor),
         cmocka_unit_test(test_codec_zero_copy_send_limits),
         cmocka_unit_test(test_codec_zero_copy_receive_views_frame),
         cmocka_unit_test(test_codec_zero_copy_receive_shared_and_failures),
