@@ -568,6 +568,8 @@ tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const c
     return st;
 }
 
+static int abandoned_has(const tp_core *c, tpi_gid id);
+
 static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
     tpi_rref_ctx *rc = ctx;
     tp_core *c = rc->core;
@@ -594,8 +596,30 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
             send_accept(c, w->parent, w->fork_id);
     } else if (w->owner == c->rank) {
         tpi_owner *o = tpi_idmap_get(&c->owners, w->rref_id);
-        if (!o) {
+        if (!o && w->rref_id.worker != c->rank) {
+            /* RREF-6, RREF-20: its remote() is not here, yet or ever (lost
+             * with a broken connection, its creator abandoned it or died).
+             * A placeholder, as a fork would make; failed at once when it
+             * can never be filled, so the handle sees the one fact. */
+            o = tpi_owner_get_or_create(c, w->rref_id);
+            int abandoned = o && abandoned_has(c, w->rref_id);
+            if (o && (abandoned || tpi_rref_creator_gone(c, w->rref_id))) {
+                char msg[TP_ERRMSG_LEN_MAX];
+                tpi_format(msg, sizeof msg, "rref %u:%llu: %s before the owner '%s' heard of it",
+                           w->rref_id.worker, (unsigned long long)w->rref_id.local,
+                           abandoned ? "its creation failed and its creator abandoned it"
+                                     : "its creator died",
+                           c->self.name);
+                tpi_owner_set(c, o, TP_EPEERDOWN, NULL, msg);
+            }
+        }
+        if (!o && w->rref_id.worker == c->rank) { /* ours, and gone: a forged or stale id */
             st = tpi_fail(TP_EPROTO, "rref %u:%llu is unknown on its owner '%s'",
+                          w->rref_id.worker, (unsigned long long)w->rref_id.local, c->self.name);
+            if (w->parent != c->rank)
+                send_accept(c, w->parent, w->fork_id); /* nothing here for it to keep alive */
+        } else if (!o) {
+            st = tpi_fail(TP_ENOMEM, "out of memory receiving rref %u:%llu on its owner '%s'",
                           w->rref_id.worker, (unsigned long long)w->rref_id.local, c->self.name);
         } else {
             r = tpi_rref_new_owner(c, o);
