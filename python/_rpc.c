@@ -30,6 +30,7 @@
 #define WAIT_SLICE_S 0.1 /* a blocking wait looks for Ctrl-C this often */
 
 static PyObject *dispatcher;   /* the Python layer's: (module, qualname, args, kwargs) -> value */
+static PyObject *method_dispatcher; /* the Python layer's: (object, name, args, kwargs) -> value */
 /* The call py_call serves on this thread, for answer_later; and whether the
  * function answered that way (then its return value is not the answer). */
 static _Thread_local tp_call *serving;
@@ -579,7 +580,7 @@ static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *
     (void)kwargs, (void)user_data;
     PyGILState_STATE g = gil_enter();
     tp_status st = TP_OK;
-    PyObject *self = NULL, *wire = NULL, *fn = NULL, *pargs = NULL, *out = NULL;
+    PyObject *self = NULL, *wire = NULL, *out = NULL;
     const tp_value *obj = tp_call_self(call);
     self = obj ? from_value(obj, 0) : NULL;
     wire = self ? from_value(args, 0) : NULL;
@@ -592,14 +593,26 @@ static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *
         st = TP_EPROTO;
         goto done;
     }
-    fn = PyObject_GetAttr(self, PyList_GET_ITEM(wire, 0));
-    pargs = fn ? PyList_AsTuple(PyList_GET_ITEM(wire, 1)) : NULL;
-    out = pargs ? PyObject_Call(fn, pargs, PyList_GET_ITEM(wire, 2)) : NULL;
+    if (!method_dispatcher) {
+        tp_call_set_error(call, "RuntimeError: no Python method dispatcher is registered");
+        st = TP_EINVAL;
+        goto done;
+    }
+    tp_call *outer = serving;
+    serving = call;
+    answered_later = 0;
+    out = PyObject_CallFunctionObjArgs(method_dispatcher, self, PyList_GET_ITEM(wire, 0),
+                                       PyList_GET_ITEM(wire, 1), PyList_GET_ITEM(wire, 2), NULL);
+    int later = answered_later;
+    serving = outer;
+    answered_later = 0;
     if (!out) {
         exception_to_call(call);
         st = TP_EREMOTE;
         goto done;
     }
+    if (later) /* FUNC-7, METHOD-4: the future answers */
+        goto done;
     *result = to_value(out, "the result", 0, 1);
     if (!*result) {
         exception_to_call(call);
@@ -608,8 +621,6 @@ static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *
 done:
     Py_XDECREF(self);
     Py_XDECREF(wire);
-    Py_XDECREF(fn);
-    Py_XDECREF(pargs);
     Py_XDECREF(out);
     PyGILState_Release(g);
     return st;
@@ -1055,6 +1066,20 @@ static PyObject *m_future_new(PyObject *self, PyObject *unused) {
     return future_wrap(f);
 }
 
+/* rref_from_value(value): an rref this worker owns holding value (RREF-17,
+ * PyTorch's RRef(value)); objects stay Python objects on this worker. */
+static PyObject *m_rref_from_value(PyObject *self, PyObject *value) {
+    (void)self;
+    tp_value *v = to_value(value, "RRef(value)", 0, 1);
+    if (!v)
+        return NULL;
+    tp_rref *r = NULL;
+    tp_status st = tp_rref_from_value(v, &r); /* takes v */
+    if (st != TP_OK)
+        return raise_last(st);
+    return rref_wrap(r);
+}
+
 /* answer_later(future): the function being served on this thread answers
  * with that future's outcome (FUNC-7, @async_execution). */
 static PyObject *m_answer_later(PyObject *self, PyObject *fut) {
@@ -1071,11 +1096,16 @@ static PyObject *m_answer_later(PyObject *self, PyObject *fut) {
     Py_RETURN_NONE;
 }
 
-static PyObject *m_set_dispatcher(PyObject *self, PyObject *fn) {
+/* set_dispatcher(functions, methods): the Python layer's two entry points. */
+static PyObject *m_set_dispatcher(PyObject *self, PyObject *args) {
     (void)self;
-    if (!PyCallable_Check(fn))
-        return PyErr_Format(PyExc_TypeError, "the dispatcher must be callable");
+    PyObject *fn, *meth;
+    if (!PyArg_ParseTuple(args, "OO", &fn, &meth))
+        return NULL;
+    if (!PyCallable_Check(fn) || !PyCallable_Check(meth))
+        return PyErr_Format(PyExc_TypeError, "the dispatchers must be callable");
     Py_XSETREF(dispatcher, Py_NewRef(fn));
+    Py_XSETREF(method_dispatcher, Py_NewRef(meth));
     Py_RETURN_NONE;
 }
 
@@ -1086,8 +1116,9 @@ static PyMethodDef module_methods[] = {
     {"rref_call", m_rref_call, METH_VARARGS, NULL},
     {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
     {"is_available", m_is_available, METH_NOARGS, NULL},
-    {"set_dispatcher", m_set_dispatcher, METH_O, NULL},
+    {"set_dispatcher", m_set_dispatcher, METH_VARARGS, NULL},
     {"future_new", m_future_new, METH_NOARGS, NULL},
+    {"rref_from_value", m_rref_from_value, METH_O, NULL},
     {"answer_later", m_answer_later, METH_O, NULL},
     {NULL, NULL, 0, NULL}};
 

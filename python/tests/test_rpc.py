@@ -227,6 +227,50 @@ def test_large_array_is_sent_from_its_own_memory(tmp_path):
                    "67108864 3.0", "67108864 3.0 7.0 True False"]
 
 
+def test_new_method_and_method_values(tmp_path):
+    """Methods see arrays and rrefs as functions do, may answer later, and
+    new_method adds one a class does not define."""
+    out = run(tmp_path, """
+        import numpy as np
+
+        class Store:
+            def __init__(self):
+                self.items = []
+            def put(self, a):
+                self.items.append(a)
+                return [type(a).__name__, a.dtype.name, a.shape]
+            def share(self):
+                return rpc.RRef(len(self.items))
+            @rpc.functions.async_execution
+            def later(self, k):
+                f = rpc.Future()
+                f.set_result(k * 10)
+                return f
+
+        class Sub(Store):
+            pass
+
+        def count(store, plus=0):
+            return len(store.items) + plus
+
+        rpc.init_rpc("worker%d" % rank)
+        rpc.new_method(Store, "count", count)
+        try:
+            rpc.new_method(Store, "count", count)
+        except RuntimeError as e:
+            print("twice:", "already registered" in str(e))
+        if rank == 0:
+            s = rpc.remote("worker1", Sub)
+            print(s.rpc_sync().put(np.zeros((2, 3), dtype=np.int32)))
+            print(s.rpc_sync().count(plus=5), s.rpc_async().later(4).wait())
+            r = s.rpc_sync().share()
+            print(type(r).__name__, r.to_here())
+            del s, r
+        rpc.shutdown()
+    """)
+    assert out == ["twice: True", "['ndarray', 'int32', [2, 3]]", "6 40", "RRef 1"]
+
+
 def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):
     out = run(tmp_path, """
         import signal, threading

@@ -14,9 +14,11 @@ as a list), dict with str keys, RRef and C-contiguous numpy arrays (as
 tensors: dtype and shape kept); nothing is pickled. remote(to, SomeClass)
 keeps the object on its owner, reached through rref.rpc_sync().method().
 
-Not yet (issue 10): new_method (methods are found on the object's class),
-allow_pickle, sending an array without a copy (it is copied once into the
-message, and once out of it on receipt), and tuples kept as tuples.
+An array of 64 KiB or more is sent from its own buffer (do not write it until
+the call completes) and received as an array viewing the received message.
+new_method(cls, name, fn) adds a method that rref proxies can call.
+
+Not yet (issue 10): allow_pickle, and tuples kept as tuples.
 """
 import builtins
 import os
@@ -28,7 +30,8 @@ __all__ = [
     "BackendType", "RRef", "RemoteError", "TensorPipeRpcBackendOptions", "WorkerInfo", "Future",
     "functions",
     "construct_rpc_backend_options", "get_worker_info", "init_backend", "init_rpc",
-    "is_available", "method_factory", "register_backend", "remote", "rpc_async", "rpc_sync",
+    "is_available", "method_factory", "new_method", "register_backend", "remote", "rpc_async",
+    "rpc_sync",
     "shutdown", "wait_all",
 ]
 
@@ -93,7 +96,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     if init_method == "env://":
         init_method = None  # the backend's own default reads the same variables
     init_timeout = -1.0 if opts.init_timeout is None else float(opts.init_timeout)
-    _rpc.set_dispatcher(_dispatch)
+    _rpc.set_dispatcher(_dispatch, _dispatch_method)
     _rpc.init_rpc(name, backend or BackendType.TENSORPIPE, rank, world_size,
                   float(opts.rpc_timeout), init_timeout, int(opts.num_worker_threads),
                   init_method)
@@ -167,14 +170,46 @@ def _dispatch(wire_args, wire_kwargs):
         obj = getattr(obj, part, None)
         if obj is None:
             raise LookupError("function %s.%s is not defined on this worker" % (module, qualname))
-    result = obj(*args, **kwargs)
-    if getattr(obj, "_tp_async_execution", False):
+    return _answer(obj, obj(*args, **kwargs), "%s.%s" % (module, qualname))
+
+
+def _answer(fn, result, what):
+    """A served function's (or method's) result as the C layer takes it."""
+    if getattr(fn, "_tp_async_execution", False):
         if not isinstance(result, Future):
-            raise TypeError("%s.%s is marked async_execution but returned %s, not a Future"
-                            % (module, qualname, type(result).__name__))
+            raise TypeError("%s is marked async_execution but returned %s, not a Future"
+                            % (what, type(result).__name__))
         _rpc.answer_later(result._core)  # the reply goes when the future completes
         return None
     return _unwrap(result)
+
+
+_methods = {}  # (class, name) -> fn(obj, *args, **kwargs), from new_method
+
+
+def new_method(cls, method_name, fn):
+    """Registers fn(obj, *args, **kwargs) as method method_name of cls's
+    objects on this worker (the C API's new_method): rref.rpc_sync().name()
+    on an rref to such an object, or to one of a subclass, runs it. It comes
+    before a method the class defines itself; registering one twice is an
+    error."""
+    if not isinstance(cls, type) or not callable(fn) or not isinstance(method_name, str):
+        raise TypeError("new_method(cls, method_name, fn): a class, a str and a callable")
+    if (cls, method_name) in _methods:
+        raise RuntimeError("method %s.%s is already registered on this worker"
+                           % (cls.__qualname__, method_name))
+    _methods[(cls, method_name)] = fn
+
+
+def _dispatch_method(obj, name, args, kwargs):
+    """The owner's side of a method call on an rref's object (from C, GIL held)."""
+    args, kwargs = _wrap(args), _wrap(kwargs)
+    for klass in type(obj).__mro__:
+        fn = _methods.get((klass, name))
+        if fn is not None:
+            return _answer(fn, fn(obj, *args, **kwargs), "%s.%s" % (klass.__qualname__, name))
+    bound = getattr(obj, name)  # AttributeError names the method and the class
+    return _answer(bound, bound(*args, **kwargs), "%s.%s" % (type(obj).__qualname__, name))
 
 
 class functions:
@@ -262,10 +297,14 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=_DEFAULT):
 
 
 class RRef:
-    """A reference to a value on its owner: to_here(), owner(), is_owner() and the rest."""
+    """A reference to a value on its owner: to_here(), owner(), is_owner() and the rest.
+    RRef(value) makes one this worker owns, holding value (PyTorch's RRef(value))."""
 
-    def __init__(self, core):
-        self._core = core
+    def __init__(self, value):
+        if isinstance(value, _rpc.RRef):
+            self._core = value
+        else:
+            self._core = _rpc.rref_from_value(_unwrap(value))
 
     def to_here(self, timeout=_DEFAULT):
         return _wrap(_raise_remote(lambda: self._core.to_here(float(timeout))))
