@@ -502,7 +502,7 @@ static void tensor_write(enc *e, const tp_value *v) {
 static tp_status value_write(enc *e, const tp_value *v) {
     tpi_wbuf *b = e->b;
     tp_kind kind = tp_value_kind(v);
-    tpi_wbuf_u8(b, (uint8_t)kind);
+    tpi_wbuf_u8(b, tp_list_is_tuple(v) ? TPI_TAG_TUPLE : (uint8_t)kind);
     switch (kind) {
     case TP_KIND_BOOL: {
         int x = 0;
@@ -639,11 +639,12 @@ static tp_value *nomem(tpi_rbuf *r, const char *what, size_t at) {
     return NULL;
 }
 
-static tp_value *decode_list(tpi_rbuf *r, const tpi_codec_hooks *hooks, int depth, size_t at) {
+static tp_value *decode_list(tpi_rbuf *r, const tpi_codec_hooks *hooks, int depth, size_t at,
+                             int tuple) {
     uint32_t n;
-    if (!depth_ok(r, depth, at) || !count_ok(r, "list", at, &n, 1))
+    if (!depth_ok(r, depth, at) || !count_ok(r, tuple ? "tuple" : "list", at, &n, 1))
         return NULL;
-    tp_value *list = tp_value_list();
+    tp_value *list = tuple ? tp_value_tuple() : tp_value_list();
     if (!list || tpi_list_reserve(list, n) != TP_OK) {
         tp_value_free(list);
         return nomem(r, "list", at);
@@ -893,7 +894,8 @@ static tp_value *decode_value(tpi_rbuf *r, const tpi_codec_hooks *hooks, int dep
         break;
     }
     case TP_KIND_LIST:
-        return decode_list(r, hooks, depth, at);
+    case TPI_TAG_TUPLE:
+        return decode_list(r, hooks, depth, at, tag == TPI_TAG_TUPLE);
     case TP_KIND_MAP:
         return decode_map(r, hooks, depth, at);
     case TP_KIND_TENSOR:

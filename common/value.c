@@ -53,6 +53,7 @@ struct tp_value {
      * for a container of scalars), at most TPI_VALUE_DEPTH_MAX. */
     tp_value *parent;
     uint8_t height;
+    uint8_t tuple; /* a list that is a tuple (VALUE-11) */
     union {
         int b;
         int64_t i;
@@ -249,6 +250,17 @@ tp_value *tp_value_bytes(const void *data, size_t len) {
 
 tp_value *tp_value_list(void) {
     return value_new(TP_KIND_LIST);
+}
+
+tp_value *tp_value_tuple(void) {
+    tp_value *v = value_new(TP_KIND_LIST);
+    if (v)
+        v->tuple = 1;
+    return v;
+}
+
+int tp_list_is_tuple(const tp_value *list) {
+    return list && list->kind == TP_KIND_LIST && list->tuple;
 }
 
 tp_value *tp_value_map(void) {
@@ -1046,7 +1058,7 @@ static void value_free(tp_value *v) {
 }
 
 static tp_value *list_clone(const tp_value *v) {
-    tp_value *c = tp_value_list();
+    tp_value *c = v->tuple ? tp_value_tuple() : tp_value_list();
     if (!c || tpi_list_reserve(c, v->u.list.len) != TP_OK)
         goto fail;
     for (size_t i = 0; i < v->u.list.len; i++) {
@@ -1149,7 +1161,7 @@ int tp_value_equal(const tp_value *a, const tp_value *b) {
         return a->u.blob.len == b->u.blob.len &&
                memcmp(a->u.blob.data, b->u.blob.data, a->u.blob.len) == 0;
     case TP_KIND_LIST:
-        if (a->u.list.len != b->u.list.len)
+        if (a->u.list.len != b->u.list.len || a->tuple != b->tuple)
             return 0;
         for (size_t i = 0; i < a->u.list.len; i++)
             if (!tp_value_equal(a->u.list.items[i], b->u.list.items[i]))
@@ -1275,13 +1287,15 @@ static void fmt_value(fmt_out *o, const tp_value *v) {
         fmt_quoted(o, v->u.blob.data, v->u.blob.len, 1);
         break;
     case TP_KIND_LIST:
-        fmt_put(o, "[", 1);
+        fmt_put(o, v->tuple ? "(" : "[", 1);
         for (size_t i = 0; i < v->u.list.len && !fmt_full(o); i++) {
             if (i)
                 fmt_put(o, ", ", 2);
             fmt_value(o, v->u.list.items[i]);
         }
-        fmt_put(o, "]", 1);
+        if (v->tuple && v->u.list.len == 1)
+            fmt_put(o, ",", 1);
+        fmt_put(o, v->tuple ? ")" : "]", 1);
         break;
     case TP_KIND_MAP:
         fmt_put(o, "{", 1);

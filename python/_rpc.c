@@ -4,7 +4,7 @@
  *
  * What it does:
  * - Values cross between Python and tp_value here (to_value, from_value):
- *   None, bool, int (64-bit), float, str, bytes, list, tuple (as a list),
+ *   None, bool, int (64-bit), float, str, bytes, list, tuple,
  *   dict with str keys, RRef. Anything else is a TypeError naming the type
  *   and where it was found. No pickle: a peer's bytes never become code.
  * - One C function, "py:call", serves every Python call: it takes the GIL
@@ -106,8 +106,8 @@ static tp_value *type_error(PyObject *o, const char *where) {
     return NULL;
 }
 
-static tp_value *seq_value(PyObject *o, const char *where, int depth, int objects) {
-    tp_value *list = tp_value_list();
+static tp_value *seq_value(PyObject *o, const char *where, int depth, int objects, int tuple) {
+    tp_value *list = tuple ? tp_value_tuple() : tp_value_list();
     if (!list)
         return (tp_value *)PyErr_NoMemory();
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
@@ -159,7 +159,7 @@ static tp_value *to_value(PyObject *o, const char *where, int depth, int objects
         PyObject *fast = PySequence_Fast(o, "a list");
         if (!fast)
             return NULL;
-        v = seq_value(fast, where, depth, objects);
+        v = seq_value(fast, where, depth, objects, PyTuple_Check(o));
         Py_DECREF(fast);
         return v;
     } else if (PyDict_Check(o)) {
@@ -432,16 +432,20 @@ static PyObject *from_value(const tp_value *v, int depth) {
         tp_value_get_bytes(v, &p, &len);
         return PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
     }
-    case TP_KIND_LIST: {
+    case TP_KIND_LIST: { /* a tuple stays one (VALUE-11) */
         size_t n = tp_list_len(v);
-        PyObject *list = PyList_New((Py_ssize_t)n);
+        int tuple = tp_list_is_tuple(v);
+        PyObject *list = tuple ? PyTuple_New((Py_ssize_t)n) : PyList_New((Py_ssize_t)n);
         for (size_t i = 0; list && i < n; i++) {
             PyObject *x = from_value(tp_list_get(v, i), depth + 1);
             if (!x) {
                 Py_DECREF(list);
                 return NULL;
             }
-            PyList_SET_ITEM(list, (Py_ssize_t)i, x);
+            if (tuple)
+                PyTuple_SET_ITEM(list, (Py_ssize_t)i, x);
+            else
+                PyList_SET_ITEM(list, (Py_ssize_t)i, x);
         }
         return list;
     }
@@ -585,7 +589,8 @@ static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *
     self = obj ? from_value(obj, 0) : NULL;
     wire = self ? from_value(args, 0) : NULL;
     if (!wire || !PyList_Check(wire) || PyList_GET_SIZE(wire) != 3 ||
-        !PyUnicode_Check(PyList_GET_ITEM(wire, 0)) || !PyList_Check(PyList_GET_ITEM(wire, 1)) ||
+        !PyUnicode_Check(PyList_GET_ITEM(wire, 0)) ||
+        !(PyList_Check(PyList_GET_ITEM(wire, 1)) || PyTuple_Check(PyList_GET_ITEM(wire, 1))) ||
         !PyDict_Check(PyList_GET_ITEM(wire, 2))) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "a method call is [name, args, kwargs]");

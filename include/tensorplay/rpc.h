@@ -153,6 +153,11 @@ tp_value *tp_value_str(const char *s);                 /* s borrowed, copied */
 tp_value *tp_value_strn(const char *s, size_t len);    /* s borrowed, copied */
 tp_value *tp_value_bytes(const void *data, size_t len); /* data borrowed, copied */
 tp_value *tp_value_list(void);                          /* empty list */
+/* An empty list that is a tuple (VALUE-11): a list in every way, kept as a
+ * tuple through sending, cloning and formatting, for languages that have
+ * both (Python). tp_list_is_tuple: 1 for one, 0 for anything else. */
+tp_value *tp_value_tuple(void);
+int tp_list_is_tuple(const tp_value *list);
 tp_value *tp_value_map(void);                           /* empty map */
 tp_value *tp_value_worker_info(const tp_worker_info *info); /* borrowed, copied */
 

@@ -62,11 +62,12 @@ def test_calls_and_values(tmp_path):
             print(rpc.rpc_sync(other, echo, args=([1, -2**63, "x", b"y", None, True, 2.5,
                                                    {"k": [1, {"n": None}]}],)))
             print(rpc.rpc_sync("worker1", echo, args=((1, 2),)))
+            print(rpc.rpc_sync("worker1", echo, args=([(), (1,), [(2, [3])]],)))
         rpc.shutdown()
     """)
     assert out == ["7", "15", "worker0 0 True 1",
                    "[1, -9223372036854775808, 'x', b'y', None, True, 2.5, {'k': [1, {'n': None}]}]",
-                   "[1, 2]"]
+                   "(1, 2)", "[(), (1,), [(2, [3])]]"]
 
 
 def test_errors_keep_their_type_and_name_the_worker(tmp_path):
@@ -268,7 +269,7 @@ def test_new_method_and_method_values(tmp_path):
             del s, r
         rpc.shutdown()
     """)
-    assert out == ["twice: True", "['ndarray', 'int32', [2, 3]]", "6 40", "RRef 1"]
+    assert out == ["twice: True", "['ndarray', 'int32', (2, 3)]", "6 40", "RRef 1"]
 
 
 def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):

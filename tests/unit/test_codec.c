@@ -203,6 +203,22 @@ static void test_codec_roundtrip_containers(void **state) {
     assert_string_equal(tp_map_key_at(bm, 2), "a");
     tp_value_free(back);
     tp_value_free(nested);
+    /* tuples stay tuples, nested or not, and differ from lists (VALUE-11) */
+    tp_value *tup = tp_value_tuple();
+    tp_list_append(tup, tp_value_int(1));
+    tp_list_append(tup, tp_value_tuple());
+    tp_value *outer = tp_value_list_of(2, tup, tp_value_list_of(1, tp_value_int(1)));
+    back = roundtrip(outer);
+    assert_true(tp_value_equal(outer, back));
+    assert_true(tp_list_is_tuple(tp_list_get(back, 0)));
+    assert_true(tp_list_is_tuple(tp_list_get(tp_list_get(back, 0), 1)));
+    assert_false(tp_list_is_tuple(tp_list_get(back, 1)));
+    assert_false(tp_list_is_tuple(back));
+    char text[64];
+    tp_value_format(back, text, sizeof text);
+    assert_string_equal(text, "[(1, ()), [1]]");
+    tp_value_free(back);
+    tp_value_free(outer);
     /* a wide list */
     tp_value *wide = tp_value_list();
     for (int i = 0; i < 1000; i++)

@@ -574,6 +574,28 @@ static void test_value_rref_holds_own_reference(void **state) {
 
 /* ---- Format ---------------------------------------------------------------------- */
 
+static void test_value_tuples(void **state) {
+    (void)state;
+    char buf[64];
+    tp_value *t = tp_value_tuple(), *l = tp_value_list();
+    assert_int_equal(tp_value_kind(t), TP_KIND_LIST);
+    assert_true(tp_list_is_tuple(t));
+    assert_false(tp_list_is_tuple(l));
+    assert_false(tp_list_is_tuple(NULL));
+    assert_false(tp_value_equal(t, l)); /* () is not [] */
+    assert_int_equal(tp_list_append(t, tp_value_int(7)), TP_OK);
+    assert_int_equal(tp_list_append(l, tp_value_int(7)), TP_OK);
+    assert_false(tp_value_equal(t, l));
+    tp_value_format(t, buf, sizeof buf);
+    assert_string_equal(buf, "(7,)");
+    tp_value *c = tp_value_clone(t);
+    assert_true(tp_list_is_tuple(c));
+    assert_true(tp_value_equal(c, t));
+    tp_value_free(c);
+    tp_value_free(t);
+    tp_value_free(l);
+}
+
 static void test_value_format_reads_like_python(void **state) {
     (void)state;
     char buf[256];
@@ -727,6 +749,7 @@ int main(void) {
         cmocka_unit_test(test_value_dtype_and_kind_names),
         cmocka_unit_test(test_value_clone_is_deep_and_equal),
         cmocka_unit_test(test_value_equal_rules),
+        cmocka_unit_test(test_value_tuples),
         cmocka_unit_test(test_value_object_lifecycle),
         cmocka_unit_test(test_value_worker_info_copied),
         cmocka_unit_test(test_value_rref_holds_own_reference),

@@ -9,8 +9,8 @@ torch.distributed.rpc API, over the C library tensorplay-rpc).
 Functions travel as their qualified name (module and qualname); the callee
 finds the same function among the modules its program has already imported
 (``__main__`` included) and never imports a module because a peer named it.
-Values are None, bool, int (64-bit), float, str, bytes, list, tuple (arriving
-as a list), dict with str keys, RRef and C-contiguous numpy arrays (as
+Values are None, bool, int (64-bit), float, str, bytes, list, tuple, dict
+with str keys, RRef and C-contiguous numpy arrays (as
 tensors: dtype and shape kept); nothing is pickled. remote(to, SomeClass)
 keeps the object on its owner, reached through rref.rpc_sync().method().
 
@@ -18,7 +18,7 @@ An array of 64 KiB or more is sent from its own buffer (do not write it until
 the call completes) and received as an array viewing the received message.
 new_method(cls, name, fn) adds a method that rref proxies can call.
 
-Not yet (issue 10): allow_pickle, and tuples kept as tuples.
+Not yet (issue 10): allow_pickle.
 """
 import builtins
 import os
@@ -142,6 +142,8 @@ def _wrap(v):
         return numpy.frombuffer(v, dtype=v.dtype).reshape(v.shape)
     if isinstance(v, list):
         return [_wrap(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_wrap(x) for x in v)
     if isinstance(v, dict):
         return {k: _wrap(x) for k, x in v.items()}
     return v
@@ -151,8 +153,10 @@ def _unwrap(v):
     """Values to send: RRef becomes the C layer's rref."""
     if isinstance(v, RRef):
         return v._core
-    if isinstance(v, (list, tuple)):
+    if isinstance(v, list):
         return [_unwrap(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_unwrap(x) for x in v)
     if isinstance(v, dict):
         return {k: _unwrap(x) for k, x in v.items()}
     return v
