@@ -502,7 +502,9 @@ static void tensor_write(enc *e, const tp_value *v) {
 static tp_status value_write(enc *e, const tp_value *v) {
     tpi_wbuf *b = e->b;
     tp_kind kind = tp_value_kind(v);
-    tpi_wbuf_u8(b, tp_list_is_tuple(v) ? TPI_TAG_TUPLE : (uint8_t)kind);
+    tpi_wbuf_u8(b, tp_list_is_tuple(v)     ? TPI_TAG_TUPLE
+                   : tp_bytes_is_opaque(v) ? TPI_TAG_OPAQUE
+                                           : (uint8_t)kind);
     switch (kind) {
     case TP_KIND_BOOL: {
         int x = 0;
@@ -885,12 +887,17 @@ static tp_value *decode_value(tpi_rbuf *r, const tpi_codec_hooks *hooks, int dep
         break;
     }
     case TP_KIND_STR:
-    case TP_KIND_BYTES: {
+    case TP_KIND_BYTES:
+    case TPI_TAG_OPAQUE: {
         const char *s;
         uint32_t n;
         if (!tpi_rbuf_str(r, &s, &n, (uint32_t)TPI_BLOB_LEN_MAX))
             return NULL;
-        v = tag == TP_KIND_STR ? tp_value_strn(s, n) : tp_value_bytes(s, n);
+        v = tag == TP_KIND_STR     ? tp_value_strn(s, n)
+            : tag == TP_KIND_BYTES ? tp_value_bytes(s, n)
+                                   : tp_value_opaque(s, n);
+        if (!v)
+            return nomem(r, tag == TP_KIND_STR ? "str" : "bytes", at);
         break;
     }
     case TP_KIND_LIST:

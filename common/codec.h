@@ -16,9 +16,10 @@
 
 #include "limits.h"
 
-/* Value tags (WIRE-3) are the tp_kind numbers, and one more: a list that is
- * a tuple (VALUE-11). */
+/* Value tags (WIRE-3) are the tp_kind numbers, and two more: a list that is
+ * a tuple (VALUE-11), bytes that are opaque (VALUE-12). */
 #define TPI_TAG_TUPLE 12
+#define TPI_TAG_OPAQUE 13 /* bytes marked opaque (VALUE-12) */
 
 /* ---- Frame header (WIRE-1) --------------------------------------------- */
 /*  0 u32 magic "TPRC" (0x54 0x50 0x52 0x43 in byte order)

@@ -53,7 +53,8 @@ struct tp_value {
      * for a container of scalars), at most TPI_VALUE_DEPTH_MAX. */
     tp_value *parent;
     uint8_t height;
-    uint8_t tuple; /* a list that is a tuple (VALUE-11) */
+    uint8_t tuple;  /* a list that is a tuple (VALUE-11) */
+    uint8_t opaque; /* bytes a language binding's own serialization made (VALUE-12) */
     union {
         int b;
         int64_t i;
@@ -246,6 +247,17 @@ tp_value *tp_value_strn(const char *s, size_t len) {
 
 tp_value *tp_value_bytes(const void *data, size_t len) {
     return blob_new(TP_KIND_BYTES, data, len);
+}
+
+tp_value *tp_value_opaque(const void *data, size_t len) {
+    tp_value *v = blob_new(TP_KIND_BYTES, data, len);
+    if (v)
+        v->opaque = 1;
+    return v;
+}
+
+int tp_bytes_is_opaque(const tp_value *v) {
+    return v && v->kind == TP_KIND_BYTES && v->opaque;
 }
 
 tp_value *tp_value_list(void) {
@@ -1107,8 +1119,10 @@ tp_value *tp_value_clone(const tp_value *v) {
     case TP_KIND_FLOAT:
         return tp_value_float(v->u.d);
     case TP_KIND_STR:
-    case TP_KIND_BYTES:
         return blob_new(v->kind, v->u.blob.data, v->u.blob.len);
+    case TP_KIND_BYTES:
+        return v->opaque ? tp_value_opaque(v->u.blob.data, v->u.blob.len)
+                         : blob_new(v->kind, v->u.blob.data, v->u.blob.len);
     case TP_KIND_LIST:
         return list_clone(v);
     case TP_KIND_MAP:
@@ -1158,7 +1172,7 @@ int tp_value_equal(const tp_value *a, const tp_value *b) {
         return a->u.d == b->u.d || (isnan(a->u.d) && isnan(b->u.d));
     case TP_KIND_STR:
     case TP_KIND_BYTES:
-        return a->u.blob.len == b->u.blob.len &&
+        return a->u.blob.len == b->u.blob.len && a->opaque == b->opaque &&
                memcmp(a->u.blob.data, b->u.blob.data, a->u.blob.len) == 0;
     case TP_KIND_LIST:
         if (a->u.list.len != b->u.list.len || a->tuple != b->tuple)
@@ -1283,8 +1297,12 @@ static void fmt_value(fmt_out *o, const tp_value *v) {
         fmt_quoted(o, v->u.blob.data, v->u.blob.len, 0);
         break;
     case TP_KIND_BYTES:
+        if (v->opaque)
+            fmt_puts(o, "opaque(");
         fmt_put(o, "b", 1);
         fmt_quoted(o, v->u.blob.data, v->u.blob.len, 1);
+        if (v->opaque)
+            fmt_put(o, ")", 1);
         break;
     case TP_KIND_LIST:
         fmt_put(o, v->tuple ? "(" : "[", 1);

@@ -62,7 +62,7 @@ static tp_value *every_kind(void) {
     tp_map_set(kw, "beta", tp_value_list_of(2, tp_value_int(1), tp_value_nil()));
     tp_value *tuple = tp_value_tuple(); /* VALUE-11: tag 12 */
     tp_list_append(tuple, tp_value_int(7));
-    return tp_value_list_of(11, tp_value_nil(), tp_value_bool(1), tp_value_int(-123456789),
+    return tp_value_list_of(12, tp_value_opaque("\x80\x04N.", 4), tp_value_nil(), tp_value_bool(1), tp_value_int(-123456789),
                             tp_value_float(3.5), tp_value_str("hello"),
                             tp_value_bytes("\x00\x01\xff", 3),
                             tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, NULL, data),

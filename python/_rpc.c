@@ -36,6 +36,10 @@ static PyObject *method_dispatcher; /* the Python layer's: (object, name, args, 
 static _Thread_local tp_call *serving;
 static _Thread_local int answered_later;
 static PyObject *RemoteError;  /* raised for TP_EREMOTE, carrying the remote message */
+/* allow_pickle (VALUE-12): other objects travel pickled in opaque bytes, and
+ * opaque bytes that arrive are unpickled. Off unless the program asks. */
+static int allow_pickle;
+static PyObject *pickle_module;
 static PyTypeObject FutureType, RRefType, TensorType;
 
 typedef struct {
@@ -97,6 +101,43 @@ static PyObject *raise_last(tp_status st) {
 /* ---- Values ---------------------------------------------------------------------------- */
 
 static tp_value *to_value(PyObject *o, const char *where, int depth, int objects);
+
+static int pickle_ready(void) {
+    if (!pickle_module)
+        pickle_module = PyImport_ImportModule("pickle");
+    return pickle_module != NULL;
+}
+
+/* An object no value kind holds, pickled (allow_pickle on this worker). */
+static tp_value *pickled_value(PyObject *o, const char *where) {
+    PyObject *b = pickle_ready() ? PyObject_CallMethod(pickle_module, "dumps", "Oi", o, -1) : NULL;
+    if (!b) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_TypeError, "%s: a value of type '%s' cannot be pickled: %S", where,
+                     Py_TYPE(o)->tp_name, value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    tp_value *v = tp_value_opaque(PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
+    Py_DECREF(b);
+    return v ? v : (tp_value *)PyErr_NoMemory();
+}
+
+/* Opaque bytes that arrived: unpickled only where allow_pickle is on. */
+static PyObject *unpickled(const void *p, size_t len) {
+    if (!allow_pickle)
+        return PyErr_Format(PyExc_TypeError,
+                            "a pickled object (%zu bytes) arrived, and this worker does not "
+                            "allow pickle (TensorPipeRpcBackendOptions(allow_pickle=True) "
+                            "turns it on, for trusted peers only)",
+                            len);
+    if (!pickle_ready())
+        return NULL;
+    return PyObject_CallMethod(pickle_module, "loads", "y#", (const char *)p, (Py_ssize_t)len);
+}
 
 static tp_value *type_error(PyObject *o, const char *where) {
     PyErr_Format(PyExc_TypeError,
@@ -188,6 +229,8 @@ static tp_value *to_value(PyObject *o, const char *where, int depth, int objects
         return buffer_value(o, where);
     } else if (objects) { /* a served result kept on its owner (remote) */
         return object_value(o);
+    } else if (allow_pickle) {
+        return pickled_value(o, where);
     } else {
         return type_error(o, where);
     }
@@ -430,6 +473,8 @@ static PyObject *from_value(const tp_value *v, int depth) {
         const void *p = NULL;
         size_t len = 0;
         tp_value_get_bytes(v, &p, &len);
+        if (tp_bytes_is_opaque(v))
+            return unpickled(p, len);
         return PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
     }
     case TP_KIND_LIST: { /* a tuple stays one (VALUE-11) */
@@ -533,6 +578,16 @@ static void exception_to_call(tp_call *call) {
     Py_XDECREF(tb);
 }
 
+/* Whether a served call's result keeps objects (remote(): the value stays
+ * on its owner) or must travel (rpc_sync: pickled under allow_pickle): the
+ * caller's flag at args[i], else keep. */
+static int keeps_objects(const tp_value *args, size_t i) {
+    int keep = 1;
+    if (tp_list_len(args) > i)
+        tp_value_get_bool(tp_list_get(args, i), &keep);
+    return keep;
+}
+
 static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kwargs,
                          tp_value **result, void *user_data) {
     (void)user_data;
@@ -565,7 +620,7 @@ static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kw
     }
     if (later) /* FUNC-7: the future answers; the return value is not the answer */
         goto done;
-    *result = to_value(out, "the result", 0, 1);
+    *result = to_value(out, "the result", 0, keeps_objects(args, 4));
     if (!*result) {
         exception_to_call(call);
         st = TP_ETYPE;
@@ -578,7 +633,7 @@ done:
     return st;
 }
 
-/* Every Python object's method: args [name, args, kwargs] on tp_call_self's object. */
+/* Every Python object's method: args [name, args, kwargs, keep] on tp_call_self's object. */
 static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *kwargs,
                            tp_value **result, void *user_data) {
     (void)kwargs, (void)user_data;
@@ -588,12 +643,12 @@ static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *
     const tp_value *obj = tp_call_self(call);
     self = obj ? from_value(obj, 0) : NULL;
     wire = self ? from_value(args, 0) : NULL;
-    if (!wire || !PyList_Check(wire) || PyList_GET_SIZE(wire) != 3 ||
+    if (!wire || !PyList_Check(wire) || PyList_GET_SIZE(wire) < 3 || PyList_GET_SIZE(wire) > 4 ||
         !PyUnicode_Check(PyList_GET_ITEM(wire, 0)) ||
         !(PyList_Check(PyList_GET_ITEM(wire, 1)) || PyTuple_Check(PyList_GET_ITEM(wire, 1))) ||
         !PyDict_Check(PyList_GET_ITEM(wire, 2))) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "a method call is [name, args, kwargs]");
+            PyErr_SetString(PyExc_TypeError, "a method call is [name, args, kwargs, keep]");
         exception_to_call(call);
         st = TP_EPROTO;
         goto done;
@@ -618,7 +673,7 @@ static tp_status py_method(tp_call *call, const tp_value *args, const tp_value *
     }
     if (later) /* FUNC-7, METHOD-4: the future answers */
         goto done;
-    *result = to_value(out, "the result", 0, 1);
+    *result = to_value(out, "the result", 0, keeps_objects(args, 3));
     if (!*result) {
         exception_to_call(call);
         st = TP_ETYPE;
@@ -924,15 +979,18 @@ static int parse_dest(PyObject *to, tp_dest *d) {
 }
 
 /* The wire arguments of a Python call: [module, qualname, args, kwargs]. */
+/* [module, qualname, args, kwargs, keep]: keep is 1 for remote(), whose
+ * result stays on the callee as an object when no value kind holds it. */
 static tp_value *call_args(const char *module, const char *qualname, PyObject *args,
-                           PyObject *kwargs) {
+                           PyObject *kwargs, int keep) {
     tp_value *a = to_value(args, "args", 1, 0);
     tp_value *k = a ? to_value(kwargs, "kwargs", 1, 0) : NULL;
     if (!k) {
         tp_value_free(a);
         return NULL;
     }
-    tp_value *v = tp_value_list_of(4, tp_value_str(module), tp_value_str(qualname), a, k);
+    tp_value *v = tp_value_list_of(5, tp_value_str(module), tp_value_str(qualname), a, k,
+                                   tp_value_bool(keep));
     if (!v)
         PyErr_NoMemory();
     return v;
@@ -952,7 +1010,7 @@ static PyObject *m_call(PyObject *self, PyObject *args) {
     tp_dest d;
     if (!parse_dest(to, &d))
         return NULL;
-    tp_value *wire = call_args(module, qualname, pargs, pkw);
+    tp_value *wire = call_args(module, qualname, pargs, pkw, remote);
     if (!wire)
         return NULL;
     tp_future *f = NULL;
@@ -979,7 +1037,8 @@ static PyObject *m_rref_call(PyObject *self, PyObject *args) {
         return NULL;
     tp_value *a = to_value(pargs, "args", 1, 0);
     tp_value *k = a ? to_value(pkw, "kwargs", 1, 0) : NULL;
-    tp_value *wire = k ? tp_value_list_of(3, tp_value_str(name), a, k) : NULL;
+    tp_value *wire =
+        k ? tp_value_list_of(4, tp_value_str(name), a, k, tp_value_bool(remote)) : NULL;
     if (!wire) {
         if (!k)
             tp_value_free(a);
@@ -1102,6 +1161,15 @@ static PyObject *m_answer_later(PyObject *self, PyObject *fut) {
 }
 
 /* set_dispatcher(functions, methods): the Python layer's two entry points. */
+static PyObject *m_set_allow_pickle(PyObject *self, PyObject *on) {
+    (void)self;
+    int v = PyObject_IsTrue(on);
+    if (v < 0)
+        return NULL;
+    allow_pickle = v;
+    Py_RETURN_NONE;
+}
+
 static PyObject *m_set_dispatcher(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *fn, *meth;
@@ -1122,6 +1190,7 @@ static PyMethodDef module_methods[] = {
     {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
     {"is_available", m_is_available, METH_NOARGS, NULL},
     {"set_dispatcher", m_set_dispatcher, METH_VARARGS, NULL},
+    {"set_allow_pickle", m_set_allow_pickle, METH_O, NULL},
     {"future_new", m_future_new, METH_NOARGS, NULL},
     {"rref_from_value", m_rref_from_value, METH_O, NULL},
     {"answer_later", m_answer_later, METH_O, NULL},

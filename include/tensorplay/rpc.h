@@ -158,6 +158,11 @@ tp_value *tp_value_list(void);                          /* empty list */
  * both (Python). tp_list_is_tuple: 1 for one, 0 for anything else. */
 tp_value *tp_value_tuple(void);
 int tp_list_is_tuple(const tp_value *list);
+/* Bytes marked as a language binding's own serialization of an object
+ * (VALUE-12; Python's pickle when allow_pickle is on): bytes in every way,
+ * the mark kept through sending and cloning. data borrowed, copied. */
+tp_value *tp_value_opaque(const void *data, size_t len);
+int tp_bytes_is_opaque(const tp_value *v);
 tp_value *tp_value_map(void);                           /* empty map */
 tp_value *tp_value_worker_info(const tp_worker_info *info); /* borrowed, copied */
 

@@ -272,6 +272,49 @@ def test_new_method_and_method_values(tmp_path):
     assert out == ["twice: True", "['ndarray', 'int32', (2, 3)]", "6 40", "RRef 1"]
 
 
+def test_allow_pickle_is_opt_in_on_both_ends(tmp_path):
+    """Objects no value kind holds travel pickled only from a worker that
+    allows it, and are unpickled only on one that does (VALUE-12)."""
+    out = run(tmp_path, """
+        import fractions
+
+        class Point:
+            def __init__(self, x):
+                self.x = x
+            def get(self):
+                return self.x
+
+        def make_point(x):
+            return Point(x)
+
+        opts = rpc.TensorPipeRpcBackendOptions(allow_pickle=(rank != 2))
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            got = rpc.rpc_sync("worker1", echo, args=(({1, 2}, fractions.Fraction(1, 3)),))
+            print(got, rpc.rpc_sync("worker1", make_point, args=(5,)).x)
+            p = rpc.remote("worker1", make_point, args=(6,))  # kept there, not pickled
+            print(p.rpc_sync().get(), p.is_owner())
+            del p
+            try:
+                rpc.rpc_sync("worker2", echo, args=({3},))
+            except TypeError as e:
+                print("worker2 refuses:", "does not allow pickle" in str(e))
+        if rank == 2:
+            try:
+                rpc.rpc_sync("worker1", echo, args=({3},))
+            except TypeError as e:
+                print("worker2 cannot send:", "cannot be sent" in str(e))
+            try:
+                rpc.rpc_sync("worker1", make_point, args=(1,))
+            except TypeError as e:
+                print("worker2 cannot receive:", "does not allow pickle" in str(e))
+        rpc.shutdown()
+    """, nproc=3, rank0_only=False)
+    assert sorted(out) == sorted([
+        "[0] ({1, 2}, Fraction(1, 3)) 5", "[0] 6 False", "[0] worker2 refuses: True",
+        "[2] worker2 cannot send: True", "[2] worker2 cannot receive: True"])
+
+
 def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):
     out = run(tmp_path, """
         import signal, threading

@@ -219,6 +219,14 @@ static void test_codec_roundtrip_containers(void **state) {
     assert_string_equal(text, "[(1, ()), [1]]");
     tp_value_free(back);
     tp_value_free(outer);
+    /* opaque bytes stay opaque (VALUE-12) */
+    tp_value *op = tp_value_list_of(2, tp_value_opaque("ab", 2), tp_value_bytes("ab", 2));
+    back = roundtrip(op);
+    assert_true(tp_value_equal(op, back));
+    assert_true(tp_bytes_is_opaque(tp_list_get(back, 0)));
+    assert_false(tp_bytes_is_opaque(tp_list_get(back, 1)));
+    tp_value_free(back);
+    tp_value_free(op);
     /* a wide list */
     tp_value *wide = tp_value_list();
     for (int i = 0; i < 1000; i++)

@@ -596,6 +596,29 @@ static void test_value_tuples(void **state) {
     tp_value_free(l);
 }
 
+static void test_value_opaque_bytes(void **state) {
+    (void)state;
+    char buf[64];
+    tp_value *o = tp_value_opaque("\x80\x04N.", 4), *b = tp_value_bytes("\x80\x04N.", 4);
+    assert_int_equal(tp_value_kind(o), TP_KIND_BYTES);
+    assert_true(tp_bytes_is_opaque(o));
+    assert_false(tp_bytes_is_opaque(b));
+    assert_false(tp_bytes_is_opaque(NULL));
+    assert_false(tp_value_equal(o, b));
+    const void *p;
+    size_t n;
+    assert_int_equal(tp_value_get_bytes(o, &p, &n), TP_OK);
+    assert_int_equal(n, 4);
+    tp_value_format(o, buf, sizeof buf);
+    assert_string_equal(buf, "opaque(b'\\x80\\x04N.')");
+    tp_value *c = tp_value_clone(o);
+    assert_true(tp_bytes_is_opaque(c));
+    assert_true(tp_value_equal(c, o));
+    tp_value_free(c);
+    tp_value_free(o);
+    tp_value_free(b);
+}
+
 static void test_value_format_reads_like_python(void **state) {
     (void)state;
     char buf[256];
@@ -750,6 +773,7 @@ int main(void) {
         cmocka_unit_test(test_value_clone_is_deep_and_equal),
         cmocka_unit_test(test_value_equal_rules),
         cmocka_unit_test(test_value_tuples),
+        cmocka_unit_test(test_value_opaque_bytes),
         cmocka_unit_test(test_value_object_lifecycle),
         cmocka_unit_test(test_value_worker_info_copied),
         cmocka_unit_test(test_value_rref_holds_own_reference),

@@ -18,7 +18,8 @@ An array of 64 KiB or more is sent from its own buffer (do not write it until
 the call completes) and received as an array viewing the received message.
 new_method(cls, name, fn) adds a method that rref proxies can call.
 
-Not yet (issue 10): allow_pickle.
+With TensorPipeRpcBackendOptions(allow_pickle=True), for trusted peers only,
+other objects travel pickled and are unpickled where that option is on.
 """
 import builtins
 import os
@@ -49,11 +50,14 @@ class TensorPipeRpcBackendOptions:
     """Backend options, with PyTorch's names and defaults."""
 
     def __init__(self, num_worker_threads=16, rpc_timeout=60.0, init_method="env://",
-                 init_timeout=None):
+                 init_timeout=None, allow_pickle=False):
         self.num_worker_threads = num_worker_threads
         self.rpc_timeout = rpc_timeout
         self.init_method = init_method
         self.init_timeout = init_timeout
+        # For trusted peers only: objects no value kind holds travel pickled,
+        # and what arrives pickled is unpickled (a peer's bytes become code).
+        self.allow_pickle = allow_pickle
 
 
 class WorkerInfo:
@@ -97,6 +101,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         init_method = None  # the backend's own default reads the same variables
     init_timeout = -1.0 if opts.init_timeout is None else float(opts.init_timeout)
     _rpc.set_dispatcher(_dispatch, _dispatch_method)
+    _rpc.set_allow_pickle(bool(getattr(opts, "allow_pickle", False)))
     _rpc.init_rpc(name, backend or BackendType.TENSORPIPE, rank, world_size,
                   float(opts.rpc_timeout), init_timeout, int(opts.num_worker_threads),
                   init_method)
@@ -164,7 +169,7 @@ def _unwrap(v):
 
 def _dispatch(wire_args, wire_kwargs):
     """The callee's side: runs module.qualname(*args, **kwargs) (from C, GIL held)."""
-    module, qualname, args, kwargs = _wrap(wire_args)
+    module, qualname, args, kwargs = _wrap(wire_args[:4])
     mod = sys.modules.get(module)
     if mod is None:
         raise LookupError("function %s.%s: module '%s' is not imported on this worker (it is "
