@@ -628,6 +628,13 @@ tpi_blob *tpi_tensor_storage(const tp_value *v, const void **data) {
     return t->storage;
 }
 
+tp_value *tp_tensor_view(const tp_value *v) {
+    const tpi_tensor *t = as_tensor(v);
+    if (!t || !tensor_contiguous(t))
+        return NULL;
+    return tpi_value_tensor_view(t->dtype, t->ndim, t->shape, t->storage, t->data);
+}
+
 uint64_t tpi_tensor_packed_size(const tp_value *v) {
     const tpi_tensor *t = as_tensor(v);
     TPI_ASSERT(t != NULL);

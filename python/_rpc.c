@@ -513,11 +513,13 @@ static PyObject *from_value(const tp_value *v, int depth) {
         return rref_wrap(tp_rref_clone(r));
     }
     case TP_KIND_TENSOR: {
-        /* A copy the array views (the value it came in is the caller's). */
+        /* The array views the received elements (VALUE-13): the value they
+         * came in is the library's, and the view keeps them alive after it.
+         * A strided tensor (never received; a local value) is copied. */
         TensorObject *t = PyObject_New(TensorObject, &TensorType);
         if (!t)
             return NULL;
-        t->v = tp_value_clone(v);
+        t->v = tp_tensor_is_contiguous(v) ? tp_tensor_view(v) : tp_value_clone(v);
         if (!t->v) {
             PyObject_Free(t);
             return PyErr_NoMemory();

@@ -267,6 +267,14 @@ int tp_tensor_is_contiguous(const tp_value *t);
  */
 void *tp_tensor_data(tp_value *t);
 const void *tp_tensor_cdata(const tp_value *t);
+/*
+ * A second tensor over the same elements, without a copy (VALUE-13), as a
+ * numpy view: the elements live while either value does, and a write
+ * through one is seen through the other, so write only while no call is
+ * sending the other. Caller-owned. NULL for a value that is not a
+ * contiguous tensor, or on exhaustion.
+ */
+tp_value *tp_tensor_view(const tp_value *t);
 
 /* Builds a list value from n items (all transferred, even on failure, but an
  * item already inside another list or map stays there; VALUE-4). */

@@ -619,6 +619,37 @@ static void test_value_opaque_bytes(void **state) {
     tp_value_free(b);
 }
 
+/* VALUE-13: a view shares the elements and outlives the value it came from. */
+static void test_value_tensor_view(void **state) {
+    (void)state;
+    int64_t shape[2] = {2, 3};
+    float data[6] = {1, 2, 3, 4, 5, 6};
+    tp_value *t = tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, NULL, data);
+    tp_value *v = tp_tensor_view(t);
+    assert_non_null(v);
+    assert_ptr_equal(tp_tensor_cdata(v), tp_tensor_cdata(t));
+    assert_true(tp_value_equal(v, t));
+    float *w = tp_tensor_data(v); /* no frame sends it: no copy */
+    assert_ptr_equal(w, tp_tensor_cdata(t));
+    w[0] = 9;
+    assert_true(((const float *)tp_tensor_cdata(t))[0] == 9);
+    tp_value_free(t);
+    assert_true(((const float *)tp_tensor_cdata(v))[5] == 6); /* still alive (ASan) */
+    tp_value *vv = tp_tensor_view(v);
+    tp_value_free(v);
+    assert_true(((const float *)tp_tensor_cdata(vv))[0] == 9);
+    tp_value_free(vv);
+    /* strided or not a tensor: NULL */
+    int64_t strides[2] = {1, 2};
+    tp_value *s = tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, strides, data);
+    assert_null(tp_tensor_view(s));
+    tp_value *i = tp_value_int(1);
+    assert_null(tp_tensor_view(i));
+    assert_null(tp_tensor_view(NULL));
+    tp_value_free(s);
+    tp_value_free(i);
+}
+
 static void test_value_format_reads_like_python(void **state) {
     (void)state;
     char buf[256];
@@ -774,6 +805,7 @@ int main(void) {
         cmocka_unit_test(test_value_equal_rules),
         cmocka_unit_test(test_value_tuples),
         cmocka_unit_test(test_value_opaque_bytes),
+        cmocka_unit_test(test_value_tensor_view),
         cmocka_unit_test(test_value_object_lifecycle),
         cmocka_unit_test(test_value_worker_info_copied),
         cmocka_unit_test(test_value_rref_holds_own_reference),
