@@ -14,6 +14,7 @@ const char *tpi_canary_name(int kind) {
         [TPI_CANARY_DOUBLE_COMPLETE] = "double_complete",
         [TPI_CANARY_DRAIN_UNDERREPORTS] = "drain_underreports",
         [TPI_CANARY_CHILD_DROPPED_EARLY] = "child_dropped_early",
+        [TPI_CANARY_DEDUPE_OFF] = "dedupe_off",
     };
     return kind >= 0 && kind < TPI_CANARY_KINDS_ ? names[kind] : NULL;
 }

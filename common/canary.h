@@ -25,6 +25,9 @@ typedef enum tpi_canary_kind {
      * reach the owner before the child's fork, and the owner frees the value
      * while the child still holds a reference (guarantee 2, RREF-5). */
     TPI_CANARY_CHILD_DROPPED_EARLY = 4,
+    /* Copies of a frame are served again on a duplicating transport (no
+     * CALL-10): a function runs twice for one call. */
+    TPI_CANARY_DEDUPE_OFF = 5,
     TPI_CANARY_KINDS_
 } tpi_canary_kind;
 

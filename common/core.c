@@ -1,4 +1,5 @@
 /* core.c: the worker object, API entry, upcall dispatch (spec/agent.md AGENT-2). */
+#include "canary.h"
 #include "core.h"
 #include "log.h"
 
@@ -260,6 +261,43 @@ size_t tpi_key(const tp_core *c, char *buf, size_t len, const char *fmt, ...) {
 
 /* ---- Upcalls (AGENT-2): I/O context, lock not held. ------------------------ */
 
+/* ---- Repeated frames (CALL-10) ----------------------------------------------------- */
+
+struct tpi_seen {
+    uint32_t src;
+    uint64_t id;
+    uint64_t until_ns;
+};
+
+/*
+ * 1 when src already sent a frame with this id within TPI_DEDUPE_WINDOW_NS
+ * (a copy the transport made: drop it); else remembers it, 0. Every frame
+ * but a RESPONSE carries an id its sender minted for it alone (REJOIN-3):
+ * a retry (RREF-15) is a new frame with a new id, never a copy. Lock held.
+ */
+static int seen_before(tp_core *c, uint32_t src, uint64_t id) {
+    uint64_t now = tpi_now(c);
+    while (c->seen_len > 0) { /* forget what is older than the window */
+        struct tpi_seen *old = &c->seen_ring[c->seen_head];
+        if (old->until_ns > now && c->seen_len < TPI_DEDUPE_MAX)
+            break;
+        tpi_idmap_del(&c->seen, (tpi_gid){old->src, old->id});
+        c->seen_head = (c->seen_head + 1) % TPI_DEDUPE_MAX;
+        c->seen_len--;
+    }
+    tpi_gid key = {src, id};
+    if (tpi_idmap_get(&c->seen, key))
+        return 1;
+    if (!c->seen_ring && !(c->seen_ring = malloc(TPI_DEDUPE_MAX * sizeof *c->seen_ring)))
+        return 0; /* no memory to remember: let it through, as without dedupe */
+    if (tpi_idmap_put(&c->seen, key, (void *)1) != TP_OK)
+        return 0;
+    size_t tail = (c->seen_head + c->seen_len) % TPI_DEDUPE_MAX;
+    c->seen_ring[tail] = (struct tpi_seen){src, id, now + TPI_DEDUPE_WINDOW_NS};
+    c->seen_len++;
+    return 0;
+}
+
 void tp_core_on_frame(tp_core *c, uint32_t src, tp_frame *f) {
     TPI_ASSERT(c && f);
     if (atomic_load(&c->state) != TPI_STATE_RUNNING || src >= c->world_size) {
@@ -270,6 +308,15 @@ void tp_core_on_frame(tp_core *c, uint32_t src, tp_frame *f) {
     if (tpi_rejoin_stale(c, src, type, tpi_frame_id(f))) {
         tp_frame_free(f); /* REJOIN-5: sent by an incarnation that has been replaced */
         return;
+    }
+    if (c->dedupe && type != TPI_MSG_RESPONSE && !TPI_CANARY(TPI_CANARY_DEDUPE_OFF)) {
+        tpi_lock(c);
+        int repeat = seen_before(c, src, tpi_frame_id(f));
+        tpi_unlock(c);
+        if (repeat) {
+            tp_frame_free(f); /* CALL-10: a copy; the original was served */
+            return;
+        }
     }
     if (type == TPI_MSG_RESPONSE)
         tpi_on_response(c, src, f);

@@ -278,6 +278,12 @@ struct tp_core {
     uint32_t *nwaiting;  /* by id: waiters in the list below */
     tpi_window_waiter *wq_head, *wq_tail;
 
+    /* CALL-10 (lock): frames seen lately, when the transport may duplicate. */
+    int dedupe;                /* the agent reported TP_NET_DUPLICATES */
+    tpi_idmap seen;            /* key {src, id} -> (void *)1 */
+    struct tpi_seen *seen_ring; /* the same keys, oldest first, with their expiry */
+    size_t seen_head, seen_len;
+
     /* Counters for shutdown's drain (lock). */
     uint64_t active_client; /* calls awaiting a reply */
     uint64_t active_served; /* requests accepted, reply not yet sent */

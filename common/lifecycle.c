@@ -51,6 +51,8 @@ void tpi_core_free(tp_core *c) {
     free(c->src_gen_known);
     tpi_debts_free(c);
     tpi_idmap_free(&c->debts);
+    tpi_idmap_free(&c->seen);
+    free(c->seen_ring);
     free(c->nwaiting);
     tp_options_free(c->opts);
     free(c);
@@ -95,6 +97,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->calls);
     tpi_idmap_init(&c->owners);
     tpi_idmap_init(&c->children);
+    tpi_idmap_init(&c->seen);
     c->armed_ns = TPI_NO_DEADLINE;
     if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
         !c->undecoded || !c->forks_query ||
@@ -259,6 +262,8 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     TPI_ASSERT(c->ops && c->ops->api_version == TP_BACKEND_API_VERSION);
     c->store = c->ops->store(c->agent);
     char addr[TPI_ADDR_LEN_MAX];
+    /* AGENT-17: known before the first frame can arrive. */
+    c->dedupe = c->ops->net_faults && (c->ops->net_faults(c->agent) & TP_NET_DUPLICATES);
     st = c->ops->start(c->agent, c, addr, sizeof addr, err, sizeof err);
     if (st != TP_OK) {
         fail_init(ctx, c, 0);

@@ -84,6 +84,16 @@
  * refused (TP_ELIMIT), and the asker sends at most this many at a time. */
 #define TPI_FORKS_QUERY_MAX 4096
 
+/*
+ * CALL-10: on a transport that may duplicate frames (AGENT-17), how long a
+ * frame's (sender, id) is remembered so that a copy is dropped, and how many
+ * are remembered at most (the oldest forgotten first). The simulator's
+ * chaos mode delivers a copy at most 10 ms after the original; a second is
+ * far beyond it and 64 Ki entries (about 2 MiB) cover 64 Ki frames a second.
+ */
+#define TPI_DEDUPE_WINDOW_NS ((uint64_t)1000000000)
+#define TPI_DEDUPE_MAX ((size_t)1 << 16)
+
 /* Request bytes one worker may have in flight to one destination (FLOW-1):
  * issued, not yet answered. A call that would pass it waits, within its own
  * deadline, for earlier calls to end. It bounds what piles up in the sender's

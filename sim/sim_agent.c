@@ -540,6 +540,12 @@ tp_store *tpi_sim_store(tp_sim *sim, char *errmsg, size_t errmsg_len) {
     return sim->store;
 }
 
+/* AGENT-17: the chaos mode (SIM-5) may deliver a frame twice. */
+static uint32_t agent_net_faults(tp_agent *ag) {
+    const tpi_sim_agent *a = AG(ag);
+    return a->sim->chaos_dup_pm > 0 ? TP_NET_DUPLICATES : 0;
+}
+
 static void agent_probe(tp_agent *ag, const tp_probe *p) {
     tpi_sim_agent *a = AG(ag);
     tpi_sim_oracle_probe(a->sim, a, p);
@@ -683,6 +689,7 @@ const tp_agent_ops tpi_sim_agent_ops = {
     .store = agent_store,
     .probe = agent_probe,
     .set_peer = agent_set_peer,
+    .net_faults = agent_net_faults,
 };
 
 /* ---- The "SIM" backend (BACKEND-1..5) --------------------------------------------- */

@@ -142,7 +142,7 @@ typedef struct tp_probe {
 uint64_t tp_core_live_count(void);
 
 /* ------------------------------------------------------------------------ */
-/* The agent interface (AGENT-1..16).                                       */
+/* The agent interface (AGENT-1..17).                                       */
 
 typedef struct tp_agent_ops {
     uint32_t api_version; /* TP_BACKEND_API_VERSION */
@@ -244,7 +244,17 @@ typedef struct tp_agent_ops {
      */
     tp_status (*set_peer)(tp_agent *a, uint32_t rank, const char *addr, char *errmsg,
                           size_t errmsg_len);
+
+    /*
+     * AGENT-17. Optional (NULL: none). What this transport does beyond
+     * AGENT-8's contract, as TP_NET_* flags; read once, before start. With
+     * TP_NET_DUPLICATES the core drops a repeated frame (calls.md CALL-10).
+     */
+    uint32_t (*net_faults)(tp_agent *a);
 } tp_agent_ops;
+
+/* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice. */
+#define TP_NET_DUPLICATES 0x1u
 
 /* ------------------------------------------------------------------------ */
 /* Upcalls: the backend tells the core what happened (AGENT-2).             */
