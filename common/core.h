@@ -280,6 +280,7 @@ struct tp_core {
 
     /* CALL-10 (lock): frames seen lately, when the transport may duplicate. */
     int dedupe;                /* the agent reported TP_NET_DUPLICATES */
+    int reorders;              /* the agent reported TP_NET_REORDERS (RREF-6) */
     tpi_idmap seen;            /* key {src, id} -> (void *)1 */
     struct tpi_seen *seen_ring; /* the same keys, oldest first, with their expiry */
     size_t seen_head, seen_len;

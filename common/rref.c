@@ -1085,10 +1085,25 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     switch (m->type) {
     case TPI_MSG_RREF_FETCH: {
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
+        int gone = !o && (abandoned_has(c, m->rref) || tpi_rref_creator_gone(c, m->rref));
+        if (!o && !gone && m->rref.worker != c->rank && c->reorders) {
+            /* RREF-6: on a transport that reorders (AGENT-17) the fetch may
+             * have overtaken its REMOTE: a placeholder holds it until the
+             * value comes or its creator abandons it (RREF-14). In order
+             * (TCP), an unknown id is forged or stale: answered at once. */
+            o = tpi_owner_get_or_create(c, m->rref);
+            if (!o) {
+                tpi_reply(c, src, m->id, TP_ENOMEM, NULL, "owner out of memory");
+                break;
+            }
+        }
         if (!o) {
-            tpi_format(err, sizeof err, "rref %u:%llu is unknown on its owner '%s'",
-                       m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
-            tpi_reply(c, src, m->id, TP_EPROTO, NULL, err);
+            tpi_format(err, sizeof err, "rref %u:%llu %s on its owner '%s'", m->rref.worker,
+                       (unsigned long long)m->rref.local,
+                       gone ? "was never created: its creator abandoned it or is gone"
+                            : "is unknown",
+                       c->self.name);
+            tpi_reply(c, src, m->id, gone ? TP_EPEERDOWN : TP_EPROTO, NULL, err);
         } else if (o->ready) {
             reply_fetch(c, o, src, m->id);
         } else {

@@ -248,13 +248,16 @@ typedef struct tp_agent_ops {
     /*
      * AGENT-17. Optional (NULL: none). What this transport does beyond
      * AGENT-8's contract, as TP_NET_* flags; read once, before start. With
-     * TP_NET_DUPLICATES the core drops a repeated frame (calls.md CALL-10).
+     * TP_NET_DUPLICATES the core drops a repeated frame (api.md CALL-10);
+     * with TP_NET_REORDERS a fetch may wait for its REMOTE (rref.md RREF-6).
      */
     uint32_t (*net_faults)(tp_agent *a);
 } tp_agent_ops;
 
-/* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice. */
+/* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice, or
+ * deliver the frames of one link out of order. */
 #define TP_NET_DUPLICATES 0x1u
+#define TP_NET_REORDERS 0x2u
 
 /* ------------------------------------------------------------------------ */
 /* Upcalls: the backend tells the core what happened (AGENT-2).             */
