@@ -570,6 +570,18 @@ tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const c
 
 static int abandoned_has(const tp_core *c, tpi_gid id);
 
+/* RREF-20: an rref of owner incarnation inc reached this worker, its owner
+ * rank, as another incarnation: the status to answer and why, in err. */
+static tp_status other_incarnation(const tp_core *c, tpi_gid rref, uint32_t inc, char *err,
+                                   size_t err_len) {
+    int earlier = inc < c->incarnation;
+    tpi_format(err, err_len,
+               "rref %u:%llu is of incarnation %u of its owner '%s', which is incarnation %u: %s",
+               rref.worker, (unsigned long long)rref.local, inc, c->self.name, c->incarnation,
+               earlier ? "the value went with the earlier process" : "no such incarnation yet");
+    return earlier ? TP_EPEERDOWN : TP_EPROTO;
+}
+
 static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
     tpi_rref_ctx *rc = ctx;
     tp_core *c = rc->core;
@@ -585,13 +597,9 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
     if (w->owner == c->rank && w->owner_inc != c->incarnation) {
         /* RREF-20: ours, of another incarnation. Nothing to keep alive any
          * more: the parent may drop the reference it kept for this one. */
-        st = tpi_fail(w->owner_inc < c->incarnation ? TP_EPEERDOWN : TP_EPROTO,
-                      "rref %u:%llu is of incarnation %u of its owner '%s', which is incarnation "
-                      "%u: %s",
-                      w->rref_id.worker, (unsigned long long)w->rref_id.local, w->owner_inc,
-                      c->self.name, c->incarnation,
-                      w->owner_inc < c->incarnation ? "the value went with the earlier process"
-                                                    : "no such incarnation yet");
+        char why[TP_ERRMSG_LEN_MAX];
+        st = other_incarnation(c, w->rref_id, w->owner_inc, why, sizeof why);
+        tpi_fail(st, "%s", why);
         if (w->owner_inc < c->incarnation && w->parent != c->rank)
             send_accept(c, w->parent, w->fork_id);
     } else if (w->owner == c->rank) {
@@ -1132,15 +1140,8 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         if (m->owner_inc != c->incarnation) {
             /* RREF-20: a fork for a value of another incarnation of this
              * rank; a placeholder would wait for a remote() that went to it. */
-            tpi_format(err, sizeof err,
-                       "rref %u:%llu is of incarnation %u of its owner '%s', which is "
-                       "incarnation %u: %s",
-                       m->rref.worker, (unsigned long long)m->rref.local, m->owner_inc,
-                       c->self.name, c->incarnation,
-                       m->owner_inc < c->incarnation ? "the value went with the earlier process"
-                                                     : "no such incarnation yet");
-            tpi_reply(c, src, m->id, m->owner_inc < c->incarnation ? TP_EPEERDOWN : TP_EPROTO,
-                      NULL, err);
+            tp_status why = other_incarnation(c, m->rref, m->owner_inc, err, sizeof err);
+            tpi_reply(c, src, m->id, why, NULL, err);
             break;
         }
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);

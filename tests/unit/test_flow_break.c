@@ -68,6 +68,20 @@ static void send_batch(tp_future **f) {
     tp_value_free(args);
 }
 
+/* Sends a batch, then waits for each call and checks how it ended. */
+static void send_batch_expect(const char *which, tp_status want) {
+    tp_future *f[BATCH];
+    send_batch(f);
+    for (int i = 0; i < BATCH; i++) {
+        tp_status st = tp_future_wait(f[i], 20.0);
+        if (st != want)
+            print_error("%s batch call %d: %s: %s\n", which, i, tp_status_name(st),
+                        tp_future_error(f[i]));
+        CHECK(st == want);
+        tp_future_free(f[i]);
+    }
+}
+
 static void break_race(world *w) {
     (void)w;
     tp_sim *sim = tp_sim_current();
@@ -82,30 +96,13 @@ static void break_race(world *w) {
     break_at_ns = tp_sim_now_ns(sim) + SLEEP_NS;
     CHECK(tp_sleep(SLEEP_NS / 1e9) == TP_OK);
     CHECK(tp_sim_now_ns(sim) == break_at_ns);
-    tp_future *first[BATCH];
-    send_batch(first); /* on the new connection; w1 already forgot the old one */
-    for (int i = 0; i < BATCH; i++) { /* ended by the peer-down: bytes given back */
-        tp_status st = tp_future_wait(first[i], 10.0);
-        if (st != TP_EIO)
-            print_error("first batch call %d: %s: %s\n", i, tp_status_name(st),
-                        tp_future_error(first[i]));
-        CHECK(st == TP_EIO);
-        tp_future_free(first[i]);
-    }
+    /* On the new connection, w1 having forgotten the old one; ended by the
+     * peer-down, which gives their bytes back. */
+    send_batch_expect("first", TP_EIO);
     CHECK(tp_future_wait(hold, 10.0) == TP_EIO);
     tp_future_free(hold);
-
     /* A full window again, while w1 still holds the first batch. */
-    tp_future *second[BATCH];
-    send_batch(second);
-    for (int i = 0; i < BATCH; i++) {
-        tp_status st = tp_future_wait(second[i], 20.0);
-        if (st != TP_OK)
-            print_error("second batch call %d: %s: %s\n", i, tp_status_name(st),
-                        tp_future_error(second[i]));
-        CHECK(st == TP_OK);
-        tp_future_free(second[i]);
-    }
+    send_batch_expect("second", TP_OK);
 }
 
 /* w1: once w0 is asleep, the break at the instant it wakes. */
