@@ -254,12 +254,12 @@ def test_new_method_and_method_values(tmp_path):
         def count(store, plus=0):
             return len(store.items) + plus
 
-        rpc.init_rpc("worker%d" % rank)
-        rpc.new_method(Store, "count", count)
+        rpc.new_method(Store, "count", count)  # before init: no peer can call too early
         try:
             rpc.new_method(Store, "count", count)
         except RuntimeError as e:
             print("twice:", "already registered" in str(e))
+        rpc.init_rpc("worker%d" % rank)
         if rank == 0:
             s = rpc.remote("worker1", Sub)
             print(s.rpc_sync().put(np.zeros((2, 3), dtype=np.int32)))

@@ -201,7 +201,8 @@ def new_method(cls, method_name, fn):
     objects on this worker (the C API's new_method): rref.rpc_sync().name()
     on an rref to such an object, or to one of a subclass, runs it. It comes
     before a method the class defines itself; registering one twice is an
-    error."""
+    error. Register before init_rpc, as functions are defined before it: a
+    peer may call as soon as init_rpc returns on every worker."""
     if not isinstance(cls, type) or not callable(fn) or not isinstance(method_name, str):
         raise TypeError("new_method(cls, method_name, fn): a class, a str and a callable")
     if (cls, method_name) in _methods:
