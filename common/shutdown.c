@@ -18,6 +18,7 @@
 
 #include "canary.h"
 #include "core.h"
+#include "log.h"
 #include "options.h"
 
 #define DRAIN_POLL_NS 1000000ull /* 1 ms between looks at the local call count */
@@ -206,6 +207,23 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
     return st;
 }
 
+/*
+ * SHUTDOWN-9: every worker says it is done with the store; rank 0, whose
+ * process serves the store on TCP (tcp.md TCP-11), waits for the other
+ * live workers, within the phase deadline, before it returns: a process
+ * that ends without exit handlers (a forked multiprocessing child) takes
+ * the store with it, and a worker that finished the drain a round behind
+ * still reads "sd/done" from it. Nothing here changes the drain's outcome.
+ */
+static void leave(tp_core *c, uint64_t deadline) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    tpi_key(c, key, sizeof key, "sd/left/%u", c->rank);
+    if (publish(c, key, "1", deadline) != TP_OK || c->rank != 0)
+        return;
+    if (tpi_store_gather(c, "sd/left", deadline, 1, NULL, "shutdown leave") != TP_OK)
+        tpi_log(TP_LOG_INFO, "worker '%s': %s", c->self.name, tp_errmsg());
+}
+
 tp_status tpi_shutdown_graceful(tp_core *c) {
     double t = tp_options_shutdown_timeout(c->opts);
     char key[TP_STORE_KEY_LEN_MAX + 1];
@@ -229,6 +247,13 @@ tp_status tpi_shutdown_graceful(tp_core *c) {
     /* SHUTDOWN-5: drain. */
     deadline = tpi_deadline_after(c, t);
     st = drain(c, deadline);
+    if (st == TP_OK || st == TP_EPEERDOWN) {
+        char msg[TP_ERRMSG_LEN_MAX];
+        tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        leave(c, deadline); /* SHUTDOWN-9 */
+        if (st != TP_OK)
+            tpi_fail(st, "%s", msg);
+    }
     if (st == TP_OK && dead != TP_OK)
         st = tpi_fail(dead, "%s", dead_msg); /* the barrier's message names the dead */
     return st;
