@@ -1406,9 +1406,20 @@ static void send_abandon(tp_core *c, tp_rref *r) {
     proto_send(c, TPI_MSG_RREF_ABANDON, r->owner, r, no_fork, 0, 0);
 }
 
+/* The creator's delete that waited for its REMOTE's answer (RREF-15). */
+static void remote_deferred_delete(tp_core *c, tp_rref *r, int deferred) {
+    if (deferred && !c->peer_dead[r->owner] && !tpi_rref_owner_restarted(c, r))
+        proto_send(c, TPI_MSG_RREF_DELETE, r->owner, r, r->fork, 0, 0);
+}
+
 static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
     tp_rref *r = call->rref;
     char msg[TP_ERRMSG_LEN_MAX];
+    int deferred = !r->is_owner && r->delete_deferred;
+    if (!r->is_owner) { /* the REMOTE that records our fork has an outcome */
+        r->fork_pending = 0;
+        r->delete_deferred = 0;
+    }
     if (reply) {
         atomic_store(&r->confirmed, 1); /* the owner has it, value or error */
         if (st != TP_OK && !r->is_owner && !r->failed) { /* the function failed: RREF-14 */
@@ -1416,6 +1427,7 @@ static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *repl
             r->fail_msg = strdup(reply->text[0] ? reply->text : tp_strerror(st));
             fail_waiting_fetches(c, r);
         }
+        remote_deferred_delete(c, r, deferred);
         return;
     }
     /* No answer: creation timed out or the owner is gone. An owner that
@@ -1442,6 +1454,9 @@ static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *repl
         if (st != TP_EPEERDOWN)
             send_abandon(c, r);
     }
+    /* The REMOTE may still have recorded our fork: the delete goes as it
+     * would have, after the abandon on the same link. */
+    remote_deferred_delete(c, r, deferred);
 }
 
 tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t flags,
@@ -1456,6 +1471,8 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
     } else {
         fork = tpi_new_gid(c);
         r = tpi_rref_new_user(c, dst, id, fork);
+        if (r) /* RREF-15: a delete waits for the REMOTE that records this fork */
+            r->fork_pending = 1;
     }
     if (!r)
         return tpi_fail(TP_ENOMEM, "remote: out of memory");
