@@ -570,6 +570,23 @@ tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const c
 
 static int abandoned_has(const tp_core *c, tpi_gid id);
 
+/*
+ * RREF-14, RREF-20: 1 when the remote() of rref id, unknown on this owner,
+ * can never come (its creator abandoned it, or died or restarted), with why
+ * in err; then no placeholder may wait for it. 0 otherwise. Lock held.
+ */
+static int never_created(const tp_core *c, tpi_gid id, char *err, size_t err_len) {
+    int abandoned = abandoned_has(c, id);
+    if (!abandoned && !tpi_rref_creator_gone(c, id))
+        return 0;
+    tpi_format(err, err_len, "rref %u:%llu: %s before the owner '%s' heard of it", id.worker,
+               (unsigned long long)id.local,
+               abandoned ? "its creation failed and its creator abandoned it"
+                         : "its creator died",
+               c->self.name);
+    return 1;
+}
+
 /* RREF-20: an rref of owner incarnation inc reached this worker, its owner
  * rank, as another incarnation: the status to answer and why, in err. */
 static tp_status other_incarnation(const tp_core *c, tpi_gid rref, uint32_t inc, char *err,
@@ -609,17 +626,10 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
              * with a broken connection, its creator abandoned it or died).
              * A placeholder, as a fork would make; failed at once when it
              * can never be filled, so the handle sees the one fact. */
+            char msg[TP_ERRMSG_LEN_MAX];
             o = tpi_owner_get_or_create(c, w->rref_id);
-            int abandoned = o && abandoned_has(c, w->rref_id);
-            if (o && (abandoned || tpi_rref_creator_gone(c, w->rref_id))) {
-                char msg[TP_ERRMSG_LEN_MAX];
-                tpi_format(msg, sizeof msg, "rref %u:%llu: %s before the owner '%s' heard of it",
-                           w->rref_id.worker, (unsigned long long)w->rref_id.local,
-                           abandoned ? "its creation failed and its creator abandoned it"
-                                     : "its creator died",
-                           c->self.name);
+            if (o && never_created(c, w->rref_id, msg, sizeof msg))
                 tpi_owner_set(c, o, TP_EPEERDOWN, NULL, msg);
-            }
         }
         if (!o && w->rref_id.worker == c->rank) { /* ours, and gone: a forged or stale id */
             st = tpi_fail(TP_EPROTO, "rref %u:%llu is unknown on its owner '%s'",
@@ -1093,7 +1103,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     switch (m->type) {
     case TPI_MSG_RREF_FETCH: {
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
-        int gone = !o && (abandoned_has(c, m->rref) || tpi_rref_creator_gone(c, m->rref));
+        int gone = !o && never_created(c, m->rref, err, sizeof err);
         if (!o && !gone && m->rref.worker != c->rank && c->reorders) {
             /* RREF-6: on a transport that reorders (AGENT-17) the fetch may
              * have overtaken its REMOTE: a placeholder holds it until the
@@ -1106,11 +1116,9 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             }
         }
         if (!o) {
-            tpi_format(err, sizeof err, "rref %u:%llu %s on its owner '%s'", m->rref.worker,
-                       (unsigned long long)m->rref.local,
-                       gone ? "was never created: its creator abandoned it or is gone"
-                            : "is unknown",
-                       c->self.name);
+            if (!gone)
+                tpi_format(err, sizeof err, "rref %u:%llu is unknown on its owner '%s'",
+                           m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
             tpi_reply(c, src, m->id, gone ? TP_EPEERDOWN : TP_EPROTO, NULL, err);
         } else if (o->ready) {
             reply_fetch(c, o, src, m->id);
@@ -1145,19 +1153,9 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             break;
         }
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
-        if (!o && abandoned_has(c, m->rref)) {
-            tpi_format(err, sizeof err, "rref %u:%llu: its creation failed; its creator "
-                       "abandoned it before the owner '%s' heard of it (RREF-14)",
-                       m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
-            tpi_reply(c, src, m->id, TP_EPEERDOWN, NULL, err);
-            break;
-        }
-        if (!o && tpi_rref_creator_gone(c, m->rref)) {
-            /* No placeholder for a remote() that died with its creator: it
-             * would wait forever for a value that never comes (RREF-12). */
-            tpi_format(err, sizeof err, "rref %u:%llu: its creator died before its remote() "
-                       "reached the owner '%s'",
-                       m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
+        if (!o && never_created(c, m->rref, err, sizeof err)) {
+            /* No placeholder: it would wait forever for a value that never
+             * comes (RREF-12, RREF-14). */
             tpi_reply(c, src, m->id, TP_EPEERDOWN, NULL, err);
             break;
         }
