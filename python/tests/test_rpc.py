@@ -222,10 +222,14 @@ def test_large_array_is_sent_from_its_own_memory(tmp_path):
             b = rpc.rpc_sync("worker1", echo, args=(a,))
             print(b.nbytes, float(b[0]), float(b[-1]), b.flags.writeable,
                   np.shares_memory(a, b))
+            f = rpc.rpc_async("worker1", echo, args=(a,))
+            x, y = f.wait(), f.wait()  # views of the one received message (VALUE-13)
+            print("received without a copy:", np.shares_memory(x, y))
         rpc.shutdown()
     """)
     assert out == ["[67108864, 1.0, 7.0]", "peak grew by less than a quarter of the array: True",
-                   "67108864 3.0", "67108864 3.0 7.0 True False"]
+                   "67108864 3.0", "67108864 3.0 7.0 True False",
+                   "received without a copy: True"]
 
 
 def test_new_method_and_method_values(tmp_path):

@@ -54,8 +54,33 @@ static tp_status forged_fetch_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return st;
 }
 
+static int forge_forks; /* the next this many RREF_FORK frames name owner incarnation 7 */
+
+/* Re-encodes an RREF_FORK for an owner incarnation that does not exist: what
+ * a holder sends when the owner's rank restarted at the same address (TCP)
+ * before the holder heard of it. Takes f on success, as send does. */
+static tp_status forged_fork_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+    tpi_msg m;
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_frame *g = NULL;
+    CHECK(tpi_msg_decode(f, NULL, &m, err, sizeof err) == TP_OK);
+    m.owner_inc = 7;
+    CHECK(tpi_msg_encode(&m, NULL, UINT64_MAX, &g, err, sizeof err) == TP_OK);
+    tpi_msg_clear(&m);
+    tp_status st = sim_ops->send(a, dst, g);
+    if (st != TP_OK)
+        tp_frame_free(g);
+    else
+        tp_frame_free(f);
+    return st;
+}
+
 static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     const uint8_t *header = f->seg[0].base;
+    if (forge_forks > 0 && header[5] == TPI_MSG_RREF_FORK) {
+        forge_forks--;
+        return forged_fork_send(a, dst, f);
+    }
     if (forge_fetches > 0 && header[5] == TPI_MSG_RREF_FETCH) {
         forge_fetches--;
         return forged_fetch_send(a, dst, f);
@@ -110,9 +135,13 @@ static tp_status fn_make_obj(tp_call *call, const tp_value *args, const tp_value
     return *result ? TP_OK : TP_ENOMEM;
 }
 
+static tp_status fn_fetch(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data);
+
 static void world_register(void) {
     CHECK(tp_register_function("add", fn_add, NULL) == TP_OK);
     CHECK(tp_register_function("make_obj", fn_make_obj, NULL) == TP_OK);
+    CHECK(tp_register_function("fetch", fn_fetch, NULL) == TP_OK);
 }
 
 static void sc_send_fails(world *w) {
@@ -226,6 +255,60 @@ static void sc_unknown_rref_fetch(world *w) {
     tp_rref_release(r);
 }
 
+/* fetch(rref) -> its value, on whichever worker serves it. */
+static tp_status fn_fetch(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data) {
+    (void)call, (void)kwargs, (void)user_data;
+    tp_rref *r = NULL;
+    if (tp_value_get_rref(tp_list_get(args, 0), &r) != TP_OK)
+        return TP_EINVAL;
+    return tp_rref_to_here(r, 10.0, result);
+}
+
+/*
+ * RREF-20: a fork naming an owner incarnation other than the owner's own is
+ * refused, not recorded: the holder's fork fails (TP_EPROTO for a newer
+ * incarnation, TP_EPEERDOWN for an earlier one) and the function that
+ * received the rref never runs (RREF-13).
+ */
+static void sc_fork_of_other_incarnation(world *w) {
+    (void)w;
+    tp_rref *r = NULL;
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    CHECK(tp_remote(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    tp_value_free(args);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK);
+    tp_value_free(v);
+    v = NULL;
+    /* Through the loopback to w0 itself: the receiving user forks with w1. */
+    forge_forks = 1;
+    args = tp_value_list_of(1, tp_value_rref(r));
+    tp_status st = tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v);
+    if (st != TP_EPROTO)
+        print_error("fetch through a forged fork: %s: %s\n", tp_status_name(st), tp_errmsg());
+    CHECK(st == TP_EPROTO); /* "no such incarnation yet": a newer one than the owner's */
+    CHECK(strstr(tp_errmsg(), "was not confirmed by its owner 'w1'") != NULL);
+    CHECK(forge_forks == 0);
+    tp_value_free(v);
+    tp_value_free(args);
+    /* The same call with an honest fork works. */
+    args = tp_value_list_of(1, tp_value_rref(r));
+    v = NULL;
+    int64_t x = 0;
+    CHECK(tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v) == TP_OK);
+    CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
+    tp_value_free(v);
+    tp_value_free(args);
+    tp_rref_release(r);
+}
+
+static void test_send_fork_of_other_incarnation_refused(void **state) {
+    (void)state;
+    world w = {.scenario = sc_fork_of_other_incarnation, .backend = "SIM_FAILSEND"};
+    run_world(2, 11, &w);
+}
+
 static void test_send_unknown_rref_fetch_answered(void **state) {
     (void)state;
     world w = {.scenario = sc_unknown_rref_fetch, .backend = "SIM_FAILSEND"};
@@ -242,6 +325,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deferred_send_failure),
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
+        cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
         cmocka_unit_test(test_send_failure_undoes_every_rref_fork),
     };
     return cmocka_run_group_tests_name("send_failure", tests, NULL, NULL);
