@@ -299,6 +299,8 @@ struct tp_core {
     tp_future *user_futures; /* pending futures made by tp_future_new, each counted (FUTURE-9) */
     tpi_gid *abandoned;      /* ring of TPI_ABANDONED_MAX (RREF-14), lazily allocated */
     size_t nabandoned;       /* ids pushed so far (the ring holds the last ones) */
+    tpi_gid *freed;          /* ring of TPI_FREED_MAX (RREF-21), only when reorders */
+    size_t nfreed;
     int shutting_down;  /* graceful shutdown in progress */
 };
 
@@ -465,6 +467,11 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m);
 /* RREF-20 (lock held): the worker that made rref id is dead, or restarted
  * since it made it (ids carry the incarnation that minted them, REJOIN-3). */
 int tpi_rref_creator_gone(const tp_core *c, tpi_gid id);
+/* RREF-14, RREF-20, RREF-21 (lock held): for rref id, unknown on this
+ * owner, the status to refuse it with when its value can never come here
+ * (creator abandoned it, died, restarted; or this owner freed it), with why
+ * in err; TP_OK when its remote() may still come. */
+tp_status tpi_rref_never_created(const tp_core *c, tpi_gid id, char *err, size_t err_len);
 /* 1 when r's owner is known to have restarted since r's value was made
  * there (REJOIN-6): the value went with the earlier process. A handle may
  * also name an incarnation newer than this worker has heard of yet (it came

@@ -40,6 +40,7 @@ void tpi_core_free(tp_core *c) {
     free(c->unflushed);
     free(c->undecoded);
     free(c->abandoned);
+    free(c->freed);
     free(c->forks_query);
     free(c->inflight);
     free(c->credit);

@@ -79,6 +79,12 @@
  * no placeholder that would wait forever. The most recent ones; an id pushed
  * out would only leak a placeholder, never free a held value. */
 #define TPI_ABANDONED_MAX 1024
+/* RREF-21: on a transport that reorders, rref ids of other creators this
+ * owner freed, remembered so a fetch or fork the network held back behind
+ * the last delete is refused instead of making a placeholder nothing fills.
+ * Reordering is bounded (TPI_DEDUPE_WINDOW_NS): an id pushed out would only
+ * leak a placeholder, never free a held value. */
+#define TPI_FREED_MAX 4096
 /* RREF-19: forks one tp:forks query may name. Each is looked up in the I/O
  * context, so a peer's query costs CPU in proportion: a larger one is
  * refused (TP_ELIMIT), and the asker sends at most this many at a time. */

@@ -45,6 +45,24 @@ tpi_gid tpi_new_gid(tp_core *c) {
 
 /* ---- Owner records ---------------------------------------------------------- */
 
+/* The last cap ids pushed (RREF-14's abandoned ids, RREF-21's freed ones).
+ * Without memory nothing is remembered: a later fork then only leaks a
+ * placeholder, never frees a held value. */
+static void ring_push(tpi_gid **ring, size_t *pushed, size_t cap, tpi_gid id) {
+    if (!*ring && !(*ring = calloc(cap, sizeof **ring)))
+        return;
+    (*ring)[(*pushed)++ % cap] = id;
+}
+
+static int ring_has(const tpi_gid *ring, size_t pushed, size_t cap, tpi_gid id) {
+    size_t n = pushed < cap ? pushed : cap;
+    for (size_t i = 0; ring && i < n; i++)
+        if (tpi_gid_eq(ring[i], id))
+            return 1;
+    return 0;
+}
+
+
 tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id) {
     tpi_owner *o = tpi_idmap_get(&c->owners, id);
     if (o)
@@ -161,6 +179,8 @@ void tpi_owner_maybe_free(tp_core *c, tpi_owner *o) {
     if (o->nforks == 0 && o->local_handles == 0 && !o->fetches && !o->waiters && !o->running &&
         o->ready) {
         tpi_probe_rref(c, TP_PROBE_RREF_OWNER_FREE, o->id, (tpi_gid){0, 0}, c->rank);
+        if (c->reorders && o->id.worker != c->rank) /* RREF-21 */
+            ring_push(&c->freed, &c->nfreed, TPI_FREED_MAX, o->id);
         owner_free(c, o);
     }
 }
@@ -568,23 +588,29 @@ tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const c
     return st;
 }
 
-static int abandoned_has(const tp_core *c, tpi_gid id);
-
 /*
- * RREF-14, RREF-20: 1 when the remote() of rref id, unknown on this owner,
- * can never come (its creator abandoned it, or died or restarted), with why
- * in err; then no placeholder may wait for it. 0 otherwise. Lock held.
+ * RREF-14, RREF-20, RREF-21: the status to answer when rref id, unknown on
+ * this owner, can never get a value here, with why in err; then no
+ * placeholder may wait for it. TP_EPEERDOWN: its creator abandoned it, or
+ * died or restarted. TP_EPROTO: this owner freed it already (a message the
+ * network reordered behind the last delete, or a stale one). TP_OK when its
+ * remote() may still come. Lock held.
  */
-static int never_created(const tp_core *c, tpi_gid id, char *err, size_t err_len) {
-    int abandoned = abandoned_has(c, id);
+tp_status tpi_rref_never_created(const tp_core *c, tpi_gid id, char *err, size_t err_len) {
+    if (ring_has(c->freed, c->nfreed, TPI_FREED_MAX, id)) {
+        tpi_format(err, err_len, "rref %u:%llu is unknown on its owner '%s': it was freed",
+                   id.worker, (unsigned long long)id.local, c->self.name);
+        return TP_EPROTO;
+    }
+    int abandoned = ring_has(c->abandoned, c->nabandoned, TPI_ABANDONED_MAX, id);
     if (!abandoned && !tpi_rref_creator_gone(c, id))
-        return 0;
+        return TP_OK;
     tpi_format(err, err_len, "rref %u:%llu: %s before the owner '%s' heard of it", id.worker,
                (unsigned long long)id.local,
                abandoned ? "its creation failed and its creator abandoned it"
                          : "its creator died",
                c->self.name);
-    return 1;
+    return TP_EPEERDOWN;
 }
 
 /* RREF-20: an rref of owner incarnation inc reached this worker, its owner
@@ -628,8 +654,9 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
              * can never be filled, so the handle sees the one fact. */
             char msg[TP_ERRMSG_LEN_MAX];
             o = tpi_owner_get_or_create(c, w->rref_id);
-            if (o && never_created(c, w->rref_id, msg, sizeof msg))
-                tpi_owner_set(c, o, TP_EPEERDOWN, NULL, msg);
+            tp_status never = o ? tpi_rref_never_created(c, w->rref_id, msg, sizeof msg) : TP_OK;
+            if (never != TP_OK)
+                tpi_owner_set(c, o, never, NULL, msg);
         }
         if (!o && w->rref_id.worker == c->rank) { /* ours, and gone: a forged or stale id */
             st = tpi_fail(TP_EPROTO, "rref %u:%llu is unknown on its owner '%s'",
@@ -1073,20 +1100,6 @@ static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork) {
     proto_send(c, TPI_MSG_RREF_ACCEPT, parent, NULL, fork, parent, 0);
 }
 
-/* RREF-14: a ring of rref ids abandoned before this owner heard of them. */
-static void abandoned_push(tp_core *c, tpi_gid id) {
-    if (!c->abandoned && !(c->abandoned = calloc(TPI_ABANDONED_MAX, sizeof *c->abandoned)))
-        return; /* without memory a later fork only leaks a placeholder */
-    c->abandoned[c->nabandoned++ % TPI_ABANDONED_MAX] = id;
-}
-
-static int abandoned_has(const tp_core *c, tpi_gid id) {
-    size_t n = c->nabandoned < TPI_ABANDONED_MAX ? c->nabandoned : TPI_ABANDONED_MAX;
-    for (size_t i = 0; c->abandoned && i < n; i++)
-        if (tpi_gid_eq(c->abandoned[i], id))
-            return 1;
-    return 0;
-}
 
 /* The worker that made rref id (its remote()) is dead, or restarted since
  * (REJOIN-3: ids carry the incarnation that minted them). Lock held. */
@@ -1103,8 +1116,8 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     switch (m->type) {
     case TPI_MSG_RREF_FETCH: {
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
-        int gone = !o && never_created(c, m->rref, err, sizeof err);
-        if (!o && !gone && m->rref.worker != c->rank && c->reorders) {
+        tp_status gone = o ? TP_OK : tpi_rref_never_created(c, m->rref, err, sizeof err);
+        if (!o && gone == TP_OK && m->rref.worker != c->rank && c->reorders) {
             /* RREF-6: on a transport that reorders (AGENT-17) the fetch may
              * have overtaken its REMOTE: a placeholder holds it until the
              * value comes or its creator abandons it (RREF-14). In order
@@ -1116,10 +1129,10 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             }
         }
         if (!o) {
-            if (!gone)
+            if (gone == TP_OK)
                 tpi_format(err, sizeof err, "rref %u:%llu is unknown on its owner '%s'",
                            m->rref.worker, (unsigned long long)m->rref.local, c->self.name);
-            tpi_reply(c, src, m->id, gone ? TP_EPEERDOWN : TP_EPROTO, NULL, err);
+            tpi_reply(c, src, m->id, gone == TP_OK ? TP_EPROTO : gone, NULL, err);
         } else if (o->ready) {
             reply_fetch(c, o, src, m->id);
         } else {
@@ -1153,10 +1166,11 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             break;
         }
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
-        if (!o && never_created(c, m->rref, err, sizeof err)) {
+        tp_status never = o ? TP_OK : tpi_rref_never_created(c, m->rref, err, sizeof err);
+        if (never != TP_OK) {
             /* No placeholder: it would wait forever for a value that never
-             * comes (RREF-12, RREF-14). */
-            tpi_reply(c, src, m->id, TP_EPEERDOWN, NULL, err);
+             * comes (RREF-12, RREF-14, RREF-21). */
+            tpi_reply(c, src, m->id, never, NULL, err);
             break;
         }
         if (!o)
@@ -1179,7 +1193,7 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             owner_abandon(c, o, (tp_status)m->status, m->text);
             tpi_owner_maybe_free(c, o); /* a placeholder whose forks all went */
         } else if (!o && m->rref.worker == src) {
-            abandoned_push(c, m->rref); /* its remote() was lost: it never comes */
+            ring_push(&c->abandoned, &c->nabandoned, TPI_ABANDONED_MAX, m->rref); /* its remote() was lost: it never comes */
         }
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
         break;

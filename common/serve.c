@@ -619,17 +619,18 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
         return st;
     }
     tpi_lock(c);
-    tpi_owner *o = NULL;
-    if (tpi_rref_creator_gone(c, j->msg->rref)) {
-        /* RREF-20: a remote() from an incarnation already gone (its frame
-         * was read after its death was): nobody is left to release it. */
+    tpi_owner *o = tpi_idmap_get(&c->owners, j->msg->rref);
+    st = o ? TP_OK : tpi_rref_never_created(c, j->msg->rref, err, err_len);
+    if (st != TP_OK) {
+        /* RREF-20, RREF-21: a remote() from an incarnation already gone (its
+         * frame was read after its death was), or one its creator abandoned
+         * before it got here (the network held it back): nobody is left to
+         * release it. */
         tpi_unlock(c);
-        tpi_format(err, err_len, "rref %u:%llu: its creator is gone", j->msg->rref.worker,
-                   (unsigned long long)j->msg->rref.local);
         tpi_msg_clear(j->msg);
         free(j->msg);
         j->msg = NULL;
-        return TP_EPEERDOWN;
+        return st;
     }
     o = tpi_owner_get_or_create(c, j->msg->rref);
     if (!o) {
