@@ -481,8 +481,14 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
      * as the callee still holds its request in its queue; only requests
      * that run code are queued there (FLOW-8). */
     int queued = call->type == TPI_MSG_REQUEST || call->type == TPI_MSG_REMOTE;
+    if (st == TP_ETIMEDOUT && queued && c->loses) {
+        /* FLOW-10: on a transport that loses frames silently the late reply
+         * may never come. The bytes go back now, under a new generation
+         * (FLOW-9), so the callee forgets what it holds of the older one. */
+        c->flow_gen[call->dst]++;
+    }
     if (!(st == TP_ETIMEDOUT && queued && call->wire_len > 0 && !c->peer_dead[call->dst] &&
-          debt_add(c, call))) {
+          !c->loses && debt_add(c, call))) {
         c->inflight[call->dst] -= call->wire_len;
         if (c->nwaiting[call->dst])
             wake_first(c, call->dst); /* FLOW-2: room for the next in line */

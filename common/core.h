@@ -171,6 +171,7 @@ typedef struct tpi_fork_rec {
     tpi_gid fork;
     uint32_t holder;    /* the worker holding that reference */
     uint8_t in_transit; /* recorded by our send, whose frame is not handed to the agent yet */
+    uint64_t sent_ns;   /* when our send handed it over; 0: not at risk (RREF-22) */
 } tpi_fork_rec;
 typedef struct tpi_fetch tpi_fetch;
 
@@ -281,6 +282,8 @@ struct tp_core {
     /* CALL-10 (lock): frames seen lately, when the transport may duplicate. */
     int dedupe;                /* the agent reported TP_NET_DUPLICATES */
     int reorders;              /* the agent reported TP_NET_REORDERS (RREF-6) */
+    int loses;                 /* the agent reported TP_NET_LOSES (RREF-22) */
+    uint64_t probe_due_ns;     /* lock: RREF-22's next look at unsettled forks */
     tpi_idmap seen;            /* key {src, id} -> (void *)1 */
     struct tpi_seen *seen_ring; /* the same keys, oldest first, with their expiry */
     size_t seen_head, seen_len;
@@ -500,6 +503,10 @@ void tpi_rearm(tp_core *c);
 /* RREF-19 (lock held): the connection to peer broke while both live: ask it
  * which of the forks sent to it it holds, and settle the rest. */
 void tpi_forks_query(tp_core *c, uint32_t peer);
+/* RREF-22 (lock held): on a transport that loses frames silently, the forks
+ * this worker sent that no answer has settled yet, each peer holding one
+ * asked at once (the shutdown drain waits for them); 0 elsewhere. */
+size_t tpi_forks_at_risk(tp_core *c);
 /* RREF-19: answers a peer's query (the tp:forks function, I/O context, lock
  * not held); *result caller-owned: a list of held flags, or nil for "ask
  * again later" while requests from src wait to be decoded. */

@@ -267,6 +267,7 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     uint32_t net = c->ops->net_faults ? c->ops->net_faults(c->agent) : 0;
     c->dedupe = (net & TP_NET_DUPLICATES) != 0;
     c->reorders = (net & TP_NET_REORDERS) != 0;
+    c->loses = (net & TP_NET_LOSES) != 0;
     st = c->ops->start(c->agent, c, addr, sizeof addr, err, sizeof err);
     if (st != TP_OK) {
         fail_init(ctx, c, 0);

@@ -89,6 +89,11 @@
  * context, so a peer's query costs CPU in proportion: a larger one is
  * refused (TP_ELIMIT), and the asker sends at most this many at a time. */
 #define TPI_FORKS_QUERY_MAX 4096
+/* RREF-22: on a transport that loses frames silently, how old an unsettled
+ * fork sent to a peer must be before the peer is asked whether it holds it,
+ * and how often the worker looks. Longer than a round trip under load, so a
+ * fork on its way is rarely asked about (asking is safe, only wasted). */
+#define TPI_FORKS_PROBE_NS ((uint64_t)2000000000) /* 2 s */
 
 /*
  * CALL-10: on a transport that may duplicate frames (AGENT-17), how long a

@@ -25,6 +25,7 @@ typedef struct tpi_child {
     tp_rref *rref; /* a handle kept for the child */
     uint32_t to;
     int in_transit; /* its frame is not handed to the agent yet (RREF-19) */
+    uint64_t sent_ns; /* when its frame was handed over; 0 once the peer said it holds it (RREF-22) */
 } tpi_child;
 
 struct tpi_fetch {
@@ -44,6 +45,13 @@ tpi_gid tpi_new_gid(tp_core *c) {
 }
 
 /* ---- Owner records ---------------------------------------------------------- */
+
+/* RREF-22: how long ago a fork's frame was handed over, from its sent_ns
+ * (the send's time + 1, so that 0 can mean "not at risk"). */
+static uint64_t fork_age(uint64_t now, uint64_t sent_ns) {
+    TPI_ASSERT(sent_ns != 0 && now + 1 >= sent_ns);
+    return now + 1 - sent_ns;
+}
 
 /* The last cap ids pushed (RREF-14's abandoned ids, RREF-21's freed ones).
  * Without memory nothing is remembered: a later fork then only leaks a
@@ -90,6 +98,7 @@ tp_status tpi_owner_add_fork(tp_core *c, tpi_owner *o, tpi_gid fork, uint32_t ho
     o->forks[o->nforks].fork = fork;
     o->forks[o->nforks].holder = holder;
     o->forks[o->nforks].in_transit = 0;
+    o->forks[o->nforks].sent_ns = 0; /* the holder asked for it: not at risk (RREF-22) */
     o->nforks++;
     tpi_probe_rref(c, TP_PROBE_RREF_OWNER_FORK, o->id, fork, holder);
     return TP_OK;
@@ -416,6 +425,7 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
             ch->rref = tp_rref_clone(r);
             ch->to = rc->peer;
             ch->in_transit = 1;
+            ch->sent_ns = 0;
             st = tpi_idmap_put(&c->children, w->fork_id, ch);
             if (st != TP_OK) {
                 /* Undo the clone; cannot be the last: the caller holds one. */
@@ -453,16 +463,20 @@ static void forks_settle(tpi_rref_ctx *rc, int undo) {
             tpi_child *ch = undo ? tpi_idmap_del(&c->children, f) : tpi_idmap_get(&c->children, f);
             if (ch && undo)
                 drop_child(c, ch);
-            else if (ch)
+            else if (ch) {
                 ch->in_transit = 0;
+                ch->sent_ns = tpi_now(c) + 1; /* RREF-22: never 0; see fork_age */
+            }
             continue;
         }
         tpi_owner *o = tpi_idmap_get(&c->owners, r->id);
         if (o && undo)
             remove_fork(c, o, f);
         for (size_t k = 0; o && !undo && k < o->nforks; k++)
-            if (tpi_gid_eq(o->forks[k].fork, f))
+            if (tpi_gid_eq(o->forks[k].fork, f)) {
                 o->forks[k].in_transit = 0;
+                o->forks[k].sent_ns = tpi_now(c) + 1; /* RREF-22 */
+            }
     }
     if (undo)
         rc->nundo = 0;
@@ -746,10 +760,19 @@ static const char *proto_what(uint8_t type) {
 }
 
 /* The message's last word: answered, or it never will be (lock held). */
+static void remote_deferred_delete(tp_core *c, tp_rref *r, int deferred);
+
 static void proto_final(tp_core *c, uint8_t type, tp_rref *r, tpi_gid fork, uint32_t parent,
                         tp_status st, const tpi_msg *reply) {
-    if (type == TPI_MSG_RREF_FORK)
+    if (type == TPI_MSG_RREF_FORK) {
         fork_settle(c, r, fork, parent, st, reply);
+    } else if (type == TPI_MSG_RREF_ABANDON && r->fork_pending) { /* RREF-15 */
+        int deferred = r->delete_deferred;
+        r->fork_pending = 0;
+        r->delete_deferred = 0;
+        if (st != TP_ESHUTDOWN)
+            remote_deferred_delete(c, r, deferred);
+    }
 }
 
 /* The destination restarted or died: nothing of ours is wanted there. */
@@ -821,21 +844,63 @@ static void proto_send(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_g
     call->parent = parent;
     call->attempt = attempt;
     call->on_reply = proto_reply;
-    /* A fork has no deadline: it ends with the owner's answer, its death or
-     * a broken connection (RREF-6); the others are idempotent, so a timeout
-     * only sends them again. */
+    /* Each is idempotent, so a timeout only sends it again. A fork waits
+     * for its answer (its child is confirmed by one, never by a timeout,
+     * RREF-6), which comes unless the connection breaks, except on a
+     * transport that loses frames silently (RREF-22). */
     tp_status st = tpi_call_issue(c, call, &m,
-                                  type == TPI_MSG_RREF_FORK ? TP_TIMEOUT_INFINITE
-                                                            : TPI_RREF_ATTEMPT_TIMEOUT_S);
+                                  type == TPI_MSG_RREF_FORK && !c->loses
+                                      ? TP_TIMEOUT_INFINITE
+                                      : TPI_RREF_ATTEMPT_TIMEOUT_S);
     if (st != TP_OK) /* freed by the issue, on_reply not called */
         proto_unanswered(c, type, dst, r, fork, parent, attempt, st);
 }
 
+/*
+ * RREF-22: on a transport that loses frames without a broken connection
+ * (AGENT-17), every TPI_FORKS_PROBE_NS the worker asks each peer it sent a
+ * fork to, at least that long ago and still unsettled, whether it holds it:
+ * RREF-19's query, which a break triggers on other transports. Lock held.
+ */
+static size_t forks_probe(tp_core *c, uint64_t now, uint64_t min_age_ns) {
+    c->probe_due_ns = now + TPI_FORKS_PROBE_NS;
+    uint8_t *ask = calloc(c->world_size, 1);
+    size_t at_risk = 0;
+    for (size_t i = 0; i < c->children.cap; i++) {
+        tpi_child *ch = c->children.slots[i].value;
+        at_risk += ch && ch->sent_ns;
+        if (ask && ch && ch->sent_ns && fork_age(now, ch->sent_ns) >= min_age_ns)
+            ask[ch->to] = 1;
+    }
+    for (size_t i = 0; i < c->owners.cap; i++) {
+        tpi_owner *o = c->owners.slots[i].value;
+        for (size_t k = 0; o && k < o->nforks; k++) {
+            at_risk += o->forks[k].sent_ns != 0;
+            if (ask && o->forks[k].sent_ns && fork_age(now, o->forks[k].sent_ns) >= min_age_ns)
+                ask[o->forks[k].holder] = 1;
+        }
+    }
+    for (uint32_t p = 0; ask && p < c->world_size; p++)
+        if (ask[p] && p != c->rank && !c->peer_dead[p] && !c->forks_query[p])
+            forks_query_send(c, p, 0);
+    free(ask); /* without memory, the next probe tries again */
+    return at_risk;
+}
+
+size_t tpi_forks_at_risk(tp_core *c) {
+    return c->loses ? forks_probe(c, tpi_now(c), 0) : 0;
+}
+
 uint64_t tpi_retries_next(const tp_core *c) {
-    return c->retries ? c->retries->due_ns : TPI_NO_DEADLINE;
+    uint64_t next = c->retries ? c->retries->due_ns : TPI_NO_DEADLINE;
+    if (c->loses && (c->children.len > 0 || c->owners.len > 0) && c->probe_due_ns < next)
+        next = c->probe_due_ns;
+    return next;
 }
 
 void tpi_retries_run(tp_core *c, uint64_t now) {
+    if (c->loses && now >= c->probe_due_ns)
+        (void)forks_probe(c, now, TPI_FORKS_PROBE_NS);
     while (c->retries && c->retries->due_ns <= now) {
         tpi_retry *t = c->retries;
         c->retries = t->next;
@@ -940,10 +1005,18 @@ static int read_entry(const tp_value *e, size_t n, tpi_gid *rref, tpi_gid *fork,
     return 1;
 }
 
-/* The peer does not hold fork f of rref: settle it (lock held). */
-static void fork_not_held(tp_core *c, uint32_t peer, tpi_gid rref, tpi_gid f) {
+/* The peer's word on fork f of rref. Not held: settled (lock held), as
+ * its accept (a child, RREF-5) or its delete (an owner's fork, RREF-4)
+ * would. Held: it got the frame, so the fork is no longer at risk and is
+ * not asked about again (RREF-22); its accept or delete is sent until
+ * answered. */
+static void fork_answered(tp_core *c, uint32_t peer, tpi_gid rref, tpi_gid f, int held) {
     tpi_child *ch = tpi_idmap_get(&c->children, f);
-    if (ch && ch->to == peer) { /* as its accept would (RREF-5) */
+    if (ch && ch->to == peer) {
+        if (held) {
+            ch->sent_ns = 0;
+            return;
+        }
         tpi_idmap_del(&c->children, f);
         drop_child(c, ch);
         return;
@@ -953,7 +1026,11 @@ static void fork_not_held(tp_core *c, uint32_t peer, tpi_gid rref, tpi_gid f) {
         return;
     for (size_t k = 0; k < o->nforks; k++) {
         if (tpi_gid_eq(o->forks[k].fork, f) && o->forks[k].holder == peer) {
-            remove_fork(c, o, f); /* as its delete would (RREF-4) */
+            if (held) {
+                o->forks[k].sent_ns = 0;
+                return;
+            }
+            remove_fork(c, o, f);
             tpi_owner_maybe_free(c, o);
             return;
         }
@@ -971,8 +1048,8 @@ static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply
         for (size_t i = 0; i < tp_list_len(v); i++) {
             tpi_gid rref, f;
             int64_t held;
-            if (read_entry(tp_list_get(v, i), 5, &rref, &f, &held) && held == 0)
-                fork_not_held(c, peer, rref, f);
+            if (read_entry(tp_list_get(v, i), 5, &rref, &f, &held))
+                fork_answered(c, peer, rref, f, held != 0);
         }
     } else if ((reply && st == TP_OK) || retryable(st)) { /* busy, or no answer */
         /* The retry collects the forks afresh: those sent meanwhile too. */
@@ -988,13 +1065,21 @@ static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply
         forks_query_send(c, peer, 0);
 }
 
+/* A fork whose frame went out so lately that, on a transport that reorders,
+ * the query could still overtake it (AGENT-17's bound): asked next time. One
+ * still being sent (in transit) is never asked about: it goes out behind the
+ * query, so it is not lost. */
+static int too_young(tp_core *c, uint64_t sent_ns) {
+    return c->reorders && sent_ns != 0 && fork_age(tpi_now(c), sent_ns) < TPI_DEDUPE_WINDOW_NS;
+}
+
 static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     tp_value *entries = tp_value_list();
     int ok = entries != NULL;
     for (size_t i = 0; ok && i < c->children.cap && tp_list_len(entries) < TPI_FORKS_QUERY_MAX;
          i++) {
         tpi_child *ch = c->children.slots[i].value;
-        if (ch && ch->to == peer && !ch->in_transit) /* one still being sent is not lost */
+        if (ch && ch->to == peer && !ch->in_transit && !too_young(c, ch->sent_ns))
             ok = tp_list_append(entries, fork_entry(ch->rref->id, c->children.slots[i].key, -1)) ==
                  TP_OK;
     }
@@ -1003,7 +1088,8 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; ok && k < os[i]->nforks && tp_list_len(entries) < TPI_FORKS_QUERY_MAX;
              k++)
-            if (os[i]->forks[k].holder == peer && !os[i]->forks[k].in_transit)
+            if (os[i]->forks[k].holder == peer && !os[i]->forks[k].in_transit &&
+                !too_young(c, os[i]->forks[k].sent_ns))
                 ok = tp_list_append(entries, fork_entry(os[i]->id, os[i]->forks[k].fork, -1)) ==
                      TP_OK;
     if (n)
@@ -1170,6 +1256,8 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
         if (never != TP_OK) {
             /* No placeholder: it would wait forever for a value that never
              * comes (RREF-12, RREF-14, RREF-21). */
+            tpi_log(TP_LOG_DEBUG, "worker '%s': fork %u:%llu from worker %u refused: %s",
+                    c->self.name, m->fork.worker, (unsigned long long)m->fork.local, src, err);
             tpi_reply(c, src, m->id, never, NULL, err);
             break;
         }
@@ -1336,7 +1424,8 @@ static void leak_add(leak_list *l, tp_leak_kind kind, tpi_gid rref, tpi_gid fork
  * behind its fork, RREF-15) for the message type on r. */
 static int owes_delete(uint8_t type, const tp_rref *r) {
     return r && !r->is_owner &&
-           (type == TPI_MSG_RREF_DELETE || (type == TPI_MSG_RREF_FORK && r->delete_deferred));
+           (type == TPI_MSG_RREF_DELETE ||
+            ((type == TPI_MSG_RREF_FORK || type == TPI_MSG_RREF_ABANDON) && r->delete_deferred));
 }
 
 static int leak_cmp(const void *pa, const void *pb) {
@@ -1412,10 +1501,12 @@ static void fail_waiting_fetches(tp_core *c, tp_rref *r) {
 
 /* RREF-14: tells the owner that the creation failed here, so every holder
  * sees the same fact. Answered; a lost one is no worse than RREF-12. */
-static void send_abandon(tp_core *c, tp_rref *r) {
+/* 1 when the abandon went (it ends in proto_final), 0 when nobody is left to tell. */
+static int send_abandon(tp_core *c, tp_rref *r) {
     if (c->peer_dead[r->owner] || tpi_rref_owner_restarted(c, r))
-        return;
+        return 0;
     proto_send(c, TPI_MSG_RREF_ABANDON, r->owner, r, no_fork, 0, 0);
+    return 1;
 }
 
 /* The creator's delete that waited for its REMOTE's answer (RREF-15). */
@@ -1454,6 +1545,7 @@ static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *repl
         }
         return;
     }
+    int abandoning = 0;
     if (!r->failed && !r->answered) {
         r->failed = st;
         tpi_format(msg, sizeof msg, "the rref was not created: remote '%s' on '%s' got no answer"
@@ -1464,10 +1556,17 @@ static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *repl
         tpi_probe_rref(c, TP_PROBE_RREF_FORK_GONE, r->id, r->fork, r->owner);
         fail_waiting_fetches(c, r); /* a to_here already waiting learns it now (RREF-2) */
         if (st != TP_EPEERDOWN)
-            send_abandon(c, r);
+            abandoning = send_abandon(c, r);
     }
-    /* The REMOTE may still have recorded our fork: the delete goes as it
-     * would have, after the abandon on the same link. */
+    if (abandoning) {
+        /* The REMOTE may still be on its way (a network that reorders, or
+         * loses its answer) and record our fork after a delete: the delete
+         * waits for the abandon's answer, after which the owner refuses that
+         * REMOTE (RREF-21) or has recorded the fork the delete removes. */
+        r->fork_pending = 1;
+        r->delete_deferred = deferred;
+        return;
+    }
     remote_deferred_delete(c, r, deferred);
 }
 

@@ -84,6 +84,11 @@ static tp_status drain_flush(tp_core *c, uint64_t deadline) {
     double left_s = deadline == TPI_NO_DEADLINE ? TP_TIMEOUT_INFINITE
                     : deadline > now            ? (double)(deadline - now) / 1e9
                                                 : 1e-9;
+    /* On a transport that loses frames silently (AGENT-17) the answer may
+     * never come: one attempt waits as long as an rref message's (RREF-15),
+     * and the next round pings again. Elsewhere it comes, however slow. */
+    if (c->loses && (left_s == TP_TIMEOUT_INFINITE || left_s > TPI_RREF_ATTEMPT_TIMEOUT_S))
+        left_s = TPI_RREF_ATTEMPT_TIMEOUT_S;
     for (uint32_t p = 0; p < c->world_size; p++) {
         if (!c->unflushed[p] || c->peer_dead[p])
             continue;
@@ -156,12 +161,20 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
         st = wait_local_quiet(c, deadline);
         if (st == TP_OK)
             st = drain_flush(c, deadline);
+        /* RREF-22: a fork whose frame the network may have lost silently
+         * counts as work until its holder said whether it got it. */
+        tpi_lock(c);
+        size_t at_risk = st == TP_OK ? tpi_forks_at_risk(c) : 0;
+        tpi_unlock(c);
+        if (at_risk > 0 && st == TP_OK)
+            st = wait_local_quiet(c, deadline); /* the queries just sent */
         if (st != TP_OK)
             break;
         if (drain_done_elsewhere(c, deadline))
             break; /* st is TP_OK */
         tpi_lock(c);
-        tpi_format(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, c->active_client,
+        tpi_format(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64,
+                   c->active_client + (uint64_t)at_risk,
                    TPI_CANARY(TPI_CANARY_DRAIN_UNDERREPORTS) ? 0 : c->active_served, c->issued);
         tpi_unlock(c);
         tpi_publish_dead(c, deadline);

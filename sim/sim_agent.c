@@ -540,12 +540,13 @@ tp_store *tpi_sim_store(tp_sim *sim, char *errmsg, size_t errmsg_len) {
     return sim->store;
 }
 
-/* AGENT-17: the chaos mode (SIM-5) may deliver a frame twice, and late:
- * a held-back frame or a copy arrives behind later ones. */
+/* AGENT-17: the chaos mode (SIM-5) may deliver a frame twice, and late
+ * (a held-back frame or a copy arrives behind later ones), or lose it. */
 static uint32_t agent_net_faults(tp_agent *ag) {
     const tpi_sim_agent *a = AG(ag);
     return (a->sim->chaos_dup_pm > 0 ? TP_NET_DUPLICATES : 0) |
-           (a->sim->chaos_dup_pm > 0 || a->sim->chaos_reorder_pm > 0 ? TP_NET_REORDERS : 0);
+           (a->sim->chaos_dup_pm > 0 || a->sim->chaos_reorder_pm > 0 ? TP_NET_REORDERS : 0) |
+           (a->sim->chaos_drop_pm > 0 ? TP_NET_LOSES : 0);
 }
 
 static void agent_probe(tp_agent *ag, const tp_probe *p) {

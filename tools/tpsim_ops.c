@@ -194,7 +194,7 @@ tp_value *tpsim_payload(uint64_t tag, size_t len) {
 static int loss_fired(const tpsim_world *w) {
     static const tp_sim_fault_kind loss[] = {TP_SIM_FAULT_BREAK, TP_SIM_FAULT_PARTITION,
                                              TP_SIM_FAULT_STALL_BREAK, TP_SIM_FAULT_DROP,
-                                             TP_SIM_FAULT_FAILSEND};
+                                             TP_SIM_FAULT_FAILSEND, TP_SIM_FAULT_CHAOS_DROP};
     for (size_t i = 0; i < sizeof loss / sizeof loss[0]; i++)
         if (tp_sim_fault_count(w->sim, loss[i]))
             return 1;
@@ -211,6 +211,12 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
     int transport =
         st == TP_ETIMEDOUT || st == TP_EPEERDOWN || st == TP_EIO || (st == TP_ESHUTDOWN && dead);
     int ok = transport;
+    /* A remote's to_here can reach the owner after the network lost its
+     * REMOTE without a broken connection (chaos mode): the owner never heard
+     * of it, and user calls are never sent again (RREF-15). */
+    if (p->op == TPSIM_OP_REMOTE && st == TP_EPROTO && strstr(err, "unknown on its owner") &&
+        tp_sim_fault_count(w->sim, TP_SIM_FAULT_CHAOS_DROP))
+        ok = 1;
     switch (p->op) {
     case TPSIM_OP_FAIL:
         ok = ok || st == TP_EREMOTE;

@@ -69,6 +69,7 @@ typedef struct swarm_cfg {
     uint64_t window;       /* max_inflight_bytes, 0: default */
     uint64_t heal_ns;      /* every fault window ends by then */
     double default_timeout_s;
+    int lossy; /* the plan's chaos mode loses frames: every chaos call has a deadline */
     uint32_t mix[TPSIM_OP_SHARE + 1]; /* weights of the chaos operations */
     uint32_t mix_total;
     char plan[SWARM_PLAN_MAX];
@@ -184,6 +185,26 @@ static int chance(swarm_src *src, uint64_t n) {
 /* A timeout menu from sub-millisecond to infinite (0). */
 static const double timeout_menu[] = {0.0005, 0.003, 0.02, 0.2, 2.0, 30.0, 0.0};
 #define TIMEOUT_MENU_N (sizeof timeout_menu / sizeof timeout_menu[0])
+
+/* Where the network loses frames without a broken connection (chaos mode),
+ * a user call whose request or answer vanished ends only at its deadline:
+ * calls are never sent again (rref.md RREF-15). So there an infinite
+ * timeout is the menu's longest finite one. */
+static double finite(double timeout_s) {
+    return timeout_s == 0.0 ? 30.0 : timeout_s;
+}
+
+/* 1 when a chaos line of the plan loses frames (its DROP field above 0). */
+static int plan_loses(const char *plan) {
+    for (const char *l = plan; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        unsigned long drop = 0;
+        while (*l == ' ' || *l == '\t')
+            l++;
+        if (strncmp(l, "chaos", 5) == 0 && sscanf(l + 5, "%lu", &drop) == 1 && drop > 0)
+            return 1;
+    }
+    return 0;
+}
 
 static void plan_add(swarm_cfg *c, tp_sim_fault_kind kind, const char *fmt, ...) {
     size_t n = strlen(c->plan);
@@ -351,9 +372,10 @@ static uint64_t draw(uint64_t n) {
     return n ? tp_sim_random() % n : 0;
 }
 
-static double draw_timeout(void) {
+static double draw_timeout(const swarm_cfg *c) {
     uint64_t k = draw(TIMEOUT_MENU_N + 2);
-    return k >= TIMEOUT_MENU_N ? TP_TIMEOUT_DEFAULT : timeout_menu[k];
+    double t = k >= TIMEOUT_MENU_N ? TP_TIMEOUT_DEFAULT : timeout_menu[k];
+    return c->lossy ? finite(t) : t;
 }
 
 /* Draws and issues one chaos operation; an async one lands in *p (p->f set). */
@@ -370,7 +392,7 @@ static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *
     }
     tpsim_op_spec s = {.op = op,
                        .dst = (int)draw((uint64_t)world),
-                       .timeout_s = draw_timeout(),
+                       .timeout_s = draw_timeout(c),
                        .a = (int64_t)draw(1000000),
                        .b = (int64_t)draw(1000000)};
     switch (op) {
@@ -391,7 +413,7 @@ static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *
         s.len = (size_t)draw((uint64_t)c->payload_max + 1);
         break;
     case TPSIM_OP_REMOTE:
-        s.fetch_timeout_s = draw_timeout();
+        s.fetch_timeout_s = draw_timeout(c);
         break;
     case TPSIM_OP_SHARE: /* any third worker: the caller and the owner too (RREF-6) */
         s.relay_to = (int)draw((uint64_t)world);
@@ -487,7 +509,8 @@ static int swarm_program(int rank, int world, void *arg) {
         static const double late_timeouts[] = {0.0005, 0.003, 0.0};
         tpsim_op_spec spec = {.op = TPSIM_OP_FORGET,
                               .dst = dst,
-                              .timeout_s = late_timeouts[draw(3)],
+                              .timeout_s = c->lossy ? finite(late_timeouts[draw(3)])
+                                                    : late_timeouts[draw(3)],
                               .a = 1,
                               .b = 2,
                               .delay_us = (int64_t)draw(50000)};
@@ -550,6 +573,9 @@ static int world_cfg(const swarm_opts *o, uint64_t *seed, swarm_cfg *cfg) {
         snprintf(cfg->plan, sizeof cfg->plan, "%s", o->plan_text);
     if (o->calls)
         cfg->calls = o->calls;
+    cfg->lossy = plan_loses(cfg->plan);
+    if (cfg->lossy)
+        cfg->default_timeout_s = finite(cfg->default_timeout_s);
     if (!rec)
         return 0;
     FILE *f = fopen(o->save_bytes, "wb");

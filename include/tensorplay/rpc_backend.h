@@ -249,15 +249,18 @@ typedef struct tp_agent_ops {
      * AGENT-17. Optional (NULL: none). What this transport does beyond
      * AGENT-8's contract, as TP_NET_* flags; read once, before start. With
      * TP_NET_DUPLICATES the core drops a repeated frame (api.md CALL-10);
-     * with TP_NET_REORDERS a fetch may wait for its REMOTE (rref.md RREF-6).
+     * with TP_NET_REORDERS a fetch may wait for its REMOTE (rref.md RREF-6);
+     * with TP_NET_LOSES unsettled forks are probed (RREF-22).
      */
     uint32_t (*net_faults)(tp_agent *a);
 } tp_agent_ops;
 
-/* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice, or
- * deliver the frames of one link out of order. */
+/* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice,
+ * deliver the frames of one link out of order, ... */
 #define TP_NET_DUPLICATES 0x1u
 #define TP_NET_REORDERS 0x2u
+/* ... or lose a frame without ending its connection (no peer-down). */
+#define TP_NET_LOSES 0x4u
 
 /* ------------------------------------------------------------------------ */
 /* Upcalls: the backend tells the core what happened (AGENT-2).             */
