@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo install check-rules fuzz fuzz-net bench storm swarm mutate clean format
+.PHONY: all deps configure build test demo install check-rules fuzz fuzz-net bench storm swarm swarm-chaos mutate clean format
 
 all: build
 
@@ -57,6 +57,11 @@ storm: build
 SEEDS ?= 1..100000
 swarm: build
 	@$(BUILD)/tools/tpsim swarm --seeds $(SEEDS) --jobs $(JOBS)
+
+# Issue 9's sweep: every world in chaos mode with rref-heavy calls.
+CHAOS_SEEDS ?= 1..10000
+swarm-chaos: build
+	@$(BUILD)/tools/tpsim swarm --seeds $(CHAOS_SEEDS) --chaos --jobs $(JOBS)
 
 # Mutation testing of common/ (scripts/mutate.py): MUTANTS drawn from MUTATE_SEED.
 MUTANTS ?= 60

@@ -231,6 +231,7 @@ void tpi_flow_peer_reset(tp_core *c, uint32_t peer) {
      * the peer's next one names its own. */
     c->flow_gen[peer]++;
     c->src_gen_known[peer] = 0;
+    c->forks_asked_ns[peer] = 0; /* RREF-19: its next query waits afresh */
     tpi_window_wake_all(c, peer);
 }
 

@@ -15,6 +15,9 @@ const char *tpi_canary_name(int kind) {
         [TPI_CANARY_DRAIN_UNDERREPORTS] = "drain_underreports",
         [TPI_CANARY_CHILD_DROPPED_EARLY] = "child_dropped_early",
         [TPI_CANARY_DEDUPE_OFF] = "dedupe_off",
+        [TPI_CANARY_FREED_FORGOTTEN] = "freed_forgotten",
+        [TPI_CANARY_NO_FORK_PROBE] = "no_fork_probe",
+        [TPI_CANARY_DELETE_BEFORE_ABANDON] = "delete_before_abandon",
     };
     return kind >= 0 && kind < TPI_CANARY_KINDS_ ? names[kind] : NULL;
 }

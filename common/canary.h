@@ -28,6 +28,17 @@ typedef enum tpi_canary_kind {
     /* Copies of a frame are served again on a duplicating transport (no
      * CALL-10): a function runs twice for one call. */
     TPI_CANARY_DEDUPE_OFF = 5,
+    /* An owner on a reordering transport forgets the values it freed (no
+     * RREF-21): a fetch or remote() held back behind the last delete makes a
+     * placeholder or a fork that nothing settles. */
+    TPI_CANARY_FREED_FORGOTTEN = 6,
+    /* On a transport that loses frames silently nobody asks about the forks
+     * whose frames vanished (no RREF-22): they stay until the leak report. */
+    TPI_CANARY_NO_FORK_PROBE = 7,
+    /* A creator whose REMOTE got no answer sends its delete right after its
+     * abandon, not after the abandon's answer (RREF-15): on a reordering
+     * transport both can overtake the REMOTE, which then records a fork. */
+    TPI_CANARY_DELETE_BEFORE_ABANDON = 8,
     TPI_CANARY_KINDS_
 } tpi_canary_kind;
 

@@ -245,6 +245,7 @@ struct tp_core {
                                   * I/O context's fence (REJOIN-5) */
     uint32_t *undecoded;   /* lock: by id: its requests queued here not yet decoded (RREF-19) */
     uint8_t *forks_query;  /* lock: by id: RREF-19's query to it: 0 none, 1 out, 2 out + again */
+    uint64_t *forks_asked_ns; /* lock: by id: its first query not answered yet (RREF-19), or 0 */
     uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still
                             * be on the wire, where no counter shows it (SHUTDOWN-5) */
     tp_options *opts;

@@ -42,6 +42,7 @@ void tpi_core_free(tp_core *c) {
     free(c->abandoned);
     free(c->freed);
     free(c->forks_query);
+    free(c->forks_asked_ns);
     free(c->inflight);
     free(c->credit);
     free(c->held);
@@ -84,6 +85,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->unflushed = calloc(world, 1);
     c->undecoded = calloc(world, sizeof *c->undecoded);
     c->forks_query = calloc(world, 1);
+    c->forks_asked_ns = calloc(world, sizeof *c->forks_asked_ns);
     c->inflight = calloc(world, sizeof *c->inflight);
     c->credit = calloc(world, sizeof *c->credit);
     c->held = calloc(world, sizeof *c->held);
@@ -101,7 +103,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->seen);
     c->armed_ns = TPI_NO_DEADLINE;
     if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
-        !c->undecoded || !c->forks_query ||
+        !c->undecoded || !c->forks_query || !c->forks_asked_ns ||
         !c->inflight || !c->credit || !c->held || !c->held_epoch || !c->refused_warned ||
         !c->flow_gen || !c->src_gen || !c->src_gen_known || !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);

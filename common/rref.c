@@ -188,7 +188,8 @@ void tpi_owner_maybe_free(tp_core *c, tpi_owner *o) {
     if (o->nforks == 0 && o->local_handles == 0 && !o->fetches && !o->waiters && !o->running &&
         o->ready) {
         tpi_probe_rref(c, TP_PROBE_RREF_OWNER_FREE, o->id, (tpi_gid){0, 0}, c->rank);
-        if (c->reorders && o->id.worker != c->rank) /* RREF-21 */
+        if (c->reorders && o->id.worker != c->rank && /* RREF-21 */
+            !TPI_CANARY(TPI_CANARY_FREED_FORGOTTEN))
             ring_push(&c->freed, &c->nfreed, TPI_FREED_MAX, o->id);
         owner_free(c, o);
     }
@@ -880,7 +881,7 @@ static size_t forks_probe(tp_core *c, uint64_t now, uint64_t min_age_ns) {
                 ask[o->forks[k].holder] = 1;
         }
     }
-    for (uint32_t p = 0; ask && p < c->world_size; p++)
+    for (uint32_t p = 0; ask && p < c->world_size && !TPI_CANARY(TPI_CANARY_NO_FORK_PROBE); p++)
         if (ask[p] && p != c->rank && !c->peer_dead[p] && !c->forks_query[p])
             forks_query_send(c, p, 0);
     free(ask); /* without memory, the next probe tries again */
@@ -888,7 +889,7 @@ static size_t forks_probe(tp_core *c, uint64_t now, uint64_t min_age_ns) {
 }
 
 size_t tpi_forks_at_risk(tp_core *c) {
-    return c->loses ? forks_probe(c, tpi_now(c), 0) : 0;
+    return c->loses && !TPI_CANARY(TPI_CANARY_NO_FORK_PROBE) ? forks_probe(c, tpi_now(c), 0) : 0;
 }
 
 uint64_t tpi_retries_next(const tp_core *c) {
@@ -1065,21 +1066,13 @@ static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply
         forks_query_send(c, peer, 0);
 }
 
-/* A fork whose frame went out so lately that, on a transport that reorders,
- * the query could still overtake it (AGENT-17's bound): asked next time. One
- * still being sent (in transit) is never asked about: it goes out behind the
- * query, so it is not lost. */
-static int too_young(tp_core *c, uint64_t sent_ns) {
-    return c->reorders && sent_ns != 0 && fork_age(tpi_now(c), sent_ns) < TPI_DEDUPE_WINDOW_NS;
-}
-
 static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     tp_value *entries = tp_value_list();
     int ok = entries != NULL;
     for (size_t i = 0; ok && i < c->children.cap && tp_list_len(entries) < TPI_FORKS_QUERY_MAX;
          i++) {
         tpi_child *ch = c->children.slots[i].value;
-        if (ch && ch->to == peer && !ch->in_transit && !too_young(c, ch->sent_ns))
+        if (ch && ch->to == peer && !ch->in_transit) /* one still being sent is not lost */
             ok = tp_list_append(entries, fork_entry(ch->rref->id, c->children.slots[i].key, -1)) ==
                  TP_OK;
     }
@@ -1088,8 +1081,7 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; ok && k < os[i]->nforks && tp_list_len(entries) < TPI_FORKS_QUERY_MAX;
              k++)
-            if (os[i]->forks[k].holder == peer && !os[i]->forks[k].in_transit &&
-                !too_young(c, os[i]->forks[k].sent_ns))
+            if (os[i]->forks[k].holder == peer && !os[i]->forks[k].in_transit)
                 ok = tp_list_append(entries, fork_entry(os[i]->id, os[i]->forks[k].fork, -1)) ==
                      TP_OK;
     if (n)
@@ -1147,11 +1139,19 @@ tp_status tpi_forks_serve(tp_core *c, uint32_t src, const tp_value *args, tp_val
         return TP_ELIMIT;
     }
     tpi_lock(c);
-    if (c->undecoded[src] > 0) { /* its earlier requests may carry those forks */
+    uint64_t now = tpi_now(c);
+    if (c->reorders && c->forks_asked_ns[src] == 0)
+        c->forks_asked_ns[src] = now;
+    if (c->undecoded[src] > 0 || /* its earlier requests may carry those forks */
+        (c->reorders && now - c->forks_asked_ns[src] < TPI_DEDUPE_WINDOW_NS)) {
+        /* On a transport that reorders, a frame sent before the query may
+         * arrive up to the bound after it (AGENT-17): "not held" waits until
+         * then, after which such a frame has arrived or is lost. */
         tpi_unlock(c);
         *result = tp_value_nil();
         return *result ? TP_OK : TP_ENOMEM;
     }
+    c->forks_asked_ns[src] = 0;
     tp_value *answer = tp_value_list();
     tp_status st = answer ? TP_OK : TP_ENOMEM;
     for (size_t i = 0; st == TP_OK && i < tp_list_len(entries); i++) {
@@ -1558,7 +1558,7 @@ static void remote_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *repl
         if (st != TP_EPEERDOWN)
             abandoning = send_abandon(c, r);
     }
-    if (abandoning) {
+    if (abandoning && !TPI_CANARY(TPI_CANARY_DELETE_BEFORE_ABANDON)) {
         /* The REMOTE may still be on its way (a network that reorders, or
          * loses its answer) and record our fork after a delete: the delete
          * waits for the abandon's answer, after which the owner refuses that

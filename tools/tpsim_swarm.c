@@ -241,7 +241,7 @@ static void draw_window(swarm_src *s, uint64_t heal_ns, double *a, double *b) {
         *b = to;
 }
 
-static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c) {
+static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, int chaos, swarm_cfg *c) {
     memset(c, 0, sizeof *c);
     c->seed = seed;
     /* One world in eight has a long chaos phase, so that a partition can
@@ -364,6 +364,31 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, swarm_cfg *c
             if (chance(s, 2))
                 plan_add(c, TP_SIM_FAULT_RESTART, "restart %u %.3f", r,
                          (double)(c->heal_ns / MS_NS) + (double)below(s, 5));
+    /* The chaos network mode (SIM-5): loss, duplication and reordering
+     * beyond TCP's, with every other fault. One world in eight; with
+     * --chaos every world, and its mix leans on rrefs (remote and share). */
+    if (chaos || chance(s, 8)) {
+        static const unsigned drops[] = {0, 1000, 20000, 100000};
+        static const unsigned others[] = {0, 20000, 100000};
+        unsigned drop = drops[below(s, 4)];
+        unsigned dup = others[below(s, 3)];
+        unsigned reorder = others[below(s, 3)];
+        if (!drop && !dup && !reorder)
+            reorder = 20000;
+        draw_window(s, c->heal_ns, &a, &b);
+        plan_add(c, drop ? TP_SIM_FAULT_CHAOS_DROP : dup ? TP_SIM_FAULT_CHAOS_DUP
+                                                         : TP_SIM_FAULT_CHAOS_REORDER,
+                 "chaos %u %u %u %.3f %.3f", drop, dup, reorder, a, b);
+        c->planned[TP_SIM_FAULT_CHAOS_DUP] += drop && dup;
+        c->planned[TP_SIM_FAULT_CHAOS_REORDER] += (drop || dup) && reorder;
+    }
+    if (chaos) {
+        uint32_t remote = 4 + (uint32_t)below(s, 8); /* GCC drew it first */
+        uint32_t share = 8 + (uint32_t)below(s, 8);
+        c->mix_total += remote + share - c->mix[TPSIM_OP_REMOTE] - c->mix[TPSIM_OP_SHARE];
+        c->mix[TPSIM_OP_REMOTE] = remote;
+        c->mix[TPSIM_OP_SHARE] = share;
+    }
 }
 
 /* ---- Inside the simulation ---------------------------------------------------- */
@@ -533,6 +558,7 @@ typedef struct swarm_opts {
     const char *canary;
     const char *plan_text; /* --plan: replaces the seed's drawn fault plan */
     uint32_t calls;        /* --calls: replaces the drawn calls per worker (0: drawn) */
+    int chaos;             /* --chaos: every world in chaos mode, with rref-heavy calls */
     int shrink;
     const uint8_t *bytes;  /* --bytes: one world decoded from these (SIM-14) */
     size_t bytes_len;
@@ -568,7 +594,7 @@ static int world_cfg(const swarm_opts *o, uint64_t *seed, swarm_cfg *cfg) {
             src.rec_cap = SWARM_BYTES_MAX;
         }
     }
-    draw_cfg(&src, *seed, o->workers, cfg);
+    draw_cfg(&src, *seed, o->workers, o->chaos, cfg);
     if (o->plan_text)
         snprintf(cfg->plan, sizeof cfg->plan, "%s", o->plan_text);
     if (o->calls)
@@ -692,6 +718,8 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
             char extra[96] = "";
             if (o->workers)
                 snprintf(extra, sizeof extra, " --workers %u", o->workers);
+            if (o->chaos)
+                snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " --chaos");
             if (o->canary)
                 snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " --canary %s",
                          o->canary);
@@ -813,8 +841,8 @@ static int shrink_seed(const swarm_opts *o, uint64_t seed) {
     for (int j = 0; j < n; j++)
         if (keep[j])
             printf("  %s\n", lines[j]);
-    printf("  replay: %s --seeds %" PRIu64 " --plan %s --calls %u%s%s --verbose\n", replay_cmd,
-           seed, f ? path : "(could not write the plan)", calls,
+    printf("  replay: %s --seeds %" PRIu64 " --plan %s --calls %u%s%s%s --verbose\n", replay_cmd,
+           seed, f ? path : "(could not write the plan)", calls, o->chaos ? " --chaos" : "",
            o->canary ? " --canary " : "", o->canary ? o->canary : "");
     return 0;
 }
@@ -948,10 +976,7 @@ static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall
         printf("%-16s %13" PRIu64 " %12" PRIu64 " %13" PRIu64 "%s\n",
                tp_sim_fault_kind_name((tp_sim_fault_kind)k), s->fault_seeds_planned[k],
                s->fault_seeds_fired[k], s->fault_fired[k],
-               s->fault_fired[k] != 0 ? ""
-               : k >= TP_SIM_FAULT_CHAOS_DROP && k <= TP_SIM_FAULT_CHAOS_REORDER
-                   ? "   (chaos mode: not drawn, today's calls do not survive it)"
-                   : "   <- never fired");
+               s->fault_fired[k] != 0 ? "" : "   <- never fired");
     printf("\noperation ");
     for (int j = 0; j < TPSIM_OUT_KINDS; j++)
         printf(" %10s", tpsim_out_names[j]);
@@ -1079,7 +1104,7 @@ static int run_jobs(const swarm_opts *o, swarm_stats *total) {
 static int swarm_usage(FILE *out) {
     fprintf(out, "usage: %s --seeds A..B [--jobs N] [--workers N] [--verbose]\n"
                  "          [--trace FILE] [--canary NAME] [--expect-failure]\n"
-                 "          [--plan FILE] [--calls N] [--shrink] [--save-bytes FILE]\n"
+                 "          [--plan FILE] [--calls N] [--chaos] [--shrink] [--save-bytes FILE]\n"
                  "       %s --bytes FILE [--shrink] [...]\n"
                  "\n"
                  "Runs one randomized world per seed: chaos (faults), heal, liveness, graceful\n"
@@ -1096,6 +1121,8 @@ static int swarm_usage(FILE *out) {
                  "  --canary NAME  run a deliberately broken core (tpsim_canary only)\n"
                  "  --plan FILE    use this fault plan instead of the seed's drawn one\n"
                  "  --calls N      every worker issues N chaos calls instead of the drawn count\n"
+                 "  --chaos        every world adds the chaos network mode (loss, duplication,\n"
+                 "                 reordering) and leans its calls on rrefs (remote, share)\n"
                  "  --shrink       one failing seed: drop plan lines and halve the calls while it\n"
                  "                 still fails; print the smallest and write seed-S.plan\n"
                  "                 (with --bytes: cut bytes while it fails; write FILE.min)\n"
@@ -1175,6 +1202,8 @@ static int swarm_main(const tp_sim_experiment_def *def, int argc, char **argv, c
             i++;
         } else if (strcmp(a, "--shrink") == 0) {
             o.shrink = 1;
+        } else if (strcmp(a, "--chaos") == 0) {
+            o.chaos = 1;
         } else if (strcmp(a, "--calls") == 0 && v) {
             if (!parse_u64_arg(v, &n) || n < 1 || n > 100000) {
                 fprintf(stderr, "%s: --calls '%s': expected 1..100000\n", prog, v);
