@@ -305,6 +305,8 @@ struct tp_core {
     size_t nabandoned;       /* ids pushed so far (the ring holds the last ones) */
     tpi_gid *freed;          /* ring of TPI_FREED_MAX (RREF-21), only when reorders */
     size_t nfreed;
+    tpi_gid *deleted;        /* fork ids deleted here, the same way (RREF-21) */
+    size_t ndeleted;
     int shutting_down;  /* graceful shutdown in progress */
 };
 

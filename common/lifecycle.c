@@ -41,6 +41,7 @@ void tpi_core_free(tp_core *c) {
     free(c->undecoded);
     free(c->abandoned);
     free(c->freed);
+    free(c->deleted);
     free(c->forks_query);
     free(c->forks_asked_ns);
     free(c->inflight);

@@ -1236,6 +1236,8 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
     }
     case TPI_MSG_RREF_DELETE: {
         tpi_owner *o = tpi_idmap_get(&c->owners, m->rref);
+        if (c->reorders) /* RREF-21: a repeat of its fork may still be behind it */
+            ring_push(&c->deleted, &c->ndeleted, TPI_FREED_MAX, m->fork);
         if (o) {
             remove_fork(c, o, m->fork);
             tpi_owner_maybe_free(c, o);
@@ -1259,6 +1261,14 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             tpi_log(TP_LOG_DEBUG, "worker '%s': fork %u:%llu from worker %u refused: %s",
                     c->self.name, m->fork.worker, (unsigned long long)m->fork.local, src, err);
             tpi_reply(c, src, m->id, never, NULL, err);
+            break;
+        }
+        if (ring_has(c->deleted, c->ndeleted, TPI_FREED_MAX, m->fork)) {
+            /* RREF-21: a repeat its holder sent before an answer came, held
+             * back behind the fork's delete: recording it again would keep
+             * the value for a reference nobody holds. Its child has its
+             * answer already. */
+            tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
             break;
         }
         if (!o)

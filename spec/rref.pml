@@ -16,8 +16,13 @@
  * (everything in flight on it is lost, both ways, and every unanswered
  * protocol message on it is sent again: RREF-15) and may time an accept or
  * delete out while it is still in flight (it is sent again behind itself: a
- * duplicate). A fork has no timeout (RREF-6). Both are bounded (MAX_BREAKS,
- * MAX_TIMEOUTS) so every run ends. Duplicates arise from both; reordering
+ * duplicate). A fork has no timeout (RREF-6) unless LOSS is defined. With
+ * CHAOS_DUP the network itself copies a frame in flight, and the receiver
+ * drops a copy by its message id (api.md CALL-10; every attempt is a new
+ * call with a new id, RREF-15). With LOSS a frame in flight vanishes without
+ * its connection breaking (agent.md AGENT-17, TP_NET_LOSES), and a fork's
+ * attempt times out too (RREF-15). All of these are bounded (MAX_BREAKS,
+ * MAX_TIMEOUTS, MAX_DUPS, MAX_LOSSES) so every run ends. Reordering is
  * between links always, within one with CHAOS.
  *
  * The share itself is a user call, never sent again (RREF-15): the model
@@ -26,12 +31,18 @@
  * holds (RREF-19), which this model leaves out; the simulator's oracle and
  * tests/unit/test_rref_faults.c check it.
  *
+ * The owner remembers the forks whose delete came (RREF-21): a repeat of a
+ * fork that timed out in flight, held back behind that delete, is answered
+ * and not recorded again, and one reaching a freed value is refused.
+ *
  * Checked (make test, tests/scripts/spin_rref.sh), each with both claims:
- *   the model as written, with and without CHAOS (must hold);
- *   each MUTANT_* (one rule broken on purpose) and CHAOS_DUP (the network
- *   itself duplicates frames: a fork repeated after its delete, which the
- *   protocol assumes the transport never delivers, RREF-12) must each be
- *   caught, so the check is shown to bite.
+ *   the model as written, with CHAOS, with CHAOS and CHAOS_DUP, and with
+ *   CHAOS, CHAOS_DUP and LOSS together (must hold);
+ *   each MUTANT_* (one rule broken on purpose) must be caught, so the check
+ *   is shown to bite: MUTANT_FORGETS_DELETED under LOSS (a repeat that
+ *   timed out in flight, held back behind the delete, recorded again), and
+ *   with MUTANT_NO_DEDUPE under CHAOS_DUP (a copied fork served after its
+ *   delete: dedupe or the memory of deletes, one of them is needed).
  * The properties:
  *   safety  - the owner never frees while a worker holds a reference (RREF-3,
  *             RREF-5), B never receives a reference to a freed value, a
@@ -58,13 +69,26 @@
 
 mtype = { FORK, FORK_OK, ACCEPT, ACCEPT_OK, DELETE, DELETE_OK };
 
-/* One channel per direction of each connection. */
-chan a2o = [4] of { mtype, byte };
-chan o2a = [4] of { mtype, byte };
-chan b2o = [4] of { mtype, byte };
-chan o2b = [4] of { mtype, byte };
-chan a2b = [4] of { mtype, byte };
-chan b2a = [4] of { mtype, byte };
+/* One channel per direction of each connection: type, fork, message id. */
+chan a2o = [4] of { mtype, byte, byte };
+chan o2a = [4] of { mtype, byte, byte };
+chan b2o = [4] of { mtype, byte, byte };
+chan o2b = [4] of { mtype, byte, byte };
+chan a2b = [4] of { mtype, byte, byte };
+chan b2a = [4] of { mtype, byte, byte };
+
+/* Message ids: each send is a new one; a receiver serves an id once
+ * (CALL-10), so a copy the network made is dropped. Answers carry their
+ * request's id and are idempotent where they land. */
+#define MAX_IDS 48
+byte nid = 1;
+bool seen[MAX_IDS];
+#define SEND(ch, m, f) assert(nid < MAX_IDS); ch ! m, f, nid; nid++
+#ifndef MUTANT_NO_DEDUPE
+#define COPY(id) seen[id]
+#else
+#define COPY(id) false /* broken on purpose: a copy is served again (no CALL-10) */
+#endif
 chan share = [1] of { byte }; /* the user call carrying FB (delivered) */
 
 /* A sender's view of one protocol message (RREF-15). */
@@ -75,6 +99,14 @@ chan share = [1] of { byte }; /* the user call carrying FB (delivered) */
 
 /* The owner O. */
 bool recorded[3]; /* forks recorded (RREF-6), by id */
+bool deleted[3];  /* forks whose delete came (RREF-21) */
+/* Only a transport that reorders needs the owner to remember them (as
+ * common/rref.c does only then): in order, nothing follows a fork's delete. */
+#if defined(CHAOS) && !defined(MUTANT_FORGETS_DELETED)
+#define DELETED(f) deleted[f]
+#else
+#define DELETED(f) false
+#endif
 bool freed;
 byte fork_records; /* times a fork was recorded: each fork once (RREF-15) */
 byte fork_deletes; /* times a recorded fork was removed: each once */
@@ -110,40 +142,48 @@ inline free_if_unreferenced() {
 }
 
 active proctype Owner() {
-    byte f;
+    byte f, id;
     recorded[FA] = 1; /* A's confirmed reference; only the owner reads these */
 end:
     do
-    :: atomic { b2o RECV FORK, f ->
-        assert(!freed); /* RREF-5: the parent's child keeps the value alive */
+    :: atomic { b2o RECV FORK, f, id -> if :: COPY(id) -> skip :: else -> seen[id] = 1;
+        /* RREF-5: the parent's child keeps the value alive until the fork is
+         * answered; after that only a stale repeat can come (an attempt that
+         * timed out in flight, RREF-15), refused once the value is freed
+         * (RREF-21). */
+        assert(!freed || b_fork == DONE);
         if
+        :: freed -> skip
+        :: !freed && DELETED(f) -> skip /* RREF-21: a repeat behind its delete */
 #ifndef MUTANT_FORK_NOT_IDEMPOTENT
-        :: !recorded[f] -> recorded[f] = 1; fork_records++
-        :: else -> skip /* a repeated fork is recorded once (RREF-15) */
+        :: !freed && !DELETED(f) && !recorded[f] -> recorded[f] = 1; fork_records++
+        :: !freed && !DELETED(f) && recorded[f] -> skip /* recorded once (RREF-15) */
 #else
-        :: recorded[f] = 1; fork_records++ /* broken on purpose: counts a repeat */
+        :: !freed && !DELETED(f) -> recorded[f] = 1; fork_records++ /* broken: counts a repeat */
 #endif
         fi;
-        o2b ! FORK_OK, f }
-    :: atomic { a2o RECV DELETE, f ->
+        o2b ! FORK_OK, f, id fi }
+    :: atomic { a2o RECV DELETE, f, id -> if :: COPY(id) -> skip :: else -> seen[id] = 1;
+        deleted[f] = 1;
         if
         :: recorded[f] -> recorded[f] = 0; fork_deletes++
         :: else -> skip /* unknown: ignored (RREF-4) */
         fi;
-        o2a ! DELETE_OK, f;
-        free_if_unreferenced() }
-    :: atomic { b2o RECV DELETE, f ->
+        o2a ! DELETE_OK, f, id;
+        free_if_unreferenced() fi }
+    :: atomic { b2o RECV DELETE, f, id -> if :: COPY(id) -> skip :: else -> seen[id] = 1;
+        deleted[f] = 1;
         if
         :: recorded[f] -> recorded[f] = 0; fork_deletes++
         :: else -> skip
         fi;
-        o2b ! DELETE_OK, f;
-        free_if_unreferenced() }
+        o2b ! DELETE_OK, f, id;
+        free_if_unreferenced() fi }
     od
 }
 
 active proctype UserA() {
-    byte f;
+    byte f, id;
 end:
     do
     /* The share: A keeps a pending child for FB (RREF-5, RREF-7). */
@@ -154,29 +194,29 @@ end:
         if
 #ifndef MUTANT_DELETE_OVERTAKES_CHILD
         :: a_child -> a_delete_waits = 1
-        :: else -> a_delete = SENT; a2o ! DELETE, FA
+        :: else -> a_delete = SENT; SEND(a2o, DELETE, FA)
 #else
-        :: a_delete = SENT; a2o ! DELETE, FA /* broken on purpose: RREF-5 ignored */
+        :: a_delete = SENT; SEND(a2o, DELETE, FA) /* broken on purpose: RREF-5 ignored */
 #endif
         fi }
-    :: atomic { b2a RECV ACCEPT, f ->
+    :: atomic { b2a RECV ACCEPT, f, id -> if :: COPY(id) -> skip :: else -> seen[id] = 1;
         if
         :: a_child ->
             a_child = 0;
             if
-            :: a_delete_waits -> a_delete_waits = 0; a_delete = SENT; a2o ! DELETE, FA
+            :: a_delete_waits -> a_delete_waits = 0; a_delete = SENT; SEND(a2o, DELETE, FA)
             :: else -> skip
             fi
         :: else -> skip /* a repeated accept drops nothing (RREF-15) */
         fi;
-        a2b ! ACCEPT_OK, f }
-    :: atomic { o2a RECV DELETE_OK, f -> a_delete = DONE }
-    :: atomic { a_delete == AGAIN -> a_delete = SENT; a2o ! DELETE, FA } /* RREF-15 */
+        a2b ! ACCEPT_OK, f, id fi }
+    :: atomic { o2a RECV DELETE_OK, f, id -> a_delete = DONE }
+    :: atomic { a_delete == AGAIN -> a_delete = SENT; SEND(a2o, DELETE, FA) } /* RREF-15 */
     od
 }
 
 active proctype UserB() {
-    byte f;
+    byte f, id;
 end:
     do
     /* Receiving FB from A: an unconfirmed user rref, RREF_FORK to O (RREF-6). */
@@ -184,16 +224,16 @@ end:
         assert(!freed);
         b_holds = 1;
         b_fork = SENT;
-        b2o ! FORK, FB }
-    :: atomic { o2b RECV FORK_OK, f ->
+        SEND(b2o, FORK, FB) }
+    :: atomic { o2b RECV FORK_OK, f, id ->
         if
         :: b_fork != DONE ->
             b_fork = DONE;
             b_confirmed = 1;
             b_accept = SENT;
-            b2a ! ACCEPT, FB;
+            SEND(b2a, ACCEPT, FB);
             if
-            :: b_delete_waits -> b_delete_waits = 0; b_delete = SENT; b2o ! DELETE, FB
+            :: b_delete_waits -> b_delete_waits = 0; b_delete = SENT; SEND(b2o, DELETE, FB)
             :: else -> skip
             fi
         :: else -> skip /* the answer to a repeat */
@@ -203,24 +243,24 @@ end:
         b_released = 1;
         if
 #ifndef MUTANT_DELETE_OVERTAKES_FORK
-        :: b_fork == DONE -> b_delete = SENT; b2o ! DELETE, FB
+        :: b_fork == DONE -> b_delete = SENT; SEND(b2o, DELETE, FB)
         :: else -> b_delete_waits = 1 /* RREF-15: never overtake the fork */
 #else
-        :: b_delete = SENT; b2o ! DELETE, FB /* broken on purpose: RREF-15 ignored */
+        :: b_delete = SENT; SEND(b2o, DELETE, FB) /* broken on purpose: RREF-15 ignored */
 #endif
         fi }
-    :: atomic { a2b RECV ACCEPT_OK, f -> b_accept = DONE }
-    :: atomic { o2b RECV DELETE_OK, f -> b_delete = DONE }
-    :: atomic { b_fork == AGAIN -> b_fork = SENT; b2o ! FORK, FB }
-    :: atomic { b_accept == AGAIN -> b_accept = SENT; b2a ! ACCEPT, FB }
-    :: atomic { b_delete == AGAIN -> b_delete = SENT; b2o ! DELETE, FB }
+    :: atomic { a2b RECV ACCEPT_OK, f, id -> b_accept = DONE }
+    :: atomic { o2b RECV DELETE_OK, f, id -> b_delete = DONE }
+    :: atomic { b_fork == AGAIN -> b_fork = SENT; SEND(b2o, FORK, FB) }
+    :: atomic { b_accept == AGAIN -> b_accept = SENT; SEND(b2a, ACCEPT, FB) }
+    :: atomic { b_delete == AGAIN -> b_delete = SENT; SEND(b2o, DELETE, FB) }
     od
 }
 
 /* Empties a channel: what was in flight on a broken connection is lost. */
 inline drain(ch) {
     do
-    :: nempty(ch) -> ch ? _, _
+    :: nempty(ch) -> ch ? _, _, _
     :: empty(ch) -> break
     od
 }
@@ -237,16 +277,25 @@ inline again(st) {
 #define MAX_DUPS 1
 #endif
 byte dups;
-/* Copies a frame in flight on ch (taken at random, CHAOS). */
+/* Copies a frame in flight on ch (taken at random, CHAOS): same id. */
 inline dup(ch) {
-    mtype m;
-    byte x;
-    ch ?? <m, x> -> ch ! m, x
+    ch ?? <dm, dx, di> -> ch ! dm, dx, di
 }
+#endif
+#ifdef LOSS
+#ifndef MAX_LOSSES
+#define MAX_LOSSES 1
+#endif
+byte losses;
+/* An attempt whose frame and answer are both gone: only its timeout ends it,
+ * and it always comes (RREF-15; unbounded, unlike a timeout in flight). */
+#define GONE(st, req, rch, ans, ach) (st == SENT && !(rch ?? [req, _, _]) && !(ach ?? [ans, _, _]))
 #endif
 
 /* The environment: broken connections and attempts that time out. */
 active proctype Network() {
+    mtype dm;
+    byte dx, di;
 end:
     do
 #ifdef CHAOS_DUP
@@ -265,6 +314,20 @@ end:
     :: atomic { timeouts < MAX_TIMEOUTS && a_delete == SENT -> timeouts++; a_delete = AGAIN }
     :: atomic { timeouts < MAX_TIMEOUTS && b_delete == SENT -> timeouts++; b_delete = AGAIN }
     :: atomic { timeouts < MAX_TIMEOUTS && b_accept == SENT -> timeouts++; b_accept = AGAIN }
+#ifdef LOSS
+    /* A frame vanishes, its connection intact; its sender times out. */
+    :: atomic { losses < MAX_LOSSES && nempty(a2o) -> losses++; a2o ?? _, _, _ }
+    :: atomic { losses < MAX_LOSSES && nempty(o2a) -> losses++; o2a ?? _, _, _ }
+    :: atomic { losses < MAX_LOSSES && nempty(b2o) -> losses++; b2o ?? _, _, _ }
+    :: atomic { losses < MAX_LOSSES && nempty(o2b) -> losses++; o2b ?? _, _, _ }
+    :: atomic { losses < MAX_LOSSES && nempty(a2b) -> losses++; a2b ?? _, _, _ }
+    :: atomic { losses < MAX_LOSSES && nempty(b2a) -> losses++; b2a ?? _, _, _ }
+    :: atomic { timeouts < MAX_TIMEOUTS && b_fork == SENT -> timeouts++; b_fork = AGAIN }
+    :: atomic { GONE(a_delete, DELETE, a2o, DELETE_OK, o2a) -> a_delete = AGAIN }
+    :: atomic { GONE(b_delete, DELETE, b2o, DELETE_OK, o2b) -> b_delete = AGAIN }
+    :: atomic { GONE(b_accept, ACCEPT, b2a, ACCEPT_OK, a2b) -> b_accept = AGAIN }
+    :: atomic { GONE(b_fork, FORK, b2o, FORK_OK, o2b) -> b_fork = AGAIN }
+#endif
     od
 }
 
