@@ -132,6 +132,9 @@ int tpsim_outcome_of(tp_status st);
 #define TPSIM_LIVENESS_CALL_S 10.0
 #define TPSIM_LIVENESS_BOUND_S 300.0
 
+/* tpsim_rrefs_settle's times: under 10 ms, 100 ms, 1 s, 10 s, 60 s. */
+#define TPSIM_SETTLE_BUCKETS 5
+
 /* One simulated world's shared state (its hosts run in this one thread). */
 typedef struct tpsim_world {
     tp_sim *sim;
@@ -141,6 +144,7 @@ typedef struct tpsim_world {
     uint64_t ops[TPSIM_OP_KINDS][TPSIM_OUT_KINDS];
     uint64_t (*line_outs)[TPSIM_OUT_KINDS]; /* workload files: outcomes per line, or NULL */
     int ping_liveness; /* liveness calls the library's tp:ping, not tpsim's echo */
+    uint64_t settle_hist[TPSIM_SETTLE_BUCKETS]; /* tpsim_rrefs_settle's times, by bucket */
 } tpsim_world;
 
 /* Records a failure (printf-style): counted, noted in the trace, the first kept. */
@@ -203,6 +207,13 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
 void tpsim_settle(tpsim_world *w, int me, tpsim_pending *pend, size_t n);
 /* The liveness barrier, then an echo to every other live worker that must succeed. */
 void tpsim_liveness(tpsim_world *w, int me, int world);
+/* Issue 9's timed liveness: once the heal is over and every call has ended,
+ * the worker's rref counters (tp_get_debug_info) return to zero within
+ * TPSIM_RREF_SETTLE_S of virtual time: every released value freed, every
+ * fork, child and protocol message settled. For workloads that keep no
+ * rref across the heal (the swarm's). */
+#define TPSIM_RREF_SETTLE_S 60.0
+void tpsim_rrefs_settle(tpsim_world *w, int me);
 
 /* Registers every function tpsim's workers serve, on the current worker. */
 tp_status tpsim_register_functions(void);

@@ -397,6 +397,34 @@ void tpsim_settle(tpsim_world *w, int me, tpsim_pending *pend, size_t n) {
     }
 }
 
+void tpsim_rrefs_settle(tpsim_world *w, int me) {
+    uint64_t start = tp_sim_now_ns(w->sim);
+    tp_debug_info d;
+    while (!tpsim_self_dead() && tp_get_debug_info(&d) == TP_OK) {
+        if (d.owned_values == 0 && d.owner_forks == 0 && d.user_rrefs == 0 &&
+            d.pending_children == 0 && d.pending_protocol == 0) {
+            uint64_t took = tp_sim_now_ns(w->sim) - start;
+            int b = 0;
+            for (uint64_t lim = 10000000; b + 1 < TPSIM_SETTLE_BUCKETS && took >= lim; lim *= 10)
+                b++;
+            w->settle_hist[b]++;
+            return;
+        }
+        if ((double)(tp_sim_now_ns(w->sim) - start) / 1e9 >= TPSIM_RREF_SETTLE_S) {
+            tpsim_world_fail(w,
+                             "w%d: %.0f s after the heal its rrefs have not settled: "
+                             "owned_values=%llu owner_forks=%llu user_rrefs=%llu "
+                             "pending_children=%llu pending_protocol=%llu",
+                             me, TPSIM_RREF_SETTLE_S, (unsigned long long)d.owned_values,
+                             (unsigned long long)d.owner_forks, (unsigned long long)d.user_rrefs,
+                             (unsigned long long)d.pending_children,
+                             (unsigned long long)d.pending_protocol);
+            return;
+        }
+        (void)tp_sleep(0.01);
+    }
+}
+
 void tpsim_liveness(tpsim_world *w, int me, int world) {
     /* The barrier: every live worker's calls have ended, so no pool is still
      * busy with the chaos phase's work. A harness-level barrier (the hosts

@@ -86,6 +86,7 @@ typedef struct swarm_stats {
     uint64_t events, calls_checked;
     uint64_t init_failed; /* seeds whose init failed everywhere under faults */
     uint64_t violations;
+    uint64_t settle_hist[TPSIM_SETTLE_BUCKETS]; /* workers' rref settling after the heal */
 } swarm_stats;
 
 /* One world while it runs: the experiment handle of sim_experiment.h. */
@@ -456,6 +457,8 @@ static void heal_then_finish(swarm_run *run, int rank, int world) {
     if (now < heal)
         (void)tp_sleep((double)(heal - now) / 1e9);
     tpsim_liveness(&run->w, rank, world);
+    if (!run->def) /* an experiment may keep rrefs of its own */
+        tpsim_rrefs_settle(&run->w, rank);
     tpsim_worker_shutdown(&run->w, rank, world);
 }
 
@@ -524,6 +527,7 @@ static int swarm_program(int rank, int world, void *arg) {
     if (now < c->heal_ns + 10 * MS_NS)
         (void)tp_sleep((double)(c->heal_ns + 10 * MS_NS - now) / 1e9);
     tpsim_liveness(&run->w, rank, world);
+    tpsim_rrefs_settle(&run->w, rank);
     /* Work still running while shutdown drains (SHUTDOWN-5): fire and forget,
      * some with a timeout shorter than the function, so the callee still runs
      * it after the caller has given up: only the callee's count shows it. */
@@ -694,6 +698,8 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
             stats->ops[k][j] += run.w.ops[k][j];
             stats->calls_checked += run.w.ops[k][j];
         }
+    for (int b = 0; b < TPSIM_SETTLE_BUCKETS; b++)
+        stats->settle_hist[b] += run.w.settle_hist[b];
     stats->seeds++;
     if (run.w.failed)
         stats->failed++;
@@ -971,6 +977,11 @@ static void print_summary(const swarm_opts *o, const swarm_stats *s, double wall
     printf("events=%" PRIu64 " outcomes_checked=%" PRIu64 " oracle_violations=%" PRIu64
            " init_failed_under_faults=%" PRIu64 "\n",
            s->events, s->calls_checked, s->violations, s->init_failed);
+    printf("rrefs settled after the heal (workers): %" PRIu64 " within 10 ms, %" PRIu64
+           " within 100 ms, %" PRIu64 " within 1 s, %" PRIu64 " within 10 s, %" PRIu64
+           " within 60 s\n",
+           s->settle_hist[0], s->settle_hist[1], s->settle_hist[2], s->settle_hist[3],
+           s->settle_hist[4]);
     printf("\nfault kind       seeds planned  seeds fired   times fired\n");
     for (int k = 0; k < TP_SIM_FAULT_KINDS_; k++)
         printf("%-16s %13" PRIu64 " %12" PRIu64 " %13" PRIu64 "%s\n",
