@@ -209,6 +209,7 @@ struct tp_rref {
     int answered;        /* lock: the owner answered a fetch of it: it exists there */
     int fork_pending;    /* lock: our RREF_FORK is unanswered (RREF-6) */
     tp_status fork_status; /* lock: why the owner did not confirm it (RREF-13), or TP_OK */
+    char *fork_msg;        /* lock: the owner's words for it, or NULL (owned) */
     tpi_waiter *confirm_waiters; /* lock: functions waiting to run until it is confirmed */
     int delete_deferred; /* lock: released while its fork was unanswered (RREF-15) */
     tp_status failed;    /* lock: creation failed locally (timeout, peer down) */

@@ -254,6 +254,7 @@ static void unlist(tp_core *c, tp_rref *r) {
 static void rref_free(tp_rref *r) {
     tp_core *c = r->core;
     free(r->fail_msg);
+    free(r->fork_msg);
     free(r);
     tpi_core_unref(c);
 }
@@ -508,17 +509,20 @@ static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork);
 
 /*
  * The owner answered our fork (RREF-6): now the parent may drop its kept
- * reference. The fork travels without a deadline, so the only other ends are
- * the owner's death (nothing left to protect) and our own teardown (nothing
- * is sent then); accepting after a timeout could let the owner free the
- * value before a late fork arrives.
+ * reference. An attempt that times out is sent again (RREF-15), so the only
+ * other ends are the owner's death (nothing left to protect) and our own
+ * teardown (nothing is sent then); accepting after a timeout could let the
+ * owner free the value before a late fork arrives.
  */
 static void fork_settle(tp_core *c, tp_rref *r, tpi_gid fork, uint32_t parent, tp_status st,
                         const tpi_msg *reply) {
-    if (reply && st == TP_OK)
+    if (reply && st == TP_OK) {
         atomic_store(&r->confirmed, 1);
-    else
+    } else {
         r->fork_status = st != TP_OK ? st : TP_EPROTO;
+        free(r->fork_msg); /* the owner's own words, for RREF-13's message */
+        r->fork_msg = reply && reply->text[0] ? strdup(reply->text) : NULL;
+    }
     r->fork_pending = 0;
     for (tpi_waiter *w = r->confirm_waiters; w; w = w->next) /* RREF-13 */
         c->ops->unpark(c->agent, w->task);
@@ -596,7 +600,9 @@ tp_status tpi_rrefs_await_confirmed(tpi_rref_ctx *rc, uint64_t deadline, const c
                        "%s did not run: rref %u:%llu among its arguments was not confirmed by "
                        "its owner '%s' (RREF-13): %s",
                        what, r->id.worker, (unsigned long long)r->id.local, r->owner_name,
-                       tp_strerror(st));
+                       r->fork_msg ? r->fork_msg
+                       : st == TP_EPEERDOWN ? "the owner went down before it answered"
+                                            : tp_strerror(st));
         }
     }
     tpi_unlock(c);
@@ -699,6 +705,7 @@ static tp_status decode_rref(void *ctx, const tpi_rref_wire *w, tp_rref **out) {
              * fork for its new one. A surviving parent may drop its kept
              * reference; a parent that was that owner is gone. */
             r->fork_status = TP_EPEERDOWN;
+            r->fork_msg = strdup("its owner restarted: the value went with the earlier process");
             if (w->parent != w->owner)
                 send_accept(c, w->parent, w->fork_id);
         } else if (r && w->parent == w->owner) {

@@ -289,6 +289,8 @@ static void sc_fork_of_other_incarnation(world *w) {
         print_error("fetch through a forged fork: %s: %s\n", tp_status_name(st), tp_errmsg());
     CHECK(st == TP_EPROTO); /* "no such incarnation yet": a newer one than the owner's */
     CHECK(strstr(tp_errmsg(), "was not confirmed by its owner 'w1'") != NULL);
+    /* The owner's own words, not just the status's name. */
+    CHECK(strstr(tp_errmsg(), "no such incarnation yet") != NULL);
     CHECK(forge_forks == 0);
     tp_value_free(v);
     tp_value_free(args);
