@@ -1298,7 +1298,8 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             owner_abandon(c, o, (tp_status)m->status, m->text);
             tpi_owner_maybe_free(c, o); /* a placeholder whose forks all went */
         } else if (!o && m->rref.worker == src) {
-            ring_push(&c->abandoned, &c->nabandoned, TPI_ABANDONED_MAX, m->rref); /* its remote() was lost: it never comes */
+            /* its remote() was lost: it never comes */
+            ring_push(&c->abandoned, &c->nabandoned, TPI_ABANDONED_MAX, m->rref);
         }
         tpi_reply(c, src, m->id, TP_OK, NULL, NULL);
         break;

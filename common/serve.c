@@ -619,8 +619,8 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
         return st;
     }
     tpi_lock(c);
-    tpi_owner *o = tpi_idmap_get(&c->owners, j->msg->rref);
-    st = o ? TP_OK : tpi_rref_never_created(c, j->msg->rref, err, err_len);
+    tpi_owner *o = NULL;
+    st = tpi_rref_never_created(c, j->msg->rref, err, err_len);
     if (st != TP_OK) {
         /* RREF-20, RREF-21: a remote() from an incarnation already gone (its
          * frame was read after its death was), or one its creator abandoned
