@@ -227,7 +227,8 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
     case TPSIM_OP_SHARE:
         /* A shared rref's owner never forgets it early (RREF-5): "unknown on
          * its owner" only when the REMOTE that made it was lost with a
-         * connection (RREF-12; retransmission is issue 9's), which the swarm
+         * connection or by chaos loss (a user call, never sent again:
+         * RREF-12, RREF-15), which the swarm
          * found at seed 81736: the REMOTE stalled in a partition and was lost
          * at the stall break, and the request carrying the rref went on the
          * next connection. */
