@@ -377,6 +377,10 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, int chaos, s
         if (!drop && !dup && !reorder)
             reorder = 20000;
         draw_window(s, c->heal_ns, &a, &b);
+        if (chaos) { /* the whole fault phase, while the calls run */
+            a = (double)FAULT_FROM_NS / 1e6;
+            b = (double)c->heal_ns / 1e6;
+        }
         plan_add(c, drop ? TP_SIM_FAULT_CHAOS_DROP : dup ? TP_SIM_FAULT_CHAOS_DUP
                                                          : TP_SIM_FAULT_CHAOS_REORDER,
                  "chaos %u %u %u %.3f %.3f", drop, dup, reorder, a, b);
