@@ -164,6 +164,11 @@ tp_status tpsim_worker_init(int rank, int world, double rpc_timeout_s, int pool,
 }
 
 void tpsim_worker_shutdown(tpsim_world *w, int rank, int world) {
+    /* A killed host's program runs on to its end, but a killed process
+     * would not: no graceful shutdown (its leak report would list what the
+     * kill left behind); the simulator's teardown frees the worker. */
+    if (tpsim_self_dead())
+        return;
     tp_status st = tp_shutdown(1);
     if (tpsim_self_dead())
         return;
