@@ -620,7 +620,17 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
     }
     tpi_lock(c);
     tpi_owner *o = NULL;
-    st = tpi_rref_never_created(c, j->msg->rref, err, err_len);
+    st = TP_OK;
+    if (tpi_rref_creator_gone(c, j->msg->rref)) {
+        st = TP_EPEERDOWN;
+        tpi_format(err, err_len, "rref %u:%llu: its creator is gone", j->msg->rref.worker,
+                   (unsigned long long)j->msg->rref.local);
+    } else if (c->reorders && !tpi_idmap_get(&c->owners, j->msg->rref)) {
+        /* Only a reordering network delivers a REMOTE after its creator's
+         * abandon, or after the value's last delete: the rings are looked
+         * up only there, not on every remote() over TCP. */
+        st = tpi_rref_never_created(c, j->msg->rref, err, err_len);
+    }
     if (st != TP_OK) {
         /* RREF-20, RREF-21: a remote() from an incarnation already gone (its
          * frame was read after its death was), or one its creator abandoned
