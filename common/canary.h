@@ -39,6 +39,10 @@ typedef enum tpi_canary_kind {
      * abandon, not after the abandon's answer (RREF-15): on a reordering
      * transport both can overtake the REMOTE, which then records a fork. */
     TPI_CANARY_DELETE_BEFORE_ABANDON = 8,
+    /* On a reordering transport tp:forks answers at once instead of after
+     * the reordering bound (RREF-19): a query held with the frame it asks
+     * about can pass it, "not held" frees a value its holder is receiving. */
+    TPI_CANARY_QUERY_NO_WAIT = 9,
     TPI_CANARY_KINDS_
 } tpi_canary_kind;
 

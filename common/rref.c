@@ -1150,7 +1150,8 @@ tp_status tpi_forks_serve(tp_core *c, uint32_t src, const tp_value *args, tp_val
     if (c->reorders && c->forks_asked_ns[src] == 0)
         c->forks_asked_ns[src] = now;
     if (c->undecoded[src] > 0 || /* its earlier requests may carry those forks */
-        (c->reorders && now - c->forks_asked_ns[src] < TPI_DEDUPE_WINDOW_NS)) {
+        (c->reorders && now - c->forks_asked_ns[src] < TPI_DEDUPE_WINDOW_NS &&
+         !TPI_CANARY(TPI_CANARY_QUERY_NO_WAIT))) {
         /* On a transport that reorders, a frame sent before the query may
          * arrive up to the bound after it (AGENT-17): "not held" waits until
          * then, after which such a frame has arrived or is lost. */
