@@ -43,6 +43,10 @@ typedef enum tpi_canary_kind {
      * the reordering bound (RREF-19): a query held with the frame it asks
      * about can pass it, "not held" frees a value its holder is receiving. */
     TPI_CANARY_QUERY_NO_WAIT = 9,
+    /* The owner records a fork again after its delete (no memory of deleted
+     * forks, RREF-21): a repeat that timed out in flight and was held back
+     * behind the delete keeps the value for a reference nobody holds. */
+    TPI_CANARY_FORGETS_DELETED = 10,
     TPI_CANARY_KINDS_
 } tpi_canary_kind;
 

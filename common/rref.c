@@ -1271,7 +1271,8 @@ void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {
             tpi_reply(c, src, m->id, never, NULL, err);
             break;
         }
-        if (ring_has(c->deleted, c->ndeleted, TPI_FREED_MAX, m->fork)) {
+        if (ring_has(c->deleted, c->ndeleted, TPI_FREED_MAX, m->fork) &&
+            !TPI_CANARY(TPI_CANARY_FORGETS_DELETED)) {
             /* RREF-21: a repeat its holder sent before an answer came, held
              * back behind the fork's delete: recording it again would keep
              * the value for a reference nobody holds. Its child has its
