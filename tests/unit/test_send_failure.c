@@ -36,14 +36,14 @@ static int fail_requests; /* the next this many REQUEST frames fail to send */
 
 static int forge_fetches; /* the next this many RREF_FETCH frames name an unknown rref */
 
-/* Re-encodes an RREF_FETCH with an rref id its owner never made (a forged or
- * corrupted message). Takes f on success, as send does. */
-static tp_status forged_fetch_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+/* Sends f re-encoded with forge applied to its message. Takes f on success,
+ * as send does. */
+static tp_status forged_send(tp_agent *a, uint32_t dst, tp_frame *f, void (*forge)(tpi_msg *)) {
     tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX];
     tp_frame *g = NULL;
     CHECK(tpi_msg_decode(f, NULL, &m, err, sizeof err) == TP_OK);
-    m.rref.local += 1000000;
+    forge(&m);
     CHECK(tpi_msg_encode(&m, NULL, UINT64_MAX, &g, err, sizeof err) == TP_OK);
     tpi_msg_clear(&m);
     tp_status st = sim_ops->send(a, dst, g);
@@ -54,25 +54,27 @@ static tp_status forged_fetch_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return st;
 }
 
+/* An RREF_FETCH with an rref id its owner never made (a forged or corrupted
+ * message). */
+static void forge_unknown_rref(tpi_msg *m) {
+    m->rref.local += 1000000;
+}
+
+static tp_status forged_fetch_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+    return forged_send(a, dst, f, forge_unknown_rref);
+}
+
 static int forge_forks; /* the next this many RREF_FORK frames name owner incarnation 7 */
 
-/* Re-encodes an RREF_FORK for an owner incarnation that does not exist: what
- * a holder sends when the owner's rank restarted at the same address (TCP)
- * before the holder heard of it. Takes f on success, as send does. */
+/* An RREF_FORK for an owner incarnation that does not exist: what a holder
+ * sends when the owner's rank restarted at the same address (TCP) before
+ * the holder heard of it. */
+static void forge_owner_inc(tpi_msg *m) {
+    m->owner_inc = 7;
+}
+
 static tp_status forged_fork_send(tp_agent *a, uint32_t dst, tp_frame *f) {
-    tpi_msg m;
-    char err[TP_ERRMSG_LEN_MAX];
-    tp_frame *g = NULL;
-    CHECK(tpi_msg_decode(f, NULL, &m, err, sizeof err) == TP_OK);
-    m.owner_inc = 7;
-    CHECK(tpi_msg_encode(&m, NULL, UINT64_MAX, &g, err, sizeof err) == TP_OK);
-    tpi_msg_clear(&m);
-    tp_status st = sim_ops->send(a, dst, g);
-    if (st != TP_OK)
-        tp_frame_free(g);
-    else
-        tp_frame_free(f);
-    return st;
+    return forged_send(a, dst, f, forge_owner_inc);
 }
 
 static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
