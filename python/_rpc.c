@@ -30,6 +30,9 @@
 #define WAIT_SLICE_S 0.1 /* a blocking wait looks for Ctrl-C this often */
 
 static PyObject *dispatcher;   /* the Python layer's: (module, qualname, args, kwargs) -> value */
+/* The Python layer's: object -> (buffer, dtype name or None) for objects that
+ * travel as tensors without the buffer protocol (torch, DLPack), or None. */
+static PyObject *adapter;
 static PyObject *method_dispatcher; /* the Python layer's: (object, name, args, kwargs) -> value */
 /* The call py_call serves on this thread, for answer_later; and whether the
  * function answered that way (then its return value is not the answer). */
@@ -164,7 +167,8 @@ static tp_value *seq_value(PyObject *o, const char *where, int depth, int object
 }
 
 static tp_value *object_value(PyObject *o);
-static tp_value *buffer_value(PyObject *o, const char *where);
+static tp_value *buffer_value(PyObject *o, const char *where, const char *dtype);
+static tp_value *adapted_value(PyObject *o, const char *where, int *none);
 
 static tp_value *to_value(PyObject *o, const char *where, int depth, int objects) {
     if (depth > NEST_MAX) {
@@ -172,6 +176,7 @@ static tp_value *to_value(PyObject *o, const char *where, int depth, int objects
         return NULL;
     }
     tp_value *v = NULL;
+    int none = 0;
     if (o == Py_None) {
         v = tp_value_nil();
     } else if (PyBool_Check(o)) {
@@ -226,7 +231,9 @@ static tp_value *to_value(PyObject *o, const char *where, int depth, int objects
     } else if (PyByteArray_Check(o)) {
         v = tp_value_bytes(PyByteArray_AS_STRING(o), (size_t)PyByteArray_GET_SIZE(o));
     } else if (PyObject_CheckBuffer(o)) { /* numpy arrays and other typed buffers */
-        return buffer_value(o, where);
+        return buffer_value(o, where, NULL);
+    } else if ((v = adapted_value(o, where, &none)) != NULL || !none) {
+        return v; /* a tensor of another framework, or the adapter's error */
     } else if (objects) { /* a served result kept on its owner (remote) */
         return object_value(o);
     } else if (allow_pickle) {
@@ -357,7 +364,47 @@ static int dtype_of(const Py_buffer *b, tp_dtype *out) {
     return 0;
 }
 
-static tp_value *buffer_value(PyObject *o, const char *where) {
+/* The dtype named name (tp_dtype_name's words), or -1. */
+static int dtype_named(const char *name) {
+    for (int d = 0; d < TP_DTYPE_COUNT_; d++)
+        if (strcmp(tp_dtype_name((tp_dtype)d), name) == 0)
+            return d;
+    return -1;
+}
+
+/* An object the Python layer's adapter turns into a buffer (a torch tensor's
+ * numpy view, a DLPack import): a tensor over that buffer. *none is set when
+ * the adapter does not take the object (NULL returned, no error set). */
+static tp_value *adapted_value(PyObject *o, const char *where, int *none) {
+    *none = 1;
+    if (!adapter)
+        return NULL;
+    PyObject *r = PyObject_CallFunction(adapter, "Os", o, where);
+    if (!r) {
+        *none = 0;
+        return NULL;
+    }
+    if (r == Py_None) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    *none = 0;
+    PyObject *buf = NULL, *dt = NULL;
+    tp_value *v = NULL;
+    if (!PyTuple_Check(r) || !PyArg_ParseTuple(r, "OO", &buf, &dt)) {
+        PyErr_Format(PyExc_TypeError, "%s: the tensor adapter must return (buffer, dtype)", where);
+    } else if (dt != Py_None && !PyUnicode_Check(dt)) {
+        PyErr_Format(PyExc_TypeError, "%s: the tensor adapter's dtype must be a str", where);
+    } else {
+        v = buffer_value(buf, where, dt == Py_None ? NULL : PyUnicode_AsUTF8(dt));
+    }
+    Py_DECREF(r);
+    return v;
+}
+
+/* dtype, when not NULL, names the tensor's dtype over the buffer's element
+ * format (bfloat16 travels from an int16 view: numpy has no bfloat16). */
+static tp_value *buffer_value(PyObject *o, const char *where, const char *dtype) {
     lent_drain();
     Py_buffer b;
     if (PyObject_GetBuffer(o, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
@@ -370,7 +417,14 @@ static tp_value *buffer_value(PyObject *o, const char *where) {
     tp_dtype d;
     int64_t shape[64];
     tp_value *v = NULL;
-    if (!dtype_of(&b, &d)) {
+    int named = dtype ? dtype_named(dtype) : -1;
+    int known = named >= 0 && tp_dtype_size((tp_dtype)named) == (size_t)b.itemsize;
+    if (known)
+        d = (tp_dtype)named;
+    if (dtype && !known) {
+        PyErr_Format(PyExc_TypeError, "%s: dtype '%s' does not fit elements of %zd bytes", where,
+                     dtype, b.itemsize);
+    } else if (!dtype && !dtype_of(&b, &d)) {
         PyErr_Format(PyExc_TypeError, "%s: a '%s' of element format '%s' has no tensor dtype",
                      where, Py_TYPE(o)->tp_name, b.format ? b.format : "B");
     } else if (b.ndim > 64) {
@@ -567,12 +621,25 @@ static void exception_to_call(tp_call *call) {
         }
         Py_DECREF(tbmod);
     }
-    const char *name = type ? ((PyTypeObject *)type)->tp_name : "Exception";
+    /* "module.Qualname" (just "Name" for builtins): the caller rebuilds the
+     * exception as that class when it has it (PyTorch raises the remote type). */
+    PyObject *qual = type ? PyObject_GetAttrString(type, "__qualname__") : NULL;
+    PyObject *mod = type ? PyObject_GetAttrString(type, "__module__") : NULL;
+    PyErr_Clear();
+    const char *q = qual && PyUnicode_Check(qual) ? PyUnicode_AsUTF8(qual) : NULL;
+    const char *md = mod && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
+    char name[256];
+    if (q && md && strcmp(md, "builtins") != 0)
+        snprintf(name, sizeof name, "%s.%s", md, q);
+    else
+        snprintf(name, sizeof name, "%s", q ? q : "Exception");
     PyObject *msg = value ? PyObject_Str(value) : NULL;
     const char *m = msg ? PyUnicode_AsUTF8(msg) : NULL;
     const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
     tp_call_set_error(call, "%s: %s\n%s", name, m ? m : "", t ? t : "");
     PyErr_Clear();
+    Py_XDECREF(qual);
+    Py_XDECREF(mod);
     Py_XDECREF(msg);
     Py_XDECREF(text);
     Py_XDECREF(type);
@@ -980,39 +1047,45 @@ static int parse_dest(PyObject *to, tp_dest *d) {
     return 0;
 }
 
-/* The wire arguments of a Python call: [module, qualname, args, kwargs]. */
-/* [module, qualname, args, kwargs, keep]: keep is 1 for remote(), whose
- * result stays on the callee as an object when no value kind holds it. */
-static tp_value *call_args(const char *module, const char *qualname, PyObject *args,
-                           PyObject *kwargs, int keep) {
-    tp_value *a = to_value(args, "args", 1, 0);
+/* The wire arguments of a Python call: [module, qualname, args, kwargs,
+ * keep, timeout_s]. keep is 1 for remote(), whose result stays on the callee
+ * as an object when no value kind holds it; timeout_s is the call's deadline
+ * (0: none), which bounds the callee's wait for a name still being defined.
+ * A callable that travels pickled (allow_pickle) is module None and the
+ * callable itself in qualname's place. */
+static tp_value *call_args(PyObject *module, PyObject *qualname, PyObject *args,
+                           PyObject *kwargs, int keep, double timeout_s) {
+    tp_value *m = to_value(module, "the function's module", 1, 0);
+    tp_value *q = m ? to_value(qualname, "the function", 1, 0) : NULL;
+    tp_value *a = q ? to_value(args, "args", 1, 0) : NULL;
     tp_value *k = a ? to_value(kwargs, "kwargs", 1, 0) : NULL;
     if (!k) {
+        tp_value_free(m);
+        tp_value_free(q);
         tp_value_free(a);
         return NULL;
     }
-    tp_value *v = tp_value_list_of(5, tp_value_str(module), tp_value_str(qualname), a, k,
-                                   tp_value_bool(keep));
+    tp_value *v = tp_value_list_of(6, m, q, a, k, tp_value_bool(keep), tp_value_float(timeout_s));
     if (!v)
         PyErr_NoMemory();
     return v;
 }
 
-/* call(to, module, qualname, args, kwargs, timeout, remote): a Python
- * function on worker `to`: a Future, or (remote) an RRef to its result. */
+/* call(to, module, qualname, args, kwargs, deadline_s, timeout, remote): a
+ * Python function on worker `to`: a Future, or (remote) an RRef to its
+ * result. deadline_s is the timeout in effect (the default resolved). */
 static PyObject *m_call(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *to, *pargs, *pkw;
-    const char *module, *qualname;
-    double timeout;
+    PyObject *to, *pargs, *pkw, *module, *qualname;
+    double deadline_s, timeout;
     int remote;
-    if (!PyArg_ParseTuple(args, "OssO!O!dp", &to, &module, &qualname, &PyTuple_Type, &pargs,
-                          &PyDict_Type, &pkw, &timeout, &remote))
+    if (!PyArg_ParseTuple(args, "OOOO!O!ddp", &to, &module, &qualname, &PyTuple_Type, &pargs,
+                          &PyDict_Type, &pkw, &deadline_s, &timeout, &remote))
         return NULL;
     tp_dest d;
     if (!parse_dest(to, &d))
         return NULL;
-    tp_value *wire = call_args(module, qualname, pargs, pkw, remote);
+    tp_value *wire = call_args(module, qualname, pargs, pkw, remote, deadline_s);
     if (!wire)
         return NULL;
     tp_future *f = NULL;
@@ -1065,8 +1138,11 @@ static PyObject *m_init_rpc(PyObject *self, PyObject *args) {
     double rpc_timeout, init_timeout;
     int threads;
     const char *init_method;
-    if (!PyArg_ParseTuple(args, "ssiiddiz", &name, &backend, &rank, &world, &rpc_timeout,
-                          &init_timeout, &threads, &init_method))
+    double shutdown_timeout;
+    PyObject *keys;
+    if (!PyArg_ParseTuple(args, "ssiiddizdO!", &name, &backend, &rank, &world, &rpc_timeout,
+                          &init_timeout, &threads, &init_method, &shutdown_timeout, &PyDict_Type,
+                          &keys))
         return NULL;
     tp_options *o = tp_options_new();
     if (!o)
@@ -1074,6 +1150,19 @@ static PyObject *m_init_rpc(PyObject *self, PyObject *args) {
     tp_status st = tp_options_set_rpc_timeout(o, rpc_timeout);
     if (st == TP_OK && init_timeout >= 0)
         st = tp_options_set_init_timeout(o, init_timeout);
+    if (st == TP_OK && shutdown_timeout >= 0)
+        st = tp_options_set_shutdown_timeout(o, shutdown_timeout);
+    PyObject *key, *val;
+    Py_ssize_t pos = 0;
+    while (st == TP_OK && PyDict_Next(keys, &pos, &key, &val)) { /* backend keys (OPT-6) */
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        const char *v = PyUnicode_Check(val) ? PyUnicode_AsUTF8(val) : NULL;
+        if (!k || !v) {
+            tp_options_free(o);
+            return PyErr_Format(PyExc_TypeError, "backend options are str keys and str values");
+        }
+        st = tp_options_set(o, k, v);
+    }
     if (st == TP_OK && threads > 0)
         st = tp_options_set_num_worker_threads(o, threads);
     if (st == TP_OK && init_method)
@@ -1096,7 +1185,8 @@ static PyObject *m_init_rpc(PyObject *self, PyObject *args) {
 static PyObject *m_shutdown(PyObject *self, PyObject *args) {
     (void)self;
     int graceful = 1;
-    if (!PyArg_ParseTuple(args, "|p", &graceful))
+    double timeout = 0;
+    if (!PyArg_ParseTuple(args, "|pd", &graceful, &timeout))
         return NULL;
     tp_status st;
     Py_BEGIN_ALLOW_THREADS st = tp_shutdown(graceful);
@@ -1184,7 +1274,106 @@ static PyObject *m_set_dispatcher(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_adapter(fn): fn(object, where) -> (buffer, dtype or None) or None. */
+static PyObject *m_set_adapter(PyObject *self, PyObject *fn) {
+    (void)self;
+    if (!PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "the adapter must be callable");
+    Py_XSETREF(adapter, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_set_rpc_timeout(PyObject *self, PyObject *args) {
+    (void)self;
+    double s;
+    if (!PyArg_ParseTuple(args, "d", &s))
+        return NULL;
+    tp_status st = tp_set_rpc_timeout(s);
+    if (st != TP_OK)
+        return raise_last(st);
+    Py_RETURN_NONE;
+}
+
+/* job_secret_new(): a fresh job secret as hex (what tprun gives its processes). */
+static PyObject *m_job_secret_new(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    char hex[129];
+    tp_status st = tp_job_secret_new(hex, sizeof hex);
+    if (st != TP_OK)
+        return raise_last(st);
+    return PyUnicode_FromString(hex);
+}
+
+/* get_worker_infos(): [(name, id), ...] of every worker in the job. */
+static PyObject *m_get_worker_infos(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    tp_worker_info *infos = NULL;
+    size_t n = 0;
+    tp_status st = tp_get_worker_infos(&infos, &n);
+    if (st != TP_OK)
+        return raise_last(st);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *t = Py_BuildValue("(sI)", infos[i].name, infos[i].id);
+        if (!t) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    free(infos);
+    return list;
+}
+
+/* get_debug_info(): this worker's rref and call counters (RREF-16) as a dict. */
+static PyObject *m_get_debug_info(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    tp_debug_info d;
+    tp_status st = tp_get_debug_info(&d);
+    if (st != TP_OK)
+        return raise_last(st);
+    return Py_BuildValue("{sKsKsKsKsKsKsK}", "num_owner_rrefs", (unsigned long long)d.owned_values,
+                         "num_forks", (unsigned long long)d.owner_forks, "num_user_rrefs",
+                         (unsigned long long)d.user_rrefs, "num_pending_users",
+                         (unsigned long long)d.pending_users, "num_pending_children",
+                         (unsigned long long)d.pending_children, "num_pending_protocol",
+                         (unsigned long long)d.pending_protocol, "num_pending_requests",
+                         (unsigned long long)d.calls_in_flight);
+}
+
+/* shutdown_leaks(): what the last graceful shutdown could not settle (RREF-18),
+ * one line each as PyTorch words it ("Leaking RRef 1:3 with fork Id 2:4"). */
+static PyObject *m_shutdown_leaks(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    tp_rref_leak *leaks = NULL;
+    size_t n = 0;
+    if (tp_shutdown_leaks(&leaks, &n) != TP_OK)
+        return PyList_New(0); /* no graceful shutdown yet: nothing to report */
+    static const char *const kinds[] = {"", "a fork never deleted", "a child never accepted",
+                                        "a delete never acknowledged", "a value no reference holds"};
+    PyObject *list = PyList_New(0);
+    for (size_t i = 0; list && i < n; i++) {
+        const tp_rref_leak *l = &leaks[i];
+        PyObject *s = PyUnicode_FromFormat(
+            "RRef %u:%llu with fork Id %u:%llu (%s; owner rank %u, holder rank %u)",
+            l->rref_worker, (unsigned long long)l->rref_n, l->fork_worker,
+            (unsigned long long)l->fork_n,
+            l->kind >= 1 && l->kind <= 4 ? kinds[l->kind] : "unknown", l->owner, l->holder);
+        if (!s || PyList_Append(list, s) != 0)
+            Py_CLEAR(list);
+        Py_XDECREF(s);
+    }
+    free(leaks);
+    return list;
+}
+
 static PyMethodDef module_methods[] = {
+    {"set_adapter", m_set_adapter, METH_O, NULL},
+    {"set_rpc_timeout", m_set_rpc_timeout, METH_VARARGS, NULL},
+    {"job_secret_new", m_job_secret_new, METH_NOARGS, NULL},
+    {"get_worker_infos", m_get_worker_infos, METH_NOARGS, NULL},
+    {"get_debug_info", m_get_debug_info, METH_NOARGS, NULL},
+    {"shutdown_leaks", m_shutdown_leaks, METH_NOARGS, NULL},
     {"init_rpc", m_init_rpc, METH_VARARGS, NULL},
     {"shutdown", m_shutdown, METH_VARARGS, NULL},
     {"call", m_call, METH_VARARGS, NULL},

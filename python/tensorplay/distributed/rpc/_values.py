@@ -1,0 +1,205 @@
+"""Values between Python and the C layer: RRefs, tensors of any framework,
+and callables named so a peer can find them (or pickled, where allowed)."""
+import functools
+import sys
+import types
+
+from ... import _rpc
+
+# numpy dtype names for the C layer's tensor dtypes (tp_dtype_name).
+_NUMPY_DTYPES = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
+                 "bool", "uint16", "uint32", "uint64", "complex64", "complex128"}
+# torch 1.13 has no uint16/32/64: those arrive as numpy arrays even for torch users.
+_TORCH_LACKS = {"uint16", "uint32", "uint64"}
+
+
+class State:
+    """What the values layer needs to know of the running worker."""
+    allow_pickle = False
+    tensor_type = "auto"
+
+
+state = State()
+
+
+# ---- Tensors out: torch, DLPack and buffer-protocol objects -------------------------
+
+def _torch_module():
+    return sys.modules.get("torch")  # never imported on our account
+
+
+def adapt(o, where):
+    """Called by the C layer for an object no built-in kind holds: returns
+    (buffer_object, dtype_name_or_None) for something that travels as a
+    tensor, or None. Zero copy: the buffer views the tensor's own memory."""
+    torch = _torch_module()
+    if torch is not None and isinstance(o, torch.Tensor):
+        return _torch_buffer(torch, o, where)
+    if hasattr(o, "__dlpack__") and hasattr(o, "__dlpack_device__"):
+        import numpy
+        try:
+            return numpy.from_dlpack(o), None
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise TypeError("%s: a '%s' cannot be sent as a tensor through DLPack: %s"
+                            % (where, type(o).__name__, e)) from None
+    return None
+
+
+def _torch_buffer(torch, t, where):
+    if t.is_sparse or t.layout != torch.strided:
+        raise TypeError("%s: a %s tensor cannot be sent: only dense (strided) tensors travel "
+                        "(.to_dense())" % (where, t.layout))
+    if t.device.type != "cpu":
+        raise TypeError("%s: a tensor on %s cannot be sent: tensorplay-rpc carries CPU tensors "
+                        "(.cpu())" % (where, t.device))
+    if t.is_quantized:
+        raise TypeError("%s: a quantized tensor cannot be sent (.dequantize())" % where)
+    if not t.is_contiguous():
+        raise ValueError("%s: a tensor of shape %s and strides %s is not contiguous: "
+                         ".contiguous() makes a copy that can be sent"
+                         % (where, tuple(t.shape), t.stride()))
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits as int16
+        return t.view(torch.int16).numpy(), "bfloat16"
+    try:
+        return t.numpy(), None
+    except TypeError as e:
+        raise TypeError("%s: a tensor of dtype %s cannot be sent: %s" % (where, t.dtype, e)) \
+            from None
+
+
+# ---- Tensors in -----------------------------------------------------------------------
+
+def tensor_in(v):
+    """A received tensor (the C layer's Tensor, owning the message bytes) as
+    a numpy array or torch tensor viewing those bytes (no copy)."""
+    kind = state.tensor_type
+    torch = _torch_module()
+    if kind == "auto":
+        kind = "torch" if torch is not None else "numpy"
+    if kind == "torch" and torch is None:
+        import torch  # the program asked for torch tensors
+    import numpy
+    if v.dtype == "bfloat16":
+        if kind != "torch" and torch is None:
+            raise TypeError("a bfloat16 tensor arrived, and numpy has no bfloat16: import torch "
+                            "(or set tensor_type='torch') to receive it")
+        torch = torch or sys.modules["torch"]
+        a = numpy.frombuffer(v, dtype=numpy.int16).reshape(v.shape)
+        return torch.from_numpy(a).view(torch.bfloat16)
+    a = numpy.frombuffer(v, dtype=v.dtype).reshape(v.shape)
+    if kind == "torch" and v.dtype not in _TORCH_LACKS:
+        return sys.modules["torch"].from_numpy(a)
+    return a
+
+
+# ---- Walking values ---------------------------------------------------------------------
+
+def wrap(v, rref_type):
+    """Received values: the C layer's rrefs become RRef, its tensors arrays."""
+    if isinstance(v, _rpc.RRef):
+        return rref_type(v)
+    if isinstance(v, _rpc.Tensor):
+        return tensor_in(v)
+    if isinstance(v, list):
+        return [wrap(x, rref_type) for x in v]
+    if isinstance(v, tuple):
+        return tuple(wrap(x, rref_type) for x in v)
+    if isinstance(v, dict):
+        return {k: wrap(x, rref_type) for k, x in v.items()}
+    return v
+
+
+def unwrap(v):
+    """Values to send: an RRef becomes the C layer's rref (other kinds are
+    converted by the C layer, with adapt() for tensors)."""
+    core = getattr(v, "_core", None)
+    if isinstance(core, _rpc.RRef):
+        return core
+    if type(v) is list:
+        return [unwrap(x) for x in v]
+    if type(v) is tuple:
+        return tuple(unwrap(x) for x in v)
+    if type(v) is dict:
+        return {k: unwrap(x) for k, x in v.items()}
+    return v
+
+
+# ---- Callables ----------------------------------------------------------------------------
+
+def _public_path(func):
+    """(module, attribute path) under which func is found again, or None."""
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        return None
+    mod = sys.modules.get(module)
+    if mod is None:
+        return module, qualname  # the callee decides (it may have imported it)
+    if _resolve(mod, qualname) is func or _same_function(_resolve(mod, qualname), func):
+        return module, qualname
+    # A C function whose __qualname__ names its defining class (torch.add is
+    # torch._VariableFunctionsClass.add): its public name in its module.
+    name = getattr(func, "__name__", None)
+    if isinstance(name, str) and _same_function(getattr(mod, name, None), func):
+        return module, name
+    return None
+
+
+def _resolve(obj, path):
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _same_function(a, b):
+    if a is b:
+        return a is not None
+    # builtin methods are made anew at each attribute access
+    return (isinstance(a, types.BuiltinFunctionType) and isinstance(b, types.BuiltinFunctionType)
+            and a.__self__ is b.__self__ and a.__name__ == b.__name__)
+
+
+def callable_ref(func):
+    """What names func on the wire: (module, qualname), or (None, func) for a
+    callable that travels pickled (allow_pickle: bound methods, partials,
+    callable objects). Raises TypeError with what to do instead."""
+    if not callable(func):
+        raise TypeError("%r is not callable" % (func,))
+    bound_self = getattr(func, "__self__", None)
+    is_bound = isinstance(func, types.MethodType) or (
+        isinstance(func, types.BuiltinMethodType) and bound_self is not None
+        and not isinstance(bound_self, types.ModuleType))
+    path = None if isinstance(func, types.MethodType) else _public_path(func)
+    if path is not None:
+        return path
+    if state.allow_pickle:
+        return None, func
+    if is_bound or isinstance(func, types.MethodType):
+        raise TypeError("%r cannot be called remotely by name: a bound method carries its object; "
+                        "call a module-level function that uses the object, hold the object in "
+                        "an RRef (rref.rpc_sync().method()), or turn on allow_pickle so the "
+                        "object travels with the call" % (func,))
+    if isinstance(func, functools.partial):
+        raise TypeError("a functools.partial cannot be called remotely by name: pass its "
+                        "arguments in args/kwargs, or turn on allow_pickle")
+    raise TypeError("%r cannot be called remotely: only functions and classes a peer can find "
+                    "by their module and qualified name travel (not lambdas, nested functions "
+                    "or callable objects), unless allow_pickle is on" % (func,))
+
+
+def describe(func):
+    """The name messages use for a callable."""
+    module = getattr(func, "__module__", None)
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if isinstance(module, str) and isinstance(name, str):
+        return "%s.%s" % (module, name)
+    return repr(func)

@@ -1,0 +1,797 @@
+"""The RPC API (PyTorch's rpc.api): init_rpc, shutdown, rpc_sync, rpc_async,
+remote, RRef, futures, worker infos and timeouts, over the C library."""
+import builtins
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+
+from ... import _rpc
+from . import _values, backend_registry, constants
+from ._values import callable_ref, unwrap
+from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
+
+RemoteError = _rpc.RemoteError
+UNSET_RPC_TIMEOUT = constants.UNSET_RPC_TIMEOUT
+
+# PyTorch's switch, read at shutdown: False makes rrefs that the drain could
+# not settle an error (RuntimeError "Leaking RRef ..."), True only a warning.
+_ignore_rref_leak = True
+
+NAME_WAIT_MAX_S = 60.0  # a callee waits this long at most for a name, on a call with no deadline
+NAME_WAIT_POLL_S = 0.005
+_WORKER_NAME = re.compile(r"^[A-Za-z0-9_:-]{1,127}$")
+
+
+class RpcTimeoutError(RuntimeError, TimeoutError):
+    """A call or wait that ran past its deadline: a RuntimeError as PyTorch
+    raises, and a TimeoutError too."""
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = False
+        self.me = None
+        self.default_timeout = constants.DEFAULT_RPC_TIMEOUT_SEC
+
+
+_state = _State()
+
+
+# ---- Worker infos -------------------------------------------------------------------------
+
+class WorkerInfo:
+    """A worker's name and id (its rank); equal when both are."""
+    __slots__ = ("name", "id")
+
+    def __init__(self, name, id):
+        if not isinstance(name, str) or not _WORKER_NAME.match(name):
+            raise RuntimeError("Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty "
+                               "and shorter than 128 chars, but got %s" % (name,))
+        if isinstance(id, bool) or not isinstance(id, int) or id < 0:
+            raise TypeError("WorkerInfo id must be a non-negative int, not %r" % (id,))
+        self.name = name
+        self.id = id
+
+    def __eq__(self, other):
+        return isinstance(other, WorkerInfo) and (self.name, self.id) == (other.name, other.id)
+
+    def __hash__(self):
+        return hash((self.name, self.id))
+
+    def __repr__(self):
+        return "WorkerInfo(id=%d, name=%s)" % (self.id, self.name)
+
+    def __getstate__(self):
+        return (self.name, self.id)
+
+    def __setstate__(self, s):
+        self.name, self.id = s
+
+
+def _require_init(what):
+    if not _state.running:
+        raise RuntimeError("RPC has not been initialized. Call "
+                           "tensorplay.distributed.rpc.init_rpc first (%s)" % what)
+
+
+def is_available():
+    return _rpc.is_available()
+
+
+def get_worker_info(worker_name=None):
+    """This worker's WorkerInfo, or the named worker's."""
+    _require_init("get_worker_info")
+    if worker_name is not None and not isinstance(worker_name, str):
+        raise TypeError("worker_name must be a str, not %s" % type(worker_name).__name__)
+    name, id = _rpc.get_worker_info(worker_name)
+    return WorkerInfo(name, id)
+
+
+def _dest(to):
+    if isinstance(to, WorkerInfo):
+        return to.id
+    if isinstance(to, bool) or not isinstance(to, (str, int)):
+        raise TypeError("to must be a worker name, rank or WorkerInfo, not %s"
+                        % type(to).__name__)
+    return to
+
+
+def get_rpc_timeout():
+    """The default timeout of calls, in seconds (0: none)."""
+    return _state.default_timeout
+
+
+def _set_rpc_timeout(rpc_timeout):
+    seconds = _timeout_arg(rpc_timeout, allow_unset=False)
+    _require_init("_set_rpc_timeout")
+    _rpc.set_rpc_timeout(seconds)
+    _state.default_timeout = seconds
+
+
+def _timeout_arg(timeout, allow_unset=True):
+    """A timeout in seconds: a number >= 0 (0: no deadline), or
+    UNSET_RPC_TIMEOUT for the worker's default."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError("timeout must be a number of seconds, not %s (a timedelta? pass "
+                        ".total_seconds())" % type(timeout).__name__)
+    timeout = float(timeout)
+    if allow_unset and timeout == UNSET_RPC_TIMEOUT:
+        return timeout
+    if timeout != timeout or timeout < 0:
+        raise ValueError("timeout must be >= 0 seconds (0 means no deadline), got %r" % timeout)
+    return timeout
+
+
+def _effective_timeout(timeout):
+    return _state.default_timeout if timeout == UNSET_RPC_TIMEOUT else timeout
+
+
+# ---- Errors back from the C layer ---------------------------------------------------------
+
+_BUILTIN_EXCEPTIONS = {name: obj for name, obj in vars(builtins).items()
+                       if isinstance(obj, type) and issubclass(obj, BaseException)}
+
+
+def _remote_exception_type(type_name):
+    """The class a remote exception's qualified name names here, or None.
+    Found among builtins and modules already imported, never by importing."""
+    if type_name in _BUILTIN_EXCEPTIONS:
+        return _BUILTIN_EXCEPTIONS[type_name]
+    module, _, qualname = type_name.rpartition(".")
+    while module:
+        mod = sys.modules.get(module)
+        if mod is not None:
+            obj = _values._resolve(mod, qualname)
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                return obj
+            return None
+        module, _, head = module.rpartition(".")
+        qualname = head + "." + qualname
+    return None
+
+
+def _translate(e, what):
+    """The exception to raise for the C layer's e, for a call described by what."""
+    msg = str(e)
+    if what:
+        msg = msg.replace("'py:call'", "'%s'" % what).replace("'py:method'", "'%s'" % what)
+    if isinstance(e, TimeoutError):
+        return RpcTimeoutError(msg.replace("timed out after",
+                                           "RPC ran for more than its timeout; timed out after"))
+    if not isinstance(e, RemoteError):
+        if what and msg != str(e):
+            return type(e)(msg)
+        return e
+    # "<call> on worker 'w1' (id 1) failed: module.Type: text\nTraceback...",
+    # or a future the program failed: "module.Type: text".
+    head, sep, rest = msg.partition(" failed: ")
+    if not sep:
+        head, rest = "", msg
+    type_name = rest.split(":", 1)[0].strip()
+    where = head.split(" on ", 1)[1] if " on " in head else ""
+    text = "On %s:\n%s" % (where, rest) if where else rest
+    cls = _remote_exception_type(type_name) if re.match(r"^[\w.]+$", type_name) else None
+    if cls is not None:
+        try:
+            return cls(text)
+        except Exception:  # a class whose constructor takes other arguments
+            pass
+    return RemoteError("%s (raised remotely: %s)" % (text, type_name or "an error"))
+
+
+def _call_c(fn, what):
+    try:
+        return fn()
+    except (RemoteError, TimeoutError, RuntimeError, ValueError, TypeError, LookupError) as e:
+        t = _translate(e, what)
+        if t is e:
+            raise
+        raise t from None
+
+
+# ---- init_rpc and shutdown ---------------------------------------------------------------
+
+def _env_int(name, what):
+    v = os.environ.get(name)
+    if v is None:
+        raise ValueError("%s parameter missing: pass it to init_rpc, or set the environment "
+                         "variable %s (environment variable %s expected, but not set)"
+                         % (what, name, name))
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError("environment variable %s is %r, not an int" % (name, v)) from None
+
+
+_LOCAL_HOSTS = ("127.", "localhost", "::1", "[::1]")
+
+
+def _host_of(init_method):
+    if init_method in (None, "env://"):
+        return os.environ.get("MASTER_ADDR", "")
+    m = re.match(r"^tcp://\[?([^\]/]*?)\]?:\d+", init_method)
+    return m.group(1) if m else ""
+
+
+def _user_secret():
+    """A job secret shared by this user's workers on this host, for workers
+    started by hand on one machine (no launcher, no TP_SECRET): kept in a
+    0600 file in a 0700 folder of this user's own."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "tensorplay")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.stat(folder)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError("%s must belong to you with mode 0700 to hold the job secret"
+                              % folder)
+    path = os.path.join(folder, "local-secret")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(_rpc.job_secret_new() + "\n")
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError("%s must belong to you with mode 0600" % path)
+    for _ in range(100):  # another worker may be writing it right now
+        with open(path) as f:
+            s = f.read().strip()
+        if len(s) >= 32:
+            return s
+        time.sleep(0.01)
+    raise RuntimeError("%s holds no job secret; delete it and start again" % path)
+
+
+def _backend_strings(opts, init_method):
+    out = opts._backend_strings() if hasattr(opts, "_backend_strings") else {}
+    if "secret" not in out and out.get("auth") != "off" and not os.environ.get("TP_SECRET") \
+            and _host_of(init_method).startswith(_LOCAL_HOSTS):
+        out["secret"] = _user_secret()
+    return out
+
+
+def _init_method_for_c(init_method):
+    if init_method == "env://":
+        return None  # the backend's own default reads the same variables
+    if init_method.startswith("file://"):
+        # PyTorch's FileStore: the same rendezvous over a SQLite file at that path.
+        return "sqlite://" + init_method[len("file://"):]
+    return init_method
+
+
+def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=None):
+    """Joins the job as worker `name`; blocks until every worker joined
+    (bounded by the init timeout, 60 s unless the options say otherwise)."""
+    if not isinstance(name, str):
+        raise TypeError("name must be a str, not %s" % type(name).__name__)
+    WorkerInfo(name, 0)  # the same name rule as PyTorch, before anything starts
+    if rpc_backend_options is not None and not isinstance(rpc_backend_options,
+                                                          RpcBackendOptions):
+        raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
+    b = backend_registry.resolve(backend)
+    if b.value.init_backend_handler is not None:
+        raise ValueError("backend %s is written in Python: start it with init_backend" % b.name)
+    if rank is None or rank < 0:
+        rank = _env_int("RANK", "rank")
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE", "world_size")
+    for what, v in (("rank", rank), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError("%s must be an int, not %s" % (what, type(v).__name__))
+    opts = rpc_backend_options or backend_registry.construct_rpc_backend_options(b)
+    init_method = _init_method_for_c(opts.init_method)
+    init_timeout = getattr(opts, "init_timeout", None)
+    with _state.lock:
+        if _state.running:
+            raise RuntimeError("RPC is already initialized on this process as worker %r"
+                               % _state.me.name)
+        _values.state.allow_pickle = bool(getattr(opts, "allow_pickle", False))
+        _values.state.tensor_type = getattr(opts, "tensor_type", "auto")
+        _rpc.set_dispatcher(_dispatch, _dispatch_method)
+        _rpc.set_adapter(_values.adapt)
+        _rpc.set_allow_pickle(_values.state.allow_pickle)
+        _rpc.init_rpc(name, b.name, rank, world_size, float(opts.rpc_timeout),
+                      -1.0 if init_timeout is None else float(init_timeout),
+                      int(getattr(opts, "num_worker_threads", 0)), init_method,
+                      -1.0 if getattr(opts, "shutdown_timeout", None) is None
+                      else float(opts.shutdown_timeout),
+                      _backend_strings(opts, opts.init_method) if b.name == "TENSORPIPE"
+                      else getattr(opts, "_backend_strings", dict)())
+        _state.running = True
+        _state.me = WorkerInfo(name, rank)
+        _state.default_timeout = float(opts.rpc_timeout)
+
+
+def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT):
+    """Leaves the job. graceful waits until every worker's outstanding work
+    is done (bounded by timeout seconds when > 0, else by the backend's
+    shutdown timeout) and then releases this worker's rrefs; a graceful
+    shutdown that runs out of time finishes locally and raises."""
+    _require_init("shutdown")
+    timeout = _timeout_arg(timeout, allow_unset=False)
+    with _state.lock:
+        try:
+            _rpc.shutdown(bool(graceful), timeout)
+        finally:
+            _state.running = False
+            _state.me = None
+    leaks = _rpc.shutdown_leaks()
+    if leaks:
+        text = "Leaking RRef: %d rref(s) were not settled by shutdown: %s" % (
+            len(leaks), "; ".join(leaks[:8]))
+        if not _ignore_rref_leak:
+            raise RuntimeError(text)
+        print("tensorplay.distributed.rpc: " + text, file=sys.stderr)
+
+
+# ---- The callee's side -----------------------------------------------------------------------
+
+def _may_appear(mod, module):
+    """Whether a name missing from module may still be defined: __main__
+    runs on after init_rpc, and a module being imported is half made."""
+    if module == "__main__":
+        return True
+    spec = getattr(mod, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _find(module, qualname, timeout):
+    """The function module.qualname among modules already imported, waiting
+    (bounded by the call's deadline) for one whose module is still running."""
+    deadline = None
+    while True:
+        mod = sys.modules.get(module)
+        if mod is None:
+            raise LookupError("function %s.%s: module '%s' is not imported on this worker (it is "
+                              "never imported because a peer named it)" % (module, qualname, module))
+        obj = _values._resolve(mod, qualname)
+        if obj is not None:
+            return obj
+        if not _may_appear(mod, module):
+            break
+        now = time.monotonic()
+        if deadline is None:
+            # Give up a little before the caller does, so it gets this error.
+            budget = NAME_WAIT_MAX_S if timeout <= 0 else timeout - min(1.0, timeout / 10)
+            deadline = now + max(0.0, budget)
+        if now >= deadline:
+            break
+        time.sleep(NAME_WAIT_POLL_S)
+    raise LookupError("function %s.%s is not defined on this worker" % (module, qualname))
+
+
+def _report_remote(e):
+    """PyTorch prints a served function's exception on the callee's stderr."""
+    me = _state.me
+    print("On %r:\n%r\n%s" % (me, e, traceback.format_exc()), file=sys.stderr, flush=True)
+
+
+def _dispatch(wire_args, wire_kwargs):
+    """Runs a peer's call (from C, GIL held, on a pool thread): wire_args is
+    [module, qualname, args, kwargs, keep, timeout]; a pickled callable
+    arrives as module None and the callable in qualname's place."""
+    module, qualname, args, kwargs = wire_args[:4]
+    timeout = wire_args[5] if len(wire_args) > 5 else _state.default_timeout
+    try:
+        fn = qualname if module is None else _find(module, qualname, timeout)
+        what = _values.describe(fn) if module is None else "%s.%s" % (module, qualname)
+        args, kwargs = _values.wrap(args, RRef), _values.wrap(kwargs, RRef)
+        return _answer(fn, fn(*args, **kwargs), what)
+    except Exception as e:
+        _report_remote(e)
+        raise
+
+
+def _answer(fn, result, what):
+    """A served function's (or method's) result as the C layer takes it."""
+    if getattr(fn, "_tp_async_execution", False) or getattr(fn, "_wrapped_async_rpc_function",
+                                                            None) is not None:
+        core = _future_core(result)
+        if core is None:
+            raise TypeError("%s is marked async_execution but returned %s, not a Future"
+                            % (what, type(result).__name__))
+        _rpc.answer_later(core)  # the reply goes when the future completes
+        return None
+    return unwrap(result)
+
+
+_methods = {}  # (class, name) -> fn(obj, *args, **kwargs), from new_method
+
+
+def new_method(cls, method_name, fn):
+    """Registers fn(obj, *args, **kwargs) as method method_name of cls's
+    objects on this worker (the C API's new_method): rref.rpc_sync().name()
+    on an rref to such an object, or to one of a subclass, runs it. It comes
+    before a method the class defines itself; registering one twice is an
+    error. Register before init_rpc, as functions are defined before it: a
+    peer may call as soon as init_rpc returns on every worker."""
+    if not isinstance(cls, type) or not callable(fn) or not isinstance(method_name, str):
+        raise TypeError("new_method(cls, method_name, fn): a class, a str and a callable")
+    if (cls, method_name) in _methods:
+        raise RuntimeError("method %s.%s is already registered on this worker"
+                           % (cls.__qualname__, method_name))
+    _methods[(cls, method_name)] = fn
+
+
+def _dispatch_method(obj, name, args, kwargs):
+    """The owner's side of a method call on an rref's object (from C, GIL held)."""
+    try:
+        args, kwargs = _values.wrap(args, RRef), _values.wrap(kwargs, RRef)
+        for klass in type(obj).__mro__:
+            fn = _methods.get((klass, name))
+            if fn is not None:
+                return _answer(fn, fn(obj, *args, **kwargs), "%s.%s" % (klass.__qualname__, name))
+        bound = getattr(obj, name)  # AttributeError names the method and the class
+        return _answer(bound, bound(*args, **kwargs), "%s.%s" % (type(obj).__qualname__, name))
+    except Exception as e:
+        _report_remote(e)
+        raise
+
+
+# ---- Futures -------------------------------------------------------------------------------
+
+class Future:
+    """The result of rpc_async (when torch is not imported; with torch, calls
+    return torch.futures.Future): wait(), value(), done(), then(),
+    add_done_callback(). Future() makes one the program completes with
+    set_result / set_exception, on the worker of the calling process."""
+
+    def __init__(self, core=None, what=None):
+        self._core = core if core is not None else _rpc.future_new()
+        self._what = what
+
+    def set_result(self, result):
+        self._core._set_result(unwrap(result))
+
+    def set_exception(self, exception):
+        if not isinstance(exception, BaseException):
+            raise TypeError("set_exception takes an exception, not %s"
+                            % type(exception).__name__)
+        self._core._set_exception("%s: %s" % (_type_name(exception), exception))
+
+    def wait(self, timeout=None):
+        if timeout is not None:
+            timeout = _timeout_arg(timeout, allow_unset=False)
+        return _values.wrap(_call_c(lambda: self._core.wait(0.0 if timeout is None else timeout),
+                                    self._what), RRef)
+
+    def value(self):
+        if not self._core.done():
+            raise RuntimeError("the future is still pending")
+        return self.wait()
+
+    def done(self):
+        return self._core.done()
+
+    def add_done_callback(self, callback):
+        """callback(self) runs on a pool thread once the future completes."""
+        if not callable(callback):
+            raise TypeError("add_done_callback needs a callable, not %r" % (callback,))
+        self._core._add_done_callback(lambda: callback(self))
+
+    def then(self, callback):
+        """A Future of callback(self)'s return value, run once this completes."""
+        if not callable(callback):
+            raise TypeError("then needs a callable, not %r" % (callback,))
+        return Future(self._core._then(lambda core: unwrap(callback(self))), self._what)
+
+
+def _type_name(e):
+    t = type(e)
+    return t.__qualname__ if t.__module__ == "builtins" else "%s.%s" % (t.__module__, t.__qualname__)
+
+
+_torch_future_class = None
+
+
+def _torch_future_type():
+    """torch.futures.Future subclass that mirrors one of ours, made once
+    torch is imported: torch.futures.wait_all, collect_all and then take it."""
+    global _torch_future_class
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if _torch_future_class is None:
+        class TorchFuture(torch.futures.Future):
+            def wait(self):
+                if self._tp_core is not None:  # waits in slices: Ctrl-C interrupts it
+                    try:
+                        _call_c(lambda: self._tp_core.wait(0.0), self._tp_what)
+                    except BaseException as e:
+                        if not isinstance(e, Exception):
+                            raise
+                return super().wait()
+        _torch_future_class = TorchFuture
+    return _torch_future_class
+
+
+def _make_future(core, what):
+    cls = _torch_future_type()
+    if cls is None:
+        return Future(core, what)
+    f = cls()
+    f._tp_core, f._tp_what = core, what
+
+    def complete():
+        try:
+            v = _values.wrap(_call_c(lambda: core.wait(0.0), what), RRef)
+        except Exception as e:
+            f.set_exception(e)
+        else:
+            f.set_result(v)
+    core._add_done_callback(complete)
+    return f
+
+
+def _future_core(fut):
+    """The C future behind a Future of ours or a torch one (for answer_later)."""
+    if isinstance(fut, Future):
+        return fut._core
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(fut, torch.futures.Future):
+        return None
+    core = getattr(fut, "_tp_core", None)
+    if core is not None:
+        return core
+    core = _rpc.future_new()
+
+    def relay(f):
+        try:
+            v = f.value()
+        except Exception as e:
+            core._set_exception("%s: %s" % (_type_name(e), e))
+        else:
+            core._set_result(unwrap(v))
+    fut.add_done_callback(relay)
+    return core
+
+
+def wait_all(futures):
+    """Waits for every future and returns their values; raises the first
+    error as soon as any future fails (PyTorch's wait_all)."""
+    futures = list(futures)
+    done = threading.Event()
+    failed = []
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def on_done(f):
+        with lock:
+            left[0] -= 1
+            if _failed(f):
+                failed.append(f)
+            if left[0] == 0 or failed:
+                done.set()
+    if not futures:
+        return []
+    for f in futures:
+        f.add_done_callback(on_done)
+    while not done.wait(0.1):
+        pass  # slices, so Ctrl-C interrupts it
+    if failed:
+        failed[0].wait()  # raises its error
+    return [f.wait() for f in futures]
+
+
+def _failed(f):
+    try:
+        f.value()
+        return False
+    except Exception:
+        return True
+
+
+def collect_all(futures):
+    """A Future completed with the list of futures once all are complete."""
+    futures = list(futures)
+    out = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def on_done(_):
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            out._core._set_result(None)
+    if not futures:
+        out._core._set_result(None)
+    for f in futures:
+        f.add_done_callback(on_done)
+    return out.then(lambda _: futures)
+
+
+# ---- Calls ---------------------------------------------------------------------------------
+
+def _call_wire(func, args, kwargs, timeout):
+    module, name = callable_ref(func)
+    if args is not None and not isinstance(args, (tuple, list)):
+        raise TypeError("args must be a tuple or list, not %s" % type(args).__name__)
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError("kwargs must be a dict, not %s" % type(kwargs).__name__)
+    timeout = _timeout_arg(timeout)
+    what = _values.describe(func) if module is None else "%s.%s" % (module, name)
+    wire = (module, name, tuple(unwrap(list(args or ()))), unwrap(dict(kwargs or {})),
+            _effective_timeout(timeout))
+    return wire, timeout, what
+
+
+def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Calls func(*args, **kwargs) on worker `to`; returns a Future of its result."""
+    _require_init("rpc_async")
+    wire, timeout, what = _call_wire(func, args, kwargs, timeout)
+    core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
+    return _make_future(core, what)
+
+
+def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Calls func(*args, **kwargs) on worker `to` and returns its result."""
+    _require_init("rpc_sync")
+    wire, timeout, what = _call_wire(func, args, kwargs, timeout)
+    core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
+    return _values.wrap(_call_c(lambda: core.wait(0.0), what), RRef)
+
+
+def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Runs func on worker `to` and keeps the result there; returns an RRef to it."""
+    _require_init("remote")
+    wire, timeout, what = _call_wire(func, args, kwargs, timeout)
+    return RRef(_call_c(lambda: _rpc.call(_dest(to), *wire, timeout, True), what))
+
+
+# ---- RRefs ---------------------------------------------------------------------------------
+
+def _local_value_of(rref):
+    """On the owner: the value an rref holds (to_here's way for objects that
+    travel pickled)."""
+    return rref.local_value()
+
+
+def _type_path_of(rref):
+    t = type(rref.local_value())
+    return (t.__module__, t.__qualname__)
+
+
+class RRef:
+    """A reference to a value on its owner: to_here(), owner(), is_owner() and the rest.
+    RRef(value) makes one this worker owns, holding value (PyTorch's RRef(value))."""
+
+    def __init__(self, value, type_hint=None):
+        del type_hint  # PyTorch's TorchScript hint: no meaning here
+        if isinstance(value, _rpc.RRef):
+            self._core = value
+        else:
+            _require_init("RRef(value)")
+            self._core = _rpc.rref_from_value(unwrap(value))
+
+    def to_here(self, timeout=UNSET_RPC_TIMEOUT):
+        timeout = _timeout_arg(timeout)
+        try:
+            return _values.wrap(_call_c(lambda: self._core.to_here(timeout), "to_here"), RRef)
+        except TypeError as e:
+            # An object kept on its owner travels only pickled, which the owner
+            # does when asked through a call (on its pool, with the GIL).
+            if not _values.state.allow_pickle or "object" not in str(e):
+                raise
+            return rpc_sync(self.owner(), _local_value_of, args=(self,), timeout=timeout)
+
+    def local_value(self):
+        return _values.wrap(_call_c(self._core.local_value, "local_value"), RRef)
+
+    def owner(self):
+        name, id = self._core._owner()
+        return WorkerInfo(name, id)
+
+    def owner_name(self):
+        return self.owner().name
+
+    def is_owner(self):
+        return self._core.is_owner()
+
+    def confirmed_by_owner(self):
+        return self._core.confirmed_by_owner()
+
+    def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
+        """The type of the value on its owner (a class found here by name)."""
+        def resolve(path):
+            module, qualname = path
+            mod = sys.modules.get(module)
+            t = _values._resolve(mod, qualname) if mod else None
+            if not isinstance(t, type):
+                raise LookupError("the rref's value is a %s.%s, a class not found here"
+                                  % (module, qualname))
+            return t
+        if self.is_owner():
+            t = type(self.local_value())
+            if blocking:
+                return t
+            f = Future()
+            f.set_result(None)
+            return f.then(lambda _: t)
+        fut = rpc_async(self.owner(), _type_path_of, args=(self,), timeout=timeout)
+        return resolve(fut.wait()) if blocking else fut.then(lambda f: resolve(f.wait()))
+
+    def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
+        """rref.rpc_sync().m(*args): m of the object this rref holds, run on its owner."""
+        return _Proxy(self, timeout, "sync")
+
+    def rpc_async(self, timeout=UNSET_RPC_TIMEOUT):
+        return _Proxy(self, timeout, "async")
+
+    def remote(self, timeout=UNSET_RPC_TIMEOUT):
+        return _Proxy(self, timeout, "remote")
+
+    def __reduce__(self):
+        raise RuntimeError("Can not pickle rref in python pickler: an RRef travels as an "
+                           "argument or result of a call, never pickled")
+
+    def __repr__(self):
+        return "RRef(owner=%s)" % self.owner_name()
+
+
+class _Proxy:
+    """The methods of an rref's object, called on its owner (PyTorch's RRef proxies)."""
+
+    def __init__(self, rref, timeout, mode):
+        self._rref, self._timeout, self._mode = rref, _timeout_arg(timeout), mode
+
+    def __getattr__(self, name):
+        def method(*args, **kwargs):
+            wire = (self._rref._core, name, tuple(unwrap(list(args))), unwrap(dict(kwargs)),
+                    self._timeout)
+            what = "method %s" % name
+            if self._mode == "remote":
+                return RRef(_call_c(lambda: _rpc.rref_call(*wire, True), what))
+            core = _call_c(lambda: _rpc.rref_call(*wire, False), what)
+            if self._mode == "sync":
+                return _values.wrap(_call_c(lambda: core.wait(0.0), what), RRef)
+            return _make_future(core, what)
+        return method
+
+
+def method_factory(method_name, docstring=None):
+    """A callable m(rref, *args, **kwargs) that runs method_name of the object
+    rref holds on its owner (the C API's method_factory)."""
+    def method(rref, *args, **kwargs):
+        return getattr(rref.rpc_sync(), method_name)(*args, **kwargs)
+    method.__name__ = method_name
+    method.__doc__ = docstring
+    return method
+
+
+# ---- The current agent ----------------------------------------------------------------------
+
+class _Agent:
+    """What PyTorch's _get_current_rpc_agent() offers programs that inspect it."""
+
+    def get_worker_info(self, worker_name=None):
+        return get_worker_info(worker_name)
+
+    def get_worker_infos(self):
+        return [WorkerInfo(n, i) for n, i in _rpc.get_worker_infos()]
+
+    def get_debug_info(self):
+        return {k: str(v) for k, v in _rpc.get_debug_info().items()}
+
+    is_static_group = True
+
+
+def _is_current_rpc_agent_set():
+    return _state.running
+
+
+def _get_current_rpc_agent():
+    if not _state.running:
+        raise RuntimeError("Current RPC agent is not set! Did you initialize the RPC framework "
+                           "(e.g. by calling `rpc.init_rpc`)?")
+    return _Agent()
+
+
+def _get_debug_info():
+    return _get_current_rpc_agent().get_debug_info()
