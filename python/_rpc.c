@@ -820,6 +820,20 @@ static PyObject *future_wait(FutureObject *o, PyObject *args) {
     return v ? from_value(v, 0) : Py_NewRef(Py_None);
 }
 
+/* _wait_done(slice_s): waits up to slice_s for completion (the GIL released);
+ * whether it is complete. Never raises the future's error. */
+static PyObject *future_wait_done(FutureObject *o, PyObject *args) {
+    double slice = WAIT_SLICE_S;
+    if (!PyArg_ParseTuple(args, "|d", &slice))
+        return NULL;
+    if (!tp_future_done(o->f)) {
+        Py_BEGIN_ALLOW_THREADS tp_future_wait(o->f, slice > 0 ? slice : WAIT_SLICE_S);
+        Py_END_ALLOW_THREADS
+    }
+    lent_drain();
+    return PyBool_FromLong(tp_future_done(o->f));
+}
+
 static PyObject *future_done(FutureObject *o, PyObject *unused) {
     (void)unused;
     return PyBool_FromLong(tp_future_done(o->f));
@@ -932,6 +946,7 @@ static PyObject *future_set_exception(FutureObject *o, PyObject *args) {
 static PyMethodDef future_methods[] = {
     {"wait", (PyCFunction)future_wait, METH_VARARGS, "wait(timeout=0): the value, or raises"},
     {"done", (PyCFunction)future_done, METH_NOARGS, "done(): completed?"},
+    {"_wait_done", (PyCFunction)future_wait_done, METH_VARARGS, NULL},
     {"_add_done_callback", (PyCFunction)future_add_done, METH_O, NULL},
     {"_then", (PyCFunction)future_then, METH_O, NULL},
     {"_set_result", (PyCFunction)future_set_result, METH_O, NULL},

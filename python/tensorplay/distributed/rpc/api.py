@@ -1,5 +1,6 @@
 """The RPC API (PyTorch's rpc.api): init_rpc, shutdown, rpc_sync, rpc_async,
 remote, RRef, futures, worker infos and timeouts, over the C library."""
+import atexit
 import builtins
 import os
 import re
@@ -308,6 +309,16 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         _state.default_timeout = float(opts.rpc_timeout)
 
 
+@atexit.register
+def _at_exit():
+    """A program that ends without shutdown() (an exception, sys.exit) leaves
+    at once, as a killed worker would: its peers see it gone. Without this the
+    pool threads would run Python code in a finalizing interpreter."""
+    if _state.running:
+        _state.running = False
+        _rpc.shutdown(False, 0.0)
+
+
 def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT):
     """Leaves the job. graceful waits until every worker's outstanding work
     is done (bounded by timeout seconds when > 0, else by the backend's
@@ -437,49 +448,96 @@ def _dispatch_method(obj, name, args, kwargs):
 # ---- Futures -------------------------------------------------------------------------------
 
 class Future:
-    """The result of rpc_async (when torch is not imported; with torch, calls
-    return torch.futures.Future): wait(), value(), done(), then(),
-    add_done_callback(). Future() makes one the program completes with
-    set_result / set_exception, on the worker of the calling process."""
+    """PyTorch's Future (torch.futures.Future when torch is not imported; with
+    torch, calls return torch futures): wait(), value(), done(), then(),
+    add_done_callback(), set_result(), set_exception(). It holds any Python
+    object. Future() makes one the program completes; an @async_execution
+    function may return it."""
 
-    def __init__(self, core=None, what=None):
-        self._core = core if core is not None else _rpc.future_new()
-        self._what = what
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._done = False
+        self._value = None
+        self._exc = None
+        self._callbacks = []
+        self._tp_core = None  # the C future behind it, if any
+        self._tp_what = None
+
+    def _complete(self, value=None, exc=None):
+        with self._cond:
+            if self._done:
+                raise RuntimeError("this Future is already completed")
+            self._value, self._exc, self._done = value, exc, True
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for cb in callbacks:
+            _run_callback(cb, self)
 
     def set_result(self, result):
-        self._core._set_result(unwrap(result))
+        self._complete(value=result)
 
     def set_exception(self, exception):
         if not isinstance(exception, BaseException):
             raise TypeError("set_exception takes an exception, not %s"
                             % type(exception).__name__)
-        self._core._set_exception("%s: %s" % (_type_name(exception), exception))
+        self._complete(exc=exception)
 
     def wait(self, timeout=None):
+        """The value, or raises the error; waits in slices, so Ctrl-C interrupts it."""
         if timeout is not None:
             timeout = _timeout_arg(timeout, allow_unset=False)
-        return _values.wrap(_call_c(lambda: self._core.wait(0.0 if timeout is None else timeout),
-                                    self._what), RRef)
+        deadline = None if not timeout else time.monotonic() + timeout
+        with self._cond:
+            while not self._done:
+                left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                if left <= 0:
+                    raise RpcTimeoutError("Future.wait timed out after %g s; the call goes on"
+                                          % timeout)
+                self._cond.wait(left)
+        if self._exc is not None:
+            raise self._exc
+        return self._value
 
     def value(self):
-        if not self._core.done():
+        if not self._done:
             raise RuntimeError("the future is still pending")
         return self.wait()
 
     def done(self):
-        return self._core.done()
+        return self._done
 
     def add_done_callback(self, callback):
-        """callback(self) runs on a pool thread once the future completes."""
+        """callback(self) runs once the future completes: at once on this
+        thread if it already is, else on the thread that completes it."""
         if not callable(callback):
             raise TypeError("add_done_callback needs a callable, not %r" % (callback,))
-        self._core._add_done_callback(lambda: callback(self))
+        with self._cond:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
 
     def then(self, callback):
-        """A Future of callback(self)'s return value, run once this completes."""
+        """A Future of callback(self)'s return value (or its exception)."""
         if not callable(callback):
             raise TypeError("then needs a callable, not %r" % (callback,))
-        return Future(self._core._then(lambda core: unwrap(callback(self))), self._what)
+        chained = Future()
+
+        def run(f):
+            try:
+                chained.set_result(callback(f))
+            except Exception as e:
+                chained.set_exception(e)
+        self.add_done_callback(run)
+        return chained
+
+
+def _run_callback(cb, f):
+    try:
+        cb(f)
+    except Exception:  # as PyTorch: a failing done-callback is reported, not raised
+        print("tensorplay.distributed.rpc: a future's done-callback raised:\n"
+              + traceback.format_exc(), file=sys.stderr)
 
 
 def _type_name(e):
@@ -491,8 +549,8 @@ _torch_future_class = None
 
 
 def _torch_future_type():
-    """torch.futures.Future subclass that mirrors one of ours, made once
-    torch is imported: torch.futures.wait_all, collect_all and then take it."""
+    """torch.futures.Future subclass for calls, made once torch is imported:
+    torch.futures.wait_all, collect_all and then take it."""
     global _torch_future_class
     torch = sys.modules.get("torch")
     if torch is None:
@@ -500,22 +558,18 @@ def _torch_future_type():
     if _torch_future_class is None:
         class TorchFuture(torch.futures.Future):
             def wait(self):
-                if self._tp_core is not None:  # waits in slices: Ctrl-C interrupts it
-                    try:
-                        _call_c(lambda: self._tp_core.wait(0.0), self._tp_what)
-                    except BaseException as e:
-                        if not isinstance(e, Exception):
-                            raise
+                core = getattr(self, "_tp_core", None)
+                while core is not None and not core._wait_done(0.1):
+                    pass  # slices of the C future's wait: Ctrl-C interrupts between them
                 return super().wait()
         _torch_future_class = TorchFuture
     return _torch_future_class
 
 
 def _make_future(core, what):
-    cls = _torch_future_type()
-    if cls is None:
-        return Future(core, what)
-    f = cls()
+    """A Python future completed from the C future core by its done-callback
+    (on a pool thread), with the value converted once."""
+    f = (_torch_future_type() or Future)()
     f._tp_core, f._tp_what = core, what
 
     def complete():
@@ -530,15 +584,12 @@ def _make_future(core, what):
 
 
 def _future_core(fut):
-    """The C future behind a Future of ours or a torch one (for answer_later)."""
-    if isinstance(fut, Future):
-        return fut._core
+    """The C future that answers for a Future of ours or a torch one
+    (answer_later): made and completed from its done-callback."""
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(fut, torch.futures.Future):
+    if not isinstance(fut, Future) and (torch is None
+                                        or not isinstance(fut, torch.futures.Future)):
         return None
-    core = getattr(fut, "_tp_core", None)
-    if core is not None:
-        return core
     core = _rpc.future_new()
 
     def relay(f):
@@ -547,7 +598,10 @@ def _future_core(fut):
         except Exception as e:
             core._set_exception("%s: %s" % (_type_name(e), e))
         else:
-            core._set_result(unwrap(v))
+            try:
+                core._set_result(unwrap(v))
+            except Exception as e:
+                core._set_exception("%s: %s" % (_type_name(e), e))
     fut.add_done_callback(relay)
     return core
 
@@ -599,12 +653,12 @@ def collect_all(futures):
             left[0] -= 1
             last = left[0] == 0
         if last:
-            out._core._set_result(None)
+            out.set_result(futures)
     if not futures:
-        out._core._set_result(None)
+        out.set_result([])
     for f in futures:
         f.add_done_callback(on_done)
-    return out.then(lambda _: futures)
+    return out
 
 
 # ---- Calls ---------------------------------------------------------------------------------
@@ -712,8 +766,8 @@ class RRef:
             if blocking:
                 return t
             f = Future()
-            f.set_result(None)
-            return f.then(lambda _: t)
+            f.set_result(t)
+            return f
         fut = rpc_async(self.owner(), _type_path_of, args=(self,), timeout=timeout)
         return resolve(fut.wait()) if blocking else fut.then(lambda f: resolve(f.wait()))
 

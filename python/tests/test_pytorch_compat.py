@@ -1,0 +1,252 @@
+"""PyTorch users' code as written (issue 20): the seed program in either
+order, torch tensors and functions, PyTorch's errors and names. Each test
+runs a program on worker processes started by tprun (test_rpc.run)."""
+import os
+import subprocess
+import sys
+import time
+
+import textwrap
+
+import pytest
+
+from test_rpc import PROLOGUE, PYTHON, TPRUN, run
+
+SEED_AS_PRINTED = """\
+import os
+import tensorplay.distributed.rpc as rpc
+
+rank = int(os.environ["RANK"])
+rpc.init_rpc("worker0" if rank == 0 else "worker1", rank=rank, world_size=2)
+
+def add(a, b):
+    return a + b
+
+if rank == 0:
+    print(rpc.rpc_sync("worker1", add, args=(3, 4)))
+rpc.shutdown()
+"""
+
+
+def test_seed_as_printed_200_runs(tmp_path):
+    """init_rpc before def add: the callee waits for __main__ to define it."""
+    script = tmp_path / "seed.py"
+    script.write_text(SEED_AS_PRINTED)
+    runs = int(os.environ.get("TP_SEED_RUNS", "200"))
+    t0 = time.monotonic()
+    for i in range(runs):
+        proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(script)], capture_output=True,
+                              text=True, timeout=60)
+        assert (proc.returncode, proc.stdout) == (0, "[0] 7\n"), \
+            "run %d of %d: %s%s" % (i + 1, runs, proc.stdout, proc.stderr)
+    print("%d runs in %.1f s" % (runs, time.monotonic() - t0))
+
+
+def test_name_waits_are_bounded(tmp_path):
+    out = run(tmp_path, """
+        import threading
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            # A function __main__ defines 0.5 s after the call arrives.
+            def late(): return "late"
+            late.__qualname__ = "defined_late"
+            globals()["defined_late"] = late
+            print(rpc.rpc_sync("worker1", late, timeout=5))
+            def never(): pass
+            never.__qualname__ = "never_defined"
+            globals()["never_defined"] = never
+            t0 = time.monotonic()
+            try:
+                rpc.rpc_sync("worker1", never, timeout=3.0)
+            except LookupError as e:  # the callee gave up 0.3 s before the caller would
+                print("LookupError", "never_defined is not defined" in str(e),
+                      time.monotonic() - t0 > 2.5)
+        else:
+            def define():
+                time.sleep(0.5)
+                globals()["defined_late"] = lambda: "late"
+            threading.Thread(target=define).start()
+        rpc.shutdown()
+    """)
+    assert out == ["late", "LookupError True True"]
+
+
+def test_errors_as_pytorch_raises_them(tmp_path):
+    out = run(tmp_path, """
+        import datetime, functools
+        class MyError(Exception):
+            pass
+        class Picky(Exception):
+            def __init__(self, a, b):
+                super().__init__(a, b)
+        def raise_mine():
+            raise MyError("mine")
+        def raise_picky():
+            raise Picky(1, 2)
+        try:
+            rpc.WorkerInfo("abc*", 0)
+        except RuntimeError as e:
+            print("name:", "Worker name must match" in str(e))
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            try:
+                rpc.init_rpc("worker0")
+            except RuntimeError as e:
+                print("twice:", "already initialized" in str(e))
+            try:
+                rpc.rpc_sync("worker1", slow, args=(2.0,), timeout=0.2)
+            except RuntimeError as e:
+                print("timeout:", isinstance(e, TimeoutError), "RPC ran for more than" in str(e),
+                      "__main__.slow" in str(e), "py:call" not in str(e))
+            try:
+                rpc.rpc_sync("worker1", raise_mine)
+            except MyError as e:
+                print("MyError:", "worker1" in str(e), "mine" in str(e))
+            try:
+                rpc.rpc_sync("worker1", raise_picky)
+            except rpc.RemoteError as e:
+                print("RemoteError:", "__main__.Picky" in str(e))
+            for bad in (lambda: rpc.rpc_async("worker1", add, args=(1, 2)).then(None),
+                        lambda: rpc.rpc_sync("worker1", add, args=(1, 2),
+                                             timeout=datetime.timedelta(seconds=1)),
+                        lambda: rpc.rpc_sync("worker1", functools.partial(add, 1), args=(2,))):
+                try:
+                    bad()
+                    print("accepted")
+                except TypeError:
+                    print("TypeError")
+            print(rpc.get_rpc_timeout())
+            rpc._set_rpc_timeout(0.2)
+            try:
+                rpc.rpc_sync("worker1", slow, args=(2.0,))
+            except RuntimeError as e:
+                print("default timeout:", "200 ms" in str(e))
+            rpc._set_rpc_timeout(60)
+            a = rpc.rpc_async("worker1", slow, args=(5.0,))
+            b = rpc.rpc_async("worker1", boom)
+            t0 = time.monotonic()
+            try:
+                rpc.wait_all([a, b])
+            except ValueError:
+                print("wait_all stops at the first error:", time.monotonic() - t0 < 3)
+            c = rpc.collect_all([rpc.rpc_async("worker1", add, args=(i, i)) for i in range(3)])
+            print([f.wait() for f in c.wait()])
+            print(type(rpc._get_current_rpc_agent().get_worker_info()).__name__,
+                  rpc.backend_registry.BackendType["TENSORPIPE"],
+                  isinstance(rpc.TensorPipeRpcBackendOptions(), rpc.RpcBackendOptions))
+        rpc.shutdown()
+    """)
+    assert out == ["name: True", "twice: True", "timeout: True True True True",
+                   "MyError: True True", "RemoteError: True", "TypeError", "TypeError",
+                   "TypeError", "60.0", "default timeout: True",
+                   "wait_all stops at the first error: True", "[0, 2, 4]",
+                   "WorkerInfo BackendType.TENSORPIPE True"]
+
+
+def test_remote_exceptions_are_printed_on_the_callee(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(PROLOGUE + textwrap.dedent("""
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            try:
+                rpc.rpc_sync("worker1", boom)
+            except ValueError:
+                pass
+        rpc.shutdown()
+    """))
+    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(script)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[1] On WorkerInfo(id=1, name=worker1):\n[1] ValueError('deliberate failure')\n" \
+        "[1] Traceback" in proc.stderr
+
+
+def test_a_program_that_raises_before_shutdown_exits_cleanly(tmp_path):
+    """No shutdown(): the worker leaves at exit as a killed one would, with
+    the program's exit status and no crash (pool threads stop first)."""
+    script = tmp_path / "prog.py"
+    script.write_text(PROLOGUE + textwrap.dedent("""
+        rpc.init_rpc("worker%d" % rank)
+        f = rpc.rpc_async("worker%d" % (1 - rank), slow, args=(0.5,))
+        raise SystemExit(3 + rank)
+    """))
+    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(script)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode in (3, 4), proc.stdout + proc.stderr
+    assert "signal" not in proc.stderr, proc.stderr
+
+
+def test_pickle_carries_bound_methods_partials_and_objects(tmp_path):
+    out = run(tmp_path, """
+        import functools
+        class Counter:
+            def __init__(self, n):
+                self.n = n
+            def plus(self, k):
+                return self.n + k
+        counter = Counter(40)
+        opts = rpc.TensorPipeRpcBackendOptions(allow_pickle=True)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", counter.plus, args=(2,)))
+            print(rpc.rpc_sync("worker1", functools.partial(add, 10), args=(5,)))
+            r = rpc.remote("worker1", Counter, args=(7,))
+            print(type(r.to_here()).__name__, r.to_here().n)
+        rpc.shutdown()
+    """)
+    assert out == ["42", "15", "Counter 7"]
+
+
+def test_torch_tensors_and_functions(tmp_path):
+    pytest.importorskip("torch")
+    out = run(tmp_path, """
+        import torch
+        def info(t):
+            return [type(t).__name__, str(t.dtype), list(t.shape)]
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            t = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2, 3), 1))
+            print(type(t).__name__, t.dtype, tuple(t.shape), t.sum().item())
+            for dt in (torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+                       torch.int32, torch.int64, torch.uint8, torch.bool):
+                x = torch.arange(6).reshape(2, 3).to(dt)
+                y = rpc.rpc_sync("worker1", echo, args=(x,))
+                print(dt, y.dtype == dt, torch.equal(x, y))
+            print(rpc.rpc_sync("worker1", info, args=(torch.zeros(()),)))
+            r = rpc.remote("worker1", torch.mul, args=(torch.full((2,), 3.0), 2))
+            print(r.to_here().tolist(), r._get_type() is torch.Tensor)
+            f = rpc.rpc_async("worker1", torch.sub, args=(torch.ones(1), 1))
+            print(isinstance(f, torch.futures.Future), torch.futures.wait_all([f]))
+            try:
+                rpc.rpc_sync("worker1", echo, args=(torch.ones(3, 4).t(),))
+            except ValueError as e:
+                print("strided:", ".contiguous()" in str(e))
+            g = torch.ones(2, requires_grad=True)
+            print(rpc.rpc_sync("worker1", echo, args=(g,)).requires_grad)
+        rpc.shutdown()
+    """)
+    assert out[0] == "Tensor torch.float32 (2, 3) 12.0"
+    assert out[1:10] == ["%s True True" % d for d in (
+        "torch.float64", "torch.float16", "torch.bfloat16", "torch.int8", "torch.int16",
+        "torch.int32", "torch.int64", "torch.uint8", "torch.bool")]
+    assert out[10:] == ["['Tensor', 'torch.float32', []]", "[6.0, 6.0] True",
+                        "True [tensor([0.])]", "strided: True", "False"]
+
+
+def test_received_torch_tensor_views_the_message(tmp_path):
+    """A 64 MiB tensor arrives without a copy: the tensor's memory is the
+    received message's (numpy's base chain ends in the C layer's Tensor)."""
+    pytest.importorskip("torch")
+    out = run(tmp_path, """
+        import torch
+        def nbytes_and_base(t):
+            base = t.numpy()
+            while getattr(base, "base", None) is not None:
+                base = base.base
+            return [t.numel() * t.element_size(), type(base).__name__]
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", nbytes_and_base, args=(torch.ones(16 << 20),)))
+        rpc.shutdown()
+    """)
+    assert out == ["[67108864, 'Tensor']"]
