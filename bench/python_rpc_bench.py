@@ -5,7 +5,8 @@ Prints "BENCH python_<name> <value> <unit>" for the figures pytorch_rpc_bench.py
 measures on PyTorch RPC, so one `make bench` run puts the three side by side
 (C, Python over the same library, PyTorch): rpc_sync of a 64-byte bytes value
 (median, p99), remote + to_here (median), rpc_async throughput with a window of
-calls in flight, and a 64 MiB float32 numpy array argument (GB/s). Two worker
+calls in flight, a 64 MiB float32 numpy array argument (GB/s), and where torch
+imports, a 64 MiB torch tensor's round trip (sent, echoed back; ms). Two worker
 processes on 127.0.0.1 over the TENSORPIPE (TCP) backend, forked from this one,
 with a fresh job secret. Exits non-zero when a workload fails, never for a slow
 figure. Needs the package on PYTHONPATH (build/python) and numpy.
@@ -84,6 +85,21 @@ def measure(cfg):
         rpc.rpc_sync("w1", numel, args=(a,))
         gbps.append(BULK_BYTES / (time.monotonic_ns() - t0))  # bytes/ns = GB/s
     res["bulk_64MiB_GBps"] = (statistics.median(gbps), "GB/s")
+
+    try:
+        import torch  # a torch tensor's round trip, where PyTorch is installed (issue 20)
+    except ImportError:
+        return res
+    t = torch.arange(BULK_BYTES // 4, dtype=torch.float32)
+    assert torch.equal(rpc.rpc_sync("w1", echo, args=(t,)), t)  # warm-up, and it is the same
+    ms = []
+    for _ in range(cfg.bulk_reps):
+        t0 = time.monotonic_ns()
+        back = rpc.rpc_sync("w1", echo, args=(t,))
+        ms.append((time.monotonic_ns() - t0) / 1e6)
+        assert back.shape == t.shape
+        del back
+    res["torch_echo_64MiB_ms"] = (statistics.median(ms), "ms")
     return res
 
 

@@ -188,6 +188,15 @@ def measure(cfg, sock):
     res["raw_tcp_gbps"] = statistics.median(raw_gbps)
     res["tensor_64mib_gbps"] = statistics.median(gbps)
     res["_bulk_reps"] = list(zip(raw_gbps, gbps))
+    # The tensor's round trip: sent and echoed back (python_rpc_bench's torch_echo).
+    assert torch.equal(rpc.rpc_sync("w1", echo, args=(t,)), t)
+    ms = []
+    for _ in range(cfg.bulk_reps):
+        t0 = time.monotonic_ns()
+        back = rpc.rpc_sync("w1", echo, args=(t,))
+        ms.append((time.monotonic_ns() - t0) / 1e6)
+        del back
+    res["torch_echo_64MiB_ms"] = statistics.median(ms)
     return res
 
 
@@ -377,6 +386,7 @@ def main():
     bench_print("pytorch_raw_tcp_gbps", res["raw_tcp_gbps"], "GB/s")
     bench_print("pytorch_tensor_64mib_gbps", res["tensor_64mib_gbps"], "GB/s")
     bench_print("pytorch_remote_to_here_median_us", res["remote_to_here_median_us"], "us")
+    bench_print("pytorch_torch_echo_64MiB_ms", res["torch_echo_64MiB_ms"], "ms")
     sizes = [2, 8] + ([] if cfg.quick else [32])
     for n in sizes:
         bench_print(f"pytorch_init_{n}_s", run_init(n, 120 if n < 32 else 300), "s")

@@ -37,6 +37,8 @@ if [ ! -x "$bin" ]; then
   exit 1
 fi
 python="${PYTHON:-/usr/bin/python3}"
+figures="$(mktemp)"
+trap 'rm -f "$figures"' EXIT
 
 have_torch() { "$python" -c 'import torch.distributed.rpc' >/dev/null 2>&1; }
 
@@ -56,7 +58,8 @@ if [ "$mode" != pytorch ]; then
   # The same workloads from Python over the same library (issue 10).
   if [ -d "$build/python/tensorplay" ]; then
     echo "# Python: bench/python_rpc_bench.py ${quick[*]}" >&2
-    PYTHONPATH="$build/python" "$python" "$here/bench/python_rpc_bench.py" "${quick[@]}"
+    PYTHONPATH="$build/python" "$python" "$here/bench/python_rpc_bench.py" "${quick[@]}" \
+      | tee "$figures"
   fi
 fi
 
@@ -83,4 +86,9 @@ fi
 
 echo "# PyTorch $("$python" -c 'import torch; print(torch.__version__)') RPC:" \
      "TensorPipe, _transports=[uv] _channels=[basic]" >&2
-GLOG_minloglevel=2 "$python" "$here/bench/pytorch_rpc_bench.py" "${common[@]}"
+GLOG_minloglevel=2 "$python" "$here/bench/pytorch_rpc_bench.py" "${common[@]}" | tee -a "$figures"
+# Issue 20's figure, as a ratio of two measurements of this one run: how many
+# times faster a 64 MiB torch tensor's round trip is here than on PyTorch.
+awk '$2 == "python_torch_echo_64MiB_ms" { ours = $3 } $2 == "pytorch_torch_echo_64MiB_ms" { theirs = $3 }
+     END { if (ours > 0 && theirs > 0) printf "BENCH ratio_torch_echo_64MiB_vs_pytorch %.2f x\n", theirs / ours }' \
+  "$figures"
