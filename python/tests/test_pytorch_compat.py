@@ -250,3 +250,33 @@ def test_received_torch_tensor_views_the_message(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["[67108864, 'Tensor']"]
+
+
+def test_workers_started_by_hand_on_one_host(tmp_path):
+    """No launcher, no TP_SECRET: workers of one user on one host share a
+    per-user secret kept in a 0600 file; auth='off' needs no secret at all."""
+    import socket
+    script = tmp_path / "prog.py"
+    script.write_text(PROLOGUE + textwrap.dedent("""
+        opts = rpc.TensorPipeRpcBackendOptions(**eval(os.environ["OPTS"]))
+        rpc.init_rpc("worker%d" % rank, rank=rank, world_size=2, rpc_backend_options=opts)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", add, args=(3, 4)))
+        rpc.shutdown()
+    """))
+    for opts in ("{}", "{'auth': 'off'}"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k != "TP_SECRET"}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), XDG_RUNTIME_DIR=str(tmp_path),
+                   OPTS=opts)
+        procs = [subprocess.Popen([PYTHON, str(script)], env=dict(env, RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in (0, 1)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert outs[0][0] == "7\n"
+    secret = tmp_path / "tensorplay" / "local-secret"
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+    assert len(secret.read_text().strip()) == 64
