@@ -280,3 +280,19 @@ def test_workers_started_by_hand_on_one_host(tmp_path):
     secret = tmp_path / "tensorplay" / "local-secret"
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
     assert len(secret.read_text().strip()) == 64
+
+
+def test_private_gathers_pytorch_programs_use(tmp_path):
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker%d" % rank)
+        print(sorted(api._all_gather(rank * 10).items()))
+        api._barrier(["worker0", "worker1", "worker2"])
+        with api._wait_all():
+            f = rpc.rpc_async("worker%d" % ((rank + 1) % 3), slow, args=(0.2,))
+        print(f.done(), rpc.rpc_sync("worker%d" % ((rank + 1) % 3), max, args=(1, 2)))
+        rpc.shutdown()
+    """, nproc=3, rank0_only=False)
+    for r in range(3):
+        assert "[%d] [('worker0', 0), ('worker1', 10), ('worker2', 20)]" % r in out
+        assert "[%d] True 2" % r in out

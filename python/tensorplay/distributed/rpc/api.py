@@ -681,7 +681,10 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     _require_init("rpc_async")
     wire, timeout, what = _call_wire(func, args, kwargs, timeout)
     core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
-    return _make_future(core, what)
+    fut = _make_future(core, what)
+    if hasattr(_thread_local_var, "future_list"):  # inside _wait_all()
+        _thread_local_var.future_list.append(fut)
+    return fut
 
 
 def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
@@ -849,3 +852,113 @@ def _get_current_rpc_agent():
 
 def _get_debug_info():
     return _get_current_rpc_agent().get_debug_info()
+
+
+# ---- Gathers over rpc (PyTorch's private _all_gather, _barrier, _wait_all) -------------------
+
+class _Gather:
+    def __init__(self):
+        self.objects = {}
+        self.ready = threading.Event()
+
+
+_gather_lock = threading.Lock()
+_gather_seq = {}     # the sorted names joined -> the next round's number
+_gathers = {}        # round id -> _Gather
+
+
+def _gather_state(round_id):
+    with _gather_lock:
+        return _gathers.setdefault(round_id, _Gather())
+
+
+def _gather_to_leader(round_id, name, obj, names):
+    """On the leader: one worker's contribution to a round."""
+    g = _gather_state(round_id)
+    with _gather_lock:
+        if name in g.objects:
+            raise RuntimeError("%s sent round %s of _all_gather twice" % (name, round_id))
+        g.objects[name] = obj
+        if set(g.objects) == set(names):
+            g.ready.set()
+
+
+def _broadcast_to_followers(round_id, objects):
+    """On a follower: the leader's gathered result for a round."""
+    g = _gather_state(round_id)
+    g.objects = objects
+    g.ready.set()
+
+
+def _all_gather(obj, worker_names=None, timeout=UNSET_RPC_TIMEOUT):
+    """Every named worker's obj, as {name: obj}, on every one of them. The
+    worker with the smallest name gathers and answers the others (PyTorch's
+    algorithm); every wait is bounded by timeout (the default timeout when
+    unset, 60 s when that is 0)."""
+    _require_init("_all_gather")
+    names = set(worker_names or (w.name for w in _Agent().get_worker_infos()))
+    timeout = _effective_timeout(_timeout_arg(timeout))
+    wait_s = timeout if timeout > 0 else NAME_WAIT_MAX_S
+    leader, me = min(names), _state.me.name
+    key = "".join(sorted(names))
+    with _gather_lock:
+        n = _gather_seq.get(key, 0)
+        _gather_seq[key] = n + 1
+    round_id = "%s/%d" % (key, n)
+    if leader == me:
+        _gather_to_leader(round_id, me, obj, sorted(names))
+    else:
+        rpc_sync(leader, _gather_to_leader, args=(round_id, me, obj, sorted(names)),
+                 timeout=timeout)
+    g = _gather_state(round_id)
+    if not g.ready.wait(wait_s):
+        with _gather_lock:
+            _gathers.pop(round_id, None)
+            missing = sorted(names - set(g.objects))
+        raise RuntimeError("_all_gather timed out in _all_gather after %.2f seconds waiting for %s"
+                           % (wait_s, ", ".join(missing) or "the leader %s" % leader))
+    if leader == me:
+        futs = {f: rpc_async(f, _broadcast_to_followers, args=(round_id, g.objects),
+                             timeout=timeout) for f in sorted(names - {leader})}
+        errors = []
+        for f, fut in futs.items():
+            try:
+                fut.wait()
+            except RuntimeError as e:
+                errors.append((f, e))
+        if errors:
+            raise RuntimeError("Followers %s timed out in _all_gather after %.2f seconds. The "
+                               "first exception is %s" % ([f for f, _ in errors], wait_s,
+                                                          errors[0][1]))
+    with _gather_lock:
+        _gathers.pop(round_id, None)
+    return g.objects
+
+
+def _barrier(worker_names):
+    """Returns once every named worker reached it (PyTorch's _barrier)."""
+    _all_gather(None, set(worker_names))
+
+
+def _wait_all_workers(timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT):
+    """Returns once every worker reached it; our graceful shutdown does this
+    itself, with a deadline, so programs need not."""
+    _all_gather(None, timeout=timeout if timeout else UNSET_RPC_TIMEOUT)
+
+
+_thread_local_var = threading.local()
+
+
+class _wait_all:
+    """with rpc.api._wait_all(): futures that rpc_async returns in the block
+    are waited for at its end (PyTorch's private helper)."""
+
+    def __enter__(self):
+        _thread_local_var.future_list = []
+
+    def __exit__(self, *exc):
+        try:
+            wait_all(_thread_local_var.future_list)
+        finally:
+            del _thread_local_var.future_list
+        return False
