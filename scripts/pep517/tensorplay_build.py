@@ -9,7 +9,8 @@ tensorplay._rpc (the library linked in statically, so the wheel needs only
 libuv, SQLite and OpenSSL from the system), and writes the wheel itself.
 
 config_settings (pip install --config-settings KEY=VALUE):
-  build-dir   reuse this CMake build directory (default: a fresh temporary one)
+  build-dir   reuse this CMake build directory (default: a fresh temporary one);
+              one of its own: the configure step turns tests and fuzzers off there
   build-type  CMAKE_BUILD_TYPE (default Release; asserts stay on in every type)
   cmake-args  more arguments for the configure step, split as a shell would
 """
