@@ -29,7 +29,8 @@ test: build
 demo: build
 	@scripts/demo.sh $(BUILD)
 
-# Installs headers, libraries, tprun, tpsim, pkg-config and CMake files.
+# Installs headers, libraries, tprun, tpsim, pkg-config and CMake files, and the
+# Python package where the build's python3 looks for PREFIX (README: Install).
 PREFIX ?= /usr/local
 install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)

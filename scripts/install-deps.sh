@@ -3,7 +3,7 @@
 # As root it runs apt-get itself; otherwise it prints the exact line and fails.
 # Usage: scripts/install-deps.sh [extra-package...]
 set -euo pipefail
-need=(gcc make cmake pkg-config libsqlite3-dev libuv1-dev libssl-dev libcmocka-dev valgrind python3 python3-dev python3-pytest python3-numpy spin "$@")
+need=(gcc make cmake pkg-config libsqlite3-dev libuv1-dev libssl-dev libcmocka-dev valgrind python3 python3-dev python3-pytest python3-numpy python3-venv spin "$@")
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

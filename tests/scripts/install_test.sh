@@ -6,7 +6,7 @@
 set -uo pipefail
 build=$(cd "${1:?usage: install_test.sh BUILD_DIR}" && pwd)
 cc=${CC:-cc}
-work=$(mktemp -d)
+work=$(cd "$(mktemp -d)" && pwd -P) # the resolved path the installer prints
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 fail=0
@@ -87,11 +87,40 @@ else
   cat "$work/cmake.log"
   check "CMake app builds" yes no
 fi
-# The Python package, when the build made it: importable from the prefix.
+# The Python package, when the build made it: installed where the build's
+# interpreter looks for this prefix (python/python_install_dir.py) or, for a
+# prefix it does not search, with the PYTHONPATH line printed; it imports
+# from there and runs the seed example through its launcher.
 if [ -d "$build/python/tensorplay" ]; then
-  py=${PYTHON:-/usr/bin/python3}
-  out=$(PYTHONPATH="$prefix/lib/python3/dist-packages" "$py" -c \
+  py=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
+  py=${py:-${PYTHON:-/usr/bin/python3}}
+  src=$(cd "$(dirname "$0")/../.." && pwd)
+  site=$("$py" -E -c 'import sysconfig; print(sysconfig.get_path("platlib", "posix_prefix", vars={"base": "'"$prefix"'", "platbase": "'"$prefix"'"}))')
+  check "install says where the package went" yes \
+    "$(grep -qxF -- "-- tensorplay Python package: $site/tensorplay" "$work/install.log" && echo yes || echo no)"
+  check "install prints the PYTHONPATH line (prefix not searched)" yes \
+    "$(grep -qxF -- "     export PYTHONPATH=$site" "$work/install.log" && echo yes || echo no)"
+  out=$(cd "$work" && PYTHONPATH="$site" "$py" -c \
     'import tensorplay.distributed.rpc as rpc; print(rpc.is_available(), rpc.__file__)' 2>&1)
-  check "installed Python package imports" "True $prefix/lib/python3/dist-packages/tensorplay/distributed/rpc/__init__.py" "$out"
+  check "installed Python package imports" "True $site/tensorplay/distributed/rpc/__init__.py" "$out"
+  out=$(cd "$work" && env -u TP_SECRET PYTHONPATH="$site" "$py" -m tensorplay.distributed.run \
+    --nproc-per-node 2 "$src/examples/python/seed.py" 2>&1)
+  check "installed launcher runs the seed example" "[0] 7" "$out"
+  # Debian's python3 searches /usr/local/lib/python3.X/dist-packages: a
+  # staged install for that prefix lands there and prints no PYTHONPATH line.
+  deb=$("$py" -E "$src/python/python_install_dir.py" /usr/local | tr '\n' ' ')
+  if [ "$deb" = "$("$py" -E -c 'import sys; print("/usr/local/lib/python%d.%d/dist-packages" % sys.version_info[:2])') searched " ]; then
+    DESTDIR="$work/stage" cmake --install "$build" --prefix /usr/local >"$work/stage.log" 2>&1
+    d=${deb% searched }
+    check "Debian prefix /usr/local: package in $d" yes \
+      "$([ -f "$work/stage$d/tensorplay/distributed/run.py" ] && ls "$work/stage$d"/tensorplay/_rpc.*.so >/dev/null 2>&1 && echo yes || echo no)"
+    check "Debian prefix /usr/local: no PYTHONPATH line" 0 "$(grep -c PYTHONPATH "$work/stage.log")"
+  fi
+  # TP_PYTHON_INSTALL_DIR overrides, relative to the prefix.
+  cmake -DCMAKE_INSTALL_PREFIX="$work/p2" -DTP_PYTHON_INSTALL_DIR=custom/py \
+    -P "$build/python/cmake_install.cmake" >"$work/p2.log" 2>&1
+  out=$(cd "$work" && PYTHONPATH="$work/p2/custom/py" "$py" -c \
+    'import tensorplay.distributed.rpc as rpc; print(rpc.is_available(), rpc.__file__)' 2>&1)
+  check "TP_PYTHON_INSTALL_DIR=custom/py imports" "True $work/p2/custom/py/tensorplay/distributed/rpc/__init__.py" "$out"
 fi
 exit $fail
