@@ -132,12 +132,22 @@ typedef enum tp_dtype {
     TP_DTYPE_INT64 = 7,
     TP_DTYPE_UINT8 = 8,
     TP_DTYPE_BOOL = 9,
+    TP_DTYPE_UINT16 = 10,
+    TP_DTYPE_UINT32 = 11,
+    TP_DTYPE_UINT64 = 12,
+    TP_DTYPE_COMPLEX64 = 13,  /* two float32: real, then imaginary (C's float _Complex) */
+    TP_DTYPE_COMPLEX128 = 14, /* two float64: real, then imaginary (C's double _Complex) */
     TP_DTYPE_COUNT_
 } tp_dtype;
 
 /* Size in bytes of one element of the dtype; 0 for an invalid dtype. */
 size_t tp_dtype_size(tp_dtype dtype);
-/* "float32", ...; "invalid" for an invalid dtype. */
+/* The alignment one element needs in memory: its size, except for complex
+ * dtypes, which align as one component (4 and 8, as C and numpy do); 0 for
+ * an invalid dtype (VALUE-5). */
+size_t tp_dtype_align(tp_dtype dtype);
+/* "float32", ... (numpy's names: "uint16", "complex64"); "invalid" for an
+ * invalid dtype. */
 const char *tp_dtype_name(tp_dtype dtype);
 
 typedef struct tp_worker_info {
@@ -182,7 +192,7 @@ typedef void (*tp_release_fn)(void *ctx);
 
 /*
  * A contiguous row-major tensor over the caller's memory, without a copy
- * (VALUE-10): data (aligned to the element size, not NULL) must hold the
+ * (VALUE-10): data (aligned to tp_dtype_align, not NULL) must hold the
  * packed elements and stay valid, and unwritten while a call sends it,
  * until release(ctx) runs. release runs exactly once, when the value and
  * every frame still sending its bytes are gone, on any thread (the
