@@ -23,6 +23,11 @@
 #define TPI_LOG_LINE_MAX 1024
 /* A rendezvous that waits says so this often (LOG-3). */
 #define TPI_LOG_PROGRESS_NS (5ull * 1000000000ull)
+/* How often a blocked tp_init_rpc or graceful tp_shutdown looks at the
+ * interrupt flag (INTERRUPT-1): tp_interrupt only sets an atomic, to stay
+ * async-signal-safe, so the waiter polls; 20 ms is the longest pause init's
+ * own polling takes anyway, and well under a person's 100 ms. */
+#define TPI_INTERRUPT_POLL_NS 20000000ull
 /* Items in one list or map: bounds allocation before any item is read. */
 #define TPI_CONTAINER_LEN_MAX ((uint32_t)1 << 24)
 /* Values decoded from one message. A nil is one byte on the wire but some

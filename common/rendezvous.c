@@ -142,6 +142,33 @@ static void name_missing(tp_core *c, const uint8_t *present, char *buf, size_t l
         tpi_format(buf + n, len - n, " and %zu more", missing - named);
 }
 
+/*
+ * INTERRUPT-1: tp_interrupt stopped a gather. In init the interruption is
+ * this attempt's outcome for every worker (INIT-5), so the others stop
+ * waiting too and a re-init everywhere meets in the next generation; when
+ * the commit won first, init succeeded and the interrupt came too late
+ * (TP_OK: the caller looks once more, no longer watching the flag).
+ */
+static tp_status interrupted(tp_core *c, const uint8_t *present, int plural, int honor_dead,
+                             const char *what) {
+    char names[256], waiting[320];
+    name_missing(c, present, names, sizeof names);
+    tpi_format(waiting, sizeof waiting, "rank%s %s (of %u workers)", plural ? "s" : "", names,
+               c->world_size);
+    if (!honor_dead) {
+        char pub[TP_ERRMSG_LEN_MAX];
+        tpi_format(pub, sizeof pub, "worker '%s' (rank %u) was interrupted while waiting for %s",
+                   c->self.name, c->rank, waiting);
+        if (publish_outcome(c, TP_ECANCELED, pub) == TP_OK) {
+            tpi_lock(c);
+            c->intr_epoch = 0;
+            tpi_unlock(c);
+            return TP_OK;
+        }
+    }
+    return tpi_fail(TP_ECANCELED, "%s: interrupted while waiting for %s", what, waiting);
+}
+
 static int known_dead(tp_core *c, uint32_t r, tp_status *st, uint64_t deadline_ns) {
     tpi_lock(c);
     int dead = c->peer_dead[r];
@@ -313,6 +340,12 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
         while (next_note <= now)
             next_note += TPI_LOG_PROGRESS_NS;
         st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
+        if (st == TP_ECANCELED) {
+            st = interrupted(c, present, missing > 1 || !full, honor_dead, what);
+            if (st == TP_OK)
+                continue; /* init committed first: every key exists (INIT-5) */
+            break;
+        }
         if (st != TP_OK) {
             st = tpi_fail(st, "%s: the wait was interrupted: %s", what, tp_strerror(st));
             break;
@@ -503,6 +536,10 @@ static tp_status warm_up(tp_core *c, uint32_t peer, uint64_t deadline_ns) {
     if (st == TP_OK)
         st = tpi_future_result(c, f, NULL);
     tp_future_free(f);
+    if (st == TP_ECANCELED && tpi_interrupted(c)) /* INTERRUPT-1 */
+        return tpi_fail(st, "init: worker '%s' (rank %u) was interrupted while waiting for %s "
+                            "to answer init's warm-up ping",
+                        c->self.name, c->rank, tpi_worker_desc(c, peer, who, sizeof who));
     if (st != TP_OK) {
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s", tp_errmsg());

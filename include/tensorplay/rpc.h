@@ -443,6 +443,28 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
  */
 tp_status tp_shutdown(int graceful);
 
+/*
+ * Interrupts a tp_init_rpc or a graceful tp_shutdown blocked on this
+ * process's worker (on the simulator, the calling task's host), from any
+ * other thread, for Ctrl-C (spec/lifecycle.md INTERRUPT-1). Within about
+ * 20 ms (plus a store operation in progress) the blocked call gives up and
+ * returns TP_ECANCELED: init with "init: interrupted while waiting for
+ * ranks 2, 3 (of 4 workers)", publishing the interruption as the attempt's
+ * outcome so the other workers' init fails too, and the context UNINIT, so
+ * a later tp_init_rpc works (the next generation); a graceful shutdown
+ * abandons its barrier, drain or leaving and ends as a non-graceful one
+ * (teardown), saying which phase it was in. Returns TP_OK when such a call
+ * was blocked; TP_ENOTINIT when none was: the interrupt is dropped, and
+ * never affects a later call. An interrupt that comes after init committed
+ * is too late: init succeeds. Teardown, non-graceful shutdown, the
+ * backend's start and calls are not interrupted.
+ * Async-signal-safe: it takes no lock, allocates nothing and leaves
+ * tp_errmsg() alone (one caveat: in a dlopen'ed library a thread's first use
+ * of thread-local storage may allocate, so call any tp_ function on that
+ * thread once before a signal handler does).
+ */
+tp_status tp_interrupt(void);
+
 /* 1 when this process was built with the rpc API (always), as PyTorch's. */
 int tp_is_available(void);
 /* 1 between a successful tp_init_rpc and tp_shutdown for this worker. */
