@@ -315,6 +315,7 @@ struct tp_core {
     uint32_t intr_epoch;
     tp_task *intr_task;
     const char *sd_phase; /* the graceful phase running, for an interrupt's message */
+    uint64_t init_started_ns; /* when init's rendezvous began (LOG-3's "after 10 s") */
 };
 
 /* INTERRUPT-1: 1 when the lifecycle call c watches was interrupted. */

@@ -341,6 +341,7 @@ static tp_status init_attempt(tp_context *ctx, const tp_backend *b, const char *
         fail_init(ctx, c, 0);
         return tpi_fail(st, "init: backend '%s' could not start: %s", backend, err);
     }
+    c->init_started_ns = tpi_now(c);
     uint64_t deadline = tpi_deadline_after(c, tp_options_init_timeout(c->opts));
     int rejoin = tp_options_rejoin(c->opts);
     st = rejoin ? tpi_rendezvous_rejoin(c, addr, deadline) : tpi_rendezvous(c, addr, deadline);

@@ -270,7 +270,14 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
      * likely missing too): a wait costs O(ranks + rounds) reads, not
      * O(ranks x rounds). A full round names every missing rank at the end. */
     int full = by_scan; /* a scan round is always complete */
-    uint64_t started = tpi_now(c), next_note = started + TPI_LOG_PROGRESS_NS;
+    /* LOG-3: init's waits warn every TPI_INIT_WAIT_LOG_NS counted from init's
+     * start; the shutdown barriers say so at info every TPI_LOG_PROGRESS_NS. */
+    int init_wait = !honor_dead;
+    uint64_t started = init_wait ? c->init_started_ns : tpi_now(c);
+    uint64_t every = init_wait ? TPI_INIT_WAIT_LOG_NS : TPI_LOG_PROGRESS_NS;
+    uint64_t next_note = started + every;
+    for (uint64_t now = tpi_now(c); next_note <= now;)
+        next_note += every; /* a later gather of the same init: the next multiple */
     for (;;) {
         uint32_t missing = 0;
         if (by_scan) {
@@ -329,7 +336,17 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             continue;
         }
         uint64_t now = tpi_now(c);
-        if (now >= next_note && tpi_log_on(TP_LOG_INFO)) { /* LOG-3: a wait says for whom */
+        if (now >= next_note && init_wait && tpi_log_on(TP_LOG_WARN)) {
+            char names[256], left[48] = "no init timeout";
+            name_missing(c, present, names, sizeof names);
+            if (deadline_ns != TPI_NO_DEADLINE)
+                tpi_format(left, sizeof left, "init timeout in %.0f s",
+                           (double)(deadline_ns - now) / 1e9);
+            tpi_log(TP_LOG_WARN, "%s: worker '%s' (rank %u) still waiting for rank%s %s (of %u "
+                                 "workers) after %.0f s; %s",
+                    what, c->self.name, c->rank, missing > 1 || !full ? "s" : "", names,
+                    c->world_size, (double)(now - started) / 1e9, left);
+        } else if (now >= next_note && tpi_log_on(TP_LOG_INFO)) { /* LOG-3: for whom */
             char names[256];
             name_missing(c, present, names, sizeof names);
             tpi_log(TP_LOG_INFO, "%s: worker '%s' (rank %u) has waited %.1f s for '%s' keys; "
@@ -338,7 +355,7 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
                     missing > 1 || !full ? "s" : "", names, c->world_size);
         }
         while (next_note <= now)
-            next_note += TPI_LOG_PROGRESS_NS;
+            next_note += every;
         st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
         if (st == TP_ECANCELED) {
             st = interrupted(c, present, missing > 1 || !full, honor_dead, what);

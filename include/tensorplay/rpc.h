@@ -346,8 +346,8 @@ int tp_options_rejoin(const tp_options *opts);
 
 /*
  * What the library says without being asked: refused connections (with the
- * address and the reason), peer deaths, restarts, a rendezvous still waiting
- * (every 5 s, naming the missing ranks). The level comes from TP_LOG (error,
+ * address and the reason), peer deaths, restarts, an init still waiting
+ * (at warn, after 10 s and every 10 s, naming the missing ranks). The level comes from TP_LOG (error,
  * warn, info or debug; default warn) unless tp_set_log_level set it.
  */
 typedef enum tp_log_level {
