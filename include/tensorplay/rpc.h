@@ -620,6 +620,20 @@ tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future
 tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout_s,
                              size_t *failed_index);
 
+/*
+ * Gives up on the call behind an rpc_async (or tp_method_call_async /
+ * tp_rref_rpc_async) future (spec/calls.md CANCEL-1): a pending f completes
+ * at once with TP_ECANCELED ("rpc_async to worker 'w1' (id 1), function 'f':
+ * canceled by the caller"), waiters wake and callbacks run; its late answer
+ * is dropped, and this worker's graceful-shutdown drain no longer counts it
+ * as its own active call. The callee is not told: its function runs to its
+ * end and the callee's drain still counts it (so a graceful shutdown of the
+ * job still waits for it; see CANCEL-1). TP_EALREADY when f completed
+ * already (f unchanged); TP_EINVAL for NULL, for futures the program made,
+ * and then/collect_all futures. f stays the caller's. Any thread.
+ */
+tp_status tp_future_cancel(tp_future *f);
+
 /* Drops the caller's reference; the call itself goes on. NULL is a no-op. */
 void tp_future_free(tp_future *f);
 

@@ -194,6 +194,65 @@ static void test_interrupt_graceful_shutdown(void **state) {
     assert_true(sd_st[1] == TP_OK || sd_st[1] == TP_EPEERDOWN);
 }
 
+/*
+ * spec: CANCEL-1. Rank 0 gives up on a call to rank 1's 20-second function
+ * after 100 ms: the future completes at once with TP_ECANCELED and the
+ * caller's message, the call no longer counts as in flight here, a second
+ * cancel is TP_EALREADY, and the late answer (at 20 s) is dropped.
+ */
+static tp_status cancel_st[4];
+static char cancel_msg[TP_ERRMSG_LEN_MAX];
+static uint64_t in_flight_after = 99;
+
+static int cancel_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
+    if (init_as(rank, world_size) != TP_OK) {
+        CHECK(0);
+        return 0;
+    }
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(20.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "sleep", args, NULL, 60.0, &f) == TP_OK);
+        tp_value_free(args);
+        CHECK(tp_sleep(0.1) == TP_OK);
+        uint64_t t0 = now_ns();
+        cancel_st[0] = tp_future_cancel(f);
+        cancel_st[1] = tp_future_wait(f, 1.0);
+        CHECK(now_ns() == t0); /* at once */
+        snprintf(cancel_msg, sizeof cancel_msg, "%s", tp_future_error(f));
+        cancel_st[2] = tp_future_cancel(f);
+        cancel_st[3] = tp_future_cancel(NULL);
+        tp_debug_info info;
+        CHECK(tp_get_debug_info(&info) == TP_OK);
+        in_flight_after = info.calls_in_flight;
+        CHECK(tp_sleep(21.0) == TP_OK); /* the late answer comes and is dropped */
+        CHECK(tp_future_status(f) == TP_ECANCELED);
+        tp_future_free(f);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_cancel_rpc_async(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 22};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, cancel_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(cancel_st[0], TP_OK);
+    assert_int_equal(cancel_st[1], TP_ECANCELED);
+    assert_string_equal(cancel_msg,
+                        "rpc_async to worker 'w1' (id 1), function 'sleep': canceled by the caller");
+    assert_int_equal(cancel_st[2], TP_EALREADY);
+    assert_int_equal(cancel_st[3], TP_EINVAL);
+    assert_int_equal(in_flight_after, 0);
+}
+
 static int reset(void **state) {
     (void)state;
     failures = 0;
@@ -208,6 +267,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_interrupt_init_then_init_again, reset),
         cmocka_unit_test_setup(test_interrupt_graceful_shutdown, reset),
+        cmocka_unit_test_setup(test_cancel_rpc_async, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
