@@ -482,13 +482,16 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
      * as the callee still holds its request in its queue; only requests
      * that run code are queued there (FLOW-8). */
     int queued = call->type == TPI_MSG_REQUEST || call->type == TPI_MSG_REMOTE;
-    if (st == TP_ETIMEDOUT && queued && c->loses) {
+    /* CANCEL-1: a canceled request is still held by the callee, as a
+     * timed-out one is: the same window rules. */
+    int gave_up = st == TP_ETIMEDOUT || st == TP_ECANCELED;
+    if (gave_up && queued && c->loses) {
         /* FLOW-10: on a transport that loses frames silently the late reply
          * may never come. The bytes go back now, under a new generation
          * (FLOW-9), so the callee forgets what it holds of the older one. */
         c->flow_gen[call->dst]++;
     }
-    if (!(st == TP_ETIMEDOUT && queued && call->wire_len > 0 && !c->peer_dead[call->dst] &&
+    if (!(gave_up && queued && call->wire_len > 0 && !c->peer_dead[call->dst] &&
           !c->loses && debt_add(c, call))) {
         c->inflight[call->dst] -= call->wire_len;
         if (c->nwaiting[call->dst])
@@ -505,6 +508,43 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
     tpi_future_complete(c, call->future, st, value, errmsg);
     tpi_call_free(c, call);
     rearm(c);
+}
+
+tp_status tp_future_cancel(tp_future *f) {
+    if (!f)
+        return tpi_fail(TP_EINVAL, "cancel: future is NULL");
+    if (f->user_made || f->call_id == 0)
+        return tpi_fail(TP_EINVAL, "cancel: only the future of an rpc_async (or an async method "
+                                   "call) can be canceled; this one is %s",
+                        f->user_made ? "the program's own (tp_future_set_error completes it)"
+                                     : "a then, done-callback or collect_all future");
+    tp_core *c = f->core;
+    if (tp_future_done(f))
+        return tpi_fail(TP_EALREADY, "cancel: the call ended already (%s)",
+                        tp_status_name(f->status));
+    tp_status st = tpi_enter_core(c, "cancel");
+    if (st != TP_OK)
+        return st;
+    char msg[TP_ERRMSG_LEN_MAX];
+    char who[TP_NAME_LEN_MAX + 32];
+    tpi_lock(c);
+    tpi_call *call = tpi_idmap_get(&c->calls, (tpi_gid){0, f->call_id});
+    if (!call || call->future != f) {
+        /* It ended between the look above and the lock: nothing to do. */
+        st = tpi_fail(TP_EALREADY, "cancel: the call ended already");
+    } else if (call->type != TPI_MSG_REQUEST) {
+        st = tpi_fail(TP_EINVAL, "cancel: %s to %s is not an rpc_async; only those can be "
+                                 "canceled (CANCEL-1)",
+                      call->what, tpi_worker_desc(c, call->dst, who, sizeof who));
+    } else {
+        tpi_format(msg, sizeof msg, "%s to %s, function '%s': canceled by the caller", call->what,
+                   tpi_worker_desc(c, call->dst, who, sizeof who), call->fn);
+        c->unflushed[call->dst] = 1; /* its request may still be on the wire (SHUTDOWN-5) */
+        tpi_call_finish(c, call, TP_ECANCELED, NULL, msg);
+    }
+    tpi_unlock(c);
+    tpi_leave(c);
+    return st;
 }
 
 void tpi_calls_fail(tp_core *c, uint32_t dst, tp_status st, const char *why) {

@@ -765,7 +765,7 @@ static tp_value *decode_tensor(tpi_rbuf *r, size_t at) {
          * memory, instead of a fresh allocation and a copy (WIRE-10).
          */
         uint8_t *own = r->hold->data + (data - r->p);
-        size_t mis = (uintptr_t)own % tp_dtype_size((tp_dtype)dtype);
+        size_t mis = (uintptr_t)own % tp_dtype_align((tp_dtype)dtype);
         TPI_ASSERT(mis <= (size_t)(own - r->hold->data) && mis < 8);
         if (mis) {
             memmove(own - mis, own, (size_t)nbytes);

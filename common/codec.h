@@ -35,7 +35,7 @@
 #define TPI_WIRE_MAGIC1 0x50
 #define TPI_WIRE_MAGIC2 0x52
 #define TPI_WIRE_MAGIC3 0x43
-#define TPI_WIRE_VERSION 2 /* 2: offset 12 is FLOW-9's generation (WIRE-9) */
+#define TPI_WIRE_VERSION 3 /* 3: dtypes 10..14; 2: offset 12 is FLOW-9's generation (WIRE-9) */
 
 typedef enum tpi_msg_type {
     TPI_MSG_REQUEST = 1,     /* run a function (or method) and reply with its result */

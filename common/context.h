@@ -28,6 +28,13 @@ struct tp_context {
     tp_rref_leak *leaks; /* what the last graceful shutdown found (RREF-18), malloc'd */
     size_t nleaks;
     int leaks_known;     /* a graceful shutdown ran here */
+    /* INTERRUPT-1, lock-free so tp_context_interrupt is async-signal-safe:
+     * lc_epoch is odd while a tp_init_rpc or a graceful tp_shutdown blocks
+     * here (bumped at its start and end), and intr_epoch is the lc_epoch an
+     * interrupt was aimed at. An interrupt matches only the call it was
+     * issued during: a stale one never equals a later epoch. */
+    atomic_uint lc_epoch;
+    atomic_uint intr_epoch;
 };
 
 /* The calling task's errmsg buffer (TP_ERRMSG_LEN_MAX bytes). */

@@ -1,6 +1,7 @@
 /* core.c: the worker object, API entry, upcall dispatch (spec/agent.md AGENT-2). */
 #include "canary.h"
 #include "core.h"
+#include "limits.h"
 #include "log.h"
 
 #include <math.h>
@@ -111,12 +112,25 @@ tp_status tpi_park(tp_core *c, uint64_t deadline_ns) {
         return TP_EINVAL;
     tp_task *self = c->ops->task_self(c->agent);
     TPI_ASSERT(atomic_load(&c->lock_owner) == self);
+    /* INTERRUPT-1: the task running an interruptible init or graceful
+     * shutdown looks at the flag before each park and at least every
+     * TPI_INTERRUPT_POLL_NS; a shorter park wakes early, as a spurious
+     * wakeup (AGENT-12) that every caller already loops over. */
+    int watch = c->intr_epoch != 0 && c->intr_task == self;
+    if (watch && tpi_interrupted(c))
+        return TP_ECANCELED;
+    uint64_t until = deadline_ns;
+    if (watch) {
+        uint64_t now = tpi_now(c);
+        if (until > now && until - now > TPI_INTERRUPT_POLL_NS)
+            until = now + TPI_INTERRUPT_POLL_NS;
+    }
     tpi_waiter node = {self, NULL, c->parked};
     if (c->parked)
         c->parked->prev = &node;
     c->parked = &node;
     atomic_store(&c->lock_owner, NULL);
-    tp_status st = c->ops->park(c->agent, self, deadline_ns);
+    tp_status st = c->ops->park(c->agent, self, until);
     atomic_store(&c->lock_owner, self);
     if (node.prev)
         node.prev->next = node.next;
@@ -127,6 +141,10 @@ tp_status tpi_park(tp_core *c, uint64_t deadline_ns) {
     /* Teardown wakes every parked task; the state tells it to give up. */
     if (st == TP_OK && atomic_load(&c->state) != TPI_STATE_RUNNING)
         st = TP_ESHUTDOWN;
+    if (watch && st != TP_ESHUTDOWN && tpi_interrupted(c))
+        st = TP_ECANCELED;
+    else if (st == TP_ETIMEDOUT && until != deadline_ns)
+        st = TP_OK; /* our poll, not the caller's deadline */
     return st;
 }
 

@@ -309,7 +309,19 @@ struct tp_core {
     tpi_gid *deleted;        /* fork ids deleted here, the same way (RREF-21) */
     size_t ndeleted;
     int shutting_down;  /* graceful shutdown in progress */
+    /* INTERRUPT-1 (lock): the lifecycle call that may be interrupted, its
+     * context epoch (0: none) and the task running it, whose parks poll the
+     * context's flag. */
+    uint32_t intr_epoch;
+    tp_task *intr_task;
+    const char *sd_phase; /* the graceful phase running, for an interrupt's message */
+    uint64_t init_started_ns; /* when init's rendezvous began (LOG-3's "after 10 s") */
 };
+
+/* INTERRUPT-1: 1 when the lifecycle call c watches was interrupted. */
+static inline int tpi_interrupted(const tp_core *c) {
+    return c->intr_epoch != 0 && atomic_load(&c->ctx->intr_epoch) == c->intr_epoch;
+}
 
 /* ---- Probes (AGENT-15) ---------------------------------------------------- */
 

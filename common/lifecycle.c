@@ -207,6 +207,51 @@ static tp_status fail_init(tp_context *ctx, tp_core *c, int started) {
     return TP_OK;
 }
 
+/* ---- INTERRUPT-1 ----------------------------------------------------------- */
+
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "tp_interrupt must be async-signal-safe: lock-free "
+                                          "atomics only");
+
+/* A blocking lifecycle call starts on ctx: its epoch (odd) for interrupts to aim at. */
+static uint32_t lifecycle_begin(tp_context *ctx) {
+    uint32_t e = (uint32_t)atomic_fetch_add(&ctx->lc_epoch, 1) + 1;
+    TPI_ASSERT(e & 1);
+    return e;
+}
+
+/* It ends: an interrupt from now on is dropped (TP_ENOTINIT). */
+static void lifecycle_end(tp_context *ctx) {
+    uint32_t e = (uint32_t)atomic_fetch_add(&ctx->lc_epoch, 1) + 1;
+    TPI_ASSERT(!(e & 1));
+}
+
+/* The calling task's parks in c watch for an interrupt of epoch (0: stop). */
+static void lifecycle_watch(tp_core *c, uint32_t epoch) {
+    tpi_lock(c);
+    c->intr_epoch = epoch;
+    c->intr_task = epoch ? c->ops->task_self(c->agent) : NULL;
+    tpi_unlock(c);
+}
+
+tp_status tp_context_interrupt(tp_context *ctx) {
+    /* Lock-free and allocation-free, for signal handlers: no tpi_fail. */
+    if (!ctx)
+        return TP_EINVAL;
+    unsigned e = atomic_load(&ctx->lc_epoch);
+    if (!(e & 1))
+        return TP_ENOTINIT; /* nothing blocks: dropped */
+    atomic_store(&ctx->intr_epoch, e);
+    return TP_OK;
+}
+
+tp_status tp_interrupt(void) {
+    return tp_context_interrupt(tp_context_current());
+}
+
+static tp_status init_attempt(tp_context *ctx, const tp_backend *b, const char *backend,
+                              const char *name, int rank, int world_size, const tp_options *opts,
+                              uint32_t gen, uint32_t epoch);
+
 tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world_size,
                       const tp_options *opts) {
     tp_context *ctx = tp_context_current();
@@ -248,7 +293,26 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     ctx->initializing = 1;
     uint32_t gen = ctx->generation++;
     tpi_context_unlock(ctx);
+    uint32_t epoch = lifecycle_begin(ctx);
+    tp_status st = init_attempt(ctx, b, backend, name, rank, world_size, opts, gen, epoch);
+    lifecycle_end(ctx);
+    return st;
+}
 
+/* INIT-9, INTERRUPT-1: an init that fails while interrupted says so. */
+static tp_status init_failed(tp_core *c, tp_status st, char *msg, size_t len) {
+    tpi_format(msg, len, "%s", tp_errmsg());
+    if (!tpi_interrupted(c) || st == TP_ECANCELED)
+        return st;
+    char was[TP_ERRMSG_LEN_MAX];
+    tpi_format(was, sizeof was, "%s", msg);
+    tpi_format(msg, len, "init: interrupted (%s)", was);
+    return TP_ECANCELED;
+}
+
+static tp_status init_attempt(tp_context *ctx, const tp_backend *b, const char *backend,
+                              const char *name, int rank, int world_size, const tp_options *opts,
+                              uint32_t gen, uint32_t epoch) {
     tp_core *c = core_new(ctx, name, (uint32_t)rank, (uint32_t)world_size, opts);
     if (!c) {
         fail_init(ctx, NULL, 0);
@@ -265,6 +329,7 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     }
     TPI_ASSERT(c->ops && c->ops->api_version == TP_BACKEND_API_VERSION);
     c->store = c->ops->store(c->agent);
+    lifecycle_watch(c, epoch); /* INTERRUPT-1: from the first wait on */
     char addr[TPI_ADDR_LEN_MAX];
     /* AGENT-17: known before the first frame can arrive. */
     uint32_t net = c->ops->net_faults ? c->ops->net_faults(c->agent) : 0;
@@ -276,12 +341,13 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
         fail_init(ctx, c, 0);
         return tpi_fail(st, "init: backend '%s' could not start: %s", backend, err);
     }
+    c->init_started_ns = tpi_now(c);
     uint64_t deadline = tpi_deadline_after(c, tp_options_init_timeout(c->opts));
     int rejoin = tp_options_rejoin(c->opts);
     st = rejoin ? tpi_rendezvous_rejoin(c, addr, deadline) : tpi_rendezvous(c, addr, deadline);
     if (st != TP_OK) {
         char msg[TP_ERRMSG_LEN_MAX];
-        tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        st = init_failed(c, st, msg, sizeof msg);
         fail_init(ctx, c, 1);
         return tpi_fail(st, "%s", msg);
     }
@@ -293,13 +359,15 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     st = rejoin ? tpi_rejoin_announce(c, addr, deadline) : tpi_rendezvous_ready(c, deadline);
     if (st != TP_OK) {
         char msg[TP_ERRMSG_LEN_MAX];
-        tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        st = init_failed(c, st, msg, sizeof msg);
+        lifecycle_watch(c, 0); /* teardown's own waits are not interrupted */
         finish(ctx, c, tpi_deadline_after(c, tp_options_shutdown_timeout(c->opts)));
         tpi_context_lock(ctx);
         ctx->initializing = 0;
         tpi_context_unlock(ctx);
         return tpi_fail(st, "%s", msg);
     }
+    lifecycle_watch(c, 0);
     tpi_context_lock(ctx);
     ctx->initializing = 0;
     tpi_context_unlock(ctx);
@@ -409,7 +477,23 @@ tp_status tp_shutdown(int graceful) {
         c->ops->probe(c->agent, &p);
     }
     if (graceful) {
+        /* INTERRUPT-1: the graceful phases may be interrupted; teardown not. */
+        uint32_t epoch = lifecycle_begin(ctx);
+        lifecycle_watch(c, epoch);
         st = tpi_shutdown_graceful(c);
+        int interrupted = tpi_interrupted(c);
+        lifecycle_watch(c, 0);
+        lifecycle_end(ctx);
+        if (interrupted) {
+            char was[TP_ERRMSG_LEN_MAX];
+            tpi_format(was, sizeof was, "%s", st == TP_ECANCELED ? tp_errmsg() : "");
+            st = tpi_fail(TP_ECANCELED,
+                          "shutdown: interrupted during the %s%s%s; worker '%s' abandoned the "
+                          "rest of its graceful shutdown and was torn down as by "
+                          "shutdown(graceful=False)",
+                          c->sd_phase ? c->sd_phase : "graceful phases", was[0] ? ": " : "", was,
+                          c->self.name);
+        }
         tpi_probe(c, TP_PROBE_SHUTDOWN_DRAINED, 0, c->rank, st, NULL);
         if (st != TP_OK)
             tpi_format(msg, sizeof msg, "%s", tp_errmsg());

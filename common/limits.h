@@ -21,8 +21,18 @@
 #define TPI_VALUE_DEPTH_MAX 64
 /* One log message (LOG-2), cut beyond: a status message plus its context. */
 #define TPI_LOG_LINE_MAX 1024
-/* A rendezvous that waits says so this often (LOG-3). */
+/* A shutdown barrier that waits says so this often, at info (LOG-3). */
 #define TPI_LOG_PROGRESS_NS (5ull * 1000000000ull)
+/* Init that waits for ranks says so at warn, the default level, this long
+ * after init began and then as often (LOG-3): a person waiting on a job
+ * that does not start learns which ranks are missing well before the
+ * 60 s default timeout, and a 10 s launch skew stays quiet. */
+#define TPI_INIT_WAIT_LOG_NS (10ull * 1000000000ull)
+/* How often a blocked tp_init_rpc or graceful tp_shutdown looks at the
+ * interrupt flag (INTERRUPT-1): tp_interrupt only sets an atomic, to stay
+ * async-signal-safe, so the waiter polls; 20 ms is the longest pause init's
+ * own polling takes anyway, and well under a person's 100 ms. */
+#define TPI_INTERRUPT_POLL_NS 20000000ull
 /* Items in one list or map: bounds allocation before any item is read. */
 #define TPI_CONTAINER_LEN_MAX ((uint32_t)1 << 24)
 /* Values decoded from one message. A nil is one byte on the wire but some

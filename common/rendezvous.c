@@ -142,6 +142,33 @@ static void name_missing(tp_core *c, const uint8_t *present, char *buf, size_t l
         tpi_format(buf + n, len - n, " and %zu more", missing - named);
 }
 
+/*
+ * INTERRUPT-1: tp_interrupt stopped a gather. In init the interruption is
+ * this attempt's outcome for every worker (INIT-5), so the others stop
+ * waiting too and a re-init everywhere meets in the next generation; when
+ * the commit won first, init succeeded and the interrupt came too late
+ * (TP_OK: the caller looks once more, no longer watching the flag).
+ */
+static tp_status interrupted(tp_core *c, const uint8_t *present, int plural, int honor_dead,
+                             const char *what) {
+    char names[256], waiting[320];
+    name_missing(c, present, names, sizeof names);
+    tpi_format(waiting, sizeof waiting, "rank%s %s (of %u workers)", plural ? "s" : "", names,
+               c->world_size);
+    if (!honor_dead) {
+        char pub[TP_ERRMSG_LEN_MAX];
+        tpi_format(pub, sizeof pub, "worker '%s' (rank %u) was interrupted while waiting for %s",
+                   c->self.name, c->rank, waiting);
+        if (publish_outcome(c, TP_ECANCELED, pub) == TP_OK) {
+            tpi_lock(c);
+            c->intr_epoch = 0;
+            tpi_unlock(c);
+            return TP_OK;
+        }
+    }
+    return tpi_fail(TP_ECANCELED, "%s: interrupted while waiting for %s", what, waiting);
+}
+
 static int known_dead(tp_core *c, uint32_t r, tp_status *st, uint64_t deadline_ns) {
     tpi_lock(c);
     int dead = c->peer_dead[r];
@@ -243,7 +270,14 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
      * likely missing too): a wait costs O(ranks + rounds) reads, not
      * O(ranks x rounds). A full round names every missing rank at the end. */
     int full = by_scan; /* a scan round is always complete */
-    uint64_t started = tpi_now(c), next_note = started + TPI_LOG_PROGRESS_NS;
+    /* LOG-3: init's waits warn every TPI_INIT_WAIT_LOG_NS counted from init's
+     * start; the shutdown barriers say so at info every TPI_LOG_PROGRESS_NS. */
+    int init_wait = !honor_dead;
+    uint64_t started = init_wait ? c->init_started_ns : tpi_now(c);
+    uint64_t every = init_wait ? TPI_INIT_WAIT_LOG_NS : TPI_LOG_PROGRESS_NS;
+    uint64_t next_note = started + every;
+    for (uint64_t now = tpi_now(c); next_note <= now;)
+        next_note += every; /* a later gather of the same init: the next multiple */
     for (;;) {
         uint32_t missing = 0;
         if (by_scan) {
@@ -302,7 +336,17 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             continue;
         }
         uint64_t now = tpi_now(c);
-        if (now >= next_note && tpi_log_on(TP_LOG_INFO)) { /* LOG-3: a wait says for whom */
+        if (now >= next_note && init_wait && tpi_log_on(TP_LOG_WARN)) {
+            char names[256], left[48] = "no init timeout";
+            name_missing(c, present, names, sizeof names);
+            if (deadline_ns != TPI_NO_DEADLINE)
+                tpi_format(left, sizeof left, "init timeout in %.0f s",
+                           (double)(deadline_ns - now) / 1e9);
+            tpi_log(TP_LOG_WARN, "%s: worker '%s' (rank %u) still waiting for rank%s %s (of %u "
+                                 "workers) after %.0f s; %s",
+                    what, c->self.name, c->rank, missing > 1 || !full ? "s" : "", names,
+                    c->world_size, (double)(now - started) / 1e9, left);
+        } else if (now >= next_note && tpi_log_on(TP_LOG_INFO)) { /* LOG-3: for whom */
             char names[256];
             name_missing(c, present, names, sizeof names);
             tpi_log(TP_LOG_INFO, "%s: worker '%s' (rank %u) has waited %.1f s for '%s' keys; "
@@ -311,8 +355,14 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
                     missing > 1 || !full ? "s" : "", names, c->world_size);
         }
         while (next_note <= now)
-            next_note += TPI_LOG_PROGRESS_NS;
+            next_note += every;
         st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
+        if (st == TP_ECANCELED) {
+            st = interrupted(c, present, missing > 1 || !full, honor_dead, what);
+            if (st == TP_OK)
+                continue; /* init committed first: every key exists (INIT-5) */
+            break;
+        }
         if (st != TP_OK) {
             st = tpi_fail(st, "%s: the wait was interrupted: %s", what, tp_strerror(st));
             break;
@@ -503,6 +553,10 @@ static tp_status warm_up(tp_core *c, uint32_t peer, uint64_t deadline_ns) {
     if (st == TP_OK)
         st = tpi_future_result(c, f, NULL);
     tp_future_free(f);
+    if (st == TP_ECANCELED && tpi_interrupted(c)) /* INTERRUPT-1 */
+        return tpi_fail(st, "init: worker '%s' (rank %u) was interrupted while waiting for %s "
+                            "to answer init's warm-up ping",
+                        c->self.name, c->rank, tpi_worker_desc(c, peer, who, sizeof who));
     if (st != TP_OK) {
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s", tp_errmsg());

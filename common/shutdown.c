@@ -33,10 +33,15 @@ static tp_status wait_local_quiet(tp_core *c, uint64_t deadline) {
         uint64_t until = tpi_now(c) + DRAIN_POLL_NS;
         st = tpi_park(c, until < deadline ? until : deadline);
         if (st != TP_OK && st != TP_ETIMEDOUT)
-            break; /* teardown */
+            break; /* teardown, or an interrupt (INTERRUPT-1) */
         st = TP_OK;
     }
+    uint64_t active = c->active_client;
     tpi_unlock(c);
+    if (st == TP_ECANCELED)
+        return tpi_fail(st, "shutdown drain: interrupted while waiting for %llu call(s) of this "
+                            "worker",
+                        (unsigned long long)active);
     return st;
 }
 
@@ -56,6 +61,8 @@ static tp_status drain_pause(tp_core *c, uint64_t *pause, uint64_t deadline) {
         st = tpi_park(c, until);
     tpi_unlock(c);
     *pause = *pause * 2 < DRAIN_PAUSE_MAX_NS ? *pause * 2 : DRAIN_PAUSE_MAX_NS;
+    if (st == TP_ECANCELED) /* INTERRUPT-1 */
+        return tpi_fail(st, "shutdown drain: interrupted between rounds");
     return st == TP_ETIMEDOUT ? TP_OK : st;
 }
 
@@ -110,6 +117,8 @@ static tp_status drain_flush(tp_core *c, uint64_t deadline) {
         tp_future_free(fs[i]);
     free(fs);
     free(peer);
+    if (st == TP_ECANCELED) /* INTERRUPT-1 */
+        return tpi_fail(st, "shutdown drain: interrupted while flushing %u peer(s)", n);
     return st;
 }
 
@@ -242,6 +251,7 @@ tp_status tpi_shutdown_graceful(tp_core *c) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     /* SHUTDOWN-3: the barrier. */
     uint64_t deadline = tpi_deadline_after(c, t);
+    c->sd_phase = "barrier";
     tpi_publish_dead(c, deadline);
     tpi_key(c, key, sizeof key, "sd/arrive/%u", c->rank);
     tp_status st = publish(c, key, "1", deadline);
@@ -259,10 +269,12 @@ tp_status tpi_shutdown_graceful(tp_core *c) {
     tpi_unlock(c);
     /* SHUTDOWN-5: drain. */
     deadline = tpi_deadline_after(c, t);
+    c->sd_phase = "drain";
     st = drain(c, deadline);
     if (st == TP_OK || st == TP_EPEERDOWN) {
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s", tp_errmsg());
+        c->sd_phase = "leave";
         leave(c, deadline); /* SHUTDOWN-9 */
         if (st != TP_OK)
             tpi_fail(st, "%s", msg);

@@ -100,18 +100,32 @@ const char *tp_kind_name(tp_kind kind) {
 static const struct {
     const char *name;
     size_t size;
+    size_t align; /* complex numbers align as one component (C11 6.2.5p13) */
 } dtype_info[TP_DTYPE_COUNT_] = {
-    [TP_DTYPE_FLOAT32] = {"float32", 4}, [TP_DTYPE_FLOAT64] = {"float64", 8},
-    [TP_DTYPE_FLOAT16] = {"float16", 2}, [TP_DTYPE_BFLOAT16] = {"bfloat16", 2},
-    [TP_DTYPE_INT8] = {"int8", 1},       [TP_DTYPE_INT16] = {"int16", 2},
-    [TP_DTYPE_INT32] = {"int32", 4},     [TP_DTYPE_INT64] = {"int64", 8},
-    [TP_DTYPE_UINT8] = {"uint8", 1},     [TP_DTYPE_BOOL] = {"bool", 1},
+    [TP_DTYPE_FLOAT32] = {"float32", 4, 4},       [TP_DTYPE_FLOAT64] = {"float64", 8, 8},
+    [TP_DTYPE_FLOAT16] = {"float16", 2, 2},       [TP_DTYPE_BFLOAT16] = {"bfloat16", 2, 2},
+    [TP_DTYPE_INT8] = {"int8", 1, 1},             [TP_DTYPE_INT16] = {"int16", 2, 2},
+    [TP_DTYPE_INT32] = {"int32", 4, 4},           [TP_DTYPE_INT64] = {"int64", 8, 8},
+    [TP_DTYPE_UINT8] = {"uint8", 1, 1},           [TP_DTYPE_BOOL] = {"bool", 1, 1},
+    [TP_DTYPE_UINT16] = {"uint16", 2, 2},         [TP_DTYPE_UINT32] = {"uint32", 4, 4},
+    [TP_DTYPE_UINT64] = {"uint64", 8, 8},         [TP_DTYPE_COMPLEX64] = {"complex64", 8, 4},
+    [TP_DTYPE_COMPLEX128] = {"complex128", 16, 8},
 };
+_Static_assert(TP_DTYPE_COUNT_ == 15, "a new dtype needs a row in dtype_info");
 
 size_t tp_dtype_size(tp_dtype dtype) {
     if ((unsigned)dtype >= TP_DTYPE_COUNT_)
         return 0;
     return dtype_info[dtype].size;
+}
+
+size_t tp_dtype_align(tp_dtype dtype) {
+    if ((unsigned)dtype >= TP_DTYPE_COUNT_)
+        return 0;
+    /* The zero-copy decoder moves misaligned data down onto its 8-byte
+     * count (WIRE-10): no dtype may need more than 8. */
+    TPI_ASSERT(dtype_info[dtype].align > 0 && dtype_info[dtype].align <= 8);
+    return dtype_info[dtype].align;
 }
 
 const char *tp_dtype_name(tp_dtype dtype) {
@@ -483,8 +497,8 @@ static void borrowed_release(tpi_blob *b) {
 
 tp_value *tp_value_tensor_borrow(tp_dtype dtype, int ndim, const int64_t *shape, void *data,
                                  tp_release_fn release, void *ctx) {
-    size_t elem = tp_dtype_size(dtype);
-    if (!release || elem == 0 || !data || (uintptr_t)data % elem != 0)
+    size_t align = tp_dtype_align(dtype);
+    if (!release || align == 0 || !data || (uintptr_t)data % align != 0)
         return NULL;
     tpi_tensor *t = malloc(sizeof *t);
     if (!t)
@@ -516,7 +530,7 @@ tp_value *tp_value_tensor_borrow(tp_dtype dtype, int ndim, const int64_t *shape,
 tp_value *tpi_value_tensor_view(tp_dtype dtype, int ndim, const int64_t *shape,
                                 tpi_blob *parent, uint8_t *data) {
     TPI_ASSERT(parent != NULL && data != NULL);
-    TPI_ASSERT((uintptr_t)data % tp_dtype_size(dtype) == 0);
+    TPI_ASSERT((uintptr_t)data % tp_dtype_align(dtype) == 0);
     tpi_tensor *t = malloc(sizeof *t);
     if (!t)
         return NULL;

@@ -130,6 +130,15 @@ int main(int argc, char **argv) {
     m.value = tp_value_tensor(TP_DTYPE_FLOAT64, 2, shape, strides, base);
     emit("response-tensor", &m);
 
+    /* Issue 20's dtypes (WIRE-4 codes 10..14): one list holding a tensor of each. */
+    m = msg(TPI_MSG_RESPONSE, 2);
+    m.value = tp_value_list();
+    for (int dt = TP_DTYPE_UINT16; dt <= TP_DTYPE_COMPLEX128; dt++) {
+        int64_t two[1] = {2};
+        tp_list_append(m.value, tp_value_tensor((tp_dtype)dt, 1, two, NULL, base));
+    }
+    emit("response-tensor-new-dtypes", &m);
+
     m = msg(TPI_MSG_RESPONSE, 3);
     m.value = every_kind();
     emit("response-every-kind", &m);

@@ -38,7 +38,7 @@ def ctl(kind, sender=2):
     return b"TPCT" + bytes([3, kind, 0, 0]) + struct.pack("<I", sender) + bytes(12)
 
 
-WIRE_VERSION = 2  # common/codec.h TPI_WIRE_VERSION
+WIRE_VERSION = 3  # common/codec.h TPI_WIRE_VERSION
 
 
 def frame(body_len, typ=1):

@@ -434,6 +434,20 @@ void tp_sim_crash_self(void) {
     tpi_sim_host_kill(sim, sim->current->host, "crash");
 }
 
+tp_status tp_sim_sleep(double seconds) {
+    tp_sim *sim = active_sim;
+    TPI_ASSERT(sim && sim->current && "tp_sim_sleep outside a simulated task");
+    if (!(seconds >= 0) || seconds > 1e9)
+        return TP_EINVAL;
+    uint64_t until = sim->now_ns + (uint64_t)(seconds * 1e9);
+    while (sim->now_ns < until) {
+        tp_status st = tpi_sim_task_park(sim, sim->current, until);
+        if (st != TP_OK && st != TP_ETIMEDOUT)
+            return st; /* the host or the world is ending */
+    }
+    return TP_OK;
+}
+
 void tp_sim_trace_note(const char *fmt, ...) {
     tp_sim *sim = active_sim;
     if (!sim || !fmt)

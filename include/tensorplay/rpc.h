@@ -132,12 +132,22 @@ typedef enum tp_dtype {
     TP_DTYPE_INT64 = 7,
     TP_DTYPE_UINT8 = 8,
     TP_DTYPE_BOOL = 9,
+    TP_DTYPE_UINT16 = 10,
+    TP_DTYPE_UINT32 = 11,
+    TP_DTYPE_UINT64 = 12,
+    TP_DTYPE_COMPLEX64 = 13,  /* two float32: real, then imaginary (C's float _Complex) */
+    TP_DTYPE_COMPLEX128 = 14, /* two float64: real, then imaginary (C's double _Complex) */
     TP_DTYPE_COUNT_
 } tp_dtype;
 
 /* Size in bytes of one element of the dtype; 0 for an invalid dtype. */
 size_t tp_dtype_size(tp_dtype dtype);
-/* "float32", ...; "invalid" for an invalid dtype. */
+/* The alignment one element needs in memory: its size, except for complex
+ * dtypes, which align as one component (4 and 8, as C and numpy do); 0 for
+ * an invalid dtype (VALUE-5). */
+size_t tp_dtype_align(tp_dtype dtype);
+/* "float32", ... (numpy's names: "uint16", "complex64"); "invalid" for an
+ * invalid dtype. */
 const char *tp_dtype_name(tp_dtype dtype);
 
 typedef struct tp_worker_info {
@@ -182,7 +192,7 @@ typedef void (*tp_release_fn)(void *ctx);
 
 /*
  * A contiguous row-major tensor over the caller's memory, without a copy
- * (VALUE-10): data (aligned to the element size, not NULL) must hold the
+ * (VALUE-10): data (aligned to tp_dtype_align, not NULL) must hold the
  * packed elements and stay valid, and unwritten while a call sends it,
  * until release(ctx) runs. release runs exactly once, when the value and
  * every frame still sending its bytes are gone, on any thread (the
@@ -336,8 +346,8 @@ int tp_options_rejoin(const tp_options *opts);
 
 /*
  * What the library says without being asked: refused connections (with the
- * address and the reason), peer deaths, restarts, a rendezvous still waiting
- * (every 5 s, naming the missing ranks). The level comes from TP_LOG (error,
+ * address and the reason), peer deaths, restarts, an init still waiting
+ * (at warn, after 10 s and every 10 s, naming the missing ranks). The level comes from TP_LOG (error,
  * warn, info or debug; default warn) unless tp_set_log_level set it.
  */
 typedef enum tp_log_level {
@@ -432,6 +442,28 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
  * with TP_ESHUTDOWN. After shutdown, tp_init_rpc may be called again.
  */
 tp_status tp_shutdown(int graceful);
+
+/*
+ * Interrupts a tp_init_rpc or a graceful tp_shutdown blocked on this
+ * process's worker (on the simulator, the calling task's host), from any
+ * other thread, for Ctrl-C (spec/lifecycle.md INTERRUPT-1). Within about
+ * 20 ms (plus a store operation in progress) the blocked call gives up and
+ * returns TP_ECANCELED: init with "init: interrupted while waiting for
+ * ranks 2, 3 (of 4 workers)", publishing the interruption as the attempt's
+ * outcome so the other workers' init fails too, and the context UNINIT, so
+ * a later tp_init_rpc works (the next generation); a graceful shutdown
+ * abandons its barrier, drain or leaving and ends as a non-graceful one
+ * (teardown), saying which phase it was in. Returns TP_OK when such a call
+ * was blocked; TP_ENOTINIT when none was: the interrupt is dropped, and
+ * never affects a later call. An interrupt that comes after init committed
+ * is too late: init succeeds. Teardown, non-graceful shutdown, the
+ * backend's start and calls are not interrupted.
+ * Async-signal-safe: it takes no lock, allocates nothing and leaves
+ * tp_errmsg() alone (one caveat: in a dlopen'ed library a thread's first use
+ * of thread-local storage may allocate, so call any tp_ function on that
+ * thread once before a signal handler does).
+ */
+tp_status tp_interrupt(void);
 
 /* 1 when this process was built with the rpc API (always), as PyTorch's. */
 int tp_is_available(void);
@@ -587,6 +619,20 @@ tp_status tp_future_then(tp_future *f, tp_then_fn cb, void *user_data, tp_future
  */
 tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout_s,
                              size_t *failed_index);
+
+/*
+ * Gives up on the call behind an rpc_async (or tp_method_call_async /
+ * tp_rref_rpc_async) future (spec/calls.md CANCEL-1): a pending f completes
+ * at once with TP_ECANCELED ("rpc_async to worker 'w1' (id 1), function 'f':
+ * canceled by the caller"), waiters wake and callbacks run; its late answer
+ * is dropped, and this worker's graceful-shutdown drain no longer counts it
+ * as its own active call. The callee is not told: its function runs to its
+ * end and the callee's drain still counts it (so a graceful shutdown of the
+ * job still waits for it; see CANCEL-1). TP_EALREADY when f completed
+ * already (f unchanged); TP_EINVAL for NULL, for futures the program made,
+ * and then/collect_all futures. f stays the caller's. Any thread.
+ */
+tp_status tp_future_cancel(tp_future *f);
 
 /* Drops the caller's reference; the call itself goes on. NULL is a no-op. */
 void tp_future_free(tp_future *f);

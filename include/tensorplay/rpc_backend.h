@@ -388,6 +388,9 @@ void tp_context_free(tp_context *ctx);
 void tp_context_switch(tp_context *ctx, char *errmsg_buf);
 /* The calling thread's current worker slot (never NULL). */
 tp_context *tp_context_current(void);
+/* tp_interrupt for the worker slot ctx (INTERRUPT-1), from any thread or a
+ * simulated task of another host; async-signal-safe. TP_EINVAL for NULL. */
+tp_status tp_context_interrupt(tp_context *ctx);
 
 /* Registers the built-in backends ("TENSORPIPE" when built, "SIM"). Idempotent. */
 void tp_register_builtin_backends(void);

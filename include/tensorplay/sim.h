@@ -165,6 +165,11 @@ uint64_t tp_sim_random(void);
 /* The calling task's host dies now, as tp_sim_fault_kill (never returns to
  * the scheduler's other work first; returns so the program can unwind). */
 void tp_sim_crash_self(void);
+/* Parks the calling task for seconds of virtual time (0..1e9), with or
+ * without a worker (a program that has not called tp_init_rpc yet, or is
+ * inside it on another task); TP_ESHUTDOWN when its host or the world ends
+ * first. */
+tp_status tp_sim_sleep(double seconds);
 /* Appends a line to the trace (a scenario's own checkpoints). */
 void tp_sim_trace_note(const char *fmt, ...)
 #if defined(__GNUC__)

@@ -340,7 +340,7 @@ static int calls_bytes_roundtrip(int rank, int ws) {
 /* A 2x3 tensor of dtype whose bytes are a small pattern (0/1 for bool). */
 static tp_value *pattern_tensor(tp_dtype dt) {
     int64_t shape[2] = {2, 3};
-    uint8_t data[6 * 8];
+    uint8_t data[6 * 16]; /* complex128 is the widest */
     size_t es = tp_dtype_size(dt);
     for (size_t i = 0; i < sizeof data; i++)
         data[i] = dt == TP_DTYPE_BOOL ? (uint8_t)(i % 2) : (uint8_t)((i % es) == 0 ? i + 1 : 0);

@@ -33,6 +33,77 @@ static void assert_all_ok(tt_job *job, double timeout_s) {
     assert_int_equal(tt_wait(job, timeout_s), 0);
 }
 
+/* ---- INTERRUPT-1: Ctrl-C during init, the Python way ------------------------------------ */
+
+typedef struct init_thread {
+    const tt_job *job;
+    int rank, world;
+    tp_status st;
+    char msg[TP_ERRMSG_LEN_MAX];
+    uint64_t done_ns;
+} init_thread;
+
+static void *init_on_thread(void *arg) {
+    init_thread *it = arg;
+    tp_options *o = tt_options(it->job, 10, 10);
+    tp_options_set_init_timeout(o, 60);
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", it->rank);
+    it->st = tp_init_rpc(name, "TENSORPIPE", it->rank, it->world, o);
+    it->done_ns = tt_now_ns();
+    snprintf(it->msg, sizeof it->msg, "%s", tp_errmsg());
+    tp_options_free(o);
+    return NULL;
+}
+
+/*
+ * spec: INTERRUPT-1. Two processes init a world of three (rank 2 never
+ * comes), each on a helper thread. Rank 0's main thread interrupts after
+ * 300 ms, as the Python layer does on KeyboardInterrupt: rank 0's init
+ * returns TP_ECANCELED within 100 ms, and rank 1's fails with it too (the
+ * published outcome). Then both init again as a world of two, call and
+ * shut down gracefully.
+ */
+static int body_interrupt_init(tt_job *job, int rank) {
+    tt_register_functions();
+    init_thread it = {.job = job, .rank = rank, .world = 3};
+    pthread_t th;
+    TT_CHECK(pthread_create(&th, NULL, init_on_thread, &it) == 0);
+    if (rank == 0) {
+        usleep(300000);
+        TT_CHECK(tp_interrupt() == TP_OK);
+        uint64_t at = tt_now_ns();
+        pthread_join(th, NULL);
+        fprintf(stderr, "rank 0: init returned %.1f ms after the interrupt: %s\n",
+                (double)(it.done_ns - at) / 1e6, it.msg);
+        TT_CHECK(it.done_ns - at < 100000000ull);
+        TT_CHECK(tp_interrupt() == TP_ENOTINIT); /* nothing blocks now: dropped */
+    } else {
+        pthread_join(th, NULL);
+    }
+    TT_CHECK(it.st == TP_ECANCELED);
+    TT_CHECK(strstr(it.msg, "interrupted while waiting for rank 2 (of 3 workers)") != NULL);
+    TT_CHECK(!tp_is_initialized());
+    /* The next generation: a world of two this time. */
+    tp_options *o = tt_options(job, 10, 10);
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", rank);
+    TT_CHECK(tp_init_rpc(name, "TENSORPIPE", rank, 2, o) == TP_OK);
+    tp_options_free(o);
+    int64_t v = 0;
+    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), 20, 22, 10, &v) == TP_OK && v == 42);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_interrupt_init(void **state) {
+    (void)state;
+    tt_job job;
+    assert_int_equal(tt_spawn(&job, 2, body_interrupt_init, NULL), 0);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
 /* ---- Basic calls ------------------------------------------------------------------ */
 
 /* This process's TCP sockets that carry the transport's keepalive and user
@@ -1043,6 +1114,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_garbage),      cmocka_unit_test(test_tcp_init_errors),
         cmocka_unit_test(test_tcp_sqlite_store), cmocka_unit_test(test_tcp_two_workers_one_process),
         cmocka_unit_test(test_tcp_reinit),       cmocka_unit_test(test_tcp_concurrent_senders),
+        cmocka_unit_test(test_tcp_interrupt_init),
         cmocka_unit_test(test_tcp_backpressure_bounds_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -37,6 +37,11 @@ static void collect(tp_log_level level, const char *msg, void *ud) {
     }
 }
 
+static void dump(void) {
+    for (int i = 0; i < got.n; i++)
+        print_message("log %d: %s\n", got.level[i], got.text[i]);
+}
+
 static int count(tp_log_level level, const char *needle) {
     int n = 0;
     for (int i = 0; i < got.n; i++)
@@ -87,8 +92,9 @@ static int program(int rank, int world, void *arg) {
     return 0;
 }
 
-/* spec: LOG-3: init progress every 5 s, naming the missing rank; a peer's death
- * once, as a warning naming it. */
+/* spec: LOG-3: an init still waiting warns after 10 s and every 10 s, naming
+ * the missing rank and the time left; a peer's death once, as a warning
+ * naming it. */
 static void test_log_what_the_core_says(void **state) {
     (void)state;
     assert_int_equal(tp_set_log_level(TP_LOG_INFO), TP_OK);
@@ -100,10 +106,59 @@ static void test_log_what_the_core_says(void **state) {
     assert_int_equal(tp_sim_run(sim, program, NULL, NULL), TP_OK);
     tp_sim_free(sim);
     assert_int_equal(failures, 0);
-    /* w0 waited about 12 s for w1: told at 5 s and 10 s, not later. */
-    assert_int_equal(count(TP_LOG_INFO, "worker 'w0' (rank 0) has waited"), 2);
-    assert_int_equal(count(TP_LOG_INFO, "not yet seen: rank 1 (of 2 workers)"), 2);
+    /* w0 waited about 12 s for w1: told once, at 10 s, at the default level. */
+    assert_int_equal(count(TP_LOG_WARN, "still waiting"), 1);
+    assert_int_equal(count(TP_LOG_WARN, "init: worker 'w0' (rank 0) still waiting for rank 1 "
+                                        "(of 2 workers) after 10 s; init timeout in 50 s"),
+                     1);
     assert_int_equal(count(TP_LOG_WARN, "worker 'w1' (rank 1): worker 'w0' (id 0) is down"), 1);
+}
+
+/* Ranks 2 and 3 come 25 s late. */
+static int late_program(int rank, int world, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 60) == TP_OK);
+    CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
+    tp_options_free(o);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: LOG-3: at the default level (warn), every 10 s of init's wait, with
+ * every missing rank and the time left; on virtual time, so exact. */
+static void test_log_init_names_missing_ranks(void **state) {
+    (void)state;
+    assert_int_equal(tp_set_log_level(TP_LOG_WARN), TP_OK);
+    tp_sim_config cfg = {.hosts = 4, .seed = 4};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    assert_int_equal(tp_sim_load_faults(sim, "pause 2 0 25000\npause 3 0 25000\n", err,
+                                        sizeof err),
+                     TP_OK);
+    assert_int_equal(tp_sim_run(sim, late_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    for (int r = 0; r < 2; r++) {
+        char want[160];
+        snprintf(want, sizeof want,
+                 "init: worker 'w%d' (rank %d) still waiting for ranks 2, 3 (of 4 workers) "
+                 "after 10 s; init timeout in 50 s",
+                 r, r);
+        assert_int_equal(count(TP_LOG_WARN, want), 1);
+        snprintf(want, sizeof want,
+                 "init: worker 'w%d' (rank %d) still waiting for ranks 2, 3 (of 4 workers) "
+                 "after 20 s; init timeout in 40 s",
+                 r, r);
+        assert_int_equal(count(TP_LOG_WARN, want), 1);
+    }
+    if (count(TP_LOG_WARN, "still waiting") != 4) { /* not at 30 s: they came */
+        dump();
+        fail();
+    }
 }
 
 int main(void) {
@@ -111,6 +166,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_log_levels, setup),
         cmocka_unit_test_setup(test_log_what_the_core_says, setup),
+        cmocka_unit_test_setup(test_log_init_names_missing_ranks, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

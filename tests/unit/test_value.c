@@ -420,13 +420,25 @@ static void test_value_dtype_and_kind_names(void **state) {
         {TP_DTYPE_INT8, "int8", 1},       {TP_DTYPE_INT16, "int16", 2},
         {TP_DTYPE_INT32, "int32", 4},     {TP_DTYPE_INT64, "int64", 8},
         {TP_DTYPE_UINT8, "uint8", 1},     {TP_DTYPE_BOOL, "bool", 1},
+        /* spec: VALUE-5, WIRE-4: issue 20's dtypes keep the codes before them */
+        {TP_DTYPE_UINT16, "uint16", 2},   {TP_DTYPE_UINT32, "uint32", 4},
+        {TP_DTYPE_UINT64, "uint64", 8},   {TP_DTYPE_COMPLEX64, "complex64", 8},
+        {TP_DTYPE_COMPLEX128, "complex128", 16},
     };
     assert_int_equal(sizeof want / sizeof want[0], TP_DTYPE_COUNT_);
     for (size_t i = 0; i < TP_DTYPE_COUNT_; i++) {
+        assert_int_equal(want[i].d, (tp_dtype)i);
         assert_string_equal(tp_dtype_name(want[i].d), want[i].name);
         assert_int_equal(tp_dtype_size(want[i].d), want[i].size);
+        size_t align = want[i].d == TP_DTYPE_COMPLEX64    ? 4
+                       : want[i].d == TP_DTYPE_COMPLEX128 ? 8
+                                                          : want[i].size;
+        assert_int_equal(tp_dtype_align(want[i].d), align);
     }
+    assert_int_equal(TP_DTYPE_BOOL, 9);
+    assert_int_equal(TP_DTYPE_COMPLEX128, 14);
     assert_int_equal(tp_dtype_size(TP_DTYPE_COUNT_), 0);
+    assert_int_equal(tp_dtype_align(TP_DTYPE_COUNT_), 0);
     assert_string_equal(tp_dtype_name(TP_DTYPE_COUNT_), "invalid");
     assert_string_equal(tp_kind_name(TP_KIND_NIL), "nil");
     assert_string_equal(tp_kind_name(TP_KIND_WORKER_INFO), "worker_info");

@@ -1,0 +1,273 @@
+/*
+ * test_interrupt.c: tp_interrupt on the simulator (spec/lifecycle.md
+ * INTERRUPT-1), on virtual time so every bound is exact. Another host's task
+ * plays the thread that catches Ctrl-C: it aims tp_context_interrupt at the
+ * blocked host's context, as the Python layer's main thread aims
+ * tp_interrupt at the process's.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tensorplay/rpc.h"
+#include "tensorplay/rpc_backend.h"
+#include "tensorplay/sim.h"
+
+#include "sim_check.h"
+
+#define RANKS 3
+
+static tp_context *ctx_of[RANKS]; /* each host's context, for the interrupter */
+static tp_status first_st[RANKS], again_st[RANKS];
+static char first_msg[RANKS][TP_ERRMSG_LEN_MAX];
+static uint64_t first_took[RANKS];
+static uint64_t interrupted_at;
+static int64_t sum;
+
+static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    int64_t a = 0, b = 0;
+    tp_value_get_int(tp_list_get(args, 0), &a);
+    tp_value_get_int(tp_list_get(args, 1), &b);
+    *result = tp_value_int(a + b);
+    return TP_OK;
+}
+
+static tp_status fn_sleep(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud, (void)result;
+    double s = 0;
+    tp_value_get_float(tp_list_get(args, 0), &s);
+    return tp_sleep(s);
+}
+
+static tp_status init_as(int rank, int world_size) {
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 60.0) == TP_OK);
+    CHECK(tp_options_set_shutdown_timeout(o, 60.0) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    return st;
+}
+
+/*
+ * spec: INTERRUPT-1, INIT-5, INIT-9. Ranks 0 and 1 wait in init for rank 2,
+ * which does not come; at 300 ms rank 2's host interrupts rank 0. Rank 0
+ * gives up within one poll with TP_ECANCELED naming rank 2, and publishes
+ * it, so rank 1 gives up too; rank 2's late attempt of that generation
+ * fails at once. Interrupts when nothing blocks are dropped and poison
+ * nothing: then all three init again (the next generation), call, and shut
+ * down gracefully.
+ */
+static int init_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    ctx_of[rank] = tp_context_current();
+    CHECK(tp_register_function("add", fn_add, NULL) == TP_OK);
+    if (rank == 2) {
+        CHECK(tp_interrupt() == TP_ENOTINIT); /* nothing blocks here: dropped */
+        CHECK(tp_sim_sleep(0.3) == TP_OK);
+        interrupted_at = now_ns();
+        CHECK(tp_context_interrupt(ctx_of[0]) == TP_OK);
+        CHECK(tp_context_interrupt(NULL) == TP_EINVAL);
+        CHECK(tp_sim_sleep(0.2) == TP_OK);
+        CHECK(tp_context_interrupt(ctx_of[0]) == TP_ENOTINIT); /* init returned: dropped */
+        /* This generation's outcome is the interruption: a late joiner learns it. */
+        first_st[2] = init_as(2, world_size);
+        snprintf(first_msg[2], sizeof first_msg[2], "%s", tp_errmsg());
+    } else {
+        uint64_t t0 = now_ns();
+        first_st[rank] = init_as(rank, world_size);
+        first_took[rank] = now_ns() - t0;
+        snprintf(first_msg[rank], sizeof first_msg[rank], "%s", tp_errmsg());
+        CHECK(!tp_is_initialized());
+        CHECK(tp_shutdown(1) == TP_ENOTINIT); /* INIT-9: UNINIT again */
+        CHECK(tp_sim_sleep(0.5) == TP_OK);
+    }
+    again_st[rank] = init_as(rank, world_size);
+    if (again_st[rank] != TP_OK)
+        return 0;
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(20), tp_value_int(22)), *res = NULL;
+        if (tp_rpc_sync(tp_to_rank(2), "add", args, NULL, 5.0, &res) == TP_OK)
+            tp_value_get_int(res, &sum);
+        tp_value_free(args);
+        tp_value_free(res);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_interrupt_init_then_init_again(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = RANKS, .seed = 20};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, init_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(first_st[0], TP_ECANCELED);
+    assert_string_equal(first_msg[0],
+                        "init: interrupted while waiting for rank 2 (of 3 workers)");
+    /* One poll (20 ms) after the interrupt, at most. */
+    assert_true(first_took[0] >= 300 * MS && first_took[0] <= 300 * MS + 25 * MS);
+    assert_true(interrupted_at == 300 * MS || interrupted_at > 0);
+    assert_int_equal(first_st[1], TP_ECANCELED);
+    assert_string_equal(first_msg[1], "init: worker 'w0' (rank 0) was interrupted while waiting "
+                                      "for rank 2 (of 3 workers)");
+    assert_true(first_took[1] <= 300 * MS + 50 * MS);
+    assert_int_equal(first_st[2], TP_ECANCELED);
+    assert_non_null(strstr(first_msg[2], "was interrupted"));
+    for (int r = 0; r < RANKS; r++)
+        assert_int_equal(again_st[r], TP_OK);
+    assert_int_equal(sum, 42);
+}
+
+/*
+ * spec: INTERRUPT-1, SHUTDOWN-5, SHUTDOWN-7. Rank 0's graceful shutdown
+ * waits in its drain for its call to rank 1's 20-second function; host 2
+ * (no worker) interrupts it at 1 s. Rank 0 abandons the drain within one poll,
+ * tears down (its call fails), and says so with TP_ECANCELED. Rank 1's own
+ * graceful shutdown ends once its function returns.
+ */
+static tp_status sd_st[RANKS];
+static char sd_msg[TP_ERRMSG_LEN_MAX];
+static uint64_t sd_took, sd_interrupted_after;
+static tp_status call_st;
+
+static int shutdown_program(int rank, int world_size, void *arg) {
+    (void)arg, (void)world_size;
+    ctx_of[rank] = tp_context_current();
+    if (rank == 2) { /* not a worker: the thread that catches Ctrl-C */
+        CHECK(tp_sim_sleep(1.0) == TP_OK);
+        sd_interrupted_after = now_ns();
+        CHECK(tp_context_interrupt(ctx_of[0]) == TP_OK);
+        return 0;
+    }
+    CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
+    if (init_as(rank, 2) != TP_OK) {
+        CHECK(0);
+        return 0;
+    }
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(20.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "sleep", args, NULL, 60.0, &f) == TP_OK);
+        tp_value_free(args);
+        uint64_t t0 = now_ns();
+        sd_st[0] = tp_shutdown(1);
+        sd_took = now_ns() - t0;
+        sd_interrupted_after -= t0;
+        snprintf(sd_msg, sizeof sd_msg, "%s", tp_errmsg());
+        call_st = tp_future_status(f);
+        tp_future_free(f);
+        return 0;
+    }
+    sd_st[rank] = tp_shutdown(1);
+    return 0;
+}
+
+static void test_interrupt_graceful_shutdown(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = RANKS, .seed = 21};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, shutdown_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(sd_st[0], TP_ECANCELED);
+    if (!strstr(sd_msg, "shutdown: interrupted during the drain"))
+        fail_msg("%s", sd_msg);
+    assert_non_null(strstr(sd_msg, "torn down"));
+    assert_true(sd_took >= sd_interrupted_after && sd_took <= sd_interrupted_after + 25 * MS);
+    assert_int_equal(call_st, TP_ESHUTDOWN);
+    /* The others end once rank 1's function did; rank 0 left without them. */
+    assert_true(sd_st[1] == TP_OK || sd_st[1] == TP_EPEERDOWN);
+}
+
+/*
+ * spec: CANCEL-1. Rank 0 gives up on a call to rank 1's 20-second function
+ * after 100 ms: the future completes at once with TP_ECANCELED and the
+ * caller's message, the call no longer counts as in flight here, a second
+ * cancel is TP_EALREADY, and the late answer (at 20 s) is dropped.
+ */
+static tp_status cancel_st[4];
+static char cancel_msg[TP_ERRMSG_LEN_MAX];
+static uint64_t in_flight_after = 99;
+
+static int cancel_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
+    if (init_as(rank, world_size) != TP_OK) {
+        CHECK(0);
+        return 0;
+    }
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(20.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "sleep", args, NULL, 60.0, &f) == TP_OK);
+        tp_value_free(args);
+        CHECK(tp_sleep(0.1) == TP_OK);
+        uint64_t t0 = now_ns();
+        cancel_st[0] = tp_future_cancel(f);
+        cancel_st[1] = tp_future_wait(f, 1.0);
+        CHECK(now_ns() == t0); /* at once */
+        snprintf(cancel_msg, sizeof cancel_msg, "%s", tp_future_error(f));
+        cancel_st[2] = tp_future_cancel(f);
+        cancel_st[3] = tp_future_cancel(NULL);
+        tp_debug_info info;
+        CHECK(tp_get_debug_info(&info) == TP_OK);
+        in_flight_after = info.calls_in_flight;
+        CHECK(tp_sleep(21.0) == TP_OK); /* the late answer comes and is dropped */
+        CHECK(tp_future_status(f) == TP_ECANCELED);
+        tp_future_free(f);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_cancel_rpc_async(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 22};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, cancel_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(cancel_st[0], TP_OK);
+    assert_int_equal(cancel_st[1], TP_ECANCELED);
+    assert_string_equal(cancel_msg,
+                        "rpc_async to worker 'w1' (id 1), function 'sleep': canceled by the caller");
+    assert_int_equal(cancel_st[2], TP_EALREADY);
+    assert_int_equal(cancel_st[3], TP_EINVAL);
+    assert_int_equal(in_flight_after, 0);
+}
+
+static int reset(void **state) {
+    (void)state;
+    failures = 0;
+    memset(first_st, 0, sizeof first_st);
+    memset(again_st, 0, sizeof again_st);
+    memset(sd_st, 0, sizeof sd_st);
+    sum = 0;
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_interrupt_init_then_init_again, reset),
+        cmocka_unit_test_setup(test_interrupt_graceful_shutdown, reset),
+        cmocka_unit_test_setup(test_cancel_rpc_async, reset),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
