@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -354,7 +355,17 @@ static int dtype_of(const Py_buffer *b, tp_dtype *out) {
     } map[] = {{'f', 4, TP_DTYPE_FLOAT32}, {'d', 8, TP_DTYPE_FLOAT64}, {'e', 2, TP_DTYPE_FLOAT16},
                {'b', 1, TP_DTYPE_INT8},    {'h', 2, TP_DTYPE_INT16},   {'i', 4, TP_DTYPE_INT32},
                {'l', 8, TP_DTYPE_INT64},   {'q', 8, TP_DTYPE_INT64},   {'B', 1, TP_DTYPE_UINT8},
-               {'?', 1, TP_DTYPE_BOOL}};
+               {'?', 1, TP_DTYPE_BOOL},    {'H', 2, TP_DTYPE_UINT16},  {'I', 4, TP_DTYPE_UINT32},
+               {'L', 8, TP_DTYPE_UINT64},  {'Q', 8, TP_DTYPE_UINT64}};
+    if (f[0] == 'Z' && f[1] && !f[2]) { /* complex: 'Zf', 'Zd' */
+        if (f[1] == 'f' && b->itemsize == 8)
+            *out = TP_DTYPE_COMPLEX64;
+        else if (f[1] == 'd' && b->itemsize == 16)
+            *out = TP_DTYPE_COMPLEX128;
+        else
+            return 0;
+        return 1;
+    }
     if (f[0] && !f[1])
         for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
             if (map[i].c == f[0] && map[i].size == b->itemsize) {
@@ -782,10 +793,12 @@ static double monotonic_s(void) {
  * Waits in slices so Ctrl-C in the main thread interrupts it within one. */
 static PyObject *future_wait(FutureObject *o, PyObject *args) {
     double timeout = 0.0;
-    if (!PyArg_ParseTuple(args, "|d", &timeout))
+    int cancel = 0; /* rpc_sync's wait: Ctrl-C gives the call up (CANCEL-1) */
+    if (!PyArg_ParseTuple(args, "|dp", &timeout, &cancel))
         return NULL;
     if (timeout < 0)
-        return PyErr_Format(PyExc_ValueError, "wait timeout %g s is negative", timeout);
+        return PyErr_Format(PyExc_ValueError, "wait timeout is negative (0 waits as long as "
+                                              "the call lasts)");
     double deadline = timeout > 0 ? monotonic_s() + timeout : 0;
     tp_status st;
     for (;;) {
@@ -793,9 +806,10 @@ static PyObject *future_wait(FutureObject *o, PyObject *args) {
         if (deadline > 0) {
             double left = deadline - monotonic_s();
             if (left <= 0) {
-                PyErr_Format(PyExc_TimeoutError, "future wait timed out after %g s; the call "
-                                                 "goes on",
-                             timeout);
+                char m[96]; /* PyErr_Format has no %g */
+                snprintf(m, sizeof m, "future wait timed out after %g s; the call goes on",
+                         timeout);
+                PyErr_SetString(PyExc_TimeoutError, m);
                 return NULL;
             }
             slice = left < slice ? left : slice;
@@ -811,8 +825,11 @@ static PyObject *future_wait(FutureObject *o, PyObject *args) {
         }
         if (st != TP_ETIMEDOUT)
             break; /* the worker is shutting down, or the wait was refused */
-        if (PyErr_CheckSignals() < 0)
-            return NULL; /* KeyboardInterrupt: the call goes on */
+        if (PyErr_CheckSignals() < 0) {
+            if (cancel) /* nobody will wait for it again: the drain need not either */
+                tp_future_cancel(o->f);
+            return NULL; /* KeyboardInterrupt */
+        }
     }
     if (st != TP_OK)
         return raise_last(st);
@@ -1146,6 +1163,88 @@ static PyObject *m_rref_call(PyObject *self, PyObject *args) {
     return remote ? rref_wrap(out) : future_wrap(f);
 }
 
+/* ---- Init and shutdown that Ctrl-C interrupts (INTERRUPT-1) ---------------------- */
+
+/*
+ * tp_init_rpc and a graceful tp_shutdown block for seconds. They run on a
+ * thread of their own while the calling thread, without the GIL, wakes every
+ * WAIT_SLICE_S to look for Ctrl-C (and, for shutdown(timeout=), for the
+ * deadline); either one makes the library give the call up with
+ * tp_interrupt, again each slice until it returns (an interrupt that comes
+ * before the call blocks is dropped by the library).
+ */
+typedef struct lifecycle_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    int init; /* 1: tp_init_rpc; 0: tp_shutdown(graceful) */
+    const char *name, *backend;
+    int rank, world, graceful;
+    tp_options *opts;
+    tp_status st;
+    char msg[TP_ERRMSG_LEN_MAX];
+} lifecycle_job;
+
+static void lifecycle_run(lifecycle_job *j) {
+    tp_status st = j->init ? tp_init_rpc(j->name, j->backend, j->rank, j->world, j->opts)
+                           : tp_shutdown(j->graceful);
+    snprintf(j->msg, sizeof j->msg, "%s", st != TP_OK ? tp_errmsg() : ""); /* thread-local */
+    pthread_mutex_lock(&j->mu);
+    j->st = st;
+    j->done = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void *lifecycle_thread(void *arg) {
+    lifecycle_run(arg);
+    return NULL;
+}
+
+/* Runs j; returns 1 when Ctrl-C interrupted it (KeyboardInterrupt is set),
+ * and sets *timed_out when deadline_s (> 0) passed first. */
+static int lifecycle_call(lifecycle_job *j, double deadline_s, int *timed_out) {
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->done = 0;
+    *timed_out = 0;
+    pthread_t t;
+    int threaded = pthread_create(&t, NULL, lifecycle_thread, j) == 0;
+    if (!threaded) { /* no thread to be had: the call as it is, not interruptible */
+        Py_BEGIN_ALLOW_THREADS lifecycle_run(j);
+        Py_END_ALLOW_THREADS
+    }
+    double end = deadline_s > 0 ? monotonic_s() + deadline_s : 0;
+    int signalled = 0, interrupting = 0;
+    for (int done = !threaded; !done;) {
+        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&j->mu);
+        if (!j->done) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts); /* the condvar's clock */
+            long ns = ts.tv_nsec + (long)(WAIT_SLICE_S * 1e9);
+            ts.tv_sec += ns / 1000000000L;
+            ts.tv_nsec = ns % 1000000000L;
+            pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        }
+        done = j->done;
+        pthread_mutex_unlock(&j->mu);
+        Py_END_ALLOW_THREADS
+        if (done)
+            break;
+        if (!signalled && PyErr_CheckSignals() < 0)
+            signalled = interrupting = 1;
+        if (!interrupting && end > 0 && monotonic_s() >= end)
+            *timed_out = interrupting = 1;
+        if (interrupting)
+            tp_interrupt();
+    }
+    if (threaded)
+        pthread_join(t, NULL);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    return signalled;
+}
+
 static PyObject *m_init_rpc(PyObject *self, PyObject *args) {
     (void)self;
     const char *name, *backend;
@@ -1187,13 +1286,24 @@ static PyObject *m_init_rpc(PyObject *self, PyObject *args) {
         if (st == TP_EALREADY)
             st = TP_OK;
     }
-    if (st == TP_OK) {
-        Py_BEGIN_ALLOW_THREADS st = tp_init_rpc(name, backend, rank, world, o);
-        Py_END_ALLOW_THREADS
-    }
-    tp_options_free(o);
-    if (st != TP_OK)
+    if (st != TP_OK) {
+        tp_options_free(o);
         return raise_last(st);
+    }
+    lifecycle_job j = {.init = 1, .name = name, .backend = backend, .rank = rank, .world = world,
+                       .opts = o};
+    int timed_out;
+    int signalled = lifecycle_call(&j, 0, &timed_out);
+    tp_options_free(o);
+    if (signalled) {
+        if (j.st == TP_OK) { /* Ctrl-C came after init committed: leave again */
+            Py_BEGIN_ALLOW_THREADS tp_shutdown(0);
+            Py_END_ALLOW_THREADS
+        }
+        return NULL; /* KeyboardInterrupt; the worker is down, a later init_rpc works */
+    }
+    if (j.st != TP_OK)
+        return raise_status(j.st, j.msg);
     Py_RETURN_NONE;
 }
 
@@ -1203,11 +1313,23 @@ static PyObject *m_shutdown(PyObject *self, PyObject *args) {
     double timeout = 0;
     if (!PyArg_ParseTuple(args, "|pd", &graceful, &timeout))
         return NULL;
-    tp_status st;
-    Py_BEGIN_ALLOW_THREADS st = tp_shutdown(graceful);
-    Py_END_ALLOW_THREADS lent_drain(); /* every frame is gone: every lent array is back */
-    if (st != TP_OK)
-        return raise_last(st);
+    lifecycle_job j = {.init = 0, .graceful = graceful};
+    int timed_out;
+    int signalled = lifecycle_call(&j, graceful ? timeout : 0, &timed_out);
+    lent_drain(); /* every frame is gone: every lent array is back */
+    if (signalled)
+        return NULL; /* KeyboardInterrupt; the worker was torn down all the same */
+    if (timed_out && j.st == TP_ECANCELED) {
+        char m[TP_ERRMSG_LEN_MAX + 160]; /* PyErr_Format has no %g */
+        snprintf(m, sizeof m,
+                 "shutdown: the graceful shutdown did not finish within its timeout of %g s, so "
+                 "this worker shut down locally (%s)",
+                 timeout, j.msg);
+        PyErr_SetString(PyExc_RuntimeError, m);
+        return NULL;
+    }
+    if (j.st != TP_OK)
+        return raise_status(j.st, j.msg);
     Py_RETURN_NONE;
 }
 

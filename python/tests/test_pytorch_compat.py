@@ -296,3 +296,82 @@ def test_private_gathers_pytorch_programs_use(tmp_path):
     for r in range(3):
         assert "[%d] [('worker0', 0), ('worker1', 10), ('worker2', 20)]" % r in out
         assert "[%d] True 2" % r in out
+
+
+def test_ctrl_c_interrupts_init_and_shutdown(tmp_path):
+    out = run(tmp_path, """
+        import signal, threading
+        def interrupt_in(s):
+            threading.Timer(s, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        if rank == 0:
+            os.environ["WORLD_SIZE"] = "3"  # rank 2 never comes
+            interrupt_in(0.5)
+            t0 = time.monotonic()
+            try:
+                rpc.init_rpc("worker0", rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+                    init_timeout=30))
+            except KeyboardInterrupt:
+                print("init interrupted within a second:", time.monotonic() - t0 < 1.5)
+            os.environ["WORLD_SIZE"] = "2"
+        else:
+            try:  # rank 0's interruption ends this attempt too (INTERRUPT-1)
+                rpc.init_rpc("worker1", world_size=3)
+            except RuntimeError as e:
+                print("rank 1's init:", "interrupted" in str(e))
+        os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)
+        rpc.init_rpc("worker%d" % rank)  # a later init works
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", add, args=(3, 4)))
+            f = rpc.rpc_async("worker1", slow, args=(4.0,))
+            interrupt_in(0.5)
+            t0 = time.monotonic()
+            try:
+                rpc.shutdown()
+            except KeyboardInterrupt:
+                print("shutdown interrupted within a second:", time.monotonic() - t0 < 1.5)
+            print("initialized after:", rpc.api._is_current_rpc_agent_set())
+        else:
+            try:
+                rpc.shutdown()
+            except RuntimeError as e:  # rank 0 left in the middle
+                print("rank 1:", "'worker0' (id 0) is down" in str(e))
+    """)
+    assert out == ["init interrupted within a second: True", "7",
+                   "shutdown interrupted within a second: True", "initialized after: False"]
+
+
+def test_shutdown_timeout_is_honoured(tmp_path):
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            f = rpc.rpc_async("worker1", slow, args=(5.0,))
+            t0 = time.monotonic()
+            try:
+                rpc.shutdown(timeout=1.0)
+            except RuntimeError as e:
+                print("timeout:", "within its timeout of 1 s" in str(e), time.monotonic() - t0 < 2.5)
+        else:
+            try:
+                rpc.shutdown()
+            except RuntimeError as e:  # rank 0 left in the middle
+                print("rank 1:", "'worker0' (id 0) is down" in str(e))
+    """)
+    assert out == ["timeout: True True"]
+
+
+def test_new_dtypes_travel(tmp_path):
+    out = run(tmp_path, """
+        import numpy
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            tensor_type="numpy"))
+        if rank == 0:
+            for dt in ("uint16", "uint32", "uint64", "complex64", "complex128"):
+                a = (numpy.arange(6) * 7).astype(dt).reshape(3, 2)
+                if dt.startswith("complex"):
+                    a = a + 1j * a
+                b = rpc.rpc_sync("worker1", echo, args=(a,))
+                print(dt, b.dtype == a.dtype, (a == b).all(), b.shape)
+        rpc.shutdown()
+    """)
+    assert out == ["%s True True (3, 2)" % d for d in
+                   ("uint16", "uint32", "uint64", "complex64", "complex128")]

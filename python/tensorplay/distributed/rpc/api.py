@@ -692,7 +692,8 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     _require_init("rpc_sync")
     wire, timeout, what = _call_wire(func, args, kwargs, timeout)
     core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
-    return _values.wrap(_call_c(lambda: core.wait(0.0), what), RRef)
+    # Ctrl-C in the wait gives the call up: shutdown() does not wait for it.
+    return _values.wrap(_call_c(lambda: core.wait(0.0, True), what), RRef)
 
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
