@@ -375,3 +375,38 @@ def test_new_dtypes_travel(tmp_path):
     """)
     assert out == ["%s True True (3, 2)" % d for d in
                    ("uint16", "uint32", "uint64", "complex64", "complex128")]
+
+
+def test_exposure_policy(tmp_path):
+    """Issue 21: a member cannot make a callee run commands or code by naming
+    os.system, subprocess.run or eval; expose=[...] serves only what it names."""
+    out = run(tmp_path, """
+        import subprocess, json
+        def mul(a, b):
+            return a * b
+        opts = rpc.TensorPipeRpcBackendOptions(expose=[add, "json.dumps"] if rank == 2 else None)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            for fn, args in ((os.system, ("touch pwned",)), (subprocess.run, (["true"],)),
+                             (eval, ("1+1",)), (open, ("pwned", "w")), (os.execv, ("/bin/true", []))):
+                try:
+                    rpc.rpc_sync("worker1", fn, args=args)
+                    print("ran", fn.__name__)
+                except PermissionError as e:
+                    print("refused", fn.__name__, "exposure policy" in str(e))
+            print(rpc.rpc_sync("worker1", mul, args=(6, 7)), rpc.rpc_sync("worker1", max, args=(1, 2)))
+            print(rpc.rpc_sync("worker2", add, args=(1, 2)), rpc.rpc_sync("worker2", json.dumps, args=([1],)))
+            try:
+                rpc.rpc_sync("worker2", mul, args=(6, 7))
+            except PermissionError as e:
+                print("allow-list:", "expose" in str(e))
+        rpc.shutdown()
+        if rank == 1:
+            print("no file:", not os.path.exists("pwned"))
+    """, nproc=3, rank0_only=False)
+    for name in ("system", "run", "eval", "open", "execv"):
+        assert "[0] refused %s True" % name in out
+    assert "[0] 42 2" in out
+    assert "[0] 3 [1]" in out
+    assert "[0] allow-list: True" in out
+    assert "[1] no file: True" in out

@@ -10,7 +10,7 @@ import time
 import traceback
 
 from ... import _rpc
-from . import _values, backend_registry, constants
+from . import _policy, _values, backend_registry, constants
 from ._values import callable_ref, unwrap
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
 
@@ -37,6 +37,7 @@ class _State:
         self.running = False
         self.me = None
         self.default_timeout = constants.DEFAULT_RPC_TIMEOUT_SEC
+        self.policy = _policy.Policy()
 
 
 _state = _State()
@@ -294,6 +295,7 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
                                % _state.me.name)
         _values.state.allow_pickle = bool(getattr(opts, "allow_pickle", False))
         _values.state.tensor_type = getattr(opts, "tensor_type", "auto")
+        _state.policy = _policy.Policy(getattr(opts, "expose", None))
         _rpc.set_dispatcher(_dispatch, _dispatch_method)
         _rpc.set_adapter(_values.adapt)
         _rpc.set_allow_pickle(_values.state.allow_pickle)
@@ -391,6 +393,8 @@ def _dispatch(wire_args, wire_kwargs):
     timeout = wire_args[5] if len(wire_args) > 5 else _state.default_timeout
     try:
         fn = qualname if module is None else _find(module, qualname, timeout)
+        if module is not None:  # a pickled callable comes from a peer trusted with pickle
+            _state.policy.check(module, qualname, fn)
         what = _values.describe(fn) if module is None else "%s.%s" % (module, qualname)
         args, kwargs = _values.wrap(args, RRef), _values.wrap(kwargs, RRef)
         return _answer(fn, fn(*args, **kwargs), what)
@@ -711,9 +715,15 @@ def _local_value_of(rref):
     return rref.local_value()
 
 
+_local_value_of._tp_internal = True  # served whatever the exposure policy
+
+
 def _type_path_of(rref):
     t = type(rref.local_value())
     return (t.__module__, t.__qualname__)
+
+
+_type_path_of._tp_internal = True  # served whatever the exposure policy
 
 
 class RRef:
@@ -884,11 +894,17 @@ def _gather_to_leader(round_id, name, obj, names):
             g.ready.set()
 
 
+_gather_to_leader._tp_internal = True  # served whatever the exposure policy
+
+
 def _broadcast_to_followers(round_id, objects):
     """On a follower: the leader's gathered result for a round."""
     g = _gather_state(round_id)
     g.objects = objects
     g.ready.set()
+
+
+_broadcast_to_followers._tp_internal = True  # served whatever the exposure policy
 
 
 def _all_gather(obj, worker_names=None, timeout=UNSET_RPC_TIMEOUT):

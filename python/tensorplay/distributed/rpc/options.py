@@ -65,6 +65,12 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
       auth              "on" (default) or "off" (no authentication: trusted networks only)
       tensor_type       what received tensors become: "auto" (torch when torch is
                         imported, else numpy), "torch" or "numpy"
+      expose            what this worker serves to peers: None (default) serves
+                        every function of modules the program imported except the
+                        exposure policy's deny list (eval, exec, os.system,
+                        subprocess, ctypes, pickle, ...); a list of functions,
+                        classes, modules or 'module.qualname' strings serves only
+                        those (spec/api.md PY-1)
       backend_options   any other backend key (tensorplay's TCP-12 keys) as a dict
     """
 
@@ -73,7 +79,7 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
                  init_method=constants.DEFAULT_INIT_METHOD, device_maps=None, devices=None,
                  _transports=None, _channels=None, init_timeout=None, shutdown_timeout=None,
                  allow_pickle=False, secret=None, auth=None, tensor_type="auto",
-                 backend_options=None):
+                 expose=None, backend_options=None):
         super().__init__(rpc_timeout, init_method)
         if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, int) \
                 or num_worker_threads < 1:
@@ -99,6 +105,10 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         if tensor_type not in TENSOR_TYPES:
             raise ValueError("tensor_type must be one of %s, got %r" % (TENSOR_TYPES, tensor_type))
         self.tensor_type = tensor_type
+        if expose is not None and (isinstance(expose, str) or not hasattr(expose, "__iter__")):
+            raise TypeError("expose must be a list of functions, classes, modules or "
+                            "'module.qualname' strings")
+        self.expose = None if expose is None else list(expose)
         self.backend_options = dict(backend_options or {})
         for k in self.backend_options:
             if k not in _BACKEND_KEYS:

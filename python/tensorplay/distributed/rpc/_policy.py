@@ -1,0 +1,96 @@
+"""Which functions a callee runs for its peers (spec/api.md PY-1).
+
+A peer names a function by module and qualified name; the callee looks it up
+among modules its own program imported. That makes every imported function
+callable, the interpreter's code-running entry points included, which would
+turn "a member may call my functions" into "a member may run any command".
+So by default the callee refuses a short deny list: the ways to run code or
+commands, start processes, load native code or unpickle bytes. With
+TensorPipeRpcBackendOptions(expose=[...]) it serves only what the program
+named (allow-list mode). A trusted member stays trusted: the policy narrows
+what a member can ask for, it does not make a hostile member harmless (its
+own functions may still do anything their arguments steer them to).
+"""
+import builtins
+import os
+import types
+
+# Whole modules whose every function runs code, starts processes, loads
+# native code or turns bytes into objects.
+DENIED_MODULES = frozenset({
+    "subprocess", "_posixsubprocess", "pty", "ctypes", "_ctypes", "importlib", "runpy", "code",
+    "codeop", "pdb", "bdb", "pickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
+    "multiprocessing", "concurrent.futures.process", "webbrowser",
+})
+# Single functions of modules that are otherwise harmless to expose.
+_DENIED_BUILTINS = ("eval", "exec", "compile", "__import__", "breakpoint", "open", "input",
+                    "exit", "quit", "getattr", "setattr", "delattr", "globals", "locals", "vars")
+_DENIED_OS_PREFIXES = ("system", "popen", "exec", "spawn", "posix_spawn", "fork", "kill",
+                       "killpg", "abort", "_exit", "remove", "unlink", "rmdir", "removedirs",
+                       "rename", "replace", "truncate", "chmod", "chown", "lchown", "link",
+                       "symlink", "putenv", "unsetenv", "setuid", "setgid", "chroot",
+                       "plock", "register_at_fork")
+
+
+def _denied_objects():
+    out = set()
+    for name in _DENIED_BUILTINS:
+        f = getattr(builtins, name, None)
+        if f is not None:
+            out.add(id(f))
+    for name in dir(os):
+        if name.startswith(_DENIED_OS_PREFIXES):
+            f = getattr(os, name)
+            if callable(f) and not isinstance(f, type):
+                out.add(id(f))
+    return out
+
+
+_DENIED_IDS = _denied_objects()
+
+
+def _module_denied(module):
+    return any(module == m or module.startswith(m + ".") for m in DENIED_MODULES)
+
+
+class Policy:
+    """The running worker's policy: deny-list mode (expose None) or the
+    allow-list of what the program named."""
+
+    def __init__(self, expose=None):
+        self.allow = None
+        if expose is not None:
+            self.allow_ids, self.allow_names, self.allow_modules = set(), set(), set()
+            for item in expose:
+                if isinstance(item, types.ModuleType):
+                    self.allow_modules.add(item.__name__)
+                elif isinstance(item, str):
+                    self.allow_names.add(item)
+                elif callable(item):
+                    self.allow_ids.add(id(item))
+                    self.allow_names.add("%s.%s" % (getattr(item, "__module__", "?"),
+                                                    getattr(item, "__qualname__", "?")))
+                else:
+                    raise TypeError("expose takes functions, classes, modules and "
+                                    "'module.qualname' strings, not %r" % (item,))
+            self.allow = True
+
+    def check(self, module, qualname, obj):
+        """Raises PermissionError when obj (module.qualname) is not served."""
+        what = "%s.%s" % (module, qualname)
+        if getattr(obj, "_tp_internal", False):
+            return  # the package's own helpers (to_here of objects, gathers)
+        if self.allow:
+            if id(obj) in self.allow_ids or what in self.allow_names or \
+                    module in self.allow_modules:
+                return
+            raise PermissionError(
+                "function %s is not exposed by worker's policy: this worker serves only what "
+                "TensorPipeRpcBackendOptions(expose=[...]) names" % what)
+        real_module = getattr(obj, "__module__", None) or ""
+        if id(obj) in _DENIED_IDS or _module_denied(module) or \
+                (isinstance(real_module, str) and _module_denied(real_module)):
+            raise PermissionError(
+                "function %s is refused by this worker's exposure policy: it runs code or "
+                "commands, starts processes, loads native code or unpickles bytes; a worker "
+                "that must serve it names it in TensorPipeRpcBackendOptions(expose=[...])" % what)
