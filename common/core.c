@@ -225,7 +225,8 @@ tp_status tpi_resolve(tp_core *c, tp_dest dest, uint32_t *id) {
         if (!dest.name)
             return tpi_fail(TP_EINVAL, "destination name is NULL");
         if (!find_name(c, dest.name, id))
-            return tpi_fail(TP_EUNKNOWNWORKER, "no worker named '%s' in a world of %u",
+            return tpi_fail(TP_EUNKNOWNWORKER,
+                            "could not find destination: no worker named '%s' in a world of %u",
                             dest.name, c->world_size);
         return TP_OK;
     case 1:

@@ -484,7 +484,7 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     tpi_format(val, sizeof val, "%u", c->rank);
     st = claim(c, key, val, &other, deadline_ns);
     if (st == TP_EALREADY) {
-        tpi_format(msg, sizeof msg, "duplicate worker name '%s': used by ranks %s and %u",
+        tpi_format(msg, sizeof msg, "worker name '%s' is not unique: used by ranks %s and %u",
                    c->self.name, other, c->rank);
         free(other);
         return publish_error(c, TP_EDUPNAME, msg);

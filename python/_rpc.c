@@ -40,6 +40,10 @@ static PyObject *method_dispatcher; /* the Python layer's: (object, name, args, 
 static _Thread_local tp_call *serving;
 static _Thread_local int answered_later;
 static PyObject *RemoteError;  /* raised for TP_EREMOTE, carrying the remote message */
+/* Raised for TP_EPEERDOWN and TP_EIO: the destination is gone or its
+ * connection broke. rpc_async turns it into a failed future, as PyTorch's
+ * send errors are reported through the future. */
+static PyObject *PeerDownError;
 /* allow_pickle (VALUE-12): other objects travel pickled in opaque bytes, and
  * opaque bytes that arrive are unpickled. Off unless the program asks. */
 static int allow_pickle;
@@ -90,6 +94,10 @@ static PyObject *raise_status(tp_status st, const char *msg) {
         break;
     case TP_EREMOTE:
         type = RemoteError;
+        break;
+    case TP_EPEERDOWN:
+    case TP_EIO:
+        type = PeerDownError;
         break;
     default:
         break;
@@ -1345,6 +1353,11 @@ static PyObject *m_get_worker_info(PyObject *self, PyObject *args) {
     return Py_BuildValue("(sI)", info.name, info.id);
 }
 
+static PyObject *m_is_initialized(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(tp_is_initialized());
+}
+
 static PyObject *m_is_available(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyBool_FromLong(tp_is_available());
@@ -1517,6 +1530,7 @@ static PyMethodDef module_methods[] = {
     {"rref_call", m_rref_call, METH_VARARGS, NULL},
     {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
     {"is_available", m_is_available, METH_NOARGS, NULL},
+    {"is_initialized", m_is_initialized, METH_NOARGS, NULL},
     {"set_dispatcher", m_set_dispatcher, METH_VARARGS, NULL},
     {"set_allow_pickle", m_set_allow_pickle, METH_O, NULL},
     {"future_new", m_future_new, METH_NOARGS, NULL},
@@ -1537,7 +1551,9 @@ PyMODINIT_FUNC PyInit__rpc(void) {
     if (!m)
         return NULL;
     RemoteError = PyErr_NewException("tensorplay._rpc.RemoteError", PyExc_RuntimeError, NULL);
+    PeerDownError = PyErr_NewException("tensorplay._rpc.PeerDownError", PyExc_RuntimeError, NULL);
     if (!RemoteError || PyModule_AddObjectRef(m, "RemoteError", RemoteError) < 0 ||
+        !PeerDownError || PyModule_AddObjectRef(m, "PeerDownError", PeerDownError) < 0 ||
         PyModule_AddObjectRef(m, "Future", (PyObject *)&FutureType) < 0 ||
         PyModule_AddObjectRef(m, "RRef", (PyObject *)&RRefType) < 0 ||
         PyModule_AddObjectRef(m, "Tensor", (PyObject *)&TensorType) < 0 ||

@@ -99,6 +99,48 @@ def tensor_in(v):
 
 # ---- Walking values ---------------------------------------------------------------------
 
+# ---- Python kinds the wire has no tag for (spec/api.md PY-2) ------------------------------
+#
+# A map with the single key EXT = [kind, payload] carries a Python value that
+# no wire kind holds: a sparse tensor, a dict with keys other than str, a
+# WorkerInfo, a function or class by name. Any peer can read it as a map; a
+# Python peer turns it back into the value.
+EXT = "__tensorplay_ext__"
+
+
+def _ext(kind, payload):
+    return {EXT: [kind, payload]}
+
+
+def _from_ext(kind, payload, rref_type):
+    if kind == "torch.sparse_coo":
+        torch = _torch_module()
+        if torch is None:
+            import torch  # a sparse tensor needs torch to exist at all
+        indices, values, size, coalesced = payload
+        t = torch.sparse_coo_tensor(_as_torch(indices), _as_torch(values), size)
+        return t._coalesced_(bool(coalesced))
+    if kind == "dict":
+        return {k: v for k, v in payload}
+    if kind == "WorkerInfo":
+        from .api import WorkerInfo
+        return WorkerInfo(payload[0], payload[1])
+    if kind == "callable":
+        module, qualname = payload
+        mod = sys.modules.get(module)
+        obj = _resolve(mod, qualname) if mod is not None else None
+        if obj is None:
+            raise LookupError("a reference to %s.%s arrived, which is not defined among this "
+                              "worker's imported modules" % (module, qualname))
+        return obj
+    raise TypeError("a Python value of unknown kind %r arrived" % (kind,))
+
+
+def _as_torch(t):
+    torch = sys.modules["torch"]
+    return t if isinstance(t, torch.Tensor) else torch.from_numpy(t)
+
+
 def wrap(v, rref_type):
     """Received values: the C layer's rrefs become RRef, its tensors arrays."""
     if isinstance(v, _rpc.RRef):
@@ -110,22 +152,41 @@ def wrap(v, rref_type):
     if isinstance(v, tuple):
         return tuple(wrap(x, rref_type) for x in v)
     if isinstance(v, dict):
+        if len(v) == 1 and EXT in v:
+            kind, payload = v[EXT]
+            return _from_ext(kind, wrap(payload, rref_type), rref_type)
         return {k: wrap(x, rref_type) for k, x in v.items()}
     return v
 
 
 def unwrap(v):
-    """Values to send: an RRef becomes the C layer's rref (other kinds are
-    converted by the C layer, with adapt() for tensors)."""
+    """Values to send: an RRef becomes the C layer's rref, the Python kinds
+    of PY-2 their EXT maps (other kinds are converted by the C layer, with
+    adapt() for tensors)."""
+    t = type(v)
+    if t in (int, float, str, bytes, bool) or v is None:
+        return v
     core = getattr(v, "_core", None)
     if isinstance(core, _rpc.RRef):
         return core
-    if type(v) is list:
+    if t is list:
         return [unwrap(x) for x in v]
-    if type(v) is tuple:
+    if t is tuple:
         return tuple(unwrap(x) for x in v)
-    if type(v) is dict:
-        return {k: unwrap(x) for k, x in v.items()}
+    if t is dict:
+        if all(type(k) is str for k in v):
+            return {k: unwrap(x) for k, x in v.items()}
+        return _ext("dict", [[unwrap(k), unwrap(x)] for k, x in v.items()])
+    torch = _torch_module()
+    if torch is not None and isinstance(v, torch.Tensor) and v.layout == torch.sparse_coo:
+        return _ext("torch.sparse_coo", [v._indices().contiguous(), v._values().contiguous(),
+                                         list(v.shape), v.is_coalesced()])
+    if t.__name__ == "WorkerInfo" and t.__module__.startswith("tensorplay."):
+        return _ext("WorkerInfo", [v.name, v.id])
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
+        path = _public_path(v)
+        if path is not None:
+            return _ext("callable", list(path))
     return v
 
 
@@ -163,6 +224,8 @@ def _resolve(obj, path):
 def _same_function(a, b):
     if a is b:
         return a is not None
+    if isinstance(a, types.MethodType) and isinstance(b, types.MethodType):
+        return a == b  # made anew at each access: same function and same self
     # builtin methods are made anew at each attribute access
     return (isinstance(a, types.BuiltinFunctionType) and isinstance(b, types.BuiltinFunctionType)
             and a.__self__ is b.__self__ and a.__name__ == b.__name__)
@@ -178,7 +241,10 @@ def callable_ref(func):
     is_bound = isinstance(func, types.MethodType) or (
         isinstance(func, types.BuiltinMethodType) and bound_self is not None
         and not isinstance(bound_self, types.ModuleType))
-    path = None if isinstance(func, types.MethodType) else _public_path(func)
+    # A classmethod of a module-level class has a name (Class.method); a method
+    # bound to an instance carries that instance, which has none.
+    named = not isinstance(func, types.MethodType) or isinstance(bound_self, type)
+    path = _public_path(func) if named else None
     if path is not None:
         return path
     if state.allow_pickle:

@@ -75,7 +75,9 @@ class WorkerInfo:
 
 
 def _require_init(what):
-    if not _state.running:
+    # The C library's word: a peer's call may be served here (and call out)
+    # between the moment init committed and init_rpc's return.
+    if not _state.running and not _rpc.is_initialized():
         raise RuntimeError("RPC has not been initialized. Call "
                            "tensorplay.distributed.rpc.init_rpc first (%s)" % what)
 
@@ -96,6 +98,8 @@ def get_worker_info(worker_name=None):
 def _dest(to):
     if isinstance(to, WorkerInfo):
         return to.id
+    if isinstance(to, float):  # as PyTorch: a rank that is not whole is a bad value
+        raise ValueError("to: rank %r is not an int" % (to,))
     if isinstance(to, bool) or not isinstance(to, (str, int)):
         raise TypeError("to must be a worker name, rank or WorkerInfo, not %s"
                         % type(to).__name__)
@@ -273,10 +277,19 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
     if not isinstance(name, str):
         raise TypeError("name must be a str, not %s" % type(name).__name__)
     WorkerInfo(name, 0)  # the same name rule as PyTorch, before anything starts
+    if backend is not None and not isinstance(backend, backend_registry.enum.Enum):
+        raise TypeError("Argument backend must be a member of BackendType, not %r (for example "
+                        "rpc.BackendType.TENSORPIPE)" % (backend,))
     if rpc_backend_options is not None and not isinstance(rpc_backend_options,
                                                           RpcBackendOptions):
         raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
+    if backend is None and rpc_backend_options is not None:
+        backend = backend_registry.infer(rpc_backend_options)
     b = backend_registry.resolve(backend)
+    if b.value.init_backend_handler is None and rpc_backend_options is not None and \
+            not isinstance(rpc_backend_options, TensorPipeRpcBackendOptions):
+        raise TypeError("`rpc_backend_options` must be a `TensorPipeRpcBackendOptions` for "
+                        "backend %s, not %s" % (b.name, type(rpc_backend_options).__name__))
     if b.value.init_backend_handler is not None:
         raise ValueError("backend %s is written in Python: start it with init_backend" % b.name)
     if rank is None or rank < 0:
@@ -299,16 +312,21 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         _rpc.set_dispatcher(_dispatch, _dispatch_method)
         _rpc.set_adapter(_values.adapt)
         _rpc.set_allow_pickle(_values.state.allow_pickle)
-        _rpc.init_rpc(name, b.name, rank, world_size, float(opts.rpc_timeout),
-                      -1.0 if init_timeout is None else float(init_timeout),
-                      int(getattr(opts, "num_worker_threads", 0)), init_method,
-                      -1.0 if getattr(opts, "shutdown_timeout", None) is None
-                      else float(opts.shutdown_timeout),
-                      _backend_strings(opts, opts.init_method) if b.name == "TENSORPIPE"
-                      else getattr(opts, "_backend_strings", dict)())
-        _state.running = True
+        # Set before the C init: peers may call in as soon as it commits.
         _state.me = WorkerInfo(name, rank)
         _state.default_timeout = float(opts.rpc_timeout)
+        try:
+            _rpc.init_rpc(name, b.name, rank, world_size, float(opts.rpc_timeout),
+                          -1.0 if init_timeout is None else float(init_timeout),
+                          int(getattr(opts, "num_worker_threads", 0)), init_method,
+                          -1.0 if getattr(opts, "shutdown_timeout", None) is None
+                          else float(opts.shutdown_timeout),
+                          _backend_strings(opts, opts.init_method) if b.name == "TENSORPIPE"
+                          else getattr(opts, "_backend_strings", dict)())
+        except BaseException:
+            _state.me = None
+            raise
+        _state.running = True
 
 
 @atexit.register
@@ -408,9 +426,10 @@ def _answer(fn, result, what):
     if getattr(fn, "_tp_async_execution", False) or getattr(fn, "_wrapped_async_rpc_function",
                                                             None) is not None:
         core = _future_core(result)
-        if core is None:
-            raise TypeError("%s is marked async_execution but returned %s, not a Future"
-                            % (what, type(result).__name__))
+        if core is None:  # PyTorch's words, which programs match
+            raise RuntimeError("Functions decorated with @rpc.async_function must return a "
+                               "torch.futures.Future object, but %s (marked async_execution) "
+                               "returned %s" % (what, type(result).__name__))
         _rpc.answer_later(core)  # the reply goes when the future completes
         return None
     return unwrap(result)
@@ -592,8 +611,8 @@ def _future_core(fut):
     (answer_later): made and completed from its done-callback."""
     torch = sys.modules.get("torch")
     if not isinstance(fut, Future) and (torch is None
-                                        or not isinstance(fut, torch.futures.Future)):
-        return None
+                                        or not isinstance(fut, torch._C.Future)):
+        return None  # torch.futures.Future derives from torch._C.Future; then() makes the latter
     core = _rpc.future_new()
 
     def relay(f):
@@ -684,7 +703,12 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Calls func(*args, **kwargs) on worker `to`; returns a Future of its result."""
     _require_init("rpc_async")
     wire, timeout, what = _call_wire(func, args, kwargs, timeout)
-    core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
+    try:
+        core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
+    except _rpc.PeerDownError as e:  # a send failure is the future's error, as in PyTorch
+        fut = (_torch_future_type() or Future)()
+        fut.set_exception(e)
+        return fut
     fut = _make_future(core, what)
     if hasattr(_thread_local_var, "future_list"):  # inside _wait_all()
         _thread_local_var.future_list.append(fut)
@@ -785,6 +809,18 @@ class RRef:
         fut = rpc_async(self.owner(), _type_path_of, args=(self,), timeout=timeout)
         return resolve(fut.wait()) if blocking else fut.then(lambda f: resolve(f.wait()))
 
+    def _check_method(self, name, timeout):
+        """AttributeError now, as PyTorch, when the value's class (found here
+        by name, fetched once) has no attribute name."""
+        t = getattr(self, "_tp_type", None)
+        if t is None:
+            try:
+                t = self._tp_type = self._get_type(timeout)
+            except LookupError:
+                return  # the class is not imported here: the owner will say
+        if not hasattr(t, name) and not any((k, name) in _methods for k in t.__mro__):
+            raise AttributeError("'%s' object has no attribute '%s'" % (t.__name__, name))
+
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
         """rref.rpc_sync().m(*args): m of the object this rref holds, run on its owner."""
         return _Proxy(self, timeout, "sync")
@@ -804,23 +840,38 @@ class RRef:
 
 
 class _Proxy:
-    """The methods of an rref's object, called on its owner (PyTorch's RRef proxies)."""
+    """The methods of an rref's value, called on its owner (PyTorch's RRef
+    proxies): rref.rpc_sync().m(*args) runs m of the value there, whatever its
+    kind (an object kept by remote(), a tensor, ...), as PyTorch does, through
+    a call of _proxy_call to the owner."""
 
     def __init__(self, rref, timeout, mode):
         self._rref, self._timeout, self._mode = rref, _timeout_arg(timeout), mode
 
     def __getattr__(self, name):
+        call = {"sync": rpc_sync, "async": rpc_async, "remote": remote}[self._mode]
+        self._rref._check_method(name, self._timeout)
+
         def method(*args, **kwargs):
-            wire = (self._rref._core, name, tuple(unwrap(list(args))), unwrap(dict(kwargs)),
-                    self._timeout)
-            what = "method %s" % name
-            if self._mode == "remote":
-                return RRef(_call_c(lambda: _rpc.rref_call(*wire, True), what))
-            core = _call_c(lambda: _rpc.rref_call(*wire, False), what)
-            if self._mode == "sync":
-                return _values.wrap(_call_c(lambda: core.wait(0.0), what), RRef)
-            return _make_future(core, what)
+            return call(self._rref.owner(), _proxy_call, args=(self._rref, name, args, kwargs),
+                        timeout=self._timeout)
+        method.__name__ = name
         return method
+
+
+def _proxy_call(rref, name, args, kwargs):
+    """On the owner: method name of the rref's value (new_method's first)."""
+    obj = rref.local_value()
+    what = "%s.%s" % (type(obj).__qualname__, name)
+    for klass in type(obj).__mro__:
+        fn = _methods.get((klass, name))
+        if fn is not None:
+            return _answer(fn, fn(obj, *args, **kwargs), what)
+    bound = getattr(obj, name)  # AttributeError names the method and the class
+    return _answer(bound, bound(*args, **kwargs), what)
+
+
+_proxy_call._tp_internal = True  # served whatever the exposure policy
 
 
 def method_factory(method_name, docstring=None):

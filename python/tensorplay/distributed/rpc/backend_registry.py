@@ -68,6 +68,16 @@ def resolve(backend):
     raise TypeError("Argument backend must be a member of BackendType, not %r" % (backend,))
 
 
+def infer(options):
+    """The backend whose options options are (PyTorch's inference when
+    init_rpc gets options and no backend)."""
+    for member in BackendType:
+        if isinstance(options, type(construct_rpc_backend_options(member))):
+            return member
+    raise TypeError("Could not infer backend for options %r: pass backend= explicitly"
+                    % (options,))
+
+
 def construct_rpc_backend_options(backend, rpc_timeout=constants.DEFAULT_RPC_TIMEOUT_SEC,
                                   init_method=constants.DEFAULT_INIT_METHOD, **kwargs):
     return resolve(backend).value.construct_rpc_backend_options_handler(

@@ -46,7 +46,8 @@ def _seconds(what, v, allow_none=False):
     if v is None and allow_none:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError("%s must be a number of seconds, not %s" % (what, type(v).__name__))
+        raise TypeError("%s must be a number of seconds, not %s (incompatible constructor "
+                        "arguments; a timedelta? pass .total_seconds())" % (what, type(v).__name__))
     if v != v or v < 0:
         raise ValueError("%s must be >= 0 seconds (0 means no deadline), got %r" % (what, v))
     return float(v)
