@@ -6,7 +6,8 @@ Fresh copies of the two modules are executed from their source while
 sys.modules['torch.distributed.rpc...'] and the attribute torch.distributed.rpc
 point at the chosen module; then everything is put back. The copies stay in
 sys.modules under their own names, because a function travels by name and the
-callee looks it up there.
+callee looks it up there. Each rank loads them once; its per-test children
+inherit them.
 
 For our package the chosen module is a forwarding module (_Forward): every
 name comes from tensorplay.distributed.rpc (or from its submodule of the same
