@@ -12,6 +12,7 @@ list (runner.py --write-expected). The control (torch's own rpc) must pass
 every in-scope test.
 """
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -55,5 +56,6 @@ def test_torch_rpc_suite(mode):
     assert not unknown, "EXPECTED_FAIL[%s] names tests not in scope: %s" % (mode, unknown)
     if fixed:
         print("now passing, to take off EXPECTED_FAIL[%s]: %s" % (mode, " ".join(fixed)))
-    assert not regressions, "%d unexpected failures:\n%s" % (len(regressions),
-                                                            "\n".join(regressions))
+    assert not regressions, "%d unexpected failures (logs in %s):\n%s" % (
+        len(regressions), log_dir, "\n".join(regressions))
+    shutil.rmtree(log_dir, ignore_errors=True)  # kept above only when it failed
