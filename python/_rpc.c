@@ -428,6 +428,12 @@ static tp_value *buffer_value(PyObject *o, const char *where, const char *dtype)
     Py_buffer b;
     if (PyObject_GetBuffer(o, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
         PyErr_Clear();
+        if (!dtype) { /* a strided array: the adapter packs it (one copy), as PyTorch does */
+            int none;
+            tp_value *v = adapted_value(o, where, &none);
+            if (v || !none)
+                return v;
+        }
         return (tp_value *)PyErr_Format(PyExc_TypeError,
                                         "%s: a '%s' is sent as a tensor only when C-contiguous "
                                         "(numpy.ascontiguousarray)",
@@ -709,9 +715,9 @@ static tp_status py_call(tp_call *call, const tp_value *args, const tp_value *kw
     if (later) /* FUNC-7: the future answers; the return value is not the answer */
         goto done;
     *result = to_value(out, "the result", 0, keeps_objects(args, 4));
-    if (!*result) {
+    if (!*result) { /* the callee's own error, rebuilt as its class at the caller */
         exception_to_call(call);
-        st = TP_ETYPE;
+        st = TP_EREMOTE;
     }
 done:
     Py_XDECREF(pargs);

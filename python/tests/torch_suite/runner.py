@@ -54,21 +54,22 @@ def _make_case(mod, cls_name, rpc, pickle):
     TensorPipeRpcAgentTestFixture + RpcTest + MultiProcessTestCase."""
     from torch.testing._internal.common_utils import TestCase
 
+    from torch.testing._internal.common_distributed import tp_transports
+
     class AdapterFixture(mod.RpcAgentTestFixture):
-        """tensorpipe_rpc_agent_test_fixture.py, written for the module under
-        test: BackendType.TENSORPIPE by attribute (torch's is an Enum, ours a
-        class), and no _transports (torch's fixture passes tp_transports(),
-        which is None on a machine without EFA, i.e. the default)."""
+        """tensorpipe_rpc_agent_test_fixture.py as torch writes it, for the
+        module under test, plus allow_pickle=True in pickle mode."""
 
         @property
         def rpc_backend(self):
-            return rpc.backend_registry.BackendType.TENSORPIPE
+            return rpc.backend_registry.BackendType["TENSORPIPE"]
 
         @property
         def rpc_backend_options(self):
             extra = {"allow_pickle": True} if pickle else {}
             return rpc.backend_registry.construct_rpc_backend_options(
-                self.rpc_backend, init_method=self.init_method, **extra)
+                self.rpc_backend, init_method=self.init_method, _transports=tp_transports(),
+                **extra)
 
         def get_shutdown_error_regex(self):
             return "(.*)"  # torch's TensorPipe fixture says the same

@@ -35,6 +35,14 @@ def adapt(o, where):
     torch = _torch_module()
     if torch is not None and isinstance(o, torch.Tensor):
         return _torch_buffer(torch, o, where)
+    if (torch is not None and isinstance(o, torch._C.Future)) or \
+            type(o).__name__ == "Future" and type(o).__module__.startswith("tensorplay."):
+        # PyTorch's words: a future is local state; send what it holds.
+        raise RuntimeError("%s: Can not pickle torch.futures.Future: a future cannot be sent; "
+                           "send its value (fut.wait()) instead" % where)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(o, numpy.ndarray) and not o.flags.c_contiguous:
+        return numpy.ascontiguousarray(o), None  # packed: one copy, as PyTorch sends views
     if hasattr(o, "__dlpack__") and hasattr(o, "__dlpack_device__"):
         import numpy
         try:
@@ -54,11 +62,9 @@ def _torch_buffer(torch, t, where):
                         "(.cpu())" % (where, t.device))
     if t.is_quantized:
         raise TypeError("%s: a quantized tensor cannot be sent (.dequantize())" % where)
-    if not t.is_contiguous():
-        raise ValueError("%s: a tensor of shape %s and strides %s is not contiguous: "
-                         ".contiguous() makes a copy that can be sent"
-                         % (where, tuple(t.shape), t.stride()))
     t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()  # a view travels packed (one copy), as PyTorch sends it
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
@@ -122,6 +128,11 @@ def _from_ext(kind, payload, rref_type):
         return t._coalesced_(bool(coalesced))
     if kind == "dict":
         return {k: v for k, v in payload}
+    if kind == "namedtuple":
+        (module, qualname), items = payload
+        mod = sys.modules.get(module)
+        cls = _resolve(mod, qualname) if mod is not None else None
+        return cls(*items) if isinstance(cls, type) and issubclass(cls, tuple) else tuple(items)
     if kind == "WorkerInfo":
         from .api import WorkerInfo
         return WorkerInfo(payload[0], payload[1])
@@ -173,6 +184,8 @@ def unwrap(v):
         return [unwrap(x) for x in v]
     if t is tuple:
         return tuple(unwrap(x) for x in v)
+    if isinstance(v, tuple) and hasattr(t, "_fields"):  # a namedtuple, rebuilt by class name
+        return _ext("namedtuple", [[t.__module__, t.__qualname__], [unwrap(x) for x in v]])
     if t is dict:
         if all(type(k) is str for k in v):
             return {k: unwrap(x) for k, x in v.items()}

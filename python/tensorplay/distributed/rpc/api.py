@@ -573,7 +573,10 @@ _torch_future_class = None
 
 def _torch_future_type():
     """torch.futures.Future subclass for calls, made once torch is imported:
-    torch.futures.wait_all, collect_all and then take it."""
+    torch.futures.wait_all, collect_all and then take it. Its errors are set
+    with set_exception, so wait() raises the remote exception's own class;
+    torch's collect_all, which looks only at errors set in C++, does not see
+    them early (a limit of set_exception in torch 1.13)."""
     global _torch_future_class
     torch = sys.modules.get("torch")
     if torch is None:
@@ -590,8 +593,9 @@ def _torch_future_type():
 
 
 def _make_future(core, what):
-    """A Python future completed from the C future core by its done-callback
-    (on a pool thread), with the value converted once."""
+    """The future rpc_async returns (a torch future when torch is imported),
+    completed from the C future core by its done-callback (on a pool
+    thread), with the value converted once."""
     f = (_torch_future_type() or Future)()
     f._tp_core, f._tp_what = core, what
 
@@ -603,6 +607,13 @@ def _make_future(core, what):
         else:
             f.set_result(v)
     core._add_done_callback(complete)
+    return f
+
+
+def _failed_future(e):
+    """A future that failed at once with e (a send that could not start)."""
+    f = (_torch_future_type() or Future)()
+    f.set_exception(e)
     return f
 
 
@@ -703,12 +714,18 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Calls func(*args, **kwargs) on worker `to`; returns a Future of its result."""
     _require_init("rpc_async")
     wire, timeout, what = _call_wire(func, args, kwargs, timeout)
+    dest = _dest(to)
     try:
-        core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
-    except _rpc.PeerDownError as e:  # a send failure is the future's error, as in PyTorch
-        fut = (_torch_future_type() or Future)()
-        fut.set_exception(e)
-        return fut
+        core = _rpc.call(dest, *wire, timeout, False)
+    except (_rpc.PeerDownError, RemoteError) as e:
+        # A send that failed (the peer is gone, an rref argument's creation
+        # failed) is the future's error, as in PyTorch.
+        return _failed_future(_translate(e, what))
+    except (TimeoutError, RuntimeError, ValueError, TypeError, LookupError) as e:
+        t = _translate(e, what)
+        if t is e:
+            raise
+        raise t from None
     fut = _make_future(core, what)
     if hasattr(_thread_local_var, "future_list"):  # inside _wait_all()
         _thread_local_var.future_list.append(fut)
@@ -740,6 +757,14 @@ def _local_value_of(rref):
 
 
 _local_value_of._tp_internal = True  # served whatever the exposure policy
+
+
+def _confirmed(rref):
+    """On the owner, run once the rref argument is confirmed (RREF-13): None."""
+    del rref
+
+
+_confirmed._tp_internal = True  # served whatever the exposure policy
 
 
 def _type_path_of(rref):
@@ -807,7 +832,17 @@ class RRef:
             f.set_result(t)
             return f
         fut = rpc_async(self.owner(), _type_path_of, args=(self,), timeout=timeout)
-        return resolve(fut.wait()) if blocking else fut.then(lambda f: resolve(f.wait()))
+        if blocking:
+            return resolve(fut.wait())
+        out = (_torch_future_type() or Future)()  # not then(): torch's then retypes errors
+
+        def done(f):
+            try:
+                out.set_result(resolve(f.wait()))
+            except Exception as e:
+                out.set_exception(e)
+        fut.add_done_callback(done)
+        return out
 
     def _check_method(self, name, timeout):
         """AttributeError now, as PyTorch, when the value's class (found here
@@ -820,6 +855,15 @@ class RRef:
                 return  # the class is not imported here: the owner will say
         if not hasattr(t, name) and not any((k, name) in _methods for k in t.__mro__):
             raise AttributeError("'%s' object has no attribute '%s'" % (t.__name__, name))
+
+    def _get_future(self, timeout=UNSET_RPC_TIMEOUT):
+        """A future that completes once the owner holds the value (its
+        creation's outcome: the creation's error if it failed)."""
+        if self.is_owner():
+            f = (_torch_future_type() or Future)()
+            f.set_result(None)
+            return f
+        return rpc_async(self.owner(), _confirmed, args=(self,), timeout=timeout)
 
     def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
         """rref.rpc_sync().m(*args): m of the object this rref holds, run on its owner."""
