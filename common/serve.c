@@ -449,9 +449,12 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     resolved_fn found;
     unsigned flags = 0;
     if (!(tpi_frame_flags(f) & TPI_FLAG_METHOD) && tpi_frame_request_name(f, name) &&
-        (strcmp(name, TPI_JOIN_FN) == 0 || strcmp(name, TPI_FORKS_FN) == 0)) {
+        (strcmp(name, TPI_JOIN_FN) == 0 || strcmp(name, TPI_FORKS_FN) == 0 ||
+         strcmp(name, TPI_PING_FN) == 0)) {
         /* REJOIN-4: fenced in the I/O context, before any later frame;
-         * RREF-19: after every earlier frame from src was read. */
+         * RREF-19: after every earlier frame from src was read; the drain's
+         * flush ping (SHUTDOWN-5): likewise, and at once, however busy the
+         * pool (every earlier request from src is counted in S by now). */
         serve_request(c, src, f, tpi_frame_id(f), NULL);
         return 1;
     }
