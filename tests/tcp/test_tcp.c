@@ -98,7 +98,7 @@ static int body_interrupt_init(tt_job *job, int rank) {
 
 static void test_tcp_interrupt_init(void **state) {
     (void)state;
-    tt_job job;
+    tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_interrupt_init, NULL), 0);
     assert_all_ok(&job, 60);
     tt_job_free(&job);
