@@ -14,6 +14,7 @@
 #include "blocks.h"
 #include "canary.h"
 #include "core.h"
+#include "log.h"
 #include "options.h"
 #include "registry.h"
 
@@ -540,11 +541,37 @@ tp_status tp_future_cancel(tp_future *f) {
         tpi_format(msg, sizeof msg, "%s to %s, function '%s': canceled by the caller", call->what,
                    tpi_worker_desc(c, call->dst, who, sizeof who), call->fn);
         c->unflushed[call->dst] = 1; /* its request may still be on the wire (SHUTDOWN-5) */
+        uint32_t dst = call->dst;
+        uint64_t id = call->id;
         tpi_call_finish(c, call, TP_ECANCELED, NULL, msg);
+        tpi_cancel_send(c, dst, id); /* the callee's half: it stops counting it in S */
     }
     tpi_unlock(c);
     tpi_leave(c);
     return st;
+}
+
+void tpi_cancel_send(tp_core *c, uint32_t dst, uint64_t id) {
+    /* Ids carry the incarnation up to bit 63 (REJOIN-3): the int holds the
+     * same 64 bits, read back as unsigned by the callee. */
+    tp_value *args = tp_value_list_of(1, tp_value_int((int64_t)id));
+    tpi_call *call = args ? tpi_call_new(c, dst, TPI_MSG_REQUEST, "cancel", TPI_CANCEL_FN) : NULL;
+    tp_status st = TP_ENOMEM;
+    if (call) {
+        tpi_msg m;
+        memset(&m, 0, sizeof m);
+        m.type = TPI_MSG_REQUEST;
+        tpi_format(m.text, sizeof m.text, "%s", TPI_CANCEL_FN);
+        m.args = args;
+        /* A protocol call: it never waits for the window (FLOW-1), so the
+         * canceling thread never blocks; it counts in C until answered. */
+        st = tpi_call_issue(c, call, &m, TPI_CANCEL_TIMEOUT_S);
+    }
+    tpi_defer_free(c, args);
+    if (st != TP_OK) /* the request then ends as a timed-out one: its answer is dropped */
+        tpi_log(TP_LOG_DEBUG, "worker '%s': could not tell worker %u that call %llu was canceled: "
+                              "%s",
+                c->self.name, dst, (unsigned long long)id, tp_strerror(st));
 }
 
 void tpi_calls_fail(tp_core *c, uint32_t dst, tp_status st, const char *why) {

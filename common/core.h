@@ -43,6 +43,9 @@ typedef enum tpi_state {
  * holds, after a broken connection may have lost them (RREF-19); answered
  * in the I/O context. */
 #define TPI_FORKS_FN "tp:forks"
+/* The built-in function a caller calls on a callee to give up a request it
+ * canceled (CANCEL-1): args [request id]; answered nil in the I/O context. */
+#define TPI_CANCEL_FN "tp:cancel"
 /* REJOIN-3: every id a worker mints (call ids, rref and fork ids) carries its
  * incarnation above this bit, so no id of one incarnation is ever minted by
  * another, and a request tells which incarnation sent it. 2^40 ids each. */
@@ -292,7 +295,9 @@ struct tp_core {
 
     /* Counters for shutdown's drain (lock). */
     uint64_t active_client; /* calls awaiting a reply */
-    uint64_t active_served; /* requests accepted, reply not yet sent */
+    uint64_t active_served; /* requests accepted, reply not yet sent, not canceled */
+    tpi_idmap served;       /* key {src, request id} -> tpi_served: REQUESTs counted in
+                             * active_served that their caller may still cancel (CANCEL-1) */
     uint64_t issued;        /* calls ever issued */
 
     /* RRefs (lock). */
@@ -438,6 +443,8 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f);
 /* TP_OK, or TP_EINVAL with a message naming what when the calling thread
  * runs a non-blocking function, which must not wait (FUNC-6). */
 tp_status tpi_check_may_wait(const char *what);
+/* CANCEL-1: asks dst to give up request id (lock held; never waits). */
+void tpi_cancel_send(tp_core *c, uint32_t dst, uint64_t id);
 /* Sends a RESPONSE (lock not held). */
 void tpi_reply(tp_core *c, uint32_t dst, uint64_t id, tp_status st, const tp_value *value,
                const char *errmsg);

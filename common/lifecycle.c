@@ -27,8 +27,9 @@ uint64_t tp_core_live_count(void) {
 
 void tpi_core_free(tp_core *c) {
     TPI_ASSERT(atomic_load(&c->refs) == 0);
-    TPI_ASSERT(!c->calls_head && c->calls.len == 0 && c->owners.len == 0);
+    TPI_ASSERT(!c->calls_head && c->calls.len == 0 && c->owners.len == 0 && c->served.len == 0);
     tpi_idmap_free(&c->calls);
+    tpi_idmap_free(&c->served);
     tpi_idmap_free(&c->owners);
     tpi_idmap_free(&c->children);
     free(c->heap);
@@ -99,6 +100,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->nwaiting = calloc(world, sizeof *c->nwaiting);
     c->opts = opts ? tp_options_clone(opts) : tp_options_new();
     tpi_idmap_init(&c->calls);
+    tpi_idmap_init(&c->served);
     tpi_idmap_init(&c->owners);
     tpi_idmap_init(&c->children);
     tpi_idmap_init(&c->seen);

@@ -84,6 +84,12 @@
  * its answer before it is sent again. Its own, not the worker's rpc timeout:
  * a default shorter than a round trip would time out every attempt. */
 #define TPI_RREF_ATTEMPT_TIMEOUT_S 10.0
+/* CANCEL-1: how long a tp:cancel waits for its answer (served in the callee's
+ * I/O context, so it comes within a round trip). Nobody waits for it but the
+ * graceful drain, which counts it as an active call; past this the callee
+ * is slow or unreachable, and the request it gives up ends as a timed-out
+ * one would (its late answer comes back and is dropped). */
+#define TPI_CANCEL_TIMEOUT_S 10.0
 /* RREF-14: rref ids whose creator abandoned them before the owner heard of
  * them (their remote() was lost), remembered so a fork arriving later makes
  * no placeholder that would wait forever. The most recent ones; an id pushed

@@ -17,6 +17,24 @@
 #include "registry.h"
 
 typedef struct tpi_later tpi_later;
+typedef struct tpi_job tpi_job;
+
+/*
+ * CANCEL-1: a REQUEST counted in active_served, findable by (caller, id) in
+ * core->served until its job or answer-later record ends. Its state moves
+ * once, from LIVE: to CANCELED (its caller gave it up: it leaves S at once,
+ * its answer is never sent) or to ANSWERING (its answer is going out, so a
+ * cancel that comes now finds it answered). An atomic, so the pool thread
+ * claims the answer without a second lock section per served call.
+ */
+enum { TPI_SERVED_LIVE = 0, TPI_SERVED_CANCELED = 1, TPI_SERVED_ANSWERING = 2 };
+typedef struct tpi_served {
+    atomic_int state;
+    uint32_t src;
+    uint64_t id;
+    tpi_job *job; /* the queued or running job, for its credit (FLOW-8); NULL: answered later */
+    int listed;   /* lock: in core->served */
+} tpi_served;
 
 struct tp_call {
     tp_worker_info caller;
@@ -27,7 +45,7 @@ struct tp_call {
     char err[TP_ERRMSG_LEN_MAX];
 };
 
-typedef struct tpi_job {
+struct tpi_job {
     tp_work work; /* first */
     tp_core *core;
     uint32_t src;
@@ -39,7 +57,8 @@ typedef struct tpi_job {
     tpi_rref_ctx rc;  /* REMOTE, or a REQUEST handed over decoded: unconfirmed rrefs (RREF-13) */
     int decoded;      /* msg is a REQUEST decoded in the I/O context (serve_request) */
     int undecoded;    /* counted in core->undecoded[src] until it runs (RREF-19) */
-} tpi_job;
+    tpi_served sv;    /* a REQUEST: cancelable by its caller (CANCEL-1) */
+};
 
 /* FUNC-6: the non-blocking function this thread is running, or NULL. Such a
  * function runs in the I/O context, which never switches tasks while it
@@ -54,6 +73,90 @@ tp_status tpi_check_may_wait(const char *what) {
                     "%s: non-blocking function '%s' runs on the I/O thread and cannot wait "
                     "(FUNC-6): use rpc_async and tp_future_then",
                     what, nonblocking_fn);
+}
+
+/* ---- Served requests a caller may cancel (CANCEL-1) --------------------------------- */
+
+/* Lists a REQUEST as cancelable (lock held). Without memory it is not
+ * listed: a cancel then finds nothing, and the request ends as a timed-out
+ * one would (it runs, its answer is dropped by the caller). */
+static void served_list(tp_core *c, tpi_served *sv, uint32_t src, uint64_t id, tpi_job *job) {
+    atomic_init(&sv->state, TPI_SERVED_LIVE);
+    sv->src = src;
+    sv->id = id;
+    sv->job = job;
+    sv->listed = tpi_idmap_put(&c->served, (tpi_gid){src, id}, sv) == TP_OK;
+}
+
+static void served_unlist(tp_core *c, tpi_served *sv) {
+    if (!sv->listed)
+        return;
+    void *was = tpi_idmap_del(&c->served, (tpi_gid){sv->src, sv->id});
+    TPI_ASSERT(was == sv);
+    (void)was;
+    sv->listed = 0;
+}
+
+static int served_canceled(tpi_served *sv) {
+    return sv && atomic_load(&sv->state) == TPI_SERVED_CANCELED;
+}
+
+/* 1 when the request's answer may go out (then no cancel takes it any more);
+ * 0 when its caller canceled it: the answer is not sent. */
+static int served_claim(tpi_served *sv) {
+    int expected = TPI_SERVED_LIVE;
+    return !sv || atomic_compare_exchange_strong(&sv->state, &expected, TPI_SERVED_ANSWERING) ||
+           expected == TPI_SERVED_ANSWERING;
+}
+
+/* The request ends here (lock held): it leaves S unless its cancel took it
+ * out already, and the table. */
+static void served_end(tp_core *c, tpi_served *sv) {
+    if (atomic_load(&sv->state) != TPI_SERVED_CANCELED) {
+        TPI_ASSERT(c->active_served > 0);
+        c->active_served--;
+    }
+    served_unlist(c, sv);
+}
+
+static void flow_release(tp_core *c, tpi_job *j);
+
+/*
+ * tp:cancel from src (I/O context, lock not held): its caller gave up its
+ * request args[0]. A request still listed and not answering is canceled:
+ * out of S at once, its queued bytes released (FLOW-8), and the caller gets
+ * a short TP_ECANCELED answer now, which pays the window debt it kept for
+ * the request (FLOW-7); the function, if running, runs to its end and its
+ * own answer is never sent. Anything else (answered already, not arrived
+ * yet on a reordering transport, lost with a connection) is left alone.
+ */
+static tp_status cancel_serve(tp_core *c, uint32_t src, const tp_value *args, char *err,
+                              size_t err_len) {
+    int64_t raw = 0;
+    if (tp_list_len(args) != 1 || tp_value_get_int(tp_list_get(args, 0), &raw) != TP_OK ||
+        raw == 0) {
+        char who[TP_NAME_LEN_MAX + 32];
+        tpi_format(err, err_len, "%s from %s is malformed", TPI_CANCEL_FN,
+                   tpi_worker_desc(c, src, who, sizeof who));
+        return TP_EPROTO;
+    }
+    uint64_t id = (uint64_t)raw; /* the caller's 64 bits (REJOIN-3) */
+    int canceled = 0;
+    tpi_lock(c);
+    tpi_served *sv = tpi_idmap_get(&c->served, (tpi_gid){src, id});
+    int expected = TPI_SERVED_LIVE;
+    if (sv && atomic_compare_exchange_strong(&sv->state, &expected, TPI_SERVED_CANCELED)) {
+        TPI_ASSERT(c->active_served > 0);
+        c->active_served--;
+        if (sv->job)
+            flow_release(c, sv->job); /* before the answer can bring the next request */
+        tpi_probe(c, TP_PROBE_SERVE_CANCEL, id, src, TP_ECANCELED, NULL);
+        canceled = 1;
+    }
+    tpi_unlock(c);
+    if (canceled)
+        tpi_reply(c, src, id, TP_ECANCELED, NULL, "canceled by the caller");
+    return TP_OK;
 }
 
 void tp_call_set_error(tp_call *call, const char *fmt, ...) {
@@ -142,6 +245,7 @@ struct tpi_later {
     tpi_owner *owner; /* REMOTE: the record the value goes into */
     tp_future *f;     /* counted */
     const char *kind; /* "function" or "method": static */
+    tpi_served sv;    /* a REQUEST's: its listing moves here from the job (CANCEL-1) */
     char fn[2 * TP_NAME_LEN_MAX + 2];
 };
 
@@ -203,12 +307,11 @@ static void later_run(tp_work *w) {
         remote_settle(c, l->owner, &st, value, err, sizeof err);
         tpi_unlock(c);
         tpi_reply(c, l->src, l->id, st, NULL, err);
-    } else {
+    } else if (served_claim(&l->sv)) { /* CANCEL-1: none for a canceled call */
         reply_result(c, l->src, l->id, st, f->value, err, l->fn);
     }
     tpi_lock(c);
-    TPI_ASSERT(c->active_served > 0);
-    c->active_served--;
+    served_end(c, &l->sv);
     tpi_unlock(c);
     later_free(c, l);
 }
@@ -222,8 +325,7 @@ static void later_ready(tp_core *c, tp_future *f, tpi_hook *h) {
     if (c->ops->execute(c->agent, &l->work) == TP_OK)
         return;
     /* Torn down: no reply can go; the caller's side fails the call. */
-    TPI_ASSERT(c->active_served > 0);
-    c->active_served--;
+    served_end(c, &l->sv);
     if (l->owner) {
         tp_status st = TP_ESHUTDOWN;
         char err[64] = "the callee is shutting down";
@@ -232,13 +334,23 @@ static void later_ready(tp_core *c, tp_future *f, tpi_hook *h) {
     later_free(c, l);
 }
 
-/* Hands a served call's answer to its future (owner: a REMOTE's record). */
-static void later_start(tp_core *c, tpi_later *l, tpi_owner *owner) {
+/* Hands a served call's answer to its future (owner: a REMOTE's record; sv:
+ * a REQUEST's listing, which moves to the record, or NULL). */
+static void later_start(tp_core *c, tpi_later *l, tpi_owner *owner, tpi_served *sv) {
     l->owner = owner;
     l->hook.fn = later_ready;
     tpi_core_ref(c);
     tpi_lock(c);
+    if (served_canceled(sv)) { /* CANCEL-1: nobody wants the answer */
+        tpi_unlock(c);
+        later_free(c, l);
+        return;
+    }
     c->active_served++;
+    if (sv && sv->listed) { /* a cancel from now on finds the record, not the ending job */
+        served_unlist(c, sv);
+        served_list(c, &l->sv, sv->src, sv->id, NULL);
+    }
     tpi_future_hook(c, l->f, &l->hook); /* at once when it is done already */
     tpi_unlock(c);
 }
@@ -303,6 +415,12 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
         tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, TPI_FORKS_FN);
         tp_status st = tpi_forks_serve(c, src, args, result, err, err_len);
         tpi_probe(c, TP_PROBE_SERVE_END, m->id, src, st, TPI_FORKS_FN);
+        return st;
+    }
+    if (!class_name && strcmp(m->text, TPI_CANCEL_FN) == 0) { /* CANCEL-1 */
+        tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, TPI_CANCEL_FN);
+        tp_status st = cancel_serve(c, src, args, err, err_len);
+        tpi_probe(c, TP_PROBE_SERVE_END, m->id, src, st, TPI_CANCEL_FN);
         return st;
     }
     if (!class_name && strcmp(m->text, TPI_JOIN_FN) == 0) { /* REJOIN-4 */
@@ -383,7 +501,7 @@ static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o, tpi
     if (st == TP_OK)
         st = invoke(c, src, m, NULL, &result, &later, err, sizeof err);
     if (later) { /* FUNC-7: the record stays running until the future completes */
-        later_start(c, later, o);
+        later_start(c, later, o, NULL);
         return;
     }
     tpi_lock(c);
@@ -395,27 +513,33 @@ static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o, tpi
 /* Runs a decoded REQUEST's function (found: see invoke) once its rrefs are
  * confirmed, and replies. */
 static void run_request(tp_core *c, uint32_t src, const tpi_msg *m, tpi_rref_ctx *rc,
-                        const resolved_fn *found) {
+                        const resolved_fn *found, tpi_served *sv) {
     char err[TP_ERRMSG_LEN_MAX] = "";
     tp_value *result = NULL;
     tpi_later *later = NULL;
+    if (served_canceled(sv))
+        return; /* CANCEL-1: given up while it waited for the pool: it never runs */
     tp_status st = await_rrefs(c, m, rc, err, sizeof err);
+    if (st == TP_OK && served_canceled(sv))
+        return;
     if (st == TP_OK)
         st = invoke(c, src, m, found, &result, &later, err, sizeof err);
     if (later) {
-        later_start(c, later, NULL);
+        later_start(c, later, NULL, sv);
         return;
     }
-    reply_result(c, src, m->id, st, result, err, m->text);
+    if (served_claim(sv)) /* CANCEL-1: a canceled call's answer is not sent */
+        reply_result(c, src, m->id, st, result, err, m->text);
     tp_value_free(result);
 }
 
 static int hand_over(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc);
 static void submit(tp_core *c, tpi_job *j, uint64_t id);
 
-/* Decodes a REQUEST frame (taken), runs its function (found: see invoke) and replies. */
+/* Decodes a REQUEST frame (taken), runs its function (found: see invoke) and
+ * replies; sv is its cancelable listing, or NULL. */
 static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
-                          const resolved_fn *found) {
+                          const resolved_fn *found, tpi_served *sv) {
     tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX] = "";
     char who[TP_NAME_LEN_MAX + 32];
@@ -428,14 +552,15 @@ static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
         tpi_format(msg, sizeof msg, "%s could not decode the request: %s",
                    tpi_worker_desc(c, c->rank, who, sizeof who), err);
         tpi_rref_ctx_done(&rc);
-        tpi_reply(c, src, id, st, NULL, msg);
+        if (served_claim(sv))
+            tpi_reply(c, src, id, st, NULL, msg);
         return;
     }
     /* The I/O context cannot wait for confirmations: a non-blocking
      * function with unconfirmed rrefs runs on the pool instead (RREF-13). */
     if (rc.npending > 0 && nonblocking_fn && hand_over(c, src, &m, &rc))
         return;
-    run_request(c, src, &m, &rc, found);
+    run_request(c, src, &m, &rc, found, sv);
     tpi_rref_ctx_done(&rc);
     tpi_msg_clear(&m);
 }
@@ -449,10 +574,15 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     resolved_fn found;
     unsigned flags = 0;
     if (!(tpi_frame_flags(f) & TPI_FLAG_METHOD) && tpi_frame_request_name(f, name) &&
-        (strcmp(name, TPI_JOIN_FN) == 0 || strcmp(name, TPI_FORKS_FN) == 0)) {
+        (strcmp(name, TPI_JOIN_FN) == 0 || strcmp(name, TPI_FORKS_FN) == 0 ||
+         strcmp(name, TPI_CANCEL_FN) == 0 || strcmp(name, TPI_PING_FN) == 0)) {
         /* REJOIN-4: fenced in the I/O context, before any later frame;
-         * RREF-19: after every earlier frame from src was read. */
-        serve_request(c, src, f, tpi_frame_id(f), NULL);
+         * RREF-19: after every earlier frame from src was read; CANCEL-1
+         * and the drain's flush ping (SHUTDOWN-5): likewise, and at once,
+         * however busy the pool (every earlier request from src is counted
+         * in S by now; a pool full of canceled functions must not hold the
+         * answer). */
+        serve_request(c, src, f, tpi_frame_id(f), NULL, NULL);
         return 1;
     }
     if ((tpi_frame_flags(f) & TPI_FLAG_METHOD) || !tpi_frame_request_name(f, name) ||
@@ -463,7 +593,7 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     /* No tpi_work_enter: nonblocking_fn already makes tp_shutdown refuse
      * (it waits), which is all SHUTDOWN-1 needs it for. */
     nonblocking_fn = name;
-    serve_request(c, src, f, tpi_frame_id(f), &found); /* no second lookup */
+    serve_request(c, src, f, tpi_frame_id(f), &found, NULL); /* no second lookup */
     nonblocking_fn = NULL;
     return 1;
 }
@@ -567,13 +697,14 @@ static void job_run(tp_work *w) {
                 tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, err);
             tpi_unlock(c);
         }
-        tpi_reply(c, j->src, id, TP_ESHUTDOWN, NULL, err);
+        if (served_claim(&j->sv))
+            tpi_reply(c, j->src, id, TP_ESHUTDOWN, NULL, err);
     } else if (j->decoded) {
-        run_request(c, j->src, j->msg, &j->rc, NULL);
+        run_request(c, j->src, j->msg, &j->rc, NULL, &j->sv);
     } else if (j->msg) {
         serve_remote(c, j->src, j->msg, j->owner, &j->rc);
     } else {
-        serve_request(c, j->src, j->frame, id, NULL);
+        serve_request(c, j->src, j->frame, id, NULL, &j->sv);
         j->frame = NULL;
     }
     if (j->undecoded) { /* decoded, or dropped unread: RREF-19 may answer src now */
@@ -590,8 +721,7 @@ static void job_run(tp_work *w) {
     tp_frame_free(j->frame);
     tpi_lock(c); /* one lock section for both: this runs once per served call */
     tpi_work_leave_locked(c, &node);
-    TPI_ASSERT(c->active_served > 0);
-    c->active_served--;
+    served_end(c, &j->sv);
     tpi_unlock(c);
     tpi_block_free(j, sizeof *j);
     tpi_core_unref(c);
@@ -764,13 +894,15 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
     tpi_core_ref(c);
     tpi_lock(c);
     c->active_served++; /* before the job can run: shutdown's drain sees it */
+    if (!j->owner) /* a REQUEST: its caller may cancel it (CANCEL-1); remote() is not */
+        served_list(c, &j->sv, src, id, j);
     tpi_unlock(c);
     /* Outside the lock: the pool thread this wakes takes it first thing. */
     tp_status st = c->ops->execute(c->agent, &j->work);
     if (st != TP_OK) {
         tpi_lock(c);
         flow_release(c, j);
-        c->active_served--;
+        served_end(c, &j->sv); /* no cancel can come in between: this is the I/O context */
         if (j->undecoded)
             c->undecoded[src]--;
         if (j->owner) {

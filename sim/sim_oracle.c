@@ -42,9 +42,11 @@ typedef struct ofork {
     tpi_gid rref, fork;
 } ofork;
 
-/* One served request: how often its function began and returned. */
+/* One served request: how often its function began and returned; whether
+ * its caller canceled it (CANCEL-1) and whether it counts as running. */
 typedef struct oserve {
     uint32_t begins, ends;
+    uint8_t canceled, counted;
 } oserve;
 
 struct tpi_sim_oracle {
@@ -52,6 +54,7 @@ struct tpi_sim_oracle {
     tpi_idmap served;            /* {agent, caller rank << 40 | call id} -> oserve */
     tpi_idmap forks;             /* {holder agent, fork worker << 40 | fork counter} -> ofork */
     tpi_idmap recorded;          /* {owner agent, the same fork key} -> 1: forks owners record */
+    tpi_idmap canceled;          /* {caller host, call id} -> 1: REQUESTs that ended TP_ECANCELED */
     uint32_t *running;           /* by agent id: functions running now */
     uint64_t *shutdown_begin_ns; /* by agent id: UINT64_MAX when not shutting down */
     uint64_t *shutdown_timeout_ns;
@@ -106,6 +109,7 @@ static tpi_sim_oracle *oracle(tp_sim *sim) {
         tpi_idmap_init(&sim->oracle->served);
         tpi_idmap_init(&sim->oracle->forks);
         tpi_idmap_init(&sim->oracle->recorded);
+        tpi_idmap_init(&sim->oracle->canceled);
     }
     return sim->oracle;
 }
@@ -150,6 +154,7 @@ void tpi_sim_oracle_free(tp_sim *sim) {
     tpi_idmap_free(&o->served);
     tpi_idmap_free(&o->forks);
     tpi_idmap_free(&o->recorded); /* its values are markers, not memory */
+    tpi_idmap_free(&o->canceled); /* the same */
     free(o->running);
     free(o->shutdown_begin_ns);
     free(o->shutdown_timeout_ns);
@@ -266,6 +271,12 @@ static void on_end(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
                           (double)(now - r->deadline_ns) / 1e6,
                           (double)TPI_SIM_ORACLE_SLACK_NS / 1e6);
     check_served(sim, a, r, p->id, p->status);
+    if (p->status == TP_ECANCELED && r->type == TPI_MSG_REQUEST) {
+        /* CANCEL-1: the callee may now stop counting it (SERVE_CANCEL). Keyed
+         * by host: the callee's cancel may come after this agent stopped. */
+        tp_status st = tpi_idmap_put(&o->canceled, (tpi_gid){a->host, p->id}, (void *)(uintptr_t)1);
+        TPI_ASSERT((st == TP_OK || st == TP_EALREADY) && "the oracle cannot run without memory");
+    }
     if (r->done) {
         tpi_idmap_del(&o->calls, key);
         free(r);
@@ -319,12 +330,53 @@ static void on_serve(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin
                               "host %u (agent %u) runs '%s' a second time for call %llu "
                               "from rank %u",
                               a->host, a->id, p->fn, (unsigned long long)p->id, p->peer);
-        o->running[a->id]++;
+        if (!s->canceled) { /* one canceled before it began never holds the drain */
+            o->running[a->id]++;
+            s->counted = 1;
+        }
         return;
     }
     s->ends++;
-    TPI_ASSERT(o->running[a->id] > 0);
-    o->running[a->id]--;
+    if (s->counted) {
+        TPI_ASSERT(o->running[a->id] > 0);
+        o->running[a->id]--;
+        s->counted = 0;
+    }
+}
+
+/*
+ * CANCEL-1: the callee gave up a request because its caller canceled it: its
+ * function may run on after the drain. Only a request whose call really
+ * ended TP_ECANCELED on its caller's host is let off; the core's word alone
+ * is not enough, so a core that stops counting some other request still
+ * shows as a function running after the drain said the world was quiet.
+ */
+static void on_serve_cancel(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    agents_cover(o, a->id);
+    uint32_t caller_host = rank_host(a, p->peer);
+    if (p->id >> SERVE_KEY_ID_BITS || caller_host == UINT32_MAX ||
+        !tpi_idmap_get(&o->canceled, (tpi_gid){caller_host, p->id})) {
+        tpi_sim_violation(sim,
+                          "host %u (agent %u) gave up call %llu from rank %u as canceled, but its "
+                          "caller never canceled it",
+                          a->host, a->id, (unsigned long long)p->id, p->peer);
+        return;
+    }
+    tpi_gid key = {a->id, ((uint64_t)p->peer << SERVE_KEY_ID_BITS) | p->id};
+    oserve *s = tpi_idmap_get(&o->served, key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        TPI_ASSERT(s);
+        tp_status st = tpi_idmap_put(&o->served, key, s);
+        TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
+    }
+    s->canceled = 1;
+    if (s->counted) {
+        TPI_ASSERT(o->running[a->id] > 0);
+        o->running[a->id]--;
+        s->counted = 0;
+    }
 }
 
 static void on_drained(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
@@ -520,6 +572,9 @@ void tpi_sim_oracle_probe(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
         break;
     case TP_PROBE_RREF_LEAKS:
         on_leaks(sim, a, p);
+        break;
+    case TP_PROBE_SERVE_CANCEL:
+        on_serve_cancel(sim, a, p);
         break;
     default:
         tpi_sim_violation(sim, "host %u: unknown probe kind %d", a->host, (int)p->kind);

@@ -626,9 +626,12 @@ tp_status tp_future_wait_all(tp_future *const *futures, size_t n, double timeout
  * at once with TP_ECANCELED ("rpc_async to worker 'w1' (id 1), function 'f':
  * canceled by the caller"), waiters wake and callbacks run; its late answer
  * is dropped, and this worker's graceful-shutdown drain no longer counts it
- * as its own active call. The callee is not told: its function runs to its
- * end and the callee's drain still counts it (so a graceful shutdown of the
- * job still waits for it; see CANCEL-1). TP_EALREADY when f completed
+ * as its own active call. The callee is told (a tp:cancel sent without
+ * waiting): a request still queued there never runs, a running function runs
+ * to its end but its answer is never sent, and the callee's drain stops
+ * counting it, so a graceful shutdown of the job does not wait for it (the
+ * callee's teardown still waits for a function blocked outside this
+ * library; see CANCEL-1). Never blocks. TP_EALREADY when f completed
  * already (f unchanged); TP_EINVAL for NULL, for futures the program made,
  * and then/collect_all futures. f stays the caller's. Any thread.
  */

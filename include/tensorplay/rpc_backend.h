@@ -111,7 +111,10 @@ typedef enum tp_probe_kind {
     TP_PROBE_RREF_OWNER_FREE, /* the owner freed the value by the protocol (RREF-3): rref */
     TP_PROBE_RREF_OWNER_FORK, /* the owner recorded a fork: rref, fork, peer (its holder) */
     TP_PROBE_RREF_OWNER_UNFORK, /* the owner removed a recorded fork: rref, fork, peer */
-    TP_PROBE_RREF_LEAKS      /* a graceful shutdown's leak report (RREF-18): id = entries */
+    TP_PROBE_RREF_LEAKS,     /* a graceful shutdown's leak report (RREF-18): id = entries */
+    TP_PROBE_SERVE_CANCEL    /* a served request's caller canceled it (CANCEL-1): id, peer
+                              * (caller); it leaves S at once, its function may still run
+                              * (its SERVE_END follows) and its answer is never sent */
 } tp_probe_kind;
 
 /* An rref or fork id (spec/rref.md RREF-1): the worker that made it, its counter. */

@@ -98,8 +98,51 @@ static int body_interrupt_init(tt_job *job, int rank) {
 
 static void test_tcp_interrupt_init(void **state) {
     (void)state;
-    tt_job job;
+    tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_interrupt_init, NULL), 0);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
+/* ---- CANCEL-1: the callee gives up a canceled call -------------------------------------- */
+
+/*
+ * spec: CANCEL-1, SHUTDOWN-5 (issue 20: "after an interrupted call,
+ * shutdown() does not wait for that call's remote work"). Rank 0 calls
+ * rank 1's slow(0, 20 s), cancels it once it runs, and both shut down
+ * gracefully: rank 0 returns in well under 20 s, and so does rank 1, whose
+ * teardown wakes the canceled function's tp_sleep.
+ */
+static int body_cancel_shutdown(tt_job *job, int rank) {
+    tp_options *o = tt_options(job, 30, 30);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(0), tp_value_float(20.0));
+        tp_future *f = NULL;
+        TT_CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, 60.0, &f) == TP_OK);
+        tp_value_free(args);
+        uint64_t until = tt_now_ns() + 10000000000ull;
+        while (atomic_load(&job->shared->count[0]) < 1 && tt_now_ns() < until)
+            usleep(1000); /* slow counts its starts: it runs */
+        TT_CHECK(atomic_load(&job->shared->count[0]) == 1);
+        usleep(100000);
+        TT_CHECK(tp_future_cancel(f) == TP_OK);
+        TT_CHECK(tp_future_status(f) == TP_ECANCELED);
+        tp_future_free(f);
+    }
+    uint64_t t0 = tt_now_ns();
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    double took_s = (double)(tt_now_ns() - t0) / 1e9;
+    fprintf(stderr, "rank %d: shutdown took %.3f s\n", rank, took_s);
+    TT_CHECK(took_s < 5.0);
+    return 0;
+}
+
+static void test_tcp_cancel_shutdown(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_cancel_shutdown, NULL), 0);
     assert_all_ok(&job, 60);
     tt_job_free(&job);
 }
@@ -1115,6 +1158,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_sqlite_store), cmocka_unit_test(test_tcp_two_workers_one_process),
         cmocka_unit_test(test_tcp_reinit),       cmocka_unit_test(test_tcp_concurrent_senders),
         cmocka_unit_test(test_tcp_interrupt_init),
+        cmocka_unit_test(test_tcp_cancel_shutdown),
         cmocka_unit_test(test_tcp_backpressure_bounds_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

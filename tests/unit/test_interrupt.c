@@ -198,7 +198,8 @@ static void test_interrupt_graceful_shutdown(void **state) {
  * spec: CANCEL-1. Rank 0 gives up on a call to rank 1's 20-second function
  * after 100 ms: the future completes at once with TP_ECANCELED and the
  * caller's message, the call no longer counts as in flight here, a second
- * cancel is TP_EALREADY, and the late answer (at 20 s) is dropped.
+ * cancel is TP_EALREADY, and the callee's answer (TP_ECANCELED, sent when
+ * its tp:cancel came) is dropped.
  */
 static tp_status cancel_st[4];
 static char cancel_msg[TP_ERRMSG_LEN_MAX];
@@ -226,8 +227,11 @@ static int cancel_program(int rank, int world_size, void *arg) {
         cancel_st[3] = tp_future_cancel(NULL);
         tp_debug_info info;
         CHECK(tp_get_debug_info(&info) == TP_OK);
-        in_flight_after = info.calls_in_flight;
-        CHECK(tp_sleep(21.0) == TP_OK); /* the late answer comes and is dropped */
+        CHECK(info.calls_in_flight == 1); /* the call is gone; its tp:cancel is out */
+        CHECK(tp_sleep(0.01) == TP_OK);
+        CHECK(tp_get_debug_info(&info) == TP_OK);
+        in_flight_after = info.calls_in_flight; /* the tp:cancel was answered */
+        CHECK(tp_sleep(21.0) == TP_OK); /* no other answer comes: none is waited for */
         CHECK(tp_future_status(f) == TP_ECANCELED);
         tp_future_free(f);
     }
@@ -253,6 +257,184 @@ static void test_cancel_rpc_async(void **state) {
     assert_int_equal(in_flight_after, 0);
 }
 
+/*
+ * spec: CANCEL-1, SHUTDOWN-5, FLOW-7, AGENT-5 (issue 20: "after an
+ * interrupted call, shutdown() does not wait for that call's remote work").
+ * Rank 1 has two pool threads. Rank 0 starts four calls to it: A, a 20 s
+ * function (runs); B, a function that answers later with a future rank 1
+ * completes at 300 ms; C, a 20 s method on an rref rank 1 owns (runs on the
+ * second thread); D, another 20 s function (queued: both threads busy).
+ * At 100 ms rank 0 cancels all four. The callee gives each up: D never runs,
+ * B's answer is never sent, A and C stop counting in S. Rank 0's window to
+ * rank 1 (max_inflight_bytes 4096) is empty again at once, so a call of
+ * nearly 4 KiB goes without waiting. Then both shut down gracefully: the
+ * drain does not wait for A and C (rank 0 returns in milliseconds, not
+ * 20 s), and rank 1's teardown wakes their tp_sleep (AGENT-5: a running
+ * function still ends by itself). The oracle (SIM-9) lets only the canceled
+ * functions outlive the drain.
+ */
+static tp_status cancel2_st[4], cancel2_fut_st[4], window_st, cancel2_sd[2];
+static uint64_t cancel2_sd_took[2];
+static int sleep_begins, nap_begins;
+static tp_status sleep_end_st;
+static tp_future *held_answer;
+
+static tp_status fn_sleep_counted(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                  tp_value **result, void *ud) {
+    (void)ud;
+    if (strcmp(tp_call_function(call), "Obj.nap") == 0)
+        nap_begins++;
+    else
+        sleep_begins++;
+    tp_status st = fn_sleep(call, args, kwargs, result, NULL);
+    sleep_end_st = st;
+    *result = tp_value_str("done"); /* freed unsent: nobody wants it */
+    return TP_OK;
+}
+
+static tp_status fn_later(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *ud) {
+    (void)args, (void)kwargs, (void)result, (void)ud;
+    CHECK(tp_future_new(&held_answer) == TP_OK);
+    return tp_call_answer_later(call, held_answer);
+}
+
+static tp_status fn_make_obj(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                             tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_object("Obj", NULL, NULL);
+    return TP_OK;
+}
+
+static tp_status fn_sink(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)result, (void)ud;
+    return TP_OK;
+}
+
+static int cancel2_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("sleep", fn_sleep_counted, NULL) == TP_OK);
+    CHECK(tp_register_function("later", fn_later, NULL) == TP_OK);
+    CHECK(tp_register_function("make_obj", fn_make_obj, NULL) == TP_OK);
+    CHECK(tp_new_method("Obj", "nap", fn_sleep_counted, NULL) == TP_OK);
+    CHECK(tp_register_function_ex("sink", fn_sink, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 60.0) == TP_OK);
+    CHECK(tp_options_set_shutdown_timeout(o, 60.0) == TP_OK);
+    CHECK(tp_options_set_num_worker_threads(o, 2) == TP_OK);
+    CHECK(tp_options_set_max_inflight_bytes(o, 4096) == TP_OK);
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (tp_init_rpc(name, "SIM", rank, world_size, o) != TP_OK) {
+        tp_options_free(o);
+        CHECK(0);
+        return 0;
+    }
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_rref *obj = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "make_obj", NULL, NULL, 10.0, &obj) == TP_OK);
+        tp_value *v = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(20.0));
+        tp_future *f[4] = {NULL};
+        CHECK(tp_rpc_async(tp_to_rank(1), "sleep", args, NULL, 60.0, &f[0]) == TP_OK);
+        CHECK(tp_rpc_async(tp_to_rank(1), "later", NULL, NULL, 60.0, &f[1]) == TP_OK);
+        CHECK(tp_rref_rpc_async(obj, "nap", args, NULL, 60.0, &f[2]) == TP_OK);
+        CHECK(tp_rpc_async(tp_to_rank(1), "sleep", args, NULL, 60.0, &f[3]) == TP_OK);
+        tp_value_free(args);
+        CHECK(tp_sleep(0.1) == TP_OK);
+        for (int i = 0; i < 4; i++)
+            cancel2_st[i] = tp_future_cancel(f[i]);
+        CHECK(tp_sleep(0.01) == TP_OK); /* the callee's answers come back */
+        /* FLOW-7: the canceled requests' bytes came back with them. */
+        char blob[3900] = {0};
+        tp_value *big = tp_value_list_of(1, tp_value_bytes(blob, sizeof blob));
+        window_st = tp_rpc_sync(tp_to_rank(1), "sink", big, NULL, 1.0, &v);
+        tp_value_free(v);
+        tp_value_free(big);
+        for (int i = 0; i < 4; i++) {
+            cancel2_fut_st[i] = tp_future_status(f[i]);
+            tp_future_free(f[i]);
+        }
+        tp_rref_release(obj);
+    } else {
+        CHECK(tp_sleep(0.3) == TP_OK);
+        CHECK(held_answer != NULL);
+        if (held_answer) /* the canceled call's answer: not sent, and freed */
+            CHECK(tp_future_set_result(held_answer, tp_value_str("late")) == TP_OK);
+    }
+    uint64_t t0 = now_ns();
+    cancel2_sd[rank] = tp_shutdown(1);
+    cancel2_sd_took[rank] = now_ns() - t0;
+    return 0;
+}
+
+static void test_cancel_callee_gives_up(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 23};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, cancel2_program, NULL, NULL), TP_OK);
+    if (tp_sim_violations(sim))
+        print_error("%s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    tp_future_free(held_answer);
+    held_answer = NULL;
+    assert_int_equal(failures, 0);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(cancel2_st[i], TP_OK);
+        assert_int_equal(cancel2_fut_st[i], TP_ECANCELED);
+    }
+    assert_int_equal(window_st, TP_OK);
+    assert_int_equal(sleep_begins, 1); /* D was given up before it ran */
+    assert_int_equal(nap_begins, 1);
+    assert_int_equal(sleep_end_st, TP_ESHUTDOWN); /* woken by rank 1's teardown */
+    assert_int_equal(cancel2_sd[0], TP_OK);
+    assert_int_equal(cancel2_sd[1], TP_OK);
+    assert_true(cancel2_sd_took[0] < 1 * SEC);
+    assert_true(cancel2_sd_took[1] < 1 * SEC);
+}
+
+/*
+ * spec: CANCEL-1, SHUTDOWN-5. Only a canceled request leaves S: a call that
+ * timed out instead still holds the job's graceful drain until its function
+ * ends (here at 2 s), as before.
+ */
+static uint64_t timedout_sd_took;
+
+static int timedout_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
+    if (init_as(rank, world_size) != TP_OK) {
+        CHECK(0);
+        return 0;
+    }
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(1, tp_value_float(2.0)), *v = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(1), "sleep", args, NULL, 0.1, &v) == TP_ETIMEDOUT);
+        tp_value_free(args);
+    }
+    uint64_t t0 = now_ns();
+    CHECK(tp_shutdown(1) == TP_OK);
+    if (rank == 0)
+        timedout_sd_took = now_ns() - t0;
+    return 0;
+}
+
+static void test_timed_out_call_still_drains(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 24};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, timedout_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_true(timedout_sd_took > 1800 * MS && timedout_sd_took < 2200 * MS);
+}
+
 static int reset(void **state) {
     (void)state;
     failures = 0;
@@ -268,6 +450,8 @@ int main(void) {
         cmocka_unit_test_setup(test_interrupt_init_then_init_again, reset),
         cmocka_unit_test_setup(test_interrupt_graceful_shutdown, reset),
         cmocka_unit_test_setup(test_cancel_rpc_async, reset),
+        cmocka_unit_test_setup(test_cancel_callee_gives_up, reset),
+        cmocka_unit_test_setup(test_timed_out_call_still_drains, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
