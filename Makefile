@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo install check-rules fuzz fuzz-net bench storm swarm swarm-chaos mutate clean format
+.PHONY: all deps configure build test demo install check-rules fuzz fuzz-net bench storm swarm swarm-chaos mutate clean format torch-suite
 
 all: build
 
@@ -63,6 +63,13 @@ swarm: build
 CHAOS_SEEDS ?= 1..10000
 swarm-chaos: build
 	@$(BUILD)/tools/tpsim swarm --seeds $(CHAOS_SEEDS) --chaos --jobs $(JOBS)
+
+# PyTorch 1.13's own rpc tests in every mode: ours with default options and
+# with allow_pickle, and torch itself as the control (issue 20; ~10 min).
+torch-suite: build
+	@scripts/install-deps.sh python3-torch
+	@cd $(BUILD) && PYTHONPATH=$$PWD/python TP_TORCH_SUITE_MODES=default,pickle,control \
+	  /usr/bin/python3 -m pytest -q -s -p no:cacheprovider $(CURDIR)/python/tests/torch_suite/suite_torch_rpc.py
 
 # Mutation testing of common/ (scripts/mutate.py): MUTANTS drawn from MUTATE_SEED.
 MUTANTS ?= 60

@@ -1829,6 +1829,16 @@ int tp_rref_confirmed_by_owner(const tp_rref *r) {
     return r && atomic_load(&((tp_rref *)r)->confirmed);
 }
 
+tp_status tp_rref_ids(const tp_rref *r, tp_rref_gid *rref_id, tp_rref_gid *fork_id) {
+    if (!r || !rref_id || !fork_id)
+        return tpi_fail(TP_EINVAL, "rref_ids: %s is NULL", !r ? "rref" : "an out pointer");
+    rref_id->worker = r->id.worker;
+    rref_id->local = r->id.local;
+    fork_id->worker = r->is_owner ? 0 : r->fork.worker;
+    fork_id->local = r->is_owner ? 0 : r->fork.local;
+    return TP_OK;
+}
+
 /* ---- Debug info (RREF-16) --------------------------------------------------------- */
 
 static int is_protocol(uint8_t type) {

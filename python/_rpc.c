@@ -1050,6 +1050,17 @@ static PyObject *rref_is_owner(RRefObject *o, PyObject *unused) {
     return PyBool_FromLong(tp_rref_is_owner(o->r));
 }
 
+/* _ids(): ((worker, local), (worker, local)): the value's id and this fork's. */
+static PyObject *rref_ids(RRefObject *o, PyObject *unused) {
+    (void)unused;
+    tp_rref_gid id, fork;
+    tp_status st = tp_rref_ids(o->r, &id, &fork);
+    if (st != TP_OK)
+        return raise_last(st);
+    return Py_BuildValue("((IK)(IK))", id.worker, (unsigned long long)id.local, fork.worker,
+                         (unsigned long long)fork.local);
+}
+
 static PyObject *rref_confirmed(RRefObject *o, PyObject *unused) {
     (void)unused;
     return PyBool_FromLong(tp_rref_confirmed_by_owner(o->r));
@@ -1061,6 +1072,7 @@ static PyMethodDef rref_methods[] = {
     {"_owner", (PyCFunction)rref_owner, METH_NOARGS, NULL},
     {"is_owner", (PyCFunction)rref_is_owner, METH_NOARGS, NULL},
     {"confirmed_by_owner", (PyCFunction)rref_confirmed, METH_NOARGS, NULL},
+    {"_ids", (PyCFunction)rref_ids, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject RRefType = {

@@ -718,6 +718,17 @@ int tp_rref_is_owner(const tp_rref *rref);
 /* 1 once the owner has confirmed this reference (always 1 on the owner; 0 for NULL). */
 int tp_rref_confirmed_by_owner(const tp_rref *rref);
 /*
+ * The rref's ids as messages print them ("<worker>:<local>", RREF-1): the
+ * value's id and, on a user, this reference's fork id ({0, 0} on the owner).
+ * Local numbers count from 1 per worker incarnation (the incarnation in the
+ * bits from 40 up, REJOIN-3). TP_EINVAL for NULL.
+ */
+typedef struct tp_rref_gid {
+    uint32_t worker;
+    uint64_t local;
+} tp_rref_gid;
+tp_status tp_rref_ids(const tp_rref *rref, tp_rref_gid *rref_id, tp_rref_gid *fork_id);
+/*
  * An rref this worker owns, holding value (transferred, also on failure;
  * NULL means nil): PyTorch's RRef(value) (RREF-17). It travels in calls like
  * any rref; an object in it is reached from other workers through methods.

@@ -408,3 +408,48 @@ def test_exposure_policy(tmp_path):
     assert "[0] 3 [1]" in out
     assert "[0] allow-list: True" in out
     assert "[1] no file: True" in out
+
+
+def test_values_pytorch_programs_send(tmp_path):
+    """PY-2 kinds, rref strings and missing functions as PyTorch words them."""
+    pytest.importorskip("torch")
+    out = run(tmp_path, """
+        import collections, torch
+        Pair = collections.namedtuple("Pair", "a b")
+        def kinds(x):
+            return [type(v).__name__ for v in x]
+        def call(fn, v):
+            return fn(v)
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            s = torch.sparse_coo_tensor([[0, 1], [1, 0]], [3.0, 4.0], (2, 2))
+            d = {torch.ones(1): "t", 2: "two"}
+            back = rpc.rpc_sync("worker1", echo, args=([s, d, Pair(1, 2), rpc.get_worker_info(),
+                                                         len],))
+            print(kinds(back), torch.equal(back[0].to_dense(), s.to_dense()), back[2].b,
+                  back[3] == rpc.get_worker_info())
+            print(rpc.rpc_sync("worker1", call, args=(len, [1, 2, 3])))
+            print(str(rpc.RRef(1)))
+            r = rpc.remote("worker1", torch.add, args=(torch.ones(1), 1))
+            print(str(r))
+            try:
+                r.local_value()
+            except RuntimeError as e:
+                print("local_value:", "can't call localValue() on user" in str(e))
+            try:
+                rpc.rpc_sync("worker1", rpc.RRef(1).to_here)
+            except Exception as e:
+                print(type(e).__name__)
+            fut = torch.futures.Future()
+            try:
+                rpc.rpc_sync("worker1", echo, args=(fut,))
+            except RuntimeError as e:
+                print("future:", "Can not pickle torch.futures.Future" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["['Tensor', 'dict', 'Pair', 'WorkerInfo', 'builtin_function_or_method'] "
+                   "True 2 True", "3",
+                   "OwnerRRef(GloballyUniqueId(created_on=0, local_id=0))",
+                   "UserRRef(RRefId = GloballyUniqueId(created_on=0, local_id=1), "
+                   "ForkId = GloballyUniqueId(created_on=0, local_id=2))",
+                   "local_value: True", "TypeError", "future: True"]

@@ -240,6 +240,14 @@ static int rref_from_local_value(int rank, int ws) {
         if (CHECK_OK(tp_rref_from_value(tp_value_int(41), &num))) {
             CHECK(tp_rref_is_owner(num));
             CHECK(tp_rref_confirmed_by_owner(num));
+            /* tp_rref_ids: made here, an id of this worker's; an owner has no fork. */
+            tp_rref_gid id = {99, 99}, fork = {99, 99};
+            CHECK_STATUS(tp_rref_ids(NULL, &id, &fork), TP_EINVAL);
+            if (CHECK_OK(tp_rref_ids(num, &id, &fork))) {
+                CHECK_INT(id.worker, 0);
+                CHECK(id.local >= 1);
+                CHECK(fork.worker == 0 && fork.local == 0);
+            }
             const tp_value *lv = NULL;
             CHECK_OK(tp_rref_local_value(num, &lv));
             CHECK_INT(conf_int_of(rank, lv, -1), 41);

@@ -23,18 +23,20 @@ other objects (bound methods and partials too) travel pickled and are
 unpickled where that option is on.
 """
 from . import api, backend_registry, constants, functions, options
-from .api import (Future, RRef, RemoteError, RpcTimeoutError, WorkerInfo, _get_current_rpc_agent,
-                  _get_debug_info, _is_current_rpc_agent_set, _set_rpc_timeout, collect_all,
-                  get_rpc_timeout, get_worker_info, init_rpc, is_available, method_factory,
-                  new_method, remote, rpc_async, rpc_sync, shutdown, wait_all)
+from .api import (Future, FunctionNotFoundError, RRef, RemoteError, RpcTimeoutError,
+                  WorkerInfo, _get_current_rpc_agent, _get_debug_info,
+                  _is_current_rpc_agent_set, _set_rpc_timeout, collect_all, get_rpc_timeout,
+                  get_worker_info, init_rpc, is_available, method_factory, new_method, remote,
+                  rpc_async, rpc_sync, shutdown, wait_all)
 from .backend_registry import (BackendType, backend_registered, construct_rpc_backend_options,
                                init_backend, register_backend)
 from .options import RpcBackendOptions, TensorPipeRpcBackendOptions
 
 __all__ = [
-    "BackendType", "Future", "RRef", "RemoteError", "RpcBackendOptions", "RpcTimeoutError",
-    "TensorPipeRpcBackendOptions", "WorkerInfo", "api", "backend_registered", "backend_registry",
-    "collect_all", "constants", "construct_rpc_backend_options", "functions", "get_rpc_timeout",
-    "get_worker_info", "init_backend", "init_rpc", "is_available", "method_factory", "new_method",
-    "options", "register_backend", "remote", "rpc_async", "rpc_sync", "shutdown", "wait_all",
+    "BackendType", "FunctionNotFoundError", "Future", "RRef", "RemoteError",
+    "RpcBackendOptions", "RpcTimeoutError", "TensorPipeRpcBackendOptions", "WorkerInfo", "api",
+    "backend_registered", "backend_registry", "collect_all", "constants",
+    "construct_rpc_backend_options", "functions", "get_rpc_timeout", "get_worker_info",
+    "init_backend", "init_rpc", "is_available", "method_factory", "new_method", "options",
+    "register_backend", "remote", "rpc_async", "rpc_sync", "shutdown", "wait_all",
 ]

@@ -31,6 +31,11 @@ class RpcTimeoutError(RuntimeError, TimeoutError):
     raises, and a TimeoutError too."""
 
 
+class FunctionNotFoundError(LookupError, RuntimeError):
+    """A callee has no function of the name a call gave: a LookupError, and
+    a RuntimeError as PyTorch raises it."""
+
+
 class _State:
     def __init__(self):
         self.lock = threading.Lock()
@@ -379,8 +384,9 @@ def _find(module, qualname, timeout):
     while True:
         mod = sys.modules.get(module)
         if mod is None:
-            raise LookupError("function %s.%s: module '%s' is not imported on this worker (it is "
-                              "never imported because a peer named it)" % (module, qualname, module))
+            raise FunctionNotFoundError(
+            "function %s.%s: module '%s' is not imported on this worker (it is never imported "
+            "because a peer named it)" % (module, qualname, module))
         obj = _values._resolve(mod, qualname)
         if obj is not None:
             return obj
@@ -394,7 +400,10 @@ def _find(module, qualname, timeout):
         if now >= deadline:
             break
         time.sleep(NAME_WAIT_POLL_S)
-    raise LookupError("function %s.%s is not defined on this worker" % (module, qualname))
+    raise FunctionNotFoundError(
+        "function %s.%s is not defined on this worker: functions travel by name (as with "
+        "PyTorch, the RPC pickler does not serialize function code), so define it in the "
+        "callee's %s too" % (module, qualname, module))
 
 
 def _report_remote(e):
@@ -799,7 +808,27 @@ class RRef:
             return rpc_sync(self.owner(), _local_value_of, args=(self,), timeout=timeout)
 
     def local_value(self):
+        if not self.is_owner():  # PyTorch's words, which programs match
+            rref_id, fork_id = self._gids()
+            raise RuntimeError(
+                "For UserRRef(rref_id=%s, fork_id=%s), can't call localValue() on user %r. Call "
+                "it on owner %r" % (rref_id, fork_id, get_worker_info(), self.owner()))
         return _values.wrap(_call_c(self._core.local_value, "local_value"), RRef)
+
+    def _gids(self):
+        """PyTorch's GloballyUniqueId strings of the value's id and this fork's
+        (local ids from 0, as PyTorch counts them; ours count from 1)."""
+        def gid(g):
+            return "GloballyUniqueId(created_on=%d, local_id=%d)" % (
+                g[0], (g[1] & ((1 << 40) - 1)) - 1)
+        rref_id, fork_id = self._core._ids()
+        return gid(rref_id), gid(fork_id)
+
+    def __str__(self):
+        rref_id, fork_id = self._gids()
+        if self.is_owner():
+            return "OwnerRRef(%s)" % rref_id
+        return "UserRRef(RRefId = %s, ForkId = %s)" % (rref_id, fork_id)
 
     def owner(self):
         name, id = self._core._owner()
