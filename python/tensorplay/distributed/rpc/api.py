@@ -419,8 +419,13 @@ def _dispatch(wire_args, wire_kwargs):
     module, qualname, args, kwargs = wire_args[:4]
     timeout = wire_args[5] if len(wire_args) > 5 else _state.default_timeout
     try:
-        fn = qualname if module is None else _find(module, qualname, timeout)
-        if module is not None:  # a pickled callable comes from a peer trusted with pickle
+        if module is None:  # a pickled callable: only from peers trusted with pickle
+            if not _values.state.allow_pickle or not callable(qualname):
+                raise PermissionError("a call without a function name needs allow_pickle on "
+                                      "this worker and a pickled callable")
+            fn = qualname
+        else:
+            fn = _find(module, qualname, timeout)
             _state.policy.check(module, qualname, fn)
         what = _values.describe(fn) if module is None else "%s.%s" % (module, qualname)
         args, kwargs = _values.wrap(args, RRef), _values.wrap(kwargs, RRef)
