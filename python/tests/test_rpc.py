@@ -185,10 +185,8 @@ def test_remote_objects_proxies_and_arrays(tmp_path):
             b = rpc.rpc_sync("worker1", double, args=(a,))
             print(b.dtype, b.shape, float(b.sum()), b.flags.writeable)
             print(rpc.rpc_sync("worker1", echo, args=(np.array([True, False]),)).tolist())
-            try:
-                rpc.rpc_sync("worker1", echo, args=(a.T,))
-            except TypeError as e:
-                print("strided:", "contiguous" in str(e))
+            t = rpc.rpc_sync("worker1", echo, args=(a.T,))  # a view travels packed (issue 20)
+            print("strided:", t.shape == (4, 3) and bool((t == a.T).all()))
             del c
         rpc.shutdown()
     """)
@@ -448,7 +446,7 @@ def test_async_execution_and_futures_the_program_completes(tmp_path):
             print(f.wait(), f.done(), rpc.rpc_sync("w0", forward, args=(4,)))
             try:
                 rpc.rpc_sync("w0", not_a_future)
-            except TypeError as e:
+            except RuntimeError as e:  # PyTorch's type and words
                 print("not a future:", "async_execution" in str(e))
         if rank in (1, 2):
             # Two trainers, a server with one pool thread: a call that held it
