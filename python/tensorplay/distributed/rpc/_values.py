@@ -6,9 +6,7 @@ import types
 
 from ... import _rpc
 
-# numpy dtype names for the C layer's tensor dtypes (tp_dtype_name).
-_NUMPY_DTYPES = {"float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
-                 "bool", "uint16", "uint32", "uint64", "complex64", "complex128"}
+# The C layer's dtype names (tp_dtype_name) are numpy's, bfloat16 aside;
 # torch 1.13 has no uint16/32/64: those arrive as numpy arrays even for torch users.
 _TORCH_LACKS = {"uint16", "uint32", "uint64"}
 
@@ -55,8 +53,8 @@ def adapt(o, where):
 
 def _torch_buffer(torch, t, where):
     if t.is_sparse or t.layout != torch.strided:
-        raise TypeError("%s: a %s tensor cannot be sent: only dense (strided) tensors travel "
-                        "(.to_dense())" % (where, t.layout))
+        raise TypeError("%s: a %s tensor cannot be sent: dense (strided) and sparse COO "
+                        "tensors travel (.to_dense())" % (where, t.layout))
     if t.device.type != "cpu":
         raise TypeError("%s: a tensor on %s cannot be sent: tensorplay-rpc carries CPU tensors "
                         "(.cpu())" % (where, t.device))

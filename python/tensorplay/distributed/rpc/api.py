@@ -143,8 +143,10 @@ def _effective_timeout(timeout):
 
 # ---- Errors back from the C layer ---------------------------------------------------------
 
+# Exception, not BaseException: a peer's words never raise SystemExit or
+# KeyboardInterrupt here.
 _BUILTIN_EXCEPTIONS = {name: obj for name, obj in vars(builtins).items()
-                       if isinstance(obj, type) and issubclass(obj, BaseException)}
+                       if isinstance(obj, type) and issubclass(obj, Exception)}
 
 
 def _remote_exception_type(type_name):
@@ -157,7 +159,7 @@ def _remote_exception_type(type_name):
         mod = sys.modules.get(module)
         if mod is not None:
             obj = _values._resolve(mod, qualname)
-            if isinstance(obj, type) and issubclass(obj, BaseException):
+            if isinstance(obj, type) and issubclass(obj, Exception):
                 return obj
             return None
         module, _, head = module.rpartition(".")
