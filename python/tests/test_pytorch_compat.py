@@ -3,7 +3,6 @@ order, torch tensors and functions, PyTorch's errors and names. Each test
 runs a program on worker processes started by tprun (test_rpc.run)."""
 import os
 import subprocess
-import sys
 import time
 
 import textwrap
