@@ -3,9 +3,8 @@ order, torch tensors and functions, PyTorch's errors and names. Each test
 runs a program on worker processes started by tprun (test_rpc.run)."""
 import os
 import subprocess
-import time
-
 import textwrap
+import time
 
 import pytest
 
