@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps configure build test demo install check-rules fuzz fuzz-net bench storm swarm swarm-chaos mutate clean format torch-suite
+.PHONY: all deps test-deps configure build test demo install check-rules fuzz fuzz-net bench storm swarm swarm-chaos mutate clean format torch-suite
 
 all: build
 
@@ -23,7 +23,13 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+# The tests also need Debian's PyTorch: PyTorch 1.13's own rpc tests and the
+# torch cases run against it (they skip where it is missing, e.g. a direct
+# pytest run, but `make test` installs it so they always run).
+test-deps:
+	@scripts/install-deps.sh python3-torch
+
+test: test-deps build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 demo: build
