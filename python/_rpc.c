@@ -895,63 +895,6 @@ static PyObject *future_add_done(FutureObject *o, PyObject *cb) {
     Py_RETURN_NONE;
 }
 
-/* _then(cb): a Future completed by cb(parent) on a pool thread (FUTURE-5);
- * cb's return value (sendable) or exception completes it. */
-typedef struct then_ctx {
-    PyObject *cb;     /* counted */
-    PyObject *parent; /* the FutureObject, counted: the callback gets it */
-} then_ctx;
-
-static tp_status then_trampoline(tp_future *f, tp_value **result, char *errmsg,
-                                 size_t errmsg_len, void *user_data) {
-    (void)f;
-    then_ctx *t = user_data;
-    PyGILState_STATE g = gil_enter();
-    tp_status st = TP_OK;
-    PyObject *r = PyObject_CallOneArg(t->cb, t->parent);
-    if (r) {
-        *result = to_value(r, "the then-callback's result", 0, 0);
-        Py_DECREF(r);
-    }
-    if (!r || !*result) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *msg = value ? PyObject_Str(value) : NULL;
-        snprintf(errmsg, errmsg_len, "%s: %s", type ? ((PyTypeObject *)type)->tp_name : "Error",
-                 msg && PyUnicode_AsUTF8(msg) ? PyUnicode_AsUTF8(msg) : "");
-        PyErr_Clear();
-        Py_XDECREF(msg);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        st = TP_EREMOTE;
-    }
-    Py_DECREF(t->cb);
-    Py_DECREF(t->parent);
-    PyGILState_Release(g);
-    PyMem_RawFree(t);
-    return st;
-}
-
-static PyObject *future_then(FutureObject *o, PyObject *cb) {
-    if (!PyCallable_Check(cb))
-        return PyErr_Format(PyExc_TypeError, "then needs a callable");
-    then_ctx *t = PyMem_RawMalloc(sizeof *t);
-    if (!t)
-        return PyErr_NoMemory();
-    t->cb = Py_NewRef(cb);
-    t->parent = Py_NewRef((PyObject *)o);
-    tp_future *chained = NULL;
-    tp_status st = tp_future_then(o->f, then_trampoline, t, &chained);
-    if (st != TP_OK) {
-        Py_DECREF(t->cb);
-        Py_DECREF(t->parent);
-        PyMem_RawFree(t);
-        return raise_last(st);
-    }
-    return future_wrap(chained);
-}
-
 /* _set_result(value) / _set_exception(text): completes a future made by
  * future_new (FUTURE-9); a second completion raises ValueError. */
 static PyObject *future_set_result(FutureObject *o, PyObject *value) {
@@ -979,7 +922,6 @@ static PyMethodDef future_methods[] = {
     {"done", (PyCFunction)future_done, METH_NOARGS, "done(): completed?"},
     {"_wait_done", (PyCFunction)future_wait_done, METH_VARARGS, NULL},
     {"_add_done_callback", (PyCFunction)future_add_done, METH_O, NULL},
-    {"_then", (PyCFunction)future_then, METH_O, NULL},
     {"_set_result", (PyCFunction)future_set_result, METH_O, NULL},
     {"_set_exception", (PyCFunction)future_set_exception, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
@@ -1155,38 +1097,6 @@ static PyObject *m_call(PyObject *self, PyObject *args) {
     if (st != TP_OK)
         return raise_last(st);
     return remote ? rref_wrap(r) : future_wrap(f);
-}
-
-/* rref_call(rref, name, args, kwargs, timeout, remote): a method of the
- * object the rref holds, on its owner: a Future, or (remote) an RRef. */
-static PyObject *m_rref_call(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *rref, *pargs, *pkw;
-    const char *name;
-    double timeout;
-    int remote;
-    if (!PyArg_ParseTuple(args, "O!sO!O!dp", &RRefType, &rref, &name, &PyTuple_Type, &pargs,
-                          &PyDict_Type, &pkw, &timeout, &remote))
-        return NULL;
-    tp_value *a = to_value(pargs, "args", 1, 0);
-    tp_value *k = a ? to_value(pkw, "kwargs", 1, 0) : NULL;
-    tp_value *wire =
-        k ? tp_value_list_of(4, tp_value_str(name), a, k, tp_value_bool(remote)) : NULL;
-    if (!wire) {
-        if (!k)
-            tp_value_free(a);
-        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-    }
-    tp_rref *r = ((RRefObject *)rref)->r;
-    tp_status st;
-    tp_future *f = NULL;
-    tp_rref *out = NULL;
-    Py_BEGIN_ALLOW_THREADS st = remote ? tp_rref_remote(r, PY_METHOD, wire, NULL, timeout, &out)
-                                       : tp_rref_rpc_async(r, PY_METHOD, wire, NULL, timeout, &f);
-    Py_END_ALLOW_THREADS tp_value_free(wire);
-    if (st != TP_OK)
-        return raise_last(st);
-    return remote ? rref_wrap(out) : future_wrap(f);
 }
 
 /* ---- Init and shutdown that Ctrl-C interrupts (INTERRUPT-1) ---------------------- */
@@ -1545,7 +1455,6 @@ static PyMethodDef module_methods[] = {
     {"init_rpc", m_init_rpc, METH_VARARGS, NULL},
     {"shutdown", m_shutdown, METH_VARARGS, NULL},
     {"call", m_call, METH_VARARGS, NULL},
-    {"rref_call", m_rref_call, METH_VARARGS, NULL},
     {"get_worker_info", m_get_worker_info, METH_VARARGS, NULL},
     {"is_available", m_is_available, METH_NOARGS, NULL},
     {"is_initialized", m_is_initialized, METH_NOARGS, NULL},

@@ -470,18 +470,24 @@ def new_method(cls, method_name, fn):
 
 
 def _dispatch_method(obj, name, args, kwargs):
-    """The owner's side of a method call on an rref's object (from C, GIL held)."""
+    """The owner's side of a method call on an rref's object (from C, GIL
+    held: a C caller's tp_rref_rpc_sync on a Python object)."""
     try:
-        args, kwargs = _values.wrap(args, RRef), _values.wrap(kwargs, RRef)
-        for klass in type(obj).__mro__:
-            fn = _methods.get((klass, name))
-            if fn is not None:
-                return _answer(fn, fn(obj, *args, **kwargs), "%s.%s" % (klass.__qualname__, name))
-        bound = getattr(obj, name)  # AttributeError names the method and the class
-        return _answer(bound, bound(*args, **kwargs), "%s.%s" % (type(obj).__qualname__, name))
+        return _run_method(obj, name, _values.wrap(args, RRef), _values.wrap(kwargs, RRef))
     except Exception as e:
         _report_remote(e)
         raise
+
+
+def _run_method(obj, name, args, kwargs):
+    """Method name of obj (new_method's first, then the class's own)."""
+    what = "%s.%s" % (type(obj).__qualname__, name)
+    for klass in type(obj).__mro__:
+        fn = _methods.get((klass, name))
+        if fn is not None:
+            return _answer(fn, fn(obj, *args, **kwargs), what)
+    bound = getattr(obj, name)  # AttributeError names the method and the class
+    return _answer(bound, bound(*args, **kwargs), what)
 
 
 # ---- Futures -------------------------------------------------------------------------------
@@ -940,15 +946,8 @@ class _Proxy:
 
 
 def _proxy_call(rref, name, args, kwargs):
-    """On the owner: method name of the rref's value (new_method's first)."""
-    obj = rref.local_value()
-    what = "%s.%s" % (type(obj).__qualname__, name)
-    for klass in type(obj).__mro__:
-        fn = _methods.get((klass, name))
-        if fn is not None:
-            return _answer(fn, fn(obj, *args, **kwargs), what)
-    bound = getattr(obj, name)  # AttributeError names the method and the class
-    return _answer(bound, bound(*args, **kwargs), what)
+    """On the owner: method name of the rref's value, whatever its kind."""
+    return _run_method(rref.local_value(), name, args, kwargs)
 
 
 _proxy_call._tp_internal = True  # served whatever the exposure policy
