@@ -451,3 +451,25 @@ def test_values_pytorch_programs_send(tmp_path):
                    "UserRRef(RRefId = GloballyUniqueId(created_on=0, local_id=1), "
                    "ForkId = GloballyUniqueId(created_on=0, local_id=2))",
                    "local_value: True", "TypeError", "future: True"]
+
+
+def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
+    """_gather_to_leader is served to every peer; rounds nobody here waits
+    for are capped (GATHER_ROUNDS_MAX), refused with a clear error."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            n = api.GATHER_ROUNDS_MAX
+            futs = [rpc.rpc_async("worker1", api._gather_to_leader,
+                                  args=("r%d" % i, "worker0", None, ["worker0", "nobody"]))
+                    for i in range(n)]
+            rpc.wait_all(futs)
+            try:
+                rpc.rpc_sync("worker1", api._gather_to_leader,
+                             args=("one more", "worker0", None, ["worker0", "nobody"]))
+            except RuntimeError as e:
+                print("refused:", "GATHER_ROUNDS_MAX" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["refused: True"]

@@ -1006,15 +1006,28 @@ class _Gather:
 _gather_lock = threading.Lock()
 _gather_seq = {}     # the sorted names joined -> the next round's number
 _gathers = {}        # round id -> _Gather
+# Rounds held at once. A peer's _gather_to_leader or _broadcast_to_followers
+# (served whatever the exposure policy) makes one, and one that no local
+# _all_gather ever waits for would stay: past this many, they are refused.
+GATHER_ROUNDS_MAX = 1024
 
 
 def _gather_state(round_id):
     with _gather_lock:
-        return _gathers.setdefault(round_id, _Gather())
+        g = _gathers.get(round_id)
+        if g is None:
+            if len(_gathers) >= GATHER_ROUNDS_MAX:
+                raise RuntimeError("_all_gather: %d rounds are pending on this worker "
+                                   "(GATHER_ROUNDS_MAX); round %r refused"
+                                   % (len(_gathers), round_id))
+            g = _gathers[round_id] = _Gather()
+        return g
 
 
 def _gather_to_leader(round_id, name, obj, names):
     """On the leader: one worker's contribution to a round."""
+    if name not in names:
+        raise ValueError("_all_gather: %r is not among the round's workers" % (name,))
     g = _gather_state(round_id)
     with _gather_lock:
         if name in g.objects:
