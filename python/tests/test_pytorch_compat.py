@@ -473,3 +473,24 @@ def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["refused: True"]
+
+
+def test_interrupted_rpc_sync_is_not_waited_for_by_shutdown(tmp_path):
+    """Ctrl-C in rpc_sync cancels the call (CANCEL-1): the caller's graceful
+    shutdown does not wait for the callee's function to end."""
+    out = run(tmp_path, """
+        import signal, threading
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            try:
+                rpc.rpc_sync("worker1", slow, args=(8.0,))
+            except KeyboardInterrupt:
+                pass
+            t0 = time.monotonic()
+            rpc.shutdown()
+            print("shutdown took under 4 s:", time.monotonic() - t0 < 4.0)
+        else:
+            rpc.shutdown()
+    """)
+    assert out == ["shutdown took under 4 s: True"]
