@@ -18,6 +18,7 @@ int bench_verbose = 0;
 int bench_worker_threads = 0;
 int bench_auth_off = 0;
 int bench_encrypt = 0;
+int bench_shm_off = 0;
 
 uint64_t bench_now_ns(void) {
     struct timespec ts;
@@ -194,7 +195,8 @@ tp_options *bench_worker_options(uint16_t store_port) {
         tp_options_set_rpc_timeout(o, 60) != TP_OK || tp_options_set_init_timeout(o, 60) != TP_OK ||
         tp_options_set_shutdown_timeout(o, 60) != TP_OK ||
         (bench_auth_off && tp_options_set(o, "auth", "off") != TP_OK) ||
-        (bench_encrypt && tp_options_set(o, "encrypt", "on") != TP_OK)) {
+        (bench_encrypt && tp_options_set(o, "encrypt", "on") != TP_OK) ||
+        (bench_shm_off && tp_options_set(o, "shm", "off") != TP_OK)) {
         tp_options_free(o);
         return NULL;
     }

@@ -67,6 +67,8 @@ extern int bench_auth_off;
 /* --encrypt on: the workers seal their streams (encrypt=on, TCP-21); the crypt
  * workload sets it for its second job. */
 extern int bench_encrypt;
+/* 1: the workers keep every frame on the TCP stream (shm=off, spec/tcp.md TCP-22). */
+extern int bench_shm_off;
 
 /* A child-side check: prints the failed condition and the last rpc error, returns 1. */
 #define BENCH_CHECK(cond)                                                                          \

@@ -8,7 +8,7 @@
  *
  *   rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]
  *             [--placement spread|one|free] [--worker-threads N] [--auth on|off]
- *             [--encrypt on|off] [-v]
+ *             [--encrypt on|off] [--shm on|off] [-v]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +33,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]\n"
             "                 [--placement spread|one|free] [--worker-threads N] [--auth on|off]\n"
-            "                 [--encrypt on|off] [-v]\n"
+            "                 [--encrypt on|off] [--shm on|off] [-v]\n"
             "  --quick        fewer samples and no 32-process init: a smoke run\n"
             "  --raw-only     only the raw TCP figures (no rpc job)\n"
             "  --no-syscalls  skip syscalls_per_rpc_sync (needs strace)\n"
@@ -44,6 +44,8 @@ static void usage(void) {
             "  --worker-threads N\n"
             "                 num_worker_threads of the workers (default: the library's)\n"
             "  --auth on|off  the workers' authentication (default on, spec/tcp.md TCP-17)\n"
+            "  --shm on|off     shared memory between the two workers (default on, TCP-22):\n"
+            "                 off keeps every frame on the loopback stream\n"
             "  --encrypt on|off\n"
             "                 the workers' encryption of the stream (default off, TCP-21); the\n"
             "                 crypt workload measures both in one run whatever this says\n"
@@ -90,6 +92,9 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
                 return -1;
             bench_auth_off = strcmp(v, "off") == 0; /* TCP-17's cost: compare on and off */
+        } else if (strcmp(argv[i], "--shm") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "on") == 0 || strcmp(argv[i + 1], "off") == 0)) {
+            bench_shm_off = strcmp(argv[++i], "off") == 0;
         } else if (strcmp(argv[i], "--encrypt") == 0 && i + 1 < argc) {
             const char *v = argv[++i];
             if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
@@ -247,17 +252,20 @@ static int run_crypt(const bench_args *a) {
     bench_pair_config cfg = pair_config(&c);
     cfg.remote_samples = 0;
     bench_pair_results r[2];
-    int saved = bench_encrypt;
+    int saved = bench_encrypt, saved_shm = bench_shm_off;
+    bench_shm_off = 1; /* both jobs on the stream: encryption's cost, not shared memory's gain */
     for (int on = 0; on < 2; on++) {
         memset(&r[on], 0, sizeof r[on]);
         bench_encrypt = on;
         if (bench_pair_run(&cfg, &r[on]) != 0) {
             bench_encrypt = saved;
+            bench_shm_off = saved_shm;
             fprintf(stderr, "rpc_bench: the encrypt=%s job failed\n", on ? "on" : "off");
             return -1;
         }
     }
     bench_encrypt = saved;
+    bench_shm_off = saved_shm;
     static const char *const mode[2] = {"off", "on"};
     for (int on = 0; on < 2; on++) {
         char name[64];

@@ -222,13 +222,44 @@ tp_frame *tp_frame_alloc(size_t len) {
     return &of->f;
 }
 
+/* A frame over bytes its backend lends (tp_frame_lend). */
+typedef struct lent_frame {
+    tp_frame f;
+    void (*release)(void *ctx);
+    void *ctx;
+} lent_frame;
+
+static void lent_frame_destroy(tp_frame *f) {
+    lent_frame *lf = (lent_frame *)f;
+    lf->release(lf->ctx);
+    free(lf);
+}
+
+tp_frame *tp_frame_lend(uint8_t *base, size_t len, void (*release)(void *ctx), void *ctx) {
+    TPI_ASSERT(base != NULL && len >= TP_FRAME_HEADER_SIZE && release != NULL);
+    lent_frame *lf = calloc(1, sizeof *lf);
+    if (!lf)
+        return NULL;
+    lf->f.len = len;
+    lf->f.nseg = 1;
+    lf->f.seg[0].base = base;
+    lf->f.seg[0].len = len;
+    lf->f.destroy = lent_frame_destroy;
+    lf->release = release;
+    lf->ctx = ctx;
+    return &lf->f;
+}
+
 uint8_t *tp_frame_bytes(tp_frame *f) {
-    TPI_ASSERT(f != NULL && f->destroy == frame_alloc_destroy);
+    TPI_ASSERT(f != NULL &&
+               (f->destroy == frame_alloc_destroy || f->destroy == lent_frame_destroy));
+    if (f->destroy == lent_frame_destroy)
+        return (uint8_t *)f->seg[0].base;
     return (uint8_t *)f + OWNED_HEAD;
 }
 
 int tpi_frame_owns_bytes(const tp_frame *f) {
-    return f != NULL && f->destroy == frame_alloc_destroy;
+    return f != NULL && (f->destroy == frame_alloc_destroy || f->destroy == lent_frame_destroy);
 }
 
 /* A frame with its own bytes after the struct and references to blocks. */

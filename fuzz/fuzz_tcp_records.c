@@ -14,7 +14,9 @@
  *   with the record's sender to the same 24 bytes;
  * - an auth record decodes under at most one kind, and re-encodes from its
  *   payload to the same 24 bytes; a refused one leaves the payload untouched;
- * - at most one of the three accepts a record, and no record any of them
+ * - tpi_tcp_shm_decode gives 0 or a shared memory kind (TCP-22), and a
+ *   known one re-encodes from its sender and fields to the same 24 bytes;
+ * - at most one of the four accepts a record, and no record any of them
  *   accepts passes a frame's header check (the magics keep them apart).
  * A violated property aborts, which the fuzzer reports as a crash.
  */
@@ -86,6 +88,19 @@ static int control(const uint8_t rec[REC]) {
     return 1;
 }
 
+static int shm(const uint8_t rec[REC]) {
+    uint32_t v[3] = {0, 0, 0};
+    int kind = tpi_tcp_shm_decode(rec, v);
+    check(kind == 0 || (kind >= TPI_TCP_SHM_OFFER && kind <= TPI_TCP_SHM_RELEASE),
+          "a shared memory record's kind is 0 or known");
+    if (!kind)
+        return 0;
+    uint8_t again[REC];
+    tpi_tcp_shm_encode(again, (tpi_tcp_ctl_kind)kind, get_u32(rec + 8), v[0], v[1], v[2]);
+    check(memcmp(again, rec, REC) == 0, "a shared memory record re-encodes to the same bytes");
+    return 1;
+}
+
 static int auth(const uint8_t rec[REC]) {
     static const tpi_tcp_auth_kind kinds[] = {TPI_TCP_AUTH_NONCE, TPI_TCP_AUTH_PROOF};
     int accepted = 0;
@@ -112,8 +127,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *extra = size > REC ? data + REC : NULL;
     size_t extra_len = size > REC ? size - REC : 0;
 
-    int taken = hello(rec, extra, extra_len) + control(rec) + auth(rec);
-    check(taken <= 1, "a record is a hello, a control or an auth record, not two");
+    int taken = hello(rec, extra, extra_len) + control(rec) + shm(rec) + auth(rec);
+    check(taken <= 1, "a record is a hello, a control, a shared memory or an auth record, "
+                      "not two");
     if (taken) {
         char err[TP_ERRMSG_LEN_MAX];
         size_t len = 0;

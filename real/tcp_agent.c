@@ -116,6 +116,8 @@ static void agent_destroy(tp_agent *ag) {
         a->store->ops->close(a->store);
     if (a->peers)
         tpi_tcp_drop_queues(a);
+    for (uint32_t i = 0; a->peers && i < a->world_size; i++)
+        tpi_shm_tx_free(a->peers[i].shm_tx);
     pthread_mutex_destroy(&a->mu);
     pthread_mutex_destroy(&a->qmu);
     pthread_mutex_destroy(&a->pool_mu);
@@ -335,6 +337,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
         st = tpi_tcp_auth_setup(params->opts, &a->auth, errmsg, errmsg_len);
     if (st == TP_OK)
         st = tpi_tcp_encrypt_setup(params->opts, &a->auth, &a->encrypt, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = tpi_shm_setup(a, params->opts, errmsg, errmsg_len);
     if (st == TP_OK) {
         a->peers = calloc(a->world_size, sizeof *a->peers);
         a->dirty = calloc(a->world_size, sizeof *a->dirty);
@@ -367,7 +371,8 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
 /* TCP-12: the backend keys; init rejects any other (OPT-6). */
 static const char *const option_keys[] = {
     "listen_addr",   "listen_port",  "advertise_addr", "auth",           "secret",  "hello_timeout",
-    "frame_timeout", "idle_timeout", "rx_budget",      "max_handshakes", "encrypt", NULL};
+    "frame_timeout", "idle_timeout", "rx_budget",      "max_handshakes", "encrypt", "shm",
+    "shm_min_bytes", "shm_pool_bytes", NULL};
 
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,

@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "tcp_internal.h"
 
@@ -117,7 +118,17 @@ struct tpi_tcp_conn {
         int busy; /* in a uv_write */
     } out[2];     /* sealed chunks, kept for the connection's life */
     int tx_pumping, tx_failed, tx_close_after;
+    /* TCP-22, shared memory. Outgoing: SHM_NONE, OFFERED (the probe open
+     * until the answer) or ACTIVE (large frames go through slabs, released
+     * on this connection; session names them). Accepted: shm_rx once its
+     * offer held. */
+    int shm;
+    int shm_probe;
+    uint64_t shm_session;
+    tpi_shm_rx *shm_rx;
 };
+
+enum { SHM_NONE = 0, SHM_OFFERED = 1, SHM_ACTIVE = 2 };
 
 typedef struct conn_write {
     uv_write_t req;
@@ -282,6 +293,7 @@ static tpi_tcp_conn *conn_new(tpi_tcp_agent *a, int outgoing, uint32_t peer) {
     c->claimed = NO_PEER;
     c->state = CONN_HELLO;
     c->timer_due_ms = UINT64_MAX;
+    c->shm_probe = -1;
     uv_tcp_init(&a->loop, &c->tcp);
     uv_timer_init(&a->loop, &c->timer);
     c->tcp.data = c;
@@ -298,6 +310,25 @@ static tpi_tcp_conn *conn_new(tpi_tcp_agent *a, int outgoing, uint32_t peer) {
 static void rx_release(tpi_tcp_conn *c);
 static void wait_remove(tpi_tcp_conn *c);
 
+/* TCP-22: the connection ends, and shared memory over it: the dialer gives
+ * up the slabs the other end can no longer release, the acceptor's frames
+ * still out release silently. */
+static void shm_end(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    if (c->shm_probe >= 0) {
+        close(c->shm_probe);
+        c->shm_probe = -1;
+    }
+    if (c->shm == SHM_ACTIVE) {
+        if (a->peers[c->peer].out == c || !a->peers[c->peer].out)
+            atomic_store(&a->peers[c->peer].shm_active, 0);
+        tpi_shm_session_end(a, c->peer, c->shm_session);
+    }
+    c->shm = SHM_NONE;
+    tpi_shm_rx_detach(c->shm_rx);
+    c->shm_rx = NULL;
+}
+
 static void conn_close(tpi_tcp_conn *c) {
     if (c->state == CONN_CLOSED)
         return;
@@ -309,6 +340,7 @@ static void conn_close(tpi_tcp_conn *c) {
     }
     if (c->outgoing && c->peer < c->a->world_size)
         direct_revoke(c->a, c->peer); /* before the socket closes */
+    shm_end(c);
     c->state = CONN_CLOSED;
     /* Closing the stream cancels its writes (their callbacks free the
      * frames) and a pending connect, before the close callback runs. */
@@ -391,6 +423,19 @@ static int conn_write_record(tpi_tcp_conn *c, const uint8_t *rec, int close_afte
     }
     uv_buf_t b = uv_buf_init((char *)rec, TPI_TCP_RECORD_SIZE);
     return conn_write_bufs(c, &b, 1, NULL, -1, close_after);
+}
+
+/* n records from recs, written from a frame of their own (no lifetime to
+ * keep); 0 or a libuv error. Not on a sealed stream (TCP-22 is off there). */
+static int conn_write_records(tpi_tcp_conn *c, const uint8_t *recs, size_t n) {
+    TPI_ASSERT(!c->tx_sealed && n > 0);
+    tp_frame *f = tp_frame_alloc(n * TPI_TCP_RECORD_SIZE);
+    if (!f)
+        return UV_ENOMEM;
+    memcpy(tp_frame_bytes(f), recs, n * TPI_TCP_RECORD_SIZE);
+    f->next = NULL;
+    uv_buf_t b = uv_buf_init((char *)tp_frame_bytes(f), (unsigned)f->len);
+    return conn_write_bufs(c, &b, 1, f, -1, 0);
 }
 
 /* Ends a connection after an error of ours to report: stop reading, send
@@ -831,13 +876,20 @@ static void on_conn_timer(uv_timer_t *h) {
 
 /* ---- Reading ------------------------------------------------------------------ */
 
+static void deliver_frame(tpi_tcp_conn *c, tp_frame *f);
+
 static void deliver(tpi_tcp_conn *c) {
-    tpi_tcp_agent *a = c->a;
     tp_frame *f = c->rx;
     c->rx = NULL;
     c->rx_bytes = NULL;
     c->rx_len = c->rx_got = 0;
     rx_release(c);
+    deliver_frame(c, f);
+}
+
+/* Hands a whole frame from this connection's peer to the core. */
+static void deliver_frame(tpi_tcp_conn *c, tp_frame *f) {
+    tpi_tcp_agent *a = c->a;
     if (atomic_load(&a->stop_flag)) {
         tp_frame_free(f); /* AGENT-5: incoming frames are dropped from stop on */
         return;
@@ -940,6 +992,124 @@ void tpi_tcp_on_rx_admit(uv_idle_t *h) {
             break; /* a release starts this again */
         wait_remove(c);
         in_resume(c);
+    }
+}
+
+/* ---- Shared memory (TCP-22) --------------------------------------------------------- */
+
+/* The dialer's offer, once its connection is open: its probe waits for the
+ * answer; until then (and without one) frames take the stream. */
+static void shm_offer(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    if (!a->shm_on || c->tx_sealed || c->shm != SHM_NONE)
+        return;
+    if (tpi_shm_offer(a, c->peer, &c->shm_probe, rec) != 0) {
+        tpi_log(TP_LOG_DEBUG, "worker %u: no shared memory with worker %u: cannot make a probe",
+                a->rank, c->peer);
+        return;
+    }
+    if (conn_write_records(c, rec, 1) != 0) {
+        close(c->shm_probe);
+        c->shm_probe = -1;
+        return;
+    }
+    c->shm = SHM_OFFERED;
+}
+
+/* An accepted connection's OFFER: answered yes when its probe holds. */
+static void shm_on_offer(tpi_tcp_conn *c, const uint32_t v[3]) {
+    tpi_tcp_agent *a = c->a;
+    const char *why = "this worker has shm=off";
+    tpi_shm_rx *rx = a->shm_on ? tpi_shm_accept(a, c->peer, c, v, &why) : NULL;
+    if (!rx && a->shm_on)
+        tpi_log(TP_LOG_INFO,
+                "worker %u: no shared memory with worker %u (%s): its frames come over TCP",
+                a->rank, c->peer, why);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_ANSWER, a->rank, rx ? 1u : 0u, 0, 0);
+    c->shm_rx = rx;
+    if (conn_write_records(c, rec, 1) != 0)
+        in_ended(c, "cannot answer a shared memory offer");
+}
+
+/* The outgoing connection's ANSWER: large frames go through slabs from now. */
+static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes) {
+    tpi_tcp_agent *a = c->a;
+    close(c->shm_probe);
+    c->shm_probe = -1;
+    if (!yes) {
+        c->shm = SHM_NONE;
+        tpi_log(TP_LOG_DEBUG, "worker %u: worker %u declined shared memory: frames take TCP",
+                a->rank, c->peer);
+        return;
+    }
+    c->shm = SHM_ACTIVE;
+    c->shm_session = ++a->peers[c->peer].shm_sessions;
+    atomic_store(&a->peers[c->peer].shm_active, 1);
+    tpi_log(TP_LOG_DEBUG, "worker %u: frames of %llu bytes and more to worker %u go through "
+            "shared memory", a->rank, (unsigned long long)a->shm_min, c->peer);
+}
+
+/* Handles a shared memory record (kind, fields v); 0, or -1 after a
+ * protocol error was raised. */
+static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
+    tpi_tcp_agent *a = c->a;
+    char err[TP_ERRMSG_LEN_MAX];
+    if (kind == TPI_TCP_SHM_OFFER && !c->outgoing && !c->shm_rx) {
+        shm_on_offer(c, v);
+        return 0;
+    }
+    if (kind == TPI_TCP_SHM_ANSWER && c->outgoing && c->shm == SHM_OFFERED && v[0] <= 1) {
+        shm_on_answer(c, v[0]);
+        return 0;
+    }
+    if (kind == TPI_TCP_SHM_FRAME && !c->outgoing && c->shm_rx) {
+        tp_frame *f = tpi_shm_frame(c->shm_rx, v, a->max_msg, err, sizeof err);
+        if (!f) {
+            in_protocol_error(c, err);
+            return -1;
+        }
+        deliver_frame(c, f);
+        return 0;
+    }
+    if (kind == TPI_TCP_SHM_RELEASE && c->outgoing && c->shm == SHM_ACTIVE &&
+        tpi_shm_release(a, c->peer, c->shm_session, v[0]) == 0)
+        return 0;
+    tpi_format(err, sizeof err, "unexpected shared memory record (kind %d, %u %u %u) on %s "
+               "connection", kind, v[0], v[1], v[2], c->outgoing ? "an outgoing" : "an accepted");
+    if (c->outgoing)
+        out_fail(c, TP_EIO, err);
+    else
+        in_protocol_error(c, err);
+    return -1;
+}
+
+void tpi_tcp_shm_tell_released(tpi_tcp_agent *a) {
+    enum { CHUNK = 64 };
+    uint32_t slots[CHUNK];
+    uint8_t recs[CHUNK * TPI_TCP_RECORD_SIZE];
+    tpi_shm_rx *next = NULL;
+    for (tpi_shm_rx *rx = tpi_shm_released_take(a); rx; rx = next) {
+        int first = 1;
+        for (;;) {
+            tpi_shm_rx *nx = NULL;
+            uint32_t n = CHUNK;
+            tpi_tcp_conn *c = tpi_shm_rx_next(rx, &nx, slots, &n);
+            if (first)
+                next = nx;
+            first = 0;
+            if (!c || n == 0)
+                break;
+            for (uint32_t i = 0; i < n; i++)
+                tpi_tcp_shm_encode(recs + i * TPI_TCP_RECORD_SIZE, TPI_TCP_SHM_RELEASE, a->rank,
+                                   slots[i], 0, 0);
+            if (c->state != CONN_OPEN || conn_write_records(c, recs, n) != 0)
+                break; /* its end releases the rest on the dialer's side */
+            if (n < CHUNK)
+                break;
+        }
+        tpi_shm_rx_unref(rx);
     }
 }
 
@@ -1065,6 +1235,7 @@ static void on_auth_record(tpi_tcp_conn *c) {
         c->tx_sealed = c->rx_sealed = 1;
     }
     peer_alive(c);
+    shm_offer(c);
     tpi_tcp_flush(a, c->peer); /* the frames that waited for the handshake */
 }
 
@@ -1164,11 +1335,18 @@ static void on_record(tpi_tcp_conn *c) {
         uv_timer_stop(&c->timer);
         out_opened(c);
         peer_alive(c);
+        shm_offer(c);
         tpi_tcp_flush(a, c->peer); /* the frames that waited for the answer; grants direct writes */
         return;
     }
     if (!c->outgoing && !tpi_tcp_is_ctl(c->rec)) {
         in_frame_header(c);
+        return;
+    }
+    uint32_t v[3];
+    int shm_kind = tpi_tcp_shm_decode(c->rec, v);
+    if (shm_kind) {
+        shm_on_record(c, shm_kind, v);
         return;
     }
     int kind = tpi_tcp_ctl_kind_of(c->rec);
@@ -1656,6 +1834,29 @@ static void tx_pump(tpi_tcp_conn *c) {
     c->tx_pumping = 0;
 }
 
+/* TCP-22: each frame of shm_min bytes or more is copied into a slab and
+ * replaced by its 24-byte record, in place; one no slab can take stays. */
+static tp_frame *shm_pack_frames(tpi_tcp_conn *c, tp_frame *f) {
+    tpi_tcp_agent *a = c->a;
+    tp_frame **link = &f;
+    for (tp_frame *cur = f; cur; cur = *link) {
+        if (cur->len >= a->shm_min) {
+            tp_frame *r = tp_frame_alloc(TPI_TCP_RECORD_SIZE);
+            if (r && tpi_shm_pack(a, c->peer, c->shm_session, cur, tp_frame_bytes(r)) == 0) {
+                r->next = cur->next;
+                *link = r;
+                cur->next = NULL;
+                tp_frame_free(cur);
+                cur = r;
+            } else {
+                tp_frame_free(r);
+            }
+        }
+        link = &cur->next;
+    }
+    return f;
+}
+
 /* Writes a list of frames in batches of at most TPI_TCP_WRITE_BUFS_MAX buffers:
  * each batch at once when it fits in the socket, the rest in one uv_write. */
 static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
@@ -1668,6 +1869,8 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
         tx_pump(c);
         return;
     }
+    if (c->shm == SHM_ACTIVE)
+        f = shm_pack_frames(c, f);
     uv_buf_t bufs[TPI_TCP_WRITE_BUFS_MAX];
     while (f) {
         unsigned n = 0;

@@ -36,7 +36,8 @@
 /* ---- Transport records (TCP-3..5): hello and control, 24 bytes each ------- */
 
 #define TPI_TCP_RECORD_SIZE 24
-#define TPI_TCP_VERSION 3 /* 2: hello flags, authentication (TCP-17); 3: IDLE, CLOSE (TCP-19) */
+#define TPI_TCP_VERSION 4 /* 2: hello flags, authentication (TCP-17); 3: IDLE, CLOSE (TCP-19);
+                            4: shared memory records (TCP-22) */
 /* Magic of a hello record "TPHL", a control record "TPCT", an authentication
  * record "TPAU". */
 #define TPI_TCP_HELLO_MAGIC "TPHL"
@@ -167,7 +168,12 @@ typedef enum tpi_tcp_ctl_kind {
     TPI_TCP_CTL_PING = 3,  /* dialer to acceptor: answer with PONG */
     TPI_TCP_CTL_PONG = 4,
     TPI_TCP_CTL_IDLE = 5, /* acceptor to dialer: this connection idles; close it (TCP-19) */
-    TPI_TCP_CTL_CLOSE = 6 /* dialer to acceptor: nothing follows; I live on (TCP-19) */
+    TPI_TCP_CTL_CLOSE = 6, /* dialer to acceptor: nothing follows; I live on (TCP-19) */
+    /* TCP-22, shared memory; their three u32 fields at offsets 12, 16, 20: */
+    TPI_TCP_SHM_OFFER = 7,  /* dialer to acceptor: pid, probe fd, probe tag */
+    TPI_TCP_SHM_ANSWER = 8, /* acceptor to dialer: 1 yes / 0 no, 0, 0 */
+    TPI_TCP_SHM_FRAME = 9,  /* dialer to acceptor: slab fd, slab slot, frame length */
+    TPI_TCP_SHM_RELEASE = 10 /* acceptor to dialer: slab slot, 0, 0 */
 } tpi_tcp_ctl_kind;
 
 _Static_assert(TPI_TCP_RECORD_SIZE == TP_FRAME_HEADER_SIZE,
@@ -191,6 +197,12 @@ void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind,
 int tpi_tcp_is_ctl(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
 /* The kind of a well-formed control record, 0 for a malformed one. */
 int tpi_tcp_ctl_kind_of(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
+/* A shared memory record (TCP-22): kind TPI_TCP_SHM_* and three fields. */
+void tpi_tcp_shm_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind, uint32_t sender,
+                        uint32_t x, uint32_t y, uint32_t z);
+/* The kind of a well-formed shared memory record with its fields (v[3]), 0
+ * for anything else. */
+int tpi_tcp_shm_decode(const uint8_t rec[TPI_TCP_RECORD_SIZE], uint32_t v[3]);
 
 /* ---- Bounds and timeouts ------------------------------------------------- */
 
@@ -240,6 +252,64 @@ _Static_assert(TPI_TCP_STAGING_SIZE <= TPI_TCP_SEAL_BUF,
 #define TPI_TCP_USER_TIMEOUT_MS                                                                    \
     ((TPI_TCP_KEEPALIVE_S + TPI_TCP_KEEPALIVE_INTVL_S * TPI_TCP_KEEPALIVE_CNT) * 1000)
 
+/* ---- Shared memory between workers on one host (TCP-22): tcp_shm.c ------- */
+
+/* Frames of at least this many bytes go through a slab (option shm_min_bytes):
+ * below it the stream's own copy costs less than a record and a release. */
+#define TPI_SHM_MIN_DEFAULT ((uint64_t)1 << 20)
+/* Slabs a worker keeps per peer, and their bytes (option shm_pool_bytes):
+ * a frame finding every slab busy, or no room, takes the stream. */
+#define TPI_SHM_SLABS_MAX 16
+#define TPI_SHM_POOL_DEFAULT ((uint64_t)512 << 20)
+/* Slabs are sized in steps of this, so a slightly longer frame reuses one. */
+#define TPI_SHM_SLAB_STEP ((uint64_t)2 << 20)
+/* A slab's header: magic, sender, receiver, slot, frame length, the slab's
+ * size (checked against the record and fstat), where the frame starts: at
+ * TPI_SHM_HEAD plus less than TPI_SHM_ALIGN, so that its largest tensor
+ * lies aligned. */
+#define TPI_SHM_HEAD 64
+#define TPI_SHM_ALIGN 64
+#define TPI_SHM_PROBE_SIZE 64
+
+typedef struct tpi_tcp_agent tpi_tcp_agent;
+typedef struct tpi_shm_tx tpi_shm_tx; /* a peer's slabs (loop thread) */
+typedef struct tpi_shm_rx tpi_shm_rx; /* an accepted connection's side (refcounted) */
+
+/* Options shm, shm_min_bytes, shm_pool_bytes; after the encrypt setup (shm
+ * is off with encrypt=on). */
+tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
+                        size_t errmsg_len);
+/* Dialer: a fresh probe (*probe_fd, closed by the caller once answered) and
+ * the OFFER record; 0 or -1. */
+int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
+                  uint8_t rec[TPI_TCP_RECORD_SIZE]);
+/* Acceptor: checks an OFFER's probe (v: its fields) from peer; the side of
+ * connection conn, or NULL with *why. */
+tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const uint32_t v[3],
+                           const char **why);
+/* Acceptor: the frame a FRAME record (v) names, mapped, checked, lent; NULL
+ * with err for a record that does not hold (a protocol error). */
+tp_frame *tpi_shm_frame(tpi_shm_rx *rx, const uint32_t v[3], uint64_t max_msg, char *err,
+                        size_t err_len);
+/* Acceptor: its connection is gone; frames still out release silently. */
+void tpi_shm_rx_detach(tpi_shm_rx *rx);
+/* Loop: the sides with releases to tell (their list reference passes to the caller). */
+tpi_shm_rx *tpi_shm_released_take(tpi_tcp_agent *a);
+/* Loop: up to *n released slots of rx into slots (*n set to how many) and
+ * the list's next; the connection to tell, NULL when gone. */
+void *tpi_shm_rx_next(tpi_shm_rx *rx, tpi_shm_rx **next, uint32_t *slots, uint32_t *n);
+void tpi_shm_rx_unref(tpi_shm_rx *rx);
+/* Dialer: copies f into a free slab and writes its FRAME record; 0, or -1
+ * when no slab can take it (the frame then takes the stream). */
+int tpi_shm_pack(tpi_tcp_agent *a, uint32_t peer, uint64_t session, const tp_frame *f,
+                 uint8_t rec[TPI_TCP_RECORD_SIZE]);
+/* Dialer: a RELEASE on the connection of session; -1 when slot is not a
+ * slab busy with that session (a protocol error). */
+int tpi_shm_release(tpi_tcp_agent *a, uint32_t peer, uint64_t session, uint32_t slot);
+/* Dialer: the connection of session ended; its busy slabs go. */
+void tpi_shm_session_end(tpi_tcp_agent *a, uint32_t peer, uint64_t session);
+void tpi_shm_tx_free(tpi_shm_tx *tx);
+
 /* ---- The agent ------------------------------------------------------------ */
 
 typedef struct tpi_tcp_task tpi_tcp_task;
@@ -253,8 +323,6 @@ struct tpi_tcp_task {
 
 /* Unparks whose signal waits for the core lock's release (tcp_sync.c). */
 #define TPI_TCP_WAKE_MAX 32
-
-typedef struct tpi_tcp_agent tpi_tcp_agent;
 
 /* A pool thread (tcp_pool.c); slots live until pool_join. */
 typedef struct tpi_tcp_pool_thread tpi_tcp_pool_thread;
@@ -290,8 +358,11 @@ typedef struct tpi_tcp_peer {
     /* Bumped by each restart: news of a connection of an older generation
      * (its end, its errors) is about an earlier incarnation and is ignored. */
     atomic_uint gen;
+    atomic_int shm_active; /* TCP-22: large frames go through slabs (no direct writes) */
     /* loop thread only */
     tpi_tcp_conn *out; /* the connection we dialed: frames go there */
+    tpi_shm_tx *shm_tx; /* TCP-22: our slabs for this peer, NULL until first used */
+    uint64_t shm_sessions; /* TCP-22: sessions begun with this peer */
     int suspect;       /* a probe is running (TCP-7) */
     char suspect_detail[160];
     /* TCP-20: the dial failed before an answer; the next one waits for the
@@ -319,6 +390,8 @@ struct tpi_tcp_agent {
     char self_addr[TPI_ADDR_LEN_MAX];
     tpi_tcp_auth auth; /* TCP-17: set at init, read-only after */
     int encrypt;       /* TCP-21: streams sealed after the handshake; no direct writes */
+    int shm_on;        /* TCP-22: offer and accept shared memory (set at init) */
+    uint64_t shm_min, shm_pool;
 
     /* The core lock, the tasks parked on it, and the unparked tasks to
      * signal once it is released (each holds a reference: tcp_sync.c). */
@@ -339,6 +412,7 @@ struct tpi_tcp_agent {
     atomic_uint nregrant; /* written under qmu; read without it to skip an empty list */
     uint64_t timer_deadline_ns;
     int timer_dirty;
+    tpi_shm_rx *shm_released; /* TCP-22: sides with releases for the loop to tell */
 
     /* The pool (tcp_pool.c), under pool_mu. */
     pthread_mutex_t pool_mu;
@@ -423,6 +497,8 @@ void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id);
 /* AGENT-16: rank restarted at addr (any thread, core lock held). */
 tp_status tpi_tcp_set_peer(tpi_tcp_agent *a, uint32_t rank, const char *addr, char *errmsg,
                            size_t errmsg_len);
+/* TCP-22: tells each dialer which of its slabs our frames freed (RELEASE). */
+void tpi_tcp_shm_tell_released(tpi_tcp_agent *a);
 /* Closes every connection (stop): BYE where it can, no upcall. */
 void tpi_tcp_close_all(tpi_tcp_agent *a);
 /* Lets a sender write to peer id's outgoing socket itself if nothing of ours

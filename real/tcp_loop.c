@@ -128,6 +128,10 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
     } else {
         tpi_tcp_peer *p = &a->peers[dst];
         f->next = NULL;
+        /* TCP-22: a frame for a slab is the loop's to copy there. */
+        int shm = f->len >= a->shm_min && atomic_load_explicit(&p->shm_active, memory_order_relaxed);
+        if (shm)
+            p->direct_fd = -1; /* the grant is spent: the loop grants again once this is out */
         if (p->direct_fd >= 0) {
             TPI_ASSERT(!p->q_head && !p->direct_busy);
             int fd = p->direct_fd;
@@ -259,6 +263,7 @@ static void on_wake(uv_async_t *h) {
     if (timer_dirty)
         timer_apply(a, deadline);
     tpi_tcp_flush_dirty(a);
+    tpi_tcp_shm_tell_released(a);
 }
 
 /* ---- The thread and start (AGENT-3) ------------------------------------------------ */

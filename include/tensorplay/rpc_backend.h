@@ -64,7 +64,16 @@ struct tp_frame {
  * received frames with it.
  */
 tp_frame *tp_frame_alloc(size_t len);
-/* The writable bytes of a frame from tp_frame_alloc. */
+/*
+ * A received frame over len bytes at base that the backend lends (memory it
+ * mapped, such as a shared memory slab): one writable segment, header
+ * first, which the core may lend on to tensors as it does tp_frame_alloc's
+ * bytes. release(ctx) is called once, on any thread, when the frame is
+ * freed (possibly long after, when the last tensor viewing it goes). NULL
+ * on exhaustion (release is then not called).
+ */
+tp_frame *tp_frame_lend(uint8_t *base, size_t len, void (*release)(void *ctx), void *ctx);
+/* The writable bytes of a frame from tp_frame_alloc or tp_frame_lend. */
 uint8_t *tp_frame_bytes(tp_frame *f);
 /* Calls f->destroy; NULL is a no-op. */
 void tp_frame_free(tp_frame *f);

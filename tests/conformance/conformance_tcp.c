@@ -42,10 +42,31 @@ static uint64_t tcp_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static int child_rank = -1;      /* in a child: its rank */
+
+/*
+ * TP_CONFORMANCE_SHM (spec/tcp.md TCP-22): "all" sends every frame between
+ * workers through shared memory (shm_min_bytes 0), "mixed" does so on even
+ * ranks while odd ones have shm=off (their pairs keep TCP: an offer
+ * refused, or never made), "off" sets shm=off everywhere. Unset: the
+ * defaults (only frames of 1 MiB and more take shared memory).
+ */
+static tp_status shm_options(tp_options *o) {
+    const char *mode = getenv("TP_CONFORMANCE_SHM");
+    if (!mode || !*mode)
+        return TP_OK;
+    int off = strcmp(mode, "off") == 0 || (strcmp(mode, "mixed") == 0 && child_rank % 2 == 1);
+    if (off)
+        return tp_options_set(o, "shm", "off");
+    if (strcmp(mode, "all") != 0 && strcmp(mode, "mixed") != 0)
+        return TP_EINVAL;
+    return tp_options_set(o, "shm_min_bytes", "0");
+}
+
 static tp_options *tcp_options(const tp_conformance_launcher *l) {
     (void)l;
     tp_options *o = tp_options_new();
-    if (o && tp_options_set_init_method(o, init_method) != TP_OK) {
+    if (o && (tp_options_set_init_method(o, init_method) != TP_OK || shm_options(o) != TP_OK)) {
         tp_options_free(o);
         return NULL;
     }
@@ -125,6 +146,7 @@ static void drop_rendezvous(void) {
 static _Noreturn void child_main(int fd, int rank, int world_size,
                                  tp_conformance_program program) {
     report_fd = fd;
+    child_rank = rank;
     int rc = program(rank, world_size);
     const char *rep = tp_conformance_rank_report(rank);
     write_all(fd, rep, strlen(rep));

@@ -539,6 +539,9 @@ static int body_capture(tt_job *job, int rank) {
     const capture_args *ca = job->arg;
     tp_options *o = crypt_options(job, ca->encrypt);
     TT_CHECK(o);
+    /* Both workers share this host: without shm=off the large call would
+     * bypass the stream (and the capture) through shared memory (TCP-22). */
+    TT_CHECK(tp_options_set(o, "shm", "off") == TP_OK);
     if (rank == 1) {
         char port[16];
         snprintf(port, sizeof port, "%u", (unsigned)ca->port1);

@@ -6,7 +6,8 @@ from . import constants
 # Our keys beyond PyTorch's; each maps to a backend option of the C library.
 _BACKEND_KEYS = ("secret", "auth", "listen_addr", "listen_port", "advertise_addr", "encrypt",
                  "hello_timeout", "frame_timeout", "idle_timeout", "rx_budget",
-                 "max_handshakes", "max_message_size", "max_inflight_bytes", "max_queued_bytes")
+                 "max_handshakes", "max_message_size", "max_inflight_bytes", "max_queued_bytes",
+                 "shm", "shm_min_bytes", "shm_pool_bytes")
 TENSOR_TYPES = ("auto", "torch", "numpy")
 
 

@@ -1,0 +1,596 @@
+/*
+ * tcp_shm.c: shared memory between two workers on one host (spec/tcp.md
+ * TCP-22), below the agent interface and beside the TCP stream that still
+ * carries everything else.
+ *
+ * A dialer that may use shared memory offers it on its outgoing connection
+ * once the handshake is done: a probe (a memfd holding who it is, whom it
+ * dialed and a fresh tag) and a record naming its pid, the probe's
+ * descriptor number and the tag. The acceptor takes the probe's descriptor
+ * out of the dialer with pidfd_getfd and reads it back: only the process
+ * the authenticated stream comes from, on this kernel, can have put it
+ * there. Then, for that connection, a frame of shm_min_bytes or more is
+ * copied once into a slab (a memfd of the dialer's, reused) and only a
+ * 24-byte record goes on the stream; the acceptor takes the slab's
+ * descriptor, maps it and hands the frame on without a copy (its tensors
+ * view the slab), and when the frame is freed tells the dialer the slab is
+ * free again. Everything kernel-side (descriptors, pages) dies with the
+ * processes: no names in /dev/shm, nothing to clean up after a crash.
+ *
+ * Threads: the slabs (tpi_shm_tx) are the loop thread's. A received
+ * frame's release runs on whatever thread frees it, so the receiving side
+ * (tpi_shm_rx) is reference-counted and locked, and hands slab numbers to
+ * the loop through the agent's list (qmu).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "tcp_internal.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+#define PROBE_MAGIC "TPSHMPRB"
+#define SLAB_MAGIC "TPSHMSLB"
+
+typedef struct slab {
+    int fd;       /* -1: the slot is empty */
+    uint8_t *map; /* cap bytes, MAP_SHARED */
+    uint64_t cap;
+    uint32_t gen; /* 1..2^24-1: tells the acceptor's mapping of it from an earlier slab's */
+    int busy; /* a frame in it went out; free again on its release */
+    uint64_t session; /* the connection it went out on */
+} slab;
+
+struct tpi_shm_tx {
+    slab s[TPI_SHM_SLABS_MAX];
+    uint32_t gen; /* the last slab's generation */
+    uint64_t bytes; /* caps of the slabs held */
+};
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+    put32(p, (uint32_t)v);
+    put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t get64(const uint8_t *p) {
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+/* Writes all n bytes at off; 0 or -1. */
+static int pwrite_all(int fd, const uint8_t *p, size_t n, off_t off) {
+    while (n > 0) {
+        ssize_t k = pwrite(fd, p, n, off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        p += k;
+        n -= (size_t)k;
+        off += k;
+    }
+    return 0;
+}
+
+/* ---- The offer (dialer, loop thread) ------------------------------------------ */
+
+int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
+                  uint8_t rec[TPI_TCP_RECORD_SIZE]) {
+    uint8_t nonce[TPI_TCP_NONCE_SIZE];
+    if (tpi_tcp_auth_nonce(nonce) != 0)
+        return -1;
+    int fd = memfd_create("tensorplay-shm-probe", MFD_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    uint8_t probe[TPI_SHM_PROBE_SIZE] = {0};
+    memcpy(probe, PROBE_MAGIC, 8);
+    put32(probe + 8, a->rank);
+    put32(probe + 12, peer);
+    put32(probe + 16, a->world_size);
+    put32(probe + 20, (uint32_t)getpid());
+    memcpy(probe + 24, nonce, sizeof nonce);
+    if (pwrite_all(fd, probe, sizeof probe, 0) != 0) {
+        close(fd);
+        return -1;
+    }
+    *probe_fd = fd;
+    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_OFFER, a->rank, (uint32_t)getpid(), (uint32_t)fd,
+                       get32(nonce));
+    return 0;
+}
+
+/* ---- The acceptor's side: the offer's proof, frames in, releases --------------- */
+
+/* A slab as the acceptor maps it, whole, kept across the frames it carries
+ * (no map, fault or unmap per frame): the slot table holds a reference,
+ * and each frame in it one; the last unmaps. */
+typedef struct rx_map {
+    int refs; /* under the side's mu */
+    uint32_t gen;
+    uint8_t *map;
+    size_t len;
+} rx_map;
+
+struct tpi_shm_rx {
+    pthread_mutex_t mu;
+    int refs;  /* the connection's, one per frame out, the release list's */
+    int pidfd; /* the dialer's process */
+    uint32_t peer, me;
+    tpi_tcp_agent *a; /* NULL once the connection is gone: releases are dropped */
+    void *conn;       /* the connection the releases go back on */
+    rx_map *slot[TPI_SHM_SLABS_MAX];
+    uint32_t *released; /* slots freed, not yet told */
+    uint32_t nreleased, cap;
+    int listed;         /* on a->shm_released (qmu) */
+    tpi_shm_rx *next;   /* that list */
+};
+
+/* Drops a reference to m (rx->mu held); unmaps at the last. */
+static void map_unref_locked(rx_map *m) {
+    if (--m->refs > 0)
+        return;
+    munmap(m->map, m->len);
+    free(m);
+}
+
+static void rx_unref(tpi_shm_rx *rx) {
+    pthread_mutex_lock(&rx->mu);
+    int last = --rx->refs == 0;
+    pthread_mutex_unlock(&rx->mu);
+    if (!last)
+        return;
+    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
+        TPI_ASSERT(!rx->slot[i]); /* dropped by the detach */
+    close(rx->pidfd);
+    free(rx->released);
+    pthread_mutex_destroy(&rx->mu);
+    free(rx);
+}
+
+/* A descriptor of the dialer's, taken into this process; -1 with why. */
+static int take_fd(int pidfd, uint32_t fd, const char **why) {
+    int got = (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0);
+    if (got < 0)
+        *why = errno == EPERM ? "pidfd_getfd: not permitted (ptrace access to the peer denied)"
+                              : "pidfd_getfd failed";
+    return got;
+}
+
+tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const uint32_t v[3],
+                           const char **why) {
+    *why = NULL;
+    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)v[0], 0);
+    if (pidfd < 0) {
+        *why = "pidfd_open failed: the dialer's pid is not a process here (another pid "
+               "namespace or host)";
+        return NULL;
+    }
+    int fd = take_fd(pidfd, v[1], why);
+    uint8_t probe[TPI_SHM_PROBE_SIZE];
+    ssize_t n = fd >= 0 ? pread(fd, probe, sizeof probe, 0) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (fd >= 0 && (n != (ssize_t)sizeof probe || memcmp(probe, PROBE_MAGIC, 8) != 0 ||
+                    get32(probe + 8) != peer || get32(probe + 12) != a->rank ||
+                    get32(probe + 16) != a->world_size || get32(probe + 20) != v[0] ||
+                    get32(probe + 24) != v[2]))
+        *why = "the descriptor at that pid is not this connection's probe";
+    tpi_shm_rx *rx = *why ? NULL : calloc(1, sizeof *rx);
+    if (!rx) {
+        if (!*why)
+            *why = "out of memory";
+        close(pidfd);
+        return NULL;
+    }
+    pthread_mutex_init(&rx->mu, NULL);
+    rx->refs = 1;
+    rx->pidfd = pidfd;
+    rx->peer = peer;
+    rx->me = a->rank;
+    rx->a = a;
+    rx->conn = conn;
+    return rx;
+}
+
+/* What a received frame holds until it is freed. */
+typedef struct rx_hold {
+    tpi_shm_rx *rx;
+    rx_map *m;
+    uint32_t slot;
+} rx_hold;
+
+static void hold_release(void *ctx) {
+    rx_hold *h = ctx;
+    tpi_shm_rx *rx = h->rx;
+    pthread_mutex_lock(&rx->mu);
+    map_unref_locked(h->m);
+    tpi_tcp_agent *a = rx->a;
+    if (a && rx->nreleased == rx->cap) {
+        uint32_t cap = rx->cap ? 2 * rx->cap : TPI_SHM_SLABS_MAX;
+        uint32_t *p = realloc(rx->released, cap * sizeof *p);
+        if (p) {
+            rx->released = p;
+            rx->cap = cap;
+        }
+    }
+    /* Without room the release is lost: the dialer's slab stays busy until
+     * the connection ends, costing it a slab, never a wrong byte. */
+    if (a && rx->nreleased < rx->cap) {
+        rx->released[rx->nreleased++] = h->slot;
+        pthread_mutex_lock(&a->qmu);
+        if (!rx->listed && !a->stopping) {
+            rx->listed = 1;
+            rx->refs++;
+            rx->next = a->shm_released;
+            a->shm_released = rx;
+            uv_async_send(&a->wake);
+        }
+        pthread_mutex_unlock(&a->qmu);
+    }
+    pthread_mutex_unlock(&rx->mu);
+    free(h);
+    rx_unref(rx);
+}
+
+/* The mapping of slab slot of generation gen (fd in the dialer), mapped
+ * now unless the table has it; a new reference, or NULL with err. */
+static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t gen, char *err,
+                          size_t err_len) {
+    pthread_mutex_lock(&rx->mu);
+    rx_map *m = rx->slot[slot];
+    if (m && m->gen == gen) {
+        m->refs++;
+        pthread_mutex_unlock(&rx->mu);
+        return m;
+    }
+    if (m) { /* the dialer made a new slab in this slot: the old one goes */
+        rx->slot[slot] = NULL;
+        map_unref_locked(m);
+    }
+    pthread_mutex_unlock(&rx->mu);
+    const char *why = NULL;
+    int sfd = take_fd(rx->pidfd, fd, &why);
+    if (sfd < 0) {
+        tpi_format(err, err_len, "shared memory slab %u: %s", slot, why);
+        return NULL;
+    }
+    struct stat st;
+    void *map = MAP_FAILED;
+    if (fstat(sfd, &st) == 0 && st.st_size >= TPI_SHM_HEAD + TPI_SHM_ALIGN + TP_FRAME_HEADER_SIZE)
+        map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+    close(sfd);
+    m = map == MAP_FAILED ? NULL : malloc(sizeof *m);
+    if (!m) {
+        if (map != MAP_FAILED)
+            munmap(map, (size_t)st.st_size);
+        tpi_format(err, err_len, "shared memory slab %u cannot be mapped", slot);
+        return NULL;
+    }
+    m->refs = 2; /* the table's and the caller's */
+    m->gen = gen;
+    m->map = map;
+    m->len = (size_t)st.st_size;
+    pthread_mutex_lock(&rx->mu);
+    TPI_ASSERT(!rx->slot[slot]); /* only the loop thread fills the table */
+    rx->slot[slot] = m;
+    pthread_mutex_unlock(&rx->mu);
+    return m;
+}
+
+tp_frame *tpi_shm_frame(tpi_shm_rx *rx, const uint32_t v[3], uint64_t max_msg, char *err,
+                        size_t err_len) {
+    uint32_t slot = v[1] & 0xffu, gen = v[1] >> 8, len = v[2];
+    if (slot >= TPI_SHM_SLABS_MAX || gen == 0 || len < TP_FRAME_HEADER_SIZE) {
+        tpi_format(err, err_len, "shared memory record for slot %u (generation %u), frame of %u "
+                   "bytes", slot, gen, len);
+        return NULL;
+    }
+    rx_map *m = rx_map_get(rx, v[0], slot, gen, err, err_len);
+    if (!m)
+        return NULL;
+    const uint8_t *h = m->map;
+    uint32_t at = get32(h + 36);
+    size_t flen = 0;
+    char herr[TP_ERRMSG_LEN_MAX];
+    herr[0] = '\0';
+    tp_frame *f = NULL;
+    rx_hold *hold = NULL;
+    if (memcmp(h, SLAB_MAGIC, 8) != 0 || get32(h + 8) != rx->peer || get32(h + 12) != rx->me ||
+        get32(h + 16) != slot || get32(h + 20) != len || get64(h + 24) != m->len ||
+        get32(h + 32) != gen || at < TPI_SHM_HEAD || at >= TPI_SHM_HEAD + TPI_SHM_ALIGN ||
+        (uint64_t)at + len > m->len) {
+        tpi_format(err, err_len, "shared memory slab %u: its header does not match the record",
+                   slot);
+    } else if (tp_frame_check_header(m->map + at, max_msg, &flen, herr, sizeof herr) != TP_OK ||
+               flen != len) {
+        tpi_format(err, err_len, "shared memory slab %u: %s", slot,
+                   herr[0] == '\0' ? "its frame's length differs from the record" : herr);
+    } else if (!(hold = malloc(sizeof *hold)) ||
+               !(f = tp_frame_lend(m->map + at, len, hold_release, hold))) {
+        tpi_format(err, err_len, "out of memory for a shared memory frame");
+    }
+    if (!f) {
+        free(hold);
+        pthread_mutex_lock(&rx->mu);
+        map_unref_locked(m);
+        pthread_mutex_unlock(&rx->mu);
+        return NULL;
+    }
+    hold->rx = rx;
+    hold->m = m;
+    hold->slot = slot;
+    pthread_mutex_lock(&rx->mu);
+    rx->refs++;
+    pthread_mutex_unlock(&rx->mu);
+    return f;
+}
+
+void tpi_shm_rx_detach(tpi_shm_rx *rx) {
+    if (!rx)
+        return;
+    tpi_tcp_agent *a = rx->a;
+    pthread_mutex_lock(&rx->mu);
+    rx->a = NULL;
+    rx->conn = NULL;
+    rx->nreleased = 0;
+    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++) {
+        if (rx->slot[i])
+            map_unref_locked(rx->slot[i]);
+        rx->slot[i] = NULL;
+    }
+    pthread_mutex_unlock(&rx->mu);
+    /* Off the agent's list, if it waits there (the list's reference goes). */
+    int unlisted = 0;
+    pthread_mutex_lock(&a->qmu);
+    for (tpi_shm_rx **p = &a->shm_released; *p; p = &(*p)->next) {
+        if (*p == rx) {
+            *p = rx->next;
+            rx->listed = 0;
+            unlisted = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&a->qmu);
+    if (unlisted)
+        rx_unref(rx);
+    rx_unref(rx);
+}
+
+tpi_shm_rx *tpi_shm_released_take(tpi_tcp_agent *a) {
+    pthread_mutex_lock(&a->qmu);
+    tpi_shm_rx *list = a->shm_released;
+    a->shm_released = NULL;
+    pthread_mutex_unlock(&a->qmu);
+    return list;
+}
+
+void *tpi_shm_rx_next(tpi_shm_rx *rx, tpi_shm_rx **next, uint32_t *slots, uint32_t *n) {
+    pthread_mutex_lock(&rx->mu);
+    *next = rx->next;
+    rx->next = NULL;
+    rx->listed = 0;
+    void *conn = rx->conn;
+    uint32_t k = rx->nreleased < *n ? rx->nreleased : *n;
+    memcpy(slots, rx->released, k * sizeof *slots);
+    memmove(rx->released, rx->released + k, (rx->nreleased - k) * sizeof *slots);
+    rx->nreleased -= k;
+    *n = k;
+    pthread_mutex_unlock(&rx->mu);
+    return conn;
+}
+
+void tpi_shm_rx_unref(tpi_shm_rx *rx) {
+    rx_unref(rx);
+}
+
+/* ---- Slabs (dialer, loop thread) ------------------------------------------------ */
+
+static void slab_drop(tpi_shm_tx *tx, int i) {
+    slab *s = &tx->s[i];
+    TPI_ASSERT(s->fd >= 0);
+    munmap(s->map, s->cap);
+    close(s->fd);
+    tx->bytes -= s->cap;
+    s->fd = -1;
+    s->map = NULL;
+    s->cap = 0;
+    s->busy = 0;
+}
+
+/* A fresh slab of cap bytes in slot i, its pages allocated now (a full
+ * machine fails here, cleanly, not with SIGBUS on a later write); 0 or -1. */
+static int slab_make(tpi_shm_tx *tx, int i, uint64_t cap) {
+    slab *s = &tx->s[i];
+    int fd = memfd_create("tensorplay-shm", MFD_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)cap) != 0 || fallocate(fd, 0, 0, (off_t)cap) != 0) {
+        close(fd);
+        return -1;
+    }
+    void *map = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    s->fd = fd;
+    s->map = map;
+    s->cap = cap;
+    s->busy = 0;
+    tx->gen = tx->gen % 0xffffffu + 1;
+    s->gen = tx->gen;
+    tx->bytes += cap;
+    return 0;
+}
+
+/* A free slab for need bytes: the smallest free one that fits without
+ * wasting more than half, else a new one (a free one that does not fit
+ * goes to make room). -1 when every slab is busy or the pool is full. */
+static int slab_pick(tpi_tcp_agent *a, tpi_shm_tx *tx, uint64_t need) {
+    int best = -1, empty = -1, spare = -1;
+    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++) {
+        slab *s = &tx->s[i];
+        if (s->fd < 0) {
+            if (empty < 0)
+                empty = i;
+        } else if (!s->busy) {
+            if (s->cap >= need && s->cap / 2 <= need && (best < 0 || s->cap < tx->s[best].cap))
+                best = i;
+            else if (spare < 0 || s->cap > tx->s[spare].cap)
+                spare = i;
+        }
+    }
+    if (best >= 0)
+        return best;
+    uint64_t cap = (need + TPI_SHM_SLAB_STEP - 1) / TPI_SHM_SLAB_STEP * TPI_SHM_SLAB_STEP;
+    while (empty < 0 || tx->bytes + cap > a->shm_pool) {
+        if (spare < 0)
+            return -1;
+        slab_drop(tx, spare);
+        empty = spare;
+        spare = -1;
+        for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
+            if (tx->s[i].fd >= 0 && !tx->s[i].busy && (spare < 0 || tx->s[i].cap > tx->s[spare].cap))
+                spare = i;
+    }
+    return slab_make(tx, empty, cap) == 0 ? empty : -1;
+}
+
+int tpi_shm_pack(tpi_tcp_agent *a, uint32_t peer, uint64_t session, const tp_frame *f,
+                 uint8_t rec[TPI_TCP_RECORD_SIZE]) {
+    tpi_tcp_peer *p = &a->peers[peer];
+    if (f->len > UINT32_MAX || f->len > a->shm_pool - TPI_SHM_HEAD)
+        return -1;
+    if (!p->shm_tx) {
+        p->shm_tx = calloc(1, sizeof *p->shm_tx);
+        if (!p->shm_tx)
+            return -1;
+        for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
+            p->shm_tx->s[i].fd = -1;
+    }
+    tpi_shm_tx *tx = p->shm_tx;
+    /* The frame starts where its largest segment (a tensor's data, sent
+     * from where it lay) lands on a multiple of TPI_SHM_ALIGN: the tensor
+     * the receiver views is aligned for its elements as it is, never moved
+     * into place (WIRE-10). */
+    size_t at = 0, big_at = 0, big_len = 0;
+    for (int k = 0; k < f->nseg; k++) {
+        if (k > 0 && f->seg[k].len > big_len) {
+            big_len = f->seg[k].len;
+            big_at = at;
+        }
+        at += f->seg[k].len;
+    }
+    size_t pad = (TPI_SHM_ALIGN - (TPI_SHM_HEAD + big_at) % TPI_SHM_ALIGN) % TPI_SHM_ALIGN;
+    int i = slab_pick(a, tx, TPI_SHM_HEAD + TPI_SHM_ALIGN + f->len);
+    if (i < 0)
+        return -1;
+    slab *s = &tx->s[i];
+    uint8_t *h = s->map;
+    memset(h, 0, TPI_SHM_HEAD);
+    memcpy(h, SLAB_MAGIC, 8);
+    put32(h + 8, a->rank);
+    put32(h + 12, peer);
+    put32(h + 16, (uint32_t)i);
+    put32(h + 20, (uint32_t)f->len);
+    put64(h + 24, s->cap);
+    put32(h + 32, s->gen);
+    put32(h + 36, (uint32_t)(TPI_SHM_HEAD + pad));
+    uint8_t *dst = h + TPI_SHM_HEAD + pad;
+    for (int k = 0; k < f->nseg; k++) {
+        memcpy(dst, f->seg[k].base, f->seg[k].len);
+        dst += f->seg[k].len;
+    }
+    s->busy = 1;
+    s->session = session;
+    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_FRAME, a->rank, (uint32_t)s->fd,
+                       (uint32_t)i | s->gen << 8, (uint32_t)f->len);
+    return 0;
+}
+
+int tpi_shm_release(tpi_tcp_agent *a, uint32_t peer, uint64_t session, uint32_t slot) {
+    tpi_shm_tx *tx = a->peers[peer].shm_tx;
+    if (!tx || slot >= TPI_SHM_SLABS_MAX || tx->s[slot].fd < 0 || !tx->s[slot].busy ||
+        tx->s[slot].session != session)
+        return -1;
+    tx->s[slot].busy = 0;
+    return 0;
+}
+
+void tpi_shm_session_end(tpi_tcp_agent *a, uint32_t peer, uint64_t session) {
+    tpi_shm_tx *tx = a->peers[peer].shm_tx;
+    if (!tx)
+        return;
+    /* A busy slab may still be mapped by the other end, whose release can
+     * no longer come: it is given up (its pages live on in that mapping). */
+    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
+        if (tx->s[i].fd >= 0 && tx->s[i].busy && tx->s[i].session == session)
+            slab_drop(tx, i);
+}
+
+void tpi_shm_tx_free(tpi_shm_tx *tx) {
+    if (!tx)
+        return;
+    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
+        if (tx->s[i].fd >= 0)
+            slab_drop(tx, i);
+    free(tx);
+}
+
+/* ---- Options -------------------------------------------------------------------- */
+
+tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
+                        size_t errmsg_len) {
+    const char *v = tp_options_get(opts, "shm");
+    a->shm_on = 1;
+    if (v && *v && strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+        tpi_format(errmsg, errmsg_len, "shm '%.32s' is not on or off (TCP-22)", v);
+        return TP_EINVAL;
+    }
+    if (v && strcmp(v, "off") == 0)
+        a->shm_on = 0;
+    a->shm_min = TPI_SHM_MIN_DEFAULT;
+    a->shm_pool = TPI_SHM_POOL_DEFAULT;
+    const char *keys[2] = {"shm_min_bytes", "shm_pool_bytes"};
+    uint64_t *out[2] = {&a->shm_min, &a->shm_pool};
+    uint64_t lo[2] = {0, TPI_SHM_SLAB_STEP}, hi[2] = {UINT32_MAX, (uint64_t)1 << 40};
+    for (int i = 0; i < 2; i++) {
+        v = tp_options_get(opts, keys[i]);
+        if (!v || !*v)
+            continue;
+        char *end = NULL;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (errno != 0 || end == v || *end != '\0' || *v == '-' || n < lo[i] || n > hi[i]) {
+            tpi_format(errmsg, errmsg_len, "%s '%.32s' is not a whole number in [%llu, %llu]",
+                       keys[i], v, (unsigned long long)lo[i], (unsigned long long)hi[i]);
+            return TP_EINVAL;
+        }
+        *out[i] = n;
+    }
+    if (a->shm_min < TP_FRAME_HEADER_SIZE)
+        a->shm_min = TP_FRAME_HEADER_SIZE;
+    if (a->encrypt)
+        a->shm_on = 0; /* every byte stays sealed: nothing bypasses the stream (TCP-21) */
+    return TP_OK;
+}

@@ -1,0 +1,216 @@
+/*
+ * test_tcp_shm.c: shared memory between workers on one host (spec/tcp.md
+ * TCP-22), checked from outside the transport: where a received tensor's
+ * bytes lie (/proc/self/maps names the slab's memfd), that a tensor still
+ * held is never written over by later frames, that shm=off keeps
+ * everything on the stream, and that a peer killed mid-call is declared
+ * down as over TCP. The conformance suite runs whole on shared memory too
+ * (conformance_tcp_shm, conformance_tcp_shm_mixed).
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tcp_harness.h"
+
+#define ELEMS (2u << 20) /* 8 MiB of float32: well above shm_min_bytes */
+#define HELD_ROUNDS 12   /* calls made while the first answer is still held */
+
+enum { C_ARG_IN_SHM = 0, C_ARG_SEEN = 1 };
+
+static tt_shared *shared;
+
+/* 1 when p lies in a mapping of one of our slabs' memfds. */
+static int in_slab(const void *p) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    int found = 0;
+    uintptr_t at = (uintptr_t)p;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo = 0, hi = 0;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && at >= lo && at < hi)
+            found = strstr(line, "memfd:tensorplay-shm") != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
+/* where(t): counts whether t's bytes arrived in a slab; answers t + 1. */
+static tp_status fn_where(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data) {
+    (void)kwargs;
+    (void)user_data;
+    tp_value *t = (tp_value *)tp_list_get(args, 0);
+    if (tp_list_len(args) != 1 || !t || tp_value_kind(t) != TP_KIND_TENSOR) {
+        tp_call_set_error(call, "where takes one tensor");
+        return TP_EINVAL;
+    }
+    atomic_fetch_add(&shared->count[C_ARG_SEEN], 1);
+    if (in_slab(tp_tensor_data(t)))
+        atomic_fetch_add(&shared->count[C_ARG_IN_SHM], 1);
+    tp_value *out = tp_value_clone(t);
+    if (!out)
+        return TP_ENOMEM;
+    float *d = tp_tensor_data(out);
+    for (size_t k = 0; k < ELEMS; k++)
+        d[k] += 1.0f;
+    *result = out;
+    return TP_OK;
+}
+
+static tp_value *filled(float base) {
+    int64_t shape[1] = {ELEMS};
+    tp_value *t = tp_value_tensor(TP_DTYPE_FLOAT32, 1, shape, NULL, NULL);
+    if (!t)
+        return NULL;
+    float *d = tp_tensor_data(t);
+    for (size_t k = 0; k < ELEMS; k++)
+        d[k] = base + (float)(k % 1000);
+    return t;
+}
+
+/* 1 when t holds filled(base) + 1. */
+static int holds(tp_value *t, float base) {
+    const float *d = tp_tensor_data(t);
+    for (size_t k = 0; k < ELEMS; k++)
+        if (d[k] != base + (float)(k % 1000) + 1.0f)
+            return 0;
+    return 1;
+}
+
+typedef struct shm_args {
+    const char *rank1_shm; /* NULL: defaults; "off": worker1 refuses shared memory */
+    int expect_shm;
+} shm_args;
+
+static int body_tensors(tt_job *job, int rank) {
+    const shm_args *sa = job->arg;
+    shared = job->shared;
+    tp_register_function("where", fn_where, NULL);
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o);
+    if (rank == 1 && sa->rank1_shm)
+        TT_CHECK(tp_options_set(o, "shm", sa->rank1_shm) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_value *held = NULL;
+        for (int i = 0; i <= HELD_ROUNDS; i++) {
+            tp_value *args = tp_value_list_of(1, filled((float)(1000 * i)));
+            tp_value *res = NULL;
+            TT_CHECK(args && tp_rpc_sync(tp_to_rank(1), "where", args, NULL, 30, &res) == TP_OK);
+            tp_value_free(args);
+            TT_CHECK(holds(res, (float)(1000 * i)));
+            TT_CHECK(in_slab(tp_tensor_data(res)) == sa->expect_shm);
+            if (i == 0)
+                held = res; /* its slab stays busy: the next answers take others */
+            else
+                tp_value_free(res);
+        }
+        /* Twelve answers later the first is untouched. */
+        TT_CHECK(holds(held, 0.0f));
+        tp_value_free(held);
+        atomic_store(&shared->flag[0], 1);
+    } else {
+        TT_CHECK(tt_await_flag(shared, 0, 1, 60) == 0);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void run_tensors(const char *rank1_shm, int expect_shm) {
+    shm_args sa = {rank1_shm, expect_shm};
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_tensors, &sa), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    int seen = atomic_load(&job.shared->count[C_ARG_SEEN]);
+    int in_shm = atomic_load(&job.shared->count[C_ARG_IN_SHM]);
+    fprintf(stderr, "  shm=%s: %d of %d arguments arrived in a slab\n",
+            rank1_shm ? rank1_shm : "default", in_shm, seen);
+    assert_int_equal(seen, HELD_ROUNDS + 1);
+    assert_int_equal(in_shm, expect_shm ? seen : 0);
+    tt_job_free(&job);
+}
+
+/* spec: TCP-22: large tensors arrive in the sender's slab, both ways, and
+ * a held one is never written over. */
+static void test_shm_tensors(void **state) {
+    (void)state;
+    run_tensors(NULL, 1);
+}
+
+/* spec: TCP-22: a worker with shm=off declines, and every byte takes TCP. */
+static void test_shm_off(void **state) {
+    (void)state;
+    run_tensors("off", 0);
+}
+
+/* ---- A peer killed while frames go through shared memory -------------------- */
+
+#define KILL_CALLS 8
+enum { C_SLOW = 2, F_DONE = 1 };
+
+/* spec: TCP-22, TCP-6: every frame through slabs (shm_min_bytes 0); worker1
+ * is killed with SIGKILL mid-call and worker0's calls fail within a second. */
+static int body_kill(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 30, 5);
+    TT_CHECK(o && tp_options_set(o, "shm_min_bytes", "0") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        for (;;)
+            pause(); /* serves until the parent kills it */
+    }
+    tp_future *fs[KILL_CALLS];
+    for (int i = 0; i < KILL_CALLS; i++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(C_SLOW), tp_value_float(20.0));
+        TT_CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_DEFAULT, &fs[i]) ==
+                 TP_OK);
+        tp_value_free(args);
+    }
+    for (int i = 0; i < KILL_CALLS; i++) {
+        TT_CHECK(tp_future_wait(fs[i], 10) == TP_EPEERDOWN);
+        tp_future_free(fs[i]);
+    }
+    uint64_t took = tt_now_ns() - atomic_load(&sh->ns[0]);
+    fprintf(stderr, "  calls failed %.1f ms after the kill\n", took / 1e6);
+    TT_CHECK(took < 1000000000ull);
+    TT_CHECK(tp_shutdown(1) == TP_EPEERDOWN);
+    return 0;
+}
+
+static void test_shm_kill9(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_kill, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 20000000000ull;
+    while (atomic_load(&job.shared->count[C_SLOW]) < 4 && tt_now_ns() < deadline)
+        usleep(1000);
+    assert_true(atomic_load(&job.shared->count[C_SLOW]) >= 4);
+    atomic_store(&job.shared->ns[0], tt_now_ns());
+    kill(job.pid[1], SIGKILL);
+    tt_wait(&job, 30);
+    assert_int_equal(job.code[0], 0);
+    assert_int_equal(job.code[1], 128 + SIGKILL);
+    tt_job_free(&job);
+}
+
+int main(void) {
+    tt_ensure_secret();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shm_tensors),
+        cmocka_unit_test(test_shm_off),
+        cmocka_unit_test(test_shm_kill9),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
