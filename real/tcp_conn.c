@@ -1056,7 +1056,8 @@ static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes) {
 static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
     tpi_tcp_agent *a = c->a;
     char err[TP_ERRMSG_LEN_MAX];
-    if (kind == TPI_TCP_SHM_OFFER && !c->outgoing && !c->shm_rx) {
+    int sealed = c->tx_sealed || c->rx_sealed; /* never offered there: encrypt=on turns shm off */
+    if (kind == TPI_TCP_SHM_OFFER && !c->outgoing && !c->shm_rx && !sealed) {
         shm_on_offer(c, v);
         return 0;
     }

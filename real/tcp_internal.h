@@ -309,6 +309,10 @@ int tpi_shm_release(tpi_tcp_agent *a, uint32_t peer, uint64_t session, uint32_t 
 /* Dialer: the connection of session ended; its busy slabs go. */
 void tpi_shm_session_end(tpi_tcp_agent *a, uint32_t peer, uint64_t session);
 void tpi_shm_tx_free(tpi_shm_tx *tx);
+/* fuzz_tcp_shm: an acceptor's side without an agent or a proof (pidfd may
+ * be this process's own), and its end (closes pidfd). */
+tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me);
+void tpi_shm_rx_free_for_fuzz(tpi_shm_rx *rx);
 
 /* ---- The agent ------------------------------------------------------------ */
 

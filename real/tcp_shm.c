@@ -187,7 +187,12 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
     }
     int fd = take_fd(pidfd, v[1], why);
     uint8_t probe[TPI_SHM_PROBE_SIZE];
-    ssize_t n = fd >= 0 ? pread(fd, probe, sizeof probe, 0) : -1;
+    struct stat st;
+    /* Only a regular file is read: a descriptor number that names a pipe or
+     * a device in that process is not a probe, and is not touched. */
+    ssize_t n = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)
+                    ? pread(fd, probe, sizeof probe, 0)
+                    : -1;
     if (fd >= 0)
         close(fd);
     if (fd >= 0 && (n != (ssize_t)sizeof probe || memcmp(probe, PROBE_MAGIC, 8) != 0 ||
@@ -274,16 +279,21 @@ static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t g
         tpi_format(err, err_len, "shared memory slab %u: %s", slot, why);
         return NULL;
     }
+    /* A slab sealed against shrinking only: nobody can cut the file under
+     * our mapping, so reading it never raises SIGBUS. */
     struct stat st;
     void *map = MAP_FAILED;
-    if (fstat(sfd, &st) == 0 && st.st_size >= TPI_SHM_HEAD + TPI_SHM_ALIGN + TP_FRAME_HEADER_SIZE)
+    int seals = fcntl(sfd, F_GET_SEALS);
+    if (fstat(sfd, &st) == 0 && S_ISREG(st.st_mode) && seals >= 0 && (seals & F_SEAL_SHRINK) &&
+        st.st_size >= TPI_SHM_HEAD + TPI_SHM_ALIGN + TP_FRAME_HEADER_SIZE)
         map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
     close(sfd);
     m = map == MAP_FAILED ? NULL : malloc(sizeof *m);
     if (!m) {
         if (map != MAP_FAILED)
             munmap(map, (size_t)st.st_size);
-        tpi_format(err, err_len, "shared memory slab %u cannot be mapped", slot);
+        tpi_format(err, err_len, "shared memory slab %u cannot be mapped (not a sealed memfd, "
+                   "or too small)", slot);
         return NULL;
     }
     m->refs = 2; /* the table's and the caller's */
@@ -421,10 +431,11 @@ static void slab_drop(tpi_shm_tx *tx, int i) {
  * machine fails here, cleanly, not with SIGBUS on a later write); 0 or -1. */
 static int slab_make(tpi_shm_tx *tx, int i, uint64_t cap) {
     slab *s = &tx->s[i];
-    int fd = memfd_create("tensorplay-shm", MFD_CLOEXEC);
+    int fd = memfd_create("tensorplay-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return -1;
-    if (ftruncate(fd, (off_t)cap) != 0 || fallocate(fd, 0, 0, (off_t)cap) != 0) {
+    if (ftruncate(fd, (off_t)cap) != 0 || fallocate(fd, 0, 0, (off_t)cap) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         close(fd);
         return -1;
     }
@@ -593,4 +604,29 @@ tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
     if (a->encrypt)
         a->shm_on = 0; /* every byte stays sealed: nothing bypasses the stream (TCP-21) */
     return TP_OK;
+}
+
+/* ---- Fuzzing the reader (fuzz/fuzz_tcp_shm.c) -------------------------------------- */
+
+tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me) {
+    tpi_shm_rx *rx = calloc(1, sizeof *rx);
+    if (!rx)
+        return NULL;
+    pthread_mutex_init(&rx->mu, NULL);
+    rx->refs = 1;
+    rx->pidfd = pidfd;
+    rx->peer = peer;
+    rx->me = me;
+    return rx; /* no agent: releases are dropped */
+}
+
+void tpi_shm_rx_free_for_fuzz(tpi_shm_rx *rx) {
+    pthread_mutex_lock(&rx->mu);
+    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++) {
+        if (rx->slot[i])
+            map_unref_locked(rx->slot[i]);
+        rx->slot[i] = NULL;
+    }
+    pthread_mutex_unlock(&rx->mu);
+    rx_unref(rx);
 }
