@@ -189,7 +189,8 @@ def measure(cfg, sock):
     res["tensor_64mib_gbps"] = statistics.median(gbps)
     res["_bulk_reps"] = list(zip(raw_gbps, gbps))
     # The tensor's round trip: sent and echoed back (python_rpc_bench's torch_echo).
-    assert torch.equal(rpc.rpc_sync("w1", echo, args=(t,)), t)
+    for _ in range(3):  # the same warm-up as python_rpc_bench.py's
+        assert torch.equal(rpc.rpc_sync("w1", echo, args=(t,)), t)
     ms = []
     for _ in range(cfg.bulk_reps):
         t0 = time.monotonic_ns()
