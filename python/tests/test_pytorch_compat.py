@@ -6,9 +6,7 @@ import subprocess
 import textwrap
 import time
 
-import pytest
-
-from test_rpc import PROLOGUE, PYTHON, TPRUN, run
+from test_rpc import PROLOGUE, PYTHON, TPRUN, need_torch, run
 
 SEED_AS_PRINTED = """\
 import os
@@ -196,7 +194,7 @@ def test_pickle_carries_bound_methods_partials_and_objects(tmp_path):
 
 
 def test_torch_tensors_and_functions(tmp_path):
-    pytest.importorskip("torch")
+    need_torch()
     out = run(tmp_path, """
         import torch
         def info(t):
@@ -232,7 +230,7 @@ def test_torch_tensors_and_functions(tmp_path):
 def test_received_torch_tensor_views_the_message(tmp_path):
     """A 64 MiB tensor arrives without a copy: the tensor's memory is the
     received message's (numpy's base chain ends in the C layer's Tensor)."""
-    pytest.importorskip("torch")
+    need_torch()
     out = run(tmp_path, """
         import torch
         def nbytes_and_base(t):
@@ -275,7 +273,7 @@ def test_tensors_between_workers_on_one_host_go_through_shared_memory(tmp_path):
     """A 16 MiB tensor sent to a worker on this host, and echoed back, is
     viewed in the sender's shared memory slab on each side (spec/tcp.md
     TCP-22); with backend_options={"shm": "off"} it is not, and the values are the same."""
-    pytest.importorskip("torch")
+    need_torch()
     assert run(tmp_path, SLAB_PROBE.replace("OPTS", "")) == ["True True True"] * 3
     assert run(tmp_path, SLAB_PROBE.replace("OPTS", "backend_options={'shm': 'off'}")) == ["False False True"] * 3
 
@@ -442,7 +440,7 @@ def test_exposure_policy(tmp_path):
 
 def test_values_pytorch_programs_send(tmp_path):
     """PY-2 kinds, rref strings and missing functions as PyTorch words them."""
-    pytest.importorskip("torch")
+    need_torch()
     out = run(tmp_path, """
         import collections, torch
         Pair = collections.namedtuple("Pair", "a b")

@@ -1,6 +1,7 @@
 """tensorplay.distributed.rpc through the installed-in-build-tree package: each
 test runs a small program on two worker processes started by tprun and
 checks what rank 0 printed (issue 10)."""
+import importlib
 import os
 import subprocess
 import sys
@@ -36,6 +37,16 @@ def owner_of(r):
 
 rank = int(os.environ["RANK"])
 """
+
+
+def need_torch():
+    """Skips the calling test where torch does not import, unless
+    TP_REQUIRE_TORCH=1 (CI, make torch-suite): then that is a failure."""
+    if os.environ.get("TP_REQUIRE_TORCH") == "1":
+        importlib.import_module("torch")  # an ImportError fails the test
+        return
+    pytest.importorskip("torch", reason="python3-torch is not installed "
+                        "(scripts/install-deps.sh --tests installs it)")
 
 
 def run(tmp_path, body, nproc=2, rank0_only=True):
