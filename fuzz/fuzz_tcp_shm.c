@@ -12,6 +12,8 @@
  * - an unsealed slab is refused;
  * - a frame handed on lies inside the slab, has the record's length and
  *   passes tp_frame_check_header (its own length the record's);
+ * - the same record again, while that frame lives, is refused (a slot
+ *   holds one frame at a time);
  * - a refusal says why.
  * A violated property aborts, which the fuzzer reports as a crash.
  */
@@ -74,6 +76,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                       TP_OK &&
                   flen == len,
               "a frame handed on passes the header check");
+        char err2[TP_ERRMSG_LEN_MAX] = "";
+        check(tpi_shm_frame(rx, v, MAX_MSG, err2, sizeof err2) == NULL && err2[0] != '\0',
+              "a slot sent again while its frame lives is refused");
         volatile uint8_t sum = 0;
         for (size_t i = 0; i < len; i++) /* every byte is mapped */
             sum ^= ((const uint8_t *)f->seg[0].base)[i];

@@ -1087,29 +1087,19 @@ static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
 }
 
 void tpi_tcp_shm_tell_released(tpi_tcp_agent *a) {
-    enum { CHUNK = 64 };
-    uint32_t slots[CHUNK];
-    uint8_t recs[CHUNK * TPI_TCP_RECORD_SIZE];
+    uint32_t slots[TPI_SHM_SLABS_MAX];
+    uint8_t recs[TPI_SHM_SLABS_MAX * TPI_TCP_RECORD_SIZE];
     tpi_shm_rx *next = NULL;
     for (tpi_shm_rx *rx = tpi_shm_released_take(a); rx; rx = next) {
-        int first = 1;
-        for (;;) {
-            tpi_shm_rx *nx = NULL;
-            uint32_t n = CHUNK;
-            tpi_tcp_conn *c = tpi_shm_rx_next(rx, &nx, slots, &n);
-            if (first)
-                next = nx;
-            first = 0;
-            if (!c || n == 0)
-                break;
-            for (uint32_t i = 0; i < n; i++)
-                tpi_tcp_shm_encode(recs + i * TPI_TCP_RECORD_SIZE, TPI_TCP_SHM_RELEASE, a->rank,
-                                   slots[i], 0, 0);
-            if (c->state != CONN_OPEN || conn_write_records(c, recs, n) != 0)
-                break; /* its end releases the rest on the dialer's side */
-            if (n < CHUNK)
-                break;
-        }
+        next = tpi_shm_rx_listed_next(rx); /* before the take: rx may be listed anew */
+        uint32_t n = 0;
+        tpi_tcp_conn *c = tpi_shm_rx_take(rx, slots, &n);
+        for (uint32_t i = 0; i < n; i++)
+            tpi_tcp_shm_encode(recs + i * TPI_TCP_RECORD_SIZE, TPI_TCP_SHM_RELEASE, a->rank,
+                               slots[i], 0, 0);
+        /* A connection gone (or going) releases the rest on the dialer's side. */
+        if (c && n > 0 && c->state == CONN_OPEN)
+            conn_write_records(c, recs, n);
         tpi_shm_rx_unref(rx);
     }
 }

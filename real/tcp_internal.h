@@ -295,9 +295,11 @@ tp_frame *tpi_shm_frame(tpi_shm_rx *rx, const uint32_t v[3], uint64_t max_msg, c
 void tpi_shm_rx_detach(tpi_shm_rx *rx);
 /* Loop: the sides with releases to tell (their list reference passes to the caller). */
 tpi_shm_rx *tpi_shm_released_take(tpi_tcp_agent *a);
-/* Loop: up to *n released slots of rx into slots (*n set to how many) and
- * the list's next; the connection to tell, NULL when gone. */
-void *tpi_shm_rx_next(tpi_shm_rx *rx, tpi_shm_rx **next, uint32_t *slots, uint32_t *n);
+/* Loop: rx's released slots (*n of them), off the list; the connection to
+ * tell, NULL when gone. Read rx's list link before: rx may be listed anew. */
+void *tpi_shm_rx_take(tpi_shm_rx *rx, uint32_t slots[TPI_SHM_SLABS_MAX], uint32_t *n);
+/* The next side on the list tpi_shm_released_take returned. */
+tpi_shm_rx *tpi_shm_rx_listed_next(const tpi_shm_rx *rx);
 void tpi_shm_rx_unref(tpi_shm_rx *rx);
 /* Dialer: copies f into a free slab and writes its FRAME record; 0, or -1
  * when no slab can take it (the frame then takes the stream). */

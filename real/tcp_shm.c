@@ -139,9 +139,12 @@ struct tpi_shm_rx {
     tpi_tcp_agent *a; /* NULL once the connection is gone: releases are dropped */
     void *conn;       /* the connection the releases go back on */
     rx_map *slot[TPI_SHM_SLABS_MAX];
-    uint32_t *released; /* slots freed, not yet told */
-    uint32_t nreleased, cap;
-    int listed;         /* on a->shm_released (qmu) */
+    /* Slots whose frame was freed, not yet told. A slot holds one frame at
+     * a time (a second FRAME for it before its RELEASE is a protocol
+     * error), so there are never more than TPI_SHM_SLABS_MAX. */
+    uint32_t released[TPI_SHM_SLABS_MAX];
+    uint32_t nreleased;
+    int listed; /* on a->shm_released: set with mu and qmu, cleared by the loop */
     tpi_shm_rx *next;   /* that list */
 };
 
@@ -162,7 +165,6 @@ static void rx_unref(tpi_shm_rx *rx) {
     for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
         TPI_ASSERT(!rx->slot[i]); /* dropped by the detach */
     close(rx->pidfd);
-    free(rx->released);
     pthread_mutex_destroy(&rx->mu);
     free(rx);
 }
@@ -230,17 +232,8 @@ static void hold_release(void *ctx) {
     pthread_mutex_lock(&rx->mu);
     map_unref_locked(h->m);
     tpi_tcp_agent *a = rx->a;
-    if (a && rx->nreleased == rx->cap) {
-        uint32_t cap = rx->cap ? 2 * rx->cap : TPI_SHM_SLABS_MAX;
-        uint32_t *p = realloc(rx->released, cap * sizeof *p);
-        if (p) {
-            rx->released = p;
-            rx->cap = cap;
-        }
-    }
-    /* Without room the release is lost: the dialer's slab stays busy until
-     * the connection ends, costing it a slab, never a wrong byte. */
-    if (a && rx->nreleased < rx->cap) {
+    if (a) {
+        TPI_ASSERT(rx->nreleased < TPI_SHM_SLABS_MAX);
         rx->released[rx->nreleased++] = h->slot;
         pthread_mutex_lock(&a->qmu);
         if (!rx->listed && !a->stopping) {
@@ -263,6 +256,14 @@ static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t g
                           size_t err_len) {
     pthread_mutex_lock(&rx->mu);
     rx_map *m = rx->slot[slot];
+    if (m && m->refs > 1) {
+        /* The dialer writes a slot again only after our RELEASE, which
+         * follows the last frame's end: this peer breaks TCP-22. */
+        pthread_mutex_unlock(&rx->mu);
+        tpi_format(err, err_len, "shared memory slab %u sent again while a frame in it lives",
+                   slot);
+        return NULL;
+    }
     if (m && m->gen == gen) {
         m->refs++;
         pthread_mutex_unlock(&rx->mu);
@@ -394,19 +395,19 @@ tpi_shm_rx *tpi_shm_released_take(tpi_tcp_agent *a) {
     return list;
 }
 
-void *tpi_shm_rx_next(tpi_shm_rx *rx, tpi_shm_rx **next, uint32_t *slots, uint32_t *n) {
+void *tpi_shm_rx_take(tpi_shm_rx *rx, uint32_t slots[TPI_SHM_SLABS_MAX], uint32_t *n) {
     pthread_mutex_lock(&rx->mu);
-    *next = rx->next;
-    rx->next = NULL;
     rx->listed = 0;
     void *conn = rx->conn;
-    uint32_t k = rx->nreleased < *n ? rx->nreleased : *n;
-    memcpy(slots, rx->released, k * sizeof *slots);
-    memmove(rx->released, rx->released + k, (rx->nreleased - k) * sizeof *slots);
-    rx->nreleased -= k;
-    *n = k;
+    *n = rx->nreleased;
+    memcpy(slots, rx->released, rx->nreleased * sizeof *slots);
+    rx->nreleased = 0;
     pthread_mutex_unlock(&rx->mu);
     return conn;
+}
+
+tpi_shm_rx *tpi_shm_rx_listed_next(const tpi_shm_rx *rx) {
+    return rx->next; /* set under qmu when listed; the loop took the list whole */
 }
 
 void tpi_shm_rx_unref(tpi_shm_rx *rx) {
