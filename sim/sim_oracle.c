@@ -308,6 +308,29 @@ static void on_done(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
 
 /* ---- Served requests and shutdown ----------------------------------------------------- */
 
+/* The entry of request id from rank peer served by agent a, made when new. */
+static oserve *served_entry(tpi_sim_oracle *o, const tpi_sim_agent *a, uint32_t peer,
+                            uint64_t id) {
+    tpi_gid key = {a->id, ((uint64_t)peer << SERVE_KEY_ID_BITS) | id};
+    oserve *s = tpi_idmap_get(&o->served, key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        TPI_ASSERT(s);
+        tp_status st = tpi_idmap_put(&o->served, key, s);
+        TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
+    }
+    return s;
+}
+
+/* The request no longer holds a's drain (it ended, or was canceled). */
+static void serve_uncount(tpi_sim_oracle *o, const tpi_sim_agent *a, oserve *s) {
+    if (!s->counted)
+        return;
+    TPI_ASSERT(o->running[a->id] > 0);
+    o->running[a->id]--;
+    s->counted = 0;
+}
+
 static void on_serve(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin) {
     tpi_sim_oracle *o = oracle(sim);
     agents_cover(o, a->id);
@@ -316,14 +339,7 @@ static void on_serve(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin
                           a->host, (unsigned long long)p->id, p->peer);
         return;
     }
-    tpi_gid key = {a->id, ((uint64_t)p->peer << SERVE_KEY_ID_BITS) | p->id};
-    oserve *s = tpi_idmap_get(&o->served, key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        TPI_ASSERT(s);
-        tp_status st = tpi_idmap_put(&o->served, key, s);
-        TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
-    }
+    oserve *s = served_entry(o, a, p->peer, p->id);
     if (begin) {
         if (++s->begins > 1)
             tpi_sim_violation(sim,
@@ -337,11 +353,7 @@ static void on_serve(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin
         return;
     }
     s->ends++;
-    if (s->counted) {
-        TPI_ASSERT(o->running[a->id] > 0);
-        o->running[a->id]--;
-        s->counted = 0;
-    }
+    serve_uncount(o, a, s);
 }
 
 /*
@@ -363,20 +375,9 @@ static void on_serve_cancel(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
                           a->host, a->id, (unsigned long long)p->id, p->peer);
         return;
     }
-    tpi_gid key = {a->id, ((uint64_t)p->peer << SERVE_KEY_ID_BITS) | p->id};
-    oserve *s = tpi_idmap_get(&o->served, key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        TPI_ASSERT(s);
-        tp_status st = tpi_idmap_put(&o->served, key, s);
-        TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
-    }
+    oserve *s = served_entry(o, a, p->peer, p->id);
     s->canceled = 1;
-    if (s->counted) {
-        TPI_ASSERT(o->running[a->id] > 0);
-        o->running[a->id]--;
-        s->counted = 0;
-    }
+    serve_uncount(o, a, s);
 }
 
 static void on_drained(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
