@@ -559,10 +559,7 @@ void tpi_cancel_send(tp_core *c, uint32_t dst, uint64_t id) {
     tp_status st = TP_ENOMEM;
     if (call) {
         tpi_msg m;
-        memset(&m, 0, sizeof m);
-        m.type = TPI_MSG_REQUEST;
-        tpi_format(m.text, sizeof m.text, "%s", TPI_CANCEL_FN);
-        m.args = args;
+        tpi_msg_call(&m, TPI_MSG_REQUEST, TPI_CANCEL_FN, args, NULL);
         /* A protocol call: it never waits for the window (FLOW-1), so the
          * canceling thread never blocks; it counts in C until answered. */
         st = tpi_call_issue(c, call, &m, TPI_CANCEL_TIMEOUT_S);
@@ -682,14 +679,8 @@ tp_status tpi_start_request_deferred(tp_core *c, uint32_t dst, const char *what,
                                      uint16_t flags, const tp_value *args, const tp_value *kwargs,
                                      double timeout_s, tp_future **out, tpi_deferred *defer) {
     tpi_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = TPI_MSG_REQUEST;
+    tpi_msg_call(&m, TPI_MSG_REQUEST, fn, args, kwargs); /* fn validated: it fits */
     m.flags = flags;
-    size_t fn_len = strnlen(fn, sizeof m.text - 1); /* validated: within the buffer */
-    memcpy(m.text, fn, fn_len);
-    m.text[fn_len] = '\0';
-    m.args = (tp_value *)args; /* borrowed: encoding only reads */
-    m.kwargs = (tp_value *)kwargs;
     tpi_call *call = tpi_call_new(c, dst, TPI_MSG_REQUEST, what, fn);
     if (!call)
         return tpi_fail(TP_ENOMEM, "%s: out of memory", what);

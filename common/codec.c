@@ -1393,6 +1393,15 @@ tp_status tpi_msg_decode_frame(tp_frame *f, const tpi_codec_hooks *hooks, tpi_ms
     return st;
 }
 
+void tpi_msg_call(tpi_msg *m, uint8_t type, const char *fn, const tp_value *args,
+                  const tp_value *kwargs) {
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    tpi_format(m->text, sizeof m->text, "%s", fn);
+    m->args = (tp_value *)args; /* encoding only reads them */
+    m->kwargs = (tp_value *)kwargs;
+}
+
 void tpi_msg_clear(tpi_msg *m) {
     if (!m)
         return;

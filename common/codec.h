@@ -165,6 +165,11 @@ typedef struct tpi_msg {
     tp_value *value;  /* RESPONSE TP_OK; NULL encodes as nil */
 } tpi_msg;
 
+/* A call's message: type, the function name fn (cut to fit text) and its
+ * args (borrowed); every other field zero. */
+void tpi_msg_call(tpi_msg *m, uint8_t type, const char *fn, const tp_value *args,
+                  const tp_value *kwargs);
+
 /*
  * Encodes m into a new frame (caller-owned). Values are borrowed. Fails with
  * TP_EMSGSIZE (naming the size and the limit) when the frame would exceed

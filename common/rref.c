@@ -1106,10 +1106,7 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     tp_status st = TP_ENOMEM;
     if (call) {
         tpi_msg m;
-        memset(&m, 0, sizeof m);
-        m.type = TPI_MSG_REQUEST;
-        tpi_format(m.text, sizeof m.text, "%s", TPI_FORKS_FN);
-        m.args = args;
+        tpi_msg_call(&m, TPI_MSG_REQUEST, TPI_FORKS_FN, args, NULL);
         call->attempt = attempt;
         call->on_reply = forks_reply;
         st = tpi_call_issue(c, call, &m, TPI_RREF_ATTEMPT_TIMEOUT_S);
@@ -1613,14 +1610,10 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
         return tpi_fail(TP_ENOMEM, "remote: out of memory");
     }
     tpi_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = TPI_MSG_REMOTE;
+    tpi_msg_call(&m, TPI_MSG_REMOTE, fn, args, kwargs);
     m.flags = flags;
     m.rref = id;
     m.fork = fork;
-    tpi_format(m.text, sizeof m.text, "%s", fn);
-    m.args = (tp_value *)args;
-    m.kwargs = (tp_value *)kwargs;
     call->rref = r;
     tpi_rref_pin(r);
     call->on_reply = remote_reply;
