@@ -12,8 +12,9 @@
  * - an unsealed slab is refused;
  * - a frame handed on lies inside the slab, has the record's length and
  *   passes tp_frame_check_header (its own length the record's);
- * - the same record again, while that frame lives, is refused (a slot
- *   holds one frame at a time);
+ * - the same record again, while that frame lives or after it was freed
+ *   but before its release was told, is refused (a slot holds one frame
+ *   at a time);
  * - a refusal says why.
  * A violated property aborts, which the fuzzer reports as a crash.
  */
@@ -62,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             close(pidfd);
         return 0; /* the machine, not the input */
     }
-    tpi_shm_rx *rx = tpi_shm_rx_for_fuzz(pidfd, 1, 0);
+    tpi_shm_rx *rx = tpi_shm_rx_for_fuzz(pidfd, 1, 0, MAX_MSG);
     check(rx != NULL, "an rx side");
     uint32_t v[3] = {(uint32_t)fd, slot | gen << 8, len};
     char err[TP_ERRMSG_LEN_MAX] = "";
@@ -85,11 +86,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)sum;
         if (getenv("FUZZ_SHM_VERBOSE")) fprintf(stderr, "handed on %u bytes\n", len);
         tp_frame_free(f);
+        check(tpi_shm_frame(rx, v, MAX_MSG, err2, sizeof err2) == NULL,
+              "a slot sent again before its release was told is refused");
     } else {
         check(err[0] != '\0', "a refusal says why");
         if (getenv("FUZZ_SHM_VERBOSE")) fprintf(stderr, "refused: %s\n", err);
     }
-    tpi_shm_rx_free_for_fuzz(rx); /* closes pidfd */
+    tpi_shm_rx_detach(rx); /* closes pidfd */
     close(fd);
     return 0;
 }

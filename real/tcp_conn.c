@@ -123,6 +123,7 @@ struct tpi_tcp_conn {
      * on this connection; session names them). Accepted: shm_rx once its
      * offer held. */
     int shm;
+    int shm_offered; /* accepted: an OFFER came (a second one is a protocol error) */
     int shm_probe;
     uint64_t shm_session;
     tpi_shm_rx *shm_rx;
@@ -195,7 +196,10 @@ void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
     tpi_tcp_peer *p = &a->peers[id];
     tpi_tcp_conn *c = p->out;
     uv_os_fd_t fd;
-    if (!c || c->state != CONN_OPEN ||
+    /* TCP-22: none while the shared memory offer waits for its answer: a
+     * direct write cut short leaves the rest of a frame queued, which must
+     * go on the stream as it began, never into a slab once the answer is yes. */
+    if (!c || c->state != CONN_OPEN || c->shm == SHM_OFFERED ||
         uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) != 0 ||
         uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
         return;
@@ -1042,13 +1046,17 @@ static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes) {
         c->shm = SHM_NONE;
         tpi_log(TP_LOG_DEBUG, "worker %u: worker %u declined shared memory: frames take TCP",
                 a->rank, c->peer);
-        return;
+    } else {
+        c->shm = SHM_ACTIVE;
+        c->shm_session = ++a->peers[c->peer].shm_sessions;
+        atomic_store(&a->peers[c->peer].shm_active, 1);
+        tpi_log(TP_LOG_DEBUG, "worker %u: frames of %llu bytes and more to worker %u go through "
+                "shared memory", a->rank, (unsigned long long)a->shm_min, c->peer);
     }
-    c->shm = SHM_ACTIVE;
-    c->shm_session = ++a->peers[c->peer].shm_sessions;
-    atomic_store(&a->peers[c->peer].shm_active, 1);
-    tpi_log(TP_LOG_DEBUG, "worker %u: frames of %llu bytes and more to worker %u go through "
-            "shared memory", a->rank, (unsigned long long)a->shm_min, c->peer);
+    /* What waited for the answer goes now, and direct writes are granted
+     * again (tpi_tcp_direct_grant). */
+    if (a->peers[c->peer].out == c)
+        tpi_tcp_flush(a, c->peer);
 }
 
 /* Handles a shared memory record (kind, fields v); 0, or -1 after a
@@ -1057,7 +1065,8 @@ static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
     tpi_tcp_agent *a = c->a;
     char err[TP_ERRMSG_LEN_MAX];
     int sealed = c->tx_sealed || c->rx_sealed; /* never offered there: encrypt=on turns shm off */
-    if (kind == TPI_TCP_SHM_OFFER && !c->outgoing && !c->shm_rx && !sealed) {
+    if (kind == TPI_TCP_SHM_OFFER && !c->outgoing && !c->shm_offered && !sealed) {
+        c->shm_offered = 1;
         shm_on_offer(c, v);
         return 0;
     }
@@ -1087,16 +1096,15 @@ static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
 }
 
 void tpi_tcp_shm_tell_released(tpi_tcp_agent *a) {
-    uint32_t slots[TPI_SHM_SLABS_MAX];
     uint8_t recs[TPI_SHM_SLABS_MAX * TPI_TCP_RECORD_SIZE];
     tpi_shm_rx *next = NULL;
     for (tpi_shm_rx *rx = tpi_shm_released_take(a); rx; rx = next) {
-        next = tpi_shm_rx_listed_next(rx); /* before the take: rx may be listed anew */
-        uint32_t n = 0;
-        tpi_tcp_conn *c = tpi_shm_rx_take(rx, slots, &n);
-        for (uint32_t i = 0; i < n; i++)
-            tpi_tcp_shm_encode(recs + i * TPI_TCP_RECORD_SIZE, TPI_TCP_SHM_RELEASE, a->rank,
-                               slots[i], 0, 0);
+        uint32_t released = 0, n = 0;
+        tpi_tcp_conn *c = tpi_shm_rx_take(rx, &next, &released);
+        for (uint32_t slot = 0; slot < TPI_SHM_SLABS_MAX; slot++)
+            if (released & 1u << slot)
+                tpi_tcp_shm_encode(recs + n++ * TPI_TCP_RECORD_SIZE, TPI_TCP_SHM_RELEASE,
+                                   a->rank, slot, 0, 0);
         /* A connection gone (or going) releases the rest on the dialer's side. */
         if (c && n > 0 && c->state == CONN_OPEN)
             conn_write_records(c, recs, n);

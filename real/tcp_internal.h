@@ -192,6 +192,9 @@ void tpi_tcp_hello_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind k
 int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind kind,
                         uint32_t me, uint32_t world_size, unsigned flags, uint32_t *sender,
                         char *errmsg, size_t errmsg_len);
+/* Little-endian u32 at p: the records' fields, the slab and probe headers. */
+void tpi_tcp_put_u32(uint8_t *p, uint32_t v);
+uint32_t tpi_tcp_get_u32(const uint8_t *p);
 void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind, uint32_t sender);
 /* 1 when rec starts with the control magic. */
 int tpi_tcp_is_ctl(const uint8_t rec[TPI_TCP_RECORD_SIZE]);
@@ -259,7 +262,7 @@ _Static_assert(TPI_TCP_STAGING_SIZE <= TPI_TCP_SEAL_BUF,
 #define TPI_SHM_MIN_DEFAULT ((uint64_t)1 << 20)
 /* Slabs a worker keeps per peer, and their bytes (option shm_pool_bytes):
  * a frame finding every slab busy, or no room, takes the stream. */
-#define TPI_SHM_SLABS_MAX 16
+#define TPI_SHM_SLABS_MAX 16 /* <= 32: the acceptor's release mask is a u32 */
 #define TPI_SHM_POOL_DEFAULT ((uint64_t)512 << 20)
 /* Slabs are sized in steps of this, so a slightly longer frame reuses one. */
 #define TPI_SHM_SLAB_STEP ((uint64_t)2 << 20)
@@ -275,6 +278,9 @@ typedef struct tpi_tcp_agent tpi_tcp_agent;
 typedef struct tpi_shm_tx tpi_shm_tx; /* a peer's slabs (loop thread) */
 typedef struct tpi_shm_rx tpi_shm_rx; /* an accepted connection's side (refcounted) */
 
+/* The bytes of a slab for a frame of frame_len bytes (header, alignment,
+ * in TPI_SHM_SLAB_STEP steps). */
+uint64_t tpi_shm_slab_size(uint64_t frame_len);
 /* Options shm, shm_min_bytes, shm_pool_bytes; after the encrypt setup (shm
  * is off with encrypt=on). */
 tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
@@ -291,15 +297,14 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
  * with err for a record that does not hold (a protocol error). */
 tp_frame *tpi_shm_frame(tpi_shm_rx *rx, const uint32_t v[3], uint64_t max_msg, char *err,
                         size_t err_len);
-/* Acceptor: its connection is gone; frames still out release silently. */
+/* Acceptor: its connection is gone; frames still out release silently.
+ * NULL is a no-op. */
 void tpi_shm_rx_detach(tpi_shm_rx *rx);
 /* Loop: the sides with releases to tell (their list reference passes to the caller). */
 tpi_shm_rx *tpi_shm_released_take(tpi_tcp_agent *a);
-/* Loop: rx's released slots (*n of them), off the list; the connection to
- * tell, NULL when gone. Read rx's list link before: rx may be listed anew. */
-void *tpi_shm_rx_take(tpi_shm_rx *rx, uint32_t slots[TPI_SHM_SLABS_MAX], uint32_t *n);
-/* The next side on the list tpi_shm_released_take returned. */
-tpi_shm_rx *tpi_shm_rx_listed_next(const tpi_shm_rx *rx);
+/* Loop: rx's released slots (a mask, bit i for slot i), off the list, with
+ * the next side on that list; the connection to tell, NULL when gone. */
+void *tpi_shm_rx_take(tpi_shm_rx *rx, tpi_shm_rx **next, uint32_t *released);
 void tpi_shm_rx_unref(tpi_shm_rx *rx);
 /* Dialer: copies f into a free slab and writes its FRAME record; 0, or -1
  * when no slab can take it (the frame then takes the stream). */
@@ -312,9 +317,8 @@ int tpi_shm_release(tpi_tcp_agent *a, uint32_t peer, uint64_t session, uint32_t 
 void tpi_shm_session_end(tpi_tcp_agent *a, uint32_t peer, uint64_t session);
 void tpi_shm_tx_free(tpi_shm_tx *tx);
 /* fuzz_tcp_shm: an acceptor's side without an agent or a proof (pidfd may
- * be this process's own), and its end (closes pidfd). */
-tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me);
-void tpi_shm_rx_free_for_fuzz(tpi_shm_rx *rx);
+ * be this process's own); tpi_shm_rx_detach ends it (and closes pidfd). */
+tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me, uint64_t max_msg);
 
 /* ---- The agent ------------------------------------------------------------ */
 

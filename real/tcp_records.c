@@ -15,14 +15,14 @@
 
 #include "tcp_internal.h"
 
-static void put_u32(uint8_t *p, uint32_t v) {
+void tpi_tcp_put_u32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
     p[2] = (uint8_t)(v >> 16);
     p[3] = (uint8_t)(v >> 24);
 }
 
-static uint32_t get_u32(const uint8_t *p) {
+uint32_t tpi_tcp_get_u32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
@@ -35,9 +35,9 @@ void tpi_tcp_hello_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_kind k
     rec[5] = (uint8_t)kind;
     rec[6] = (uint8_t)flags;
     rec[7] = (uint8_t)(flags >> 8);
-    put_u32(rec + 8, sender);
-    put_u32(rec + 12, receiver);
-    put_u32(rec + 16, world_size);
+    tpi_tcp_put_u32(rec + 8, sender);
+    tpi_tcp_put_u32(rec + 12, receiver);
+    tpi_tcp_put_u32(rec + 16, world_size);
 }
 
 static int zero(const uint8_t *p, size_t n) {
@@ -81,7 +81,7 @@ int tpi_tcp_hello_check(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_hello_ki
         tpi_format(errmsg, errmsg_len, "hello with flags %#x, expected %#x%s", got, flags, why);
         return 0;
     }
-    uint32_t s = get_u32(rec + 8), r = get_u32(rec + 12), w = get_u32(rec + 16);
+    uint32_t s = tpi_tcp_get_u32(rec + 8), r = tpi_tcp_get_u32(rec + 12), w = tpi_tcp_get_u32(rec + 16);
     if (w != world_size) {
         tpi_format(errmsg, errmsg_len, "hello from a world of %u workers, this one has %u", w,
                    world_size);
@@ -104,7 +104,7 @@ void tpi_tcp_ctl_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind,
     memcpy(rec, TPI_TCP_CTL_MAGIC, 4);
     rec[4] = TPI_TCP_VERSION;
     rec[5] = (uint8_t)kind;
-    put_u32(rec + 8, sender);
+    tpi_tcp_put_u32(rec + 8, sender);
 }
 
 int tpi_tcp_is_ctl(const uint8_t rec[TPI_TCP_RECORD_SIZE]) {
@@ -142,9 +142,9 @@ void tpi_tcp_shm_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind,
                         uint32_t x, uint32_t y, uint32_t z) {
     TPI_ASSERT(kind >= TPI_TCP_SHM_OFFER && kind <= TPI_TCP_SHM_RELEASE);
     tpi_tcp_ctl_encode(rec, kind, sender);
-    put_u32(rec + 12, x);
-    put_u32(rec + 16, y);
-    put_u32(rec + 20, z);
+    tpi_tcp_put_u32(rec + 12, x);
+    tpi_tcp_put_u32(rec + 16, y);
+    tpi_tcp_put_u32(rec + 20, z);
 }
 
 int tpi_tcp_shm_decode(const uint8_t rec[TPI_TCP_RECORD_SIZE], uint32_t v[3]) {
@@ -153,6 +153,6 @@ int tpi_tcp_shm_decode(const uint8_t rec[TPI_TCP_RECORD_SIZE], uint32_t v[3]) {
     if (rec[5] < TPI_TCP_SHM_OFFER || rec[5] > TPI_TCP_SHM_RELEASE)
         return 0;
     for (int i = 0; i < 3; i++)
-        v[i] = get_u32(rec + 12 + 4 * i);
+        v[i] = tpi_tcp_get_u32(rec + 12 + 4 * i);
     return rec[5];
 }

@@ -59,14 +59,8 @@ struct tpi_shm_tx {
     uint64_t bytes; /* caps of the slabs held */
 };
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+#define put32 tpi_tcp_put_u32
+#define get32 tpi_tcp_get_u32
 
 static void put64(uint8_t *p, uint64_t v) {
     put32(p, (uint32_t)v);
@@ -75,21 +69,6 @@ static void put64(uint8_t *p, uint64_t v) {
 
 static uint64_t get64(const uint8_t *p) {
     return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
-/* Writes all n bytes at off; 0 or -1. */
-static int pwrite_all(int fd, const uint8_t *p, size_t n, off_t off) {
-    while (n > 0) {
-        ssize_t k = pwrite(fd, p, n, off);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-        off += k;
-    }
-    return 0;
 }
 
 /* ---- The offer (dialer, loop thread) ------------------------------------------ */
@@ -109,7 +88,7 @@ int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
     put32(probe + 16, a->world_size);
     put32(probe + 20, (uint32_t)getpid());
     memcpy(probe + 24, nonce, sizeof nonce);
-    if (pwrite_all(fd, probe, sizeof probe, 0) != 0) {
+    if (pwrite(fd, probe, sizeof probe, 0) != (ssize_t)sizeof probe) { /* a fresh memfd */
         close(fd);
         return -1;
     }
@@ -136,14 +115,14 @@ struct tpi_shm_rx {
     int refs;  /* the connection's, one per frame out, the release list's */
     int pidfd; /* the dialer's process */
     uint32_t peer, me;
+    uint64_t map_max; /* the largest slab a frame of max_message_size needs */
     tpi_tcp_agent *a; /* NULL once the connection is gone: releases are dropped */
     void *conn;       /* the connection the releases go back on */
     rx_map *slot[TPI_SHM_SLABS_MAX];
-    /* Slots whose frame was freed, not yet told. A slot holds one frame at
-     * a time (a second FRAME for it before its RELEASE is a protocol
-     * error), so there are never more than TPI_SHM_SLABS_MAX. */
-    uint32_t released[TPI_SHM_SLABS_MAX];
-    uint32_t nreleased;
+    /* Slots whose frame was freed, not yet told (bit i: slot i). A slot
+     * holds one frame at a time: a FRAME for a slot whose frame lives or
+     * whose release is not yet told is a protocol error. */
+    uint32_t released;
     int listed; /* on a->shm_released: set with mu and qmu, cleared by the loop */
     tpi_shm_rx *next;   /* that list */
 };
@@ -156,7 +135,7 @@ static void map_unref_locked(rx_map *m) {
     free(m);
 }
 
-static void rx_unref(tpi_shm_rx *rx) {
+void tpi_shm_rx_unref(tpi_shm_rx *rx) {
     pthread_mutex_lock(&rx->mu);
     int last = --rx->refs == 0;
     pthread_mutex_unlock(&rx->mu);
@@ -214,6 +193,7 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
     rx->pidfd = pidfd;
     rx->peer = peer;
     rx->me = a->rank;
+    rx->map_max = tpi_shm_slab_size(a->max_msg);
     rx->a = a;
     rx->conn = conn;
     return rx;
@@ -232,9 +212,9 @@ static void hold_release(void *ctx) {
     pthread_mutex_lock(&rx->mu);
     map_unref_locked(h->m);
     tpi_tcp_agent *a = rx->a;
+    TPI_ASSERT(!(rx->released & 1u << h->slot)); /* one frame per slot (rx_map_get) */
+    rx->released |= 1u << h->slot;
     if (a) {
-        TPI_ASSERT(rx->nreleased < TPI_SHM_SLABS_MAX);
-        rx->released[rx->nreleased++] = h->slot;
         pthread_mutex_lock(&a->qmu);
         if (!rx->listed && !a->stopping) {
             rx->listed = 1;
@@ -247,7 +227,7 @@ static void hold_release(void *ctx) {
     }
     pthread_mutex_unlock(&rx->mu);
     free(h);
-    rx_unref(rx);
+    tpi_shm_rx_unref(rx);
 }
 
 /* The mapping of slab slot of generation gen (fd in the dialer), mapped
@@ -256,12 +236,11 @@ static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t g
                           size_t err_len) {
     pthread_mutex_lock(&rx->mu);
     rx_map *m = rx->slot[slot];
-    if (m && m->refs > 1) {
+    if ((m && m->refs > 1) || (rx->released & 1u << slot)) {
         /* The dialer writes a slot again only after our RELEASE, which
          * follows the last frame's end: this peer breaks TCP-22. */
         pthread_mutex_unlock(&rx->mu);
-        tpi_format(err, err_len, "shared memory slab %u sent again while a frame in it lives",
-                   slot);
+        tpi_format(err, err_len, "shared memory slab %u sent again before its release", slot);
         return NULL;
     }
     if (m && m->gen == gen) {
@@ -286,7 +265,8 @@ static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t g
     void *map = MAP_FAILED;
     int seals = fcntl(sfd, F_GET_SEALS);
     if (fstat(sfd, &st) == 0 && S_ISREG(st.st_mode) && seals >= 0 && (seals & F_SEAL_SHRINK) &&
-        st.st_size >= TPI_SHM_HEAD + TPI_SHM_ALIGN + TP_FRAME_HEADER_SIZE)
+        st.st_size >= TPI_SHM_HEAD + TPI_SHM_ALIGN + TP_FRAME_HEADER_SIZE &&
+        (uint64_t)st.st_size <= rx->map_max)
         map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
     close(sfd);
     m = map == MAP_FAILED ? NULL : malloc(sizeof *m);
@@ -294,7 +274,7 @@ static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t g
         if (map != MAP_FAILED)
             munmap(map, (size_t)st.st_size);
         tpi_format(err, err_len, "shared memory slab %u cannot be mapped (not a sealed memfd, "
-                   "or too small)", slot);
+                   "or of a size no frame needs)", slot);
         return NULL;
     }
     m->refs = 2; /* the table's and the caller's */
@@ -359,11 +339,11 @@ tp_frame *tpi_shm_frame(tpi_shm_rx *rx, const uint32_t v[3], uint64_t max_msg, c
 void tpi_shm_rx_detach(tpi_shm_rx *rx) {
     if (!rx)
         return;
-    tpi_tcp_agent *a = rx->a;
+    tpi_tcp_agent *a = rx->a; /* NULL for fuzz_tcp_shm's side */
     pthread_mutex_lock(&rx->mu);
     rx->a = NULL;
     rx->conn = NULL;
-    rx->nreleased = 0;
+    rx->released = 0;
     for (int i = 0; i < TPI_SHM_SLABS_MAX; i++) {
         if (rx->slot[i])
             map_unref_locked(rx->slot[i]);
@@ -372,19 +352,21 @@ void tpi_shm_rx_detach(tpi_shm_rx *rx) {
     pthread_mutex_unlock(&rx->mu);
     /* Off the agent's list, if it waits there (the list's reference goes). */
     int unlisted = 0;
-    pthread_mutex_lock(&a->qmu);
-    for (tpi_shm_rx **p = &a->shm_released; *p; p = &(*p)->next) {
-        if (*p == rx) {
-            *p = rx->next;
-            rx->listed = 0;
-            unlisted = 1;
-            break;
+    if (a) {
+        pthread_mutex_lock(&a->qmu);
+        for (tpi_shm_rx **p = &a->shm_released; *p; p = &(*p)->next) {
+            if (*p == rx) {
+                *p = rx->next;
+                rx->listed = 0;
+                unlisted = 1;
+                break;
+            }
         }
+        pthread_mutex_unlock(&a->qmu);
     }
-    pthread_mutex_unlock(&a->qmu);
     if (unlisted)
-        rx_unref(rx);
-    rx_unref(rx);
+        tpi_shm_rx_unref(rx);
+    tpi_shm_rx_unref(rx);
 }
 
 tpi_shm_rx *tpi_shm_released_take(tpi_tcp_agent *a) {
@@ -395,26 +377,25 @@ tpi_shm_rx *tpi_shm_released_take(tpi_tcp_agent *a) {
     return list;
 }
 
-void *tpi_shm_rx_take(tpi_shm_rx *rx, uint32_t slots[TPI_SHM_SLABS_MAX], uint32_t *n) {
+void *tpi_shm_rx_take(tpi_shm_rx *rx, tpi_shm_rx **next, uint32_t *released) {
     pthread_mutex_lock(&rx->mu);
-    rx->listed = 0;
+    *next = rx->next; /* the list was taken whole: only the loop reads it */
+    rx->next = NULL;
+    rx->listed = 0; /* from here a release lists rx anew */
     void *conn = rx->conn;
-    *n = rx->nreleased;
-    memcpy(slots, rx->released, rx->nreleased * sizeof *slots);
-    rx->nreleased = 0;
+    *released = rx->released;
+    rx->released = 0;
     pthread_mutex_unlock(&rx->mu);
     return conn;
 }
 
-tpi_shm_rx *tpi_shm_rx_listed_next(const tpi_shm_rx *rx) {
-    return rx->next; /* set under qmu when listed; the loop took the list whole */
-}
-
-void tpi_shm_rx_unref(tpi_shm_rx *rx) {
-    rx_unref(rx);
-}
 
 /* ---- Slabs (dialer, loop thread) ------------------------------------------------ */
+
+uint64_t tpi_shm_slab_size(uint64_t frame_len) {
+    uint64_t need = TPI_SHM_HEAD + TPI_SHM_ALIGN + frame_len;
+    return (need + TPI_SHM_SLAB_STEP - 1) / TPI_SHM_SLAB_STEP * TPI_SHM_SLAB_STEP;
+}
 
 static void slab_drop(tpi_shm_tx *tx, int i) {
     slab *s = &tx->s[i];
@@ -455,43 +436,48 @@ static int slab_make(tpi_shm_tx *tx, int i, uint64_t cap) {
     return 0;
 }
 
-/* A free slab for need bytes: the smallest free one that fits without
- * wasting more than half, else a new one (a free one that does not fit
- * goes to make room). -1 when every slab is busy or the pool is full. */
-static int slab_pick(tpi_tcp_agent *a, tpi_shm_tx *tx, uint64_t need) {
-    int best = -1, empty = -1, spare = -1;
+/* A free slab for a frame of len bytes: the smallest free one that fits
+ * without wasting more than half, else a new one, made room for by
+ * dropping free ones of the wrong size (largest first), but only when that
+ * room can be had: busy slabs are never dropped, so when they alone leave
+ * no room (or no slot), nothing is dropped. -1 then: the frame takes TCP. */
+static int slab_pick(tpi_tcp_agent *a, tpi_shm_tx *tx, uint64_t len) {
+    uint64_t need = TPI_SHM_HEAD + TPI_SHM_ALIGN + len, cap = tpi_shm_slab_size(len), busy = 0;
+    int best = -1, nbusy = 0;
     for (int i = 0; i < TPI_SHM_SLABS_MAX; i++) {
         slab *s = &tx->s[i];
-        if (s->fd < 0) {
-            if (empty < 0)
-                empty = i;
-        } else if (!s->busy) {
-            if (s->cap >= need && s->cap / 2 <= need && (best < 0 || s->cap < tx->s[best].cap))
-                best = i;
-            else if (spare < 0 || s->cap > tx->s[spare].cap)
-                spare = i;
+        if (s->fd >= 0 && s->busy) {
+            busy += s->cap;
+            nbusy++;
+        } else if (s->fd >= 0 && s->cap >= need && s->cap / 2 <= need &&
+                   (best < 0 || s->cap < tx->s[best].cap)) {
+            best = i;
         }
     }
     if (best >= 0)
         return best;
-    uint64_t cap = (need + TPI_SHM_SLAB_STEP - 1) / TPI_SHM_SLAB_STEP * TPI_SHM_SLAB_STEP;
-    while (empty < 0 || tx->bytes + cap > a->shm_pool) {
-        if (spare < 0)
-            return -1;
-        slab_drop(tx, spare);
-        empty = spare;
-        spare = -1;
-        for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
-            if (tx->s[i].fd >= 0 && !tx->s[i].busy && (spare < 0 || tx->s[i].cap > tx->s[spare].cap))
+    if (nbusy == TPI_SHM_SLABS_MAX || busy + cap > a->shm_pool)
+        return -1;
+    for (;;) {
+        int empty = -1, spare = -1;
+        for (int i = 0; i < TPI_SHM_SLABS_MAX; i++) {
+            slab *s = &tx->s[i];
+            if (s->fd < 0 && empty < 0)
+                empty = i;
+            else if (s->fd >= 0 && !s->busy && (spare < 0 || s->cap > tx->s[spare].cap))
                 spare = i;
+        }
+        if (empty >= 0 && tx->bytes + cap <= a->shm_pool)
+            return slab_make(tx, empty, cap) == 0 ? empty : -1;
+        TPI_ASSERT(spare >= 0); /* the room is there: only free slabs stand in its way */
+        slab_drop(tx, spare);
     }
-    return slab_make(tx, empty, cap) == 0 ? empty : -1;
 }
 
 int tpi_shm_pack(tpi_tcp_agent *a, uint32_t peer, uint64_t session, const tp_frame *f,
                  uint8_t rec[TPI_TCP_RECORD_SIZE]) {
     tpi_tcp_peer *p = &a->peers[peer];
-    if (f->len > UINT32_MAX || f->len > a->shm_pool - TPI_SHM_HEAD)
+    if (f->len > UINT32_MAX || tpi_shm_slab_size(f->len) > a->shm_pool)
         return -1;
     if (!p->shm_tx) {
         p->shm_tx = calloc(1, sizeof *p->shm_tx);
@@ -514,7 +500,7 @@ int tpi_shm_pack(tpi_tcp_agent *a, uint32_t peer, uint64_t session, const tp_fra
         at += f->seg[k].len;
     }
     size_t pad = (TPI_SHM_ALIGN - (TPI_SHM_HEAD + big_at) % TPI_SHM_ALIGN) % TPI_SHM_ALIGN;
-    int i = slab_pick(a, tx, TPI_SHM_HEAD + TPI_SHM_ALIGN + f->len);
+    int i = slab_pick(a, tx, f->len);
     if (i < 0)
         return -1;
     slab *s = &tx->s[i];
@@ -609,7 +595,7 @@ tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
 
 /* ---- Fuzzing the reader (fuzz/fuzz_tcp_shm.c) -------------------------------------- */
 
-tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me) {
+tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me, uint64_t max_msg) {
     tpi_shm_rx *rx = calloc(1, sizeof *rx);
     if (!rx)
         return NULL;
@@ -618,16 +604,6 @@ tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me) {
     rx->pidfd = pidfd;
     rx->peer = peer;
     rx->me = me;
-    return rx; /* no agent: releases are dropped */
-}
-
-void tpi_shm_rx_free_for_fuzz(tpi_shm_rx *rx) {
-    pthread_mutex_lock(&rx->mu);
-    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++) {
-        if (rx->slot[i])
-            map_unref_locked(rx->slot[i]);
-        rx->slot[i] = NULL;
-    }
-    pthread_mutex_unlock(&rx->mu);
-    rx_unref(rx);
+    rx->map_max = tpi_shm_slab_size(max_msg);
+    return rx; /* no agent: releases are dropped; tpi_shm_rx_detach ends it */
 }
