@@ -260,25 +260,31 @@ static tp_status read_seconds(const tp_options *opts, const char *key, uint32_t 
     return TP_OK;
 }
 
-/* A whole-number option in [min, max]. */
-static tp_status read_count(const tp_options *opts, const char *key, uint64_t min, uint64_t max,
-                            uint64_t *out, char *errmsg, size_t errmsg_len) {
+/* A whole-number option in [min, max]; *out keeps its value (the default)
+ * when the key is unset. note ends the error message. */
+tp_status tpi_tcp_read_count(const tp_options *opts, const char *key, uint64_t min, uint64_t max,
+                             const char *note, uint64_t *out, char *errmsg, size_t errmsg_len) {
     const char *v = tp_options_get(opts, key);
-    *out = max;
     if (!v || !*v)
         return TP_OK;
     char *end = NULL;
     errno = 0;
     unsigned long long n = strtoull(v, &end, 10);
     if (errno != 0 || end == v || *end != '\0' || *v == '-' || n < min || n > max) {
-        tpi_format(errmsg, errmsg_len,
-                   "%s '%.32s' is not a whole number in [%llu, %llu]: options can only lower "
-                   "this bound (TCP-19)",
-                   key, v, (unsigned long long)min, (unsigned long long)max);
+        tpi_format(errmsg, errmsg_len, "%s '%.32s' is not a whole number in [%llu, %llu]%s", key,
+                   v, (unsigned long long)min, (unsigned long long)max, note);
         return TP_EINVAL;
     }
     *out = n;
     return TP_OK;
+}
+
+/* A TCP-19 bound: the max unless an option lowers it. */
+static tp_status read_count(const tp_options *opts, const char *key, uint64_t min, uint64_t max,
+                            uint64_t *out, char *errmsg, size_t errmsg_len) {
+    *out = max;
+    return tpi_tcp_read_count(opts, key, min, max, ": options can only lower this bound (TCP-19)",
+                              out, errmsg, errmsg_len);
 }
 
 /* TCP-19: the bounds against any peer, lowered by options. */

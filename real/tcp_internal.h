@@ -477,6 +477,14 @@ uint64_t tpi_tcp_now_ns(void);
  * signals reach the application's threads and SIGPIPE never kills us. */
 int tpi_tcp_thread_create(pthread_t *t, void *(*fn)(void *), void *arg);
 
+/* ---- tcp_agent.c ------------------------------------------------------------ */
+
+/* A whole-number backend option in [min, max] into *out, which keeps its
+ * value (the default) when the key is unset; TP_EINVAL naming the key, the
+ * range and then note otherwise. */
+tp_status tpi_tcp_read_count(const tp_options *opts, const char *key, uint64_t min, uint64_t max,
+                             const char *note, uint64_t *out, char *errmsg, size_t errmsg_len);
+
 /* ---- tcp_pool.c (AGENT-7) -------------------------------------------------- */
 
 tp_status tpi_tcp_pool_execute(tpi_tcp_agent *a, tp_work *w);

@@ -569,23 +569,13 @@ tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
         a->shm_on = 0;
     a->shm_min = TPI_SHM_MIN_DEFAULT;
     a->shm_pool = TPI_SHM_POOL_DEFAULT;
-    const char *keys[2] = {"shm_min_bytes", "shm_pool_bytes"};
-    uint64_t *out[2] = {&a->shm_min, &a->shm_pool};
-    uint64_t lo[2] = {0, TPI_SHM_SLAB_STEP}, hi[2] = {UINT32_MAX, (uint64_t)1 << 40};
-    for (int i = 0; i < 2; i++) {
-        v = tp_options_get(opts, keys[i]);
-        if (!v || !*v)
-            continue;
-        char *end = NULL;
-        errno = 0;
-        unsigned long long n = strtoull(v, &end, 10);
-        if (errno != 0 || end == v || *end != '\0' || *v == '-' || n < lo[i] || n > hi[i]) {
-            tpi_format(errmsg, errmsg_len, "%s '%.32s' is not a whole number in [%llu, %llu]",
-                       keys[i], v, (unsigned long long)lo[i], (unsigned long long)hi[i]);
-            return TP_EINVAL;
-        }
-        *out[i] = n;
-    }
+    tp_status st = tpi_tcp_read_count(opts, "shm_min_bytes", 0, UINT32_MAX, " (TCP-22)",
+                                      &a->shm_min, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = tpi_tcp_read_count(opts, "shm_pool_bytes", TPI_SHM_SLAB_STEP, (uint64_t)1 << 40,
+                                " (TCP-22)", &a->shm_pool, errmsg, errmsg_len);
+    if (st != TP_OK)
+        return st;
     if (a->shm_min < TP_FRAME_HEADER_SIZE)
         a->shm_min = TP_FRAME_HEADER_SIZE;
     if (a->encrypt)

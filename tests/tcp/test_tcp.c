@@ -916,6 +916,19 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "listen_port", "70000");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "70000");
+    /* spec: TCP-12, TCP-22: the shared memory options. */
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "shm", "maybe");
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "shm 'maybe' is not on or off");
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "shm_min_bytes", "-1");
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "shm_min_bytes '-1' is not a whole number");
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "shm_pool_bytes", "1024");
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "shm_pool_bytes '1024'");
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "rx_budget", "1");
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "options can only lower this bound (TCP-19)");
     /* After all that, a world of one comes up on env:// and goes down. */
     snprintf(m, sizeof m, "%u", (unsigned)tt_free_port());
     setenv("MASTER_PORT", m, 1);
