@@ -34,6 +34,7 @@ typedef struct tpi_served {
     uint64_t id;
     tpi_job *job; /* the queued or running job, for its credit (FLOW-8); NULL: answered later */
     int listed;   /* lock: in core->served */
+    int answer_dequeued; /* lock: canceled while queued: TP_ECANCELED goes when it leaves */
 } tpi_served;
 
 struct tp_call {
@@ -124,11 +125,15 @@ static void flow_release(tp_core *c, tpi_job *j);
 /*
  * tp:cancel from src (I/O context, lock not held): its caller gave up its
  * request args[0]. A request still listed and not answering is canceled:
- * out of S at once, its queued bytes released (FLOW-8), and the caller gets
- * a short TP_ECANCELED answer now, which pays the window debt it kept for
- * the request (FLOW-7); the function, if running, runs to its end and its
- * own answer is never sent. Anything else (answered already, not arrived
- * yet on a reordering transport, lost with a connection) is left alone.
+ * out of S at once, and the caller gets a short TP_ECANCELED answer, which
+ * pays the window debt it kept for the request (FLOW-7). A running function
+ * runs to its end and its own answer is never sent; the answer goes now. A
+ * request still queued keeps its bytes counted (FLOW-8) and is answered
+ * when it leaves the queue (job_run), never to run: answering at once
+ * would reopen the caller's window while the frame still waits here, so a
+ * caller that cancels what it sends could queue without bound. Anything
+ * else (answered already, not arrived yet on a reordering transport, lost
+ * with a connection) is left alone.
  */
 static tp_status cancel_serve(tp_core *c, uint32_t src, const tp_value *args, char *err,
                               size_t err_len) {
@@ -148,10 +153,11 @@ static tp_status cancel_serve(tp_core *c, uint32_t src, const tp_value *args, ch
     if (sv && atomic_compare_exchange_strong(&sv->state, &expected, TPI_SERVED_CANCELED)) {
         TPI_ASSERT(c->active_served > 0);
         c->active_served--;
-        if (sv->job)
-            flow_release(c, sv->job); /* before the answer can bring the next request */
         tpi_probe(c, TP_PROBE_SERVE_CANCEL, id, src, TP_ECANCELED, NULL);
-        canceled = 1;
+        if (sv->job && sv->job->held > 0)
+            sv->answer_dequeued = 1; /* its bytes still wait here */
+        else
+            canceled = 1;
     }
     tpi_unlock(c);
     if (canceled)
@@ -686,7 +692,10 @@ static void job_run(tp_work *w) {
     tpi_lock(c); /* one lock section for both: this runs once per served call */
     flow_release(c, j); /* before it runs, so before its answer can bring the next */
     tpi_work_enter_locked(c, &node);
+    int canceled_queued = j->sv.answer_dequeued;
     tpi_unlock(c);
+    if (canceled_queued) /* CANCEL-1: its bytes are out of the queue now */
+        tpi_reply(c, j->src, id, TP_ECANCELED, NULL, "canceled by the caller");
     if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
         tpi_format(err, sizeof err, "%s is shutting down",
                    tpi_worker_desc(c, c->rank, who, sizeof who));

@@ -424,6 +424,68 @@ static void test_timed_out_call_still_drains(void **state) {
     assert_true(timedout_sd_took > 1800 * MS && timedout_sd_took < 2200 * MS);
 }
 
+/*
+ * spec: CANCEL-1, FLOW-8. The callee's one pool thread is busy for 5 s and
+ * its credit is 4 KiB. Rank 0 sends 3 KiB requests, canceling each at once:
+ * a queued request keeps its bytes counted until it leaves the queue (its
+ * TP_ECANCELED answer comes then), so the caller's window stays shut and
+ * it cannot send many before the busy call ends. Answered at once instead,
+ * each cancel reopened the window and hundreds queued outside any bound.
+ */
+#define FLOOD_CALLS 40
+static int flood_sent_early; /* requests sent within the first second */
+static int flood_canceled;   /* futures that ended TP_ECANCELED */
+
+static int flood_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 60.0) == TP_OK);
+    CHECK(tp_options_set_shutdown_timeout(o, 60.0) == TP_OK);
+    CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
+    CHECK(tp_options_set_max_inflight_bytes(o, 4096) == TP_OK);
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    CHECK(tp_init_rpc(name, "SIM", rank, world_size, o) == TP_OK);
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_value *a = tp_value_list_of(1, tp_value_float(5.0));
+        tp_future *busy = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(1), "sleep", a, NULL, 60.0, &busy) == TP_OK);
+        tp_value_free(a);
+        CHECK(tp_sleep(0.01) == TP_OK);
+        static char blob[3000];
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < FLOOD_CALLS; i++) {
+            tp_value *b = tp_value_list_of(2, tp_value_float(0.01), tp_value_bytes(blob, sizeof blob));
+            tp_future *f = NULL;
+            tp_status st = tp_rpc_async(tp_to_rank(1), "sleep", b, NULL, 60.0, &f);
+            tp_value_free(b);
+            if (st == TP_OK && now_ns() - t0 < 1000 * MS)
+                flood_sent_early++;
+            if (f) {
+                tp_future_cancel(f);
+                flood_canceled += tp_future_wait(f, 60.0) == TP_ECANCELED;
+            }
+            tp_future_free(f);
+        }
+        CHECK(tp_future_wait(busy, 60.0) == TP_OK);
+        tp_future_free(busy);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_cancel_queued_keeps_credit(void **state) {
+    (void)state;
+    run_world(2, 25, flood_program, 1);
+    assert_int_equal(failures, 0);
+    fprintf(stderr, "  %d of %d canceled requests sent in the busy call's first second\n",
+            flood_sent_early, FLOOD_CALLS);
+    assert_int_equal(flood_canceled, FLOOD_CALLS);
+    assert_true(flood_sent_early <= 2);
+}
+
 static int reset(void **state) {
     (void)state;
     failures = 0;
@@ -441,6 +503,7 @@ int main(void) {
         cmocka_unit_test_setup(test_cancel_rpc_async, reset),
         cmocka_unit_test_setup(test_cancel_callee_gives_up, reset),
         cmocka_unit_test_setup(test_timed_out_call_still_drains, reset),
+        cmocka_unit_test_setup(test_cancel_queued_keeps_credit, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
