@@ -1330,6 +1330,16 @@ static PyObject *m_answer_later(PyObject *self, PyObject *fut) {
     Py_RETURN_NONE;
 }
 
+/* serving_caller(): the name of the worker whose call this thread serves,
+ * None outside a served call (who sent a gather contribution, not who it
+ * says it is). */
+static PyObject *m_serving_caller(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    if (!serving)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(tp_call_caller(serving)->name);
+}
+
 /* set_dispatcher(functions, methods): the Python layer's two entry points. */
 static PyObject *m_set_allow_pickle(PyObject *self, PyObject *on) {
     (void)self;
@@ -1463,6 +1473,7 @@ static PyMethodDef module_methods[] = {
     {"future_new", m_future_new, METH_NOARGS, NULL},
     {"rref_from_value", m_rref_from_value, METH_O, NULL},
     {"answer_later", m_answer_later, METH_O, NULL},
+    {"serving_caller", m_serving_caller, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "tensorplay._rpc",

@@ -42,7 +42,6 @@ def test_seed_as_printed_200_runs(tmp_path):
 
 def test_name_waits_are_bounded(tmp_path):
     out = run(tmp_path, """
-        import threading
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
             # A function __main__ defines 0.5 s after the call arrives.
@@ -59,14 +58,43 @@ def test_name_waits_are_bounded(tmp_path):
             except LookupError as e:  # the callee gave up 0.3 s before the caller would
                 print("LookupError", "never_defined is not defined" in str(e),
                       time.monotonic() - t0 > 2.5)
-        else:
-            def define():
-                time.sleep(0.5)
-                globals()["defined_late"] = lambda: "late"
-            threading.Thread(target=define).start()
+        else:  # __main__ goes on after init_rpc, as the seed program does
+            time.sleep(0.5)
+            globals()["defined_late"] = lambda: "late"
+            time.sleep(3.5)  # past never_defined's wait: shutdown would end it
         rpc.shutdown()
     """)
     assert out == ["late", "LookupError True True"]
+
+
+def test_name_waits_cannot_hold_the_pool(tmp_path):
+    """A peer naming functions that never come holds at most half the
+    callee's pool (here 1 of 2 threads), whatever its timeout, and no wait
+    outlives the callee's shutdown."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            num_worker_threads=2))
+        if rank == 0:
+            def never(): pass
+            never.__qualname__ = "never_defined"
+            globals()["never_defined"] = never  # named so; worker1 never defines it
+            t0 = time.monotonic()
+            waits = [rpc.rpc_async("worker1", never, timeout=t) for t in (0, 3e6)]
+            try:
+                waits[1].wait()
+            except LookupError:  # the second finds the waits full: at once
+                print("second refused at once:", time.monotonic() - t0 < 2)
+            print("pool free:", rpc.rpc_sync("worker1", add, args=(1, 2), timeout=5))
+            try:
+                waits[0].wait()
+            except LookupError:  # its wait ended with worker1's shutdown, not in 60 s
+                print("first ended by shutdown:", time.monotonic() - t0 < 10)
+        else:
+            time.sleep(3)  # __main__ runs on (names may still come), then shuts down
+        rpc.shutdown()
+    """)
+    assert out == ["second refused at once: True", "pool free: 3",
+                   "first ended by shutdown: True"]
 
 
 def test_errors_as_pytorch_raises_them(tmp_path):
@@ -456,6 +484,25 @@ def test_exposure_policy(tmp_path):
                 rpc.rpc_sync("worker2", mul, args=(6, 7))
             except PermissionError as e:
                 print("allow-list:", "expose" in str(e))
+            # Reaching a denied function another way: as an argument's value,
+            # or as a method of an object the callee holds (a private one, or
+            # one of a module held in an rref).
+            for fn, args, kwargs in ((sorted, (["touch pwned"],), {"key": os.system}),
+                                     (max, (["touch pwned"],), {"key": os.system})):
+                try:
+                    rpc.rpc_sync("worker1", fn, args=args, kwargs=kwargs)
+                    print("ran through", fn.__name__)
+                except PermissionError as e:
+                    print("refused through", fn.__name__, "exposure policy" in str(e))
+            held = rpc.remote("worker1", max, args=(1, 2))
+            from tensorplay.distributed.rpc.api import _proxy_call  # what a proxy sends
+            for name in ("__reduce_ex__", "__class__"):
+                try:
+                    rpc.rpc_sync("worker1", _proxy_call, args=(held, name, (2,), {}))
+                    print("ran method", name)
+                except PermissionError as e:
+                    print("refused method", name, "private and special" in str(e))
+            print("method:", held.rpc_sync().bit_length())
         rpc.shutdown()
         if rank == 1:
             print("no file:", not os.path.exists("pwned"))
@@ -465,6 +512,10 @@ def test_exposure_policy(tmp_path):
     assert "[0] 42 2" in out
     assert "[0] 3 [1]" in out
     assert "[0] allow-list: True" in out
+    assert "[0] refused through sorted True" in out and "[0] refused through max True" in out
+    assert "[0] refused method __reduce_ex__ True" in out
+    assert "[0] refused method __class__ True" in out
+    assert "[0] method: 2" in out
     assert "[1] no file: True" in out
 
 
@@ -514,11 +565,15 @@ def test_values_pytorch_programs_send(tmp_path):
 
 
 def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
-    """_gather_to_leader is served to every peer; rounds nobody here waits
-    for are capped (GATHER_ROUNDS_MAX), refused with a clear error."""
+    """_gather_to_leader is served to every peer: rounds nobody here waits
+    for are capped (GATHER_ROUNDS_MAX), refused with a clear error, and
+    dropped once stale so the worker's own barriers work again; a peer
+    contributes under its own name only, and a round that ended is never
+    made again by a late message."""
     out = run(tmp_path, """
         from tensorplay.distributed.rpc import api
         rpc.init_rpc("worker%d" % rank)
+        api.GATHER_ROUND_STALE_S = 0.5
         if rank == 0:
             n = api.GATHER_ROUNDS_MAX
             futs = [rpc.rpc_async("worker1", api._gather_to_leader,
@@ -530,9 +585,25 @@ def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
                              args=("one more", "worker0", None, ["worker0", "nobody"]))
             except RuntimeError as e:
                 print("refused:", "GATHER_ROUNDS_MAX" in str(e))
+            try:
+                rpc.rpc_sync("worker1", api._gather_to_leader,
+                             args=("forged", "worker1", None, ["worker0", "worker1"]))
+            except PermissionError as e:
+                print("forged refused:", "sent a contribution as" in str(e))
+            api._barrier(["worker0", "worker1"])  # worker1 joins after 2 s
+            print("barrier after stale rounds")
+            try:
+                rpc.rpc_sync("worker1", api._broadcast_to_followers,
+                             args=("worker0worker1/0", {"worker0": 1}))
+            except RuntimeError as e:
+                print("late broadcast refused:", "already ended" in str(e))
+        else:
+            time.sleep(2)  # the peer's rounds are stale by then
+            api._barrier(["worker0", "worker1"])
         rpc.shutdown()
     """)
-    assert out == ["refused: True"]
+    assert out == ["refused: True", "forged refused: True", "barrier after stale rounds",
+                   "late broadcast refused: True"]
 
 
 def test_interrupted_rpc_sync_is_not_waited_for_by_shutdown(tmp_path):

@@ -75,6 +75,14 @@ class Policy:
                                     "'module.qualname' strings, not %r" % (item,))
             self.allow = True
 
+    def may_allow(self, module, qualname):
+        """False when no function named module.qualname can be served (allow-list
+        mode, its name and module not exposed): a call for it is refused at
+        once instead of waiting for the name to be defined."""
+        if not self.allow:
+            return True
+        return module in self.allow_modules or "%s.%s" % (module, qualname) in self.allow_names
+
     def check(self, module, qualname, obj):
         """Raises PermissionError when obj (module.qualname) is not served."""
         what = "%s.%s" % (module, qualname)
@@ -87,10 +95,44 @@ class Policy:
             raise PermissionError(
                 "function %s is not exposed by worker's policy: this worker serves only what "
                 "TensorPipeRpcBackendOptions(expose=[...]) names" % what)
-        real_module = getattr(obj, "__module__", None) or ""
-        if id(obj) in _DENIED_IDS or _module_denied(module) or \
-                (isinstance(real_module, str) and _module_denied(real_module)):
+        if self._denied(module, obj):
             raise PermissionError(
                 "function %s is refused by this worker's exposure policy: it runs code or "
                 "commands, starts processes, loads native code or unpickles bytes; a worker "
                 "that must serve it names it in TensorPipeRpcBackendOptions(expose=[...])" % what)
+
+    @staticmethod
+    def _denied(module, obj):
+        real_module = getattr(obj, "__module__", None) or ""
+        return id(obj) in _DENIED_IDS or _module_denied(module) or \
+            (isinstance(real_module, str) and _module_denied(real_module))
+
+    def check_method(self, obj, name, fn):
+        """Raises PermissionError when a peer may not call method name (fn,
+        resolved on obj, a value this worker holds): private and special
+        names are never served (only methods new_method added), since from
+        them every object of the process is reachable; in deny-list mode a
+        method that is itself a denied function (os.system reached through
+        a module held in an rref) is refused; in allow-list mode the
+        object's class (or module) must be exposed, or the function."""
+        what = "%s.%s" % (type(obj).__qualname__, name)
+        if name.startswith("_"):
+            raise PermissionError(
+                "method %s is not served to peers: private and special methods are refused by "
+                "the exposure policy (new_method adds a method that is)" % what)
+        target = getattr(fn, "__func__", fn)
+        if self.allow:
+            for klass in type(obj).__mro__:
+                if id(klass) in self.allow_ids or klass.__module__ in self.allow_modules or \
+                        "%s.%s" % (klass.__module__, klass.__qualname__) in self.allow_names:
+                    return
+            if id(target) in self.allow_ids:
+                return
+            raise PermissionError(
+                "method %s is not exposed by this worker's policy: expose=[...] names neither "
+                "its class nor it" % what)
+        module = getattr(target, "__module__", None) or ""
+        if self._denied(module if isinstance(module, str) else "", target):
+            raise PermissionError(
+                "method %s is refused by this worker's exposure policy: it runs code or "
+                "commands, starts processes, loads native code or unpickles bytes" % what)

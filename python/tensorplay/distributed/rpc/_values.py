@@ -14,6 +14,7 @@ _TORCH_LACKS = {"uint16", "uint32", "uint64"}
 class State:
     """What the values layer needs to know of the running worker."""
     allow_pickle = False
+    policy = None  # the worker's exposure policy (_policy.Policy), set by init_rpc
     tensor_type = "auto"
 
 
@@ -138,9 +139,11 @@ def _from_ext(kind, payload, rref_type):
         module, qualname = payload
         mod = sys.modules.get(module)
         obj = _resolve(mod, qualname) if mod is not None else None
-        if obj is None:
-            raise LookupError("a reference to %s.%s arrived, which is not defined among this "
-                              "worker's imported modules" % (module, qualname))
+        if obj is None or not callable(obj):
+            raise LookupError("a reference to %s.%s arrived, which is not a function or class "
+                              "defined among this worker's imported modules" % (module, qualname))
+        if state.policy is not None:  # a peer must not reach through values what it cannot call
+            state.policy.check(module, qualname, obj)
         return obj
     raise TypeError("a Python value of unknown kind %r arrived" % (kind,))
 

@@ -2,6 +2,7 @@
 remote, RRef, futures, worker infos and timeouts, over the C library."""
 import atexit
 import builtins
+import collections
 import os
 import re
 import sys
@@ -21,7 +22,7 @@ UNSET_RPC_TIMEOUT = constants.UNSET_RPC_TIMEOUT
 # not settle an error (RuntimeError "Leaking RRef ..."), True only a warning.
 _ignore_rref_leak = True
 
-NAME_WAIT_MAX_S = 60.0  # a callee waits this long at most for a name, on a call with no deadline
+NAME_WAIT_MAX_S = 60.0  # the longest a callee waits for a name (a call with no deadline, or a long one)
 NAME_WAIT_POLL_S = 0.005
 _WORKER_NAME = re.compile(r"^[A-Za-z0-9_:-]{1,127}$")
 
@@ -43,6 +44,10 @@ class _State:
         self.me = None
         self.default_timeout = constants.DEFAULT_RPC_TIMEOUT_SEC
         self.policy = _policy.Policy()
+        self.stopping = False  # shutdown() began: no more names will be defined
+        # Calls that may wait at once for a name not yet defined: each holds a
+        # pool thread, so at most half the pool (set by init_rpc).
+        self.name_waits = threading.BoundedSemaphore(1)
 
 
 _state = _State()
@@ -316,6 +321,10 @@ def init_rpc(name, backend=None, rank=-1, world_size=None, rpc_backend_options=N
         _values.state.allow_pickle = bool(getattr(opts, "allow_pickle", False))
         _values.state.tensor_type = getattr(opts, "tensor_type", "auto")
         _state.policy = _policy.Policy(getattr(opts, "expose", None))
+        _state.stopping = False
+        _state.name_waits = threading.BoundedSemaphore(
+            max(1, getattr(opts, "num_worker_threads", constants.DEFAULT_NUM_WORKER_THREADS) // 2))
+        _values.state.policy = _state.policy  # callables that arrive as values (PY-2)
         _rpc.set_dispatcher(_dispatch, _dispatch_method)
         _rpc.set_adapter(_values.adapt)
         _rpc.set_allow_pickle(_values.state.allow_pickle)
@@ -353,6 +362,7 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT):
     shutdown that runs out of time finishes locally and raises."""
     _require_init("shutdown")
     timeout = _timeout_arg(timeout, allow_unset=False)
+    _state.stopping = True  # name waits end now: the program defines nothing more
     with _state.lock:
         try:
             _rpc.shutdown(bool(graceful), timeout)
@@ -372,36 +382,49 @@ def shutdown(graceful=True, timeout=constants.DEFAULT_SHUTDOWN_TIMEOUT):
 
 def _may_appear(mod, module):
     """Whether a name missing from module may still be defined: __main__
-    runs on after init_rpc, and a module being imported is half made."""
+    runs on after init_rpc (until shutdown, or its thread's end), and a
+    module being imported is half made."""
+    if _state.stopping:
+        return False
     if module == "__main__":
-        return True
+        return threading.main_thread().is_alive()
     spec = getattr(mod, "__spec__", None)
     return bool(getattr(spec, "_initializing", False))
 
 
 def _find(module, qualname, timeout):
     """The function module.qualname among modules already imported, waiting
-    (bounded by the call's deadline) for one whose module is still running."""
+    for one whose module is still running: bounded by the call's deadline
+    and NAME_WAIT_MAX_S, by shutdown, and to half the pool's threads at once
+    (a peer naming functions that never come cannot hold the whole pool)."""
     deadline = None
-    while True:
-        mod = sys.modules.get(module)
-        if mod is None:
-            raise FunctionNotFoundError(
-            "function %s.%s: module '%s' is not imported on this worker (it is never imported "
-            "because a peer named it)" % (module, qualname, module))
-        obj = _values._resolve(mod, qualname)
-        if obj is not None:
-            return obj
-        if not _may_appear(mod, module):
-            break
-        now = time.monotonic()
-        if deadline is None:
-            # Give up a little before the caller does, so it gets this error.
-            budget = NAME_WAIT_MAX_S if timeout <= 0 else timeout - min(1.0, timeout / 10)
-            deadline = now + max(0.0, budget)
-        if now >= deadline:
-            break
-        time.sleep(NAME_WAIT_POLL_S)
+    waiting = False
+    try:
+        while True:
+            mod = sys.modules.get(module)
+            if mod is None:
+                raise FunctionNotFoundError(
+                    "function %s.%s: module '%s' is not imported on this worker (it is never "
+                    "imported because a peer named it)" % (module, qualname, module))
+            obj = _values._resolve(mod, qualname)
+            if obj is not None:
+                return obj
+            if not _may_appear(mod, module) or not _state.policy.may_allow(module, qualname):
+                break
+            now = time.monotonic()
+            if deadline is None:
+                if not _state.name_waits.acquire(blocking=False):
+                    break  # half the pool waits for names already
+                waiting = True
+                # Give up a little before the caller does, so it gets this error.
+                budget = timeout - min(1.0, timeout / 10) if timeout > 0 else NAME_WAIT_MAX_S
+                deadline = now + max(0.0, min(budget, NAME_WAIT_MAX_S))
+            if now >= deadline:
+                break
+            time.sleep(NAME_WAIT_POLL_S)
+    finally:
+        if waiting:
+            _state.name_waits.release()
     raise FunctionNotFoundError(
         "function %s.%s is not defined on this worker: functions travel by name (as with "
         "PyTorch, the RPC pickler does not serialize function code), so define it in the "
@@ -486,7 +509,10 @@ def _run_method(obj, name, args, kwargs):
         fn = _methods.get((klass, name))
         if fn is not None:
             return _answer(fn, fn(obj, *args, **kwargs), what)
+    if name.startswith("_"):  # before getattr: a private attribute is not even looked up
+        _state.policy.check_method(obj, name, None)
     bound = getattr(obj, name)  # AttributeError names the method and the class
+    _state.policy.check_method(obj, name, bound)
     return _answer(bound, bound(*args, **kwargs), what)
 
 
@@ -1001,30 +1027,57 @@ class _Gather:
     def __init__(self):
         self.objects = {}
         self.ready = threading.Event()
+        self.made = time.monotonic()
+        self.waited = False    # a local _all_gather waits for it
+        self.answered_by = None  # a follower's round: who broadcast the result
 
 
 _gather_lock = threading.Lock()
 _gather_seq = {}     # the sorted names joined -> the next round's number
 _gathers = {}        # round id -> _Gather
+_gathers_closed = collections.OrderedDict()  # rounds ended here (ids), newest last
 # Rounds held at once. A peer's _gather_to_leader or _broadcast_to_followers
 # (served whatever the exposure policy) makes one, and one that no local
 # _all_gather ever waits for would stay: past this many, they are refused.
 GATHER_ROUNDS_MAX = 1024
+# A round a peer made that no local _all_gather has waited for in this long
+# is dropped when room is needed (its local side is not coming).
+GATHER_ROUND_STALE_S = 2 * NAME_WAIT_MAX_S
 
 
-def _gather_state(round_id):
+def _gather_state(round_id, local=False):
+    """The round's state, made when new: a round that ended here (a late
+    contribution or broadcast after its timeout) is never made again."""
     with _gather_lock:
         g = _gathers.get(round_id)
         if g is None:
+            if round_id in _gathers_closed:
+                raise RuntimeError("_all_gather: round %r already ended on this worker"
+                                   % (round_id,))
+            if len(_gathers) >= GATHER_ROUNDS_MAX:
+                now = time.monotonic()
+                for rid in [r for r, x in _gathers.items()
+                            if not x.waited and now - x.made > GATHER_ROUND_STALE_S]:
+                    _gather_close_locked(rid)
             if len(_gathers) >= GATHER_ROUNDS_MAX:
                 raise RuntimeError("_all_gather: %d rounds are pending on this worker "
                                    "(GATHER_ROUNDS_MAX); round %r refused"
                                    % (len(_gathers), round_id))
             g = _gathers[round_id] = _Gather()
+        g.waited = g.waited or local
         return g
 
 
-def _gather_to_leader(round_id, name, obj, names):
+def _gather_close_locked(round_id):
+    """The round ends here (_gather_lock held); its id is remembered, a
+    bounded number of them, so nothing a peer sends late makes it again."""
+    _gathers.pop(round_id, None)
+    _gathers_closed[round_id] = None
+    while len(_gathers_closed) > GATHER_ROUNDS_MAX:
+        _gathers_closed.popitem(last=False)
+
+
+def _gather_put(round_id, name, obj, names):
     """On the leader: one worker's contribution to a round."""
     if name not in names:
         raise ValueError("_all_gather: %r is not among the round's workers" % (name,))
@@ -1037,12 +1090,22 @@ def _gather_to_leader(round_id, name, obj, names):
             g.ready.set()
 
 
+def _gather_to_leader(round_id, name, obj, names):
+    """Served on the leader: a follower's contribution, under its own name only."""
+    sender = _rpc.serving_caller()
+    if sender != name:
+        raise PermissionError("_all_gather: worker %r sent a contribution as %r" % (sender, name))
+    _gather_put(round_id, name, obj, names)
+
+
 _gather_to_leader._tp_internal = True  # served whatever the exposure policy
 
 
 def _broadcast_to_followers(round_id, objects):
-    """On a follower: the leader's gathered result for a round."""
+    """On a follower: the leader's gathered result for a round (the leader
+    checks it is the one that sent it)."""
     g = _gather_state(round_id)
+    g.answered_by = _rpc.serving_caller()
     g.objects = objects
     g.ready.set()
 
@@ -1066,17 +1129,22 @@ def _all_gather(obj, worker_names=None, timeout=UNSET_RPC_TIMEOUT):
         _gather_seq[key] = n + 1
     round_id = "%s/%d" % (key, n)
     if leader == me:
-        _gather_to_leader(round_id, me, obj, sorted(names))
+        _gather_put(round_id, me, obj, sorted(names))
     else:
         rpc_sync(leader, _gather_to_leader, args=(round_id, me, obj, sorted(names)),
                  timeout=timeout)
-    g = _gather_state(round_id)
+    g = _gather_state(round_id, local=True)
     if not g.ready.wait(wait_s):
         with _gather_lock:
-            _gathers.pop(round_id, None)
+            _gather_close_locked(round_id)
             missing = sorted(names - set(g.objects))
         raise RuntimeError("_all_gather timed out in _all_gather after %.2f seconds waiting for %s"
                            % (wait_s, ", ".join(missing) or "the leader %s" % leader))
+    if leader != me and g.answered_by != leader:
+        with _gather_lock:
+            _gather_close_locked(round_id)
+        raise RuntimeError("_all_gather: round %s was answered by %r, not its leader %r"
+                           % (round_id, g.answered_by, leader))
     if leader == me:
         futs = {f: rpc_async(f, _broadcast_to_followers, args=(round_id, g.objects),
                              timeout=timeout) for f in sorted(names - {leader})}
@@ -1091,7 +1159,7 @@ def _all_gather(obj, worker_names=None, timeout=UNSET_RPC_TIMEOUT):
                                "first exception is %s" % ([f for f, _ in errors], wait_s,
                                                           errors[0][1]))
     with _gather_lock:
-        _gathers.pop(round_id, None)
+        _gather_close_locked(round_id)
     return g.objects
 
 
