@@ -554,6 +554,8 @@ tp_status tp_future_cancel(tp_future *f) {
 void tpi_cancel_send(tp_core *c, uint32_t dst, uint64_t id) {
     /* Ids carry the incarnation up to bit 63 (REJOIN-3): the int holds the
      * same 64 bits, read back as unsigned by the callee. */
+    char before[TP_ERRMSG_LEN_MAX]; /* tp_future_cancel succeeds whatever happens here */
+    tpi_format(before, sizeof before, "%s", tp_errmsg());
     tp_value *args = tp_value_list_of(1, tp_value_int((int64_t)id));
     tpi_call *call = args ? tpi_call_new(c, dst, TPI_MSG_REQUEST, "cancel", TPI_CANCEL_FN) : NULL;
     tp_status st = TP_ENOMEM;
@@ -565,10 +567,12 @@ void tpi_cancel_send(tp_core *c, uint32_t dst, uint64_t id) {
         st = tpi_call_issue(c, call, &m, TPI_CANCEL_TIMEOUT_S);
     }
     tpi_defer_free(c, args);
-    if (st != TP_OK) /* the request then ends as a timed-out one: its answer is dropped */
+    if (st != TP_OK) { /* the request then ends as a timed-out one: its answer is dropped */
         tpi_log(TP_LOG_DEBUG, "worker '%s': could not tell worker %u that call %llu was canceled: "
                               "%s",
-                c->self.name, dst, (unsigned long long)id, tp_strerror(st));
+                c->self.name, dst, (unsigned long long)id, tp_errmsg());
+        tpi_fail_msg(TP_OK, before);
+    }
 }
 
 void tpi_calls_fail(tp_core *c, uint32_t dst, tp_status st, const char *why) {

@@ -486,7 +486,7 @@ tp_status tp_shutdown(int graceful) {
         int interrupted = tpi_interrupted(c);
         lifecycle_watch(c, 0);
         lifecycle_end(ctx);
-        if (interrupted) {
+        if (interrupted && st != TP_OK) { /* one that came after the drain changes nothing */
             char was[TP_ERRMSG_LEN_MAX];
             tpi_format(was, sizeof was, "%s", st == TP_ECANCELED ? tp_errmsg() : "");
             st = tpi_fail(TP_ECANCELED,

@@ -159,12 +159,15 @@ static tp_status interrupted(tp_core *c, const uint8_t *present, int plural, int
         char pub[TP_ERRMSG_LEN_MAX];
         tpi_format(pub, sizeof pub, "worker '%s' (rank %u) was interrupted while waiting for %s",
                    c->self.name, c->rank, waiting);
-        if (publish_outcome(c, TP_ECANCELED, pub) == TP_OK) {
+        tp_status won = publish_outcome(c, TP_ECANCELED, pub);
+        if (won == TP_OK) {
             tpi_lock(c);
             c->intr_epoch = 0;
             tpi_unlock(c);
             return TP_OK;
         }
+        if (won != TP_ECANCELED)
+            return won; /* another worker's failure came first: it is this attempt's cause */
     }
     return tpi_fail(TP_ECANCELED, "%s: interrupted while waiting for %s", what, waiting);
 }
