@@ -415,7 +415,9 @@ static tp_value *adapted_value(PyObject *o, const char *where, int *none) {
     } else if (dt != Py_None && !PyUnicode_Check(dt)) {
         PyErr_Format(PyExc_TypeError, "%s: the tensor adapter's dtype must be a str", where);
     } else {
-        v = buffer_value(buf, where, dt == Py_None ? NULL : PyUnicode_AsUTF8(dt));
+        const char *name = dt == Py_None ? NULL : PyUnicode_AsUTF8(dt);
+        if (dt == Py_None || name) /* else a str that is not UTF-8: its error is set */
+            v = buffer_value(buf, where, name);
     }
     Py_DECREF(r);
     return v;
