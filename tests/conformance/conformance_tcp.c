@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@
 
 #define CASE_WALL_LIMIT_S 120 /* a case is killed after this much real time */
 #define CRASH_MARKER "\n#crash_self\n"
+#define SHM_MARKER "\n#shm\n" /* a rank whose frames went through shared memory */
 #define REPORT_MAX 8192
 
 static char init_method[512];  /* this case's rendezvous, set before the fork */
@@ -43,6 +45,8 @@ static uint64_t tcp_now_ns(void) {
 }
 
 static int child_rank = -1;      /* in a child: its rank */
+static atomic_int shm_used;      /* in a child: the backend said frames take slabs */
+static int shm_cases, cases_run; /* in the parent: cases where some rank's did, of all */
 
 /*
  * TP_CONFORMANCE_SHM (spec/tcp.md TCP-22): "all" sends every frame between
@@ -143,11 +147,29 @@ static void drop_rendezvous(void) {
     store_dir[0] = '\0';
 }
 
+/* In a child with TP_CONFORMANCE_SHM: notes the backend's word that frames
+ * to a peer go through shared memory (a debug message), and prints the rest
+ * from warnings up as the default callback does. */
+static void shm_log(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (strstr(msg, "go through shared memory"))
+        atomic_store(&shm_used, 1);
+    if (level <= TP_LOG_WARN)
+        fprintf(stderr, "tensorplay-rpc: %s: %s\n", level == TP_LOG_ERROR ? "error" : "warn",
+                msg);
+}
+
 static _Noreturn void child_main(int fd, int rank, int world_size,
                                  tp_conformance_program program) {
     report_fd = fd;
     child_rank = rank;
+    if (getenv("TP_CONFORMANCE_SHM")) {
+        tp_set_log_callback(shm_log, NULL);
+        tp_set_log_level(TP_LOG_DEBUG);
+    }
     int rc = program(rank, world_size);
+    if (atomic_load(&shm_used))
+        write_all(fd, SHM_MARKER, strlen(SHM_MARKER));
     const char *rep = tp_conformance_rank_report(rank);
     write_all(fd, rep, strlen(rep));
     close(fd);
@@ -244,6 +266,13 @@ static int tcp_launch(const tp_conformance_launcher *l, int world_size,
         waitpid(kids[r].pid, &kids[r].status, 0);
     }
     drop_rendezvous();
+    cases_run++;
+    for (int r = 0; r < world_size; r++) {
+        if (strstr(kids[r].report, SHM_MARKER)) {
+            shm_cases++;
+            break;
+        }
+    }
     int bad = timed_out;
     size_t off = strlen(why);
     if (timed_out)
@@ -288,5 +317,20 @@ int main(int argc, char **argv) {
         .now_ns = tcp_now_ns,
         .crash_self = tcp_crash_self,
     };
-    return tp_conformance_main(argc, argv, &l) ? 1 : 0;
+    int failed = tp_conformance_main(argc, argv, &l);
+    const char *mode = getenv("TP_CONFORMANCE_SHM");
+    if (mode && (strcmp(mode, "all") == 0 || strcmp(mode, "mixed") == 0)) {
+        /* The suite passing says little unless its frames took slabs: most
+         * cases send between workers, so with "all" most must have; "mixed"
+         * has shared memory only between even ranks (cases of 3 or more). */
+        int all = strcmp(mode, "all") == 0;
+        fprintf(stderr, "conformance_tcp: shared memory carried frames in %d of %d cases\n",
+                shm_cases, cases_run);
+        if (cases_run > 0 && (all ? shm_cases * 2 < cases_run : shm_cases == 0)) {
+            fprintf(stderr, "conformance_tcp: TP_CONFORMANCE_SHM=%s, but shared memory was "
+                            "used in %s\n", mode, all ? "fewer than half the cases" : "none");
+            failed = 1;
+        }
+    }
+    return failed ? 1 : 0;
 }
