@@ -262,7 +262,9 @@ _Static_assert(TPI_TCP_STAGING_SIZE <= TPI_TCP_SEAL_BUF,
 #define TPI_SHM_MIN_DEFAULT ((uint64_t)1 << 20)
 /* Slabs a worker keeps per peer, and their bytes (option shm_pool_bytes):
  * a frame finding every slab busy, or no room, takes the stream. */
-#define TPI_SHM_SLABS_MAX 16 /* <= 32: the acceptor's release mask is a u32 */
+#define TPI_SHM_SLABS_MAX 16
+_Static_assert(TPI_SHM_SLABS_MAX <= 32, "the acceptor's release mask is a u32");
+_Static_assert(TPI_SHM_SLABS_MAX <= 256, "a FRAME record's slot is its low 8 bits");
 #define TPI_SHM_POOL_DEFAULT ((uint64_t)512 << 20)
 /* Slabs are sized in steps of this, so a slightly longer frame reuses one. */
 #define TPI_SHM_SLAB_STEP ((uint64_t)2 << 20)

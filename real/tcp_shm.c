@@ -11,10 +11,10 @@
  * the authenticated stream comes from, on this kernel, can have put it
  * there. Then, for that connection, a frame of shm_min_bytes or more is
  * copied once into a slab (a memfd of the dialer's, reused) and only a
- * 24-byte record goes on the stream; the acceptor takes the slab's
- * descriptor, maps it and hands the frame on without a copy (its tensors
- * view the slab), and when the frame is freed tells the dialer the slab is
- * free again. Everything kernel-side (descriptors, pages) dies with the
+ * 24-byte record goes on the stream; the acceptor takes each slab's
+ * descriptor once, maps it and keeps the mapping, hands the frame on
+ * without a copy (its tensors view the slab), and when the frame is freed
+ * tells the dialer the slab is free again (one frame per slab at a time). Everything kernel-side (descriptors, pages) dies with the
  * processes: no names in /dev/shm, nothing to clean up after a crash.
  *
  * Threads: the slabs (tpi_shm_tx) are the loop thread's. A received

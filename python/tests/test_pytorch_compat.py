@@ -596,6 +596,7 @@ def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
                 print("forged refused:", "sent a contribution as" in str(e))
             api._barrier(["worker0", "worker1"])  # worker1 joins after 2 s
             print("barrier after stale rounds")
+            time.sleep(0.5)  # worker1 has ended its side of the round by then
             try:
                 rpc.rpc_sync("worker1", api._broadcast_to_followers,
                              args=("worker0worker1/0", {"worker0": 1}))
