@@ -339,7 +339,6 @@ def test_tensors_between_workers_on_one_host_go_through_shared_memory(tmp_path):
 def test_workers_started_by_hand_on_one_host(tmp_path):
     """No launcher, no TP_SECRET: workers of one user on one host share a
     per-user secret kept in a 0600 file; auth='off' needs no secret at all."""
-    import socket
     script = tmp_path / "prog.py"
     script.write_text(PROLOGUE + textwrap.dedent("""
         opts = rpc.TensorPipeRpcBackendOptions(**eval(os.environ["OPTS"]))
@@ -349,9 +348,7 @@ def test_workers_started_by_hand_on_one_host(tmp_path):
         rpc.shutdown()
     """))
     for opts in ("{}", "{'auth': 'off'}"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _free_port()
         env = {k: v for k, v in os.environ.items() if k != "TP_SECRET"}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), XDG_RUNTIME_DIR=str(tmp_path),
                    OPTS=opts)
@@ -382,6 +379,13 @@ def test_private_gathers_pytorch_programs_use(tmp_path):
         assert "[%d] True 2" % r in out
 
 
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_ctrl_c_interrupts_init_and_shutdown(tmp_path):
     out = run(tmp_path, """
         import signal, threading
@@ -402,7 +406,7 @@ def test_ctrl_c_interrupts_init_and_shutdown(tmp_path):
                 rpc.init_rpc("worker1", world_size=3)
             except RuntimeError as e:
                 print("rank 1's init:", "interrupted" in str(e))
-        os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)
+        os.environ["MASTER_PORT"] = "SECOND_PORT"  # free when the test began (not the first + 1)
         rpc.init_rpc("worker%d" % rank)  # a later init works
         if rank == 0:
             print(rpc.rpc_sync("worker1", add, args=(3, 4)))
@@ -419,7 +423,7 @@ def test_ctrl_c_interrupts_init_and_shutdown(tmp_path):
                 rpc.shutdown()
             except RuntimeError as e:  # rank 0 left in the middle
                 print("rank 1:", "'worker0' (id 0) is down" in str(e))
-    """, rank0_only=False)
+    """.replace("SECOND_PORT", str(_free_port())), rank0_only=False)
     assert [l for l in out if l.startswith("[0] ")] == [
         "[0] init interrupted within a second: True", "[0] 7",
         "[0] shutdown interrupted within a second: True", "[0] initialized after: False"]
