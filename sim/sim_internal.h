@@ -515,8 +515,18 @@ void tpi_sim_pf_host(tp_sim *sim, uint32_t host);
 void tpi_sim_pf_end(tp_sim *sim);
 void tpi_sim_pf_call(tp_sim *sim, uint32_t host, uint64_t id, const char *fn, int begin,
                      tp_status st, uint32_t in_flight);
-void tpi_sim_pf_msg(tp_sim *sim, uint32_t host, uint64_t msg, int send, size_t len,
+/* What a frame's network slice shows: its arrival, or how it left. */
+enum {
+    TPI_SIM_PF_DELIVER,
+    TPI_SIM_PF_SEND,
+    TPI_SIM_PF_SEND_DUP,    /* chaos: a second copy of a frame */
+    TPI_SIM_PF_SEND_REORDER, /* chaos: held back, later frames may pass it */
+    TPI_SIM_PF_SEND_LOST,   /* chaos: gone at once, no arrow */
+};
+void tpi_sim_pf_msg(tp_sim *sim, uint32_t host, uint64_t msg, int how, size_t len,
                     unsigned type);
+/* A frame that will never be delivered, on its destination's network thread. */
+void tpi_sim_pf_drop(tp_sim *sim, uint32_t host, uint64_t msg, const char *why);
 /* b is UINT32_MAX for a fault of one host. */
 void tpi_sim_pf_fault(tp_sim *sim, const char *what, uint32_t a, uint32_t b);
 

@@ -307,6 +307,8 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     if (chaos == 1) { /* gone, and the connection does not notice */
         tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=chaos", (unsigned long long)m->id, src,
                       dst);
+        tpi_sim_pf_msg(sim, src, m->id, TPI_SIM_PF_SEND_LOST, f->len, frame_type(f));
+        tpi_sim_pf_drop(sim, dst, m->id, "chaos");
         sim->fired[TP_SIM_FAULT_CHAOS_DROP]++;
         tpi_sim_msg_free(m);
         return TP_OK;
@@ -319,6 +321,7 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
                       "chaos=reorder",
                       (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
                       (unsigned long long)arrive);
+        tpi_sim_pf_msg(sim, src, m->id, TPI_SIM_PF_SEND_REORDER, f->len, frame_type(f));
         tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
         tpi_sim_schedule(sim, &e);
         return TP_OK;
@@ -332,7 +335,7 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
     tpi_sim_trace(sim, "send msg=%llu from=%u to=%u src=%u dst=%u len=%zu type=%u arrive=%llu",
                   (unsigned long long)m->id, src, dst, a->rank, dst_rank, f->len, frame_type(f),
                   (unsigned long long)arrive);
-    tpi_sim_pf_msg(sim, src, m->id, 1, f->len, frame_type(f));
+    tpi_sim_pf_msg(sim, src, m->id, TPI_SIM_PF_SEND, f->len, frame_type(f));
     if (arrive > link->last_arrival_ns)
         link->last_arrival_ns = arrive;
     tpi_sim_event e = {.kind = TPI_SIM_EV_DELIVER, .time_ns = arrive, .p = m};
@@ -348,6 +351,7 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
             tpi_sim_trace(sim, "duplicate msg=%llu of=%llu arrive=%llu",
                           (unsigned long long)copy->id, (unsigned long long)m->id,
                           (unsigned long long)sat_add(arrive, chaos_extra));
+            tpi_sim_pf_msg(sim, src, copy->id, TPI_SIM_PF_SEND_DUP, f->len, frame_type(f));
             tpi_sim_event e2 = {
                 .kind = TPI_SIM_EV_DELIVER, .time_ns = sat_add(arrive, chaos_extra), .p = copy};
             tpi_sim_schedule(sim, &e2);
@@ -370,6 +374,7 @@ static tpi_sim_agent *receiver(tp_sim *sim, uint32_t host) {
 static void drop(tp_sim *sim, tpi_sim_msg *m, const char *why) {
     tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=%s", (unsigned long long)m->id, m->src_host,
                   m->dst_host, why);
+    tpi_sim_pf_drop(sim, m->dst_host, m->id, why);
 }
 
 /* Checks the header against the receiver's limit; the bytes came from
@@ -423,6 +428,7 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
             tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=bad-frame error=%s",
                           (unsigned long long)m->id, m->src_host, m->dst_host,
                           f ? err : "out of memory");
+            tpi_sim_pf_drop(sim, m->dst_host, m->id, "bad-frame");
             tp_frame_free(f);
             /* In order or not at all: a connection that lost a frame is over. */
             tpi_sim_net_break(sim, m->src_host, m->dst_host, TPI_SIM_DETAIL_BAD_FRAME);
@@ -431,7 +437,7 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
             tpi_sim_trace(sim, "deliver msg=%llu from=%u to=%u src=%u dst=%u len=%zu",
                           (unsigned long long)m->id, m->src_host, m->dst_host, m->src_rank,
                           m->dst_rank, f->len);
-            tpi_sim_pf_msg(sim, m->dst_host, m->id, 0, f->len, frame_type(f));
+            tpi_sim_pf_msg(sim, m->dst_host, m->id, TPI_SIM_PF_DELIVER, f->len, frame_type(f));
             uint32_t src_rank = m->src_rank;
             tpi_sim_msg_free(m);
             tpi_sim_upcall_frame(a, src_rank, f);

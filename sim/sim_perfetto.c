@@ -6,7 +6,7 @@
  * (tid 0), its network (tid 1: a short slice per frame sent or delivered,
  * joined by a flow arrow from sender to receiver) and its faults (tid 2).
  * Calls are async slices from issue to end, named for their function and
- * closed with their status; faults are instants; "calls in flight" is a
+ * closed with their status; faults and dropped frames are instants; "calls in flight" is a
  * counter per host. Times are virtual microseconds with ns precision. The
  * output is deterministic like the text trace: same seed, same bytes.
  */
@@ -96,24 +96,43 @@ void tpi_sim_pf_call(tp_sim *sim, uint32_t host, uint64_t id, const char *fn, in
             host, TID_CALLS, us(sim->now_ns), in_flight);
 }
 
-/* A frame leaving (send) or arriving (deliver): a 1 ns slice on the network
- * thread, and the flow arrow's start or end bound to it. */
-void tpi_sim_pf_msg(tp_sim *sim, uint32_t host, uint64_t msg, int send, size_t len,
+/* A frame leaving or arriving: a 1 ns slice on the network thread named for
+ * what happened (TPI_SIM_PF_*), and the flow arrow's start or end bound to
+ * it. Every delivery has a send with its id: a duplicate gets its own send
+ * slice when the copy is made, and a frame lost at the sender starts no
+ * arrow (its drop is an instant, tpi_sim_pf_drop). */
+void tpi_sim_pf_msg(tp_sim *sim, uint32_t host, uint64_t msg, int how, size_t len,
                     unsigned type) {
+    static const char *const names[] = {"deliver", "send", "send (duplicate)",
+                                        "send (held back)", "send (lost)"};
+    TPI_ASSERT(how >= TPI_SIM_PF_DELIVER && how <= TPI_SIM_PF_SEND_LOST);
     if (!out(sim))
         return;
     sep(sim);
     fprintf(out(sim),
             "{\"ph\":\"X\",\"cat\":\"net\",\"name\":\"%s type %u\",\"pid\":%u,\"tid\":%d,"
             "\"ts\":%.3f,\"dur\":0.001,\"args\":{\"msg\":%llu,\"bytes\":%zu}}",
-            send ? "send" : "deliver", type, host, TID_NET, us(sim->now_ns),
-            (unsigned long long)msg, len);
+            names[how], type, host, TID_NET, us(sim->now_ns), (unsigned long long)msg, len);
+    if (how == TPI_SIM_PF_SEND_LOST)
+        return;
     sep(sim);
     fprintf(out(sim),
             "{\"ph\":\"%s\",\"cat\":\"net\",\"name\":\"frame\",\"id\":%llu,\"pid\":%u,"
             "\"tid\":%d,\"ts\":%.3f%s}",
-            send ? "s" : "f", (unsigned long long)msg, host, TID_NET, us(sim->now_ns),
-            send ? "" : ",\"bp\":\"e\"");
+            how != TPI_SIM_PF_DELIVER ? "s" : "f", (unsigned long long)msg, host, TID_NET,
+            us(sim->now_ns), how != TPI_SIM_PF_DELIVER ? "" : ",\"bp\":\"e\"");
+}
+
+/* A frame that never arrived, as an instant on the network thread of the
+ * host it was meant for, saying why (the text trace's drop word). */
+void tpi_sim_pf_drop(tp_sim *sim, uint32_t host, uint64_t msg, const char *why) {
+    if (!out(sim))
+        return;
+    sep(sim);
+    fprintf(out(sim),
+            "{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"net\",\"name\":\"dropped (%s)\",\"pid\":%u,"
+            "\"tid\":%d,\"ts\":%.3f,\"args\":{\"msg\":%llu}}",
+            why, host, TID_NET, us(sim->now_ns), (unsigned long long)msg);
 }
 
 /* A fault, as an instant on the host it concerns (a, and b when a pair). */

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""perfetto_check.py TRACE.json [--expect-partition]: checks a simulator trace
+"""perfetto_check.py TRACE.json [--expect-partition] [--expect-drops]: checks a simulator trace
 against the Chrome trace-event format that Perfetto reads (spec/sim.md SIM-12).
 
 Checks: the file is one JSON object with a traceEvents list; every event has
@@ -7,8 +7,10 @@ a known phase and the fields that phase needs, with the right types; times
 are numbers that never go backwards within a thread; every async slice
 ("b") is ended once ("e", same cat/id/pid, not earlier) and no end comes
 without its begin; every flow start ("s") has one end ("f") not earlier, on
-another or the same process; each host has process and thread names; with
---expect-partition, a partition instant exists. Prints one line per check
+another or the same process; every frame delivered or dropped was sent (a
+send slice with its msg id, duplicates included); each host has process and
+thread names; with --expect-partition, a partition instant exists; with
+--expect-drops, a dropped-frame instant exists. Prints one line per check
 group and exits 1 on the first failure.
 """
 import json
@@ -24,7 +26,7 @@ def fail(msg):
 
 def main():
     if len(sys.argv) < 2:
-        print("usage: perfetto_check.py TRACE.json [--expect-partition]", file=sys.stderr)
+        print("usage: perfetto_check.py TRACE.json [--expect-partition] [--expect-drops]", file=sys.stderr)
         return 2
     try:
         with open(sys.argv[1]) as f:
@@ -41,6 +43,7 @@ def main():
     open_slices, flows = {}, {}
     counts = {p: 0 for p in PHASES}
     partition = False
+    sent, delivered, dropped = set(), [], []
     for n, e in enumerate(events):
         ph = e.get("ph")
         if ph not in PHASES:
@@ -85,6 +88,16 @@ def main():
         elif ph == "X":
             if not isinstance(e.get("dur"), (int, float)) or e["dur"] < 0:
                 fail(f"event {n}: complete event without a duration")
+            if e.get("cat") == "net":
+                msg = e.get("args", {}).get("msg")
+                if not isinstance(msg, int):
+                    fail(f"event {n}: a frame slice without its msg id")
+                if e["name"].startswith("send"):
+                    if msg in sent:
+                        fail(f"event {n}: frame {msg} sent twice")
+                    sent.add(msg)
+                else:
+                    delivered.append((n, msg))
         elif ph in ("s", "f"):
             fid = e.get("id")
             if fid is None:
@@ -102,19 +115,27 @@ def main():
             if e.get("s") not in ("g", "p", "t"):
                 fail(f"event {n}: instant without a scope")
             partition = partition or e["name"].startswith("partition")
+            if e.get("cat") == "net":
+                dropped.append((n, e.get("args", {}).get("msg")))
         elif ph == "C":
             args = e.get("args")
             if not isinstance(args, dict) or not args or \
                not all(isinstance(v, (int, float)) for v in args.values()):
                 fail(f"event {n}: counter without numeric args")
+    for what, seen in (("delivered", delivered), ("dropped", dropped)):
+        for n, msg in seen:
+            if msg not in sent:
+                fail(f"event {n}: frame {msg} {what} but never sent")
     if open_slices:
         fail(f"{len(open_slices)} call slice(s) never ended, e.g. {next(iter(open_slices))}")
     if counts["b"] == 0 or counts["s"] == 0 or counts["C"] == 0:
         fail("no calls, no message flows or no counters in the trace")
     if "--expect-partition" in sys.argv and not partition:
         fail("no partition instant, though the run had a partition")
+    if "--expect-drops" in sys.argv and not dropped:
+        fail("no dropped-frame instant, though the run lost frames")
     print(f"PASS perfetto: {len(events)} events ({counts['b']} calls, {counts['s']} frames sent, "
-          f"{counts['f']} delivered, {counts['i']} fault instants, {counts['C']} counter "
+          f"{counts['f']} delivered, {len(dropped)} dropped, {counts['i']} instants, {counts['C']} counter "
           f"samples) on {len(names)} hosts")
     return 0
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tpsim_perfetto.sh <tpsim> <checker.py>: a 4-worker run with a partition,
 # written as Chrome trace-event JSON (spec/sim.md SIM-12), must pass the
-# format check, and two runs of the same seed must write the same bytes.
+# format check, and two runs of the same seed must write the same bytes;
+# chaos worlds' traces must pass it too.
 set -uo pipefail
 if [ $# -ne 2 ] || [ ! -x "$1" ]; then
     echo "usage: $0 <tpsim> <perfetto_check.py>" >&2
@@ -31,4 +32,13 @@ printf 'kill 1 300\nrestart 1 1000\n' > "$tmp/r.plan"
 python3 "$check" "$tmp/r.json" || exit 1
 grep -q '"host 3 (rank 1, incarnation 1)"' "$tmp/r.json" ||
     { echo "FAIL the restarted host is not named"; exit 1; }
+# Chaos worlds (SIM-14): duplicated, held-back and lost frames. Every
+# delivery needs its send (a duplicate has its own), every loss an instant.
+for seed in 18 22; do
+    "$tpsim" swarm --seeds $seed --workers 4 --chaos --trace "$tmp/c$seed.json" > "$tmp/c.out" 2>&1 ||
+        { echo "FAIL chaos seed $seed"; cat "$tmp/c.out"; exit 1; }
+    python3 "$check" "$tmp/c$seed.json" --expect-drops || exit 1
+done
+grep -q '"send (duplicate) type' "$tmp/c18.json" && grep -q '"send (held back) type' "$tmp/c18.json" ||
+    { echo "FAIL chaos seed 18 shows no duplicate or held-back frame"; exit 1; }
 echo "PASS the same seed writes the same JSON"
