@@ -20,6 +20,7 @@ const char *tpi_canary_name(int kind) {
         [TPI_CANARY_DELETE_BEFORE_ABANDON] = "delete_before_abandon",
         [TPI_CANARY_QUERY_NO_WAIT] = "query_no_wait",
         [TPI_CANARY_FORGETS_DELETED] = "forgets_deleted",
+        [TPI_CANARY_THEN_UNCOUNTED] = "then_uncounted",
     };
     return kind >= 0 && kind < TPI_CANARY_KINDS_ ? names[kind] : NULL;
 }

@@ -47,6 +47,10 @@ typedef enum tpi_canary_kind {
      * forks, RREF-21): a repeat that timed out in flight and was held back
      * behind the delete keeps the value for a reference nobody holds. */
     TPI_CANARY_FORGETS_DELETED = 10,
+    /* Then- and done-callbacks are not counted by the shutdown drain
+     * (FUTURE-5, SHUTDOWN-5): a drain can end while a callback is queued or
+     * running, and the calls it issues fail with TP_ESHUTDOWN. */
+    TPI_CANARY_THEN_UNCOUNTED = 11,
     TPI_CANARY_KINDS_
 } tpi_canary_kind;
 

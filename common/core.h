@@ -191,6 +191,7 @@ struct tpi_owner {
     int local_handles;  /* owner-side tp_rref handles */
     tpi_fetch *fetches; /* to_here requests waiting for the value */
     tpi_waiter *waiters; /* local_value waiters */
+    struct tpi_job *deferred; /* method calls waiting for the value (METHOD-3), newest first */
 };
 
 struct tp_rref {
@@ -515,6 +516,11 @@ void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, cons
 /* Waits (lock held) until the record has its value, or deadline
  * (TP_ETIMEDOUT) or teardown (TP_ESHUTDOWN); METHOD-3, RREF-8. */
 tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline);
+/* METHOD-3 (serve.c, lock held): o was settled: its deferred method calls go
+ * to the pool, in arrival order; or o is being freed (teardown): they are
+ * dropped unanswered (the callers' side fails them). */
+void tpi_owner_resume(tp_core *c, tpi_owner *o);
+void tpi_owner_drop_deferred(tp_core *c, tpi_owner *o);
 /* Frees the owner record if nothing holds it (lock held). */
 void tpi_owner_maybe_free(tp_core *c, tpi_owner *o);
 /* Sends the protocol messages due again by now (lock held); the earliest

@@ -153,6 +153,7 @@ void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, cons
     }
     for (tpi_waiter *w = o->waiters; w; w = w->next)
         c->ops->unpark(c->agent, w->task);
+    tpi_owner_resume(c, o);
 }
 
 /* The owner's record of a creation that failed for its creator (RREF-14):
@@ -172,6 +173,7 @@ static void owner_abandon(tp_core *c, tpi_owner *o, tp_status st, const char *ms
 static void owner_free(tp_core *c, tpi_owner *o) {
     void *was = tpi_idmap_del(&c->owners, o->id);
     TPI_ASSERT(was == o);
+    tpi_owner_drop_deferred(c, o); /* only teardown frees a record not yet ready */
     tpi_fetch *fe = o->fetches;
     while (fe) {
         tpi_fetch *next = fe->next;

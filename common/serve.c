@@ -59,6 +59,7 @@ struct tpi_job {
     int decoded;      /* msg is a REQUEST decoded in the I/O context (serve_request) */
     int undecoded;    /* counted in core->undecoded[src] until it runs (RREF-19) */
     tpi_served sv;    /* a REQUEST: cancelable by its caller (CANCEL-1) */
+    tpi_job *next_deferred; /* METHOD-3: on its owner record's list until it is settled */
 };
 
 /* FUNC-6: the non-blocking function this thread is running, or NULL. Such a
@@ -516,27 +517,139 @@ static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o, tpi
     tpi_reply(c, src, m->id, st, NULL, err);
 }
 
+static void job_run(tp_work *w);
+
+/* The owner record a method call runs on, when this worker owns it and it
+ * is not settled yet (lock held); else NULL. */
+static tpi_owner *method_owner_pending(tp_core *c, const tpi_msg *m) {
+    tp_rref *target = NULL;
+    if (!(m->flags & TPI_FLAG_METHOD) || tp_list_len(m->args) != 2 ||
+        tp_value_get_rref(tp_list_get(m->args, 0), &target) != TP_OK || !target->is_owner)
+        return NULL;
+    tpi_owner *o = tpi_idmap_get(&c->owners, target->id);
+    return o && !o->ready ? o : NULL;
+}
+
+/*
+ * METHOD-3: a method call on a value its owner has not made yet (its
+ * remote() is queued behind the call, or not here yet) does not hold a pool
+ * thread while it waits: were every thread waiting so, the remote() that
+ * makes the value could never run. The decoded request waits on the owner
+ * record instead and goes back to the pool when the record is settled
+ * (tpi_owner_resume): it still counts for the drain, a cancel still finds
+ * it, and the caller's own deadline still ends the call at the caller. 1
+ * when it was deferred (*m and *rc taken).
+ */
+static int defer_method(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc, tpi_served *sv) {
+    tpi_lock(c);
+    int pending = method_owner_pending(c, m) != NULL;
+    tpi_unlock(c);
+    if (!pending)
+        return 0;
+    tpi_job *j = tpi_block_alloc(sizeof *j);
+    tpi_msg *copy = j ? malloc(sizeof *copy) : NULL;
+    if (!copy) { /* no memory to wait aside: wait on the pool as before */
+        if (j)
+            tpi_block_free(j, sizeof *j);
+        return 0;
+    }
+    memset(j, 0, sizeof *j);
+    tpi_lock(c);
+    tpi_owner *o = method_owner_pending(c, m);
+    if (!o || served_canceled(sv)) { /* settled meanwhile, or given up: go on here */
+        tpi_unlock(c);
+        free(copy);
+        tpi_block_free(j, sizeof *j);
+        return 0;
+    }
+    *copy = *m;
+    memset(m, 0, sizeof *m);
+    j->msg = copy;
+    j->decoded = 1;
+    j->src = src;
+    j->rc = *rc;
+    memset(rc, 0, sizeof *rc);
+    j->work.run = job_run;
+    j->core = c;
+    tpi_core_ref(c);
+    c->active_served++; /* this job's count; the running one ends its own */
+    if (sv && sv->listed) { /* a cancel from now on finds the waiting job */
+        served_unlist(c, sv);
+        served_list(c, &j->sv, sv->src, sv->id, j);
+    } else {
+        atomic_init(&j->sv.state, TPI_SERVED_LIVE);
+        j->sv.src = src;
+        j->sv.id = copy->id;
+    }
+    j->next_deferred = o->deferred;
+    o->deferred = j;
+    tpi_unlock(c);
+    return 1;
+}
+
+/* Frees a job that never ran (lock held): values through the grave. */
+static void job_discard(tp_core *c, tpi_job *j) {
+    served_end(c, &j->sv);
+    if (j->msg) {
+        tpi_defer_free(c, j->msg->args);
+        tpi_defer_free(c, j->msg->kwargs);
+        tpi_defer_free(c, j->msg->value);
+        free(j->msg);
+    }
+    tpi_rref_ctx_done(&j->rc);
+    tpi_block_free(j, sizeof *j);
+    tpi_core_unref(c);
+}
+
+void tpi_owner_resume(tp_core *c, tpi_owner *o) {
+    tpi_job *rev = NULL; /* the list is newest first: run them in arrival order */
+    while (o->deferred) {
+        tpi_job *j = o->deferred;
+        o->deferred = j->next_deferred;
+        j->next_deferred = rev;
+        rev = j;
+    }
+    while (rev) {
+        tpi_job *j = rev;
+        rev = j->next_deferred;
+        j->next_deferred = NULL;
+        if (c->ops->execute(c->agent, &j->work) != TP_OK)
+            job_discard(c, j); /* stopping: no answer can go; the caller fails the call */
+    }
+}
+
+void tpi_owner_drop_deferred(tp_core *c, tpi_owner *o) {
+    while (o->deferred) {
+        tpi_job *j = o->deferred;
+        o->deferred = j->next_deferred;
+        job_discard(c, j);
+    }
+}
+
 /* Runs a decoded REQUEST's function (found: see invoke) once its rrefs are
- * confirmed, and replies. */
-static void run_request(tp_core *c, uint32_t src, const tpi_msg *m, tpi_rref_ctx *rc,
-                        const resolved_fn *found, tpi_served *sv) {
+ * confirmed, and replies; 1 when it was deferred instead (m and rc taken). */
+static int run_request(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc,
+                       const resolved_fn *found, tpi_served *sv) {
     char err[TP_ERRMSG_LEN_MAX] = "";
     tp_value *result = NULL;
     tpi_later *later = NULL;
     if (served_canceled(sv))
-        return; /* CANCEL-1: given up while it waited for the pool: it never runs */
+        return 0; /* CANCEL-1: given up while it waited for the pool: it never runs */
     tp_status st = await_rrefs(c, m, rc, err, sizeof err);
     if (st == TP_OK && served_canceled(sv))
-        return;
+        return 0;
+    if (st == TP_OK && !nonblocking_fn && defer_method(c, src, m, rc, sv))
+        return 1;
     if (st == TP_OK)
         st = invoke(c, src, m, found, &result, &later, err, sizeof err);
     if (later) {
         later_start(c, later, NULL, sv);
-        return;
+        return 0;
     }
     if (served_claim(sv)) /* CANCEL-1: a canceled call's answer is not sent */
         reply_result(c, src, m->id, st, result, err, m->text);
     tp_value_free(result);
+    return 0;
 }
 
 static int hand_over(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc);
@@ -566,7 +679,8 @@ static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
      * function with unconfirmed rrefs runs on the pool instead (RREF-13). */
     if (rc.npending > 0 && nonblocking_fn && hand_over(c, src, &m, &rc))
         return;
-    run_request(c, src, &m, &rc, found, sv);
+    if (run_request(c, src, &m, &rc, found, sv))
+        return; /* deferred: m and rc went with it */
     tpi_rref_ctx_done(&rc);
     tpi_msg_clear(&m);
 }

@@ -106,6 +106,14 @@ typedef enum tpsim_op {
     TPSIM_OP_FORGET,    /* rpc_async slow_add, the future freed at once */
     TPSIM_OP_SHARE,     /* remote add(a, b), the rref passed to a third worker that fetches it,
                            released here at once (the rref protocol's forks, RREF-5/6) */
+    /* The rest of the API (tpsim_callbacks.c), each callback counted by the oracle: */
+    TPSIM_OP_THEN,      /* rpc_async add(a, b), then a callback that issues add(a + b, 1) to a
+                           third worker, its outcome seen by a done-callback (FUTURE-5, 10) */
+    TPSIM_OP_USER,      /* a user future completed by a done-callback of rpc_async add (FUTURE-9) */
+    TPSIM_OP_COLLECT,   /* collect_all of two or three rpc_async adds (FUTURE-11) */
+    TPSIM_OP_LATER,     /* later_add: the callee answers later with a then of its own call to a
+                           third worker (FUNC-7) */
+    TPSIM_OP_METHOD,    /* remote make_counter(a), then the rref's Counter.add(b) (METHOD-4) */
     TPSIM_OP_LIVENESS,  /* the liveness phase's echo */
     TPSIM_OP_KINDS
 } tpsim_op;
@@ -144,6 +152,7 @@ typedef struct tpsim_world {
     uint64_t ops[TPSIM_OP_KINDS][TPSIM_OUT_KINDS];
     uint64_t (*line_outs)[TPSIM_OUT_KINDS]; /* workload files: outcomes per line, or NULL */
     int ping_liveness; /* liveness calls the library's tp:ping, not tpsim's echo */
+    struct tpsim_cb_rec *cbs; /* callback records (tpsim_callbacks.c), freed with the world */
     uint64_t settle_hist[TPSIM_SETTLE_BUCKETS]; /* tpsim_rrefs_settle's times, by bucket */
 } tpsim_world;
 
@@ -173,6 +182,8 @@ typedef struct tpsim_op_spec {
     int line;               /* workload files: the line it comes from (1..), 0: none */
 } tpsim_op_spec;
 
+#define TPSIM_COLLECT_MAX 3
+
 /* A call still in flight, or the record of one that ended. */
 typedef struct tpsim_pending {
     tp_future *f; /* NULL once checked */
@@ -182,6 +193,12 @@ typedef struct tpsim_pending {
     size_t len;
     int must_succeed;
     int line;
+    struct tpsim_cb_rec *rec; /* then, user: what its callbacks did */
+    /* collect: the futures it collects, each an add to its own worker */
+    tp_future *subs[TPSIM_COLLECT_MAX];
+    int sub_dst[TPSIM_COLLECT_MAX];
+    int64_t sub_expect[TPSIM_COLLECT_MAX];
+    int nsubs;
 } tpsim_pending;
 
 /* Registers tpsim's functions and echo, relay and fail. */
@@ -194,8 +211,9 @@ tp_status tpsim_worker_init(int rank, int world, double rpc_timeout_s, int pool,
 tp_status tpsim_worker_start(int rank, int world, double rpc_timeout_s, int pool,
                              uint64_t window);
 /* Graceful shutdown, which must return TP_OK, or TP_EPEERDOWN when a worker
- * died (SHUTDOWN-8); anything else is recorded as a failure. */
-void tpsim_worker_shutdown(tpsim_world *w, int rank, int world);
+ * died (SHUTDOWN-8); anything else is recorded as a failure. Returns what
+ * tp_shutdown returned, or TP_ESHUTDOWN when this host was killed. */
+tp_status tpsim_worker_shutdown(tpsim_world *w, int rank, int world);
 /* A payload of len bytes that depends on tag. */
 tp_value *tpsim_payload(uint64_t tag, size_t len);
 /* Issues s; a call left in flight lands in *p (p->f set), one that ended is checked. */
@@ -217,6 +235,47 @@ void tpsim_rrefs_settle(tpsim_world *w, int me);
 
 /* Registers every function tpsim's workers serve, on the current worker. */
 tp_status tpsim_register_functions(void);
+
+/* ---- Callbacks, user futures, collect_all, answer-later, methods --------- */
+/* (tpsim_callbacks.c) The oracle of callbacks: each then- and done-callback
+ * the workload registers runs exactly once, and a graceful shutdown that
+ * returned TP_OK waited for the calls they issued (SHUTDOWN-5, FUTURE-5/10);
+ * after any other end, at most once. */
+
+/* What one operation's callbacks did (the world owns it). */
+typedef struct tpsim_cb_rec {
+    struct tpsim_cb_rec *next;
+    tpsim_world *w;
+    int me;                 /* the worker that registered the callbacks */
+    uint32_t incarnation;   /* of that worker (a restart registers its own) */
+    tpsim_op op;
+    int late;               /* registered just before shutdown: must run before it ends */
+    int dst2;               /* then: where the callback's own call goes */
+    double nested_timeout_s;
+    int64_t sleep_us;       /* then: the callback sleeps this long before its call */
+    uint32_t then_runs;     /* then-callback (then) or done-callback (user) runs */
+    uint32_t nested_issued; /* then: the callback's call was issued (and a done-callback added) */
+    uint32_t nested_done;   /* then: that call's done-callback runs */
+    tp_status nested_status;
+    int64_t expect;         /* the value the callback's call must answer */
+    tp_future *user;        /* user: the future its done-callback completes; NULL once dropped */
+} tpsim_cb_rec;
+
+/* Registers later_add (FUNC-7). */
+tp_status tpsim_callbacks_register(void);
+/* Issues a then, user, collect, later or method operation, like tpsim_op_start. */
+void tpsim_cb_op_start(tpsim_world *w, int me, const tpsim_op_spec *s, tpsim_pending *p);
+/* A then on a slow_add to dst, left running into shutdown (its record is
+ * late); its callback sleeps sleep_us, then calls dst2 with nested_timeout_s
+ * (finite: a pool thread's call may wait for window space). */
+void tpsim_cb_late_then(tpsim_world *w, int me, int dst, int dst2, double timeout_s,
+                        double nested_timeout_s, int64_t delay_us, int64_t sleep_us);
+/* Settles a collect's futures (its own future completed or gave up). */
+void tpsim_cb_settle_collect(tpsim_world *w, int me, tpsim_pending *p);
+/* The exactly-once checks of me's records, after its shutdown returned st. */
+void tpsim_callbacks_check(tpsim_world *w, int me, tp_status st);
+/* Frees the world's records (after the run: no callback can run then). */
+void tpsim_callbacks_free(tpsim_world *w);
 
 /* ---- State shared by the functions and the scenarios (one thread). ------ */
 

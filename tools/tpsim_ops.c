@@ -15,8 +15,8 @@
 #include "tools/tpsim.h"
 
 const char *const tpsim_op_names[TPSIM_OP_KINDS] = {
-    "sync_add", "async_add", "slow", "forward", "echo",    "fail",
-    "unknown",  "remote",    "forget", "share", "liveness"};
+    "sync_add", "async_add", "slow",    "forward", "echo",  "fail",   "unknown", "remote",
+    "forget",   "share",     "then",    "user",    "collect", "later", "method", "liveness"};
 
 const char *const tpsim_out_names[TPSIM_OUT_KINDS] = {"ok",  "timeout", "peerdown",
                                                       "eio", "remote",  "other"};
@@ -133,6 +133,8 @@ tp_status tpsim_ops_register(void) {
         st = tp_register_function("relay", fn_relay, NULL);
     if (st == TP_OK)
         st = tp_register_function("rref_get", fn_rref_get, NULL);
+    if (st == TP_OK)
+        st = tpsim_callbacks_register();
     return st;
 }
 
@@ -163,15 +165,15 @@ tp_status tpsim_worker_init(int rank, int world, double rpc_timeout_s, int pool,
     return st;
 }
 
-void tpsim_worker_shutdown(tpsim_world *w, int rank, int world) {
+tp_status tpsim_worker_shutdown(tpsim_world *w, int rank, int world) {
     /* A killed host's program runs on to its end, but a killed process
      * would not: no graceful shutdown (its leak report would list what the
      * kill left behind); the simulator's teardown frees the worker. */
     if (tpsim_self_dead())
-        return;
+        return TP_ESHUTDOWN;
     tp_status st = tp_shutdown(1);
     if (tpsim_self_dead())
-        return;
+        return TP_ESHUTDOWN;
     int any_dead = 0;
     for (int q = 0; q < world; q++)
         any_dead |= tp_sim_rank_dead(w->sim, (uint32_t)q); /* a restarted rank is back */
@@ -179,6 +181,7 @@ void tpsim_worker_shutdown(tpsim_world *w, int rank, int world) {
     if (st != want)
         tpsim_world_fail(w, "w%d: graceful shutdown: %s (expected %s): %s", rank,
                          tp_status_name(st), tp_status_name(want), tp_errmsg());
+    return st;
 }
 
 /* ---- Issuing and checking ------------------------------------------------------------ */
@@ -230,6 +233,7 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
         ok = ok || st == TP_EUNKNOWNFUNC;
         break;
     case TPSIM_OP_SHARE:
+    case TPSIM_OP_METHOD: /* a method call reaches the owner through the rref too */
         /* A shared rref's owner never forgets it early (RREF-5): "unknown on
          * its owner" only when the REMOTE that made it was lost with a
          * connection or by chaos loss (a user call, never sent again:
@@ -245,6 +249,7 @@ void tpsim_check_outcome(tpsim_world *w, int me, const tpsim_pending *p, tp_stat
         /* fallthrough */
     case TPSIM_OP_SLOW:
     case TPSIM_OP_FORWARD:
+    case TPSIM_OP_LATER:
         /* The function's own wait or nested call can fail the same ways. */
         ok = ok || (st == TP_EREMOTE && (p->op != TPSIM_OP_SHARE || !strstr(err, "TP_EPROTO")));
         /* fallthrough */
@@ -286,6 +291,10 @@ static tp_value *ints(int n, const int64_t *v) {
 }
 
 void tpsim_op_start(tpsim_world *w, int me, const tpsim_op_spec *s, tpsim_pending *p) {
+    if (s->op >= TPSIM_OP_THEN && s->op <= TPSIM_OP_METHOD) {
+        tpsim_cb_op_start(w, me, s, p);
+        return;
+    }
     memset(p, 0, sizeof *p);
     p->op = s->op;
     p->dst = s->dst;
@@ -390,14 +399,25 @@ void tpsim_settle(tpsim_world *w, int me, tpsim_pending *pend, size_t n) {
         if (!pend[i].f)
             continue;
         tp_status st = tp_future_wait(pend[i].f, TPSIM_LIVENESS_WAIT_S);
-        if (st == TP_OK || tp_future_done(pend[i].f)) {
+        tpsim_cb_rec *r = pend[i].rec;
+        if (pend[i].op == TPSIM_OP_COLLECT) {
+            tpsim_cb_settle_collect(w, me, &pend[i]); /* checks its own end and each call's */
+        } else if (st == TP_OK || tp_future_done(pend[i].f)) {
             tpsim_check_outcome(w, me, &pend[i], tp_future_status(pend[i].f),
                                 tp_future_value(pend[i].f), tp_future_error(pend[i].f));
+            /* Its callback completed it, so it ran, and once (FUTURE-5, 10). */
+            if (r && r->then_runs != 1 &&
+                !(tp_future_status(pend[i].f) == TP_ESHUTDOWN && tpsim_self_dead()))
+                tpsim_world_fail(w, "w%d: %s to w%d ended %s, and its callback ran %u times", me,
+                                 tpsim_op_names[pend[i].op], pend[i].dst,
+                                 tp_status_name(tp_future_status(pend[i].f)), r->then_runs);
         } else if (!tpsim_self_dead()) {
             tpsim_world_fail(
                 w, "w%d: liveness: %s to w%d has not ended %.0f s after the chaos (%s)", me,
                 tpsim_op_names[pend[i].op], pend[i].dst, TPSIM_LIVENESS_WAIT_S, tp_status_name(st));
         }
+        if (r && r->user == pend[i].f)
+            r->user = NULL; /* its done-callback must not complete a freed future */
         tp_future_free(pend[i].f);
         pend[i].f = NULL;
     }

@@ -70,7 +70,7 @@ typedef struct swarm_cfg {
     uint64_t heal_ns;      /* every fault window ends by then */
     double default_timeout_s;
     int lossy; /* the plan's chaos mode loses frames: every chaos call has a deadline */
-    uint32_t mix[TPSIM_OP_SHARE + 1]; /* weights of the chaos operations */
+    uint32_t mix[TPSIM_OP_LIVENESS]; /* weights of the chaos operations */
     uint32_t mix_total;
     char plan[SWARM_PLAN_MAX];
     uint32_t plan_lines;
@@ -394,6 +394,13 @@ static void draw_cfg(swarm_src *s, uint64_t seed, uint32_t workers, int chaos, s
         c->mix[TPSIM_OP_REMOTE] = remote;
         c->mix[TPSIM_OP_SHARE] = share;
     }
+    /* The rest of the API (then, done-callbacks, user futures, collect_all,
+     * answer-later, methods), each in or out: drawn last, so a world that
+     * draws none of them is the world its seed drew before. */
+    for (int k = TPSIM_OP_THEN; k <= TPSIM_OP_METHOD; k++) {
+        c->mix[k] = chance(s, 2) ? 1 + (uint32_t)below(s, 8) : 0;
+        c->mix_total += c->mix[k];
+    }
 }
 
 /* ---- Inside the simulation ---------------------------------------------------- */
@@ -413,7 +420,7 @@ static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *
     const swarm_cfg *c = run->cfg;
     uint64_t r = draw(c->mix_total);
     tpsim_op op = TPSIM_OP_SYNC_ADD;
-    for (int k = 0; k <= TPSIM_OP_SHARE; k++) {
+    for (int k = 0; k < TPSIM_OP_LIVENESS; k++) {
         if (r < c->mix[k]) {
             op = (tpsim_op)k;
             break;
@@ -449,6 +456,19 @@ static void issue(swarm_run *run, int me, int world, uint64_t i, tpsim_pending *
         s.relay_to = (int)draw((uint64_t)world);
         s.relay_timeout_s = timeout_menu[draw(TIMEOUT_MENU_N - 2)]; /* 0.5 ms .. 2 s */
         break;
+    case TPSIM_OP_THEN: /* the callback's call: any worker, finite as relay's (a call
+                           from a pool thread can wait for window space: fn_relay says why) */
+        s.relay_to = (int)draw((uint64_t)world);
+        s.relay_timeout_s = timeout_menu[draw(TIMEOUT_MENU_N - 1)]; /* 0.5 ms .. 30 s */
+        break;
+    case TPSIM_OP_COLLECT: /* two or three calls: dst, relay_to, and this worker */
+        s.relay_to = (int)draw((uint64_t)world);
+        s.len = 2 + (size_t)draw(2);
+        break;
+    case TPSIM_OP_LATER: /* the callee's own call, finite as relay's */
+        s.relay_to = (int)draw((uint64_t)world);
+        s.relay_timeout_s = timeout_menu[draw(TIMEOUT_MENU_N - 2)]; /* 0.5 ms .. 2 s */
+        break;
     default:
         break;
     }
@@ -463,7 +483,7 @@ static void heal_then_finish(swarm_run *run, int rank, int world) {
     tpsim_liveness(&run->w, rank, world);
     if (!run->def) /* an experiment may keep rrefs of its own */
         tpsim_rrefs_settle(&run->w, rank);
-    tpsim_worker_shutdown(&run->w, rank, world);
+    tpsim_callbacks_check(&run->w, rank, tpsim_worker_shutdown(&run->w, rank, world));
 }
 
 static int swarm_program(int rank, int world, void *arg) {
@@ -550,7 +570,17 @@ static int swarm_program(int rank, int world, void *arg) {
         tpsim_pending p;
         tpsim_op_start(&run->w, rank, &spec, &p);
     }
-    tpsim_worker_shutdown(&run->w, rank, world);
+    /* A then-callback whose call ends while shutdown drains: the drain must
+     * wait for the callback and for the call it issues (SHUTDOWN-5). */
+    if (c->mix[TPSIM_OP_THEN] && !tpsim_self_dead()) {
+        static const double late_timeouts[] = {0.0005, 0.02, 2.0, 0.0};
+        int dst = (int)draw((uint64_t)world), dst2 = (int)draw((uint64_t)world);
+        double t = late_timeouts[draw(4)];
+        int64_t delay_us = (int64_t)draw(50000), sleep_us = (int64_t)draw(20000);
+        tpsim_cb_late_then(&run->w, rank, dst, dst2, c->lossy ? finite(t) : t, finite(t), delay_us,
+                           sleep_us);
+    }
+    tpsim_callbacks_check(&run->w, rank, tpsim_worker_shutdown(&run->w, rank, world));
     return 0;
 }
 
@@ -740,6 +770,7 @@ static int run_seed(const swarm_opts *o, uint64_t seed, swarm_stats *stats, FILE
     }
     if (sim)
         tp_sim_free(sim);
+    tpsim_callbacks_free(&run.w); /* after the teardown: no callback runs any more */
     if (trace)
         fclose(trace);
     /* Every handle was released and every world torn down: a worker core
