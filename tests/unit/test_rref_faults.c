@@ -8,7 +8,8 @@
  * share must still complete through retries: w2's fork is confirmed, w2 and
  * w0 drop their references, and w1 frees the value. Without retries the
  * fork stays unconfirmed, w0 keeps its kept child forever, and the value
- * leaks.
+ * leaks. Also METHOD-3: a method call that arrives before the remote()
+ * making its value waits off the pool.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -347,6 +348,75 @@ static void test_rref_lost_carrying_frame_from_owner(void **state) {
     run_plan_with("failsend request 1 1000\n", lost_owner_share_program);
 }
 
+/*
+ * METHOD-3: w2's method call reaches w1 before the remote() that makes its
+ * value (its REMOTE held back 200 ms), and w1 has one pool thread. The call
+ * must not wait for the value on that thread: the remote() queued behind it
+ * would never run, and neither call would end (a swarm world with a pool of
+ * one and reordered frames hung so).
+ */
+static tp_status ping_method(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                             tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_int(7);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/* call_ping(rref) -> rref.ping(), from here, with no deadline. */
+static tp_status call_ping_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                              tp_value **result, void *ud) {
+    (void)kwargs, (void)ud;
+    tp_rref *r = NULL;
+    if (tp_value_get_rref(tp_list_get(args, 0), &r) != TP_OK)
+        return TP_ETYPE;
+    tp_status st = tp_rref_rpc_sync(r, "ping", NULL, NULL, TP_TIMEOUT_INFINITE, result);
+    if (st != TP_OK)
+        tp_call_set_error(call, "call_ping: %s", tp_errmsg());
+    return st;
+}
+
+static int method_first_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("call_ping", call_ping_fn, NULL) == TP_OK);
+    CHECK(tp_new_method("Obj", "ping", ping_method, NULL) == TP_OK);
+    char name[4] = "w0";
+    name[1] = (char)('0' + rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, 30.0) == TP_OK);
+    if (rank == 1)
+        CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        uint64_t t0 = now_ns();
+        st = tp_rpc_sync(tp_to_rank(2), "call_ping", args, NULL, 10.0, &res);
+        CHECK(st == TP_OK);
+        if (st != TP_OK)
+            print_error("call_ping: %s\n", tp_errmsg());
+        int64_t v = 0;
+        CHECK(st != TP_OK || (tp_value_get_int(res, &v) == TP_OK && v == 7));
+        CHECK(now_ns() - t0 >= 200000000ull); /* it did wait for the held-back remote() */
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_method_waits_off_the_pool(void **state) {
+    (void)state;
+    run_plan_with("delaytype remote 200\n", method_first_program);
+}
+
 static void run_plan_with(const char *plan, tp_sim_program program) {
     destroyed = 0;
     memset(kept, 0, sizeof kept);
@@ -396,6 +466,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_leaks_reported_at_shutdown, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_user, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
+        cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
