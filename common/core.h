@@ -249,6 +249,10 @@ struct tp_core {
                                   * with the lock held, read relaxed without it by the
                                   * I/O context's fence (REJOIN-5) */
     uint32_t *undecoded;   /* lock: by id: its requests queued here not yet decoded (RREF-19) */
+    /* FAIR-1 (serve.c): requests and remote()s waiting for a pool thread, a
+     * FIFO per caller, served round-robin over the callers with work. */
+    struct tpi_runq *runq; /* lock: by id */
+    uint32_t rr_first, rr_last; /* lock: the round, UINT32_MAX when empty */
     uint8_t *forks_query;  /* lock: by id: RREF-19's query to it: 0 none, 1 out, 2 out + again */
     uint64_t *forks_asked_ns; /* lock: by id: its first query not answered yet (RREF-19), or 0 */
     uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still
@@ -516,6 +520,16 @@ void tpi_owner_set(tp_core *c, tpi_owner *o, tp_status st, tp_value *value, cons
 /* Waits (lock held) until the record has its value, or deadline
  * (TP_ETIMEDOUT) or teardown (TP_ESHUTDOWN); METHOD-3, RREF-8. */
 tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline);
+/* FAIR-1 (serve.c): one source's jobs waiting for a pool thread. */
+typedef struct tpi_runq {
+    struct tpi_job *head, *tail;
+    uint32_t next; /* the next source in the round; UINT32_MAX: the last */
+    int in_round;
+} tpi_runq;
+/* Teardown (lock held, agent stopped): jobs left in the run queues (their
+ * pool work could not be queued) are dropped unanswered. */
+void tpi_serve_teardown(tp_core *c);
+
 /* METHOD-3 (serve.c, lock held): o was settled: its deferred method calls go
  * to the pool, in arrival order; or o is being freed (teardown): they are
  * dropped unanswered (the callers' side fails them). */

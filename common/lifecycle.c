@@ -40,6 +40,7 @@ void tpi_core_free(tp_core *c) {
     free(c->peer_inc);
     free(c->unflushed);
     free(c->undecoded);
+    free(c->runq);
     free(c->abandoned);
     free(c->freed);
     free(c->deleted);
@@ -86,6 +87,8 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->peer_inc = calloc(world, sizeof *c->peer_inc);
     c->unflushed = calloc(world, 1);
     c->undecoded = calloc(world, sizeof *c->undecoded);
+    c->runq = calloc(world, sizeof *c->runq);
+    c->rr_first = c->rr_last = UINT32_MAX;
     c->forks_query = calloc(world, 1);
     c->forks_asked_ns = calloc(world, sizeof *c->forks_asked_ns);
     c->inflight = calloc(world, sizeof *c->inflight);
@@ -106,7 +109,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->seen);
     c->armed_ns = TPI_NO_DEADLINE;
     if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
-        !c->undecoded || !c->forks_query || !c->forks_asked_ns ||
+        !c->undecoded || !c->runq || !c->forks_query || !c->forks_asked_ns ||
         !c->inflight || !c->credit || !c->held || !c->held_epoch || !c->refused_warned ||
         !c->flow_gen || !c->src_gen || !c->src_gen_known || !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);
@@ -164,6 +167,7 @@ static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
     tpi_lock(c);
     tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
     tpi_futures_fail_user(c, TP_ESHUTDOWN, why);
+    tpi_serve_teardown(c);
     tpi_rrefs_teardown(c);
     tpi_unlock(c);
     atomic_store(&c->state, TPI_STATE_STOPPED);

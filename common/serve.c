@@ -59,7 +59,8 @@ struct tpi_job {
     int decoded;      /* msg is a REQUEST decoded in the I/O context (serve_request) */
     int undecoded;    /* counted in core->undecoded[src] until it runs (RREF-19) */
     tpi_served sv;    /* a REQUEST: cancelable by its caller (CANCEL-1) */
-    tpi_job *next_deferred; /* METHOD-3: on its owner record's list until it is settled */
+    tpi_job *next; /* on its source's run queue (FAIR-1), or its owner record's deferred
+                      list until that is settled (METHOD-3) */
 };
 
 /* FUNC-6: the non-blocking function this thread is running, or NULL. Such a
@@ -517,7 +518,8 @@ static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o, tpi
     tpi_reply(c, src, m->id, st, NULL, err);
 }
 
-static void job_run(tp_work *w);
+static void job_discard(tp_core *c, tpi_job *j);
+static int queue_job(tp_core *c, tpi_job *j);
 
 /* The owner record a method call runs on, when this worker owns it and it
  * is not settled yet (lock held); else NULL. */
@@ -569,7 +571,6 @@ static int defer_method(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc, 
     j->src = src;
     j->rc = *rc;
     memset(rc, 0, sizeof *rc);
-    j->work.run = job_run;
     j->core = c;
     tpi_core_ref(c);
     c->active_served++; /* this job's count; the running one ends its own */
@@ -581,47 +582,31 @@ static int defer_method(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc, 
         j->sv.src = src;
         j->sv.id = copy->id;
     }
-    j->next_deferred = o->deferred;
+    j->next = o->deferred;
     o->deferred = j;
     tpi_unlock(c);
     return 1;
-}
-
-/* Frees a job that never ran (lock held): values through the grave. */
-static void job_discard(tp_core *c, tpi_job *j) {
-    served_end(c, &j->sv);
-    if (j->msg) {
-        tpi_defer_free(c, j->msg->args);
-        tpi_defer_free(c, j->msg->kwargs);
-        tpi_defer_free(c, j->msg->value);
-        free(j->msg);
-    }
-    tpi_rref_ctx_done(&j->rc);
-    tpi_block_free(j, sizeof *j);
-    tpi_core_unref(c);
 }
 
 void tpi_owner_resume(tp_core *c, tpi_owner *o) {
     tpi_job *rev = NULL; /* the list is newest first: run them in arrival order */
     while (o->deferred) {
         tpi_job *j = o->deferred;
-        o->deferred = j->next_deferred;
-        j->next_deferred = rev;
+        o->deferred = j->next;
+        j->next = rev;
         rev = j;
     }
     while (rev) {
         tpi_job *j = rev;
-        rev = j->next_deferred;
-        j->next_deferred = NULL;
-        if (c->ops->execute(c->agent, &j->work) != TP_OK)
-            job_discard(c, j); /* stopping: no answer can go; the caller fails the call */
+        rev = j->next;
+        queue_job(c, j); /* at the back of its source's queue */
     }
 }
 
 void tpi_owner_drop_deferred(tp_core *c, tpi_owner *o) {
     while (o->deferred) {
         tpi_job *j = o->deferred;
-        o->deferred = j->next_deferred;
+        o->deferred = j->next;
         job_discard(c, j);
     }
 }
@@ -796,18 +781,183 @@ static void flow_release(tp_core *c, tpi_job *j) {
     j->held = 0;
 }
 
-static void job_run(tp_work *w) {
-    tpi_job *j = (tpi_job *)w;
-    tp_core *c = j->core;
-    char err[TP_ERRMSG_LEN_MAX] = "";
-    char who[TP_NAME_LEN_MAX + 32];
-    uint64_t id = j->msg ? j->msg->id : tpi_frame_id(j->frame);
+/* ---- The run queues (FAIR-1) -------------------------------------------------------- */
+
+/*
+ * FAIR-1: a pool thread takes the next job round-robin over the sources
+ * that have jobs queued, each source's jobs in arrival order (so a
+ * remote() still runs before a later call that uses its value, AGENT-8). A
+ * member that queues a flood waits behind itself, not the others: another
+ * caller's job waits for at most one job of each source ahead of it in the
+ * round. The pool's work items are tokens, one per queued job, and a token
+ * runs whichever job is next: no job is itself a work item the agent may
+ * still hold after the job ran and was freed.
+ */
+typedef struct tpi_token {
+    tp_work work; /* first */
+    tp_core *core;
+} tpi_token;
+
+/* Puts src at the end of the round (lock held). */
+static void round_append(tp_core *c, uint32_t src) {
+    tpi_runq *q = &c->runq[src];
+    TPI_ASSERT(!q->in_round && q->head);
+    q->in_round = 1;
+    q->next = UINT32_MAX;
+    if (c->rr_last == UINT32_MAX)
+        c->rr_first = src;
+    else
+        c->runq[c->rr_last].next = src;
+    c->rr_last = src;
+}
+
+/* Takes src out of the round wherever it is (lock held; a rare path). */
+static void round_remove(tp_core *c, uint32_t src) {
+    uint32_t prev = UINT32_MAX;
+    for (uint32_t k = c->rr_first; k != UINT32_MAX; prev = k, k = c->runq[k].next) {
+        if (k != src)
+            continue;
+        if (prev == UINT32_MAX)
+            c->rr_first = c->runq[k].next;
+        else
+            c->runq[prev].next = c->runq[k].next;
+        if (c->rr_last == k)
+            c->rr_last = prev;
+        c->runq[k].in_round = 0;
+        return;
+    }
+}
+
+static void runq_push(tp_core *c, tpi_job *j) {
+    tpi_runq *q = &c->runq[j->src];
+    j->next = NULL;
+    if (q->tail)
+        q->tail->next = j;
+    else
+        q->head = j;
+    q->tail = j;
+    if (!q->in_round)
+        round_append(c, j->src);
+}
+
+/* The next job of the round, or NULL (lock held). */
+static tpi_job *runq_pop(tp_core *c) {
+    uint32_t src = c->rr_first;
+    if (src == UINT32_MAX)
+        return NULL;
+    tpi_runq *q = &c->runq[src];
+    c->rr_first = q->next;
+    if (c->rr_first == UINT32_MAX)
+        c->rr_last = UINT32_MAX;
+    q->in_round = 0;
+    tpi_job *j = q->head;
+    TPI_ASSERT(j);
+    q->head = j->next;
+    if (q->head)
+        round_append(c, src); /* its next job waits for one of each other source's */
+    else
+        q->tail = NULL;
+    j->next = NULL;
+    return j;
+}
+
+/* Takes j out of its source's queue (lock held); 0 when a token took it already. */
+static int runq_unlink(tp_core *c, tpi_job *j) {
+    tpi_runq *q = &c->runq[j->src];
+    tpi_job *prev = NULL;
+    for (tpi_job *k = q->head; k; prev = k, k = k->next) {
+        if (k != j)
+            continue;
+        if (prev)
+            prev->next = k->next;
+        else
+            q->head = k->next;
+        if (q->tail == k)
+            q->tail = prev;
+        if (!q->head)
+            round_remove(c, j->src);
+        j->next = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* Frees a job that never ran and is in no queue (lock held): no answer
+ * goes, the caller's side fails the call; values through the grave. */
+static void job_discard(tp_core *c, tpi_job *j) {
+    flow_release(c, j);
+    served_end(c, &j->sv);
+    if (j->undecoded) {
+        TPI_ASSERT(c->undecoded[j->src] > 0);
+        c->undecoded[j->src]--;
+    }
+    if (j->owner) {
+        j->owner->running = 0;
+        if (!j->owner->ready)
+            tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, "the callee is shutting down");
+    }
+    tp_frame_free(j->frame);
+    if (j->msg) {
+        tpi_defer_free(c, j->msg->args);
+        tpi_defer_free(c, j->msg->kwargs);
+        tpi_defer_free(c, j->msg->value);
+        free(j->msg);
+    }
+    tpi_rref_ctx_done(&j->rc);
+    tpi_block_free(j, sizeof *j);
+    tpi_core_unref(c);
+}
+
+void tpi_serve_teardown(tp_core *c) {
+    tpi_job *j;
+    while ((j = runq_pop(c)) != NULL)
+        job_discard(c, j);
+}
+
+static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_queued);
+
+/* A pool work item: runs the next job of the round. */
+static void token_run(tp_work *w) {
+    tpi_token *t = (tpi_token *)w;
+    tp_core *c = t->core;
+    tpi_block_free(t, sizeof *t);
     tpi_waiter node;
-    tpi_lock(c); /* one lock section for both: this runs once per served call */
+    tpi_lock(c); /* one lock section for all three: this runs once per served call */
+    tpi_job *j = runq_pop(c);
+    if (!j) { /* its job went with a failed hand-off (queue_job) */
+        tpi_unlock(c);
+        return;
+    }
     flow_release(c, j); /* before it runs, so before its answer can bring the next */
     tpi_work_enter_locked(c, &node);
     int canceled_queued = j->sv.answer_dequeued;
     tpi_unlock(c);
+    job_serve(c, j, &node, canceled_queued);
+}
+
+/* Queues j (counted and listed already) with a token for it (lock held).
+ * A token the pool refuses (stopping) takes j back out and drops it; when
+ * another token took j first, the job left without one waits for
+ * tpi_serve_teardown. 1 when j is queued. */
+static int queue_job(tp_core *c, tpi_job *j) {
+    runq_push(c, j);
+    tpi_token *t = tpi_block_alloc(sizeof *t);
+    if (t) {
+        t->work.run = token_run;
+        t->core = c;
+        if (c->ops->execute(c->agent, &t->work) == TP_OK)
+            return 1;
+        tpi_block_free(t, sizeof *t);
+    }
+    if (runq_unlink(c, j))
+        job_discard(c, j);
+    return 0;
+}
+
+static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_queued) {
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    char who[TP_NAME_LEN_MAX + 32];
+    uint64_t id = j->msg ? j->msg->id : tpi_frame_id(j->frame);
     if (canceled_queued) /* CANCEL-1: its bytes are out of the queue now */
         tpi_reply(c, j->src, id, TP_ECANCELED, NULL, "canceled by the caller");
     if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
@@ -843,7 +993,7 @@ static void job_run(tp_work *w) {
     tpi_rref_ctx_done(&j->rc);
     tp_frame_free(j->frame);
     tpi_lock(c); /* one lock section for both: this runs once per served call */
-    tpi_work_leave_locked(c, &node);
+    tpi_work_leave_locked(c, node);
     served_end(c, &j->sv);
     tpi_unlock(c);
     tpi_block_free(j, sizeof *j);
@@ -1012,18 +1162,30 @@ static int hand_over(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc) {
 /* Queues job j (its frame or msg set) on the pool; answers id if it cannot. */
 static void submit(tp_core *c, tpi_job *j, uint64_t id) {
     uint32_t src = j->src;
-    j->work.run = job_run;
     j->core = c;
     tpi_core_ref(c);
+    tpi_token *t = tpi_block_alloc(sizeof *t);
+    if (t) {
+        t->work.run = token_run;
+        t->core = c;
+    }
     tpi_lock(c);
     c->active_served++; /* before the job can run: shutdown's drain sees it */
     if (!j->owner) /* a REQUEST: its caller may cancel it (CANCEL-1); remote() is not */
         served_list(c, &j->sv, src, id, j);
+    runq_push(c, j);
     tpi_unlock(c);
-    /* Outside the lock: the pool thread this wakes takes it first thing. */
-    tp_status st = c->ops->execute(c->agent, &j->work);
-    if (st != TP_OK) {
-        tpi_lock(c);
+    /* Outside the lock: the pool thread this wakes takes the lock first thing. */
+    tp_status st = t ? c->ops->execute(c->agent, &t->work) : TP_ENOMEM;
+    if (st == TP_OK)
+        return;
+    if (t)
+        tpi_block_free(t, sizeof *t);
+    tpi_lock(c);
+    /* Another token may have taken j (then the job left without one waits
+     * for tpi_serve_teardown); else j never runs. */
+    int mine = runq_unlink(c, j);
+    if (mine) {
         flow_release(c, j);
         served_end(c, &j->sv); /* no cancel can come in between: this is the I/O context */
         if (j->undecoded)
@@ -1032,17 +1194,17 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
             j->owner->running = 0;
             tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, "the callee is shutting down");
         }
-        tpi_unlock(c);
     }
-    if (st != TP_OK) {
-        tp_frame_free(j->frame);
-        if (j->msg) {
-            tpi_msg_clear(j->msg);
-            free(j->msg);
-        }
-        tpi_rref_ctx_done(&j->rc);
-        tpi_block_free(j, sizeof *j);
-        tpi_reply(c, src, id, TP_ESHUTDOWN, NULL, "the callee is shutting down");
-        tpi_core_unref(c);
+    tpi_unlock(c);
+    if (!mine)
+        return;
+    tp_frame_free(j->frame);
+    if (j->msg) {
+        tpi_msg_clear(j->msg);
+        free(j->msg);
     }
+    tpi_rref_ctx_done(&j->rc);
+    tpi_block_free(j, sizeof *j);
+    tpi_reply(c, src, id, TP_ESHUTDOWN, NULL, "the callee is shutting down");
+    tpi_core_unref(c);
 }

@@ -354,6 +354,54 @@ static int flow_timed_out_call_keeps_credit(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/*
+ * spec: FAIR-1: callers are served round-robin. Worker 1 floods worker 0
+ * (two pool threads) with 200 sleep_ms(20) calls, 2 s of work, then tells
+ * worker 2, whose one call to worker 0 must be served before the flood is:
+ * it answers how many flood calls had ended, far fewer than 200 (with one
+ * FIFO queue it waited behind all of them).
+ */
+#define FLOOD_CALLS 200
+static int fair_flood_does_not_delay_others(int rank, int ws) {
+    tp_options *o = conf_options();
+    CHECK_OK(tp_options_set_rpc_timeout(o, 60.0));
+    CHECK_OK(tp_options_set_shutdown_timeout(o, 60.0));
+    if (rank == 0)
+        CHECK_OK(tp_options_set_num_worker_threads(o, 2));
+    tp_status st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    if (!CHECK_OK(st))
+        return conf_finish(rank);
+    if (rank == 1) {
+        tp_future **fl = calloc(FLOOD_CALLS, sizeof *fl);
+        tp_value *a = CONF_INTS(20);
+        for (int i = 0; fl && i < FLOOD_CALLS; i++)
+            CHECK_OK(tp_rpc_async(tp_to_rank(0), "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &fl[i]));
+        tp_value_free(a);
+        a = CONF_INTS(0, 0); /* the flood is queued: worker 2 may call now */
+        tp_value *res = NULL;
+        CHECK_OK(tp_rpc_sync(tp_to_rank(2), "ff_hop", a, NULL, TP_TIMEOUT_DEFAULT, &res));
+        tp_value_free(res);
+        tp_value_free(a);
+        for (int i = 0; fl && i < FLOOD_CALLS; i++) {
+            CHECK_OK(tp_future_wait(fl[i], TP_TIMEOUT_INFINITE));
+            tp_future_free(fl[i]);
+        }
+        free(fl);
+    } else if (rank == 2) {
+        uint64_t t0 = conf_now_ns();
+        while (conf_sync_int(rank, tp_to_rank(2), "hops", NULL, -1) < 1 && conf_since_s(t0) < 60)
+            (void)tp_sleep(0.005);
+        int64_t ended = conf_sync_int(rank, tp_to_rank(0), "served", NULL, -1);
+        if (!CHECK(ended >= 0 && ended < FLOOD_CALLS / 4))
+            conf_fail(rank, __FILE__, __LINE__,
+                      "served after %lld of the %d flood calls: it waited behind the flood",
+                      (long long)ended, FLOOD_CALLS);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_flow[] = {
     {"flow_credit_caller_waits", 2, flow_credit_caller_waits, "FLOW-6 OPT-9"},
     {"flow_credit_refuses_nonconforming", 2, flow_credit_refuses_nonconforming, "FLOW-8"},
@@ -363,5 +411,6 @@ const tp_conformance_case conf_cases_flow[] = {
     {"flow_large_call_goes_alone", 2, flow_large_call_goes_alone, "FLOW-1 OPT-7"},
     {"flow_waiter_sees_peer_death", 2, flow_waiter_sees_peer_death, "FLOW-3"},
     {"flow_remote_and_method_wait", 2, flow_remote_and_method_wait, "FLOW-1 FLOW-2"},
+    {"fair_flood_does_not_delay_others", 3, fair_flood_does_not_delay_others, "FAIR-1"},
 };
 const size_t conf_cases_flow_count = sizeof conf_cases_flow / sizeof conf_cases_flow[0];
