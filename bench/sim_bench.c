@@ -6,11 +6,12 @@
  * them less than wall time would. The trace hash is on in every run (it
  * always is); no text trace is written. A program, never a test.
  *
- *   sim_bench [--quick]
+ *   sim_bench [--quick] [--only sync|async|small|w64|big|sweep]
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <time.h>
 
 #include "tensorplay/rpc.h"
@@ -109,59 +110,129 @@ static double run(uint32_t hosts, uint64_t seed, job *j) {
     return bad ? -1 : t;
 }
 
+/* Whether the section `name` runs: all of them unless --only picked one. */
+static int want(const char *only, const char *name) {
+    return !only || strcmp(only, name) == 0;
+}
+
+/* The CPU seconds of one large world (init, one call each, graceful
+ * shutdown), the minimum of `reps` seeds: the minimum is the figure least
+ * moved by other work on a shared machine. -1 on failure. */
+static double world_s(uint32_t workers, int reps) {
+    double best = -1;
+    for (int s = 1; s <= reps; s++) {
+        job w = {.calls = 1, .callers = (int)workers};
+        double t = run(workers, (uint64_t)s, &w);
+        if (t < 0)
+            return -1;
+        best = best < 0 || t < best ? t : best;
+    }
+    return best;
+}
+
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0;
+    const char *only = NULL; /* sync, async, small, w64, big, sweep */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            only = argv[++i];
+        } else {
+            fprintf(stderr,
+                    "usage: sim_bench [--quick] [--only sync|async|small|w64|big|sweep]\n");
+            return 2;
+        }
+    }
     tp_register_builtin_backends();
     int rc = 0;
+    double t;
 
     /* Round trips: one caller, one callee, nothing else. */
     int n = quick ? 5000 : 50000;
-    job sync_job = {.calls = n, .callers = 1};
-    double t = run(2, 1, &sync_job);
-    if (t > 0)
-        printf("BENCH sim_rpc_sync_round_trips_per_cpu_s %.0f calls/s\n", n / t);
-    else
-        rc = 1;
-    job async_job = {.calls = n, .async = 1, .batch = 1000, .callers = 1};
-    t = run(2, 1, &async_job);
-    if (t > 0)
-        printf("BENCH sim_rpc_async_round_trips_per_cpu_s %.0f calls/s\n", n / t);
-    else
-        rc = 1;
+    if (want(only, "sync")) {
+        job sync_job = {.calls = n, .callers = 1};
+        t = run(2, 1, &sync_job);
+        if (t > 0)
+            printf("BENCH sim_rpc_sync_round_trips_per_cpu_s %.0f calls/s\n", n / t);
+        else
+            rc = 1;
+    }
+    if (want(only, "async")) {
+        job async_job = {.calls = n, .async = 1, .batch = 1000, .callers = 1};
+        t = run(2, 1, &async_job);
+        if (t > 0)
+            printf("BENCH sim_rpc_async_round_trips_per_cpu_s %.0f calls/s\n", n / t);
+        else
+            rc = 1;
+    }
 
     /* Small seeds: 4 workers, each calls the others 8 times (a few dozen calls). */
-    int seeds = quick ? 200 : 2000;
-    double total = 0;
-    for (int s = 1; s <= seeds; s++) {
-        job small = {.calls = 8, .callers = 4};
-        double ts = run(4, (uint64_t)s, &small);
-        if (ts < 0) {
-            rc = 1;
-            break;
+    if (want(only, "small")) {
+        int seeds = quick ? 200 : 2000;
+        double total = 0;
+        for (int s = 1; s <= seeds; s++) {
+            job small = {.calls = 8, .callers = 4};
+            double ts = run(4, (uint64_t)s, &small);
+            if (ts < 0) {
+                rc = 1;
+                break;
+            }
+            total += ts;
         }
-        total += ts;
+        if (total > 0)
+            printf("BENCH sim_small_seeds_per_cpu_min %.0f seeds/min\n", seeds / total * 60.0);
     }
-    if (total > 0)
-        printf("BENCH sim_small_seeds_per_cpu_min %.0f seeds/min\n", seeds / total * 60.0);
 
     /* Large worlds: init, one call each, graceful shutdown. */
     /* The mean over 10 seeds: one seed's CPU time is too noisy to quote. */
-    double t64 = 0;
-    for (int s = 1; s <= 10 && t64 >= 0; s++) {
-        job w64 = {.calls = 1, .callers = 64};
-        t = run(64, (uint64_t)s, &w64);
-        t64 = t > 0 ? t64 + t : -1;
+    if (want(only, "w64")) {
+        double t64 = 0;
+        for (int s = 1; s <= 10 && t64 >= 0; s++) {
+            job w64 = {.calls = 1, .callers = 64};
+            t = run(64, (uint64_t)s, &w64);
+            t64 = t > 0 ? t64 + t : -1;
+        }
+        if (t64 > 0)
+            printf("BENCH sim_seed_64_workers_cpu_ms %.1f ms\n", t64 / 10 * 1e3);
+        else
+            rc = 1;
     }
-    if (t64 > 0)
-        printf("BENCH sim_seed_64_workers_cpu_ms %.1f ms\n", t64 / 10 * 1e3);
-    else
-        rc = 1;
-    uint32_t big = quick ? 200 : 1000;
-    job wbig = {.calls = 1, .callers = (int)big};
-    t = run(big, 1, &wbig);
-    if (t > 0)
-        printf("BENCH sim_seed_%u_workers_cpu_s %.2f s\n", big, t);
-    else
-        rc = 1;
+    if (want(only, "big")) {
+        uint32_t big = quick ? 200 : 1000;
+        job wbig = {.calls = 1, .callers = (int)big};
+        t = run(big, 1, &wbig);
+        if (t > 0)
+            printf("BENCH sim_seed_%u_workers_cpu_s %.2f s\n", big, t);
+        else
+            rc = 1;
+    }
+
+    /* Scaling in workers: the same world at 125, 250, 500 and 1,000 workers
+     * (to 500 with --quick). Linear cost keeps the CPU time per worker flat
+     * and the exponent (log of the time ratio over log of the size ratio,
+     * smallest to largest) near 1; quadratic polling would make it 2. */
+    if (want(only, "sweep")) {
+        static const uint32_t sizes[] = {125, 250, 500, 1000};
+        int count = quick ? 3 : 4;
+        double ts[4] = {0};
+        for (int i = 0; i < count; i++) {
+            ts[i] = world_s(sizes[i], sizes[i] <= 250 ? 3 : 1);
+            if (ts[i] < 0) {
+                rc = 1;
+                break;
+            }
+            printf("BENCH sim_seed_%u_workers_cpu_ms %.1f ms\n", sizes[i], ts[i] * 1e3);
+            printf("BENCH sim_seed_%u_workers_cpu_us_per_worker %.1f us\n", sizes[i],
+                   ts[i] / sizes[i] * 1e6);
+        }
+        for (int i = 1; i < count && ts[i] > 0; i++)
+            printf("BENCH ratio_sim_seed_%u_vs_%u_workers %.2f x\n", sizes[i], sizes[i - 1],
+                   ts[i] / ts[i - 1]);
+        if (ts[count - 1] > 0 && ts[0] > 0)
+            printf("BENCH sim_worker_scaling_exponent_%u_to_%u %.2f power\n", sizes[0],
+                   sizes[count - 1],
+                   log(ts[count - 1] / ts[0]) / log((double)sizes[count - 1] / sizes[0]));
+    }
     return rc;
 }

@@ -193,12 +193,28 @@ typedef struct scan_seen {
     int oom;
 } scan_seen;
 
+/* The rank a key under a gather's prefix names: tpi_parse_index's rules
+ * (decimal, no leading zero, below world), inline, since a world of n
+ * workers reads some 10 n^2 such keys. 0 for another key. */
+static int scan_rank(const char *s, uint32_t world, uint32_t *out) {
+    uint64_t v = 0;
+    size_t i = 0;
+    for (; s[i] >= '0' && s[i] <= '9' && i < 10; i++)
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    if (i == 0 || s[i] != '\0' || (s[0] == '0' && i > 1) || v >= world)
+        return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
 static int on_scan_key(void *arg, const char *key, const void *value, size_t len) {
     scan_seen *g = arg;
     uint32_t r;
-    if (!tpi_parse_index(key + g->skip, g->world, &r) || g->seen[r])
+    if (!scan_rank(key + g->skip, g->world, &r) || g->seen[r])
         return 0; /* another key under the prefix, or seen before a retry */
-    if (g->values) {
+    /* A rank's key under a gather's prefix is written once (its value is
+     * the same on a retry), so a value kept from an earlier round stands. */
+    if (g->values && !g->values[r]) {
         char *copy = malloc(len + 1);
         if (!copy) {
             g->oom = 1;
@@ -206,7 +222,6 @@ static int on_scan_key(void *arg, const char *key, const void *value, size_t len
         }
         memcpy(copy, value, len);
         copy[len] = '\0';
-        free(g->values[r]);
         g->values[r] = copy;
     }
     g->seen[r] = 1;
@@ -392,11 +407,16 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
 
 void tpi_publish_dead(tp_core *c, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
+    /* One lock per dead rank found, not per rank: every worker calls this in
+     * each shutdown round, so a lock per rank would be O(world^2) a round. A
+     * death seen while a set waits on the store is still published when the
+     * look reaches its rank, as with a lock per rank. */
     for (uint32_t r = 0; r < c->world_size; r++) {
         tpi_lock(c);
-        int dead = c->peer_dead[r];
+        while (r < c->world_size && !c->peer_dead[r])
+            r++;
         tpi_unlock(c);
-        if (dead) {
+        if (r < c->world_size) {
             tpi_key(c, key, sizeof key, "dead/%u", r);
             (void)tpi_store_set(c, key, "1", 1, deadline_ns); /* a hint: gather also asks */
         }
@@ -422,20 +442,42 @@ static int by_name_cmp_ctx(const tp_core *c, uint32_t a, uint32_t b) {
     return strcmp(c->infos[a].name, c->infos[b].name);
 }
 
-static void sort_names(tp_core *c) {
-    /* Insertion sort keeps it simple; binary insertion bounds compares. */
-    for (uint32_t i = 0; i < c->world_size; i++) {
-        uint32_t id = i, lo = 0, hi = i;
-        while (lo < hi) {
-            uint32_t mid = lo + (hi - lo) / 2;
-            if (by_name_cmp_ctx(c, c->by_name[mid], id) < 0)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        memmove(&c->by_name[lo + 1], &c->by_name[lo], (i - lo) * sizeof c->by_name[0]);
-        c->by_name[lo] = id;
-    }
+/* Sorts ids[0..n) by name: a merge sort through tmp (n ids), O(n log n)
+ * compares and moves. Names are unique (INIT-4), so the order is the same
+ * whatever the sort. */
+static void sort_ids(const tp_core *c, uint32_t *ids, uint32_t *tmp, uint32_t n) {
+    if (n < 2)
+        return;
+    uint32_t half = n / 2;
+    sort_ids(c, ids, tmp, half);
+    sort_ids(c, ids + half, tmp, n - half);
+    if (by_name_cmp_ctx(c, ids[half - 1], ids[half]) < 0)
+        return; /* already in order */
+    uint32_t i = 0, j = half, k = 0;
+    while (i < half && j < n)
+        tmp[k++] = by_name_cmp_ctx(c, ids[i], ids[j]) < 0 ? ids[i++] : ids[j++];
+    while (i < half)
+        tmp[k++] = ids[i++];
+    memcpy(ids, tmp, (size_t)k * sizeof *ids); /* the rest of ids[half..n) is in place */
+}
+
+static tp_status sort_names(tp_core *c) {
+    uint32_t *tmp = malloc((size_t)c->world_size * sizeof *tmp);
+    if (!tmp)
+        return tpi_fail(TP_ENOMEM, "init: out of memory sorting %u names", c->world_size);
+    for (uint32_t i = 0; i < c->world_size; i++)
+        c->by_name[i] = i;
+    sort_ids(c, c->by_name, tmp, c->world_size);
+    free(tmp);
+    return TP_OK;
+}
+
+/* The name of a rank's entry (cut at its first tab by tpi_rank_entry_parse)
+ * into infos: a plain copy, since it runs world^2 times over a job. */
+static void copy_name(tp_worker_info *info, const char *name) {
+    size_t n = strnlen(name, sizeof info->name - 1);
+    memcpy(info->name, name, n);
+    info->name[n] = '\0';
 }
 
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
@@ -513,13 +555,14 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
             st = publish_error(c, TP_ESTORE, bad);
             break;
         }
-        tpi_format(c->infos[r].name, sizeof c->infos[r].name, "%s", values[r]);
+        copy_name(&c->infos[r], values[r]);
         c->infos[r].id = r;
         c->credit[r] = credit; /* FLOW-6: our window to r (lock: no call runs yet) */
         addrs[r] = (char *)a;
     }
+    if (st == TP_OK)
+        st = sort_names(c);
     if (st == TP_OK) {
-        sort_names(c);
         char err[TP_ERRMSG_LEN_MAX] = "";
         st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
                                sizeof err);
@@ -753,7 +796,7 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
                           vals[q], c->self.name);
             break;
         }
-        tpi_format(c->infos[q].name, sizeof c->infos[q].name, "%s", vals[q]);
+        copy_name(&c->infos[q], vals[q]);
         c->infos[q].id = q;
         c->credit[q] = credit; /* FLOW-6 */
         addrs[q] = (char *)a;
@@ -787,7 +830,9 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
     if (st == TP_OK) {
         /* Routes first, then the address goes public (INIT-8's rule): a
          * peer that reads it may send at once. */
-        sort_names(c);
+        st = sort_names(c);
+    }
+    if (st == TP_OK) {
         char err[TP_ERRMSG_LEN_MAX] = "";
         st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
                                sizeof err);

@@ -470,6 +470,7 @@ struct tp_sim {
     uint64_t pf_events;     /* Perfetto events written (sim_perfetto.c) */
     uint64_t instant_ns;    /* the instant instant_work counts */
     uint32_t instant_work;  /* lock acquisitions and events at it */
+    void *fmt_cache; /* sim_trace.c: the trace hash's table of formats, or NULL */
 };
 
 /* The simulation the calling thread is running, NULL outside tp_sim_run. */
@@ -487,6 +488,8 @@ const void *tpi_sim_self_token(tp_sim *sim);
 
 /* Emits "t=<now> " + the formatted text + "\n": folded into the hash, and
  * written to cfg.trace when set. */
+/* Frees the trace hash's cache (tp_sim_free). */
+void tpi_sim_trace_free(tp_sim *sim);
 void tpi_sim_trace(tp_sim *sim, const char *fmt, ...) TPI_PRINTF(2, 3);
 void tpi_sim_vtrace(tp_sim *sim, const char *fmt, va_list ap);
 #define TPI_FNV_OFFSET 0xcbf29ce484222325ull

@@ -131,6 +131,7 @@ void tp_sim_free(tp_sim *sim) {
             free(sim->hosts[i].links);
     }
     free_events(sim);
+    tpi_sim_trace_free(sim);
     tpi_sim_heap_free(&sim->heap);
     for (uint32_t i = 0; i < sim->nagents; i++) {
         tpi_sim_agent *a = sim->agents[i];

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "tensorplay/rpc_backend.h"
+#include "store/mem_store.h"
 
 typedef struct fixture {
     char dir[256];
@@ -46,6 +47,22 @@ static int setup_memory(void **state) {
     snprintf(f->path, sizeof f->path, ":memory:");
     char err[TP_ERRMSG_LEN_MAX];
     if (tp_sqlite_store_open(f->path, &f->s, err, sizeof err) != TP_OK) {
+        fprintf(stderr, "open: %s\n", err);
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+/* The simulator's in-memory store (STORE-11): the same contract. */
+static int setup_mem(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    snprintf(f->path, sizeof f->path, ":memory:");
+    char err[TP_ERRMSG_LEN_MAX];
+    if (tpi_mem_store_open(&f->s, err, sizeof err) != TP_OK) {
         fprintf(stderr, "open: %s\n", err);
         free(f);
         return -1;
@@ -99,17 +116,22 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* Each behaviour on both kinds of store: name_memory and name_file. */
+/* Each behaviour on every kind of store: name_memory and name_file (SQLite)
+ * and name_mem (the simulator's, STORE-11). */
 #define BOTH(name)                                                                                 \
     static void name##_memory(void **state) {                                                      \
         name(*state);                                                                              \
     }                                                                                              \
     static void name##_file(void **state) {                                                        \
         name(*state);                                                                              \
+    }                                                                                              \
+    static void name##_mem(void **state) {                                                         \
+        name(*state);                                                                              \
     }
 #define TEST_BOTH(name)                                                                            \
     cmocka_unit_test_setup_teardown(name##_memory, setup_memory, teardown),                        \
-        cmocka_unit_test_setup_teardown(name##_file, setup_file, teardown)
+        cmocka_unit_test_setup_teardown(name##_file, setup_file, teardown),                        \
+        cmocka_unit_test_setup_teardown(name##_mem, setup_mem, teardown)
 
 /* ------------------------------------------------------------------------ */
 /* Helpers. */
