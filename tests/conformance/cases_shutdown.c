@@ -7,6 +7,8 @@
  * returned: a graceful shutdown ends only when all work everywhere is done,
  * so the counts must be complete by then on every worker.
  */
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -280,6 +282,209 @@ static int shutdown_from_function_rejected(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/*
+ * A then-callback that first waits (nothing of its worker is in flight
+ * meanwhile: only the queued-or-running callback itself counts for the
+ * drain, FUTURE-5), then makes a call to w1 and returns its result. Its
+ * outcome goes to the calling process's statics (rank 0's only).
+ */
+#define THEN_WAIT_S 0.3
+#define THEN_CALL_MS 100
+static _Atomic int then_call_status;
+static _Atomic int64_t then_call_value;
+
+static tp_status then_wait_then_call(tp_future *f, tp_value **result, char *errmsg,
+                                     size_t errmsg_len, void *user_data) {
+    (void)f, (void)user_data;
+    tp_status st = tp_sleep(THEN_WAIT_S);
+    tp_value *res = NULL;
+    if (st == TP_OK) {
+        tp_value *args = CONF_INTS(THEN_CALL_MS);
+        st = tp_rpc_sync(tp_to_rank(1), "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &res);
+        tp_value_free(args);
+    }
+    int64_t v = -1;
+    if (st == TP_OK && tp_value_get_int(res, &v) == TP_OK)
+        atomic_store(&then_call_value, v);
+    atomic_store(&then_call_status, (int)st);
+    if (st != TP_OK) {
+        snprintf(errmsg, errmsg_len, "then-callback's call: %s", tp_errmsg());
+        tp_value_free(res);
+        return st;
+    }
+    *result = res;
+    return TP_OK;
+}
+
+/*
+ * spec: SHUTDOWN-5 FUTURE-5: a then-callback queued before shutdown counts
+ * as an active client call until it returns, so the drain waits for the
+ * call it makes (issued well after the drain began, while nothing else of
+ * this worker is in flight); that call runs on w1 before w1's shutdown ends.
+ */
+static int shutdown_graceful_waits_for_then_callback_call(int rank, int ws) {
+    if (rank == 0) {
+        atomic_store(&then_call_status, -1);
+        atomic_store(&then_call_value, -1);
+    }
+    CONF_INIT_OR_RETURN(rank, ws);
+    tp_future *chained = NULL;
+    uint64_t t0 = conf_now_ns();
+    if (rank == 0) {
+        tp_future *f = NULL;
+        if (CHECK_OK(conf_async(tp_to_rank(1), "add", CONF_INTS(1, 2), &f)) &&
+            CHECK_OK(tp_future_wait(f, TP_TIMEOUT_DEFAULT)))
+            CHECK_OK(tp_future_then(f, then_wait_then_call, NULL, &chained)); /* queued now */
+        tp_future_free(f);
+    }
+    CHECK_OK(tp_shutdown(1));
+    if (rank == 0) {
+        CHECK(conf_since_s(t0) >= THEN_WAIT_S); /* it waited for the callback */
+        CHECK_STATUS((tp_status)atomic_load(&then_call_status), TP_OK);
+        CHECK_INT(atomic_load(&then_call_value), THEN_CALL_MS);
+        if (CHECK(chained != NULL) && CHECK(tp_future_done(chained))) {
+            CHECK_OK(tp_future_status(chained));
+            CHECK_INT(conf_int_of(rank, tp_future_value(chained), -1), THEN_CALL_MS);
+        }
+    } else {
+        CHECK_INT(conf_served(rank), 1); /* served before this worker's drain ended */
+    }
+    tp_future_free(chained);
+    return conf_finish(rank);
+}
+
+static _Atomic int queued_cb_ran;
+
+static tp_status then_mark_ran(tp_future *f, tp_value **result, char *errmsg, size_t errmsg_len,
+                               void *user_data) {
+    (void)f, (void)result, (void)errmsg, (void)errmsg_len, (void)user_data;
+    atomic_store(&queued_cb_ran, 1);
+    return TP_OK;
+}
+
+static void done_mark_ran(tp_future *f, void *user_data) {
+    (void)f, (void)user_data;
+    atomic_store(&queued_cb_ran, 1);
+}
+
+/*
+ * spec: SHUTDOWN-2 FUTURE-5: at a non-graceful shutdown, a then-callback
+ * (and a done-callback) queued behind the worker's only pool thread, busy
+ * with a long call to itself, never runs; its chained future fails with
+ * TP_ESHUTDOWN "then-callback not run".
+ */
+static int shutdown_nongraceful_skips_queued_callback(int rank, int ws) {
+    atomic_store(&queued_cb_ran, 0);
+    tp_options *o = conf_options();
+    tp_status st = tp_options_set_num_worker_threads(o, 1);
+    if (st == TP_OK)
+        st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    if (!CHECK_OK(st))
+        return conf_finish(rank);
+    tp_future *busy = NULL, *p = NULL, *chained = NULL;
+    /* The only pool thread runs sleep_ms for 20 s (teardown wakes it). */
+    CHECK_OK(conf_async(tp_to_rank(0), "sleep_ms", CONF_INTS(20000), &busy));
+    uint64_t t0 = conf_now_ns();
+    while (conf_started(rank) < 1 && conf_since_s(t0) < 10.0)
+        if (tp_sleep(0.005) != TP_OK)
+            break;
+    CHECK_INT(conf_started(rank), 1);
+    if (CHECK_OK(tp_future_new(&p)) && CHECK_OK(tp_future_set_result(p, tp_value_int(7)))) {
+        CHECK_OK(tp_future_then(p, then_mark_ran, NULL, &chained)); /* queued: the pool is busy */
+        CHECK_OK(tp_future_add_done_callback(p, done_mark_ran, NULL));
+    }
+    CHECK(chained && !tp_future_done(chained));
+    t0 = conf_now_ns();
+    CHECK_OK(tp_shutdown(0));
+    CHECK(conf_since_s(t0) < 10.0); /* the busy call was woken, not waited out */
+    CHECK_INT(atomic_load(&queued_cb_ran), 0);
+    if (chained && CHECK(tp_future_done(chained))) {
+        CHECK_STATUS(tp_future_status(chained), TP_ESHUTDOWN);
+        CHECK_CONTAINS(tp_future_error(chained), "not run");
+    }
+    if (busy && CHECK(tp_future_done(busy)))
+        CHECK_STATUS(tp_future_status(busy), TP_ESHUTDOWN);
+    tp_future_free(busy);
+    tp_future_free(p);
+    tp_future_free(chained);
+    return conf_finish(rank);
+}
+
+#define LEARN_SHUTDOWN_TIMEOUT_S 30.0
+
+/*
+ * spec: SHUTDOWN-3 SHUTDOWN-8: w3 leaves at once without a goodbye (a
+ * non-graceful shutdown, so it never arrives at the barrier): only its ring
+ * neighbours of init's warm-up, w0 and w2, were ever connected to it and see
+ * it go (peer-down TP_EPEERDOWN); w1 never talks to it. (A crash would not
+ * do: the simulator tells every worker of a killed host.) w1's barrier learns
+ * of the death from the dead/3 key the others write at their shutdown and
+ * ends promptly with TP_EPEERDOWN naming w3, not at its 30 s deadline.
+ */
+static int shutdown_barrier_learns_death_from_store(int rank, int ws) {
+    tp_options *o = conf_options();
+    tp_status st = tp_options_set_shutdown_timeout(o, LEARN_SHUTDOWN_TIMEOUT_S);
+    if (st == TP_OK)
+        st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    if (!CHECK_OK(st))
+        return conf_finish(rank);
+    if (rank == 3) {
+        CHECK_OK(tp_shutdown(0));
+        return conf_finish(rank);
+    }
+    if (rank != 1) {
+        /* Until this worker knows w3 is dead (a call fails before sending). */
+        uint64_t t0 = conf_now_ns();
+        tp_status cst = TP_OK;
+        while (conf_since_s(t0) < 10.0) {
+            tp_value *args = CONF_INTS(1, 1), *res = NULL;
+            cst = tp_rpc_sync(tp_to_rank(3), "add", args, NULL, 1.0, &res);
+            tp_value_free(args);
+            tp_value_free(res);
+            if (cst == TP_EPEERDOWN && strstr(tp_errmsg(), "the worker is down"))
+                break;
+            if (tp_sleep(0.01) != TP_OK)
+                break;
+        }
+        CHECK_STATUS(cst, TP_EPEERDOWN);
+    }
+    uint64_t t0 = conf_now_ns();
+    st = tp_shutdown(1);
+    double took = conf_since_s(t0);
+    CHECK_STATUS(st, TP_EPEERDOWN);
+    CHECK_CONTAINS(tp_errmsg(), "'w3' (id 3)");
+    if (!CHECK(took < LEARN_SHUTDOWN_TIMEOUT_S / 3))
+        conf_fail(rank, __FILE__, __LINE__, "shutdown took %.3f s of its %.0f s deadline", took,
+                  LEARN_SHUTDOWN_TIMEOUT_S);
+    return conf_finish(rank);
+}
+
+/*
+ * spec: SHUTDOWN-9 SHUTDOWN-5: rank 0 ends its process right after its
+ * graceful shutdown (crash_self: no exit handlers, as a forked child ends;
+ * on TCP with the tcp:// store the store goes with it, TCP-11) while w1 is
+ * still a round behind in the drain: w0's slow call made w1 wait long for
+ * w0's first round, so w1 polls the later rounds with a long pause. w1 must
+ * still finish its drain with TP_OK: w0 waits for w1's sd/left first.
+ */
+static int shutdown_rank0_exits_right_after(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_future *f = NULL;
+        CHECK_OK(conf_async(tp_to_rank(1), "sleep_ms", CONF_INTS(300), &f));
+        tp_future_free(f); /* w0's drain waits for it before it publishes round 0 */
+    }
+    CHECK_OK(tp_shutdown(1));
+    if (rank == 1)
+        CHECK_INT(conf_served(rank), 1);
+    int failures = conf_finish(rank);
+    if (rank == 0 && failures == 0)
+        conf_crash_self(); /* its report would be lost: only when it has none */
+    return failures;
+}
+
 const tp_conformance_case conf_cases_shutdown[] = {
     {"shutdown_graceful_uneven_load_dropped", 3, shutdown_graceful_uneven_load_dropped,
      "SHUTDOWN-3 SHUTDOWN-5 FUTURE-4"},
@@ -294,5 +499,13 @@ const tp_conformance_case conf_cases_shutdown[] = {
      shutdown_nongraceful_drops_rref_held_by_callback, "SHUTDOWN-2 SHUTDOWN-6 FUTURE-5"},
     {"shutdown_nongraceful_fails_inflight", 2, shutdown_nongraceful_fails_inflight, "SHUTDOWN-2"},
     {"shutdown_from_function_rejected", 2, shutdown_from_function_rejected, "SHUTDOWN-1"},
+    {"shutdown_graceful_waits_for_then_callback_call", 2,
+     shutdown_graceful_waits_for_then_callback_call, "SHUTDOWN-5 FUTURE-5"},
+    {"shutdown_nongraceful_skips_queued_callback", 1, shutdown_nongraceful_skips_queued_callback,
+     "SHUTDOWN-2 FUTURE-5"},
+    {"shutdown_barrier_learns_death_from_store", 4, shutdown_barrier_learns_death_from_store,
+     "SHUTDOWN-3 SHUTDOWN-8"},
+    {"shutdown_rank0_exits_right_after", 2, shutdown_rank0_exits_right_after,
+     "SHUTDOWN-9 SHUTDOWN-5"},
 };
 const size_t conf_cases_shutdown_count = sizeof conf_cases_shutdown / sizeof conf_cases_shutdown[0];

@@ -3,6 +3,8 @@
  * per-call overrides, changing the default, and rejected values.
  */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "conformance.h"
@@ -190,6 +192,171 @@ static int timeout_remote_creation(int rank, int ws) {
     return conf_finish(rank);
 }
 
+#define ORDER_CALLS 12
+
+typedef struct order_log {
+    _Atomic int n;
+    int order[ORDER_CALLS];
+} order_log;
+static order_log order_seen;
+static int order_index[ORDER_CALLS];
+
+static void record_order(tp_future *f, void *user_data) {
+    (void)f;
+    int i = atomic_fetch_add(&order_seen.n, 1);
+    if (i < ORDER_CALLS)
+        order_seen.order[i] = *(const int *)user_data;
+}
+
+/*
+ * spec: TIMEOUT-5 AGENT-7: calls issued with the same timeout at one instant
+ * have equal deadlines (the simulator's clock does not move between them;
+ * elsewhere each deadline is later than the one before) and fail in issue
+ * order. Each future's done-callback logs its index; with one pool thread
+ * callbacks run in the order their futures completed.
+ */
+static int timeout_equal_deadlines_fail_in_issue_order(int rank, int ws) {
+    if (rank == 0) {
+        atomic_store(&order_seen.n, 0);
+        for (int i = 0; i < ORDER_CALLS; i++) {
+            order_seen.order[i] = -1;
+            order_index[i] = i;
+        }
+    }
+    tp_options *o = conf_options();
+    tp_status st = tp_options_set_num_worker_threads(o, 1);
+    if (st == TP_OK)
+        st = tp_options_set_shutdown_timeout(o, 30.0);
+    if (st == TP_OK)
+        st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    if (!CHECK_OK(st))
+        return conf_finish(rank);
+    if (rank == 0) {
+        tp_future *fs[ORDER_CALLS] = {0};
+        tp_value *args = CONF_INTS(2000);
+        for (int i = 0; i < ORDER_CALLS; i++)
+            if (CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 0.2, &fs[i])))
+                CHECK_OK(tp_future_add_done_callback(fs[i], record_order, &order_index[i]));
+        tp_value_free(args);
+        for (int i = 0; i < ORDER_CALLS; i++)
+            if (fs[i])
+                CHECK_STATUS(tp_future_wait(fs[i], TP_TIMEOUT_INFINITE), TP_ETIMEDOUT);
+        /* Every done-callback has run once the pool ran one more task. */
+        uint64_t t0 = conf_now_ns();
+        while (atomic_load(&order_seen.n) < ORDER_CALLS && conf_since_s(t0) < 10.0)
+            if (tp_sleep(0.005) != TP_OK)
+                break;
+        CHECK_INT(atomic_load(&order_seen.n), ORDER_CALLS);
+        int wrong = 0;
+        for (int i = 0; i < ORDER_CALLS; i++)
+            wrong += order_seen.order[i] != i;
+        if (!CHECK_INT(wrong, 0)) {
+            char got[128];
+            size_t n = 0;
+            for (int i = 0; i < ORDER_CALLS && n < sizeof got; i++)
+                n += (size_t)snprintf(got + n, sizeof got - n, " %d", order_seen.order[i]);
+            conf_fail(rank, __FILE__, __LINE__, "failed in the order%s", got);
+        }
+        for (int i = 0; i < ORDER_CALLS; i++)
+            tp_future_free(fs[i]);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/*
+ * spec: TIMEOUT-1 TIMEOUT-3 TIMEOUT-5: a 0.5 ms timeout is a timeout, not 0
+ * (none): a call to a 3 s function with it fails with TP_ETIMEDOUT at once,
+ * for rpc_sync and rpc_async. (That the callee is told 1 ms, not 0, needs a
+ * simulator fault: test_timeout's test_timeout_submillisecond_told_to_callee.)
+ */
+static int timeout_submillisecond_is_not_zero(int rank, int ws) {
+    INIT_TIMEOUT_OR_RETURN(rank, ws, 60.0);
+    if (rank == 0) {
+        tp_value *args = CONF_INTS(3000);
+        tp_value *res = NULL;
+        uint64_t t0 = conf_now_ns();
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "sleep_ms", args, NULL, 0.0005, &res),
+                     TP_ETIMEDOUT);
+        CHECK_CONTAINS(tp_errmsg(), "timed out after 0.5 ms");
+        CHECK(conf_since_s(t0) < 1.0);
+        CHECK(res == NULL);
+        tp_value_free(res);
+        tp_future *f = NULL;
+        t0 = conf_now_ns();
+        if (CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 0.0005, &f))) {
+            CHECK_STATUS(tp_future_wait(f, 10.0), TP_ETIMEDOUT);
+            CHECK_CONTAINS(tp_future_error(f), "timed out after 0.5 ms");
+            CHECK(conf_since_s(t0) < 1.0);
+        }
+        tp_future_free(f);
+        tp_value_free(args);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/*
+ * spec: RREF-8 TIMEOUT-2: to_here(-1) on the owner waits for the value at
+ * most the default rpc_timeout, then fails with TP_ETIMEDOUT "the value is
+ * not ready after 0.2 s"; the value takes 2.5 s to build (the creation
+ * itself has no deadline).
+ */
+static int timeout_owner_to_here_default(int rank, int ws) {
+    INIT_TIMEOUT_OR_RETURN(rank, ws, 0.2);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        tp_value *args = CONF_INTS(2500);
+        CHECK_OK(tp_remote(tp_to_rank(0), "sleep_ms", args, NULL, TP_TIMEOUT_INFINITE, &r));
+        tp_value_free(args);
+        if (r) {
+            CHECK(tp_rref_is_owner(r));
+            tp_value *v = NULL;
+            uint64_t t0 = conf_now_ns();
+            CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v), TP_ETIMEDOUT);
+            double took = conf_since_s(t0);
+            CHECK_CONTAINS(tp_errmsg(), "not ready after 0.2 s");
+            if (!CHECK(took >= 0.19 && took < 1.5))
+                conf_fail(rank, __FILE__, __LINE__, "to_here(-1) took %.3f s, want ~0.2 s",
+                          took);
+            CHECK(v == NULL);
+            tp_value_free(v);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/*
+ * spec: TIMEOUT-3 TIMEOUT-5 AGENT-10: a fractional-millisecond timeout
+ * (1.5 ms) with no other traffic fires: nothing else wakes the worker, so
+ * only its timer, armed at a deadline that is not a whole millisecond, can
+ * end the call. Twice, so the timer is armed again after it fired.
+ */
+static int timeout_fractional_ms_fires_alone(int rank, int ws) {
+    INIT_TIMEOUT_OR_RETURN(rank, ws, 60.0);
+    if (rank == 0) {
+        tp_value *args = CONF_INTS(3000);
+        for (int i = 0; i < 2; i++) {
+            tp_future *f = NULL;
+            uint64_t t0 = conf_now_ns();
+            if (CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 0.0015, &f))) {
+                CHECK_STATUS(tp_future_wait(f, 10.0), TP_ETIMEDOUT);
+                CHECK_CONTAINS(tp_future_error(f), "timed out after 1.5 ms");
+                double took = conf_since_s(t0);
+                if (!CHECK(took >= 0.0015 && took < 1.0))
+                    conf_fail(rank, __FILE__, __LINE__, "call %d ended after %.4f s", i, took);
+            }
+            tp_future_free(f);
+        }
+        tp_value_free(args);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_timeouts[] = {
     {"timeout_default_applies", 2, timeout_default_applies, "TIMEOUT-2 TIMEOUT-5 ERR-2"},
     {"timeout_zero_is_infinite", 2, timeout_zero_is_infinite, "TIMEOUT-3 TIMEOUT-4"},
@@ -199,5 +366,12 @@ const tp_conformance_case conf_cases_timeouts[] = {
     {"timeout_negative_rejected", 2, timeout_negative_rejected,
      "TIMEOUT-1 TIMEOUT-4 TIMEOUT-6 OPT-2"},
     {"timeout_remote_creation", 2, timeout_remote_creation, "RREF-2 TIMEOUT-5"},
+    {"timeout_equal_deadlines_fail_in_issue_order", 2,
+     timeout_equal_deadlines_fail_in_issue_order, "TIMEOUT-5 AGENT-7"},
+    {"timeout_submillisecond_is_not_zero", 2, timeout_submillisecond_is_not_zero,
+     "TIMEOUT-1 TIMEOUT-3 TIMEOUT-5"},
+    {"timeout_owner_to_here_default", 2, timeout_owner_to_here_default, "RREF-8 TIMEOUT-2"},
+    {"timeout_fractional_ms_fires_alone", 2, timeout_fractional_ms_fires_alone,
+     "TIMEOUT-3 TIMEOUT-5 AGENT-10"},
 };
 const size_t conf_cases_timeouts_count = sizeof conf_cases_timeouts / sizeof conf_cases_timeouts[0];

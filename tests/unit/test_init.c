@@ -317,6 +317,56 @@ static void test_init_backend_start_failure_cleans_up(void **state) {
     }
 }
 
+/*
+ * INIT-5, INIT-6: w0 times out waiting for w1 (init_timeout 0.5 s) and
+ * publishes that outcome; w1 comes 1 s late with a 10 s init_timeout. Its
+ * claims succeed, and its first look at the store finds the outcome: it fails
+ * at once with TP_ETIMEDOUT "init: <w0's message>", not at its own deadline
+ * (nor after waiting for a ready key w0 never writes).
+ */
+static tp_status late_status[2];
+static char late_msg[2][TP_ERRMSG_LEN_MAX];
+static uint64_t late_took[2];
+
+static int late_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (rank == 1)
+        CHECK(tp_sim_sleep(1.0) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, rank == 0 ? 0.5 : 10.0) == TP_OK);
+    uint64_t t0 = now_ns();
+    late_status[rank] = tp_init_rpc(name, "SIM", rank, world_size, o);
+    late_took[rank] = now_ns() - t0;
+    snprintf(late_msg[rank], sizeof late_msg[rank], "%s", tp_errmsg());
+    tp_options_free(o);
+    if (late_status[rank] == TP_OK)
+        tp_shutdown(0);
+    return 0;
+}
+
+static void test_init_late_worker_told_of_timeout(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 12};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, late_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    for (int r = 0; r < 2; r++)
+        print_message("w%d: %s after %.3f ms: %s\n", r, tp_status_name(late_status[r]),
+                      (double)late_took[r] / 1e6, late_msg[r]);
+    assert_int_equal(late_status[0], TP_ETIMEDOUT);
+    assert_non_null(strstr(late_msg[0], "timed out waiting for rank 1"));
+    assert_true(late_took[0] >= 500 * MS && late_took[0] <= 600 * MS);
+    assert_int_equal(late_status[1], TP_ETIMEDOUT);
+    assert_non_null(strstr(late_msg[1], "init: "));
+    assert_non_null(strstr(late_msg[1], "timed out waiting for rank 1"));
+    assert_true(late_took[1] < 100 * MS); /* its first look, not its 10 s deadline */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
@@ -327,6 +377,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test(test_init_reserved_names_rejected),
         cmocka_unit_test_setup(test_init_missing_worker_times_out, reset_failures),
+        cmocka_unit_test_setup(test_init_late_worker_told_of_timeout, reset_failures),
         cmocka_unit_test_setup(test_init_outlasts_store_outage, reset_failures),
         cmocka_unit_test_setup(test_init_store_outage_past_deadline, reset_failures),
         cmocka_unit_test_setup(test_init_slow_store, reset_failures),

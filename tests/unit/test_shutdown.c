@@ -13,6 +13,7 @@
 
 #include "sim_check.h"
 #include "tensorplay/rpc.h"
+#include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
 /* How long the served function runs; shutdown must outlast it, not spin. */
@@ -432,6 +433,281 @@ static void test_shutdown_nongraceful_answers_queued_remote(void **state) {
     assert_non_null(strstr(queued_msg, "shutting down"));
 }
 
+/* ---- A store that watches the drain, and can go away with rank 0 -------- */
+
+/*
+ * Wraps the simulator's store: records each drain round's published values
+ * (sd/drain/<k>/<r>) and when sd/done and sd/left/1 were written; can hold
+ * one worker's set of one round's value for a while (a slow store, as the
+ * simulator's storeslow fault, for that set only); and once `gone` is set
+ * (rank 0's process ended: on TCP the store is a thread of it, TCP-11) it
+ * refuses every operation, as a store whose server is gone would.
+ */
+#define WATCH_ROUNDS 64
+typedef struct watch_store {
+    tp_store base; /* first */
+    tp_store *inner;
+} watch_store;
+
+static struct {
+    int gone;
+    int refused;                       /* operations refused since gone */
+    int hold_rank, hold_round;         /* rank -1: hold nothing; round -1: every round */
+    double hold_s;
+    unsigned rounds;                   /* drain rounds seen: highest round + 1 */
+    char val[WATCH_ROUNDS][2][48];     /* values published, by round and rank (ranks 0, 1) */
+    uint64_t done_ns, left1_ns;        /* when sd/done and sd/left/1 were first written */
+    int done_by;                       /* the host that wrote sd/done first */
+} watch;
+
+static void watch_reset(void) {
+    memset(&watch, 0, sizeof watch);
+    watch.hold_rank = watch.hold_round = -1;
+    watch.done_by = -1;
+}
+
+static int watch_refuse(tp_store *s) {
+    if (!watch.gone)
+        return 0;
+    watch.refused++;
+    snprintf(s->errmsg, sizeof s->errmsg, "connection refused: the store's process ended");
+    return 1;
+}
+
+static tp_status watch_set(tp_store *s, const char *key, const void *value, size_t len) {
+    if (watch_refuse(s))
+        return TP_ESTORE;
+    tp_store *in = ((watch_store *)s)->inner;
+    tp_status st = in->ops->set(in, key, value, len);
+    unsigned round, r;
+    const char *d = strstr(key, "sd/drain/");
+    if (st == TP_OK && d && sscanf(d + 9, "%u/%u", &round, &r) == 2 && round < WATCH_ROUNDS &&
+        r < 2) {
+        snprintf(watch.val[round][r], sizeof watch.val[round][r], "%.*s", (int)len,
+                 (const char *)value);
+        if (round + 1 > watch.rounds)
+            watch.rounds = round + 1;
+        if ((int)r == watch.hold_rank && (watch.hold_round < 0 || (int)round == watch.hold_round))
+            (void)tp_sim_sleep(watch.hold_s); /* this worker's store is slow, this once */
+    }
+    const char *l = strstr(key, "sd/left/1");
+    if (st == TP_OK && l && !watch.left1_ns)
+        watch.left1_ns = now_ns();
+    return st;
+}
+static tp_status watch_get(tp_store *s, const char *key, void **value, size_t *len) {
+    if (watch_refuse(s))
+        return TP_ESTORE;
+    tp_store *in = ((watch_store *)s)->inner;
+    return in->ops->get(in, key, value, len);
+}
+static tp_status watch_add(tp_store *s, const char *key, int64_t delta, int64_t *result) {
+    if (watch_refuse(s))
+        return TP_ESTORE;
+    tp_store *in = ((watch_store *)s)->inner;
+    return in->ops->add(in, key, delta, result);
+}
+static tp_status watch_cas(tp_store *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, int *swapped) {
+    if (watch_refuse(s))
+        return TP_ESTORE;
+    tp_store *in = ((watch_store *)s)->inner;
+    tp_status st = in->ops->compare_set(in, key, expected, elen, desired, dlen, swapped);
+    if (st == TP_OK && *swapped && strstr(key, "sd/done") && !watch.done_ns) {
+        watch.done_ns = now_ns();
+        watch.done_by = tp_sim_current_host();
+    }
+    return st;
+}
+static tp_status watch_del(tp_store *s, const char *key) {
+    if (watch_refuse(s))
+        return TP_ESTORE;
+    tp_store *in = ((watch_store *)s)->inner;
+    return in->ops->del(in, key);
+}
+static tp_status watch_scan(tp_store *s, const char *prefix,
+                            int (*fn)(void *arg, const char *key, const void *value, size_t len),
+                            void *arg) {
+    if (watch_refuse(s))
+        return TP_ESTORE;
+    tp_store *in = ((watch_store *)s)->inner;
+    return in->ops->scan(in, prefix, fn, arg);
+}
+static void watch_close(tp_store *s) {
+    watch_store *w = (watch_store *)s;
+    w->inner->ops->close(w->inner);
+    free(w);
+}
+static tp_store_ops watch_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = watch_set,
+    .get = watch_get,
+    .add = watch_add,
+    .compare_set = watch_cas,
+    .del = watch_del,
+    .close = watch_close,
+};
+
+/* Runs program on 2 hosts with the watching store, and the oracle. */
+static void run_watched(uint64_t seed, tp_sim_program prog, int *codes) {
+    watch_store *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    assert_int_equal(tp_sqlite_store_open(":memory:", &w->inner, NULL, 0), TP_OK);
+    watch_ops.scan = w->inner->ops->scan ? watch_scan : NULL;
+    w->base.ops = &watch_ops;
+    tp_sim_config cfg = {.hosts = 2, .seed = seed, .store = &w->base};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, prog, NULL, codes), TP_OK);
+    if (tp_sim_violations(sim))
+        print_message("oracle: %s\n", tp_sim_violation(sim));
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    watch_close(&w->base);
+    assert_int_equal(failures, 0);
+}
+
+/* The sums of one drain round's published values (C + S, and I). */
+static void round_sums(unsigned round, uint64_t *active, uint64_t *issued) {
+    *active = *issued = 0;
+    for (int r = 0; r < 2; r++) {
+        unsigned long long a = 0, sv = 0, i = 0;
+        if (sscanf(watch.val[round][r], "%llu %llu %llu", &a, &sv, &i) == 3) {
+            *active += a + sv;
+            *issued += i;
+        }
+    }
+}
+
+/*
+ * SHUTDOWN-5 step 4: a call issued and finished between two drain rounds
+ * changes the issued total, so the drain must go another round even though
+ * both rounds saw nothing active. The call comes from a function whose caller
+ * canceled it (CANCEL-1: it no longer counts in S, and runs on): right after
+ * w1 published round 0 (its store slow for that one set), the function calls
+ * its own worker once; the call is done before w1 publishes round 1.
+ */
+static int after_round0_called; /* 1 once the canceled function's call returned */
+static tp_status after_round0_status;
+
+static tp_status after_round0_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                 tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    tp_status st = TP_OK;
+    while (st == TP_OK && watch.val[0][1][0] == '\0') /* until w1 published round 0 */
+        st = tp_sleep(0.0001);
+    tp_value *res = NULL;
+    if (st == TP_OK)
+        st = tp_rpc_sync(tp_to_rank(1), "slow", NULL, NULL, TP_TIMEOUT_DEFAULT, &res);
+    tp_value_free(res);
+    after_round0_status = st;
+    after_round0_called = 1;
+    *result = tp_value_nil();
+    return st;
+}
+
+static int issued_between_rounds_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("after_round0", after_round0_fn, NULL) == TP_OK);
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(1), "after_round0", NULL, NULL, TP_TIMEOUT_INFINITE, &f) ==
+              TP_OK);
+        CHECK(tp_sleep(0.01) == TP_OK); /* it runs on w1 */
+        CHECK(tp_future_cancel(f) == TP_OK);
+        tp_future_free(f);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_shutdown_call_between_rounds_forces_another_round(void **state) {
+    (void)state;
+    watch_reset();
+    after_round0_called = 0;
+    after_round0_status = TP_EINVAL;
+    watch.hold_rank = 1;
+    watch.hold_round = 0;
+    watch.hold_s = 0.5; /* the call ("slow": 0.1 s) is done well before round 1 */
+    int codes[2] = {-9, -9};
+    run_watched(21, issued_between_rounds_program, codes);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(after_round0_called, 1);
+    assert_int_equal(after_round0_status, TP_OK);
+    assert_true(watch.rounds >= 2);
+    for (unsigned k = 0; k < watch.rounds; k++)
+        print_message("round %u: w0 '%s', w1 '%s'\n", k, watch.val[k][0], watch.val[k][1]);
+    /* The setting: rounds 0 and 1 both quiet, with the call counted in between. */
+    uint64_t a0, i0, a1, i1;
+    round_sums(0, &a0, &i0);
+    round_sums(1, &a1, &i1);
+    assert_int_equal(a0, 0);
+    assert_int_equal(a1, 0);
+    assert_true(i1 > i0); /* w1's issued count took the call */
+    /* The check: the drain did not stop after round 1. */
+    assert_true(watch.rounds >= 3);
+    uint64_t a2, i2;
+    round_sums(2, &a2, &i2);
+    assert_int_equal(a2, 0);
+    assert_int_equal(i2, i1);
+    assert_int_equal(watch.rounds, 3); /* and stopped right after it */
+}
+
+/*
+ * SHUTDOWN-9: rank 0's process ends as soon as its graceful shutdown returns
+ * (its store with it, modelled by the watching store), while w1 is behind in
+ * the drain: w1's store is slow to return from each drain round's set (50 ms,
+ * longer than a poll's longest pause; the value is already written), so w0
+ * reads the last round, decides (sd/done) and reaches its leaving while w1
+ * has yet to read that round. A dropped 0.3 s call from w0 to w1 gives the
+ * drain a few rounds. w0 waits for w1's sd/left, so w1 still finishes with
+ * TP_OK and no store operation of it is refused.
+ */
+static tp_status behind_status[2];
+static char behind_msg[2][TP_ERRMSG_LEN_MAX];
+
+static int behind_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(0.3));
+        CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+        tp_value_free(args);
+        tp_future_free(f);
+    }
+    behind_status[rank] = tp_shutdown(1);
+    snprintf(behind_msg[rank], sizeof behind_msg[rank], "%s", tp_errmsg());
+    if (rank == 0)
+        watch.gone = 1; /* the process ends here, and the store with it */
+    return 0;
+}
+
+static void test_shutdown_rank0_exits_while_rank1_behind(void **state) {
+    (void)state;
+    watch_reset();
+    watch.hold_rank = 1;
+    watch.hold_round = -1;
+    watch.hold_s = 0.05;
+    int codes[2] = {-9, -9};
+    run_watched(22, behind_program, codes);
+    for (int r = 0; r < 2; r++)
+        if (behind_status[r] != TP_OK)
+            print_message("w%d: %s: %s\n", r, tp_status_name(behind_status[r]), behind_msg[r]);
+    print_message("sd/done by host %d at %.3f ms; sd/left/1 at %.3f ms\n", watch.done_by,
+                  (double)watch.done_ns / 1e6, (double)watch.left1_ns / 1e6);
+    assert_int_equal(behind_status[0], TP_OK);
+    assert_int_equal(behind_status[1], TP_OK);
+    assert_int_equal(watch.refused, 0);
+    /* The setting: w0 decided first, and w1 still used the store after that. */
+    assert_int_equal(watch.done_by, 0);
+    assert_true(watch.left1_ns > watch.done_ns);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
@@ -442,6 +718,9 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_drain_times_out_on_time, reset_failures),
         cmocka_unit_test_setup(test_shutdown_nongraceful_answers_queued_remote, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_deadline_with_own_call_active, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_call_between_rounds_forces_another_round,
+                               reset_failures),
+        cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -522,6 +522,56 @@ static void test_timeout_fires_while_pool_blocked_single_host(void **state) {
     run_world(1, 29, &w);
 }
 
+/*
+ * TIMEOUT-1 TIMEOUT-6 RREF-13: a 0.5 ms timeout is a timeout, not 0 (none),
+ * on the wire too: the callee is told 1 ms (rounded up). w0 passes an rref
+ * owned by w2 to "count" on w1 with a 0.5 ms timeout; w1 may run count only
+ * once w2 confirmed w1's fork, and every frame from w2 to w1 takes 1 s more
+ * (a simulator fault). The call times out at w0, and w1's wait for the
+ * confirmation is bounded by the 1 ms it was told, so count never runs;
+ * told 0 (no deadline) w1 would wait the second out and run it.
+ */
+static void subms_scenario(world *w) {
+    (void)w;
+    CHECK(tp_sleep(0.2) == TP_OK); /* after the delay began (0.1 s) */
+    tp_rref *r = NULL;
+    tp_value *a = tp_value_list_of(1, tp_value_int(5));
+    CHECK(tp_remote(tp_to_rank(2), "echo", a, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    tp_value_free(a);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK); /* built on w2 */
+    tp_value_free(v);
+    tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+    tp_future *f = NULL;
+    uint64_t t0 = now_ns();
+    CHECK(tp_rpc_async(tp_to_rank(1), "count", args, NULL, 0.0005, &f) == TP_OK);
+    CHECK(tp_future_wait(f, TP_TIMEOUT_INFINITE) == TP_ETIMEDOUT);
+    CHECK(now_ns() - t0 == 500 * US); /* at its deadline exactly */
+    CHECK(strstr(tp_future_error(f), "timed out after 0.5 ms") != NULL);
+    tp_future_free(f);
+    tp_value_free(args);
+    tp_rref_release(r);
+    CHECK(tp_sleep(2.0) == TP_OK); /* w2's answer reached w1 a second late */
+    CHECK(g.count_calls == 0);
+}
+
+static void test_timeout_submillisecond_told_to_callee(void **state) {
+    (void)state;
+    world w = {.scenario = subms_scenario};
+    tp_sim_config cfg = {.hosts = 3, .seed = 14};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_fault_delay(sim, 2, 1, 100 * MS, 3600 * SEC, 1 * SEC), TP_OK);
+    int codes[3] = {-9, -9, -9};
+    assert_int_equal(tp_sim_run(sim, world_program, &w, codes), TP_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(codes[i], 0);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(g.count_calls, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_timeout_late_reply_dropped, reset),
@@ -533,6 +583,7 @@ int main(void) {
         cmocka_unit_test_setup(test_timeout_fires_while_pool_blocked, reset),
         cmocka_unit_test_setup(test_timeout_fires_while_pools_blocked_remote, reset),
         cmocka_unit_test_setup(test_timeout_fires_while_pool_blocked_single_host, reset),
+        cmocka_unit_test_setup(test_timeout_submillisecond_told_to_callee, reset),
     };
     return cmocka_run_group_tests_name("timeout", tests, NULL, NULL);
 }
