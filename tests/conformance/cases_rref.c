@@ -2,6 +2,7 @@
  * cases_rref.c: remote references: creation, ownership, passing them in and
  * out of calls, timeouts, failures, release, and remote methods.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -698,6 +699,75 @@ static int rref_method_object_argument(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* What the callback below saw: to_here and a send of the rref once shutdown
+ * released it (rank 0 only; one case at a time). */
+static struct {
+    int ran;
+    tp_status to_here, send;
+    char send_msg[256];
+} closing_seen;
+
+/* A then-callback on rank 0 that outlives the release of its user rrefs by
+ * shutdown (SHUTDOWN-4: the drain waits for it, and calls still work): it
+ * waits until to_here says the rref was released, then tries to send it. */
+static tp_status send_closing_rref(tp_future *f, tp_value **result, char *errmsg,
+                                   size_t errmsg_len, void *user_data) {
+    (void)f, (void)result, (void)errmsg, (void)errmsg_len;
+    tp_rref *r = user_data;
+    uint64_t t0 = conf_now_ns();
+    tp_status st;
+    for (;;) { /* works while the worker runs; TP_ESHUTDOWN once released */
+        tp_value *v = NULL;
+        st = tp_rref_to_here(r, 5.0, &v);
+        tp_value_free(v);
+        if (st != TP_OK || conf_since_s(t0) > 20.0)
+            break;
+        if (tp_sleep(0.01) != TP_OK)
+            break;
+    }
+    closing_seen.to_here = st;
+    tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+    tp_value *res = NULL;
+    closing_seen.send = tp_rpc_sync(tp_to_rank(1), "rref_fetch", args, NULL, 10.0, &res);
+    snprintf(closing_seen.send_msg, sizeof closing_seen.send_msg, "%s", tp_errmsg());
+    tp_value_free(args);
+    tp_value_free(res);
+    closing_seen.ran = 1;
+    return TP_OK;
+}
+
+/* spec: RREF-11 SHUTDOWN-4: a user rref released by a graceful shutdown is
+ * closed for good while the worker still calls (its drain): to_here fails
+ * with TP_ESHUTDOWN, and a call that would send it fails with TP_ESHUTDOWN
+ * naming the rref, sending nothing. */
+static int rref_closed_by_shutdown_never_sent(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        memset(&closing_seen, 0, sizeof closing_seen);
+        tp_rref *r = NULL;
+        tp_future *f = NULL, *chained = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(1), "add", CONF_INTS(2, 3), TP_TIMEOUT_DEFAULT, &r)))
+            CHECK_INT(to_here_int(rank, r, -1), 5);
+        if (r && CHECK_OK(conf_async(tp_to_rank(1), "sleep_ms", CONF_INTS(50), &f)))
+            CHECK_OK(tp_future_then(f, send_closing_rref, r, &chained));
+        tp_future_free(f);
+        CHECK_OK(tp_shutdown(1));
+        if (chained) {
+            CHECK(tp_future_done(chained));
+            CHECK_STATUS(tp_future_status(chained), TP_OK);
+        }
+        tp_future_free(chained);
+        CHECK(closing_seen.ran);
+        CHECK_STATUS(closing_seen.to_here, TP_ESHUTDOWN);
+        CHECK_STATUS(closing_seen.send, TP_ESHUTDOWN);
+        CHECK_CONTAINS(closing_seen.send_msg, "released by shutdown");
+        tp_rref_release(r);
+    } else {
+        CHECK_OK(tp_shutdown(1));
+    }
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_rref[] = {
     {"rref_remote_to_here", 2, rref_remote_to_here, "RREF-2 RREF-8"},
     {"rref_remote_self", 2, rref_remote_self, "RREF-2 RREF-10 RREF-11"},
@@ -717,5 +787,7 @@ const tp_conformance_case conf_cases_rref[] = {
     {"rref_method_counter", 2, rref_method_counter, "METHOD-1 METHOD-2 FUNC-2"},
     {"rref_method_errors", 2, rref_method_errors, "METHOD-3 RREF-8 VALUE-8"},
     {"rref_method_object_argument", 2, rref_method_object_argument, "METHOD-2 VALUE-8"},
+    {"rref_closed_by_shutdown_never_sent", 2, rref_closed_by_shutdown_never_sent,
+     "RREF-11 SHUTDOWN-4"},
 };
 const size_t conf_cases_rref_count = sizeof conf_cases_rref / sizeof conf_cases_rref[0];

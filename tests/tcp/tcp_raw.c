@@ -96,8 +96,8 @@ static size_t conn_ctx(const uint8_t nd[16], const uint8_t na[16], uint8_t ctx[6
  * TCP-17) with hello flags; with a wrong key the worker's proof does not
  * check and ours is refused. Returns the socket after our proof went out;
  * ctx (64 bytes, may be NULL) gets what both proofs cover. */
-int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsigned flags,
-                              uint8_t *ctx_out, size_t *ctx_len) {
+static int hello_as_worker2(const char *addr, const tpi_tcp_auth *auth, unsigned flags,
+                            uint8_t *ctx_out, size_t *ctx_len, int flip) {
     int fd = tt_raw_connect(addr);
     uint8_t rec[TPI_TCP_RECORD_SIZE], nd[16], na[16], pa[16], ctx[64];
     tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, flags);
@@ -119,6 +119,8 @@ int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsign
     tpi_tcp_auth job = tt_job_auth();
     assert_true(tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa)); /* worker1 is real */
     tpi_tcp_auth_proof(auth, "tp/conn/dial v1", ctx, n, pa);
+    if (flip >= 0)
+        pa[flip] ^= 0x01;
     tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_PROOF, pa);
     tt_raw_send(fd, rec, sizeof rec);
     if (ctx_out) {
@@ -126,6 +128,17 @@ int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsign
         *ctx_len = n;
     }
     return fd;
+}
+
+int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsigned flags,
+                              uint8_t *ctx_out, size_t *ctx_len) {
+    return hello_as_worker2(addr, auth, flags, ctx_out, ctx_len, -1);
+}
+
+int tt_hello_as_worker2_flipped(const char *addr, int byte) {
+    assert_true(byte >= 0 && byte < TPI_TCP_PROOF_SIZE);
+    tpi_tcp_auth auth = tt_job_auth();
+    return hello_as_worker2(addr, &auth, TPI_TCP_HELLO_AUTH, NULL, NULL, byte);
 }
 
 int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth) {

@@ -36,6 +36,9 @@ int tt_hello_as_worker2_with(const char *addr, const tpi_tcp_auth *auth);
 int tt_hello_as_worker2_flags(const char *addr, const tpi_tcp_auth *auth, unsigned flags,
                               uint8_t *ctx, size_t *ctx_len);
 int tt_hello_as_worker2(const char *addr);
+/* The same with the job's key but one bit of byte (0..15) of our proof
+ * flipped: the worker must drop us silently (TCP-17). */
+int tt_hello_as_worker2_flipped(const char *addr, int byte);
 /* A frame header: "TPRC", version, type, body_len (the bytes after the header). */
 void tt_frame_header(uint8_t h[24], uint8_t version, uint8_t type, uint32_t body_len);
 

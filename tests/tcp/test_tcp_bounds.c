@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -113,11 +114,15 @@ static void attack_end(tt_job *job, int calls_before, int probes) {
     tt_job_free(job);
 }
 
+/* ns[T_FIRST_REDIAL]: when the first dial to worker 1 failed. */
+enum { T_FIRST_REDIAL = 0 };
+
 static void count_redials(tp_log_level level, const char *msg, void *user) {
     (void)level;
     tt_shared *sh = user;
-    if (strstr(msg, "dial to worker 1") && strstr(msg, "failed"))
-        atomic_fetch_add(&sh->count[C_REDIALS], 1);
+    if (strstr(msg, "dial to worker 1") && strstr(msg, "failed") &&
+        atomic_fetch_add(&sh->count[C_REDIALS], 1) == 0)
+        atomic_store(&sh->ns[T_FIRST_REDIAL], tt_now_ns());
 }
 
 /* Opens descriptors until the process has none left; returns how many. */
@@ -139,7 +144,11 @@ static int exhaust(int *fds, int cap) {
  * for the calls and the other way for the answers) and the dial is reset
  * by libuv, which accepts and closes what it cannot keep. That is no
  * evidence of death: worker 3 dials again until worker 1 has
- * descriptors again, its call succeeds, and nobody reports anyone down. */
+ * descriptors again, its call succeeds, and nobody reports anyone down.
+ * Worker 1 stays full for 2.5 s after the first failed dial: longer than
+ * a refusal's window (TPI_TCP_REFUSED_DEAD_MS, 1 s), far shorter than a
+ * reset's (TPI_TCP_CONNECT_TIMEOUT_MS), so a reset taken for a refusal, or
+ * a window counted in the wrong unit, ends the retries too early. */
 static int body_exhausted(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     tp_set_log_level(TP_LOG_INFO);
@@ -162,9 +171,11 @@ static int body_exhausted(tt_job *job, int rank) {
         int n = exhaust(fds, FILL_MAX);
         TT_CHECK(n > 0 && n < FILL_MAX);
         atomic_store(&sh->flag[F_FULL], 1);
-        /* Full until worker 3's dial failed twice. */
+        /* Full until worker 3's dial failed twice and 2.5 s after its first failure. */
         uint64_t t0 = tt_now_ns();
-        while (atomic_load(&sh->count[C_REDIALS]) < 2 && tt_now_ns() - t0 < 10000000000ull)
+        while ((atomic_load(&sh->count[C_REDIALS]) < 2 ||
+                tt_now_ns() - atomic_load(&sh->ns[T_FIRST_REDIAL]) < 2500000000ull) &&
+               tt_now_ns() - t0 < 15000000000ull)
             usleep(1000);
         for (int i = 0; i < n; i++)
             close(fds[i]);
@@ -331,6 +342,364 @@ static void test_tcp_idle(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- Exact bounds: max_message_size, the read budget, proofs (TCP-4, TCP-17, TCP-19) -- */
+
+/* Sends all n bytes within 10 s (a blocking send could wait forever on a
+ * worker that does not read that connection). */
+static void send_within(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t end = tt_now_ns() + 10000000000ull;
+    while (n > 0) {
+        struct pollfd pf = {fd, POLLOUT, 0};
+        assert_true(tt_now_ns() < end);
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            continue;
+        assert_true(k > 0);
+        b += k;
+        n -= (size_t)k;
+    }
+}
+
+/* A frame of total bytes (header included) as worker 2 would send it: a
+ * RESPONSE to no call (id 0), which the core drops; its body zeros. */
+static uint8_t *stray_frame(size_t total) {
+    uint8_t *f = calloc(1, total);
+    assert_non_null(f);
+    tt_frame_header(f, TPI_WIRE_VERSION, 2, (uint32_t)(total - 24));
+    return f;
+}
+
+/* A PING on fd is answered with PONG: the worker read everything before it. */
+static void expect_pong(int fd) {
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
+    tt_raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+    assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_PONG);
+}
+
+#define EXACT_MAX 65536 /* every worker's max_message_size in the test below */
+
+/* Returns the length of its bytes argument. */
+static tp_status fn_blen(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)kwargs;
+    (void)user_data;
+    const void *d = NULL;
+    size_t n = 0;
+    if (tp_list_len(args) != 1 || tp_value_get_bytes(tp_list_get(args, 0), &d, &n) != TP_OK) {
+        tp_call_set_error(call, "blen takes bytes");
+        return TP_EINVAL;
+    }
+    *result = tp_value_int((int64_t)n);
+    return TP_OK;
+}
+
+/* blen(n zero bytes) on worker 1. */
+static tp_status call_blen(size_t n, int64_t *out) {
+    uint8_t *b = calloc(1, n ? n : 1);
+    if (!b)
+        return TP_ENOMEM;
+    tp_value *args = tp_value_list_of(1, tp_value_bytes(b, n));
+    free(b);
+    tp_value *res = NULL;
+    tp_status st = tp_rpc_sync(tp_to_rank(1), "blen", args, NULL, 20, &res);
+    if (st == TP_OK && tp_value_get_int(res, out) != TP_OK)
+        st = TP_ETYPE;
+    tp_value_free(args);
+    tp_value_free(res);
+    return st;
+}
+
+static int body_exact_max(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tp_options_set_max_message_size(o, EXACT_MAX) == TP_OK);
+    if (rank == 1) {
+        log_needle = "exceeds the limit";
+        tp_set_log_level(TP_LOG_DEBUG);
+        tp_set_log_callback(count_logged, sh);
+    }
+    TT_CHECK(tp_register_function("blen", fn_blen, NULL) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->count[C_READY], 1);
+    TT_CHECK(tt_await_flag(sh, F_GO, 1, 60) == 0);
+    if (rank == 0) {
+        /* The frame of blen(n) is n + k bytes: k from the refusal of one too large. */
+        int64_t v = -1;
+        TT_CHECK(call_blen(EXACT_MAX, &v) == TP_EMSGSIZE);
+        const char *m = strstr(tp_errmsg(), "message of ");
+        unsigned long long total = 0;
+        TT_CHECK(m && sscanf(m, "message of %llu bytes", &total) == 1 && total > EXACT_MAX);
+        size_t n = EXACT_MAX - (size_t)(total - EXACT_MAX); /* its frame: exactly EXACT_MAX */
+        /* Sent (the sender's check) and read (worker 1's header check). */
+        TT_CHECK(call_blen(n, &v) == TP_OK && v == (int64_t)n);
+        /* One byte more is refused by the sender, naming the size. */
+        TT_CHECK(call_blen(n + 1, &v) == TP_EMSGSIZE);
+        TT_CHECK(strstr(tp_errmsg(), "65537 bytes") != NULL);
+        TT_CHECK(call_blen(n, &v) == TP_OK && v == (int64_t)n); /* and service goes on */
+    }
+    for (int r = 0; r < job->world; r++) {
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-4 TCP-7 OPT-5. max_message_size is exact at both ends: a frame
+ * header declaring max_message_size bytes is read, one declaring one byte
+ * more is refused with ABORT before its body is read (worker 1, from a raw
+ * socket); a call whose frame is max_message_size bytes goes out and is
+ * served, one a byte larger is TP_EMSGSIZE at the sender. */
+static void test_tcp_max_message_size_exact(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_exact_max, NULL), 0);
+    assert_int_equal(await_count(job.shared, C_READY, 3, 30), 0);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    /* Exactly the limit: read whole, then a ping behind it is answered. */
+    uint8_t *f = stray_frame(EXACT_MAX);
+    int fd = tt_hello_as_worker2(addr);
+    send_within(fd, f, EXACT_MAX);
+    expect_pong(fd);
+    free(f);
+    /* One byte over: refused from its header alone. */
+    int over = tt_hello_as_worker2(addr);
+    uint8_t h[24];
+    tt_frame_header(h, TPI_WIRE_VERSION, 2, EXACT_MAX + 1 - 24);
+    tt_raw_send(over, h, sizeof h);
+    tt_expect_abort_then_dropped(over);
+    assert_int_equal(await_count(job.shared, C_LOGGED, 1, 10), 0);
+    /* The good one is still open: a ping is answered. */
+    expect_pong(fd);
+    close(fd); /* worker 1 probes worker 2, which answers */
+    assert_int_equal(await_count(job.shared, C_PROBED, 1, 20), 0);
+    atomic_store(&job.shared->flag[F_GO], 1);
+    assert_int_equal(tt_wait(&job, 90), 0);
+    tt_job_free(&job);
+}
+
+#define BUDGET "100000"
+#define BIG_CALL 150000 /* one call's bytes, alone more than the read budget */
+
+static int body_budget(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o && tp_options_set(o, "rx_budget", BUDGET) == TP_OK);
+    if (rank == 1) {
+        log_needle = "bytes are being read";
+        tp_set_log_level(TP_LOG_DEBUG);
+        tp_set_log_callback(count_logged, sh);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->count[C_READY], 1);
+    TT_CHECK(tt_await_flag(sh, F_GO, 1, 60) == 0);
+    if (rank == 0) {
+        /* A lone frame larger than the budget is read (the request at worker
+         * 1, the answer here): the budget never starves a frame alone. */
+        uint8_t *b = malloc(BIG_CALL);
+        TT_CHECK(b);
+        for (size_t i = 0; i < BIG_CALL; i++)
+            b[i] = (uint8_t)(i * 7);
+        tp_value *args = tp_value_list_of(1, tp_value_bytes(b, BIG_CALL));
+        tp_value *res = NULL;
+        tp_status st = tp_rpc_sync(tp_to_rank(1), "echo", args, NULL, 30, &res);
+        const void *d = NULL;
+        size_t n = 0;
+        int same = st == TP_OK && tp_value_get_bytes(res, &d, &n) == TP_OK && n == BIG_CALL &&
+                   memcmp(d, b, n) == 0;
+        tp_value_free(args);
+        tp_value_free(res);
+        free(b);
+        TT_CHECK(st == TP_OK);
+        TT_CHECK(same);
+    }
+    for (int r = 0; r < job->world; r++) {
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-19. With rx_budget 100000, frames larger than the budget are
+ * still read, one at a time: two raw frames of 110,000 and 130,000 bytes on
+ * two connections (the second header waits while the first is read, and is
+ * admitted when it ends, alone over the budget), and a call of 150,000
+ * bytes whose request and answer each pass the budget alone. */
+static void test_tcp_rx_budget_lone_frames(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_budget, NULL), 0);
+    assert_int_equal(await_count(job.shared, C_READY, 3, 30), 0);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    size_t len[2] = {110000, 130000};
+    uint8_t *f[2];
+    int fd[2];
+    for (int i = 0; i < 2; i++) {
+        f[i] = stray_frame(len[i]);
+        fd[i] = tt_hello_as_worker2(addr);
+        int big = 1 << 20;
+        setsockopt(fd[i], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+    }
+    /* Both headers and all but the last 100 bytes: one is read, the other
+     * waits for the budget (whichever came first). */
+    for (int i = 0; i < 2; i++)
+        send_within(fd[i], f[i], len[i] - 100);
+    assert_int_equal(await_count(job.shared, C_LOGGED, 1, 10), 0);
+    for (int i = 0; i < 2; i++)
+        send_within(fd[i], f[i] + len[i] - 100, 100);
+    for (int i = 0; i < 2; i++) {
+        expect_pong(fd[i]);
+        free(f[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        close(fd[i]);
+    assert_int_equal(await_count(job.shared, C_PROBED, 1, 20), 0);
+    atomic_store(&job.shared->flag[F_GO], 1);
+    assert_int_equal(tt_wait(&job, 90), 0);
+    tt_job_free(&job);
+}
+
+/* spec: TCP-17. A proof is checked whole: the job's proof with one bit of
+ * its first byte, of a byte in its last 8, or of its last byte flipped is
+ * refused (the connection dropped without a word), and the right one is
+ * accepted. */
+static void test_tcp_proof_checked_whole(void **state) {
+    (void)state;
+    /* The check itself, byte by byte. */
+    tpi_tcp_auth auth = tt_job_auth();
+    uint8_t ctx[44] = {2, 0, 0, 0, 1, 0, 0, 0, 3}, proof[TPI_TCP_PROOF_SIZE];
+    tpi_tcp_auth_proof(&auth, "tp/conn/dial v1", ctx, sizeof ctx, proof);
+    assert_true(tpi_tcp_auth_check(&auth, "tp/conn/dial v1", ctx, sizeof ctx, proof));
+    for (int i = 0; i < TPI_TCP_PROOF_SIZE; i++) {
+        proof[i] ^= 0x80;
+        assert_false(tpi_tcp_auth_check(&auth, "tp/conn/dial v1", ctx, sizeof ctx, proof));
+        proof[i] ^= 0x80;
+    }
+    /* A worker refuses such proofs. */
+    attacked_args args = {{NULL}, "did not authenticate"};
+    tt_job job = {0};
+    char addr[128];
+    attack_start(&job, &args, addr, sizeof addr);
+    int calls = atomic_load(&job.shared->count[C_CALLS]);
+    static const int flips[] = {0, 8, 12, 15};
+    for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
+        int fd = tt_hello_as_worker2_flipped(addr, flips[i]);
+        tt_expect_dropped(fd);
+    }
+    assert_int_equal(await_count(job.shared, C_LOGGED, 4, 10), 0);
+    int fd = tt_hello_as_worker2(addr);
+    expect_pong(fd);
+    close(fd);
+    assert_int_equal(await_count(job.shared, C_CALLS, calls + 1, 20), 0);
+    attack_end(&job, calls, 1); /* the good one's end is probed; the refused ones' not */
+}
+
+/* ---- Strangers are nobody (TCP-7, TCP-14) --------------------------------------------- */
+
+enum { F_BLOCK = 5, C_BLOCKED = 5, C_DOWN = 6 };
+
+static void count_down(tp_log_level level, const char *msg, void *user) {
+    tt_shared *sh = user;
+    count_logged(level, msg, user);
+    if (strstr(msg, "'worker2'") && (strstr(msg, "is down") || strstr(msg, "unreachable")))
+        atomic_fetch_add(&sh->count[C_DOWN], 1);
+}
+
+static int body_strangers(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o);
+    if (rank == 1) {
+        TT_CHECK(tp_options_set(o, "hello_timeout", "1") == TP_OK);
+        log_needle = "refused a connection";
+        tp_set_log_level(TP_LOG_DEBUG);
+        tp_set_log_callback(count_down, sh);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->count[C_READY], 1);
+    if (rank == 1) {
+        /* In flight to worker 2 while strangers claiming to be worker 2 come
+         * and go: any peer-down for worker 2 here would fail it. */
+        tp_value *args = tp_value_list_of(1, tp_value_int(F_BLOCK));
+        tp_value *res = NULL;
+        tp_status st = tp_rpc_sync(tp_to_rank(2), "block", args, NULL, 60, &res);
+        tp_value_free(args);
+        tp_value_free(res);
+        TT_CHECK(st == TP_OK);
+        TT_CHECK(atomic_load(&sh->count[C_DOWN]) == 0);   /* (the shutdown's own come later) */
+        TT_CHECK(atomic_load(&sh->count[C_PROBED]) == 0); /* nobody was probed */
+    }
+    TT_CHECK(tt_await_flag(sh, F_DONE, 1, 90) == 0);
+    for (int r = 0; r < job->world; r++) {
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* An OPEN as worker 2 to worker 1 of 3 and our nonce, on a fresh socket. */
+static int stranger_hello(const char *addr, int with_nonce) {
+    int fd = tt_raw_connect(addr);
+    uint8_t rec[TPI_TCP_RECORD_SIZE], nonce[16];
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
+    tt_raw_send(fd, rec, sizeof rec);
+    if (with_nonce) {
+        assert_int_equal(tpi_tcp_auth_nonce(nonce), 0);
+        tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, nonce);
+        tt_raw_send(fd, rec, sizeof rec);
+        uint8_t back[3 * TPI_TCP_RECORD_SIZE]; /* ACCEPT, nonce, proof */
+        assert_int_equal(tt_raw_recv(fd, back, sizeof back), sizeof back);
+    }
+    return fd;
+}
+
+/* spec: TCP-7 TCP-14 TCP-17. A connection worker 1 accepted from someone
+ * who never proved to be worker 2 is nobody's: however it ends (closed after
+ * its hello, after the handshake's answer, with a reset, with a wrong
+ * proof, at the hello deadline) worker 1 reports no peer-down for worker 2
+ * and probes nobody, so its call in flight to the real worker 2 goes on. */
+static void test_tcp_strangers_report_nobody(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_strangers, NULL), 0);
+    assert_int_equal(await_count(job.shared, C_READY, 3, 30), 0);
+    assert_int_equal(await_count(job.shared, C_BLOCKED, 1, 30), 0); /* the call is in worker 2 */
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    close(stranger_hello(addr, 0)); /* EOF after the hello */
+    close(stranger_hello(addr, 1)); /* EOF after worker 1's answer */
+    int fd = stranger_hello(addr, 1); /* a reset after worker 1's answer */
+    struct linger lg = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+    fd = tt_hello_as_worker2_flipped(addr, 15); /* a wrong proof: refused */
+    tt_expect_dropped(fd);
+    uint64_t t0 = tt_now_ns();
+    fd = stranger_hello(addr, 1); /* silent until the hello deadline (1 s) */
+    tt_expect_dropped(fd);
+    assert_true(secs_since(t0) > 0.5);
+    /* Worker 1 refused the wrong proof and dropped the silent one (logged);
+     * give the others' ends the same time to be (wrongly) taken up. */
+    assert_int_equal(await_count(job.shared, C_LOGGED, 1, 10), 0);
+    usleep(500000);
+    atomic_store(&job.shared->flag[F_BLOCK], 1);
+    atomic_store(&job.shared->flag[F_DONE], 1);
+    assert_int_equal(tt_wait(&job, 90), 0);
+    tt_job_free(&job);
+}
+
 /* ---- Options (TCP-19) ------------------------------------------------------------------- */
 
 static void expect_bad_option(const char *key, const char *value) {
@@ -368,6 +737,10 @@ int main(void) {
         cmocka_unit_test(test_tcp_slow_senders),
         cmocka_unit_test(test_tcp_handshake_cap),
         cmocka_unit_test(test_tcp_idle),
+        cmocka_unit_test(test_tcp_max_message_size_exact),
+        cmocka_unit_test(test_tcp_rx_budget_lone_frames),
+        cmocka_unit_test(test_tcp_proof_checked_whole),
+        cmocka_unit_test(test_tcp_strangers_report_nobody),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),

@@ -609,6 +609,29 @@ static int raw_handshake(int fd) {
     return 0;
 }
 
+/* The client's handshake with one bit of byte flip (0..15) of its proof
+ * flipped: 0 when the server answered "TPOK" anyway, -1 when it closed. */
+static int raw_handshake_flipped(int fd, int flip) {
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1, 0,
+                                              0,   0xff, 0xff, 0xff, 0xff};
+    uint8_t back[TPI_STORE_SERVER_HELLO_LEN], ctx[64], proof[16], ok[4];
+    assert_int_equal(tpi_tcp_auth_nonce(hello + 12), 0);
+    assert_int_equal(send(fd, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+    assert_int_equal(recv(fd, back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
+    size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
+    assert_true(tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24));
+    tpi_tcp_auth_proof(&auth, "tp/store/client v1", ctx, n, proof);
+    proof[flip] ^= 0x01;
+    if (send(fd, proof, sizeof proof, MSG_NOSIGNAL) != (ssize_t)sizeof proof)
+        return -1;
+    struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* a deadline, not a hang */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (recv(fd, ok, sizeof ok, MSG_WAITALL) == (ssize_t)sizeof ok &&
+        memcmp(ok, TPI_STORE_AUTH_OK, 4) == 0)
+        return 0;
+    return -1;
+}
+
 /* Reads fd until the server closes it (EOF or reset) or timeout_s passes;
  * 1 when closed, 0 on timeout. *got counts the bytes read. */
 static int await_closed(int fd, double timeout_s, size_t *got) {
@@ -802,6 +825,126 @@ static void test_tcp_store_connection_flood(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/*
+ * spec: TCP-17 TCP-10. The store checks a client's proof whole: with one
+ * bit of its first byte, of a byte in its last 8, or of its last byte
+ * flipped, the client is dropped without "TPOK"; the right proof gets in.
+ */
+static void test_tcp_store_proof_checked_whole(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    static const int flips[] = {0, 8, 12, 15};
+    for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
+        int fd = raw_connect(port, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(raw_handshake_flipped(fd, flips[i]), -1);
+        assert_true(await_closed(fd, 10, NULL));
+        close(fd);
+    }
+    int fd = raw_connect(port, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(raw_handshake(fd), 0);
+    close(fd);
+    tpi_store_server_stop(srv, 0);
+}
+
+/*
+ * spec: TCP-18 TCP-17. A client that sends its hello, hears the server's,
+ * and then sends no proof (or half of one) is dropped at the handshake
+ * deadline (lowered to 0.5 s here), not kept forever; a good client is
+ * served meanwhile.
+ */
+static void test_tcp_store_no_proof_dropped(void **state) {
+    (void)state;
+    limits_for_test(500, 0, 0, 0, 0);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    tp_store *good = client(port, 5);
+    int fd[2];
+    for (int i = 0; i < 2; i++) {
+        fd[i] = raw_connect(port, 0);
+        assert_true(fd[i] >= 0);
+        struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* a deadline, not a hang */
+        setsockopt(fd[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1,
+                                                  0,   0,   0xff, 0xff, 0xff, 0xff};
+        uint8_t back[TPI_STORE_SERVER_HELLO_LEN];
+        assert_int_equal(tpi_tcp_auth_nonce(hello + 12), 0);
+        assert_int_equal(send(fd[i], hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+        assert_int_equal(recv(fd[i], back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
+        assert_memory_equal(back, "TPST", 4);
+        if (i == 1) /* half a proof */
+            assert_int_equal(send(fd[i], back, 8, MSG_NOSIGNAL), 8);
+    }
+    uint64_t t0 = tt_now_ns();
+    well_behaved(good, 3, "no-proof");
+    for (int i = 0; i < 2; i++) {
+        size_t got = 0;
+        assert_true(await_closed(fd[i], 15, &got));
+        assert_int_equal(got, 0); /* no "TPOK", nothing */
+        close(fd[i]);
+    }
+    fprintf(stderr, "hello without a proof: dropped after %.3f s\n", (tt_now_ns() - t0) / 1e9);
+    well_behaved(good, 2, "no-proof-after");
+    good->ops->close(good);
+    tpi_store_server_stop(srv, 0);
+}
+
+/*
+ * spec: TCP-18. The connections still in their handshake are capped (4
+ * here, with a handshake deadline of 30 s so none ends by it): with 4 held
+ * (each past its hello, waiting for its proof), a fifth is closed at once;
+ * an authenticated client is served throughout; once one held connection
+ * leaves, a new client gets in.
+ */
+static void test_tcp_store_handshake_cap(void **state) {
+    (void)state;
+    enum { CAP = 4 };
+    limits_for_test(30000, 0, 0, 64, CAP);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    tp_store *good = client(port, 5);
+    int held[CAP];
+    for (int i = 0; i < CAP; i++) {
+        held[i] = raw_connect(port, 0);
+        assert_true(held[i] >= 0);
+        struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* a deadline, not a hang */
+        setsockopt(held[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1,
+                                                  0,   0,   0xff, 0xff, 0xff, 0xff};
+        uint8_t back[TPI_STORE_SERVER_HELLO_LEN];
+        assert_int_equal(send(held[i], hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+        /* The server's answer: this one was admitted, and is in its handshake. */
+        assert_int_equal(recv(held[i], back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
+    }
+    /* Over the cap: closed at once, long before any deadline. */
+    int extra = raw_connect(port, 0);
+    assert_true(extra >= 0);
+    uint64_t t0 = tt_now_ns();
+    assert_true(await_closed(extra, 5, NULL));
+    assert_true(tt_now_ns() - t0 < 5000000000ull);
+    close(extra);
+    well_behaved(good, 3, "capped");
+    /* The held ones are still open: nothing came, and no end. */
+    for (int i = 0; i < CAP; i++) {
+        uint8_t b;
+        ssize_t k = recv(held[i], &b, 1, MSG_DONTWAIT);
+        assert_true(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    }
+    /* One leaves: its slot frees, and a new client gets in (retrying, TCP-9). */
+    close(held[0]);
+    tp_store *late = client(port, 10);
+    well_behaved(late, 2, "late");
+    late->ops->close(late);
+    for (int i = 1; i < CAP; i++)
+        close(held[i]);
+    good->ops->close(good);
+    tpi_store_server_stop(srv, 0);
+}
+
 typedef struct many_arg {
     uint16_t port;
     uint32_t rank;
@@ -886,6 +1029,9 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),
         cmocka_unit_test(test_tcp_store_connection_flood),
+        cmocka_unit_test(test_tcp_store_proof_checked_whole),
+        cmocka_unit_test(test_tcp_store_no_proof_dropped),
+        cmocka_unit_test(test_tcp_store_handshake_cap),
         cmocka_unit_test(test_tcp_store_many_clients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
