@@ -249,6 +249,8 @@ struct tp_core {
                                   * with the lock held, read relaxed without it by the
                                   * I/O context's fence (REJOIN-5) */
     uint32_t *undecoded;   /* lock: by id: its requests queued here not yet decoded (RREF-19) */
+    uint32_t *remote_values; /* lock: by id: owner records its remote()s made here (RREF-23) */
+    uint64_t remote_values_max; /* OPT-10 */
     /* FAIR-1 (serve.c): requests and remote()s waiting for a pool thread, a
      * FIFO per caller, served round-robin over the callers with work. */
     struct tpi_runq *runq; /* lock: by id */

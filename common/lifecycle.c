@@ -41,6 +41,7 @@ void tpi_core_free(tp_core *c) {
     free(c->unflushed);
     free(c->undecoded);
     free(c->runq);
+    free(c->remote_values);
     free(c->abandoned);
     free(c->freed);
     free(c->deleted);
@@ -88,6 +89,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->unflushed = calloc(world, 1);
     c->undecoded = calloc(world, sizeof *c->undecoded);
     c->runq = calloc(world, sizeof *c->runq);
+    c->remote_values = calloc(world, sizeof *c->remote_values);
     c->rr_first = c->rr_last = UINT32_MAX;
     c->forks_query = calloc(world, 1);
     c->forks_asked_ns = calloc(world, sizeof *c->forks_asked_ns);
@@ -109,7 +111,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->seen);
     c->armed_ns = TPI_NO_DEADLINE;
     if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
-        !c->undecoded || !c->runq || !c->forks_query || !c->forks_asked_ns ||
+        !c->undecoded || !c->runq || !c->remote_values || !c->forks_query || !c->forks_asked_ns ||
         !c->inflight || !c->credit || !c->held || !c->held_epoch || !c->refused_warned ||
         !c->flow_gen || !c->src_gen || !c->src_gen_known || !c->nwaiting || !c->opts) {
         atomic_store(&c->refs, 0);
@@ -121,6 +123,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->window = tp_options_max_inflight_bytes(c->opts);
     /* FLOW-6: the credit granted each peer, a share of max_queued_bytes. */
     c->queued_max = tp_options_max_queued_bytes(c->opts);
+    c->remote_values_max = tp_options_max_remote_values(c->opts);
     uint64_t share = world > 1 ? c->queued_max / (world - 1) : c->queued_max;
     if (share < TPI_CREDIT_MIN)
         share = TPI_CREDIT_MIN;

@@ -181,6 +181,13 @@
 #define TPI_QUEUED_BYTES_DEFAULT ((uint64_t)4 << 30)
 #define TPI_QUEUED_BYTES_MIN ((uint64_t)64 * 1024)
 #define TPI_QUEUED_BYTES_MAX ((uint64_t)1 << 40)
+/* Owner values a worker keeps for one other worker's remote() calls (and
+ * the placeholders its forks made) that were not deleted yet (OPT-10,
+ * RREF-23): past it a remote() is refused with TP_ELIMIT, so a member that
+ * never releases its rrefs cannot hold a worker's memory without bound. */
+#define TPI_REMOTE_VALUES_DEFAULT ((uint64_t)1 << 20)
+#define TPI_REMOTE_VALUES_MIN ((uint64_t)1)
+#define TPI_REMOTE_VALUES_MAX ((uint64_t)UINT32_MAX)
 /* The least credit a worker grants a caller, however many it has: a few
  * small calls at once. */
 #define TPI_CREDIT_MIN ((uint64_t)64 * 1024)

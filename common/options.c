@@ -1,5 +1,6 @@
 /* options.c: tp_options, the backend options (spec/api.md OPT-1..6). */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,7 @@ struct tp_options {
     uint64_t max_message_size;
     uint64_t max_inflight_bytes;
     uint64_t max_queued_bytes;
+    uint64_t max_remote_values;
     char *init_method;
     int rejoin; /* REJOIN-1 */
     size_t nkv;
@@ -35,6 +37,7 @@ tp_options *tp_options_new(void) {
     o->max_message_size = TPI_MESSAGE_SIZE_DEFAULT;
     o->max_inflight_bytes = TPI_INFLIGHT_BYTES_DEFAULT;
     o->max_queued_bytes = TPI_QUEUED_BYTES_DEFAULT;
+    o->max_remote_values = TPI_REMOTE_VALUES_DEFAULT;
     return o;
 }
 
@@ -215,11 +218,50 @@ uint64_t tp_options_max_queued_bytes(const tp_options *o) {
     return o ? o->max_queued_bytes : TPI_QUEUED_BYTES_DEFAULT;
 }
 
+tp_status tp_options_set_max_remote_values(tp_options *o, uint64_t n) {
+    return set_bytes(o, o ? &o->max_remote_values : NULL, "max_remote_values", n,
+                     TPI_REMOTE_VALUES_MIN, TPI_REMOTE_VALUES_MAX);
+}
+
+uint64_t tp_options_max_remote_values(const tp_options *o) {
+    return o ? o->max_remote_values : TPI_REMOTE_VALUES_DEFAULT;
+}
+
+/* OPT-6: the core's numeric limits by name, so a program that passes every
+ * option as a string (the Python binding's backend_options) can set them. */
+static const struct {
+    const char *key;
+    tp_status (*set)(tp_options *o, uint64_t v);
+} core_keys[] = {
+    {"max_message_size", tp_options_set_max_message_size},
+    {"max_inflight_bytes", tp_options_set_max_inflight_bytes},
+    {"max_queued_bytes", tp_options_set_max_queued_bytes},
+    {"max_remote_values", tp_options_set_max_remote_values},
+};
+
+/* A core key's value: decimal digits only, no sign, no overflow. */
+static tp_status set_core_key(tp_options *o, size_t k, const char *value) {
+    uint64_t v = 0;
+    const char *p = value;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+            break;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (p == value || *p)
+        return tpi_fail(TP_EINVAL, "option '%s': '%.32s' is not a decimal count",
+                        core_keys[k].key, value);
+    return core_keys[k].set(o, v);
+}
+
 tp_status tp_options_set(tp_options *o, const char *key, const char *value) {
     if (!o)
         return tpi_fail(TP_EINVAL, "options is NULL");
     if (!key || !*key || !value)
         return tpi_fail(TP_EINVAL, "option key and value must be non-empty strings");
+    for (size_t k = 0; k < sizeof core_keys / sizeof core_keys[0]; k++)
+        if (strcmp(key, core_keys[k].key) == 0)
+            return set_core_key(o, k, value);
     for (size_t i = 0; i < o->nkv; i++) {
         if (strcmp(o->keys[i], key) == 0) {
             char *v = strdup(value);

@@ -83,6 +83,8 @@ tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id) {
         free(o);
         return NULL;
     }
+    if (id.worker != c->rank && id.worker < c->world_size)
+        c->remote_values[id.worker]++; /* RREF-23: made by that worker's remote() */
     return o;
 }
 
@@ -173,6 +175,10 @@ static void owner_abandon(tp_core *c, tpi_owner *o, tp_status st, const char *ms
 static void owner_free(tp_core *c, tpi_owner *o) {
     void *was = tpi_idmap_del(&c->owners, o->id);
     TPI_ASSERT(was == o);
+    if (o->id.worker != c->rank && o->id.worker < c->world_size) {
+        TPI_ASSERT(c->remote_values[o->id.worker] > 0);
+        c->remote_values[o->id.worker]--;
+    }
     tpi_owner_drop_deferred(c, o); /* only teardown frees a record not yet ready */
     tpi_fetch *fe = o->fetches;
     while (fe) {

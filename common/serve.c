@@ -1045,7 +1045,27 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
         j->msg = NULL;
         return st;
     }
-    o = tpi_owner_get_or_create(c, j->msg->rref);
+    o = tpi_idmap_get(&c->owners, j->msg->rref);
+    uint32_t creator = j->msg->rref.worker;
+    if (!o && creator != c->rank && creator < c->world_size &&
+        c->remote_values[creator] >= c->remote_values_max) {
+        /* RREF-23: that worker's undeleted values here are at the limit. */
+        char me[TP_NAME_LEN_MAX + 32], who[TP_NAME_LEN_MAX + 32];
+        tpi_unlock(c);
+        tpi_format(err, err_len,
+                   "%s refused the remote(): it owns %llu values made by remote() calls of %s "
+                   "that were not deleted, the limit (max_remote_values): release rrefs you no "
+                   "longer need, or raise the limit",
+                   tpi_worker_desc(c, c->rank, me, sizeof me),
+                   (unsigned long long)c->remote_values_max,
+                   tpi_worker_desc(c, creator, who, sizeof who));
+        tpi_msg_clear(j->msg);
+        free(j->msg);
+        j->msg = NULL;
+        return TP_ELIMIT;
+    }
+    if (!o)
+        o = tpi_owner_get_or_create(c, j->msg->rref);
     if (!o) {
         st = TP_ENOMEM;
         tpi_format(err, err_len, "out of memory creating an rref on %s", c->self.name);

@@ -395,7 +395,17 @@ uint64_t tp_options_max_inflight_bytes(const tp_options *opts);
  */
 tp_status tp_options_set_max_queued_bytes(tp_options *opts, uint64_t bytes);
 uint64_t tp_options_max_queued_bytes(const tp_options *opts);
-/* Backend-specific settings as strings; key and value borrowed, copied. */
+/*
+ * Values this worker keeps, as their owner, for one other worker's remote()
+ * calls (or its forks' placeholders) that were not deleted yet (OPT-10,
+ * RREF-23): 1 to 2^32 - 1, default 2^20. Past it that worker's remote() is
+ * refused with TP_ELIMIT naming the limit.
+ */
+tp_status tp_options_set_max_remote_values(tp_options *opts, uint64_t n);
+uint64_t tp_options_max_remote_values(const tp_options *opts);
+/* Backend-specific settings as strings; key and value borrowed, copied. The
+ * core's limits are keys too: "max_message_size", "max_inflight_bytes",
+ * "max_queued_bytes" and "max_remote_values" (decimal) set their options. */
 tp_status tp_options_set(tp_options *opts, const char *key, const char *value);
 const char *tp_options_get(const tp_options *opts, const char *key); /* NULL if unset */
 

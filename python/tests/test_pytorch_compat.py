@@ -634,3 +634,28 @@ def test_interrupted_rpc_sync_is_not_waited_for_by_shutdown(tmp_path):
             rpc.shutdown()
     """)
     assert out == ["shutdown took under 4 s: True"]
+
+
+def test_core_limits_as_backend_options(tmp_path):
+    """The core's limits are backend_options keys (spec/api.md OPT-6, OPT-10):
+    they reach the worker (max_remote_values=1 refuses a second undeleted
+    remote() with the limit named) instead of failing init as unknown keys."""
+    out = run(tmp_path, """
+        def ident(x):
+            return x
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            backend_options={"max_remote_values": "1", "max_queued_bytes": str(1 << 20),
+                             "max_inflight_bytes": str(1 << 20),
+                             "max_message_size": str(64 << 20)}))
+        if rank == 0:
+            a = rpc.remote("worker1", ident, args=(1,))
+            print(a.to_here())
+            b = rpc.remote("worker1", ident, args=(2,))
+            try:
+                b.to_here()
+                print("second taken")
+            except Exception as e:
+                print("refused", "max_remote_values" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["1", "refused True"]

@@ -768,8 +768,69 @@ static int rref_closed_by_shutdown_never_sent(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* Worker 1's owned values (debug_info's first field), or -1. */
+static int64_t owned_on(int rank, int dst) {
+    tp_value *res = NULL;
+    int64_t n = -1;
+    if (tp_rpc_sync(tp_to_rank(dst), "debug_info", NULL, NULL, TP_TIMEOUT_DEFAULT, &res) == TP_OK)
+        n = conf_int_of(rank, tp_list_get(res, 0), -1);
+    tp_value_free(res);
+    return n;
+}
+
+/*
+ * spec: RREF-23 OPT-10: worker 1 keeps at most max_remote_values (2) values
+ * for worker 0's undeleted remote() calls: a third is refused with
+ * TP_ELIMIT naming the limit, and once one is released a new one is taken.
+ * The limit is set as a string key (OPT-6), as the Python binding does.
+ */
+static int rref_remote_values_limit(int rank, int ws) {
+    tp_options *o = conf_options();
+    CHECK_OK(tp_options_set(o, "max_remote_values", "2"));
+    CHECK_INT((int64_t)tp_options_max_remote_values(o), 2);
+    CHECK_STATUS(tp_options_set(o, "max_remote_values", "2x"), TP_EINVAL);
+    CHECK_STATUS(tp_options_set(o, "max_remote_values", "0"), TP_EINVAL);
+    tp_status st = conf_init_opts(rank, ws, o);
+    tp_options_free(o);
+    if (!CHECK_OK(st))
+        return conf_finish(rank);
+    if (rank == 0) {
+        tp_rref *r[3] = {NULL, NULL, NULL};
+        for (int i = 0; i < 3; i++) {
+            tp_value *args = CONF_INTS(i, 10);
+            CHECK_OK(tp_remote(tp_to_rank(1), "add", args, NULL, TP_TIMEOUT_DEFAULT, &r[i]));
+            tp_value_free(args);
+        }
+        CHECK_INT(to_here_int(rank, r[0], -1), 10);
+        CHECK_INT(to_here_int(rank, r[1], -1), 11);
+        tp_value *v = NULL;
+        CHECK_STATUS(tp_rref_to_here(r[2], TP_TIMEOUT_DEFAULT, &v), TP_ELIMIT);
+        CHECK_CONTAINS(tp_errmsg(), "max_remote_values");
+        CHECK_CONTAINS(tp_errmsg(), "'w1' (id 1)");
+        tp_value_free(v);
+        tp_rref_release(r[2]);
+        tp_rref_release(r[0]); /* its delete frees a place on worker 1 */
+        uint64_t t0 = conf_now_ns();
+        while (owned_on(rank, 1) > 1 && conf_since_s(t0) < 10)
+            (void)tp_sleep(0.01);
+        tp_value *args = CONF_INTS(5, 10);
+        CHECK_OK(tp_remote(tp_to_rank(1), "add", args, NULL, TP_TIMEOUT_DEFAULT, &r[0]));
+        tp_value_free(args);
+        CHECK_INT(to_here_int(rank, r[0], -1), 15);
+        tp_rref_release(r[0]);
+        tp_rref_release(r[1]);
+        t0 = conf_now_ns();
+        while (owned_on(rank, 1) != 0 && conf_since_s(t0) < 10)
+            (void)tp_sleep(0.01);
+        CHECK_INT(owned_on(rank, 1), 0); /* the refused one left nothing behind */
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_rref[] = {
     {"rref_remote_to_here", 2, rref_remote_to_here, "RREF-2 RREF-8"},
+    {"rref_remote_values_limit", 2, rref_remote_values_limit, "RREF-23 OPT-10"},
     {"rref_remote_self", 2, rref_remote_self, "RREF-2 RREF-10 RREF-11"},
     {"rref_owner_info", 3, rref_owner_info, "RREF-1 RREF-11"},
     {"rref_confirmed_by_owner", 2, rref_confirmed_by_owner, "RREF-2 RREF-11"},
