@@ -380,3 +380,9 @@ void tp_core_on_timer(tp_core *c) {
     tpi_deadlines_run(c);
     tpi_unlock(c);
 }
+
+void tp_core_on_uncongested(tp_core *c, uint32_t dst) {
+    TPI_ASSERT(c);
+    if (dst < c->world_size)
+        tpi_serve_uncongested(c, dst);
+}

@@ -255,6 +255,7 @@ struct tp_core {
      * FIFO per caller, served round-robin over the callers with work. */
     struct tpi_runq *runq; /* lock: by id */
     uint32_t rr_first, rr_last; /* lock: the round, UINT32_MAX when empty */
+    uint64_t tokens_owed; /* lock: pool tokens that found only stalled sources (FAIR-2) */
     uint8_t *forks_query;  /* lock: by id: RREF-19's query to it: 0 none, 1 out, 2 out + again */
     uint64_t *forks_asked_ns; /* lock: by id: its first query not answered yet (RREF-19), or 0 */
     uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still
@@ -526,11 +527,16 @@ tp_status tpi_owner_wait(tp_core *c, tpi_owner *o, uint64_t deadline);
 typedef struct tpi_runq {
     struct tpi_job *head, *tail;
     uint32_t next; /* the next source in the round; UINT32_MAX: the last */
+    uint32_t njobs;
     int in_round;
+    int stalled; /* FAIR-2: out of the round while the agent says its answers wait */
 } tpi_runq;
 /* Teardown (lock held, agent stopped): jobs left in the run queues (their
  * pool work could not be queued) are dropped unanswered. */
 void tpi_serve_teardown(tp_core *c);
+/* FAIR-2 (serve.c): dst's answers can go again: its queued jobs rejoin the
+ * round and get the pool tokens owed. Lock not held. */
+void tpi_serve_uncongested(tp_core *c, uint32_t dst);
 
 /* METHOD-3 (serve.c, lock held): o was settled: its deferred method calls go
  * to the pool, in arrival order; or o is being freed (teardown): they are

@@ -188,6 +188,13 @@
 #define TPI_REMOTE_VALUES_DEFAULT ((uint64_t)1 << 20)
 #define TPI_REMOTE_VALUES_MIN ((uint64_t)1)
 #define TPI_REMOTE_VALUES_MAX ((uint64_t)UINT32_MAX)
+/* Bytes an agent may hold for one destination undelivered before the core
+ * stops serving that destination's requests (OPT-11, FAIR-2, AGENT-18):
+ * answers to a caller that does not read them wait, bounded, instead of
+ * growing in memory. Serving goes on at half of it. */
+#define TPI_UNSENT_BYTES_DEFAULT ((uint64_t)256 << 20)
+#define TPI_UNSENT_BYTES_MIN ((uint64_t)64 * 1024)
+#define TPI_UNSENT_BYTES_MAX ((uint64_t)1 << 40)
 /* The least credit a worker grants a caller, however many it has: a few
  * small calls at once. */
 #define TPI_CREDIT_MIN ((uint64_t)64 * 1024)

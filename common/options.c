@@ -19,6 +19,7 @@ struct tp_options {
     uint64_t max_inflight_bytes;
     uint64_t max_queued_bytes;
     uint64_t max_remote_values;
+    uint64_t max_unsent_bytes;
     char *init_method;
     int rejoin; /* REJOIN-1 */
     size_t nkv;
@@ -38,6 +39,7 @@ tp_options *tp_options_new(void) {
     o->max_inflight_bytes = TPI_INFLIGHT_BYTES_DEFAULT;
     o->max_queued_bytes = TPI_QUEUED_BYTES_DEFAULT;
     o->max_remote_values = TPI_REMOTE_VALUES_DEFAULT;
+    o->max_unsent_bytes = TPI_UNSENT_BYTES_DEFAULT;
     return o;
 }
 
@@ -227,6 +229,15 @@ uint64_t tp_options_max_remote_values(const tp_options *o) {
     return o ? o->max_remote_values : TPI_REMOTE_VALUES_DEFAULT;
 }
 
+tp_status tp_options_set_max_unsent_bytes(tp_options *o, uint64_t bytes) {
+    return set_bytes(o, o ? &o->max_unsent_bytes : NULL, "max_unsent_bytes", bytes,
+                     TPI_UNSENT_BYTES_MIN, TPI_UNSENT_BYTES_MAX);
+}
+
+uint64_t tp_options_max_unsent_bytes(const tp_options *o) {
+    return o ? o->max_unsent_bytes : TPI_UNSENT_BYTES_DEFAULT;
+}
+
 /* OPT-6: the core's numeric limits by name, so a program that passes every
  * option as a string (the Python binding's backend_options) can set them. */
 static const struct {
@@ -237,6 +248,7 @@ static const struct {
     {"max_inflight_bytes", tp_options_set_max_inflight_bytes},
     {"max_queued_bytes", tp_options_set_max_queued_bytes},
     {"max_remote_values", tp_options_set_max_remote_values},
+    {"max_unsent_bytes", tp_options_set_max_unsent_bytes},
 };
 
 /* A core key's value: decimal digits only, no sign, no overflow. */

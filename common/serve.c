@@ -836,29 +836,54 @@ static void runq_push(tp_core *c, tpi_job *j) {
     else
         q->head = j;
     q->tail = j;
-    if (!q->in_round)
+    q->njobs++;
+    if (!q->in_round && !q->stalled)
         round_append(c, j->src);
 }
 
-/* The next job of the round, or NULL (lock held). */
-static tpi_job *runq_pop(tp_core *c) {
-    uint32_t src = c->rr_first;
-    if (src == UINT32_MAX)
-        return NULL;
+/* Takes src's first job (lock held). */
+static tpi_job *runq_take(tp_core *c, uint32_t src) {
     tpi_runq *q = &c->runq[src];
-    c->rr_first = q->next;
-    if (c->rr_first == UINT32_MAX)
-        c->rr_last = UINT32_MAX;
-    q->in_round = 0;
     tpi_job *j = q->head;
-    TPI_ASSERT(j);
+    TPI_ASSERT(j && q->njobs > 0);
     q->head = j->next;
-    if (q->head)
-        round_append(c, src); /* its next job waits for one of each other source's */
-    else
+    if (!q->head)
         q->tail = NULL;
+    q->njobs--;
     j->next = NULL;
     return j;
+}
+
+/*
+ * FAIR-2: whether src's answers cannot go (the agent holds too many bytes
+ * for it, AGENT-18); then its jobs wait out of the round, so a caller that
+ * does not read its answers stops being served instead of filling this
+ * worker's memory with them. Never for this worker itself.
+ */
+static int congested(tp_core *c, uint32_t src) {
+    return src != c->rank && c->ops->congested && c->ops->congested(c->agent, src);
+}
+
+/* The next job of the round, or NULL when none can run (lock held). */
+static tpi_job *runq_pop(tp_core *c) {
+    uint32_t src;
+    while ((src = c->rr_first) != UINT32_MAX) {
+        tpi_runq *q = &c->runq[src];
+        c->rr_first = q->next;
+        if (c->rr_first == UINT32_MAX)
+            c->rr_last = UINT32_MAX;
+        q->in_round = 0;
+        TPI_ASSERT(q->head);
+        if (congested(c, src)) {
+            q->stalled = 1; /* back with tpi_serve_uncongested */
+            continue;
+        }
+        tpi_job *j = runq_take(c, src);
+        if (q->head)
+            round_append(c, src); /* its next job waits for one of each other source's */
+        return j;
+    }
+    return NULL;
 }
 
 /* Takes j out of its source's queue (lock held); 0 when a token took it already. */
@@ -874,7 +899,8 @@ static int runq_unlink(tp_core *c, tpi_job *j) {
             q->head = k->next;
         if (q->tail == k)
             q->tail = prev;
-        if (!q->head)
+        q->njobs--;
+        if (!q->head && q->in_round)
             round_remove(c, j->src);
         j->next = NULL;
         return 1;
@@ -909,9 +935,44 @@ static void job_discard(tp_core *c, tpi_job *j) {
 }
 
 void tpi_serve_teardown(tp_core *c) {
-    tpi_job *j;
-    while ((j = runq_pop(c)) != NULL)
-        job_discard(c, j);
+    for (uint32_t src = 0; src < c->world_size; src++) {
+        tpi_runq *q = &c->runq[src];
+        while (q->head)
+            job_discard(c, runq_take(c, src));
+        q->in_round = q->stalled = 0;
+    }
+    c->rr_first = c->rr_last = UINT32_MAX;
+    c->tokens_owed = 0;
+}
+
+static void token_run(tp_work *w);
+
+void tpi_serve_uncongested(tp_core *c, uint32_t dst) {
+    tpi_lock(c);
+    tpi_runq *q = &c->runq[dst];
+    uint64_t n = 0;
+    if (q->stalled) {
+        q->stalled = 0;
+        if (q->head && !q->in_round)
+            round_append(c, dst);
+        /* The tokens that found only stalled sources, up to its jobs. */
+        n = q->njobs < c->tokens_owed ? q->njobs : c->tokens_owed;
+        c->tokens_owed -= n;
+    }
+    for (; n > 0; n--) {
+        tpi_token *t = tpi_block_alloc(sizeof *t);
+        if (t) {
+            t->work.run = token_run;
+            t->core = c;
+        }
+        if (!t || c->ops->execute(c->agent, &t->work) != TP_OK) {
+            if (t)
+                tpi_block_free(t, sizeof *t);
+            c->tokens_owed += n; /* stopping: teardown drops what is left */
+            break;
+        }
+    }
+    tpi_unlock(c);
 }
 
 static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_queued);
@@ -924,7 +985,13 @@ static void token_run(tp_work *w) {
     tpi_waiter node;
     tpi_lock(c); /* one lock section for all three: this runs once per served call */
     tpi_job *j = runq_pop(c);
-    if (!j) { /* its job went with a failed hand-off (queue_job) */
+    if (!j) {
+        /* Every queued job is of a stalled source (FAIR-2): the token is
+         * owed to them; or its job went with a failed hand-off (queue_job). */
+        uint64_t queued = 0;
+        for (uint32_t s = 0; s < c->world_size && !queued; s++)
+            queued = c->runq[s].njobs;
+        c->tokens_owed += queued != 0;
         tpi_unlock(c);
         return;
     }

@@ -154,6 +154,11 @@ static tp_store *agent_store(tp_agent *ag) {
     return AG(ag)->store;
 }
 
+/* AGENT-18 (tcp_conn.c). */
+static int agent_congested(tp_agent *ag, uint32_t dst) {
+    return tpi_tcp_congested(AG(ag), dst);
+}
+
 /* AGENT-16: a restarted peer (tcp_conn.c). */
 static tp_status agent_set_peer(tp_agent *ag, uint32_t rank, const char *addr, char *errmsg,
                                 size_t errmsg_len) {
@@ -178,6 +183,7 @@ static const tp_agent_ops tcp_agent_ops = {
     .unpark = tpi_tcp_unpark,
     .store = agent_store,
     .set_peer = agent_set_peer,
+    .congested = agent_congested,
 };
 
 /* ---- The backend (BACKEND-1..5, TCP-12) ---------------------------------------------- */
@@ -321,6 +327,7 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
     a->rank = params->rank;
     a->world_size = params->world_size;
     a->max_msg = tp_options_max_message_size(params->opts);
+    a->unsent_max = tp_options_max_unsent_bytes(params->opts);
     int threads = tp_options_num_worker_threads(params->opts);
     a->pool_max = threads < 1                        ? 1
                   : threads > TPI_WORKER_THREADS_MAX ? TPI_WORKER_THREADS_MAX

@@ -112,6 +112,7 @@ struct tpi_tcp_conn {
     size_t sealed_len;
     tp_frame *txq_head, *txq_tail; /* plaintext to seal, in order: frames and records */
     size_t txq_off;                /* bytes of txq_head sealed already */
+    uint64_t txq_bytes;            /* of the frames in txq (AGENT-18) */
     struct {
         uint8_t *p;
         size_t cap;
@@ -360,6 +361,8 @@ static void on_write(uv_write_t *req, int status) {
     free(w);
     if (c->state == CONN_CLOSED)
         return;
+    if (c->outgoing && c->a->peers[c->peer].out == c)
+        tpi_tcp_unsent_update(c->a, c->peer); /* AGENT-18: bytes went out */
     if (close_after || (status < 0 && c->state == CONN_ABORTING)) {
         conn_close(c);
         return;
@@ -581,8 +584,10 @@ static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail) {
     tpi_tcp_direct_stop_locked(a, p); /* its rest joins the queue dropped here */
     tp_frame *dropped = p->q_head;
     p->q_head = p->q_tail = NULL;
+    atomic_store(&p->q_bytes, 0);
     pthread_mutex_unlock(&a->qmu);
     free_frames(dropped);
+    tpi_tcp_unsent_update(a, id); /* AGENT-18: nothing is held for it now */
     char msg[TP_ERRMSG_LEN_MAX];
     tpi_format(msg, sizeof msg, "%s: %s", c->addr, detail);
     if (why == TP_EIO && c->state == CONN_OPEN)
@@ -1650,8 +1655,10 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
         pthread_mutex_lock(&a->qmu);
         tp_frame *dropped = p->q_head;
         p->q_head = p->q_tail = NULL;
+        atomic_store(&p->q_bytes, 0);
         pthread_mutex_unlock(&a->qmu);
         free_frames(dropped);
+        tpi_tcp_unsent_update(a, id);
         p->suspect = 0;
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s: out of memory for a connection", p->addr);
@@ -1717,8 +1724,11 @@ static unsigned write_now(tpi_tcp_conn *c, uv_buf_t *bufs, unsigned n, unsigned 
 
 static void tx_enqueue(tpi_tcp_conn *c, tp_frame *f) {
     tp_frame *last = f;
-    while (last->next)
+    c->txq_bytes += f->len;
+    while (last->next) {
         last = last->next;
+        c->txq_bytes += last->len;
+    }
     if (c->txq_tail)
         c->txq_tail->next = f;
     else
@@ -1762,6 +1772,7 @@ static void tx_advance(tpi_tcp_conn *c, size_t n) {
     while (c->txq_head && n >= c->txq_head->len) {
         tp_frame *f = c->txq_head;
         n -= f->len;
+        c->txq_bytes -= f->len;
         c->txq_head = f->next;
         tp_frame_free(f);
     }
@@ -1776,6 +1787,7 @@ static void tx_fail(tpi_tcp_conn *c, const char *why) {
     free_frames(c->txq_head);
     c->txq_head = c->txq_tail = NULL;
     c->txq_off = 0;
+    c->txq_bytes = 0;
     if (c->outgoing)
         out_fail(c, TP_EIO, why); /* its ABORT fails too: it closes */
     else
@@ -1909,15 +1921,48 @@ void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
     tpi_tcp_direct_stop_locked(a, p); /* the loop writes here now, after any direct rest */
     tp_frame *f = p->q_head;
     p->q_head = p->q_tail = NULL;
+    atomic_store(&p->q_bytes, 0);
     pthread_mutex_unlock(&a->qmu);
     if (p->dead) {
         free_frames(f); /* queued just before the verdict; a dead peer is never dialed again */
+        tpi_tcp_unsent_update(a, id);
         return;
     }
     if (f)
         write_frames(p->out, f);
+    tpi_tcp_unsent_update(a, id); /* AGENT-18: what libuv kept is held now */
     if (p->out)
         tpi_tcp_direct_grant(a, id); /* when all of it went out at once */
+}
+
+void tpi_tcp_unsent_update(tpi_tcp_agent *a, uint32_t id) {
+    tpi_tcp_peer *p = &a->peers[id];
+    tpi_tcp_conn *c = p->out;
+    uint64_t wq = 0;
+    if (c && c->state != CONN_CLOSED)
+        wq = (uint64_t)uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->txq_bytes;
+    atomic_store(&p->wq_bytes, wq);
+    if (!atomic_load(&p->cong_armed))
+        return;
+    uint64_t held = atomic_load(&p->q_bytes) + wq;
+    if ((held <= a->unsent_max / 2 || p->dead || a->stopping) &&
+        atomic_exchange(&p->cong_armed, 0))
+        tp_core_on_uncongested(a->core, id);
+}
+
+int tpi_tcp_congested(tpi_tcp_agent *a, uint32_t id) {
+    if (id >= a->world_size || id == a->rank)
+        return 0;
+    tpi_tcp_peer *p = &a->peers[id];
+    if (atomic_load(&p->q_bytes) + atomic_load(&p->wq_bytes) <= a->unsent_max)
+        return 0;
+    /* Armed before the second look: a drain the loop saw after it finds
+     * the flag and tells the core; one before it shows in the second look. */
+    atomic_store(&p->cong_armed, 1);
+    if (atomic_load(&p->q_bytes) + atomic_load(&p->wq_bytes) <= a->unsent_max / 2 &&
+        atomic_exchange(&p->cong_armed, 0))
+        return 0;
+    return 1;
 }
 
 void tpi_tcp_close_all(tpi_tcp_agent *a) {
@@ -1985,6 +2030,7 @@ tp_status tpi_tcp_set_peer(tpi_tcp_agent *a, uint32_t rank, const char *addr, ch
     tpi_tcp_direct_stop_locked(a, p); /* no sender writes to the old socket any more */
     tp_frame *dropped = p->q_head;    /* queued for the earlier incarnation */
     p->q_head = p->q_tail = NULL;
+    atomic_store(&p->q_bytes, 0);
     tpi_format(p->next_addr, sizeof p->next_addr, "%s", addr);
     p->next_sa = sa;
     p->readdress = 1;

@@ -371,6 +371,13 @@ typedef struct tpi_tcp_peer {
      * (its end, its errors) is about an earlier incarnation and is ignored. */
     atomic_uint gen;
     atomic_int shm_active; /* TCP-22: large frames go through slabs (no direct writes) */
+    /* AGENT-18: bytes for this peer not written yet: in the queue above
+     * (q_bytes, qmu writes) and on its connection (wq_bytes: libuv's write
+     * queue and what waits to be sealed; the loop writes); cong_armed: the
+     * core saw them over the bound and waits for tp_core_on_uncongested. */
+    atomic_uint_fast64_t q_bytes;
+    atomic_uint_fast64_t wq_bytes;
+    atomic_int cong_armed;
     /* loop thread only */
     tpi_tcp_conn *out; /* the connection we dialed: frames go there */
     tpi_shm_tx *shm_tx; /* TCP-22: our slabs for this peer, NULL until first used */
@@ -394,6 +401,7 @@ struct tpi_tcp_agent {
     uint32_t hello_ms, frame_ms, idle_ms, handshakes_max;
     uint64_t rx_budget;
     tp_core *core;
+    uint64_t unsent_max; /* OPT-11, AGENT-18: set at init */
     tp_context *ctx;
     tp_store *store;
     char listen_host[TPI_ADDR_LEN_MAX];
@@ -512,6 +520,13 @@ void tpi_tcp_drop_queues(tpi_tcp_agent *a);
 
 /* uv_connection_cb of the listener. */
 void tpi_tcp_on_accept(uv_stream_t *server, int status);
+/* AGENT-18 (tcp_conn.c, loop thread): re-reads what peer id's connection
+ * holds unwritten, and tells the core once it fell to half the bound (or
+ * the peer is down) if the core was told it was over. */
+void tpi_tcp_unsent_update(tpi_tcp_agent *a, uint32_t id);
+/* AGENT-18: whether the bytes held for id are over the bound (any thread). */
+int tpi_tcp_congested(tpi_tcp_agent *a, uint32_t id);
+
 /* Writes whatever is queued for peer id, dialing first if needed. */
 void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id);
 /* AGENT-16: rank restarted at addr (any thread, core lock held). */

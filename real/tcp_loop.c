@@ -160,6 +160,7 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
             }
             /* The rest (or an error) is the loop's, before anything queued
              * meanwhile by others (the loop waited for busy to clear). */
+            atomic_fetch_add_explicit(&p->q_bytes, f->len, memory_order_relaxed);
             f->next = p->q_head;
             p->q_head = f;
             if (!p->q_tail)
@@ -178,6 +179,7 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
         else
             p->q_head = f;
         p->q_tail = f;
+        atomic_fetch_add_explicit(&p->q_bytes, f->len, memory_order_relaxed);
         if (!p->dirty) {
             p->dirty = 1;
             a->dirty[a->ndirty++] = dst;

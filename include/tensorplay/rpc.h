@@ -403,9 +403,18 @@ uint64_t tp_options_max_queued_bytes(const tp_options *opts);
  */
 tp_status tp_options_set_max_remote_values(tp_options *opts, uint64_t n);
 uint64_t tp_options_max_remote_values(const tp_options *opts);
+/*
+ * Bytes a worker holds for one destination and could not deliver yet
+ * before it stops serving that destination's requests (OPT-11, FAIR-2):
+ * 64 KiB to 2^40, default 256 MiB; serving goes on at half of it. Answers
+ * to a caller that does not read them wait, bounded by this and its credit.
+ */
+tp_status tp_options_set_max_unsent_bytes(tp_options *opts, uint64_t bytes);
+uint64_t tp_options_max_unsent_bytes(const tp_options *opts);
 /* Backend-specific settings as strings; key and value borrowed, copied. The
  * core's limits are keys too: "max_message_size", "max_inflight_bytes",
- * "max_queued_bytes" and "max_remote_values" (decimal) set their options. */
+ * "max_queued_bytes", "max_remote_values" and "max_unsent_bytes" (decimal) set
+ * their options. */
 tp_status tp_options_set(tp_options *opts, const char *key, const char *value);
 const char *tp_options_get(const tp_options *opts, const char *key); /* NULL if unset */
 

@@ -265,6 +265,18 @@ typedef struct tp_agent_ops {
      * with TP_NET_LOSES unsettled forks are probed (RREF-22).
      */
     uint32_t (*net_faults)(tp_agent *a);
+
+    /*
+     * AGENT-18. Optional (NULL: never). 1 when the bytes this agent holds
+     * for dst and could not deliver yet (queued, unwritten, in flight to a
+     * receiver that does not take them) are over max_unsent_bytes (OPT-11):
+     * the core then runs none of dst's queued requests (calls.md FAIR-2)
+     * until the agent calls tp_core_on_uncongested(core, dst), which it must
+     * once the bytes fall to half the bound or dst is down, if it answered
+     * 1 since the last such call. Any thread, core lock held; must not block
+     * or upcall.
+     */
+    int (*congested)(tp_agent *a, uint32_t dst);
 } tp_agent_ops;
 
 /* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice,
@@ -287,6 +299,9 @@ void tp_core_on_frame(tp_core *core, uint32_t src, tp_frame *f);
 void tp_core_on_peer_down(tp_core *core, uint32_t peer, tp_status why, const char *detail);
 /* The armed deadline passed. I/O context. */
 void tp_core_on_timer(tp_core *core);
+/* AGENT-18: dst's undelivered bytes fell to half the bound, or dst is down.
+ * I/O context. */
+void tp_core_on_uncongested(tp_core *core, uint32_t dst);
 
 /* ------------------------------------------------------------------------ */
 /* Backends (BACKEND-1..5).                                                  */

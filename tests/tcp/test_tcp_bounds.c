@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -730,6 +731,105 @@ static void test_tcp_bound_options(void **state) {
     expect_bad_option("max_handshakes", "65");
 }
 
+/* ---- FAIR-2, AGENT-18: answers a caller does not read ---------------------- */
+
+enum { F_SENT = 4, F_STOPPED = 5, C_SERVED = 5, C_OTHER = 6 };
+#define UNSENT_CALLS 120
+#define UNSENT_PAYLOAD (256 * 1024) /* 30 MiB in all: past the kernel's buffers */
+
+static tt_shared *unsent_shared; /* rank 0's counter of echoes served */
+
+/* echo_counted(bytes): echo, counted in shared memory, after 20 ms. */
+static tp_status fn_echo_counted(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                 tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    (void)tp_sleep(0.02);
+    *result = tp_value_clone(tp_list_get(args, 0));
+    atomic_fetch_add(&unsent_shared->count[C_SERVED], 1);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static int body_unsent(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    unsent_shared = sh;
+    tp_options *o = tt_options(job, 120, 60);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK); /* every byte over TCP */
+    if (rank == 0) {
+        TT_CHECK(tp_options_set(o, "max_unsent_bytes", "1048576") == TP_OK);
+        TT_CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
+        TT_CHECK(tp_register_function("echo_counted", fn_echo_counted, NULL) == TP_OK);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->count[C_READY], 1);
+    TT_CHECK(await_count(sh, C_READY, 3, 60) == 0);
+    if (rank == 1) {
+        uint8_t *b = malloc(UNSENT_PAYLOAD);
+        TT_CHECK(b);
+        for (size_t i = 0; i < UNSENT_PAYLOAD; i++)
+            b[i] = (uint8_t)(i * 13);
+        tp_value *args = tp_value_list_of(1, tp_value_bytes(b, UNSENT_PAYLOAD));
+        tp_future *f[UNSENT_CALLS];
+        for (int i = 0; i < UNSENT_CALLS; i++)
+            TT_CHECK(tp_rpc_async(tp_to_rank(0), "echo_counted", args, NULL, 120, &f[i]) ==
+                     TP_OK);
+        atomic_store(&sh->flag[F_SENT], 1); /* the parent stops this process now */
+        int ok = 0;
+        for (int i = 0; i < UNSENT_CALLS; i++) {
+            const void *d = NULL;
+            size_t n = 0;
+            ok += tp_future_wait(f[i], 120) == TP_OK &&
+                  tp_value_get_bytes(tp_future_value(f[i]), &d, &n) == TP_OK &&
+                  n == UNSENT_PAYLOAD && memcmp(d, b, n) == 0;
+            tp_future_free(f[i]);
+        }
+        TT_CHECK(ok == UNSENT_CALLS); /* nothing lost to the wait */
+        tp_value_free(args);
+        free(b);
+    } else if (rank == 2) {
+        /* While worker 1 reads nothing, worker 0 still serves others. */
+        TT_CHECK(tt_await_flag(sh, F_STOPPED, 1, 60) == 0);
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(0), 2, 3, 10, &v) == TP_OK && v == 5);
+        atomic_fetch_add(&sh->count[C_OTHER], 1);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: FAIR-2, AGENT-18, OPT-11. Worker 1 queues 120 echoes of 256 KiB at
+ * worker 0 (one pool thread, 20 ms each, max_unsent_bytes 1 MiB), then is
+ * stopped (SIGSTOP): it reads nothing. Worker 0 serves on until the answers
+ * fill the kernel's buffers and then its bound, and stops serving worker 1
+ * (the count stays put, far below 120; without the bound it served all of
+ * them into memory), while worker 2's call is still served. Resumed, worker
+ * 1 gets every answer, right. */
+static void test_tcp_unsent_bound(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_unsent, NULL), 0);
+    tt_shared *sh = job.shared;
+    assert_int_equal(tt_await_flag(sh, F_SENT, 1, 60), 0);
+    assert_int_equal(kill(job.pid[1], SIGSTOP), 0);
+    atomic_store(&sh->flag[F_STOPPED], 1);
+    assert_int_equal(await_count(sh, C_OTHER, 1, 30), 0);
+    /* Stalled: no progress for a second, well before all 120 (2.4 s of work). */
+    int before = -1, now = atomic_load(&sh->count[C_SERVED]);
+    uint64_t until = tt_now_ns() + 30000000000ull;
+    while (now != before && tt_now_ns() < until) {
+        before = now;
+        usleep(1000000);
+        now = atomic_load(&sh->count[C_SERVED]);
+    }
+    print_message("served while worker 1 was stopped: %d of %d\n", now, UNSENT_CALLS);
+    assert_true(now == before);
+    assert_true(now < UNSENT_CALLS / 2);
+    assert_int_equal(kill(job.pid[1], SIGCONT), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    assert_int_equal(atomic_load(&sh->count[C_SERVED]), UNSENT_CALLS);
+    tt_job_free(&job);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -741,6 +841,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_rx_budget_lone_frames),
         cmocka_unit_test(test_tcp_proof_checked_whole),
         cmocka_unit_test(test_tcp_strangers_report_nobody),
+        cmocka_unit_test(test_tcp_unsent_bound),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
