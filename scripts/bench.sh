@@ -32,10 +32,12 @@ while [ $# -gt 0 ]; do
 done
 
 bin="$build/bench/rpc_bench"
-if [ ! -x "$bin" ]; then
-  echo "bench.sh: $bin is missing: build first (make bench builds it)" >&2
-  exit 1
-fi
+for b in "$bin" "$build/bench/flood_bench"; do
+  if [ ! -x "$b" ]; then
+    echo "bench.sh: $b is missing: build first (make bench builds it)" >&2
+    exit 1
+  fi
+done
 python="${PYTHON:-/usr/bin/python3}"
 figures="$(mktemp)"
 trap 'rm -f "$figures"' EXIT
@@ -55,6 +57,10 @@ if [ "$mode" != pytorch ]; then
   for a in "${common[@]}"; do [ "$a" = --quick ] && quick=(--quick); done
   echo "# the simulator: $build/bench/sim_bench ${quick[*]}" >&2
   "$build/bench/sim_bench" "${quick[@]}"
+  # Issue 21 item 5: a legitimate caller's latency while and after another
+  # member floods the same callee (3 ranks; bench/README.md "Flood").
+  echo "# the flood: $build/bench/flood_bench ${quick[*]}" >&2
+  "$build/bench/flood_bench" "${quick[@]}"
   # The same workloads from Python over the same library (issue 10).
   if [ -d "$build/python/tensorplay" ]; then
     echo "# Python: bench/python_rpc_bench.py ${quick[*]}" >&2
