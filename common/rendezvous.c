@@ -54,7 +54,11 @@ static tp_status check_error_key(tp_core *c, const char *what, uint64_t deadline
         return st == TP_OK ? TP_OK : store_fail(c, st, what);
     const char *msg;
     tp_status code = tpi_outcome_parse(v, &msg);
-    st = code == TP_OK ? TP_OK : tpi_fail(code, "%s: %s", what, msg);
+    /* The outcome's own text may already say what failed ("init: timed out
+     * waiting for rank 1 ..."): it is not said twice. */
+    size_t wl = strlen(what);
+    int said = strncmp(msg, what, wl) == 0 && msg[wl] == ':';
+    st = code == TP_OK ? TP_OK : tpi_fail(code, "%s%s%s", said ? "" : what, said ? "" : ": ", msg);
     free(v);
     return st;
 }
