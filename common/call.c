@@ -435,7 +435,8 @@ static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
     call->future->call_id = call->id;
     if (c->ops->probe) {
         tp_probe p = {.kind = TP_PROBE_CALL_ISSUE, .peer = call->dst, .msg_type = call->type,
-                      .id = call->id, .deadline_ns = call->deadline_ns, .fn = call->fn};
+                      .id = call->id, .deadline_ns = call->deadline_ns, .fn = call->fn,
+                      .method = (m->flags & TPI_FLAG_METHOD) != 0};
         c->ops->probe(c->agent, &p);
     }
     rearm(c);

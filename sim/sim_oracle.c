@@ -30,6 +30,7 @@ typedef struct ocall {
     uint32_t agent, host;
     uint32_t dst_rank, dst_host;
     uint8_t type;
+    uint8_t method; /* a method call on an rref's object (METHOD-3) */
     uint8_t ended, done;
     tp_status end_status;
     uint64_t issued_ns, deadline_ns;
@@ -203,6 +204,7 @@ static void on_issue(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     r->dst_rank = p->peer;
     r->dst_host = rank_host(a, p->peer);
     r->type = p->msg_type;
+    r->method = p->method;
     r->issued_ns = sim->now_ns;
     r->deadline_ns = p->deadline_ns;
     tpi_format(r->fn, sizeof r->fn, "%s", p->fn);
@@ -254,8 +256,10 @@ static void on_end(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     tpi_sim_pf_call(sim, a->host, p->id, r->fn, 0, p->status, o->in_flight[a->id]);
     uint64_t now = sim->now_ns;
     /* A user's call times out by its own deadline only; an rref's fetch may
-     * also report the creation's timeout (RREF-8), whatever its own. */
-    if (p->status == TP_ETIMEDOUT && now < r->deadline_ns &&
+     * also report the creation's timeout (RREF-8), whatever its own, and so
+     * may a method call on the rref's object (METHOD-3: "the rref's value
+     * failed to build", with the creation's status; swarm seed 13331). */
+    if (p->status == TP_ETIMEDOUT && now < r->deadline_ns && !r->method &&
         (r->type == TPI_MSG_REQUEST || r->type == TPI_MSG_REMOTE))
         tpi_sim_violation(sim, "%s timed out %.3f ms before its deadline",
                           call_desc(r, p->id, desc, sizeof desc),

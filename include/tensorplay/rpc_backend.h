@@ -143,6 +143,7 @@ typedef struct tp_probe {
     const char *fn;       /* borrowed for the upcall; "" when none */
     tp_probe_gid rref;    /* RREF_*: the rref id */
     tp_probe_gid fork;    /* RREF_FORK_*: the fork id */
+    int method;           /* CALL_ISSUE: a method call on an rref's object (METHOD-1) */
 } tp_probe;
 
 /*
