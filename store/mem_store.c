@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "store/store_int.h"
 #include "store/mem_store.h"
 
 /* Entries per chunk: a split moves half of them, an insert at most all. */
@@ -337,28 +338,6 @@ static tp_status mems_del(tp_store *base, const char *key) {
     return st;
 }
 
-/* A decimal integer: an optional '-', then 1 to 19 digits, in int64 range. */
-static int mems_parse_i64(const char *p, size_t len, int64_t *out) {
-    size_t i = 0;
-    int neg = len > 0 && p[0] == '-';
-    i += (size_t)neg;
-    if (i == len)
-        return 0;
-    uint64_t limit = neg ? (uint64_t)INT64_MAX + 1u : (uint64_t)INT64_MAX;
-    uint64_t v = 0;
-    for (; i < len; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return 0;
-        uint64_t d = (uint64_t)(p[i] - '0');
-        if (v > (limit - d) / 10u)
-            return 0;
-        v = v * 10u + d;
-    }
-    /* -2^63 has no positive counterpart: build it without overflowing. */
-    *out = neg ? (v == (uint64_t)INT64_MAX + 1u ? INT64_MIN : -(int64_t)v) : (int64_t)v;
-    return 1;
-}
-
 static tp_status mems_add(tp_store *base, const char *key, int64_t delta, int64_t *result) {
     TPI_ASSERT(base != NULL && result != NULL);
     mems_store *s = (mems_store *)base;
@@ -367,7 +346,7 @@ static tp_status mems_add(tp_store *base, const char *key, int64_t delta, int64_
     mems_lock(s);
     tp_status st = mems_check_key(s, "add", key, &key_len);
     const mems_entry *e = st == TP_OK ? mems_lookup(s, key) : NULL;
-    if (e && !mems_parse_i64(mems_value(e), e->len, &old)) {
+    if (e && !tpi_store_parse_i64(mems_value(e), e->len, &old)) {
         char q[MEMS_MSG_VALUE_MAX + 1];
         mems_quote(q, sizeof q, mems_value(e), e->len);
         st = mems_fail(s, TP_EINVAL, "add '%s': value '%s%s' (%u bytes) is not a decimal integer",

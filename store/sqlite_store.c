@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "common/errors.h"
+#include "store/store_int.h"
 #include "tensorplay/rpc_backend.h"
 
 /* How long an operation waits for another process's write lock before it
@@ -442,29 +443,6 @@ static tp_status sqls_del(tp_store *base, const char *key) {
 /* ------------------------------------------------------------------------ */
 /* add, compare_set (STORE-3): read, decide and write in one transaction. */
 
-/* A decimal integer: an optional '-', then 1 to 19 digits, in int64 range. */
-static int sqls_parse_i64(const void *value, size_t len, int64_t *out) {
-    const char *p = value;
-    size_t i = 0;
-    int neg = len > 0 && p[0] == '-';
-    i += (size_t)neg;
-    if (i == len)
-        return 0;
-    uint64_t limit = neg ? (uint64_t)INT64_MAX + 1u : (uint64_t)INT64_MAX;
-    uint64_t v = 0;
-    for (; i < len; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return 0;
-        uint64_t d = (uint64_t)(p[i] - '0');
-        if (v > (limit - d) / 10u)
-            return 0;
-        v = v * 10u + d;
-    }
-    /* -2^63 has no positive counterpart: build it without overflowing. */
-    *out = neg ? (v == (uint64_t)INT64_MAX + 1u ? INT64_MIN : -(int64_t)v) : (int64_t)v;
-    return 1;
-}
-
 static int sqls_add_body(sqls_store *s, void *arg, tp_status *status) {
     sqls_args *a = arg;
     const void *v = NULL;
@@ -472,7 +450,7 @@ static int sqls_add_body(sqls_store *s, void *arg, tp_status *status) {
     int64_t old = 0;
     int rc = sqls_lookup(s, a->key, a->key_len, &v, &n);
     if (rc == SQLITE_ROW) {
-        if (!sqls_parse_i64(v, n, &old)) {
+        if (!tpi_store_parse_i64(v, n, &old)) {
             char q[SQLS_MSG_VALUE_MAX + 1];
             sqls_quote(q, sizeof q, v, n);
             *status = sqls_fail(s, TP_EINVAL,

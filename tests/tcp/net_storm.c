@@ -153,10 +153,7 @@ static int body_storm(tt_job *job, int rank) {
     tp_options_free(o);
     /* Every pair connected both ways before the baseline (a probe, TCP-7,
      * would otherwise dial a connection the baseline did not have). */
-    for (int r = 0; r < job->world; r++) {
-        int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
-    }
+    TT_CHECK(tt_all_answer(job, rank) == 0);
     if (rank != ATTACKED)
         TT_CHECK(fill_pool(rank == CALLER ? ATTACKED : CALLER) == 0);
     atomic_fetch_add(&sh->count[C_READY], 1);
@@ -179,10 +176,7 @@ static int body_storm(tt_job *job, int rank) {
             atomic_store(&sh->ns[NS_LAT_MAX], dt);
         usleep(2000);
     }
-    for (int r = 0; r < job->world; r++) {
-        int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
-    }
+    TT_CHECK(tt_all_answer(job, rank) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }

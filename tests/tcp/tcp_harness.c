@@ -139,6 +139,19 @@ tp_status tt_call_add(tp_dest d, int64_t a, int64_t b, double timeout_s, int64_t
     return st;
 }
 
+int tt_all_answer(const tt_job *job, int rank) {
+    for (int r = 0; r < job->world; r++) {
+        int64_t v = 0;
+        tp_status st = tt_call_add(tp_to_rank(r), rank, r, 20, &v);
+        if (st != TP_OK || v != rank + r) {
+            fprintf(stderr, "rank %d: add on rank %d: %s (%s), got %lld\n", rank, r,
+                    tp_status_name(st), tp_errmsg(), (long long)v);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 void tt_job_free(tt_job *job) {
     if (job->shared)
         munmap(job->shared, sizeof(tt_shared));

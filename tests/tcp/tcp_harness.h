@@ -56,6 +56,9 @@ int tt_spawn(tt_job *job, int world, tt_body body, void *arg);
 int tt_wait(tt_job *job, double timeout_s);
 /* rpc_sync add(a, b) on d; TP_ETYPE when the result is not an int. */
 tp_status tt_call_add(tp_dest d, int64_t a, int64_t b, double timeout_s, int64_t *out);
+/* Every worker of job (this one too) answers add(rank, r) right, within 20 s
+ * each: 0, or -1 with the failure printed. */
+int tt_all_answer(const tt_job *job, int rank);
 /* Frees the job's shared memory. */
 void tt_job_free(tt_job *job);
 

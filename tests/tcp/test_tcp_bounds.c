@@ -89,10 +89,7 @@ static int body_attacked(tt_job *job, int rank) {
         }
     }
     TT_CHECK(tt_await_flag(sh, F_DONE, 1, 60) == 0);
-    for (int r = 0; r < job->world; r++) {
-        int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
-    }
+    TT_CHECK(tt_all_answer(job, rank) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }
@@ -191,10 +188,7 @@ static int body_exhausted(tt_job *job, int rank) {
         TT_CHECK(atomic_load(&sh->count[C_REDIALS]) >= 2);
     }
     TT_CHECK(tt_await_flag(sh, F_FREED, 1, 30) == 0);
-    for (int r = 0; r < job->world; r++) {
-        int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
-    }
+    TT_CHECK(tt_all_answer(job, rank) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK); /* nobody was declared down */
     return 0;
 }
@@ -444,10 +438,7 @@ static int body_exact_max(tt_job *job, int rank) {
         TT_CHECK(strstr(tp_errmsg(), "65537 bytes") != NULL);
         TT_CHECK(call_blen(n, &v) == TP_OK && v == (int64_t)n); /* and service goes on */
     }
-    for (int r = 0; r < job->world; r++) {
-        int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
-    }
+    TT_CHECK(tt_all_answer(job, rank) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }
@@ -522,10 +513,7 @@ static int body_budget(tt_job *job, int rank) {
         TT_CHECK(st == TP_OK);
         TT_CHECK(same);
     }
-    for (int r = 0; r < job->world; r++) {
-        int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
-    }
+    TT_CHECK(tt_all_answer(job, rank) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }
@@ -642,10 +630,7 @@ static int body_strangers(tt_job *job, int rank) {
         TT_CHECK(atomic_load(&sh->count[C_PROBED]) == 0); /* nobody was probed */
     }
     TT_CHECK(tt_await_flag(sh, F_DONE, 1, 90) == 0);
-    for (int r = 0; r < job->world; r++) {
-        int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r);
-    }
+    TT_CHECK(tt_all_answer(job, rank) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }
