@@ -659,3 +659,45 @@ def test_core_limits_as_backend_options(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["1", "refused True"]
+
+
+def test_tensor_type_numpy_with_torch_imported(tmp_path):
+    """tensor_type="numpy" is kept even where torch is imported: received
+    tensors are numpy arrays, not torch tensors (the option reaches the
+    worker; "auto" would give torch here)."""
+    need_torch()
+    out = run(tmp_path, """
+        import torch
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            tensor_type="numpy"))
+        if rank == 0:
+            b = rpc.rpc_sync("worker1", echo, args=(torch.arange(4),))
+            print(type(b).__module__, b.tolist())
+        rpc.shutdown()
+    """)
+    assert out == ["numpy [0, 1, 2, 3]"]
+
+
+def test_ctrl_c_interrupts_a_torch_future_wait(tmp_path):
+    """With torch imported, rpc_async returns a torch future whose wait() is
+    sliced so Ctrl-C (SIGINT) interrupts it at once, not when the call ends."""
+    need_torch()
+    out = run(tmp_path, """
+        import os, signal, threading, time
+        import torch
+        def slow():
+            time.sleep(3)
+            return 1
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            f = rpc.rpc_async("worker1", slow)
+            threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            t0 = time.monotonic()
+            try:
+                f.wait()
+                print("not interrupted")
+            except KeyboardInterrupt:
+                print("interrupted", time.monotonic() - t0 < 2.0)
+        rpc.shutdown()
+    """)
+    assert out == ["interrupted True"]
