@@ -701,3 +701,27 @@ def test_ctrl_c_interrupts_a_torch_future_wait(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["interrupted True"]
+
+
+def test_method_that_raises_reaches_the_caller(tmp_path):
+    """A method called through an rref (rref.rpc_sync().m()) that raises
+    makes the caller's call raise with its message, not answer None."""
+    out = run(tmp_path, """
+        class Box:
+            def __init__(self, v):
+                self.v = v
+            def get(self):
+                return self.v
+            def bad(self):
+                raise ValueError("bad box %d" % self.v)
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            box = rpc.remote("worker1", Box, args=(7,))
+            print(box.rpc_sync().get())
+            try:
+                print("answered", box.rpc_sync().bad())
+            except Exception as e:
+                print("raised", "bad box 7" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["7", "raised True"]
