@@ -256,6 +256,7 @@ struct tp_core {
     struct tpi_runq *runq; /* lock: by id */
     uint32_t rr_first, rr_last; /* lock: the round, UINT32_MAX when empty */
     uint64_t tokens_owed; /* lock: pool tokens that found only stalled sources (FAIR-2) */
+    uint32_t ndeferred;   /* lock: method calls parked on owner records (METHOD-3) */
     uint8_t *forks_query;  /* lock: by id: RREF-19's query to it: 0 none, 1 out, 2 out + again */
     uint64_t *forks_asked_ns; /* lock: by id: its first query not answered yet (RREF-19), or 0 */
     uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still

@@ -72,6 +72,11 @@
 #define TPI_ADDR_LEN_MAX 256
 /* Calls in flight from one worker: bounds the pending table. */
 #define TPI_CALLS_IN_FLIGHT_MAX ((uint32_t)1 << 20)
+/* Method calls a worker keeps parked on owner records not settled yet
+ * (METHOD-3). A parked request no longer counts against its caller's credit
+ * (FLOW-8), so this bounds what callers can park; past it a method call waits
+ * on its pool thread, within its own deadline, as the credit then bounds. */
+#define TPI_METHOD_DEFERRED_MAX 4096u
 
 /* RREF-15: an rref protocol message that got no answer (a broken
  * connection, a timeout) is sent again after this pause, doubling per

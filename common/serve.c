@@ -558,7 +558,8 @@ static int defer_method(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc, 
     memset(j, 0, sizeof *j);
     tpi_lock(c);
     tpi_owner *o = method_owner_pending(c, m);
-    if (!o || served_canceled(sv)) { /* settled meanwhile, or given up: go on here */
+    if (!o || served_canceled(sv) || c->ndeferred >= TPI_METHOD_DEFERRED_MAX) {
+        /* settled meanwhile, given up, or too many parked: go on here */
         tpi_unlock(c);
         free(copy);
         tpi_block_free(j, sizeof *j);
@@ -584,6 +585,7 @@ static int defer_method(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc, 
     }
     j->next = o->deferred;
     o->deferred = j;
+    c->ndeferred++;
     tpi_unlock(c);
     return 1;
 }
@@ -595,6 +597,8 @@ void tpi_owner_resume(tp_core *c, tpi_owner *o) {
         o->deferred = j->next;
         j->next = rev;
         rev = j;
+        TPI_ASSERT(c->ndeferred > 0);
+        c->ndeferred--;
     }
     while (rev) {
         tpi_job *j = rev;
@@ -607,6 +611,8 @@ void tpi_owner_drop_deferred(tp_core *c, tpi_owner *o) {
     while (o->deferred) {
         tpi_job *j = o->deferred;
         o->deferred = j->next;
+        TPI_ASSERT(c->ndeferred > 0);
+        c->ndeferred--;
         job_discard(c, j);
     }
 }
