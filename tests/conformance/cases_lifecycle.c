@@ -408,6 +408,27 @@ static int lifecycle_unknown_option_key(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: INTERRUPT-1: with no init or graceful shutdown blocked, tp_interrupt is
+ * dropped with TP_ENOTINIT in every state, leaves tp_errmsg() alone, and never
+ * affects a later call: the init and the graceful shutdown after it run to
+ * their end. */
+static int lifecycle_interrupt_nothing_blocked(int rank, int ws) {
+    CHECK_STATUS(tp_sleep(0.01), TP_ENOTINIT); /* a message to keep */
+    char msg[TP_ERRMSG_LEN_MAX];
+    snprintf(msg, sizeof msg, "%s", tp_errmsg());
+    CHECK(msg[0] != '\0');
+    CHECK_STATUS(tp_interrupt(), TP_ENOTINIT); /* UNINIT */
+    CHECK_STATUS(tp_interrupt(), TP_ENOTINIT);
+    CHECK(strcmp(tp_errmsg(), msg) == 0);
+    CONF_INIT_OR_RETURN(rank, ws);
+    CHECK_STATUS(tp_interrupt(), TP_ENOTINIT); /* READY: calls are not interrupted */
+    CHECK_INT(conf_sync_int(rank, tp_to_rank(1 - rank), "add", CONF_INTS(rank, 1), -1), rank + 1);
+    CHECK_OK(tp_shutdown(1));
+    CHECK_STATUS(tp_interrupt(), TP_ENOTINIT); /* UNINIT again */
+    CHECK(!tp_is_initialized());
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_lifecycle[] = {
     {"lifecycle_init_twice", 2, lifecycle_init_twice, "INIT-1"},
     {"lifecycle_calls_before_init", 1, lifecycle_calls_before_init, "INIT-1 TIMEOUT-4 ERR-3"},
@@ -429,6 +450,7 @@ const tp_conformance_case conf_cases_lifecycle[] = {
      "FUNC-1 METHOD-1"},
     {"lifecycle_options", 1, lifecycle_options, "OPT-1 OPT-2 OPT-3 OPT-4 OPT-5 OPT-6"},
     {"lifecycle_unknown_option_key", 1, lifecycle_unknown_option_key, "OPT-6 INIT-2"},
+    {"lifecycle_interrupt_nothing_blocked", 2, lifecycle_interrupt_nothing_blocked, "INTERRUPT-1"},
 };
 const size_t conf_cases_lifecycle_count =
     sizeof conf_cases_lifecycle / sizeof conf_cases_lifecycle[0];

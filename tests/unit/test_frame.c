@@ -4,7 +4,8 @@
  * next frame that fits reuses it; small requests, small frames and blocks
  * past the bounds are not kept; trim empties it; concurrent use is safe; and
  * a tensor decoded as a view into a received frame keeps the block out of
- * the cache until the tensor is freed (spec/wire.md WIRE-10).
+ * the cache until the tensor is freed (spec/wire.md WIRE-10). Also the
+ * header check (WIRE-1) for a caller that wants no message.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -458,6 +459,61 @@ static void test_frame_view_keeps_block_until_tensor_freed(void **state) {
     tp_value_free(t2);
 }
 
+/* ---- The header check without a message buffer (WIRE-1) --------------------------- */
+
+/* A valid header: a RESPONSE with a body of body_len bytes. */
+static void good_header(uint8_t h[TP_FRAME_HEADER_SIZE], uint32_t body_len) {
+    memset(h, 0, TP_FRAME_HEADER_SIZE);
+    h[0] = TPI_WIRE_MAGIC0;
+    h[1] = TPI_WIRE_MAGIC1;
+    h[2] = TPI_WIRE_MAGIC2;
+    h[3] = TPI_WIRE_MAGIC3;
+    h[4] = TPI_WIRE_VERSION;
+    h[5] = TPI_MSG_RESPONSE;
+    for (int i = 0; i < 4; i++)
+        h[8 + i] = (uint8_t)(body_len >> (8 * i));
+}
+
+/* A bad header is told by its status alone when the caller wants no message:
+ * errmsg NULL, whatever errmsg_len says, and a buffer of length 0 are never
+ * written (nor is frame_len). */
+static void test_frame_header_check_without_message(void **state) {
+    (void)state;
+    uint8_t h[TP_FRAME_HEADER_SIZE];
+    size_t flen = 0;
+    good_header(h, 100);
+    assert_int_equal(tp_frame_check_header(h, 4096, &flen, NULL, 0), TP_OK);
+    assert_int_equal(flen, TP_FRAME_HEADER_SIZE + 100);
+    static const size_t lens[] = {0, 1, TP_ERRMSG_LEN_MAX};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        flen = 7;
+        good_header(h, 100);
+        h[0] = 'X';
+        assert_int_equal(tp_frame_check_header(h, 4096, &flen, NULL, lens[i]), TP_EPROTO);
+        good_header(h, 100);
+        h[4] = TPI_WIRE_VERSION + 1;
+        assert_int_equal(tp_frame_check_header(h, 4096, &flen, NULL, lens[i]), TP_EPROTO);
+        good_header(h, 5000);
+        assert_int_equal(tp_frame_check_header(h, 4096, &flen, NULL, lens[i]), TP_EMSGSIZE);
+        assert_int_equal(tp_frame_check_header(NULL, 4096, &flen, NULL, lens[i]), TP_EINVAL);
+        assert_int_equal(tp_frame_check_header(h, 4096, NULL, NULL, lens[i]), TP_EINVAL);
+        assert_int_equal(flen, 7);
+    }
+    /* A buffer of length 0 is not written, not even its terminator. */
+    char buf[8];
+    memset(buf, '#', sizeof buf);
+    good_header(h, 100);
+    h[5] = 0;
+    assert_int_equal(tp_frame_check_header(h, 4096, &flen, buf, 0), TP_EPROTO);
+    for (size_t i = 0; i < sizeof buf; i++)
+        assert_int_equal(buf[i], '#');
+    /* And one of length 1 holds the empty string: the message cut to fit. */
+    assert_int_equal(tp_frame_check_header(h, 4096, &flen, buf, 1), TP_EPROTO);
+    assert_int_equal(buf[0], '\0');
+    assert_int_equal(buf[1], '#');
+    assert_int_equal(flen, 7);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_frame_reuses_block_with_new_length, setup, teardown),
@@ -472,6 +528,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_frame_concurrent_alloc_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_view_keeps_block_until_tensor_freed, setup,
                                         teardown),
+        cmocka_unit_test(test_frame_header_check_without_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -280,6 +280,152 @@ static void test_rejoin_skips_a_dead_peer(void **state) {
     assert_int_equal(q.call_st, TP_OK);
 }
 
+/* ---- A second restart whose compare-and-set reply is lost ------------------------ */
+
+/*
+ * A store that applies a compare-and-set of an incarnation key ("g<gen>/inc/<r>")
+ * and then loses the reply (a store server that wrote, then lost the
+ * connection): the caller sees TP_ESTORE and tries again.
+ */
+typedef struct lossy_store {
+    tp_store base; /* first */
+    tp_store *inner;
+    int lost;                           /* replies lost so far */
+    char key[TP_STORE_KEY_LEN_MAX + 1]; /* the incarnation key written last */
+} lossy_store;
+
+static tp_status lossy_set(tp_store *s, const char *key, const void *value, size_t len) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->set(in, key, value, len);
+}
+static tp_status lossy_get(tp_store *s, const char *key, void **value, size_t *len) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->get(in, key, value, len);
+}
+static tp_status lossy_add(tp_store *s, const char *key, int64_t delta, int64_t *result) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->add(in, key, delta, result);
+}
+static tp_status lossy_cas(tp_store *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, int *swapped) {
+    lossy_store *ls = (lossy_store *)s;
+    tp_status st =
+        ls->inner->ops->compare_set(ls->inner, key, expected, elen, desired, dlen, swapped);
+    if (st == TP_OK && *swapped && strstr(key, "/inc/")) {
+        ls->lost++;
+        snprintf(ls->key, sizeof ls->key, "%s", key);
+        snprintf(s->errmsg, sizeof s->errmsg, "compare_set '%s': the reply was lost", key);
+        return TP_ESTORE; /* written, but the caller cannot know */
+    }
+    return st;
+}
+static tp_status lossy_del(tp_store *s, const char *key) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->del(in, key);
+}
+static void lossy_close(tp_store *s) {
+    lossy_store *ls = (lossy_store *)s;
+    ls->inner->ops->close(ls->inner);
+    free(ls);
+}
+static const tp_store_ops lossy_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = lossy_set,
+    .get = lossy_get,
+    .add = lossy_add,
+    .compare_set = lossy_cas,
+    .del = lossy_del,
+    .close = lossy_close,
+};
+
+#define TWICE_INCS 3 /* w1's first process and its two restarts */
+#define TWICE_PLAN "kill 1 100\nrestart 1 200\nkill 1 400\nrestart 1 500\n"
+
+static struct {
+    tp_status rejoin_st[TWICE_INCS];
+    char rejoin_msg[TWICE_INCS][TP_ERRMSG_LEN_MAX];
+    tp_status call_st;
+    int64_t call_answer;
+} t2;
+
+/* w1 dies at 100 ms, is restarted at 200 ms (incarnation 1), dies again at
+ * 400 ms and is restarted at 500 ms (incarnation 2), which calls w0. */
+static int program_twice(int rank, int world, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 2.0) == TP_OK);
+    uint32_t inc = tp_sim_incarnation();
+    CHECK(inc < TWICE_INCS);
+    if (inc > 0)
+        CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
+    tp_status st = tp_init_rpc(rank ? "w1" : "w0", "SIM", rank, world, o);
+    tp_options_free(o);
+    if (rank == 1 && inc < TWICE_INCS) {
+        t2.rejoin_st[inc] = st;
+        snprintf(t2.rejoin_msg[inc], sizeof t2.rejoin_msg[inc], "%s", tp_errmsg());
+    }
+    if (st != TP_OK)
+        return 0;
+    if (rank == 0) {
+        (void)tp_sleep(15.0);
+        CHECK(tp_shutdown(0) == TP_OK);
+        return 0;
+    }
+    if (inc < 2) {
+        (void)tp_sleep(60.0); /* killed in here */
+        return 0;
+    }
+    tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(7));
+    tp_value *res = NULL;
+    t2.call_st = tp_rpc_sync(tp_to_rank(0), "slow", args, NULL, 5.0, &res);
+    (void)tp_value_get_int(res, &t2.call_answer);
+    tp_value_free(res);
+    tp_value_free(args);
+    CHECK(tp_shutdown(0) == TP_OK);
+    return 0;
+}
+
+/* spec: REJOIN-2: the second restart's compare-and-set of "inc/1" (from
+ * incarnation 1 to 2) is applied but its reply lost; the retry finds the
+ * key changed, reads it back, sees its own value and takes incarnation 2.
+ * (Taking the value for a rival restart's, it would go on to 3, and lose
+ * that reply too.) The first restart's create-if-absent write is the store
+ * retry's case (STORE-9): the key read back as its own. */
+static void test_rejoin_second_restart_lost_cas_reply(void **state) {
+    (void)state;
+    memset(&t2, 0, sizeof t2);
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &lossy_ops;
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    tp_sim_config cfg = {.hosts = 2, .seed = 7, .store = &ls->base};
+    tp_sim *sim = NULL;
+    char err[256];
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_load_faults(sim, TWICE_PLAN, err, sizeof err), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_twice, NULL, NULL), TP_OK);
+    assert_int_equal(failures, 0);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    assert_int_equal(tp_sim_fault_count(sim, TP_SIM_FAULT_RESTART), 2);
+    assert_int_equal(tp_sim_rank_host(sim, 1), 3);
+    tp_sim_free(sim);
+    for (int i = 0; i < TWICE_INCS; i++)
+        if (t2.rejoin_st[i] != TP_OK)
+            fail_msg("incarnation %d: %s: %s", i, tp_status_name(t2.rejoin_st[i]),
+                     t2.rejoin_msg[i]);
+    assert_int_equal(t2.call_st, TP_OK);
+    assert_int_equal(t2.call_answer, 7);
+    assert_int_equal(ls->lost, 2); /* each restart's write: 0 -> 1, then 1 -> 2 */
+    assert_non_null(strstr(ls->key, "/inc/1"));
+    void *v = NULL;
+    size_t len = 0;
+    assert_int_equal(ls->inner->ops->get(ls->inner, ls->key, &v, &len), TP_OK);
+    assert_true(len > 2 && memcmp(v, "2\t", 2) == 0); /* incarnation 2, the newest */
+    free(v);
+    lossy_close(&ls->base);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
@@ -287,6 +433,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_second_restart_lost_cas_reply, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -349,6 +349,55 @@ static void test_rref_lost_carrying_frame_from_owner(void **state) {
 }
 
 /*
+ * RREF-19: after a broken connection the owner w1 asks w0, which holds its
+ * value, which forks it holds: one query, answered "held". That answer is
+ * the last word until the next break (the query is sent again only when it
+ * got no answer or "later", or when another break came while it was out):
+ * while w0 keeps its reference, nothing more crosses the link, and the
+ * value is freed once w0 lets go. Asking again after every answer would
+ * ping-pong queries for as long as w0 holds the rref.
+ */
+#define QUERY_BREAK_S 1.0 /* QUERY_PLAN's break */
+#define QUERY_PLAN "break 0 1 1000\n"
+
+static uint64_t break_msgs;      /* delivered from just before the break until 0.2 s after */
+static uint64_t quiet_msgs;      /* delivered from then until 1 s after the break */
+static int destroyed_while_held; /* the owner freed the value w0 still held */
+
+static int forks_query_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = confirmed_object(); /* w1 records w0's fork */
+        sleep_until(QUERY_BREAK_S - 0.1);
+        uint64_t m0 = tp_sim_messages(tp_sim_current());
+        sleep_until(QUERY_BREAK_S + 0.2); /* the query and its answer are done */
+        uint64_t m1 = tp_sim_messages(tp_sim_current());
+        sleep_until(QUERY_BREAK_S + 1.0);
+        break_msgs = m1 - m0;
+        quiet_msgs = tp_sim_messages(tp_sim_current()) - m1;
+        destroyed_while_held = destroyed;
+        tp_rref_release(r);
+    }
+    sleep_until(QUERY_BREAK_S + 1.0 + SETTLE_S);
+    if (rank == 1)
+        CHECK(destroyed == 1); /* w0's delete came: the fork answered "held" was not lost */
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_forks_query_once_per_break(void **state) {
+    (void)state;
+    break_msgs = quiet_msgs = 0;
+    destroyed_while_held = -1;
+    run_plan_with(QUERY_PLAN, forks_query_program);
+    assert_int_equal(destroyed_while_held, 0);
+    assert_int_equal(break_msgs, 2); /* w1's query to w0, and w0's answer */
+    assert_int_equal(quiet_msgs, 0);
+}
+
+/*
  * METHOD-3: w2's method call reaches w1 before the remote() that makes its
  * value (its REMOTE held back 200 ms), and w1 has one pool thread. The call
  * must not wait for the value on that thread: the remote() queued behind it
@@ -466,6 +515,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_leaks_reported_at_shutdown, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_user, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
+        cmocka_unit_test_setup(test_rref_forks_query_once_per_break, reset_failures),
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
