@@ -10,6 +10,9 @@ builds what the tests of that file need and runs them, cheapest first. A
 mutant is killed when a test fails, crashes, hangs (runs past its limit) or
 leaks; it survives when every test passes. Mutants that do not compile are
 not counted. The score, per folder and overall, is killed / (killed + survived).
+A survivor listed in scripts/mutate_equivalent.txt (a mutant shown, with its
+reason, to change nothing a user can see) counts as equivalent, not survived;
+a listed mutant that a test kills is reported, since its reason was wrong.
 
 Folders: common (the core; the sim tests, and LeakSanitizer), real (the TCP
 transport; the TCP tests, also under LeakSanitizer), python (the package and
@@ -334,6 +337,30 @@ def candidates(files):
     return out
 
 
+EQUIVALENT = os.path.join(ROOT, "scripts", "mutate_equivalent.txt")
+
+
+def load_equivalent(path=EQUIVALENT):
+    """{(file, original, mutant): reason}: blocks of a file line, '- ' the
+    original statement, '+ ' the mutant, 'why: ' the reason; blank lines
+    between blocks, '#' comments. Matched by text, so lines may move."""
+    out = {}
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        blocks = f.read().split("\n\n")
+    for b in blocks:
+        lines = [l for l in b.strip().split("\n") if l and not l.startswith("#")]
+        if not lines:
+            continue
+        if len(lines) < 4 or not (lines[1].startswith("- ") and lines[2].startswith("+ ")
+                                  and lines[3].startswith("why: ")):
+            raise SystemExit(f"mutate: {path}: a block needs a file, '- ', '+ ' and 'why: ' lines:\n{b}")
+        out[(lines[0].strip(), lines[1][2:].strip(), lines[2][2:].strip())] = " ".join(
+            l.strip() for l in lines[3:])[5:]
+    return out
+
+
 def mutated_text(text, m):
     lines = text.split("\n")
     for i, new in m.edits:
@@ -390,7 +417,8 @@ TESTS = {
     "conformance_sim": ("lsan", ["conformance_sim"], ["{b}/tests/conformance/conformance_sim"], {}),
     **{n: ("lsan", [n], ["{b}/tests/" + n], {}) for n in
        ["test_future", "test_timeout", "test_shutdown", "test_init", "test_send_failure",
-        "test_rejoin", "test_codec", "test_value", "test_frame"]},
+        "test_rejoin", "test_codec", "test_value", "test_frame", "test_interrupt",
+        "test_rref_faults", "test_flow_break"]},
     "swarm": ("lsan", ["tpsim"], ["{b}/tools/tpsim", "swarm", "--seeds", "1..150"], {}),
     "swarm16": ("lsan", ["tpsim"], ["{b}/tools/tpsim", "swarm", "--seeds", "1001..1010",
                                     "--workers", "16"], {}),
@@ -429,7 +457,8 @@ TESTS = {
 }
 
 COMMON_CORE = ["conformance_sim", "test_future", "test_timeout", "test_shutdown", "test_init",
-               "test_send_failure", "test_rejoin", "swarm", "swarm16", "scenarios"]
+               "test_send_failure", "test_rejoin", "test_interrupt", "test_rref_faults",
+               "test_flow_break", "swarm", "swarm16", "scenarios"]
 CODEC = ["test_value", "test_codec", "test_frame", "replay_fuzz_msg_decode",
          "replay_fuzz_core_frames", "conformance_sim", "swarm", "swarm16", "scenarios"]
 REAL_BASE = ["replay_fuzz_tcp_conn", "test_tcp_ipv6", "test_tcp", "tcp_pingpong",
@@ -668,6 +697,7 @@ def main():
     with open(cml, "w") as f:
         f.write(text.replace("-Wall -Wextra -Werror", "-Wall -Wextra"))
     runner = Runner(tree, args.jobs, args.timeout, args.mutant_timeout)
+    equivalent = load_equivalent()
 
     t_start = time.time()
     needed = list(dict.fromkeys(n for m in chosen for n in tests_for(m.rel)[1]))
@@ -702,6 +732,12 @@ def main():
                 runner.run_one(test, runner.limit(test)):
             result = "flaky"
             verdict += f"; {test} fails unmutated too: not counted"
+        known = equivalent.get((m.rel, orig.strip(), m.edits[0][1].strip()))
+        if known is not None and result == "survived":
+            result = "equivalent"
+            verdict = "survived, equivalent: " + known
+        elif known is not None and result == "killed":
+            verdict += " (listed as equivalent in scripts/mutate_equivalent.txt: wrongly)"
         secs = time.time() - t1
         results.append({"file": m.rel, "line": m.line + 1, "op": m.op, "folder": folder_of(m.rel),
                         "result": result, "by": by, "seconds": round(secs, 1),
@@ -713,18 +749,19 @@ def main():
     summary = {}
     print(f"\nmutate: seed {args.seed}, {len(chosen)} mutants in {time.time() - t0:.0f} s")
     print(f"  {'folder':8} {'candidates':>10} {'tested':>6} {'killed':>6} {'survived':>8} "
-          f"{'no-compile':>10} {'flaky':>5} {'score':>7}")
+          f"{'equivalent':>10} {'no-compile':>10} {'flaky':>5} {'score':>7}")
     for f in folders + ["overall"]:
         rs = [r for r in results if f == "overall" or r["folder"] == f]
         k = sum(r["result"] == "killed" for r in rs)
         s = sum(r["result"] == "survived" for r in rs)
         inv = sum(r["result"] == "invalid" for r in rs)
         flaky = sum(r["result"] == "flaky" for r in rs)
+        eq = sum(r["result"] == "equivalent" for r in rs)
         cand = sum(len(p) for p in pools.values()) if f == "overall" else len(pools[f])
         score = 100.0 * k / (k + s) if k + s else None
         summary[f] = {"candidates": cand, "tested": len(rs), "killed": k, "survived": s,
-                      "invalid": inv, "flaky": flaky, "score": None if score is None else round(score, 1)}
-        print(f"  {f:8} {cand:>10} {len(rs):>6} {k:>6} {s:>8} {inv:>10} {flaky:>5} "
+                      "equivalent": eq, "invalid": inv, "flaky": flaky, "score": None if score is None else round(score, 1)}
+        print(f"  {f:8} {cand:>10} {len(rs):>6} {k:>6} {s:>8} {eq:>10} {inv:>10} {flaky:>5} "
               f"{'-' if score is None else f'{score:.1f}%':>7}")
     for r in results:
         if r["result"] == "survived":
