@@ -615,6 +615,38 @@ def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
                    "late broadcast refused: True"]
 
 
+def test_gather_round_waited_for_here_is_never_dropped(tmp_path):
+    """When a peer's rounds fill the table (GATHER_ROUNDS_MAX), the stale
+    rounds dropped to make room are only those no local _all_gather waits
+    for: a follower's own round, waiting for the leader's broadcast, stays
+    and its _all_gather completes."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        def has_round(round_id):
+            return round_id in api._gathers
+        names = ["worker0", "worker1"]
+        if rank == 1:  # before init: no round is made before these hold
+            api.GATHER_ROUNDS_MAX = 3
+            api.GATHER_ROUND_STALE_S = 0.0  # every round is stale at once
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:  # the leader: joins once worker1's round waits and the table is full
+            deadline = time.monotonic() + 20
+            while not rpc.rpc_sync("worker1", has_round, args=("worker0worker1/0",)):
+                assert time.monotonic() < deadline, "worker1's round never made"
+                time.sleep(0.02)
+            for i in range(3):  # the third finds the table full: stale rounds go
+                rpc.rpc_sync("worker1", api._gather_to_leader,
+                             args=("r%d" % i, "worker0", None, ["worker0", "nobody"]))
+        try:
+            print(sorted(api._all_gather(rank, names, timeout=5).items()))
+        except RuntimeError as e:
+            print("failed:", str(e)[:60])
+        rpc.shutdown()
+    """, rank0_only=False)
+    assert sorted(l for l in out if l[:4] in ("[0] ", "[1] ")) == [
+        "[0] [('worker0', 0), ('worker1', 1)]", "[1] [('worker0', 0), ('worker1', 1)]"]
+
+
 def test_interrupted_rpc_sync_is_not_waited_for_by_shutdown(tmp_path):
     """Ctrl-C in rpc_sync cancels the call (CANCEL-1): the caller's graceful
     shutdown does not wait for the callee's function to end."""
@@ -725,3 +757,35 @@ def test_method_that_raises_reaches_the_caller(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["7", "raised True"]
+
+
+def test_torch_future_of_a_failed_send_raises_its_error(tmp_path):
+    """With torch imported, rpc_async to a worker known to be down returns a
+    torch future that failed at once (no C future behind it): its wait()
+    raises that error (PeerDownError, a RuntimeError), as PyTorch reports
+    send errors through the future."""
+    need_torch()
+    out = run(tmp_path, """
+        import torch
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 1:
+            time.sleep(0.3)
+            os._exit(0)  # gone without shutdown
+        deadline = time.monotonic() + 20
+        while True:  # until worker0 knows worker1 is down
+            assert time.monotonic() < deadline, "worker1 never seen down"
+            try:
+                rpc.rpc_sync("worker1", add, args=(1, 2), timeout=5)
+            except RuntimeError:
+                break
+            time.sleep(0.05)
+        f = rpc.rpc_async("worker1", add, args=(1, 2), timeout=5)
+        print(isinstance(f, torch.futures.Future), f.done())
+        try:
+            f.wait()
+            print("answered")
+        except RuntimeError as e:
+            print(type(e).__name__, "is down" in str(e))
+        rpc.shutdown(graceful=False)
+    """)
+    assert out == ["True True", "PeerDownError True"]

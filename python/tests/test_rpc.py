@@ -121,6 +121,55 @@ def test_errors_keep_their_type_and_name_the_worker(tmp_path):
                    "overflow: True", "set: True", "timeout: True", "unknown worker: True"]
 
 
+def test_error_whose_class_has_no_str_qualname(tmp_path):
+    """A served call fails with an exception whose class's __qualname__ is
+    missing (the lookup raises AttributeError) or not a str: the callee
+    names it "Exception" and keeps its message, and goes on serving. The
+    exception comes from the C layer's conversion of the result (the tensor
+    adapter looks up __dlpack__ on it), so no Python code formats it first."""
+    out = run(tmp_path, """
+        class OddName(type):
+            def __getattribute__(cls, name):
+                if name == "__qualname__":
+                    q = type.__getattribute__(cls, "qual")
+                    if q is None:
+                        raise AttributeError(name)
+                    return q
+                return type.__getattribute__(cls, name)
+
+        class Nameless(Exception, metaclass=OddName):
+            qual = None
+
+        class Numbered(Exception, metaclass=OddName):
+            qual = 42
+            def __str__(self):
+                return "numbered " + self.args[0]
+
+        class Odd:
+            def __init__(self, exc):
+                self.exc = exc
+            def __getattr__(self, name):
+                if name == "__dlpack__":
+                    raise self.exc
+                raise AttributeError(name)
+
+        def odd(which):
+            return Odd(Nameless("no name") if which == "missing" else Numbered("one"))
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            for which, words in (("non-str", "numbered one"), ("missing", "no name")):
+                try:
+                    rpc.rpc_sync("worker1", odd, args=(which,), timeout=20)
+                    print(which, "answered")
+                except Exception as e:
+                    print(which, type(e).__name__, words in str(e))
+            print(rpc.rpc_sync("worker1", add, args=(1, 2), timeout=20))
+        rpc.shutdown()
+    """)
+    assert out == ["non-str Exception True", "missing Exception True", "3"]
+
+
 def test_callee_never_imports_a_module_a_peer_names(tmp_path):
     (tmp_path / "helper_mod.py").write_text("def triple(x):\n    return 3 * x\n")
     out = run(tmp_path, """
@@ -242,6 +291,34 @@ def test_large_array_is_sent_from_its_own_memory(tmp_path):
     assert out == ["[67108864, 1.0, 7.0]", "peak grew by less than a quarter of the array: True",
                    "67108864 3.0", "67108864 3.0 7.0 True False",
                    "received without a copy: True"]
+
+
+def test_lent_array_comes_back_while_its_call_runs(tmp_path):
+    """A large array an rpc_async call sends from its own memory (VALUE-10)
+    is handed back once the message is out, through the interpreter's
+    pending calls on the main thread: here the program waits on nothing of
+    the library (no wait slice, no other array sent), and the call is still
+    running on the callee when the array's buffer is released."""
+    out = run(tmp_path, """
+        import numpy as np
+
+        def hold(a, seconds):
+            time.sleep(seconds)
+            return a.nbytes
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            a = np.ones(1 << 20, dtype=np.float32)  # 4 MiB: lent, not copied
+            base = sys.getrefcount(a)
+            f = rpc.rpc_async("worker1", hold, args=(a, 3.0), timeout=30)
+            deadline = time.monotonic() + 1.5
+            while sys.getrefcount(a) != base and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("released while the call runs:", sys.getrefcount(a) == base, f.done())
+            print(f.wait())
+        rpc.shutdown()
+    """)
+    assert out == ["released while the call runs: True False", "4194304"]
 
 
 def test_new_method_and_method_values(tmp_path):

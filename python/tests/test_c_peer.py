@@ -1,0 +1,149 @@
+"""A C worker and a Python worker in one job: what a C program sees of a
+Python worker's objects. The C worker is this same script on rank 1,
+calling the shared library libtensorplay-rpc through ctypes (it never
+imports the Python package), so no compiler is needed. It reaches a Python
+object through an rref (remote() of a class) and calls its methods with
+the one method every Python object has, "py:method" ([name, args, kwargs])."""
+import ctypes.util
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from test_rpc import PYTHON, TPRUN
+
+
+def shared_library():
+    """libtensorplay-rpc.so of the build (or install) whose tprun runs the
+    tests: beside tprun's directory in a build tree, in lib/ when installed."""
+    tprun = shutil.which(TPRUN) or TPRUN
+    here = os.path.dirname(os.path.abspath(tprun))
+    for d in (os.path.join(here, ".."), os.path.join(here, "..", "lib"), here):
+        p = os.path.join(d, "libtensorplay-rpc.so")
+        if os.path.exists(p):
+            return os.path.abspath(p)
+    return ctypes.util.find_library("tensorplay-rpc")
+
+
+MIXED = r"""
+import ctypes, os, sys
+
+rank = int(os.environ["RANK"])
+
+if rank == 0:  # the Python worker: owns the object
+    import tensorplay.distributed.rpc as rpc
+
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+        def get(self):
+            return self.v
+
+        def bad(self):
+            raise ValueError("bad box %d" % self.v)
+
+    rpc.init_rpc("worker0")
+    rpc.shutdown()  # graceful: waits for the C worker to be done
+    sys.exit(0)
+
+# The C worker.
+lib = ctypes.CDLL(sys.argv[1])
+P = ctypes.c_void_p
+
+
+class Dest(ctypes.Structure):  # tp_dest
+    _fields_ = [("kind", ctypes.c_int), ("name", ctypes.c_char_p), ("rank", ctypes.c_int32)]
+
+
+for name, res, args in [
+        ("tp_init_rpc", ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+                                       ctypes.c_int, P]),
+        ("tp_shutdown", ctypes.c_int, [ctypes.c_int]),
+        ("tp_errmsg", ctypes.c_char_p, []),
+        ("tp_status_name", ctypes.c_char_p, [ctypes.c_int]),
+        ("tp_value_list", P, []),
+        ("tp_value_map", P, []),
+        ("tp_value_str", P, [ctypes.c_char_p]),
+        ("tp_value_int", P, [ctypes.c_int64]),
+        ("tp_value_bool", P, [ctypes.c_int]),
+        ("tp_value_float", P, [ctypes.c_double]),
+        ("tp_list_append", ctypes.c_int, [P, P]),
+        ("tp_value_free", None, [P]),
+        ("tp_value_get_int", ctypes.c_int, [P, ctypes.POINTER(ctypes.c_int64)]),
+        ("tp_remote", ctypes.c_int, [Dest, ctypes.c_char_p, P, P, ctypes.c_double,
+                                     ctypes.POINTER(P)]),
+        ("tp_rref_rpc_sync", ctypes.c_int, [P, ctypes.c_char_p, P, P, ctypes.c_double,
+                                            ctypes.POINTER(P)]),
+        ("tp_rref_release", None, [P])]:
+    f = getattr(lib, name)
+    f.restype, f.argtypes = res, args
+
+
+def status(st):
+    return lib.tp_status_name(st).decode()
+
+
+def lst(*items):
+    v = lib.tp_value_list()
+    for x in items:
+        assert lib.tp_list_append(v, x) == 0
+    return v
+
+
+def check(st, what):
+    if st != 0:
+        print(what, "failed:", status(st), lib.tp_errmsg().decode(), flush=True)
+        sys.exit(1)
+
+
+check(lib.tp_init_rpc(b"worker1", b"TENSORPIPE", 1, 2, None), "init")
+# remote() of __main__.Box(7) on worker0: [module, qualname, args, kwargs, keep, timeout]
+wire = lst(lib.tp_value_str(b"__main__"), lib.tp_value_str(b"Box"),
+           lst(lib.tp_value_int(7)), lib.tp_value_map(), lib.tp_value_bool(1),
+           lib.tp_value_float(30.0))
+rref = P()
+check(lib.tp_remote(Dest(0, b"worker0", -1), b"py:call", wire, None, 30.0, ctypes.byref(rref)),
+      "remote")
+lib.tp_value_free(wire)
+
+
+def method(name):
+    args = lst(lib.tp_value_str(name), lib.tp_value_list(), lib.tp_value_map())
+    out = P()
+    st = lib.tp_rref_rpc_sync(rref, b"py:method", args, None, 30.0, ctypes.byref(out))
+    lib.tp_value_free(args)
+    return st, out
+
+
+st, out = method(b"get")
+check(st, "get")
+n = ctypes.c_int64()
+check(lib.tp_value_get_int(out, ctypes.byref(n)), "get's value")
+print("get:", n.value)
+lib.tp_value_free(out)
+st, out = method(b"bad")
+msg = lib.tp_errmsg().decode() if st != 0 else ""
+print("bad:", status(st), "ValueError: bad box 7" in msg, flush=True)
+lib.tp_value_free(out)
+lib.tp_rref_release(rref)
+check(lib.tp_shutdown(1), "shutdown")
+"""
+
+
+def test_c_worker_calls_methods_of_a_python_object(tmp_path):
+    """A C worker's method call on a Python worker's object (py_method)
+    answers with the method's value, and a method that raises fails the
+    call with TP_EREMOTE and the Python exception's class and message, not
+    TP_OK with no value."""
+    lib = shared_library()
+    if lib is None:
+        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
+    script = tmp_path / "mixed.py"
+    script.write_text(MIXED)
+    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(script), lib],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
+    assert lines == ["get: 7", "bad: TP_EREMOTE True"], proc.stdout + proc.stderr
