@@ -531,8 +531,6 @@ class Future:
         self._value = None
         self._exc = None
         self._callbacks = []
-        self._tp_core = None  # the C future behind it, if any
-        self._tp_what = None
 
     def _complete(self, value=None, exc=None):
         with self._cond:
@@ -645,7 +643,7 @@ def _make_future(core, what):
     completed from the C future core by its done-callback (on a pool
     thread), with the value converted once."""
     f = (_torch_future_type() or Future)()
-    f._tp_core, f._tp_what = core, what
+    f._tp_core = core  # the C future behind it: TorchFuture.wait waits on it in slices
 
     def complete():
         try:
