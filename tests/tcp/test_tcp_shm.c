@@ -22,6 +22,7 @@
 
 #include "real/tcp_internal.h"
 #include "tcp_harness.h"
+#include "tcp_raw.h"
 
 #define ELEMS (2u << 20) /* 8 MiB of float32: well above shm_min_bytes */
 #define HELD_ROUNDS 12   /* calls made while the first answer is still held */
@@ -302,6 +303,72 @@ static void test_shm_slab_picking(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* ---- A slab's header names its two ends (the acceptor's side alone) ---------- */
+
+/* Reads the slab of record v as worker me whose peer is worker peer (the
+ * slab is this process's own, taken back with pidfd_getfd as a worker takes
+ * its dialer's): 1 when its frame was handed on, 0 when refused (err says
+ * why), -1 when this system cannot take a descriptor at all. */
+static int read_slab_as(const uint32_t v[3], uint32_t peer, uint32_t me, char *err, size_t len) {
+    int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (pidfd < 0)
+        return -1;
+    tpi_shm_rx *rx = tpi_shm_rx_for_fuzz(pidfd, peer, me, (uint64_t)1 << 20);
+    assert_non_null(rx);
+    err[0] = '\0';
+    tp_frame *f = tpi_shm_frame(rx, v, (uint64_t)1 << 20, err, len);
+    if (!f && strstr(err, "pidfd_getfd")) {
+        tpi_shm_rx_detach(rx); /* closes pidfd */
+        return -1;
+    }
+    if (f)
+        assert_int_equal(f->len, v[2]);
+    tp_frame_free(f);
+    tpi_shm_rx_detach(rx);
+    return f != NULL;
+}
+
+/* spec: TCP-22: a slab names who wrote it and for whom; a FRAME record whose
+ * slab names another sender, or another receiver, is refused, so a slab
+ * meant for someone else is never read as this connection's frame. */
+static void test_shm_slab_header_names_both_ends(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0; /* worker 0 packs for worker 1 */
+    a.world_size = 3;
+    a.shm_pool = 8 * MIB;
+    tpi_tcp_peer peers[3];
+    memset(peers, 0, sizeof peers);
+    a.peers = peers;
+    enum { BODY = 1000 };
+    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + BODY);
+    assert_non_null(f);
+    memset(tp_frame_bytes(f), 0, f->len);
+    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, BODY);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_pack(&a, 1, 1, f, rec), 0);
+    tp_frame_free(f);
+    uint32_t v[3];
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+    char err[TP_ERRMSG_LEN_MAX];
+    int got = read_slab_as(v, 0, 1, err, sizeof err); /* worker 1, from worker 0: its own */
+    if (got < 0) {
+        tpi_shm_tx_free(peers[1].shm_tx);
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    assert_int_equal(got, 1);
+    /* The right sender for another receiver, and another sender for the
+     * right receiver: each refused, saying why. */
+    const uint32_t ends[][2] = {{0, 2}, {2, 1}, {2, 0}};
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
+        assert_int_equal(read_slab_as(v, ends[i][0], ends[i][1], err, sizeof err), 0);
+        assert_non_null(strstr(err, "header does not match"));
+    }
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -309,6 +376,7 @@ int main(void) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_slab_picking),
+        cmocka_unit_test(test_shm_slab_header_names_both_ends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

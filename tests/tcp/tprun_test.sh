@@ -45,6 +45,16 @@ took=$(( $(date +%s) - start ))
 check "signal status" 137 "$rc"
 check "grace then SIGKILL" yes "$([ "$took" -lt 10 ] && echo yes || echo "no ($took s)")"
 
+# A rank's program gets the descriptors tprun was given, its own pipes as
+# stdout and stderr, and no other end of them: a stray copy (say, kept by
+# something it starts in the background with its output sent elsewhere)
+# would hold tprun's end open past the program's exit.
+fds() { sort -n | tr '\n' ' '; }
+base=$(ls /proc/self/fd | fds)
+out=$("$tprun" --nproc 2 ls /proc/self/fd)
+check "rank 0 descriptors" "$base" "$(echo "$out" | sed -n 's/^\[0\] //p' | fds)"
+check "rank 1 descriptors" "$base" "$(echo "$out" | sed -n 's/^\[1\] //p' | fds)"
+
 # Usage errors.
 # --no-prefix: the lines as the program wrote them.
 out=$("$tprun" --nproc 1 --no-prefix sh -c 'echo "rank $RANK"')
