@@ -441,6 +441,12 @@ TESTS = {
     "conformance_tcp_sqlite": _conf_tcp(),
     "conformance_tcp_tcpstore": _conf_tcp({"TP_CONFORMANCE_STORE": "tcp"}),
     "conformance_tcp_shm": _conf_tcp({"TP_CONFORMANCE_SHM": "all"}),
+    # A deleted lock or unlock: ThreadSanitizer (a race is seldom seen otherwise).
+    "tsan_test_tcp": ("tsan", ["test_tcp"], ["{b}/tests/tcp/test_tcp"],
+                      {"TSAN_OPTIONS": "suppressions={t}/tests/tsan.supp"}),
+    "tsan_conformance_tcp": ("tsan", ["conformance_tcp"],
+                             ["{b}/tests/conformance/conformance_tcp"],
+                             {"TSAN_OPTIONS": "suppressions={t}/tests/tsan.supp"}),
     # python/: the package through tprun-started workers; the seed 5 times, not 200.
     "python_run": _pytest("python/tests/test_run.py"),
     "python_rpc": _pytest("python/tests", "--ignore={t}/python/tests/test_run.py",
@@ -494,6 +500,22 @@ def tests_for(rel):
     raise SystemExit(f"mutate: no tests for {rel}")
 
 
+# A mutant that deletes a lock or an unlock in C: its tests also run under
+# ThreadSanitizer over TCP, where threads really run at once (the simulator's
+# tasks never do). Unlocking a mutex not held is silent in glibc.
+LOCK_CALL = re.compile(r"\b(pthread_mutex_(un)?lock|pthread_rwlock_\w*lock|tpi_(un)?lock)\s*\(")
+TSAN_TESTS = {"common": ["tsan_conformance_tcp"], "real": ["tsan_test_tcp"]}
+
+
+def tests_of(m, orig):
+    """(own, all) for mutant m whose original line is orig."""
+    own, names = tests_for(m.rel)
+    if m.op == "delete" and LOCK_CALL.search(orig):
+        extra = TSAN_TESTS.get(folder_of(m.rel), [])
+        own, names = own + extra, names + extra
+    return own, names
+
+
 # LeakSanitizer alone (-fsanitize=leak) has no fiber API: a malloc made on a
 # simulator task's stack (sim/sim_task.c) unwinds no further than its own
 # frame, and LSan treats a chunk with no caller PC as reachable ("may be
@@ -521,7 +543,8 @@ class Runner:
         self.tree, self.jobs = tree, jobs
         self.timeout, self.mutant_timeout = timeout, mutant_timeout
         self.builds = {"lsan": os.path.join(tree, "build-mutate"),
-                       "py": os.path.join(tree, "build-mutate-py")}
+                       "py": os.path.join(tree, "build-mutate-py"),
+                       "tsan": os.path.join(tree, "build-mutate-tsan")}
         self.configured = set()
         self.baseline = {}  # test -> seconds on the unmutated tree
         self.broken = set()  # tests failing unmutated: left out
@@ -534,6 +557,10 @@ class Runner:
             # LeakSanitizer (cheap, unlike ASan): a mutant that leaks is killed too.
             flags = ["-DTP_BUILD_FUZZ=ON", "-DCMAKE_C_FLAGS=-fsanitize=leak",
                      "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=leak"]
+        elif kind == "tsan":
+            flags = ["-DTP_BUILD_FUZZ=OFF", "-DCMAKE_C_FLAGS=-fsanitize=thread",
+                     "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread",
+                     "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread"]
         else:
             flags = ["-DTP_BUILD_FUZZ=OFF", f"-DPython3_EXECUTABLE={PYTHON}"]
         subprocess.run(["cmake", "-S", self.tree, "-B", b] + flags, check=True,
@@ -700,7 +727,8 @@ def main():
     equivalent = load_equivalent()
 
     t_start = time.time()
-    needed = list(dict.fromkeys(n for m in chosen for n in tests_for(m.rel)[1]))
+    needed = list(dict.fromkeys(
+        n for m in chosen for n in tests_of(m, pristine[m.rel].split("\n")[m.line])[1]))
     if not runner.measure(needed):
         print("mutate: the unmutated tree does not build; nothing to measure")
         return 2
@@ -711,8 +739,8 @@ def main():
     results = []
     t0 = time.time()
     for n, m in enumerate(chosen, 1):
-        own, names = tests_for(m.rel)
         orig = pristine[m.rel].split("\n")[m.line]
+        own, names = tests_of(m, orig)
         with open(os.path.join(tree, m.rel), "w") as f:
             f.write(mutated_text(pristine[m.rel], m))
         where = f"{m.rel}:{m.line + 1} {m.op}"
