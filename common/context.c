@@ -47,6 +47,10 @@ tp_context *tp_context_current(void) {
     return current_ctx ? current_ctx : &process_context;
 }
 
+int tpi_context_is_process(const tp_context *ctx) {
+    return ctx == &process_context;
+}
+
 char *tpi_errmsg_buf(void) {
     return current_errmsg ? current_errmsg : thread_errmsg;
 }

@@ -47,5 +47,8 @@ void tpi_registry_clear(tp_context *ctx);
 
 void tpi_context_lock(tp_context *ctx);
 void tpi_context_unlock(tp_context *ctx);
+/* 1 for the process's own slot, 0 for one of tp_context_new's (a simulated
+ * worker's): only the first may take its settings from the environment. */
+int tpi_context_is_process(const tp_context *ctx);
 
 #endif

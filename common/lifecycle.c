@@ -257,6 +257,18 @@ tp_status tp_interrupt(void) {
     return tp_context_interrupt(tp_context_current());
 }
 
+/*
+ * REJOIN-1: TP_REJOIN=1 in the environment sets the rejoin option. A
+ * launcher that restarts a failed process (tprun --max-restarts) says so
+ * there, so the program needs no change to come back as a new incarnation.
+ * Only the process's own worker reads it: a simulated world depends on its
+ * seed alone.
+ */
+static int env_rejoin(const tp_context *ctx) {
+    const char *v = getenv("TP_REJOIN");
+    return tpi_context_is_process(ctx) && v && strcmp(v, "1") == 0;
+}
+
 static tp_status init_attempt(tp_context *ctx, const tp_backend *b, const char *backend,
                               const char *name, int rank, int world_size, const tp_options *opts,
                               uint32_t gen, uint32_t epoch);
@@ -352,7 +364,7 @@ static tp_status init_attempt(tp_context *ctx, const tp_backend *b, const char *
     }
     c->init_started_ns = tpi_now(c);
     uint64_t deadline = tpi_deadline_after(c, tp_options_init_timeout(c->opts));
-    int rejoin = tp_options_rejoin(c->opts);
+    int rejoin = tp_options_rejoin(c->opts) || env_rejoin(ctx);
     st = rejoin ? tpi_rendezvous_rejoin(c, addr, deadline) : tpi_rendezvous(c, addr, deadline);
     if (st != TP_OK) {
         char msg[TP_ERRMSG_LEN_MAX];

@@ -671,11 +671,13 @@ static int body_rejoin(tt_job *job, int rank) {
     return 0;
 }
 
-/* The restarted worker2: a new process, a new ephemeral port. */
+/* The restarted worker2: a new process, a new ephemeral port. It rejoins
+ * by TP_REJOIN=1, as a launcher that restarts it says (REJOIN-1), with its
+ * options as the first incarnation had them. */
 static int body_rejoin_new(tt_job *job) {
     tt_shared *sh = job->shared;
     tp_options *o = tt_options(job, 10, 10);
-    TT_CHECK(o && tp_options_set_rejoin(o, 1) == TP_OK);
+    TT_CHECK(o && tp_options_rejoin(o) == 0 && setenv("TP_REJOIN", "1", 1) == 0);
     uint64_t t0 = tt_now_ns();
     TT_CHECK(tt_init(job, 2, o) == 0);
     tp_options_free(o);
