@@ -66,7 +66,7 @@ flags=$(pkg-config --cflags --libs tensorplay-rpc)
 $cc -o "$work/app/app_pc" "$work/app/app.c" $flags >"$work/cc.log" 2>&1 || { cat "$work/cc.log"; fail=1; }
 if [ -x "$work/app/app_pc" ]; then
   check "pkg-config app links the shared library" yes \
-    "$(readelf -d "$work/app/app_pc" | grep -q 'libtensorplay-rpc.so.0' && echo yes || echo no)"
+    "$(grep -q 'libtensorplay-rpc.so.0' <<<"$(readelf -d "$work/app/app_pc")" && echo yes || echo no)"
   out=$(LD_LIBRARY_PATH=$prefix/lib "$prefix/bin/tprun" --nproc 2 --no-prefix "$work/app/app_pc" 2>&1)
   check "pkg-config app runs" 7 "$out"
 fi
