@@ -241,8 +241,12 @@ struct tp_core {
     uint32_t world_size;
     uint32_t generation;
     tp_worker_info self;
-    tp_worker_info *infos; /* by id; set at the end of init */
-    uint32_t *by_name;     /* ids sorted by name, for lookups */
+    tp_worker_info *infos; /* by id; set at the end of init; read-only: names' */
+    uint32_t *by_name;     /* ids sorted by name, for lookups; read-only: names' */
+    struct tpi_names *names; /* the table infos and by_name belong to, maybe shared
+                              * with other workers of this process (rendezvous.c) */
+    struct tpi_names *names_spare; /* the table before the all-gather's, kept until
+                                    * the worker is freed: a thread may still read it */
     uint8_t *peer_dead;    /* lock: 1 once a peer is known dead */
     uint32_t incarnation;  /* this worker's (REJOIN-2): 0, or k for the k-th rejoin */
     _Atomic(uint32_t) *peer_inc; /* by id: the newest incarnation known (REJOIN-4); written
@@ -609,14 +613,68 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
 /* ---- rendezvous.c ------------------------------------------------------- */
 
 /*
+ * A round's sums (SHUTDOWN-5, spec/store.md STORE-12): names[i] is the key
+ * "<prefix>/<names[i]>"; tpi_store_gather sets totals and have = 1 when it
+ * read them instead of the ranks' values.
+ */
+typedef struct tpi_round_sums {
+    const char *const *names;
+    uint32_t n;
+    int64_t *totals;
+    int have;
+} tpi_round_sums;
+
+/*
+ * STORE-12: after creating its "<prefix>/<rank>" key, a worker counts itself:
+ * adds sums[i] to "<prefix>/<sum_names[i]>", then 1 to "<prefix>/count"
+ * (lock not held), each once, never retried. A failed add makes the count
+ * unreadable ("x") so that readers read the keys. Returns 1 when the count
+ * can be relied on by this worker's gather (counted, or marked "x"), 0 when
+ * not (no add or scan in the store, or even the "x" failed: the count may
+ * stay short for good).
+ */
+int tpi_store_count(tp_core *c, const char *prefix, const char *const *sum_names,
+                    const int64_t *sums, uint32_t nsums, uint64_t deadline_ns);
+/*
+ * STORE-12: creates "<prefix>/<rank>" = value (with " <k>" appended for
+ * incarnation k >= 1) by compare-and-set from absent; when this process
+ * created it, counts itself (tpi_store_count; a negative sum is not addable
+ * and marks the count "x" instead). A key another process of this rank
+ * created first (a live earlier incarnation, REJOIN-1) is not counted again.
+ * *use_count: the use_count for this worker's tpi_store_gather. Returns the
+ * store's status for the key (not wrapped in a message).
+ */
+tp_status tpi_store_put_counted(tp_core *c, const char *prefix, const char *value,
+                                const char *const *sum_names, const int64_t *sums,
+                                uint32_t nsums, int *use_count, uint64_t deadline_ns);
+/*
  * Waits (lock not held) until "<prefix>/<r>" exists for every rank r, polling
- * with backoff through park. values (optional, world_size entries) receive
- * the malloc'd values. With honor_dead, ranks known dead (locally, or by a
- * "dead/<r>" key) are skipped; without it, "init/error" is checked each round
- * and its message returned. TP_ETIMEDOUT at deadline names the missing ranks.
+ * with backoff through park. With use_count (STORE-12), while
+ * "<prefix>/count" is short and no rank is known dead a poll reads that key
+ * alone, and the keys only when the count is complete and their values are
+ * wanted, when it cannot be trusted, or on a fixed schedule while it does not
+ * move; else every poll reads every rank's key. values (optional, world_size
+ * entries) receive the malloc'd values; with sums, the totals are read
+ * instead of the values when the count is complete (sums->have), else the
+ * values. With honor_dead, ranks known dead (locally, or by a "dead/<r>"
+ * key) are skipped; without it, "init/error" is checked each round and its
+ * message returned. TP_ETIMEDOUT at deadline names the missing ranks.
  */
 tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
-                           int honor_dead, char **values, const char *what);
+                           int honor_dead, char **values, tpi_round_sums *sums, int use_count,
+                           const char *what);
+/*
+ * Worker tables (infos and by_name) are immutable once made, and the workers
+ * of one job hold equal ones: the workers of a process share one table per
+ * distinct content (refcounted), so a simulated world of n workers holds one
+ * table of n entries, not n of them. tpi_names_empty: a table of world
+ * zeroed entries (names "", as before the all-gather); NULL when out of
+ * memory. tpi_names_release drops a reference (NULL is ignored).
+ */
+struct tpi_names *tpi_names_empty(uint32_t world);
+void tpi_names_release(struct tpi_names *t);
+tp_worker_info *tpi_names_infos(struct tpi_names *t);
+uint32_t *tpi_names_by_name(struct tpi_names *t);
 /* The init rendezvous (INIT-4..7): claims, all-gather, set_peers. */
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
 /* Then the ready barrier and the commit (INIT-5, INIT-8); the worker already

@@ -34,8 +34,8 @@ void tpi_core_free(tp_core *c) {
     tpi_idmap_free(&c->children);
     free(c->heap);
     free(c->grave);
-    free(c->infos);
-    free(c->by_name);
+    tpi_names_release(c->names); /* infos and by_name: maybe shared */
+    tpi_names_release(c->names_spare);
     free(c->peer_dead);
     free(c->peer_inc);
     free(c->unflushed);
@@ -82,8 +82,9 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->world_size = world;
     tpi_format(c->self.name, sizeof c->self.name, "%s", name);
     c->self.id = rank;
-    c->infos = calloc(world, sizeof *c->infos);
-    c->by_name = calloc(world, sizeof *c->by_name);
+    c->names = tpi_names_empty(world);
+    c->infos = c->names ? tpi_names_infos(c->names) : NULL;
+    c->by_name = c->names ? tpi_names_by_name(c->names) : NULL;
     c->peer_dead = calloc(world, 1);
     c->peer_inc = calloc(world, sizeof *c->peer_inc);
     c->unflushed = calloc(world, 1);

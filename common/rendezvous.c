@@ -13,6 +13,10 @@
 #define POLL_FIRST_NS 500000ull     /* 0.5 ms: rendezvous partners are usually close */
 #define POLL_MAX_NS 20000000ull     /* 20 ms: bounds the latency added to a late joiner */
 #define MISSING_NAMED_MAX 8         /* ranks named in a timeout message */
+/* STORE-12: a count that does not move has its keys read this long into a
+ * wait, then at twice the time waited, at least once a second. */
+#define COUNT_LOOK_FIRST_NS 16000000ull  /* 16 ms */
+#define COUNT_LOOK_MAX_NS 1000000000ull  /* 1 s */
 /* Publishing an init outcome may take this long past the moment it is
  * decided (often at the deadline) while the store is failing (STORE-9). */
 #define OUTCOME_GRACE_NS 5000000000ull
@@ -278,20 +282,232 @@ static tp_status scan_round(tp_core *c, const char *prefix, uint8_t *present, ch
     return st;
 }
 
-tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
-                           int honor_dead, char **values, const char *what) {
-    int by_scan = c->store->ops->scan != NULL;
-    uint8_t *present = calloc(c->world_size, by_scan ? 3 : 1);
-    if (!present)
-        return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
-    uint8_t *seen = present + c->world_size, *dead_seen = seen + c->world_size; /* by_scan */
-    uint64_t backoff = POLL_FIRST_NS;
+/* ---- Counted rounds (STORE-12) ------------------------------------------- */
+
+/* Strict decimal int64 (STORE-4's form: an optional '-', 1 to 19 digits). */
+static int parse_i64(const char *s, size_t len, int64_t *out) {
+    size_t i = 0;
+    int neg = len > 0 && s[0] == '-';
+    i = (size_t)neg;
+    if (len == i || len - i > 19)
+        return 0;
+    uint64_t v = 0;
+    for (; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (v > (uint64_t)INT64_MAX + (uint64_t)neg)
+        return 0;
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 1;
+}
+
+int tpi_store_count(tp_core *c, const char *prefix, const char *const *sum_names,
+                    const int64_t *sums, uint32_t nsums, uint64_t deadline_ns) {
+    tp_store *s = c->store;
+    if (!s->ops->add || !s->ops->scan)
+        return 0; /* the gather reads the keys themselves (STORE-12) */
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    int64_t total = 0;
+    tp_status st = TP_OK;
+    /* One attempt each, never retried: an add whose reply was lost may have
+     * happened, and a second would count this worker twice. The key came
+     * first and the sums come before the count, so a complete count vouches
+     * for every key and every sum in it. */
+    for (uint32_t i = 0; st == TP_OK && i < nsums; i++) {
+        tpi_key(c, key, sizeof key, "%s/%s", prefix, sum_names[i]);
+        st = s->ops->add(s, key, sums[i], &total);
+    }
+    tpi_key(c, key, sizeof key, "%s/count", prefix);
+    if (st == TP_OK)
+        st = s->ops->add(s, key, 1, &total);
+    if (st == TP_OK)
+        return 1;
+    /* Whether it happened or not, this round's count can no longer be
+     * trusted: a value that is not a number says so to every reader (and
+     * makes every later add to it fail, which says so again), and they read
+     * the keys themselves. A set may be retried (STORE-9). When even that
+     * fails, the count may stay short for good: this worker's own gather
+     * reads the keys (return 0), and the others find them in their periodic
+     * look at the keys of a count that does not move (tpi_store_gather). */
+    tpi_log(TP_LOG_DEBUG, "worker '%s': counting '%s' failed (%s): its readers read the keys",
+            c->self.name, key, s->errmsg);
+    return tpi_store_set(c, key, "x", 1, deadline_ns) == TP_OK;
+}
+
+tp_status tpi_store_put_counted(tp_core *c, const char *prefix, const char *value,
+                                const char *const *sum_names, const int64_t *sums,
+                                uint32_t nsums, int *use_count, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    char val[256];
+    /* The incarnation makes the value this process's own: of two processes
+     * of one rank (a live earlier incarnation, REJOIN-1) at most one is 0,
+     * so a retried create (STORE-9) never takes the other's key for its own. */
+    size_t n = c->incarnation ? tpi_format(val, sizeof val, "%s %u", value, c->incarnation)
+                              : tpi_format(val, sizeof val, "%s", value);
+    int created = 0;
+    *use_count = 0;
+    tpi_key(c, key, sizeof key, "%s/%u", prefix, c->rank);
+    tp_status st = tpi_store_cas(c, key, NULL, 0, val, n, &created, deadline_ns);
+    if (st != TP_OK)
+        return st;
+    if (!created) {
+        /* Another process of this rank wrote the key first: it is that
+         * one's to count (a rank's key is counted once, STORE-12). */
+        tpi_log(TP_LOG_DEBUG, "worker '%s' (rank %u, incarnation %u): '%s' was already written "
+                              "by another process of this rank: not counted again",
+                c->self.name, c->rank, c->incarnation, key);
+        *use_count = c->store->ops->add && c->store->ops->scan;
+        return TP_OK;
+    }
+    if (!sums || nsums == 0) {
+        *use_count = tpi_store_count(c, prefix, NULL, NULL, 0, deadline_ns);
+        return TP_OK;
+    }
+    for (uint32_t i = 0; i < nsums; i++) {
+        if (sums[i] < 0) { /* not addable: readers read the keys */
+            tpi_key(c, key, sizeof key, "%s/count", prefix);
+            (void)tpi_store_set(c, key, "x", 1, deadline_ns);
+            return TP_OK; /* *use_count 0 */
+        }
+    }
+    *use_count = tpi_store_count(c, prefix, sum_names, sums, nsums, deadline_ns);
+    return TP_OK;
+}
+
+/* "<prefix>/count": *n the count, -1 when it is not one (STORE-12). */
+static tp_status read_count(tp_core *c, const char *prefix, int64_t *n, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    void *v = NULL;
+    size_t len = 0;
+    tpi_key(c, key, sizeof key, "%s/count", prefix);
+    tp_status st = tpi_store_get(c, key, &v, &len, deadline_ns);
+    *n = 0;
+    if (st == TP_ENOENT)
+        return TP_OK;
+    if (st != TP_OK)
+        return st;
+    if (!parse_i64(v, len, n) || *n < 0)
+        *n = -1;
+    free(v);
+    return TP_OK;
+}
+
+/* The round's totals "<prefix>/<name>"; 0 when one is absent or unreadable. */
+static int read_sums(tp_core *c, const char *prefix, const tpi_round_sums *sums,
+                     tp_status *st, uint64_t deadline_ns) {
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    for (uint32_t i = 0; i < sums->n; i++) {
+        void *v = NULL;
+        size_t len = 0;
+        tpi_key(c, key, sizeof key, "%s/%s", prefix, sums->names[i]);
+        *st = tpi_store_get(c, key, &v, &len, deadline_ns);
+        if (*st == TP_ENOENT)
+            *st = TP_OK;
+        int ok = *st == TP_OK && v && parse_i64(v, len, &sums->totals[i]);
+        free(v);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+static int count_dead_key(void *arg, const char *key, const void *value, size_t len) {
+    (void)key, (void)value, (void)len;
+    (*(uint32_t *)arg)++;
+    return 1; /* one is enough */
+}
+
+/* 1 when some rank is known dead, locally or by a "dead/<r>" key: a round
+ * that may be complete without every rank's key (SHUTDOWN-8). */
+static int some_dead(tp_core *c, tp_status *st, uint64_t deadline_ns) {
+    tpi_lock(c);
+    int dead = memchr(c->peer_dead, 1, c->world_size) != NULL;
+    tpi_unlock(c);
+    if (dead)
+        return 1;
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    uint32_t keys = 0;
+    tpi_key(c, key, sizeof key, "dead/");
+    *st = tpi_store_scan(c, key, count_dead_key, &keys, deadline_ns);
+    return keys > 0;
+}
+
+/* One round that reads every key (STORE-8): by scan, or key by key up to
+ * the first missing one unless full. *looked_all says whether every missing
+ * rank was looked at. */
+static tp_status keys_round(tp_core *c, const char *prefix, uint8_t *present, char **values,
+                            int honor_dead, int full, uint8_t *seen, uint8_t *dead_seen,
+                            uint32_t *missing, int *looked_all, uint64_t deadline_ns) {
     char key[TP_STORE_KEY_LEN_MAX + 1];
     tp_status st = TP_OK;
-    /* A round stops at the first key still missing (the later ones are
-     * likely missing too): a wait costs O(ranks + rounds) reads, not
-     * O(ranks x rounds). A full round names every missing rank at the end. */
-    int full = by_scan; /* a scan round is always complete */
+    *missing = 0;
+    *looked_all = 1;
+    if (c->store->ops->scan) {
+        st = scan_round(c, prefix, present, values, honor_dead, seen, dead_seen, deadline_ns);
+        for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++)
+            *missing += present[r] == 0;
+        return st;
+    }
+    for (uint32_t r = 0; r < c->world_size && st == TP_OK; r++) {
+        if (present[r])
+            continue;
+        tpi_key(c, key, sizeof key, "%s/%u", prefix, r);
+        if (key_exists(c, key, values ? &values[r] : NULL, &st, deadline_ns)) {
+            present[r] = 1;
+        } else if (st == TP_OK && honor_dead && known_dead(c, r, &st, deadline_ns)) {
+            /* The key was read before the death was seen: the worker may have
+             * published it and then left (its set was done before it shut its
+             * connections, so a look now sees it). One more look decides. */
+            if (key_exists(c, key, values ? &values[r] : NULL, &st, deadline_ns))
+                present[r] = 1;
+            else if (st == TP_OK)
+                present[r] = 2; /* dead: not waited for */
+        } else if (st == TP_OK) {
+            (*missing)++;
+            if (!full) {
+                *looked_all = 0;
+                break;
+            }
+        }
+    }
+    return st;
+}
+
+tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
+                           int honor_dead, char **values, tpi_round_sums *sums, int use_count,
+                           const char *what) {
+    int by_scan = c->store->ops->scan != NULL;
+    uint32_t world = c->world_size;
+    uint8_t *present = calloc(world, by_scan ? 3 : 1);
+    if (!present)
+        return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+    uint8_t *seen = present + world, *dead_seen = seen + world; /* by_scan */
+    uint64_t backoff = POLL_FIRST_NS;
+    tp_status st = TP_OK;
+    if (sums)
+        sums->have = 0;
+    /* STORE-12: while "<prefix>/count" says some rank has not counted
+     * itself, and no rank is known dead, a round reads that one key instead
+     * of every rank's; the keys are read once the count is complete (when
+     * their values are wanted) or when it cannot be trusted. Needs add, and
+     * scan for a cheap look at the "dead/" keys. */
+    int counted = use_count && by_scan && c->store->ops->add != NULL;
+    /* A count can stay short for good while every key exists (a worker
+     * that died between its key and its add, or whose failed add could not
+     * be marked "x"): while it does not move, the keys are read on a fixed
+     * schedule, COUNT_LOOK_FIRST_NS into the wait and then at twice the
+     * time waited, at least every COUNT_LOOK_MAX_NS; a look that finds every
+     * key ends the wait as a round by keys would. */
+    int64_t last_count = -2;
+    uint64_t wait_start = tpi_now(c);
+    uint64_t next_look = wait_start + COUNT_LOOK_FIRST_NS;
+    /* Per key, a round stops at the first key still missing (the later ones
+     * are likely missing too): a wait costs O(ranks + rounds) reads, not
+     * O(ranks x rounds). force_full: the next round reads every missing key,
+     * to name them (deadline, interrupt, LOG-3). */
+    int force_full = 0;
     /* LOG-3: init's waits warn every TPI_INIT_WAIT_LOG_NS counted from init's
      * start; the shutdown barriers say so at info every TPI_LOG_PROGRESS_NS. */
     int init_wait = !honor_dead;
@@ -302,30 +518,44 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
         next_note += every; /* a later gather of the same init: the next multiple */
     for (;;) {
         uint32_t missing = 0;
-        if (by_scan) {
-            st = scan_round(c, prefix, present, values, honor_dead, seen, dead_seen, deadline_ns);
-            for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++)
-                missing += present[r] == 0;
-        }
-        for (uint32_t r = 0; !by_scan && r < c->world_size && st == TP_OK; r++) {
-            if (present[r])
-                continue;
-            tpi_key(c, key, sizeof key, "%s/%u", prefix, r);
-            if (key_exists(c, key, values ? &values[r] : NULL, &st, deadline_ns)) {
-                present[r] = 1;
-            } else if (st == TP_OK && honor_dead && known_dead(c, r, &st, deadline_ns)) {
-                /* The key was read before the death was seen: the worker may have
-                 * published it and then left (its set was done before it shut its
-                 * connections, so a look now sees it). One more look decides. */
-                if (key_exists(c, key, values ? &values[r] : NULL, &st, deadline_ns))
-                    present[r] = 1;
-                else if (st == TP_OK)
-                    present[r] = 2; /* dead: not waited for */
-            } else if (st == TP_OK) {
-                missing++;
-                if (!full)
-                    break;
+        int looked_all = 0; /* present[] says which ranks are missing */
+        int read_keys = !counted || force_full;
+        if (!read_keys) {
+            int64_t count = 0;
+            st = read_count(c, prefix, &count, deadline_ns);
+            if (st != TP_OK) { /* reported below */
+                count = 0;
+            } else if (count < 0 || count > world) {
+                counted = 0; /* a failed add (or a store that miscounts) */
+                read_keys = 1;
+            } else if (count == world) {
+                if (sums && read_sums(c, prefix, sums, &st, deadline_ns)) {
+                    sums->have = 1; /* the keys' values are not needed */
+                    memset(present, 1, world);
+                } else if (st == TP_OK && (values || sums)) {
+                    read_keys = 1; /* the values, once */
+                } else {
+                    memset(present, 1, world); /* every rank's key was created and counted */
+                }
+            } else {
+                missing = world - (uint32_t)count;
+                uint64_t now = tpi_now(c);
+                if (honor_dead && some_dead(c, &st, deadline_ns) && st == TP_OK) {
+                    read_keys = 1; /* the dead may complete the round */
+                } else if (st == TP_OK && count == last_count && now >= next_look) {
+                    read_keys = 1; /* a count that does not move: are the keys there? */
+                    uint64_t waited = now - wait_start;
+                    next_look = now + (waited < COUNT_LOOK_FIRST_NS   ? COUNT_LOOK_FIRST_NS
+                                       : waited > COUNT_LOOK_MAX_NS ? COUNT_LOOK_MAX_NS
+                                                                    : waited);
+                }
+                last_count = count;
             }
+        }
+        if (st == TP_OK && read_keys) {
+            st = keys_round(c, prefix, present, values, honor_dead, force_full, seen, dead_seen,
+                            &missing, &looked_all, deadline_ns);
+            force_full = 0;
         }
         if (st != TP_OK) {
             st = store_fail(c, st, what);
@@ -335,8 +565,8 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             break;
         if (missing == 0)
             break;
-        if (tpi_now(c) >= deadline_ns && !full) {
-            full = 1; /* one complete look first, for the message */
+        if (tpi_now(c) >= deadline_ns && !looked_all) {
+            force_full = 1; /* one complete look first, for the message */
             continue;
         }
         if (tpi_now(c) >= deadline_ns) {
@@ -355,10 +585,24 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             if (st != TP_OK)
                 break;
             deadline_ns = TPI_NO_DEADLINE;
+            counted = 0; /* the keys end it, not a count that may stay short */
             continue;
         }
         uint64_t now = tpi_now(c);
-        if (now >= next_note && init_wait && tpi_log_on(TP_LOG_WARN)) {
+        int warn = now >= next_note && init_wait && tpi_log_on(TP_LOG_WARN);
+        int info = now >= next_note && !warn && tpi_log_on(TP_LOG_INFO);
+        if ((warn || info) && counted && !looked_all) {
+            /* Name them: one look at every key (a failure names fewer). */
+            uint32_t m = 0;
+            if (keys_round(c, prefix, present, values, honor_dead, 1, seen, dead_seen, &m,
+                           &looked_all, deadline_ns) == TP_OK)
+                missing = m;
+            if (missing == 0) {
+                force_full = 1; /* complete after all: a round that reads them ends it */
+                continue;
+            }
+        }
+        if (warn) {
             char names[256], left[48] = "no init timeout";
             name_missing(c, present, names, sizeof names);
             if (deadline_ns != TPI_NO_DEADLINE)
@@ -366,23 +610,31 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
                            (double)(deadline_ns - now) / 1e9);
             tpi_log(TP_LOG_WARN, "%s: worker '%s' (rank %u) still waiting for rank%s %s (of %u "
                                  "workers) after %.0f s; %s",
-                    what, c->self.name, c->rank, missing > 1 || !full ? "s" : "", names,
+                    what, c->self.name, c->rank, missing > 1 || !looked_all ? "s" : "", names,
                     c->world_size, (double)(now - started) / 1e9, left);
-        } else if (now >= next_note && tpi_log_on(TP_LOG_INFO)) { /* LOG-3: for whom */
+        } else if (info) { /* LOG-3: for whom */
             char names[256];
             name_missing(c, present, names, sizeof names);
             tpi_log(TP_LOG_INFO, "%s: worker '%s' (rank %u) has waited %.1f s for '%s' keys; "
                                  "not yet seen: rank%s %s (of %u workers)",
                     what, c->self.name, c->rank, (double)(now - started) / 1e9, prefix,
-                    missing > 1 || !full ? "s" : "", names, c->world_size);
+                    missing > 1 || !looked_all ? "s" : "", names, c->world_size);
         }
         while (next_note <= now)
             next_note += every;
         st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
         if (st == TP_ECANCELED) {
-            st = interrupted(c, present, missing > 1 || !full, honor_dead, what);
-            if (st == TP_OK)
+            if (!looked_all) { /* name them (a failure names fewer) */
+                uint32_t m = 0;
+                if (keys_round(c, prefix, present, values, honor_dead, 1, seen, dead_seen, &m,
+                               &looked_all, deadline_ns) == TP_OK)
+                    missing = m;
+            }
+            st = interrupted(c, present, missing > 1 || !looked_all, honor_dead, what);
+            if (st == TP_OK) {
+                counted = 0; /* the keys end it, not a count that may stay short */
                 continue; /* init committed first: every key exists (INIT-5) */
+            }
             break;
         }
         if (st != TP_OK) {
@@ -442,46 +694,284 @@ static tp_status claim(tp_core *c, const char *key, const char *value, char **ot
     return st == TP_OK ? TP_EALREADY : store_fail(c, st, "init");
 }
 
-static int by_name_cmp_ctx(const tp_core *c, uint32_t a, uint32_t b) {
-    return strcmp(c->infos[a].name, c->infos[b].name);
+/* ---- Worker tables, shared by the workers of a process (core.h) ---------- */
+
+struct tpi_names {
+    struct tpi_names *next; /* names_mu */
+    uint64_t refs;          /* names_mu */
+    uint64_t hash;          /* of the names (names_hash); unused when empty */
+    uint32_t world;
+    int empty; /* zeroed entries: a worker before its all-gather */
+    tp_worker_info *infos;
+    uint32_t *by_name;
+};
+
+/* Guards the list and the counts of references: a spin lock on a C11 atomic
+ * flag (AGENT-1: common/ calls no thread library). It is held for a walk of
+ * the list and a pointer or two, while workers of one process init or are
+ * freed; never across a call out, never by two tasks of the simulator. */
+static atomic_flag names_mu = ATOMIC_FLAG_INIT;
+
+static void names_lock(void) {
+    while (atomic_flag_test_and_set_explicit(&names_mu, memory_order_acquire))
+        ;
+}
+
+static void names_unlock(void) {
+    atomic_flag_clear_explicit(&names_mu, memory_order_release);
+}
+static struct tpi_names *names_live; /* names_mu: every table with a reference */
+
+tp_worker_info *tpi_names_infos(struct tpi_names *t) {
+    return t->infos;
+}
+
+uint32_t *tpi_names_by_name(struct tpi_names *t) {
+    return t->by_name;
+}
+
+static void names_free(struct tpi_names *t) {
+    if (!t)
+        return;
+    free(t->infos);
+    free(t->by_name);
+    free(t);
+}
+
+static struct tpi_names *names_new(uint32_t world) {
+    struct tpi_names *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    t->world = world;
+    t->refs = 1;
+    t->infos = calloc(world, sizeof *t->infos);
+    t->by_name = calloc(world, sizeof *t->by_name);
+    if (!t->infos || !t->by_name) {
+        names_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static void names_insert(struct tpi_names *t) {
+    names_lock();
+    t->next = names_live;
+    names_live = t;
+    names_unlock();
+}
+
+struct tpi_names *tpi_names_empty(uint32_t world) {
+    names_lock();
+    struct tpi_names *t = names_live;
+    while (t && !(t->empty && t->world == world))
+        t = t->next;
+    if (t)
+        t->refs++;
+    names_unlock();
+    if (t)
+        return t;
+    if (!(t = names_new(world)))
+        return NULL;
+    t->empty = 1;
+    names_insert(t);
+    return t;
+}
+
+void tpi_names_release(struct tpi_names *t) {
+    if (!t)
+        return;
+    names_lock();
+    int last = --t->refs == 0;
+    if (last) {
+        struct tpi_names **p = &names_live;
+        while (*p != t)
+            p = &(*p)->next;
+        *p = t->next;
+    }
+    names_unlock();
+    if (last)
+        names_free(t);
+}
+
+/* FNV-1a over the names, each with its NUL. */
+static uint64_t names_hash(const char *const *names, uint32_t world) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint32_t r = 0; r < world; r++)
+        for (const unsigned char *p = (const unsigned char *)names[r];; p++) {
+            h = (h ^ *p) * 0x100000001b3ull;
+            if (!*p)
+                break;
+        }
+    return h;
+}
+
+static int names_equal(const struct tpi_names *t, const char *const *names) {
+    for (uint32_t r = 0; r < t->world; r++)
+        if (strcmp(t->infos[r].name, names[r]) != 0)
+            return 0;
+    return 1;
 }
 
 /* Sorts ids[0..n) by name: a merge sort through tmp (n ids), O(n log n)
  * compares and moves. Names are unique (INIT-4), so the order is the same
  * whatever the sort. */
-static void sort_ids(const tp_core *c, uint32_t *ids, uint32_t *tmp, uint32_t n) {
+static void sort_ids(const tp_worker_info *infos, uint32_t *ids, uint32_t *tmp, uint32_t n) {
     if (n < 2)
         return;
     uint32_t half = n / 2;
-    sort_ids(c, ids, tmp, half);
-    sort_ids(c, ids + half, tmp, n - half);
-    if (by_name_cmp_ctx(c, ids[half - 1], ids[half]) < 0)
+    sort_ids(infos, ids, tmp, half);
+    sort_ids(infos, ids + half, tmp, n - half);
+    if (strcmp(infos[ids[half - 1]].name, infos[ids[half]].name) < 0)
         return; /* already in order */
     uint32_t i = 0, j = half, k = 0;
     while (i < half && j < n)
-        tmp[k++] = by_name_cmp_ctx(c, ids[i], ids[j]) < 0 ? ids[i++] : ids[j++];
+        tmp[k++] = strcmp(infos[ids[i]].name, infos[ids[j]].name) < 0 ? ids[i++] : ids[j++];
     while (i < half)
         tmp[k++] = ids[i++];
     memcpy(ids, tmp, (size_t)k * sizeof *ids); /* the rest of ids[half..n) is in place */
 }
 
-static tp_status sort_names(tp_core *c) {
-    uint32_t *tmp = malloc((size_t)c->world_size * sizeof *tmp);
-    if (!tmp)
-        return tpi_fail(TP_ENOMEM, "init: out of memory sorting %u names", c->world_size);
-    for (uint32_t i = 0; i < c->world_size; i++)
-        c->by_name[i] = i;
-    sort_ids(c, c->by_name, tmp, c->world_size);
-    free(tmp);
-    return TP_OK;
-}
-
 /* The name of a rank's entry (cut at its first tab by tpi_rank_entry_parse)
- * into infos: a plain copy, since it runs world^2 times over a job. */
+ * into infos: a plain copy. */
 static void copy_name(tp_worker_info *info, const char *name) {
     size_t n = strnlen(name, sizeof info->name - 1);
     memcpy(info->name, name, n);
     info->name[n] = '\0';
+}
+
+/*
+ * The worker table of the all-gather (INIT-7, REJOIN-3): names[r] is rank
+ * r's name. Takes a table of this process with the same names when there
+ * is one (the workers of a simulated world all hold the same), else makes
+ * it (entries, then by_name sorted). The table before it, the empty one,
+ * stays referenced until the worker is freed (names_spare): another thread
+ * may be reading it.
+ */
+static tp_status adopt_names(tp_core *c, const char *const *names, const char *what) {
+    uint32_t world = c->world_size;
+    uint64_t h = names_hash(names, world);
+    names_lock();
+    struct tpi_names *t = names_live;
+    while (t && (t->empty || t->world != world || t->hash != h || !names_equal(t, names)))
+        t = t->next;
+    if (t)
+        t->refs++;
+    names_unlock();
+    if (!t) {
+        uint32_t *tmp = malloc((size_t)world * sizeof *tmp);
+        t = tmp ? names_new(world) : NULL;
+        if (!t) {
+            free(tmp);
+            return tpi_fail(TP_ENOMEM, "%s: out of memory for the names of %u workers", what,
+                            world);
+        }
+        t->hash = h;
+        for (uint32_t r = 0; r < world; r++) {
+            copy_name(&t->infos[r], names[r]);
+            t->infos[r].id = r;
+            t->by_name[r] = r;
+        }
+        sort_ids(t->infos, t->by_name, tmp, world);
+        free(tmp);
+        names_insert(t);
+    }
+    tpi_lock(c);
+    struct tpi_names *old = c->names;
+    c->names = t;
+    c->infos = t->infos;
+    c->by_name = t->by_name;
+    tpi_unlock(c);
+    if (c->names_spare)
+        tpi_names_release(old); /* a rejoin's second table: the first is kept */
+    else
+        c->names_spare = old;
+    return TP_OK;
+}
+
+/* The rank entries of one scan, copied into one block: a world of n
+ * workers reads n^2 of them, so no allocation per row. */
+typedef struct rank_rows {
+    uint32_t world;
+    size_t skip; /* the prefix's length */
+    uint8_t *seen;
+    size_t *off; /* by rank: where its value starts in arena */
+    char *arena;
+    size_t len, cap;
+    int oom;
+} rank_rows;
+
+static int on_rank_row(void *arg, const char *key, const void *value, size_t len) {
+    rank_rows *g = arg;
+    uint32_t r;
+    if (!scan_rank(key + g->skip, g->world, &r) || g->seen[r])
+        return 0; /* another key under the prefix, or seen before a retry */
+    if (g->len + len + 1 > g->cap) {
+        size_t cap = g->cap * 2 > g->len + len + 1 ? g->cap * 2 : g->len + len + 1;
+        char *a = realloc(g->arena, cap);
+        if (!a) {
+            g->oom = 1;
+            return 1;
+        }
+        g->arena = a;
+        g->cap = cap;
+    }
+    memcpy(g->arena + g->len, value, len);
+    g->arena[g->len + len] = '\0';
+    g->off[r] = g->len;
+    g->len += len + 1;
+    g->seen[r] = 1;
+    return 0;
+}
+
+/*
+ * INIT-6..7: waits for every rank's entry and reads them into values. With
+ * a counting store (STORE-12) the wait reads "init/rank/count" alone, then
+ * one scan copies every entry into one block (*arena, which values[r] point
+ * into); should that scan miss a rank, or without counting, the gather
+ * reads the values itself (each malloc'd, *arena NULL).
+ */
+static tp_status gather_rank_rows(tp_core *c, char **values, char **arena, int use_count,
+                                  uint64_t deadline_ns) {
+    uint32_t world = c->world_size;
+    *arena = NULL;
+    if (!c->store->ops->scan || !c->store->ops->add || !use_count)
+        return tpi_store_gather(c, "init/rank", deadline_ns, 0, values, NULL, 0, "init");
+    tp_status st = tpi_store_gather(c, "init/rank", deadline_ns, 0, NULL, NULL, 1, "init");
+    if (st != TP_OK)
+        return st;
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    rank_rows g = {.world = world, .cap = (size_t)world * 48};
+    g.skip = tpi_key(c, key, sizeof key, "init/rank/");
+    g.seen = calloc(world, 1);
+    g.off = malloc((size_t)world * sizeof *g.off);
+    g.arena = malloc(g.cap);
+    if (!g.seen || !g.off || !g.arena) {
+        free(g.seen);
+        free(g.off);
+        free(g.arena);
+        return tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", world);
+    }
+    st = tpi_store_scan(c, key, on_rank_row, &g, deadline_ns);
+    if (st == TP_OK && g.oom)
+        st = tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", world);
+    else if (st != TP_OK)
+        st = store_fail(c, st, "init");
+    uint32_t seen = 0;
+    for (uint32_t r = 0; st == TP_OK && r < world; r++)
+        seen += g.seen[r];
+    free(g.seen);
+    if (st == TP_OK && seen == world) {
+        for (uint32_t r = 0; r < world; r++)
+            values[r] = g.arena + g.off[r];
+        *arena = g.arena;
+    } else {
+        free(g.arena);
+    }
+    free(g.off);
+    if (st != TP_OK || seen == world)
+        return st;
+    /* The count and the keys disagree (a store that miscounts): the keys decide. */
+    return tpi_store_gather(c, "init/rank", deadline_ns, 0, values, NULL, 0, "init");
 }
 
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
@@ -527,6 +1017,9 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     }
     if (st != TP_OK)
         return st;
+    /* STORE-12: the claim created the key (compare-and-set), so this
+     * process is the one to count it. */
+    int rank_counted = tpi_store_count(c, "init/rank", NULL, NULL, 0, deadline_ns);
 
     /* INIT-4: a name is used once. */
     tpi_key(c, key, sizeof key, "init/name/%s", c->self.name);
@@ -549,7 +1042,8 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
         free(addrs);
         return tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", c->world_size);
     }
-    st = tpi_store_gather(c, "init/rank", deadline_ns, 0, values, "init");
+    char *arena = NULL; /* values in one block (gather_rank_rows), else each malloc'd */
+    st = gather_rank_rows(c, values, &arena, rank_counted, deadline_ns);
     for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++) {
         const char *a;
         uint64_t credit = 0;
@@ -559,13 +1053,11 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
             st = publish_error(c, TP_ESTORE, bad);
             break;
         }
-        copy_name(&c->infos[r], values[r]);
-        c->infos[r].id = r;
         c->credit[r] = credit; /* FLOW-6: our window to r (lock: no call runs yet) */
         addrs[r] = (char *)a;
     }
-    if (st == TP_OK)
-        st = sort_names(c);
+    if (st == TP_OK) /* the names, values cut at their tab */
+        st = adopt_names(c, (const char *const *)values, "init");
     if (st == TP_OK) {
         char err[TP_ERRMSG_LEN_MAX] = "";
         st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
@@ -576,8 +1068,9 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
             st = publish_error(c, st, msg);
         }
     }
-    for (uint32_t r = 0; r < c->world_size; r++)
+    for (uint32_t r = 0; !arena && r < c->world_size; r++)
         free(values[r]);
+    free(arena);
     free(values);
     free(addrs);
     if (st != TP_OK)
@@ -617,13 +1110,13 @@ static tp_status warm_up(tp_core *c, uint32_t peer, uint64_t deadline_ns) {
 }
 
 tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
-    char key[TP_STORE_KEY_LEN_MAX + 1];
     /* INIT-8: nobody sends before everybody can route. */
-    tpi_key(c, key, sizeof key, "init/ready/%u", c->rank);
-    tp_status st = tpi_store_set(c, key, "1", 1, deadline_ns);
+    int counted = 0; /* STORE-12 */
+    tp_status st = tpi_store_put_counted(c, "init/ready", "1", NULL, NULL, 0, &counted,
+                                         deadline_ns);
     if (st != TP_OK)
         return store_fail(c, st, "init");
-    st = tpi_store_gather(c, "init/ready", deadline_ns, 0, NULL, "init");
+    st = tpi_store_gather(c, "init/ready", deadline_ns, 0, NULL, NULL, counted, "init");
     if (st != TP_OK)
         return st;
     /* INIT-8: the warm-up. Each worker calls the next one on a ring, which
@@ -637,11 +1130,10 @@ tp_status tpi_rendezvous_ready(tp_core *c, uint64_t deadline_ns) {
         tpi_format(msg, sizeof msg, "%s", tp_errmsg());
         return publish_error(c, st, msg);
     }
-    tpi_key(c, key, sizeof key, "init/reach/%u", c->rank);
-    st = tpi_store_set(c, key, "1", 1, deadline_ns);
+    st = tpi_store_put_counted(c, "init/reach", "1", NULL, NULL, 0, &counted, deadline_ns);
     if (st != TP_OK)
         return store_fail(c, st, "init");
-    st = tpi_store_gather(c, "init/reach", deadline_ns, 0, NULL, "init");
+    st = tpi_store_gather(c, "init/reach", deadline_ns, 0, NULL, NULL, counted, "init");
     if (st != TP_OK)
         return st;
     return publish_outcome(c, TP_OK, ""); /* commit, or learn of a failure decided first */
@@ -800,11 +1292,11 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
                           vals[q], c->self.name);
             break;
         }
-        copy_name(&c->infos[q], vals[q]);
-        c->infos[q].id = q;
         c->credit[q] = credit; /* FLOW-6 */
         addrs[q] = (char *)a;
     }
+    if (st == TP_OK) /* the names, values cut at their tab; before vals change */
+        st = adopt_names(c, (const char *const *)vals, "rejoin");
     for (uint32_t q = 0; st == TP_OK && q < c->world_size; q++) {
         if (q == c->rank) {
             addrs[q] = (char *)addr;
@@ -824,7 +1316,7 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
             st = tpi_fail(TP_ESTORE, "rejoin: the store's '%s' is malformed", key);
             break;
         }
-        free(vals[q]); /* the name was copied into infos */
+        free(vals[q]); /* the name was copied into the worker table */
         vals[q] = v;
         addrs[q] = (char *)a;
         tpi_lock(c);
@@ -834,9 +1326,6 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
     if (st == TP_OK) {
         /* Routes first, then the address goes public (INIT-8's rule): a
          * peer that reads it may send at once. */
-        st = sort_names(c);
-    }
-    if (st == TP_OK) {
         char err[TP_ERRMSG_LEN_MAX] = "";
         st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
                                sizeof err);

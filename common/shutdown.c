@@ -78,6 +78,16 @@ static tp_status drain_pause(tp_core *c, uint64_t *pause, uint64_t deadline) {
  * bounds it).
  */
 static tp_status drain_flush(tp_core *c, uint64_t deadline) {
+    /* Most rounds have no peer to flush: no per-peer arrays for them. A call
+     * that times out after this look is flushed next round, as one that
+     * times out after the look below. */
+    tpi_lock(c);
+    int any = 0;
+    for (uint32_t p = 0; !any && p < c->world_size; p++)
+        any = c->unflushed[p] && !c->peer_dead[p];
+    tpi_unlock(c);
+    if (!any)
+        return TP_OK;
     tp_future **fs = calloc(c->world_size, sizeof *fs);
     uint32_t *peer = calloc(c->world_size, sizeof *peer);
     if (!fs || !peer) {
@@ -122,8 +132,15 @@ static tp_status drain_flush(tp_core *c, uint64_t deadline) {
     return st;
 }
 
-static tp_status publish(tp_core *c, const char *key, const char *val, uint64_t deadline) {
-    tp_status st = tpi_store_set(c, key, val, strlen(val), deadline);
+/* "<prefix>/<rank>" = val, counted (STORE-12: tpi_store_put_counted). */
+/* The sums of a drain round (STORE-12): C + S and I over the workers. */
+static const char *const drain_sum_names[2] = {"active", "issued"};
+
+static tp_status publish_counted(tp_core *c, const char *prefix, const char *val,
+                                 const int64_t *sums, uint32_t nsums, int *counted,
+                                 uint64_t deadline) {
+    tp_status st = tpi_store_put_counted(c, prefix, val, nsums ? drain_sum_names : NULL, sums,
+                                         nsums, counted, deadline);
     if (st != TP_OK)
         return tpi_fail(TP_ESTORE, "shutdown: rendezvous store: %s", c->store->errmsg);
     return TP_OK;
@@ -156,7 +173,6 @@ static void drain_publish_done(tp_core *c, uint32_t round, uint64_t deadline) {
 }
 
 static tp_status drain(tp_core *c, uint64_t deadline) {
-    char key[TP_STORE_KEY_LEN_MAX + 1];
     char prefix[64];
     char val[96];
     uint64_t prev_active = UINT64_MAX, prev_issued = UINT64_MAX;
@@ -182,20 +198,38 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
         if (drain_done_elsewhere(c, deadline))
             break; /* st is TP_OK */
         tpi_lock(c);
-        tpi_format(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64,
-                   c->active_client + (uint64_t)at_risk,
-                   TPI_CANARY(TPI_CANARY_DRAIN_UNDERREPORTS) ? 0 : c->active_served, c->issued);
+        uint64_t my_client = c->active_client + (uint64_t)at_risk;
+        uint64_t my_served = TPI_CANARY(TPI_CANARY_DRAIN_UNDERREPORTS) ? 0 : c->active_served;
+        uint64_t my_issued = c->issued;
         tpi_unlock(c);
+        tpi_format(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64, my_client, my_served,
+                   my_issued);
         tpi_publish_dead(c, deadline);
         tpi_format(prefix, sizeof prefix, "sd/drain/%u", round);
-        tpi_key(c, key, sizeof key, "%s/%u", prefix, c->rank);
-        if ((st = publish(c, key, val, deadline)) != TP_OK)
+        /* STORE-12: the key first, then the round's sums are added up in
+         * the store, then the count: a complete count says every worker's
+         * key is there and its numbers are in the totals, so a worker that
+         * reads the two totals and one that reads the keys (a dead rank, a
+         * count that does not move) get the same sums. Numbers too large to
+         * add (a negative sum) make the count "x": readers read the keys. */
+        int64_t mine[2] = {
+            my_client + my_served > INT64_MAX ? -1 : (int64_t)(my_client + my_served),
+            my_issued > INT64_MAX ? -1 : (int64_t)my_issued};
+        int counted = 0;
+        if ((st = publish_counted(c, prefix, val, mine, 2, &counted, deadline)) != TP_OK)
             break;
-        st = tpi_store_gather(c, prefix, deadline, 1, values, "shutdown drain");
+        int64_t totals[2] = {0, 0};
+        tpi_round_sums sums = {.names = drain_sum_names, .n = 2, .totals = totals};
+        st = tpi_store_gather(c, prefix, deadline, 1, values, &sums, counted, "shutdown drain");
         uint64_t active = 0, issued = 0;
+        if (sums.have) {
+            active = (uint64_t)totals[0];
+            issued = (uint64_t)totals[1];
+        }
         for (uint32_t r = 0; r < c->world_size; r++) {
             uint64_t a = 0, s = 0, i = 0;
-            if (values[r] && sscanf(values[r], "%" SCNu64 " %" SCNu64 " %" SCNu64, &a, &s, &i) == 3) {
+            if (!sums.have && values[r] &&
+                sscanf(values[r], "%" SCNu64 " %" SCNu64 " %" SCNu64, &a, &s, &i) == 3) {
                 active += a + s;
                 issued += i;
             }
@@ -238,25 +272,27 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
  * still reads "sd/done" from it. Nothing here changes the drain's outcome.
  */
 static void leave(tp_core *c, uint64_t deadline) {
-    char key[TP_STORE_KEY_LEN_MAX + 1];
-    tpi_key(c, key, sizeof key, "sd/left/%u", c->rank);
-    if (publish(c, key, "1", deadline) != TP_OK || c->rank != 0)
+    int counted = 0;
+    if (publish_counted(c, "sd/left", "1", NULL, 0, &counted, deadline) != TP_OK)
         return;
-    if (tpi_store_gather(c, "sd/left", deadline, 1, NULL, "shutdown leave") != TP_OK)
+    if (c->rank != 0)
+        return;
+    if (tpi_store_gather(c, "sd/left", deadline, 1, NULL, NULL, counted, "shutdown leave") !=
+        TP_OK)
         tpi_log(TP_LOG_INFO, "worker '%s': %s", c->self.name, tp_errmsg());
 }
 
 tp_status tpi_shutdown_graceful(tp_core *c) {
     double t = tp_options_shutdown_timeout(c->opts);
-    char key[TP_STORE_KEY_LEN_MAX + 1];
     /* SHUTDOWN-3: the barrier. */
     uint64_t deadline = tpi_deadline_after(c, t);
     c->sd_phase = "barrier";
     tpi_publish_dead(c, deadline);
-    tpi_key(c, key, sizeof key, "sd/arrive/%u", c->rank);
-    tp_status st = publish(c, key, "1", deadline);
+    int counted = 0;
+    tp_status st = publish_counted(c, "sd/arrive", "1", NULL, 0, &counted, deadline);
     if (st == TP_OK)
-        st = tpi_store_gather(c, "sd/arrive", deadline, 1, NULL, "shutdown barrier");
+        st = tpi_store_gather(c, "sd/arrive", deadline, 1, NULL, NULL, counted,
+                              "shutdown barrier");
     if (st != TP_OK && st != TP_EPEERDOWN)
         return st;
     tp_status dead = st;

@@ -426,6 +426,83 @@ static void test_rejoin_second_restart_lost_cas_reply(void **state) {
     lossy_close(&ls->base);
 }
 
+/* ---- A live earlier incarnation in the shutdown barrier (STORE-12) ------------ */
+
+/*
+ * REJOIN-1 lets an earlier incarnation still run, fenced off. Here it is
+ * deterministic: a world of 3 on 4 hosts; host 3 rejoins as rank 1 at 50 ms
+ * while host 1, rank 1's first incarnation, keeps running. At 300 ms w0, the
+ * new w1 and the old w1 all begin a graceful shutdown; w2 begins at 1 s. The
+ * barrier must wait for w2: the two processes of rank 1 count its key once
+ * (spec/store.md STORE-12), so "sd/arrive/count" cannot reach 3 without w2.
+ * A count per process would reach 3 at 300 ms, and w0 would pass the
+ * barrier, drain and leave before w2 even arrived.
+ */
+#define ZOMBIE_SD_MS 300
+#define LATE_SD_MS 1000
+
+static struct {
+    tp_status rejoin_st, st[4];
+    char msg[4][TP_ERRMSG_LEN_MAX];
+    uint64_t began_ns[4], ended_ns[4];
+} z;
+
+static int program_zombie(int rank, int world, void *arg) {
+    (void)arg, (void)world;
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 5.0) == TP_OK);
+    CHECK(tp_options_set_shutdown_timeout(o, 5.0) == TP_OK);
+    if (rank == 3) { /* the new incarnation of rank 1, on its own host */
+        CHECK(tp_sim_sleep(0.05) == TP_OK); /* rpc is not initialised here yet */
+        CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
+        z.rejoin_st = tp_init_rpc("w1", "SIM", 1, 3, o);
+        tp_options_free(o);
+        if (z.rejoin_st != TP_OK)
+            return 0;
+    } else {
+        char name[8];
+        snprintf(name, sizeof name, "w%d", rank);
+        CHECK(tp_init_rpc(name, "SIM", rank, 3, o) == TP_OK);
+        tp_options_free(o);
+    }
+    uint64_t at = (rank == 2 ? LATE_SD_MS : ZOMBIE_SD_MS) * MS;
+    if (now_ns() < at)
+        CHECK(tp_sleep((double)(at - now_ns()) / 1e9) == TP_OK);
+    z.began_ns[rank] = now_ns();
+    z.st[rank] = tp_shutdown(1);
+    z.ended_ns[rank] = now_ns();
+    snprintf(z.msg[rank], sizeof z.msg[rank], "%s", tp_errmsg());
+    return 0;
+}
+
+static void test_rejoin_live_earlier_incarnation_counts_once(void **state) {
+    (void)state;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        memset(&z, 0, sizeof z);
+        tp_sim_config cfg = {.hosts = 4, .seed = seed};
+        tp_sim *sim = NULL;
+        assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+        assert_int_equal(tp_sim_run(sim, program_zombie, NULL, NULL), TP_OK);
+        for (int h = 0; h < 4; h++)
+            print_message("seed %llu host %d: shutdown %.3f..%.3f ms: %s %s\n",
+                          (unsigned long long)seed, h, (double)z.began_ns[h] / 1e6,
+                          (double)z.ended_ns[h] / 1e6, tp_status_name(z.st[h]), z.msg[h]);
+        assert_int_equal(failures, 0);
+        assert_int_equal(tp_sim_violations(sim), 0);
+        assert_false(tp_sim_host_dead(sim, 1)); /* the earlier incarnation is alive */
+        tp_sim_free(sim);
+        /* The setting: the rejoin worked while rank 1's first process ran on. */
+        assert_int_equal(z.rejoin_st, TP_OK);
+        assert_true(z.began_ns[2] >= LATE_SD_MS * MS);
+        /* The check: no live worker's shutdown ends before w2 began its own. */
+        for (int h = 0; h < 4; h++)
+            assert_true(z.ended_ns[h] >= z.began_ns[2]);
+        assert_int_equal(z.st[0], TP_OK);
+        assert_int_equal(z.st[2], TP_OK);
+        assert_int_equal(z.st[3], TP_OK);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
@@ -434,6 +511,8 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
         cmocka_unit_test_setup(test_rejoin_second_restart_lost_cas_reply, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once,
+                               reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

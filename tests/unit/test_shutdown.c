@@ -438,7 +438,8 @@ static void test_shutdown_nongraceful_answers_queued_remote(void **state) {
 /*
  * Wraps the simulator's store: records each drain round's published values
  * (sd/drain/<k>/<r>) and when sd/done and sd/left/1 were written; can hold
- * one worker's set of one round's value for a while (a slow store, as the
+ * one worker's write (set, or create by compare-and-set) of one round's value
+ * for a while (a slow store, as the
  * simulator's storeslow fault, for that set only); and once `gone` is set
  * (rank 0's process ended: on TCP the store is a thread of it, TCP-11) it
  * refuses every operation, as a store whose server is gone would.
@@ -458,12 +459,24 @@ static struct {
     char val[WATCH_ROUNDS][2][48];     /* values published, by round and rank (ranks 0, 1) */
     uint64_t done_ns, left1_ns;        /* when sd/done and sd/left/1 were first written */
     int done_by;                       /* the host that wrote sd/done first */
+    int lose_count_host;               /* -1, or the host whose count of lose_count fails */
+    const char *lose_count;            /* a count key ("sd/arrive/count"), with lose_count_host */
 } watch;
 
 static void watch_reset(void) {
     memset(&watch, 0, sizeof watch);
     watch.hold_rank = watch.hold_round = -1;
     watch.done_by = -1;
+    watch.lose_count_host = -1;
+}
+
+/* The lost count: that host's add to it fails, and so does marking it "x". */
+static int watch_loses(tp_store *s, const char *key) {
+    if (!watch.lose_count || tp_sim_current_host() != watch.lose_count_host ||
+        !strstr(key, watch.lose_count))
+        return 0;
+    snprintf(s->errmsg, sizeof s->errmsg, "the store refused '%s' (test)", key);
+    return 1;
 }
 
 static int watch_refuse(tp_store *s) {
@@ -474,15 +487,11 @@ static int watch_refuse(tp_store *s) {
     return 1;
 }
 
-static tp_status watch_set(tp_store *s, const char *key, const void *value, size_t len) {
-    if (watch_refuse(s))
-        return TP_ESTORE;
-    tp_store *in = ((watch_store *)s)->inner;
-    tp_status st = in->ops->set(in, key, value, len);
+/* A key was written (by set, or created by compare-and-set: STORE-12). */
+static void watch_written(const char *key, const void *value, size_t len) {
     unsigned round, r;
     const char *d = strstr(key, "sd/drain/");
-    if (st == TP_OK && d && sscanf(d + 9, "%u/%u", &round, &r) == 2 && round < WATCH_ROUNDS &&
-        r < 2) {
+    if (d && sscanf(d + 9, "%u/%u", &round, &r) == 2 && round < WATCH_ROUNDS && r < 2) {
         snprintf(watch.val[round][r], sizeof watch.val[round][r], "%.*s", (int)len,
                  (const char *)value);
         if (round + 1 > watch.rounds)
@@ -490,9 +499,19 @@ static tp_status watch_set(tp_store *s, const char *key, const void *value, size
         if ((int)r == watch.hold_rank && (watch.hold_round < 0 || (int)round == watch.hold_round))
             (void)tp_sim_sleep(watch.hold_s); /* this worker's store is slow, this once */
     }
-    const char *l = strstr(key, "sd/left/1");
-    if (st == TP_OK && l && !watch.left1_ns)
+    if (strstr(key, "sd/left/1") && !watch.left1_ns)
         watch.left1_ns = now_ns();
+}
+
+static tp_status watch_set(tp_store *s, const char *key, const void *value, size_t len) {
+    if (watch_refuse(s))
+        return TP_ESTORE;
+    if (watch_loses(s, key))
+        return TP_EINVAL; /* not a store outage: not retried */
+    tp_store *in = ((watch_store *)s)->inner;
+    tp_status st = in->ops->set(in, key, value, len);
+    if (st == TP_OK)
+        watch_written(key, value, len);
     return st;
 }
 static tp_status watch_get(tp_store *s, const char *key, void **value, size_t *len) {
@@ -503,6 +522,8 @@ static tp_status watch_get(tp_store *s, const char *key, void **value, size_t *l
 }
 static tp_status watch_add(tp_store *s, const char *key, int64_t delta, int64_t *result) {
     if (watch_refuse(s))
+        return TP_ESTORE;
+    if (watch_loses(s, key))
         return TP_ESTORE;
     tp_store *in = ((watch_store *)s)->inner;
     return in->ops->add(in, key, delta, result);
@@ -517,6 +538,8 @@ static tp_status watch_cas(tp_store *s, const char *key, const void *expected, s
         watch.done_ns = now_ns();
         watch.done_by = tp_sim_current_host();
     }
+    if (st == TP_OK && *swapped)
+        watch_written(key, desired, dlen);
     return st;
 }
 static tp_status watch_del(tp_store *s, const char *key) {
@@ -708,6 +731,42 @@ static void test_shutdown_rank0_exits_while_rank1_behind(void **state) {
     assert_true(watch.left1_ns > watch.done_ns);
 }
 
+/*
+ * STORE-12: a count that stays short for good while every key is there. w1's
+ * add to "sd/arrive/count" fails and so does its "x" (refused, not retried):
+ * the count stays at 1 with both keys written and nobody dead. w0 must find
+ * the keys on its own schedule, whatever the log level, not wait until the
+ * barrier's deadline (10 s).
+ */
+static tp_status lost_count_status[2];
+static uint64_t lost_count_ns[2];
+
+static int lost_count_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    uint64_t t0 = now_ns();
+    lost_count_status[rank] = tp_shutdown(1);
+    lost_count_ns[rank] = now_ns() - t0;
+    return 0;
+}
+
+static void test_shutdown_barrier_count_lost_for_good(void **state) {
+    (void)state;
+    watch_reset();
+    watch.lose_count_host = 1;
+    watch.lose_count = "sd/arrive/count";
+    int codes[2] = {-9, -9};
+    run_watched(23, lost_count_program, codes);
+    for (int r = 0; r < 2; r++)
+        print_message("w%d: %s after %.3f ms\n", r, tp_status_name(lost_count_status[r]),
+                      (double)lost_count_ns[r] / 1e6);
+    assert_int_equal(lost_count_status[0], TP_OK);
+    assert_int_equal(lost_count_status[1], TP_OK);
+    assert_true(lost_count_ns[0] < 2 * SEC);
+    assert_true(lost_count_ns[1] < 2 * SEC);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
@@ -721,6 +780,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_call_between_rounds_forces_another_round,
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
