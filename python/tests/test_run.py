@@ -1,9 +1,13 @@
 """The launcher python3 -m tensorplay.distributed.run (issue 20): torchrun's
 environment for each rank, a fresh job secret per job, a failing rank stops
 the others with its exit status, and a signal to the launcher ends every
-process it started within the grace period, leaving none behind."""
+process it started within the grace period, leaving none behind. Issue 22
+(spec/launch.md): several nodes (two launchers on this machine as nodes 0
+and 1 of one job), the job secret from a 0600 file, and restarts of a failed
+process that rejoins the running job as a new incarnation."""
 import json
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -130,11 +134,18 @@ def test_module_mode_and_no_python(tmp_path):
     assert p.returncode == 127 and "no-such-program" in p.stderr
 
 
+# spec: LAUNCH-1..3, LAUNCH-6
 @pytest.mark.parametrize("args, words", [
-    (["--nnodes", "2"], "--nnodes 2: multi-machine"),
-    (["--nnodes", "1:4"], "--nnodes 1:4: multi-machine"),
-    (["--node-rank", "1"], "--node-rank 1"),
-    (["--max-restarts", "3"], "--max-restarts 3"),
+    (["--nnodes", "2", "--master-port", "29517"], "--nnodes 2 needs --master-addr"),
+    (["--nnodes", "2", "--master-addr", "127.0.0.1"], "--nnodes 2 needs --master-port"),
+    (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:0"], "--nnodes 2 needs --master-port"),
+    (["--nnodes", "1:4"], "--nnodes 1:4: elastic membership (MIN < MAX) is not supported"),
+    (["--node-rank", "1"], "--node-rank 1 is out of range for --nnodes 1 (0..0)"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:29517"],
+     "--node-rank 2 is out of range for --nnodes 2 (0..1)"),
+    (["--rdzv-endpoint", "127.0.0.1:29517", "--master-port", "29517"], "not both"),
+    (["--standalone", "--nnodes", "2"], "--standalone is one machine"),
+    (["--max-restarts", "-1"], "--max-restarts -1"),
     (["--nproc-per-node", "0"], "--nproc-per-node 0"),
     (["--nproc-per-node", "gpu"], "no GPUs"),
 ])
@@ -144,11 +155,251 @@ def test_unsupported_is_a_clear_error(tmp_path, args, words):
     assert p.stdout == ""
 
 
+# spec: LAUNCH-1
 def test_single_node_spellings_accepted(tmp_path):
     p = launch(tmp_path, ["--nnodes", "1:1", "--node_rank", "0", "--max_restarts", "0",
                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
                           "--nproc-per-node", "1", "prog.py"], ENV_SCRIPT)
     assert p.returncode == 0, p.stderr
+    e = json.loads(by_rank(p.stdout)[0][0])
+    assert e["MASTER_ADDR"] == "localhost" and int(e["MASTER_PORT"]) > 0  # port 0: a free one
+
+
+# --- several nodes (spec/launch.md) ---
+
+def free_tcp_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def secret_file(tmp_path, mode=0o600, text=None):
+    """A secret file (the secret, the path)."""
+    secret = text if text is not None else os.urandom(32).hex()
+    path = tmp_path / "job.secret"
+    path.write_text(secret + "\n")
+    path.chmod(mode)
+    return secret, str(path)
+
+
+# spec: LAUNCH-2, LAUNCH-4, LAUNCH-5
+@pytest.mark.parametrize("how", [
+    ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
+     "127.0.0.1", "--master-port", "29517"],
+    ["--nnodes=2:2", "--node_rank=1", "--nproc", "2", "--rdzv-endpoint", "127.0.0.1:29517"],
+])
+def test_env_of_node_1_of_2(tmp_path, how):
+    secret, path = secret_file(tmp_path)
+    p = launch(tmp_path, how + ["--secret-file", path, "prog.py"], ENV_SCRIPT)
+    assert p.returncode == 0, p.stderr
+    out = by_rank(p.stdout)
+    assert sorted(out) == [2, 3]
+    for r, lines in out.items():
+        e = json.loads(lines[0])
+        assert (e["RANK"], e["LOCAL_RANK"], e["ROLE_RANK"]) == (str(r), str(r - 2), str(r))
+        assert e["WORLD_SIZE"] == e["ROLE_WORLD_SIZE"] == "4" and e["LOCAL_WORLD_SIZE"] == "2"
+        assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) == ("1", "2")
+        assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("127.0.0.1", "29517")
+        assert e["TP_SECRET"] == secret
+    assert secret not in p.stderr
+
+
+# spec: LAUNCH-5
+def test_secret_file_rules(tmp_path):
+    node1 = ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+             "--rdzv-endpoint", "127.0.0.1:29517"]
+    # Readable by others: refused, naming the mode, never showing the secret.
+    secret, path = secret_file(tmp_path, 0o644)
+    p = launch(tmp_path, node1 + ["--secret-file", path, "prog.py"], ENV_SCRIPT)
+    assert p.returncode == 2 and "has mode 0644" in p.stderr and "chmod 600" in p.stderr
+    assert secret not in p.stdout + p.stderr and p.stdout == ""
+    # Not hex (or too short): refused, the content not shown.
+    secret, path = secret_file(tmp_path, 0o600, "not-a-secret-" + "z" * 40)
+    p = launch(tmp_path, ["--secret-file", path, "prog.py"], ENV_SCRIPT)
+    assert p.returncode == 2 and "does not hold a job secret" in p.stderr
+    assert secret not in p.stderr and p.stdout == ""
+    # A directory: refused.
+    p = launch(tmp_path, ["--secret-file", str(tmp_path), "prog.py"], ENV_SCRIPT)
+    assert p.returncode == 2 and "not a regular file" in p.stderr
+    # Several nodes and no secret: each would invent its own; refused.
+    p = launch(tmp_path, node1 + ["prog.py"], ENV_SCRIPT)
+    assert p.returncode == 2 and "--nnodes 2 needs the job secret" in p.stderr
+    # TP_SECRET in the environment serves several nodes; a secret file wins over it.
+    env = env_without_secret()
+    env["TP_SECRET"] = "cd" * 32
+    p = launch(tmp_path, node1 + ["prog.py"], env=env)
+    assert p.returncode == 0 and json.loads(by_rank(p.stdout)[1][0])["TP_SECRET"] == "cd" * 32
+    secret, path = secret_file(tmp_path, 0o400)
+    p = launch(tmp_path, node1 + ["--secret-file", path, "prog.py"], env=env)
+    assert p.returncode == 0 and json.loads(by_rank(p.stdout)[1][0])["TP_SECRET"] == secret
+
+
+# Every rank calls every other one and says who answered (rank, node); no
+# secret on any process's command line.
+NODES_SCRIPT = """
+import os
+import tensorplay.distributed.rpc as rpc
+
+def who():
+    return [int(os.environ["RANK"]), int(os.environ["GROUP_RANK"])]
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+rpc.init_rpc("w%d" % rank, rank=rank, world_size=world)
+answers = [rpc.rpc_sync("w%d" % q, who, timeout=30) for q in range(world)]
+for pid in (os.getpid(), os.getppid()):
+    with open("/proc/%d/cmdline" % pid, "rb") as f:
+        assert os.environ["TP_SECRET"].encode() not in f.read()
+print("rank", rank, "heard", answers, flush=True)
+rpc.shutdown()
+"""
+
+
+# spec: LAUNCH-2..5
+def test_two_launchers_as_two_nodes(tmp_path):
+    (tmp_path / "prog.py").write_text(NODES_SCRIPT)
+    secret, path = secret_file(tmp_path)
+    port = free_tcp_port()
+    node = lambda k: LAUNCHER + ["--nnodes", "2", "--node-rank", str(k), "--nproc-per-node",
+                                 "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                 "--secret-file", path, "--grace", "1", "prog.py"]
+    n1 = subprocess.Popen(node(1), cwd=tmp_path, env=env_without_secret(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        n0 = subprocess.run(node(0), cwd=tmp_path, env=env_without_secret(), text=True,
+                            capture_output=True, timeout=90)
+        out1, err1 = n1.communicate(timeout=30)
+    finally:
+        n1.kill()
+    assert n0.returncode == 0, n0.stdout + n0.stderr
+    assert n1.returncode == 0, out1 + err1
+    heard = "heard [[0, 0], [1, 0], [2, 1], [3, 1]]"
+    assert sorted(n0.stdout.splitlines()) == ["[%d] rank %d %s" % (r, r, heard) for r in (0, 1)]
+    assert sorted(out1.splitlines()) == ["[%d] rank %d %s" % (r, r, heard) for r in (2, 3)]
+    assert secret not in n0.stdout + n0.stderr + out1 + err1
+
+
+# spec: LAUNCH-2, LAUNCH-9: the launchers do not check that nodes agree on
+# --nproc-per-node; the rendezvous does (INIT-4), failing the job on both.
+def test_nodes_with_different_nproc_fail_at_the_rendezvous(tmp_path):
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import os
+        import tensorplay.distributed.rpc as rpc
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        rpc.init_rpc("w%d" % rank, rank=rank, world_size=world,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_timeout=20))
+        print("joined", flush=True)
+        rpc.shutdown()
+    """))
+    secret, path = secret_file(tmp_path)
+    port = free_tcp_port()
+    node = lambda k, nproc: LAUNCHER + [
+        "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", str(nproc),
+        "--rdzv-endpoint", "127.0.0.1:%d" % port, "--secret-file", path, "--grace", "1",
+        "prog.py"]
+    n1 = subprocess.Popen(node(1, 1), cwd=tmp_path, env=env_without_secret(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        n0 = subprocess.run(node(0, 2), cwd=tmp_path, env=env_without_secret(), text=True,
+                            capture_output=True, timeout=60)
+        out1, err1 = n1.communicate(timeout=60)
+    finally:
+        n1.kill()
+    assert n0.returncode != 0 and n1.returncode != 0, n0.stderr + err1
+    assert "joined" not in n0.stdout + out1
+    assert "world size mismatch" in n0.stderr + err1, n0.stderr + err1
+
+
+# --- restarts (spec/launch.md LAUNCH-6, LAUNCH-7) ---
+
+# The victim rank's first process kills itself (SIGKILL) after init, once (a
+# marker file); the next rank calls it, retrying on peer-down, until an
+# answer comes from its restart. argv: folder, victim, store (env or file).
+ELASTIC_SCRIPT = """
+import os, signal, sys, time
+import tensorplay.distributed.rpc as rpc
+
+def who():
+    return [int(os.environ["TORCHELASTIC_RESTART_COUNT"]), os.environ.get("TP_REJOIN", "")]
+
+here, victim, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+opts = rpc.TensorPipeRpcBackendOptions(
+    init_method="env://" if store == "env" else "file://" + os.path.join(here, "store"))
+rpc.init_rpc("w%d" % rank, rank=rank, world_size=world, rpc_backend_options=opts)
+marker = os.path.join(here, "killed")
+if rank == victim and not os.path.exists(marker):
+    open(marker, "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+if rank == (victim + 1) % world:
+    deadline, answer = time.monotonic() + 30, None
+    while time.monotonic() < deadline and (answer is None or answer[0] != 1):
+        try:
+            answer = rpc.rpc_sync("w%d" % victim, who, timeout=5)
+        except RuntimeError:  # peer-down until the new incarnation rejoined
+            time.sleep(0.05)
+    print("answer", answer, flush=True)
+rpc.shutdown()
+"""
+
+
+def launch_elastic(tmp_path, args, victim=1, store="env"):
+    return launch(tmp_path, ["--nproc-per-node", "2", "--grace", "1"] + args +
+                  ["prog.py", str(tmp_path), str(victim), store], ELASTIC_SCRIPT, timeout=90)
+
+
+# spec: LAUNCH-6
+def test_killed_worker_restarts_and_serves_again(tmp_path):
+    p = launch_elastic(tmp_path, ["--max-restarts", "1"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["[0] answer [1, '1']"], p.stdout
+    restarts = [l for l in p.stderr.splitlines() if "restarting" in l]
+    assert restarts == ["tensorplay.distributed.run: rank 1 was killed by signal 9; restarting "
+                        "it as a new incarnation (TP_REJOIN=1), restart 1 of 1"], p.stderr
+
+
+# spec: LAUNCH-6
+def test_no_restarts_the_job_fails_with_the_signal(tmp_path):
+    p = launch_elastic(tmp_path, ["--max-restarts", "0"])
+    assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
+    assert "rank 1 was killed by signal 9; stopping the others" in p.stderr
+
+
+# spec: LAUNCH-6: each rank at most R times; the last failure's status; exit 0 never restarted.
+def test_restarts_are_bounded_per_rank(tmp_path):
+    p = launch(tmp_path, ["--nproc-per-node", "3", "--max-restarts", "2", "--grace", "1",
+                          "prog.py"], """
+        import os, sys, time
+        print("count", os.environ["TORCHELASTIC_RESTART_COUNT"],
+              os.environ.get("TP_REJOIN", "unset"), flush=True)
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        if os.environ["RANK"] == "0":
+            time.sleep(60)
+    """, env=dict(env_without_secret(), TP_REJOIN="1"))  # a stray one is not passed on
+    assert p.returncode == 3, p.stdout + p.stderr
+    out = by_rank(p.stdout)
+    assert out[1] == ["count 0 unset", "count 1 1", "count 2 1"]
+    assert out[0] == ["count 0 unset"] and out[2] == ["count 0 unset"]  # 2 exited 0: once
+    assert "rank 1 exited with status 3 after 2 restarts (--max-restarts 2); stopping the " \
+           "others" in p.stderr
+
+
+# spec: LAUNCH-7
+def test_rank0_is_not_restarted_with_env_store(tmp_path):
+    p = launch_elastic(tmp_path, ["--max-restarts", "1"], victim=0)
+    assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
+    assert "rank 0 was killed by signal 9; not restarting it: with init_method env:// rank 0 " \
+           "serves the job's rendezvous store" in p.stderr
+    assert "restarting it as" not in p.stderr
+
+
+# spec: LAUNCH-7: with a store outside rank 0 (file://), --restart-rank0 restarts it.
+def test_rank0_restarts_with_a_store_outside_it(tmp_path):
+    p = launch_elastic(tmp_path, ["--max-restarts", "1", "--restart-rank0"], victim=0,
+                       store="file")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["[1] answer [1, '1']"], p.stdout
+    assert "rank 0 was killed by signal 9; restarting it" in p.stderr
 
 
 FAIL_SCRIPT = """
@@ -166,6 +417,7 @@ time.sleep(60)
 """
 
 
+# spec: LAUNCH-8
 def test_failing_rank_stops_the_others_with_its_status(tmp_path):
     start = time.monotonic()
     p = launch(tmp_path, ["--nproc-per-node", "3", "prog.py", str(tmp_path)], FAIL_SCRIPT)
@@ -204,10 +456,10 @@ while True:
 """
 
 
-def start_stubborn(tmp_path, nproc=2):
+def start_stubborn(tmp_path, nproc=2, extra=()):
     (tmp_path / "prog.py").write_text(STUBBORN_SCRIPT)
-    proc = subprocess.Popen(LAUNCHER + ["--nproc-per-node", str(nproc), "--grace", "1",
-                                        "prog.py", str(tmp_path)],
+    proc = subprocess.Popen(LAUNCHER + ["--nproc-per-node", str(nproc), "--grace", "1"] +
+                            list(extra) + ["prog.py", str(tmp_path)],
                             cwd=tmp_path, env=env_without_secret(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     files = [tmp_path / ("pid.%d" % r) for r in range(nproc)]
@@ -222,7 +474,7 @@ def start_stubborn(tmp_path, nproc=2):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_launcher_ends_every_process(tmp_path, sig):
-    proc, pids = start_stubborn(tmp_path)
+    proc, pids = start_stubborn(tmp_path, extra=["--max-restarts", "3"])  # spec: LAUNCH-6
     assert all(alive(pid) for pid in pids)
     start = time.monotonic()
     proc.send_signal(sig)
@@ -234,6 +486,7 @@ def test_signal_to_launcher_ends_every_process(tmp_path, sig):
     assert proc.returncode == 128 + sig, err
     assert took < 5, took  # the grace period (1 s), then SIGKILL
     assert "got signal %d; stopping every rank" % sig in err
+    assert "restarting" not in err  # the launcher stopping the job restarts nobody
     deadline = time.monotonic() + 2
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# tprun_test.sh TPRUN [ADD_TCP]: the launcher's contract (spec/tcp.md TCP-13),
-# and, when given, the seed example through it over TCP.
+# tprun_test.sh TPRUN [ADD_TCP]: the launcher's contract (spec/tcp.md TCP-13,
+# spec/launch.md LAUNCH-1..9), and, when given, the seed example through it
+# over TCP, on one node and as two nodes of one job on this machine. The
+# elastic case runs a Python worker when a Python with the tensorplay package
+# is found ($PYTHON, /usr/bin/python3, python3; the package next to TPRUN's
+# build), and says it skipped otherwise.
 set -uo pipefail
 tprun=$1
 add_tcp=${2:-}
 fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 check() { # check NAME EXPECTED ACTUAL
   if [ "$2" != "$3" ]; then echo "FAIL $1: expected [$2], got [$3]"; fail=1; else echo "ok   $1"; fi
 }
@@ -30,6 +36,7 @@ port=$("$tprun" --nproc 1 sh -c 'echo $MASTER_PORT' | sed 's/^\[0\] //')
 case "$port" in ''|*[!0-9]*) check "free port" "a number" "$port" ;; *) check "free port" ok ok ;; esac
 
 # One failure stops the others (they would sleep 30 s) and gives its status.
+# spec: LAUNCH-8
 start=$(date +%s)
 "$tprun" --nproc 3 --grace 1 sh -c 'if [ $RANK = 2 ]; then exit 7; fi; exec sleep 30' >/dev/null 2>&1
 rc=$?
@@ -68,5 +75,171 @@ if [ -n "$add_tcp" ]; then
   out=$("$tprun" --nproc 2 "$add_tcp" 2>&1)
   check "add_tcp over TCP" "[0] 7" "$out"
 fi
+
+# --- several nodes (spec: LAUNCH-2..5) ---
+unset TP_SECRET
+secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf '%s\n' "$secret" >"$tmp/secret"
+chmod 600 "$tmp/secret"
+port=$("$tprun" --nproc 1 sh -c 'echo $MASTER_PORT' | sed 's/^\[0\] //')
+node() { # node K ARGS...: node K of a 2x2 job on this machine
+  local k=$1; shift
+  "$tprun" --nnodes 2 --node-rank "$k" --nproc-per-node 2 --master-addr 127.0.0.1 \
+    --master-port "$port" --secret-file "$tmp/secret" "$@"
+}
+
+# spec: LAUNCH-2, LAUNCH-4: node 1 of 2 runs ranks 2 and 3 of 4.
+envs='echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS ${TP_REJOIN-unset}"'
+out=$(node 1 sh -c "$envs" 2>&1)
+check "node 1 of 2: environment" "[2] 2 0 4 2 1 2 127.0.0.1:$port 0 0 unset
+[3] 3 1 4 2 1 2 127.0.0.1:$port 0 0 unset" "$(echo "$out" | sort)"
+# spec: LAUNCH-1: the same with torchrun's other spellings: --rdzv-endpoint, N:N, _ and =.
+out=$("$tprun" --nnodes=2:2 --node_rank=1 --nproc=2 --rdzv-endpoint "127.0.0.1:$port" \
+  --secret-file "$tmp/secret" sh -c "$envs" 2>&1)
+check "node 1 of 2: other spellings" "[2] 2 0 4 2 1 2 127.0.0.1:$port 0 0 unset
+[3] 3 1 4 2 1 2 127.0.0.1:$port 0 0 unset" "$(echo "$out" | sort)"
+
+# spec: LAUNCH-5: the file's secret is the job's, never printed nor on a command line.
+out=$(node 1 sh -c 'test "$TP_SECRET" = "$(cat "$0")" && echo same; cat /proc/$PPID/cmdline /proc/self/cmdline | tr "\0" " "' "$tmp/secret" 2>&1)
+check "secret from the file" 2 "$(echo "$out" | grep -c ' same$')"
+check "secret on no command line" 0 "$(echo "$out" | grep -c "$secret")"
+
+# Usage errors: exit 2, nothing started, the secret never in the message.
+usage_err() { # usage_err NAME WORDS ARGS...: exit 2 and WORDS on stderr
+  local name=$1 words=$2; shift 2
+  local err rc
+  err=$("$tprun" "$@" sh -c 'echo started' 2>&1); rc=$?
+  check "$name: exit 2" 2 "$rc"
+  case "$err" in *"$words"*) check "$name: says why" ok ok ;;
+    *) check "$name: says why" "$words" "$err" ;; esac
+  case "$err" in *started*|*"$secret"*) check "$name: nothing started, no secret" ok "$err" ;; esac
+}
+# spec: LAUNCH-3
+usage_err "nnodes 2 without a master port" "--nnodes 2 needs --master-port" \
+  --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --secret-file "$tmp/secret"
+usage_err "nnodes 2 without a master address" "--nnodes 2 needs --master-addr" \
+  --nnodes 2 --nproc 1 --master-port "$port" --secret-file "$tmp/secret"
+usage_err "endpoint and master port" "not both" \
+  --nproc 1 --rdzv-endpoint "127.0.0.1:$port" --master-port "$port"
+# spec: LAUNCH-2
+usage_err "node rank out of range" "--node-rank 2 is out of range for --nnodes 2 (0..1)" \
+  --nnodes 2 --node-rank 2 --nproc 1 --rdzv-endpoint "127.0.0.1:$port" --secret-file "$tmp/secret"
+usage_err "elastic nnodes" "elastic membership (MIN < MAX) is not supported" \
+  --nnodes 1:4 --nproc 1
+usage_err "bad max restarts" "--max-restarts" --nproc 1 --max-restarts -1
+# spec: LAUNCH-5
+chmod 644 "$tmp/secret"
+usage_err "secret file mode 0644" "has mode 0644" \
+  --nnodes 2 --nproc 1 --rdzv-endpoint "127.0.0.1:$port" --secret-file "$tmp/secret"
+chmod 600 "$tmp/secret"
+usage_err "nnodes 2 without a secret" "--nnodes 2 needs the job secret" \
+  --nnodes 2 --nproc 1 --rdzv-endpoint "127.0.0.1:$port"
+printf 'xyz%s\n' "$secret" >"$tmp/bad"
+chmod 600 "$tmp/bad"
+secret_bad=$secret; secret="xyz$secret"
+usage_err "secret file not hex" "does not hold a job secret" --nproc 1 --secret-file "$tmp/bad"
+secret=$secret_bad
+usage_err "secret file a directory" "not a regular file" --nproc 1 --secret-file "$tmp"
+
+# spec: LAUNCH-2..5: two tprun, as nodes 0 and 1 of a 2x2 job on this
+# machine, run add_tcp to completion (world size 4: worker0 calls worker1).
+if [ -n "$add_tcp" ]; then
+  node 1 timeout 60 "$add_tcp" >"$tmp/node1.out" 2>&1 &
+  node1=$!
+  out=$(node 0 timeout 60 "$add_tcp" 2>&1)
+  rc=$?
+  wait $node1
+  rc1=$?
+  check "two nodes: node 0" "0 [0] 7" "$rc $out"
+  check "two nodes: node 1" "0 " "$rc1 $(cat "$tmp/node1.out")"
+fi
+
+# --- restarts (spec: LAUNCH-6..7) ---
+# Rank 1 kills itself once; its restart has TP_REJOIN=1 and restart count 1;
+# a rank that exits 0 is never restarted.
+once='if [ $RANK = 1 ] && mkdir "$0/once" 2>/dev/null; then kill -9 $$; fi; echo "r$RANK c$TORCHELASTIC_RESTART_COUNT ${TP_REJOIN-unset}"'
+out=$("$tprun" --nproc 2 --max-restarts 1 sh -c "$once" "$tmp" 2>"$tmp/err")
+rc=$?
+check "restart: exit 0" 0 "$rc"
+check "restart: environment" "[0] r0 c0 unset
+[1] r1 c1 1" "$(echo "$out" | sort)"
+check "restart: one line says so" "tprun: rank 1 was killed by signal 9; restarting it as a new incarnation (TP_REJOIN=1), restart 1 of 1" "$(cat "$tmp/err")"
+# Past --max-restarts, the job fails with the last failure's status.
+out=$("$tprun" --nproc 2 --max-restarts 2 --grace 1 sh -c \
+  'echo "c$TORCHELASTIC_RESTART_COUNT"; if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30' 2>"$tmp/err")
+rc=$?
+check "restarts exhausted: status" 3 "$rc"
+check "restarts exhausted: ran 3 times" "[1] c0 [1] c1 [1] c2" "$(echo "$out" | grep '^\[1\]' | tr '\n' ' ' | sed 's/ $//')"
+check "restarts exhausted: says so" 1 "$(grep -c 'tprun: rank 1 exited with status 3 after 2 restarts (--max-restarts 2); stopping the others' "$tmp/err")"
+# Rank 0 serves the store with env://: not restarted (LAUNCH-7).
+rm -rf "$tmp/once"
+"$tprun" --nproc 2 --max-restarts 1 --grace 1 sh -c \
+  'if [ $RANK = 0 ] && mkdir "$0/once" 2>/dev/null; then kill -9 $$; fi; exec sleep 30' "$tmp" \
+  >/dev/null 2>"$tmp/err"
+rc=$?
+check "rank 0 not restarted: status" 137 "$rc"
+check "rank 0 not restarted: says why" 1 "$(grep -c 'rank 0 was killed by signal 9; not restarting it: with init_method env:// rank 0 serves' "$tmp/err")"
+# ... unless --restart-rank0 says the store lives elsewhere.
+rm -rf "$tmp/once"
+out=$("$tprun" --nproc 2 --max-restarts 1 --restart-rank0 sh -c \
+  'if [ $RANK = 0 ] && mkdir "$0/once" 2>/dev/null; then kill -9 $$; fi; echo "c$TORCHELASTIC_RESTART_COUNT"' "$tmp" 2>/dev/null)
+check "--restart-rank0" "[0] c1 [1] c0" "$(echo "$out" | sort | tr '\n' ' ' | sed 's/ $//')"
+# The launcher stopping the job (a signal to it) restarts nobody.
+"$tprun" --nproc 2 --max-restarts 3 --grace 1 sh -c 'echo up >"$0/up.$RANK"; exec sleep 30' "$tmp" \
+  >/dev/null 2>"$tmp/err" &
+pid=$!
+for _ in $(seq 100); do [ -e "$tmp/up.0" ] && [ -e "$tmp/up.1" ] && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid
+rc=$?
+check "stopping restarts nobody: status" 143 "$rc"
+check "stopping restarts nobody" 0 "$(grep -c restarting "$tmp/err")"
+
+# The real thing: rank 1's process dies (SIGKILL) mid-run and its restart
+# rejoins the job; rank 0 calls rank 1, retrying on peer-down, until the
+# answer comes from the new incarnation; the job then ends well. With
+# --max-restarts 0 the same job fails with the signal's status.
+pydir=$(cd "$(dirname "$tprun")/../python" 2>/dev/null && pwd)
+py=
+for cand in ${PYTHON:-} /usr/bin/python3 python3; do
+  if [ -n "$pydir" ] && PYTHONPATH=$pydir "$cand" -c 'import tensorplay.distributed.rpc' 2>/dev/null; then
+    py=$cand; break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "skip elastic rejoin (no Python with the tensorplay package next to $tprun)"
+else
+  cat >"$tmp/elastic.py" <<'PY'
+import os, signal, sys, time
+import tensorplay.distributed.rpc as rpc
+
+def who():
+    return [int(os.environ["TORCHELASTIC_RESTART_COUNT"]), os.environ.get("TP_REJOIN", "")]
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+rpc.init_rpc("w%d" % rank, rank=rank, world_size=world)
+if rank == 1 and not os.path.exists(sys.argv[1]):
+    open(sys.argv[1], "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-run: after init, before any call
+if rank == 0:
+    deadline, answer = time.monotonic() + 30, None
+    while time.monotonic() < deadline and (answer is None or answer[0] != 1):
+        try:
+            answer = rpc.rpc_sync("w1", who, timeout=5)
+        except RuntimeError:  # peer-down until the new incarnation rejoined
+            time.sleep(0.05)
+    print("answer from restart", answer, flush=True)
+rpc.shutdown()
+PY
+  out=$(PYTHONPATH=$pydir timeout 90 "$tprun" --nproc 2 --max-restarts 1 "$py" "$tmp/elastic.py" "$tmp/killed" 2>"$tmp/err")
+  rc=$?
+  check "elastic rejoin: exit 0" 0 "$rc"
+  check "elastic rejoin: answered by the new incarnation" "[0] answer from restart [1, '1']" "$out"
+  check "elastic rejoin: restarted once" 1 "$(grep -c 'rank 1 was killed by signal 9; restarting it' "$tmp/err")"
+  rm -f "$tmp/killed"
+  PYTHONPATH=$pydir timeout 90 "$tprun" --nproc 2 --max-restarts 0 --grace 1 "$py" "$tmp/elastic.py" "$tmp/killed" >/dev/null 2>&1
+  check "elastic, no restarts: signal status" 137 "$?"
+fi
+
 [ $fail = 0 ] && echo "tprun_test: all passed"
 exit $fail

@@ -1,18 +1,31 @@
-"""tensorplay.distributed.run: start a job's worker processes on this machine.
+"""tensorplay.distributed.run: start this machine's worker processes of a job.
 
     python3 -m tensorplay.distributed.run --nproc-per-node 2 train.py [ARGS...]
     python3 -m tensorplay.distributed.run --nproc-per-node 2 -m pkg.train [ARGS...]
     python3 -m tensorplay.distributed.run --nproc-per-node 2 --no-python ./a.out [ARGS...]
+    python3 -m tensorplay.distributed.run --nnodes 2 --node-rank 1 --nproc-per-node 4 \
+        --master-addr 10.0.0.1 --master-port 29500 --secret-file ~/job.secret train.py
 
 The flags and the environment follow torchrun (torch.distributed.run); the
-supervision follows tprun (real/tprun.c), the C launcher. Each process gets
-RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port
-of MASTER_ADDR unless --master-port is given), TORCHELASTIC_RUN_ID,
-TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS, and the job secret
-in TP_SECRET (spec/tcp.md TCP-17): 32 bytes from the kernel's generator as 64
-hex digits, fresh for each run unless TP_SECRET is set already; it never
-appears on a command line.
+supervision follows tprun (real/tprun.c), the C launcher, and both follow
+spec/launch.md (LAUNCH-1..9). Each process gets RANK (node rank x
+nproc-per-node + local rank), LOCAL_RANK, WORLD_SIZE (nnodes x
+nproc-per-node), LOCAL_WORLD_SIZE, GROUP_RANK (the node rank),
+GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT (one machine: a free port of MASTER_ADDR unless a port is given),
+TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT and
+TORCHELASTIC_MAX_RESTARTS, and the job secret in TP_SECRET (spec/tcp.md
+TCP-17): from --secret-file (a file of the user's own, mode 0600 or
+stricter), else TP_SECRET already set, else, on one machine only, 32 fresh
+bytes from the kernel's generator as 64 hex digits. It never appears on a
+command line or in output.
+
+--max-restarts R restarts a process that failed (non-zero exit or a signal)
+in place, with the same rank and TP_REJOIN=1, so it rejoins the running job
+as a new incarnation (spec/lifecycle.md REJOIN-1); each rank at most R times,
+counted in its TORCHELASTIC_RESTART_COUNT. Rank 0 is not restarted unless
+--restart-rank0 says the job's store lives outside it (with env:// rank 0
+serves the store, which dies with it).
 
 Every line a process writes comes out on the launcher's stdout or stderr
 prefixed with "[rank] " (unless --no-prefix). When a process fails (non-zero
@@ -25,13 +38,14 @@ left in a group when the job ends is killed. A terminal's Ctrl-C reaches only
 the launcher, which forwards it once. Killed outright (SIGKILL), the launcher
 takes its processes with it (PR_SET_PDEATHSIG), not what they started.
 
-Single machine only for now: --nnodes 1, --node-rank 0, --max-restarts 0.
---rdzv-backend, --rdzv-endpoint, --rdzv-id, --rdzv-conf and --standalone are
-accepted so torchrun command lines work, and change nothing here; the
-rendezvous of the workers themselves is init_method env:// on MASTER_ADDR
-and MASTER_PORT. Like torchrun, each flag may also be spelt with
-underscores (--nproc_per_node) and defaults to the environment variable
-PET_<FLAG> (PET_NPROC_PER_NODE).
+Each node runs its own launcher with the same --nnodes, --nproc-per-node,
+master address and port, and secret; launchers do not talk to each other.
+--rdzv-endpoint HOST:PORT is --master-addr HOST --master-port PORT;
+--rdzv-backend, --rdzv-id, --rdzv-conf and --standalone are accepted so
+torchrun command lines work; the rendezvous of the workers themselves is
+init_method env:// on MASTER_ADDR and MASTER_PORT. Like torchrun, each flag
+may also be spelt with underscores (--nproc_per_node) and defaults to the
+environment variable PET_<FLAG> (PET_NPROC_PER_NODE).
 """
 import argparse
 import errno
@@ -40,11 +54,16 @@ import secrets
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 
 NPROC_MAX = 1024  # processes on one machine: tprun's bound
+WORLD_SIZE_MAX = 65536  # nnodes * nproc-per-node: the library's TP_WORLD_SIZE_MAX
+RESTARTS_MAX = 10000  # --max-restarts: tprun's bound; a crash loop ends in bounded time
+SECRET_HEX_MIN, SECRET_HEX_MAX = 32, 256  # TCP-17: 16..128 bytes written as hex
+SECRET_FILE_MAX = 4096  # a secret file is read up to this many bytes
 LINE_MAX_BYTES = 16384  # a longer line is split, as tprun does
 GRACE_DEFAULT_S = 5.0
 DRAIN_S = 1.0  # output the processes' own children may still write after they exit
@@ -55,6 +74,10 @@ _PROG = "tensorplay.distributed.run"
 
 class UsageError(Exception):
     """A command line this launcher cannot run (exit status 2)."""
+
+
+class SecretError(Exception):
+    """No usable job secret (exit status 2, LAUNCH-5)."""
 
 
 def _env_default(name, default):
@@ -74,23 +97,35 @@ def _add(parser, name, **kw):
 def make_parser():
     p = argparse.ArgumentParser(
         prog="python3 -m " + _PROG, allow_abbrev=False,
-        description="Starts N worker processes of a tensorplay.distributed.rpc job on this "
-                    "machine (torchrun's flags and environment).")
-    _add(p, "nproc-per-node", default="1", metavar="N",
-         help="processes on this machine: a number (1..%d), or cpu/auto for one per CPU"
-              % NPROC_MAX)
-    _add(p, "nnodes", default="1", help="machines in the job: 1 only for now (also 1:1)")
-    _add(p, "node-rank", type=int, default=0, help="this machine's rank: 0 only for now")
-    _add(p, "master-addr", default="127.0.0.1",
-         help="address rank 0 serves the rendezvous on (default 127.0.0.1)")
+        description="Starts this machine's worker processes of a tensorplay.distributed.rpc "
+                    "job, one launcher per machine (torchrun's flags and environment; "
+                    "spec/launch.md).")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", "--nproc", metavar="N",
+                   dest="nproc_per_node", default=_env_default("nproc-per-node", "1"),
+                   help="processes on this machine: a number (1..%d), or cpu/auto for one per "
+                        "CPU; the same on every node" % NPROC_MAX)
+    _add(p, "nnodes", default="1",
+         help="machines in the job: N (or N:N; elastic MIN:MAX is not supported)")
+    _add(p, "node-rank", type=int, default=0, help="this machine's rank, 0..N-1 (default 0)")
+    _add(p, "master-addr", default=None,
+         help="address rank 0 serves the rendezvous on (default 127.0.0.1; required with "
+              "--nnodes > 1)")
     _add(p, "master-port", type=int, default=None,
-         help="port rank 0 serves the rendezvous on (default: a free port)")
-    _add(p, "max-restarts", type=int, default=0, help="restarts of a failed job: 0 only for now")
+         help="port rank 0 serves the rendezvous on (default: a free port; required with "
+              "--nnodes > 1)")
+    _add(p, "secret-file", default=None, metavar="PATH",
+         help="the job secret as hex, in a file of yours with mode 0600 (required with "
+              "--nnodes > 1 unless TP_SECRET is set)")
+    _add(p, "max-restarts", type=int, default=0,
+         help="restarts of each failed process, rejoining as a new incarnation (default 0)")
+    _add(p, "restart-rank0", action="store_true",
+         help="rank 0 may be restarted too: the job's store does not live in it (not env://)")
     _add(p, "rdzv-backend", default="static", help="accepted for torchrun command lines; unused")
-    _add(p, "rdzv-endpoint", default="", help="accepted for torchrun command lines; unused")
+    _add(p, "rdzv-endpoint", default="", metavar="HOST:PORT",
+         help="the same as --master-addr HOST --master-port PORT")
     _add(p, "rdzv-id", default="none", help="the job's id (TORCHELASTIC_RUN_ID)")
     _add(p, "rdzv-conf", default="", help="accepted for torchrun command lines; unused")
-    _add(p, "standalone", action="store_true", help="one machine (always so here)")
+    _add(p, "standalone", action="store_true", help="one machine (excludes --nnodes > 1)")
     _add(p, "role", default="default", help="ROLE_NAME of the processes")
     _add(p, "monitor-interval", type=float, default=0.1,
          help="seconds between checks on the processes (default 0.1)")
@@ -125,15 +160,37 @@ def _nproc(value):
 
 
 def _nnodes(value):
-    lo, _, hi = value.partition(":")
+    lo, colon, hi = value.partition(":")
     try:
-        lo, hi = int(lo), int(hi or lo)
+        lo, hi = int(lo), int(hi if colon else lo)
     except ValueError:
         raise UsageError("--nnodes %r: expected N or MIN:MAX" % value) from None
-    if (lo, hi) != (1, 1):
-        raise UsageError("--nnodes %s: multi-machine jobs are not supported yet; "
-                         "this launcher runs one machine's processes (--nnodes 1)" % value)
-    return 1
+    if not (1 <= lo <= WORLD_SIZE_MAX and 1 <= hi <= WORLD_SIZE_MAX):
+        raise UsageError("--nnodes %s: expected 1..%d" % (value, WORLD_SIZE_MAX))
+    if lo != hi:
+        raise UsageError("--nnodes %s: elastic membership (MIN < MAX) is not supported: give "
+                         "one number of nodes, the same on every node (spec/launch.md "
+                         "LAUNCH-2)" % value)
+    return lo
+
+
+def _endpoint(value):
+    """--rdzv-endpoint HOST[:PORT], [V6]:PORT or a bare IPv6 address: (host, port or None)."""
+    host, port = value, None
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise UsageError("--rdzv-endpoint %r: expected HOST:PORT" % value)
+        port = rest[1:] if rest else None
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    if not host:
+        raise UsageError("--rdzv-endpoint %r: expected HOST:PORT" % value)
+    if port is not None:
+        if not port.isdigit() or int(port) > 65535:
+            raise UsageError("--rdzv-endpoint %r: the port must be 0..65535" % value)
+        port = int(port) or None  # 0: none given, as torchrun's localhost:0
+    return host, port
 
 
 class JobSpec:
@@ -142,25 +199,30 @@ class JobSpec:
     def __init__(self, args):
         self.nproc = _nproc(args.nproc_per_node)
         self.nnodes = _nnodes(args.nnodes)
-        if args.node_rank != 0:
-            raise UsageError("--node-rank %d: one machine only for now (--node-rank 0)"
-                             % args.node_rank)
-        if args.max_restarts != 0:
-            raise UsageError("--max-restarts %d: restarts are not supported yet "
-                             "(--max-restarts 0)" % args.max_restarts)
+        if args.standalone and self.nnodes != 1:
+            raise UsageError("--standalone is one machine: it excludes --nnodes %d" % self.nnodes)
+        if not 0 <= args.node_rank < self.nnodes:
+            raise UsageError("--node-rank %d is out of range for --nnodes %d (0..%d)"
+                             % (args.node_rank, self.nnodes, self.nnodes - 1))
+        if self.nnodes * self.nproc > WORLD_SIZE_MAX:
+            raise UsageError("--nnodes %d x --nproc-per-node %d is over %d processes"
+                             % (self.nnodes, self.nproc, WORLD_SIZE_MAX))
+        if not 0 <= args.max_restarts <= RESTARTS_MAX:
+            raise UsageError("--max-restarts %d: expected 0..%d" % (args.max_restarts,
+                                                                    RESTARTS_MAX))
         if args.master_port is not None and not 1 <= args.master_port <= 65535:
             raise UsageError("--master-port %d: expected 1..65535" % args.master_port)
         if not 0 <= args.grace <= 3600:
             raise UsageError("--grace %g: expected 0..3600 seconds" % args.grace)
         if args.module and args.no_python:
             raise UsageError("-m and --no-python exclude each other")
+        self.master_addr, self.master_port = self._rendezvous(args)
         self.node_rank = args.node_rank
         self.world_size = self.nnodes * self.nproc
-        self.master_addr = args.master_addr
-        self.master_port = args.master_port
         self.role = args.role
         self.run_id = args.rdzv_id
         self.max_restarts = args.max_restarts
+        self.restart_rank0 = args.restart_rank0
         if args.no_python:
             self.cmd = [args.training_script]
         else:
@@ -171,13 +233,34 @@ class JobSpec:
             self.cmd.append(args.training_script)
         self.cmd += args.training_script_args
 
+    def _rendezvous(self, args):
+        """LAUNCH-3: (address, port or None) of the rendezvous rank 0 serves."""
+        addr, port = args.master_addr, args.master_port
+        if args.rdzv_endpoint:
+            if addr is not None or port is not None:
+                raise UsageError("give --rdzv-endpoint or --master-addr/--master-port, not both")
+            addr, port = _endpoint(args.rdzv_endpoint)
+        if self.nnodes > 1 and (addr is None or port is None):
+            raise UsageError(
+                "--nnodes %d needs %s (or --rdzv-endpoint HOST:PORT): every node must reach the "
+                "rendezvous rank 0 serves there, and a free port picked here would be unknown to "
+                "the other nodes (spec/launch.md LAUNCH-3)"
+                % (self.nnodes, "--master-addr" if addr is None else "--master-port"))
+        return addr or "127.0.0.1", port
+
     def rank(self, local_rank):
-        # Multi-machine later: machines take consecutive blocks of ranks, as in torchrun.
+        # LAUNCH-2: nodes take consecutive blocks of ranks, as in torchrun.
         return self.node_rank * self.nproc + local_rank
 
-    def env(self, local_rank, base):
+    def env(self, local_rank, base, restarts=0):
+        """LAUNCH-4: the environment of local_rank's process, restarted `restarts` times."""
         e = dict(base)
         rank = self.rank(local_rank)
+        # REJOIN-1: a restarted process comes back as a new incarnation; a first
+        # one joins the initial rendezvous whatever the launcher's environment says.
+        e.pop("TP_REJOIN", None)
+        if restarts:
+            e["TP_REJOIN"] = "1"
         e.update({
             "RANK": str(rank), "LOCAL_RANK": str(local_rank),
             "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.nproc),
@@ -185,7 +268,7 @@ class JobSpec:
             "ROLE_RANK": str(rank), "ROLE_NAME": self.role,
             "ROLE_WORLD_SIZE": str(self.world_size),
             "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
-            "TORCHELASTIC_RUN_ID": self.run_id, "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_RUN_ID": self.run_id, "TORCHELASTIC_RESTART_COUNT": str(restarts),
             "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
         })
         return e
@@ -206,9 +289,60 @@ def free_port(addr):
         return s.getsockname()[1]
 
 
-def job_secret(environ):
-    """TCP-17: the job secret, fresh unless the environment has one."""
-    return environ.get("TP_SECRET") or secrets.token_hex(32)
+def _is_hex_secret(s):
+    return (SECRET_HEX_MIN <= len(s) <= SECRET_HEX_MAX and len(s) % 2 == 0
+            and all(c in "0123456789abcdefABCDEF" for c in s))
+
+
+def secret_from_file(path):
+    """LAUNCH-5: the hex secret in path, a regular file of ours that nobody
+    else may read or write. One descriptor, checked with fstat: what is
+    checked is what is read. Never puts the secret in a message."""
+    try:
+        # O_NONBLOCK: a FIFO planted there must not hang the open.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as e:
+        raise SecretError("--secret-file %s: %s" % (path, e.strerror)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError("--secret-file %s: it is not a regular file; refusing to use it "
+                              "as the job secret" % path)
+        if st.st_uid != os.geteuid():
+            raise SecretError("--secret-file %s: it is not owned by you; refusing to use it as "
+                              "the job secret" % path)
+        if st.st_mode & 0o077:
+            raise SecretError("--secret-file %s has mode %04o: a job secret must be readable by "
+                              "you alone (mode 0600 or stricter: chmod 600 %s); refusing to use it"
+                              % (path, stat.S_IMODE(st.st_mode), path))
+        data = b""
+        while len(data) < SECRET_FILE_MAX:
+            chunk = os.read(fd, SECRET_FILE_MAX - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    text = data.decode("ascii", "replace").strip()
+    if not _is_hex_secret(text):
+        raise SecretError("--secret-file %s does not hold a job secret: it must be %d to %d hex "
+                          "digits, an even number, on one line (%d characters found; TCP-17)"
+                          % (path, SECRET_HEX_MIN, SECRET_HEX_MAX, len(text)))
+    return text
+
+
+def job_secret(environ, secret_file=None, nnodes=1):
+    """LAUNCH-5 (TCP-17): --secret-file, else TP_SECRET, else (one node) a fresh one."""
+    if secret_file:
+        return secret_from_file(secret_file)
+    if environ.get("TP_SECRET"):
+        return environ["TP_SECRET"]
+    if nnodes > 1:
+        raise SecretError("--nnodes %d needs the job secret, the same on every node: give "
+                          "--secret-file PATH (a file of yours, mode 0600, holding the secret as "
+                          "hex) or set TP_SECRET; a secret made here would differ from the other "
+                          "nodes' (spec/launch.md LAUNCH-5)" % nnodes)
+    return secrets.token_hex(32)
 
 
 def _die_with_parent():
@@ -226,10 +360,12 @@ def _die_with_parent():
 
 
 class _Stream:
-    """One pipe of one process: bytes in, prefixed lines out."""
+    """One pipe of one process: bytes in, prefixed lines out. It owns the
+    pipe's file object: a restarted process's Popen goes, its pipes stay
+    until their end of file."""
 
-    def __init__(self, rank, fd, out_fd, prefix):
-        self.rank, self.fd, self.out_fd = rank, fd, out_fd
+    def __init__(self, rank, pipe, out_fd, prefix):
+        self.rank, self.pipe, self.fd, self.out_fd = rank, pipe, pipe.fileno(), out_fd
         self.prefix = ("[%d] " % rank).encode() if prefix else b""
         self.buf = b""
 
@@ -271,6 +407,9 @@ class _Stream:
             self.emit(self.buf)
             self.buf = b""
 
+    def close(self):
+        self.pipe.close()
+
 
 def exit_code(returncode):
     """The status the launcher reports for a process's Popen.returncode."""
@@ -282,8 +421,10 @@ class Job:
 
     def __init__(self, spec, grace_s, prefix, poll_s):
         self.spec, self.grace_s, self.prefix, self.poll_s = spec, grace_s, prefix, poll_s
-        self.procs = []  # Popen, index = local rank
-        self.pgids = []  # each process's group, killed at the end too
+        self.procs = [None] * spec.nproc  # Popen of each local rank's current process
+        self.pgids = [None] * spec.nproc  # its process group, killed at the end too
+        self.restarts = [0] * spec.nproc  # times each local rank was restarted
+        self.base = {}  # the environment every process starts from
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.result = 0
@@ -301,15 +442,19 @@ class Job:
         except OSError:
             pass
 
+    @staticmethod
+    def _killpg(pgid, sig):
+        try:
+            os.killpg(pgid, sig)
+        except OSError as e:
+            if e.errno not in (errno.ESRCH, errno.EPERM):
+                raise
+
     def _signal_groups(self, sig, only_running=True):
         for p, pgid in zip(self.procs, self.pgids):
-            if only_running and p.returncode is not None:
+            if p is None or (only_running and p.returncode is not None):
                 continue
-            try:
-                os.killpg(pgid, sig)
-            except OSError as e:
-                if e.errno not in (errno.ESRCH, errno.EPERM):
-                    raise
+            self._killpg(pgid, sig)
 
     def begin_stop(self, sig, result):
         """Sends sig to every running process and schedules SIGKILL after the grace."""
@@ -320,42 +465,77 @@ class Job:
         self._signal_groups(sig)
         self.kill_at = time.monotonic() + self.grace_s
 
+    def _spawn(self, local_rank, restarts):
+        """Starts local_rank's process (its restarts-th restart). Raises OSError.
+        A restarted process's earlier pipes stay registered until their end
+        of file, so nothing the earlier one wrote is lost."""
+        p = subprocess.Popen(self.spec.cmd, env=self.spec.env(local_rank, self.base, restarts),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True,
+                             preexec_fn=_die_with_parent)
+        self.procs[local_rank] = p
+        self.pgids[local_rank] = p.pid
+        self.restarts[local_rank] = restarts
+        rank = self.spec.rank(local_rank)
+        for pipe, out_fd in ((p.stdout, 1), (p.stderr, 2)):
+            os.set_blocking(pipe.fileno(), False)
+            self.sel.register(pipe.fileno(), selectors.EVENT_READ,
+                              _Stream(rank, pipe, out_fd, self.prefix))
+
     def start(self, environ):
-        base = dict(environ)
+        self.base = dict(environ)
         for local_rank in range(self.spec.nproc):
-            rank = self.spec.rank(local_rank)
             try:
-                p = subprocess.Popen(self.spec.cmd, env=self.spec.env(local_rank, base),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                self._spawn(local_rank, 0)
             except OSError as e:
                 sys.stderr.write("%s: cannot run %r: %s\n" % (_PROG, self.spec.cmd[0],
                                                               e.strerror or e))
                 self.begin_stop(signal.SIGTERM, 127 if isinstance(e, FileNotFoundError) else 1)
                 return
-            self.procs.append(p)
-            self.pgids.append(p.pid)
-            for pipe, out_fd in ((p.stdout, 1), (p.stderr, 2)):
-                os.set_blocking(pipe.fileno(), False)
-                self.sel.register(pipe.fileno(), selectors.EVENT_READ,
-                                  _Stream(rank, pipe.fileno(), out_fd, self.prefix))
+
+    def _on_failure(self, local_rank, returncode):
+        """LAUNCH-6, LAUNCH-7: a process failed while the job runs: restart it
+        in place, or stop the job with its status."""
+        code = exit_code(returncode)
+        rank, done, most = self.spec.rank(local_rank), self.restarts[local_rank], \
+            self.spec.max_restarts
+        if returncode < 0:
+            cause = "was killed by signal %d" % -returncode
+        else:
+            cause = "exited with status %d" % code
+        if most > 0 and rank == 0 and not self.spec.restart_rank0:
+            tail = ("; not restarting it: with init_method env:// rank 0 serves the job's "
+                    "rendezvous store, which ended with it, so a new rank 0 would have no job "
+                    "to rejoin (--restart-rank0 if the store lives elsewhere; spec/launch.md "
+                    "LAUNCH-7); stopping the others")
+        elif done < most:
+            sys.stderr.write("%s: rank %d %s; restarting it as a new incarnation (TP_REJOIN=1), "
+                             "restart %d of %d\n" % (_PROG, rank, cause, done + 1, most))
+            # What the failed process left in its group goes with it: no orphans.
+            self._killpg(self.pgids[local_rank], signal.SIGKILL)
+            try:
+                self._spawn(local_rank, done + 1)
+                return
+            except OSError as e:
+                sys.stderr.write("%s: cannot restart rank %d: %s; stopping the others\n"
+                                 % (_PROG, rank, e.strerror or e))
+                self.begin_stop(signal.SIGTERM, 1)
+                return
+        elif most > 0:
+            tail = " after %d restart%s (--max-restarts %d); stopping the others" % (
+                done, "" if done == 1 else "s", most)
+        else:
+            tail = "; stopping the others"
+        sys.stderr.write("%s: rank %d %s%s\n" % (_PROG, rank, cause, tail))
+        self.begin_stop(signal.SIGTERM, code)
 
     def reap(self):
-        """Collects exited processes; the first failure stops the others."""
+        """Collects exited processes; a failure restarts its process or stops the others."""
         for local_rank, p in enumerate(self.procs):
-            if p.returncode is not None or p.poll() is None:
+            if p is None or p.returncode is not None or p.poll() is None:
                 continue
-            code = exit_code(p.returncode)
-            if code == 0 or self.stopping:
-                continue
-            rank = self.spec.rank(local_rank)
-            if p.returncode < 0:
-                what = "was killed by signal %d" % -p.returncode
-            else:
-                what = "exited with status %d" % code
-            sys.stderr.write("%s: rank %d %s; stopping the others\n" % (_PROG, rank, what))
-            self.begin_stop(signal.SIGTERM, code)
+            if exit_code(p.returncode) != 0 and not self.stopping:
+                self._on_failure(local_rank, p.returncode)
 
     def pump(self, timeout):
         """Copies what the processes wrote; False when every pipe is closed."""
@@ -369,11 +549,11 @@ class Job:
                 continue
             if not key.data.read():
                 self.sel.unregister(key.fd)
-                os.close(key.fd)
+                key.data.close()
         return len(self.sel.get_map()) > 1
 
     def running(self):
-        return sum(1 for p in self.procs if p.returncode is None)
+        return sum(1 for p in self.procs if p is not None and p.returncode is None)
 
     def run(self):
         drain_until = None
@@ -398,7 +578,8 @@ class Job:
         for key in list(self.sel.get_map().values()):
             if key.data is not None:
                 key.data.flush()
-                os.close(key.fd)
+                self.sel.unregister(key.fd)
+                key.data.close()
         # What a process left behind in its group goes with it: no orphans.
         self._signal_groups(signal.SIGKILL, only_running=False)
         return self.result
@@ -407,16 +588,19 @@ class Job:
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
+    environ = dict(os.environ)
     try:
         spec = JobSpec(args)
+        environ["TP_SECRET"] = job_secret(environ, args.secret_file, spec.nnodes)
         if spec.master_port is None:
             spec.master_port = free_port(spec.master_addr)
     except UsageError as e:
         parser.print_usage(sys.stderr)
         sys.stderr.write("%s: %s\n" % (_PROG, e))
         return 2
-    environ = dict(os.environ)
-    environ["TP_SECRET"] = job_secret(environ)
+    except SecretError as e:
+        sys.stderr.write("%s: %s\n" % (_PROG, e))
+        return 2
     job = Job(spec, args.grace, not args.no_prefix, max(0.01, min(args.monitor_interval, 1.0)))
     old = {s: signal.signal(s, job._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
