@@ -8,7 +8,10 @@
  * - "tcp://host:port": rank 0 serves a store on host:port (tcp_store_server.c)
  *   that lives on in its process after shutdown (TCP-11); every rank, rank 0
  *   included, is a client and connects with retry until the init deadline;
- * - "env://": the same with MASTER_ADDR and MASTER_PORT from the environment.
+ * - "env://": the same with MASTER_ADDR and MASTER_PORT from the environment;
+ * - "etcd://host:port[,host:port...]/prefix": the etcd store
+ *   (store/etcd_store.c, spec/etcd.md): no worker serves it, so rank 0 is
+ *   like any other and may die and rejoin (ETCD-9).
  *
  * The client holds one connection and a mutex: an operation is one request
  * and its reply, bounded by TPI_STORE_OP_TIMEOUT_MS. A broken connection
@@ -565,6 +568,8 @@ tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, u
         }
         return tp_sqlite_store_open(path, out, errmsg, errmsg_len);
     }
+    if (strncmp(method, "etcd://", 7) == 0)
+        return tp_etcd_store_open(method, out, errmsg, errmsg_len);
     char host[TPI_ADDR_LEN_MAX], port_s[16], what[TPI_ADDR_LEN_MAX + 64];
     uint16_t port = 0;
     if (strcmp(method, "env://") == 0) {
@@ -602,8 +607,8 @@ tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, u
         tpi_format(what, sizeof what, "init_method %s", method);
     } else {
         tpi_format(errmsg, errmsg_len,
-                   "unknown init_method '%.200s': expected env://, tcp://host:port or "
-                   "sqlite:///path",
+                   "unknown init_method '%.200s': expected env://, tcp://host:port, "
+                   "sqlite:///path or etcd://host:port/prefix",
                    method);
         return TP_EINVAL;
     }

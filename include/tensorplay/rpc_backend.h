@@ -388,6 +388,19 @@ struct tp_store {
 tp_status tp_sqlite_store_open(const char *path, tp_store **out, char *errmsg,
                                size_t errmsg_len);
 
+/*
+ * The etcd store (store/etcd_store.c, spec/etcd.md ETCD-1..10): a store that
+ * is not one of the job's workers, over etcd's v3 HTTP/JSON gateway. url is
+ * "etcd://host:port[,host:port...]/prefix[?ttl=S&timeout_ms=MS]": the
+ * endpoints are tried in turn, and the prefix holds one job's keys. Opening
+ * parses url and starts the handle's lease keepalive thread; it does not
+ * reach etcd (the first operation does), so it never blocks. Errors:
+ * TP_EINVAL for a malformed url, TP_ENOMEM; *out NULL and the message in
+ * errmsg (may be NULL) then. *out caller-owned; close with
+ * (*out)->ops->close, which joins the thread. Any thread.
+ */
+tp_status tp_etcd_store_open(const char *url, tp_store **out, char *errmsg, size_t errmsg_len);
+
 /* ------------------------------------------------------------------------ */
 /* For the conformance suite (spec/calls.md FLOW-8): while on, this process's
  * calls ignore the credits their callees granted, as a non-conforming caller

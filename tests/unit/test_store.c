@@ -1,8 +1,11 @@
 /*
- * test_store.c: the SQLite rendezvous store against its contract
- * (spec/store.md STORE-1..8). Most behaviours run twice, on ":memory:" and
- * on a fresh file in a temporary directory; the multi-process test forks
- * workers that race on one file.
+ * test_store.c: the rendezvous stores against their contract
+ * (spec/store.md STORE-1..11). Most behaviours run on every store: SQLite
+ * ":memory:" and a fresh file in a temporary directory, the simulator's
+ * store, and the etcd store on a private etcd this test starts
+ * (etcd_fixture.h, spec/etcd.md ETCD-10; skipped without an etcd binary
+ * unless TP_REQUIRE_ETCD=1). The multi-process test forks workers that race
+ * on one file, and on one etcd prefix.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -21,12 +24,25 @@
 
 #include "tensorplay/rpc_backend.h"
 #include "store/mem_store.h"
+#include "tests/unit/etcd_fixture.h"
 
 typedef struct fixture {
     char dir[256];
-    char path[300];
+    char path[300]; /* the SQLite file, or the etcd store's URL */
     tp_store *s;
 } fixture;
+
+/* The etcd server every etcd case shares (each on a prefix of its own):
+ * started by the first etcd case, stopped by the group's teardown. */
+static tpe_etcd etcd_server;
+static int etcd_state; /* 0: not tried; 1: up; 2: no binary (skip); -1: failed */
+
+/* A store by name: "etcd://..." or an SQLite path. */
+static tp_status store_open_any(const char *path, tp_store **out, char *err, size_t err_len) {
+    if (strncmp(path, "etcd://", 7) == 0)
+        return tp_etcd_store_open(path, out, err, err_len);
+    return tp_sqlite_store_open(path, out, err, err_len);
+}
 
 /* ------------------------------------------------------------------------ */
 /* Fixtures. */
@@ -94,6 +110,57 @@ static int setup_file(void **state) {
     return 0;
 }
 
+/* A fresh etcd prefix on the shared server, its URL in path; no store open
+ * yet. Without etcd (and TP_REQUIRE_ETCD unset) the case is skipped. */
+static int setup_etcd_url(void **state) {
+    static int prefixes;
+    fixture *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    *state = f;
+    if (etcd_state == 0) {
+        int up = tpe_etcd_start(&etcd_server);
+        etcd_state = up == 1 ? 1 : up == 0 ? 2 : -1;
+    }
+    if (etcd_state == -1 || (etcd_state == 2 && tpe_required())) {
+        fprintf(stderr, "etcd: %s%s\n", etcd_server.why,
+                etcd_state == 2 ? " (TP_REQUIRE_ETCD=1)" : "");
+        return -1;
+    }
+    if (etcd_state == 2)
+        return 0; /* the case skips */
+    snprintf(f->path, sizeof f->path, "etcd://%s/tp-store-%d-%d", etcd_server.endpoint,
+             (int)getpid(), ++prefixes);
+    return 0;
+}
+
+static int setup_etcd(void **state) {
+    if (setup_etcd_url(state) != 0)
+        return -1;
+    fixture *f = *state;
+    char err[TP_ERRMSG_LEN_MAX];
+    if (f->path[0] && tp_etcd_store_open(f->path, &f->s, err, sizeof err) != TP_OK) {
+        fprintf(stderr, "open: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Skips an etcd case when there is no etcd (setup_etcd_url said why). */
+#define SKIP_WITHOUT_ETCD(f)                                                                       \
+    do {                                                                                           \
+        if (!(f)->path[0]) {                                                                       \
+            fprintf(stderr, "skipped: %s\n", etcd_server.why);                                     \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static int teardown_group(void **state) {
+    (void)state;
+    tpe_etcd_stop(&etcd_server);
+    return 0;
+}
+
 static void remove_with_suffix(const char *path, const char *suffix) {
     char p[320];
     snprintf(p, sizeof p, "%s%s", path, suffix);
@@ -116,8 +183,8 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* Each behaviour on every kind of store: name_memory and name_file (SQLite)
- * and name_mem (the simulator's, STORE-11). */
+/* Each behaviour on every kind of store: name_memory and name_file (SQLite),
+ * name_mem (the simulator's, STORE-11) and name_etcd (spec/etcd.md). */
 #define BOTH(name)                                                                                 \
     static void name##_memory(void **state) {                                                      \
         name(*state);                                                                              \
@@ -127,11 +194,16 @@ static int teardown(void **state) {
     }                                                                                              \
     static void name##_mem(void **state) {                                                         \
         name(*state);                                                                              \
+    }                                                                                              \
+    static void name##_etcd(void **state) {                                                        \
+        SKIP_WITHOUT_ETCD((fixture *)*state);                                                      \
+        name(*state);                                                                              \
     }
 #define TEST_BOTH(name)                                                                            \
     cmocka_unit_test_setup_teardown(name##_memory, setup_memory, teardown),                        \
         cmocka_unit_test_setup_teardown(name##_file, setup_file, teardown),                        \
-        cmocka_unit_test_setup_teardown(name##_mem, setup_mem, teardown)
+        cmocka_unit_test_setup_teardown(name##_mem, setup_mem, teardown),                          \
+        cmocka_unit_test_setup_teardown(name##_etcd, setup_etcd, teardown)
 
 /* ------------------------------------------------------------------------ */
 /* Helpers. */
@@ -505,10 +577,18 @@ static void test_store_open_not_a_database_is_estore(void **state) {
 /* One handle shared by threads of a process: each op is whole. */
 #define TH_THREADS 4
 #define TH_ADDS 500
+/* etcd commits each add (a range and a txn) through raft: fewer of them. */
+#define TH_ADDS_ETCD 100
+
+typedef struct th_arg {
+    tp_store *s;
+    int adds;
+} th_arg;
 
 static void *th_adder(void *arg) {
-    tp_store *s = arg;
-    for (int i = 0; i < TH_ADDS; i++) {
+    th_arg *a = arg;
+    tp_store *s = a->s;
+    for (int i = 0; i < a->adds; i++) {
         int64_t r = 0;
         if (s->ops->add(s, "n", 1, &r) != TP_OK)
             return (void *)1;
@@ -523,15 +603,16 @@ static void *th_adder(void *arg) {
 
 static void test_store_threads_share_a_handle(fixture *f) {
     pthread_t t[TH_THREADS];
+    th_arg a = {f->s, strncmp(f->path, "etcd://", 7) == 0 ? TH_ADDS_ETCD : TH_ADDS};
     for (int i = 0; i < TH_THREADS; i++)
-        assert_int_equal(pthread_create(&t[i], NULL, th_adder, f->s), 0);
+        assert_int_equal(pthread_create(&t[i], NULL, th_adder, &a), 0);
     for (int i = 0; i < TH_THREADS; i++) {
         void *ret = (void *)1;
         assert_int_equal(pthread_join(t[i], &ret), 0);
         assert_null(ret);
     }
     char want[16];
-    snprintf(want, sizeof want, "%d", TH_THREADS * TH_ADDS);
+    snprintf(want, sizeof want, "%d", TH_THREADS * a.adds);
     check_str(f->s, "n", want);
 }
 BOTH(test_store_threads_share_a_handle)
@@ -589,7 +670,7 @@ static _Noreturn void mp_child(const char *path, int id, int go_fd, int report_f
     }
     tp_store *s = NULL;
     char err[TP_ERRMSG_LEN_MAX];
-    tp_status st = tp_sqlite_store_open(path, &s, err, sizeof err);
+    tp_status st = store_open_any(path, &s, err, sizeof err);
     if (st != TP_OK)
         mp_die("open", st);
     mp_report rep = {.id = id};
@@ -658,7 +739,7 @@ static void test_store_multi_process_atomic(void **state) {
     }
     assert_int_equal(got, MP_CHILDREN);
 
-    assert_int_equal(tp_sqlite_store_open(f->path, &f->s, NULL, 0), TP_OK);
+    assert_int_equal(store_open_any(f->path, &f->s, NULL, 0), TP_OK);
     tp_store *s = f->s;
     /* Every add counted exactly once. */
     int64_t total = 0;
@@ -692,6 +773,12 @@ static void test_store_multi_process_atomic(void **state) {
     char want[16];
     snprintf(want, sizeof want, "%d", CAS_TOTAL);
     check_str(s, "cas", want);
+}
+
+/* The same race on one etcd prefix: add and compare_set by txn (ETCD-5). */
+static void test_store_multi_process_atomic_etcd(void **state) {
+    SKIP_WITHOUT_ETCD((fixture *)*state);
+    test_store_multi_process_atomic(state);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -767,6 +854,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_store_open_not_a_database_is_estore, setup_dir,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_store_multi_process_atomic, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_store_multi_process_atomic_etcd, setup_etcd_url,
+                                        teardown),
     };
-    return cmocka_run_group_tests_name("store", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("store", tests, NULL, teardown_group);
 }

@@ -13,7 +13,8 @@ TENSOR_TYPES = ("auto", "torch", "numpy")
 
 class RpcBackendOptions:
     """What every backend takes: the default call timeout in seconds and the
-    rendezvous URL (env://, tcp://host:port, file:///path, sqlite:///path)."""
+    rendezvous URL (env://, tcp://host:port, file:///path, sqlite:///path,
+    etcd://host:port[,host:port...]/prefix)."""
 
     def __init__(self, rpc_timeout=constants.DEFAULT_RPC_TIMEOUT_SEC,
                  init_method=constants.DEFAULT_INIT_METHOD):
