@@ -139,6 +139,21 @@ static const char *const drain_sum_names[2] = {"active", "issued"};
 static tp_status publish_counted(tp_core *c, const char *prefix, const char *val,
                                  const int64_t *sums, uint32_t nsums, int *counted,
                                  uint64_t deadline) {
+    /* REJOIN-1: an earlier incarnation that lives on is fenced off like a
+     * dead one. Its keys would stand for its rank in the barriers and the
+     * drain, so that the job could end without the new incarnation's calls:
+     * once the store names a newer incarnation, it writes none. (A look,
+     * then a write: a rejoin between the two still lets one key through;
+     * the new incarnation's peers fence the old one off from then on.) */
+    uint32_t newest = 0;
+    char addr[TPI_ADDR_LEN_MAX];
+    if (tpi_rejoin_lookup(c, c->rank, &newest, addr, sizeof addr, deadline) == TP_OK &&
+        newest > c->incarnation)
+        return tpi_fail(TP_EPEERDOWN,
+                        "shutdown: worker '%s' (rank %u, incarnation %u) was replaced by "
+                        "incarnation %u (REJOIN-1): it is fenced off and takes no part in the "
+                        "job's shutdown",
+                        c->self.name, c->rank, c->incarnation, newest);
     tp_status st = tpi_store_put_counted(c, prefix, val, nsums ? drain_sum_names : NULL, sums,
                                          nsums, counted, deadline);
     if (st != TP_OK)

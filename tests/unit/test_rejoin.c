@@ -441,6 +441,9 @@ static void test_rejoin_second_restart_lost_cas_reply(void **state) {
 #define ZOMBIE_SD_MS 300
 #define LATE_SD_MS 1000
 
+/* When each host begins its graceful shutdown, in ms (host 3: rank 1 anew). */
+static uint64_t sd_ms[4];
+
 static struct {
     tp_status rejoin_st, st[4];
     char msg[4][TP_ERRMSG_LEN_MAX];
@@ -465,7 +468,7 @@ static int program_zombie(int rank, int world, void *arg) {
         CHECK(tp_init_rpc(name, "SIM", rank, 3, o) == TP_OK);
         tp_options_free(o);
     }
-    uint64_t at = (rank == 2 ? LATE_SD_MS : ZOMBIE_SD_MS) * MS;
+    uint64_t at = sd_ms[rank] * MS;
     if (now_ns() < at)
         CHECK(tp_sleep((double)(at - now_ns()) / 1e9) == TP_OK);
     z.began_ns[rank] = now_ns();
@@ -475,8 +478,17 @@ static int program_zombie(int rank, int world, void *arg) {
     return 0;
 }
 
+/* The earlier incarnation's shutdown: refused at once, naming its successor. */
+static void check_zombie_fenced(void) {
+    assert_int_equal(z.st[1], TP_EPEERDOWN);
+    assert_non_null(strstr(z.msg[1], "replaced by incarnation 1"));
+    assert_true(z.ended_ns[1] - z.began_ns[1] < 100 * MS);
+}
+
 static void test_rejoin_live_earlier_incarnation_counts_once(void **state) {
     (void)state;
+    sd_ms[0] = sd_ms[1] = sd_ms[3] = ZOMBIE_SD_MS;
+    sd_ms[2] = LATE_SD_MS;
     for (uint64_t seed = 1; seed <= 3; seed++) {
         memset(&z, 0, sizeof z);
         tp_sim_config cfg = {.hosts = 4, .seed = seed};
@@ -494,12 +506,45 @@ static void test_rejoin_live_earlier_incarnation_counts_once(void **state) {
         /* The setting: the rejoin worked while rank 1's first process ran on. */
         assert_int_equal(z.rejoin_st, TP_OK);
         assert_true(z.began_ns[2] >= LATE_SD_MS * MS);
-        /* The check: no live worker's shutdown ends before w2 began its own. */
-        for (int h = 0; h < 4; h++)
-            assert_true(z.ended_ns[h] >= z.began_ns[2]);
+        /* The check: no worker of the job ends its shutdown before w2 began its own. */
+        assert_true(z.ended_ns[0] >= z.began_ns[2]);
+        assert_true(z.ended_ns[3] >= z.began_ns[2]);
         assert_int_equal(z.st[0], TP_OK);
         assert_int_equal(z.st[2], TP_OK);
         assert_int_equal(z.st[3], TP_OK);
+        check_zombie_fenced();
+    }
+}
+
+/*
+ * REJOIN-1, the other order: the earlier incarnation begins its shutdown
+ * first (300 ms), w0 and w2 at 1 s, rank 1's new process only at 2 s. Were
+ * the old process's keys to stand for rank 1, w0 and w2 would pass every
+ * barrier and leave at about 1 s, before the new w1 even began, and its
+ * shutdown would return at once, its calls unwaited for. Fenced off, the old
+ * one writes nothing, and the job's shutdown waits for the new one.
+ */
+static void test_rejoin_earlier_incarnation_shuts_down_first(void **state) {
+    (void)state;
+    sd_ms[1] = ZOMBIE_SD_MS;
+    sd_ms[0] = sd_ms[2] = 1000;
+    sd_ms[3] = 2000;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        memset(&z, 0, sizeof z);
+        tp_sim_config cfg = {.hosts = 4, .seed = seed};
+        tp_sim *sim = NULL;
+        assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+        assert_int_equal(tp_sim_run(sim, program_zombie, NULL, NULL), TP_OK);
+        assert_int_equal(failures, 0);
+        assert_int_equal(tp_sim_violations(sim), 0);
+        tp_sim_free(sim);
+        assert_int_equal(z.rejoin_st, TP_OK);
+        for (int h = 0; h < 4; h += 2) { /* w0 and w2 */
+            assert_int_equal(z.st[h], TP_OK);
+            assert_true(z.ended_ns[h] >= z.began_ns[3]);
+        }
+        assert_int_equal(z.st[3], TP_OK);
+        check_zombie_fenced();
     }
 }
 
@@ -512,6 +557,8 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
         cmocka_unit_test_setup(test_rejoin_second_restart_lost_cas_reply, reset_failures),
         cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once,
+                               reset_failures),
+        cmocka_unit_test_setup(test_rejoin_earlier_incarnation_shuts_down_first,
                                reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
