@@ -293,7 +293,51 @@ static tp_status read_count(const tp_options *opts, const char *key, uint64_t mi
                               out, errmsg, errmsg_len);
 }
 
-/* TCP-19: the bounds against any peer, lowered by options. */
+/* TCP-23: keepalive_idle, keepalive_interval, keepalive_count and
+ * user_timeout, whole seconds each, lowered or raised within their caps. */
+tp_status tpi_tcp_keepalive_read(const tp_options *opts, tpi_tcp_keepalive *ka, char *errmsg,
+                                 size_t errmsg_len) {
+    TPI_ASSERT(opts && ka);
+    *ka = tpi_tcp_keepalive_default();
+    uint64_t idle = ka->idle_s, intvl = ka->intvl_s, cnt = ka->cnt, ut = 0;
+    tp_status st = tpi_tcp_read_count(opts, "keepalive_idle", 1, TPI_TCP_KEEPALIVE_S_MAX,
+                                      " (seconds of silence before the first keepalive probe, "
+                                      "TCP-23)",
+                                      &idle, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = tpi_tcp_read_count(opts, "keepalive_interval", 1, TPI_TCP_KEEPALIVE_INTVL_S_MAX,
+                                " (seconds between keepalive probes, TCP-23)", &intvl, errmsg,
+                                errmsg_len);
+    if (st == TP_OK)
+        st = tpi_tcp_read_count(opts, "keepalive_count", 1, TPI_TCP_KEEPALIVE_CNT_MAX,
+                                " (unanswered keepalive probes that end a connection, TCP-23)",
+                                &cnt, errmsg, errmsg_len);
+    uint64_t floor_s = idle + intvl * cnt; /* within the cap (tcp_internal.h) */
+    ut = floor_s;
+    if (st == TP_OK)
+        st = tpi_tcp_read_count(opts, "user_timeout", 1, TPI_TCP_USER_TIMEOUT_S_MAX,
+                                " (seconds a connection may go unanswered, TCP-23)", &ut, errmsg,
+                                errmsg_len);
+    if (st == TP_OK && ut < floor_s) {
+        tpi_format(errmsg, errmsg_len,
+                   "user_timeout %llu s is below keepalive_idle + keepalive_interval * "
+                   "keepalive_count = %llu + %llu * %llu = %llu s: the kernel would end an idle "
+                   "connection before keepalive_count probes went unanswered (TCP-23)",
+                   (unsigned long long)ut, (unsigned long long)idle, (unsigned long long)intvl,
+                   (unsigned long long)cnt, (unsigned long long)floor_s);
+        st = TP_EINVAL;
+    }
+    if (st != TP_OK)
+        return st;
+    ka->idle_s = (uint32_t)idle;
+    ka->intvl_s = (uint32_t)intvl;
+    ka->cnt = (uint32_t)cnt;
+    ka->user_timeout_ms = (uint32_t)(ut * 1000u);
+    return TP_OK;
+}
+
+/* TCP-19: the bounds against any peer, lowered by options; and TCP-23's
+ * keepalive, which options may also raise. */
 static tp_status read_bound_options(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
                                     size_t errmsg_len) {
     uint64_t hs = 0;
@@ -313,6 +357,8 @@ static tp_status read_bound_options(tpi_tcp_agent *a, const tp_options *opts, ch
         st = read_count(opts, "max_handshakes", 1, TPI_TCP_HANDSHAKES_MAX, &hs, errmsg,
                         errmsg_len);
     a->handshakes_max = (uint32_t)hs;
+    if (st == TP_OK)
+        st = tpi_tcp_keepalive_read(opts, &a->keepalive, errmsg, errmsg_len);
     return st;
 }
 
@@ -385,7 +431,9 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
 static const char *const option_keys[] = {
     "listen_addr",   "listen_port",  "advertise_addr", "auth",           "secret",  "hello_timeout",
     "frame_timeout", "idle_timeout", "rx_budget",      "max_handshakes", "encrypt", "shm",
-    "shm_min_bytes", "shm_pool_bytes", NULL};
+    "shm_min_bytes", "shm_pool_bytes",
+    /* TCP-23 */
+    "keepalive_idle", "keepalive_interval", "keepalive_count", "user_timeout", NULL};
 
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,

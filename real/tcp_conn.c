@@ -250,20 +250,37 @@ void tpi_tcp_direct_regrant(tpi_tcp_agent *a) {
 
 /* ---- Life of a connection ------------------------------------------------------- */
 
-/* TCP_NODELAY, and keepalive and a user timeout that find a silently vanished
- * host (TPI_TCP_KEEPALIVE_*). Best effort: a socket that refuses an option
- * still works, with the kernel's default for it. */
-static void socket_tune(tpi_tcp_conn *c) {
-    uv_tcp_nodelay(&c->tcp, 1);
-    uv_tcp_keepalive(&c->tcp, 1, TPI_TCP_KEEPALIVE_S);
-    uv_os_fd_t fd;
-    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
-        return;
-    int intvl = TPI_TCP_KEEPALIVE_INTVL_S, cnt = TPI_TCP_KEEPALIVE_CNT;
-    unsigned user_timeout = TPI_TCP_USER_TIMEOUT_MS;
+tpi_tcp_keepalive tpi_tcp_keepalive_default(void) {
+    return (tpi_tcp_keepalive){.idle_s = TPI_TCP_KEEPALIVE_S,
+                               .intvl_s = TPI_TCP_KEEPALIVE_INTVL_S,
+                               .cnt = TPI_TCP_KEEPALIVE_CNT,
+                               .user_timeout_ms = TPI_TCP_USER_TIMEOUT_MS};
+}
+
+/* TCP-23. Set on the socket itself, not with uv_tcp_keepalive, so that the
+ * store's sockets, which are not libuv handles, get the same: and libuv's
+ * own keepalive interval and count (1 s, 10 since libuv 1.48) never apply. */
+void tpi_tcp_keepalive_apply(int fd, const tpi_tcp_keepalive *ka) {
+    TPI_ASSERT(fd >= 0 && ka);
+    TPI_ASSERT(ka->idle_s >= 1 && ka->intvl_s >= 1 && ka->cnt >= 1);
+    int on = 1, idle = (int)ka->idle_s, intvl = (int)ka->intvl_s, cnt = (int)ka->cnt;
+    unsigned user_timeout = ka->user_timeout_ms;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
+
+/* TCP_NODELAY, and the keepalive and user timeout that find a silently
+ * vanished host (TCP-23). Best effort: a socket that refuses an option still
+ * works, with the kernel's default for it. */
+static void socket_tune(tpi_tcp_conn *c) {
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return;
+    tpi_tcp_keepalive_apply(fd, &c->a->keepalive);
 }
 
 static void on_close(uv_handle_t *h) {
@@ -649,11 +666,38 @@ static int redial_later(tpi_tcp_conn *c, int uverr, const char *detail) {
     return 1;
 }
 
+/* TCP-23: whether the connection ended while our kernel was waiting on a
+ * silent peer: retransmissions or keepalive probes unanswered, and the
+ * socket closed (an orderly end of the peer leaves it in CLOSE_WAIT). Then
+ * neither what the read saw nor a reset proves the process gone: our own
+ * kernel gave up (keepalive or user timeout) and a write took its
+ * ETIMEDOUT, leaving the read an end of file or EPIPE; or the reset came
+ * from the peer's kernel, which had given up on the connection itself (it
+ * sends one when its keepalive does: an asymmetric cut, or a partition that
+ * healed between the two ends' verdicts) or rebooted. A worker killed on a
+ * live host ends its connections at once, while they are not silent. */
+static int ended_in_silence(tpi_tcp_conn *c) {
+    uv_os_fd_t fd;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return 0;
+    return ti.tcpi_state == TCP_CLOSE &&
+           (ti.tcpi_probes > 0 || ti.tcpi_retransmits > 0 || ti.tcpi_backoff > 0);
+}
+
 /* The outgoing connection c failed with a libuv error: before the other end
  * answered it is dialed again (TCP-20); after, TCP-6 decides. A dial that
  * stayed refused means nobody listens there any more; one that kept
  * failing otherwise says only that the network is broken. */
 static void out_broke(tpi_tcp_conn *c, int uverr, const char *detail) {
+    if (c->opened && tpi_uv_err_means_dead(uverr) && ended_in_silence(c)) {
+        detail = uverr == UV_ECONNRESET ? "connection reset by peer after it went silent"
+                                        : "connection timed out (no answer within user_timeout)";
+        uverr = UV_ETIMEDOUT; /* TP_EIO: the next send dials again (TCP-6, TCP-20) */
+    }
     if (c->opened) {
         out_fail(c, tpi_uv_err_means_dead(uverr) ? TP_EPEERDOWN : TP_EIO, detail);
         return;

@@ -243,17 +243,68 @@ _Static_assert(TPI_TCP_STAGING_SIZE <= TPI_TCP_SEAL_BUF,
 #define TPI_TCP_WRITE_BUFS_MAX 1024
 /* Listen backlog: a whole world may dial one worker at once. */
 #define TPI_TCP_BACKLOG 1024
-/* TCP keepalive: probes start after this idle time (seconds), one every
- * TPI_TCP_KEEPALIVE_INTVL_S, and TPI_TCP_KEEPALIVE_CNT unanswered ones end
- * the connection. With TCP_USER_TIMEOUT as long as that whole sequence, a
- * host that vanished without a reset (power loss, partition) is found within
- * about 45 s whether the connection is idle or has data unacknowledged,
- * instead of Linux's defaults (11 min idle, 15 min or more with data). */
+
+/* ---- Dead hosts without a reset (TCP-23) --------------------------------- */
+
+/* A host that vanished without a FIN or RST (power loss, a cut cable, a
+ * partition) is found by the kernel, never by us: keepalive probes on an
+ * idle connection, and TCP_USER_TIMEOUT on one with data unacknowledged.
+ * Probes start after keepalive_idle seconds of silence, one every
+ * keepalive_interval; with TCP_USER_TIMEOUT set, Linux ends an idle
+ * connection at the first unanswered probe at or after user_timeout of
+ * silence (not after keepalive_count probes), and one with data unacknowledged
+ * user_timeout after its oldest unacknowledged byte went out. user_timeout
+ * defaults to keepalive_idle + keepalive_interval * keepalive_count, where
+ * the two rules agree: 45 s, where Linux alone would never find an idle
+ * connection's end (no keepalive) and take 15 min or more with data
+ * (tcp_retries2). The kernel answers probes for a busy process, so only a
+ * silent host, or a peer that stops reading for user_timeout while we have
+ * data for it, is found this way. Options may lower or raise each (TCP-12)
+ * within the caps below. */
 #define TPI_TCP_KEEPALIVE_S 30
 #define TPI_TCP_KEEPALIVE_INTVL_S 5
 #define TPI_TCP_KEEPALIVE_CNT 3
 #define TPI_TCP_USER_TIMEOUT_MS                                                                    \
     ((TPI_TCP_KEEPALIVE_S + TPI_TCP_KEEPALIVE_INTVL_S * TPI_TCP_KEEPALIVE_CNT) * 1000)
+/* Caps of the options. Idle: Linux's own default (2 h); a longer one would
+ * probe less often than a stock keepalive. Interval: 10 min. Count:
+ * Linux's MAX_TCP_KEEPCNT. user_timeout: a day, which holds the largest
+ * idle + interval * count and fits TCP_USER_TIMEOUT's int milliseconds. */
+#define TPI_TCP_KEEPALIVE_S_MAX 7200
+#define TPI_TCP_KEEPALIVE_INTVL_S_MAX 600
+#define TPI_TCP_KEEPALIVE_CNT_MAX 127
+#define TPI_TCP_USER_TIMEOUT_S_MAX 86400
+_Static_assert(TPI_TCP_KEEPALIVE_S <= TPI_TCP_KEEPALIVE_S_MAX &&
+                   TPI_TCP_KEEPALIVE_INTVL_S <= TPI_TCP_KEEPALIVE_INTVL_S_MAX &&
+                   TPI_TCP_KEEPALIVE_CNT <= TPI_TCP_KEEPALIVE_CNT_MAX,
+               "the defaults are within the caps");
+_Static_assert(TPI_TCP_KEEPALIVE_S_MAX + TPI_TCP_KEEPALIVE_INTVL_S_MAX * TPI_TCP_KEEPALIVE_CNT_MAX <=
+                   TPI_TCP_USER_TIMEOUT_S_MAX,
+               "the derived user_timeout of any allowed keepalive is allowed");
+_Static_assert(TPI_TCP_USER_TIMEOUT_S_MAX * 1000LL <= 2147483647LL,
+               "TCP_USER_TIMEOUT takes an int of milliseconds");
+
+/* The keepalive and user timeout of a socket, from the backend options
+ * keepalive_idle, keepalive_interval, keepalive_count and user_timeout. */
+typedef struct tpi_tcp_keepalive {
+    uint32_t idle_s, intvl_s, cnt;
+    uint32_t user_timeout_ms;
+} tpi_tcp_keepalive;
+
+/* The defaults (TPI_TCP_KEEPALIVE_*, TPI_TCP_USER_TIMEOUT_MS). */
+tpi_tcp_keepalive tpi_tcp_keepalive_default(void);
+/* tcp_agent.c: *ka from the options, each unset one at its default and
+ * user_timeout at idle + interval * count unless set. TP_EINVAL naming the
+ * key and its range, or a user_timeout below idle + interval * count (Linux
+ * would end an idle connection before count probes went unanswered). Any
+ * thread. */
+tp_status tpi_tcp_keepalive_read(const tp_options *opts, tpi_tcp_keepalive *ka, char *errmsg,
+                                 size_t errmsg_len);
+/* tcp_conn.c: sets SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT and
+ * TCP_USER_TIMEOUT on a connected or connecting TCP socket. Best effort: a
+ * socket that refuses an option still works, with the kernel's default for
+ * it. Any thread. */
+void tpi_tcp_keepalive_apply(int fd, const tpi_tcp_keepalive *ka);
 
 /* ---- Shared memory between workers on one host (TCP-22): tcp_shm.c ------- */
 
@@ -402,6 +453,7 @@ struct tpi_tcp_agent {
     uint64_t rx_budget;
     tp_core *core;
     uint64_t unsent_max; /* OPT-11, AGENT-18: set at init */
+    tpi_tcp_keepalive keepalive; /* TCP-23: every connection's; set at init, read-only after */
     tp_context *ctx;
     tp_store *store;
     char listen_host[TPI_ADDR_LEN_MAX];
@@ -750,6 +802,9 @@ tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, co
 /* Announces the job the server now serves: a stop keeps listening until each
  * of its world_size ranks has connected (since, or at, this call). */
 void tpi_store_server_expect(tpi_store_server *s, uint32_t world_size);
+/* TCP-23: clients accepted from now on get ka (until then, the defaults).
+ * Any thread. */
+void tpi_store_server_keepalive(tpi_store_server *s, const tpi_tcp_keepalive *ka);
 /* Stops the server: it listens until every announced rank came, serves the
  * connected clients until they leave, all for at most linger_ns, then frees
  * everything. NULL: no-op. */

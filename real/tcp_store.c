@@ -43,6 +43,7 @@ typedef struct tcp_store {
     uint64_t linger_ns;
     uint32_t rank; /* sent in every handshake */
     tpi_tcp_auth auth; /* TCP-17: proves the job secret in every handshake */
+    tpi_tcp_keepalive ka; /* TCP-23: on every connection (a silent server is found) */
 } tcp_store;
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -170,6 +171,7 @@ static tp_status roundtrip(tcp_store *s, const char *op, const char *key, const 
                               "failed: %s",
                               op, key, tpi_sock_strerror(fd));
         s->fd = fd;
+        tpi_tcp_keepalive_apply(fd, &s->ka);
     }
     uint64_t deadline = tpi_tcp_now_ns() + (uint64_t)TPI_STORE_OP_TIMEOUT_MS * 1000000ull;
     uint8_t head[TPI_STORE_REPLY_HEAD_LEN];
@@ -413,6 +415,7 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
     s->linger_ns = linger_ns;
     s->rank = rank;
     s->auth = *auth;
+    s->ka = tpi_tcp_keepalive_default();
     pthread_mutex_init(&s->mu, NULL);
     tpi_tcp_format_hostport(host, port, s->desc, sizeof s->desc);
     char err[TP_ERRMSG_LEN_MAX];
@@ -430,6 +433,7 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
                          CLIENT_ATTEMPT_MS);
         if (fd >= 0) {
             s->fd = fd;
+            tpi_tcp_keepalive_apply(fd, &s->ka);
             break;
         }
         if (fd == -EPROTO) {
@@ -502,9 +506,9 @@ static void kept_at_exit(void) {
  * the one for desc or starts it, stopping one kept for another address.
  * Other ranks leave it alone: another worker of this process may be rank 0. */
 static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const tpi_tcp_auth *auth,
-                                 const char *host, uint16_t port, const char *desc,
-                                 const char *what, uint64_t linger_ns, char *errmsg,
-                                 size_t errmsg_len) {
+                                 const tpi_tcp_keepalive *ka, const char *host, uint16_t port,
+                                 const char *desc, const char *what, uint64_t linger_ns,
+                                 char *errmsg, size_t errmsg_len) {
     tp_status st = TP_OK;
     pthread_mutex_lock(&kept_mu);
     if (kept_server && kept_pid != getpid()) {
@@ -537,6 +541,7 @@ static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const tpi_t
          * wait for at exit (TCP-11). */
         kept_linger_ns = linger_ns;
         tpi_store_server_expect(kept_server, world_size);
+        tpi_store_server_keepalive(kept_server, ka); /* TCP-23: for clients from now on */
     }
     pthread_mutex_unlock(&kept_mu);
     return st;
@@ -617,11 +622,20 @@ tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, u
         linger_s = TPI_STORE_LINGER_MAX_S;
     char desc[TPI_ADDR_LEN_MAX + 8];
     tpi_tcp_format_hostport(host, port, desc, sizeof desc);
-    tp_status st = kept_server_for(rank, world_size, auth, host, port, desc, what,
-                                   (uint64_t)(linger_s * 1e9), errmsg, errmsg_len);
-    if (st != TP_OK)
-        return st;
-    return tpi_tcp_store_connect(host, port, rank, auth,
-                                 deadline_after(tp_options_init_timeout(opts)), what, NULL, 0, out,
-                                 errmsg, errmsg_len);
+    tpi_tcp_keepalive ka;
+    tp_status st = tpi_tcp_keepalive_read(opts, &ka, errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = kept_server_for(rank, world_size, auth, &ka, host, port, desc, what,
+                             (uint64_t)(linger_s * 1e9), errmsg, errmsg_len);
+    if (st == TP_OK)
+        st = tpi_tcp_store_connect(host, port, rank, auth,
+                                   deadline_after(tp_options_init_timeout(opts)), what, NULL, 0,
+                                   out, errmsg, errmsg_len);
+    if (st == TP_OK) { /* TCP-23: the options' keepalive from now on, this connection too */
+        tcp_store *s = (tcp_store *)*out;
+        s->ka = ka;
+        if (s->fd >= 0)
+            tpi_tcp_keepalive_apply(s->fd, &ka);
+    }
+    return st;
 }

@@ -95,6 +95,10 @@ struct tpi_store_server {
     uint64_t linger_ns;     /* written before stop is set */
     atomic_uint expect_req; /* a world size to expect, posted by tpi_store_server_expect */
     atomic_int expect_posted;
+    /* TCP-23: what new clients' sockets get (tpi_store_server_keepalive).
+     * Each field alone is atomic: a client accepted while they change may
+     * get a mix of two settings, each valid. */
+    atomic_uint ka_idle_s, ka_intvl_s, ka_cnt, ka_user_timeout_ms;
     /* Loop thread only. */
     int stopping, shutting;
     uint32_t world; /* the ranks of the job it serves */
@@ -678,16 +682,18 @@ static void refuse(tpi_store_server *s, int fd, const char *addr) {
     s->refuse_logged_ms = now ? now : 1;
 }
 
-/* TCP_NODELAY, and keepalive that finds a vanished host (TPI_TCP_KEEPALIVE_*):
- * an authenticated client has no idle deadline. Best effort. */
+/* TCP_NODELAY, and the keepalive and user timeout that find a vanished host
+ * (TCP-23): an authenticated client has no idle deadline. Best effort. */
 static void socket_tune(srv_client *c, int fd) {
     uv_tcp_nodelay(&c->tcp, 1);
-    uv_tcp_keepalive(&c->tcp, 1, TPI_TCP_KEEPALIVE_S);
-    int intvl = TPI_TCP_KEEPALIVE_INTVL_S, cnt = TPI_TCP_KEEPALIVE_CNT;
-    unsigned user_timeout = TPI_TCP_USER_TIMEOUT_MS;
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+    tpi_store_server *s = c->s;
+    tpi_tcp_keepalive ka = {
+        .idle_s = atomic_load_explicit(&s->ka_idle_s, memory_order_relaxed),
+        .intvl_s = atomic_load_explicit(&s->ka_intvl_s, memory_order_relaxed),
+        .cnt = atomic_load_explicit(&s->ka_cnt, memory_order_relaxed),
+        .user_timeout_ms = atomic_load_explicit(&s->ka_user_timeout_ms, memory_order_relaxed),
+    };
+    tpi_tcp_keepalive_apply(fd, &ka);
 }
 
 static void admit(tpi_store_server *s, int fd, const struct sockaddr *sa) {
@@ -907,6 +913,11 @@ tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, co
     atomic_init(&s->stop, 0);
     atomic_init(&s->expect_req, 0);
     atomic_init(&s->expect_posted, 0);
+    tpi_tcp_keepalive ka = tpi_tcp_keepalive_default();
+    atomic_init(&s->ka_idle_s, ka.idle_s);
+    atomic_init(&s->ka_intvl_s, ka.intvl_s);
+    atomic_init(&s->ka_cnt, ka.cnt);
+    atomic_init(&s->ka_user_timeout_ms, ka.user_timeout_ms);
     tpi_format(s->desc, sizeof s->desc, "%s", desc);
     s->lfd = listen_socket(sa, sa_len);
     if (s->lfd < 0) {
@@ -955,6 +966,14 @@ void tpi_store_server_expect(tpi_store_server *s, uint32_t world_size) {
     atomic_store(&s->expect_req, world_size);
     atomic_store(&s->expect_posted, 1);
     uv_async_send(&s->wake);
+}
+
+void tpi_store_server_keepalive(tpi_store_server *s, const tpi_tcp_keepalive *ka) {
+    TPI_ASSERT(s && ka);
+    atomic_store_explicit(&s->ka_idle_s, ka->idle_s, memory_order_relaxed);
+    atomic_store_explicit(&s->ka_intvl_s, ka->intvl_s, memory_order_relaxed);
+    atomic_store_explicit(&s->ka_cnt, ka->cnt, memory_order_relaxed);
+    atomic_store_explicit(&s->ka_user_timeout_ms, ka->user_timeout_ms, memory_order_relaxed);
 }
 
 void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns) {
