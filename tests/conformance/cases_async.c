@@ -251,6 +251,11 @@ static int rref_from_local_value(int rank, int ws) {
             const tp_value *lv = NULL;
             CHECK_OK(tp_rref_local_value(num, &lv));
             CHECK_INT(conf_int_of(rank, lv, -1), 41);
+            /* RREF-8: to_here on the owner is a copy of its value. */
+            tp_value *here = NULL;
+            if (CHECK_OK(tp_rref_to_here(num, TP_TIMEOUT_DEFAULT, &here)))
+                CHECK_INT(conf_int_of(rank, here, -1), 41);
+            tp_value_free(here);
             tp_value *args = tp_value_list_of(1, tp_value_rref(num));
             CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "rref_fetch", args, -1), 41);
             /* On w1 it is a user reference to w0's value, confirmed. */
@@ -267,6 +272,17 @@ static int rref_from_local_value(int rank, int ws) {
             tp_value_free(info);
         }
         if (CHECK_OK(tp_rref_from_value(conf_counter_new(0, 10), &obj))) {
+            CHECK_INT(conf_live_objects(0), 1);
+            /* VALUE-8: on its owner too, an object cannot be copied out by
+             * to_here: TP_ETYPE, naming why, and the object stays. */
+            tp_value *here = NULL;
+            CHECK_STATUS(tp_rref_to_here(obj, TP_TIMEOUT_DEFAULT, &here), TP_ETYPE);
+            CHECK_CONTAINS(tp_errmsg(), "the rref holds an object, which stays on its owner");
+            CHECK(here == NULL);
+            tp_value_free(here);
+            const tp_value *lv = NULL;
+            if (CHECK_OK(tp_rref_local_value(obj, &lv)))
+                CHECK(tp_value_kind(lv) == TP_KIND_OBJECT);
             CHECK_INT(conf_live_objects(0), 1);
             tp_value *args = tp_value_list_of(2, tp_value_rref(obj), tp_value_int(5));
             CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "rref_inc", args, -1), 15);

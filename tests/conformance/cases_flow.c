@@ -140,6 +140,93 @@ static int flow_large_call_goes_alone(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* sleep_ms(ms) padded with pad bytes. Caller owns. */
+static tp_value *sleep_padded(int64_t ms, size_t pad) {
+    uint8_t *p = calloc(1, pad ? pad : 1);
+    tp_value *args = p ? tp_value_list_of(2, tp_value_int(ms), tp_value_bytes(p, pad)) : NULL;
+    free(p);
+    return args;
+}
+
+/* Reads "<in flight> request bytes already in flight to it, this call adds
+ * <len>" from a FLOW-2 timeout message; 0 when it is not one. */
+static int window_numbers(const char *msg, unsigned long long *inflight, unsigned long long *len) {
+    const char *p = msg ? strstr(msg, "waiting to send: ") : NULL;
+    return p && sscanf(p,
+                       "waiting to send: %llu request bytes already in flight to it, "
+                       "this call adds %llu",
+                       inflight, len) == 2;
+}
+
+/*
+ * spec: FLOW-1 FLOW-2: the bound is inclusive: a call that exactly fills the
+ * window (in flight + its bytes == max_inflight_bytes) goes at once, it does
+ * not wait. The frame sizes are measured, not assumed: a padded call too
+ * large to fit times out, and its message gives the bytes in flight and its
+ * own length; the pad is then cut so the next call's frame is exactly the
+ * room left (a bytes value's length is a fixed-width u32, so a frame grows by
+ * one byte per pad byte). A last small call then finds the window exactly full.
+ */
+#define EXACT_WINDOW 4096
+static int flow_call_exactly_filling_window_goes(int rank, int ws) {
+    INIT_WINDOW_OR_RETURN(rank, ws, EXACT_WINDOW);
+    if (rank == 0) {
+        tp_dest w1 = tp_to_rank(1);
+        tp_future *slow = NULL, *exact = NULL;
+        tp_value *args = CONF_INTS(1500);
+        CHECK_OK(tp_rpc_async(w1, "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &slow));
+        tp_value_free(args);
+
+        /* Too large beside the slow call: it waits, times out, and says why. */
+        size_t probe_pad = EXACT_WINDOW;
+        unsigned long long inflight = 0, probe_len = 0;
+        tp_future *f = NULL;
+        args = sleep_padded(1, probe_pad);
+        CHECK_STATUS(tp_rpc_async(w1, "sleep_ms", args, NULL, 0.2, &f), TP_ETIMEDOUT);
+        tp_value_free(args);
+        CHECK(f == NULL);
+        tp_future_free(f);
+        f = NULL;
+        if (!CHECK(window_numbers(tp_errmsg(), &inflight, &probe_len)) ||
+            !CHECK(inflight > 0 && inflight < EXACT_WINDOW / 2) ||
+            !CHECK(probe_len > probe_pad && inflight + probe_len > EXACT_WINDOW) ||
+            !CHECK(probe_len - probe_pad + inflight < EXACT_WINDOW))
+            goto out;
+
+        /* Exactly the room left: it goes at once, nothing else waits. */
+        size_t exact_pad = probe_pad - (size_t)(inflight + probe_len - EXACT_WINDOW);
+        args = sleep_padded(500, exact_pad);
+        uint64_t t0 = conf_now_ns();
+        if (!CHECK_OK(tp_rpc_async(w1, "sleep_ms", args, NULL, 1.0, &exact)))
+            conf_fail(rank, __FILE__, __LINE__,
+                      "a call of %llu bytes with %llu in flight did not go in a window of %d",
+                      (unsigned long long)(EXACT_WINDOW - inflight), inflight, EXACT_WINDOW);
+        tp_value_free(args);
+        CHECK(conf_since_s(t0) < 0.1);
+
+        /* The window is now exactly full: the smallest call waits, and the
+         * numbers it reports add up to the window. */
+        unsigned long long full = 0, small_len = 0;
+        args = CONF_INTS(1);
+        CHECK_STATUS(tp_rpc_async(w1, "sleep_ms", args, NULL, 0.2, &f), TP_ETIMEDOUT);
+        tp_value_free(args);
+        CHECK(f == NULL);
+        tp_future_free(f);
+        if (CHECK(window_numbers(tp_errmsg(), &full, &small_len)))
+            CHECK_INT(full, EXACT_WINDOW);
+        CHECK(!tp_future_done(slow));
+        if (exact && CHECK_OK(tp_future_wait(exact, TP_TIMEOUT_INFINITE)))
+            CHECK_INT(conf_int_of(rank, tp_future_value(exact), -1), 500);
+    out:
+        if (slow && CHECK_OK(tp_future_wait(slow, TP_TIMEOUT_INFINITE)))
+            CHECK_INT(conf_int_of(rank, tp_future_value(slow), -1), 1500);
+        tp_future_free(exact);
+        tp_future_free(slow);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /* spec: FLOW-3: a call waiting for the window of a worker that dies fails
  * promptly with the peer error, naming it. */
 static int flow_waiter_sees_peer_death(int rank, int ws) {
@@ -409,6 +496,8 @@ const tp_conformance_case conf_cases_flow[] = {
     {"flow_window_waits_then_times_out", 2, flow_window_waits_then_times_out,
      "FLOW-1 FLOW-2 OPT-7"},
     {"flow_large_call_goes_alone", 2, flow_large_call_goes_alone, "FLOW-1 OPT-7"},
+    {"flow_call_exactly_filling_window_goes", 2, flow_call_exactly_filling_window_goes,
+     "FLOW-1 FLOW-2"},
     {"flow_waiter_sees_peer_death", 2, flow_waiter_sees_peer_death, "FLOW-3"},
     {"flow_remote_and_method_wait", 2, flow_remote_and_method_wait, "FLOW-1 FLOW-2"},
     {"fair_flood_does_not_delay_others", 3, fair_flood_does_not_delay_others, "FAIR-1"},

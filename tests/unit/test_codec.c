@@ -1026,6 +1026,24 @@ static void test_codec_rref_hook_failure_reported(void **state) {
                      TP_EUNKNOWNWORKER);
     assert_null(f);
     assert_string_equal(err, "sending an rref: rref owner is shutting down");
+    /* tpi_value_encode into a buffer: the hook's failure is the buffer's
+     * status from then on (sticky, as codec.h says of every failure), so the
+     * half-written value is never taken for a whole one. */
+    tpi_wbuf b;
+    tpi_wbuf_init(&b, 1024);
+    tpi_wbuf_u8(&b, 7);
+    assert_int_equal(tpi_value_encode(&b, m.value, &hooks), TP_EUNKNOWNWORKER);
+    assert_string_equal(tp_errmsg(), "sending an rref: rref owner is shutting down");
+    assert_int_equal(b.status, TP_EUNKNOWNWORKER);
+    size_t len = b.len;
+    tpi_wbuf_u8(&b, 1); /* a no-op after the failure */
+    assert_int_equal(b.len, len);
+    tp_value *two = tp_value_int(2);
+    assert_int_equal(tpi_value_encode(&b, two, NULL), TP_EUNKNOWNWORKER);
+    assert_non_null(strstr(tp_errmsg(), "the buffer failed before"));
+    assert_int_equal(b.len, len);
+    tp_value_free(two);
+    tpi_wbuf_free(&b);
     tpi_msg_clear(&m);
     assert_int_equal(mine.refs, 1);
 }

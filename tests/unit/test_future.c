@@ -8,6 +8,9 @@
  * Checks inside simulated tasks use CHECK (counted, reported after the run):
  * a cmocka assertion would longjmp off a fiber's stack.
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for the calloc below */
+#include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -62,6 +65,55 @@ static tp_status fn_fail(tp_call *call, const tp_value *args, const tp_value *kw
     tp_call_set_error(call, "deliberate failure after %g s", s);
     return TP_EINVAL;
 }
+
+/* ---- Allocation failures ------------------------------------------------------------- */
+
+/*
+ * calloc, interposed: the executable's definition comes first, so the core's
+ * callocs (values are calloc'd, common/value.c) come here; each goes on to
+ * the next definition (libc's, or a sanitizer runtime's, which then still
+ * sees every block), except that the calloc_countdown-th call on the thread
+ * that set it fails, as under memory exhaustion. GCC only: clang links a
+ * sanitizer's runtime into the executable, whose calloc this would bypass.
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#define CALLOC_HOOK 1
+static _Thread_local unsigned calloc_countdown; /* 0: none fails */
+static _Thread_local int calloc_failed;
+static void *(*next_calloc)(size_t, size_t);
+
+static void resolve_calloc(void) {
+    static _Thread_local int resolving;
+    if (resolving)
+        return; /* dlsym asked for memory: fail that, not recurse */
+    resolving = 1;
+    void *sym = dlsym(RTLD_NEXT, "calloc");
+    memcpy(&next_calloc, &sym, sizeof next_calloc);
+    resolving = 0;
+}
+
+__attribute__((constructor)) static void calloc_hook_init(void) {
+    if (!next_calloc)
+        resolve_calloc();
+}
+
+void *calloc(size_t n, size_t size) {
+    if (calloc_countdown && --calloc_countdown == 0) {
+        calloc_failed = 1;
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (!next_calloc)
+        resolve_calloc(); /* a call before the constructor ran: still one thread */
+    if (!next_calloc) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return next_calloc(n, size);
+}
+#else
+#define CALLOC_HOOK 0
+#endif
 
 /* ---- Worlds -------------------------------------------------------------------------- */
 
@@ -772,6 +824,67 @@ static void sc_foreign_waiter(world *w) {
     g_foreign.foreign_done = 1;
 }
 
+/*
+ * FUTURE-11 under memory exhaustion: collect_all of one completed future,
+ * with its k-th calloc failing, for k = 1, 2, ... until none fails. Each
+ * failure is reported (collect_all itself fails, or its future completes
+ * with TP_ENOMEM naming the statuses), nothing is lost (LeakSanitizer
+ * checks the partial list of statuses is freed when its status item cannot
+ * be made), and with no failure the answer is the one status.
+ */
+static void sc_collect_all_out_of_memory(world *w) {
+    (void)w;
+#if CALLOC_HOOK
+    int nomem_calls = 0, nomem_futures = 0, whole = 0;
+    for (unsigned k = 1; k <= 32 && !whole; k++) {
+        tp_future *in = NULL, *all = NULL;
+        if (tp_future_new(&in) != TP_OK) {
+            CHECK(0);
+            return;
+        }
+        CHECK(tp_future_set_result(in, tp_value_int(5)) == TP_OK);
+        calloc_failed = 0;
+        calloc_countdown = k;
+        tp_status st = tp_future_collect_all(&in, 1, &all);
+        calloc_countdown = 0;
+        if (!calloc_failed) {
+            whole = 1;
+            CHECK(st == TP_OK && all != NULL);
+            CHECK(tp_future_done(all) && tp_future_status(all) == TP_OK);
+            const tp_value *v = tp_future_value(all);
+            int64_t s0 = -1;
+            CHECK(tp_list_len(v) == 1 && tp_value_get_int(tp_list_get(v, 0), &s0) == TP_OK &&
+                  s0 == TP_OK);
+        } else if (st != TP_OK) {
+            nomem_calls++;
+            CHECK(st == TP_ENOMEM && all == NULL);
+            CHECK(strstr(tp_errmsg(), "collect_all: out of memory") != NULL);
+        } else {
+            nomem_futures++;
+            CHECK(all != NULL && tp_future_done(all));
+            CHECK(tp_future_status(all) == TP_ENOMEM);
+            CHECK(tp_future_value(all) == NULL);
+            CHECK(strcmp(tp_future_error(all), "collect_all: out of memory for the statuses") == 0);
+        }
+        int64_t x = 0;
+        CHECK(tp_value_get_int(tp_future_value(in), &x) == TP_OK && x == 5); /* untouched */
+        tp_future_free(all);
+        tp_future_free(in);
+    }
+    CHECK(whole);
+    CHECK(nomem_calls >= 1);   /* its own record */
+    CHECK(nomem_futures >= 2); /* the list, then the status to put in it */
+#endif
+}
+
+static void test_future_collect_all_out_of_memory(void **state) {
+    (void)state;
+    if (!CALLOC_HOOK)
+        skip();
+    world w = {.scenario = sc_collect_all_out_of_memory};
+    run_world(1, 13, &w);
+}
+
 /* FUTURE-2: only the future's own worker may wait on it; another worker's
  * task gets TP_EINVAL at once (it must not park on an agent not its own). */
 static void test_future_wait_from_other_worker_einval(void **state) {
@@ -821,6 +934,7 @@ int main(void) {
         cmocka_unit_test_setup(test_future_wait_all_timeout_lowest_pending, reset_failures),
         cmocka_unit_test_setup(test_future_single_host_loopback, reset_failures),
         cmocka_unit_test_setup(test_future_wait_from_other_worker_einval, reset_failures),
+        cmocka_unit_test_setup(test_future_collect_all_out_of_memory, reset_failures),
         cmocka_unit_test(test_future_null_arguments),
     };
     return cmocka_run_group_tests_name("future", tests, NULL, NULL);

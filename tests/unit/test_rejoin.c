@@ -18,6 +18,7 @@
 #include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
+#include "common/core.h"
 #include "sim_check.h"
 
 #define KILL_MS 100
@@ -548,8 +549,56 @@ static void test_rejoin_earlier_incarnation_shuts_down_first(void **state) {
     }
 }
 
+/*
+ * REJOIN-2: the store's "inc/<r>" value is "<k>\t<address>", k in
+ * 1..TPI_INCARNATION_MAX written as "%u". Anything else is malformed and
+ * refused (the rejoin then fails rather than taking incarnation 1 over a
+ * record it cannot read): k 0, no number, a number with a leading zero or
+ * a sign, past the maximum, no address. *k never reads as an answer then.
+ */
+static void test_rejoin_inc_parse_refuses_malformed(void **state) {
+    (void)state;
+    uint32_t k = 0;
+    const char *addr = NULL;
+    assert_int_equal(tpi_inc_parse("1\tsim:1", &k, &addr), 1);
+    assert_int_equal(k, 1);
+    assert_string_equal(addr, "sim:1");
+    char v[64];
+    snprintf(v, sizeof v, "%u\t127.0.0.1:29500", (unsigned)TPI_INCARNATION_MAX);
+    assert_int_equal(tpi_inc_parse(v, &k, &addr), 1);
+    assert_int_equal(k, TPI_INCARNATION_MAX);
+    assert_string_equal(addr, "127.0.0.1:29500");
+    static const char *const bad[] = {
+        "0\tsim:1",
+        "00\tsim:1",
+        "01\tsim:1",
+        "x\tsim:1",
+        "-1\tsim:1",
+        "+1\tsim:1",
+        "1x\tsim:1",
+        "\tsim:1",
+        "1\t",
+        "1",
+        "",
+        "16777216\tsim:1",
+        "4294967297\tsim:1",
+        "123456789012345678\tsim:1",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (uint32_t before = 0; before <= 7; before += 7) { /* whatever *k held */
+            k = before;
+            addr = NULL;
+            if (tpi_inc_parse(bad[i], &k, &addr) != 0)
+                fail_msg("inc value \"%s\" (k was %u) accepted: k %u", bad[i], (unsigned)before,
+                         (unsigned)k);
+            assert_null(addr);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rejoin_inc_parse_refuses_malformed),
         cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
         cmocka_unit_test_setup(test_rejoin_needs_the_option, reset_failures),
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),

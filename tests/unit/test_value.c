@@ -662,6 +662,45 @@ static void test_value_tensor_view(void **state) {
     tp_value_free(i);
 }
 
+static int view_borrow_released;
+static void view_borrow_release(void *ctx) {
+    view_borrow_released++;
+    assert_ptr_equal(ctx, &view_borrow_released);
+}
+
+/* VALUE-13 with a borrowed tensor: its storage is the caller's memory, so a
+ * view reads (and writes) those very bytes, and the memory is handed back
+ * once, when the last of the tensor and its views goes. */
+static void test_value_tensor_view_of_borrowed(void **state) {
+    (void)state;
+    static double mem[4] = {1.5, -2.0, 3.25, 8.0};
+    int64_t shape[2] = {2, 2};
+    view_borrow_released = 0;
+    tp_value *t = tp_value_tensor_borrow(TP_DTYPE_FLOAT64, 2, shape, mem, view_borrow_release,
+                                         &view_borrow_released);
+    assert_non_null(t);
+    assert_ptr_equal(tp_tensor_cdata(t), mem);
+    tp_value *v = tp_tensor_view(t);
+    assert_non_null(v);
+    assert_ptr_equal(tp_tensor_cdata(v), mem);
+    assert_true(tp_value_equal(v, t));
+    tp_value_free(t);
+    assert_int_equal(view_borrow_released, 0); /* the view still reads it */
+    const double *got = tp_tensor_cdata(v);
+    assert_true(got[0] == 1.5 && got[1] == -2.0 && got[2] == 3.25 && got[3] == 8.0);
+    double *w = tp_tensor_data(v);
+    assert_ptr_equal(w, mem);
+    w[3] = 9.5;
+    assert_true(mem[3] == 9.5);
+    tp_value *vv = tp_tensor_view(v); /* a view of the view: the same storage */
+    assert_non_null(vv);
+    tp_value_free(v);
+    assert_int_equal(view_borrow_released, 0);
+    assert_true(((const double *)tp_tensor_cdata(vv))[3] == 9.5);
+    tp_value_free(vv);
+    assert_int_equal(view_borrow_released, 1);
+}
+
 static void test_value_format_reads_like_python(void **state) {
     (void)state;
     char buf[256];
@@ -818,6 +857,7 @@ int main(void) {
         cmocka_unit_test(test_value_tuples),
         cmocka_unit_test(test_value_opaque_bytes),
         cmocka_unit_test(test_value_tensor_view),
+        cmocka_unit_test(test_value_tensor_view_of_borrowed),
         cmocka_unit_test(test_value_object_lifecycle),
         cmocka_unit_test(test_value_worker_info_copied),
         cmocka_unit_test(test_value_rref_holds_own_reference),
