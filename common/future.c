@@ -480,6 +480,7 @@ static void collect_finish(tp_core *c, tpi_collect *a) {
     for (size_t i = 0; list && i < a->n; i++) {
         tp_value *s = tp_value_int((int64_t)a->slots[i].input->status);
         if (tp_list_append(list, s) != TP_OK) {
+            tp_value_free(s); /* a refused item stays ours (rpc.h) */
             tp_value_free(list);
             list = NULL;
         }
