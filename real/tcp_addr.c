@@ -7,6 +7,8 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "tcp_internal.h"
 
@@ -100,6 +102,44 @@ tp_status tpi_tcp_resolve(const char *host, uint16_t port, struct sockaddr_stora
     *sa_len = res->ai_addrlen;
     freeaddrinfo(res);
     return TP_OK;
+}
+
+/* Whether sa is a loopback address (127/8, ::1, or v4-mapped 127/8). */
+static int sa_is_loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return 0;
+}
+
+int tpi_tcp_local_addr_toward(const char *host, char *out, size_t len) {
+    struct sockaddr_storage sa;
+    socklen_t sa_len = 0;
+    char err[TP_ERRMSG_LEN_MAX];
+    /* Any port: connect() on a datagram socket only picks the route. */
+    if (tpi_tcp_resolve(host, 9, &sa, &sa_len, err, sizeof err) != TP_OK)
+        return -1;
+    if (sa_is_loopback((const struct sockaddr *)&sa)) {
+        tpi_format(out, len, "%s", sa.ss_family == AF_INET6 ? "::1" : "127.0.0.1");
+        return 0;
+    }
+    int fd = socket(sa.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_storage me;
+    socklen_t me_len = sizeof me;
+    int ok = connect(fd, (const struct sockaddr *)&sa, sa_len) == 0 &&
+             getsockname(fd, (struct sockaddr *)&me, &me_len) == 0;
+    close(fd);
+    const void *addr = me.ss_family == AF_INET6
+                           ? (const void *)&((const struct sockaddr_in6 *)&me)->sin6_addr
+                           : (const void *)&((const struct sockaddr_in *)&me)->sin_addr;
+    if (!ok || !inet_ntop(me.ss_family, addr, out, (socklen_t)len))
+        return -1;
+    return 0;
 }
 
 void tpi_tcp_format_hostport(const char *host, uint16_t port, char *buf, size_t len) {

@@ -189,10 +189,25 @@ static const tp_agent_ops tcp_agent_ops = {
 /* ---- The backend (BACKEND-1..5, TCP-12) ---------------------------------------------- */
 
 static tp_status construct_options(tp_options *opts) {
-    tp_status st = tp_options_set(opts, "listen_addr", "127.0.0.1");
+    tp_status st = tp_options_set(opts, "listen_addr", "auto");
     if (st == TP_OK)
         st = tp_options_set(opts, "listen_port", "0");
     return st;
+}
+
+/*
+ * TCP-12: listen_addr "auto" (the default). A job whose store is on this
+ * host's loopback (one machine) listens on 127.0.0.1; one whose store is
+ * elsewhere listens on the address this host reaches the store from, the
+ * one its peers on other machines can dial (torchrun users set only
+ * MASTER_ADDR). A store host that does not resolve: 127.0.0.1, and opening
+ * the store reports the name.
+ */
+static void auto_listen_addr(const tp_options *opts, char *out, size_t len) {
+    char store_host[TPI_ADDR_LEN_MAX];
+    if (!tpi_tcp_store_host(opts, store_host, sizeof store_host) ||
+        tpi_tcp_local_addr_toward(store_host, out, len) != 0)
+        tpi_format(out, len, "127.0.0.1");
 }
 
 /* host without brackets (tpi_tcp_unbracket). */
@@ -206,9 +221,11 @@ static tp_status read_listen_options(tpi_tcp_agent *a, const tp_options *opts, c
     const char *host = tp_options_get(opts, "listen_addr");
     const char *port = tp_options_get(opts, "listen_port");
     const char *adv = tp_options_get(opts, "advertise_addr");
-    char host_buf[TPI_ADDR_LEN_MAX], adv_buf[TPI_ADDR_LEN_MAX];
-    if (!host || !*host)
-        host = "127.0.0.1";
+    char host_buf[TPI_ADDR_LEN_MAX], adv_buf[TPI_ADDR_LEN_MAX], auto_buf[TPI_ADDR_LEN_MAX];
+    if (!host || !*host || strcmp(host, "auto") == 0) {
+        auto_listen_addr(opts, auto_buf, sizeof auto_buf);
+        host = auto_buf;
+    }
     if (!port || !*port)
         port = "0";
     /* "[::1]" names the same host as "::1": addresses are bracketed when

@@ -608,6 +608,15 @@ int tpi_tcp_parse_port(const char *s, int allow_zero, uint16_t *port);
 /* Resolves host and a numeric port to the first address getaddrinfo gives. */
 tp_status tpi_tcp_resolve(const char *host, uint16_t port, struct sockaddr_storage *sa,
                           socklen_t *sa_len, char *errmsg, size_t errmsg_len);
+/* The address this host uses to reach host (the route's source: a datagram
+ * socket connected toward it, no packet sent), as text into out: "127.0.0.1"
+ * or "::1" when host is a loopback address. 0, or -1 when host does not
+ * resolve or no route leads there (TCP-12's automatic listen_addr). */
+int tpi_tcp_local_addr_toward(const char *host, char *out, size_t len);
+/* The host of the store init_method names (env://: MASTER_ADDR; tcp://: its
+ * host; etcd://: the first endpoint's), unbracketed, into host: 1, or 0 when
+ * the method names no host (sqlite://) or is malformed (init reports that). */
+int tpi_tcp_store_host(const tp_options *opts, char *host, size_t len);
 /* "host:port", or "[v6]:port", of a socket address. */
 void tpi_tcp_format_sockaddr(const struct sockaddr *sa, char *buf, size_t len);
 /* A host as a user may write it, "::1" or "[::1]", without the brackets

@@ -556,6 +556,26 @@ static uint64_t deadline_after(double seconds) {
     return tpi_tcp_now_ns() + (uint64_t)(seconds * 1e9);
 }
 
+int tpi_tcp_store_host(const tp_options *opts, char *host, size_t len) {
+    const char *method = tp_options_init_method(opts);
+    char hp[TPI_ADDR_LEN_MAX], port_s[16];
+    if (!method || !*method || strcmp(method, "env://") == 0) {
+        const char *h = getenv("MASTER_ADDR");
+        return h && *h && strlen(h) < len && tpi_tcp_unbracket(h, host, len) == 0;
+    }
+    const char *rest = strncmp(method, "tcp://", 6) == 0    ? method + 6
+                       : strncmp(method, "etcd://", 7) == 0 ? method + 7
+                                                            : NULL;
+    if (!rest)
+        return 0;
+    size_t n = strcspn(rest, ",/?"); /* etcd: the first endpoint */
+    if (n >= sizeof hp)
+        return 0;
+    memcpy(hp, rest, n);
+    hp[n] = '\0';
+    return tpi_tcp_split_hostport(hp, host, len, port_s, sizeof port_s) == 0;
+}
+
 tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, uint32_t rank,
                              uint32_t world_size, tp_store **out, char *errmsg,
                              size_t errmsg_len) {
