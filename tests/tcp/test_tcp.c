@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1251,6 +1252,291 @@ static void test_tcp_reinit(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- A record an outgoing connection must not get (TCP-5, TCP-6) ------------------- */
+
+/*
+ * A relay between worker 0 and worker 1, as in test_tcp_crypt.c: worker 1
+ * listens on 127.0.0.1:port and advertises 127.0.0.2, where the relay
+ * listens on the same port and forwards each connection to 127.0.0.1:port.
+ * Worker 0's outgoing connection to worker 1 passes it; worker 1's to
+ * worker 0 does not. What worker 1 writes on worker 0's connection is
+ * records only (ACCEPT, nonce, proof, then PONG, IDLE...: frames travel
+ * the other way), so on request the relay slips one of its own, a PING,
+ * between two of them. A process of its own, forked before the job.
+ */
+typedef struct inject_relay {
+    atomic_int stop;
+    atomic_int inject;   /* the test asks for the record */
+    atomic_int injected; /* it went out, towards worker 0 */
+    atomic_int conns;
+} inject_relay;
+
+#define IR_CONNS_MAX 16
+
+static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
+    int fds[2 * IR_CONNS_MAX]; /* pairs: [2i] worker 0's side, [2i+1] worker 1's */
+    size_t to_dialer[IR_CONNS_MAX] = {0}; /* bytes worker 1 wrote on pair i */
+    int n = 0;
+    static uint8_t buf[65536];
+    while (!atomic_load(&sh->stop)) {
+        struct pollfd pf[1 + 2 * IR_CONNS_MAX];
+        pf[0] = (struct pollfd){listen_fd, POLLIN, 0};
+        for (int i = 0; i < n; i++)
+            pf[1 + i] = (struct pollfd){fds[i], fds[i] >= 0 ? POLLIN : 0, 0};
+        int polled = n; /* pf[] holds these; a pair accepted below waits for the next turn */
+        int ready = poll(pf, (nfds_t)(1 + polled), 10);
+        if (ready > 0 && (pf[0].revents & POLLIN) && n < 2 * IR_CONNS_MAX) {
+            int in = accept(listen_fd, NULL, NULL);
+            if (in >= 0) {
+                struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+                inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+                int out = socket(AF_INET, SOCK_STREAM, 0);
+                if (out >= 0 && connect(out, (struct sockaddr *)&sa, sizeof sa) == 0) {
+                    to_dialer[n / 2] = 0;
+                    fds[n++] = in;
+                    fds[n++] = out;
+                    atomic_fetch_add(&sh->conns, 1);
+                } else {
+                    close(in);
+                    if (out >= 0)
+                        close(out);
+                }
+            }
+        }
+        for (int i = 0; ready > 0 && i < polled; i++) {
+            if (fds[i] < 0 || !(pf[1 + i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            int to = fds[i ^ 1];
+            ssize_t k = recv(fds[i], buf, sizeof buf, 0);
+            if (k > 0 && to >= 0 && send(to, buf, (size_t)k, MSG_NOSIGNAL) == k) {
+                if (i & 1)
+                    to_dialer[i / 2] += (size_t)k;
+                continue;
+            }
+            close(fds[i]); /* an end, or an error: both sides of the pair end */
+            fds[i] = -1;
+            if (to >= 0) {
+                shutdown(to, SHUT_RDWR);
+                close(to);
+                fds[i ^ 1] = -1;
+            }
+        }
+        /* The PING on the newest open connection, past the handshake
+         * (ACCEPT, nonce, proof) and between two records. */
+        if (atomic_load(&sh->inject) && !atomic_load(&sh->injected)) {
+            for (int j = n / 2 - 1; j >= 0; j--) {
+                if (fds[2 * j] < 0 || fds[2 * j + 1] < 0)
+                    continue;
+                if (to_dialer[j] >= 3 * TPI_TCP_RECORD_SIZE &&
+                    to_dialer[j] % TPI_TCP_RECORD_SIZE == 0) {
+                    uint8_t rec[TPI_TCP_RECORD_SIZE];
+                    tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 1);
+                    if (send(fds[2 * j], rec, sizeof rec, MSG_NOSIGNAL) == (ssize_t)sizeof rec)
+                        atomic_store(&sh->injected, 1);
+                }
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+/* The relay's process and shared memory; NULL when 127.0.0.2:port cannot be bound. */
+static inject_relay *inject_relay_start(uint16_t port, pid_t *pid) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.2", &sa.sin_addr);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0) {
+        close(fd);
+        return NULL;
+    }
+    inject_relay *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                            -1, 0);
+    assert_true(sh != MAP_FAILED);
+    memset(sh, 0, sizeof *sh);
+    fflush(NULL);
+    *pid = fork();
+    assert_true(*pid >= 0);
+    if (*pid == 0) {
+        inject_relay_main(sh, fd, port);
+        _exit(0);
+    }
+    close(fd);
+    return sh;
+}
+
+static void inject_relay_stop(inject_relay *sh, pid_t pid) {
+    atomic_store(&sh->stop, 1);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    munmap(sh, sizeof *sh);
+}
+
+enum { F_UR_RELEASE = 0, C_UR_BLOCKED = 0, C_UR_VERDICT = 1 };
+
+/* Worker 1's verdict on worker 0 after the abort: peer-down TP_EIO (TCP-7). */
+static void count_unreachable(tp_log_level level, const char *msg, void *ud) {
+    (void)level;
+    tt_shared *sh = ud;
+    if (strstr(msg, "'worker0'") && strstr(msg, "unreachable"))
+        atomic_fetch_add(&sh->count[C_UR_VERDICT], 1);
+}
+
+static int body_unexpected_record(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    const uint16_t *port1 = job->arg;
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK); /* frames in the stream only */
+    if (rank == 1) {
+        char port[16];
+        snprintf(port, sizeof port, "%u", (unsigned)*port1);
+        TT_CHECK(tp_options_set(o, "listen_port", port) == TP_OK);
+        TT_CHECK(tp_options_set(o, "advertise_addr", "127.0.0.2") == TP_OK);
+        tp_set_log_level(TP_LOG_INFO);
+        tp_set_log_callback(count_unreachable, sh);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        /* In flight on the relayed connection (worker 1 holds it in block())
+         * when the PING comes: the call fails with TP_EIO, saying why. */
+        tp_value *args = tp_value_list_of(1, tp_value_int(F_UR_RELEASE));
+        tp_future *f = NULL;
+        TT_CHECK(tp_rpc_async(tp_to_rank(1), "block", args, NULL, 20, &f) == TP_OK);
+        tp_value_free(args);
+        tp_status st = tp_future_wait(f, 4);
+        char msg[TP_ERRMSG_LEN_MAX];
+        snprintf(msg, sizeof msg, "%s", st == TP_OK ? "" : tp_future_error(f));
+        fprintf(stderr, "  worker0's call: %s (%s)\n", tp_status_name(st), msg);
+        atomic_store(&sh->flag[F_UR_RELEASE], 1); /* worker 1's block() returns */
+        tp_future_free(f);
+        TT_CHECK(st == TP_EIO);
+        TT_CHECK(strstr(msg, "unexpected record") != NULL);
+        TT_CHECK(strstr(msg, "on an outgoing connection") != NULL);
+        TT_CHECK(strstr(msg, "127.0.0.2:") != NULL); /* the address it dialed */
+    }
+    TT_CHECK(tt_await_flag(sh, F_UR_RELEASE, 1, 30) == 0);
+    if (rank == 1) {
+        /* The ABORT, then the end of that connection: TP_EIO for worker 0,
+         * which fails whatever worker 1 had in flight to it (TCP-7). */
+        uint64_t end = tt_now_ns() + 5000000000ull;
+        while (atomic_load(&sh->count[C_UR_VERDICT]) < 1 && tt_now_ns() < end)
+            usleep(1000);
+        TT_CHECK(atomic_load(&sh->count[C_UR_VERDICT]) >= 1);
+    }
+    /* Not a death: the next calls dial again (TCP-6) and both ways work. */
+    TT_CHECK(tt_all_answer(job, rank) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-5, TCP-6. A PING is a dialer's record: one that reaches worker
+ * 0 on its outgoing connection to worker 1 (slipped in by a relay between
+ * worker 1's records) is a protocol error there. The connection is aborted
+ * and the call in flight on it fails with TP_EIO naming the record, not
+ * left waiting; worker 1 is not taken for dead, and later calls succeed. */
+static void test_tcp_unexpected_record_on_outgoing(void **state) {
+    (void)state;
+    uint16_t port1 = tt_free_port();
+    pid_t relay_pid = -1;
+    inject_relay *relay = inject_relay_start(port1, &relay_pid);
+    if (!relay)
+        skip(); /* no 127.0.0.2 here */
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_unexpected_record, &port1), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_UR_BLOCKED]) < 1 && tt_now_ns() < deadline)
+        usleep(1000);
+    int blocked = atomic_load(&job.shared->count[C_UR_BLOCKED]);
+    atomic_store(&relay->inject, 1);
+    deadline = tt_now_ns() + 5000000000ull;
+    while (!atomic_load(&relay->injected) && tt_now_ns() < deadline)
+        usleep(1000);
+    int injected = atomic_load(&relay->injected);
+    int conns = atomic_load(&relay->conns);
+    int waited = tt_wait(&job, 60);
+    tt_job_free(&job);
+    inject_relay_stop(relay, relay_pid);
+    assert_int_equal(blocked, 1);
+    assert_true(conns >= 1); /* worker 0 dialed worker 1 through it */
+    assert_int_equal(injected, 1);
+    assert_int_equal(waited, 0);
+}
+
+/* ---- Faults on the library's threads reach the program's handler ------------------- */
+
+#define SIGILL_EXIT 87 /* worker 1's exit status from its SIGILL handler */
+enum { F_ILL_NEVER = 0 };
+
+static void on_sigill(int sig) {
+    (void)sig;
+    _exit(SIGILL_EXIT);
+}
+
+/* trap(): executes an illegal instruction (ud2 on x86), on a pool thread. */
+static tp_status fn_trap(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)args, (void)kwargs, (void)result, (void)user_data;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_trap();
+#else
+    raise(SIGILL); /* pending for good if this thread blocks it */
+#endif
+    tp_call_set_error(call, "trap: SIGILL did not end the process");
+    return TP_EINVAL;
+}
+
+static int body_sigill(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    if (rank == 1) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigill;
+        sigemptyset(&sa.sa_mask);
+        TT_CHECK(sigaction(SIGILL, &sa, NULL) == 0);
+        TT_CHECK(tp_register_function("trap", fn_trap, NULL) == TP_OK);
+    }
+    tp_options *o = tt_options(job, 10, 5);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        /* Serves until its handler ends the process; it never returns here. */
+        tt_await_flag(sh, F_ILL_NEVER, 1, 20);
+        fprintf(stderr, "worker1: still alive after trap()\n");
+        return 1;
+    }
+    tp_value *args = tp_value_list();
+    tp_value *res = NULL;
+    tp_status st = tp_rpc_sync(tp_to_rank(1), "trap", args, NULL, 10, &res);
+    fprintf(stderr, "  worker0's call of trap(): %s (%s)\n", tp_status_name(st), tp_errmsg());
+    tp_value_free(args);
+    tp_value_free(res);
+    TT_CHECK(st != TP_OK); /* worker 1 is gone */
+    tp_shutdown(0);
+    return 0;
+}
+
+/* spec: TCP-1. The library's threads block the asynchronous signals but not
+ * the synchronous faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ * SIGABRT): worker 1's function, run on its pool thread, executes an illegal
+ * instruction, and the program's SIGILL handler runs (it exits with
+ * SIGILL_EXIT). Were SIGILL blocked on that thread, the kernel would ignore
+ * the handler and kill the process by the signal. */
+static void test_tcp_fault_reaches_handler(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_sigill, NULL), 0);
+    tt_wait(&job, 30);
+    assert_int_equal(job.code[1], SIGILL_EXIT);
+    assert_int_equal(job.code[0], 0);
+    tt_job_free(&job);
+}
+
 int main(void) {
     tt_ensure_secret(); /* this process reads it too, to talk to the job (TCP-17) */
     const struct CMUnitTest tests[] = {
@@ -1266,6 +1552,8 @@ int main(void) {
         cmocka_unit_test(test_tcp_interrupt_init),
         cmocka_unit_test(test_tcp_cancel_shutdown),
         cmocka_unit_test(test_tcp_backpressure_bounds_memory),
+        cmocka_unit_test(test_tcp_fault_reaches_handler),
+        cmocka_unit_test(test_tcp_unexpected_record_on_outgoing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -112,8 +112,9 @@ static void attack_end(tt_job *job, int calls_before, int probes) {
     tt_job_free(job);
 }
 
-/* ns[T_FIRST_REDIAL]: when the first dial to worker 1 failed. */
-enum { T_FIRST_REDIAL = 0 };
+/* ns[T_FIRST_REDIAL]: when the first dial to worker 1 failed; ns[T_FREED]:
+ * when worker 1 had descriptors again. */
+enum { T_FIRST_REDIAL = 0, T_FREED = 1 };
 
 static void count_redials(tp_log_level level, const char *msg, void *user) {
     (void)level;
@@ -143,10 +144,14 @@ static int exhaust(int *fds, int cap) {
  * by libuv, which accepts and closes what it cannot keep. That is no
  * evidence of death: worker 3 dials again until worker 1 has
  * descriptors again, its call succeeds, and nobody reports anyone down.
- * Worker 1 stays full for 2.5 s after the first failed dial: longer than
+ * Worker 1 stays full for 2.9 s after the first failed dial: longer than
  * a refusal's window (TPI_TCP_REFUSED_DEAD_MS, 1 s), far shorter than a
  * reset's (TPI_TCP_CONNECT_TIMEOUT_MS), so a reset taken for a refusal, or
- * a window counted in the wrong unit, ends the retries too early. */
+ * a window counted in the wrong unit, ends the retries too early. The
+ * tries are at most TPI_TCP_REDIAL_MAX_MS apart, so the call succeeds
+ * within about a second of worker 1's recovery (here: tries 10 ms, 20 ms...
+ * apart, from 1.27 s 1 s apart: the try at 3.27 s); a backoff that kept
+ * doubling past the cap would wait from its try at 2.55 s to 5.11 s. */
 static int body_exhausted(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     tp_set_log_level(TP_LOG_INFO);
@@ -169,15 +174,16 @@ static int body_exhausted(tt_job *job, int rank) {
         int n = exhaust(fds, FILL_MAX);
         TT_CHECK(n > 0 && n < FILL_MAX);
         atomic_store(&sh->flag[F_FULL], 1);
-        /* Full until worker 3's dial failed twice and 2.5 s after its first failure. */
+        /* Full until worker 3's dial failed twice and 2.9 s after its first failure. */
         uint64_t t0 = tt_now_ns();
         while ((atomic_load(&sh->count[C_REDIALS]) < 2 ||
-                tt_now_ns() - atomic_load(&sh->ns[T_FIRST_REDIAL]) < 2500000000ull) &&
+                tt_now_ns() - atomic_load(&sh->ns[T_FIRST_REDIAL]) < 2900000000ull) &&
                tt_now_ns() - t0 < 15000000000ull)
             usleep(1000);
         for (int i = 0; i < n; i++)
             close(fds[i]);
         TT_CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+        atomic_store(&sh->ns[T_FREED], tt_now_ns());
         atomic_store(&sh->flag[F_FREED], 1);
     }
     if (rank == 3) {
@@ -186,6 +192,13 @@ static int body_exhausted(tt_job *job, int rank) {
         TT_CHECK(tt_call_add(tp_to_rank(1), 40, 2, 20, &v) == TP_OK && v == 42);
         TT_CHECK(atomic_load(&sh->flag[F_FREED]) == 1);
         TT_CHECK(atomic_load(&sh->count[C_REDIALS]) >= 2);
+        /* Within the capped backoff of the recovery, and the call's own time. */
+        double after = (double)(tt_now_ns() - atomic_load(&sh->ns[T_FREED])) / 1e9;
+        double failing = (double)(atomic_load(&sh->ns[T_FREED]) -
+                                  atomic_load(&sh->ns[T_FIRST_REDIAL])) / 1e9;
+        fprintf(stderr, "  worker 3: %d failed dials in %.2f s; answered %.2f s after recovery\n",
+                atomic_load(&sh->count[C_REDIALS]), failing, after);
+        TT_CHECK(after < TPI_TCP_REDIAL_MAX_MS / 1000.0 + 0.5);
     }
     TT_CHECK(tt_await_flag(sh, F_FREED, 1, 30) == 0);
     TT_CHECK(tt_all_answer(job, rank) == 0);

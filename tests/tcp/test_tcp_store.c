@@ -411,6 +411,67 @@ static void test_tcp_store_limits(void **state) {
     free(v);
 }
 
+/* A GET request for a key of key_len bytes ('k') whose header claims
+ * key_len and a body of body bytes (op, flags, key length, key: 4 + the
+ * key's); into out (8 + key_len bytes). Its size. */
+static size_t get_request(uint8_t *out, uint32_t body, uint16_t key_len) {
+    out[0] = (uint8_t)body;
+    out[1] = (uint8_t)(body >> 8);
+    out[2] = (uint8_t)(body >> 16);
+    out[3] = (uint8_t)(body >> 24);
+    out[4] = TPI_STORE_GET;
+    out[5] = 0;
+    out[6] = (uint8_t)key_len;
+    out[7] = (uint8_t)(key_len >> 8);
+    memset(out + 8, 'k', key_len);
+    return 8 + (size_t)key_len;
+}
+
+/* The decoder refuses req[0..n) at once, for its key length. */
+static void expect_key_refused(const uint8_t *req, size_t n) {
+    tpi_store_request r;
+    size_t need = 0;
+    const char *why = NULL;
+    assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), -1);
+    assert_non_null(why);
+    assert_string_equal(why, "a key length out of bounds");
+}
+
+/* spec: TCP-10, STORE-1: the server's decoder takes a key of 1 to
+ * TP_STORE_KEY_LEN_MAX bytes within the request's body, and refuses any
+ * other key length from the 8 bytes of the header, before the body is
+ * there: an empty key, one a byte over the maximum (though the body holds
+ * it), and one longer than the body that claims to hold it. */
+static void test_tcp_store_request_key_bounds(void **state) {
+    (void)state;
+    uint8_t req[8 + TP_STORE_KEY_LEN_MAX + 1];
+    tpi_store_request r;
+    size_t need = 0, n;
+    const char *why = NULL;
+    /* The bounds themselves: 1 and TP_STORE_KEY_LEN_MAX bytes are taken. */
+    n = get_request(req, 4 + 1, 1);
+    assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), (long)n);
+    assert_int_equal(r.key_len, 1);
+    n = get_request(req, 4 + TP_STORE_KEY_LEN_MAX, TP_STORE_KEY_LEN_MAX);
+    assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), (long)n);
+    assert_int_equal(r.key_len, TP_STORE_KEY_LEN_MAX);
+    /* An empty key. */
+    n = get_request(req, 4, 0);
+    expect_key_refused(req, n);
+    /* A byte over the maximum, whole in the body; and its header alone. */
+    n = get_request(req, 4 + TP_STORE_KEY_LEN_MAX + 1, TP_STORE_KEY_LEN_MAX + 1);
+    expect_key_refused(req, n);
+    expect_key_refused(req, 8);
+    /* Longer than the body: 10 bytes claimed in a body of 4 + 5; and the
+     * largest key in a body of 4 + 254. */
+    (void)get_request(req, 4 + 5, 10);
+    expect_key_refused(req, 8);
+    expect_key_refused(req, 4 + 4 + 5);
+    n = get_request(req, 4 + TP_STORE_KEY_LEN_MAX - 1, TP_STORE_KEY_LEN_MAX);
+    expect_key_refused(req, 8);
+    expect_key_refused(req, n - 1);
+}
+
 typedef struct racer {
     uint16_t port;
     int swapped;
@@ -1017,6 +1078,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
+        cmocka_unit_test(test_tcp_store_request_key_bounds),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup,
                                         teardown),
