@@ -147,3 +147,38 @@ def test_c_worker_calls_methods_of_a_python_object(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
     assert lines == ["get: 7", "bad: TP_EREMOTE True"], proc.stdout + proc.stderr
+
+
+NOPE = """
+out = P()
+args = lst(lib.tp_value_str(b"get"), lib.tp_value_list(), lib.tp_value_map())
+st = lib.tp_rref_rpc_sync(rref, b"nope", args, None, 30.0, ctypes.byref(out))
+lib.tp_value_free(args)
+print("nope:", status(st), lib.tp_errmsg().decode() if st != 0 else "", flush=True)
+lib.tp_value_free(out)
+"""
+
+
+def test_python_class_name_as_a_c_worker_sees_it(tmp_path):
+    """A Python object's class is named "py:<module>:<name>" for the C
+    library, keeping letters of either case, digits, '_', ':' and '-' and
+    making any other character '_' (names must match ^[A-Za-z0-9_:-]+$):
+    a C worker calling a method the class does not have is told that
+    name."""
+    lib = shared_library()
+    if lib is None:
+        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
+    script = MIXED
+    for old, new in [("    class Box:\n",
+                      "    class Box:\n        __module__ = \"my.mod-Z9\"\n"),
+                     ("lib.tp_rref_release(rref)\n", NOPE + "lib.tp_rref_release(rref)\n")]:
+        assert script.count(old) == 1, old
+        script = script.replace(old, new)
+    (tmp_path / "mixed.py").write_text(script)
+    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(tmp_path / "mixed.py"), lib],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
+    assert lines[:2] == ["get: 7", "bad: TP_EREMOTE True"], proc.stdout + proc.stderr
+    assert len(lines) == 3 and lines[2].startswith("nope: TP_E"), proc.stdout + proc.stderr
+    assert "class 'py:my_mod-Z9:Box' has no method 'nope'" in lines[2], lines[2]

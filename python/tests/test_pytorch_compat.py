@@ -789,3 +789,103 @@ def test_torch_future_of_a_failed_send_raises_its_error(tmp_path):
         rpc.shutdown(graceful=False)
     """)
     assert out == ["True True", "PeerDownError True"]
+
+
+def test_gather_rounds_table_holds_1024_rounds_and_remembers_1024_ended():
+    """GATHER_ROUNDS_MAX is 1024: the 1025th pending round is refused, and
+    the ids of ended rounds kept are the newest 1024 (no worker needed:
+    the table is the module's own)."""
+    prog = textwrap.dedent("""
+        from tensorplay.distributed.rpc import api
+        for i in range(1024):
+            api._gather_state("r%d" % i)
+        try:
+            api._gather_state("one more")
+            print("accepted")
+        except RuntimeError as e:
+            print("refused:", "1024 rounds are pending" in str(e))
+        with api._gather_lock:
+            for i in range(1030):
+                api._gather_close_locked("c%d" % i)
+        print(len(api._gathers_closed), next(iter(api._gathers_closed)))
+    """)
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["refused: True", "1024 c6"]
+
+
+def test_all_gather_leader_reports_a_follower_it_could_not_answer(tmp_path):
+    """A follower whose _all_gather timed out has ended its round: the
+    leader's broadcast to it fails, and the leader's _all_gather raises
+    PyTorch's RuntimeError naming the follower and its first exception."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker%d" % rank)
+        names = ["worker0", "worker1"]
+        if rank == 1:
+            try:
+                api._all_gather(rank, names, timeout=0.5)
+            except RuntimeError as e:
+                print("follower:", "timed out" in str(e))
+            rpc.rpc_sync("worker0", echo, args=("go",))
+        else:
+            deadline = time.monotonic() + 20
+            while "worker0worker1/0" not in api._gathers:  # worker1 contributed
+                assert time.monotonic() < deadline, "worker1 never contributed"
+                time.sleep(0.02)
+            time.sleep(1.5)  # worker1's round has ended by then
+            try:
+                api._all_gather(rank, names, timeout=5)
+                print("no error")
+            except Exception as e:
+                msg = str(e)
+                print(type(e).__name__, msg.startswith("Followers ['worker1'] timed out in "
+                                                       "_all_gather after 5.00 seconds. The "
+                                                       "first exception is "),
+                      "already ended on this worker" in msg)
+        rpc.shutdown()
+    """, rank0_only=False)
+    assert sorted(l for l in out if l[:4] in ("[0] ", "[1] ")) == [
+        "[0] RuntimeError True True", "[1] follower: True"]
+
+
+def test_rref_leak_at_shutdown_raises_only_when_not_ignored(tmp_path):
+    """PyTorch's api._ignore_rref_leak (True by default): a leak a graceful
+    shutdown reports is printed when ignored, raised as RuntimeError when
+    the flag is False. worker0 sets it False, worker1 keeps the default;
+    both see the same (made up) leak from the core."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker%d" % rank)
+        print("default:", api._ignore_rref_leak)
+        if rank == 0:
+            api._ignore_rref_leak = False
+        api._rpc.shutdown_leaks = lambda: ["Leaking RRef 1:3 with fork Id 2:4"]
+        try:
+            rpc.shutdown()
+            print("returned")
+        except RuntimeError as e:
+            print("raised:", "Leaking RRef: 1 rref(s)" in str(e))
+    """, rank0_only=False)
+    assert sorted(l for l in out if l[:4] in ("[0] ", "[1] ")) == [
+        "[0] default: True", "[0] raised: True", "[1] default: True", "[1] returned"]
+
+
+@pytest.mark.parametrize("kwargs", [{"rpc_timeout": True}, {"init_timeout": True},
+                                    {"shutdown_timeout": False}])
+def test_backend_options_refuse_a_bool_as_seconds(kwargs):
+    """A bool is an int to Python but not a number of seconds: refused."""
+    prog = textwrap.dedent("""
+        import sys
+        from tensorplay.distributed import rpc
+        try:
+            rpc.TensorPipeRpcBackendOptions(**{sys.argv[1]: sys.argv[2] == "True"})
+            print("accepted")
+        except TypeError as e:
+            print("TypeError", "must be a number of seconds, not bool" in str(e))
+    """)
+    (name, value), = kwargs.items()
+    p = subprocess.run([PYTHON, "-c", prog, name, str(value)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["TypeError True"]

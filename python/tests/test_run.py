@@ -570,3 +570,21 @@ def test_seed_example_through_the_launcher(tmp_path):
     p = launch(tmp_path, ["--nproc-per-node", "2", os.path.abspath(seed)], timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout == "[0] 7\n"
+
+
+def test_launcher_ends_when_the_ranks_exit_and_their_output_closes(tmp_path):
+    """Once every rank exited and every output pipe is closed, the launcher
+    ends at once: the drain (DRAIN_S, here made 15 s) only waits for
+    output a rank's own children still hold open; the launcher's wake-up
+    pipe is not such output."""
+    (tmp_path / "prog.py").write_text("print('done')\n")
+    prog = ("import sys\nimport tensorplay.distributed.run as r\nr.DRAIN_S = 15\n"
+            "sys.exit(r.main(sys.argv[1:]))\n")
+    start = time.monotonic()
+    p = subprocess.run([PYTHON, "-c", prog, "--nproc-per-node", "2", "prog.py"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=env_without_secret())
+    took = time.monotonic() - start
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(p.stdout.splitlines()) == ["[0] done", "[1] done"]
+    assert took < 12, took  # not the 15 s drain
