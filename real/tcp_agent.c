@@ -376,6 +376,13 @@ static tp_status read_bound_options(tpi_tcp_agent *a, const tp_options *opts, ch
     a->handshakes_max = (uint32_t)hs;
     if (st == TP_OK)
         st = tpi_tcp_keepalive_read(opts, &a->keepalive, errmsg, errmsg_len);
+    uint64_t down_s = TPI_TCP_PEER_DOWN_TIMEOUT_S;
+    if (st == TP_OK)
+        st = tpi_tcp_read_count(opts, "peer_down_timeout", 0, TPI_TCP_PEER_DOWN_TIMEOUT_S_MAX,
+                                " (seconds a silent worker has before it is declared down; 0 "
+                                "never declares, TCP-25)",
+                                &down_s, errmsg, errmsg_len);
+    a->peer_down_ms = down_s * 1000u;
     return st;
 }
 
@@ -450,7 +457,9 @@ static const char *const option_keys[] = {
     "frame_timeout", "idle_timeout", "rx_budget",      "max_handshakes", "encrypt", "shm",
     "shm_min_bytes", "shm_pool_bytes",
     /* TCP-23 */
-    "keepalive_idle", "keepalive_interval", "keepalive_count", "user_timeout", NULL};
+    "keepalive_idle", "keepalive_interval", "keepalive_count", "user_timeout",
+    /* TCP-25 */
+    "peer_down_timeout", NULL};
 
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,

@@ -78,6 +78,8 @@ struct tpi_tcp_conn {
     tpi_tcp_conn *prev, *next; /* a->conns */
     int outgoing;
     int opened;    /* outgoing: the other end answered our hello (and proved itself) */
+    int connected; /* outgoing: its kernel completed the TCP handshake (TCP-25's answer) */
+    uint64_t dialed_ms; /* outgoing: when the dial started, the loop's ms clock */
     uint32_t peer; /* NO_PEER until an accepted connection's hello (and proof, TCP-17) */
     uint32_t claimed; /* accepted: the id its hello claims, before its proof */
     unsigned gen;  /* the peer's generation it belongs to (AGENT-16) */
@@ -157,6 +159,7 @@ static void in_frame_start(tpi_tcp_conn *c, size_t len);
 static void closing_done(tpi_tcp_conn *c);
 static void tx_enqueue(tpi_tcp_conn *c, tp_frame *f);
 static void tx_pump(tpi_tcp_conn *c);
+static void silent_end(tpi_tcp_peer *p);
 
 /* ---- Upcalls (AGENT-2): loop thread, no internal lock held ------------------------ */
 
@@ -565,6 +568,7 @@ static void apply_readdress(tpi_tcp_agent *a, uint32_t id) {
     pthread_mutex_unlock(&a->qmu);
     p->suspect = 0;
     p->dial_fail_since_ns = 0; /* a new address: a new retry window (TCP-20) */
+    silent_end(p);             /* and a new process to hear from (TCP-25) */
     if (p->redial_pending) {
         uv_timer_stop(&p->redial);
         p->redial_pending = 0;
@@ -617,6 +621,100 @@ static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail) {
     } else if (!p->dead) {
         upcall_down(a, id, TP_EIO, msg);
     }
+}
+
+/* ---- Silent peers declared down (TCP-25) --------------------------------------- */
+
+static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id);
+static void on_silent_timer(uv_timer_t *h);
+
+/* Peer id gave no answer where one was due: a connection of ours to it
+ * ended in silence (TCP-23) or a dial timed out. Starts its silence, unless
+ * one runs, and the timer that dials it every TPI_TCP_SILENT_DIAL_MS and
+ * declares it down at peer_down_timeout. */
+static void silent_begin(tpi_tcp_agent *a, uint32_t id, const char *detail) {
+    tpi_tcp_peer *p = &a->peers[id];
+    if (a->peer_down_ms == 0 || p->dead || p->silent_since_ms != 0 ||
+        atomic_load(&a->stop_flag))
+        return;
+    p->silent_since_ms = uv_now(&a->loop);
+    if (p->silent_since_ms == 0)
+        p->silent_since_ms = 1; /* 0 means not silent */
+    tpi_format(p->silent_detail, sizeof p->silent_detail, "%s", detail);
+    if (!p->silent_inited) {
+        uv_timer_init(&a->loop, &p->silent_timer);
+        p->silent_timer.data = a;
+        p->silent_inited = 1;
+    }
+    uv_timer_start(&p->silent_timer, on_silent_timer, TPI_TCP_SILENT_DIAL_MS,
+                   TPI_TCP_SILENT_DIAL_MS);
+}
+
+/* The peer answered: its kernel completed a dial of ours, or a connection
+ * it dialed proved itself or brought a frame. A live host is never declared
+ * down, however long its process takes. */
+static void silent_end(tpi_tcp_peer *p) {
+    if (p->silent_since_ms == 0)
+        return;
+    p->silent_since_ms = 0;
+    if (p->silent_inited)
+        uv_timer_stop(&p->silent_timer);
+}
+
+/* peer_down_timeout passed with no answer: the peer is dead for this worker
+ * (as after TCP-6's evidence); its queue is dropped and it is never dialed
+ * again, unless it rejoins (AGENT-16). */
+static void silent_declare(tpi_tcp_agent *a, uint32_t id) {
+    tpi_tcp_peer *p = &a->peers[id];
+    char msg[TP_ERRMSG_LEN_MAX];
+    tpi_format(msg, sizeof msg,
+               "%s: no answer for %.1f s since %s (peer_down_timeout %llu s, TCP-25)", p->addr,
+               (double)(uv_now(&a->loop) - p->silent_since_ms) / 1e3, p->silent_detail,
+               (unsigned long long)(a->peer_down_ms / 1000u));
+    silent_end(p);
+    pthread_mutex_lock(&a->qmu);
+    p->dead = 1; /* from now on send fails at once (AGENT-8) */
+    tpi_tcp_direct_stop_locked(a, p);
+    tp_frame *dropped = p->q_head;
+    p->q_head = p->q_tail = NULL;
+    atomic_store(&p->q_bytes, 0);
+    pthread_mutex_unlock(&a->qmu);
+    free_frames(dropped);
+    tpi_tcp_unsent_update(a, id);
+    if (p->redial_pending) {
+        uv_timer_stop(&p->redial);
+        p->redial_pending = 0;
+    }
+    p->suspect = 0;
+    tpi_tcp_conn *c = p->out; /* a dial not answered: it carries nothing yet */
+    p->out = NULL;
+    if (c)
+        conn_close(c);
+    upcall_down(a, id, TP_EPEERDOWN, msg);
+}
+
+static void on_silent_timer(uv_timer_t *h) {
+    tpi_tcp_agent *a = h->data;
+    tpi_tcp_peer *p = (tpi_tcp_peer *)((char *)h - offsetof(tpi_tcp_peer, silent_timer));
+    uint32_t id = (uint32_t)(p - a->peers);
+    if (p->silent_since_ms == 0 || p->dead || atomic_load(&a->stop_flag)) {
+        uv_timer_stop(h);
+        return;
+    }
+    if (uv_now(&a->loop) - p->silent_since_ms >= a->peer_down_ms) {
+        silent_declare(a, id);
+        return;
+    }
+    /* A dial whose SYNs went unanswered waits out the kernel's backoff (1,
+     * 2, 4 s ...): a fresh one each tick finds a healed path within a tick. */
+    tpi_tcp_conn *c = p->out;
+    if (c && !c->connected && c->state != CONN_CLOSED &&
+        uv_now(&a->loop) - c->dialed_ms >= TPI_TCP_SILENT_DIAL_MS) {
+        p->out = NULL;
+        conn_close(c); /* only its hello was on it: frames wait in the queue */
+    }
+    if (!p->out && !p->redial_pending)
+        tpi_tcp_flush(a, id); /* dials, data or not */
 }
 
 /* ---- Dialing again (TCP-20) ------------------------------------------------------ */
@@ -693,24 +791,36 @@ static int ended_in_silence(tpi_tcp_conn *c) {
  * stayed refused means nobody listens there any more; one that kept
  * failing otherwise says only that the network is broken. */
 static void out_broke(tpi_tcp_conn *c, int uverr, const char *detail) {
+    tpi_tcp_agent *a = c->a;
+    uint32_t id = c->peer;
+    int silent = c->opened && uverr == UV_ETIMEDOUT; /* our kernel gave up on it */
     if (c->opened && tpi_uv_err_means_dead(uverr) && ended_in_silence(c)) {
         detail = uverr == UV_ECONNRESET ? "connection reset by peer after it went silent"
                                         : "connection timed out (no answer within user_timeout)";
         uverr = UV_ETIMEDOUT; /* TP_EIO: the next send dials again (TCP-6, TCP-20) */
+        silent = 1;
     }
+    /* A dial whose SYNs went unanswered, or to a host its network says is
+     * gone (no ARP answer): no answer either (TCP-25). */
+    silent = silent || (!c->opened && !c->connected &&
+                        (uverr == UV_ETIMEDOUT || uverr == UV_EHOSTUNREACH));
+    char why[sizeof a->peers[0].silent_detail];
+    tpi_format(why, sizeof why, "%s", detail); /* detail may be freed with c */
+    int stale_conn = stale(c);
     if (c->opened) {
         out_fail(c, tpi_uv_err_means_dead(uverr) ? TP_EPEERDOWN : TP_EIO, detail);
-        return;
+    } else if (!redial_later(c, uverr, detail)) {
+        out_fail(c, uverr == UV_ECONNREFUSED ? TP_EPEERDOWN : TP_EIO, detail);
     }
-    if (redial_later(c, uverr, detail))
-        return;
-    out_fail(c, uverr == UV_ECONNREFUSED ? TP_EPEERDOWN : TP_EIO, detail);
+    if (silent && !stale_conn)
+        silent_begin(a, id, why);
 }
 
 /* The peer answered our dial: the retry window starts afresh next time. */
 static void out_opened(tpi_tcp_conn *c) {
     c->opened = 1;
     c->a->peers[c->peer].dial_fail_since_ns = 0;
+    silent_end(&c->a->peers[c->peer]);
 }
 
 /* The peer answered on our outgoing connection while suspected: it lives,
@@ -727,8 +837,6 @@ static void peer_alive(tpi_tcp_conn *c) {
     if (!p->dead)
         upcall_down(a, c->peer, TP_EIO, msg);
 }
-
-static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id);
 
 /* An outgoing connection we closed as idle ended (or its grace ran out):
  * every frame we wrote on it was read, so the next one may go on a new
@@ -890,6 +998,7 @@ static int in_identified(tpi_tcp_conn *c, uint32_t id) {
     c->gen = atomic_load_explicit(&a->peers[id].gen, memory_order_relaxed);
     c->state = CONN_OPEN;
     c->active_ms = uv_now(&a->loop);
+    silent_end(&a->peers[id]); /* it reached us (TCP-25) */
     conn_timer_at(c, in_next_due(c));
     return 1;
 }
@@ -918,13 +1027,21 @@ static void on_conn_timer(uv_timer_t *h) {
         return;
     }
     char detail[96];
-    if (c->a->peers[c->peer].suspect)
+    int probed = c->a->peers[c->peer].suspect;
+    if (probed)
         tpi_format(detail, sizeof detail, "no answer to a probe within %d ms",
                    TPI_TCP_PROBE_TIMEOUT_MS);
     else
         tpi_format(detail, sizeof detail, "no answer to hello within %d ms",
                    TPI_TCP_CONNECT_TIMEOUT_MS);
+    tpi_tcp_agent *a = c->a;
+    uint32_t id = c->peer;
+    int stale_conn = stale(c);
     out_fail(c, TP_EIO, detail);
+    /* An idle peer's silence may show first here (TCP-23): the silence's
+     * dials tell a silent host (no SYN answered) from a live one at once. */
+    if (probed && !stale_conn)
+        silent_begin(a, id, detail);
 }
 
 /* ---- Reading ------------------------------------------------------------------ */
@@ -947,6 +1064,7 @@ static void deliver_frame(tpi_tcp_conn *c, tp_frame *f) {
         tp_frame_free(f); /* AGENT-5: incoming frames are dropped from stop on */
         return;
     }
+    silent_end(&a->peers[c->peer]); /* it reached us (TCP-25) */
     atomic_uint *gen = &a->peers[c->peer].gen;
     unsigned before = atomic_load_explicit(gen, memory_order_relaxed);
     tp_core_on_frame(a->core, c->peer, f);
@@ -1683,6 +1801,9 @@ static void on_connect(uv_connect_t *req, int status) {
         out_broke(c, status, uv_strerror(status));
         return;
     }
+    c->connected = 1;
+    if (!stale(c))
+        silent_end(&c->a->peers[c->peer]); /* its kernel answered: the host is there */
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (rc < 0)
         out_fail(c, TP_EIO, uv_strerror(rc));
@@ -1711,6 +1832,7 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
     }
     p->out = c;
     c->gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
+    c->dialed_ms = uv_now(&a->loop);
     tpi_format(c->addr, sizeof c->addr, "%s", p->addr);
     int rc = uv_tcp_connect(&c->connect_req, &c->tcp, (const struct sockaddr *)&p->sa, on_connect);
     if (rc < 0) {
@@ -2036,6 +2158,11 @@ void tpi_tcp_close_all(tpi_tcp_agent *a) {
         if (a->peers[i].redial_inited) {
             a->peers[i].redial_inited = a->peers[i].redial_pending = 0;
             uv_close((uv_handle_t *)&a->peers[i].redial, NULL);
+        }
+        if (a->peers[i].silent_inited) {
+            a->peers[i].silent_inited = 0;
+            a->peers[i].silent_since_ms = 0;
+            uv_close((uv_handle_t *)&a->peers[i].silent_timer, NULL);
         }
     }
 }

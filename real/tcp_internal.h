@@ -284,6 +284,17 @@ _Static_assert(TPI_TCP_KEEPALIVE_S_MAX + TPI_TCP_KEEPALIVE_INTVL_S_MAX * TPI_TCP
 _Static_assert(TPI_TCP_USER_TIMEOUT_S_MAX * 1000LL <= 2147483647LL,
                "TCP_USER_TIMEOUT takes an int of milliseconds");
 
+/* TCP-25: a peer silent this long is declared down (TP_EPEERDOWN): from a
+ * connection of ours to it that ended in silence (TCP-23) or a dial that
+ * timed out, through every dial since (one a second, data or not) timing
+ * out, to now. One minute: past the longest partition a job should ride
+ * out without losing its calls for good, short enough that the rest of a
+ * job does not stall on a lost machine. 0 (the option) never declares. */
+#define TPI_TCP_PEER_DOWN_TIMEOUT_S 60
+#define TPI_TCP_PEER_DOWN_TIMEOUT_S_MAX 86400
+/* While a peer is silent it is dialed at least this often (TCP-25). */
+#define TPI_TCP_SILENT_DIAL_MS TPI_TCP_REDIAL_MAX_MS
+
 /* The keepalive and user timeout of a socket, from the backend options
  * keepalive_idle, keepalive_interval, keepalive_count and user_timeout. */
 typedef struct tpi_tcp_keepalive {
@@ -441,6 +452,12 @@ typedef struct tpi_tcp_peer {
     int redial_inited, redial_pending;
     uint64_t dial_fail_since_ns; /* 0 once a dial was answered */
     unsigned dial_backoff_ms;
+    /* TCP-25: silent since (0: it answers); the timer that dials it and
+     * declares it down (inited on first use, closed by stop). */
+    uint64_t silent_since_ms; /* the loop's clock; 0: not silent */
+    char silent_detail[160];
+    uv_timer_t silent_timer;
+    int silent_inited;
 } tpi_tcp_peer;
 
 struct tpi_tcp_agent {
@@ -454,6 +471,7 @@ struct tpi_tcp_agent {
     tp_core *core;
     uint64_t unsent_max; /* OPT-11, AGENT-18: set at init */
     tpi_tcp_keepalive keepalive; /* TCP-23: every connection's; set at init, read-only after */
+    uint64_t peer_down_ms;       /* TCP-25: 0 never declares; set at init, read-only after */
     tp_context *ctx;
     tp_store *store;
     char listen_host[TPI_ADDR_LEN_MAX];

@@ -6,7 +6,7 @@
  * and heals links) and NETNS_KEEPALIVE ("idle,interval,count" seconds), and
  * the scenario's name as its argument:
  *
- *   netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid
+ *   netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid|down
  *
  * Rank 0 drives: it makes the calls, cuts and heals links by running
  * "$NETNS_CTL <verb> <rank>" (a shell command run with system(), the one
@@ -121,11 +121,9 @@ static void on_log(tp_log_level level, const char *msg, void *user_data) {
     pthread_mutex_unlock(&log_mu);
 }
 
-/* The first peer-down line about rank r at or after t0 (its time, 0 when
+/* The first peer-down line holding who at or after t0 (its time, 0 when
  * none), copied to msg. */
-static uint64_t down_after(int r, uint64_t t0, char *msg, size_t len) {
-    char who[64];
-    snprintf(who, sizeof who, "worker 'worker%d' (id %d) is ", r, r);
+static uint64_t line_after(const char *who, uint64_t t0, char *msg, size_t len) {
     uint64_t t = 0;
     pthread_mutex_lock(&log_mu);
     for (int i = 0; i < log_n && t == 0; i++) {
@@ -137,6 +135,13 @@ static uint64_t down_after(int r, uint64_t t0, char *msg, size_t len) {
     }
     pthread_mutex_unlock(&log_mu);
     return t;
+}
+
+/* The first peer-down line about rank r at or after t0. */
+static uint64_t down_after(int r, uint64_t t0, char *msg, size_t len) {
+    char who[64];
+    snprintf(who, sizeof who, "worker 'worker%d' (id %d) is ", r, r);
+    return line_after(who, t0, msg, len);
 }
 
 static uint64_t await_down(int r, uint64_t t0, double timeout_s, char *msg, size_t len) {
@@ -746,6 +751,79 @@ static void scenario_sdcut(double sd_s) {
      * for its connected clients up to shutdown_timeout (TCP-11). */
 }
 
+/* (g) A host cut for good (TCP-25, peer_down_timeout 4 s): the calls
+ * waiting on it fail TP_EIO at user_timeout, as in (a), and start its
+ * silence; peer_down_timeout later, no dial having been answered, it is
+ * declared down (TP_EPEERDOWN, "is down"), a call to it fails at once
+ * naming it, and the rest of the job shuts down gracefully without waiting
+ * for it. Rank 1, cut from everyone and the store, ends with an error after
+ * the heal. */
+static void scenario_down(double sd_s) {
+    warm();
+    double down_s = 4, tick_s = 1; /* peer_down_timeout; TPI_TCP_SILENT_DIAL_MS */
+    double verdict_s = g_ut_s + RTO_MIN_S, declared_s = verdict_s + down_s + tick_s;
+    uint64_t t_cut = now_ns() + 300000000ull;
+    uint64_t start = t_cut + (uint64_t)((declared_s + 3) * 1e9);
+    uint64_t heal_at = start + 1000000000ull; /* after the others ended: rank 1 may end */
+    expect e1 = {.max_ms = (int64_t)((2 * sd_s + 0.5 + 2 * g_ut_s + 2 * sd_s) * 1000) + SLACK_MS,
+                 .ok_mask = ST(TP_OK) | ST(TP_ETIMEDOUT) | ST(TP_ESTORE) | ST(TP_EPEERDOWN)};
+    release(1, start, &e1);
+    /* The drain names the dead worker (TP_EPEERDOWN) and does not wait for it. */
+    expect e = {.max_ms = (int64_t)(1000 * sd_s), .ok_mask = ST(TP_OK) | ST(TP_EPEERDOWN)};
+    snprintf(e.must, sizeof e.must, "worker1");
+    for (int r = 2; r < g_world; r++)
+        release(r, start, &e);
+    sleep_until(t_cut);
+    t_cut = ctl("cut", 1);
+    tcall a[2];
+    for (int i = 0; i < 2; i++)
+        issue(&a[i], 1, 0, 30);
+    settle(a, 2);
+    double lo, hi;
+    ended_range(a, 2, t_cut, &lo, &hi);
+    for (int i = 0; i < 2; i++)
+        CHECK(a[i].st == TP_EIO, "call to the cut host: %s: %s", tp_status_name(a[i].st),
+              a[i].msg);
+    say("down: calls waiting on the cut host ended %s after %.3f..%.3f s: %s",
+        tp_status_name(a[0].st), lo, hi, a[0].msg);
+    expect_alive(1, t_cut); /* unreachable so far, not down */
+
+    char msg[LOG_LINE], who[64];
+    snprintf(who, sizeof who, "worker 'worker1' (id 1) is down");
+    uint64_t t_down, end = t_cut + (uint64_t)((declared_s + 2) * 1e9);
+    while ((t_down = line_after(who, t_cut, msg, sizeof msg)) == 0 && now_ns() < end)
+        sleep_until(now_ns() + 5000000);
+    CHECK(t_down, "rank 1 not declared down within %.1f s of its cut", declared_s + 2);
+    if (t_down) {
+        double d = secs(t_down - t_cut);
+        say("down: rank 1 declared down %.3f s after the cut (%.3f s after the calls failed): %s",
+            d, d - hi, msg);
+        CHECK(d - hi >= down_s - SLACK_MS / 1000.0, "declared %.3f s after its silence began, "
+              "before peer_down_timeout %.0f s", d - hi, down_s);
+        CHECK(d <= declared_s + SLACK_MS / 1000.0,
+              "declared %.3f s after the cut, past user_timeout + RTO + %.0f s + %.0f s", d,
+              down_s, tick_s);
+        CHECK(strstr(msg, "peer_down_timeout"), "the verdict does not name peer_down_timeout");
+    }
+    tcall c;
+    issue(&c, 1, 0, 5);
+    settle(&c, 1);
+    double took = secs(atomic_load(&c.t_end) - c.t_issue);
+    CHECK(c.st == TP_EPEERDOWN && took < 0.1, "a call to the declared host: %s after %.3f s: %s",
+          tp_status_name(c.st), took, c.msg);
+    say("down: a call to it then ended %s after %.3f s: %s", tp_status_name(c.st), took, c.msg);
+    free_calls(a, 2);
+    free_calls(&c, 1);
+    tcall b;
+    issue(&b, 2, 0, 5);
+    settle(&b, 1);
+    CHECK(b.st == TP_OK, "bystander call: %s: %s", tp_status_name(b.st), b.msg);
+    free_calls(&b, 1);
+    shutdown_checked(start, &e);
+    sleep_until(heal_at);
+    ctl("heal", 1);
+}
+
 /* ---- Main ------------------------------------------------------------------------------ */
 
 typedef struct scenario {
@@ -753,13 +831,14 @@ typedef struct scenario {
     void (*run)(double shutdown_timeout_s);
     double shutdown_timeout_s;
     const char *keepalive0; /* rank 0's "idle,interval,count" when not NETNS_KEEPALIVE's */
+    const char *peer_down;  /* every rank's peer_down_timeout (TCP-25) when not the default */
 } scenario;
 
 static const scenario scenarios[] = {
     {"cut", scenario_cut, 5, NULL},       {"blip", scenario_blip, 5, NULL},
     {"oneway", scenario_oneway, 5, NULL}, {"slow", scenario_slow, 5, NULL},
     {"sdheal", scenario_sdheal, 5, NULL}, {"sdcut", scenario_sdcut, 2, NULL},
-    {"mid", scenario_mid, 5, "1,1,8"},
+    {"mid", scenario_mid, 5, "1,1,8"},    {"down", scenario_down, 5, NULL, "4"},
 };
 
 static int env_int(const char *name, int *out) {
@@ -795,6 +874,7 @@ static int init_worker(const scenario *sc) {
         tp_options_set(o, "keepalive_idle", v[0]) != TP_OK ||
         tp_options_set(o, "keepalive_interval", v[1]) != TP_OK ||
         tp_options_set(o, "keepalive_count", v[2]) != TP_OK ||
+        (sc->peer_down && tp_options_set(o, "peer_down_timeout", sc->peer_down) != TP_OK) ||
         tp_options_set_rpc_timeout(o, 10) != TP_OK || tp_options_set_init_timeout(o, 20) != TP_OK ||
         tp_options_set_shutdown_timeout(o, sc->shutdown_timeout_s) != TP_OK ||
         tp_options_set_num_worker_threads(o, 8) != TP_OK) {
@@ -821,7 +901,7 @@ int main(int argc, char **argv) {
             sc = &scenarios[i];
     if (!sc || env_int("RANK", &g_rank) != 0 || env_int("WORLD_SIZE", &g_world) != 0 ||
         g_world < 3 || g_world > WORLD_MAX || g_rank >= g_world || !getenv("NETNS_CTL")) {
-        fprintf(stderr, "usage: netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid (with RANK, "
+        fprintf(stderr, "usage: netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid|down (with RANK, "
                         "WORLD_SIZE >= 3, NETNS_ADDR, NETNS_CTL; see netns_test.sh)\n");
         return 2;
     }

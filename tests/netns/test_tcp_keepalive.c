@@ -1,7 +1,8 @@
 /*
  * test_tcp_keepalive.c: the keepalive and user timeout options of the TCP
- * backend (spec/tcp.md TCP-12, TCP-23): malformed or out-of-range values
- * fail init with TP_EINVAL naming the key and its range, good ones reach
+ * backend (spec/tcp.md TCP-12, TCP-23) and peer_down_timeout (TCP-25):
+ * malformed or out-of-range values fail init with TP_EINVAL naming the key
+ * and its range, good keepalive values reach
  * every worker connection's socket. Runs on 127.0.0.1 as any user; the
  * network-namespace suite beside it (netns_test.sh) shows what the values
  * do when a host goes silent.
@@ -47,7 +48,7 @@ static void expect_bad(const char *key, const char *value, const char *want) {
     expect_bad_with(NULL, NULL, key, value, want);
 }
 
-/* spec: TCP-12, TCP-23: each option's range, and user_timeout's floor. */
+/* spec: TCP-12, TCP-23, TCP-25: each option's range, and user_timeout's floor. */
 static void test_tcp_keepalive_options_checked(void **state) {
     (void)state;
     expect_bad("keepalive_idle", "0", "[1, 7200]");
@@ -64,6 +65,10 @@ static void test_tcp_keepalive_options_checked(void **state) {
     expect_bad("user_timeout", "44", "= 30 + 5 * 3 = 45 s");
     /* Below the lowered keepalive's 1 + 1 * 2 = 3 s. */
     expect_bad_with("keepalive_idle", "1", "user_timeout", "15", "1 + 5 * 3 = 16 s");
+    /* TCP-25: 0 turns the verdict off; a day at most. */
+    expect_bad("peer_down_timeout", "86401", "[0, 86400]");
+    expect_bad("peer_down_timeout", "-1", "whole number");
+    expect_bad("peer_down_timeout", "1m", "declared down");
     /* At the floor, and above the defaults: both fine. */
     tp_options *o = NULL;
     assert_int_equal(tp_construct_rpc_backend_options("TENSORPIPE", &o), TP_OK);
@@ -74,6 +79,7 @@ static void test_tcp_keepalive_options_checked(void **state) {
     assert_int_equal(tp_options_set(o, "keepalive_interval", "10"), TP_OK);
     assert_int_equal(tp_options_set(o, "keepalive_count", "6"), TP_OK);
     assert_int_equal(tp_options_set(o, "user_timeout", "120"), TP_OK);
+    assert_int_equal(tp_options_set(o, "peer_down_timeout", "0"), TP_OK);
     assert_int_equal(tp_init_rpc("w", "TENSORPIPE", 0, 1, o), TP_OK);
     tp_options_free(o);
     assert_int_equal(tp_shutdown(1), TP_OK);
