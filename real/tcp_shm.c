@@ -135,6 +135,15 @@ static void map_unref_locked(rx_map *m) {
     free(m);
 }
 
+/* Closes a descriptor made by pidfd_open or pidfd_getfd: raw system calls
+ * ThreadSanitizer does not intercept, so to it the number still names what
+ * another thread last closed under it, and this close reads as a race with
+ * that descriptor's last use (tests/tsan.supp names this function; the
+ * kernel orders the two). Never inlined: the name must be in the stack. */
+__attribute__((noinline)) static void close_untracked(int fd) {
+    close(fd);
+}
+
 void tpi_shm_rx_unref(tpi_shm_rx *rx) {
     pthread_mutex_lock(&rx->mu);
     int last = --rx->refs == 0;
@@ -143,7 +152,7 @@ void tpi_shm_rx_unref(tpi_shm_rx *rx) {
         return;
     for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
         TPI_ASSERT(!rx->slot[i]); /* dropped by the detach */
-    close(rx->pidfd);
+    close_untracked(rx->pidfd);
     pthread_mutex_destroy(&rx->mu);
     free(rx);
 }
@@ -175,7 +184,7 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
                     ? pread(fd, probe, sizeof probe, 0)
                     : -1;
     if (fd >= 0)
-        close(fd);
+        close_untracked(fd);
     if (fd >= 0 && (n != (ssize_t)sizeof probe || memcmp(probe, PROBE_MAGIC, 8) != 0 ||
                     get32(probe + 8) != peer || get32(probe + 12) != a->rank ||
                     get32(probe + 16) != a->world_size || get32(probe + 20) != v[0] ||
@@ -185,7 +194,7 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
     if (!rx) {
         if (!*why)
             *why = "out of memory";
-        close(pidfd);
+        close_untracked(pidfd);
         return NULL;
     }
     pthread_mutex_init(&rx->mu, NULL);
@@ -268,7 +277,7 @@ static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t g
         st.st_size >= TPI_SHM_HEAD + TPI_SHM_ALIGN + TP_FRAME_HEADER_SIZE &&
         (uint64_t)st.st_size <= rx->map_max)
         map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
-    close(sfd);
+    close_untracked(sfd);
     m = map == MAP_FAILED ? NULL : malloc(sizeof *m);
     if (!m) {
         if (map != MAP_FAILED)

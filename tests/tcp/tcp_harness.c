@@ -306,7 +306,8 @@ int tt_self_usage(uint64_t *rss_bytes, uint64_t *fds, uint64_t *threads) {
 
 int tt_idle_rounds(int rank, int rounds) {
     for (int round = 0; round < rounds; round++) {
-        usleep((useconds_t)(100000 + 25000 * ((round * 7 + rank * 3) % 13))); /* 0.1-0.4 s */
+        /* 0.1-0.4 s */
+        usleep((useconds_t)(TT_SLOWDOWN * (100000 + 25000 * ((round * 7 + rank * 3) % 13))));
         tp_future *f[20];
         for (int i = 0; i < 20; i++) {
             tp_value *args = tp_value_list_of(2, tp_value_int(round), tp_value_int(i));

@@ -307,7 +307,7 @@ static void test_tcp_handshake_cap(void **state) {
 static int body_idle(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     tp_options *o = tt_options(job, 20, 10);
-    TT_CHECK(o && tp_options_set(o, "idle_timeout", "0.2") == TP_OK);
+    TT_CHECK(o && tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
     log_needle = "asks worker";
     tp_set_log_level(TP_LOG_DEBUG);
     tp_set_log_callback(count_logged, sh);

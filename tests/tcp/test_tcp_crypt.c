@@ -682,7 +682,7 @@ static int shutdown_watched(void) {
 }
 
 static int body_idle(tt_job *job, int rank) {
-    TT_CHECK(init_watched(job, rank, "0.2") == 0);
+    TT_CHECK(init_watched(job, rank, TT_IDLE_TIMEOUT) == 0);
     /* Rounds of calls around the idle deadline, as test_tcp_bounds.c's
      * test_tcp_idle, with pauses from half to twice it (some connections
      * surely idle, on a busy machine too): some calls start as the peer asks
