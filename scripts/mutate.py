@@ -528,7 +528,8 @@ def tests_of(m, orig):
 # simulator task: the fast unwinder sees their leaks (test_codec takes 31 s
 # with the slow one, 2 s with the fast).
 SIM_TESTS = {"conformance_sim", "swarm", "swarm16", "scenarios", "test_future", "test_timeout",
-             "test_shutdown", "test_init", "test_send_failure", "test_rejoin"}
+             "test_shutdown", "test_init", "test_send_failure", "test_rejoin", "test_interrupt",
+             "test_rref_faults", "test_flow_break"}
 
 
 def lsan_env(slow_unwind):

@@ -3,6 +3,7 @@
  * process (spec/tcp.md TCP-9..11, spec/store.md STORE-1..5 over TCP).
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -199,7 +200,8 @@ static void test_tcp_store_malformed_cas_drops_client(void **state) {
  * every free descriptor, and is connected to by the parent; over the next
  * second its CPU time stays far below a spinning thread's (a behaviour
  * check with a wide margin, not a speed target). Freed descriptors let the
- * waiting and later clients in.
+ * waiting and later clients in. The child closed its stdin first, so the
+ * listener is descriptor 0, which accepting must resume on like any other.
  */
 static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
     (void)state;
@@ -218,9 +220,14 @@ static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
         lim.rlim_cur = 256; /* a small table to fill (the test's process only) */
         if (setrlimit(RLIMIT_NOFILE, &lim) != 0)
             _exit(4);
+        close(0);
         tpi_store_server *srv = serve(port);
+        struct sockaddr_in me;
+        socklen_t me_len = sizeof me;
+        if (getsockname(0, (struct sockaddr *)&me, &me_len) != 0 || ntohs(me.sin_port) != port)
+            _exit(6); /* the listener did not get descriptor 0 */
         int held[256], nheld = 0;
-        while (nheld < 256 && (held[nheld] = dup(0)) >= 0)
+        while (nheld < 256 && (held[nheld] = dup(ready[1])) >= 0)
             nheld++;
         if (nheld == 256)
             _exit(5); /* the table did not fill */
@@ -237,9 +244,18 @@ static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
                      (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
         while (nheld > 0)
             close(held[--nheld]);
-        tp_store *cl = client(port, 5); /* accepted once descriptors are back */
-        int ok = cl->ops->set(cl, "k", "v", 1) == TP_OK;
-        cl->ops->close(cl);
+        /* Accepted once descriptors are back (no cmocka assert in the child). */
+        tp_store *cl = NULL;
+        char err[TP_ERRMSG_LEN_MAX];
+        int ok = tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth,
+                                       tt_now_ns() + 3000000000ull, "test", NULL, 0, &cl, err,
+                                       sizeof err) == TP_OK;
+        if (!ok)
+            fprintf(stderr, "after the pause: %s\n", err);
+        if (ok) {
+            ok = cl->ops->set(cl, "k", "v", 1) == TP_OK;
+            cl->ops->close(cl);
+        }
         tpi_store_server_stop(srv, 0);
         fprintf(stderr, "store server CPU while out of descriptors: %.3f s in 1 s\n", cpu);
         _exit(cpu < 0.3 && ok ? 0 : 1);
@@ -578,6 +594,86 @@ static void test_tcp_store_late_server(void **state) {
     close(fd);
     int status;
     waitpid(pid, &status, 0);
+}
+
+/* The descriptors this process has open. */
+static int open_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* spec: TCP-9: a port already taken is TP_EADDRINUSE naming the address, and
+ * the failed start leaves no descriptor open (a caller may try again, or
+ * another port, many times). */
+static void test_tcp_store_port_taken(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    int one = 1;
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    int before = open_fds();
+    tpi_store_server *s = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "taken", &auth,
+                                            &s, err, sizeof err),
+                     TP_EADDRINUSE);
+    assert_null(s);
+    assert_non_null(strstr(err, "cannot serve the rendezvous store on taken"));
+    assert_int_equal(open_fds(), before);
+    close(fd);
+}
+
+typedef struct late_start {
+    uint16_t port;
+    tpi_store_server *srv;
+} late_start;
+
+static void *start_late(void *arg) {
+    late_start *l = arg;
+    usleep(300000);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(l->port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char err[TP_ERRMSG_LEN_MAX];
+    if (tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "late", &auth, &l->srv, err,
+                               sizeof err) != TP_OK)
+        fprintf(stderr, "%s\n", err);
+    return NULL;
+}
+
+/* spec: TCP-9, OPT-3: init_timeout 0 is no deadline (OPT-2): a rank's store
+ * open waits for a server that comes up late instead of failing at once. */
+static void test_tcp_store_open_without_deadline(void **state) {
+    (void)state;
+    late_start l = {tt_free_port(), NULL};
+    char method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)l.port);
+    tp_options *o = tp_options_new();
+    assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
+    assert_int_equal(tp_options_set_init_timeout(o, 0), TP_OK);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, start_late, &l), 0);
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_status st = tpi_tcp_store_open(o, &auth, 1, 2, &c, err, sizeof err); /* not rank 0 */
+    pthread_join(t, NULL);
+    tp_options_free(o);
+    if (st != TP_OK)
+        fprintf(stderr, "%s\n", err);
+    assert_int_equal(st, TP_OK);
+    assert_non_null(l.srv);
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK);
+    c->ops->close(c);
+    tpi_store_server_stop(l.srv, 0);
 }
 
 static void *stop_thread(void *arg) {
@@ -1087,6 +1183,8 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
+        cmocka_unit_test(test_tcp_store_port_taken),
+        cmocka_unit_test(test_tcp_store_open_without_deadline),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),

@@ -440,7 +440,10 @@ static void test_shutdown_nongraceful_answers_queued_remote(void **state) {
  * (sd/drain/<k>/<r>) and when sd/done and sd/left/1 were written; can hold
  * one worker's write (set, or create by compare-and-set) of one round's value
  * for a while (a slow store, as the
- * simulator's storeslow fault, for that set only); and once `gone` is set
+ * simulator's storeslow fault, for that set only), or one worker's value
+ * of one round before it lands; can show one worker a false "dead/<rank>"
+ * key for a while (that worker counts the rank as gone too early); and
+ * once `gone` is set
  * (rank 0's process ended: on TCP the store is a thread of it, TCP-11) it
  * refuses every operation, as a store whose server is gone would.
  */
@@ -461,6 +464,11 @@ static struct {
     int done_by;                       /* the host that wrote sd/done first */
     int lose_count_host;               /* -1, or the host whose count of lose_count fails */
     const char *lose_count;            /* a count key ("sd/arrive/count"), with lose_count_host */
+    int late_rank, late_round;         /* -1: none; else that value lands late_s after it is sent */
+    double late_s;
+    int false_dead_host;               /* -1, or a host that sees a false "dead/<rank>" key, */
+    int false_dead_rank;               /* from its round-0 value's write to its round-1 one's */
+    int false_dead_on, false_dead_seen; /* the window is open; scans that reported it */
 } watch;
 
 static void watch_reset(void) {
@@ -468,6 +476,8 @@ static void watch_reset(void) {
     watch.hold_rank = watch.hold_round = -1;
     watch.done_by = -1;
     watch.lose_count_host = -1;
+    watch.late_rank = watch.late_round = -1;
+    watch.false_dead_host = -1;
 }
 
 /* The lost count: that host's add to it fails, and so does marking it "x". */
@@ -496,6 +506,8 @@ static void watch_written(const char *key, const void *value, size_t len) {
                  (const char *)value);
         if (round + 1 > watch.rounds)
             watch.rounds = round + 1;
+        if ((int)r == watch.false_dead_host && round <= 1)
+            watch.false_dead_on = round == 0;
         if ((int)r == watch.hold_rank && (watch.hold_round < 0 || (int)round == watch.hold_round))
             (void)tp_sim_sleep(watch.hold_s); /* this worker's store is slow, this once */
     }
@@ -532,6 +544,11 @@ static tp_status watch_cas(tp_store *s, const char *key, const void *expected, s
                            const void *desired, size_t dlen, int *swapped) {
     if (watch_refuse(s))
         return TP_ESTORE;
+    unsigned round, r;
+    const char *d = strstr(key, "sd/drain/");
+    if (d && sscanf(d + 9, "%u/%u", &round, &r) == 2 && (int)r == watch.late_rank &&
+        (int)round == watch.late_round)
+        (void)tp_sim_sleep(watch.late_s); /* the write is on its way: not there yet */
     tp_store *in = ((watch_store *)s)->inner;
     tp_status st = in->ops->compare_set(in, key, expected, elen, desired, dlen, swapped);
     if (st == TP_OK && *swapped && strstr(key, "sd/done") && !watch.done_ns) {
@@ -553,6 +570,15 @@ static tp_status watch_scan(tp_store *s, const char *prefix,
                             void *arg) {
     if (watch_refuse(s))
         return TP_ESTORE;
+    size_t n = strlen(prefix);
+    if (watch.false_dead_on && tp_sim_current_host() == watch.false_dead_host && n >= 5 &&
+        strcmp(prefix + n - 5, "dead/") == 0) {
+        char key[256];
+        snprintf(key, sizeof key, "%s%d", prefix, watch.false_dead_rank);
+        watch.false_dead_seen++;
+        if (fn(arg, key, "1", 1))
+            return TP_OK; /* the reader had enough */
+    }
     tp_store *in = ((watch_store *)s)->inner;
     return in->ops->scan(in, prefix, fn, arg);
 }
@@ -767,6 +793,63 @@ static void test_shutdown_barrier_count_lost_for_good(void **state) {
     assert_true(lost_count_ns[1] < 2 * SEC);
 }
 
+/*
+ * SHUTDOWN-5 step 5: a worker a round behind stops at sd/done. w1 counts
+ * w0 as gone too early in round 0 (a false "dead/0" that only w1 sees, from
+ * its round-0 value until its round-1 value, as a worker under load on TCP
+ * can be judged gone; w0's round-0 value lands 50 ms late), so its round-0
+ * sums lack w0's issued calls. Round 1 is complete for both: w0 decides
+ * from two complete quiet rounds and writes sd/done; w1's issued total
+ * moved (its round 0 missed w0's), so it starts round 2, finds sd/done
+ * there and stops with TP_OK, instead of waiting for a round-2 value that
+ * w0 never writes. The value read there is freed (LeakSanitizer).
+ */
+static tp_status early_dead_status[2];
+static uint64_t early_dead_ns[2];
+
+static int early_dead_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 0) { /* w0's issued count is above 0 in every round */
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(1), "slow", NULL, NULL, TP_TIMEOUT_DEFAULT, &res) == TP_OK);
+        tp_value_free(res);
+    }
+    uint64_t t0 = now_ns();
+    early_dead_status[rank] = tp_shutdown(1);
+    early_dead_ns[rank] = now_ns() - t0;
+    return 0;
+}
+
+static void test_shutdown_round_behind_stops_at_done(void **state) {
+    (void)state;
+    watch_reset();
+    watch.late_rank = 0;
+    watch.late_round = 0;
+    watch.late_s = 0.05;
+    watch.false_dead_host = 1;
+    watch.false_dead_rank = 0;
+    int codes[2] = {-9, -9};
+    run_watched(24, early_dead_program, codes);
+    for (unsigned k = 0; k < watch.rounds; k++)
+        print_message("round %u: w0 '%s', w1 '%s'\n", k, watch.val[k][0], watch.val[k][1]);
+    for (int r = 0; r < 2; r++)
+        if (early_dead_status[r] != TP_OK)
+            print_message("w%d: %s after %.3f ms\n", r, tp_status_name(early_dead_status[r]),
+                          (double)early_dead_ns[r] / 1e6);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    /* The setting: w1 took w0 for dead in round 0, and w0 decided (sd/done). */
+    assert_true(watch.false_dead_seen > 0);
+    assert_int_equal(watch.done_by, 0);
+    /* The check: w1 stopped at sd/done before writing a round-2 value. */
+    assert_int_equal(early_dead_status[0], TP_OK);
+    assert_int_equal(early_dead_status[1], TP_OK);
+    assert_int_equal(watch.rounds, 2);
+    assert_true(early_dead_ns[1] < 2 * SEC);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
@@ -781,6 +864,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_round_behind_stops_at_done, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
