@@ -225,6 +225,28 @@ void tpi_tcp_direct_stop_locked(tpi_tcp_agent *a, tpi_tcp_peer *p) {
     }
 }
 
+/* Drops every frame queued for peer id and any direct grant (AGENT-8: in
+ * order or not at all; AGENT-18: nothing is held for it then), marking it
+ * dead first when dead is set (send fails at once from then on). 1 when
+ * this call made it dead. */
+static int queue_drop(tpi_tcp_agent *a, uint32_t id, int dead) {
+    tpi_tcp_peer *p = &a->peers[id];
+    int newly_dead = 0;
+    pthread_mutex_lock(&a->qmu);
+    if (dead && !p->dead) {
+        p->dead = 1;
+        newly_dead = 1;
+    }
+    tpi_tcp_direct_stop_locked(a, p); /* a direct write's rest joins the queue dropped here */
+    tp_frame *dropped = p->q_head;
+    p->q_head = p->q_tail = NULL;
+    atomic_store(&p->q_bytes, 0);
+    pthread_mutex_unlock(&a->qmu);
+    free_frames(dropped);
+    tpi_tcp_unsent_update(a, id);
+    return newly_dead;
+}
+
 static void direct_revoke(tpi_tcp_agent *a, uint32_t id) {
     pthread_mutex_lock(&a->qmu);
     tpi_tcp_direct_stop_locked(a, &a->peers[id]);
@@ -596,19 +618,7 @@ static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail) {
     if (p->out == c)
         p->out = NULL;
     p->suspect = 0; /* this is the verdict of any probe */
-    int newly_dead = 0;
-    pthread_mutex_lock(&a->qmu);
-    if (why == TP_EPEERDOWN && !p->dead) {
-        p->dead = 1; /* from now on send fails at once (AGENT-8) */
-        newly_dead = 1;
-    }
-    tpi_tcp_direct_stop_locked(a, p); /* its rest joins the queue dropped here */
-    tp_frame *dropped = p->q_head;
-    p->q_head = p->q_tail = NULL;
-    atomic_store(&p->q_bytes, 0);
-    pthread_mutex_unlock(&a->qmu);
-    free_frames(dropped);
-    tpi_tcp_unsent_update(a, id); /* AGENT-18: nothing is held for it now */
+    int newly_dead = queue_drop(a, id, why == TP_EPEERDOWN);
     char msg[TP_ERRMSG_LEN_MAX];
     tpi_format(msg, sizeof msg, "%s: %s", c->addr, detail);
     if (why == TP_EIO && c->state == CONN_OPEN)
@@ -672,15 +682,7 @@ static void silent_declare(tpi_tcp_agent *a, uint32_t id) {
                (double)(uv_now(&a->loop) - p->silent_since_ms) / 1e3, p->silent_detail,
                (unsigned long long)(a->peer_down_ms / 1000u));
     silent_end(p);
-    pthread_mutex_lock(&a->qmu);
-    p->dead = 1; /* from now on send fails at once (AGENT-8) */
-    tpi_tcp_direct_stop_locked(a, p);
-    tp_frame *dropped = p->q_head;
-    p->q_head = p->q_tail = NULL;
-    atomic_store(&p->q_bytes, 0);
-    pthread_mutex_unlock(&a->qmu);
-    free_frames(dropped);
-    tpi_tcp_unsent_update(a, id);
+    (void)queue_drop(a, id, 1);
     if (p->redial_pending) {
         uv_timer_stop(&p->redial);
         p->redial_pending = 0;
@@ -1817,13 +1819,7 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
     TPI_ASSERT(!p->out && id != a->rank);
     tpi_tcp_conn *c = conn_new(a, 1, id);
     if (!c) {
-        pthread_mutex_lock(&a->qmu);
-        tp_frame *dropped = p->q_head;
-        p->q_head = p->q_tail = NULL;
-        atomic_store(&p->q_bytes, 0);
-        pthread_mutex_unlock(&a->qmu);
-        free_frames(dropped);
-        tpi_tcp_unsent_update(a, id);
+        (void)queue_drop(a, id, 0);
         p->suspect = 0;
         char msg[TP_ERRMSG_LEN_MAX];
         tpi_format(msg, sizeof msg, "%s: out of memory for a connection", p->addr);
