@@ -31,6 +31,7 @@
 #include "common/errors.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "real/tcp_thread.h"
 #include "tensorplay/rpc_backend.h"
 
 /* ---- Transport records (TCP-3..5): hello and control, 24 bytes each ------- */
@@ -553,9 +554,6 @@ void tpi_tcp_unpark(tp_agent *a, tp_task *t);
 /* Wakes every task parked on the agent (stop): they see stop_flag. */
 void tpi_tcp_wake_parked(tpi_tcp_agent *a);
 uint64_t tpi_tcp_now_ns(void);
-/* pthread_create with every asynchronous signal blocked in the new thread, so
- * signals reach the application's threads and SIGPIPE never kills us. */
-int tpi_tcp_thread_create(pthread_t *t, void *(*fn)(void *), void *arg);
 
 /* ---- tcp_agent.c ------------------------------------------------------------ */
 

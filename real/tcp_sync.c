@@ -214,7 +214,7 @@ void tpi_tcp_wake_parked(tpi_tcp_agent *a) {
 int tpi_tcp_thread_create(pthread_t *t, void *(*fn)(void *), void *arg) {
     sigset_t all, old;
     sigfillset(&all);
-    /* Faults stay deliverable so a crash (or a sanitizer) reports as usual. */
+    /* Faults stay deliverable (tcp_thread.h). */
     sigdelset(&all, SIGSEGV);
     sigdelset(&all, SIGBUS);
     sigdelset(&all, SIGFPE);

@@ -35,7 +35,6 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -44,6 +43,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "real/tcp_thread.h"
 #include "store/store_int.h"
 #include "tensorplay/rpc_backend.h"
 
@@ -1426,20 +1426,8 @@ static tp_status etcd_start(etcd_store *s) {
     if (etcd_http_init(&s->http) != 0 || etcd_http_init(&s->ka_http) != 0 ||
         !(s->ka_multi = curl_multi_init()))
         return etcd_fail(s, TP_ENOMEM, "open: out of memory for HTTP handles");
-    /* The thread takes no asynchronous signal, as the TCP backend's threads
-     * (TCP-1): SIGINT and SIGTERM reach the application's threads. Faults
-     * stay deliverable so a crash (or a sanitizer) reports as usual. */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigdelset(&all, SIGSEGV);
-    sigdelset(&all, SIGBUS);
-    sigdelset(&all, SIGFPE);
-    sigdelset(&all, SIGILL);
-    sigdelset(&all, SIGTRAP);
-    sigdelset(&all, SIGABRT);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&s->ka_thread, NULL, etcd_keepalive_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* It takes no asynchronous signal, as the TCP backend's threads (TCP-1). */
+    int rc = tpi_tcp_thread_create(&s->ka_thread, etcd_keepalive_main, s);
     if (rc != 0)
         return etcd_fail(s, rc == EAGAIN ? TP_ENOMEM : TP_ESTORE,
                          "open: cannot start the lease keepalive thread: %s", strerror(rc));
