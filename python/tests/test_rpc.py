@@ -3,6 +3,7 @@ test runs a small program on two worker processes started by tprun and
 checks what rank 0 printed (issue 10)."""
 import importlib
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -552,3 +553,75 @@ def test_async_execution_and_futures_the_program_completes(tmp_path):
     assert "[1] not a future: True" in out
     assert "[1] trainer 1 [97, 91, 82]" in out
     assert "[2] trainer 2 [97, 91, 82]" in out
+
+
+def test_allow_list_serves_what_it_names_by_name(tmp_path):
+    """expose=[f] names f as module.qualname too (spec/api.md PY-1): a
+    wrapper made with functools.wraps exposes the name of the function it
+    wraps, and a call for an exposed function whose name the callee's
+    program binds only later waits for it, as in deny-list mode, instead of
+    being refused at once."""
+    out = run(tmp_path, """
+        import functools
+
+        def traced(fn):
+            @functools.wraps(fn)
+            def wrapper(*args):
+                return fn(*args)
+            return wrapper
+
+        def late(x):
+            return -x
+
+        opts = None
+        if rank == 1:
+            served = late
+            del late  # bound again below, after init_rpc
+            opts = rpc.TensorPipeRpcBackendOptions(expose=[traced(add), served])
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            print("by name:", rpc.rpc_sync("worker1", add, args=(1, 2), timeout=20))
+            print("bound later:", rpc.rpc_sync("worker1", late, args=(5,), timeout=20))
+            try:
+                rpc.rpc_sync("worker1", echo, args=(1,), timeout=20)
+            except PermissionError as e:
+                print("not named:", "not exposed" in str(e))
+        else:
+            time.sleep(1.0)
+            late = served
+        rpc.shutdown()
+    """)
+    assert out == ["by name: 3", "bound later: -5", "not named: True"]
+
+
+def test_init_rpc_with_rank_0_reads_no_rank_from_the_environment(tmp_path):
+    """init_rpc(rank=0, world_size=1) needs no RANK variable: only a rank of
+    None (or a negative one) is read from the environment, with a clear
+    error when RANK is not set."""
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        import tensorplay.distributed.rpc as rpc
+
+        def add(a, b):
+            return a + b
+
+        opts = rpc.TensorPipeRpcBackendOptions(auth="off")
+        for bad in (None, -1):
+            try:
+                rpc.init_rpc("solo", rank=bad, world_size=1, rpc_backend_options=opts)
+            except ValueError as e:
+                print("rank %s:" % bad, "RANK" in str(e) and "not set" in str(e))
+        rpc.init_rpc("solo", rank=0, world_size=1, rpc_backend_options=opts)
+        me = rpc.get_worker_info()
+        print(me.name, me.id, rpc.rpc_sync("solo", add, args=(2, 3)))
+        rpc.shutdown()
+    """))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TP_SECRET")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    p = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["rank None: True", "rank -1: True", "solo 0 5"]

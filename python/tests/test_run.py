@@ -165,6 +165,22 @@ def test_single_node_spellings_accepted(tmp_path):
     assert e["MASTER_ADDR"] == "localhost" and int(e["MASTER_PORT"]) > 0  # port 0: a free one
 
 
+# spec: LAUNCH-1, LAUNCH-3
+def test_rdzv_endpoint_in_brackets(tmp_path):
+    """--rdzv-endpoint [V6]:PORT: the address inside the brackets, the port
+    after them; a bracket left open, or anything but :PORT after it, is a
+    clear usage error."""
+    p = launch(tmp_path, ["--rdzv-endpoint", "[::1]:29517", "prog.py"], ENV_SCRIPT)
+    assert p.returncode == 0, p.stderr
+    e = json.loads(by_rank(p.stdout)[0][0])
+    assert (e["MASTER_ADDR"], e["MASTER_PORT"]) == ("::1", "29517")
+    for bad in ("[::1", "[::1]29517", "[]:29517"):
+        p = launch(tmp_path, ["--rdzv-endpoint", bad, "prog.py"])
+        assert p.returncode == 2 and "--rdzv-endpoint %r: expected HOST:PORT" % bad in p.stderr, \
+            p.stderr
+        assert p.stdout == ""
+
+
 # --- several nodes (spec/launch.md) ---
 
 def free_tcp_port():
