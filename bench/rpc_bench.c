@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bench_init.h"
+#include "bench_ipc.h"
 #include "bench_pair.h"
 #include "bench_syscalls.h"
 #include "bench_util.h"
@@ -25,8 +26,8 @@
 typedef struct bench_args {
     int quick;
     int raw_only;
-    int placement;                        /* bench_placement of the two-process jobs */
-    int rtt, async, bulk, init, syscalls, crypt; /* the workloads to run */
+    int placement;                                    /* bench_placement of the two-process jobs */
+    int rtt, async, bulk, init, syscalls, crypt, ipc; /* the workloads to run */
 } bench_args;
 
 static void usage(void) {
@@ -35,10 +36,11 @@ static void usage(void) {
             "                 [--placement spread|one|free] [--worker-threads N] [--auth on|off]\n"
             "                 [--encrypt on|off] [--shm on|off] [-v]\n"
             "  --quick        fewer samples and no 32-process init: a smoke run\n"
-            "  --raw-only     only the raw TCP figures (no rpc job)\n"
+            "  --raw-only     only the raw TCP and IPC figures (no rpc job)\n"
             "  --no-syscalls  skip syscalls_per_rpc_sync (needs strace)\n"
-            "  --only W       one workload: rtt, async, bulk, init, syscalls or crypt (e.g. under\n"
-            "                 perf); a ratio is printed only when both its figures ran\n"
+            "  --only W       one workload: rtt, async, bulk, init, syscalls, crypt or ipc (e.g.\n"
+            "                 under perf), or several: rtt,ipc; a ratio is printed only when\n"
+            "                 both its figures ran\n"
             "  --placement P  where the two worker processes run: spread (default: rank r\n"
             "                 on CPU r), one (both on CPU 0) or free (the scheduler's choice)\n"
             "  --worker-threads N\n"
@@ -62,22 +64,37 @@ static int parse_placement(const char *s) {
     return -1;
 }
 
+/* The flag of the workload named by w[0..n), or NULL. */
+static int *only_workload(bench_args *a, const char *w, size_t n) {
+    static const char *const names[] = {"rtt", "async", "bulk", "init", "syscalls", "crypt", "ipc"};
+    int *const flags[] = {&a->rtt, &a->async, &a->bulk, &a->init, &a->syscalls, &a->crypt, &a->ipc};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i]) == n && strncmp(w, names[i], n) == 0)
+            return flags[i];
+    return NULL;
+}
+
 static int parse_args(int argc, char **argv, bench_args *a) {
     memset(a, 0, sizeof *a);
     a->placement = BENCH_PLACE_SPREAD;
-    a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = 1;
+    a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             a->quick = 1;
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            /* W or W1,W2,...: e.g. rtt,ipc for the round trips and their ratios to the floor */
             const char *w = argv[++i];
-            a->rtt = strcmp(w, "rtt") == 0;
-            a->async = strcmp(w, "async") == 0;
-            a->bulk = strcmp(w, "bulk") == 0;
-            a->init = strcmp(w, "init") == 0;
-            a->syscalls = strcmp(w, "syscalls") == 0;
-            a->crypt = strcmp(w, "crypt") == 0;
-            if (!a->rtt && !a->async && !a->bulk && !a->init && !a->syscalls && !a->crypt)
+            a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = 0;
+            while (*w) {
+                size_t n = strcspn(w, ",");
+                int *sel = only_workload(a, w, n);
+                if (!sel)
+                    return -1;
+                *sel = 1;
+                w += n + (w[n] == ',');
+            }
+            if (!a->rtt && !a->async && !a->bulk && !a->init && !a->syscalls && !a->crypt &&
+                !a->ipc)
                 return -1;
         } else if (strcmp(argv[i], "--placement") == 0 && i + 1 < argc) {
             a->placement = parse_placement(argv[++i]);
@@ -146,6 +163,43 @@ static bench_pair_config pair_config(const bench_args *a) {
     return c;
 }
 
+/*
+ * The same-host IPC floor (issue 23, bench_ipc.h): 64-byte ping-pongs
+ * through shared memory, polled and with futexes, interleaved with the raw
+ * TCP one, in two processes placed like the rpc pair. With the default
+ * placement (spread) the futex ping-pong is measured once more with both
+ * processes on CPU 0, the floor of the *_1cpu_* round trips.
+ */
+static int run_ipc(const bench_args *a, bench_ipc_results *r, bench_ipc_results *r1) {
+    bench_ipc_config cfg = {
+        .placement = a->placement,
+        .samples = a->quick ? 2000 : 12000,
+        .block = 500,
+        .warmup = 2000,
+    };
+    if (bench_ipc_run(&cfg, r) != 0) {
+        fprintf(stderr, "rpc_bench: the ipc ping-pongs failed\n");
+        return -1;
+    }
+    bench_print("ipc_shm_poll_rtt_median_us", r->poll_median_us, "us");
+    bench_print("ipc_shm_poll_rtt_p99_us", r->poll_p99_us, "us");
+    bench_print("ipc_futex_rtt_median_us", r->futex_median_us, "us");
+    bench_print("ipc_futex_rtt_p99_us", r->futex_p99_us, "us");
+    bench_print("ipc_run_raw_tcp_rtt_median_us", r->tcp_median_us, "us");
+    if (bench_verbose)
+        fprintf(stderr, "rpc_bench: ipc_run_raw_tcp_rtt_p99_us %.3f\n", r->tcp_p99_us);
+    if (a->placement != BENCH_PLACE_SPREAD)
+        return 0;
+    cfg.placement = BENCH_PLACE_ONE;
+    cfg.no_poll = 1; /* on one CPU a poll is a sched_yield hand-off: not a floor */
+    if (bench_ipc_run(&cfg, r1) != 0) {
+        fprintf(stderr, "rpc_bench: the ipc ping-pongs on one CPU failed\n");
+        return -1;
+    }
+    bench_print("ipc_futex_rtt_1cpu_median_us", r1->futex_median_us, "us");
+    return 0;
+}
+
 static int run_init_figures(const bench_args *a) {
     static const int sizes[] = {2, 8, 32};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -187,7 +241,7 @@ static int run_syscall_figure(const bench_args *a, const char *fn, const char *f
  * non-blocking (FUNC-6): served on the callee's I/O thread, no pool hand-off.
  * Its own raw reference, measured interleaved in this second job.
  */
-static int run_inline(const bench_args *a) {
+static int run_inline(const bench_args *a, const bench_ipc_results *ipc) {
     bench_args in = *a;
     in.bulk = 0;
     bench_pair_config cfg = pair_config(&in);
@@ -205,6 +259,9 @@ static int run_inline(const bench_args *a) {
         bench_print("rpc_sync_nb_rtt_p99_us", r.rpc_rtt_p99_us, "us");
         bench_print("ratio_rpc_sync_nb_rtt_median", r.rpc_rtt_median_us / r.raw_rtt_median_us,
                     "x");
+        if (ipc) /* the futex floor, measured by run_ipc */
+            bench_print("ratio_rpc_sync_nb_rtt_vs_futex",
+                        r.rpc_rtt_median_us / ipc->futex_median_us, "x");
     }
     if (in.async)
         bench_print("rpc_async_nb_calls_per_s", r.async_calls_per_s, "calls/s");
@@ -219,7 +276,7 @@ static int run_inline(const bench_args *a) {
  * gap to raw TCP is the library's own work: its system calls and the
  * hand-offs between its threads.
  */
-static int run_one_cpu_rtt(const bench_args *a) {
+static int run_one_cpu_rtt(const bench_args *a, const bench_ipc_results *ipc1) {
     bench_args one = *a;
     one.async = one.bulk = 0;
     one.placement = BENCH_PLACE_ONE;
@@ -234,6 +291,9 @@ static int run_one_cpu_rtt(const bench_args *a) {
     bench_print("raw_tcp_rtt_1cpu_median_us", r.raw_rtt_median_us, "us");
     bench_print("rpc_sync_rtt_1cpu_median_us", r.rpc_rtt_median_us, "us");
     bench_print("ratio_rpc_sync_rtt_1cpu_median", r.rpc_rtt_median_us / r.raw_rtt_median_us, "x");
+    if (ipc1) /* the futex ping-pong on one CPU, measured by run_ipc */
+        bench_print("ratio_rpc_sync_rtt_1cpu_vs_futex", r.rpc_rtt_median_us / ipc1->futex_median_us,
+                    "x");
     return 0;
 }
 
@@ -329,6 +389,12 @@ int main(int argc, char **argv) {
         bench_print("tensor_64mib_gbps", r.tensor_gbps, "GB/s");
     if (rpc_rtt)
         bench_print("remote_to_here_median_us", r.remote_median_us, "us");
+    /* Right after the rpc pair, so that its round trips and the floor are close in time. */
+    bench_ipc_results ipc, ipc1;
+    memset(&ipc, 0, sizeof ipc);
+    memset(&ipc1, 0, sizeof ipc1);
+    if (a.ipc && run_ipc(&a, &ipc, &ipc1) != 0)
+        return 1;
     if (a.init && run_init_figures(&a) != 0)
         return 1;
     if (a.syscalls && run_syscall_figure(&a, "echo", "syscalls_per_rpc_sync") != 0)
@@ -339,9 +405,21 @@ int main(int argc, char **argv) {
     }
     if (rpc_bulk)
         bench_print("ratio_tensor_64mib_gbps", r.tensor_gbps / r.raw_gbps, "x");
-    if (rpc_rtt && a.placement == BENCH_PLACE_SPREAD && run_one_cpu_rtt(&a) != 0)
+    if (rpc_rtt && a.ipc) { /* issue 23's targets: the rpc pair's median over the floor's */
+        bench_print("ratio_rpc_sync_rtt_vs_futex", r.rpc_rtt_median_us / ipc.futex_median_us, "x");
+        bench_print("ratio_rpc_sync_rtt_vs_shm_poll", r.rpc_rtt_median_us / ipc.poll_median_us,
+                    "x");
+        /* The same through each job's raw TCP reference (like ratio_crypt_*_vs_raw): steadier
+         * when the machine changed between the two jobs. */
+        bench_print("ratio_rpc_sync_rtt_vs_futex_via_raw",
+                    (r.rpc_rtt_median_us / r.raw_rtt_median_us) /
+                        (ipc.futex_median_us / ipc.tcp_median_us),
+                    "x");
+    }
+    if (rpc_rtt && a.placement == BENCH_PLACE_SPREAD &&
+        run_one_cpu_rtt(&a, a.ipc ? &ipc1 : NULL) != 0)
         return 1;
-    if (!a.raw_only && (a.rtt || a.async || a.syscalls) && run_inline(&a) != 0)
+    if (!a.raw_only && (a.rtt || a.async || a.syscalls) && run_inline(&a, a.ipc ? &ipc : NULL) != 0)
         return 1;
     if (a.crypt && run_crypt(&a) != 0)
         return 1;
