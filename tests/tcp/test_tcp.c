@@ -1488,7 +1488,8 @@ static void on_fault(int sig) {
 }
 
 /* fault(): faults as a bug would, on a pool thread: an illegal instruction
- * (ud2 on x86) for SIGILL, an integer division by zero for SIGFPE. */
+ * (ud2 on x86) for SIGILL, an integer division by zero for SIGFPE (a div
+ * instruction: UBSan would catch a division in C before the CPU faults). */
 static tp_status fn_fault(tp_call *call, const tp_value *args, const tp_value *kwargs,
                           tp_value **result, void *user_data) {
     (void)args, (void)kwargs, (void)result;
@@ -1496,9 +1497,10 @@ static tp_status fn_fault(tp_call *call, const tp_value *args, const tp_value *k
 #if defined(__x86_64__) || defined(__i386__)
     if (sig == SIGILL)
         __builtin_trap();
-    volatile int zero = 0, q = 1;
-    if (sig == SIGFPE)
-        q = q / zero;
+    if (sig == SIGFPE) {
+        unsigned lo = 1, hi = 0, zero = 0;
+        __asm__ volatile("divl %2" : "+a"(lo), "+d"(hi) : "r"(zero));
+    }
 #endif
     raise(sig); /* where the fault above is not one: pending for good if blocked */
     tp_call_set_error(call, "fault: signal %d did not end the process", sig);
