@@ -164,7 +164,8 @@ static uint64_t window_to(const tp_core *c, uint32_t dst) {
 
 static int window_fits(const tp_core *c, uint32_t dst, uint64_t len) {
     /* A call alone may be larger than the window: it must be able to go. */
-    return c->inflight[dst] == 0 || c->inflight[dst] + len <= window_to(c, dst);
+    uint64_t inflight = tpi_peer_view(c, dst)->inflight;
+    return inflight == 0 || inflight + len <= window_to(c, dst);
 }
 
 /* ---- Debts of timed-out calls (FLOW-7) ------------------------------------------ */
@@ -178,8 +179,9 @@ static void debt_unlink(tp_core *c, tpi_debt *d) {
         d->next->prev = d->prev;
     void *was = tpi_idmap_del(&c->debts, (tpi_gid){0, d->id});
     TPI_ASSERT(was == d);
-    TPI_ASSERT(c->inflight[d->dst] >= d->len);
-    c->inflight[d->dst] -= d->len;
+    tpi_peer *p = tpi_peer_must(c, d->dst); /* a call to it was issued */
+    TPI_ASSERT(p->inflight >= d->len);
+    p->inflight -= d->len;
 }
 
 /* The call ended by its deadline: its bytes stay counted until the late
@@ -210,7 +212,7 @@ int tpi_debt_pay(tp_core *c, uint32_t src, uint64_t id) {
         return 0;
     debt_unlink(c, d);
     tpi_block_free(d, sizeof *d);
-    if (c->nwaiting[src])
+    if (tpi_peer_view(c, src)->nwaiting)
         wake_first(c, src); /* FLOW-2: room for the next in line */
     return 1;
 }
@@ -224,15 +226,22 @@ void tpi_flow_peer_reset(tp_core *c, uint32_t peer) {
         }
         d = next;
     }
+    /* The record is made if there is none, so the generations below count
+     * every reset. Without memory for it the reset is skipped: a peer with
+     * no record was never sent a request nor sent one here, so no window
+     * and no held bytes of either end depend on its generations yet. */
+    tpi_peer *p = tpi_peer_get(c, peer);
+    if (!p)
+        return;
     /* FLOW-8: what peer queued here counts against max_queued_bytes only. */
-    c->held[peer] = 0;
-    c->held_epoch[peer]++;
-    c->refused_warned[peer] = 0;
+    p->held = 0;
+    p->held_epoch++;
+    p->refused_warned = 0;
     /* FLOW-9: our requests from now on are counted under a new generation;
      * the peer's next one names its own. */
-    c->flow_gen[peer]++;
-    c->src_gen_known[peer] = 0;
-    c->forks_asked_ns[peer] = 0; /* RREF-19: its next query waits afresh */
+    p->flow_gen++;
+    p->src_gen_known = 0;
+    p->forks_asked_ns = 0; /* RREF-19: its next query waits afresh */
     tpi_window_wake_all(c, peer);
 }
 
@@ -246,7 +255,7 @@ void tpi_debts_free(tp_core *c) {
 }
 
 static tpi_window_waiter *first_waiter(tp_core *c, uint32_t dst) {
-    if (!c->nwaiting[dst])
+    if (!tpi_peer_view(c, dst)->nwaiting)
         return NULL;
     for (tpi_window_waiter *w = c->wq_head; w; w = w->next)
         if (w->dst == dst)
@@ -262,7 +271,9 @@ static void wake_first(tp_core *c, uint32_t dst) {
 }
 
 void tpi_window_wake_all(tp_core *c, uint32_t dst) {
-    for (tpi_window_waiter *w = c->wq_head; w && c->nwaiting[dst]; w = w->next)
+    if (!tpi_peer_view(c, dst)->nwaiting)
+        return;
+    for (tpi_window_waiter *w = c->wq_head; w; w = w->next)
         if (w->dst == dst)
             c->ops->unpark(c->agent, w->task);
 }
@@ -275,13 +286,14 @@ void tpi_window_wake_all(tp_core *c, uint32_t dst) {
  */
 static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err, size_t err_len) {
     uint32_t dst = call->dst;
-    if (!c->nwaiting[dst] && window_fits(c, dst, len))
+    tpi_peer *p = tpi_peer_must(c, dst); /* made by issue */
+    if (!p->nwaiting && window_fits(c, dst, len))
         return TP_OK;
     if (tpi_check_may_wait(call->what) != TP_OK) { /* FUNC-6: it cannot wait for room */
         tpi_format(err, err_len,
                    "the send window is full (%llu request bytes in flight to it, "
                    "max_inflight_bytes %llu) and a non-blocking function cannot wait for room",
-                   (unsigned long long)c->inflight[dst], (unsigned long long)c->window);
+                   (unsigned long long)p->inflight, (unsigned long long)c->window);
         return TP_ELIMIT;
     }
     tpi_window_waiter w = {c->ops->task_self(c->agent), dst, len, c->wq_tail, NULL};
@@ -290,7 +302,7 @@ static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err
     else
         c->wq_head = &w;
     c->wq_tail = &w;
-    c->nwaiting[dst]++;
+    p->nwaiting++;
     c->active_client++;
     tp_status st = TP_OK;
     for (;;) {
@@ -312,7 +324,7 @@ static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err
         w.next->prev = w.prev;
     else
         c->wq_tail = w.prev;
-    c->nwaiting[dst]--;
+    p->nwaiting--;
     TPI_ASSERT(c->active_client > 0);
     c->active_client--;
     wake_first(c, dst); /* the next in line checks for itself */
@@ -321,14 +333,14 @@ static tp_status window_wait(tp_core *c, tpi_call *call, uint64_t len, char *err
                    "timed out after %g ms waiting to send: %llu request bytes already in flight to "
                    "it, this call adds %llu, the credit it granted is %llu (FLOW-6; "
                    "max_inflight_bytes %llu)",
-                   call->timeout_s * 1000.0, (unsigned long long)c->inflight[dst],
+                   call->timeout_s * 1000.0, (unsigned long long)p->inflight,
                    (unsigned long long)len, (unsigned long long)window_to(c, dst),
                    (unsigned long long)c->window);
     else if (st == TP_ETIMEDOUT)
         tpi_format(err, err_len,
                    "timed out after %g ms waiting to send: %llu request bytes already in flight to "
                    "it, this call adds %llu, max_inflight_bytes is %llu",
-                   call->timeout_s * 1000.0, (unsigned long long)c->inflight[dst],
+                   call->timeout_s * 1000.0, (unsigned long long)p->inflight,
                    (unsigned long long)len, (unsigned long long)c->window);
     else if (st == TP_EPEERDOWN)
         tpi_format(err, err_len, "the worker went down while the call waited to send");
@@ -369,6 +381,15 @@ static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
         tpi_call_free(c, call);
         return TP_ELIMIT;
     }
+    /* The destination's record (window, generation): every call issued has
+     * one, so the call's later steps find it (tpi_peer_must). */
+    tpi_peer *peer = tpi_peer_get(c, call->dst);
+    if (!peer) {
+        tpi_fail(TP_ENOMEM, "%s to %s: out of memory", call->what,
+                 tpi_worker_desc(c, call->dst, who, sizeof who));
+        tpi_call_free(c, call);
+        return TP_ENOMEM;
+    }
     /* Encoded first: the window counts wire bytes. Rrefs inside fork now, under
      * the lock, and are rolled back if the frame never leaves. */
     tpi_rref_ctx rc = {c, call->dst, NULL, 0, 0};
@@ -380,7 +401,7 @@ static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
         st = window_wait(c, call, f->len, err, sizeof err);
     uint8_t type = st == TP_OK ? tpi_frame_type(f) : 0;
     if (type == TPI_MSG_REQUEST || type == TPI_MSG_REMOTE)
-        tpi_frame_set_gen(f, c->flow_gen[call->dst]); /* FLOW-9: counted under this one */
+        tpi_frame_set_gen(f, peer->flow_gen); /* FLOW-9: counted under this one */
     tpi_gid key = {0, call->id};
     if (st == TP_OK) {
         st = tpi_idmap_put(&c->calls, key, call);
@@ -423,7 +444,7 @@ static tp_status issue(tp_core *c, tpi_call *call, tpi_msg *m, double timeout_s,
         defer->dst = call->dst;
         defer->id = call->id;
     }
-    c->inflight[call->dst] += call->wire_len;
+    peer->inflight += call->wire_len;
     call->prev = c->calls_tail;
     if (c->calls_tail)
         c->calls_tail->next = call;
@@ -479,7 +500,8 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
     list_remove(c, call);
     TPI_ASSERT(c->active_client > 0);
     c->active_client--;
-    TPI_ASSERT(c->inflight[call->dst] >= call->wire_len);
+    tpi_peer *p = tpi_peer_must(c, call->dst); /* made by issue */
+    TPI_ASSERT(p->inflight >= call->wire_len);
     /* FLOW-7: a call that timed out keeps its bytes until its late reply,
      * as the callee still holds its request in its queue; only requests
      * that run code are queued there (FLOW-8). */
@@ -491,12 +513,12 @@ void tpi_call_finish(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply,
         /* FLOW-10: on a transport that loses frames silently the late reply
          * may never come. The bytes go back now, under a new generation
          * (FLOW-9), so the callee forgets what it holds of the older one. */
-        c->flow_gen[call->dst]++;
+        p->flow_gen++;
     }
     if (!(gave_up && queued && call->wire_len > 0 && !c->peer_dead[call->dst] &&
           !c->loses && debt_add(c, call))) {
-        c->inflight[call->dst] -= call->wire_len;
-        if (c->nwaiting[call->dst])
+        p->inflight -= call->wire_len;
+        if (p->nwaiting)
             wake_first(c, call->dst); /* FLOW-2: room for the next in line */
     }
     tpi_probe(c, TP_PROBE_CALL_END, call->id, call->dst, st, call->fn);
@@ -541,7 +563,8 @@ tp_status tp_future_cancel(tp_future *f) {
     } else {
         tpi_format(msg, sizeof msg, "%s to %s, function '%s': canceled by the caller", call->what,
                    tpi_worker_desc(c, call->dst, who, sizeof who), call->fn);
-        c->unflushed[call->dst] = 1; /* its request may still be on the wire (SHUTDOWN-5) */
+        /* Its request may still be on the wire (SHUTDOWN-5). */
+        tpi_peer_must(c, call->dst)->unflushed = 1;
         uint32_t dst = call->dst;
         uint64_t id = call->id;
         tpi_call_finish(c, call, TP_ECANCELED, NULL, msg);
@@ -608,7 +631,7 @@ void tpi_deadlines_run(tp_core *c) {
         tpi_format(msg, sizeof msg, "%s to %s%s%s%s: timed out after %g ms", call->what,
                    tpi_worker_desc(c, call->dst, who, sizeof who), call->fn[0] ? ", function '" : "",
                    call->fn, call->fn[0] ? "'" : "", call->timeout_s * 1000.0);
-        c->unflushed[call->dst] = 1; /* its request may still be on the wire */
+        tpi_peer_must(c, call->dst)->unflushed = 1; /* its request may still be on the wire */
         if (TPI_CANARY(TPI_CANARY_DOUBLE_COMPLETE) && call->type == TPI_MSG_REQUEST) {
             heap_remove(c, call); /* broken: the call stays for its late reply */
             call->deadline_ns = TPI_NO_DEADLINE;

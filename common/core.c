@@ -61,6 +61,54 @@ void tpi_defer_free(tp_core *c, tp_value *v) {
     c->grave[c->ngrave++] = v;
 }
 
+/* ---- Per-peer records (core.h: struct tpi_peer) ------------------------------ */
+
+const tpi_peer tpi_peer_none;
+
+tpi_peer *tpi_peer_make(tp_core *c, uint32_t id) {
+    TPI_ASSERT(id < c->world_size);
+    uint32_t at = tpi_peer_slot(c, id);
+    if (at < c->npeer_ids && c->peer_ids[at] == id)
+        return c->peer_recs[at];
+    if (c->npeer_ids == c->peer_ids_cap) {
+        uint32_t cap = c->peer_ids_cap ? c->peer_ids_cap * 2 : 8;
+        uint32_t *ids = realloc(c->peer_ids, cap * sizeof *ids);
+        if (ids)
+            c->peer_ids = ids;
+        tpi_peer **recs = ids ? realloc(c->peer_recs, cap * sizeof *recs) : NULL;
+        if (!recs)
+            return NULL; /* a grown peer_ids alone is harmless: cap is unchanged */
+        c->peer_recs = recs;
+        c->peer_ids_cap = cap;
+    }
+    tpi_peer *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    /* Ascending: a worker deals with few peers, so a move is short. */
+    uint32_t n = c->npeer_ids - at;
+    memmove(&c->peer_ids[at + 1], &c->peer_ids[at], n * sizeof *c->peer_ids);
+    memmove(&c->peer_recs[at + 1], &c->peer_recs[at], n * sizeof *c->peer_recs);
+    c->peer_ids[at] = id;
+    c->peer_recs[at] = p;
+    c->npeer_ids++;
+    return p;
+}
+
+tp_status tpi_peer_inc_set(tp_core *c, uint32_t id, uint32_t k) {
+    TPI_ASSERT(id < c->world_size);
+    _Atomic(uint32_t) *v = atomic_load_explicit(&c->peer_inc, memory_order_relaxed);
+    if (!v) {
+        /* Zeroed before it is published: a reader sees 0 or the table. */
+        v = calloc(c->world_size, sizeof *v);
+        if (!v)
+            return tpi_fail(TP_ENOMEM, "out of memory for the incarnations of %u workers",
+                            c->world_size);
+        atomic_store_explicit(&c->peer_inc, v, memory_order_release);
+    }
+    atomic_store_explicit(&v[id], k, memory_order_relaxed);
+    return TP_OK;
+}
+
 int tpi_lock_held(tp_core *c) {
     return atomic_load(&c->lock_owner) == c->ops->task_self(c->agent);
 }

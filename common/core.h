@@ -249,22 +249,22 @@ struct tp_core {
                                     * the worker is freed: a thread may still read it */
     uint8_t *peer_dead;    /* lock: 1 once a peer is known dead */
     uint32_t incarnation;  /* this worker's (REJOIN-2): 0, or k for the k-th rejoin */
-    _Atomic(uint32_t) *peer_inc; /* by id: the newest incarnation known (REJOIN-4); written
-                                  * with the lock held, read relaxed without it by the
-                                  * I/O context's fence (REJOIN-5) */
-    uint32_t *undecoded;   /* lock: by id: its requests queued here not yet decoded (RREF-19) */
-    uint32_t *remote_values; /* lock: by id: owner records its remote()s made here (RREF-23) */
+    /* By id: the newest incarnation known (REJOIN-4), NULL (all 0) until a
+     * rejoin names one (tpi_peer_inc_set); the table and its entries are
+     * written with the lock held, read without it by the I/O context's
+     * fence (REJOIN-5): tpi_peer_inc. */
+    _Atomic(_Atomic(uint32_t) *) peer_inc;
+    /* The state kept for each peer this worker dealt with (struct tpi_peer,
+     * below), made on first contact: a world of n workers where each talks
+     * to a few holds a few records each, not n per-peer arrays (issue 21). */
+    uint32_t *peer_ids;          /* lock: the ids with a record, ascending: loops over
+                                  * peers walk these, in rank order (determinism in sim/) */
+    struct tpi_peer **peer_recs; /* lock: peer_recs[i] is peer_ids[i]'s record */
+    uint32_t npeer_ids, peer_ids_cap;
     uint64_t remote_values_max; /* OPT-10 */
-    /* FAIR-1 (serve.c): requests and remote()s waiting for a pool thread, a
-     * FIFO per caller, served round-robin over the callers with work. */
-    struct tpi_runq *runq; /* lock: by id */
-    uint32_t rr_first, rr_last; /* lock: the round, UINT32_MAX when empty */
-    uint64_t tokens_owed; /* lock: pool tokens that found only stalled sources (FAIR-2) */
-    uint32_t ndeferred;   /* lock: method calls parked on owner records (METHOD-3) */
-    uint8_t *forks_query;  /* lock: by id: RREF-19's query to it: 0 none, 1 out, 2 out + again */
-    uint64_t *forks_asked_ns; /* lock: by id: its first query not answered yet (RREF-19), or 0 */
-    uint8_t *unflushed;    /* lock: by id: a call to it timed out, so its request may still
-                            * be on the wire, where no counter shows it (SHUTDOWN-5) */
+    uint32_t rr_first, rr_last; /* lock: FAIR-1's round (runq), UINT32_MAX when empty */
+    uint64_t tokens_owed;       /* lock: pool tokens that found only stalled sources (FAIR-2) */
+    uint32_t ndeferred;         /* lock: method calls parked on owner records (METHOD-3) */
     tp_options *opts;
     double default_timeout_s; /* lock */
     uint64_t max_msg;
@@ -277,24 +277,16 @@ struct tp_core {
     size_t heap_len, heap_cap;
     uint64_t armed_ns;
 
-    /* Flow control (FLOW-1..4, lock): request bytes in flight per destination. */
+    /* Flow control (FLOW-1..4, lock); per destination in struct tpi_peer. */
     uint64_t window;     /* max_inflight_bytes */
-    uint64_t *inflight;  /* by id, timed-out calls' debts included (FLOW-7) */
-    uint64_t *credit;    /* by id: what each peer granted us (FLOW-6); window until init */
+    const uint64_t *credit; /* by id: what each peer granted us (FLOW-6), UINT64_MAX until
+                             * init; read-only: names' */
     tpi_idmap debts;     /* key {0, call id} -> tpi_debt: timed-out calls' bytes (FLOW-7) */
     tpi_debt *debt_head; /* the same debts, for forgiving a peer's */
-    /* Credit enforcement (FLOW-8, lock): request bytes held from each peer. */
+    /* Credit enforcement (FLOW-8, lock); per source in struct tpi_peer. */
     uint64_t grant;      /* the credit this worker grants each peer */
     uint64_t queued_max; /* max_queued_bytes */
     uint64_t held_total; /* every request held, orphans included */
-    uint64_t *held;      /* by id: held under the peer's credit */
-    uint32_t *held_epoch; /* by id: bumped when the peer is reported down or restarts */
-    uint8_t *refused_warned; /* by id: a refusal was logged at warn this epoch */
-    /* Window generations (FLOW-9, lock), so a break's give-back matches on both ends. */
-    uint32_t *flow_gen;      /* by id: ours toward each peer, bumped by each reset */
-    uint32_t *src_gen;       /* by id: the peer's toward us that held[] counts */
-    uint8_t *src_gen_known;  /* by id: src_gen is set (0 after a reset of the peer) */
-    uint32_t *nwaiting;  /* by id: waiters in the list below */
     tpi_window_waiter *wq_head, *wq_tail;
 
     /* CALL-10 (lock): frames seen lately, when the transport may duplicate. */
@@ -335,6 +327,15 @@ struct tp_core {
     const char *sd_phase; /* the graceful phase running, for an interrupt's message */
     uint64_t init_started_ns; /* when init's rendezvous began (LOG-3's "after 10 s") */
 };
+/* REJOIN-4: the newest incarnation of id known, 0 until a rejoin names one.
+ * Any thread: the I/O context reads it without the lock (REJOIN-5). */
+static inline uint32_t tpi_peer_inc(const tp_core *c, uint32_t id) {
+    _Atomic(uint32_t) *v = atomic_load_explicit(&((tp_core *)c)->peer_inc, memory_order_acquire);
+    return v ? atomic_load_explicit(&v[id], memory_order_relaxed) : 0;
+}
+/* Sets it (lock held), making the table at the first one; TP_ENOMEM (with a
+ * message) when it cannot be made. */
+tp_status tpi_peer_inc_set(tp_core *c, uint32_t id, uint32_t k);
 
 /* INTERRUPT-1: 1 when the lifecycle call c watches was interrupted. */
 static inline int tpi_interrupted(const tp_core *c) {
@@ -516,8 +517,7 @@ tp_status tpi_rref_never_created(const tp_core *c, tpi_gid id, char *err, size_t
  * also name an incarnation newer than this worker has heard of yet (it came
  * from a peer that has): that one is not stale. */
 static inline int tpi_rref_owner_restarted(const tp_core *c, const tp_rref *r) {
-    return r->owner != c->rank &&
-           r->owner_inc < atomic_load_explicit(&c->peer_inc[r->owner], memory_order_relaxed);
+    return r->owner != c->rank && r->owner_inc < tpi_peer_inc(c, r->owner);
 }
 /* Owner record lookup/creation (lock held). */
 tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id);
@@ -536,6 +536,73 @@ typedef struct tpi_runq {
     int in_round;
     int stalled; /* FAIR-2: out of the round while the agent says its answers wait */
 } tpi_runq;
+
+/*
+ * What a worker keeps about one peer (lock), made by tpi_peer_get on first
+ * contact: the first call to it (issue), the first request from it
+ * (flow_admit), an owner record of its remote(), a forks query either way,
+ * news that its connection reset. A peer without one has every field 0.
+ */
+typedef struct tpi_peer {
+    tpi_runq runq;           /* FAIR-1 (serve.c): its requests waiting for a pool thread */
+    uint64_t inflight;       /* request bytes in flight to it, debts included (FLOW-7) */
+    uint64_t held;           /* its request bytes held here under its credit (FLOW-8) */
+    uint64_t forks_asked_ns; /* its first forks query not answered yet (RREF-19), or 0 */
+    uint32_t undecoded;      /* its requests queued here not yet decoded (RREF-19) */
+    uint32_t remote_values;  /* owner records its remote()s made here (RREF-23) */
+    uint32_t held_epoch;     /* bumped when it is reported down or restarts (FLOW-8) */
+    uint32_t flow_gen;       /* FLOW-9: ours toward it, bumped by each reset */
+    uint32_t src_gen;        /* FLOW-9: its toward us that held counts */
+    uint32_t nwaiting;       /* window waiters for it in the core's list (FLOW-2) */
+    uint8_t src_gen_known;   /* src_gen is set (0 after a reset of the peer) */
+    uint8_t refused_warned;  /* a refusal was logged at warn this epoch (FLOW-8) */
+    uint8_t forks_query;     /* RREF-19's query to it: 0 none, 1 out, 2 out + again */
+    uint8_t unflushed;       /* a call to it timed out, so its request may still be on
+                              * the wire, where no counter shows it (SHUTDOWN-5) */
+} tpi_peer;
+
+/* Every field 0: what tpi_peer_view gives for a peer without a record. */
+extern const tpi_peer tpi_peer_none;
+/* tpi_peer_get's slow path: makes id's record (zeroed, listed in peer_ids);
+ * NULL when out of memory (lock held). */
+tpi_peer *tpi_peer_make(tp_core *c, uint32_t id);
+/* Where id is in peer_ids, or where it would go (lock held): a binary
+ * search over the peers dealt with, a few for most workers. */
+static inline uint32_t tpi_peer_slot(const tp_core *c, uint32_t id) {
+    uint32_t lo = 0, hi = c->npeer_ids;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (c->peer_ids[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+/* id's record or NULL (lock held). */
+static inline tpi_peer *tpi_peer_find(const tp_core *c, uint32_t id) {
+    uint32_t i = tpi_peer_slot(c, id);
+    return i < c->npeer_ids && c->peer_ids[i] == id ? c->peer_recs[i] : NULL;
+}
+/* id's record to read, or tpi_peer_none (lock held). */
+static inline const tpi_peer *tpi_peer_view(const tp_core *c, uint32_t id) {
+    const tpi_peer *p = tpi_peer_find(c, id);
+    return p ? p : &tpi_peer_none;
+}
+/* id's record, which must exist: a call to it was issued, a job from it
+ * admitted (lock held). */
+static inline tpi_peer *tpi_peer_must(const tp_core *c, uint32_t id) {
+    tpi_peer *p = tpi_peer_find(c, id);
+    TPI_ASSERT(p);
+    return p;
+}
+/* id's record, made (zeroed, listed in peer_ids) if there is none; NULL when
+ * out of memory (lock held). */
+static inline tpi_peer *tpi_peer_get(tp_core *c, uint32_t id) {
+    tpi_peer *p = tpi_peer_find(c, id);
+    return p ? p : tpi_peer_make(c, id);
+}
+
 /* Teardown (lock held, agent stopped): jobs left in the run queues (their
  * pool work could not be queued) are dropped unanswered. */
 void tpi_serve_teardown(tp_core *c);
@@ -653,16 +720,18 @@ tp_status tpi_store_put_counted(tp_core *c, const char *prefix, const char *valu
  * "<prefix>/count" is short and no rank is known dead a poll reads that key
  * alone, and the keys only when the count is complete and their values are
  * wanted, when it cannot be trusted, or on a fixed schedule while it does not
- * move; else every poll reads every rank's key. values (optional, world_size
- * entries) receive the malloc'd values; with sums, the totals are read
- * instead of the values when the count is complete (sums->have), else the
- * values. With honor_dead, ranks known dead (locally, or by a "dead/<r>"
- * key) are skipped; without it, "init/error" is checked each round and its
- * message returned. TP_ETIMEDOUT at deadline names the missing ranks.
+ * move; else every poll reads every rank's key. values (optional): *values,
+ * NULL at first, is made (world_size entries, freed by the caller with the
+ * malloc'd values it receives) when a round first reads the keys; a wait
+ * that a complete count ends makes no per-rank array at all. With sums, the
+ * totals are read instead of the values when the count is complete
+ * (sums->have), else the values. With honor_dead, ranks known dead (locally,
+ * or by a "dead/<r>" key) are skipped; without it, "init/error" is checked
+ * each round and its message returned. TP_ETIMEDOUT at deadline names the
+ * missing ranks.
  */
-tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
-                           int honor_dead, char **values, tpi_round_sums *sums, int use_count,
-                           const char *what);
+tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns, int honor_dead,
+                           char ***values, tpi_round_sums *sums, int use_count, const char *what);
 /*
  * Worker tables (infos and by_name) are immutable once made, and the workers
  * of one job hold equal ones: the workers of a process share one table per
@@ -675,6 +744,9 @@ struct tpi_names *tpi_names_empty(uint32_t world);
 void tpi_names_release(struct tpi_names *t);
 tp_worker_info *tpi_names_infos(struct tpi_names *t);
 uint32_t *tpi_names_by_name(struct tpi_names *t);
+/* By id: the credit each rank granted this worker (FLOW-6), UINT64_MAX in
+ * the empty table (no grant read yet: the window alone). */
+const uint64_t *tpi_names_credit(struct tpi_names *t);
 /* The init rendezvous (INIT-4..7): claims, all-gather, set_peers. */
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
 /* Then the ready barrier and the commit (INIT-5, INIT-8); the worker already

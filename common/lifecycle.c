@@ -37,29 +37,18 @@ void tpi_core_free(tp_core *c) {
     tpi_names_release(c->names); /* infos and by_name: maybe shared */
     tpi_names_release(c->names_spare);
     free(c->peer_dead);
-    free(c->peer_inc);
-    free(c->unflushed);
-    free(c->undecoded);
-    free(c->runq);
-    free(c->remote_values);
+    free((void *)atomic_load(&c->peer_inc));
+    for (uint32_t i = 0; i < c->npeer_ids; i++)
+        free(c->peer_recs[i]);
+    free(c->peer_recs);
+    free(c->peer_ids);
     free(c->abandoned);
     free(c->freed);
     free(c->deleted);
-    free(c->forks_query);
-    free(c->forks_asked_ns);
-    free(c->inflight);
-    free(c->credit);
-    free(c->held);
-    free(c->held_epoch);
-    free(c->refused_warned);
-    free(c->flow_gen);
-    free(c->src_gen);
-    free(c->src_gen_known);
     tpi_debts_free(c);
     tpi_idmap_free(&c->debts);
     tpi_idmap_free(&c->seen);
     free(c->seen_ring);
-    free(c->nwaiting);
     tp_options_free(c->opts);
     free(c);
     uint_fast64_t was = atomic_fetch_sub(&cores_live, 1);
@@ -85,25 +74,13 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     c->names = tpi_names_empty(world);
     c->infos = c->names ? tpi_names_infos(c->names) : NULL;
     c->by_name = c->names ? tpi_names_by_name(c->names) : NULL;
+    c->credit = c->names ? tpi_names_credit(c->names) : NULL;
+    /* Per peer: a byte, and a record made on first contact (tpi_peer_get),
+     * not every peer's state up front; incarnations at the first rejoin. */
     c->peer_dead = calloc(world, 1);
-    c->peer_inc = calloc(world, sizeof *c->peer_inc);
-    c->unflushed = calloc(world, 1);
-    c->undecoded = calloc(world, sizeof *c->undecoded);
-    c->runq = calloc(world, sizeof *c->runq);
-    c->remote_values = calloc(world, sizeof *c->remote_values);
+    atomic_init(&c->peer_inc, NULL);
     c->rr_first = c->rr_last = UINT32_MAX;
-    c->forks_query = calloc(world, 1);
-    c->forks_asked_ns = calloc(world, sizeof *c->forks_asked_ns);
-    c->inflight = calloc(world, sizeof *c->inflight);
-    c->credit = calloc(world, sizeof *c->credit);
-    c->held = calloc(world, sizeof *c->held);
-    c->held_epoch = calloc(world, sizeof *c->held_epoch);
-    c->refused_warned = calloc(world, 1);
-    c->flow_gen = calloc(world, sizeof *c->flow_gen);
-    c->src_gen = calloc(world, sizeof *c->src_gen);
-    c->src_gen_known = calloc(world, 1);
     tpi_idmap_init(&c->debts);
-    c->nwaiting = calloc(world, sizeof *c->nwaiting);
     c->opts = opts ? tp_options_clone(opts) : tp_options_new();
     tpi_idmap_init(&c->calls);
     tpi_idmap_init(&c->served);
@@ -111,10 +88,7 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     tpi_idmap_init(&c->children);
     tpi_idmap_init(&c->seen);
     c->armed_ns = TPI_NO_DEADLINE;
-    if (!c->infos || !c->by_name || !c->peer_dead || !c->peer_inc || !c->unflushed ||
-        !c->undecoded || !c->runq || !c->remote_values || !c->forks_query || !c->forks_asked_ns ||
-        !c->inflight || !c->credit || !c->held || !c->held_epoch || !c->refused_warned ||
-        !c->flow_gen || !c->src_gen || !c->src_gen_known || !c->nwaiting || !c->opts) {
+    if (!c->infos || !c->by_name || !c->credit || !c->peer_dead || !c->opts) {
         atomic_store(&c->refs, 0);
         tpi_core_free(c);
         return NULL;
@@ -129,8 +103,6 @@ static tp_core *core_new(tp_context *ctx, const char *name, uint32_t rank, uint3
     if (share < TPI_CREDIT_MIN)
         share = TPI_CREDIT_MIN;
     c->grant = share < c->window ? share : c->window;
-    for (uint32_t r = 0; r < world; r++)
-        c->credit[r] = c->window; /* until the peers' grants are read (INIT-7) */
     return c;
 }
 

@@ -17,8 +17,7 @@
 int tpi_rejoin_stale(const tp_core *c, uint32_t src, uint8_t type, uint64_t id) {
     /* A response carries our own id: only a pending call of ours matches it,
      * and the calls to an earlier incarnation ended when we fenced it. */
-    return type != TPI_MSG_RESPONSE &&
-           TPI_INC_OF(id) < atomic_load_explicit(&c->peer_inc[src], memory_order_relaxed);
+    return type != TPI_MSG_RESPONSE && TPI_INC_OF(id) < tpi_peer_inc(c, src);
 }
 
 tp_status tpi_rref_owner_check(tp_core *c, const tp_rref *r, const char *what) {
@@ -30,7 +29,7 @@ tp_status tpi_rref_owner_check(tp_core *c, const tp_rref *r, const char *what) {
                     "%s: the owner of rref %u:%llu, %s, restarted (incarnation %u, the rref is "
                     "of incarnation %u): the value went with the earlier process",
                     what, r->id.worker, (unsigned long long)r->id.local,
-                    tpi_worker_desc(c, r->owner, who, sizeof who), c->peer_inc[r->owner],
+                    tpi_worker_desc(c, r->owner, who, sizeof who), tpi_peer_inc(c, r->owner),
                     r->owner_inc);
 }
 
@@ -57,7 +56,7 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
     memcpy(a, addr, addr_len);
     a[addr_len] = '\0';
     tpi_lock(c);
-    uint32_t known = atomic_load_explicit(&c->peer_inc[src], memory_order_relaxed);
+    uint32_t known = tpi_peer_inc(c, src);
     if ((uint32_t)k < known) {
         tpi_unlock(c);
         tpi_format(err, err_len, "%s already knows incarnation %u of %s; %lld is older",
@@ -70,16 +69,22 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
         /* REJOIN-4: everything that was bound to the earlier incarnation ends
          * here, as if it had been reported dead, then the rank is up again. */
         char msg[TP_ERRMSG_LEN_MAX];
+        if (tpi_peer_inc_set(c, src, (uint32_t)k) != TP_OK) {
+            tpi_unlock(c);
+            tpi_format(err, err_len, "%s", tp_errmsg());
+            return TP_ENOMEM;
+        }
         tpi_format(msg, sizeof msg, "%s restarted as incarnation %lld: the earlier one is gone",
                    tpi_worker_desc(c, src, who, sizeof who), (long long)k);
-        atomic_store_explicit(&c->peer_inc[src], (uint32_t)k, memory_order_relaxed);
         tpi_log(TP_LOG_INFO, "worker '%s' (rank %u): %s, now at %s", c->self.name, c->rank, msg,
                 a);
         c->peer_dead[src] = 1;
         tpi_rrefs_peer_down(c, src);
         tpi_calls_fail(c, src, TP_EPEERDOWN, msg);
         tpi_flow_peer_reset(c, src); /* FLOW-7, FLOW-8; wakes the window's waiters */
-        c->unflushed[src] = 0; /* what timed out went to the earlier process */
+        tpi_peer *p = tpi_peer_find(c, src);
+        if (p)
+            p->unflushed = 0; /* what timed out went to the earlier process */
         st = c->ops->set_peer(c->agent, src, a, err, err_len);
         c->peer_dead[src] = st != TP_OK;
     }
@@ -175,9 +180,13 @@ tp_status tpi_rejoin_announce(tp_core *c, const char *addr, uint64_t deadline_ns
             if (st != TP_OK)
                 break;
             tpi_lock(c);
-            if (k > c->peer_inc[q]) {
+            if (k > tpi_peer_inc(c, q)) {
                 char err[TP_ERRMSG_LEN_MAX] = "";
-                atomic_store_explicit(&c->peer_inc[q], k, memory_order_relaxed);
+                st = tpi_peer_inc_set(c, q, k);
+                if (st != TP_OK) {
+                    tpi_unlock(c);
+                    break; /* its message says so */
+                }
                 c->peer_dead[q] = 0;
                 st = c->ops->set_peer ? c->ops->set_peer(c->agent, q, a, err, sizeof err)
                                       : TP_EBACKEND;

@@ -204,11 +204,11 @@ typedef struct scan_seen {
 /* The rank a key under a gather's prefix names: tpi_parse_index's rules
  * (decimal, no leading zero, below world), inline, since a world of n
  * workers reads some 10 n^2 such keys. 0 for another key. */
-static int scan_rank(const char *s, uint32_t world, uint32_t *out) {
+static inline int scan_rank(const char *s, uint32_t world, uint32_t *out) {
     uint64_t v = 0;
     size_t i = 0;
-    for (; s[i] >= '0' && s[i] <= '9' && i < 10; i++)
-        v = v * 10 + (uint64_t)(s[i] - '0');
+    for (unsigned d; i < 10 && (d = (unsigned char)s[i] - '0') <= 9; i++)
+        v = v * 10 + d;
     if (i == 0 || s[i] != '\0' || (s[0] == '0' && i > 1) || v >= world)
         return 0;
     *out = (uint32_t)v;
@@ -475,15 +475,31 @@ static tp_status keys_round(tp_core *c, const char *prefix, uint8_t *present, ch
     return st;
 }
 
-tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
-                           int honor_dead, char **values, tpi_round_sums *sums, int use_count,
-                           const char *what) {
+/*
+ * A gather's per-rank arrays, made at its first look at the keys (a round
+ * that a complete count ends needs none: n workers' waits would otherwise
+ * hold n arrays of n): present (and seen, dead_seen when by scan) zeroed,
+ * and *values (when wanted) world_size NULLs. 0 when out of memory.
+ */
+static int gather_arrays(uint32_t world, int by_scan, uint8_t **present, uint8_t **seen,
+                         uint8_t **dead_seen, char ***values) {
+    if (!*present) {
+        *present = calloc(world, by_scan ? 3 : 1);
+        if (!*present)
+            return 0;
+        *seen = *present + world; /* by_scan */
+        *dead_seen = *seen + world;
+    }
+    if (values && !*values && !(*values = calloc(world, sizeof **values)))
+        return 0;
+    return 1;
+}
+
+tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns, int honor_dead,
+                           char ***values, tpi_round_sums *sums, int use_count, const char *what) {
     int by_scan = c->store->ops->scan != NULL;
     uint32_t world = c->world_size;
-    uint8_t *present = calloc(world, by_scan ? 3 : 1);
-    if (!present)
-        return tpi_fail(TP_ENOMEM, "%s: out of memory", what);
-    uint8_t *seen = present + world, *dead_seen = seen + world; /* by_scan */
+    uint8_t *present = NULL, *seen = NULL, *dead_seen = NULL; /* gather_arrays */
     uint64_t backoff = POLL_FIRST_NS;
     tp_status st = TP_OK;
     if (sums)
@@ -531,10 +547,11 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             } else if (count == world) {
                 if (sums && read_sums(c, prefix, sums, &st, deadline_ns)) {
                     sums->have = 1; /* the keys' values are not needed */
-                    memset(present, 1, world);
+                    if (present)
+                        memset(present, 1, world);
                 } else if (st == TP_OK && (values || sums)) {
                     read_keys = 1; /* the values, once */
-                } else {
+                } else if (present) {
                     memset(present, 1, world); /* every rank's key was created and counted */
                 }
             } else {
@@ -553,8 +570,12 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             }
         }
         if (st == TP_OK && read_keys) {
-            st = keys_round(c, prefix, present, values, honor_dead, force_full, seen, dead_seen,
-                            &missing, &looked_all, deadline_ns);
+            if (!gather_arrays(world, by_scan, &present, &seen, &dead_seen, values)) {
+                st = tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+                break;
+            }
+            st = keys_round(c, prefix, present, values ? *values : NULL, honor_dead, force_full,
+                            seen, dead_seen, &missing, &looked_all, deadline_ns);
             force_full = 0;
         }
         if (st != TP_OK) {
@@ -594,8 +615,12 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
         if ((warn || info) && counted && !looked_all) {
             /* Name them: one look at every key (a failure names fewer). */
             uint32_t m = 0;
-            if (keys_round(c, prefix, present, values, honor_dead, 1, seen, dead_seen, &m,
-                           &looked_all, deadline_ns) == TP_OK)
+            if (!gather_arrays(world, by_scan, &present, &seen, &dead_seen, values)) {
+                st = tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+                break;
+            }
+            if (keys_round(c, prefix, present, values ? *values : NULL, honor_dead, 1, seen,
+                           dead_seen, &m, &looked_all, deadline_ns) == TP_OK)
                 missing = m;
             if (missing == 0) {
                 force_full = 1; /* complete after all: a round that reads them ends it */
@@ -624,10 +649,14 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             next_note += every;
         st = tpi_store_nap(c, &backoff, POLL_MAX_NS, deadline_ns);
         if (st == TP_ECANCELED) {
+            if (!gather_arrays(world, by_scan, &present, &seen, &dead_seen, values)) {
+                st = tpi_fail(TP_ENOMEM, "%s: out of memory", what);
+                break;
+            }
             if (!looked_all) { /* name them (a failure names fewer) */
                 uint32_t m = 0;
-                if (keys_round(c, prefix, present, values, honor_dead, 1, seen, dead_seen, &m,
-                               &looked_all, deadline_ns) == TP_OK)
+                if (keys_round(c, prefix, present, values ? *values : NULL, honor_dead, 1, seen,
+                               dead_seen, &m, &looked_all, deadline_ns) == TP_OK)
                     missing = m;
             }
             st = interrupted(c, present, missing > 1 || !looked_all, honor_dead, what);
@@ -642,7 +671,7 @@ tp_status tpi_store_gather(tp_core *c, const char *prefix, uint64_t deadline_ns,
             break;
         }
     }
-    if (st == TP_OK && honor_dead) {
+    if (st == TP_OK && honor_dead && present) { /* none: every rank counted itself */
         uint32_t dead = 0;
         for (uint32_t r = 0; r < c->world_size; r++)
             dead += present[r] == 2;
@@ -669,8 +698,8 @@ void tpi_publish_dead(tp_core *c, uint64_t deadline_ns) {
      * look reaches its rank, as with a lock per rank. */
     for (uint32_t r = 0; r < c->world_size; r++) {
         tpi_lock(c);
-        while (r < c->world_size && !c->peer_dead[r])
-            r++;
+        const uint8_t *d = memchr(c->peer_dead + r, 1, c->world_size - r); /* 0 or 1 each */
+        r = d ? (uint32_t)(d - c->peer_dead) : c->world_size;
         tpi_unlock(c);
         if (r < c->world_size) {
             tpi_key(c, key, sizeof key, "dead/%u", r);
@@ -699,11 +728,20 @@ static tp_status claim(tp_core *c, const char *key, const char *value, char **ot
 struct tpi_names {
     struct tpi_names *next; /* names_mu */
     uint64_t refs;          /* names_mu */
-    uint64_t hash;          /* of the names (names_hash); unused when empty */
     uint32_t world;
     int empty; /* zeroed entries: a worker before its all-gather */
     tp_worker_info *infos;
     uint32_t *by_name;
+    uint64_t *credit; /* by id: the credit each rank granted (FLOW-6); UINT64_MAX when empty */
+    /* The rank entries this table was parsed from, as one scan read them
+     * (rank_rows), or NULL: a worker whose scan reads the same entries
+     * takes the table, and the addresses in rows, without copying, parsing
+     * or comparing n entries again. Set once (names_mu while NULL), then
+     * read by the holders of references. */
+    char *rows;
+    size_t *rows_off; /* by id: where its entry starts in rows */
+    size_t *row_len;  /* by id: its entry's length (a NUL follows it in rows) */
+    size_t *addr_off; /* by id: where its address starts in rows */
 };
 
 /* Guards the list and the counts of references: a spin lock on a C11 atomic
@@ -730,11 +768,20 @@ uint32_t *tpi_names_by_name(struct tpi_names *t) {
     return t->by_name;
 }
 
+const uint64_t *tpi_names_credit(struct tpi_names *t) {
+    return t->credit;
+}
+
 static void names_free(struct tpi_names *t) {
     if (!t)
         return;
     free(t->infos);
     free(t->by_name);
+    free(t->credit);
+    free(t->rows);
+    free(t->rows_off);
+    free(t->row_len);
+    free(t->addr_off);
     free(t);
 }
 
@@ -746,7 +793,8 @@ static struct tpi_names *names_new(uint32_t world) {
     t->refs = 1;
     t->infos = calloc(world, sizeof *t->infos);
     t->by_name = calloc(world, sizeof *t->by_name);
-    if (!t->infos || !t->by_name) {
+    t->credit = malloc((size_t)world * sizeof *t->credit);
+    if (!t->infos || !t->by_name || !t->credit) {
         names_free(t);
         return NULL;
     }
@@ -773,6 +821,8 @@ struct tpi_names *tpi_names_empty(uint32_t world) {
     if (!(t = names_new(world)))
         return NULL;
     t->empty = 1;
+    for (uint32_t r = 0; r < world; r++)
+        t->credit[r] = UINT64_MAX; /* no grant read yet: the window alone (INIT-7) */
     names_insert(t);
     return t;
 }
@@ -793,19 +843,12 @@ void tpi_names_release(struct tpi_names *t) {
         names_free(t);
 }
 
-/* FNV-1a over the names, each with its NUL. */
-static uint64_t names_hash(const char *const *names, uint32_t world) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (uint32_t r = 0; r < world; r++)
-        for (const unsigned char *p = (const unsigned char *)names[r];; p++) {
-            h = (h ^ *p) * 0x100000001b3ull;
-            if (!*p)
-                break;
-        }
-    return h;
-}
-
-static int names_equal(const struct tpi_names *t, const char *const *names) {
+/* The credits first (one memcmp), then the names, to the first difference:
+ * tables of other jobs usually differ early, and a process holds few. */
+static int names_equal(const struct tpi_names *t, const char *const *names,
+                       const uint64_t *credit) {
+    if (memcmp(t->credit, credit, (size_t)t->world * sizeof *credit) != 0)
+        return 0;
     for (uint32_t r = 0; r < t->world; r++)
         if (strcmp(t->infos[r].name, names[r]) != 0)
             return 0;
@@ -839,33 +882,91 @@ static void copy_name(tp_worker_info *info, const char *name) {
     info->name[n] = '\0';
 }
 
+/* Makes t (one reference taken for c) c's worker table (INIT-7). The table
+ * before it, the empty one, stays referenced until the worker is freed
+ * (names_spare): another thread may be reading it. */
+static void install_names(tp_core *c, struct tpi_names *t) {
+    tpi_lock(c);
+    struct tpi_names *old = c->names;
+    c->names = t;
+    c->infos = t->infos;
+    c->by_name = t->by_name;
+    c->credit = t->credit; /* FLOW-6: our window to each peer */
+    tpi_unlock(c);
+    if (c->names_spare)
+        tpi_names_release(old); /* a rejoin's second table: the first is kept */
+    else
+        c->names_spare = old;
+}
+
+/* The rank entries as one scan read them (gather_rank_rows): either a
+ * table of this process parsed from the same entries (one reference held),
+ * or arena: them one after another, each with a NUL; off[r] and lens[r]
+ * where rank r's starts and its length. Neither: read key by key. */
+typedef struct scanned_rows {
+    struct tpi_names *table;
+    char *arena;
+    size_t len;
+    size_t *off;
+    size_t *lens;
+} scanned_rows;
+
+static void scanned_rows_free(scanned_rows *rows) {
+    tpi_names_release(rows->table);
+    free(rows->arena);
+    free(rows->off);
+    free(rows->lens);
+    *rows = (scanned_rows){NULL, NULL, 0, NULL, NULL};
+}
+
+/* Keeps rows (taken) and addr_off with t, which has none (names_mu held). */
+static void names_keep_rows(struct tpi_names *t, scanned_rows *rows, size_t **addr_off) {
+    t->rows = rows->arena;
+    t->rows_off = rows->off;
+    t->row_len = rows->lens;
+    t->addr_off = *addr_off;
+    rows->arena = NULL;
+    rows->off = NULL;
+    rows->lens = NULL;
+    *addr_off = NULL;
+}
+
 /*
  * The worker table of the all-gather (INIT-7, REJOIN-3): names[r] is rank
- * r's name. Takes a table of this process with the same names when there
- * is one (the workers of a simulated world all hold the same), else makes
- * it (entries, then by_name sorted). The table before it, the empty one,
- * stays referenced until the worker is freed (names_spare): another thread
- * may be reading it.
+ * r's name, credit[r] the credit it granted (FLOW-6). Takes a table of this
+ * process with the same names and credits when there is one (the workers of
+ * a simulated world all hold the same), else makes it (entries, then by_name
+ * sorted). pristine (optional, taken in every case): the scan the names were
+ * parsed from, before the parse cut it, with addr_off (by id: where each
+ * address starts in it), kept with a table that has none, for the next
+ * worker's scan to compare with (gather_rank_rows).
  */
-static tp_status adopt_names(tp_core *c, const char *const *names, const char *what) {
+static tp_status adopt_names(tp_core *c, const char *const *names, const uint64_t *credit,
+                             scanned_rows *pristine, size_t *addr_off, const char *what) {
     uint32_t world = c->world_size;
-    uint64_t h = names_hash(names, world);
+    int keep = pristine && pristine->arena && addr_off;
     names_lock();
     struct tpi_names *t = names_live;
-    while (t && (t->empty || t->world != world || t->hash != h || !names_equal(t, names)))
+    while (t && (t->empty || t->world != world || !names_equal(t, names, credit)))
         t = t->next;
-    if (t)
+    if (t) {
         t->refs++;
+        if (!t->rows && keep) /* the first scan seen for it */
+            names_keep_rows(t, pristine, &addr_off);
+    }
     names_unlock();
     if (!t) {
         uint32_t *tmp = malloc((size_t)world * sizeof *tmp);
         t = tmp ? names_new(world) : NULL;
         if (!t) {
             free(tmp);
+            if (pristine)
+                scanned_rows_free(pristine);
+            free(addr_off);
             return tpi_fail(TP_ENOMEM, "%s: out of memory for the names of %u workers", what,
                             world);
         }
-        t->hash = h;
+        memcpy(t->credit, credit, (size_t)world * sizeof *credit);
         for (uint32_t r = 0; r < world; r++) {
             copy_name(&t->infos[r], names[r]);
             t->infos[r].id = r;
@@ -873,81 +974,135 @@ static tp_status adopt_names(tp_core *c, const char *const *names, const char *w
         }
         sort_ids(t->infos, t->by_name, tmp, world);
         free(tmp);
+        if (keep)
+            names_keep_rows(t, pristine, &addr_off);
         names_insert(t);
     }
-    tpi_lock(c);
-    struct tpi_names *old = c->names;
-    c->names = t;
-    c->infos = t->infos;
-    c->by_name = t->by_name;
-    tpi_unlock(c);
-    if (c->names_spare)
-        tpi_names_release(old); /* a rejoin's second table: the first is kept */
-    else
-        c->names_spare = old;
+    if (pristine)
+        scanned_rows_free(pristine);
+    free(addr_off);
+    install_names(c, t);
     return TP_OK;
 }
 
-/* The rank entries of one scan, copied into one block: a world of n
- * workers reads n^2 of them, so no allocation per row. */
+/*
+ * The rank entries of one scan. While they match, entry for entry, those a
+ * worker table of this process was parsed from (cand), they are only
+ * compared: the workers of a simulated world read the same n entries each,
+ * and copying and parsing them n times over is what the shared table saves.
+ * From the first that does not match (or without cand) they are copied
+ * into one block, those matched before it from cand's: a world of n
+ * workers reads n^2 of them, so no allocation per row.
+ */
 typedef struct rank_rows {
     uint32_t world;
     size_t skip; /* the prefix's length */
     uint8_t *seen;
-    size_t *off; /* by rank: where its value starts in arena */
+    uint32_t nseen;
+    struct tpi_names *cand; /* one reference; NULL once copying */
+    size_t *off;            /* by rank: where its value starts in arena */
+    size_t *lens;           /* by rank: its length */
     char *arena;
     size_t len, cap;
     int oom;
 } rank_rows;
 
-static int on_rank_row(void *arg, const char *key, const void *value, size_t len) {
-    rank_rows *g = arg;
-    uint32_t r;
-    if (!scan_rank(key + g->skip, g->world, &r) || g->seen[r])
-        return 0; /* another key under the prefix, or seen before a retry */
+/* Copies rank r's entry to the end of g's block; 0 when out of memory. */
+static int rows_append(rank_rows *g, uint32_t r, const void *value, size_t len) {
     if (g->len + len + 1 > g->cap) {
         size_t cap = g->cap * 2 > g->len + len + 1 ? g->cap * 2 : g->len + len + 1;
         char *a = realloc(g->arena, cap);
-        if (!a) {
-            g->oom = 1;
-            return 1;
-        }
+        if (!a)
+            return 0;
         g->arena = a;
         g->cap = cap;
     }
     memcpy(g->arena + g->len, value, len);
     g->arena[g->len + len] = '\0';
     g->off[r] = g->len;
+    g->lens[r] = len;
     g->len += len + 1;
+    return 1;
+}
+
+/* The scan found an entry cand does not hold: g copies from now on, and
+ * the entries matched so far come from cand (the same bytes). 0 when out
+ * of memory. */
+static int rows_diverge(rank_rows *g) {
+    struct tpi_names *t = g->cand;
+    g->cand = NULL;
+    g->cap = (size_t)g->world * 48;
+    g->off = malloc((size_t)g->world * sizeof *g->off);
+    g->lens = malloc((size_t)g->world * sizeof *g->lens);
+    g->arena = malloc(g->cap);
+    int ok = g->off && g->lens && g->arena;
+    for (uint32_t q = 0; ok && t && q < g->world; q++)
+        if (g->seen[q])
+            ok = rows_append(g, q, t->rows + t->rows_off[q], t->row_len[q]);
+    tpi_names_release(t);
+    return ok;
+}
+
+static int on_rank_row(void *arg, const char *key, const void *value, size_t len) {
+    rank_rows *g = arg;
+    uint32_t r;
+    if (!scan_rank(key + g->skip, g->world, &r) || g->seen[r])
+        return 0; /* another key under the prefix, or seen before a retry */
+    const struct tpi_names *t = g->cand;
+    if (!t || t->row_len[r] != len || memcmp(t->rows + t->rows_off[r], value, len) != 0) {
+        if ((t && !rows_diverge(g)) || !rows_append(g, r, value, len)) {
+            g->oom = 1;
+            return 1;
+        }
+    }
     g->seen[r] = 1;
+    g->nseen++;
     return 0;
 }
 
+/* A table of this process with the entries it was parsed from, and world
+ * entries: the one a scan compares with (one reference taken), or NULL. */
+static struct tpi_names *rows_candidate(uint32_t world) {
+    names_lock();
+    struct tpi_names *t = names_live;
+    while (t && (t->empty || t->world != world || !t->rows))
+        t = t->next;
+    if (t)
+        t->refs++;
+    names_unlock();
+    return t;
+}
+
 /*
- * INIT-6..7: waits for every rank's entry and reads them into values. With
- * a counting store (STORE-12) the wait reads "init/rank/count" alone, then
- * one scan copies every entry into one block (*arena, which values[r] point
- * into); should that scan miss a rank, or without counting, the gather
- * reads the values itself (each malloc'd, *arena NULL).
+ * INIT-6..7: waits for every rank's entry and reads them. With a counting
+ * store (STORE-12) the wait reads "init/rank/count" alone, then one scan
+ * reads every entry: rows->table when they are the entries a table of this
+ * process was parsed from (*values NULL: nothing to parse), else
+ * rows->arena with *values (world_size entries) pointing into it. Should
+ * that scan miss a rank, or without counting, the gather reads the values
+ * itself (*values made, each malloc'd; rows empty). Nothing per rank is
+ * held during the wait, while the other workers wait too.
  */
-static tp_status gather_rank_rows(tp_core *c, char **values, char **arena, int use_count,
+static tp_status gather_rank_rows(tp_core *c, char ***values, scanned_rows *rows, int use_count,
                                   uint64_t deadline_ns) {
     uint32_t world = c->world_size;
-    *arena = NULL;
+    *rows = (scanned_rows){NULL, NULL, 0, NULL, NULL};
+    *values = NULL;
     if (!c->store->ops->scan || !c->store->ops->add || !use_count)
         return tpi_store_gather(c, "init/rank", deadline_ns, 0, values, NULL, 0, "init");
     tp_status st = tpi_store_gather(c, "init/rank", deadline_ns, 0, NULL, NULL, 1, "init");
     if (st != TP_OK)
         return st;
     char key[TP_STORE_KEY_LEN_MAX + 1];
-    rank_rows g = {.world = world, .cap = (size_t)world * 48};
+    rank_rows g = {.world = world};
     g.skip = tpi_key(c, key, sizeof key, "init/rank/");
     g.seen = calloc(world, 1);
-    g.off = malloc((size_t)world * sizeof *g.off);
-    g.arena = malloc(g.cap);
-    if (!g.seen || !g.off || !g.arena) {
+    if (g.seen && !(g.cand = rows_candidate(world)) && !rows_diverge(&g))
+        g.oom = 1;
+    if (!g.seen || g.oom) {
         free(g.seen);
         free(g.off);
+        free(g.lens);
         free(g.arena);
         return tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", world);
     }
@@ -956,22 +1111,47 @@ static tp_status gather_rank_rows(tp_core *c, char **values, char **arena, int u
         st = tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", world);
     else if (st != TP_OK)
         st = store_fail(c, st, "init");
-    uint32_t seen = 0;
-    for (uint32_t r = 0; st == TP_OK && r < world; r++)
-        seen += g.seen[r];
     free(g.seen);
-    if (st == TP_OK && seen == world) {
-        for (uint32_t r = 0; r < world; r++)
-            values[r] = g.arena + g.off[r];
-        *arena = g.arena;
-    } else {
-        free(g.arena);
+    int complete = st == TP_OK && g.nseen == world;
+    if (complete && g.cand) { /* every entry as the table's */
+        *rows = (scanned_rows){g.cand, NULL, 0, NULL, NULL};
+        return TP_OK;
     }
+    tpi_names_release(g.cand);
+    if (complete && !(*values = malloc((size_t)world * sizeof **values)))
+        st = tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", world);
+    if (st == TP_OK && complete) {
+        for (uint32_t r = 0; r < world; r++)
+            (*values)[r] = g.arena + g.off[r];
+        *rows = (scanned_rows){NULL, g.arena, g.len, g.off, g.lens};
+        return TP_OK;
+    }
+    free(g.arena);
     free(g.off);
-    if (st != TP_OK || seen == world)
+    free(g.lens);
+    if (st != TP_OK)
         return st;
     /* The count and the keys disagree (a store that miscounts): the keys decide. */
     return tpi_store_gather(c, "init/rank", deadline_ns, 0, values, NULL, 0, "init");
+}
+
+/* A copy of rows' block, NULL arena when there is no memory for it
+ * (nothing is kept then: the table works without). */
+static scanned_rows rows_copy(const scanned_rows *rows, uint32_t world) {
+    scanned_rows copy = {NULL, NULL, rows->len, NULL, NULL};
+    if (!rows->arena)
+        return copy;
+    copy.arena = malloc(rows->len ? rows->len : 1);
+    copy.off = malloc((size_t)world * sizeof *copy.off);
+    copy.lens = malloc((size_t)world * sizeof *copy.lens);
+    if (!copy.arena || !copy.off || !copy.lens) {
+        scanned_rows_free(&copy);
+        return copy;
+    }
+    memcpy(copy.arena, rows->arena, rows->len);
+    memcpy(copy.off, rows->off, (size_t)world * sizeof *copy.off);
+    memcpy(copy.lens, rows->lens, (size_t)world * sizeof *copy.lens);
+    return copy;
 }
 
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
@@ -1035,16 +1215,32 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
         return st;
 
     /* INIT-7: the all-gather. */
-    char **values = calloc(c->world_size, sizeof *values);
-    char **addrs = calloc(c->world_size, sizeof *addrs);
-    if (!values || !addrs) {
-        free(values);
-        free(addrs);
-        return tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", c->world_size);
+    char **values = NULL;
+    scanned_rows rows; /* a table's, or values in one block, else each malloc'd */
+    st = gather_rank_rows(c, &values, &rows, rank_counted, deadline_ns);
+    TPI_ASSERT(st != TP_OK || values || rows.table); /* a gather that ends complete read them */
+    char **addrs = NULL;
+    uint64_t *credits = NULL;
+    if (st == TP_OK && (!(addrs = malloc((size_t)c->world_size * sizeof *addrs)) ||
+                        !(credits = malloc((size_t)c->world_size * sizeof *credits))))
+        st = tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", c->world_size);
+    /* The workers of a simulated world read the same entries: the table
+     * parsed from them is taken as it is, its addresses where they are. */
+    int adopted = st == TP_OK && rows.table;
+    if (adopted) {
+        struct tpi_names *t = rows.table;
+        rows.table = NULL; /* its reference goes to c */
+        for (uint32_t r = 0; r < c->world_size; r++)
+            addrs[r] = t->rows + t->addr_off[r];
+        install_names(c, t);
     }
-    char *arena = NULL; /* values in one block (gather_rank_rows), else each malloc'd */
-    st = gather_rank_rows(c, values, &arena, rank_counted, deadline_ns);
-    for (uint32_t r = 0; st == TP_OK && r < c->world_size; r++) {
+    scanned_rows pristine = {NULL, NULL, 0, NULL, NULL};
+    size_t *addr_off = NULL;
+    if (st == TP_OK && !adopted && rows.arena) {
+        pristine = rows_copy(&rows, c->world_size); /* before the parse cuts the names */
+        addr_off = pristine.arena ? malloc((size_t)c->world_size * sizeof *addr_off) : NULL;
+    }
+    for (uint32_t r = 0; st == TP_OK && !adopted && r < c->world_size; r++) {
         const char *a;
         uint64_t credit = 0;
         if (!tpi_rank_entry_parse(values[r], &credit, &a)) {
@@ -1053,11 +1249,17 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
             st = publish_error(c, TP_ESTORE, bad);
             break;
         }
-        c->credit[r] = credit; /* FLOW-6: our window to r (lock: no call runs yet) */
+        credits[r] = credit; /* FLOW-6: our window to r */
         addrs[r] = (char *)a;
+        if (addr_off)
+            addr_off[r] = (size_t)(a - rows.arena);
     }
-    if (st == TP_OK) /* the names, values cut at their tab */
-        st = adopt_names(c, (const char *const *)values, "init");
+    if (st == TP_OK && !adopted) { /* the names, values cut at their tab */
+        st = adopt_names(c, (const char *const *)values, credits, &pristine, addr_off, "init");
+        addr_off = NULL; /* taken */
+    }
+    scanned_rows_free(&pristine);
+    free(addr_off);
     if (st == TP_OK) {
         char err[TP_ERRMSG_LEN_MAX] = "";
         st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
@@ -1068,11 +1270,12 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
             st = publish_error(c, st, msg);
         }
     }
-    for (uint32_t r = 0; !arena && r < c->world_size; r++)
+    for (uint32_t r = 0; values && !rows.arena && r < c->world_size; r++)
         free(values[r]);
-    free(arena);
+    scanned_rows_free(&rows);
     free(values);
     free(addrs);
+    free(credits);
     if (st != TP_OK)
         return st;
 
@@ -1268,9 +1471,11 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
     }
     char **addrs = calloc(c->world_size, sizeof *addrs);
     char **vals = calloc(c->world_size, sizeof *vals);
-    if (!addrs || !vals) {
+    uint64_t *credits = malloc((size_t)c->world_size * sizeof *credits);
+    if (!addrs || !vals || !credits) {
         free(addrs);
         free(vals);
+        free(credits);
         return tpi_fail(TP_ENOMEM, "rejoin: out of memory for %u workers", c->world_size);
     }
     /* REJOIN-3: the all-gather: names from init, addresses from the newest
@@ -1292,11 +1497,11 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
                           vals[q], c->self.name);
             break;
         }
-        c->credit[q] = credit; /* FLOW-6 */
+        credits[q] = credit; /* FLOW-6 */
         addrs[q] = (char *)a;
     }
     if (st == TP_OK) /* the names, values cut at their tab; before vals change */
-        st = adopt_names(c, (const char *const *)vals, "rejoin");
+        st = adopt_names(c, (const char *const *)vals, credits, NULL, NULL, "rejoin");
     for (uint32_t q = 0; st == TP_OK && q < c->world_size; q++) {
         if (q == c->rank) {
             addrs[q] = (char *)addr;
@@ -1320,7 +1525,7 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
         vals[q] = v;
         addrs[q] = (char *)a;
         tpi_lock(c);
-        atomic_store_explicit(&c->peer_inc[q], k, memory_order_relaxed);
+        st = tpi_peer_inc_set(c, q, k);
         tpi_unlock(c);
     }
     if (st == TP_OK) {
@@ -1347,6 +1552,7 @@ tp_status tpi_rendezvous_rejoin(tp_core *c, const char *addr, uint64_t deadline_
         free(vals[q]);
     free(vals);
     free(addrs);
+    free(credits);
     return st;
 }
 

@@ -75,6 +75,11 @@ tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id) {
     tpi_owner *o = tpi_idmap_get(&c->owners, id);
     if (o)
         return o;
+    /* RREF-23: a record made by another worker's remote() counts in that
+     * worker's record here. */
+    tpi_peer *maker = NULL;
+    if (id.worker != c->rank && id.worker < c->world_size && !(maker = tpi_peer_get(c, id.worker)))
+        return NULL;
     o = calloc(1, sizeof *o);
     if (!o)
         return NULL;
@@ -83,8 +88,8 @@ tpi_owner *tpi_owner_get_or_create(tp_core *c, tpi_gid id) {
         free(o);
         return NULL;
     }
-    if (id.worker != c->rank && id.worker < c->world_size)
-        c->remote_values[id.worker]++; /* RREF-23: made by that worker's remote() */
+    if (maker)
+        maker->remote_values++;
     return o;
 }
 
@@ -176,8 +181,9 @@ static void owner_free(tp_core *c, tpi_owner *o) {
     void *was = tpi_idmap_del(&c->owners, o->id);
     TPI_ASSERT(was == o);
     if (o->id.worker != c->rank && o->id.worker < c->world_size) {
-        TPI_ASSERT(c->remote_values[o->id.worker] > 0);
-        c->remote_values[o->id.worker]--;
+        tpi_peer *maker = tpi_peer_must(c, o->id.worker); /* made with o */
+        TPI_ASSERT(maker->remote_values > 0);
+        maker->remote_values--;
     }
     tpi_owner_drop_deferred(c, o); /* only teardown frees a record not yet ready */
     tpi_fetch *fe = o->fetches;
@@ -215,7 +221,7 @@ static tp_rref *rref_alloc(tp_core *c, uint32_t owner, tpi_gid id) {
     r->core = c;
     tpi_core_ref(c);
     r->owner = owner;
-    r->owner_inc = owner == c->rank ? c->incarnation : c->peer_inc[owner];
+    r->owner_inc = owner == c->rank ? c->incarnation : tpi_peer_inc(c, owner);
     r->id = id;
     tpi_format(r->owner_name, sizeof r->owner_name, "%s", c->infos[owner].name);
     tpi_format(r->self_name, sizeof r->self_name, "%s", c->self.name);
@@ -897,7 +903,7 @@ static size_t forks_probe(tp_core *c, uint64_t now, uint64_t min_age_ns) {
         }
     }
     for (uint32_t p = 0; ask && p < c->world_size && !TPI_CANARY(TPI_CANARY_NO_FORK_PROBE); p++)
-        if (ask[p] && p != c->rank && !c->peer_dead[p] && !c->forks_query[p])
+        if (ask[p] && p != c->rank && !c->peer_dead[p] && !tpi_peer_view(c, p)->forks_query)
             forks_query_send(c, p, 0);
     free(ask); /* without memory, the next probe tries again */
     return at_risk;
@@ -923,7 +929,7 @@ void tpi_retries_run(tp_core *c, uint64_t now) {
         TPI_ASSERT(c->active_client > 0);
         c->active_client--;
         if (t->type == TPI_RETRY_FORKS_QUERY) {
-            c->forks_query[t->dst] = 0;
+            tpi_peer_must(c, t->dst)->forks_query = 0; /* made by forks_query_send */
             if (!c->peer_dead[t->dst])
                 forks_query_send(c, t->dst, t->attempt);
         } else if (proto_gone(c, t->dst, t->rref)) {
@@ -949,7 +955,7 @@ static void retries_drop(tp_core *c, uint32_t peer, tp_status st) {
         TPI_ASSERT(c->active_client > 0);
         c->active_client--;
         if (t->type == TPI_RETRY_FORKS_QUERY)
-            c->forks_query[t->dst] = 0;
+            tpi_peer_must(c, t->dst)->forks_query = 0; /* made by forks_query_send */
         proto_final(c, t->type, t->rref, t->fork, t->parent, st, NULL);
         if (t->rref)
             tpi_rref_unpin(c, t->rref);
@@ -1055,8 +1061,9 @@ static void fork_answered(tp_core *c, uint32_t peer, tpi_gid rref, tpi_gid f, in
 
 static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply) {
     uint32_t peer = call->dst;
-    int again = c->forks_query[peer] == 2;
-    c->forks_query[peer] = 0;
+    tpi_peer *p = tpi_peer_must(c, peer); /* made by issue */
+    int again = p->forks_query == 2;
+    p->forks_query = 0;
     if (c->peer_dead[peer])
         return; /* its death settled every fork it had (RREF-12) */
     const tp_value *v = reply && st == TP_OK ? reply->value : NULL;
@@ -1071,7 +1078,7 @@ static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply
         /* The retry collects the forks afresh: those sent meanwhile too. */
         if (proto_unanswered(c, TPI_RETRY_FORKS_QUERY, peer, NULL, (tpi_gid){0, 0}, 0,
                              call->attempt, TP_EIO))
-            c->forks_query[peer] = 1;
+            p->forks_query = 1;
         return;
     } else {
         tpi_log(TP_LOG_WARN, "worker '%s': %s could not settle the forks sent to worker %u: %s",
@@ -1082,7 +1089,8 @@ static void forks_reply(tp_core *c, tpi_call *call, tp_status st, tpi_msg *reply
 }
 
 static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
-    tp_value *entries = tp_value_list();
+    tpi_peer *p = tpi_peer_get(c, peer); /* where the query's state is kept */
+    tp_value *entries = p ? tp_value_list() : NULL;
     int ok = entries != NULL;
     for (size_t i = 0; ok && i < c->children.cap && tp_list_len(entries) < TPI_FORKS_QUERY_MAX;
          i++) {
@@ -1121,18 +1129,19 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
     }
     tpi_defer_free(c, args);
     if (st == TP_OK) {
-        c->forks_query[peer] = 1;
+        p->forks_query = 1;
         return;
     }
     if (proto_unanswered(c, TPI_RETRY_FORKS_QUERY, peer, NULL, (tpi_gid){0, 0}, 0, attempt,
                          st == TP_ENOMEM || st == TP_ELIMIT ? st : TP_EIO))
-        c->forks_query[peer] = 1; /* until the retry runs */
+        p->forks_query = 1; /* until the retry runs */
 }
 
 void tpi_forks_query(tp_core *c, uint32_t peer) {
     TPI_ASSERT(peer < c->world_size && peer != c->rank);
-    if (c->forks_query[peer]) {
-        c->forks_query[peer] = 2; /* forks sent meanwhile: ask again after the answer */
+    tpi_peer *p = tpi_peer_find(c, peer);
+    if (p && p->forks_query) {
+        p->forks_query = 2; /* forks sent meanwhile: ask again after the answer */
         return;
     }
     forks_query_send(c, peer, 0);
@@ -1152,10 +1161,16 @@ tp_status tpi_forks_serve(tp_core *c, uint32_t src, const tp_value *args, tp_val
     }
     tpi_lock(c);
     uint64_t now = tpi_now(c);
-    if (c->reorders && c->forks_asked_ns[src] == 0)
-        c->forks_asked_ns[src] = now;
-    if (c->undecoded[src] > 0 || /* its earlier requests may carry those forks */
-        (c->reorders && now - c->forks_asked_ns[src] < TPI_DEDUPE_WINDOW_NS &&
+    tpi_peer *p = tpi_peer_get(c, src); /* when its query came first (RREF-19) */
+    if (!p) {
+        tpi_unlock(c);
+        tpi_format(err, err_len, "%s: out of memory", TPI_FORKS_FN);
+        return TP_ENOMEM;
+    }
+    if (c->reorders && p->forks_asked_ns == 0)
+        p->forks_asked_ns = now;
+    if (p->undecoded > 0 || /* its earlier requests may carry those forks */
+        (c->reorders && now - p->forks_asked_ns < TPI_DEDUPE_WINDOW_NS &&
          !TPI_CANARY(TPI_CANARY_QUERY_NO_WAIT))) {
         /* On a transport that reorders, a frame sent before the query may
          * arrive up to the bound after it (AGENT-17): "not held" waits until
@@ -1164,7 +1179,7 @@ tp_status tpi_forks_serve(tp_core *c, uint32_t src, const tp_value *args, tp_val
         *result = tp_value_nil();
         return *result ? TP_OK : TP_ENOMEM;
     }
-    c->forks_asked_ns[src] = 0;
+    p->forks_asked_ns = 0;
     tp_value *answer = tp_value_list();
     tp_status st = answer ? TP_OK : TP_ENOMEM;
     for (size_t i = 0; st == TP_OK && i < tp_list_len(entries); i++) {
@@ -1204,9 +1219,7 @@ static void send_accept(tp_core *c, uint32_t parent, tpi_gid fork) {
  * (REJOIN-3: ids carry the incarnation that minted them). Lock held. */
 int tpi_rref_creator_gone(const tp_core *c, tpi_gid id) {
     return id.worker < c->world_size && id.worker != c->rank &&
-           (c->peer_dead[id.worker] ||
-            TPI_INC_OF(id.local) < atomic_load_explicit(&c->peer_inc[id.worker],
-                                                        memory_order_relaxed));
+           (c->peer_dead[id.worker] || TPI_INC_OF(id.local) < tpi_peer_inc(c, id.worker));
 }
 
 void tpi_rref_on_message(tp_core *c, uint32_t src, tpi_msg *m) {

@@ -57,7 +57,7 @@ struct tpi_job {
     uint32_t held_epoch;
     tpi_rref_ctx rc;  /* REMOTE, or a REQUEST handed over decoded: unconfirmed rrefs (RREF-13) */
     int decoded;      /* msg is a REQUEST decoded in the I/O context (serve_request) */
-    int undecoded;    /* counted in core->undecoded[src] until it runs (RREF-19) */
+    int undecoded;    /* counted in src's tpi_peer undecoded until it runs (RREF-19) */
     tpi_served sv;    /* a REQUEST: cancelable by its caller (CANCEL-1) */
     tpi_job *next; /* on its source's run queue (FAIR-1), or its owner record's deferred
                       list until that is settled (METHOD-3) */
@@ -718,42 +718,49 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
  * older than what is counted: src gave that request's bytes back already,
  * so it counts against max_queued_bytes only.
  */
-static int flow_gen_counts(tp_core *c, uint32_t src, uint32_t gen) {
-    if (c->src_gen_known[src] && gen == c->src_gen[src])
+static int flow_gen_counts(tpi_peer *p, uint32_t gen) {
+    if (p->src_gen_known && gen == p->src_gen)
         return 1;
-    if (c->src_gen_known[src] && (int32_t)(gen - c->src_gen[src]) < 0)
+    if (p->src_gen_known && (int32_t)(gen - p->src_gen) < 0)
         return 0;
-    if (c->src_gen_known[src]) { /* newer: src reset its window to us */
-        c->held[src] = 0;
-        c->held_epoch[src]++;
+    if (p->src_gen_known) { /* newer: src reset its window to us */
+        p->held = 0;
+        p->held_epoch++;
     }
-    c->src_gen[src] = gen;
-    c->src_gen_known[src] = 1;
+    p->src_gen = gen;
+    p->src_gen_known = 1;
     return 1;
 }
 
 /* Counts a request of len bytes and generation gen from src against its
- * credit and the worker's total, or refuses it with a message (FLOW-8). */
+ * credit and the worker's total, or refuses it with a message (FLOW-8):
+ * TP_ELIMIT, or TP_ENOMEM when src's record cannot be made. */
 static tp_status flow_admit(tp_core *c, uint32_t src, uint64_t len, uint32_t gen,
                             uint32_t *epoch, char *err, size_t err_len) {
     char me[TP_NAME_LEN_MAX + 32], who[TP_NAME_LEN_MAX + 32];
     tpi_lock(c);
-    int counted = flow_gen_counts(c, src, gen);
-    uint64_t held = counted ? c->held[src] : 0, total = c->held_total;
+    tpi_peer *p = tpi_peer_get(c, src); /* its jobs, held bytes and queue live there */
+    if (!p) {
+        tpi_unlock(c);
+        tpi_format(err, err_len, "the callee is out of memory");
+        return TP_ENOMEM;
+    }
+    int counted = flow_gen_counts(p, gen);
+    uint64_t held = counted ? p->held : 0, total = c->held_total;
     int over_credit = held > 0 && held + len > c->grant;
     int over_total = !over_credit && total > 0 && total + len > c->queued_max;
     if (!over_credit && !over_total) {
         if (counted)
-            c->held[src] = held + len;
+            p->held = held + len;
         c->held_total = total + len;
         /* An uncounted request carries an epoch that is already over, so
-         * flow_release leaves held[src] alone. */
-        *epoch = counted ? c->held_epoch[src] : c->held_epoch[src] - 1;
+         * flow_release leaves src's held alone. */
+        *epoch = counted ? p->held_epoch : p->held_epoch - 1;
         tpi_unlock(c);
         return TP_OK;
     }
-    int first = !c->refused_warned[src];
-    c->refused_warned[src] = 1;
+    int first = !p->refused_warned;
+    p->refused_warned = 1;
     tpi_worker_desc(c, c->rank, me, sizeof me);
     tpi_worker_desc(c, src, who, sizeof who);
     if (over_credit)
@@ -780,9 +787,10 @@ static void flow_release(tp_core *c, tpi_job *j) {
         return;
     TPI_ASSERT(c->held_total >= j->held);
     c->held_total -= j->held;
-    if (j->held_epoch == c->held_epoch[j->src]) {
-        TPI_ASSERT(c->held[j->src] >= j->held);
-        c->held[j->src] -= j->held;
+    tpi_peer *p = tpi_peer_must(c, j->src); /* made when j was admitted */
+    if (j->held_epoch == p->held_epoch) {
+        TPI_ASSERT(p->held >= j->held);
+        p->held -= j->held;
     }
     j->held = 0;
 }
@@ -806,36 +814,37 @@ typedef struct tpi_token {
 
 /* Puts src at the end of the round (lock held). */
 static void round_append(tp_core *c, uint32_t src) {
-    tpi_runq *q = &c->runq[src];
+    tpi_runq *q = &tpi_peer_must(c, src)->runq;
     TPI_ASSERT(!q->in_round && q->head);
     q->in_round = 1;
     q->next = UINT32_MAX;
     if (c->rr_last == UINT32_MAX)
         c->rr_first = src;
     else
-        c->runq[c->rr_last].next = src;
+        tpi_peer_must(c, c->rr_last)->runq.next = src;
     c->rr_last = src;
 }
 
 /* Takes src out of the round wherever it is (lock held; a rare path). */
 static void round_remove(tp_core *c, uint32_t src) {
     uint32_t prev = UINT32_MAX;
-    for (uint32_t k = c->rr_first; k != UINT32_MAX; prev = k, k = c->runq[k].next) {
+    for (uint32_t k = c->rr_first; k != UINT32_MAX; prev = k, k = tpi_peer_must(c, k)->runq.next) {
         if (k != src)
             continue;
+        tpi_runq *q = &tpi_peer_must(c, k)->runq;
         if (prev == UINT32_MAX)
-            c->rr_first = c->runq[k].next;
+            c->rr_first = q->next;
         else
-            c->runq[prev].next = c->runq[k].next;
+            tpi_peer_must(c, prev)->runq.next = q->next;
         if (c->rr_last == k)
             c->rr_last = prev;
-        c->runq[k].in_round = 0;
+        q->in_round = 0;
         return;
     }
 }
 
 static void runq_push(tp_core *c, tpi_job *j) {
-    tpi_runq *q = &c->runq[j->src];
+    tpi_runq *q = &tpi_peer_must(c, j->src)->runq; /* made by flow_admit or submit */
     j->next = NULL;
     if (q->tail)
         q->tail->next = j;
@@ -849,7 +858,7 @@ static void runq_push(tp_core *c, tpi_job *j) {
 
 /* Takes src's first job (lock held). */
 static tpi_job *runq_take(tp_core *c, uint32_t src) {
-    tpi_runq *q = &c->runq[src];
+    tpi_runq *q = &tpi_peer_must(c, src)->runq;
     tpi_job *j = q->head;
     TPI_ASSERT(j && q->njobs > 0);
     q->head = j->next;
@@ -874,7 +883,7 @@ static int congested(tp_core *c, uint32_t src) {
 static tpi_job *runq_pop(tp_core *c) {
     uint32_t src;
     while ((src = c->rr_first) != UINT32_MAX) {
-        tpi_runq *q = &c->runq[src];
+        tpi_runq *q = &tpi_peer_must(c, src)->runq;
         c->rr_first = q->next;
         if (c->rr_first == UINT32_MAX)
             c->rr_last = UINT32_MAX;
@@ -894,7 +903,7 @@ static tpi_job *runq_pop(tp_core *c) {
 
 /* Takes j out of its source's queue (lock held); 0 when a token took it already. */
 static int runq_unlink(tp_core *c, tpi_job *j) {
-    tpi_runq *q = &c->runq[j->src];
+    tpi_runq *q = &tpi_peer_must(c, j->src)->runq;
     tpi_job *prev = NULL;
     for (tpi_job *k = q->head; k; prev = k, k = k->next) {
         if (k != j)
@@ -920,8 +929,9 @@ static void job_discard(tp_core *c, tpi_job *j) {
     flow_release(c, j);
     served_end(c, &j->sv);
     if (j->undecoded) {
-        TPI_ASSERT(c->undecoded[j->src] > 0);
-        c->undecoded[j->src]--;
+        tpi_peer *p = tpi_peer_must(c, j->src);
+        TPI_ASSERT(p->undecoded > 0);
+        p->undecoded--;
     }
     if (j->owner) {
         j->owner->running = 0;
@@ -941,8 +951,11 @@ static void job_discard(tp_core *c, tpi_job *j) {
 }
 
 void tpi_serve_teardown(tp_core *c) {
-    for (uint32_t src = 0; src < c->world_size; src++) {
-        tpi_runq *q = &c->runq[src];
+    /* Only sources with a record can have jobs queued: in rank order. A
+     * discard makes no record, so the list stays as it is. */
+    for (uint32_t i = 0; i < c->npeer_ids; i++) {
+        uint32_t src = c->peer_ids[i];
+        tpi_runq *q = &tpi_peer_must(c, src)->runq;
         while (q->head)
             job_discard(c, runq_take(c, src));
         q->in_round = q->stalled = 0;
@@ -955,9 +968,10 @@ static void token_run(tp_work *w);
 
 void tpi_serve_uncongested(tp_core *c, uint32_t dst) {
     tpi_lock(c);
-    tpi_runq *q = &c->runq[dst];
+    tpi_peer *p = tpi_peer_find(c, dst);
+    tpi_runq *q = p ? &p->runq : NULL; /* none: it never queued a job here */
     uint64_t n = 0;
-    if (q->stalled) {
+    if (q && q->stalled) {
         q->stalled = 0;
         if (q->head && !q->in_round)
             round_append(c, dst);
@@ -995,8 +1009,8 @@ static void token_run(tp_work *w) {
         /* Every queued job is of a stalled source (FAIR-2): the token is
          * owed to them; or its job went with a failed hand-off (queue_job). */
         uint64_t queued = 0;
-        for (uint32_t s = 0; s < c->world_size && !queued; s++)
-            queued = c->runq[s].njobs;
+        for (uint32_t i = 0; i < c->npeer_ids && !queued; i++)
+            queued = tpi_peer_must(c, c->peer_ids[i])->runq.njobs;
         c->tokens_owed += queued != 0;
         tpi_unlock(c);
         return;
@@ -1055,8 +1069,9 @@ static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_que
     }
     if (j->undecoded) { /* decoded, or dropped unread: RREF-19 may answer src now */
         tpi_lock(c);
-        TPI_ASSERT(c->undecoded[j->src] > 0);
-        c->undecoded[j->src]--;
+        tpi_peer *p = tpi_peer_must(c, j->src);
+        TPI_ASSERT(p->undecoded > 0);
+        p->undecoded--;
         tpi_unlock(c);
     }
     if (j->msg) {
@@ -1121,7 +1136,7 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
     o = tpi_idmap_get(&c->owners, j->msg->rref);
     uint32_t creator = j->msg->rref.worker;
     if (!o && creator != c->rank && creator < c->world_size &&
-        c->remote_values[creator] >= c->remote_values_max) {
+        tpi_peer_view(c, creator)->remote_values >= c->remote_values_max) {
         /* RREF-23: that worker's undeleted values here are at the limit. */
         char me[TP_NAME_LEN_MAX + 32], who[TP_NAME_LEN_MAX + 32];
         tpi_unlock(c);
@@ -1186,9 +1201,10 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     uint64_t len = f->len;
     uint32_t epoch = 0;
     char ferr[TP_ERRMSG_LEN_MAX];
-    if (flow_admit(c, src, len, tpi_frame_gen(f), &epoch, ferr, sizeof ferr) != TP_OK) {
+    tp_status admitted = flow_admit(c, src, len, tpi_frame_gen(f), &epoch, ferr, sizeof ferr);
+    if (admitted != TP_OK) {
         tp_frame_free(f); /* FLOW-8: dropped unrun */
-        tpi_reply(c, src, id, TP_ELIMIT, NULL, ferr);
+        tpi_reply(c, src, id, admitted, NULL, ferr);
         return;
     }
     tpi_job *j = tpi_block_alloc(sizeof *j); /* blocks.h: no malloc once warm */
@@ -1226,7 +1242,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     if (f) { /* a REQUEST read but not decoded: its rrefs are not known yet (RREF-19) */
         j->undecoded = 1;
         tpi_lock(c);
-        c->undecoded[src]++;
+        tpi_peer_must(c, src)->undecoded++; /* made by flow_admit */
         tpi_unlock(c);
     }
     submit(c, j, id);
@@ -1234,7 +1250,10 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
 
 /* Hands a decoded REQUEST (m and rc moved in) to the pool: 1 when it did. */
 static int hand_over(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc) {
-    tpi_job *j = tpi_block_alloc(sizeof *j);
+    tpi_lock(c);
+    int have = tpi_peer_get(c, src) != NULL; /* its run queue (flow_admit was skipped) */
+    tpi_unlock(c);
+    tpi_job *j = have ? tpi_block_alloc(sizeof *j) : NULL;
     tpi_msg *copy = j ? malloc(sizeof *copy) : NULL;
     if (!copy) {
         if (j)
@@ -1282,7 +1301,7 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
         flow_release(c, j);
         served_end(c, &j->sv); /* no cancel can come in between: this is the I/O context */
         if (j->undecoded)
-            c->undecoded[src]--;
+            tpi_peer_must(c, src)->undecoded--;
         if (j->owner) {
             j->owner->running = 0;
             tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, "the callee is shutting down");

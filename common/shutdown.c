@@ -78,25 +78,25 @@ static tp_status drain_pause(tp_core *c, uint64_t *pause, uint64_t deadline) {
  * bounds it).
  */
 static tp_status drain_flush(tp_core *c, uint64_t deadline) {
-    /* Most rounds have no peer to flush: no per-peer arrays for them. A call
-     * that times out after this look is flushed next round, as one that
-     * times out after the look below. */
+    /* Only peers with a record were ever called (issue makes it): the walk
+     * is over those, in rank order. Most rounds have no peer to flush: no
+     * arrays for them. A call that times out after this look is flushed
+     * next round. */
     tpi_lock(c);
-    int any = 0;
-    for (uint32_t p = 0; !any && p < c->world_size; p++)
-        any = c->unflushed[p] && !c->peer_dead[p];
-    tpi_unlock(c);
-    if (!any)
-        return TP_OK;
-    tp_future **fs = calloc(c->world_size, sizeof *fs);
-    uint32_t *peer = calloc(c->world_size, sizeof *peer);
-    if (!fs || !peer) {
+    uint32_t want = 0;
+    for (uint32_t i = 0; i < c->npeer_ids; i++) {
+        uint32_t p = c->peer_ids[i];
+        want += tpi_peer_must(c, p)->unflushed && !c->peer_dead[p];
+    }
+    tp_future **fs = want ? calloc(want, sizeof *fs) : NULL;
+    uint32_t *peer = want ? calloc(want, sizeof *peer) : NULL;
+    if (!want || !fs || !peer) {
+        tpi_unlock(c);
         free(fs);
         free(peer);
-        return tpi_fail(TP_ENOMEM, "shutdown drain: out of memory");
+        return want ? tpi_fail(TP_ENOMEM, "shutdown drain: out of memory") : TP_OK;
     }
     uint32_t n = 0;
-    tpi_lock(c);
     uint64_t now = tpi_now(c);
     double left_s = deadline == TPI_NO_DEADLINE ? TP_TIMEOUT_INFINITE
                     : deadline > now            ? (double)(deadline - now) / 1e9
@@ -106,10 +106,12 @@ static tp_status drain_flush(tp_core *c, uint64_t deadline) {
      * and the next round pings again. Elsewhere it comes, however slow. */
     if (c->loses && (left_s == TP_TIMEOUT_INFINITE || left_s > TPI_RREF_ATTEMPT_TIMEOUT_S))
         left_s = TPI_RREF_ATTEMPT_TIMEOUT_S;
-    for (uint32_t p = 0; p < c->world_size; p++) {
-        if (!c->unflushed[p] || c->peer_dead[p])
+    for (uint32_t i = 0; i < c->npeer_ids && n < want; i++) { /* the ones counted */
+        uint32_t p = c->peer_ids[i];
+        tpi_peer *rec = tpi_peer_must(c, p);
+        if (!rec->unflushed || c->peer_dead[p])
             continue;
-        c->unflushed[p] = 0;
+        rec->unflushed = 0;
         if (tpi_start_request(c, p, "shutdown flush", TPI_PING_FN, 0, NULL, NULL, left_s,
                               &fs[n]) == TP_OK)
             peer[n++] = p;
@@ -120,7 +122,7 @@ static tp_status drain_flush(tp_core *c, uint64_t deadline) {
         if (w != TP_OK && st == TP_OK)
             st = w; /* teardown */
         if (atomic_load(&fs[i]->done) && fs[i]->status == TP_ETIMEDOUT)
-            c->unflushed[peer[i]] = 1; /* still unknown: look again next round */
+            tpi_peer_must(c, peer[i])->unflushed = 1; /* still unknown: look again next round */
     }
     tpi_unlock(c);
     for (uint32_t i = 0; i < n; i++)
@@ -193,9 +195,7 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
     uint64_t prev_active = UINT64_MAX, prev_issued = UINT64_MAX;
     int prev_complete = 0; /* the previous round had every worker's value */
     uint64_t pause = DRAIN_POLL_NS;
-    char **values = calloc(c->world_size, sizeof *values);
-    if (!values)
-        return tpi_fail(TP_ENOMEM, "shutdown: out of memory");
+    char **values = NULL; /* made by the gather when a round reads the keys */
     tp_status st = TP_OK;
     for (uint32_t round = 0; round < DRAIN_ROUNDS_MAX; round++) {
         st = wait_local_quiet(c, deadline);
@@ -235,13 +235,13 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
             break;
         int64_t totals[2] = {0, 0};
         tpi_round_sums sums = {.names = drain_sum_names, .n = 2, .totals = totals};
-        st = tpi_store_gather(c, prefix, deadline, 1, values, &sums, counted, "shutdown drain");
+        st = tpi_store_gather(c, prefix, deadline, 1, &values, &sums, counted, "shutdown drain");
         uint64_t active = 0, issued = 0;
         if (sums.have) {
             active = (uint64_t)totals[0];
             issued = (uint64_t)totals[1];
         }
-        for (uint32_t r = 0; r < c->world_size; r++) {
+        for (uint32_t r = 0; values && r < c->world_size; r++) { /* the keys were read */
             uint64_t a = 0, s = 0, i = 0;
             if (!sums.have && values[r] &&
                 sscanf(values[r], "%" SCNu64 " %" SCNu64 " %" SCNu64, &a, &s, &i) == 3) {

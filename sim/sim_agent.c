@@ -130,16 +130,27 @@ static void detail_text(tpi_sim_detail d, uint32_t about, char *buf, size_t len)
     tpi_format(buf, len, "host %u", about);
 }
 
+/* Sets whether a saw rank die, making peer_dead at the first death (the
+ * simulator stops on exhaustion, as for its other tables). */
+static void mark_dead(tpi_sim_agent *a, uint32_t rank, int dead) {
+    if (!a->peer_dead && !dead)
+        return;
+    if (!a->peer_dead && !(a->peer_dead = calloc(a->npeers, 1)))
+        tpi_assert_fail("simulator peer table exhausted memory", __FILE__, __LINE__);
+    a->peer_dead[rank] = (uint8_t)dead;
+}
+
 void tpi_sim_agent_peer_down_event(tp_sim *sim, const tpi_sim_event *e) {
     tpi_sim_agent *a = tpi_sim_agent_get(sim, e->a);
     if (!a || a->stopping || !a->started || sim->hosts[a->host].dead)
         return; /* no upcall after stop, none to the dead */
     uint32_t peer = e->b;
     tp_status why = (tp_status)e->c;
-    if (peer >= a->npeers || a->peer_dead[peer] || a->peer_host[peer] != (uint32_t)e->x)
+    if (peer >= a->npeers || tpi_sim_peer_dead(a, peer) ||
+        tpi_sim_peer_host(a, peer) != (uint32_t)e->x)
         return; /* already known dead, or news of a host the rank has left (AGENT-16) */
     if (why == TP_EPEERDOWN)
-        a->peer_dead[peer] = 1; /* later sends fail at once (AGENT-8) */
+        mark_dead(a, peer, 1); /* later sends fail at once (AGENT-8) */
     char detail[160];
     detail_text((tpi_sim_detail)e->d, (uint32_t)e->x, detail, sizeof detail);
     tpi_sim_trace(sim, "peer_down host=%u agent=%u peer=%u why=%s", a->host, a->id, peer,
@@ -181,8 +192,46 @@ static tp_status agent_start(tp_agent *ag, tp_core *core, char *addr, size_t add
 }
 
 /* "sim:<host>" -> host; 0 when the text is not one of ours. */
-static int parse_addr(const tp_sim *sim, const char *s, uint32_t *host) {
-    return s && strncmp(s, "sim:", 4) == 0 && tpi_parse_index(s + 4, sim->nhosts, host);
+static inline int parse_addr(const tp_sim *sim, const char *s, uint32_t *host) {
+    /* Every worker parses every address at init: inline, with
+     * tpi_parse_index's rules (decimal, no leading zero, below nhosts). */
+    if (!s || s[0] != 's' || s[1] != 'i' || s[2] != 'm' || s[3] != ':')
+        return 0;
+    s += 4;
+    uint64_t v = 0;
+    size_t i = 0;
+    for (unsigned d; i < 10 && (d = (unsigned char)s[i] - '0') <= 9; i++)
+        v = v * 10 + d;
+    if (i == 0 || s[i] != '\0' || (s[0] == '0' && i > 1) || v >= sim->nhosts)
+        return 0;
+    *host = (uint32_t)v;
+    return 1;
+}
+
+/* Puts rank on host in a->moved (ascending by rank): listed exactly when
+ * host is not rank. 0 when out of memory (the list as it was). */
+static int moved_set(tpi_sim_agent *a, uint32_t rank, uint32_t host) {
+    uint32_t at = tpi_sim_moved_slot(a, rank);
+    int listed = at < a->nmoved && a->moved[at].rank == rank;
+    if (listed && host == rank) {
+        memmove(&a->moved[at], &a->moved[at + 1], (a->nmoved - at - 1) * sizeof *a->moved);
+        a->nmoved--;
+    } else if (listed) {
+        a->moved[at].host = host;
+    } else if (host != rank) {
+        if (a->nmoved == a->moved_cap) {
+            uint32_t cap = a->moved_cap ? a->moved_cap * 2 : 4;
+            tpi_sim_moved *v = realloc(a->moved, cap * sizeof *v);
+            if (!v)
+                return 0;
+            a->moved = v;
+            a->moved_cap = cap;
+        }
+        memmove(&a->moved[at + 1], &a->moved[at], (a->nmoved - at) * sizeof *a->moved);
+        a->moved[at] = (tpi_sim_moved){rank, host};
+        a->nmoved++;
+    }
+    return 1;
 }
 
 static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
@@ -193,32 +242,58 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
         tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size, a->world_size);
         return TP_EINVAL;
     }
-    uint32_t *ph = calloc(world_size ? world_size : 1, sizeof *ph);
-    uint8_t *pd = calloc(world_size ? world_size : 1, sizeof *pd);
-    if (!ph || !pd) {
-        free(ph);
-        free(pd);
-        tpi_format(errmsg, errmsg_len, "out of memory for %u peers", world_size);
-        return TP_ENOMEM;
-    }
-    for (uint32_t r = 0; r < world_size; r++) {
+    /* Every address is checked; only the ranks off their own host (after
+     * restarts) and those on hosts that died are kept. */
+    tpi_sim_moved *moved = NULL;
+    uint8_t *pd = NULL;
+    uint32_t nmoved = 0, moved_cap = 0;
+    int any_dead = sim->hosts_dead > 0; /* else no host needs a look */
+    tp_status st = TP_OK;
+    for (uint32_t r = 0; r < world_size && st == TP_OK; r++) {
+        uint32_t host;
         /* Addresses came through the store: check, never assert. */
-        if (!parse_addr(sim, addrs[r], &ph[r])) {
+        if (!parse_addr(sim, addrs[r], &host)) {
             tpi_format(errmsg, errmsg_len,
                        "worker %u's address '%.64s' is not a simulator address (sim:0..%u)", r,
                        addrs[r] ? addrs[r] : "(null)", sim->nhosts - 1);
-            free(ph);
-            free(pd);
-            return TP_EINVAL; /* AGENT-4 */
+            st = TP_EINVAL; /* AGENT-4 */
+            break;
         }
+        if (host != r && nmoved == moved_cap) {
+            uint32_t cap = moved_cap ? moved_cap * 2 : 4;
+            tpi_sim_moved *v = realloc(moved, cap * sizeof *v);
+            if (!v) {
+                st = TP_ENOMEM;
+                break;
+            }
+            moved = v;
+            moved_cap = cap;
+        }
+        if (host != r)
+            moved[nmoved++] = (tpi_sim_moved){r, host}; /* r ascends: the list is sorted */
         /* A host that died before we knew it is down from the start. */
-        pd[r] = (uint8_t)(sim->hosts[ph[r]].dead && ph[r] != a->host);
+        if (any_dead && sim->hosts[host].dead && host != a->host) {
+            if (!pd && !(pd = calloc(world_size, 1))) {
+                st = TP_ENOMEM;
+                break;
+            }
+            pd[r] = 1;
+        }
     }
-    free(a->peer_host);
+    if (st != TP_OK) {
+        free(moved);
+        free(pd);
+        if (st == TP_ENOMEM)
+            tpi_format(errmsg, errmsg_len, "out of memory for %u peers", world_size);
+        return st;
+    }
     free(a->peer_dead);
-    a->peer_host = ph;
+    free(a->moved);
     a->peer_dead = pd;
     a->npeers = world_size;
+    a->moved = moved;
+    a->nmoved = nmoved;
+    a->moved_cap = moved_cap;
     tpi_sim_trace(sim, "agent_peers host=%u agent=%u world=%u", a->host, a->id, world_size);
     return TP_OK;
 }
@@ -238,8 +313,11 @@ static tp_status agent_set_peer(tp_agent *ag, uint32_t rank, const char *addr, c
                    rank, addr);
         return TP_EINVAL;
     }
-    a->peer_host[rank] = host;
-    a->peer_dead[rank] = (uint8_t)(sim->hosts[host].dead != 0);
+    if (!moved_set(a, rank, host)) {
+        tpi_format(errmsg, errmsg_len, "out of memory for worker %u's new address", rank);
+        return TP_ENOMEM;
+    }
+    mark_dead(a, rank, sim->hosts[host].dead != 0);
     tpi_sim_trace(sim, "agent_peer host=%u agent=%u rank=%u now=%u", a->host, a->id, rank, host);
     return TP_OK;
 }
@@ -411,8 +489,8 @@ static void agent_destroy(tp_agent *ag) {
     if (h->active_agent == a->id + 1)
         h->active_agent = 0;
     sim->agents[a->id] = NULL;
-    free(a->peer_host);
     free(a->peer_dead);
+    free(a->moved);
     free(a);
 }
 

@@ -428,6 +428,7 @@ void tpi_sim_host_kill(tp_sim *sim, tpi_sim_host *h, const char *how) {
     if (h->dead)
         return;
     h->dead = 1;
+    sim->hosts_dead++;
     sim->fired[TP_SIM_FAULT_KILL]++;
     tpi_sim_trace(sim, "fault %s host=%u", how, h->index);
     tpi_sim_pf_fault(sim, how, h->index, UINT32_MAX);

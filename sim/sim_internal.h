@@ -337,9 +337,15 @@ struct tpi_sim_agent {
     const void *lock_holder; /* the task (or scheduler token) holding the lock */
     uint64_t timer_seq;      /* bumped by each arm: older timer events are stale */
     uint64_t timer_deadline_ns;
-    /* Peers, from set_peers: rank -> host, and what this agent saw die. */
+    /* Peers, from set_peers (npeers 0 before it): rank r lives on host r
+     * unless a restart moved it; moved lists those ranks with their hosts,
+     * ascending by rank (usually none), so an agent holds no table of n
+     * hosts and news about a host finds its ranks without a look at every
+     * rank (tpi_sim_peer_host). peer_dead: by rank, what this agent saw
+     * die; NULL while it saw nothing die (tpi_sim_peer_dead). */
     uint32_t npeers;
-    uint32_t *peer_host;
+    struct tpi_sim_moved *moved;
+    uint32_t nmoved, moved_cap;
     uint8_t *peer_dead;
     /* The executor pool (AGENT-7). */
     uint32_t pool_max;
@@ -353,6 +359,35 @@ struct tpi_sim_agent {
     uint32_t parked;      /* tasks inside park on this agent */
     uint32_t stop_waiter; /* task id + 1 of the task in stop, 0 if none */
 };
+
+/* A rank not on its own host: where it lives now (tpi_sim_agent.moved). */
+typedef struct tpi_sim_moved {
+    uint32_t rank, host;
+} tpi_sim_moved;
+
+/* Where a's moved list has rank, or where it would go. */
+static inline uint32_t tpi_sim_moved_slot(const tpi_sim_agent *a, uint32_t rank) {
+    uint32_t lo = 0, hi = a->nmoved;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (a->moved[mid].rank < rank)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The host a's peer table puts rank on (rank < a->npeers). */
+static inline uint32_t tpi_sim_peer_host(const tpi_sim_agent *a, uint32_t rank) {
+    uint32_t i = tpi_sim_moved_slot(a, rank);
+    return i < a->nmoved && a->moved[i].rank == rank ? a->moved[i].host : rank;
+}
+
+/* Whether a saw rank die (rank < a->npeers). */
+static inline int tpi_sim_peer_dead(const tpi_sim_agent *a, uint32_t rank) {
+    return a->peer_dead && a->peer_dead[rank];
+}
 
 extern const tp_agent_ops tpi_sim_agent_ops;
 /* The "SIM" backend (common/backend_registry.c registers it). */
@@ -390,6 +425,11 @@ struct tpi_sim_host {
     uint32_t active_agent;                 /* agent id + 1 of the started agent, 0: none */
     tpi_sim_link *links;                   /* sorted by dst */
     uint32_t nlinks, links_cap;
+    /* The hosts below this one that have a connection with it (their
+     * links hold its entry), ascending: with the links above it, the
+     * peers a close reaches, without a look at every host. */
+    uint32_t *conn_lo;
+    uint32_t nconn_lo, conn_lo_cap;
     uint64_t paused_until; /* a pause fault holds it until then; 0: running */
 };
 
@@ -422,6 +462,7 @@ struct tp_sim {
     tpi_sim_heap heap;
     tpi_sim_host *hosts;  /* cfg.hosts + TPI_SIM_RESTARTS_MAX slots */
     uint32_t nhosts;      /* slots in use: cfg.hosts plus the restarts so far */
+    uint32_t hosts_dead;  /* hosts killed so far (dead is never cleared) */
     uint32_t *rank_host;  /* by rank: the slot of its newest incarnation */
     uint32_t restarts_planned;
     /* Id tables: slot i holds object id i, NULL once it is freed. */

@@ -45,6 +45,25 @@ tpi_sim_link *tpi_sim_link_find(const tp_sim *sim, uint32_t src, uint32_t dst) {
     return found ? &h->links[i] : NULL;
 }
 
+/* Lists lo in hi's conn_lo (lo < hi): their connection entry is made. */
+static int conn_lo_add(tpi_sim_host *hi, uint32_t lo) {
+    if (hi->nconn_lo == hi->conn_lo_cap) {
+        uint32_t cap = hi->conn_lo_cap ? hi->conn_lo_cap * 2 : 4;
+        uint32_t *v = realloc(hi->conn_lo, cap * sizeof *v);
+        if (!v)
+            return 0;
+        hi->conn_lo = v;
+        hi->conn_lo_cap = cap;
+    }
+    uint32_t at = hi->nconn_lo;
+    while (at > 0 && hi->conn_lo[at - 1] > lo)
+        at--;
+    memmove(&hi->conn_lo[at + 1], &hi->conn_lo[at], (hi->nconn_lo - at) * sizeof *hi->conn_lo);
+    hi->conn_lo[at] = lo;
+    hi->nconn_lo++;
+    return 1;
+}
+
 tpi_sim_link *tpi_sim_link_get(tp_sim *sim, uint32_t src, uint32_t dst) {
     TPI_ASSERT(src < sim->nhosts && dst < sim->nhosts);
     tpi_sim_host *h = &sim->hosts[src];
@@ -60,6 +79,9 @@ tpi_sim_link *tpi_sim_link_get(tp_sim *sim, uint32_t src, uint32_t dst) {
         h->links = links;
         h->links_cap = cap;
     }
+    /* An entry above src is the (src, dst) connection's: dst lists src. */
+    if (src < dst && !conn_lo_add(&sim->hosts[dst], src))
+        return NULL;
     memmove(&h->links[lo + 1], &h->links[lo], (h->nlinks - lo) * sizeof *h->links);
     h->nlinks++;
     memset(&h->links[lo], 0, sizeof h->links[lo]);
@@ -114,6 +136,19 @@ static const char *detail_word(tpi_sim_detail d) {
     return "?";
 }
 
+/* One PEER_DOWN event for agent a about rank r. */
+static void peer_down_event(tp_sim *sim, const tpi_sim_agent *a, uint32_t r, uint32_t about,
+                            tp_status why, tpi_sim_detail detail, uint64_t at_ns) {
+    tpi_sim_event e = {.kind = TPI_SIM_EV_PEER_DOWN,
+                       .time_ns = at_ns,
+                       .a = a->id,
+                       .b = r,
+                       .c = (uint32_t)why,
+                       .d = (uint32_t)detail,
+                       .x = about};
+    tpi_sim_schedule(sim, &e);
+}
+
 void tpi_sim_net_peer_down(tp_sim *sim, uint32_t host, uint32_t about, tp_status why,
                            tpi_sim_detail detail, uint64_t at_ns) {
     tpi_sim_host *h = &sim->hosts[host];
@@ -122,19 +157,21 @@ void tpi_sim_net_peer_down(tp_sim *sim, uint32_t host, uint32_t about, tp_status
     tpi_sim_agent *a = tpi_sim_agent_get(sim, h->active_agent - 1);
     if (!a || a->stopping)
         return;
-    /* In rank order: deterministic, and usually one rank per host. */
-    for (uint32_t r = 0; r < a->npeers; r++) {
-        if (a->peer_host[r] != about)
-            continue;
-        tpi_sim_event e = {.kind = TPI_SIM_EV_PEER_DOWN,
-                           .time_ns = at_ns,
-                           .a = a->id,
-                           .b = r,
-                           .c = (uint32_t)why,
-                           .d = (uint32_t)detail,
-                           .x = about};
-        tpi_sim_schedule(sim, &e);
+    /* In rank order: deterministic, and usually one rank per host. The
+     * ranks on `about` are `about` itself, when it is still there, and the
+     * moved ranks that went there (sim_agent.c keeps that list). */
+    int self_there = about < a->npeers && tpi_sim_peer_host(a, about) == about;
+    for (uint32_t i = 0; i < a->nmoved; i++) {
+        uint32_t r = a->moved[i].rank;
+        if (self_there && about < r) {
+            peer_down_event(sim, a, about, about, why, detail, at_ns);
+            self_there = 0;
+        }
+        if (a->moved[i].host == about)
+            peer_down_event(sim, a, r, about, why, detail, at_ns);
     }
+    if (self_there)
+        peer_down_event(sim, a, about, about, why, detail, at_ns);
 }
 
 void tpi_sim_net_break(tp_sim *sim, uint32_t a, uint32_t b, tpi_sim_detail detail) {
@@ -146,19 +183,28 @@ void tpi_sim_net_break(tp_sim *sim, uint32_t a, uint32_t b, tpi_sim_detail detai
         tpi_sim_net_peer_down(sim, b, a, TP_EIO, detail, sim->now_ns);
 }
 
+/* The close of host reaches p, connected to it (FIFO behind what is on the wire). */
+static void close_reaches(tp_sim *sim, uint32_t host, uint32_t p) {
+    uint64_t at = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
+    const tpi_sim_link *out = tpi_sim_link_find(sim, host, p);
+    if (out && out->last_arrival_ns > at)
+        at = out->last_arrival_ns;
+    tpi_sim_net_peer_down(sim, p, host, TP_EPEERDOWN, TPI_SIM_DETAIL_STOPPED, at);
+}
+
 void tpi_sim_net_closed(tp_sim *sim, uint32_t host) {
-    if (sim->hosts[host].dead)
+    const tpi_sim_host *h = &sim->hosts[host];
+    if (h->dead)
         return; /* its peers were told when it died */
-    for (uint32_t p = 0; p < sim->nhosts; p++) {
-        if (p == host || !tpi_sim_link_find(sim, host < p ? host : p, host < p ? p : host))
-            continue; /* never connected: a later send there is refused instead */
-        /* The close travels behind what is already on the wire (FIFO). */
-        uint64_t at = sat_add(sim->now_ns, sim->cfg.latency_min_ns);
-        const tpi_sim_link *out = tpi_sim_link_find(sim, host, p);
-        if (out && out->last_arrival_ns > at)
-            at = out->last_arrival_ns;
-        tpi_sim_net_peer_down(sim, p, host, TP_EPEERDOWN, TPI_SIM_DETAIL_STOPPED, at);
-    }
+    /* Every host connected to it, ascending: those below it (conn_lo),
+     * then those above (its links above it are their connections). One
+     * never connected is not told: a later send there is refused instead.
+     * Nothing below adds a connection, so both lists hold still. */
+    for (uint32_t i = 0; i < h->nconn_lo; i++)
+        close_reaches(sim, host, h->conn_lo[i]);
+    for (uint32_t i = 0; i < h->nlinks; i++)
+        if (h->links[i].dst > host)
+            close_reaches(sim, host, h->links[i].dst);
 }
 
 /* ---- Link rules: latency distributions and bandwidth (SIM-5) ---------------------- */
@@ -223,9 +269,9 @@ tp_status tpi_sim_net_send(tpi_sim_agent *a, uint32_t dst_rank, tp_frame *f) {
         return TP_ESHUTDOWN;
     if (dst_rank >= a->npeers)
         return TP_EUNKNOWNWORKER;
-    if (a->peer_dead[dst_rank])
+    if (tpi_sim_peer_dead(a, dst_rank))
         return TP_EPEERDOWN;
-    uint32_t src = a->host, dst = a->peer_host[dst_rank];
+    uint32_t src = a->host, dst = tpi_sim_peer_host(a, dst_rank);
     tpi_sim_link *conn = conn_get(sim, src, dst);
     tpi_sim_link *link = conn ? tpi_sim_link_get(sim, src, dst) : NULL;
     tpi_sim_msg *m = link ? calloc(1, sizeof *m) : NULL;

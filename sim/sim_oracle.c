@@ -57,6 +57,7 @@ struct tpi_sim_oracle {
     tpi_idmap recorded;          /* {owner agent, the same fork key} -> 1: forks owners record */
     tpi_idmap canceled;          /* {caller host, call id} -> 1: REQUESTs that ended TP_ECANCELED */
     uint32_t *running;           /* by agent id: functions running now */
+    uint64_t running_total;      /* the sum of running: 0 lets on_drained skip its walk */
     uint64_t *shutdown_begin_ns; /* by agent id: UINT64_MAX when not shutting down */
     uint64_t *shutdown_timeout_ns;
     uint8_t *shutdown_graceful;
@@ -170,7 +171,7 @@ void tpi_sim_oracle_free(tp_sim *sim) {
 static uint32_t rank_host(const tpi_sim_agent *a, uint32_t rank) {
     if (rank == a->rank)
         return a->host;
-    return a->peer_host && rank < a->npeers ? a->peer_host[rank] : UINT32_MAX;
+    return rank < a->npeers ? tpi_sim_peer_host(a, rank) : UINT32_MAX;
 }
 
 /* The agent running on host now (started, not stopped), or NULL. */
@@ -330,8 +331,9 @@ static oserve *served_entry(tpi_sim_oracle *o, const tpi_sim_agent *a, uint32_t 
 static void serve_uncount(tpi_sim_oracle *o, const tpi_sim_agent *a, oserve *s) {
     if (!s->counted)
         return;
-    TPI_ASSERT(o->running[a->id] > 0);
+    TPI_ASSERT(o->running[a->id] > 0 && o->running_total > 0);
     o->running[a->id]--;
+    o->running_total--;
     s->counted = 0;
 }
 
@@ -352,6 +354,7 @@ static void on_serve(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int begin
                               a->host, a->id, p->fn, (unsigned long long)p->id, p->peer);
         if (!s->canceled) { /* one canceled before it began never holds the drain */
             o->running[a->id]++;
+            o->running_total++;
             s->counted = 1;
         }
         return;
@@ -391,8 +394,9 @@ static void on_drained(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
         return; /* a failed graceful shutdown promises nothing about quiet */
     o->drained_quiet[a->id] = 1;
     /* SHUTDOWN-5: termination was detected over every live worker, so no
-     * function runs anywhere that took part, this worker included. */
-    for (uint32_t h = 0; h < sim->nhosts; h++) {
+     * function runs anywhere that took part, this worker included. With
+     * none running anywhere there is nothing to look for on each host. */
+    for (uint32_t h = 0; o->running_total > 0 && h < sim->nhosts; h++) {
         tpi_sim_agent *b = host_agent(sim, h);
         if (!b || sim->hosts[h].dead || b->id >= o->agents_cap || !o->running[b->id])
             continue;

@@ -127,8 +127,10 @@ void tp_sim_free(tp_sim *sim) {
             sim->hosts[i].ctx = NULL;
         }
         free_tasks(sim);
-        for (uint32_t i = 0; i < sim->nhosts; i++)
+        for (uint32_t i = 0; i < sim->nhosts; i++) {
             free(sim->hosts[i].links);
+            free(sim->hosts[i].conn_lo);
+        }
     }
     free_events(sim);
     tpi_sim_trace_free(sim);
@@ -136,8 +138,8 @@ void tp_sim_free(tp_sim *sim) {
     for (uint32_t i = 0; i < sim->nagents; i++) {
         tpi_sim_agent *a = sim->agents[i];
         if (a) {
-            free(a->peer_host);
             free(a->peer_dead);
+            free(a->moved);
             free(a);
         }
     }
