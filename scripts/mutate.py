@@ -63,7 +63,7 @@ DEFAULT_FILES = {
         "real/tcp_addr.c", "real/tcp_agent.c", "real/tcp_auth.c", "real/tcp_conn.c",
         "real/tcp_crypt.c", "real/tcp_loop.c", "real/tcp_pool.c", "real/tcp_records.c",
         "real/tcp_shm.c", "real/tcp_sock.c", "real/tcp_store.c", "real/tcp_store_server.c",
-        "real/tcp_store_wire.c", "real/tcp_sync.c", "real/tprun.c",
+        "real/tcp_store_wire.c", "real/tcp_sync.c", "real/tprun.c", "real/shm_ring.c",
     ],
     "python": None,  # every python/tensorplay/**/*.py, and python/_rpc.c: see default_files()
 }
@@ -418,7 +418,7 @@ TESTS = {
     **{n: ("lsan", [n], ["{b}/tests/" + n], {}) for n in
        ["test_future", "test_timeout", "test_shutdown", "test_init", "test_send_failure",
         "test_rejoin", "test_codec", "test_value", "test_frame", "test_interrupt",
-        "test_rref_faults", "test_flow_break"]},
+        "test_rref_faults", "test_flow_break", "test_shm_ring"]},
     "swarm": ("lsan", ["tpsim"], ["{b}/tools/tpsim", "swarm", "--seeds", "1..150"], {}),
     "swarm16": ("lsan", ["tpsim"], ["{b}/tools/tpsim", "swarm", "--seeds", "1001..1010",
                                     "--workers", "16"], {}),
@@ -428,7 +428,7 @@ TESTS = {
     **{"replay_" + n: _replay(n) for n in
        ["fuzz_msg_decode", "fuzz_core_frames", "fuzz_tcp_conn", "fuzz_tcp_crypt",
         "fuzz_tcp_records", "fuzz_tcp_shm", "fuzz_store_request", "fuzz_store_reply",
-        "fuzz_store_contents"]},
+        "fuzz_store_contents", "fuzz_shm_ring"]},
     # real/: the TCP transport, one process per rank on 127.0.0.1.
     **{n: ("lsan", [n], ["{b}/tests/tcp/" + n], {}) for n in
        ["test_tcp", "test_tcp_ipv6", "test_tcp_crypt", "test_tcp_store", "test_tcp_shm",
@@ -485,6 +485,7 @@ FILE_TESTS = [
     (r"real/tcp_(crypt|auth)\.c", ["replay_fuzz_tcp_crypt", "test_tcp_crypt"], REAL_BASE),
     (r"real/tcp_records\.c", ["replay_fuzz_tcp_records"], REAL_BASE),
     (r"real/tcp_shm\.c", ["replay_fuzz_tcp_shm", "test_tcp_shm", "conformance_tcp_shm"], REAL_BASE),
+    (r"real/shm_ring\.c", ["test_shm_ring", "replay_fuzz_shm_ring"], []),  # TCP-26: not wired in yet
     (r"real/tcp_(store\w*|sock)\.c", STORE, REAL_BASE),
     (r"real/", [], REAL_BASE),
     (r"python/tensorplay/distributed/run\.py", ["python_run"], []),
