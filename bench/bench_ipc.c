@@ -280,6 +280,20 @@ static unsigned poll_yield_after(int placement) {
     return UINT32_MAX;
 }
 
+/* What bench_fork_ranks hands each child. */
+typedef struct ipc_job {
+    const bench_ipc_config *cfg;
+    int lfd;
+    uint16_t port;
+    ipc_shared *sh;
+    unsigned yield_after;
+} ipc_job;
+
+static int ipc_rank(int rank, void *arg) {
+    const ipc_job *j = arg;
+    return rank_body(j->cfg, rank, j->lfd, j->port, j->sh, j->yield_after);
+}
+
 int bench_ipc_run(const bench_ipc_config *cfg, bench_ipc_results *out) {
     if (cfg->samples < 1 || cfg->block < 1 || cfg->warmup < 0)
         return -1;
@@ -298,20 +312,10 @@ int bench_ipc_run(const bench_ipc_config *cfg, bench_ipc_results *out) {
         perror("rpc_bench: ipc setup");
         goto out;
     }
-    for (int rank = 0; rank < 2; rank++) {
-        fflush(NULL);
-        pids[rank] = fork();
-        if (pids[rank] < 0) {
-            perror("rpc_bench: fork");
-            break;
-        }
-        if (pids[rank] == 0) {
-            int code = rank_body(cfg, rank, lfd, port, sh, yield_after);
-            fflush(NULL);
-            _exit(code);
-        }
+    ipc_job job = {cfg, lfd, port, sh, yield_after};
+    (void)bench_fork_ranks(pids, ipc_rank, &job);
+    for (int rank = 0; rank < 2; rank++) /* read by each wait's liveness check */
         atomic_store_explicit(&sh->pid[rank], (int)pids[rank], memory_order_relaxed);
-    }
     close(lfd);
     lfd = -1;
     if (bench_wait_children(pids, 2, JOB_TIMEOUT_S, "ipc pair") == 0 && sh->filled) {

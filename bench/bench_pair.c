@@ -355,6 +355,19 @@ static int rank_body(const bench_pair_config *cfg, int rank, int lfd, uint16_t r
     return rc;
 }
 
+/* What bench_fork_ranks hands each child. */
+typedef struct pair_job {
+    const bench_pair_config *cfg;
+    int lfd;
+    uint16_t raw_port, store_port;
+    pair_shared *sh;
+} pair_job;
+
+static int pair_rank(int rank, void *arg) {
+    const pair_job *j = arg;
+    return rank_body(j->cfg, rank, j->lfd, j->raw_port, j->store_port, j->sh);
+}
+
 int bench_pair_run(const bench_pair_config *cfg, bench_pair_results *out) {
     echo_fn = cfg->echo ? cfg->echo : "echo"; /* the forked ranks inherit it */
     uint16_t raw_port = 0, store_port = bench_free_port();
@@ -366,19 +379,8 @@ int bench_pair_run(const bench_pair_config *cfg, bench_pair_results *out) {
         perror("rpc_bench: pair setup");
         goto out;
     }
-    for (int rank = 0; rank < 2; rank++) {
-        fflush(NULL);
-        pids[rank] = fork();
-        if (pids[rank] < 0) {
-            perror("rpc_bench: fork");
-            break;
-        }
-        if (pids[rank] == 0) {
-            int code = rank_body(cfg, rank, lfd, raw_port, store_port, sh);
-            fflush(NULL);
-            exit(code);
-        }
-    }
+    pair_job job = {cfg, lfd, raw_port, store_port, sh};
+    (void)bench_fork_ranks(pids, pair_rank, &job);
     close(lfd);
     lfd = -1;
     if (bench_wait_children(pids, 2, 600, cfg->use_rpc ? "rpc pair" : "raw pair") == 0 &&

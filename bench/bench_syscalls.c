@@ -57,6 +57,19 @@ static int job_rank(int rank, int n, int placement, const char *fn, uint16_t sto
     return 0;
 }
 
+/* What bench_fork_ranks hands each child. */
+typedef struct syscall_job {
+    int n, placement;
+    const char *fn;
+    uint16_t store_port;
+    int done[2];
+} syscall_job;
+
+static int syscall_rank(int rank, void *arg) {
+    const syscall_job *j = arg;
+    return job_rank(rank, j->n, j->placement, j->fn, j->store_port, j->done[0], j->done[1]);
+}
+
 int bench_syscall_job(int n, int placement, const char *fn) {
     uint16_t store_port = bench_free_port();
     int done[2];
@@ -65,16 +78,8 @@ int bench_syscall_job(int n, int placement, const char *fn) {
         perror("rpc_bench: syscall job setup");
         return 1;
     }
-    for (int rank = 0; rank < 2; rank++) {
-        fflush(NULL);
-        pids[rank] = fork();
-        if (pids[rank] < 0) {
-            perror("rpc_bench: fork");
-            break;
-        }
-        if (pids[rank] == 0)
-            exit(job_rank(rank, n, placement, fn, store_port, done[0], done[1]));
-    }
+    syscall_job job = {n, placement, fn, store_port, {done[0], done[1]}};
+    (void)bench_fork_ranks(pids, syscall_rank, &job);
     close(done[0]);
     close(done[1]);
     /* Blocking waits: a polling parent would add calls in proportion to the run's length. */

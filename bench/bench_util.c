@@ -126,6 +126,24 @@ void bench_shared_free(void *p, size_t size) {
         munmap(p, size);
 }
 
+int bench_fork_ranks(pid_t pids[2], int (*body)(int rank, void *arg), void *arg) {
+    pids[0] = pids[1] = -1;
+    for (int rank = 0; rank < 2; rank++) {
+        fflush(NULL);
+        pids[rank] = fork();
+        if (pids[rank] < 0) {
+            perror("rpc_bench: fork");
+            return -1;
+        }
+        if (pids[rank] == 0) {
+            int code = body(rank, arg);
+            fflush(NULL);
+            exit(code);
+        }
+    }
+    return 0;
+}
+
 int bench_wait_children(const pid_t *pids, int n, double timeout_s, const char *what) {
     uint64_t deadline = bench_now_ns() + (uint64_t)(timeout_s * 1e9);
     int *code = malloc((size_t)n * sizeof *code);

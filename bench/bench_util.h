@@ -37,6 +37,14 @@ void *bench_shared_alloc(size_t size);
 void bench_shared_free(void *p, size_t size);
 
 /*
+ * Forks rank 0 then rank 1, each child running body(rank, arg) and exiting
+ * with its value (stdio flushed before each fork and before the exit).
+ * pids[r] is -1 where no child was started; a failed fork is reported and
+ * ends the loop. 0 when both started, -1 otherwise.
+ */
+int bench_fork_ranks(pid_t pids[2], int (*body)(int rank, void *arg), void *arg);
+
+/*
  * Waits for the n children in pids until timeout_s passes, then SIGKILLs
  * the rest. Returns 0 when every child exited with status 0; otherwise
  * prints which did not (what names the job) and returns -1.
