@@ -18,6 +18,7 @@
 #include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
+#include "common/codec.h"
 #include "common/core.h"
 #include "sim_check.h"
 
@@ -45,7 +46,7 @@ static tp_status make_fn(tp_call *call, const tp_value *args, const tp_value *kw
     return TP_OK;
 }
 
-typedef enum { MODE_OK, MODE_NO_OPTION, MODE_WRONG_NAME } rejoin_mode;
+typedef enum { MODE_OK, MODE_NO_OPTION, MODE_WRONG_NAME, MODE_FORGED } rejoin_mode;
 
 static struct {
     rejoin_mode mode;
@@ -57,10 +58,112 @@ static struct {
     char old_rref_msg[TP_ERRMSG_LEN_MAX];
     tp_status pass_st;      /* w0: that rref passed to the new incarnation */
     char pass_msg[TP_ERRMSG_LEN_MAX];
+    /* MODE_FORGED: w0's raw requests to the new incarnation carrying that
+     * rref as of owner incarnation 0 ([0]) and 2 ([1]) (RREF-20). */
+    tp_status forged_st[2];
+    char forged_msg[2][TP_ERRMSG_LEN_MAX];
+    char forged_want[2][TP_ERRMSG_LEN_MAX]; /* decode_rref's words for each */
     tp_status after_st;     /* w0 -> w1 after the rejoin */
     int64_t after_answer;
     tp_status shutdown_st[2];
 } r;
+
+/*
+ * RREF-20's last case: "an owner that receives an rref of its own earlier
+ * incarnation in a message fails that message the same way". No worker
+ * sends one: a survivor routes to the new incarnation only after its
+ * announcement, and from then on refuses to send the stale rref (the
+ * pass_st case above). So w0 forges the frame: its agent's send is wrapped,
+ * and the next REQUEST for "slow" to rank 1 is decoded and encoded again
+ * with forge.args for its args, whose rref goes out by forge_encode_rref
+ * as of owner incarnation forge.inc, with the header's id and window
+ * generation kept (the call's own reply then answers it). The marker args
+ * w0 calls with encode to the same length, so the flow accounting is the
+ * call's own.
+ */
+#define FORGE_MARKER "--------------------------------" /* 32 bytes: an rref's 36 on the wire */
+
+static struct {
+    const tp_agent_ops *ops; /* w0's agent's own */
+    tp_agent_ops wrap;
+    tp_value *args; /* borrowed; one shot: NULL once used */
+    uint32_t inc;
+    int rewritten, same_len;
+} forge;
+
+static tp_status forge_encode_rref(void *ctx, tp_rref *rref, tpi_rref_wire *w) {
+    (void)ctx;
+    w->owner = rref->owner;
+    w->owner_inc = forge.inc;
+    w->rref_id = rref->id;
+    w->fork_id = tpi_new_gid(rref->core); /* a fork w0 keeps nothing for */
+    w->parent = rref->core->rank;
+    return TP_OK;
+}
+
+static tp_status forge_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+    char name[TP_NAME_LEN_MAX + 1];
+    if (dst != 1 || !forge.args || tpi_frame_type(f) != TPI_MSG_REQUEST ||
+        !tpi_frame_request_name(f, name) || strcmp(name, "slow") != 0)
+        return forge.ops->send(a, dst, f);
+    uint32_t gen = tpi_frame_gen(f);
+    size_t len = f->len;
+    tpi_msg m;
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_status st = tpi_msg_decode_frame(f, NULL, &m, err, sizeof err); /* takes f */
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return TP_OK; /* f is gone: the call times out */
+    tp_value_free(m.args);
+    m.args = forge.args;
+    forge.args = NULL;
+    tpi_codec_hooks hooks = {.encode_rref = forge_encode_rref};
+    tp_frame *out = NULL;
+    st = tpi_msg_encode(&m, &hooks, UINT64_MAX, &out, err, sizeof err);
+    m.args = NULL; /* borrowed */
+    tpi_msg_clear(&m);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return TP_OK;
+    tpi_frame_set_gen(out, gen);
+    forge.rewritten++;
+    forge.same_len = out->len == len;
+    if (forge.ops->send(a, dst, out) != TP_OK)
+        tp_frame_free(out);
+    return TP_OK;
+}
+
+/* w0: calls slow on the new w1 with rref (of w1's incarnation 0) forged as
+ * of owner incarnation inc into the request; its answer in r.forged_*[i]. */
+static void forged_call(tp_rref *rref, uint32_t inc, int i) {
+    tp_core *c = tpi_context_core(tp_context_current());
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    forge.ops = c->ops;
+    forge.wrap = *c->ops;
+    forge.wrap.send = forge_send;
+    forge.inc = inc;
+    forge.rewritten = forge.same_len = 0;
+    tp_value *real = tp_value_list_of(2, tp_value_int(1), tp_value_rref(rref));
+    forge.args = real;
+    c->ops = &forge.wrap;
+    tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_str(FORGE_MARKER));
+    tp_value *res = NULL;
+    r.forged_st[i] = tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10.0, &res);
+    snprintf(r.forged_msg[i], sizeof r.forged_msg[i], "%s", tp_errmsg());
+    c->ops = forge.ops;
+    forge.args = NULL;
+    CHECK(forge.rewritten == 1 && forge.same_len);
+    snprintf(r.forged_want[i], sizeof r.forged_want[i],
+             "rref %u:%llu is of incarnation %u of its owner 'w1', which is incarnation 1: %s",
+             rref->id.worker, (unsigned long long)rref->id.local, inc,
+             inc < 1 ? "the value went with the earlier process" : "no such incarnation yet");
+    tp_value_free(res);
+    tp_value_free(args);
+    tp_value_free(real);
+    tpi_core_unref(c);
+}
 
 static int program(int rank, int world, void *arg) {
     (void)arg;
@@ -129,6 +232,10 @@ static int program(int rank, int world, void *arg) {
         tp_value_free(res);
         tp_value_free(args);
     }
+    if (r.rejoin_st == TP_OK && r.mode == MODE_FORGED) {
+        forged_call(rref, 0, 0);
+        forged_call(rref, 2, 1);
+    }
     tp_rref_release(rref);
     if (r.rejoin_st == TP_OK) {
         tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(3));
@@ -176,6 +283,35 @@ static void test_rejoin_new_incarnation_works(void **state) {
         assert_int_equal(r.pass_st, TP_EPEERDOWN);
         assert_non_null(strstr(r.pass_msg, "sending an rref: the owner of rref"));
         assert_non_null(strstr(r.pass_msg, "the value went with the earlier process"));
+        assert_int_equal(r.shutdown_st[0], TP_OK);
+        assert_int_equal(r.shutdown_st[1], TP_OK);
+        assert_int_equal(tp_sim_violations(sim), 0);
+        tp_sim_free(sim);
+    }
+}
+
+/* spec: RREF-20, REJOIN-6: an owner that receives an rref of another of its
+ * incarnations in a request fails the request: an earlier one's value went
+ * with the earlier process (TP_EPEERDOWN), a later one does not exist yet
+ * (TP_EPROTO). No survivor sends either (it refuses the stale rref itself),
+ * so w0 forges the frames; the new w1 answers them, then serves w0 as
+ * before and both shut down cleanly. */
+static void test_rejoin_owner_refuses_rref_of_other_incarnation(void **state) {
+    (void)state;
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+        tp_sim *sim = run(MODE_FORGED, seed);
+        assert_int_equal(r.rejoin_st, TP_OK);
+        assert_int_equal(r.pass_st, TP_EPEERDOWN); /* w0's own send refused it */
+        assert_int_equal(r.forged_st[0], TP_EPEERDOWN);
+        assert_int_equal(r.forged_st[1], TP_EPROTO);
+        for (int i = 0; i < 2; i++) {
+            print_message("seed %llu forged %d: %s\n", (unsigned long long)seed, i,
+                          r.forged_msg[i]);
+            assert_non_null(strstr(r.forged_msg[i], "could not decode the request"));
+            assert_non_null(strstr(r.forged_msg[i], r.forged_want[i]));
+        }
+        assert_int_equal(r.after_st, TP_OK);
+        assert_int_equal(r.after_answer, 3);
         assert_int_equal(r.shutdown_st[0], TP_OK);
         assert_int_equal(r.shutdown_st[1], TP_OK);
         assert_int_equal(tp_sim_violations(sim), 0);
@@ -600,6 +736,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rejoin_inc_parse_refuses_malformed),
         cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_owner_refuses_rref_of_other_incarnation,
+                               reset_failures),
         cmocka_unit_test_setup(test_rejoin_needs_the_option, reset_failures),
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
