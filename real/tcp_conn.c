@@ -79,7 +79,6 @@ struct tpi_tcp_conn {
     int outgoing;
     int opened;    /* outgoing: the other end answered our hello (and proved itself) */
     int connected; /* outgoing: its kernel completed the TCP handshake (TCP-25's answer) */
-    uint64_t dialed_ms; /* outgoing: when the dial started, the loop's ms clock */
     uint32_t peer; /* NO_PEER until an accepted connection's hello (and proof, TCP-17) */
     uint32_t claimed; /* accepted: the id its hello claims, before its proof */
     unsigned gen;  /* the peer's generation it belongs to (AGENT-16) */
@@ -708,10 +707,10 @@ static void on_silent_timer(uv_timer_t *h) {
         return;
     }
     /* A dial whose SYNs went unanswered waits out the kernel's backoff (1,
-     * 2, 4 s ...): a fresh one each tick finds a healed path within a tick. */
+     * 2, 4 s ...): a fresh one each tick finds a healed path within a tick
+     * (one that began since the last tick costs a SYN more, nothing else). */
     tpi_tcp_conn *c = p->out;
-    if (c && !c->connected && c->state != CONN_CLOSED &&
-        uv_now(&a->loop) - c->dialed_ms >= TPI_TCP_SILENT_DIAL_MS) {
+    if (c && !c->connected && c->state != CONN_CLOSED) {
         p->out = NULL;
         conn_close(c); /* only its hello was on it: frames wait in the queue */
     }
@@ -1828,7 +1827,6 @@ static tpi_tcp_conn *dial(tpi_tcp_agent *a, uint32_t id) {
     }
     p->out = c;
     c->gen = atomic_load_explicit(&p->gen, memory_order_relaxed);
-    c->dialed_ms = uv_now(&a->loop);
     tpi_format(c->addr, sizeof c->addr, "%s", p->addr);
     int rc = uv_tcp_connect(&c->connect_req, &c->tcp, (const struct sockaddr *)&p->sa, on_connect);
     if (rc < 0) {
