@@ -406,7 +406,8 @@ def _replay(name):
 
 
 def _pytest(path, *extra, env=None):
-    return ("py", ["tensorplay_py", "tprun"],
+    # The shared library too: test_c_peer.py loads it beside tprun (else it skips).
+    return ("py", ["tensorplay_py", "tprun", "tensorplay_rpc_shared"],
             [PYTHON, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *extra, "{t}/" + path],
             dict({"PYTHONPATH": "{b}/python", "TPRUN": "{b}/real/tprun", "PYTHON": PYTHON},
                  **(env or {})))
