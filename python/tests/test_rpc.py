@@ -594,6 +594,26 @@ def test_allow_list_serves_what_it_names_by_name(tmp_path):
     assert out == ["by name: 3", "bound later: -5", "not named: True"]
 
 
+def test_allow_list_by_module_serves_its_classes_methods(tmp_path):
+    """expose=[module] serves the methods of objects whose class the module
+    defines (spec/api.md PY-1), as it serves the module's functions: an
+    rref to a fractions.Fraction answers as_integer_ratio on a worker that
+    exposes fractions alone."""
+    out = run(tmp_path, """
+        import fractions
+
+        opts = None
+        if rank == 1:
+            opts = rpc.TensorPipeRpcBackendOptions(expose=[fractions])
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            r = rpc.remote("worker1", fractions.Fraction, args=(6, 8), timeout=20)
+            print("method:", r.rpc_sync(timeout=20).as_integer_ratio())
+        rpc.shutdown()
+    """)
+    assert out == ["method: (3, 4)"]
+
+
 def test_init_rpc_with_rank_0_reads_no_rank_from_the_environment(tmp_path):
     """init_rpc(rank=0, world_size=1) needs no RANK variable: only a rank of
     None (or a negative one) is read from the environment, with a clear
