@@ -121,6 +121,16 @@ def test_secret_is_fresh_per_job_unless_set(tmp_path):
     assert all(s not in " ".join(LAUNCHER) for s in secrets)
 
 
+def test_output_lines_at_the_length_limit(tmp_path):
+    """A worker's line of exactly 16384 bytes (LINE_MAX_BYTES, tprun's too)
+    comes out as one prefixed line, whole; one byte more is split in two
+    (16384 and 1), with nothing empty between."""
+    script = "import sys\nsys.stdout.write('a' * 16384 + '\\n' + 'b' * 16385 + '\\n')\n"
+    p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], script)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[0] " + "a" * 16384, "[0] " + "b" * 16384, "[0] b"]
+
+
 def test_module_mode_and_no_python(tmp_path):
     (tmp_path / "mymod.py").write_text("import os\nprint('module', os.environ['RANK'])\n")
     p = launch(tmp_path, ["--nproc-per-node", "2", "-m", "mymod"])
