@@ -51,7 +51,7 @@ skip() {
 [ $# -ge 1 ] || { echo "usage: netns_test.sh WORKER [SCENARIO...]" >&2; exit 2; }
 worker=$(readlink -f "$1")
 shift
-scenarios=${*:-cut blip oneway mid slow sdheal sdcut down}
+scenarios=${*:-cut blip oneway mid slow sdheal sdcut down rescue}
 [ -x "$worker" ] || { echo "netns_test.sh: $worker is not executable" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || skip "not root (network namespaces need CAP_SYS_ADMIN)"
 command -v ip >/dev/null && command -v tc >/dev/null || skip "iproute2's ip and tc are needed"

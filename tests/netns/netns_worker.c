@@ -6,7 +6,7 @@
  * and heals links) and NETNS_KEEPALIVE ("idle,interval,count" seconds), and
  * the scenario's name as its argument:
  *
- *   netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid|down
+ *   netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid|down|rescue
  *
  * Rank 0 drives: it makes the calls, cuts and heals links by running
  * "$NETNS_CTL <verb> <rank>" (a shell command run with system(), the one
@@ -824,6 +824,29 @@ static void scenario_down(double sd_s) {
     ctl("heal", 1);
 }
 
+/* (h) A host cut until its calls failed, healed before peer_down_timeout
+ * (4 s) ran out (TCP-25): the once-a-second dial finds the healed path, its
+ * kernel's answer ends the silence, and the worker is never declared down;
+ * calls to it succeed again. */
+static void scenario_rescue(double sd_s) {
+    warm();
+    uint64_t t_cut = ctl("cut", 1);
+    tcall a;
+    issue(&a, 1, 0, 30);
+    settle(&a, 1);
+    CHECK(a.st == TP_EIO, "call to the cut host: %s: %s", tp_status_name(a.st), a.msg);
+    uint64_t t_fail = atomic_load(&a.t_end);
+    sleep_until(t_fail + 1500000000ull); /* 2.5 s of silence left */
+    ctl("heal", 1);
+    sleep_until(t_fail + 7000000000ull); /* past the verdict it would have had */
+    expect_alive(1, t_cut);
+    expect_recovery("rescue: after the heal");
+    say("rescue: healed 1.5 s into the silence; not declared down %.3f s after the cut",
+        secs(now_ns() - t_cut));
+    free_calls(&a, 1);
+    finish_all_ok(sd_s);
+}
+
 /* ---- Main ------------------------------------------------------------------------------ */
 
 typedef struct scenario {
@@ -836,9 +859,12 @@ typedef struct scenario {
 
 static const scenario scenarios[] = {
     {"cut", scenario_cut, 5, NULL},       {"blip", scenario_blip, 5, NULL},
-    {"oneway", scenario_oneway, 5, NULL}, {"slow", scenario_slow, 5, NULL},
+    {"oneway", scenario_oneway, 5, NULL},
+    /* A stopped or busy worker is never silent: not declared down however short the bound. */
+    {"slow", scenario_slow, 5, NULL, "1"},
     {"sdheal", scenario_sdheal, 5, NULL}, {"sdcut", scenario_sdcut, 2, NULL},
     {"mid", scenario_mid, 5, "1,1,8"},    {"down", scenario_down, 5, NULL, "4"},
+    {"rescue", scenario_rescue, 5, NULL, "4"},
 };
 
 static int env_int(const char *name, int *out) {
@@ -901,7 +927,7 @@ int main(int argc, char **argv) {
             sc = &scenarios[i];
     if (!sc || env_int("RANK", &g_rank) != 0 || env_int("WORLD_SIZE", &g_world) != 0 ||
         g_world < 3 || g_world > WORLD_MAX || g_rank >= g_world || !getenv("NETNS_CTL")) {
-        fprintf(stderr, "usage: netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid|down (with RANK, "
+        fprintf(stderr, "usage: netns_worker cut|blip|oneway|slow|sdheal|sdcut|mid|down|rescue (with RANK, "
                         "WORLD_SIZE >= 3, NETNS_ADDR, NETNS_CTL; see netns_test.sh)\n");
         return 2;
     }
