@@ -533,10 +533,10 @@ const void *tpi_sim_self_token(tp_sim *sim);
 void tpi_sim_trace_free(tp_sim *sim);
 void tpi_sim_trace(tp_sim *sim, const char *fmt, ...) TPI_PRINTF(2, 3);
 void tpi_sim_vtrace(tp_sim *sim, const char *fmt, va_list ap);
-#define TPI_FNV_OFFSET 0xcbf29ce484222325ull
-#define TPI_FNV_PRIME 0x100000001b3ull
-/* Folds len bytes into a 64-bit FNV-1a hash. */
-uint64_t tpi_sim_fnv1a(uint64_t hash, const void *data, size_t len);
+#define TPI_SIM_HASH_SEED 0xcbf29ce484222325ull /* the trace hash's start */
+/* Folds len bytes into the trace hash (SIM-6): the length, then the bytes
+ * as little-endian words, the last one padded with zeros. */
+uint64_t tpi_sim_hash_bytes(uint64_t hash, const void *data, size_t len);
 
 /* ---- The oracle (SIM-9) ----------------------------------------------------------- */
 

@@ -4,10 +4,18 @@
  * Every observable step is one record: a format and its arguments, with
  * only integers, fixed words and the scenario's own notes in it: no
  * pointers, nothing read from unordered state. Each record is folded into a
- * 64-bit FNV-1a hash in binary (the time, the format's bytes, each
- * argument), so two runs agree on the hash exactly when they agree on every
- * record, and nothing is formatted unless a text trace is wanted: then the
- * record is also written to cfg.trace as the line "t=<ns> <event> <fields>".
+ * 64-bit hash in binary, a word at a time (the time, the format's digest,
+ * each argument), so two runs agree on the hash exactly when they agree on
+ * every record, and nothing is formatted unless a text trace is wanted:
+ * then the record is also written to cfg.trace as the line
+ * "t=<ns> <event> <fields>".
+ *
+ * Why words and not FNV-1a's bytes: the hash is folded for every record of
+ * every run, and a byte-wise fold is one dependent multiplication per byte
+ * (a fifth of a simulated call's cost at a few hundred bytes a round trip).
+ * A word costs one multiplication and a shift, and each step is a bijection
+ * of the state for a given word, so a record that differs is never lost
+ * unless a later one differs too and happens to cancel it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,57 +23,37 @@
 
 #include "sim_internal.h"
 
-uint64_t tpi_sim_fnv1a(uint64_t hash, const void *data, size_t len) {
+#define HASH_MUL 0x9e3779b97f4a7c15ull /* odd: multiplying is a bijection */
+
+/* Folds one 64-bit word (SIM-6). */
+static inline uint64_t fold_word(uint64_t hash, uint64_t w) {
+    hash = (hash ^ w) * HASH_MUL;
+    return hash ^ (hash >> 29);
+}
+
+uint64_t tpi_sim_hash_bytes(uint64_t hash, const void *data, size_t len) {
     const unsigned char *p = data;
-    for (size_t i = 0; i < len; i++) {
-        hash ^= p[i];
-        hash *= TPI_FNV_PRIME;
+    hash = fold_word(hash, (uint64_t)len);
+    for (; len >= 8; p += 8, len -= 8) {
+        uint64_t w = 0;
+        for (int i = 0; i < 8; i++) /* little-endian on every platform */
+            w |= (uint64_t)p[i] << (8 * i);
+        hash = fold_word(hash, w);
+    }
+    if (len) {
+        uint64_t w = 0;
+        for (size_t i = 0; i < len; i++)
+            w |= (uint64_t)p[i] << (8 * i);
+        hash = fold_word(hash, w);
     }
     return hash;
 }
 
-/*
- * Speed (the hash is folded for every record of every run, and at a few
- * hundred bytes a round trip it was a fifth of a simulated call's cost):
- * the same FNV-1a, computed with fewer dependent multiplications.
- *
- * Folding a zero byte is a bare multiplication by the prime, so k zero
- * bytes are one multiplication by prime^k. And XOR with a byte changes only
- * the low 8 bits: h ^ b = h + d with d = (l ^ b) - l, l = h & 0xff; so
- * folding n bytes gives h * prime^n + sum(d_i * prime^(n-i)), and every d_i
- * depends only on the bytes and on l, since the low 8 bits of a product
- * depend only on the low 8 bits of its factors. For a fixed string (a
- * record's format) the sum is a function of l alone: 256 values, each
- * computed the first time it is needed. The hash is bit for bit the one of
- * the byte loop (SIM-6).
- */
-static const uint64_t fnv_pow[9] = {
-    1ull,
-    TPI_FNV_PRIME,
-    TPI_FNV_PRIME * TPI_FNV_PRIME,
-    TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME,
-    TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME,
-    TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME,
-    TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME *
-        TPI_FNV_PRIME,
-    TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME *
-        TPI_FNV_PRIME * TPI_FNV_PRIME,
-    TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME *
-        TPI_FNV_PRIME * TPI_FNV_PRIME * TPI_FNV_PRIME,
-};
-
-/* Folds v as 8 little-endian bytes: the same on every platform. The zero
- * bytes above the highest nonzero one are one multiplication. */
-static uint64_t fold_u64(uint64_t hash, uint64_t v) {
-    int i = 0;
-    for (; v != 0; i++, v >>= 8) {
-        hash ^= v & 0xff;
-        hash *= TPI_FNV_PRIME;
-    }
-    return hash * fnv_pow[8 - i];
+static uint64_t hash_string(uint64_t hash, const char *s) {
+    return tpi_sim_hash_bytes(hash, s, strlen(s));
 }
 
-/* ---- Formats, folded by table ---------------------------------------------------------- */
+/* ---- Formats, parsed once ---------------------------------------------------------- */
 
 /* A record's conversions, as fold_binary reads its arguments. */
 typedef enum conv {
@@ -77,8 +65,8 @@ typedef enum conv {
     CONV_STRING,    /* %s */
 } conv;
 
-#define FMT_SLOTS 64     /* formats kept per thread: the simulator has about 60 */
-#define FMT_LEN_MAX 127  /* longer formats are folded byte by byte */
+#define FMT_SLOTS 64     /* formats kept per simulation: the simulator has about 60 */
+#define FMT_LEN_MAX 127  /* longer formats are parsed at every record */
 #define FMT_CONV_MAX 16  /* and so are those with more conversions */
 
 typedef struct fmt_slot {
@@ -88,9 +76,7 @@ typedef struct fmt_slot {
     uint8_t nconv;
     uint8_t conv[FMT_CONV_MAX];
     char text[FMT_LEN_MAX + 1]; /* its bytes: a format need not be a literal */
-    uint64_t pow;               /* prime^(len + 1) */
-    uint64_t filled[4];         /* which add[] are computed */
-    uint64_t add[256];          /* by the hash's low byte: see above */
+    uint64_t digest;            /* tpi_sim_hash_bytes of the text, from 0 */
 } fmt_slot;
 
 typedef struct fmt_cache {
@@ -104,7 +90,7 @@ typedef struct fmt_cache {
  * addresses of the formats, which only choose a slot. */
 static fmt_cache *cache_get(tp_sim *sim) {
     if (!sim->fmt_cache)
-        sim->fmt_cache = calloc(1, sizeof(fmt_cache)); /* NULL: byte by byte */
+        sim->fmt_cache = calloc(1, sizeof(fmt_cache)); /* NULL: parsed every time */
     return sim->fmt_cache;
 }
 
@@ -113,9 +99,10 @@ void tpi_sim_trace_free(tp_sim *sim) {
     sim->fmt_cache = NULL;
 }
 
-/* Parses fmt's conversions into sl; 0 when one is not a binary one. */
-static int parse_convs(fmt_slot *sl, const char *fmt) {
-    sl->nconv = 0;
+/* Parses fmt's conversions into conv[] (at most FMT_CONV_MAX); 0 when one
+ * is not a binary one or there are more. */
+static int parse_convs(const char *fmt, uint8_t *convs, uint8_t *nconv) {
+    *nconv = 0;
     for (const char *p = fmt; *p; p++) {
         if (*p != '%')
             continue;
@@ -141,9 +128,9 @@ static int parse_convs(fmt_slot *sl, const char *fmt) {
         } else {
             return 0;
         }
-        if (sl->nconv == FMT_CONV_MAX)
+        if (*nconv == FMT_CONV_MAX)
             return 0;
-        sl->conv[sl->nconv++] = (uint8_t)c;
+        convs[(*nconv)++] = (uint8_t)c;
     }
     return 1;
 }
@@ -165,91 +152,54 @@ static fmt_slot *slot_for(tp_sim *sim, const char *fmt) {
     sl->fmt = fmt;
     sl->len = (uint32_t)len;
     memcpy(sl->text, fmt, len + 1);
-    sl->binary = parse_convs(sl, fmt);
-    uint64_t pow = 1;
-    for (size_t i = 0; i <= len; i++)
-        pow *= TPI_FNV_PRIME;
-    sl->pow = pow;
-    memset(sl->filled, 0, sizeof sl->filled);
+    sl->binary = parse_convs(fmt, sl->conv, &sl->nconv);
+    sl->digest = tpi_sim_hash_bytes(0, fmt, len);
     return sl;
-}
-
-/* The fold of sl's format with its NUL, from hash. */
-static uint64_t fold_fmt(fmt_slot *sl, uint64_t hash) {
-    unsigned l = (unsigned)(hash & 0xff);
-    uint64_t bit = 1ull << (l & 63);
-    if (!(sl->filled[l >> 6] & bit)) {
-        sl->add[l] = tpi_sim_fnv1a(l, sl->text, (size_t)sl->len + 1) - (uint64_t)l * sl->pow;
-        sl->filled[l >> 6] |= bit;
-    }
-    return hash * sl->pow + sl->add[l];
 }
 
 /*
  * Folds one record into the hash without formatting it: the time, the
- * format string's bytes, then each argument in binary. The conversions the
- * simulator uses are %d %u %x %llu %lld %llx %zu %s and %%; 0 for any other,
- * and the caller hashes the formatted text instead.
+ * format's digest, then each argument as a word (strings by their bytes).
+ * The conversions the simulator uses are %d %u %x %llu %lld %llx %zu %s and
+ * %%; 0 for any other (or too many), and the caller folds the text instead.
  */
 static int fold_binary(tp_sim *sim, uint64_t *hash, const char *fmt, va_list ap) {
     fmt_slot *sl = slot_for(sim, fmt);
-    if (sl && !sl->binary)
-        return 0;
-    uint64_t h = fold_u64(*hash, sim->now_ns);
+    uint8_t parsed[FMT_CONV_MAX], nconv;
+    const uint8_t *convs = parsed;
+    uint64_t digest;
     if (sl) {
-        h = fold_fmt(sl, h);
-        for (uint32_t i = 0; i < sl->nconv; i++) {
-            switch ((conv)sl->conv[i]) {
-            case CONV_INT:
-                h = fold_u64(h, (uint64_t)(int64_t)va_arg(ap, int));
-                break;
-            case CONV_UNSIGNED:
-                h = fold_u64(h, va_arg(ap, unsigned));
-                break;
-            case CONV_SIZE:
-                h = fold_u64(h, va_arg(ap, size_t));
-                break;
-            case CONV_ULL:
-                h = fold_u64(h, va_arg(ap, unsigned long long));
-                break;
-            case CONV_LL:
-                h = fold_u64(h, (uint64_t)va_arg(ap, long long));
-                break;
-            case CONV_STRING: {
-                const char *str = va_arg(ap, const char *);
-                h = tpi_sim_fnv1a(h, str, strlen(str) + 1);
-                break;
-            }
-            }
-        }
-        *hash = h;
-        return 1;
-    }
-    h = tpi_sim_fnv1a(h, fmt, strlen(fmt) + 1);
-    for (const char *p = fmt; *p; p++) {
-        if (*p != '%')
-            continue;
-        p++;
-        if (*p == '%')
-            continue;
-        if (*p == 'd') {
-            h = fold_u64(h, (uint64_t)(int64_t)va_arg(ap, int));
-        } else if (*p == 'u' || *p == 'x') {
-            h = fold_u64(h, va_arg(ap, unsigned));
-        } else if (p[0] == 'z' && p[1] == 'u') {
-            h = fold_u64(h, va_arg(ap, size_t));
-            p++;
-        } else if (p[0] == 'l' && p[1] == 'l' && (p[2] == 'u' || p[2] == 'x')) {
-            h = fold_u64(h, va_arg(ap, unsigned long long));
-            p += 2;
-        } else if (p[0] == 'l' && p[1] == 'l' && p[2] == 'd') {
-            h = fold_u64(h, (uint64_t)va_arg(ap, long long));
-            p += 2;
-        } else if (*p == 's') {
-            const char *str = va_arg(ap, const char *);
-            h = tpi_sim_fnv1a(h, str, strlen(str) + 1);
-        } else {
+        if (!sl->binary)
             return 0;
+        convs = sl->conv;
+        nconv = sl->nconv;
+        digest = sl->digest;
+    } else {
+        if (!parse_convs(fmt, parsed, &nconv))
+            return 0;
+        digest = tpi_sim_hash_bytes(0, fmt, strlen(fmt));
+    }
+    uint64_t h = fold_word(fold_word(*hash, sim->now_ns), digest);
+    for (uint32_t i = 0; i < nconv; i++) {
+        switch ((conv)convs[i]) {
+        case CONV_INT:
+            h = fold_word(h, (uint64_t)(int64_t)va_arg(ap, int));
+            break;
+        case CONV_UNSIGNED:
+            h = fold_word(h, va_arg(ap, unsigned));
+            break;
+        case CONV_SIZE:
+            h = fold_word(h, va_arg(ap, size_t));
+            break;
+        case CONV_ULL:
+            h = fold_word(h, va_arg(ap, unsigned long long));
+            break;
+        case CONV_LL:
+            h = fold_word(h, (uint64_t)va_arg(ap, long long));
+            break;
+        case CONV_STRING:
+            h = hash_string(h, va_arg(ap, const char *));
+            break;
         }
     }
     *hash = h;
@@ -276,7 +226,7 @@ void tpi_sim_vtrace(tp_sim *sim, const char *fmt, va_list ap) {
         va_end(copy);
         va_copy(copy, ap);
         size_t n = format_line(sim, line, sizeof line, fmt, copy);
-        sim->trace_hash = tpi_sim_fnv1a(sim->trace_hash, line, n);
+        sim->trace_hash = tpi_sim_hash_bytes(sim->trace_hash, line, n);
     }
     va_end(copy);
     sim->trace_lines++;

@@ -54,7 +54,7 @@ tp_status tp_sim_new(const tp_sim_config *cfg, tp_sim **out) {
         sim->cfg.time_limit_ns = TPI_SIM_TIME_LIMIT_DEFAULT_NS;
     if (!sim->cfg.stack_size)
         sim->cfg.stack_size = TPI_SIM_STACK_SIZE_DEFAULT;
-    sim->trace_hash = TPI_FNV_OFFSET;
+    sim->trace_hash = TPI_SIM_HASH_SEED;
     sim->upcall_host = -1;
     sim->sched_token.kind = TPI_SIM_TASK_SCHED;
     sim->sched_token.id = UINT32_MAX;

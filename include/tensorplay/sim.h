@@ -146,7 +146,8 @@ int tp_sim_rank_dead(const tp_sim *sim, uint32_t rank);
 /* The host slot that runs rank's newest incarnation; UINT32_MAX for no rank. */
 uint32_t tp_sim_rank_host(const tp_sim *sim, uint32_t rank);
 
-/* The trace hash (64-bit FNV-1a over the canonical trace's records, SIM-6). */
+/* The trace hash (64 bits, folded word by word over the canonical trace's
+ * records, SIM-6). */
 uint64_t tp_sim_trace_hash(const tp_sim *sim);
 uint64_t tp_sim_events(const tp_sim *sim);  /* events processed */
 uint64_t tp_sim_now_ns(const tp_sim *sim);  /* the virtual clock */
