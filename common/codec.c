@@ -73,9 +73,8 @@ static int wbuf_ensure(tpi_wbuf *b, size_t n) {
     return 1;
 }
 
-/* n (> 0) writable bytes at the end, or NULL after setting the status. */
-static uint8_t *wbuf_reserve(tpi_wbuf *b, size_t n) {
-    TPI_ASSERT(n > 0);
+/* wbuf_reserve when the bytes are not there yet, or after a failure. */
+static uint8_t *wbuf_reserve_slow(tpi_wbuf *b, size_t n) {
     if (b->status != TP_OK)
         return NULL;
     if (n > b->max - b->len) {
@@ -89,6 +88,20 @@ static uint8_t *wbuf_reserve(tpi_wbuf *b, size_t n) {
     uint8_t *p = b->data + b->len;
     b->len += n;
     return p;
+}
+
+/* n (> 0) writable bytes at the end, or NULL after setting the status.
+ * Inline for the common case, room already there: a message is written a
+ * few bytes at a time, and this ran for each. cap <= max always, so room
+ * within cap is within max. */
+static inline uint8_t *wbuf_reserve(tpi_wbuf *b, size_t n) {
+    TPI_ASSERT(n > 0 && b->cap <= b->max);
+    if (b->status == TP_OK && n <= b->cap - b->len) {
+        uint8_t *p = b->data + b->len;
+        b->len += n;
+        return p;
+    }
+    return wbuf_reserve_slow(b, n);
 }
 
 void tpi_wbuf_put(tpi_wbuf *b, const void *p, size_t n) {
