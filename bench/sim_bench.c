@@ -6,7 +6,10 @@
  * them less than wall time would. The trace hash is on in every run (it
  * always is); no text trace is written. A program, never a test.
  *
- *   sim_bench [--quick] [--only sync|async|small|w64|big|sweep]
+ *   sim_bench [--quick] [--only sync|async|small|w64|big|sweep] [--workers N]
+ *
+ * --workers N runs one world of N workers (init, one call each, graceful
+ * shutdown) and nothing else: the unit to profile or to count instructions.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,18 +136,33 @@ static double world_s(uint32_t workers, int reps) {
 int main(int argc, char **argv) {
     int quick = 0;
     const char *only = NULL; /* sync, async, small, w64, big, sweep */
+    long workers = 0;        /* --workers: one world of this size only */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             only = argv[++i];
+        } else if (strcmp(argv[i], "--workers") == 0 && i + 1 < argc) {
+            workers = strtol(argv[++i], NULL, 10);
+            if (workers < 1 || workers > 100000) {
+                fprintf(stderr, "sim_bench: --workers takes 1..100000\n");
+                return 2;
+            }
         } else {
             fprintf(stderr,
-                    "usage: sim_bench [--quick] [--only sync|async|small|w64|big|sweep]\n");
+                    "usage: sim_bench [--quick] [--only sync|async|small|w64|big|sweep]"
+                    " [--workers N]\n");
             return 2;
         }
     }
     tp_register_builtin_backends();
+    if (workers) {
+        double tw = world_s((uint32_t)workers, 1);
+        if (tw < 0)
+            return 1;
+        printf("BENCH sim_seed_%ld_workers_cpu_ms %.1f ms\n", workers, tw * 1e3);
+        return 0;
+    }
     int rc = 0;
     double t;
 
