@@ -17,7 +17,11 @@ a listed mutant that a test kills is reported, since its reason was wrong.
 Folders: common (the core; the sim tests, and LeakSanitizer), real (the TCP
 transport; the TCP tests, also under LeakSanitizer), python (the package and
 its C extension python/_rpc.c; the Python tests, on a plain build since the
-interpreter does not carry the sanitizer runtime).
+interpreter does not carry the sanitizer runtime). A C mutant that survives
+runs its tests again in an AddressSanitizer + UndefinedBehaviorSanitizer
+build, as `make test` does (SANITIZE=1): an out-of-bounds byte or an overflow
+that changes nothing else visible is still a bug that suite catches. A kill
+there is checked on the unmutated tree in the same build (else: flaky).
 
 Mutants are drawn deterministically from --seed, --count of them from each
 folder's candidates (a folder's draw does not depend on the other folders),
@@ -26,6 +30,10 @@ so two runs with the same seed and tree test the same mutants.
 Usage: scripts/mutate.py [--count N] [--seed S] [--jobs J] [--keep DIR]
                          [--folders common,real,python] [--files common/call.c,...]
                          [--timeout S] [--mutant-timeout S] [--recheck] [--json FILE] [--list]
+                         [--at FILE:LINE[:OP],...]
+
+--at tests the mutants at those lines (of that operator) instead of a draw:
+the way to see whether a new test kills a survivor an earlier run reported.
 """
 import argparse
 import ast
@@ -554,7 +562,8 @@ class Runner:
         self.timeout, self.mutant_timeout = timeout, mutant_timeout
         self.builds = {"lsan": os.path.join(tree, "build-mutate"),
                        "py": os.path.join(tree, "build-mutate-py"),
-                       "tsan": os.path.join(tree, "build-mutate-tsan")}
+                       "tsan": os.path.join(tree, "build-mutate-tsan"),
+                       "asan": os.path.join(tree, "build-mutate-asan")}
         self.configured = set()
         self.baseline = {}  # test -> seconds on the unmutated tree
         self.broken = set()  # tests failing unmutated: left out
@@ -567,6 +576,9 @@ class Runner:
             # LeakSanitizer (cheap, unlike ASan): a mutant that leaks is killed too.
             flags = ["-DTP_BUILD_FUZZ=ON", "-DCMAKE_C_FLAGS=-fsanitize=leak",
                      "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=leak"]
+        elif kind == "asan":
+            # make test SANITIZE=1's build: only survivors of C mutants come here.
+            flags = ["-DTP_BUILD_FUZZ=ON", "-DTP_SANITIZE=ON"]
         elif kind == "tsan":
             flags = ["-DTP_BUILD_FUZZ=OFF", "-DCMAKE_C_FLAGS=-fsanitize=thread",
                      "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread",
@@ -577,11 +589,11 @@ class Runner:
                        stdout=subprocess.DEVNULL)
         self.configured.add(kind)
 
-    def make(self, names):
+    def make(self, names, asan=False):
         by_kind = {}
         for n in names:
             kind, targets = TESTS[n][0], TESTS[n][1]
-            by_kind.setdefault(kind, set()).update(targets)
+            by_kind.setdefault("asan" if asan else kind, set()).update(targets)
         for kind, targets in sorted(by_kind.items()):
             self.configure(kind)
             r = subprocess.run(["cmake", "--build", self.builds[kind], "-j", str(self.jobs),
@@ -591,18 +603,21 @@ class Runner:
                 return False
         return True
 
-    def run_one(self, name, limit):
-        """None when the test passes, else why it failed."""
+    def run_one(self, name, limit, asan=False):
+        """None when the test passes, else why it failed. asan: in the ASan build."""
         kind, _, argv, env = TESTS[name]
-        b = self.builds[kind]
+        b = self.builds["asan" if asan else kind]
         sub = {"{b}": b, "{t}": self.tree}
 
         def fill(s):
             for k, v in sub.items():
                 s = s.replace(k, v)
             return s
-        e = lsan_env(name in SIM_TESTS)
+        e = lsan_env(name in SIM_TESTS and not asan)
         e.update({k: fill(v) for k, v in env.items()})
+        if asan:
+            e["ASAN_OPTIONS"] = "detect_leaks=1:symbolize=0"
+            e["UBSAN_OPTIONS"] = "print_stacktrace=0:halt_on_error=1"
         # Its own session: a timeout kills the forked ranks too, and nothing a
         # mutant left running outlives its test.
         p = subprocess.Popen([fill(a) for a in argv], stdout=subprocess.DEVNULL,
@@ -621,12 +636,13 @@ class Runner:
         if rc == 77 and name in ("test_tcp_ipv6", "netns_silent"):
             return None  # skipped: no ::1 here, or not root
         if rc != 0:
-            return name + (f" (signal {-rc})" if rc < 0 else "")
+            return name + (f" (signal {-rc})" if rc < 0 else "") + (" under ASan/UBSan" if asan else "")
         return None
 
-    def limit(self, name):
+    def limit(self, name, asan=False):
         base = self.baseline.get(name)
-        return self.timeout if base is None else max(self.timeout, 4 * base + 10)
+        lim = self.timeout if base is None else max(self.timeout, 4 * base + 10)
+        return 3 * lim if asan else lim  # the sanitizers' price, about 2-3x
 
     def measure(self, names):
         """The unmutated tree: each test's time; tests that fail twice are left out."""
@@ -647,16 +663,16 @@ class Runner:
                 self.broken.add(n)
         return True
 
-    def run_tests(self, own, names):
+    def run_tests(self, own, names, asan=False):
         """Cheapest first; the first failure kills. Stops at the mutant's time limit."""
         order = sorted((n for n in names if n not in self.broken),
                        key=lambda n: (self.baseline.get(n, 1e9) / (4 if n in own else 1), n))
         t0 = time.time()
         for n in order:
-            left = self.mutant_timeout - (time.time() - t0)
+            left = self.mutant_timeout * (3 if asan else 1) - (time.time() - t0)
             if left <= 0:
                 return n, f"{n} (past the mutant's {self.mutant_timeout} s)"
-            why = self.run_one(n, min(self.limit(n), left))
+            why = self.run_one(n, min(self.limit(n, asan), left), asan)
             if why:
                 return n, why
         return None, None
@@ -680,6 +696,7 @@ def main():
                          "the mutant is not counted (flaky)")
     ap.add_argument("--json", help="write the results to this file as JSON")
     ap.add_argument("--list", action="store_true", help="list the candidates and the drawn mutants only")
+    ap.add_argument("--at", help="FILE:LINE[:OP],...: these mutants instead of a draw")
     args = ap.parse_args()
 
     if args.files:
@@ -699,8 +716,18 @@ def main():
     for m in candidates(files):
         pools[folder_of(m.rel)].append(m)
     chosen = []
-    for f in folders:
-        chosen += draw(pools[f], args.count, args.seed, f, texts)
+    if args.at:
+        want = [a.split(":") for a in args.at.split(",") if a]
+        if any(len(w) not in (2, 3) or not w[1].isdigit() for w in want):
+            ap.error("--at takes FILE:LINE[:OP],...")
+        chosen = sorted(m for f in folders for m in pools[f] if valid(m, texts) and any(
+            m.rel == w[0] and m.line + 1 == int(w[1]) and (len(w) == 2 or m.op == w[2])
+            for w in want))
+        if not chosen:
+            ap.error(f"no candidate mutant at {args.at} (see --list)")
+    else:
+        for f in folders:
+            chosen += draw(pools[f], args.count, args.seed, f, texts)
     print(f"mutate: {sum(len(p) for p in pools.values())} candidate mutants in {len(files)} files "
           f"({', '.join(f'{f} {len(pools[f])}' for f in folders)}); testing {len(chosen)} "
           f"(seed {args.seed}, {args.count} per folder)", flush=True)
@@ -763,10 +790,23 @@ def main():
             test, by = runner.run_tests(own, names)
             result = "killed" if by else "survived"
             verdict = f"killed by {by}" if by else "SURVIVED"
+        # The sanitizer build for a C survivor (see the top); only the tests
+        # that run in the LeakSanitizer build have an ASan twin.
+        asan_names = [n for n in names if TESTS[n][0] == "lsan"]
+        asan_test = None
+        if result == "survived" and m.rel.endswith(".c") and asan_names and \
+                runner.make(asan_names, asan=True):
+            asan_test, asan_by = runner.run_tests(own, asan_names, asan=True)
+            if asan_by:
+                result, by, verdict = "killed", asan_by, f"killed by {asan_by}"
         # From the copy taken at the start: the working tree may have moved on.
         with open(os.path.join(tree, m.rel), "w") as f:
             f.write(pristine[m.rel])
-        if result == "killed" and args.recheck and runner.make([test]) and \
+        if asan_test and result == "killed" and runner.make([asan_test], asan=True) and \
+                runner.run_one(asan_test, runner.limit(asan_test, True), asan=True):
+            result = "flaky"
+            verdict += f"; {asan_test} fails unmutated under ASan too: not counted"
+        if result == "killed" and not asan_test and args.recheck and runner.make([test]) and \
                 runner.run_one(test, runner.limit(test)):
             result = "flaky"
             verdict += f"; {test} fails unmutated too: not counted"
