@@ -871,7 +871,13 @@ static int loop_setup(tpi_store_server *s) {
     int rc = uv_loop_init(&s->loop);
     if (rc < 0)
         return rc;
-    uv_async_init(&s->loop, &s->wake, on_wake);
+    /* Its eventfd may be made here (libuv versions differ): without it,
+     * stop could not wake the loop. */
+    rc = uv_async_init(&s->loop, &s->wake, on_wake);
+    if (rc < 0) {
+        uv_loop_close(&s->loop);
+        return rc;
+    }
     uv_timer_init(&s->loop, &s->accept_timer);
     uv_timer_init(&s->loop, &s->linger_timer);
     s->wake.data = s->accept_timer.data = s->linger_timer.data = s;

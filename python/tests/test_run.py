@@ -555,6 +555,23 @@ def test_launcher_killed_outright_takes_its_ranks(tmp_path):
     assert [pid for pid in ranks if pid in left] == []
 
 
+def test_rank_whose_launcher_died_before_the_prctl_exits(monkeypatch):
+    """The window PR_SET_PDEATHSIG leaves: a launcher killed between the fork
+    and the prctl never signals its child, so the child checks its parent
+    after the prctl and exits when it changed; else it goes on to exec."""
+    from tensorplay.distributed import run
+    ppids = iter([4242, 1])  # the launcher's pid, then init's: it died
+    monkeypatch.setattr(run.os, "getppid", lambda: next(ppids))
+    monkeypatch.setattr(run.sys, "platform", "test")  # no prctl on pytest itself
+    exits = []
+    monkeypatch.setattr(run.os, "_exit", exits.append)
+    run._die_with_parent()
+    assert exits == [1]
+    ppids = iter([4242, 4242])  # the launcher lives
+    run._die_with_parent()
+    assert exits == [1]
+
+
 def test_lines_are_prefixed_and_split_by_stream(tmp_path):
     p = launch(tmp_path, ["--nproc-per-node", "2", "prog.py"], """
         import os, sys

@@ -279,6 +279,71 @@ static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/*
+ * A server that cannot get the descriptors its event loop needs fails to
+ * start with a clear error, and one that starts stops again. A child process
+ * limits its descriptor table to k above the lowest free one, for k = 1..8:
+ * with 1 the listener takes the last descriptor and the loop's epoll cannot
+ * be made; larger k fail further on (the loop's wake-up eventfd, ...) or
+ * succeed. A start reported as TP_OK on a loop that failed would leave a
+ * server whose stop never returns (the alarm ends the child).
+ */
+enum { START_FAILED_LOOP = 10, START_FAILED_OTHER = 11, START_OK_STOPPED = 12 };
+
+static int start_with_descriptors(uint16_t port, int k) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(20);
+        int lowest = dup(2);
+        if (lowest < 0)
+            _exit(4);
+        close(lowest);
+        struct rlimit lim;
+        if (getrlimit(RLIMIT_NOFILE, &lim) != 0)
+            _exit(4);
+        lim.rlim_cur = (rlim_t)(lowest + k);
+        if (setrlimit(RLIMIT_NOFILE, &lim) != 0)
+            _exit(4);
+        struct sockaddr_storage sa;
+        socklen_t len = 0;
+        char err[TP_ERRMSG_LEN_MAX] = "";
+        if (tpi_tcp_resolve("127.0.0.1", port, &sa, &len, err, sizeof err) != TP_OK)
+            _exit(4);
+        tpi_store_server *srv = NULL;
+        tp_status st = tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &auth,
+                                              &srv, err, sizeof err);
+        if (st != TP_OK) {
+            fprintf(stderr, "  %d descriptors: %s: %s\n", k, tp_status_name(st), err);
+            _exit(srv == NULL && err[0] ? (strstr(err, "event loop") ? START_FAILED_LOOP
+                                                                   : START_FAILED_OTHER)
+                                        : 5);
+        }
+        tpi_store_server_stop(srv, 0);
+        _exit(START_OK_STOPPED);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status))
+        fprintf(stderr, "  %d descriptors: the child died of signal %d\n", k, WTERMSIG(status));
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* spec: STORE-2 over TCP-10 */
+static void test_tcp_store_start_without_descriptors(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    assert_int_equal(start_with_descriptors(port, 1), START_FAILED_LOOP);
+    int started = 0;
+    for (int k = 2; k <= 8; k++) {
+        int rc = start_with_descriptors(port, k);
+        assert_true(rc == START_FAILED_LOOP || rc == START_OK_STOPPED);
+        started |= rc == START_OK_STOPPED;
+    }
+    assert_true(started); /* 8 descriptors are enough */
+}
+
 /* STORE-10 over TCP: every key under the prefix, in key order, across
  * several replies when the values are large; fn can stop it. */
 typedef struct scan_seen_log {
@@ -1184,6 +1249,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
         cmocka_unit_test(test_tcp_store_request_key_bounds),
+        cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup,
                                         teardown),
