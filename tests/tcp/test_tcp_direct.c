@@ -54,7 +54,12 @@ static int body_direct(tt_job *job, int rank) {
 /* spec: TCP-15. Sequential rpc_syncs to an idle peer: the calling thread
  * writes its requests itself (each one sendmsg, or more when the socket
  * takes it in parts). Were no grant ever given, every request would go
- * through the loop thread and this thread would make none. */
+ * through the loop thread and this thread would make none. A direct write
+ * spends the grant; the writer puts its peer on the loop's regrant list,
+ * and the loop restores the grant before it hands over the reply, so the
+ * next request is direct too. Were the list to lose the peer, only every
+ * other request would be (the loop grants again after writing one itself):
+ * 10 of 20, where 18 to 20 are seen. */
 static void test_tcp_direct_write_by_caller(void **state) {
     (void)state;
     tt_job job = {0};
@@ -62,7 +67,7 @@ static void test_tcp_direct_write_by_caller(void **state) {
     assert_int_equal(tt_wait(&job, 60), 0);
     int n = atomic_load(&job.shared->count[C_DIRECT]);
     fprintf(stderr, "  the caller's own sendmsg calls for %d rpc_syncs: %d\n", CALLS, n);
-    assert_true(n >= CALLS / 2);
+    assert_true(n >= CALLS * 3 / 4);
     tt_job_free(&job);
 }
 
