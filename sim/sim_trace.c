@@ -65,7 +65,8 @@ typedef enum conv {
     CONV_STRING,    /* %s */
 } conv;
 
-#define FMT_SLOTS 64     /* formats kept per simulation: the simulator has about 60 */
+#define FMT_SLOTS 256    /* formats kept per simulation: the simulator has about 60 */
+#define FMT_PROBES 8     /* slots looked at from a format's home slot */
 #define FMT_LEN_MAX 127  /* longer formats are parsed at every record */
 #define FMT_CONV_MAX 16  /* and so are those with more conversions */
 
@@ -136,16 +137,25 @@ static int parse_convs(const char *fmt, uint8_t *convs, uint8_t *nconv) {
 }
 
 /* fmt's slot, filled if it held another format; NULL when fmt is not kept
- * (too long, or no cache). */
+ * (too long, or no cache). Probed from the address's home slot, so that two
+ * hot formats whose homes collide do not evict each other at every record. */
 static fmt_slot *slot_for(tp_sim *sim, const char *fmt) {
     fmt_cache *c = cache_get(sim);
     if (!c)
         return NULL;
     uintptr_t u = (uintptr_t)fmt;
-    fmt_slot *sl = &c->slot[((u >> 3) * 0x9e3779b97f4a7c15ull) >> 58];
-    _Static_assert(FMT_SLOTS == 64, "the slot is the hash's top 6 bits");
-    if (sl->fmt == fmt && memcmp(sl->text, fmt, (size_t)sl->len + 1) == 0)
-        return sl;
+    size_t home = (size_t)(((u >> 3) * 0x9e3779b97f4a7c15ull) >> 56);
+    _Static_assert(FMT_SLOTS == 256, "the home slot is the hash's top 8 bits");
+    fmt_slot *sl = NULL;
+    for (size_t i = 0; i < FMT_PROBES; i++) {
+        fmt_slot *at = &c->slot[(home + i) % FMT_SLOTS];
+        if (at->fmt == fmt && memcmp(at->text, fmt, (size_t)at->len + 1) == 0)
+            return at;
+        if (!sl && (!at->fmt || at->fmt == fmt))
+            sl = at; /* empty, or this address with other text: refilled */
+    }
+    if (!sl)
+        sl = &c->slot[home]; /* all taken: the home slot's format goes */
     size_t len = strnlen(fmt, FMT_LEN_MAX + 1);
     if (len > FMT_LEN_MAX)
         return NULL;
