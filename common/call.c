@@ -116,11 +116,8 @@ tpi_call *tpi_call_new(tp_core *c, uint32_t dst, uint8_t type, const char *what,
     call->what = what;
     call->heap_index = TPI_NO_INDEX;
     call->deadline_ns = TPI_NO_DEADLINE;
-    if (fn) { /* a valid name (CALL-1), so within the buffer; no printf on the hot path */
-        size_t n = strnlen(fn, sizeof call->fn - 1);
-        memcpy(call->fn, fn, n);
-        call->fn[n] = '\0';
-    }
+    if (fn) /* a valid name (CALL-1), so within the buffer */
+        tpi_copy_text(call->fn, sizeof call->fn, fn);
     return call;
 }
 

@@ -45,6 +45,14 @@ size_t tpi_vformat(char *buf, size_t len, const char *fmt, va_list ap) {
     return (size_t)n < len ? (size_t)n : len - 1;
 }
 
+size_t tpi_copy_text(char *buf, size_t len, const char *s) {
+    TPI_ASSERT(buf != NULL && len > 0 && s != NULL);
+    size_t n = strnlen(s, len - 1);
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    return n;
+}
+
 size_t tpi_format(char *buf, size_t len, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -63,7 +71,7 @@ tp_status tpi_fail(tp_status status, const char *fmt, ...) {
 }
 
 tp_status tpi_fail_msg(tp_status status, const char *msg) {
-    tpi_format(tpi_errmsg_buf(), TP_ERRMSG_LEN_MAX, "%s", msg ? msg : tp_strerror(status));
+    tpi_copy_text(tpi_errmsg_buf(), TP_ERRMSG_LEN_MAX, msg ? msg : tp_strerror(status));
     return status;
 }
 

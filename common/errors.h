@@ -27,6 +27,10 @@ size_t tpi_format(char *buf, size_t len, const char *fmt, ...) TPI_PRINTF(3, 4);
  * them ("%u": no sign, no leading zero): 1 and *out set, or 0. */
 int tpi_parse_index(const char *s, uint32_t limit, uint32_t *out);
 size_t tpi_vformat(char *buf, size_t len, const char *fmt, va_list ap);
+/* tpi_format(buf, len, "%s", s) without printf (names and messages are
+ * copied on every call's path): at most len - 1 bytes of s, then a NUL;
+ * returns the bytes copied. len > 0. */
+size_t tpi_copy_text(char *buf, size_t len, const char *s);
 
 /* Always-on assertion for invariants (STYLE 8): never for input that crossed
  * a trust boundary. Prints the condition, file and line, then aborts. */

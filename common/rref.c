@@ -847,7 +847,7 @@ static void proto_send(tp_core *c, uint8_t type, uint32_t dst, tp_rref *r, tpi_g
         return;
     }
     tpi_msg m;
-    memset(&m, 0, sizeof m);
+    tpi_msg_reset(&m);
     m.type = type;
     m.fork = fork;
     m.parent = parent;
@@ -1773,7 +1773,7 @@ tp_status tp_rref_to_here(tp_rref *r, double timeout_s, tp_value **out) {
             st = tpi_fail(TP_ENOMEM, "to_here: out of memory");
         } else {
             tpi_msg m;
-            memset(&m, 0, sizeof m);
+            tpi_msg_reset(&m);
             m.type = TPI_MSG_RREF_FETCH;
             m.rref = r->id;
             call->rref = r;

@@ -43,7 +43,7 @@ struct tp_call {
     const tp_value *self; /* the object, for methods */
     tp_core *core;
     tp_future *later;     /* tp_call_answer_later: the answer's future (counted) */
-    char err[TP_ERRMSG_LEN_MAX];
+    char err[TP_ERRMSG_LEN_MAX]; /* a string; invoke() sets every field */
 };
 
 struct tpi_job {
@@ -207,18 +207,18 @@ static void reply_result(tp_core *c, uint32_t dst, uint64_t id, tp_status st,
                          const tp_value *value, const char *errmsg, const char *fn) {
     tpi_msg m;
     char err[TP_ERRMSG_LEN_MAX];
-    memset(&m, 0, sizeof m);
+    tpi_msg_reset(&m);
     m.type = TPI_MSG_RESPONSE;
     m.id = id;
     m.status = (uint32_t)st;
     if (st == TP_OK)
         m.value = (tp_value *)value; /* borrowed: encoding only reads */
     else
-        tpi_format(m.text, sizeof m.text, "%s", errmsg && *errmsg ? errmsg : tp_strerror(st));
+        tpi_copy_text(m.text, sizeof m.text, errmsg && *errmsg ? errmsg : tp_strerror(st));
     tp_status sst = tpi_send_msg(c, dst, &m, err, sizeof err);
     if (sst == TP_EMSGSIZE || sst == TP_ETYPE || sst == TP_ENOMEM) {
         /* The result itself cannot travel: say so instead (CALL-7). */
-        memset(&m, 0, sizeof m);
+        tpi_msg_reset(&m);
         m.type = TPI_MSG_RESPONSE;
         m.id = id;
         m.status = (uint32_t)sst;
@@ -267,7 +267,7 @@ static tpi_later *later_new(tp_core *c, uint32_t src, const tpi_msg *m, const ch
     l->id = m->id;
     l->f = f; /* the call's reference moves here */
     l->kind = kind;
-    tpi_format(l->fn, sizeof l->fn, "%s", fn);
+    tpi_copy_text(l->fn, sizeof l->fn, fn);
     return l;
 }
 
@@ -296,7 +296,8 @@ static void later_run(tp_work *w) {
     tpi_later *l = (tpi_later *)w;
     tp_core *c = l->core;
     tp_future *f = l->f;
-    char err[TP_ERRMSG_LEN_MAX] = "";
+    char err[TP_ERRMSG_LEN_MAX];
+    err[0] = '\0'; /* a string: zeroing all 1 KB, three times a request, was 1% of a call */
     char who[TP_NAME_LEN_MAX + 32];
     tp_status st = f->status; /* done: immutable now */
     if (st != TP_OK) {
@@ -450,12 +451,15 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
     char full[2 * TP_NAME_LEN_MAX + 2];
     if (class_name) /* METHOD-1: a method is known as "Class.method" */
         tpi_format(full, sizeof full, "%s.%s", class_name, m->text);
+    /* Field by field: zeroing err's 1 KB here was 1% of a simulated call.
+     * A field added to tp_call is set here too. */
     tp_call call;
-    memset(&call, 0, sizeof call);
     call.caller = c->infos[src];
     call.fn = class_name ? full : m->text;
     call.self = object;
     call.core = c;
+    call.later = NULL;
+    call.err[0] = '\0';
     tpi_probe(c, TP_PROBE_SERVE_BEGIN, m->id, src, TP_OK, call.fn);
     tp_status st = fn(&call, args, m->kwargs, result, ud);
     tpi_probe(c, TP_PROBE_SERVE_END, m->id, src, st, call.fn);
@@ -502,7 +506,8 @@ static tp_status await_rrefs(tp_core *c, const tpi_msg *m, tpi_rref_ctx *rc, cha
 
 /* Runs the creating function of an owner record registered by on_remote. */
 static void serve_remote(tp_core *c, uint32_t src, tpi_msg *m, tpi_owner *o, tpi_rref_ctx *rc) {
-    char err[TP_ERRMSG_LEN_MAX] = "";
+    char err[TP_ERRMSG_LEN_MAX];
+    err[0] = '\0';
     tp_value *result = NULL;
     tpi_later *later = NULL;
     tp_status st = await_rrefs(c, m, rc, err, sizeof err);
@@ -566,7 +571,7 @@ static int defer_method(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc, 
         return 0;
     }
     *copy = *m;
-    memset(m, 0, sizeof *m);
+    tpi_msg_reset(m);
     j->msg = copy;
     j->decoded = 1;
     j->src = src;
@@ -621,7 +626,8 @@ void tpi_owner_drop_deferred(tp_core *c, tpi_owner *o) {
  * confirmed, and replies; 1 when it was deferred instead (m and rc taken). */
 static int run_request(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc,
                        const resolved_fn *found, tpi_served *sv) {
-    char err[TP_ERRMSG_LEN_MAX] = "";
+    char err[TP_ERRMSG_LEN_MAX];
+    err[0] = '\0';
     tp_value *result = NULL;
     tpi_later *later = NULL;
     if (served_canceled(sv))
@@ -651,7 +657,8 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id);
 static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
                           const resolved_fn *found, tpi_served *sv) {
     tpi_msg m;
-    char err[TP_ERRMSG_LEN_MAX] = "";
+    char err[TP_ERRMSG_LEN_MAX];
+    err[0] = '\0';
     char who[TP_NAME_LEN_MAX + 32];
     tpi_rref_ctx rc = {c, src, NULL, 0, 0, 1, NULL, 0, 0};
     tpi_codec_hooks hooks;
@@ -1042,7 +1049,8 @@ static int queue_job(tp_core *c, tpi_job *j) {
 }
 
 static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_queued) {
-    char err[TP_ERRMSG_LEN_MAX] = "";
+    char err[TP_ERRMSG_LEN_MAX];
+    err[0] = '\0';
     char who[TP_NAME_LEN_MAX + 32];
     uint64_t id = j->msg ? j->msg->id : tpi_frame_id(j->frame);
     if (canceled_queued) /* CANCEL-1: its bytes are out of the queue now */

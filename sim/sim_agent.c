@@ -695,7 +695,7 @@ static tp_store *view_target(tp_store *s) {
 
 static tp_status view_done(tp_store *s, tp_store *t, tp_status st) {
     if (st != TP_OK && st != TP_ENOENT)
-        tpi_format(s->errmsg, sizeof s->errmsg, "%s", t->errmsg);
+        tpi_copy_text(s->errmsg, sizeof s->errmsg, t->errmsg);
     return st;
 }
 

@@ -208,7 +208,7 @@ static void on_issue(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     r->method = p->method;
     r->issued_ns = sim->now_ns;
     r->deadline_ns = p->deadline_ns;
-    tpi_format(r->fn, sizeof r->fn, "%s", p->fn);
+    tpi_copy_text(r->fn, sizeof r->fn, p->fn);
     tp_status st = tpi_idmap_put(&o->calls, key, r);
     TPI_ASSERT(st == TP_OK && "the oracle cannot run without memory");
     agents_cover(o, a->id);
