@@ -212,15 +212,19 @@ static void sleep_until(double s) {
 static tp_status shutdown_st[WORLD];
 static tp_rref_leak leaks[WORLD][2];
 static size_t nleaks[WORLD];
+static int leak_objects = 1; /* w0's objects on w1, each leaked the same way (at most 2) */
 
 static int leak_program(int rank, int world_size, void *arg) {
     (void)arg;
     if (join(rank, world_size) != TP_OK)
         return 1;
     if (rank == 0) {
-        tp_rref *r = confirmed_object();
+        tp_rref *r[2] = {NULL, NULL};
+        for (int i = 0; i < leak_objects; i++)
+            r[i] = confirmed_object();
         sleep_until(1.0); /* past LEAK_PLAN's start: from here every request fails */
-        tp_rref_release(r);
+        for (int i = 0; i < leak_objects; i++)
+            tp_rref_release(r[i]);
     }
     shutdown_st[rank] = tp_shutdown(1);
     tp_rref_leak *v = NULL;
@@ -284,6 +288,24 @@ static void test_rref_leaks_reported_at_shutdown(void **state) {
     for (int r = 0; r < WORLD; r++)
         assert_int_equal(nleaks[r], 0);
     assert_int_equal(destroyed, 1);
+}
+
+/* RREF-18: the report lists every leak, one per owner record and per child:
+ * two objects leaked the same way are two entries, on either side. */
+static void test_rref_leaks_reported_for_every_rref(void **state) {
+    (void)state;
+    leak_objects = 2;
+    for (int first = 0; first <= 1; first++) {
+        leak_world(LEAK_PLAN, first);
+        assert_int_equal(nleaks[first], 2);
+        assert_int_equal(nleaks[1 - first], 0);
+        assert_int_equal(leaks[first][0].kind, first == 0 ? TP_LEAK_DELETE : TP_LEAK_FORK);
+        assert_int_equal(leaks[first][1].kind, leaks[first][0].kind);
+        assert_true(leaks[first][0].rref_n != leaks[first][1].rref_n);
+        for (int i = 0; i < 2; i++)
+            assert_true(leaks[first][i].owner == 1 && leaks[first][i].holder == 0);
+    }
+    leak_objects = 1;
 }
 
 /*
@@ -513,6 +535,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_share_survives_failed_and_slow_sends, reset_failures),
         cmocka_unit_test_setup(test_rref_delete_waits_for_a_retried_fork, reset_failures),
         cmocka_unit_test_setup(test_rref_leaks_reported_at_shutdown, reset_failures),
+        cmocka_unit_test_setup(test_rref_leaks_reported_for_every_rref, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_user, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_query_once_per_break, reset_failures),
