@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "common/limits.h"
 #include "sim_check.h"
 #include "tensorplay/rpc.h"
 #include "tensorplay/sim.h"
@@ -488,6 +489,74 @@ static void test_method_waits_off_the_pool(void **state) {
     run_plan_with("delaytype remote 200\n", method_first_program);
 }
 
+/*
+ * METHOD-3's bound: at most TPI_METHOD_DEFERRED_MAX method calls wait aside
+ * for a value still being made; the ones past it wait on the pool as before.
+ * w2 makes that many and 4 more before w1's remote() arrives (held back
+ * 200 ms): every call is answered, once the value exists, and the calls past
+ * the bound lose nothing on the way (LeakSanitizer and valgrind check).
+ */
+#define PINGS_PAST_THE_BOUND 4
+static int pings_ok;
+
+/* call_pings(rref): TPI_METHOD_DEFERRED_MAX + 4 rref.ping() at once, from here. */
+static tp_status call_pings_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                               tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    tp_rref *r = NULL;
+    if (tp_value_get_rref(tp_list_get(args, 0), &r) != TP_OK)
+        return TP_ETYPE;
+    size_t n = TPI_METHOD_DEFERRED_MAX + PINGS_PAST_THE_BOUND;
+    tp_future **fs = calloc(n, sizeof *fs);
+    if (!fs)
+        return TP_ENOMEM;
+    size_t issued = 0;
+    while (issued < n && tp_rref_rpc_async(r, "ping", NULL, NULL, 10.0, &fs[issued]) == TP_OK)
+        issued++;
+    tp_status st = issued == n ? tp_future_wait_all(fs, n, 20.0, NULL) : TP_EIO;
+    int ok = 0;
+    for (size_t i = 0; i < issued; i++) {
+        int64_t v = 0;
+        ok += tp_future_status(fs[i]) == TP_OK &&
+              tp_value_get_int(tp_future_value(fs[i]), &v) == TP_OK && v == 7;
+        tp_future_free(fs[i]);
+    }
+    free(fs);
+    *result = tp_value_int(ok);
+    return *result ? st : TP_ENOMEM;
+}
+
+static int many_methods_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("call_pings", call_pings_fn, NULL) == TP_OK);
+    CHECK(tp_new_method("Obj", "ping", ping_method, NULL) == TP_OK);
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        tp_status st = tp_rpc_sync(tp_to_rank(2), "call_pings", args, NULL, 30.0, &res);
+        CHECK(st == TP_OK);
+        int64_t v = 0;
+        CHECK(st != TP_OK || tp_value_get_int(res, &v) == TP_OK);
+        pings_ok = (int)v;
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_methods_past_the_deferred_bound(void **state) {
+    (void)state;
+    pings_ok = 0;
+    run_plan_with("delaytype remote 200\n", many_methods_program);
+    assert_int_equal(pings_ok, TPI_METHOD_DEFERRED_MAX + PINGS_PAST_THE_BOUND);
+}
+
 static void run_plan_with(const char *plan, tp_sim_program program) {
     destroyed = 0;
     memset(kept, 0, sizeof kept);
@@ -540,6 +609,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_query_once_per_break, reset_failures),
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
+        cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
