@@ -557,6 +557,35 @@ static void test_methods_past_the_deferred_bound(void **state) {
     assert_int_equal(pings_ok, TPI_METHOD_DEFERRED_MAX + PINGS_PAST_THE_BOUND);
 }
 
+/*
+ * RREF-22's probe runs only while a worker holds rref state: on a network
+ * that loses frames, workers without a single rref sit idle for 20 s with no
+ * timer firing: 6 events, the sleeps' own (a probe timer armed regardless
+ * fires every 2 s on each: 36).
+ */
+static uint64_t idle_events = UINT64_MAX;
+
+static int idle_lossy_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    sleep_until(1.0);
+    uint64_t e0 = tp_sim_events(tp_sim_current());
+    sleep_until(21.0);
+    if (rank == 0)
+        idle_events = tp_sim_events(tp_sim_current()) - e0;
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_no_probe_timer_without_rrefs(void **state) {
+    (void)state;
+    idle_events = UINT64_MAX;
+    run_plan_with("chaos 1 0 0\n", idle_lossy_program); /* loses frames: RREF-22 on */
+    print_message("events while idle: %llu\n", (unsigned long long)idle_events);
+    assert_true(idle_events <= 2 * WORLD); /* each sleep: its timeout and its wake-up */
+}
+
 static void run_plan_with(const char *plan, tp_sim_program program) {
     destroyed = 0;
     memset(kept, 0, sizeof kept);
@@ -610,6 +639,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_forks_query_once_per_break, reset_failures),
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
+        cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
