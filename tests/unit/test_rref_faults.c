@@ -447,6 +447,25 @@ static tp_status call_ping_fn(tp_call *call, const tp_value *args, const tp_valu
     return st;
 }
 
+/* On w0: makes an object on w1, calls fn(its rref) on w2 and returns the
+ * int fn returned (-1 when the call failed). */
+static int64_t call_w2_with_object(const char *fn, double timeout_s) {
+    tp_rref *r = NULL;
+    CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+    tp_value *res = NULL;
+    tp_status st = tp_rpc_sync(tp_to_rank(2), fn, args, NULL, timeout_s, &res);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        print_error("%s: %s\n", fn, tp_errmsg());
+    int64_t v = -1;
+    CHECK(st != TP_OK || tp_value_get_int(res, &v) == TP_OK);
+    tp_value_free(res);
+    tp_value_free(args);
+    tp_rref_release(r);
+    return v;
+}
+
 static int method_first_program(int rank, int world_size, void *arg) {
     (void)arg;
     CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
@@ -464,21 +483,9 @@ static int method_first_program(int rank, int world_size, void *arg) {
     if (st != TP_OK)
         return 1;
     if (rank == 0) {
-        tp_rref *r = NULL;
-        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
-        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
-        tp_value *res = NULL;
         uint64_t t0 = now_ns();
-        st = tp_rpc_sync(tp_to_rank(2), "call_ping", args, NULL, 10.0, &res);
-        CHECK(st == TP_OK);
-        if (st != TP_OK)
-            print_error("call_ping: %s\n", tp_errmsg());
-        int64_t v = 0;
-        CHECK(st != TP_OK || (tp_value_get_int(res, &v) == TP_OK && v == 7));
+        CHECK(call_w2_with_object("call_ping", 10.0) == 7);
         CHECK(now_ns() - t0 >= 200000000ull); /* it did wait for the held-back remote() */
-        tp_value_free(res);
-        tp_value_free(args);
-        tp_rref_release(r);
     }
     CHECK(tp_shutdown(1) == TP_OK);
     return 0;
@@ -532,20 +539,8 @@ static int many_methods_program(int rank, int world_size, void *arg) {
     CHECK(tp_new_method("Obj", "ping", ping_method, NULL) == TP_OK);
     if (join(rank, world_size) != TP_OK)
         return 1;
-    if (rank == 0) {
-        tp_rref *r = NULL;
-        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
-        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
-        tp_value *res = NULL;
-        tp_status st = tp_rpc_sync(tp_to_rank(2), "call_pings", args, NULL, 30.0, &res);
-        CHECK(st == TP_OK);
-        int64_t v = 0;
-        CHECK(st != TP_OK || tp_value_get_int(res, &v) == TP_OK);
-        pings_ok = (int)v;
-        tp_value_free(res);
-        tp_value_free(args);
-        tp_rref_release(r);
-    }
+    if (rank == 0)
+        pings_ok = (int)call_w2_with_object("call_pings", 30.0);
     CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }
