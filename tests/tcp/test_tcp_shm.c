@@ -303,6 +303,34 @@ static void test_shm_slab_picking(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* spec: TCP-22: a slab is reused whatever its descriptor's number, 0 too (a
+ * process that closed its stdin gets its first slab's memfd there). */
+static void test_shm_slab_on_descriptor_0_reused(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0;
+    a.world_size = 2;
+    a.shm_pool = 8 * MIB;
+    tpi_tcp_peer peers[2];
+    memset(peers, 0, sizeof peers);
+    a.peers = peers;
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    uint32_t gen0 = 0, gen = 0;
+    int s0 = pack(&a, 1 * MIB, &gen0); /* its memfd takes descriptor 0 */
+    int probe = dup(saved);            /* the lowest free one: so 0 is the slab's */
+    assert_true(s0 >= 0 && probe > 0);
+    close(probe);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)s0), 0);
+    assert_int_equal(pack(&a, 1 * MIB, &gen), s0); /* reused, not made again */
+    assert_int_equal(gen, gen0);
+    tpi_shm_tx_free(peers[1].shm_tx);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back (the slab closed it) */
+    close(saved);
+}
+
 /* ---- A slab's header names its two ends (the acceptor's side alone) ---------- */
 
 /* Reads the slab of record v as worker me whose peer is worker peer (the
@@ -376,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_slab_picking),
+        cmocka_unit_test(test_shm_slab_on_descriptor_0_reused),
         cmocka_unit_test(test_shm_slab_header_names_both_ends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
