@@ -349,9 +349,12 @@ EQUIVALENT = os.path.join(ROOT, "scripts", "mutate_equivalent.txt")
 
 
 def load_equivalent(path=EQUIVALENT):
-    """{(file, original, mutant): reason}: blocks of a file line, '- ' the
-    original statement, '+ ' the mutant, 'why: ' the reason; blank lines
-    between blocks, '#' comments. Matched by text, so lines may move."""
+    """{(file, original, mutant): [(reason, near)]}: blocks of a file line,
+    '- ' the original statement, '+ ' the mutant, 'why: ' the reason; blank
+    lines between blocks, '#' comments. Matched by text, so lines may move.
+    When the same statement occurs twice in a file, the file line reads
+    "FILE near TEXT": the entry is for the one with TEXT in one of the
+    NEAR_LINES lines before it."""
     out = {}
     if not os.path.exists(path):
         return out
@@ -364,9 +367,23 @@ def load_equivalent(path=EQUIVALENT):
         if len(lines) < 4 or not (lines[1].startswith("- ") and lines[2].startswith("+ ")
                                   and lines[3].startswith("why: ")):
             raise SystemExit(f"mutate: {path}: a block needs a file, '- ', '+ ' and 'why: ' lines:\n{b}")
-        out[(lines[0].strip(), lines[1][2:].strip(), lines[2][2:].strip())] = " ".join(
-            l.strip() for l in lines[3:])[5:]
+        rel, _, near = lines[0].strip().partition(" near ")
+        out.setdefault((rel, lines[1][2:].strip(), lines[2][2:].strip()), []).append(
+            (" ".join(l.strip() for l in lines[3:])[5:], near or None))
     return out
+
+
+NEAR_LINES = 5
+
+
+def equivalent_reason(equivalent, m, text):
+    """The listed reason that applies to mutant m of the file's text, or None."""
+    lines = text.split("\n")
+    before = lines[max(0, m.line - NEAR_LINES):m.line]
+    for reason, near in equivalent.get((m.rel, lines[m.line].strip(), m.edits[0][1].strip()), []):
+        if near is None or any(near in l for l in before):
+            return reason
+    return None
 
 
 def mutated_text(text, m):
@@ -810,7 +827,7 @@ def main():
                 runner.run_one(test, runner.limit(test)):
             result = "flaky"
             verdict += f"; {test} fails unmutated too: not counted"
-        known = equivalent.get((m.rel, orig.strip(), m.edits[0][1].strip()))
+        known = equivalent_reason(equivalent, m, pristine[m.rel])
         if known is not None and result == "survived":
             result = "equivalent"
             verdict = "survived, equivalent: " + known
