@@ -135,6 +135,9 @@ static uint8_t *put_blob(uint8_t *p, const uint8_t *v, uint32_t n) {
 
 void tpi_store_request_encode(const tpi_store_request *r, uint8_t *out) {
     TPI_ASSERT(r->key_len >= 1 && r->key_len <= TP_STORE_KEY_LEN_MAX);
+    /* A request reads as the decoder makes it: SET and COMPARE_SET always
+     * carry a (possibly empty), SCAN only with has_a. */
+    TPI_ASSERT(r->has_a || (r->op != TPI_STORE_SET && r->op != TPI_STORE_CAS));
     size_t total = tpi_store_request_size(r);
     TPI_ASSERT(total - 4 <= TPI_STORE_MSG_MAX);
     put_u32(out, (uint32_t)(total - 4));
