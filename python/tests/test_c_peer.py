@@ -182,3 +182,36 @@ def test_python_class_name_as_a_c_worker_sees_it(tmp_path):
     assert lines[:2] == ["get: 7", "bad: TP_EREMOTE True"], proc.stdout + proc.stderr
     assert len(lines) == 3 and lines[2].startswith("nope: TP_E"), proc.stdout + proc.stderr
     assert "class 'py:my_mod-Z9:Box' has no method 'nope'" in lines[2], lines[2]
+
+
+MALFORMED = """
+parts = [lambda: lib.tp_value_str(b"get"), lib.tp_value_list, lib.tp_value_map,
+         lambda: lib.tp_value_bool(1), lambda: lib.tp_value_int(0)]
+for n in (2, 5):
+    args = lst(*[make() for make in parts[:n]])
+    out = P()
+    st = lib.tp_rref_rpc_sync(rref, b"py:method", args, None, 30.0, ctypes.byref(out))
+    lib.tp_value_free(args)
+    msg = lib.tp_errmsg().decode() if st != 0 else ""
+    print("%d parts:" % n, status(st), "a method call is [name, args, kwargs, keep]" in msg,
+          flush=True)
+    lib.tp_value_free(out)
+"""
+
+
+def test_malformed_method_call_from_a_c_worker(tmp_path):
+    """A method call whose wire list is not [name, args, kwargs(, keep)]
+    (too short or too long) is refused with a TypeError that says the
+    form, never read past its end nor run with the extra part ignored."""
+    lib = shared_library()
+    if lib is None:
+        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
+    old = "lib.tp_rref_release(rref)\n"
+    assert MIXED.count(old) == 1
+    (tmp_path / "mixed.py").write_text(MIXED.replace(old, MALFORMED + old))
+    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(tmp_path / "mixed.py"), lib],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
+    assert lines[2:] == ["2 parts: TP_EREMOTE True", "5 parts: TP_EREMOTE True"], \
+        proc.stdout + proc.stderr
