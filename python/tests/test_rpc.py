@@ -171,6 +171,37 @@ def test_error_whose_class_has_no_str_qualname(tmp_path):
     assert out == ["non-str Exception True", "missing Exception True", "3"]
 
 
+def test_error_the_caller_cannot_rebuild_names_its_type(tmp_path):
+    """A remote exception whose class the caller cannot build from a message
+    (its constructor wants two arguments) arrives as RemoteError, whose text
+    names the remote type; one whose class the caller does not have, too."""
+    out = run(tmp_path, """
+        class Picky(Exception):
+            def __init__(self, code, why):
+                super().__init__("%d: %s" % (code, why))
+
+        def picky():
+            raise Picky(7, "needs two")
+
+        def foreign():
+            import types
+            mod = types.ModuleType("only_on_the_callee")
+            exec("class Gone(Exception): pass", mod.__dict__)
+            raise mod.Gone("not here")
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            for fn, words in ((picky, "raised remotely: __main__.Picky"),
+                              (foreign, "raised remotely: only_on_the_callee.Gone")):
+                try:
+                    rpc.rpc_sync("worker1", fn, timeout=20)
+                except rpc.RemoteError as e:
+                    print(fn.__name__, words in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["picky True", "foreign True"]
+
+
 def test_callee_never_imports_a_module_a_peer_names(tmp_path):
     (tmp_path / "helper_mod.py").write_text("def triple(x):\n    return 3 * x\n")
     out = run(tmp_path, """
