@@ -262,6 +262,17 @@ static int pack(tpi_tcp_agent *a, size_t len, uint32_t *gen) {
     return (int)(v[1] & 0xff);
 }
 
+/* Worker 0 of two, with an 8 MiB pool and no connection: enough to pack
+ * frames for worker 1 and release them. */
+static void pool_agent(tpi_tcp_agent *a, tpi_tcp_peer peers[2]) {
+    memset(a, 0, sizeof *a);
+    a->rank = 0;
+    a->world_size = 2;
+    a->shm_pool = 8 * MIB;
+    memset(peers, 0, 2 * sizeof *peers);
+    a->peers = peers;
+}
+
 /* spec: TCP-22: slabs are reused; a frame no room can be made for takes
  * TCP without dropping a free slab; room is made by dropping free ones;
  * a frame larger than the pool never takes a slab; busy slabs are never
@@ -269,13 +280,8 @@ static int pack(tpi_tcp_agent *a, size_t len, uint32_t *gen) {
 static void test_shm_slab_picking(void **state) {
     (void)state;
     tpi_tcp_agent a;
-    memset(&a, 0, sizeof a);
-    a.rank = 0;
-    a.world_size = 2;
-    a.shm_pool = 8 * MIB;
     tpi_tcp_peer peers[2];
-    memset(peers, 0, sizeof peers);
-    a.peers = peers;
+    pool_agent(&a, peers);
     uint32_t gen0 = 0, gen = 0;
     int s0 = pack(&a, 1 * MIB, &gen0); /* a 2 MiB slab */
     assert_true(s0 >= 0);
@@ -308,13 +314,8 @@ static void test_shm_slab_picking(void **state) {
 static void test_shm_slab_on_descriptor_0_reused(void **state) {
     (void)state;
     tpi_tcp_agent a;
-    memset(&a, 0, sizeof a);
-    a.rank = 0;
-    a.world_size = 2;
-    a.shm_pool = 8 * MIB;
     tpi_tcp_peer peers[2];
-    memset(peers, 0, sizeof peers);
-    a.peers = peers;
+    pool_agent(&a, peers);
     int saved = dup(0);
     assert_true(saved > 0);
     assert_int_equal(close(0), 0);
