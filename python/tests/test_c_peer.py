@@ -196,13 +196,24 @@ for n in (2, 5):
     print("%d parts:" % n, status(st), "a method call is [name, args, kwargs, keep]" in msg,
           flush=True)
     lib.tp_value_free(out)
+lib.tp_value_tuple.restype, lib.tp_value_tuple.argtypes = P, []
+args = lib.tp_value_tuple()  # the right parts in a tuple, not a list
+for make in parts[:3]:
+    assert lib.tp_list_append(args, make()) == 0
+out = P()
+st = lib.tp_rref_rpc_sync(rref, b"py:method", args, None, 30.0, ctypes.byref(out))
+lib.tp_value_free(args)
+msg = lib.tp_errmsg().decode() if st != 0 else ""
+print("tuple:", status(st), "a method call is [name, args, kwargs, keep]" in msg, flush=True)
+lib.tp_value_free(out)
 """
 
 
 def test_malformed_method_call_from_a_c_worker(tmp_path):
     """A method call whose wire list is not [name, args, kwargs(, keep)]
-    (too short or too long) is refused with a TypeError that says the
-    form, never read past its end nor run with the extra part ignored."""
+    (too short, too long, or a tuple) is refused with a TypeError that says
+    the form, never read past its end, run with the extra part ignored or
+    read as a list."""
     lib = shared_library()
     if lib is None:
         pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
@@ -213,5 +224,6 @@ def test_malformed_method_call_from_a_c_worker(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
-    assert lines[2:] == ["2 parts: TP_EREMOTE True", "5 parts: TP_EREMOTE True"], \
+    assert lines[2:] == ["2 parts: TP_EREMOTE True", "5 parts: TP_EREMOTE True",
+                         "tuple: TP_EREMOTE True"], \
         proc.stdout + proc.stderr
