@@ -6,6 +6,8 @@
  * like any other: killed mid-job, it comes back as a new incarnation
  * (REJOIN-1..7) and the job goes on and shuts down cleanly.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -212,12 +215,22 @@ static int body_unreachable(tt_job *job, int rank) {
 
 static void test_tcp_etcd_unreachable(void **state) {
     (void)state;
+    /* A port held by a socket bound but not listening: a connection to it
+     * is refused, and no other test can take it meanwhile (a port that was
+     * only free once was, and a worker's "bad hello" answered etcd). */
+    int hold = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    assert_true(hold >= 0 && bind(hold, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                getsockname(hold, (struct sockaddr *)&sa, &len) == 0);
     char url[128];
-    snprintf(url, sizeof url, "etcd://127.0.0.1:%u/tp-tcp-none", (unsigned)tt_free_port());
+    snprintf(url, sizeof url, "etcd://127.0.0.1:%u/tp-tcp-none", (unsigned)ntohs(sa.sin_port));
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 1, body_unreachable, url), 0);
     assert_int_equal(tt_wait(&job, 30), 0);
     tt_job_free(&job);
+    close(hold);
 }
 
 static int teardown_group(void **state) {
