@@ -541,6 +541,11 @@ enum { F_DD_DOWN = 0, F_DD_DONE = 1, C_DD_CALLED = 0 };
 static int body_dead_not_dialed(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     tp_options *o = tt_options(job, 10, 5);
+    if (o && rank == 2) {
+        char port[16];
+        snprintf(port, sizeof port, "%d", *(const int *)job->arg);
+        TT_CHECK(tp_options_set(o, "listen_port", port) == TP_OK);
+    }
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 2) {
@@ -566,21 +571,26 @@ static int body_dead_not_dialed(tt_job *job, int rank) {
     return 0;
 }
 
-/* A socket listening at "127.0.0.1:port" (a dead worker's address). */
-static int listen_at(const char *addr) {
-    const char *colon = strrchr(addr, ':');
-    assert_non_null(colon);
+/* A socket bound to a free loopback port with SO_REUSEADDR, not listening:
+ * it holds the port for the whole test. Worker 2 binds the same port (libuv
+ * sets SO_REUSEADDR too) and listens on it; once worker 2 is dead, this socket
+ * listens there. Held from the start, the port cannot become the local port
+ * of some process's outgoing connection after worker 2's death (the kernel
+ * skips explicitly bound ports when it picks one), which made a bind at that
+ * moment fail with EADDRINUSE under TSan (CI flake). */
+static int reserve_port(int *port) {
     int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(l >= 0);
     int one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    assert_int_equal(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)atoi(colon + 1));
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
     assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(l, 8), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    *port = ntohs(sa.sin_port);
     return l;
 }
 
@@ -591,7 +601,9 @@ static int listen_at(const char *addr) {
 static void test_tcp_dead_peer_not_dialed_again(void **state) {
     (void)state;
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 3, body_dead_not_dialed, NULL), 0);
+    int port2 = 0;
+    int l = reserve_port(&port2);
+    assert_int_equal(tt_spawn(&job, 3, body_dead_not_dialed, &port2), 0);
     uint64_t deadline = tt_now_ns() + 30000000000ull;
     while (atomic_load(&job.shared->count[C_DD_CALLED]) < 1 && tt_now_ns() < deadline)
         usleep(1000);
@@ -600,8 +612,11 @@ static void test_tcp_dead_peer_not_dialed_again(void **state) {
     tt_worker_addr(job.store_port, 1, addr1, sizeof addr1);
     tt_worker_addr(job.store_port, 2, addr2, sizeof addr2);
     kill(job.pid[2], SIGKILL);
+    char held[64];
+    snprintf(held, sizeof held, "127.0.0.1:%d", port2);
+    assert_string_equal(addr2, held);
     assert_int_equal(tt_await_flag(job.shared, F_DD_DOWN, 1, 20), 0);
-    int l = listen_at(addr2);
+    assert_int_equal(listen(l, 8), 0);
     int fd = tt_hello_as_worker2(addr1);
     uint8_t rec[TPI_TCP_RECORD_SIZE];
     tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
