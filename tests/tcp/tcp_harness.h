@@ -44,7 +44,8 @@ struct tt_job {
 /* Sets TP_SECRET to a fresh random job secret unless it is set (TCP-17): a
  * job's children inherit it, as tprun's do. */
 void tt_ensure_secret(void);
-/* A TCP port on 127.0.0.1 nobody listens on right now. */
+/* A TCP port on 127.0.0.1 nobody uses right now, below the kernel's
+ * ephemeral range when there is room (see tcp_harness.c). */
 uint16_t tt_free_port(void);
 /* Monotonic nanoseconds (the same clock in every process). */
 uint64_t tt_now_ns(void);
