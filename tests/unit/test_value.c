@@ -314,6 +314,37 @@ static void test_value_tensor_strided_packs_row_major(void **state) {
     tp_value_free(k);
 }
 
+/* A permuted 3-D view (permute(1, 0, 2) of a contiguous [2, 3, 4]): the
+ * row walk carries from the middle dimension into the outer one. */
+static void test_value_tensor_permuted_3d_packs_row_major(void **state) {
+    (void)state;
+    int32_t base[24];
+    for (int i = 0; i < 24; i++)
+        base[i] = i;
+    int64_t shape[3] = {3, 2, 4}, strides[3] = {4, 12, 1};
+    tp_value *t = tp_value_tensor(TP_DTYPE_INT32, 3, shape, strides, base);
+    assert_non_null(t);
+    assert_false(tp_tensor_is_contiguous(t));
+    int32_t packed[24], want[24];
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 4; k++)
+                want[n++] = j * 12 + i * 4 + k;
+    tpi_tensor_pack(t, packed);
+    assert_memory_equal(packed, want, sizeof want);
+    tp_value *c = tp_value_tensor(TP_DTYPE_INT32, 3, shape, NULL, want);
+    assert_true(tp_value_equal(t, c));
+    assert_true(tp_value_equal(c, t));
+    /* the last rows differ: the walk reaches them */
+    want[23] = -1;
+    tp_value *c2 = tp_value_tensor(TP_DTYPE_INT32, 3, shape, NULL, want);
+    assert_false(tp_value_equal(t, c2));
+    tp_value_free(t);
+    tp_value_free(c);
+    tp_value_free(c2);
+}
+
 static void test_value_tensor_broadcast_and_sliced(void **state) {
     (void)state;
     /* stride 0: one element repeated */
@@ -848,6 +879,7 @@ int main(void) {
         cmocka_unit_test(test_value_tree_depth_limit),
         cmocka_unit_test(test_value_tensor_contiguous_copy),
         cmocka_unit_test(test_value_tensor_strided_packs_row_major),
+        cmocka_unit_test(test_value_tensor_permuted_3d_packs_row_major),
         cmocka_unit_test(test_value_tensor_broadcast_and_sliced),
         cmocka_unit_test(test_value_tensor_zeros_empty_and_scalar),
         cmocka_unit_test(test_value_tensor_rejects_bad_and_overflow),
