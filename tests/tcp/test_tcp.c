@@ -780,6 +780,44 @@ static void test_tcp_peer_leaves(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- Workers named by a host name ------------------------------------------------------ */
+
+enum { C_NAMED_UP = 6, F_NAMED_SEEN = 6 };
+
+/* spec: TCP-2, TCP-12: listen_addr "localhost", a name and not a literal
+ * address, is resolved (as every peer then resolves the published
+ * "localhost:port") and calls go both ways. */
+static int body_named(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tp_options_set(o, "listen_addr", "localhost") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->count[C_NAMED_UP], 1);
+    int64_t v = 0;
+    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), rank, 40, 10, &v) == TP_OK && v == rank + 40);
+    TT_CHECK(tt_await_flag(sh, F_NAMED_SEEN, 1, 20) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_host_name(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_named, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_NAMED_UP]) < 2 && tt_now_ns() < deadline)
+        usleep(1000);
+    for (int r = 0; r < 2; r++) {
+        char addr[128];
+        tt_worker_addr(job.store_port, r, addr, sizeof addr);
+        assert_true(strncmp(addr, "localhost:", 10) == 0); /* published as named */
+    }
+    atomic_store(&job.shared->flag[F_NAMED_SEEN], 1);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
 /* ---- Garbage on a worker's port ------------------------------------------------------ */
 
 enum { F_READY = 3, F_ATTACKED = 4, C_READY = 3 };
@@ -1647,6 +1685,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_kill9),        cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_peer_leaves),
+        cmocka_unit_test(test_tcp_host_name),
         cmocka_unit_test(test_tcp_auth_refuses_outsiders),
         cmocka_unit_test(test_tcp_auth_off),
         cmocka_unit_test(test_tcp_garbage),      cmocka_unit_test(test_tcp_init_errors),
