@@ -1315,6 +1315,49 @@ static void test_tcp_reinit(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- A late rank after rank 0's process is gone -------------------------------------- */
+
+enum { F_R0_FAILED = 0 };
+
+/*
+ * spec: TCP-11, INIT-5: rank 0 times out waiting for rank 1 (init_timeout
+ * 0.5 s), publishes that, and its process exits; its store lingers for
+ * rank 1, which comes 0.3 s later and is told at once. With shutdown_timeout
+ * 0 (no deadline) too: the linger is then TPI_STORE_LINGER_MAX_S, not 0.
+ */
+static int body_late_after_exit(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 0);
+    TT_CHECK(o && tp_options_set_init_timeout(o, rank == 0 ? 0.5 : 10) == TP_OK);
+    if (rank == 1) {
+        TT_CHECK(tt_await_flag(sh, F_R0_FAILED, 1, 20) == 0);
+        usleep(300000); /* rank 0 is exiting, or gone */
+    }
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", rank);
+    uint64_t t0 = tt_now_ns();
+    tp_status st = tp_init_rpc(name, "TENSORPIPE", rank, job->world, o);
+    uint64_t took = tt_now_ns() - t0;
+    tp_options_free(o);
+    fprintf(stderr, "  rank %d: %s after %.0f ms: %s\n", rank, tp_status_name(st), took / 1e6,
+            tp_errmsg());
+    TT_CHECK(st == TP_ETIMEDOUT);
+    TT_CHECK(strstr(tp_errmsg(), "timed out waiting for rank 1") != NULL);
+    if (rank == 0)
+        atomic_store(&sh->flag[F_R0_FAILED], 1);
+    else
+        TT_CHECK(took < 5000000000ull); /* told by the store, not at its own deadline */
+    return 0;
+}
+
+static void test_tcp_late_rank_after_rank0_exit(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_late_after_exit, NULL), 0);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
 /* ---- A record an outgoing connection must not get (TCP-5, TCP-6) ------------------- */
 
 /*
@@ -1690,7 +1733,9 @@ int main(void) {
         cmocka_unit_test(test_tcp_auth_off),
         cmocka_unit_test(test_tcp_garbage),      cmocka_unit_test(test_tcp_init_errors),
         cmocka_unit_test(test_tcp_sqlite_store), cmocka_unit_test(test_tcp_two_workers_one_process),
-        cmocka_unit_test(test_tcp_reinit),       cmocka_unit_test(test_tcp_concurrent_senders),
+        cmocka_unit_test(test_tcp_reinit),
+        cmocka_unit_test(test_tcp_late_rank_after_rank0_exit),
+        cmocka_unit_test(test_tcp_concurrent_senders),
         cmocka_unit_test(test_tcp_interrupt_init),
         cmocka_unit_test(test_tcp_cancel_shutdown),
         cmocka_unit_test(test_tcp_backpressure_bounds_memory),
