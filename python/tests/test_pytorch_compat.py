@@ -363,6 +363,37 @@ def test_workers_started_by_hand_on_one_host(tmp_path):
     assert len(secret.read_text().strip()) == 64
 
 
+def test_workers_started_by_hand_with_a_tcp_init_method(tmp_path):
+    """The same per-user secret when the store is named by init_method
+    tcp://127.0.0.1:port (no MASTER_ADDR); a secret already in the file is
+    used as it is, down to 32 hex digits (16 bytes, the least the transport
+    takes)."""
+    script = tmp_path / "prog.py"
+    script.write_text(PROLOGUE + textwrap.dedent("""
+        opts = rpc.TensorPipeRpcBackendOptions(init_method=os.environ["INIT"])
+        rpc.init_rpc("worker%d" % rank, rank=rank, world_size=2, rpc_backend_options=opts)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", add, args=(3, 4)))
+        rpc.shutdown()
+    """))
+    folder = tmp_path / "tensorplay"
+    folder.mkdir(mode=0o700)
+    secret = folder / "local-secret"
+    short = "0123456789abcdef" * 2
+    secret.write_text(short + "\n")
+    secret.chmod(0o600)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TP_SECRET", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(XDG_RUNTIME_DIR=str(tmp_path), INIT="tcp://127.0.0.1:%d" % _free_port())
+    procs = [subprocess.Popen([PYTHON, str(script)], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0] == "7\n"
+    assert secret.read_text().strip() == short
+
+
 def test_private_gathers_pytorch_programs_use(tmp_path):
     out = run(tmp_path, """
         from tensorplay.distributed.rpc import api
