@@ -114,6 +114,9 @@ static void *ring_take(int k) {
             if (atomic_compare_exchange_weak_explicit(&r->deq, &pos, pos + 1,
                                                       memory_order_relaxed, memory_order_relaxed)) {
                 void *block = c->block;
+                /* No stale copy: a leak checker scanning the ring would take
+                 * a block lost by its new owner for one still cached. */
+                c->block = NULL;
                 /* Cell free again for the fill of pos + cells. */
                 atomic_store_explicit(&c->seq, pos + mask + 1 - (pos & mask),
                                       memory_order_release);

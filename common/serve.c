@@ -674,9 +674,21 @@ static void serve_request(tp_core *c, uint32_t src, tp_frame *f, uint64_t id,
         return;
     }
     /* The I/O context cannot wait for confirmations: a non-blocking
-     * function with unconfirmed rrefs runs on the pool instead (RREF-13). */
-    if (rc.npending > 0 && nonblocking_fn && hand_over(c, src, &m, &rc))
+     * function with unconfirmed rrefs runs on the pool instead (RREF-13),
+     * or, with no memory for the hand-off, not at all. */
+    if (rc.npending > 0 && nonblocking_fn) {
+        if (hand_over(c, src, &m, &rc))
+            return;
+        tpi_format(err, sizeof err,
+                   "function '%s' on %s did not run: out of memory handing it to the pool to "
+                   "wait for the confirmation of its rrefs (RREF-13)",
+                   m.text, tpi_worker_desc(c, c->rank, who, sizeof who));
+        tpi_rref_ctx_done(&rc);
+        if (served_claim(sv))
+            tpi_reply(c, src, m.id, TP_ENOMEM, NULL, err);
+        tpi_msg_clear(&m);
         return;
+    }
     if (run_request(c, src, &m, &rc, found, sv))
         return; /* deferred: m and rc went with it */
     tpi_rref_ctx_done(&rc);

@@ -11,7 +11,11 @@
  * leaks. Also METHOD-3: a method call that arrives before the remote()
  * making its value waits off the pool.
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for the malloc below */
+#include <dlfcn.h>
+#include <errno.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "common/codec.h"
 #include "common/limits.h"
 #include "sim_check.h"
 #include "tensorplay/rpc.h"
@@ -42,6 +47,58 @@ static tp_status obj_fn(tp_call *call, const tp_value *args, const tp_value *kwa
     *result = tp_value_object("Obj", malloc(1), obj_destroy);
     return *result ? TP_OK : TP_ENOMEM;
 }
+
+/* ---- Allocation failures ----------------------------------------------------------- */
+
+/*
+ * malloc, interposed (as test_future.c interposes calloc): the executable's
+ * definition comes first, so the core's mallocs come here and go on to the
+ * next definition (libc's, or a sanitizer runtime's, which still sees every
+ * block), except that while malloc_fail_size is set, every malloc of exactly
+ * that size fails, as under memory exhaustion. GCC only: clang links a
+ * sanitizer's runtime into the executable, whose malloc this would bypass.
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#define MALLOC_HOOK 1
+static _Atomic size_t malloc_fail_size; /* 0: none fails */
+static _Atomic unsigned malloc_failed;
+static void *(*next_malloc)(size_t);
+
+static void resolve_malloc(void) {
+    static _Thread_local int resolving;
+    if (resolving)
+        return; /* dlsym asked for memory: fail that, not recurse */
+    resolving = 1;
+    void *sym = dlsym(RTLD_NEXT, "malloc");
+    memcpy(&next_malloc, &sym, sizeof next_malloc);
+    resolving = 0;
+}
+
+__attribute__((constructor)) static void malloc_hook_init(void) {
+    if (!next_malloc)
+        resolve_malloc();
+}
+
+void *malloc(size_t n) {
+    size_t fail = atomic_load_explicit(&malloc_fail_size, memory_order_relaxed);
+    if (fail && n == fail) {
+        atomic_fetch_add(&malloc_failed, 1);
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (!next_malloc)
+        resolve_malloc(); /* a call before the constructor ran: still one thread */
+    if (!next_malloc) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return next_malloc(n);
+}
+#else
+#define MALLOC_HOOK 0
+static _Atomic size_t malloc_fail_size;
+static _Atomic unsigned malloc_failed;
+#endif
 
 static int rank_of_self(void) {
     tp_worker_info me;
@@ -107,6 +164,7 @@ static tp_status join(int rank, int world_size) {
     CHECK(tp_register_function("keep", keep_fn, NULL) == TP_OK);
     CHECK(tp_register_function("kept_confirmed", kept_confirmed_fn, NULL) == TP_OK);
     CHECK(tp_register_function("drop", drop_fn, NULL) == TP_OK);
+    CHECK(tp_register_function_ex("nb_keep", keep_fn, NULL, TP_FN_NONBLOCKING) == TP_OK);
     char name[4] = "w0";
     name[1] = (char)('0' + rank);
     tp_options *o = tp_options_new();
@@ -581,6 +639,71 @@ static void test_no_probe_timer_without_rrefs(void **state) {
     assert_true(idle_events <= 2 * WORLD); /* each sleep: its timeout and its wake-up */
 }
 
+/*
+ * RREF-13 with no memory for the hand-off: a non-blocking function whose
+ * rref is not yet confirmed goes from the I/O context to the pool, in a
+ * copy of its request. When that copy cannot be had, the function does not
+ * run (the I/O context cannot wait) and the call fails clearly with
+ * TP_ENOMEM; nothing the request held is lost: the rref's references are
+ * settled (the owner frees the value) and the sanitizer and valgrind builds
+ * check the blocks.
+ */
+static int nb_no_memory_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = confirmed_object();
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        atomic_store(&malloc_failed, 0);
+        atomic_store(&malloc_fail_size, sizeof(tpi_msg));
+        tp_status st = tp_rpc_sync(tp_to_rank(2), "nb_keep", args, NULL, 10.0, &res);
+        atomic_store(&malloc_fail_size, 0);
+        print_message("nb_keep: %s: %s\n", tp_status_name(st), tp_errmsg());
+        CHECK(atomic_load(&malloc_failed) == 1); /* the hand-off's copy, and nothing else */
+        CHECK(st == TP_ENOMEM);
+        CHECK(strstr(tp_errmsg(), "function 'nb_keep' on worker 'w2'") != NULL);
+        CHECK(strstr(tp_errmsg(), "did not run: out of memory handing it to the pool") != NULL);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        CHECK(kept[2] == NULL); /* it never ran */
+        CHECK(destroyed == 1);  /* w2's fork and w0's reference were both settled */
+        /* With memory again, the same call runs on the pool once confirmed. */
+        r = confirmed_object();
+        args = tp_value_list_of(1, tp_value_rref(r));
+        res = NULL;
+        int confirmed = 0;
+        CHECK(tp_rpc_sync(tp_to_rank(2), "nb_keep", args, NULL, 10.0, &res) == TP_OK &&
+              tp_value_get_bool(res, &confirmed) == TP_OK && confirmed);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+        CHECK(call_until_ok(2, "drop", NULL, &res) == TP_OK);
+        tp_value_free(res);
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        CHECK(destroyed == 2);
+    }
+    CHECK(tp_sleep(rank == 0 ? 0.0 : 2 * SETTLE_S + 2.0) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_nonblocking_hand_off_without_memory(void **state) {
+    (void)state;
+    /* Is the hook the malloc in use? Not under valgrind, which replaces it. */
+    atomic_store(&malloc_fail_size, 4099);
+    void *probe = malloc(4099);
+    atomic_store(&malloc_fail_size, 0);
+    if (probe || !MALLOC_HOOK) {
+        free(probe);
+        skip();
+    }
+    run_plan_with("", nb_no_memory_program);
+}
+
 static void run_plan_with(const char *plan, tp_sim_program program) {
     destroyed = 0;
     memset(kept, 0, sizeof kept);
@@ -635,6 +758,7 @@ int main(void) {
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
+        cmocka_unit_test_setup(test_nonblocking_hand_off_without_memory, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
