@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
         int count = quick ? 3 : 4;
         double ts[4] = {0};
         for (int i = 0; i < count; i++) {
-            ts[i] = world_s(sizes[i], sizes[i] <= 250 ? 3 : 1);
+            ts[i] = world_s(sizes[i], 3);
             if (ts[i] < 0) {
                 rc = 1;
                 break;

@@ -4,6 +4,7 @@
  * and atomic ops; waiting is polling with backoff through the agent's park,
  * so on the simulator it runs on virtual time like everything else.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -742,7 +743,18 @@ struct tpi_names {
     size_t *rows_off; /* by id: where its entry starts in rows */
     size_t *row_len;  /* by id: its entry's length (a NUL follows it in rows) */
     size_t *addr_off; /* by id: where its address starts in rows */
+    /* With rows: the addresses in them, by id (one list for every worker
+     * that takes the table, AGENT-19), the list's process-unique id, and
+     * the store instance and generation the scan read (STORE-13: that
+     * store's entries of that job are these, for good). */
+    const char **addrs;
+    uint64_t rows_id;
+    uint64_t rows_store; /* 0: a store without instances */
+    uint32_t rows_gen;
 };
+
+/* AGENT-19: the ids given to lists of addresses so far (the last one). */
+static atomic_uint_fast64_t rows_ids;
 
 /* Guards the list and the counts of references: a spin lock on a C11 atomic
  * flag (AGENT-1: common/ calls no thread library). It is held for a walk of
@@ -782,6 +794,7 @@ static void names_free(struct tpi_names *t) {
     free(t->rows_off);
     free(t->row_len);
     free(t->addr_off);
+    free(t->addrs);
     free(t);
 }
 
@@ -919,16 +932,31 @@ static void scanned_rows_free(scanned_rows *rows) {
     *rows = (scanned_rows){NULL, NULL, 0, NULL, NULL};
 }
 
-/* Keeps rows (taken) and addr_off with t, which has none (names_mu held). */
-static void names_keep_rows(struct tpi_names *t, scanned_rows *rows, size_t **addr_off) {
+/* STORE-13: what names the keys c's store reaches (0: nothing does). */
+static uint64_t store_instance(const tp_core *c) {
+    return c->store->ops->instance ? c->store->ops->instance(c->store) : 0;
+}
+
+/* Keeps rows, addr_off and addrs (all taken) with t, which has none
+ * (names_mu held), as c's scan read them. */
+static void names_keep_rows(const tp_core *c, struct tpi_names *t, scanned_rows *rows,
+                            size_t **addr_off, const char ***addrs) {
+    TPI_ASSERT(!t->rows && rows->arena && *addr_off && *addrs);
     t->rows = rows->arena;
     t->rows_off = rows->off;
     t->row_len = rows->lens;
     t->addr_off = *addr_off;
+    t->addrs = *addrs;
+    for (uint32_t r = 0; r < t->world; r++)
+        t->addrs[r] = t->rows + t->addr_off[r];
+    t->rows_id = (uint64_t)atomic_fetch_add(&rows_ids, 1) + 1;
+    t->rows_store = store_instance(c);
+    t->rows_gen = c->generation;
     rows->arena = NULL;
     rows->off = NULL;
     rows->lens = NULL;
     *addr_off = NULL;
+    *addrs = NULL;
 }
 
 /*
@@ -944,7 +972,9 @@ static void names_keep_rows(struct tpi_names *t, scanned_rows *rows, size_t **ad
 static tp_status adopt_names(tp_core *c, const char *const *names, const uint64_t *credit,
                              scanned_rows *pristine, size_t *addr_off, const char *what) {
     uint32_t world = c->world_size;
-    int keep = pristine && pristine->arena && addr_off;
+    const char **addrs = NULL; /* for the rows kept (without memory: none kept) */
+    int keep = pristine && pristine->arena && addr_off &&
+               (addrs = malloc((size_t)world * sizeof *addrs));
     names_lock();
     struct tpi_names *t = names_live;
     while (t && (t->empty || t->world != world || !names_equal(t, names, credit)))
@@ -952,7 +982,7 @@ static tp_status adopt_names(tp_core *c, const char *const *names, const uint64_
     if (t) {
         t->refs++;
         if (!t->rows && keep) /* the first scan seen for it */
-            names_keep_rows(t, pristine, &addr_off);
+            names_keep_rows(c, t, pristine, &addr_off, &addrs);
     }
     names_unlock();
     if (!t) {
@@ -963,6 +993,7 @@ static tp_status adopt_names(tp_core *c, const char *const *names, const uint64_
             if (pristine)
                 scanned_rows_free(pristine);
             free(addr_off);
+            free(addrs);
             return tpi_fail(TP_ENOMEM, "%s: out of memory for the names of %u workers", what,
                             world);
         }
@@ -975,12 +1006,13 @@ static tp_status adopt_names(tp_core *c, const char *const *names, const uint64_
         sort_ids(t->infos, t->by_name, tmp, world);
         free(tmp);
         if (keep)
-            names_keep_rows(t, pristine, &addr_off);
+            names_keep_rows(c, t, pristine, &addr_off, &addrs);
         names_insert(t);
     }
     if (pristine)
         scanned_rows_free(pristine);
     free(addr_off);
+    free(addrs);
     install_names(c, t);
     return TP_OK;
 }
@@ -1060,6 +1092,25 @@ static int on_rank_row(void *arg, const char *key, const void *value, size_t len
     return 0;
 }
 
+/* STORE-13: a table of this process parsed from this job's entries in
+ * this store (one reference taken), or NULL. The entries are created once
+ * (INIT-4's claim) and never changed or deleted, so they are still those:
+ * a world of n workers in one process scans its n entries once, not n
+ * times. */
+static struct tpi_names *rows_known(const tp_core *c, uint64_t store) {
+    if (!store)
+        return NULL;
+    names_lock();
+    struct tpi_names *t = names_live;
+    while (t && !(t->rows && t->world == c->world_size && t->rows_store == store &&
+                  t->rows_gen == c->generation))
+        t = t->next;
+    if (t)
+        t->refs++;
+    names_unlock();
+    return t;
+}
+
 /* A table of this process with the entries it was parsed from, and world
  * entries: the one a scan compares with (one reference taken), or NULL. */
 static struct tpi_names *rows_candidate(uint32_t world) {
@@ -1093,6 +1144,11 @@ static tp_status gather_rank_rows(tp_core *c, char ***values, scanned_rows *rows
     tp_status st = tpi_store_gather(c, "init/rank", deadline_ns, 0, NULL, NULL, 1, "init");
     if (st != TP_OK)
         return st;
+    struct tpi_names *known = rows_known(c, store_instance(c));
+    if (known) { /* every entry, as that table's */
+        *rows = (scanned_rows){known, NULL, 0, NULL, NULL};
+        return TP_OK;
+    }
     char key[TP_STORE_KEY_LEN_MAX + 1];
     rank_rows g = {.world = world};
     g.skip = tpi_key(c, key, sizeof key, "init/rank/");
@@ -1152,6 +1208,15 @@ static scanned_rows rows_copy(const scanned_rows *rows, uint32_t world) {
     memcpy(copy.off, rows->off, (size_t)world * sizeof *copy.off);
     memcpy(copy.lens, rows->lens, (size_t)world * sizeof *copy.lens);
     return copy;
+}
+
+/* AGENT-19: whether c's table holds this job's entries (the workers of a
+ * simulated world share it): its list of addresses goes to the agent by
+ * its id. */
+static int shares_list(const tp_core *c) {
+    const struct tpi_names *t = c->names;
+    return c->ops->set_peers_id && t->addrs && t->rows_store &&
+           t->rows_store == store_instance(c) && t->rows_gen == c->generation;
 }
 
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
@@ -1230,9 +1295,9 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     if (adopted) {
         struct tpi_names *t = rows.table;
         rows.table = NULL; /* its reference goes to c */
-        for (uint32_t r = 0; r < c->world_size; r++)
-            addrs[r] = t->rows + t->addr_off[r];
         install_names(c, t);
+        for (uint32_t r = 0; !shares_list(c) && r < c->world_size; r++)
+            addrs[r] = (char *)t->addrs[r];
     }
     scanned_rows pristine = {NULL, NULL, 0, NULL, NULL};
     size_t *addr_off = NULL;
@@ -1261,9 +1326,12 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     scanned_rows_free(&pristine);
     free(addr_off);
     if (st == TP_OK) {
+        const struct tpi_names *t = c->names;
         char err[TP_ERRMSG_LEN_MAX] = "";
-        st = c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
-                               sizeof err);
+        st = shares_list(c) ? c->ops->set_peers_id(c->agent, t->addrs, c->world_size, t->rows_id,
+                                                   err, sizeof err)
+                    : c->ops->set_peers(c->agent, (const char *const *)addrs, c->world_size, err,
+                                        sizeof err);
         if (st != TP_OK) {
             tpi_format(msg, sizeof msg, "init: worker '%s' could not take the peer addresses: %s",
                        c->self.name, err);

@@ -234,58 +234,105 @@ static int moved_set(tpi_sim_agent *a, uint32_t rank, uint32_t host) {
     return 1;
 }
 
-static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
-                                 char *errmsg, size_t errmsg_len) {
+/* The ranks of addrs off their own host (*moved, ascending), or 0 and a
+ * message. Checks every address: they came through the store. */
+static tp_status peers_moved(tp_sim *sim, const char *const *addrs, uint32_t world_size,
+                             tpi_sim_moved **moved_out, uint32_t *nmoved_out, uint32_t *cap_out,
+                             char *errmsg, size_t errmsg_len) {
+    tpi_sim_moved *moved = NULL;
+    uint32_t nmoved = 0, moved_cap = 0;
+    for (uint32_t r = 0; r < world_size; r++) {
+        uint32_t host;
+        if (!parse_addr(sim, addrs[r], &host)) {
+            free(moved);
+            tpi_format(errmsg, errmsg_len,
+                       "worker %u's address '%.64s' is not a simulator address (sim:0..%u)", r,
+                       addrs[r] ? addrs[r] : "(null)", sim->nhosts - 1);
+            return TP_EINVAL; /* AGENT-4 */
+        }
+        if (host == r)
+            continue;
+        if (nmoved == moved_cap) {
+            uint32_t cap = moved_cap ? moved_cap * 2 : 4;
+            tpi_sim_moved *v = realloc(moved, cap * sizeof *v);
+            if (!v) {
+                free(moved);
+                tpi_format(errmsg, errmsg_len, "out of memory for %u peers", world_size);
+                return TP_ENOMEM;
+            }
+            moved = v;
+            moved_cap = cap;
+        }
+        moved[nmoved++] = (tpi_sim_moved){r, host}; /* r ascends: the list is sorted */
+    }
+    *moved_out = moved;
+    *nmoved_out = nmoved;
+    *cap_out = moved_cap;
+    return TP_OK;
+}
+
+/* A copy of n entries of v (NULL for none), or 0 when out of memory. */
+static int moved_copy(const tpi_sim_moved *v, uint32_t n, tpi_sim_moved **out) {
+    *out = NULL;
+    if (n == 0)
+        return 1;
+    *out = malloc(n * sizeof *v);
+    if (*out)
+        memcpy(*out, v, n * sizeof *v);
+    return *out != NULL;
+}
+
+/*
+ * AGENT-4, AGENT-19. Only the ranks off their own host (after restarts) and
+ * those on hosts that died are kept. A list seen before under its id was
+ * checked then and moved the same ranks: the check is skipped (a world of
+ * n workers checks n addresses once, not n times).
+ */
+static tp_status set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
+                           uint64_t list_id, char *errmsg, size_t errmsg_len) {
     tpi_sim_agent *a = AG(ag);
     tp_sim *sim = a->sim;
     if (world_size != a->world_size || (world_size && !addrs)) {
         tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size, a->world_size);
         return TP_EINVAL;
     }
-    /* Every address is checked; only the ranks off their own host (after
-     * restarts) and those on hosts that died are kept. */
     tpi_sim_moved *moved = NULL;
-    uint8_t *pd = NULL;
     uint32_t nmoved = 0, moved_cap = 0;
-    int any_dead = sim->hosts_dead > 0; /* else no host needs a look */
     tp_status st = TP_OK;
-    for (uint32_t r = 0; r < world_size && st == TP_OK; r++) {
-        uint32_t host;
-        /* Addresses came through the store: check, never assert. */
-        if (!parse_addr(sim, addrs[r], &host)) {
-            tpi_format(errmsg, errmsg_len,
-                       "worker %u's address '%.64s' is not a simulator address (sim:0..%u)", r,
-                       addrs[r] ? addrs[r] : "(null)", sim->nhosts - 1);
-            st = TP_EINVAL; /* AGENT-4 */
-            break;
+    if (list_id && list_id == sim->peers_list_id && world_size == sim->peers_world) {
+        if (!moved_copy(sim->peers_moved, sim->peers_nmoved, &moved)) {
+            tpi_format(errmsg, errmsg_len, "out of memory for %u peers", world_size);
+            return TP_ENOMEM;
         }
-        if (host != r && nmoved == moved_cap) {
-            uint32_t cap = moved_cap ? moved_cap * 2 : 4;
-            tpi_sim_moved *v = realloc(moved, cap * sizeof *v);
-            if (!v) {
-                st = TP_ENOMEM;
-                break;
-            }
-            moved = v;
-            moved_cap = cap;
-        }
-        if (host != r)
-            moved[nmoved++] = (tpi_sim_moved){r, host}; /* r ascends: the list is sorted */
-        /* A host that died before we knew it is down from the start. */
-        if (any_dead && sim->hosts[host].dead && host != a->host) {
-            if (!pd && !(pd = calloc(world_size, 1))) {
-                st = TP_ENOMEM;
-                break;
-            }
-            pd[r] = 1;
+        nmoved = moved_cap = sim->peers_nmoved;
+    } else {
+        st = peers_moved(sim, addrs, world_size, &moved, &nmoved, &moved_cap, errmsg, errmsg_len);
+        if (st != TP_OK)
+            return st;
+        tpi_sim_moved *keep = NULL;
+        if (list_id && moved_copy(moved, nmoved, &keep)) { /* else the next one checks again */
+            free(sim->peers_moved);
+            sim->peers_moved = keep;
+            sim->peers_nmoved = nmoved;
+            sim->peers_world = world_size;
+            sim->peers_list_id = list_id;
         }
     }
-    if (st != TP_OK) {
-        free(moved);
-        free(pd);
-        if (st == TP_ENOMEM)
+    /* A host that died before we knew it is down from the start: a look
+     * per rank only once some host died. */
+    uint8_t *pd = NULL;
+    for (uint32_t r = 0, k = 0; sim->hosts_dead > 0 && r < world_size; r++) {
+        uint32_t host = r;
+        if (k < nmoved && moved[k].rank == r) /* both ascend */
+            host = moved[k++].host;
+        if (!sim->hosts[host].dead || host == a->host)
+            continue;
+        if (!pd && !(pd = calloc(world_size, 1))) {
+            free(moved);
             tpi_format(errmsg, errmsg_len, "out of memory for %u peers", world_size);
-        return st;
+            return TP_ENOMEM;
+        }
+        pd[r] = 1;
     }
     free(a->peer_dead);
     free(a->moved);
@@ -296,6 +343,16 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
     a->moved_cap = moved_cap;
     tpi_sim_trace(sim, "agent_peers host=%u agent=%u world=%u", a->host, a->id, world_size);
     return TP_OK;
+}
+
+static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_t world_size,
+                                 char *errmsg, size_t errmsg_len) {
+    return set_peers(ag, addrs, world_size, 0, errmsg, errmsg_len);
+}
+
+static tp_status agent_set_peers_id(tp_agent *ag, const char *const *addrs, uint32_t world_size,
+                                    uint64_t list_id, char *errmsg, size_t errmsg_len) {
+    return set_peers(ag, addrs, world_size, list_id, errmsg, errmsg_len);
 }
 
 /* AGENT-16: rank restarted on another host. */
@@ -736,6 +793,13 @@ static tp_status view_scan(tp_store *s, const char *prefix,
     return t ? view_done(s, t, t->ops->scan(t, prefix, fn, arg)) : TP_ESTORE;
 }
 
+/* STORE-13: the shared store's (a view reaches its keys), whatever faults
+ * hold: naming the keys reads none of them. */
+static uint64_t view_instance(tp_store *s) {
+    tp_store *t = ((tpi_sim_store_view *)s)->agent->sim->store;
+    return t->ops->instance ? t->ops->instance(t) : 0;
+}
+
 static void view_close(tp_store *s) {
     (void)s; /* the sim owns the shared store */
 }
@@ -743,7 +807,8 @@ static void view_close(tp_store *s) {
 /* Two tables: scan only when the shared store has it (cfg.store may not). */
 #define VIEW_OPS                                                                                   \
     .api_version = TP_BACKEND_API_VERSION, .set = view_set, .get = view_get, .add = view_add,      \
-    .compare_set = view_compare_set, .del = view_del, .close = view_close
+    .compare_set = view_compare_set, .del = view_del, .close = view_close,                       \
+    .instance = view_instance
 static const tp_store_ops view_ops = {VIEW_OPS};
 static const tp_store_ops view_ops_scan = {VIEW_OPS, .scan = view_scan};
 #undef VIEW_OPS
@@ -760,6 +825,7 @@ const tp_agent_ops tpi_sim_agent_ops = {
     .name = "SIM",
     .start = agent_start,
     .set_peers = agent_set_peers,
+    .set_peers_id = agent_set_peers_id,
     .stop = agent_stop,
     .destroy = agent_destroy,
     .send = agent_send,

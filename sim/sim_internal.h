@@ -464,6 +464,11 @@ struct tp_sim {
     uint32_t nhosts;      /* slots in use: cfg.hosts plus the restarts so far */
     uint32_t hosts_dead;  /* hosts killed so far (dead is never cleared) */
     uint32_t *rank_host;  /* by rank: the slot of its newest incarnation */
+    /* AGENT-19: the last list of addresses checked, by its id (0: none),
+     * and what it gave: its ranks off their own host. */
+    uint64_t peers_list_id;
+    uint32_t peers_world, peers_nmoved;
+    struct tpi_sim_moved *peers_moved;
     uint32_t restarts_planned;
     /* Id tables: slot i holds object id i, NULL once it is freed. */
     tpi_sim_task **tasks;

@@ -144,6 +144,7 @@ void tp_sim_free(tp_sim *sim) {
         }
     }
     tpi_sim_oracle_free(sim);
+    free(sim->peers_moved);
     free(sim->agents);
     free(sim->tasks);
     free(sim->delays);

@@ -24,6 +24,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,7 +60,11 @@ typedef struct mems_store {
     int scanning; /* fn of a scan is running (it must not call the store) */
     mems_chunk **chunks;
     uint32_t nchunks, chunks_cap;
+    uint64_t instance; /* STORE-13: set at open, never changed */
 } mems_store;
+
+/* STORE-13: the instances handed out in this process (the last one). */
+static atomic_uint_fast64_t mems_instances;
 
 /* Where a key is, or would go: chunk c, entry i. */
 typedef struct mems_pos {
@@ -460,6 +465,10 @@ static void mems_close(tp_store *base) {
     free(s);
 }
 
+static uint64_t mems_instance(tp_store *base) {
+    return ((mems_store *)base)->instance;
+}
+
 static const tp_store_ops mems_ops = {
     .api_version = TP_BACKEND_API_VERSION,
     .set = mems_set,
@@ -469,6 +478,7 @@ static const tp_store_ops mems_ops = {
     .del = mems_del,
     .close = mems_close,
     .scan = mems_scan,
+    .instance = mems_instance,
 };
 
 tp_status tpi_mem_store_open(tp_store **out, char *errmsg, size_t errmsg_len) {
@@ -492,6 +502,7 @@ tp_status tpi_mem_store_open(tp_store **out, char *errmsg, size_t errmsg_len) {
         return st;
     }
     s->base.ops = &mems_ops;
+    s->instance = (uint64_t)atomic_fetch_add(&mems_instances, 1) + 1;
     *out = &s->base;
     return TP_OK;
 }

@@ -278,6 +278,17 @@ typedef struct tp_agent_ops {
      * or upcall.
      */
     int (*congested)(tp_agent *a, uint32_t dst);
+
+    /*
+     * AGENT-19. Optional (NULL: set_peers is called). As set_peers, with
+     * list_id: a nonzero number that names this exact list of addresses in
+     * this process and is never used for another. The core passes one list
+     * to every worker of a simulated world; an agent may keep what it
+     * learned from a list under its id and, seeing the id again, skip the
+     * work per address (a world of n workers then costs O(n), not O(n^2)).
+     */
+    tp_status (*set_peers_id)(tp_agent *a, const char *const *addrs, uint32_t world_size,
+                              uint64_t list_id, char *errmsg, size_t errmsg_len);
 } tp_agent_ops;
 
 /* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice,
@@ -371,6 +382,16 @@ typedef struct tp_store_ops {
     tp_status (*scan)(tp_store *s, const char *prefix,
                       int (*fn)(void *arg, const char *key, const void *value, size_t len),
                       void *arg);
+    /*
+     * Optional (NULL or 0: none). STORE-13. A number naming the keys this
+     * handle reaches: never the number of another store of this process,
+     * nor of a store this process closed (handles that reach the same keys
+     * may share one). The core of one process keeps what one worker read of
+     * a job's write-once keys (the rank entries, INIT-7) under it, and a
+     * later worker of that job that reads the same store takes it without
+     * scanning them again. No I/O; any thread.
+     */
+    uint64_t (*instance)(tp_store *s);
 } tp_store_ops;
 
 /* A store handle: implementations embed this first. */

@@ -4,6 +4,7 @@
  * init deadline and with a message naming it, instead of passing init and
  * failing the first call later.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -368,6 +370,134 @@ static void test_init_late_worker_told_of_timeout(void **state) {
     assert_true(late_took[1] < 100 * MS); /* its first look, not its 10 s deadline */
 }
 
+
+/* ---- Two worlds of one shape at once (STORE-13) ------------------------------ */
+
+/*
+ * Two simulated worlds in two threads of one process, the same size and
+ * generation, different names: while every worker of the first holds its
+ * table (rank 0 stopped mid-job), the second inits. The table shared by
+ * the workers of a world must be that world's (its store's instance), or
+ * the second world's workers would take the first's names and addresses.
+ */
+enum { TWIN_WORLD = 4 };
+
+typedef struct twin {
+    char prefix;                    /* names are "<prefix><rank>" */
+    int hold;                       /* the first world: rank 0 waits for the second */
+    char seen[TWIN_WORLD][TWIN_WORLD][TP_NAME_LEN_MAX + 1]; /* by rank: the names it saw */
+    tp_status init_st[TWIN_WORLD], call_st[TWIN_WORLD];
+    tp_status run_st;
+} twin;
+
+static pthread_mutex_t twin_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t twin_cv = PTHREAD_COND_INITIALIZER;
+static int twin_first_up, twin_second_done;
+
+/* Waits (real time, 60 s at most) until *flag; 0 when it timed out. */
+static int twin_wait(const int *flag) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    pthread_mutex_lock(&twin_mu);
+    int rc = 0;
+    while (!*flag && rc == 0)
+        rc = pthread_cond_timedwait(&twin_cv, &twin_mu, &until);
+    int ok = *flag;
+    pthread_mutex_unlock(&twin_mu);
+    return ok;
+}
+
+static void twin_set(int *flag) {
+    pthread_mutex_lock(&twin_mu);
+    *flag = 1;
+    pthread_cond_broadcast(&twin_cv);
+    pthread_mutex_unlock(&twin_mu);
+}
+
+/* Answers the callee's own name. */
+static tp_status fn_whoami(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                           tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data;
+    tp_worker_info me;
+    if (tp_get_worker_info(NULL, &me) != TP_OK)
+        return TP_EINVAL;
+    *result = tp_value_str(me.name);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static int twin_program(int rank, int world_size, void *arg) {
+    twin *t = arg;
+    char name[8];
+    snprintf(name, sizeof name, "%c%d", t->prefix, rank);
+    (void)tp_register_function("whoami", fn_whoami, NULL);
+    t->init_st[rank] = tp_init_rpc(name, "SIM", rank, world_size, NULL);
+    if (t->init_st[rank] != TP_OK)
+        return 1;
+    for (int r = 0; r < world_size; r++) {
+        tp_worker_info info;
+        char want[16];
+        snprintf(want, sizeof want, "%c%d", t->prefix, r);
+        if (tp_get_worker_info(want, &info) == TP_OK && info.id == (uint32_t)r)
+            snprintf(t->seen[rank][r], sizeof t->seen[rank][r], "%s", info.name);
+    }
+    /* A call to the next rank: its address must be this world's. */
+    char next[16];
+    snprintf(next, sizeof next, "%c%d", t->prefix, (rank + 1) % world_size);
+    tp_value *res = NULL;
+    t->call_st[rank] = tp_rpc_sync(tp_to_name(next), "whoami", NULL, NULL, 10.0, &res);
+    const char *who = NULL;
+    size_t len = 0;
+    if (t->call_st[rank] == TP_OK && (tp_value_get_str(res, &who, &len) != TP_OK ||
+                                      len != strlen(next) || memcmp(who, next, len) != 0))
+        t->call_st[rank] = TP_EPROTO; /* another world's worker answered */
+    tp_value_free(res);
+    if (t->hold && rank == 0) { /* every worker here is up and holds the table */
+        twin_set(&twin_first_up);
+        (void)twin_wait(&twin_second_done);
+    }
+    return tp_shutdown(1) == TP_OK ? 0 : 1;
+}
+
+static void *twin_run(void *arg) {
+    twin *t = arg;
+    tp_sim_config cfg = {.hosts = TWIN_WORLD, .seed = 5};
+    tp_sim *sim = NULL;
+    t->run_st = tp_sim_new(&cfg, &sim);
+    if (t->run_st == TP_OK)
+        t->run_st = tp_sim_run(sim, twin_program, t, NULL);
+    tp_sim_free(sim);
+    return NULL;
+}
+
+static void test_init_two_worlds_at_once_keep_their_own_tables(void **state) {
+    (void)state;
+    static twin first = {.prefix = 'a', .hold = 1}, second = {.prefix = 'b'};
+    twin_first_up = twin_second_done = 0;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, twin_run, &first), 0);
+    int up = twin_wait(&twin_first_up);
+    if (up)
+        twin_run(&second);
+    twin_set(&twin_second_done);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(up);
+    const twin *worlds[] = {&first, &second};
+    for (int w = 0; w < 2; w++) {
+        const twin *t = worlds[w];
+        assert_int_equal(t->run_st, TP_OK);
+        for (int rank = 0; rank < TWIN_WORLD; rank++) {
+            assert_int_equal(t->init_st[rank], TP_OK);
+            assert_int_equal(t->call_st[rank], TP_OK);
+            for (int r = 0; r < TWIN_WORLD; r++) {
+                char want[16];
+                snprintf(want, sizeof want, "%c%d", t->prefix, r);
+                assert_string_equal(t->seen[rank][r], want);
+            }
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
@@ -383,6 +513,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_store_outage_past_deadline, reset_failures),
         cmocka_unit_test_setup(test_init_slow_store, reset_failures),
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
+        cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

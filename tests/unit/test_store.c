@@ -536,6 +536,29 @@ static void test_store_memory_stores_are_private(void **state) {
     b->ops->close(b);
 }
 
+/* STORE-13: an in-memory store names its keys with a number no other store
+ * of the process has, the same for the handle's life (a later store gets a
+ * new one even where the allocator reuses the first's address). */
+static void test_store_mem_instances_are_unique(void **state) {
+    (void)state;
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_store *a = NULL, *b = NULL;
+    assert_int_equal(tpi_mem_store_open(&a, err, sizeof err), TP_OK);
+    assert_int_equal(tpi_mem_store_open(&b, err, sizeof err), TP_OK);
+    assert_non_null(a->ops->instance);
+    uint64_t ia = a->ops->instance(a), ib = b->ops->instance(b);
+    assert_true(ia != 0 && ib != 0 && ia != ib);
+    put_str(a, "k", "a");
+    assert_true(a->ops->instance(a) == ia); /* writes do not change it */
+    a->ops->close(a);
+    tp_store *c = NULL;
+    assert_int_equal(tpi_mem_store_open(&c, err, sizeof err), TP_OK);
+    uint64_t ic = c->ops->instance(c);
+    assert_true(ic != 0 && ic != ia && ic != ib);
+    b->ops->close(b);
+    c->ops->close(c);
+}
+
 /* A file store is shared: two handles see each other's writes, it is in WAL
  * mode, and what was written outlives the handle. */
 static void test_store_file_shared_and_persistent(void **state) {
@@ -849,6 +872,7 @@ int main(void) {
         cmocka_unit_test(test_store_open_missing_dir_is_estore),
         cmocka_unit_test(test_store_open_empty_path_is_einval),
         cmocka_unit_test(test_store_memory_stores_are_private),
+        cmocka_unit_test(test_store_mem_instances_are_unique),
         cmocka_unit_test_setup_teardown(test_store_file_shared_and_persistent, setup_file,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_store_open_not_a_database_is_estore, setup_dir,
