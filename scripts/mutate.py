@@ -157,9 +157,12 @@ DEADLINE_SET = re.compile(r"^(\s+(?:(?:const\s+)?u?int64_t\s+)?[\w>\-\.\[\]]*(?:
                           r"(?!=)(.*)$")
 
 # A statement that only reports (its continuation lines are skipped too).
+# A compile-time assertion is one too: a mutant of it either fails the build
+# or changes nothing the program does.
 REPORTS = re.compile(r"^\s*(?:return\s+)?(?:tpi_format|tpi_fail|tpi_log|snprintf|fprintf|TPI_ASSERT|"
-                     r"assert)\b")
-SKIP = re.compile(r"^\s*(?:/?\*|//|#|TPI_ASSERT|assert|tpi_format|tpi_fail|return tpi_fail|"
+                     r"assert|_Static_assert|static_assert)\b")
+SKIP = re.compile(r"^\s*(?:/?\*|//|#|TPI_ASSERT|assert|_Static_assert|static_assert|tpi_format|"
+                  r"tpi_fail|return tpi_fail|"
                   r"char |static |typedef |case |default:)")
 DECL = re.compile(r"^\s*(?:const\s+)?(?:u?int\d*_t|char|unsigned|size_t|int|void|long|ssize_t)\b")
 

@@ -8,8 +8,7 @@
  * Checks inside simulated tasks use CHECK (counted, reported after the run):
  * a cmocka assertion would longjmp off a fiber's stack.
  */
-#define _GNU_SOURCE /* RTLD_NEXT, for the calloc below */
-#include <dlfcn.h>
+#define _GNU_SOURCE /* RTLD_NEXT, for alloc_fault.h */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -25,6 +24,7 @@
 #include "tensorplay/rpc.h"
 #include "tensorplay/sim.h"
 
+#include "alloc_fault.h"
 #include "sim_world.h"
 
 /* ---- Functions the workers serve ---------------------------------------------------- */
@@ -68,52 +68,7 @@ static tp_status fn_fail(tp_call *call, const tp_value *args, const tp_value *kw
 
 /* ---- Allocation failures ------------------------------------------------------------- */
 
-/*
- * calloc, interposed: the executable's definition comes first, so the core's
- * callocs (values are calloc'd, common/value.c) come here; each goes on to
- * the next definition (libc's, or a sanitizer runtime's, which then still
- * sees every block), except that the calloc_countdown-th call on the thread
- * that set it fails, as under memory exhaustion. GCC only: clang links a
- * sanitizer's runtime into the executable, whose calloc this would bypass.
- */
-#if defined(__GNUC__) && !defined(__clang__)
-#define CALLOC_HOOK 1
-static _Thread_local unsigned calloc_countdown; /* 0: none fails */
-static _Thread_local int calloc_failed;
-static void *(*next_calloc)(size_t, size_t);
-
-static void resolve_calloc(void) {
-    static _Thread_local int resolving;
-    if (resolving)
-        return; /* dlsym asked for memory: fail that, not recurse */
-    resolving = 1;
-    void *sym = dlsym(RTLD_NEXT, "calloc");
-    memcpy(&next_calloc, &sym, sizeof next_calloc);
-    resolving = 0;
-}
-
-__attribute__((constructor)) static void calloc_hook_init(void) {
-    if (!next_calloc)
-        resolve_calloc();
-}
-
-void *calloc(size_t n, size_t size) {
-    if (calloc_countdown && --calloc_countdown == 0) {
-        calloc_failed = 1;
-        errno = ENOMEM;
-        return NULL;
-    }
-    if (!next_calloc)
-        resolve_calloc(); /* a call before the constructor ran: still one thread */
-    if (!next_calloc) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    return next_calloc(n, size);
-}
-#else
-#define CALLOC_HOOK 0
-#endif
+/* calloc fails on demand: alloc_fault.h. */
 
 /* ---- Worlds -------------------------------------------------------------------------- */
 
@@ -834,7 +789,7 @@ static void sc_foreign_waiter(world *w) {
  */
 static void sc_collect_all_out_of_memory(world *w) {
     (void)w;
-#if CALLOC_HOOK
+#if ALLOC_FAULT_HOOK
     int nomem_calls = 0, nomem_futures = 0, whole = 0;
     for (unsigned k = 1; k <= 32 && !whole; k++) {
         tp_future *in = NULL, *all = NULL;
@@ -879,7 +834,7 @@ static void sc_collect_all_out_of_memory(world *w) {
 
 static void test_future_collect_all_out_of_memory(void **state) {
     (void)state;
-    if (!CALLOC_HOOK)
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
         skip();
     world w = {.scenario = sc_collect_all_out_of_memory};
     run_world(1, 13, &w);

@@ -11,8 +11,7 @@
  * leaks. Also METHOD-3: a method call that arrives before the remote()
  * making its value waits off the pool.
  */
-#define _GNU_SOURCE /* RTLD_NEXT, for the malloc below */
-#include <dlfcn.h>
+#define _GNU_SOURCE /* RTLD_NEXT, for alloc_fault.h */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdatomic.h>
@@ -26,6 +25,7 @@
 
 #include "common/codec.h"
 #include "common/limits.h"
+#include "alloc_fault.h"
 #include "sim_check.h"
 #include "tensorplay/rpc.h"
 #include "tensorplay/sim.h"
@@ -50,55 +50,7 @@ static tp_status obj_fn(tp_call *call, const tp_value *args, const tp_value *kwa
 
 /* ---- Allocation failures ----------------------------------------------------------- */
 
-/*
- * malloc, interposed (as test_future.c interposes calloc): the executable's
- * definition comes first, so the core's mallocs come here and go on to the
- * next definition (libc's, or a sanitizer runtime's, which still sees every
- * block), except that while malloc_fail_size is set, every malloc of exactly
- * that size fails, as under memory exhaustion. GCC only: clang links a
- * sanitizer's runtime into the executable, whose malloc this would bypass.
- */
-#if defined(__GNUC__) && !defined(__clang__)
-#define MALLOC_HOOK 1
-static _Atomic size_t malloc_fail_size; /* 0: none fails */
-static _Atomic unsigned malloc_failed;
-static void *(*next_malloc)(size_t);
-
-static void resolve_malloc(void) {
-    static _Thread_local int resolving;
-    if (resolving)
-        return; /* dlsym asked for memory: fail that, not recurse */
-    resolving = 1;
-    void *sym = dlsym(RTLD_NEXT, "malloc");
-    memcpy(&next_malloc, &sym, sizeof next_malloc);
-    resolving = 0;
-}
-
-__attribute__((constructor)) static void malloc_hook_init(void) {
-    if (!next_malloc)
-        resolve_malloc();
-}
-
-void *malloc(size_t n) {
-    size_t fail = atomic_load_explicit(&malloc_fail_size, memory_order_relaxed);
-    if (fail && n == fail) {
-        atomic_fetch_add(&malloc_failed, 1);
-        errno = ENOMEM;
-        return NULL;
-    }
-    if (!next_malloc)
-        resolve_malloc(); /* a call before the constructor ran: still one thread */
-    if (!next_malloc) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    return next_malloc(n);
-}
-#else
-#define MALLOC_HOOK 0
-static _Atomic size_t malloc_fail_size;
-static _Atomic unsigned malloc_failed;
-#endif
+/* malloc fails on demand: alloc_fault.h. */
 
 static int rank_of_self(void) {
     tp_worker_info me;
@@ -693,14 +645,8 @@ static int nb_no_memory_program(int rank, int world_size, void *arg) {
 
 static void test_nonblocking_hand_off_without_memory(void **state) {
     (void)state;
-    /* Is the hook the malloc in use? Not under valgrind, which replaces it. */
-    atomic_store(&malloc_fail_size, 4099);
-    void *probe = malloc(4099);
-    atomic_store(&malloc_fail_size, 0);
-    if (probe || !MALLOC_HOOK) {
-        free(probe);
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
         skip();
-    }
     run_plan_with("", nb_no_memory_program);
 }
 

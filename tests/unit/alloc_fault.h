@@ -1,0 +1,116 @@
+/*
+ * alloc_fault.h: malloc and calloc that fail on demand, for the tests of
+ * out-of-memory paths. Both are interposed: the executable's definitions
+ * come first, so the library's calls come here and go on to the next
+ * definition (libc's, or a sanitizer runtime's, which still sees every
+ * block), except when a test asked for a failure:
+ *
+ *   malloc_fail_size       while nonzero, every malloc of exactly that size
+ *                          fails (malloc_failed counts them);
+ *   calloc_countdown       the k-th calloc on the thread that set it fails
+ *                          (thread-local; calloc_failed says it did);
+ *   calloc_fail_n, _size   while calloc_fail_n is nonzero, every calloc of
+ *                          exactly (n, size) fails (calloc_pair_failed
+ *                          counts them).
+ *
+ * GCC only (ALLOC_FAULT_HOOK 1): clang links a sanitizer's runtime into the
+ * executable, whose allocator these would bypass. Under valgrind, which
+ * replaces the allocator, nothing fails: alloc_fault_in_use() says whether
+ * they are the allocator in use, and tests that need a failure skip
+ * without. Include once per executable (it defines malloc and calloc);
+ * define _GNU_SOURCE before any include.
+ */
+#ifndef TP_TESTS_ALLOC_FAULT_H
+#define TP_TESTS_ALLOC_FAULT_H
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Atomic size_t malloc_fail_size; /* 0: none fails */
+static _Atomic unsigned malloc_failed;
+static _Thread_local unsigned calloc_countdown; /* 0: none fails */
+static _Thread_local int calloc_failed;
+static _Atomic size_t calloc_fail_n, calloc_fail_size; /* n 0: none fails */
+static _Atomic unsigned calloc_pair_failed;
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define ALLOC_FAULT_HOOK 1
+static void *(*next_malloc)(size_t);
+static void *(*next_calloc)(size_t, size_t);
+
+/* dlsym may itself allocate: a call made while resolving fails instead of
+ * recursing (before main, one thread). */
+static void alloc_fault_resolve(void) {
+    static _Thread_local int resolving;
+    if (resolving)
+        return;
+    resolving = 1;
+    void *m = dlsym(RTLD_NEXT, "malloc");
+    void *c = dlsym(RTLD_NEXT, "calloc");
+    memcpy(&next_malloc, &m, sizeof next_malloc);
+    memcpy(&next_calloc, &c, sizeof next_calloc);
+    resolving = 0;
+}
+
+__attribute__((constructor)) static void alloc_fault_init(void) {
+    if (!next_malloc || !next_calloc)
+        alloc_fault_resolve();
+}
+
+void *malloc(size_t n) {
+    size_t fail = atomic_load_explicit(&malloc_fail_size, memory_order_relaxed);
+    if (fail && n == fail) {
+        atomic_fetch_add(&malloc_failed, 1);
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (!next_malloc)
+        alloc_fault_resolve(); /* a call before the constructor ran */
+    if (!next_malloc) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return next_malloc(n);
+}
+
+void *calloc(size_t n, size_t size) {
+    if (calloc_countdown && --calloc_countdown == 0) {
+        calloc_failed = 1;
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t fn = atomic_load_explicit(&calloc_fail_n, memory_order_relaxed);
+    if (fn && n == fn && size == atomic_load_explicit(&calloc_fail_size, memory_order_relaxed)) {
+        atomic_fetch_add(&calloc_pair_failed, 1);
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (!next_calloc)
+        alloc_fault_resolve(); /* a call before the constructor ran (dlsym's own: fails) */
+    if (!next_calloc) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return next_calloc(n, size);
+}
+#else
+#define ALLOC_FAULT_HOOK 0
+#endif
+
+/* Whether these hooks are the allocator in use: a malloc of an odd size
+ * set to fail does. */
+static inline int alloc_fault_in_use(void) {
+    if (!ALLOC_FAULT_HOOK)
+        return 0;
+    atomic_store(&malloc_fail_size, 4099);
+    void *probe = malloc(4099);
+    atomic_store(&malloc_fail_size, 0);
+    free(probe);
+    return probe == NULL;
+}
+
+#endif
