@@ -580,7 +580,15 @@ static void test_tcp_proof_checked_whole(void **state) {
     /* The check itself, byte by byte. */
     tpi_tcp_auth auth = tt_job_auth();
     uint8_t ctx[44] = {2, 0, 0, 0, 1, 0, 0, 0, 3}, proof[TPI_TCP_PROOF_SIZE];
+    /* Every byte of the proof is the MAC's, whatever the buffer held. */
+    uint8_t mac[32];
+    tpi_tcp_auth_derive(&auth, "tp/conn/dial v1", ctx, sizeof ctx, mac);
+    memset(proof, 0xa5, sizeof proof);
     tpi_tcp_auth_proof(&auth, "tp/conn/dial v1", ctx, sizeof ctx, proof);
+    assert_memory_equal(proof, mac, TPI_TCP_PROOF_SIZE);
+    memset(proof, 0x5a, sizeof proof);
+    tpi_tcp_auth_proof(&auth, "tp/conn/dial v1", ctx, sizeof ctx, proof);
+    assert_memory_equal(proof, mac, TPI_TCP_PROOF_SIZE);
     assert_true(tpi_tcp_auth_check(&auth, "tp/conn/dial v1", ctx, sizeof ctx, proof));
     for (int i = 0; i < TPI_TCP_PROOF_SIZE; i++) {
         proof[i] ^= 0x80;
