@@ -247,6 +247,13 @@ def test_torch_tensors_and_functions(tmp_path):
             print("strided:", torch.equal(rpc.rpc_sync("worker1", echo, args=(v,)), v))
             g = torch.ones(2, requires_grad=True)
             print(rpc.rpc_sync("worker1", echo, args=(g,)).requires_grad)
+            # Lazy negation and conjugation travel resolved (the bits are local views).
+            n = torch._neg_view(torch.arange(4.0))
+            print("neg:", n.is_neg(), torch.equal(rpc.rpc_sync("worker1", echo, args=(n,)),
+                                                  -torch.arange(4.0)))
+            z = (torch.arange(3.0) + 1j).conj()
+            print("conj:", z.is_conj(), torch.equal(rpc.rpc_sync("worker1", echo, args=(z,)),
+                                                    z.resolve_conj()))
         rpc.shutdown()
     """)
     assert out[0] == "Tensor torch.float32 (2, 3) 12.0"
@@ -254,7 +261,8 @@ def test_torch_tensors_and_functions(tmp_path):
         "torch.float64", "torch.float16", "torch.bfloat16", "torch.int8", "torch.int16",
         "torch.int32", "torch.int64", "torch.uint8", "torch.bool")]
     assert out[10:] == ["['Tensor', 'torch.float32', []]", "[6.0, 6.0] True",
-                        "True [tensor([0.])]", "strided: True", "False"]
+                        "True [tensor([0.])]", "strided: True", "False", "neg: True True",
+                        "conj: True True"]
 
 
 def test_received_torch_tensor_views_the_message(tmp_path):

@@ -264,7 +264,7 @@ def test_remote_objects_proxies_and_arrays(tmp_path):
         if rank == 0:
             c = rpc.remote("worker1", Counter, args=(10,))
             print(c.rpc_sync().add(5), c.rpc_async().add(k=2).wait())
-            print(c.remote().add().to_here())
+            print(c.remote().add().to_here(), c.rpc_sync().add.__name__)
             try:
                 c.rpc_sync().missing()
             except AttributeError as e:
@@ -282,8 +282,25 @@ def test_remote_objects_proxies_and_arrays(tmp_path):
             del c
         rpc.shutdown()
     """)
-    assert out == ["15 17", "18", "AttributeError True", "object result: True True",
+    assert out == ["15 17", "18 add", "AttributeError True", "object result: True True",
                    "float32 (3, 4) 132.0 True", "[True, False]", "strided: True"]
+
+
+def test_builtin_methods_made_anew_are_the_same_function():
+    """A builtin bound to a class is made anew at each access (dict.fromkeys
+    is not dict.fromkeys): callable_ref's identity check takes two such
+    objects, same self and same name, for one function, and a sibling of
+    the same class (same self, another name) for another."""
+    prog = textwrap.dedent("""
+        import datetime
+        from tensorplay.distributed.rpc import _values
+        d = datetime.datetime
+        print(dict.fromkeys is dict.fromkeys, _values._same_function(dict.fromkeys, dict.fromkeys),
+              _values._same_function(d.now, d.utcnow), _values._same_function(d.now, None))
+    """)
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.split() == ["False", "True", "False", "False"]
 
 
 def test_large_array_is_sent_from_its_own_memory(tmp_path):
