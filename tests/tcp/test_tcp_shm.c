@@ -7,6 +7,7 @@
  * down as over TCP. The conformance suite runs whole on shared memory too
  * (conformance_tcp_shm, conformance_tcp_shm_mixed).
  */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -328,7 +329,8 @@ static void test_shm_slab_on_descriptor_0_reused(void **state) {
     assert_int_equal(pack(&a, 1 * MIB, &gen), s0); /* reused, not made again */
     assert_int_equal(gen, gen0);
     tpi_shm_tx_free(peers[1].shm_tx);
-    assert_int_equal(dup2(saved, 0), 0); /* stdin back (the slab closed it) */
+    assert_int_equal(fcntl(0, F_GETFD), -1); /* freeing the pool closed the slab on 0 */
+    assert_int_equal(dup2(saved, 0), 0);     /* stdin back */
     close(saved);
 }
 
