@@ -139,6 +139,12 @@ chmod 600 "$tmp/bad"
 secret_bad=$secret; secret="xyz$secret"
 usage_err "secret file not hex" "does not hold a job secret" --nproc 1 --secret-file "$tmp/bad"
 secret=$secret_bad
+# 32 to 256 hex digits, an even count: one byte short, or past the end, is refused.
+printf '%s\n' "${secret:0:30}" >"$tmp/short"
+printf '%s\n' "$secret$secret$secret$secret${secret:0:2}" >"$tmp/long"
+chmod 600 "$tmp/short" "$tmp/long"
+usage_err "secret of 30 digits" "does not hold a job secret" --nproc 1 --secret-file "$tmp/short"
+usage_err "secret of 258 digits" "does not hold a job secret" --nproc 1 --secret-file "$tmp/long"
 usage_err "secret file a directory" "not a regular file" --nproc 1 --secret-file "$tmp"
 
 # spec: LAUNCH-2..5: two tprun, as nodes 0 and 1 of a 2x2 job on this
