@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1238,6 +1239,59 @@ static void test_tcp_store_many_clients(void **state) {
     assert_true(tt_now_ns() - t1 < 2000000000ull);
 }
 
+
+/* The server side of each connection to port: descriptors of this process
+ * that are sockets bound to port with a peer (the listener has none).
+ * Up to max in fds; how many. */
+static int accepted_on(uint16_t port, int *fds, int max) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < max;) {
+        int fd = atoi(e->d_name);
+        struct sockaddr_in self, peer;
+        socklen_t sl = sizeof self, pl = sizeof peer;
+        if (e->d_name[0] == '.' || fd == dirfd(d) ||
+            getsockname(fd, (struct sockaddr *)&self, &sl) != 0 || self.sin_family != AF_INET ||
+            ntohs(self.sin_port) != port || getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
+            continue;
+        fds[n++] = fd;
+    }
+    closedir(d);
+    return n;
+}
+
+static int sockopt(int fd, int level, int name) {
+    int v = -1;
+    socklen_t len = sizeof v;
+    return getsockopt(fd, level, name, &v, &len) == 0 ? v : -1;
+}
+
+/* spec: TCP-23, TCP-10: the store server tunes each connection it accepts
+ * as a worker does: no Nagle delay, and the keepalive and user timeout it
+ * was given, so a client whose host vanished is dropped, not kept for the
+ * kernel's two hours. */
+static void test_tcp_store_accepted_sockets_tuned(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_tcp_keepalive ka = {.idle_s = 7, .intvl_s = 3, .cnt = 4, .user_timeout_ms = 12345};
+    tpi_store_server_keepalive(srv, &ka);
+    tp_store *c = client(port, 5);
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK); /* admitted and served */
+    int fds[4];
+    int n = accepted_on(port, fds, 4);
+    assert_int_equal(n, 1);
+    assert_int_equal(sockopt(fds[0], IPPROTO_TCP, TCP_NODELAY), 1);
+    assert_int_equal(sockopt(fds[0], SOL_SOCKET, SO_KEEPALIVE), 1);
+    assert_int_equal(sockopt(fds[0], IPPROTO_TCP, TCP_KEEPIDLE), 7);
+    assert_int_equal(sockopt(fds[0], IPPROTO_TCP, TCP_KEEPINTVL), 3);
+    assert_int_equal(sockopt(fds[0], IPPROTO_TCP, TCP_KEEPCNT), 4);
+    assert_int_equal(sockopt(fds[0], IPPROTO_TCP, TCP_USER_TIMEOUT), 12345);
+    c->ops->close(c);
+    tpi_store_server_stop(srv, 0);
+}
+
 int main(void) {
     tt_ensure_secret();
     char err[TP_ERRMSG_LEN_MAX];
@@ -1268,6 +1322,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_no_proof_dropped),
         cmocka_unit_test(test_tcp_store_handshake_cap),
         cmocka_unit_test(test_tcp_store_many_clients),
+        cmocka_unit_test(test_tcp_store_accepted_sockets_tuned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
