@@ -139,6 +139,13 @@ chmod 600 "$tmp/bad"
 secret_bad=$secret; secret="xyz$secret"
 usage_err "secret file not hex" "does not hold a job secret" --nproc 1 --secret-file "$tmp/bad"
 secret=$secret_bad
+# spec: LAUNCH-3: a master address no interface here has gets no port (192.0.2.1 is
+# TEST-NET-1): exit 1, said, nothing started (LeakSanitizer checks what it resolved is freed).
+err=$("$tprun" --nproc 1 --master-addr 192.0.2.1 sh -c 'echo started' 2>&1); rc=$?
+check "master address not ours: exit 1" 1 "$rc"
+case "$err" in *"cannot find a free port on 192.0.2.1"*) check "master address not ours: says why" ok ok ;;
+  *) check "master address not ours: says why" "cannot find a free port on 192.0.2.1" "$err" ;; esac
+case "$err" in *started*|*LeakSanitizer*) check "master address not ours: nothing started or lost" ok "$err" ;; esac
 # 32 to 256 hex digits, an even count: one byte short, or past the end, is refused.
 printf '%s\n' "${secret:0:30}" >"$tmp/short"
 printf '%s\n' "$secret$secret$secret$secret${secret:0:2}" >"$tmp/long"
