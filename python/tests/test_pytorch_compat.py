@@ -202,6 +202,35 @@ def test_a_program_that_raises_before_shutdown_exits_cleanly(tmp_path):
     assert "signal" not in proc.stderr, proc.stderr
 
 
+def test_after_the_exit_teardown_rpc_is_not_running(tmp_path):
+    """A program that ends without shutdown() is torn down by the module's
+    exit handler; a handler that runs after it (registered before the module
+    was imported) finds no agent set, and its shutdown() gets the
+    not-initialized error rather than a second teardown."""
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        import atexit
+        def late():
+            import tensorplay.distributed.rpc as rpc
+            from tensorplay.distributed.rpc import api
+            print("agent set:", api._is_current_rpc_agent_set(), flush=True)
+            try:
+                rpc.shutdown()
+                print("shutdown ran", flush=True)
+            except RuntimeError as e:
+                print("RuntimeError:", "has not been initialized" in str(e), flush=True)
+        atexit.register(late)
+    """) + PROLOGUE + textwrap.dedent("""
+        rpc.init_rpc("worker0", rank=0, world_size=1)
+        print("up", flush=True)
+    """))
+    proc = subprocess.run([TPRUN, "--nproc", "1", PYTHON, str(script)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["[0] up", "[0] agent set: False",
+                                        "[0] RuntimeError: True"], proc.stdout + proc.stderr
+
+
 def test_pickle_carries_bound_methods_partials_and_objects(tmp_path):
     out = run(tmp_path, """
         import functools
