@@ -1261,6 +1261,51 @@ static int accepted_on(uint16_t port, int *fds, int max) {
     return n;
 }
 
+/* This process's client ends of connections to port: sockets whose peer is
+ * port and whose own port is not. Up to max in fds; how many. */
+static int dialed_to(uint16_t port, int *fds, int max) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < max;) {
+        int fd = atoi(e->d_name);
+        struct sockaddr_in self, peer;
+        socklen_t sl = sizeof self, pl = sizeof peer;
+        if (e->d_name[0] == '.' || fd == dirfd(d) ||
+            getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 || peer.sin_family != AF_INET ||
+            ntohs(peer.sin_port) != port || getsockname(fd, (struct sockaddr *)&self, &sl) != 0 ||
+            ntohs(self.sin_port) == port)
+            continue;
+        fds[n++] = fd;
+    }
+    closedir(d);
+    return n;
+}
+
+/* spec: STORE-9, TCP-10: a client whose connection broke fails that
+ * operation (TP_ESTORE, the core retries it) and reconnects for the next:
+ * it works again, on the new connection, with what the store held. */
+static void test_tcp_store_reconnects_after_a_lost_connection(void **state) {
+    fixture *f = *state;
+    tp_store *c = f->client;
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK);
+    int fds[4];
+    assert_int_equal(dialed_to(f->port, fds, 4), 1);
+    assert_int_equal(shutdown(fds[0], SHUT_RDWR), 0); /* the connection breaks under it */
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c->ops->get(c, "k", &v, &n), TP_ESTORE);
+    assert_null(v);
+    for (int i = 0; i < 2; i++) { /* reconnected, and it stays so */
+        assert_int_equal(c->ops->get(c, "k", &v, &n), TP_OK);
+        assert_int_equal(n, 1);
+        assert_memory_equal(v, "v", 1);
+        free(v);
+        v = NULL;
+    }
+    assert_int_equal(dialed_to(f->port, fds, 4), 1); /* the broken one was closed */
+}
+
 static int sockopt(int fd, int level, int name) {
     int v = -1;
     socklen_t len = sizeof v;
@@ -1323,6 +1368,8 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_handshake_cap),
         cmocka_unit_test(test_tcp_store_many_clients),
         cmocka_unit_test(test_tcp_store_accepted_sockets_tuned),
+        cmocka_unit_test_setup_teardown(test_tcp_store_reconnects_after_a_lost_connection, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
