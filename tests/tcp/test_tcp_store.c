@@ -1240,10 +1240,11 @@ static void test_tcp_store_many_clients(void **state) {
 }
 
 
-/* The server side of each connection to port: descriptors of this process
- * that are sockets bound to port with a peer (the listener has none).
- * Up to max in fds; how many. */
-static int accepted_on(uint16_t port, int *fds, int max) {
+/* This process's ends of TCP connections with port on the other side
+ * (server 0: the clients' ends, whose peer is port) or on this side
+ * (server 1: the server's ends, bound to port, with a peer: not the
+ * listener). Up to max in fds; how many. */
+static int connected_on(uint16_t port, int server, int *fds, int max) {
     DIR *d = opendir("/proc/self/fd");
     assert_non_null(d);
     int n = 0;
@@ -1253,28 +1254,9 @@ static int accepted_on(uint16_t port, int *fds, int max) {
         socklen_t sl = sizeof self, pl = sizeof peer;
         if (e->d_name[0] == '.' || fd == dirfd(d) ||
             getsockname(fd, (struct sockaddr *)&self, &sl) != 0 || self.sin_family != AF_INET ||
-            ntohs(self.sin_port) != port || getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
-            continue;
-        fds[n++] = fd;
-    }
-    closedir(d);
-    return n;
-}
-
-/* This process's client ends of connections to port: sockets whose peer is
- * port and whose own port is not. Up to max in fds; how many. */
-static int dialed_to(uint16_t port, int *fds, int max) {
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL && n < max;) {
-        int fd = atoi(e->d_name);
-        struct sockaddr_in self, peer;
-        socklen_t sl = sizeof self, pl = sizeof peer;
-        if (e->d_name[0] == '.' || fd == dirfd(d) ||
-            getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 || peer.sin_family != AF_INET ||
-            ntohs(peer.sin_port) != port || getsockname(fd, (struct sockaddr *)&self, &sl) != 0 ||
-            ntohs(self.sin_port) == port)
+            getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 ||
+            (server ? ntohs(self.sin_port) : ntohs(peer.sin_port)) != port ||
+            (server ? ntohs(peer.sin_port) : ntohs(self.sin_port)) == port)
             continue;
         fds[n++] = fd;
     }
@@ -1290,7 +1272,7 @@ static void test_tcp_store_reconnects_after_a_lost_connection(void **state) {
     tp_store *c = f->client;
     assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK);
     int fds[4];
-    assert_int_equal(dialed_to(f->port, fds, 4), 1);
+    assert_int_equal(connected_on(f->port, 0, fds, 4), 1);
     assert_int_equal(shutdown(fds[0], SHUT_RDWR), 0); /* the connection breaks under it */
     void *v = NULL;
     size_t n = 0;
@@ -1303,7 +1285,7 @@ static void test_tcp_store_reconnects_after_a_lost_connection(void **state) {
         free(v);
         v = NULL;
     }
-    assert_int_equal(dialed_to(f->port, fds, 4), 1); /* the broken one was closed */
+    assert_int_equal(connected_on(f->port, 0, fds, 4), 1); /* the broken one was closed */
 }
 
 static int sockopt(int fd, int level, int name) {
@@ -1325,7 +1307,7 @@ static void test_tcp_store_accepted_sockets_tuned(void **state) {
     tp_store *c = client(port, 5);
     assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK); /* admitted and served */
     int fds[4];
-    int n = accepted_on(port, fds, 4);
+    int n = connected_on(port, 1, fds, 4);
     assert_int_equal(n, 1);
     assert_int_equal(sockopt(fds[0], IPPROTO_TCP, TCP_NODELAY), 1);
     assert_int_equal(sockopt(fds[0], SOL_SOCKET, SO_KEEPALIVE), 1);
