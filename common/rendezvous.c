@@ -1214,9 +1214,14 @@ static scanned_rows rows_copy(const scanned_rows *rows, uint32_t world) {
  * simulated world share it): its list of addresses goes to the agent by
  * its id. */
 static int shares_list(const tp_core *c) {
+    if (!c->ops->set_peers_id)
+        return 0;
+    uint64_t store = store_instance(c);
+    names_lock(); /* another worker of the process may be keeping rows with it */
     const struct tpi_names *t = c->names;
-    return c->ops->set_peers_id && t->addrs && t->rows_store &&
-           t->rows_store == store_instance(c) && t->rows_gen == c->generation;
+    int shared = t->addrs && store && t->rows_store == store && t->rows_gen == c->generation;
+    names_unlock();
+    return shared; /* rows, once kept, never change */
 }
 
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
@@ -1296,7 +1301,8 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
         struct tpi_names *t = rows.table;
         rows.table = NULL; /* its reference goes to c */
         install_names(c, t);
-        for (uint32_t r = 0; !shares_list(c) && r < c->world_size; r++)
+        int shared = shares_list(c);
+        for (uint32_t r = 0; !shared && r < c->world_size; r++)
             addrs[r] = (char *)t->addrs[r];
     }
     scanned_rows pristine = {NULL, NULL, 0, NULL, NULL};
