@@ -855,6 +855,10 @@ static void test_future_wait_from_other_worker_einval(void **state) {
 }
 
 /* NULL arguments need no worker (ERR-3: TP_EINVAL, out pointers set to NULL). */
+static void done_noop(tp_future *f, void *user_data) {
+    (void)f, (void)user_data;
+}
+
 static void test_future_null_arguments(void **state) {
     (void)state;
     tp_future_free(NULL); /* a no-op (FUTURE-4) */
@@ -871,6 +875,26 @@ static void test_future_null_arguments(void **state) {
     assert_int_equal(idx, 0);
     /* ERR-3: a failed check sets every out pointer to NULL. */
     assert_null(x);
+    assert_int_equal(tp_future_add_done_callback(NULL, done_noop, NULL), TP_EINVAL);
+}
+
+/* A done-callback needs a function too: NULL is refused, saying so, and
+ * the future completes as if it had never been asked. */
+static void sc_done_callback_null(world *w) {
+    (void)w;
+    tp_future *u = NULL;
+    CHECK(tp_future_new(&u) == TP_OK);
+    CHECK(tp_future_add_done_callback(u, NULL, NULL) == TP_EINVAL);
+    CHECK(strstr(tp_errmsg(), "callback is NULL") != NULL);
+    CHECK(tp_future_set_result(u, tp_value_int(1)) == TP_OK);
+    CHECK(tp_future_wait(u, 1.0) == TP_OK);
+    tp_future_free(u);
+}
+
+static void test_future_done_callback_needs_a_function(void **state) {
+    (void)state;
+    world w = {.scenario = sc_done_callback_null};
+    run_world(1, 17, &w);
 }
 
 int main(void) {
@@ -891,6 +915,7 @@ int main(void) {
         cmocka_unit_test_setup(test_future_wait_from_other_worker_einval, reset_failures),
         cmocka_unit_test_setup(test_future_collect_all_out_of_memory, reset_failures),
         cmocka_unit_test(test_future_null_arguments),
+        cmocka_unit_test_setup(test_future_done_callback_needs_a_function, reset_failures),
     };
     return cmocka_run_group_tests_name("future", tests, NULL, NULL);
 }
