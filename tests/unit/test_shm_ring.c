@@ -508,6 +508,26 @@ static void test_hostile_reader_scribbles(void **state) {
     assert_true(corrupt_seen > 1000);
 }
 
+/* The reader's head, each check alone: one that claims less than the ring
+ * is unread but is not on a record boundary (a multiple of
+ * TPI_RING_ALIGN) is as impossible as one further behind than the ring is
+ * long; both are refused (CORRUPT, and for good). */
+static void test_reader_head_checked_alone(void **state) {
+    (void)state;
+    static uint8_t in[16];
+    for (int c = 0; c < 2; c++) {
+        mem m = mem_new(TPI_RING_HEAD + 1024);
+        tpi_ring w, r;
+        pair(m, &w, &r);
+        assert_int_equal(put(&w, in, sizeof in), TPI_RING_OK); /* the tail is 24 bytes on */
+        uint64_t head = c == 0 ? 20 : (uint64_t)0 - 1024; /* 4 behind, odd; 1,048 behind */
+        memcpy(m.p + 2 * TPI_RING_LINE, &head, 8);
+        assert_int_equal(put(&w, in, sizeof in), TPI_RING_CORRUPT);
+        assert_int_equal(put(&w, in, 0), TPI_RING_CORRUPT);
+        free(m.p);
+    }
+}
+
 /* A scribbler in another process writes random words over the counters
  * and records without pause while this process reads and waits: every
  * call returns, within its deadline plus scheduling. */
@@ -824,6 +844,7 @@ int main(void) {
         cmocka_unit_test(test_attach_refuses_bad_header),
         cmocka_unit_test(test_hostile_writer_scribbles),
         cmocka_unit_test(test_hostile_reader_scribbles),
+        cmocka_unit_test(test_reader_head_checked_alone),
         cmocka_unit_test(test_hostile_writer_concurrent),
         cmocka_unit_test(test_two_processes_no_spin),
         cmocka_unit_test(test_two_processes_spin_50us),
