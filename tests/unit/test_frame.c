@@ -474,6 +474,32 @@ static void good_header(uint8_t h[TP_FRAME_HEADER_SIZE], uint32_t body_len) {
         h[8 + i] = (uint8_t)(body_len >> (8 * i));
 }
 
+/* tp_frame_lend: the frame is the lent bytes themselves, and freeing it
+ * calls release once, with the backend's own ctx. */
+static int lend_released;
+static void *lend_ctx;
+
+static void lend_release(void *ctx) {
+    lend_released++;
+    lend_ctx = ctx;
+}
+
+static void test_frame_lend_releases_with_its_context(void **state) {
+    (void)state;
+    static uint8_t slab[64];
+    int marker = 0;
+    lend_released = 0;
+    lend_ctx = NULL;
+    tp_frame *f = tp_frame_lend(slab, sizeof slab, lend_release, &marker);
+    assert_non_null(f);
+    assert_ptr_equal(tp_frame_bytes(f), slab);
+    assert_int_equal(f->len, sizeof slab);
+    assert_int_equal(lend_released, 0);
+    tp_frame_free(f);
+    assert_int_equal(lend_released, 1);
+    assert_ptr_equal(lend_ctx, &marker);
+}
+
 /* A bad header is told by its status alone when the caller wants no message:
  * errmsg NULL, whatever errmsg_len says, and a buffer of length 0 are never
  * written (nor is frame_len). */
@@ -529,6 +555,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_frame_view_keeps_block_until_tensor_freed, setup,
                                         teardown),
         cmocka_unit_test(test_frame_header_check_without_message),
+        cmocka_unit_test(test_frame_lend_releases_with_its_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
