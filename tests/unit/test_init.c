@@ -498,6 +498,72 @@ static void test_init_two_worlds_at_once_keep_their_own_tables(void **state) {
     }
 }
 
+/*
+ * AGENT-19: the simulator checks a shared list of addresses once per list
+ * id. A re-init is a new table with a new id: here the two hosts swap
+ * ranks for the second world (host h is rank h, then rank 1 - h), so every
+ * rank moved host. An agent that took the first world's check for the
+ * second's would route rank r to host r, its old host, and a call to the
+ * other worker would reach the caller itself.
+ */
+#define SWAP_WORLD 2
+static struct {
+    tp_status init_st[2][SWAP_WORLD]; /* [world][host] */
+    tp_status call_st[2][SWAP_WORLD];
+    int answered_by[2][SWAP_WORLD];   /* the host that served the call */
+} swap;
+
+static tp_status fn_host(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data;
+    *result = tp_value_int(tp_sim_current_host());
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static int swap_program(int host, int world_size, void *arg) {
+    (void)arg;
+    (void)tp_register_function("host", fn_host, NULL);
+    for (int w = 0; w < 2; w++) {
+        int rank = w == 0 ? host : world_size - 1 - host;
+        char name[8], other[8];
+        snprintf(name, sizeof name, "w%d", rank);
+        snprintf(other, sizeof other, "w%d", world_size - 1 - rank);
+        swap.init_st[w][host] = tp_init_rpc(name, "SIM", rank, world_size, NULL);
+        if (swap.init_st[w][host] != TP_OK)
+            return 1;
+        tp_value *res = NULL;
+        int64_t by = -1;
+        swap.call_st[w][host] = tp_rpc_sync(tp_to_name(other), "host", NULL, NULL, 10.0, &res);
+        if (swap.call_st[w][host] == TP_OK && tp_value_get_int(res, &by) != TP_OK)
+            swap.call_st[w][host] = TP_EPROTO;
+        swap.answered_by[w][host] = (int)by;
+        tp_value_free(res);
+        if (tp_shutdown(1) != TP_OK)
+            return 1;
+    }
+    return 0;
+}
+
+static void test_init_again_with_ranks_swapped_routes_to_the_new_hosts(void **state) {
+    (void)state;
+    memset(&swap, 0, sizeof swap);
+    tp_sim_config cfg = {.hosts = SWAP_WORLD, .seed = 7};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[SWAP_WORLD] = {-1, -1};
+    assert_int_equal(tp_sim_run(sim, swap_program, NULL, codes), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    for (int w = 0; w < 2; w++)
+        for (int h = 0; h < SWAP_WORLD; h++) {
+            assert_int_equal(swap.init_st[w][h], TP_OK);
+            assert_int_equal(swap.call_st[w][h], TP_OK);
+            assert_int_equal(swap.answered_by[w][h], SWAP_WORLD - 1 - h); /* the other host */
+        }
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
@@ -514,6 +580,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_slow_store, reset_failures),
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
+        cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
