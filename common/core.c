@@ -346,7 +346,8 @@ static int seen_before(tp_core *c, uint32_t src, uint64_t id) {
     uint64_t now = tpi_now(c);
     while (c->seen_len > 0) { /* forget what is older than the window */
         struct tpi_seen *old = &c->seen_ring[c->seen_head];
-        if (old->until_ns > now && c->seen_len < TPI_DEDUPE_MAX)
+        /* A copy may come a whole window behind (AGENT-17): still one. */
+        if (old->until_ns >= now && c->seen_len < TPI_DEDUPE_MAX)
             break;
         tpi_idmap_del(&c->seen, (tpi_gid){old->src, old->id});
         c->seen_head = (c->seen_head + 1) % TPI_DEDUPE_MAX;
