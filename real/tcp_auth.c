@@ -110,8 +110,8 @@ int tpi_tcp_auth_nonce(uint8_t nonce[TPI_TCP_NONCE_SIZE]) {
     return RAND_bytes(nonce, TPI_TCP_NONCE_SIZE) == 1 ? 0 : -1;
 }
 
-void tpi_tcp_auth_derive(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
-                         size_t ctx_len, uint8_t key[32]) {
+int tpi_tcp_auth_derive(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                        size_t ctx_len, uint8_t key[32]) {
     TPI_ASSERT(auth->on && label && ctx_len <= TPI_TCP_AUTH_CTX_MAX);
     uint8_t msg[64 + TPI_TCP_AUTH_CTX_MAX];
     size_t n = strlen(label);
@@ -119,24 +119,31 @@ void tpi_tcp_auth_derive(const tpi_tcp_auth *auth, const char *label, const uint
     memcpy(msg, label, n);
     memcpy(msg + n, ctx, ctx_len);
     unsigned int out_len = 0;
-    /* HMAC cannot fail with a valid digest and key; a failure leaves zeros,
-     * a proof no peer accepts and a key no peer shares. */
-    if (!HMAC(EVP_sha256(), auth->key, sizeof auth->key, msg, n + ctx_len, key, &out_len))
+    /* OpenSSL 3's HMAC allocates its context, so it fails when memory is
+     * out. Zeros then: a proof no peer accepts, a key no peer shares, should
+     * a caller ignore the status. */
+    int ok = HMAC(EVP_sha256(), auth->key, sizeof auth->key, msg, n + ctx_len, key, &out_len) &&
+             out_len == 32;
+    OPENSSL_cleanse(msg, sizeof msg);
+    if (!ok)
         memset(key, 0, 32);
+    return ok ? 0 : -1;
 }
 
-void tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
-                        size_t ctx_len, uint8_t proof[TPI_TCP_PROOF_SIZE]) {
+int tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                       size_t ctx_len, uint8_t proof[TPI_TCP_PROOF_SIZE]) {
     uint8_t mac[32];
-    tpi_tcp_auth_derive(auth, label, ctx, ctx_len, mac);
+    int rc = tpi_tcp_auth_derive(auth, label, ctx, ctx_len, mac);
     memcpy(proof, mac, TPI_TCP_PROOF_SIZE);
     OPENSSL_cleanse(mac, sizeof mac);
+    return rc;
 }
 
 int tpi_tcp_auth_check(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
                        size_t ctx_len, const uint8_t proof[TPI_TCP_PROOF_SIZE]) {
     uint8_t want[TPI_TCP_PROOF_SIZE];
-    tpi_tcp_auth_proof(auth, label, ctx, ctx_len, want);
+    if (tpi_tcp_auth_proof(auth, label, ctx, ctx_len, want) != 0)
+        return -1;
     static const uint8_t zeros[TPI_TCP_PROOF_SIZE];
     int ok = CRYPTO_memcmp(want, proof, TPI_TCP_PROOF_SIZE) == 0 &&
              CRYPTO_memcmp(want, zeros, TPI_TCP_PROOF_SIZE) != 0;

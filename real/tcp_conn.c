@@ -1312,8 +1312,9 @@ static size_t proof_ctx(const tpi_tcp_conn *c, uint8_t *ctx) {
  * reads. 0, or -1 out of memory or when OpenSSL fails. */
 static int seal_start(tpi_tcp_conn *c) {
     uint8_t ctx[TPI_TCP_AUTH_CTX_MAX], d2a[TPI_TCP_SEAL_KEY_SIZE], a2d[TPI_TCP_SEAL_KEY_SIZE];
-    tpi_tcp_seal_keys(&c->a->auth, ctx, proof_ctx(c, ctx), d2a, a2d);
-    int rc = tpi_tcp_seal_init(&c->tx, c->outgoing ? d2a : a2d, 1);
+    int rc = tpi_tcp_seal_keys(&c->a->auth, ctx, proof_ctx(c, ctx), d2a, a2d);
+    if (rc == 0)
+        rc = tpi_tcp_seal_init(&c->tx, c->outgoing ? d2a : a2d, 1);
     if (rc == 0)
         rc = tpi_tcp_seal_init(&c->rx_seal, c->outgoing ? a2d : d2a, 0);
     OPENSSL_cleanse(d2a, sizeof d2a);
@@ -1362,7 +1363,13 @@ static void on_auth_record(tpi_tcp_conn *c) {
         tpi_tcp_hello_encode(c->hello_out, TPI_TCP_HELLO_ACCEPT, a->rank, c->claimed, a->world_size,
                              hello_flags(a));
         tpi_tcp_auth_encode(c->auth_out[0], TPI_TCP_AUTH_NONCE, c->nonce_mine);
-        tpi_tcp_auth_proof(&a->auth, PROOF_ACCEPT, ctx, proof_ctx(c, ctx), pl);
+        if (tpi_tcp_auth_proof(&a->auth, PROOF_ACCEPT, ctx, proof_ctx(c, ctx), pl) != 0) {
+            tpi_log(TP_LOG_WARN,
+                    "worker %u dropped a connection from %s: no memory to prove itself", a->rank,
+                    c->addr);
+            conn_close(c);
+            return;
+        }
         tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
         if (conn_write_record(c, c->hello_out, 0) < 0 ||
             conn_write_record(c, c->auth_out[0], 0) < 0 ||
@@ -1373,9 +1380,21 @@ static void on_auth_record(tpi_tcp_conn *c) {
         c->tx_sealed = a->encrypt; /* all we write from now on (TCP-21) */
         return;
     }
-    int ok = tpi_tcp_auth_decode(c->rec, TPI_TCP_AUTH_PROOF, pl) &&
-             tpi_tcp_auth_check(&a->auth, c->outgoing ? PROOF_ACCEPT : PROOF_DIAL, ctx,
-                                proof_ctx(c, ctx), pl);
+    int ok = tpi_tcp_auth_decode(c->rec, TPI_TCP_AUTH_PROOF, pl)
+                 ? tpi_tcp_auth_check(&a->auth, c->outgoing ? PROOF_ACCEPT : PROOF_DIAL, ctx,
+                                      proof_ctx(c, ctx), pl)
+                 : 0;
+    if (ok < 0) { /* no verdict on the peer: ours is the failure */
+        if (c->outgoing) {
+            out_fail(c, TP_ENOMEM, "no memory to check its proof");
+        } else {
+            tpi_log(TP_LOG_WARN,
+                    "worker %u dropped a connection from %s: no memory to check its proof", a->rank,
+                    c->addr);
+            conn_close(c);
+        }
+        return;
+    }
     if (!ok) {
         auth_fail(c, "its proof is wrong");
         return;
@@ -1388,7 +1407,10 @@ static void on_auth_record(tpi_tcp_conn *c) {
     c->state = CONN_OPEN;
     uv_timer_stop(&c->timer);
     out_opened(c);
-    tpi_tcp_auth_proof(&a->auth, PROOF_DIAL, ctx, proof_ctx(c, ctx), pl);
+    if (tpi_tcp_auth_proof(&a->auth, PROOF_DIAL, ctx, proof_ctx(c, ctx), pl) != 0) {
+        out_fail(c, TP_ENOMEM, "no memory to prove ourselves");
+        return;
+    }
     tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
     if (conn_write_record(c, c->auth_out[1], 0) < 0) {
         out_fail(c, TP_EIO, "cannot write its proof");

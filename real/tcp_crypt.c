@@ -44,11 +44,12 @@ tp_status tpi_tcp_encrypt_setup(const tp_options *opts, const tpi_tcp_auth *auth
     return TP_OK;
 }
 
-void tpi_tcp_seal_keys(const tpi_tcp_auth *auth, const uint8_t *ctx, size_t ctx_len,
-                       uint8_t dialer_to_acceptor[TPI_TCP_SEAL_KEY_SIZE],
-                       uint8_t acceptor_to_dialer[TPI_TCP_SEAL_KEY_SIZE]) {
-    tpi_tcp_auth_derive(auth, KEY_D2A, ctx, ctx_len, dialer_to_acceptor);
-    tpi_tcp_auth_derive(auth, KEY_A2D, ctx, ctx_len, acceptor_to_dialer);
+int tpi_tcp_seal_keys(const tpi_tcp_auth *auth, const uint8_t *ctx, size_t ctx_len,
+                      uint8_t dialer_to_acceptor[TPI_TCP_SEAL_KEY_SIZE],
+                      uint8_t acceptor_to_dialer[TPI_TCP_SEAL_KEY_SIZE]) {
+    int d = tpi_tcp_auth_derive(auth, KEY_D2A, ctx, ctx_len, dialer_to_acceptor);
+    int a = tpi_tcp_auth_derive(auth, KEY_A2D, ctx, ctx_len, acceptor_to_dialer);
+    return d == 0 && a == 0 ? 0 : -1;
 }
 
 int tpi_tcp_seal_init(tpi_tcp_cipher *s, const uint8_t key[TPI_TCP_SEAL_KEY_SIZE], int sealing) {

@@ -79,16 +79,19 @@ void tpi_tcp_auth_clear(tpi_tcp_auth *auth);
 int tpi_tcp_auth_same(const tpi_tcp_auth *a, const tpi_tcp_auth *b);
 /* Fresh random bytes; -1 when the generator fails. */
 int tpi_tcp_auth_nonce(uint8_t nonce[TPI_TCP_NONCE_SIZE]);
-/* The proof of label || ctx (ctx_len <= TPI_TCP_AUTH_CTX_MAX) under auth's key. */
-void tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
-                        size_t ctx_len, uint8_t proof[TPI_TCP_PROOF_SIZE]);
-/* 1 when proof is right (constant time). */
+/* The proof of label || ctx (ctx_len <= TPI_TCP_AUTH_CTX_MAX) under auth's
+ * key: 0, or -1 when OpenSSL could not compute it (out of memory). */
+int tpi_tcp_auth_proof(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                       size_t ctx_len, uint8_t proof[TPI_TCP_PROOF_SIZE]);
+/* 1 when proof is right (constant time), 0 when wrong, -1 when OpenSSL
+ * could not compute the right one (out of memory: no verdict on the peer). */
 int tpi_tcp_auth_check(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
                        size_t ctx_len, const uint8_t proof[TPI_TCP_PROOF_SIZE]);
 /* A 32-byte key HMAC-SHA-256(auth's key, label || ctx): the proofs are its
- * first 16 bytes; the stream keys (TCP-21) the whole of it under their own labels. */
-void tpi_tcp_auth_derive(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
-                         size_t ctx_len, uint8_t key[32]);
+ * first 16 bytes; the stream keys (TCP-21) the whole of it under their own
+ * labels. 0, or -1 when OpenSSL failed (it allocates): key zeroed. */
+int tpi_tcp_auth_derive(const tpi_tcp_auth *auth, const char *label, const uint8_t *ctx,
+                        size_t ctx_len, uint8_t key[32]);
 /* An authentication record: "TPAU", version, kind, 0 0, 16 bytes of payload. */
 void tpi_tcp_auth_encode(uint8_t rec[24], tpi_tcp_auth_kind kind, const uint8_t payload[16]);
 /* 1 with the payload when rec is a well-formed record of that kind. */
@@ -129,10 +132,11 @@ typedef struct tpi_tcp_cipher {
 tp_status tpi_tcp_encrypt_setup(const tp_options *opts, const tpi_tcp_auth *auth, int *on,
                                 char *errmsg, size_t errmsg_len);
 /* The two stream keys of a connection, from the job key and what both
- * proofs cover (both ids, the world size, both nonces), one per direction. */
-void tpi_tcp_seal_keys(const tpi_tcp_auth *auth, const uint8_t *ctx, size_t ctx_len,
-                       uint8_t dialer_to_acceptor[TPI_TCP_SEAL_KEY_SIZE],
-                       uint8_t acceptor_to_dialer[TPI_TCP_SEAL_KEY_SIZE]);
+ * proofs cover (both ids, the world size, both nonces), one per direction.
+ * 0, or -1 when OpenSSL failed (out of memory). */
+int tpi_tcp_seal_keys(const tpi_tcp_auth *auth, const uint8_t *ctx, size_t ctx_len,
+                      uint8_t dialer_to_acceptor[TPI_TCP_SEAL_KEY_SIZE],
+                      uint8_t acceptor_to_dialer[TPI_TCP_SEAL_KEY_SIZE]);
 /* A direction keyed with key, sealing (1) or opening (0); 0, or -1 when
  * OpenSSL fails. */
 int tpi_tcp_seal_init(tpi_tcp_cipher *s, const uint8_t key[TPI_TCP_SEAL_KEY_SIZE], int sealing);

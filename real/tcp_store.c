@@ -82,7 +82,8 @@ static size_t store_ctx(uint32_t rank, const uint8_t *nc, const uint8_t *ns, uin
 
 /* One attempt: connect and exchange the handshake (TCP-10, TCP-17). The fd,
  * or -errno: -EPROTO when something answered that is not a store, -EACCES
- * when the store or this client failed the other's proof. */
+ * when the store or this client failed the other's proof, -ENOMEM when a
+ * proof could not be computed (tried again, as a refused connection is). */
 static int connect_once(const struct sockaddr *sa, socklen_t sa_len, uint32_t rank,
                         const tpi_tcp_auth *auth, int timeout_ms) {
     int fd = tpi_sock_connect(sa, sa_len, timeout_ms);
@@ -108,12 +109,14 @@ static int connect_once(const struct sockaddr *sa, socklen_t sa_len, uint32_t ra
     if (rc == 0 && auth->on) {
         uint8_t ctx[TPI_TCP_AUTH_CTX_MAX], proof[TPI_TCP_PROOF_SIZE], ok[4];
         size_t n = store_ctx(rank, nc, back + 8, ctx);
-        if (!tpi_tcp_auth_check(auth, "tp/store/server v1", ctx, n, back + 24))
+        int proved = tpi_tcp_auth_check(auth, "tp/store/server v1", ctx, n, back + 24);
+        if (proved < 0 ||
+            (proved == 1 && tpi_tcp_auth_proof(auth, "tp/store/client v1", ctx, n, proof) != 0))
+            rc = -ENOMEM; /* OpenSSL's HMAC could not run: no verdict on the store */
+        else if (!proved)
             rc = -EACCES; /* not our job's store: tell it nothing */
-        if (rc == 0) {
-            tpi_tcp_auth_proof(auth, "tp/store/client v1", ctx, n, proof);
+        if (rc == 0)
             rc = tpi_sock_send_all(fd, proof, sizeof proof, deadline);
-        }
         if (rc == 0) {
             rc = tpi_sock_recv_all(fd, ok, sizeof ok, deadline);
             if (rc == TPI_SOCK_EOF || (rc == 0 && memcmp(ok, TPI_STORE_AUTH_OK, 4) != 0))

@@ -484,7 +484,10 @@ static void on_hello(srv_client *c, const uint8_t *hello) {
         uint8_t ctx[TPI_TCP_AUTH_CTX_MAX];
         size_t n = proof_ctx(c, ctx);
         memcpy(back + 8, c->nonce_s, TPI_TCP_NONCE_SIZE);
-        tpi_tcp_auth_proof(&s->auth, "tp/store/server v1", ctx, n, back + 24);
+        if (tpi_tcp_auth_proof(&s->auth, "tp/store/server v1", ctx, n, back + 24) != 0) {
+            client_close(c, "no memory to prove itself to it");
+            return;
+        }
     }
     if (client_queue(c, back, sizeof back, NULL, 0, NULL, 0) != 0)
         return;
@@ -506,7 +509,12 @@ static void on_hello(srv_client *c, const uint8_t *hello) {
 static void on_proof(srv_client *c, const uint8_t *proof) {
     uint8_t ctx[TPI_TCP_AUTH_CTX_MAX];
     size_t n = proof_ctx(c, ctx);
-    if (!tpi_tcp_auth_check(&c->s->auth, "tp/store/client v1", ctx, n, proof)) {
+    int ok = tpi_tcp_auth_check(&c->s->auth, "tp/store/client v1", ctx, n, proof);
+    if (ok < 0) {
+        client_close(c, "no memory to check its proof");
+        return;
+    }
+    if (!ok) {
         /* The stranger is dropped; it read nothing and wrote nothing. */
         client_close(c, "its proof of the job secret is wrong (TCP-17)");
         return;

@@ -117,7 +117,8 @@ static int hello_as_worker2(const char *addr, const tpi_tcp_auth *auth, unsigned
     assert_true(tpi_tcp_auth_decode(rec, TPI_TCP_AUTH_PROOF, pa));
     size_t n = conn_ctx(nd, na, ctx);
     tpi_tcp_auth job = tt_job_auth();
-    assert_true(tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa)); /* worker1 is real */
+    assert_int_equal(tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa),
+                     1); /* worker1 is real */
     tpi_tcp_auth_proof(auth, "tp/conn/dial v1", ctx, n, pa);
     if (flip >= 0)
         pa[flip] ^= 0x01;

@@ -130,7 +130,7 @@ int tt_raw_hello_as(const char *addr, uint32_t me, uint32_t to, uint32_t world,
     ok = ok && tpi_tcp_auth_decode(rec + TPI_TCP_RECORD_SIZE, TPI_TCP_AUTH_NONCE, na) &&
          tpi_tcp_auth_decode(rec + 2 * TPI_TCP_RECORD_SIZE, TPI_TCP_AUTH_PROOF, pa);
     size_t n = conn_ctx_of(me, to, world, nd, na, ctx);
-    ok = ok && tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa);
+    ok = ok && tpi_tcp_auth_check(&job, "tp/conn/accept v1", ctx, n, pa) == 1;
     if (ok) {
         tpi_tcp_auth_proof(auth, "tp/conn/dial v1", ctx, n, pa);
         tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_PROOF, pa);
@@ -167,7 +167,7 @@ int tt_raw_store_hello(const char *addr, uint32_t rank, const tpi_tcp_auth *auth
         memcpy(ctx + 4, hello + 12, 16);
         memcpy(ctx + 20, back + 8, 16);
         tpi_tcp_auth job = raw_job_auth();
-        ok = tpi_tcp_auth_check(&job, "tp/store/server v1", ctx, 36, back + 24);
+        ok = tpi_tcp_auth_check(&job, "tp/store/server v1", ctx, 36, back + 24) == 1;
         tpi_tcp_auth_proof(auth, "tp/store/client v1", ctx, 36, proof);
         ok = ok && tt_raw_send_all(fd, proof, sizeof proof) == 0;
         ok = ok && tt_raw_recv_within(fd, okrec, 4, 5000) == 4 &&

@@ -49,7 +49,7 @@ static int fake_server_handshake(int fd) {
     tpi_tcp_auth_proof(&auth, "tp/store/server v1", ctx, n, back + 24);
     if (send(fd, back, sizeof back, 0) != (ssize_t)sizeof back ||
         recv(fd, proof, sizeof proof, MSG_WAITALL) != (ssize_t)sizeof proof ||
-        !tpi_tcp_auth_check(&auth, "tp/store/client v1", ctx, n, proof) ||
+        tpi_tcp_auth_check(&auth, "tp/store/client v1", ctx, n, proof) != 1 ||
         send(fd, TPI_STORE_AUTH_OK, 4, 0) != 4)
         return -1;
     return 0;
@@ -163,7 +163,7 @@ static int raw_client(uint16_t port) {
     uint8_t back[TPI_STORE_SERVER_HELLO_LEN], ctx[64], proof[16], ok[4];
     assert_int_equal(recv(fd, back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
     size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
-    assert_true(tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24));
+    assert_int_equal(tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24), 1);
     tpi_tcp_auth_proof(&auth, "tp/store/client v1", ctx, n, proof);
     assert_int_equal(send(fd, proof, sizeof proof, 0), (ssize_t)sizeof proof);
     assert_int_equal(recv(fd, ok, sizeof ok, MSG_WAITALL), (ssize_t)sizeof ok);
@@ -831,7 +831,7 @@ static int raw_handshake(int fd) {
         recv(fd, back, sizeof back, MSG_WAITALL) != (ssize_t)sizeof back)
         return -1;
     size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
-    if (!tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24))
+    if (tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24) != 1)
         return -1;
     tpi_tcp_auth_proof(&auth, "tp/store/client v1", ctx, n, proof);
     if (send(fd, proof, sizeof proof, MSG_NOSIGNAL) != (ssize_t)sizeof proof ||
@@ -851,7 +851,7 @@ static int raw_handshake_flipped(int fd, int flip) {
     assert_int_equal(send(fd, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
     assert_int_equal(recv(fd, back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
     size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
-    assert_true(tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24));
+    assert_int_equal(tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24), 1);
     tpi_tcp_auth_proof(&auth, "tp/store/client v1", ctx, n, proof);
     proof[flip] ^= 0x01;
     if (send(fd, proof, sizeof proof, MSG_NOSIGNAL) != (ssize_t)sizeof proof)
