@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps test-deps configure build test tsan demo install check-rules fuzz fuzz-net bench storm swarm swarm-chaos mutate clean format torch-suite
+.PHONY: all deps test-deps configure build test tsan demo install check-rules fuzz fuzz-net bench storm oom swarm swarm-chaos mutate clean format torch-suite
 
 all: build
 
@@ -72,6 +72,11 @@ bench: build
 # malformed frames and 5,000 idle connections; prints its figures.
 storm: build
 	@$(BUILD)/tests/tcp/net_storm
+
+# Out of memory at every allocation of a TCP job, one rank at a time
+# (tests/tcp/test_tcp_oom.c; make test samples it).
+oom: build
+	@TP_OOM_EVERY=1 $(BUILD)/tests/tcp/test_tcp_oom
 
 # The long swarm sweep (spec/sim.md SIM-10): SEEDS=A..B, all cores.
 SEEDS ?= 1..100000

@@ -468,6 +468,8 @@ TESTS = {
        ["test_tcp", "test_tcp_ipv6", "test_tcp_crypt", "test_tcp_store", "test_tcp_shm",
         "test_tcp_bounds", "net_storm", "test_tcp_direct"]},
     "tcp_pingpong": ("lsan", ["tcp_pingpong"], ["{b}/tests/tcp/tcp_pingpong", "300"], {}),
+    **{"test_tcp_oom_rank%d" % r: ("lsan", ["test_tcp_oom"], ["{b}/tests/tcp/test_tcp_oom"],
+                                   {"TP_OOM_RANK": str(r)}) for r in (0, 1)},
     "test_tcp_keepalive": ("lsan", ["test_tcp_keepalive"], ["{b}/tests/netns/test_tcp_keepalive"],
                            {}),
     # TCP-23, TCP-25 on real kernels (as root; 77 otherwise): a host cut while
@@ -509,7 +511,8 @@ CODEC = ["test_value", "test_codec", "test_frame", "replay_fuzz_msg_decode",
          "replay_fuzz_core_frames", "conformance_sim", "swarm", "swarm16", "scenarios"]
 REAL_BASE = ["replay_fuzz_tcp_conn", "test_tcp_ipv6", "test_tcp", "tcp_pingpong",
              "example_param_server", "test_tcp_crypt", "test_tcp_shm", "test_tcp_bounds",
-             "net_storm", "conformance_tcp_sqlite", "test_tcp_keepalive", "test_tcp_direct"]
+             "net_storm", "conformance_tcp_sqlite", "test_tcp_keepalive", "test_tcp_direct",
+             "test_tcp_oom_rank0", "test_tcp_oom_rank1"]
 STORE = ["replay_fuzz_store_request", "replay_fuzz_store_reply", "replay_fuzz_store_contents",
          "test_tcp_store", "conformance_tcp_tcpstore"]
 PY_RPC = ["python_examples", "python_rpc", "python_pytorch_compat"]

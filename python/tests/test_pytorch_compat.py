@@ -957,3 +957,18 @@ def test_backend_options_refuse_a_bool_as_seconds(kwargs):
                        timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == ["TypeError True"]
+
+
+@pytest.mark.parametrize("auth, want", [(True, "on"), (False, "off"), ("on", "on"), ("off", "off"),
+                                        (None, None)])
+def test_backend_options_auth_takes_a_bool_for_on_and_off(auth, want):
+    """auth=True and auth=False are 'on' and 'off', as the words are."""
+    prog = textwrap.dedent("""
+        import sys
+        from tensorplay.distributed import rpc
+        print(repr(rpc.TensorPipeRpcBackendOptions(auth=eval(sys.argv[1])).auth))
+    """)
+    p = subprocess.run([PYTHON, "-c", prog, repr(auth)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == [repr(want)]

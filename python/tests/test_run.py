@@ -631,3 +631,22 @@ def test_launcher_ends_when_the_ranks_exit_and_their_output_closes(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert sorted(p.stdout.splitlines()) == ["[0] done", "[1] done"]
     assert took < 12, took  # not the 15 s drain
+
+
+def test_launcher_run_in_a_program_keeps_its_earlier_output_first(tmp_path):
+    """A program that printed, then runs the launcher's main in its own
+    process: its buffered text comes out before the ranks' lines, which the
+    launcher writes straight to the descriptor."""
+    (tmp_path / "prog.py").write_text('print("rank line")\n')
+    wrapper = textwrap.dedent("""
+        import sys
+        from tensorplay.distributed import run
+        sys.stdout.write("before the job\\n")
+        sys.exit(run.main(["--nproc-per-node", "1", "prog.py"]))
+    """)
+    env = env_without_secret()
+    env.pop("PYTHONUNBUFFERED", None)  # a pipe: block-buffered, as in a job's log
+    p = subprocess.run([PYTHON, "-c", wrapper], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["before the job", "[0] rank line"]

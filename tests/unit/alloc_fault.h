@@ -11,7 +11,10 @@
  *                          (thread-local; calloc_failed says it did);
  *   calloc_fail_n, _size   while calloc_fail_n is nonzero, every calloc of
  *                          exactly (n, size) fails (calloc_pair_failed
- *                          counts them).
+ *                          counts them);
+ *   alloc_countdown        the k-th malloc or calloc from now, on any thread,
+ *                          fails (process-wide; alloc_countdown_fired says
+ *                          it did). realloc is not counted.
  *
  * GCC only (ALLOC_FAULT_HOOK 1): clang links a sanitizer's runtime into the
  * executable, whose allocator these would bypass. Under valgrind, which
@@ -36,6 +39,8 @@ static _Thread_local unsigned calloc_countdown; /* 0: none fails */
 static _Thread_local int calloc_failed;
 static _Atomic size_t calloc_fail_n, calloc_fail_size; /* n 0: none fails */
 static _Atomic unsigned calloc_pair_failed;
+static _Atomic long alloc_countdown; /* 0: none fails */
+static _Atomic int alloc_countdown_fired;
 
 #if defined(__GNUC__) && !defined(__clang__)
 #define ALLOC_FAULT_HOOK 1
@@ -61,7 +66,19 @@ __attribute__((constructor)) static void alloc_fault_init(void) {
         alloc_fault_resolve();
 }
 
+/* One thread only sees the count reach its end. */
+static inline int alloc_countdown_ends(void) {
+    if (atomic_load_explicit(&alloc_countdown, memory_order_relaxed) <= 0 ||
+        atomic_fetch_sub(&alloc_countdown, 1) != 1)
+        return 0;
+    atomic_store(&alloc_countdown_fired, 1);
+    errno = ENOMEM;
+    return 1;
+}
+
 void *malloc(size_t n) {
+    if (alloc_countdown_ends())
+        return NULL;
     size_t fail = atomic_load_explicit(&malloc_fail_size, memory_order_relaxed);
     if (fail && n == fail) {
         atomic_fetch_add(&malloc_failed, 1);
@@ -78,6 +95,8 @@ void *malloc(size_t n) {
 }
 
 void *calloc(size_t n, size_t size) {
+    if (alloc_countdown_ends())
+        return NULL;
     if (calloc_countdown && --calloc_countdown == 0) {
         calloc_failed = 1;
         errno = ENOMEM;
