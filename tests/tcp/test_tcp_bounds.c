@@ -534,8 +534,9 @@ static int body_budget(tt_job *job, int rank) {
 /* spec: TCP-19. With rx_budget 100000, frames larger than the budget are
  * still read, one at a time: two raw frames of 110,000 and 130,000 bytes on
  * two connections (the second header waits while the first is read, and is
- * admitted when it ends, alone over the budget), and a call of 150,000
- * bytes whose request and answer each pass the budget alone. */
+ * admitted when it ends, alone over the budget), twice on the same two
+ * connections, and a call of 150,000 bytes whose request and answer each
+ * pass the budget alone. */
 static void test_tcp_rx_budget_lone_frames(void **state) {
     (void)state;
     tt_job job = {0};
@@ -553,16 +554,20 @@ static void test_tcp_rx_budget_lone_frames(void **state) {
         setsockopt(fd[i], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
     }
     /* Both headers and all but the last 100 bytes: one is read, the other
-     * waits for the budget (whichever came first). */
-    for (int i = 0; i < 2; i++)
-        send_within(fd[i], f[i], len[i] - 100);
-    assert_int_equal(await_count(job.shared, C_LOGGED, 1, 10), 0);
-    for (int i = 0; i < 2; i++)
-        send_within(fd[i], f[i] + len[i] - 100, 100);
-    for (int i = 0; i < 2; i++) {
-        expect_pong(fd[i]);
-        free(f[i]);
+     * waits for the budget (whichever came first). Twice: the second time
+     * the wait list is the one the first admission emptied, and its new
+     * waiter must be admitted too. */
+    for (int round = 1; round <= 2; round++) {
+        for (int i = 0; i < 2; i++)
+            send_within(fd[i], f[i], len[i] - 100);
+        assert_int_equal(await_count(job.shared, C_LOGGED, round, 10), 0);
+        for (int i = 0; i < 2; i++)
+            send_within(fd[i], f[i] + len[i] - 100, 100);
+        for (int i = 0; i < 2; i++)
+            expect_pong(fd[i]);
     }
+    for (int i = 0; i < 2; i++)
+        free(f[i]);
     for (int i = 0; i < 2; i++)
         close(fd[i]);
     assert_int_equal(await_count(job.shared, C_PROBED, 1, 20), 0);
