@@ -7,6 +7,9 @@
  * down as over TCP. The conformance suite runs whole on shared memory too
  * (conformance_tcp_shm, conformance_tcp_shm_mixed).
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for the syscall stand-in */
+#include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -334,6 +337,97 @@ static void test_shm_slab_on_descriptor_0_reused(void **state) {
     close(saved);
 }
 
+/* ---- The offer's probe, checked whatever descriptor it lands on --------------- */
+
+/* pidfd_open and pidfd_getfd are raw system calls, made through syscall():
+ * this stand-in passes every call on, and for a test can move pidfd_open's
+ * descriptor up to move_pidfd_to or above (as another thread closing
+ * descriptor 0 between the two calls would leave it: the taken descriptor
+ * then gets 0) and note the number pidfd_getfd gave. */
+static int move_pidfd_to;
+static int last_taken_fd = -1;
+
+long syscall(long n, ...) {
+    static long (*real)(long, ...);
+    if (!real)
+        real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    va_list ap;
+    va_start(ap, n);
+    long x[6];
+    for (int i = 0; i < 6; i++)
+        x[i] = va_arg(ap, long);
+    va_end(ap);
+    long r = real(n, x[0], x[1], x[2], x[3], x[4], x[5]);
+    if (n == SYS_pidfd_open && r >= 0 && move_pidfd_to > 0) {
+        int up = fcntl((int)r, F_DUPFD_CLOEXEC, move_pidfd_to);
+        int e = errno;
+        close((int)r);
+        errno = e;
+        r = up;
+    }
+    if (n == SYS_pidfd_getfd)
+        last_taken_fd = (int)r;
+    return r;
+}
+
+/* Worker 1 of two accepts the OFFER v from worker 0 (this process); 1 when
+ * its probe held, 0 when refused (the reason checked), the side freed. */
+static int accept_offer(const uint32_t v[3]) {
+    tpi_tcp_agent b;
+    memset(&b, 0, sizeof b);
+    b.rank = 1;
+    b.world_size = 2;
+    b.max_msg = MIB;
+    const char *why = NULL;
+    tpi_shm_rx *rx = tpi_shm_accept(&b, 0, NULL, v, &why);
+    if (!rx) {
+        assert_non_null(why);
+        assert_non_null(strstr(why, "not this connection's probe"));
+        return 0;
+    }
+    tpi_shm_rx_unref(rx);
+    return 1;
+}
+
+/* spec: TCP-22: an OFFER whose tag is not its probe's is refused, also when
+ * the probe's descriptor, taken into this process, lands on 0 (stdin closed
+ * by another thread while the acceptor works); the right one is accepted
+ * there too, and the taken descriptor is closed either way. */
+static void test_shm_probe_on_descriptor_0_checked(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0;
+    a.world_size = 2;
+    int probe = -1;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_offer(&a, 1, &probe, rec), 0);
+    uint32_t v[3], wrong[3];
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_OFFER);
+    memcpy(wrong, v, sizeof v);
+    wrong[2] ^= 1; /* another tag */
+    assert_int_equal(accept_offer(v), 1);
+    assert_int_equal(accept_offer(wrong), 0);
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    move_pidfd_to = 64;
+    for (int right = 0; right <= 1; right++) {
+        last_taken_fd = -1;
+        assert_int_equal(accept_offer(right ? v : wrong), right);
+        assert_int_equal(last_taken_fd, 0);      /* the case meant */
+        assert_int_equal(fcntl(0, F_GETFD), -1); /* and closed again */
+    }
+    move_pidfd_to = 0;
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back */
+    close(saved);
+    close(probe);
+}
+
 /* ---- A slab's header names its two ends (the acceptor's side alone) ---------- */
 
 /* Reads the slab of record v as worker me whose peer is worker peer (the
@@ -408,6 +502,7 @@ int main(void) {
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_slab_picking),
         cmocka_unit_test(test_shm_slab_on_descriptor_0_reused),
+        cmocka_unit_test(test_shm_probe_on_descriptor_0_checked),
         cmocka_unit_test(test_shm_slab_header_names_both_ends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
