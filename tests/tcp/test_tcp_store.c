@@ -195,6 +195,51 @@ static void test_tcp_store_malformed_cas_drops_client(void **state) {
     assert_int_equal(s->ops->get(s, "k", &v, &n), TP_ENOENT); /* nothing was written */
 }
 
+/* The reply to an ADD on fd: its result, read within 10 s (TP_OK asserted). */
+static int64_t raw_add_reply(int fd) {
+    struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* a deadline, not a hang */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t head[TPI_STORE_REPLY_HEAD_LEN], out[8];
+    assert_int_equal(recv(fd, head, sizeof head, MSG_WAITALL), (ssize_t)sizeof head);
+    tp_status st = TP_EIO;
+    uint8_t aux = 0;
+    uint32_t len = 0;
+    assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), 0);
+    assert_int_equal(st, TP_OK);
+    assert_int_equal(len, sizeof out);
+    assert_int_equal(recv(fd, out, sizeof out, MSG_WAITALL), (ssize_t)sizeof out);
+    return (int64_t)((uint64_t)tpi_tcp_get_u32(out) | (uint64_t)tpi_tcp_get_u32(out + 4) << 32);
+}
+
+/* spec: TCP-10. A request that arrives in pieces (an ADD whose second half
+ * comes 100 ms after its first, so the server reads it in two and keeps the
+ * first) is run once: its reply is followed by the next request's, not by
+ * another of its own, and the counter moved by its delta once. */
+static void test_tcp_store_split_request_runs_once(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    int fd = raw_client(f->port);
+    tpi_store_request rq = {
+        .op = TPI_STORE_ADD, .key = (const uint8_t *)"split", .key_len = 5, .delta = 5};
+    uint8_t req[64];
+    size_t len = tpi_store_request_size(&rq);
+    assert_true(len <= sizeof req);
+    tpi_store_request_encode(&rq, req);
+    assert_int_equal(send(fd, req, len / 2, MSG_NOSIGNAL), (ssize_t)(len / 2));
+    usleep(100000);
+    assert_int_equal(send(fd, req + len / 2, len - len / 2, MSG_NOSIGNAL),
+                     (ssize_t)(len - len / 2));
+    assert_int_equal(raw_add_reply(fd), 5);
+    rq.delta = 0; /* whole this time */
+    tpi_store_request_encode(&rq, req);
+    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    assert_int_equal(raw_add_reply(fd), 5);
+    close(fd);
+    int64_t r = 0;
+    assert_int_equal(s->ops->add(s, "split", 0, &r), TP_OK);
+    assert_int_equal(r, 5);
+}
+
 /*
  * Issue 8: out of descriptors, accept fails while a connection waits; the
  * server must back off, not spin. A child process runs the server, takes
@@ -1334,6 +1379,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_split_request_runs_once, setup, teardown),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
