@@ -650,6 +650,66 @@ static void test_nonblocking_hand_off_without_memory(void **state) {
     run_plan_with("", nb_no_memory_program);
 }
 
+/*
+ * Guarantee 2 with no memory for the kept child: w0 passes its user rref
+ * (owner w1) to w2, and the record that keeps w0's reference until w2's
+ * fork is confirmed cannot be had. The send fails at once with TP_ENOMEM,
+ * nothing sent: sent without the record, w0's release could reach w1 before
+ * w2's fork and free a value w2 holds. With memory the same share works.
+ */
+typedef struct { /* rref.c's tpi_child, for its size */
+    tp_rref *rref;
+    uint32_t to;
+    int in_transit;
+    uint64_t sent_ns;
+} child_record;
+
+static int child_no_memory_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = confirmed_object();
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_future *f = NULL;
+        atomic_store(&malloc_failed, 0);
+        atomic_store(&malloc_fail_size, sizeof(child_record));
+        tp_status st = tp_rpc_async(tp_to_rank(2), "keep", args, NULL, 10.0, &f);
+        atomic_store(&malloc_fail_size, 0);
+        print_message("keep: %s: %s\n", tp_status_name(st), tp_errmsg());
+        CHECK(atomic_load(&malloc_failed) == 1); /* the kept child's record, and nothing else */
+        CHECK(st == TP_ENOMEM && f == NULL);
+        CHECK(strstr(tp_errmsg(), "function 'keep': sending an rref: out of memory") != NULL);
+        tp_future_free(f);
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        CHECK(kept[2] == NULL); /* nothing reached w2 */
+        CHECK(destroyed == 0);
+        tp_value *res = NULL;
+        int confirmed = 0;
+        CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 10.0, &res) == TP_OK &&
+              tp_value_get_bool(res, &confirmed) == TP_OK && confirmed);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        CHECK(destroyed == 0); /* w2 holds it */
+        CHECK(call_until_ok(2, "drop", NULL, &res) == TP_OK);
+        tp_value_free(res);
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        CHECK(destroyed == 1);
+    }
+    CHECK(tp_sleep(rank == 0 ? 0.0 : 3 * SETTLE_S + 2.0) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_share_without_memory_for_the_child(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    run_plan_with("", child_no_memory_program);
+}
+
 static void run_plan_with(const char *plan, tp_sim_program program) {
     destroyed = 0;
     memset(kept, 0, sizeof kept);
@@ -705,6 +765,7 @@ int main(void) {
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
         cmocka_unit_test_setup(test_nonblocking_hand_off_without_memory, reset_failures),
+        cmocka_unit_test_setup(test_rref_share_without_memory_for_the_child, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
