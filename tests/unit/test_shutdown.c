@@ -899,6 +899,89 @@ static void test_shutdown_drain_flush_without_memory(void **state) {
     assert_non_null(strstr(flush_oom_msg, "shutdown drain: out of memory"));
 }
 
+/*
+ * SHUTDOWN-5's flush counts the peers to ping, then pings them in turn, and
+ * a ping waits for the window (FLOW-2) with the lock let go. w0's big call
+ * to w1 timed out, its bytes held against w0's 4 KB window until w1 runs it
+ * (FLOW-7, a 300 ms link): the ping to w1 waits. Meanwhile a function w2
+ * called on w0 makes a call to w2 that times out, so w2 is left to flush
+ * too, after the count: the flush pings only the peers it counted (one array
+ * slot each), and w2 waits for the next round. Every shutdown ends cleanly
+ * (make test's sanitizer build sees a slot written past the arrays).
+ */
+#define FLUSH_LINK_S 0.3 /* w0 -> w1 */
+
+static uint64_t flush_big_ns;  /* when w0 sent its big call to w1 */
+static uint64_t flush_sd_ns;   /* when w0 began its shutdown */
+static uint64_t flush_late_ns; /* when poke's call to w2 timed out */
+static tp_status flush_late_status = TP_EINVAL;
+
+/* poke(): on w0, once its drain began: a call to w2 that times out. */
+static tp_status poke_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    tp_status st = TP_OK;
+    while (st == TP_OK && !flush_sd_ns)
+        st = tp_sleep(0.001);
+    if (st == TP_OK)
+        st = tp_sleep(0.1); /* past the barrier: w0's ping to w1 waits for the window */
+    tp_value *res = NULL;
+    tp_value *sargs = tp_value_list_of(1, tp_value_float(0.01));
+    if (st == TP_OK)
+        st = tp_rpc_sync(tp_to_rank(2), "slow", sargs, NULL, 0.001, &res);
+    flush_late_status = st;
+    flush_late_ns = now_ns();
+    tp_value_free(sargs);
+    tp_value_free(res);
+    *result = tp_value_nil();
+    return TP_OK;
+}
+
+static int flush_late_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[4] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("poke", poke_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, 10.0) == TP_OK);
+    if (rank == 0)
+        CHECK(tp_options_set_max_inflight_bytes(o, 4096) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 0) {
+        char big[4000];
+        memset(big, 'x', sizeof big);
+        tp_value *args = tp_value_list_of(2, tp_value_float(0.01), tp_value_bytes(big, sizeof big));
+        tp_value *res = NULL;
+        flush_big_ns = now_ns();
+        CHECK(tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 0.01, &res) == TP_ETIMEDOUT);
+        tp_value_free(args);
+        tp_value_free(res);
+        flush_sd_ns = now_ns();
+    } else if (rank == 2) {
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(0), "poke", NULL, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+        tp_future_free(f); /* w2's drain waits for it */
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_shutdown_flush_pings_the_peers_it_counted(void **state) {
+    (void)state;
+    flush_big_ns = flush_sd_ns = flush_late_ns = 0;
+    flush_late_status = TP_EINVAL;
+    run_checked(3, 3, "latency 0 1 300 300 fixed\n", flush_late_program, NULL);
+    assert_int_equal(flush_late_status, TP_ETIMEDOUT);
+    assert_true(flush_late_ns > flush_sd_ns);
+    /* w1 had not yet got the call that holds w0's window: the ping waited. */
+    assert_true(flush_late_ns < flush_big_ns + (uint64_t)(FLUSH_LINK_S * 1e9));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
@@ -915,6 +998,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
         cmocka_unit_test_setup(test_shutdown_round_behind_stops_at_done, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_flush_without_memory, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_flush_pings_the_peers_it_counted, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
