@@ -91,6 +91,35 @@ static tp_status drop_fn(tp_call *call, const tp_value *args, const tp_value *kw
     return TP_OK;
 }
 
+/* The rrefs keep_all kept, by rank. */
+#define KEEP_ALL_MAX 4
+static tp_rref *kept_all[WORLD][KEEP_ALL_MAX];
+
+/* keep_all(rref...): this worker keeps each (at most KEEP_ALL_MAX). */
+static tp_status keep_all_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                             tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    int me = rank_of_self();
+    for (size_t i = 0; i < tp_list_len(args) && i < KEEP_ALL_MAX; i++) {
+        tp_rref *r = NULL;
+        if (tp_value_get_rref(tp_list_get(args, i), &r) != TP_OK)
+            return TP_ETYPE;
+        tp_rref_release(kept_all[me][i]);
+        kept_all[me][i] = tp_rref_clone(r);
+    }
+    *result = tp_value_nil();
+    return TP_OK;
+}
+
+/* Lets go of what keep_all kept here. */
+static void drop_all(void) {
+    int me = rank_of_self();
+    for (int i = 0; i < KEEP_ALL_MAX; i++) {
+        tp_rref_release(kept_all[me][i]);
+        kept_all[me][i] = NULL;
+    }
+}
+
 /* A call that may meet a broken connection (user calls are never retried):
  * tried again until it succeeds, within SETTLE_S. */
 static tp_status call_until_ok(int dst, const char *fn, const tp_value *args, tp_value **out) {
@@ -117,6 +146,7 @@ static tp_status join(int rank, int world_size) {
     CHECK(tp_register_function("kept_confirmed", kept_confirmed_fn, NULL) == TP_OK);
     CHECK(tp_register_function("drop", drop_fn, NULL) == TP_OK);
     CHECK(tp_register_function_ex("nb_keep", keep_fn, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    CHECK(tp_register_function("keep_all", keep_all_fn, NULL) == TP_OK);
     char name[4] = "w0";
     name[1] = (char)('0' + rank);
     tp_options *o = tp_options_new();
@@ -592,6 +622,61 @@ static void test_no_probe_timer_without_rrefs(void **state) {
 }
 
 /*
+ * RREF-22: on a network that loses frames, the owner w1 sends its value to
+ * w0 twice in one call, two forks for one holder. Its probe asks w0 about
+ * them once they are old enough, and w0 answers "held" for each: each answer
+ * marks its own fork safe, and neither is asked about again while w0 keeps
+ * both (an answer that marked the wrong fork would leave the other at risk,
+ * asked about every probe for as long as w0 holds it).
+ */
+#define HELD_SENT_S 1.0 /* when w1 sends the pair */
+
+static uint64_t held_asked_msgs; /* delivered in the 5 s after the send */
+static uint64_t held_quiet_msgs; /* then in the next 6 s */
+
+static int held_pair_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 1) {
+        tp_rref *r = NULL;
+        CHECK(tp_rref_from_value(tp_value_object("Obj", malloc(1), obj_destroy), &r) == TP_OK);
+        sleep_until(HELD_SENT_S);
+        uint64_t m0 = tp_sim_messages(tp_sim_current());
+        tp_value *args = tp_value_list_of(2, tp_value_rref(r), tp_value_rref(r));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(0), "keep_all", args, NULL, 2.0, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);             /* only w0's two forks keep it now */
+        sleep_until(HELD_SENT_S + 5.0); /* a probe asked, and w0 answered */
+        uint64_t m1 = tp_sim_messages(tp_sim_current());
+        sleep_until(HELD_SENT_S + 11.0);
+        held_asked_msgs = m1 - m0;
+        held_quiet_msgs = tp_sim_messages(tp_sim_current()) - m1;
+        CHECK(destroyed == 0);
+    }
+    sleep_until(HELD_SENT_S + 11.5);
+    if (rank == 0)
+        drop_all();
+    sleep_until(HELD_SENT_S + 11.5 + SETTLE_S);
+    if (rank == 1)
+        CHECK(destroyed == 1); /* both deletes came */
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_forks_answered_held_are_not_asked_again(void **state) {
+    (void)state;
+    held_asked_msgs = held_quiet_msgs = UINT64_MAX;
+    run_plan_with("chaos 1 0 0\n", held_pair_program); /* loses frames: RREF-22 on */
+    print_message("messages: %llu after the send, %llu then\n", (unsigned long long)held_asked_msgs,
+                  (unsigned long long)held_quiet_msgs);
+    assert_int_equal(held_asked_msgs, 4); /* the call and its answer, one query and its answer */
+    assert_int_equal(held_quiet_msgs, 0);
+}
+
+/*
  * RREF-13 with no memory for the hand-off: a non-blocking function whose
  * rref is not yet confirmed goes from the I/O context to the pool, in a
  * copy of its request. When that copy cannot be had, the function does not
@@ -713,6 +798,7 @@ static void test_rref_share_without_memory_for_the_child(void **state) {
 static void run_plan_with(const char *plan, tp_sim_program program) {
     destroyed = 0;
     memset(kept, 0, sizeof kept);
+    memset(kept_all, 0, sizeof kept_all);
     tp_sim_config cfg = {.hosts = WORLD, .seed = 7};
     tp_sim *sim = NULL;
     assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
@@ -764,6 +850,7 @@ int main(void) {
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
+        cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
         cmocka_unit_test_setup(test_nonblocking_hand_off_without_memory, reset_failures),
         cmocka_unit_test_setup(test_rref_share_without_memory_for_the_child, reset_failures),
     };
