@@ -677,6 +677,71 @@ static void test_rref_forks_answered_held_are_not_asked_again(void **state) {
 }
 
 /*
+ * RREF-19: an answer about a fork the owner no longer has. w1 owns a value
+ * and sent w0 four forks of it (its record's first four slots, all used).
+ * The link breaks, so w1 asks w0 which it holds; w0 lets go of one while the
+ * query is on the way (its delete comes first: "not held"), and w1 sends the
+ * value to w2 before the answer (delayed) arrives, so its four slots are
+ * full again. The answer finds nothing for the released fork and leaves the
+ * record alone: the value lives on for w0's three forks, w1's own handle and
+ * w2's fork, and is freed once all let go (make test's sanitizer build sees
+ * a look past the record's slots).
+ */
+#define GONE_BREAK_S 3.0 /* the plan's break */
+#define GONE_PLAN                                                                                  \
+    "break 0 1 3000\nlatency 0 1 200 200 fixed\nlatency 1 0 200 200 fixed\n"                       \
+    "delaytype response 400\n"
+
+static int gone_fork_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    tp_rref *r = NULL;
+    if (rank == 1) {
+        CHECK(tp_rref_from_value(tp_value_object("Obj", malloc(1), obj_destroy), &r) == TP_OK);
+        tp_value *args = tp_value_list_of(4, tp_value_rref(r), tp_value_rref(r), tp_value_rref(r),
+                                          tp_value_rref(r));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(0), "keep_all", args, NULL, 5.0, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+    }
+    sleep_until(GONE_BREAK_S + 0.1); /* w1's query is on its way (200 ms) */
+    if (rank == 0) {
+        tp_rref_release(kept_all[0][3]);
+        kept_all[0][3] = NULL;
+    }
+    sleep_until(GONE_BREAK_S + 0.5); /* the delete came (at +0.3), the answer comes at +0.8 */
+    if (rank == 1) {
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 5.0, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+    }
+    sleep_until(GONE_BREAK_S + 2.0);
+    CHECK(destroyed == 0);
+    if (rank == 0)
+        drop_all();
+    if (rank == 1)
+        tp_rref_release(r);
+    if (rank == 2) {
+        tp_rref_release(kept[2]);
+        kept[2] = NULL;
+    }
+    sleep_until(GONE_BREAK_S + 2.0 + SETTLE_S);
+    if (rank == 1)
+        CHECK(destroyed == 1);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_forks_answer_for_a_released_fork(void **state) {
+    (void)state;
+    run_plan_with(GONE_PLAN, gone_fork_program);
+}
+
+/*
  * RREF-13 with no memory for the hand-off: a non-blocking function whose
  * rref is not yet confirmed goes from the I/O context to the pool, in a
  * copy of its request. When that copy cannot be had, the function does not
@@ -851,6 +916,7 @@ int main(void) {
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
+        cmocka_unit_test_setup(test_rref_forks_answer_for_a_released_fork, reset_failures),
         cmocka_unit_test_setup(test_nonblocking_hand_off_without_memory, reset_failures),
         cmocka_unit_test_setup(test_rref_share_without_memory_for_the_child, reset_failures),
     };
