@@ -23,6 +23,7 @@
 
 #include "real/tcp_internal.h"
 #include "tcp_harness.h"
+#include "tests/unit/alloc_fault.h"
 
 /* The job secret every client and server here uses (TCP-17), from TP_SECRET. */
 static tpi_tcp_auth auth;
@@ -730,6 +731,28 @@ static int open_fds(void) {
 /* spec: TCP-9: a port already taken is TP_EADDRINUSE naming the address, and
  * the failed start leaves no descriptor open (a caller may try again, or
  * another port, many times). */
+/* A server that gets no staging buffer fails to start, saying so, and
+ * keeps nothing: what it had is freed (a sanitizer build's leak check
+ * sees a block left behind). */
+static void test_tcp_store_server_start_without_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(tt_free_port())};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    tpi_store_server *s = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    atomic_store(&malloc_failed, 0);
+    atomic_store(&malloc_fail_size, TPI_TCP_STAGING_SIZE);
+    tp_status st = tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "no memory", &auth,
+                                          &s, err, sizeof err);
+    atomic_store(&malloc_fail_size, 0);
+    assert_int_equal(st, TP_ENOMEM);
+    assert_null(s);
+    assert_int_equal(atomic_load(&malloc_failed), 1);
+    assert_non_null(strstr(err, "out of memory"));
+}
+
 static void test_tcp_store_port_taken(void **state) {
     (void)state;
     uint16_t port = tt_free_port();
@@ -1385,6 +1408,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
+        cmocka_unit_test(test_tcp_store_server_start_without_memory),
         cmocka_unit_test(test_tcp_store_port_taken),
         cmocka_unit_test(test_tcp_store_open_without_deadline),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
