@@ -293,6 +293,11 @@ tp_status tp_init_rpc(const char *name, const char *backend, int rank, int world
     return st;
 }
 
+/* tp_init_params.interrupted: the init c runs was interrupted. */
+static int params_interrupted(const tp_init_params *p) {
+    return tpi_interrupted(p->core_private);
+}
+
 /* INIT-9, INTERRUPT-1: an init that fails while interrupted says so. */
 static tp_status init_failed(tp_core *c, tp_status st, char *msg, size_t len) {
     tpi_format(msg, len, "%s", tp_errmsg());
@@ -314,7 +319,10 @@ static tp_status init_attempt(tp_context *ctx, const tp_backend *b, const char *
     }
     c->generation = gen;
     char err[TP_ERRMSG_LEN_MAX] = "";
-    tp_init_params params = {c->self.name, c->rank, c->world_size, c->opts};
+    /* The backend's init may wait (for its store): it can be interrupted
+     * from the start. No task parks in c before lifecycle_watch. */
+    c->intr_epoch = epoch;
+    tp_init_params params = {c->self.name, c->rank, c->world_size, c->opts, params_interrupted, c};
     tp_status st = b->init(&params, &c->agent, &c->ops, err, sizeof err);
     if (st != TP_OK) {
         c->agent = NULL;

@@ -439,8 +439,7 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
             a->peers[i].direct_fd = -1;
     }
     if (st == TP_OK)
-        st = tpi_tcp_store_open(params->opts, &a->auth, params->rank, params->world_size,
-                                &a->store, errmsg, errmsg_len);
+        st = tpi_tcp_store_open(params, &a->auth, &a->store, errmsg, errmsg_len);
     if (st != TP_OK) {
         a->store = NULL;
         agent_destroy((tp_agent *)a);

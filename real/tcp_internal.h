@@ -843,17 +843,21 @@ void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns);
  * A store client connected to host:port, retrying until deadline_ns
  * (UINT64_MAX: none). rank is the worker's (UINT32_MAX: not a worker). server
  * (may be NULL) is stopped with linger_ns when the client closes. what names
- * where the address came from, for messages.
+ * where the address came from, for messages. init (may be NULL) is the
+ * worker's init, whose interrupt ends the retries with TP_ECANCELED
+ * (INTERRUPT-1; within TP_INIT_POLL_MS between attempts, one attempt's
+ * second at most during one).
  */
 tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
                                 const tpi_tcp_auth *auth, uint64_t deadline_ns, const char *what,
-                                tpi_store_server *server, uint64_t linger_ns, tp_store **out,
-                                char *errmsg, size_t errmsg_len);
+                                tpi_store_server *server, uint64_t linger_ns,
+                                const tp_init_params *init, tp_store **out, char *errmsg,
+                                size_t errmsg_len);
 
-/* Opens the store init_method names (TCP-9); rank 0 serves tcp:// and env:// for
- * a world of world_size. */
-tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, uint32_t rank,
-                             uint32_t world_size, tp_store **out, char *errmsg,
-                             size_t errmsg_len);
+/* Opens the store init's options name (TCP-9) for its worker; rank 0 serves
+ * tcp:// and env:// for the world. Its wait for the store ends at init's
+ * interrupt. */
+tp_status tpi_tcp_store_open(const tp_init_params *init, const tpi_tcp_auth *auth, tp_store **out,
+                             char *errmsg, size_t errmsg_len);
 
 #endif

@@ -401,10 +401,16 @@ static const tp_store_ops tcp_store_ops = {
 
 /* ---- Connecting (TCP-9) ------------------------------------------------------------- */
 
+/* init's interrupt, if any (INTERRUPT-1). */
+static int init_interrupted(const tp_init_params *init) {
+    return init && init->interrupted && init->interrupted(init);
+}
+
 tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
                                 const tpi_tcp_auth *auth, uint64_t deadline_ns, const char *what,
-                                tpi_store_server *server, uint64_t linger_ns, tp_store **out,
-                                char *errmsg, size_t errmsg_len) {
+                                tpi_store_server *server, uint64_t linger_ns,
+                                const tp_init_params *init, tp_store **out, char *errmsg,
+                                size_t errmsg_len) {
     *out = NULL;
     tcp_store *s = calloc(1, sizeof *s);
     if (!s) {
@@ -463,8 +469,20 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
             ts_close(&s->base);
             return TP_ETIMEDOUT;
         }
+        /* The pause, in slices that look for init's interrupt (Ctrl-C). */
         uint64_t left_ms = (deadline_ns - now) / 1000000;
-        sleep_ms(left_ms < pause_ms ? (uint32_t)left_ms + 1 : pause_ms);
+        uint32_t pause = left_ms < pause_ms ? (uint32_t)left_ms + 1 : pause_ms;
+        for (uint32_t slept = 0; !init_interrupted(init) && slept < pause; slept += TP_INIT_POLL_MS)
+            sleep_ms(pause - slept < TP_INIT_POLL_MS ? pause - slept : TP_INIT_POLL_MS);
+        if (init_interrupted(init)) {
+            tpi_format(errmsg, errmsg_len,
+                       "interrupted after %.3g s of waiting for the rendezvous store at %s (%s): "
+                       "%s",
+                       (double)(tpi_tcp_now_ns() - start) / 1e9, s->desc, what,
+                       tpi_sock_strerror(fd));
+            ts_close(&s->base);
+            return TP_ECANCELED;
+        }
         pause_ms = pause_ms * 2 > CLIENT_RETRY_MAX_MS ? CLIENT_RETRY_MAX_MS : pause_ms * 2;
     }
     *out = &s->base;
@@ -579,10 +597,11 @@ int tpi_tcp_store_host(const tp_options *opts, char *host, size_t len) {
     return tpi_tcp_split_hostport(hp, host, len, port_s, sizeof port_s) == 0;
 }
 
-tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, uint32_t rank,
-                             uint32_t world_size, tp_store **out, char *errmsg,
-                             size_t errmsg_len) {
+tp_status tpi_tcp_store_open(const tp_init_params *init, const tpi_tcp_auth *auth, tp_store **out,
+                             char *errmsg, size_t errmsg_len) {
     *out = NULL;
+    const tp_options *opts = init->opts;
+    uint32_t rank = init->rank, world_size = init->world_size;
     const char *method = tp_options_init_method(opts);
     if (!method || !*method)
         method = "env://";
@@ -653,7 +672,7 @@ tp_status tpi_tcp_store_open(const tp_options *opts, const tpi_tcp_auth *auth, u
     if (st == TP_OK)
         st = tpi_tcp_store_connect(host, port, rank, auth,
                                    deadline_after(tp_options_init_timeout(opts)), what, NULL, 0,
-                                   out, errmsg, errmsg_len);
+                                   init, out, errmsg, errmsg_len);
     if (st == TP_OK) { /* TCP-23: the options' keepalive from now on, this connection too */
         tcp_store *s = (tcp_store *)*out;
         s->ka = ka;

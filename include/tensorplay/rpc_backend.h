@@ -323,7 +323,17 @@ typedef struct tp_init_params {
     uint32_t rank;
     uint32_t world_size;
     const tp_options *opts; /* never NULL; borrowed during init */
+    /*
+     * INTERRUPT-1: nonzero once this init was interrupted (tp_interrupt,
+     * Ctrl-C). A backend whose init waits (for its rendezvous store to come
+     * up, say) asks between attempts, at most TP_INIT_POLL_MS apart, and
+     * gives up with TP_ECANCELED. NULL: never interrupted. Any thread.
+     */
+    int (*interrupted)(const struct tp_init_params *self);
+    const void *core_private; /* the core's, for interrupted */
 } tp_init_params;
+
+#define TP_INIT_POLL_MS 20 /* how often a waiting backend init asks interrupted */
 
 struct tp_backend {
     uint32_t api_version; /* TP_BACKEND_API_VERSION */

@@ -454,6 +454,29 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def test_ctrl_c_interrupts_init_waiting_for_the_store(tmp_path):
+    """Rank 1 started while rank 0 (the store) never comes: Ctrl-C ends its
+    wait for the store at once, not at the init timeout (60 s)."""
+    prog = textwrap.dedent("""
+        import os, signal, threading, time
+        from tensorplay.distributed import rpc
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            rpc.init_rpc("worker1", rank=1, world_size=2)
+        except KeyboardInterrupt:
+            print("interrupted within a second:", time.monotonic() - t0 < 1.5)
+        print("initialized after:", rpc.api._is_current_rpc_agent_set())
+    """)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               TP_SECRET="ab" * 32)
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["interrupted within a second: True",
+                                     "initialized after: False"]
+
+
 def test_ctrl_c_interrupts_init_and_shutdown(tmp_path):
     out = run(tmp_path, """
         import signal, threading

@@ -191,7 +191,7 @@ int tt_raw_worker_addr_in(uint16_t store_port, unsigned gen, int rank, char *add
     tpi_tcp_auth auth = raw_job_auth();
     if (tpi_tcp_store_connect("127.0.0.1", store_port, UINT32_MAX, &auth,
                               (uint64_t)ms_now() * 1000000ull + 10000000000ull, "test", NULL, 0,
-                              &store, err, sizeof err) != TP_OK) {
+                              NULL, &store, err, sizeof err) != TP_OK) {
         fprintf(stderr, "tt_raw_worker_addr: %s\n", err);
         return -1;
     }

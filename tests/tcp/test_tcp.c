@@ -866,7 +866,8 @@ static void test_tcp_garbage(void **state) {
     char err[TP_ERRMSG_LEN_MAX];
     tpi_tcp_auth auth = tt_job_auth();
     assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job.store_port, UINT32_MAX, &auth,
-                                           UINT64_MAX, "test", NULL, 0, &store, err, sizeof err),
+                                           UINT64_MAX, "test", NULL, 0, NULL, &store, err,
+                                           sizeof err),
                      TP_OK);
     void *v = NULL;
     size_t len = 0;

@@ -107,8 +107,8 @@ static int check_published(const tt_job *job, const v6_cfg *cfg) {
     tp_status st = tpi_tcp_auth_setup(NULL, &auth, err, sizeof err); /* the job's TP_SECRET */
     if (st == TP_OK)
         st = tpi_tcp_store_connect("::1", cfg->store_port, UINT32_MAX, &auth,
-                                   tpi_tcp_now_ns() + 5000000000ull, "test", NULL, 0, &store, err,
-                                   sizeof err);
+                                   tpi_tcp_now_ns() + 5000000000ull, "test", NULL, 0, NULL, &store,
+                                   err, sizeof err);
     if (st != TP_OK) {
         fprintf(stderr, "store client on [::1]:%u: %s\n", (unsigned)cfg->store_port, err);
         return 1;

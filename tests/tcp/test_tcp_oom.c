@@ -176,10 +176,10 @@ static void sweep(int f) {
         cases++;
         if (!fired)
             break; /* past the run's last allocation */
-        /* Each of the first 16 (start-up: options, loop, listener, store),
-         * then a quarter further each time: about 35 jobs over a run of
+        /* Each of the first 48 (start-up: options, loop, listener, store),
+         * then a quarter further each time: about 65 jobs over a run of
          * 1,600 allocations. `make oom` tries every k. */
-        k += every && atoi(every) > 0 ? atoi(every) : k < 16 ? 1 : k / 4;
+        k += every && atoi(every) > 0 ? atoi(every) : k < 48 ? 1 : k / 4;
     }
     fprintf(stderr, "rank %d: %d cases, k up to %ld\n", f, cases, k);
     assert_true(cases > 20);

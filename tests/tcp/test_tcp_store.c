@@ -80,10 +80,9 @@ static tpi_store_server *serve(uint16_t port) {
 static tp_store *client_as(uint16_t port, uint32_t rank, double timeout_s) {
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX];
-    tp_status st =
-        tpi_tcp_store_connect("127.0.0.1", port, rank, &auth,
-                              tt_now_ns() + (uint64_t)(timeout_s * 1e9), "test", NULL, 0, &c, err,
-                              sizeof err);
+    tp_status st = tpi_tcp_store_connect("127.0.0.1", port, rank, &auth,
+                                         tt_now_ns() + (uint64_t)(timeout_s * 1e9), "test", NULL, 0,
+                                         NULL, &c, err, sizeof err);
     if (st != TP_OK)
         fprintf(stderr, "%s\n", err);
     assert_int_equal(st, TP_OK);
@@ -294,9 +293,9 @@ static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
         /* Accepted once descriptors are back (no cmocka assert in the child). */
         tp_store *cl = NULL;
         char err[TP_ERRMSG_LEN_MAX];
-        int ok = tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth,
-                                       tt_now_ns() + 3000000000ull, "test", NULL, 0, &cl, err,
-                                       sizeof err) == TP_OK;
+        int ok =
+            tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth, tt_now_ns() + 3000000000ull,
+                                  "test", NULL, 0, NULL, &cl, err, sizeof err) == TP_OK;
         if (!ok)
             fprintf(stderr, "after the pause: %s\n", err);
         if (ok) {
@@ -680,7 +679,7 @@ static void test_tcp_store_late_server(void **state) {
     /* Nobody there: a clear timeout naming the address. */
     assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth,
                                            tt_now_ns() + 200000000ull, "init_method tcp://", NULL,
-                                           0, &c, err, sizeof err),
+                                           0, NULL, &c, err, sizeof err),
                      TP_ETIMEDOUT);
     char want[64];
     snprintf(want, sizeof want, "127.0.0.1:%u", (unsigned)port);
@@ -708,8 +707,8 @@ static void test_tcp_store_late_server(void **state) {
         _exit(0);
     }
     assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth,
-                                           tt_now_ns() + 2000000000ull, "test", NULL, 0, &c, err,
-                                           sizeof err),
+                                           tt_now_ns() + 2000000000ull, "test", NULL, 0, NULL, &c,
+                                           err, sizeof err),
                      TP_ESTORE);
     assert_non_null(strstr(err, "not a tensorplay rendezvous store"));
     close(fd);
@@ -731,6 +730,44 @@ static int open_fds(void) {
 /* spec: TCP-9: a port already taken is TP_EADDRINUSE naming the address, and
  * the failed start leaves no descriptor open (a caller may try again, or
  * another port, many times). */
+/* INTERRUPT-1: a worker's init waiting for a store that never comes ends
+ * soon after its interrupt (Ctrl-C), not at its init timeout, and says so. */
+static atomic_int interrupt_asked;
+static _Atomic uint64_t interrupt_at_ns;
+
+static int interrupted_after(const tp_init_params *p) {
+    (void)p;
+    atomic_fetch_add(&interrupt_asked, 1);
+    return tt_now_ns() >= atomic_load(&interrupt_at_ns);
+}
+
+static void test_tcp_store_wait_ends_at_the_init_interrupt(void **state) {
+    (void)state;
+    char method[64];
+    uint16_t port = tt_free_port(); /* nobody serves it */
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)port);
+    tp_options *o = tp_options_new();
+    assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
+    assert_int_equal(tp_options_set_init_timeout(o, 60), TP_OK);
+    tp_init_params init = {
+        .name = "w1", .rank = 1, .world_size = 2, .opts = o, .interrupted = interrupted_after};
+    atomic_store(&interrupt_asked, 0);
+    uint64_t start = tt_now_ns();
+    atomic_store(&interrupt_at_ns, start + 300000000ull); /* Ctrl-C after 0.3 s */
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_status st = tpi_tcp_store_open(&init, &auth, &c, err, sizeof err);
+    uint64_t took = tt_now_ns() - start;
+    tp_options_free(o);
+    assert_int_equal(st, TP_ECANCELED);
+    assert_null(c);
+    assert_non_null(strstr(err, "interrupted after"));
+    assert_non_null(strstr(err, "waiting for the rendezvous store at 127.0.0.1"));
+    assert_true(took >= 300000000ull);
+    assert_true(took < 300000000ull + 1000000000ull * TT_SLOWDOWN); /* not the 60 s */
+    assert_true(atomic_load(&interrupt_asked) >= 10); /* slices of the 200 ms pauses */
+}
+
 /* A server that gets no staging buffer fails to start, saying so, and
  * keeps nothing: what it had is freed (a sanitizer build's leak check
  * sees a block left behind). */
@@ -807,7 +844,8 @@ static void test_tcp_store_open_without_deadline(void **state) {
     assert_int_equal(pthread_create(&t, NULL, start_late, &l), 0);
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX] = "";
-    tp_status st = tpi_tcp_store_open(o, &auth, 1, 2, &c, err, sizeof err); /* not rank 0 */
+    tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o}; /* not rank 0 */
+    tp_status st = tpi_tcp_store_open(&init, &auth, &c, err, sizeof err);
     pthread_join(t, NULL);
     tp_options_free(o);
     if (st != TP_OK)
@@ -1256,7 +1294,7 @@ static void *many_client(void *arg) {
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX], key[64], val[64];
     if (tpi_tcp_store_connect("127.0.0.1", m->port, m->rank, &auth, tt_now_ns() + 60000000000ull,
-                              "test", NULL, 0, &c, err, sizeof err) != TP_OK) {
+                              "test", NULL, 0, NULL, &c, err, sizeof err) != TP_OK) {
         fprintf(stderr, "client %u: %s\n", (unsigned)m->rank, err);
         return NULL;
     }
@@ -1400,8 +1438,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_request_key_bounds),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_split_request_runs_once, setup, teardown),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
@@ -1409,6 +1446,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_server_start_without_memory),
+        cmocka_unit_test(test_tcp_store_wait_ends_at_the_init_interrupt),
         cmocka_unit_test(test_tcp_store_port_taken),
         cmocka_unit_test(test_tcp_store_open_without_deadline),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
