@@ -22,16 +22,28 @@
  * The token may be freed as soon as the lock is released (its thread wakes
  * for another reason, returns and exits), so each recorded task holds a
  * reference, dropped after the signal; the last reference frees the token.
+ *
+ * A thread cannot use the library without a token, and making one is an
+ * allocation no caller can be told about (task_self cannot fail): when
+ * calloc fails, the token comes from a static reserve of TPI_TCP_TASK_SPARES,
+ * back in the reserve at its last reference. Only that many threads taking
+ * their first token at once, all out of memory, still abort. *Found by
+ * `make oom` (test_tcp_oom, every k): a pool thread's first park aborted.*
  */
 #define _GNU_SOURCE /* sem_clockwait */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "tcp_internal.h"
 
+#define TPI_TCP_TASK_SPARES 64
+
 static pthread_once_t task_key_once = PTHREAD_ONCE_INIT;
+static tpi_tcp_task task_spares[TPI_TCP_TASK_SPARES];
+static atomic_int task_spare_used[TPI_TCP_TASK_SPARES];
 static pthread_key_t task_key;
 static _Thread_local tpi_tcp_task *task_tls;
 
@@ -49,7 +61,12 @@ uint64_t tpi_tcp_now_ns(void) {
 static void task_unref(tpi_tcp_task *t) {
     if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
         sem_destroy(&t->sem);
-        free(t);
+        /* Addresses, as < between unrelated pointers is undefined. */
+        uintptr_t at = (uintptr_t)t, first = (uintptr_t)task_spares;
+        if (at >= first && at < first + sizeof task_spares)
+            atomic_store(&task_spare_used[(at - first) / sizeof *t], 0); /* back in the reserve */
+        else
+            free(t);
     }
 }
 
@@ -73,9 +90,14 @@ static tpi_tcp_task *task_current(void) {
         return task_tls;
     pthread_once(&task_key_once, task_key_make);
     tpi_tcp_task *t = calloc(1, sizeof *t);
+    for (int i = 0; !t && i < TPI_TCP_TASK_SPARES; i++) /* out of memory: the reserve */
+        if (atomic_exchange(&task_spare_used[i], 1) == 0) {
+            t = &task_spares[i];
+            memset(t, 0, sizeof *t);
+        }
     /* The token is the thread's identity for the core lock: without one the
      * thread cannot use the library at all. 100 bytes once per thread. */
-    TPI_ASSERT(t && "out of memory for a thread's park token");
+    TPI_ASSERT(t && "out of memory for a thread's park token, and its reserve used up");
     int rc = sem_init(&t->sem, 0, 0);
     TPI_ASSERT(rc == 0);
     atomic_init(&t->permit, 0);
