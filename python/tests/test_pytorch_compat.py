@@ -448,7 +448,26 @@ def test_private_gathers_pytorch_programs_use(tmp_path):
 
 
 def _free_port():
+    """A port nobody uses now, below the kernel's ephemeral range when there
+    is room, as tests/tcp/tcp_harness.c's tt_free_port: one the kernel picks
+    for port 0 comes from that range, where another test's outgoing
+    connection may take it before a worker binds it."""
+    import random
     import socket
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    rng = random.Random()
+    for _ in range(256 if low > 11000 else 0):
+        port = rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
