@@ -840,6 +840,75 @@ static void test_future_collect_all_out_of_memory(void **state) {
     run_world(1, 13, &w);
 }
 
+/*
+ * then and add_done_callback under memory exhaustion: the k-th calloc of
+ * each fails, for k = 1, 2, ... until none does. A failure is TP_ENOMEM
+ * with a message, no chained future, and the callback never runs; with
+ * none, the callback runs once when its future completes.
+ */
+static int oom_then_runs, oom_done_runs;
+
+static tp_status oom_then_cb(tp_future *f, tp_value **result, char *errmsg, size_t errmsg_len,
+                             void *ud) {
+    (void)f, (void)errmsg, (void)errmsg_len, (void)ud;
+    oom_then_runs++;
+    *result = tp_value_int(1);
+    return TP_OK;
+}
+
+static void oom_done_cb(tp_future *f, void *ud) {
+    (void)f, (void)ud;
+    oom_done_runs++;
+}
+
+static void sc_then_out_of_memory(world *w) {
+    (void)w;
+#if ALLOC_FAULT_HOOK
+    for (int done = 0; done <= 1; done++) {
+        int nomem = 0, whole = 0;
+        for (unsigned k = 1; k <= 16 && !whole; k++) {
+            tp_future *in = NULL, *chained = NULL;
+            if (tp_future_new(&in) != TP_OK) {
+                CHECK(0);
+                return;
+            }
+            oom_then_runs = oom_done_runs = 0;
+            calloc_failed = 0;
+            calloc_countdown = k;
+            tp_status st = done ? tp_future_add_done_callback(in, oom_done_cb, NULL)
+                                : tp_future_then(in, oom_then_cb, NULL, &chained);
+            calloc_countdown = 0;
+            whole = !calloc_failed;
+            if (calloc_failed) {
+                nomem++;
+                CHECK(st == TP_ENOMEM && chained == NULL);
+                CHECK(strstr(tp_errmsg(), done ? "add_done_callback: out of memory"
+                                               : "future then: out of memory") != NULL);
+            } else {
+                CHECK(st == TP_OK && (done || chained != NULL));
+            }
+            CHECK(tp_future_set_result(in, tp_value_int(5)) == TP_OK);
+            if (chained)
+                CHECK(tp_future_wait(chained, 10.0) == TP_OK);
+            CHECK(tp_sleep(0.01) == TP_OK); /* callbacks run on the pool */
+            CHECK((done ? oom_done_runs : oom_then_runs) == (calloc_failed ? 0 : 1));
+            tp_future_free(chained);
+            tp_future_free(in);
+        }
+        CHECK(whole);
+        CHECK(nomem >= 1); /* the continuation's own record */
+    }
+#endif
+}
+
+static void test_future_then_out_of_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    world w = {.scenario = sc_then_out_of_memory};
+    run_world(1, 13, &w);
+}
+
 /* FUTURE-2: only the future's own worker may wait on it; another worker's
  * task gets TP_EINVAL at once (it must not park on an agent not its own). */
 static void test_future_wait_from_other_worker_einval(void **state) {
@@ -914,6 +983,7 @@ int main(void) {
         cmocka_unit_test_setup(test_future_single_host_loopback, reset_failures),
         cmocka_unit_test_setup(test_future_wait_from_other_worker_einval, reset_failures),
         cmocka_unit_test_setup(test_future_collect_all_out_of_memory, reset_failures),
+        cmocka_unit_test_setup(test_future_then_out_of_memory, reset_failures),
         cmocka_unit_test(test_future_null_arguments),
         cmocka_unit_test_setup(test_future_done_callback_needs_a_function, reset_failures),
     };
