@@ -4,6 +4,7 @@
  * init deadline and with a message naming it, instead of passing init and
  * failing the first call later.
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for alloc_fault.h */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +21,7 @@
 #include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
+#include "alloc_fault.h"
 #include "sim_check.h"
 
 static tp_status statuses[2];
@@ -564,6 +566,55 @@ static void test_init_again_with_ranks_swapped_routes_to_the_new_hosts(void **st
     assert_int_equal(codes[1], 0);
 }
 
+/*
+ * Init with no memory for the core's table of dead peers (a calloc of
+ * world_size bytes): init fails with TP_ENOMEM, saying so, the worker stays
+ * uninitialized, what the core had made is freed, and the next init works.
+ * One worker: another would wait for this one in the failed generation.
+ */
+#define OOM_WORLD 1
+static tp_status oom_first_st;
+static char oom_first_msg[TP_ERRMSG_LEN_MAX];
+static int oom_first_up, oom_first_failed;
+
+static int oom_init_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (rank == 0) { /* no task switch until init returns */
+        atomic_store(&calloc_pair_failed, 0);
+        atomic_store(&calloc_fail_size, 1);
+        atomic_store(&calloc_fail_n, OOM_WORLD);
+        oom_first_st = tp_init_rpc(name, "SIM", rank, world_size, NULL);
+        atomic_store(&calloc_fail_n, 0);
+        oom_first_failed = (int)atomic_load(&calloc_pair_failed);
+        snprintf(oom_first_msg, sizeof oom_first_msg, "%s", tp_errmsg());
+        oom_first_up = tp_is_initialized();
+    }
+    CHECK(tp_init_rpc(name, "SIM", rank, world_size, NULL) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_init_without_memory_for_the_core(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    tp_sim_config cfg = {.hosts = OOM_WORLD, .seed = 5};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[OOM_WORLD] = {-1};
+    assert_int_equal(tp_sim_run(sim, oom_init_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    for (int r = 0; r < OOM_WORLD; r++)
+        assert_int_equal(codes[r], 0);
+    assert_int_equal(oom_first_failed, 1);
+    assert_int_equal(oom_first_st, TP_ENOMEM);
+    assert_string_equal(oom_first_msg, "init: out of memory");
+    assert_false(oom_first_up);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
@@ -581,6 +632,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
         cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
+        cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
