@@ -22,6 +22,7 @@
 #include "tensorplay/sim.h"
 
 #include "alloc_fault.h"
+#include "common/core.h"
 #include "sim_check.h"
 
 static tp_status statuses[2];
@@ -615,14 +616,70 @@ static void test_init_without_memory_for_the_core(void **state) {
     assert_false(oom_first_up);
 }
 
+/*
+ * INIT-4: a rank entry is "<name>\t<credit>\t<address>", the credit in
+ * decimal, no leading zero, within [TPI_INFLIGHT_BYTES_MIN,
+ * TPI_INFLIGHT_BYTES_MAX]. Anything else is refused whole: a store that
+ * holds something else was written by someone else.
+ */
+static void test_init_rank_entry_parse_refuses_malformed(void **state) {
+    (void)state;
+    char v[128];
+    uint64_t credit = 0;
+    const char *addr = NULL;
+    snprintf(v, sizeof v, "w0\t%llu\tsim:0", (unsigned long long)TPI_INFLIGHT_BYTES_MIN);
+    assert_int_equal(tpi_rank_entry_parse(v, &credit, &addr), 1);
+    assert_string_equal(v, "w0");
+    assert_int_equal(credit, TPI_INFLIGHT_BYTES_MIN);
+    assert_string_equal(addr, "sim:0");
+    snprintf(v, sizeof v, "w1\t%llu\t", (unsigned long long)TPI_INFLIGHT_BYTES_MAX);
+    assert_int_equal(tpi_rank_entry_parse(v, &credit, &addr), 1);
+    assert_int_equal(credit, TPI_INFLIGHT_BYTES_MAX);
+    assert_string_equal(addr, "");
+    char below[64], above[64], name_max[TP_NAME_LEN_MAX + 32], name_long[TP_NAME_LEN_MAX + 32];
+    snprintf(below, sizeof below, "w0\t%llu\tsim:0",
+             (unsigned long long)TPI_INFLIGHT_BYTES_MIN - 1);
+    snprintf(above, sizeof above, "w0\t%llu\tsim:0",
+             (unsigned long long)TPI_INFLIGHT_BYTES_MAX + 1);
+    memset(name_max, 'n', TP_NAME_LEN_MAX);
+    snprintf(name_max + TP_NAME_LEN_MAX, sizeof name_max - TP_NAME_LEN_MAX, "\t65536\tsim:0");
+    memset(name_long, 'n', TP_NAME_LEN_MAX + 1);
+    snprintf(name_long + TP_NAME_LEN_MAX + 1, sizeof name_long - TP_NAME_LEN_MAX - 1,
+             "\t65536\tsim:0");
+    assert_int_equal(tpi_rank_entry_parse(name_max, &credit, &addr), 1);
+    const char *bad[] = {
+        below,
+        above,
+        name_long,
+        "w0",                /* no tab */
+        "\t65536\tsim:0",    /* no name */
+        "w0\t\tsim:0",       /* no credit */
+        "w0\t65536",         /* no tab after the credit */
+        "w0\t65536x\tsim:0", /* not only digits */
+        "w0\t065536\tsim:0", /* a leading zero */
+        "w0\t-65536\tsim:0", /* a sign */
+        "w0\t+65536\tsim:0",
+        "w0\t0\tsim:0",
+        "w0\t99999999999999999999\tsim:0",  /* 20 digits, past 2^64 */
+        "w0\t123456789012345678901\tsim:0", /* 21 digits */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(v, sizeof v, "%s", bad[i]);
+        credit = 7;
+        addr = NULL;
+        if (tpi_rank_entry_parse(v, &credit, &addr) != 0)
+            fail_msg("rank entry \"%s\" accepted", bad[i]);
+        assert_int_equal(credit, 7); /* untouched */
+        assert_null(addr);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
         cmocka_unit_test_setup(test_init_warmup_reaches_every_worker, reset_failures),
-        cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere,
-                               reset_failures),
-        cmocka_unit_test_setup(test_init_failed_warmup_leaves_worker_uninitialized,
-                               reset_failures),
+        cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere, reset_failures),
+        cmocka_unit_test_setup(test_init_failed_warmup_leaves_worker_uninitialized, reset_failures),
         cmocka_unit_test(test_init_reserved_names_rejected),
         cmocka_unit_test_setup(test_init_missing_worker_times_out, reset_failures),
         cmocka_unit_test_setup(test_init_late_worker_told_of_timeout, reset_failures),
@@ -633,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
         cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
         cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
+        cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
