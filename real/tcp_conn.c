@@ -61,7 +61,8 @@
 typedef enum conn_state {
     CONN_HELLO = 1,      /* waiting for the other end's hello */
     CONN_OPEN = 2,       /* identified: frames and control records flow */
-    CONN_ABORTING = 3,   /* ABORT queued; closes once it is written */
+    CONN_ABORTING = 3,   /* ABORT queued; once written, our end half-closes and we drain
+                            what still comes until the other end's (TCP-6) */
     CONN_CLOSED = 4,     /* handles closing; freed by the last close callback */
     CONN_AUTH_NONCE = 5, /* hello done; waiting for the other end's nonce (TCP-17) */
     CONN_AUTH_PROOF = 6, /* waiting for the other end's proof; nothing else is read */
@@ -74,6 +75,7 @@ struct tpi_tcp_conn {
     uv_tcp_t tcp; /* data: the conn */
     uv_timer_t timer;
     uv_connect_t connect_req;
+    uv_shutdown_t shutdown_req; /* CONN_ABORTING: the half-close behind ABORT */
     tpi_tcp_agent *a;
     tpi_tcp_conn *prev, *next; /* a->conns */
     int outgoing;
@@ -152,6 +154,7 @@ static int reading(const tpi_tcp_conn *c) {
 static void out_fail(tpi_tcp_conn *c, tp_status why, const char *detail);
 static void out_broke(tpi_tcp_conn *c, int uverr, const char *detail);
 static void on_conn_timer(uv_timer_t *h);
+static void abort_or_close(tpi_tcp_conn *c, int status);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void in_frame_start(tpi_tcp_conn *c, size_t len);
@@ -405,7 +408,7 @@ static void on_write(uv_write_t *req, int status) {
     if (c->outgoing && c->a->peers[c->peer].out == c)
         tpi_tcp_unsent_update(c->a, c->peer); /* AGENT-18: bytes went out */
     if (close_after || (status < 0 && c->state == CONN_ABORTING)) {
-        conn_close(c);
+        abort_or_close(c, status);
         return;
     }
     if (status < 0) {
@@ -486,12 +489,15 @@ static int conn_write_records(tpi_tcp_conn *c, const uint8_t *recs, size_t n) {
     return conn_write_bufs(c, &b, 1, f, -1, 0);
 }
 
-/* Ends a connection after an error of ours to report: stop reading, send
- * ABORT so the other end knows this process lives on, close when it is out. */
+/* Ends a connection after an error of ours to report: send ABORT so the
+ * other end knows this process lives on, then half-close and read on,
+ * dropping what comes, until the other end closes too (or the linger runs
+ * out). Closing at once would reset the connection whenever unread bytes
+ * were left, and a reset may overtake the ABORT in the other end's kernel
+ * (its write fails with EPIPE before it reads ABORT): taken for our death. */
 static void conn_abort(tpi_tcp_conn *c) {
     if (c->state == CONN_CLOSED || c->state == CONN_ABORTING)
         return;
-    uv_read_stop((uv_stream_t *)&c->tcp);
     if (c->outgoing)
         direct_revoke(c->a, c->peer); /* the ABORT record goes first */
     c->state = CONN_ABORTING;
@@ -500,6 +506,24 @@ static void conn_abort(tpi_tcp_conn *c) {
         return;
     }
     uv_timer_start(&c->timer, on_conn_timer, TPI_TCP_ABORT_LINGER_MS, 0);
+}
+
+static void on_abort_shutdown(uv_shutdown_t *req, int status) {
+    tpi_tcp_conn *c = req->data;
+    if (status < 0 && c->state == CONN_ABORTING)
+        conn_close(c);
+}
+
+/* The last write a close waited for is out (status: its result): an
+ * aborting connection half-closes and drains, any other closes. */
+static void abort_or_close(tpi_tcp_conn *c, int status) {
+    if (c->state != CONN_ABORTING || status < 0) {
+        conn_close(c);
+        return;
+    }
+    c->shutdown_req.data = c;
+    if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, on_abort_shutdown) != 0)
+        conn_close(c);
 }
 
 /* ---- Bounds against any peer (TCP-19) ----------------------------------------------- */
@@ -1387,11 +1411,11 @@ static void on_auth_record(tpi_tcp_conn *c) {
     if (ok < 0) { /* no verdict on the peer: ours is the failure */
         if (c->outgoing) {
             out_fail(c, TP_ENOMEM, "no memory to check its proof");
-        } else {
+        } else { /* ABORT, not a silent close: the dialer must not take us for dead */
             tpi_log(TP_LOG_WARN,
                     "worker %u dropped a connection from %s: no memory to check its proof", a->rank,
                     c->addr);
-            conn_close(c);
+            conn_abort(c);
         }
         return;
     }
@@ -1701,7 +1725,10 @@ static void sealed_input(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     (void)suggested;
     tpi_tcp_conn *c = h->data;
-    if (c->rx_sealed && reading(c)) {
+    if (c->state == CONN_ABORTING) { /* read to be dropped */
+        buf->base = (char *)c->a->staging;
+        buf->len = TPI_TCP_STAGING_SIZE;
+    } else if (c->rx_sealed && reading(c)) {
         /* TCP-21: sealed bytes behind those not yet opened (a partial record). */
         buf->base = (char *)(c->sealed + c->sealed_len);
         buf->len = TPI_TCP_SEAL_BUF - c->sealed_len;
@@ -1717,6 +1744,11 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     tpi_tcp_conn *c = s->data;
+    if (c->state == CONN_ABORTING) {
+        if (nread < 0)
+            conn_close(c); /* the other end closed too (or reset): all it sent is dropped */
+        return;
+    }
     if (c->state == CONN_CLOSING) {
         if (nread < 0)
             closing_done(c); /* the acceptor read our CLOSE and everything before it */
@@ -1989,7 +2021,7 @@ static void tx_pump(tpi_tcp_conn *c) {
         if (!c->txq_head) {
             if (c->tx_close_after && !c->out[0].busy && !c->out[1].busy) {
                 c->tx_pumping = 0;
-                conn_close(c);
+                abort_or_close(c, 0);
                 return;
             }
             break;

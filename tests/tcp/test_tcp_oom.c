@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "real/tcp_internal.h"
 #include "tcp_harness.h"
@@ -265,6 +267,134 @@ static void test_tcp_oom_on_a_threads_first_call(void **state) {
     assert_int_equal(rc, 0);
 }
 
+/*
+ * No memory for a proof's HMAC (OpenSSL 3's allocates its context), at
+ * each of the handshake's four HMACs (TCP-17): the failing end says it was
+ * out of memory, never that the peer's proof was wrong, and once memory is
+ * back the next connection works. HMAC is interposed: while
+ * hmac_fail_label is set in a process, its HMACs over a message that
+ * starts with that label fail.
+ */
+static const char *hmac_fail_label; /* per process: set in one child */
+static tt_shared *hmac_shared;
+
+#define HMAC_LOGGED 0 /* flag: rank 2 logged the case's words */
+#define HMAC_BAD 1    /* flag: someone blamed the peer's proof */
+#define HMAC_DONE 2   /* flag: rank 1's failing call is over */
+#define HMAC_IDLE 3   /* flag: rank 2 asked rank 1 to close its connection */
+#define HMAC_BACK 4   /* flag: the faulty rank's memory is back */
+#define HMAC_FAILED 0 /* count: HMACs failed */
+
+unsigned char *HMAC(const EVP_MD *md, const void *key, int key_len, const unsigned char *d,
+                    size_t n, unsigned char *out, unsigned int *out_len) {
+    static unsigned char *(*next)(const EVP_MD *, const void *, int, const unsigned char *, size_t,
+                                  unsigned char *, unsigned int *);
+    if (!next) {
+        void *f = dlsym(RTLD_NEXT, "HMAC");
+        memcpy(&next, &f, sizeof next);
+    }
+    const char *l = hmac_fail_label;
+    if (l && n >= strlen(l) && memcmp(d, l, strlen(l)) == 0) {
+        atomic_fetch_add(&hmac_shared->count[HMAC_FAILED], 1);
+        return NULL;
+    }
+    return next(md, key, key_len, d, n, out, out_len);
+}
+
+#define PROOF_ACCEPT "tp/conn/accept v1" /* real/tcp_conn.c's labels */
+#define PROOF_DIAL "tp/conn/dial v1"
+
+typedef struct hmac_case {
+    int rank;          /* the one out of memory: 1 dials 2, 2 accepts */
+    const char *label; /* its HMAC that fails */
+    const char *says;  /* in rank 1's error (rank 1) or rank 2's log (rank 2) */
+} hmac_case;
+
+static const hmac_case hmac_cases[] = {
+    {1, PROOF_ACCEPT, "no memory to check its proof"},
+    {1, PROOF_DIAL, "no memory to prove ourselves"},
+    {2, PROOF_ACCEPT, "no memory to prove itself"},
+    {2, PROOF_DIAL, "no memory to check its proof"},
+};
+
+static void hmac_log(tp_log_level level, const char *msg, void *user_data) {
+    tt_job *job = user_data;
+    const hmac_case *hc = job->arg;
+    if (level <= TP_LOG_WARN && strstr(msg, hc->says))
+        atomic_store(&job->shared->flag[HMAC_LOGGED], 1);
+    if (strstr(msg, "proof is wrong"))
+        atomic_store(&job->shared->flag[HMAC_BAD], 1);
+    if (strstr(msg, "asks worker 1 to close its connection"))
+        atomic_store(&job->shared->flag[HMAC_IDLE], 1);
+}
+
+static int hmac_body(tt_job *job, int rank) {
+    const hmac_case *hc = job->arg;
+    tt_shared *sh = job->shared;
+    hmac_shared = sh;
+    tp_set_log_level(TP_LOG_DEBUG);
+    tp_set_log_callback(hmac_log, job);
+    tp_options *o = tt_options(job, 5.0, 5.0);
+    TT_CHECK(o && tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == hc->rank)
+        hmac_fail_label = hc->label;
+    if (rank == 1) {
+        /* Init connected every pair; the call needs a new connection, so
+         * it waits for the idle close (TCP-19). A call that raced the
+         * close and went on the old connection does it again. */
+        tp_status st = TP_OK;
+        for (int tries = 0; tries < 10 && st == TP_OK; tries++) {
+            atomic_store(&sh->flag[HMAC_IDLE], 0);
+            TT_CHECK(tt_await_flag(sh, HMAC_IDLE, 1, 20) == 0);
+            usleep(100000);
+            int64_t sum = 0;
+            st = tt_call_add(tp_to_rank(2), 1, 2, 5.0, &sum);
+            TT_CHECK(st != TP_OK || atomic_load(&sh->count[HMAC_FAILED]) == 0);
+        }
+        fprintf(stderr, "out of memory for %s in rank %d: rank 1's call: %s: %s\n", hc->label,
+                hc->rank, tp_status_name(st), st == TP_OK ? "" : tp_errmsg());
+        TT_CHECK(st != TP_OK);
+        TT_CHECK(strstr(tp_errmsg(), "proof is wrong") == NULL);
+        if (hc->rank == 1)
+            TT_CHECK(strstr(tp_errmsg(), hc->says) != NULL);
+        atomic_store(&sh->flag[HMAC_DONE], 1);
+    } else {
+        TT_CHECK(tt_await_flag(sh, HMAC_DONE, 1, 60) == 0);
+    }
+    if (rank == hc->rank) {
+        hmac_fail_label = NULL;
+        atomic_store(&sh->flag[HMAC_BACK], 1);
+    }
+    if (rank == 1) { /* memory is back: the next connection works */
+        TT_CHECK(tt_await_flag(sh, HMAC_BACK, 1, 60) == 0);
+        int64_t sum = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(2), 4, 5, 5.0, &sum) == TP_OK && sum == 9);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    tp_set_log_callback(NULL, NULL);
+    return 0;
+}
+
+static void test_tcp_oom_in_a_handshakes_hmac(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof hmac_cases / sizeof *hmac_cases; i++) {
+        tt_job job = {0};
+        assert_int_equal(tt_spawn(&job, 3, hmac_body, (void *)&hmac_cases[i]), 0);
+        int rc = tt_wait(&job, 120.0);
+        int logged = atomic_load(&job.shared->flag[HMAC_LOGGED]);
+        int bad = atomic_load(&job.shared->flag[HMAC_BAD]);
+        int failed = atomic_load(&job.shared->count[HMAC_FAILED]);
+        tt_job_free(&job);
+        assert_int_equal(rc, 0);
+        assert_true(failed > 0);
+        assert_int_equal(bad, 0);
+        if (hmac_cases[i].rank == 2)
+            assert_int_equal(logged, 1);
+    }
+}
+
 int main(void) {
     tt_ensure_secret();
     /* OpenSSL loads its providers at the first HMAC, in hundreds of
@@ -290,9 +420,10 @@ int main(void) {
         cmocka_unit_test(test_tcp_oom_in_the_store_serving_rank),
         cmocka_unit_test(test_tcp_oom_in_the_other_rank),
         cmocka_unit_test(test_tcp_oom_on_a_threads_first_call),
+        cmocka_unit_test(test_tcp_oom_in_a_handshakes_hmac),
     };
     if (only) { /* rank 1's sweep is the longer: rank 0's run takes the thread test too */
-        const struct CMUnitTest rank0[] = {tests[0], tests[2]};
+        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3]};
         return atoi(only) == 0 ? cmocka_run_group_tests(rank0, NULL, NULL)
                                : _cmocka_run_group_tests("test_tcp_oom", &tests[1], 1, NULL, NULL);
     }
