@@ -263,6 +263,43 @@ static int errors_bad_call_arguments(int rank, int ws) {
 }
 
 /*
+ * spec: CANCEL-1 ERR-2: the built-in tp:cancel takes exactly [request id],
+ * a nonzero int (ids start at 1). Anything else from a peer is refused with
+ * TP_EPROTO naming the built-in and its sender, and breaks nothing: the
+ * callee goes on serving, and a well-formed cancel that finds nothing still
+ * answers nil. The sender here is a program calling the name directly, as a
+ * buggy or hostile peer could.
+ */
+static int errors_malformed_cancel_refused(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_value *bad[] = {
+            CONF_INTS(0),                             /* id 0: no call has it */
+            tp_value_list_of(0),                      /* no id */
+            CONF_INTS(7, 8),                          /* one too many */
+            tp_value_list_of(1, tp_value_str("7")),   /* not an int */
+            tp_value_list_of(1, tp_value_float(7.0)), /* not an int either */
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            tp_value *res = NULL;
+            CHECK_STATUS(conf_sync(tp_to_rank(1), "tp:cancel", bad[i], &res), TP_EPROTO);
+            CHECK_CONTAINS(tp_errmsg(), "tp:cancel from worker 'w0' (id 0) is malformed");
+            CHECK(res == NULL);
+            tp_value_free(res);
+        }
+        /* A cancel of a request w1 never had is well formed: it does nothing. */
+        tp_value *res = NULL;
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "tp:cancel", CONF_INTS(123456789), &res)))
+            CHECK(res != NULL && tp_value_kind(res) == TP_KIND_NIL);
+        tp_value_free(res);
+        /* w1 serves on, and the graceful shutdown below drains as usual. */
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(2, 3), -1), 5);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/*
  * spec: ERR-3: a NULL out pointer is TP_EINVAL naming the argument, not an
  * assertion. Last in the suite: with an in-process launcher a library that asserts here ends the
  * run.
@@ -307,6 +344,7 @@ const tp_conformance_case conf_cases_errors[] = {
     {"errors_message_too_large", 2, errors_message_too_large, "OPT-5 CALL-4 CALL-7"},
     {"errors_object_not_sendable", 2, errors_object_not_sendable, "VALUE-8 CALL-4 CALL-7"},
     {"errors_bad_call_arguments", 2, errors_bad_call_arguments, "CALL-1 ERR-3"},
+    {"errors_malformed_cancel_refused", 2, errors_malformed_cancel_refused, "CANCEL-1 ERR-2"},
     {"errors_null_out_pointers", 2, errors_null_out_pointers, "ERR-3 FUTURE-5 FUTURE-6"},
 };
 const size_t conf_cases_errors_count = sizeof conf_cases_errors / sizeof conf_cases_errors[0];
