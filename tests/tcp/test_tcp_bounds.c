@@ -736,6 +736,10 @@ static void test_tcp_bound_options(void **state) {
     expect_bad_option("hello_timeout", "11");
     expect_bad_option("frame_timeout", "0");
     expect_bad_option("idle_timeout", "soon");
+    /* A number followed by anything is not a number: never its prefix. */
+    expect_bad_option("hello_timeout", "1x");
+    expect_bad_option("frame_timeout", "2 s");
+    expect_bad_option("idle_timeout", "5.5.5");
     expect_bad_option("rx_budget", "100");
     expect_bad_option("rx_budget", "-5");
     expect_bad_option("max_handshakes", "0");
