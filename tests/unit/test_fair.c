@@ -1,0 +1,175 @@
+/*
+ * test_fair.c: the fair scheduler's congestion stall (spec/calls.md FAIR-2,
+ * spec/agent.md AGENT-18). While the agent says a caller's answers cannot
+ * go, the callee runs none of that caller's queued requests; once the agent
+ * calls tp_core_on_uncongested, they run, and so does everything the caller
+ * sends later. The simulator has no congested member, so a wrapper backend,
+ * "SIM_CONGEST", answers it from a flag the test sets, and a non-blocking
+ * function (FUNC-6, run in the callee's I/O context, where an agent's
+ * upcalls come from) plays the agent's tp_core_on_uncongested.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tensorplay/rpc.h"
+#include "tensorplay/rpc_backend.h"
+#include "tensorplay/sim.h"
+
+#include "sim_world.h"
+
+extern const tp_backend tpi_sim_backend;
+
+/* ---- The wrapper backend --------------------------------------------------------- */
+
+#define RANKS 2
+
+static const tp_agent_ops *sim_ops;
+static tp_agent_ops congest_ops;
+static tp_agent *agents[RANKS];
+static tp_core *cores[RANKS];
+static int congest_to_w0;     /* 1: w1's agent says w0's answers cannot go */
+static int congested_answers; /* how often w1's agent answered 1 */
+
+static int congest_congested(tp_agent *a, uint32_t dst) {
+    if (a != agents[1] || dst != 0 || !congest_to_w0)
+        return 0;
+    congested_answers++;
+    return 1;
+}
+
+static tp_status congest_start(tp_agent *a, tp_core *core, char *addr, size_t addr_len,
+                               char *errmsg, size_t errmsg_len) {
+    for (int i = 0; i < RANKS; i++)
+        if (agents[i] == a)
+            cores[i] = core;
+    return sim_ops->start(a, core, addr, addr_len, errmsg, errmsg_len);
+}
+
+static tp_status congest_init(const tp_init_params *p, tp_agent **agent, const tp_agent_ops **ops,
+                              char *errmsg, size_t errmsg_len) {
+    tp_status st = tpi_sim_backend.init(p, agent, ops, errmsg, errmsg_len);
+    if (st == TP_OK) {
+        CHECK(p->rank < RANKS);
+        if (p->rank < RANKS)
+            agents[p->rank] = *agent;
+        sim_ops = *ops;
+        congest_ops = **ops;
+        congest_ops.start = congest_start;
+        congest_ops.congested = congest_congested;
+        *ops = &congest_ops;
+    }
+    return st;
+}
+
+static tp_backend congest_backend;
+
+/* ---- The world --------------------------------------------------------------------- */
+
+static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *user_data) {
+    (void)call, (void)kwargs, (void)user_data;
+    int64_t a = 0, b = 0;
+    if (tp_value_get_int(tp_list_get(args, 0), &a) != TP_OK ||
+        tp_value_get_int(tp_list_get(args, 1), &b) != TP_OK)
+        return TP_EINVAL;
+    *result = tp_value_int(a + b);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/* uncongest(), non-blocking, on w1: its agent's bytes for w0 fell to half
+ * the bound; it tells the core so from its I/O context, as AGENT-18 asks. */
+static tp_status fn_uncongest(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                              tp_value **result, void *user_data) {
+    (void)args, (void)kwargs, (void)user_data, (void)result;
+    if (!cores[1] || strcmp(tp_call_caller(call)->name, "w0") != 0)
+        return TP_EINVAL;
+    congest_to_w0 = 0;
+    tp_core_on_uncongested(cores[1], 0);
+    return TP_OK;
+}
+
+static void world_register(void) {
+    CHECK(tp_register_function("add", fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function_ex("uncongest", fn_uncongest, NULL, TP_FN_NONBLOCKING) == TP_OK);
+}
+
+static int64_t sync_add(int64_t a, int64_t b, double timeout_s, tp_status *st) {
+    tp_value *args = tp_value_list_of(2, tp_value_int(a), tp_value_int(b));
+    tp_value *res = NULL;
+    int64_t v = -1;
+    *st = tp_rpc_sync(tp_to_name("w1"), "add", args, NULL, timeout_s, &res);
+    if (*st == TP_OK)
+        CHECK(tp_value_get_int(res, &v) == TP_OK);
+    else
+        print_error("add(%lld, %lld) on w1: %s: %s\n", (long long)a, (long long)b,
+                    tp_status_name(*st), tp_errmsg());
+    tp_value_free(res);
+    tp_value_free(args);
+    return v;
+}
+
+/*
+ * FAIR-2: w0's request waits at w1 while w1's agent says w0's answers
+ * cannot go, runs once the agent says they can, and w0's later requests
+ * (to a queue that emptied meanwhile) are served as before: the caller is
+ * back in the round for good, not only for the jobs queued at the stall.
+ */
+static void sc_stall_then_served_again(world *w) {
+    (void)w;
+    congest_to_w0 = 1;
+    congested_answers = 0;
+    tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(2));
+    tp_future *f = NULL;
+    CHECK(tp_rpc_async(tp_to_name("w1"), "add", args, NULL, 30.0, &f) == TP_OK);
+    tp_value_free(args);
+    /* Stalled: w1's pool token asked about w0 and ran nothing. */
+    CHECK(tp_sleep(0.5) == TP_OK);
+    CHECK(congested_answers >= 1);
+    CHECK(f && !tp_future_done(f));
+
+    tp_value *res = NULL;
+    CHECK(tp_rpc_sync(tp_to_name("w1"), "uncongest", NULL, NULL, 5.0, &res) == TP_OK);
+    tp_value_free(res);
+    CHECK(congest_to_w0 == 0);
+    int64_t v = -1;
+    CHECK(f && tp_future_wait(f, 5.0) == TP_OK);
+    CHECK(f && tp_value_get_int(tp_future_value(f), &v) == TP_OK && v == 3);
+    tp_future_free(f);
+
+    /* w0's queue at w1 is empty now; what w0 sends next runs at once. */
+    tp_status st = TP_OK;
+    for (int i = 0; i < 3; i++) {
+        uint64_t t0 = now_ns();
+        CHECK(sync_add(10, i, 5.0, &st) == 10 + i);
+        CHECK(st == TP_OK);
+        CHECK(now_ns() - t0 < 100 * MS);
+    }
+}
+
+static void test_fair_uncongested_caller_served_again(void **state) {
+    (void)state;
+    world w = {.scenario = sc_stall_then_served_again, .backend = "SIM_CONGEST"};
+    run_world(2, 3, &w);
+    CHECK(congested_answers >= 1);
+    assert_int_equal(failures, 0);
+}
+
+int main(void) {
+    congest_backend = tpi_sim_backend;
+    congest_backend.init = congest_init;
+    if (tp_register_backend("SIM_CONGEST", &congest_backend) != TP_OK) {
+        fprintf(stderr, "cannot register SIM_CONGEST: %s\n", tp_errmsg());
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_fair_uncongested_caller_served_again, reset_failures),
+    };
+    return cmocka_run_group_tests_name("fair", tests, NULL, NULL);
+}
