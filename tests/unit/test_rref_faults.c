@@ -120,6 +120,25 @@ static void drop_all(void) {
     }
 }
 
+/* hold(): answers later (FUNC-7), when the program calls release_held();
+ * its caller's window bytes stay taken meanwhile, yet nothing runs here. */
+static tp_future *held_answer;
+
+static tp_status hold_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)args, (void)kwargs, (void)result, (void)ud;
+    if (held_answer || tp_future_new(&held_answer) != TP_OK)
+        return TP_EINVAL;
+    return tp_call_answer_later(call, held_answer);
+}
+
+static void release_held(void) {
+    if (held_answer)
+        CHECK(tp_future_set_result(held_answer, NULL) == TP_OK);
+    tp_future_free(held_answer);
+    held_answer = NULL;
+}
+
 /* A call that may meet a broken connection (user calls are never retried):
  * tried again until it succeeds, within SETTLE_S. */
 static tp_status call_until_ok(int dst, const char *fn, const tp_value *args, tp_value **out) {
@@ -138,6 +157,7 @@ static tp_status call_until_ok(int dst, const char *fn, const tp_value *args, tp
 }
 
 static double shutdown_timeout_s[WORLD] = {30.0, 30.0, 30.0};
+static uint64_t max_inflight_bytes[WORLD]; /* 0: the default; for one world (run_plan_with) */
 
 /* Registers the functions and joins the job as w<rank>. */
 static tp_status join(int rank, int world_size) {
@@ -147,10 +167,13 @@ static tp_status join(int rank, int world_size) {
     CHECK(tp_register_function("drop", drop_fn, NULL) == TP_OK);
     CHECK(tp_register_function_ex("nb_keep", keep_fn, NULL, TP_FN_NONBLOCKING) == TP_OK);
     CHECK(tp_register_function("keep_all", keep_all_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("hold", hold_fn, NULL) == TP_OK);
     char name[4] = "w0";
     name[1] = (char)('0' + rank);
     tp_options *o = tp_options_new();
     CHECK(tp_options_set_shutdown_timeout(o, shutdown_timeout_s[rank]) == TP_OK);
+    if (max_inflight_bytes[rank])
+        CHECK(tp_options_set_max_inflight_bytes(o, max_inflight_bytes[rank]) == TP_OK);
     tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
     tp_options_free(o);
     CHECK(st == TP_OK);
@@ -458,6 +481,81 @@ static void test_rref_forks_query_once_per_break(void **state) {
     assert_int_equal(destroyed_while_held, 0);
     assert_int_equal(break_msgs, 2); /* w1's query to w0, and w0's answer */
     assert_int_equal(quiet_msgs, 0);
+}
+
+/*
+ * RREF-19: a fork whose frame is not handed to the agent yet is not in a
+ * break's query. The owner w1 sends its own value to w0 in a call that waits
+ * inside rpc_async for room in w1's window to w0 (FLOW-1: 4 KiB, most of it
+ * taken by a call w0 answers later), with the fork recorded at the encode.
+ * The link breaks meanwhile: the held call fails, the window opens, and w1
+ * asks w0 which forks it holds before the waiting frame goes out behind the
+ * query. Asked about, the fork would be answered "not held" (w0 has not seen
+ * the frame) and settled: the value freed while the frame delivers it to w0,
+ * whose to_here then finds nothing. Left out, the value lives until w0 lets
+ * go of it.
+ */
+#define TRANSIT_BREAK_S 1.5
+#define TRANSIT_PLAN "break 0 1 1500\n"
+#define TRANSIT_PAD 3000 /* bytes: two calls carrying it do not fit in the window */
+
+static tp_status transit_fetch_st = TP_EINVAL; /* w0's to_here of what it keeps */
+
+static int transit_fork_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 1) {
+        static const uint8_t pad[TRANSIT_PAD];
+        tp_value *kwargs = tp_value_map();
+        CHECK(kwargs && tp_map_set(kwargs, "pad", tp_value_bytes(pad, sizeof pad)) == TP_OK);
+        tp_rref *r = NULL;
+        CHECK(tp_rref_from_value(tp_value_object("Obj", malloc(1), obj_destroy), &r) == TP_OK);
+        sleep_until(TRANSIT_BREAK_S - 0.5);
+        tp_future *hold = NULL, *keep = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(0), "hold", NULL, kwargs, 10.0, &hold) == TP_OK);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        uint64_t t0 = now_ns();
+        CHECK(tp_rpc_async(tp_to_rank(0), "keep", args, kwargs, 10.0, &keep) == TP_OK);
+        CHECK(now_ns() - t0 >= 400 * MS); /* it waited for room until the break */
+        tp_value_free(args);
+        tp_value_free(kwargs);
+        tp_rref_release(r); /* only w0's fork keeps the value now */
+        CHECK(hold && tp_future_wait(hold, 10.0) == TP_EIO); /* lost with the connection */
+        CHECK(keep && tp_future_wait(keep, 10.0) == TP_OK);
+        tp_future_free(hold);
+        tp_future_free(keep);
+    }
+    sleep_until(TRANSIT_BREAK_S + 1.0);
+    if (rank == 0)
+        release_held(); /* its answer finds the call gone (CALL-8) */
+    sleep_until(TRANSIT_BREAK_S + SETTLE_S);
+    if (rank == 0) {
+        tp_value *v = NULL;
+        transit_fetch_st = kept[0] ? tp_rref_to_here(kept[0], 1.0, &v) : TP_EINVAL;
+        tp_value_free(v);
+    }
+    if (rank == 1)
+        CHECK(destroyed == 0); /* w0 holds it */
+    sleep_until(TRANSIT_BREAK_S + SETTLE_S + 1.5);
+    if (rank == 0) {
+        tp_rref_release(kept[0]);
+        kept[0] = NULL;
+    }
+    sleep_until(TRANSIT_BREAK_S + 2 * SETTLE_S + 1.5);
+    if (rank == 1)
+        CHECK(destroyed == 1); /* its delete came */
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_fork_in_transit_not_asked_about(void **state) {
+    (void)state;
+    max_inflight_bytes[1] = 4096;
+    transit_fetch_st = TP_EINVAL;
+    run_plan_with(TRANSIT_PLAN, transit_fork_program);
+    /* An object cannot travel: the owner has it, so to_here says TP_ETYPE. */
+    assert_int_equal(transit_fetch_st, TP_ETYPE);
 }
 
 /*
@@ -871,6 +969,7 @@ static void run_plan_with(const char *plan, tp_sim_program program) {
     assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
     int codes[WORLD] = {-9, -9, -9};
     assert_int_equal(tp_sim_run(sim, program, NULL, codes), TP_OK);
+    memset(max_inflight_bytes, 0, sizeof max_inflight_bytes); /* one world's, even if it failed */
     if (tp_sim_violations(sim))
         print_message("oracle: %s\n", tp_sim_violation(sim));
     assert_int_equal(tp_sim_violations(sim), 0);
@@ -912,6 +1011,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_user, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_query_once_per_break, reset_failures),
+        cmocka_unit_test_setup(test_rref_fork_in_transit_not_asked_about, reset_failures),
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
