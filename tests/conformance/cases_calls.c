@@ -98,6 +98,12 @@ static int calls_rank_out_of_range(int rank, int ws) {
         CHECK_STATUS(conf_sync(tp_to_info(&bad), "whoami", NULL, &res), TP_EUNKNOWNWORKER);
         CHECK(res == NULL); /* ERR-3: out pointers are NULL on failure */
         tp_value_free(res);
+        /* Nor one whose id is just past the last rank (a forged or stale
+         * info): refused before the table is looked at. */
+        bad.id = (uint32_t)ws;
+        CHECK_STATUS(conf_sync(tp_to_info(&bad), "whoami", NULL, &res), TP_EUNKNOWNWORKER);
+        CHECK_CONTAINS(tp_errmsg(), "names no worker here");
+        tp_value_free(res);
         CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(2, 2), -1), 4);
     }
     CHECK_OK(tp_shutdown(1));
