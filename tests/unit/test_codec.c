@@ -1445,6 +1445,54 @@ static void test_codec_zero_copy_receive_shared_and_failures(void **state) {
     tp_value_free(small);
 }
 
+/* The name peeked from a REQUEST without a decode (serve.c's inline check):
+ * only a name of 1..TP_NAME_LEN_MAX bytes, within the frame, with no NUL. */
+static int peek_name(const void *body, size_t body_len, char name[TP_NAME_LEN_MAX + 1]) {
+    static uint8_t bytes[TP_FRAME_HEADER_SIZE + 1024];
+    assert_true(body_len <= sizeof bytes - TP_FRAME_HEADER_SIZE);
+    size_t len = make_frame(bytes, TPI_MSG_REQUEST, 0, body, body_len);
+    tp_frame *f = tp_frame_alloc(len);
+    assert_non_null(f);
+    memcpy(tp_frame_bytes(f), bytes, len);
+    int ok = tpi_frame_request_name(f, name);
+    tp_frame_free(f);
+    return ok;
+}
+
+/* A body: u32 timeout, u32 n, then the name's bytes (n_bytes of them). */
+static size_t name_body(uint8_t *b, uint32_t n, const char *fill, size_t n_bytes) {
+    memset(b, 0, 4);
+    for (int i = 0; i < 4; i++)
+        b[4 + i] = (uint8_t)(n >> (8 * i));
+    for (size_t i = 0; i < n_bytes; i++)
+        b[8 + i] = (uint8_t)fill[i % strlen(fill)];
+    return 8 + n_bytes;
+}
+
+static void test_codec_request_name_bounds(void **state) {
+    (void)state;
+    uint8_t b[1024];
+    char name[TP_NAME_LEN_MAX + 1 + 64]; /* room past the bound: what a bad peek would write */
+    memset(name, 'x', sizeof name);
+    assert_int_equal(peek_name(b, name_body(b, 3, "add", 3), name), 1);
+    assert_string_equal(name, "add");
+    assert_int_equal(peek_name(b, name_body(b, TP_NAME_LEN_MAX, "f", TP_NAME_LEN_MAX), name), 1);
+    assert_int_equal(strlen(name), TP_NAME_LEN_MAX);
+    /* Refused: an empty name, one over the bound (the bytes there), one
+     * longer than the frame, one with a NUL, a body too short for n. */
+    name[0] = '?';
+    assert_int_equal(peek_name(b, name_body(b, 0, "a", 4), name), 0);
+    assert_int_equal(name[0], '?');
+    assert_int_equal(
+        peek_name(b, name_body(b, TP_NAME_LEN_MAX + 1, "f", TP_NAME_LEN_MAX + 1), name), 0);
+    assert_int_equal(peek_name(b, name_body(b, TP_NAME_LEN_MAX + 40, "f", 600), name), 0);
+    assert_int_equal(name[TP_NAME_LEN_MAX + 1], 'x');
+    assert_int_equal(peek_name(b, name_body(b, 4, "add", 3), name), 0);
+    uint8_t nul[] = {0, 0, 0, 0, 3, 0, 0, 0, 'a', 0, 'd'};
+    assert_int_equal(peek_name(nul, sizeof nul, name), 0);
+    assert_int_equal(peek_name(b, 6, name), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codec_roundtrip_scalars),
@@ -1479,6 +1527,7 @@ int main(void) {
         cmocka_unit_test(test_codec_zero_copy_send_limits),
         cmocka_unit_test(test_codec_zero_copy_receive_views_frame),
         cmocka_unit_test(test_codec_zero_copy_receive_shared_and_failures),
+        cmocka_unit_test(test_codec_request_name_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
