@@ -7,6 +7,8 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -816,6 +818,34 @@ static void test_tcp_host_name(void **state) {
     atomic_store(&job.shared->flag[F_NAMED_SEEN], 1);
     assert_all_ok(&job, 60);
     tt_job_free(&job);
+}
+
+/* spec: TCP-12: listen_addr "auto" listens on the address this host reaches
+ * the store from: 127.0.0.1 for a store on loopback, and for a store at one
+ * of this host's own addresses, that address (the route to it starts
+ * there). Skipped on a host with no IPv4 address but loopback. */
+static void test_tcp_local_addr_toward(void **state) {
+    (void)state;
+    char out[TPI_ADDR_LEN_MAX];
+    assert_int_equal(tpi_tcp_local_addr_toward("127.0.0.1", out, sizeof out), 0);
+    assert_string_equal(out, "127.0.0.1");
+    assert_int_equal(tpi_tcp_local_addr_toward("localhost", out, sizeof out), 0);
+    assert_true(strcmp(out, "127.0.0.1") == 0 || strcmp(out, "::1") == 0);
+    struct ifaddrs *ifs = NULL;
+    assert_int_equal(getifaddrs(&ifs), 0);
+    char own[INET_ADDRSTRLEN] = "";
+    for (struct ifaddrs *i = ifs; i && !own[0]; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+            (i->ifa_flags & IFF_LOOPBACK))
+            continue;
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)i->ifa_addr)->sin_addr, own, sizeof own);
+    }
+    freeifaddrs(ifs);
+    if (!own[0])
+        skip();
+    memset(out, 0, sizeof out);
+    assert_int_equal(tpi_tcp_local_addr_toward(own, out, sizeof out), 0);
+    assert_string_equal(out, own);
 }
 
 /* ---- Garbage on a worker's port ------------------------------------------------------ */
@@ -1725,15 +1755,20 @@ static void test_tcp_pool_threads_on_demand(void **state) {
 int main(void) {
     tt_ensure_secret(); /* this process reads it too, to talk to the job (TCP-17) */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tcp_basic_calls),  cmocka_unit_test(test_tcp_many_async),
-        cmocka_unit_test(test_tcp_kill9),        cmocka_unit_test(test_tcp_rejoin),
+        cmocka_unit_test(test_tcp_local_addr_toward),
+        cmocka_unit_test(test_tcp_basic_calls),
+        cmocka_unit_test(test_tcp_many_async),
+        cmocka_unit_test(test_tcp_kill9),
+        cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_peer_leaves),
         cmocka_unit_test(test_tcp_host_name),
         cmocka_unit_test(test_tcp_auth_refuses_outsiders),
         cmocka_unit_test(test_tcp_auth_off),
-        cmocka_unit_test(test_tcp_garbage),      cmocka_unit_test(test_tcp_init_errors),
-        cmocka_unit_test(test_tcp_sqlite_store), cmocka_unit_test(test_tcp_two_workers_one_process),
+        cmocka_unit_test(test_tcp_garbage),
+        cmocka_unit_test(test_tcp_init_errors),
+        cmocka_unit_test(test_tcp_sqlite_store),
+        cmocka_unit_test(test_tcp_two_workers_one_process),
         cmocka_unit_test(test_tcp_reinit),
         cmocka_unit_test(test_tcp_late_rank_after_rank0_exit),
         cmocka_unit_test(test_tcp_concurrent_senders),
