@@ -631,8 +631,9 @@ class Runner:
                 return False
         return True
 
-    def run_one(self, name, limit, asan=False):
-        """None when the test passes, else why it failed. asan: in the ASan build."""
+    def run_one(self, name, limit, asan=False, log=None):
+        """None when the test passes, else why it failed. asan: in the ASan build.
+        log: a file for the test's output (else it is dropped)."""
         kind, _, argv, env = TESTS[name]
         b = self.builds["asan" if asan else kind]
         sub = {"{b}": b, "{t}": self.tree}
@@ -648,8 +649,14 @@ class Runner:
             e["UBSAN_OPTIONS"] = "print_stacktrace=0:halt_on_error=1"
         # Its own session: a timeout kills the forked ranks too, and nothing a
         # mutant left running outlives its test.
-        p = subprocess.Popen([fill(a) for a in argv], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env=e, cwd=self.tree, start_new_session=True)
+        out = open(log, "wb") if log else subprocess.DEVNULL
+        try:
+            p = subprocess.Popen([fill(a) for a in argv], stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=e, cwd=self.tree,
+                                 start_new_session=True)
+        finally:
+            if log:
+                out.close()
         try:
             rc = p.wait(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -680,14 +687,18 @@ class Runner:
         if not self.make(todo):
             return False
         for n in todo:
+            log = os.path.join(tempfile.gettempdir(), f"tp-mutate-baseline-{n}.log")
             for attempt in range(2):
                 t0 = time.time()
-                why = self.run_one(n, max(self.timeout, 300))
+                why = self.run_one(n, max(self.timeout, 300), log=log)
                 if why is None:
                     self.baseline[n] = time.time() - t0
                     break
             else:
-                print(f"mutate: {why} fails on the unmutated tree: left out", flush=True)
+                # Its output says why (a port another job took, a package
+                # missing): a test left out kills no mutant, so look.
+                print(f"mutate: {why} fails on the unmutated tree: left out; its output: {log}",
+                      flush=True)
                 self.broken.add(n)
         return True
 
