@@ -286,6 +286,39 @@ def test_remote_objects_proxies_and_arrays(tmp_path):
                    "float32 (3, 4) 132.0 True", "[True, False]", "strided: True"]
 
 
+def test_remote_objects_of_one_class_are_kept_side_by_side(tmp_path):
+    """remote() of a class again, or of a function returning an object of a
+    class already kept there: the owner keeps each object, and each rref
+    reaches its own (the class's method is registered once per worker,
+    an object after the first finds it there)."""
+    out = run(tmp_path, """
+        class Counter:
+            def __init__(self, start):
+                self.n = start
+            def add(self, k=1):
+                self.n += k
+                return self.n
+
+        def make_counter(start):
+            return Counter(start)
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            rrefs = [rpc.remote("worker1", Counter, args=(10,)),
+                     rpc.remote("worker1", Counter, args=(100,)),
+                     rpc.remote("worker1", make_counter, args=(1000,))]
+            for r in rrefs:
+                try:
+                    print(r.rpc_sync(timeout=20).add(1))
+                except Exception as e:
+                    print("failed:", type(e).__name__, str(e)[:100])
+            print(rrefs[0].rpc_sync(timeout=20).add(5), rrefs[1].rpc_sync(timeout=20).add(5))
+            del rrefs, r
+        rpc.shutdown()
+    """)
+    assert out == ["11", "101", "1001", "16 106"]
+
+
 def test_builtin_methods_made_anew_are_the_same_function():
     """A builtin bound to a class is made anew at each access (dict.fromkeys
     is not dict.fromkeys): callable_ref's identity check takes two such
