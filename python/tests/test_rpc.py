@@ -540,6 +540,35 @@ def test_then_method_factory_and_backend_options(tmp_path):
                    "then failure: True", "boxed"]
 
 
+def test_num_worker_threads_is_the_callees_pool(tmp_path):
+    """num_worker_threads=N runs N calls on the callee at once, more than
+    the default 16: 20 calls that each wait at a barrier for all 20 all
+    pass it (a pool of 16 would hold the last 4 back until the barrier
+    broke)."""
+    out = run(tmp_path, """
+        import threading
+        N = 20
+        gate = threading.Barrier(N)
+
+        def meet():
+            gate.wait(timeout=15)  # BrokenBarrierError unless all N run at once
+            return "met"
+
+        opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=N)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            got = []
+            for f in [rpc.rpc_async("worker1", meet, timeout=60) for _ in range(N)]:
+                try:
+                    got.append(f.wait())
+                except Exception as e:
+                    got.append(type(e).__name__)
+            print(opts.num_worker_threads, sorted(set(got)), len(got))
+        rpc.shutdown()
+    """)
+    assert out == ["20 ['met'] 20"]
+
+
 def test_waits_release_the_gil_and_memory_stays_flat(tmp_path):
     out = run(tmp_path, """
         import threading
