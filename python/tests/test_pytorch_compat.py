@@ -431,6 +431,40 @@ def test_workers_started_by_hand_with_a_tcp_init_method(tmp_path):
     assert secret.read_text().strip() == short
 
 
+def test_workers_started_by_hand_keep_the_secret_in_xdg_runtime_dir_else_home(tmp_path):
+    """The per-user secret's folder is $XDG_RUNTIME_DIR/tensorplay when that
+    variable is set and not empty, else ~/.cache/tensorplay (HOME's): made
+    0700 there, the secret a 0600 file both workers share."""
+    script = tmp_path / "prog.py"
+    script.write_text(PROLOGUE + textwrap.dedent("""
+        rpc.init_rpc("worker%d" % rank, rank=rank, world_size=2)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", add, args=(3, 4)))
+        rpc.shutdown()
+    """))
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("TP_SECRET", "XDG_RUNTIME_DIR", "INIT", "MASTER_PORT")}
+    base["MASTER_ADDR"] = "127.0.0.1"
+    for case, xdg in (("xdg", "run"), ("empty", ""), ("unset", None)):
+        home, run_dir = tmp_path / case / "home", tmp_path / case / "run"
+        home.mkdir(parents=True)
+        run_dir.mkdir(mode=0o700)
+        env = dict(base, HOME=str(home), MASTER_PORT=str(_free_port()))
+        if xdg is not None:
+            env["XDG_RUNTIME_DIR"] = str(run_dir) if xdg else ""
+        procs = [subprocess.Popen([PYTHON, str(script)], env=dict(env, RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in (0, 1)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], (case, outs)
+        assert outs[0][0] == "7\n", case
+        folder = run_dir / "tensorplay" if xdg else home / ".cache" / "tensorplay"
+        assert sorted((tmp_path / case).rglob("local-secret")) == [folder / "local-secret"], case
+        assert oct(folder.stat().st_mode & 0o777) == "0o700", case
+        assert oct((folder / "local-secret").stat().st_mode & 0o777) == "0o600", case
+        assert len((folder / "local-secret").read_text().strip()) == 64, case
+
+
 def test_private_gathers_pytorch_programs_use(tmp_path):
     out = run(tmp_path, """
         from tensorplay.distributed.rpc import api
