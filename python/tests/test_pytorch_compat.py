@@ -791,6 +791,64 @@ def test_gather_round_waited_for_here_is_never_dropped(tmp_path):
         "[0] [('worker0', 0), ('worker1', 1)]", "[1] [('worker0', 0), ('worker1', 1)]"]
 
 
+def test_gather_round_the_leader_waits_for_is_never_dropped(tmp_path):
+    """The leader's side: while the leader's _all_gather waits for its
+    follower, a peer's rounds fill the table (GATHER_ROUNDS_MAX) and the
+    stale ones go to make room, but not the leader's own round: the
+    follower's contribution, sent after that, completes it on both."""
+    out = run(tmp_path, """
+        import threading
+        from tensorplay.distributed.rpc import api
+        names = ["worker0", "worker1"]
+        go = threading.Event()
+
+        def start():
+            go.set()
+
+        if rank == 0:  # before init: no round is made before these hold
+            api.GATHER_ROUNDS_MAX = 2
+            api.GATHER_ROUND_STALE_S = -1.0  # every round is stale at once
+            waiting = threading.Event()
+
+            class Ready(threading.Event):
+                def wait(self, timeout=None):
+                    waiting.set()  # the leader's _all_gather waits now
+                    return super().wait(timeout)
+
+            class Watched(api._Gather):
+                def __init__(self):
+                    super().__init__()
+                    self.ready = Ready()
+
+            api._Gather = Watched
+        rpc.init_rpc("worker%d" % rank)
+
+        def gather():
+            try:
+                return sorted(api._all_gather(rank, names, timeout=10).items())
+            except RuntimeError as e:
+                return "failed: " + str(e)[:70]
+
+        if rank == 0:
+            got = []
+            t = threading.Thread(target=lambda: got.append(gather()))
+            t.start()
+            assert waiting.wait(30), "the leader's _all_gather never waited"
+            rpc.rpc_sync("worker1", start)
+            t.join()
+            print(got[0])
+        else:
+            assert go.wait(30), "worker0 never said start"
+            for i in range(2):  # the second finds the table full: stale rounds go
+                rpc.rpc_sync("worker0", api._gather_to_leader,
+                             args=("r%d" % i, "worker1", None, names))
+            print(gather())
+        rpc.shutdown()
+    """, rank0_only=False)
+    assert sorted(l for l in out if l[:4] in ("[0] ", "[1] ")) == [
+        "[0] [('worker0', 0), ('worker1', 1)]", "[1] [('worker0', 0), ('worker1', 1)]"]
+
+
 def test_interrupted_rpc_sync_is_not_waited_for_by_shutdown(tmp_path):
     """Ctrl-C in rpc_sync cancels the call (CANCEL-1): the caller's graceful
     shutdown does not wait for the callee's function to end."""
