@@ -540,6 +540,43 @@ def test_then_method_factory_and_backend_options(tmp_path):
                    "then failure: True", "boxed"]
 
 
+def test_backend_is_a_backend_type_member_or_its_name():
+    """construct_rpc_backend_options and init_rpc take a BackendType member
+    (one of a BackendType made before a later register_backend too) or its
+    name; a member of another enum, though named TENSORPIPE, or an object
+    that merely has a name, is refused with PyTorch's TypeError before
+    anything starts."""
+    prog = textwrap.dedent("""
+        import enum, types
+        from tensorplay.distributed import rpc
+        from tensorplay.distributed.rpc import backend_registry as br
+        before = br.BackendType.TENSORPIPE
+        br.register_backend("MINE", lambda timeout, init, **kw: "mine %g" % timeout,
+                            lambda *a: None)
+        print(before is br.BackendType.TENSORPIPE,
+              type(rpc.construct_rpc_backend_options(before)).__name__,
+              rpc.construct_rpc_backend_options("MINE", rpc_timeout=7))
+        Transport = enum.Enum("Transport", "TENSORPIPE SIM")
+        for bad in (Transport.TENSORPIPE, types.SimpleNamespace(name="SIM"), 42):
+            try:
+                print("accepted:", rpc.construct_rpc_backend_options(bad))
+            except Exception as e:
+                print(type(e).__name__, "must be a member of BackendType" in str(e))
+        try:
+            rpc.init_rpc("worker0", backend=Transport.TENSORPIPE, rank=0, world_size=1)
+            print("init_rpc accepted")
+        except Exception as e:
+            print("init_rpc:", type(e).__name__, "must be a member of BackendType" in str(e))
+    """)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["False TensorPipeRpcBackendOptions mine 7",
+                                     "TypeError True", "TypeError True", "TypeError True",
+                                     "init_rpc: TypeError True"]
+
+
 def test_num_worker_threads_is_the_callees_pool(tmp_path):
     """num_worker_threads=N runs N calls on the callee at once, more than
     the default 16: 20 calls that each wait at a barrier for all 20 all
