@@ -577,6 +577,32 @@ def test_backend_is_a_backend_type_member_or_its_name():
                                      "init_rpc: TypeError True"]
 
 
+def test_shutdown_timeout_option_bounds_a_graceful_shutdown(tmp_path):
+    """TensorPipeRpcBackendOptions(shutdown_timeout=s) is how long a
+    graceful shutdown() given no timeout of its own may wait for the job's
+    calls: worker0, with 1 s, gives up while its call to worker1 still runs
+    (3 s) and raises TimeoutError, instead of waiting for the call as with
+    the default (rpc_timeout, 60 s). worker1 gets 3 s, so as to outlast
+    worker0's deadline and not wait 60 s for it once it is gone."""
+    out = run(tmp_path, """
+        opts = rpc.TensorPipeRpcBackendOptions(shutdown_timeout=1 if rank == 0 else 3)
+        print("option:", opts.shutdown_timeout)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            f = rpc.rpc_async("worker1", slow, args=(3.0,))
+        try:
+            rpc.shutdown()
+            print("returned")
+        except TimeoutError as e:  # not waiting for the call: it ends at 3 s
+            print("TimeoutError", "active over all workers at the deadline" in str(e))
+        except RuntimeError as e:  # worker1, once worker0 (the store's host) has left
+            print("RuntimeError")
+    """, rank0_only=False)
+    assert [l for l in out if l.startswith("[0] ")] == ["[0] option: 1.0",
+                                                        "[0] TimeoutError True"]
+    assert "[1] option: 3.0" in out
+
+
 def test_num_worker_threads_is_the_callees_pool(tmp_path):
     """num_worker_threads=N runs N calls on the callee at once, more than
     the default 16: 20 calls that each wait at a barrier for all 20 all
