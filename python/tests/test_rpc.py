@@ -577,6 +577,30 @@ def test_backend_is_a_backend_type_member_or_its_name():
                                      "init_rpc: TypeError True"]
 
 
+def test_device_maps_gather_what_set_device_map_and_the_constructor_name():
+    """PyTorch's device maps, CPU to CPU only: device_maps holds every map
+    the constructor and set_device_map named, one per destination worker
+    (naming a worker again updates its map); a map naming CUDA is refused
+    and leaves device_maps as it was."""
+    prog = textwrap.dedent("""
+        from tensorplay.distributed import rpc
+        opts = rpc.TensorPipeRpcBackendOptions(device_maps={"worker1": {"cpu": "cpu"}})
+        print(sorted(opts.device_maps))
+        opts.set_device_map("worker2", {"cpu": "cpu"})
+        opts.set_device_map("worker1", {"cpu": "cpu"})
+        try:
+            opts.set_device_map("worker3", {"cpu": "cuda:0"})
+        except ValueError as e:
+            print("cuda refused:", "CPU tensors only" in str(e))
+        print(sorted((to, sorted(m.items())) for to, m in opts.device_maps.items()))
+    """)
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == [
+        "['worker1']", "cuda refused: True",
+        "[('worker1', [('cpu', 'cpu')]), ('worker2', [('cpu', 'cpu')])]"]
+
+
 def test_shutdown_timeout_option_bounds_a_graceful_shutdown(tmp_path):
     """TensorPipeRpcBackendOptions(shutdown_timeout=s) is how long a
     graceful shutdown() given no timeout of its own may wait for the job's
