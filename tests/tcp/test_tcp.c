@@ -639,6 +639,118 @@ static void test_tcp_dead_peer_not_dialed_again(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- A probe nobody answers (TCP-7) ---------------------------------------------------- */
+
+enum {
+    F_PS_GO = 0,      /* worker 2 is stopped: worker 1 calls it */
+    F_PS_DONE = 1,    /* worker 1's call returned */
+    F_PS_CONT = 2,    /* worker 2 runs again */
+    C_PS_READY = 0,   /* workers up, worker 1's connection to worker 2 open */
+    C_PS_CALLING = 1, /* worker 1 is about to call the stopped worker 2 */
+    C_PS_STATUS = 2,  /* what that call returned */
+    C_PS_PROBE = 3,   /* 1 when its message was the probe's verdict */
+    NS_PS_FAILED = 0  /* when that call returned */
+};
+
+#define PS_CALL_TIMEOUT 60.0 /* far beyond the probe's 5 s: only the verdict ends the call soon */
+
+static int body_probe_unanswered(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) { /* worker 1's own connection to worker 2 opens: the probe PINGs on it */
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(2), 1, 2, 10, &v) == TP_OK && v == 3);
+    }
+    atomic_fetch_add(&sh->count[C_PS_READY], 1);
+    if (rank == 1) {
+        TT_CHECK(tt_await_flag(sh, F_PS_GO, 1, 30) == 0);
+        atomic_store(&sh->count[C_PS_CALLING], 1);
+        int64_t v = 0;
+        tp_status st = tt_call_add(tp_to_rank(2), 1, 2, PS_CALL_TIMEOUT, &v);
+        atomic_store(&sh->ns[NS_PS_FAILED], tt_now_ns());
+        fprintf(stderr, "worker1: the call to the stopped worker 2 returned %s (%s)\n",
+                tp_status_name(st), st == TP_OK ? "" : tp_errmsg());
+        atomic_store(&sh->count[C_PS_STATUS], (int)st);
+        atomic_store(&sh->count[C_PS_PROBE],
+                     st != TP_OK && strstr(tp_errmsg(), "no answer to a probe"));
+        atomic_store(&sh->flag[F_PS_DONE], 1);
+    }
+    /* Worker 2 is stopped for the probe's 5 s and the parent's slack. */
+    TT_CHECK(tt_await_flag(sh, F_PS_CONT, 1, 90) == 0);
+    /* TP_EIO: worker 2 may live, so the next send dials it again. */
+    TT_CHECK(tt_all_answer(job, rank) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-7, TCP-6. Worker 2 is stopped (SIGSTOP: its kernel still
+ * accepts and acknowledges, nothing reads) while worker 1 has a call in
+ * flight to it (timeout 60 s) on its open connection to it. A connection to
+ * worker 1 as "worker 2" (the parent, with the job's key) ends without BYE or
+ * ABORT, so worker 1 probes worker 2 with a PING on that connection; no PONG
+ * comes, and within TPI_TCP_PROBE_TIMEOUT_MS (5 s) the connection fails with
+ * peer-down TP_EIO "no answer to a probe within 5000 ms", which fails the
+ * call in flight: between 5 s and 20 s after the end, not at its 60 s
+ * timeout. Worker 2 then runs again and every pair calls (worker 1 dials it
+ * again) and shuts down gracefully. */
+static void test_tcp_probe_unanswered_fails_calls(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_probe_unanswered, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_PS_READY]) < 3 && tt_now_ns() < deadline)
+        usleep(1000);
+    assert_int_equal(atomic_load(&job.shared->count[C_PS_READY]), 3);
+    char addr1[128];
+    tt_worker_addr(job.store_port, 1, addr1, sizeof addr1);
+    /* Worker 2 stopped, every thread of it, before worker 1 calls. */
+    assert_int_equal(kill(job.pid[2], SIGSTOP), 0);
+    int ws = 0;
+    assert_int_equal(waitpid(job.pid[2], &ws, WUNTRACED), job.pid[2]);
+    assert_true(WIFSTOPPED(ws));
+    atomic_store(&job.shared->flag[F_PS_GO], 1);
+    deadline = tt_now_ns() + 20000000000ull;
+    while (atomic_load(&job.shared->count[C_PS_CALLING]) < 1 && tt_now_ns() < deadline)
+        usleep(1000);
+    int calling = atomic_load(&job.shared->count[C_PS_CALLING]);
+    usleep(200000); /* the call goes out (the verdict fails it even if it waits) */
+    /* "Worker 2" connects to worker 1, is taken for it, and goes away. */
+    int fd = tt_hello_as_worker2(addr1);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
+    tt_raw_send(fd, rec, sizeof rec);
+    size_t got = tt_raw_recv(fd, rec, sizeof rec);
+    int pong = got == sizeof rec && tpi_tcp_ctl_kind_of(rec) == TPI_TCP_CTL_PONG;
+    uint64_t ended = tt_now_ns();
+    close(fd); /* end of file, no BYE, no ABORT: worker 1 probes worker 2 */
+    /* The verdict is due 5 s after the probe; 20 s is ample on a loaded machine. */
+    deadline = ended + 20000000000ull;
+    while (!atomic_load(&job.shared->flag[F_PS_DONE]) && tt_now_ns() < deadline)
+        usleep(1000);
+    int done = atomic_load(&job.shared->flag[F_PS_DONE]);
+    double after = done ? (double)(atomic_load(&job.shared->ns[NS_PS_FAILED]) - ended) / 1e9 : -1;
+    if (done)
+        fprintf(stderr, "the call returned %.2f s after \"worker 2\"'s connection ended\n", after);
+    else
+        fprintf(stderr, "no verdict 20 s after \"worker 2\"'s connection ended\n");
+    /* Worker 2 runs again before any assert, so the job always ends. */
+    assert_int_equal(kill(job.pid[2], SIGCONT), 0);
+    atomic_store(&job.shared->flag[F_PS_CONT], 1);
+    int waited = tt_wait(&job, 90);
+    int status = atomic_load(&job.shared->count[C_PS_STATUS]);
+    int probe_msg = atomic_load(&job.shared->count[C_PS_PROBE]);
+    tt_job_free(&job);
+    assert_int_equal(calling, 1);
+    assert_true(pong);
+    assert_int_equal(done, 1); /* else the probe had no deadline: the call waits on */
+    assert_int_equal(status, TP_EIO);
+    assert_int_equal(probe_msg, 1);
+    assert_true(after >= 4.5 && after < 20);
+    assert_int_equal(waited, 0);
+}
+
 /* ---- A worker restarted as a new incarnation (REJOIN, AGENT-16) ------------------------- */
 
 enum { F_UP = 0, F_SAW_DEAD = 1, F_NEW_UP = 2, F_CALLED_NEW = 3, NS_REJOINED = 1 };
@@ -1761,6 +1873,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_kill9),
         cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
+        cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),
         cmocka_unit_test(test_tcp_peer_leaves),
         cmocka_unit_test(test_tcp_host_name),
         cmocka_unit_test(test_tcp_auth_refuses_outsiders),
