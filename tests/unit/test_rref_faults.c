@@ -559,6 +559,102 @@ static void test_rref_fork_in_transit_not_asked_about(void **state) {
 }
 
 /*
+ * RREF-19: a second query waits afresh. The owner w1 sent its value A to w0,
+ * and the link breaks (1 s): w1 asks w0 about A's fork, and w0 answers
+ * "later" until 1 s after that query first came (the reordering bound,
+ * AGENT-17), then "held" (2.26 s). That answer is held up 10.5 s, past w1's
+ * attempt timeout (10 s, at 12.26 s), so w1 asks again after its backoff
+ * (1.28 s, at 13.54 s), with no break between. By then w1 has sent w0 a
+ * second value B (13.45 s) in a REMOTE held back (the chaos mode's
+ * reordering, 500 ms more with its type's delay: it arrives at 13.96 s), so
+ * the new query, which names B's fork, overtakes it. w0 must make that query
+ * wait the bound again, as a first one: answered at once (the time of the
+ * first query kept past its answer), B's fork would be "not held", and w1
+ * would free B while the REMOTE delivers it to w0, whose to_here then finds
+ * it freed.
+ */
+#define AGAIN_SEND_S 13.45 /* w1 sends B, 0.09 s before its second query */
+#define AGAIN_CHECK_S 17.0 /* w0 answered the second query once the bound passed */
+#define AGAIN_PLAN                                                                                 \
+    "break 0 1 1000\n"                                                                             \
+    "delay 0 1 2000 2500 10500\n"     /* w0's answer "held" (2.26 s) comes after w1's timeout */   \
+    "chaos 0 0 1000000 13400 13500\n" /* B's REMOTE is held back; reordering on from the start */  \
+    "delaytype remote 500\n"
+
+static tp_status again_fetch_st = TP_EINVAL; /* w0's to_here of B */
+static uint64_t again_overtaken_msgs; /* delivered from just before B's send until 0.3 s after */
+
+static int query_again_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 1) {
+        tp_rref *a = NULL;
+        CHECK(tp_rref_from_value(tp_value_object("Obj", malloc(1), obj_destroy), &a) == TP_OK);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(a));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(0), "keep", args, NULL, 5.0, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(a); /* only w0's fork keeps A now */
+        tp_rref *b = NULL;
+        CHECK(tp_rref_from_value(tp_value_object("Obj", malloc(1), obj_destroy), &b) == TP_OK);
+        sleep_until(AGAIN_SEND_S);
+        args = tp_value_list_of(1, tp_value_rref(b));
+        tp_rref *made = NULL;
+        CHECK(tp_remote(tp_to_rank(0), "keep_all", args, NULL, 5.0, &made) == TP_OK);
+        tp_value_free(args);
+        tp_rref_release(b); /* only w0's fork keeps B now */
+        tp_value *v = NULL;
+        CHECK(made && tp_rref_to_here(made, 5.0, &v) == TP_OK);
+        tp_value_free(v);
+        tp_rref_release(made);
+    }
+    if (rank == 0) {
+        sleep_until(AGAIN_SEND_S - 0.05);
+        uint64_t m0 = tp_sim_messages(tp_sim_current());
+        sleep_until(AGAIN_SEND_S + 0.3); /* the query came and was answered; B's REMOTE not yet */
+        again_overtaken_msgs = tp_sim_messages(tp_sim_current()) - m0;
+        CHECK(destroyed == 0); /* B lives while its REMOTE is on the way */
+    }
+    sleep_until(AGAIN_CHECK_S);
+    if (rank == 0) {
+        tp_value *v = NULL;
+        again_fetch_st = kept_all[0][0] ? tp_rref_to_here(kept_all[0][0], 1.0, &v) : TP_EINVAL;
+        tp_value_free(v);
+    }
+    if (rank == 1)
+        CHECK(destroyed == 0); /* w0 holds both */
+    sleep_until(AGAIN_CHECK_S + 1.5);
+    if (rank == 0)
+        drop_all();
+    sleep_until(AGAIN_CHECK_S + 1.5 + SETTLE_S);
+    if (rank == 1)
+        CHECK(destroyed == 1); /* B's delete came */
+    if (rank == 0) {
+        tp_rref_release(kept[0]);
+        kept[0] = NULL;
+    }
+    sleep_until(AGAIN_CHECK_S + 1.5 + 2 * SETTLE_S);
+    if (rank == 1)
+        CHECK(destroyed == 2); /* and A's */
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_forks_query_again_waits_afresh(void **state) {
+    (void)state;
+    again_fetch_st = TP_EINVAL;
+    again_overtaken_msgs = 0;
+    run_plan_with(AGAIN_PLAN, query_again_program);
+    /* The schedule is the one described: to_here's fetch (held back too, it
+     * waits for B), the second query and its answer all came before B. */
+    assert_int_equal(again_overtaken_msgs, 3);
+    /* An object cannot travel: the owner has it, so to_here says TP_ETYPE. */
+    assert_int_equal(again_fetch_st, TP_ETYPE);
+}
+
+/*
  * METHOD-3: w2's method call reaches w1 before the remote() that makes its
  * value (its REMOTE held back 200 ms), and w1 has one pool thread. The call
  * must not wait for the value on that thread: the remote() queued behind it
@@ -1012,6 +1108,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_query_once_per_break, reset_failures),
         cmocka_unit_test_setup(test_rref_fork_in_transit_not_asked_about, reset_failures),
+        cmocka_unit_test_setup(test_rref_forks_query_again_waits_afresh, reset_failures),
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
