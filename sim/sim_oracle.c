@@ -55,6 +55,7 @@ struct tpi_sim_oracle {
     tpi_idmap served;            /* {agent, caller rank << 40 | call id} -> oserve */
     tpi_idmap forks;             /* {holder agent, fork worker << 40 | fork counter} -> ofork */
     tpi_idmap recorded;          /* {owner agent, the same fork key} -> 1: forks owners record */
+    tpi_idmap freed;             /* {owner agent, rref key} -> 1: values their owner freed */
     tpi_idmap canceled;          /* {caller host, call id} -> 1: REQUESTs that ended TP_ECANCELED */
     uint32_t *running;           /* by agent id: functions running now */
     uint64_t running_total;      /* the sum of running: 0 lets on_drained skip its walk */
@@ -111,6 +112,7 @@ static tpi_sim_oracle *oracle(tp_sim *sim) {
         tpi_idmap_init(&sim->oracle->served);
         tpi_idmap_init(&sim->oracle->forks);
         tpi_idmap_init(&sim->oracle->recorded);
+        tpi_idmap_init(&sim->oracle->freed);
         tpi_idmap_init(&sim->oracle->canceled);
     }
     return sim->oracle;
@@ -156,6 +158,7 @@ void tpi_sim_oracle_free(tp_sim *sim) {
     tpi_idmap_free(&o->served);
     tpi_idmap_free(&o->forks);
     tpi_idmap_free(&o->recorded); /* its values are markers, not memory */
+    tpi_idmap_free(&o->freed);    /* the same */
     tpi_idmap_free(&o->canceled); /* the same */
     free(o->running);
     free(o->shutdown_begin_ns);
@@ -443,11 +446,52 @@ static int fork_key(tp_sim *sim, const tpi_sim_agent *a, const tp_probe *p, tpi_
     return 1;
 }
 
+static int any_host_dead(const tp_sim *sim) {
+    for (uint32_t h = 0; h < sim->nhosts; h++)
+        if (sim->hosts[h].dead)
+            return 1;
+    return 0;
+}
+
+/* The key of the rref a probe names, in the owner agent's namespace. */
+static int rref_key(tp_sim *sim, uint32_t owner_agent, const tp_probe *p, tpi_gid *key) {
+    if (p->rref.local >> SERVE_KEY_ID_BITS) {
+        tpi_sim_violation(sim, "rref %u:%llu is out of the oracle's range", p->rref.worker,
+                          (unsigned long long)p->rref.local);
+        return 0;
+    }
+    *key = (tpi_gid){owner_agent, ((uint64_t)p->rref.worker << SERVE_KEY_ID_BITS) | p->rref.local};
+    return 1;
+}
+
+/*
+ * RREF-3..6, seen from the holder: a fork that becomes live after its owner
+ * freed the value was in flight when the owner let go (the check at the free
+ * only sees forks already delivered). Only while no host has died (RREF-12).
+ */
+static void check_fork_after_free(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
+    tpi_sim_oracle *o = oracle(sim);
+    uint32_t host = rank_host(a, p->peer); /* the owner's rank: an id names its creator */
+    tpi_sim_agent *owner = host == UINT32_MAX ? NULL : host_agent(sim, host);
+    tpi_gid key;
+    if (!owner || any_host_dead(sim) || !rref_key(sim, owner->id, p, &key) ||
+        !tpi_idmap_get(&o->freed, key))
+        return;
+    tpi_sim_violation(sim,
+                      "host %u (agent %u) received fork %u:%llu of rref %u:%llu after its owner, "
+                      "host %u (agent %u), freed the value: it was freed while the fork was on "
+                      "its way",
+                      a->host, a->id, p->fork.worker, (unsigned long long)p->fork.local,
+                      p->rref.worker, (unsigned long long)p->rref.local, owner->host, owner->id);
+}
+
 static void on_fork(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int live) {
     tpi_sim_oracle *o = oracle(sim);
     tpi_gid key;
     if (!fork_key(sim, a, p, &key))
         return;
+    if (live)
+        check_fork_after_free(sim, a, p);
     ofork *f = tpi_idmap_get(&o->forks, key);
     if (!live) {
         if (f) {
@@ -478,9 +522,15 @@ static void on_fork(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p, int live) 
  */
 static void on_owner_free(tp_sim *sim, tpi_sim_agent *a, const tp_probe *p) {
     tpi_sim_oracle *o = oracle(sim);
-    for (uint32_t h = 0; h < sim->nhosts; h++)
-        if (sim->hosts[h].dead)
-            return;
+    tpi_gid fkey;
+    if (rref_key(sim, a->id, p, &fkey)) {
+        tp_status st = tpi_idmap_put(&o->freed, fkey, (void *)(uintptr_t)1);
+        /* Already there: a value made again after a death let its id be
+         * reused (RREF-12), which the check below skips anyway. */
+        TPI_ASSERT((st == TP_OK || st == TP_EALREADY) && "the oracle cannot run without memory");
+    }
+    if (any_host_dead(sim))
+        return;
     /* Slot order: a pure function of the operations done (idmap.h). */
     for (size_t i = 0; i < o->forks.cap; i++) {
         const ofork *f = o->forks.slots[i].value;
