@@ -1425,6 +1425,72 @@ static void test_tcp_store_accepted_sockets_tuned(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/* ---- tcp_sock.c: the store's sockets with deadlines -------------------------- */
+
+/* A connected pair on 127.0.0.1: *c from tpi_sock_connect (non-blocking),
+ * *s the accepted end (blocking). */
+static void sock_pair(int *c, int *s) {
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(l >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    *c = tpi_sock_connect((struct sockaddr *)&sa, len, 2000);
+    assert_true(*c >= 0);
+    *s = accept(l, NULL, NULL);
+    assert_true(*s >= 0);
+    close(l);
+}
+
+/* Closes s with a reset (SO_LINGER 0), as a killed process's kernel may. */
+static void close_with_reset(int s) {
+    struct linger lg = {1, 0};
+    assert_int_equal(setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+    close(s);
+}
+
+/* spec: TCP-9: every wait of the store's sockets ends at its deadline, and a
+ * connection that broke says so at once (its error, not the deadline's):
+ * the store client tells a store that is gone from a slow one by it. */
+static void test_tcp_sock_errors_come_at_once(void **state) {
+    (void)state;
+    uint8_t buf[64] = {0};
+    int c, s;
+    /* A reset while reading: -ECONNRESET well before the 5 s deadline. */
+    sock_pair(&c, &s);
+    assert_int_equal(send(s, "abc", 3, 0), 3);
+    uint64_t t0 = tt_now_ns();
+    usleep(20000);
+    close_with_reset(s);
+    int rc = tpi_sock_recv_all(c, buf, sizeof buf, t0 + 5000000000ull);
+    assert_true(rc == -ECONNRESET);
+    assert_true(tt_now_ns() - t0 < 2000000000ull);
+    assert_string_equal(tpi_sock_strerror(rc), strerror(ECONNRESET));
+    /* A write after it: -EPIPE or -ECONNRESET at once, no SIGPIPE. */
+    t0 = tt_now_ns();
+    rc = tpi_sock_send_all(c, buf, sizeof buf, t0 + 5000000000ull);
+    assert_true(rc == -EPIPE || rc == -ECONNRESET);
+    assert_true(tt_now_ns() - t0 < 2000000000ull);
+    close(c);
+    /* An orderly close: TPI_SOCK_EOF, after the bytes that came before it. */
+    sock_pair(&c, &s);
+    assert_int_equal(send(s, "xy", 2, 0), 2);
+    close(s);
+    assert_int_equal(tpi_sock_recv_all(c, buf, 2, tt_now_ns() + 5000000000ull), 0);
+    assert_memory_equal(buf, "xy", 2);
+    assert_int_equal(tpi_sock_recv_all(c, buf, 1, tt_now_ns() + 5000000000ull), TPI_SOCK_EOF);
+    close(c);
+    /* Nothing comes: -ETIMEDOUT at the deadline, not before. */
+    sock_pair(&c, &s);
+    t0 = tt_now_ns();
+    assert_int_equal(tpi_sock_recv_all(c, buf, 1, t0 + 200000000ull), -ETIMEDOUT);
+    assert_true(tt_now_ns() - t0 >= 200000000ull);
+    close(s);
+    close(c);
+}
+
 int main(void) {
     tt_ensure_secret();
     char err[TP_ERRMSG_LEN_MAX];
@@ -1436,6 +1502,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
         cmocka_unit_test(test_tcp_store_request_key_bounds),
+        cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
