@@ -747,6 +747,9 @@ uint32_t *tpi_names_by_name(struct tpi_names *t);
 /* By id: the credit each rank granted this worker (FLOW-6), UINT64_MAX in
  * the empty table (no grant read yet: the window alone). */
 const uint64_t *tpi_names_credit(struct tpi_names *t);
+/* Rank entries this process copied out of store scans so far (STORE-13:
+ * a world's workers in one process share one parse; for tests). */
+uint64_t tpi_rendezvous_rows_copied(void);
 /* The init rendezvous (INIT-4..7): claims, all-gather, set_peers. */
 tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns);
 /* Then the ready barrier and the commit (INIT-5, INIT-8); the worker already

@@ -373,6 +373,59 @@ static void test_init_late_worker_told_of_timeout(void **state) {
     assert_true(late_took[1] < 100 * MS); /* its first look, not its 10 s deadline */
 }
 
+/* ---- One parse per process (STORE-13) --------------------------------------- */
+
+enum { SHARED_WORLD = 64 };
+static int shared_inits;
+
+static int shared_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (tp_init_rpc(name, "SIM", rank, world_size, NULL) != TP_OK)
+        return 1;
+    shared_inits++; /* the simulator runs one task at a time */
+    return tp_shutdown(1) == TP_OK ? 0 : 1;
+}
+
+/*
+ * The workers of a simulated world read the same rank entries from the
+ * store; those a table of this process already holds are matched, not
+ * copied, so a world of n workers copies about n entries, not n^2 (each
+ * worker parsing all of them: 4,096 here).
+ */
+static void shared_parse(tp_store *store) {
+    tp_sim_config cfg = {.hosts = SHARED_WORLD, .seed = 3, .store = store};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[SHARED_WORLD];
+    shared_inits = 0;
+    uint64_t before = tpi_rendezvous_rows_copied();
+    assert_int_equal(tp_sim_run(sim, shared_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    uint64_t copied = tpi_rendezvous_rows_copied() - before;
+    assert_int_equal(shared_inits, SHARED_WORLD);
+    for (int r = 0; r < SHARED_WORLD; r++)
+        assert_int_equal(codes[r], 0);
+    fprintf(stderr, "a world of %d copied %llu rank entries\n", SHARED_WORLD,
+            (unsigned long long)copied);
+    assert_true(copied >= SHARED_WORLD);
+    assert_true(copied <= 4 * SHARED_WORLD);
+}
+
+static void test_init_world_shares_one_parse_of_the_entries(void **state) {
+    (void)state;
+    /* The simulator's store names its instance: a later worker takes the
+     * table its instance's scan made without scanning. */
+    shared_parse(NULL);
+    /* A store that does not (SQLite's): each worker scans, and matches what
+     * it reads against the table made first. */
+    tp_store *store = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tp_sqlite_store_open(":memory:", &store, err, sizeof err), TP_OK);
+    shared_parse(store);
+    store->ops->close(store);
+}
 
 /* ---- Two worlds of one shape at once (STORE-13) ------------------------------ */
 
@@ -678,6 +731,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
         cmocka_unit_test_setup(test_init_warmup_reaches_every_worker, reset_failures),
+        cmocka_unit_test_setup(test_init_world_shares_one_parse_of_the_entries, reset_failures),
         cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere, reset_failures),
         cmocka_unit_test_setup(test_init_failed_warmup_leaves_worker_uninitialized, reset_failures),
         cmocka_unit_test(test_init_reserved_names_rejected),
