@@ -410,6 +410,28 @@ def test_restarts_are_bounded_per_rank(tmp_path):
            "others" in p.stderr
 
 
+# A program whose first run deletes it and exits 3: its restart's exec fails
+# (ENOENT). Rank 0 alone, so --restart-rank0 (LAUNCH-7).
+VANISHING_PROGRAM = '#!/bin/sh\nrm -f "$0"\nexit 3\n'
+
+
+# spec: LAUNCH-6, LAUNCH-8: a restart that cannot start leaves the failure
+# not restarted: the job ends with the rank's status, not the launcher's.
+def test_restart_that_cannot_start_ends_the_job_with_the_rank_status(tmp_path):
+    prog = tmp_path / "vanishing.sh"
+    prog.write_text(VANISHING_PROGRAM)
+    prog.chmod(0o700)
+    p = launch(tmp_path, ["--nproc-per-node", "1", "--max-restarts", "1", "--restart-rank0",
+                          "--grace", "1", "--no-python", str(prog)])
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert not prog.exists()
+    assert p.stderr.splitlines() == [
+        "tensorplay.distributed.run: rank 0 exited with status 3; restarting it as a new "
+        "incarnation (TP_REJOIN=1), restart 1 of 1",
+        "tensorplay.distributed.run: rank 0 exited with status 3; cannot restart it: No such "
+        "file or directory; stopping the others"], p.stderr
+
+
 # spec: LAUNCH-7
 def test_rank0_is_not_restarted_with_env_store(tmp_path):
     p = launch_elastic(tmp_path, ["--max-restarts", "1"], victim=0)

@@ -517,10 +517,8 @@ class Job:
                 self._spawn(local_rank, done + 1)
                 return
             except OSError as e:
-                sys.stderr.write("%s: cannot restart rank %d: %s; stopping the others\n"
-                                 % (_PROG, rank, e.strerror or e))
-                self.begin_stop(signal.SIGTERM, 1)
-                return
+                # Not restarted: the job ends with the rank's failure (LAUNCH-6).
+                tail = "; cannot restart it: %s; stopping the others" % (e.strerror or e)
         elif most > 0:
             tail = " after %d restart%s (--max-restarts %d); stopping the others" % (
                 done, "" if done == 1 else "s", most)
