@@ -607,8 +607,10 @@ static void set_env_int(const char *name, long v) {
     setenv(name, s, 1);
 }
 
-/* In the child: LAUNCH-4's environment, then PROGRAM. Never returns. */
-static void exec_worker(const job *j, int local, int restarts) {
+/* In the child: LAUNCH-4's environment, then PROGRAM. Never returns. When
+ * the exec fails, its errno goes to exec_err (close-on-exec, so tprun reads
+ * end of file when the exec succeeds) and the child exits 127. */
+static void exec_worker(const job *j, int local, int restarts, int exec_err) {
     const options *o = j->o;
     set_env_int("RANK", global_rank(j, local));
     set_env_int("LOCAL_RANK", local);
@@ -627,7 +629,9 @@ static void exec_worker(const job *j, int local, int restarts) {
     else
         unsetenv("TP_REJOIN");
     execvp(o->program[0], o->program);
-    fprintf(stderr, "tprun: cannot run '%s': %s\n", o->program[0], strerror(errno));
+    int e = errno;
+    if (write(exec_err, &e, sizeof e) != (ssize_t)sizeof e)
+        fprintf(stderr, "tprun: cannot run '%s': %s\n", o->program[0], strerror(e));
     _exit(127);
 }
 
@@ -643,9 +647,19 @@ static stream *stream_new(int fd, int out_fd, int rank) {
     return s;
 }
 
-/* Starts local rank `local` (its restarts-th restart); 0, or -1 with errno. */
+static void close_pipe(int p[2]) {
+    close(p[0]);
+    close(p[1]);
+}
+
+/* Starts local rank `local` (its restarts-th restart); 0, SPAWN_EXEC_FAILED
+ * when PROGRAM could not be executed, or -1 (no pipe, fork or memory), each
+ * failure with errno. The exec's failure is known here, before spawn returns,
+ * so a restart that cannot run is the launcher's to report, not a new
+ * failure of the rank (LAUNCH-6). */
+#define SPAWN_EXEC_FAILED (-2)
 static int spawn(job *j, int local, int restarts) {
-    int out[2], err[2];
+    int out[2], err[2], ex[2];
     if (streams_reserve(j) != 0) {
         errno = ENOMEM;
         return -1;
@@ -653,13 +667,20 @@ static int spawn(job *j, int local, int restarts) {
     if (pipe(out) < 0)
         return -1;
     if (pipe(err) < 0) {
-        close(out[0]);
-        close(out[1]);
+        close_pipe(out);
+        return -1;
+    }
+    if (pipe(ex) < 0) {
+        int saved = errno;
+        close_pipe(out);
+        close_pipe(err);
+        errno = saved;
         return -1;
     }
     for (int k = 0; k < 2; k++) { /* tprun is single-threaded: no exec in between */
         fcntl(out[k], F_SETFD, FD_CLOEXEC);
         fcntl(err[k], F_SETFD, FD_CLOEXEC);
+        fcntl(ex[k], F_SETFD, FD_CLOEXEC);
     }
     fflush(NULL);
     pid_t pid = fork();
@@ -677,11 +698,30 @@ static int spawn(job *j, int local, int restarts) {
          * when a pipe already was 1 or 2 this does). */
         fcntl(1, F_SETFD, 0);
         fcntl(2, F_SETFD, 0);
-        exec_worker(j, local, restarts);
+        exec_worker(j, local, restarts, ex[1]);
     }
     int saved = errno;
     close(out[1]);
     close(err[1]);
+    close(ex[1]);
+    if (pid > 0) {
+        /* End of file: the exec succeeded (or the child died before it, a
+         * failure reap will see); an errno: it failed, and the child exits. */
+        int e = 0;
+        ssize_t k;
+        while ((k = read(ex[0], &e, sizeof e)) < 0 && errno == EINTR) {
+        }
+        if (k == (ssize_t)sizeof e) {
+            while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+            }
+            close(ex[0]);
+            close(out[0]);
+            close(err[0]);
+            errno = e;
+            return SPAWN_EXEC_FAILED;
+        }
+    }
+    close(ex[0]);
     int rank = global_rank(j, local);
     stream *so = pid > 0 ? stream_new(out[0], 1, rank) : NULL;
     stream *se = pid > 0 ? stream_new(err[0], 2, rank) : NULL;
@@ -759,10 +799,9 @@ static void on_failure(job *j, int local, int status) {
                 rank, cause, restarts + 1, o->max_restarts);
         if (spawn(j, local, restarts + 1) == 0)
             return;
-        fprintf(stderr, "tprun: cannot restart rank %d: %s; stopping the others\n", rank,
-                strerror(errno));
-        begin_stop(j, SIGTERM, 1);
-        return;
+        /* Not restarted: the job ends with the rank's failure (LAUNCH-6). */
+        fprintf(stderr, "tprun: rank %d %s; cannot restart it: %s; stopping the others\n", rank,
+                cause, strerror(errno));
     } else if (o->max_restarts > 0) {
         fprintf(stderr,
                 "tprun: rank %d %s after %d restart%s (--max-restarts %d); stopping the others\n",
@@ -864,7 +903,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     for (int r = 0; r < j.n && !j.stopping; r++) {
-        if (spawn(&j, r, 0) != 0) {
+        int st = spawn(&j, r, 0);
+        if (st == SPAWN_EXEC_FAILED) {
+            fprintf(stderr, "tprun: cannot run '%s': %s\n", o.program[0], strerror(errno));
+            begin_stop(&j, SIGTERM, 127);
+        } else if (st != 0) {
             fprintf(stderr, "tprun: cannot start rank %d: %s\n", global_rank(&j, r),
                     strerror(errno));
             begin_stop(&j, SIGTERM, 1);

@@ -69,7 +69,8 @@ check "no prefix" "rank 0" "$out"
 
 "$tprun" sh -c true >/dev/null 2>&1; check "no --nproc" 2 $?
 "$tprun" --nproc 0 sh -c true >/dev/null 2>&1; check "bad --nproc" 2 $?
-"$tprun" --nproc 1 /nonexistent/program >/dev/null 2>&1; check "missing program" 127 $?
+"$tprun" --nproc 1 /nonexistent/program >/dev/null 2>"$tmp/err"; check "missing program" 127 $?
+check "missing program: says so" "tprun: cannot run '/nonexistent/program': No such file or directory" "$(cat "$tmp/err")"
 
 if [ -n "$add_tcp" ]; then
   out=$("$tprun" --nproc 2 "$add_tcp" 2>&1)
@@ -197,6 +198,16 @@ rm -rf "$tmp/once"
 out=$("$tprun" --nproc 2 --max-restarts 1 --restart-rank0 sh -c \
   'if [ $RANK = 0 ] && mkdir "$0/once" 2>/dev/null; then kill -9 $$; fi; echo "c$TORCHELASTIC_RESTART_COUNT"' "$tmp" 2>/dev/null)
 check "--restart-rank0" "[0] c1 [1] c0" "$(echo "$out" | sort | tr '\n' ' ' | sed 's/ $//')"
+# spec: LAUNCH-6, LAUNCH-8: a restart that cannot start (the program deleted
+# itself and exited 3, so the restart's exec fails with ENOENT) leaves the
+# failure not restarted: the job ends with the rank's status, and says why.
+printf '#!/bin/sh\nrm -f "$0"\nexit 3\n' >"$tmp/vanishing"
+chmod 700 "$tmp/vanishing"
+"$tprun" --nproc 1 --max-restarts 1 --restart-rank0 --grace 1 "$tmp/vanishing" >/dev/null 2>"$tmp/err"
+rc=$?
+check "restart cannot start: the rank's status" 3 "$rc"
+check "restart cannot start: says so" "tprun: rank 0 exited with status 3; restarting it as a new incarnation (TP_REJOIN=1), restart 1 of 1
+tprun: rank 0 exited with status 3; cannot restart it: No such file or directory; stopping the others" "$(cat "$tmp/err")"
 # The launcher stopping the job (a signal to it) restarts nobody.
 "$tprun" --nproc 2 --max-restarts 3 --grace 1 sh -c 'echo up >"$0/up.$RANK"; exec sleep 30' "$tmp" \
   >/dev/null 2>"$tmp/err" &
