@@ -796,6 +796,52 @@ def test_async_execution_and_futures_the_program_completes(tmp_path):
     assert "[2] trainer 2 [97, 91, 82]" in out
 
 
+def test_a_future_failed_by_the_program_keeps_its_exception_type(tmp_path):
+    """An async_execution function's future the program fails, with a class
+    of its own (of __main__, one nested in a class too) or a builtin one:
+    the caller raises that very class, with the message, as it does for a
+    function that raises (the callee names a class by module.qualname,
+    builtins by their bare name)."""
+    out = run(tmp_path, """
+        import threading
+
+        class Oops(Exception):
+            pass
+
+        class Outer:
+            class Inner(LookupError):
+                pass
+
+        @rpc.functions.async_execution
+        def fail_with(kind, later):
+            cls = {"Oops": Oops, "Inner": Outer.Inner, "ValueError": ValueError}[kind]
+            exc = cls("%s from the future" % kind)
+            f = rpc.Future()
+            if later:
+                threading.Timer(0.05, f.set_exception, args=(exc,)).start()
+            else:
+                f.set_exception(exc)
+            return f
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            for cls in (Oops, Outer.Inner, ValueError):
+                for later in (False, True):
+                    name = cls.__name__
+                    try:
+                        rpc.rpc_sync("worker1", fail_with, args=(name, later), timeout=20)
+                        print(name, "answered")
+                    except Exception as e:
+                        print(name, later, type(e) is cls, type(e).__qualname__,
+                              "%s from the future" % name in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["Oops False True Oops True", "Oops True True Oops True",
+                   "Inner False True Outer.Inner True", "Inner True True Outer.Inner True",
+                   "ValueError False True ValueError True",
+                   "ValueError True True ValueError True"]
+
+
 def test_allow_list_serves_what_it_names_by_name(tmp_path):
     """expose=[f] names f as module.qualname too (spec/api.md PY-1): a
     wrapper made with functools.wraps exposes the name of the function it
