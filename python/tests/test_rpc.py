@@ -700,6 +700,7 @@ def test_a_dict_refused_for_a_non_str_key_frees_what_it_built(tmp_path):
     126784 KiB, about 1.2 MiB a refusal."""
     out = run(tmp_path, """
         import collections
+        import threading
 
         def rss_kib():
             with open("/proc/self/statm") as f:
@@ -725,10 +726,25 @@ def test_a_dict_refused_for_a_non_str_key_frees_what_it_built(tmp_path):
         print(len(refused), set(refused))
         print("100 refusals, rss grew < 16 MiB:", grew < 16 * 1024)
         sys.stderr.write("100 refusals: rss grew %d KiB\\n" % grew)
+        # The same when the last value is what cannot be sent (the map
+        # freed on that path too: _rpc.c's second tp_value_free(v)).
+        del big[7]
+        big["lock"] = threading.Lock()
+        refused.clear()
+        for _ in range(5):
+            send()
+        before = rss_kib()
+        for _ in range(100):
+            send()
+        grew = rss_kib() - before
+        print(len(refused), all(m.startswith("args: a value of type") for m in refused))
+        print("100 refusals, rss grew < 16 MiB:", grew < 16 * 1024)
+        sys.stderr.write("100 refusals: rss grew %d KiB\\n" % grew)
         print(rpc.rpc_sync("worker0", add, args=(1, 2), timeout=20))
         rpc.shutdown()
     """, nproc=1)
     assert out == ["105 {\"args: dict keys must be str, got 'int'\"}",
+                   "100 refusals, rss grew < 16 MiB: True", "105 True",
                    "100 refusals, rss grew < 16 MiB: True", "3"]
 
 
