@@ -429,6 +429,10 @@ static void on_write(uv_write_t *req, int status) {
         tpi_tcp_direct_grant(c->a, c->peer);
 }
 
+size_t tpi_tcp_conn_write_size(unsigned nbufs) {
+    return sizeof(conn_write) + nbufs * sizeof(uv_buf_t);
+}
+
 /* Queues bufs in one uv_write; frames (may be NULL) are freed when it
  * completes; chunk is the sealed buffer it writes (TCP-21), or -1. 0, or a
  * libuv error with the frames already freed. */

@@ -395,6 +395,125 @@ static void test_tcp_oom_in_a_handshakes_hmac(void **state) {
     }
 }
 
+/*
+ * No memory for the queued write of a sealed chunk (TCP-21): worker 0 sends
+ * a call of LARGE_CALL bytes, encrypted, to worker 1, stopped (SIGSTOP: it
+ * reads nothing), while every malloc of exactly a one-buffer write's size
+ * fails. The socket takes the first chunks at once; the chunk it cannot
+ * take, already sealed and off the queue, needs that write: its failure
+ * fails the connection (the stream would have a hole), and the call with
+ * it, at once, with TP_EIO and the reason, while worker 1 is still stopped.
+ * Resumed, with memory back, worker 1 answers calls again, the large one
+ * too, byte for byte, on a new connection; both shut down gracefully.
+ */
+#define LARGE_CALL (16u << 20) /* far more than the kernel buffers hold */
+#define TX_WARM 0              /* flag: worker 0's first call is over */
+#define TX_STOPPED 1           /* flag: the parent stopped worker 1 */
+#define TX_CALLED 2            /* flag: worker 0's large call ended, or waited out */
+#define TX_RESUMED 3           /* flag: the parent resumed worker 1 */
+#define TX_DONE 4              /* flag: worker 0 checked all; worker 1 may shut down */
+#define TX_FAILED 0            /* count: mallocs failed in worker 0 */
+
+static int echo_large(const uint8_t *data, double wait_s, tp_status *st, char *msg, size_t len) {
+    tp_value *args = tp_value_list_of(1, tp_value_bytes(data, LARGE_CALL));
+    if (!args)
+        return -1;
+    tp_future *f = NULL;
+    atomic_store(&malloc_failed, 0);
+    atomic_store(&malloc_fail_size, wait_s > 0 ? tpi_tcp_conn_write_size(1) : 0);
+    *st = tp_rpc_async(tp_to_rank(1), "echo", args, NULL, 60.0, &f);
+    if (*st == TP_OK)
+        *st = tp_future_wait(f, wait_s > 0 ? wait_s : 60.0);
+    atomic_store(&malloc_fail_size, 0);
+    snprintf(msg, len, "%s", !f ? tp_errmsg() : tp_future_error(f));
+    int same = 0;
+    if (*st == TP_OK) {
+        const void *back = NULL;
+        size_t n = 0;
+        same = tp_value_get_bytes(tp_future_value(f), &back, &n) == TP_OK && n == LARGE_CALL &&
+               memcmp(back, data, n) == 0;
+    }
+    tp_future_free(f); /* a pending one is dropped: its call goes on to its deadline */
+    tp_value_free(args);
+    return same;
+}
+
+static int tx_checks(tt_job *job, const uint8_t *data) {
+    tt_shared *sh = job->shared;
+    int64_t sum = 0;
+    TT_CHECK(tt_call_add(tp_to_rank(1), 1, 2, 20.0, &sum) == TP_OK && sum == 3);
+    atomic_store(&sh->flag[TX_WARM], 1);
+    TT_CHECK(tt_await_flag(sh, TX_STOPPED, 1, 60) == 0);
+    /* Worker 1 is stopped: the call ends by the failed write, not by an
+     * answer or its deadline. */
+    tp_status st;
+    char msg[TP_ERRMSG_LEN_MAX];
+    uint64_t t0 = tt_now_ns();
+    int same = echo_large(data, 5.0 * TT_SLOWDOWN, &st, msg, sizeof msg);
+    atomic_store(&sh->count[TX_FAILED], (int)atomic_load(&malloc_failed));
+    atomic_store(&sh->flag[TX_CALLED], 1);
+    fprintf(stderr,
+            "large call to a stopped worker, its chunk's write out of memory: %s after %.2f s: %s "
+            "(%u mallocs failed)\n",
+            tp_status_name(st), (double)(tt_now_ns() - t0) / 1e9, msg, atomic_load(&malloc_failed));
+    TT_CHECK(same == 0);
+    TT_CHECK(atomic_load(&malloc_failed) > 0);
+    TT_CHECK(st == TP_EIO || st == TP_EPEERDOWN);
+    TT_CHECK(strstr(msg, uv_strerror(UV_ENOMEM)) != NULL);
+    /* Resumed, memory back: a new connection carries calls again. */
+    TT_CHECK(tt_await_flag(sh, TX_RESUMED, 1, 60) == 0);
+    TT_CHECK(tt_call_add(tp_to_rank(1), 4, 5, 20.0, &sum) == TP_OK && sum == 9);
+    TT_CHECK(echo_large(data, 0, &st, msg, sizeof msg) == 1);
+    return 0;
+}
+
+static int tx_body(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 20.0, 20.0);
+    TT_CHECK(o && tp_options_set(o, "encrypt", "on") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        uint8_t *data = malloc(LARGE_CALL);
+        TT_CHECK(data);
+        for (size_t k = 0; k < LARGE_CALL; k++)
+            data[k] = (uint8_t)(k * 131 + (k >> 16));
+        int rc = tx_checks(job, data);
+        free(data);
+        atomic_store(&sh->flag[TX_CALLED], 1); /* whatever failed: the parent resumes worker 1 */
+        atomic_store(&sh->flag[TX_DONE], 1);
+        if (rc != 0)
+            return rc;
+    } else {
+        TT_CHECK(tt_await_flag(sh, TX_DONE, 1, 120) == 0);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_oom_in_a_sealed_chunks_write(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, tx_body, NULL), 0);
+    tt_shared *sh = job.shared;
+    int warm = tt_await_flag(sh, TX_WARM, 1, 60) == 0;
+    if (warm) {
+        assert_int_equal(kill(job.pid[1], SIGSTOP), 0);
+        atomic_store(&sh->flag[TX_STOPPED], 1);
+        (void)tt_await_flag(sh, TX_CALLED, 1, 60);
+        assert_int_equal(kill(job.pid[1], SIGCONT), 0);
+        atomic_store(&sh->flag[TX_RESUMED], 1);
+    }
+    int rc = tt_wait(&job, 120.0);
+    int failed = atomic_load(&sh->count[TX_FAILED]);
+    tt_job_free(&job);
+    assert_true(warm);
+    assert_int_equal(rc, 0);
+    assert_true(failed > 0);
+}
+
 int main(void) {
     tt_ensure_secret();
     /* OpenSSL loads its providers at the first HMAC, in hundreds of
@@ -421,9 +540,10 @@ int main(void) {
         cmocka_unit_test(test_tcp_oom_in_the_other_rank),
         cmocka_unit_test(test_tcp_oom_on_a_threads_first_call),
         cmocka_unit_test(test_tcp_oom_in_a_handshakes_hmac),
+        cmocka_unit_test(test_tcp_oom_in_a_sealed_chunks_write),
     };
-    if (only) { /* rank 1's sweep is the longer: rank 0's run takes the thread test too */
-        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3]};
+    if (only) { /* rank 1's sweep is the longer: rank 0's run takes the others */
+        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4]};
         return atoi(only) == 0 ? cmocka_run_group_tests(rank0, NULL, NULL)
                                : _cmocka_run_group_tests("test_tcp_oom", &tests[1], 1, NULL, NULL);
     }
