@@ -2,6 +2,7 @@
 order, torch tensors and functions, PyTorch's errors and names. Each test
 runs a program on worker processes started by tprun (test_rpc.run)."""
 import os
+import signal
 import subprocess
 import textwrap
 import time
@@ -511,7 +512,8 @@ def test_ctrl_c_interrupts_init_waiting_for_the_store(tmp_path):
     """Rank 1 started while rank 0 (the store) never comes: Ctrl-C ends its
     wait for the store at once, not at the init timeout (60 s)."""
     prog = textwrap.dedent("""
-        import os, signal, threading, time
+        import faulthandler, os, signal, threading, time
+        faulthandler.dump_traceback_later(30)  # a hang shows where it waits
         from tensorplay.distributed import rpc
         threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
@@ -523,8 +525,12 @@ def test_ctrl_c_interrupts_init_waiting_for_the_store(tmp_path):
     """)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                TP_SECRET="ab" * 32)
-    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60,
-                       env=env)
+    try:
+        p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60,
+                           env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("no end within 60 s; SIGINT here: %s; its output: %s %s"
+                    % (signal.getsignal(signal.SIGINT), e.stdout, e.stderr))
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == ["interrupted within a second: True",
                                      "initialized after: False"]
