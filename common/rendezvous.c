@@ -1039,7 +1039,6 @@ typedef struct rank_rows {
     int oom;
 } rank_rows;
 
-/* Copies rank r's entry to the end of g's block; 0 when out of memory. */
 /* STORE-13's promise, counted for its test: rank entries copied out of a
  * scan rather than matched against a table this process has already. */
 static _Atomic uint64_t rows_copied;
@@ -1048,6 +1047,7 @@ uint64_t tpi_rendezvous_rows_copied(void) {
     return atomic_load(&rows_copied);
 }
 
+/* Copies rank r's entry to the end of g's block; 0 when out of memory. */
 static int rows_append(rank_rows *g, uint32_t r, const void *value, size_t len) {
     atomic_fetch_add(&rows_copied, 1);
     if (g->len + len + 1 > g->cap) {
