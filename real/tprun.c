@@ -298,7 +298,42 @@ static void stream_read(stream *s) {
 
 /* --- the command line --- */
 
-/* A port nobody uses now on addr (the kernel's choice for port 0). */
+/* The low end of the kernel's ephemeral port range (32768 when unknown). */
+static unsigned ephemeral_low(void) {
+    unsigned lo = 32768, a, b;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
+    if (f) {
+        if (fscanf(f, "%u %u", &a, &b) == 2 && a <= b && b <= 65535)
+            lo = a;
+        fclose(f);
+    }
+    return lo;
+}
+
+/* Whether a stream socket can bind ai's address with port now (without
+ * SO_REUSEADDR: a port whose connections linger in TIME_WAIT is taken). */
+static int port_bindable(const struct addrinfo *ai, unsigned port) {
+    struct sockaddr_storage sa;
+    memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
+    if (sa.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)port);
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int ok = fd >= 0 && bind(fd, (const struct sockaddr *)&sa, ai->ai_addrlen) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+#define FREE_PORT_LOW 10000 /* the lowest port free_port draws */
+#define FREE_PORT_TRIES 64
+
+/* A port nobody uses now on addr. Drawn at random below the kernel's
+ * ephemeral range when there is room: a port the kernel picks for port 0
+ * comes from that range, where any process's outgoing connection may take
+ * it before rank 0 binds it for the store ("Address already in use", seen
+ * in 1 of some thousands of runs on a busy machine). */
 static int free_port(const char *addr, long *out) {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
@@ -309,6 +344,19 @@ static int free_port(const char *addr, long *out) {
         fprintf(stderr, "tprun: cannot resolve --master-addr '%s': %s\n", addr, gai_strerror(rc));
         return -1;
     }
+    unsigned lo = ephemeral_low();
+    for (int i = 0; lo > FREE_PORT_LOW + 1000 && i < FREE_PORT_TRIES; i++) {
+        uint32_t r;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+            break;
+        unsigned port = FREE_PORT_LOW + r % (lo - FREE_PORT_LOW);
+        if (port_bindable(res, port)) {
+            freeaddrinfo(res);
+            *out = (long)port;
+            return 0;
+        }
+    }
+    /* No room below the range, or none free there: the kernel's choice. */
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;

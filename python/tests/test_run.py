@@ -24,6 +24,11 @@ KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
         "TORCHELASTIC_MAX_RESTARTS", "TP_SECRET"]
 
 
+def _ephemeral_low():
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        return int(f.read().split()[0])
+
+
 def env_without_secret():
     env = dict(os.environ)
     env.pop("TP_SECRET", None)
@@ -83,6 +88,10 @@ def test_env_per_rank(tmp_path, flag):
         assert e["WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] == e["ROLE_WORLD_SIZE"] == "3"
         assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"], e["ROLE_NAME"]) == ("0", "1", "default")
         assert e["MASTER_ADDR"] == "127.0.0.1" and 0 < int(e["MASTER_PORT"]) < 65536
+        # Below the ephemeral range, where no outgoing connection takes it
+        # before rank 0 binds it.
+        low = _ephemeral_low()
+        assert low <= 11000 or 10000 <= int(e["MASTER_PORT"]) < low, (e["MASTER_PORT"], low)
         assert (e["TORCHELASTIC_RUN_ID"], e["TORCHELASTIC_RESTART_COUNT"],
                 e["TORCHELASTIC_MAX_RESTARTS"]) == ("none", "0", "0")
         assert len(e["TP_SECRET"]) == 64 and int(e["TP_SECRET"], 16) >= 0

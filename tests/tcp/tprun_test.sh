@@ -31,9 +31,19 @@ check "stderr lines" "[0] e0
 [2] e2" "$(sort /tmp/tprun_err.$$)"
 rm -f /tmp/tprun_err.$$
 
-# A free port is chosen when none is given.
+# A free port is chosen when none is given, below the kernel's ephemeral
+# range (where no outgoing connection can take it before rank 0 binds it).
 port=$("$tprun" --nproc 1 sh -c 'echo $MASTER_PORT' | sed 's/^\[0\] //')
 case "$port" in ''|*[!0-9]*) check "free port" "a number" "$port" ;; *) check "free port" ok ok ;; esac
+low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+if [ "$low" -gt 11000 ]; then
+  high=0
+  for i in 1 2 3 4 5 6 7 8; do
+    p=$("$tprun" --nproc 1 sh -c 'echo $MASTER_PORT' | sed 's/^\[0\] //')
+    [ "$p" -ge 10000 ] && [ "$p" -lt "$low" ] || high="$p"
+  done
+  check "free port below the ephemeral range ($low)" 0 "$high"
+fi
 
 # One failure stops the others (they would sleep 30 s) and gives its status.
 # spec: LAUNCH-8

@@ -274,13 +274,38 @@ class JobSpec:
         return e
 
 
+FREE_PORT_LOW = 10000  # the lowest port free_port draws
+FREE_PORT_TRIES = 64
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(addr):
-    """A port nobody uses now on addr (the kernel's choice for port 0)."""
+    """A port nobody uses now on addr, drawn at random below the kernel's
+    ephemeral range when there is room (as tprun does): a port the kernel
+    picks for port 0 comes from that range, where any process's outgoing
+    connection may take it before rank 0 binds it for the store."""
     try:
         infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise UsageError("cannot resolve --master-addr %r: %s" % (addr, e)) from None
     family, kind, proto, _, sockaddr = infos[0]
+    low = _ephemeral_low()
+    for _ in range(FREE_PORT_TRIES if low > FREE_PORT_LOW + 1000 else 0):
+        port = FREE_PORT_LOW + secrets.randbelow(low - FREE_PORT_LOW)
+        with socket.socket(family, kind, proto) as s:
+            try:
+                s.bind((sockaddr[0], port) + tuple(sockaddr[2:]))
+            except OSError:
+                continue
+            return port
+    # No room below the range, or none free there: the kernel's choice.
     with socket.socket(family, kind, proto) as s:
         try:
             s.bind(sockaddr)
