@@ -295,17 +295,20 @@ static tp_status fn_block(tp_call *call, const tp_value *args, const tp_value *k
     return TP_OK;
 }
 
-static tt_shared *registered_shared;
+/* Atomic: two workers of one process (test_tcp_two_workers_one_process)
+ * init on two threads, each storing the same job's memory here. */
+static _Atomic(tt_shared *) registered_shared;
 
 void tt_register_functions(void) {
     tp_register_function("add", fn_add, NULL);
     tp_register_function("echo", fn_echo, NULL);
-    tp_register_function("slow", fn_slow, registered_shared);
-    tp_register_function("block", fn_block, registered_shared);
+    tt_shared *sh = atomic_load(&registered_shared);
+    tp_register_function("slow", fn_slow, sh);
+    tp_register_function("block", fn_block, sh);
 }
 
 int tt_init(const tt_job *job, int rank, tp_options *opts) {
-    registered_shared = job->shared;
+    atomic_store(&registered_shared, job->shared);
     tt_register_functions();
     char name[32];
     snprintf(name, sizeof name, "worker%d", rank);
