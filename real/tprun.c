@@ -39,6 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "free_port.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 
@@ -298,80 +300,14 @@ static void stream_read(stream *s) {
 
 /* --- the command line --- */
 
-/* The low end of the kernel's ephemeral port range (32768 when unknown). */
-static unsigned ephemeral_low(void) {
-    unsigned lo = 32768, a, b;
-    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
-    if (f) {
-        if (fscanf(f, "%u %u", &a, &b) == 2 && a <= b && b <= 65535)
-            lo = a;
-        fclose(f);
-    }
-    return lo;
-}
-
-/* Whether a stream socket can bind ai's address with port now (without
- * SO_REUSEADDR: a port whose connections linger in TIME_WAIT is taken). */
-static int port_bindable(const struct addrinfo *ai, unsigned port) {
-    struct sockaddr_storage sa;
-    memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
-    if (sa.ss_family == AF_INET6)
-        ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)port);
-    else
-        ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)port);
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int ok = fd >= 0 && bind(fd, (const struct sockaddr *)&sa, ai->ai_addrlen) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok;
-}
-
-#define FREE_PORT_LOW 10000 /* the lowest port free_port draws */
-#define FREE_PORT_TRIES 64
-
-/* A port nobody uses now on addr. Drawn at random below the kernel's
- * ephemeral range when there is room: a port the kernel picks for port 0
- * comes from that range, where any process's outgoing connection may take
- * it before rank 0 binds it for the store ("Address already in use", seen
- * in 1 of some thousands of runs on a busy machine). */
+/* A free port of addr for the store (free_port.h says why it is drawn). */
 static int free_port(const char *addr, long *out) {
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    int rc = getaddrinfo(addr, "0", &hints, &res);
-    if (rc != 0) {
-        fprintf(stderr, "tprun: cannot resolve --master-addr '%s': %s\n", addr, gai_strerror(rc));
+    char err[256];
+    unsigned port;
+    if (tpi_free_port(addr, &port, err, sizeof err) != 0) {
+        fprintf(stderr, "tprun: --master-addr: %s\n", err);
         return -1;
     }
-    unsigned lo = ephemeral_low();
-    for (int i = 0; lo > FREE_PORT_LOW + 1000 && i < FREE_PORT_TRIES; i++) {
-        uint32_t r;
-        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-            break;
-        unsigned port = FREE_PORT_LOW + r % (lo - FREE_PORT_LOW);
-        if (port_bindable(res, port)) {
-            freeaddrinfo(res);
-            *out = (long)port;
-            return 0;
-        }
-    }
-    /* No room below the range, or none free there: the kernel's choice. */
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_storage sa;
-    socklen_t sl = sizeof sa;
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) < 0) {
-        fprintf(stderr, "tprun: cannot find a free port on %s: %s\n", addr, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(res);
-        return -1;
-    }
-    unsigned port = sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
-                                             : ntohs(((struct sockaddr_in *)&sa)->sin_port);
-    close(fd);
-    freeaddrinfo(res);
     *out = (long)port;
     return 0;
 }

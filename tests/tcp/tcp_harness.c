@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "real/free_port.h"
+
 uint64_t tt_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -38,71 +40,20 @@ void tt_ensure_secret(void) {
     setenv("TP_SECRET", hex, 1);
 }
 
-/* The lowest of the kernel's ephemeral ports (32768 unless configured): the
- * local ports of outgoing connections and of listeners bound to port 0. */
-static unsigned ephemeral_low(void) {
-    unsigned lo = 32768, a, b;
-    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-    if (f) {
-        if (fscanf(f, "%u %u", &a, &b) == 2 && a <= b && b <= 65535)
-            lo = a;
-        fclose(f);
-    }
-    return lo;
-}
-
-/* 1 when a socket can bind 127.0.0.1:port right now (no SO_REUSEADDR: a
- * port with connections in TIME_WAIT is not taken). */
-static int bindable(unsigned port) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return 0;
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-    close(fd);
-    return ok;
-}
-
 /* A port nobody uses, taken by its user a moment later: in that moment any
  * process may take it. One the kernel handed out (bind to port 0) is
  * ephemeral, and parallel tests' outgoing connections and port-0 listeners
  * draw from the same range all the time: a store or worker told to listen
  * there found it taken, and a port meant to refuse connections was answered
- * (CI flakes). So the port comes from below the ephemeral range, where only
- * another caller of this function picks, at random among thousands. */
+ * (CI flakes). So it comes from tpi_free_port, below the ephemeral range. */
 uint16_t tt_free_port(void) {
-    enum { LOW = 10000 };
-    unsigned lo = ephemeral_low();
-    static _Atomic uint64_t draws;
-    uint64_t seed = ((uint64_t)getpid() << 32) ^ tt_now_ns();
-    for (int i = 0; lo > LOW + 1000 && i < 256; i++) {
-        /* splitmix64 of a per-process sequence */
-        uint64_t z = seed + (atomic_fetch_add(&draws, 1) + 1) * 0x9e3779b97f4a7c15ull;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        unsigned port = LOW + (unsigned)(z % (lo - LOW));
-        if (bindable(port))
-            return (uint16_t)port;
-    }
-    /* No room below the range (or none free): one the kernel picks. */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
-        perror("tt_free_port");
+    char err[256];
+    unsigned port;
+    if (tpi_free_port("127.0.0.1", &port, err, sizeof err) != 0) {
+        fprintf(stderr, "tt_free_port: %s\n", err);
         abort();
     }
-    close(fd);
-    return ntohs(sa.sin_port);
+    return (uint16_t)port;
 }
 
 int tt_spawn(tt_job *job, int world, tt_body body, void *arg) {

@@ -22,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "real/free_port.h"
 #include "real/tcp_internal.h"
 #include "tensorplay/rpc_backend.h"
 #include "tcp_harness.h"
@@ -47,13 +48,14 @@ static int v6_bind_loopback(uint16_t *port) {
     return fd;
 }
 
-/* A TCP port on ::1 nobody listens on right now. */
+/* A TCP port on ::1 nobody listens on right now (below the ephemeral
+ * range, as tt_free_port's). */
 static uint16_t v6_free_port(void) {
-    uint16_t p = 0;
-    int fd = v6_bind_loopback(&p);
-    assert_true(fd >= 0);
-    close(fd);
-    return p;
+    char err[256];
+    unsigned p = 0;
+    if (tpi_free_port("::1", &p, err, sizeof err) != 0)
+        fail_msg("v6_free_port: %s", err);
+    return (uint16_t)p;
 }
 
 /* What the parent hands a job's ranks (through job->arg, set before fork). */
