@@ -516,6 +516,9 @@ def test_ctrl_c_interrupts_init_waiting_for_the_store(tmp_path):
     prog = textwrap.dedent("""
         import faulthandler, os, signal, threading, time
         faulthandler.dump_traceback_later(30)  # a hang shows where it waits
+        # As from a terminal, even when this test runs with SIGINT ignored
+        # (a script's background job), which Python would keep.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from tensorplay.distributed import rpc
         threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
