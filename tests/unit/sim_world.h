@@ -29,6 +29,19 @@ typedef struct world {
 /* Registers the test's functions on the calling worker (defined by the test). */
 static void world_register(void);
 
+/* add(a, b): the sum of two ints, wrapping (any peer may send any ints);
+ * TP_EINVAL for other args. Tests register it as "add". */
+static inline tp_status world_fn_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                     tp_value **result, void *user_data) {
+    (void)call, (void)kwargs, (void)user_data;
+    int64_t a = 0, b = 0;
+    if (tp_value_get_int(tp_list_get(args, 0), &a) != TP_OK ||
+        tp_value_get_int(tp_list_get(args, 1), &b) != TP_OK)
+        return TP_EINVAL;
+    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b));
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
 static inline int world_worker_start(int rank, int world_size, const world *w) {
     char name[16];
     snprintf(name, sizeof name, "w%d", rank);

@@ -23,15 +23,12 @@
 #include "tensorplay/sim.h"
 
 #include "sim_world.h"
+#include "sim_wrap.h"
 
 #include "common/codec.h"
 
-extern const tp_backend tpi_sim_backend;
-
 /* ---- The wrapper backend --------------------------------------------------------- */
 
-static const tp_agent_ops *sim_ops;
-static tp_agent_ops dup_ops;
 static uint64_t copy_gap_ns; /* 0: none; else the next REQUEST's copy arrives this much later */
 static int copies_sent;
 
@@ -64,20 +61,11 @@ static tp_status dup_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return TP_OK;
 }
 
-static tp_status dup_init(const tp_init_params *p, tp_agent **agent, const tp_agent_ops **ops,
-                          char *errmsg, size_t errmsg_len) {
-    tp_status st = tpi_sim_backend.init(p, agent, ops, errmsg, errmsg_len);
-    if (st == TP_OK) {
-        sim_ops = *ops;
-        dup_ops = **ops;
-        dup_ops.net_faults = dup_net_faults;
-        dup_ops.send = dup_send;
-        *ops = &dup_ops;
-    }
-    return st;
+static void wrap_ops_edit(const tp_init_params *p, tp_agent *agent, tp_agent_ops *ops) {
+    (void)p, (void)agent;
+    ops->net_faults = dup_net_faults;
+    ops->send = dup_send;
 }
-
-static tp_backend dup_backend;
 
 /* ---- The world --------------------------------------------------------------------- */
 
@@ -172,12 +160,8 @@ static void test_dedupe_early_copy_is_dropped(void **state) {
 }
 
 int main(void) {
-    dup_backend = tpi_sim_backend;
-    dup_backend.init = dup_init;
-    if (tp_register_backend("SIM_DUP", &dup_backend) != TP_OK) {
-        fprintf(stderr, "cannot register SIM_DUP: %s\n", tp_errmsg());
+    if (sim_wrap_register("SIM_DUP") != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_dedupe_copy_a_window_behind_is_dropped, reset_failures),
         cmocka_unit_test_setup(test_dedupe_copy_past_the_window_runs_again, reset_failures),

@@ -23,15 +23,12 @@
 #include "tensorplay/sim.h"
 
 #include "sim_world.h"
-
-extern const tp_backend tpi_sim_backend;
+#include "sim_wrap.h"
 
 /* ---- The wrapper backend --------------------------------------------------------- */
 
 #define RANKS 2
 
-static const tp_agent_ops *sim_ops;
-static tp_agent_ops congest_ops;
 static tp_agent *agents[RANKS];
 static tp_core *cores[RANKS];
 static int congest_to_w0;     /* 1: w1's agent says w0's answers cannot go */
@@ -52,36 +49,15 @@ static tp_status congest_start(tp_agent *a, tp_core *core, char *addr, size_t ad
     return sim_ops->start(a, core, addr, addr_len, errmsg, errmsg_len);
 }
 
-static tp_status congest_init(const tp_init_params *p, tp_agent **agent, const tp_agent_ops **ops,
-                              char *errmsg, size_t errmsg_len) {
-    tp_status st = tpi_sim_backend.init(p, agent, ops, errmsg, errmsg_len);
-    if (st == TP_OK) {
-        CHECK(p->rank < RANKS);
-        if (p->rank < RANKS)
-            agents[p->rank] = *agent;
-        sim_ops = *ops;
-        congest_ops = **ops;
-        congest_ops.start = congest_start;
-        congest_ops.congested = congest_congested;
-        *ops = &congest_ops;
-    }
-    return st;
+static void wrap_ops_edit(const tp_init_params *p, tp_agent *agent, tp_agent_ops *ops) {
+    CHECK(p->rank < RANKS);
+    if (p->rank < RANKS)
+        agents[p->rank] = agent;
+    ops->start = congest_start;
+    ops->congested = congest_congested;
 }
-
-static tp_backend congest_backend;
 
 /* ---- The world --------------------------------------------------------------------- */
-
-static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
-                        tp_value **result, void *user_data) {
-    (void)call, (void)kwargs, (void)user_data;
-    int64_t a = 0, b = 0;
-    if (tp_value_get_int(tp_list_get(args, 0), &a) != TP_OK ||
-        tp_value_get_int(tp_list_get(args, 1), &b) != TP_OK)
-        return TP_EINVAL;
-    *result = tp_value_int(a + b);
-    return *result ? TP_OK : TP_ENOMEM;
-}
 
 /* uncongest(), non-blocking, on w1: its agent's bytes for w0 fell to half
  * the bound; it tells the core so from its I/O context, as AGENT-18 asks. */
@@ -96,7 +72,7 @@ static tp_status fn_uncongest(tp_call *call, const tp_value *args, const tp_valu
 }
 
 static void world_register(void) {
-    CHECK(tp_register_function("add", fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
     CHECK(tp_register_function_ex("uncongest", fn_uncongest, NULL, TP_FN_NONBLOCKING) == TP_OK);
 }
 
@@ -162,12 +138,8 @@ static void test_fair_uncongested_caller_served_again(void **state) {
 }
 
 int main(void) {
-    congest_backend = tpi_sim_backend;
-    congest_backend.init = congest_init;
-    if (tp_register_backend("SIM_CONGEST", &congest_backend) != TP_OK) {
-        fprintf(stderr, "cannot register SIM_CONGEST: %s\n", tp_errmsg());
+    if (sim_wrap_register("SIM_CONGEST") != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_fair_uncongested_caller_served_again, reset_failures),
     };

@@ -23,15 +23,12 @@
 #include "tensorplay/sim.h"
 
 #include "sim_world.h"
+#include "sim_wrap.h"
 
 #include "common/codec.h"
 
-extern const tp_backend tpi_sim_backend;
-
 /* ---- The wrapper backend --------------------------------------------------------- */
 
-static const tp_agent_ops *sim_ops;
-static tp_agent_ops failing_ops;
 static int fail_requests; /* the next this many REQUEST frames fail to send */
 
 static int forge_fetches; /* the next this many RREF_FETCH frames name an unknown rref */
@@ -94,33 +91,12 @@ static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return sim_ops->send(a, dst, f);
 }
 
-static tp_status failing_init(const tp_init_params *p, tp_agent **agent, const tp_agent_ops **ops,
-                              char *errmsg, size_t errmsg_len) {
-    tp_status st = tpi_sim_backend.init(p, agent, ops, errmsg, errmsg_len);
-    if (st == TP_OK) {
-        sim_ops = *ops;
-        failing_ops = **ops;
-        failing_ops.send = failing_send;
-        *ops = &failing_ops;
-    }
-    return st;
+static void wrap_ops_edit(const tp_init_params *p, tp_agent *agent, tp_agent_ops *ops) {
+    (void)p, (void)agent;
+    ops->send = failing_send;
 }
-
-static tp_backend failing_backend;
 
 /* ---- The world --------------------------------------------------------------------- */
-
-static tp_status fn_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
-                        tp_value **result, void *user_data) {
-    (void)call, (void)kwargs, (void)user_data;
-    int64_t a = 0, b = 0;
-    if (tp_value_get_int(tp_list_get(args, 0), &a) != TP_OK ||
-        tp_value_get_int(tp_list_get(args, 1), &b) != TP_OK)
-        return TP_EINVAL;
-    /* Wraps: any peer may send any ints. */
-    *result = tp_value_int((int64_t)((uint64_t)a + (uint64_t)b));
-    return *result ? TP_OK : TP_ENOMEM;
-}
 
 /* make_obj(): an object kept on its owner; objs_freed counts its destroys. */
 static int objs_freed;
@@ -141,7 +117,7 @@ static tp_status fn_fetch(tp_call *call, const tp_value *args, const tp_value *k
                           tp_value **result, void *user_data);
 
 static void world_register(void) {
-    CHECK(tp_register_function("add", fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
     CHECK(tp_register_function("make_obj", fn_make_obj, NULL) == TP_OK);
     CHECK(tp_register_function("fetch", fn_fetch, NULL) == TP_OK);
 }
@@ -320,12 +296,8 @@ static void test_send_unknown_rref_fetch_answered(void **state) {
 }
 
 int main(void) {
-    failing_backend = tpi_sim_backend;
-    failing_backend.init = failing_init;
-    if (tp_register_backend("SIM_FAILSEND", &failing_backend) != TP_OK) {
-        fprintf(stderr, "cannot register SIM_FAILSEND: %s\n", tp_errmsg());
+    if (sim_wrap_register("SIM_FAILSEND") != 0)
         return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deferred_send_failure),
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
