@@ -75,6 +75,57 @@ void tt_expect_abort_then_dropped(int fd) {
     tt_expect_dropped(fd);
 }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Whether fd's connection was reset: a send fails, or the socket holds an
+ * error (the reset answering an earlier send). */
+static int raw_reset(int fd) {
+    uint8_t b = 0;
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (send(fd, &b, 1, MSG_NOSIGNAL) < 0)
+        return 1;
+    return getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0;
+}
+
+void tt_expect_abort_drained(int fd) {
+    uint8_t rec[TPI_TCP_RECORD_SIZE], junk[4096];
+    assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+    double t0 = mono_s();
+    assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_ABORT);
+    /* A half-close (EOF), not a reset. */
+    struct pollfd pf = {fd, POLLIN, 0};
+    assert_int_equal(poll(&pf, 1, 5000), 1);
+    assert_int_equal(recv(fd, rec, sizeof rec, 0), 0);
+    /* What we still send is read and dropped: no reset for a second. */
+    memset(junk, 0xa5, sizeof junk);
+    while (mono_s() < t0 + 1.0) {
+        assert_int_equal(send(fd, junk, sizeof junk, MSG_NOSIGNAL), (ssize_t)sizeof junk);
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    int err = -1;
+    socklen_t len = sizeof err;
+    assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+    assert_int_equal(err, 0);
+    /* We never close: the worker does when the linger runs out. */
+    int reset = 0;
+    while (!reset && mono_s() < t0 + TPI_TCP_ABORT_LINGER_MS / 1e3 + 5.0) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+        reset = raw_reset(fd);
+    }
+    double at = mono_s() - t0;
+    if (!reset || at < TPI_TCP_ABORT_LINGER_MS / 1e3 - 0.2)
+        fail_msg("the worker closed %.2f s after its ABORT; its linger is %d ms%s", at,
+                 TPI_TCP_ABORT_LINGER_MS, reset ? "" : " (not closed at all)");
+    close(fd);
+}
+
 /* The job's authentication, from TP_SECRET as the workers have it (TCP-17). */
 tpi_tcp_auth tt_job_auth(void) {
     tpi_tcp_auth auth;

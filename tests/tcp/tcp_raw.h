@@ -25,6 +25,10 @@ size_t tt_raw_recv(int fd, void *p, size_t n);
 void tt_expect_dropped(int fd);
 /* An ABORT record, then the drop; closes fd. */
 void tt_expect_abort_then_dropped(int fd);
+/* An ABORT record, then a half-close (EOF); what we send for a second after
+ * is read and dropped (no reset), and the worker ends the connection when
+ * its linger runs out, since we never close (TCP-7); closes fd. */
+void tt_expect_abort_drained(int fd);
 /* The job's authentication, from TP_SECRET as the workers have it (TCP-17). */
 tpi_tcp_auth tt_job_auth(void);
 /* The dialer's half of the handshake as worker 2 to worker 1 of a world of
