@@ -889,8 +889,10 @@ int main(int argc, char **argv) {
     for (int r = 0; r < j.n && !j.stopping; r++) {
         int st = spawn(&j, r, 0);
         if (st == SPAWN_EXEC_FAILED) {
-            fprintf(stderr, "tprun: cannot run '%s': %s\n", o.program[0], strerror(errno));
-            begin_stop(&j, SIGTERM, 127);
+            /* The shell's statuses: 127 not found, 126 found but not runnable. */
+            int e = errno;
+            fprintf(stderr, "tprun: cannot run '%s': %s\n", o.program[0], strerror(e));
+            begin_stop(&j, SIGTERM, e == ENOENT || e == ENOTDIR ? 127 : 126);
         } else if (st != 0) {
             fprintf(stderr, "tprun: cannot start rank %d: %s\n", global_rank(&j, r),
                     strerror(errno));

@@ -151,6 +151,11 @@ def test_module_mode_and_no_python(tmp_path):
     assert sorted(p.stdout.splitlines()) == ["sh 0 2", "sh 1 2"]
     p = launch(tmp_path, ["--nproc-per-node", "1", "--no-python", "./no-such-program"])
     assert p.returncode == 127 and "no-such-program" in p.stderr
+    # Found but not runnable: 126, as a shell says (and as tprun).
+    (tmp_path / "noexec.sh").write_text("echo hi\n")
+    (tmp_path / "noexec.sh").chmod(0o644)
+    p = launch(tmp_path, ["--nproc-per-node", "1", "--no-python", "./noexec.sh"])
+    assert p.returncode == 126 and "noexec.sh" in p.stderr and "Permission denied" in p.stderr
 
 
 # spec: LAUNCH-1..3, LAUNCH-6

@@ -81,6 +81,10 @@ check "no prefix" "rank 0" "$out"
 "$tprun" --nproc 0 sh -c true >/dev/null 2>&1; check "bad --nproc" 2 $?
 "$tprun" --nproc 1 /nonexistent/program >/dev/null 2>"$tmp/err"; check "missing program" 127 $?
 check "missing program: says so" "tprun: cannot run '/nonexistent/program': No such file or directory" "$(cat "$tmp/err")"
+# Found but not runnable (no execute permission): 126, as a shell says.
+printf 'echo hi\n' > "$tmp/noexec.sh"; chmod 644 "$tmp/noexec.sh"
+"$tprun" --nproc 1 "$tmp/noexec.sh" >/dev/null 2>"$tmp/err"; check "program not runnable" 126 $?
+check "program not runnable: says so" "tprun: cannot run '$tmp/noexec.sh': Permission denied" "$(cat "$tmp/err")"
 
 if [ -n "$add_tcp" ]; then
   out=$("$tprun" --nproc 2 "$add_tcp" 2>&1)

@@ -515,7 +515,9 @@ class Job:
             except OSError as e:
                 sys.stderr.write("%s: cannot run %r: %s\n" % (_PROG, self.spec.cmd[0],
                                                               e.strerror or e))
-                self.begin_stop(signal.SIGTERM, 127 if isinstance(e, FileNotFoundError) else 1)
+                # The shell's statuses: 127 not found, 126 found but not runnable.
+                self.begin_stop(signal.SIGTERM, 127 if isinstance(
+                    e, (FileNotFoundError, NotADirectoryError)) else 126)
                 return
 
     def _on_failure(self, local_rank, returncode):
