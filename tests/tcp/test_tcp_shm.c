@@ -4,8 +4,9 @@
  * bytes lie (/proc/self/maps names the slab's memfd), that a tensor still
  * held is never written over by later frames, that shm=off keeps
  * everything on the stream, and that a peer killed mid-call is declared
- * down as over TCP. The conformance suite runs whole on shared memory too
- * (conformance_tcp_shm, conformance_tcp_shm_mixed).
+ * down as over TCP, and that a tensor viewed in a slab lies on a
+ * TPI_SHM_ALIGN boundary whatever precedes it in the frame. The conformance suite runs whole on
+ * shared memory too (conformance_tcp_shm, conformance_tcp_shm_mixed).
  */
 #define _GNU_SOURCE /* RTLD_NEXT, for the syscall stand-in */
 #include <dlfcn.h>
@@ -31,7 +32,7 @@
 #define ELEMS (2u << 20) /* 8 MiB of float32: well above shm_min_bytes */
 #define HELD_ROUNDS 20   /* calls made while the first answer is still held (more than a peer's slabs: each must come back) */
 
-enum { C_ARG_IN_SHM = 0, C_ARG_SEEN = 1 };
+enum { C_ARG_IN_SHM = 0, C_ARG_SEEN = 1, C_ARG_ALIGNED = 2 };
 
 static tt_shared *shared;
 
@@ -52,19 +53,29 @@ static int in_slab(const void *p) {
     return found;
 }
 
-/* where(t): counts whether t's bytes arrived in a slab; answers t + 1. */
+/* 1 when p lies on the boundary a slab puts its frame's largest tensor on. */
+static int shm_aligned(const void *p) {
+    return (uintptr_t)p % TPI_SHM_ALIGN == 0;
+}
+
+/* where(pad, t): counts whether t's bytes arrived in a slab, and aligned
+ * there (pad, bytes of varying length, moves t within the frame); answers
+ * t + 1. */
 static tp_status fn_where(tp_call *call, const tp_value *args, const tp_value *kwargs,
                           tp_value **result, void *user_data) {
     (void)kwargs;
     (void)user_data;
-    tp_value *t = (tp_value *)tp_list_get(args, 0);
-    if (tp_list_len(args) != 1 || !t || tp_value_kind(t) != TP_KIND_TENSOR) {
-        tp_call_set_error(call, "where takes one tensor");
+    tp_value *t = (tp_value *)tp_list_get(args, 1);
+    if (tp_list_len(args) != 2 || !t || tp_value_kind(t) != TP_KIND_TENSOR) {
+        tp_call_set_error(call, "where takes bytes and a tensor");
         return TP_EINVAL;
     }
     atomic_fetch_add(&shared->count[C_ARG_SEEN], 1);
-    if (in_slab(tp_tensor_data(t)))
+    if (in_slab(tp_tensor_data(t))) {
         atomic_fetch_add(&shared->count[C_ARG_IN_SHM], 1);
+        if (shm_aligned(tp_tensor_data(t)))
+            atomic_fetch_add(&shared->count[C_ARG_ALIGNED], 1);
+    }
     tp_value *out = tp_value_clone(t);
     if (!out)
         return TP_ENOMEM;
@@ -113,12 +124,17 @@ static int body_tensors(tt_job *job, int rank) {
     if (rank == 0) {
         tp_value *held = NULL;
         for (int i = 0; i <= HELD_ROUNDS; i++) {
-            tp_value *args = tp_value_list_of(1, filled((float)(1000 * i)));
+            /* i bytes ahead of the tensor: its offset in the frame takes
+             * every remainder modulo 4 (and most modulo 64) over the rounds. */
+            static const char pad[HELD_ROUNDS + 1] = {0};
+            tp_value *args =
+                tp_value_list_of(2, tp_value_bytes(pad, (size_t)i), filled((float)(1000 * i)));
             tp_value *res = NULL;
             TT_CHECK(args && tp_rpc_sync(tp_to_rank(1), "where", args, NULL, 30, &res) == TP_OK);
             tp_value_free(args);
             TT_CHECK(holds(res, (float)(1000 * i)));
             TT_CHECK(in_slab(tp_tensor_data(res)) == sa->expect_shm);
+            TT_CHECK(!sa->expect_shm || shm_aligned(tp_tensor_data(res)));
             if (i == 0)
                 held = res; /* its slab stays busy: the next answers take others */
             else
@@ -142,10 +158,12 @@ static void run_tensors(const char *rank1_shm, int expect_shm) {
     assert_int_equal(tt_wait(&job, 120), 0);
     int seen = atomic_load(&job.shared->count[C_ARG_SEEN]);
     int in_shm = atomic_load(&job.shared->count[C_ARG_IN_SHM]);
+    int aligned = atomic_load(&job.shared->count[C_ARG_ALIGNED]);
     fprintf(stderr, "  shm=%s: %d of %d arguments arrived in a slab\n",
             rank1_shm ? rank1_shm : "default", in_shm, seen);
     assert_int_equal(seen, HELD_ROUNDS + 1);
     assert_int_equal(in_shm, expect_shm ? seen : 0);
+    assert_int_equal(aligned, in_shm); /* WIRE-10: never moved into place */
     tt_job_free(&job);
 }
 
