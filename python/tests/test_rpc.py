@@ -336,6 +336,37 @@ def test_builtin_methods_made_anew_are_the_same_function():
     assert p.stdout.split() == ["False", "True", "False", "False"]
 
 
+def test_worker_info_pickles_and_options_refuse_an_empty_pool():
+    """A WorkerInfo survives pickle, copy and deepcopy (a program keeps one
+    in its config or hands it to multiprocessing) equal to itself with
+    its name and id; num_worker_threads takes a positive int only, as
+    PyTorch's options do, so 0 (a pool that would serve nothing) is
+    refused when the options are made, not at init."""
+    prog = textwrap.dedent("""
+        import copy, pickle
+        from tensorplay.distributed import rpc
+        w = rpc.WorkerInfo("trainer:3", 7)
+        for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+            b = pickle.loads(pickle.dumps(w, proto))
+            assert (type(b), b, b.name, b.id) == (rpc.WorkerInfo, w, "trainer:3", 7), (proto, b)
+        for c in (copy.copy(w), copy.deepcopy([w])[0]):
+            assert (c, c.name, c.id, hash(c)) == (w, w.name, w.id, hash(w)), c
+        print("worker info ok")
+        print(rpc.TensorPipeRpcBackendOptions(num_worker_threads=1).num_worker_threads)
+        for bad in (0, -1, True, 2.0, "4"):
+            try:
+                rpc.TensorPipeRpcBackendOptions(num_worker_threads=bad)
+                print("accepted", repr(bad))
+            except ValueError as e:
+                print("refused", repr(bad), "positive int" in str(e))
+    """)
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines() == ["worker info ok", "1", "refused 0 True", "refused -1 True",
+                                     "refused True True", "refused 2.0 True",
+                                     "refused '4' True"]
+
+
 def test_large_array_is_sent_from_its_own_memory(tmp_path):
     """A 64 MiB array goes out from the array's buffer (VALUE-10): the
     sender's peak memory does not grow by a copy of it. On the TCP stream

@@ -424,6 +424,27 @@ def test_restarts_are_bounded_per_rank(tmp_path):
            "others" in p.stderr
 
 
+# A restarted process's pipes are closed by the launcher at their end of
+# file, not left to the garbage collector: a program that runs the launcher
+# with warnings on (python -X dev, pytest) sees no ResourceWarning, and the
+# launcher holds as many descriptors for each incarnation as for the first.
+def test_launcher_closes_the_pipes_of_each_incarnation(tmp_path):
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import os, sys, time
+        time.sleep(0.5)  # the launcher has taken the end of the earlier one's output
+        print("fds", len(os.listdir("/proc/%d/fd" % os.getppid())), flush=True)
+        sys.exit(3 if os.environ["TORCHELASTIC_RESTART_COUNT"] != "3" else 0)
+    """))
+    p = subprocess.run([PYTHON, "-W", "always::ResourceWarning", "-m",
+                        "tensorplay.distributed.run", "--nproc-per-node", "1",
+                        "--max-restarts", "3", "--restart-rank0", "prog.py"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path, env=env_without_secret())
+    assert p.returncode == 0, p.stdout + p.stderr
+    counts = by_rank(p.stdout)[0]
+    assert len(counts) == 4 and len(set(counts)) == 1, counts
+    assert "ResourceWarning" not in p.stderr, p.stderr
+
+
 # A program whose first run deletes it and exits 3: its restart's exec fails
 # (ENOENT). Rank 0 alone, so --restart-rank0 (LAUNCH-7).
 VANISHING_PROGRAM = '#!/bin/sh\nrm -f "$0"\nexit 3\n'
