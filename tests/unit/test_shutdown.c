@@ -450,6 +450,7 @@ static void test_shutdown_nongraceful_answers_queued_remote(void **state) {
  * refuses every operation, as a store whose server is gone would.
  */
 #define WATCH_ROUNDS 64
+#define WATCH_RANKS 3
 typedef struct watch_store {
     tp_store base; /* first */
     tp_store *inner;
@@ -461,7 +462,8 @@ static struct {
     int hold_rank, hold_round;         /* rank -1: hold nothing; round -1: every round */
     double hold_s;
     unsigned rounds;                   /* drain rounds seen: highest round + 1 */
-    char val[WATCH_ROUNDS][2][48];     /* values published, by round and rank (ranks 0, 1) */
+    char val[WATCH_ROUNDS][WATCH_RANKS][48];    /* values published, by round and rank */
+    uint64_t val_ns[WATCH_ROUNDS][WATCH_RANKS]; /* when each was written */
     uint64_t done_ns, left1_ns;        /* when sd/done and sd/left/1 were first written */
     int done_by;                       /* the host that wrote sd/done first */
     int lose_count_host;               /* -1, or the host whose count of lose_count fails */
@@ -503,9 +505,10 @@ static int watch_refuse(tp_store *s) {
 static void watch_written(const char *key, const void *value, size_t len) {
     unsigned round, r;
     const char *d = strstr(key, "sd/drain/");
-    if (d && sscanf(d + 9, "%u/%u", &round, &r) == 2 && round < WATCH_ROUNDS && r < 2) {
+    if (d && sscanf(d + 9, "%u/%u", &round, &r) == 2 && round < WATCH_ROUNDS && r < WATCH_RANKS) {
         snprintf(watch.val[round][r], sizeof watch.val[round][r], "%.*s", (int)len,
                  (const char *)value);
+        watch.val_ns[round][r] = now_ns();
         if (round + 1 > watch.rounds)
             watch.rounds = round + 1;
         if ((int)r == watch.false_dead_host && round <= 1)
@@ -599,16 +602,22 @@ static tp_store_ops watch_ops = {
     .close = watch_close,
 };
 
-/* Runs program on 2 hosts with the watching store, and the oracle. */
-static void run_watched(uint64_t seed, tp_sim_program prog, int *codes) {
+/* Runs program on `hosts` workers (at most WATCH_RANKS) with the watching
+ * store, under a fault plan (NULL: none), and the oracle. */
+static void run_watched_on(uint32_t hosts, uint64_t seed, const char *plan, tp_sim_program prog,
+                           int *codes) {
+    assert_true(hosts <= WATCH_RANKS);
     watch_store *w = calloc(1, sizeof *w);
     assert_non_null(w);
     assert_int_equal(tp_sqlite_store_open(":memory:", &w->inner, NULL, 0), TP_OK);
     watch_ops.scan = w->inner->ops->scan ? watch_scan : NULL;
     w->base.ops = &watch_ops;
-    tp_sim_config cfg = {.hosts = 2, .seed = seed, .store = &w->base};
+    tp_sim_config cfg = {.hosts = hosts, .seed = seed, .store = &w->base};
     tp_sim *sim = NULL;
     assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    if (plan)
+        assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
     assert_int_equal(tp_sim_run(sim, prog, NULL, codes), TP_OK);
     if (tp_sim_violations(sim))
         print_message("oracle: %s\n", tp_sim_violation(sim));
@@ -618,10 +627,15 @@ static void run_watched(uint64_t seed, tp_sim_program prog, int *codes) {
     assert_int_equal(failures, 0);
 }
 
+/* Runs program on 2 hosts with the watching store, and the oracle. */
+static void run_watched(uint64_t seed, tp_sim_program prog, int *codes) {
+    run_watched_on(2, seed, NULL, prog, codes);
+}
+
 /* The sums of one drain round's published values (C + S, and I). */
 static void round_sums(unsigned round, uint64_t *active, uint64_t *issued) {
     *active = *issued = 0;
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < WATCH_RANKS; r++) {
         unsigned long long a = 0, sv = 0, i = 0;
         if (sscanf(watch.val[round][r], "%llu %llu %llu", &a, &sv, &i) == 3) {
             *active += a + sv;
@@ -982,6 +996,81 @@ static void test_shutdown_flush_pings_the_peers_it_counted(void **state) {
     assert_true(flush_late_ns < flush_big_ns + (uint64_t)(FLUSH_LINK_S * 1e9));
 }
 
+/*
+ * SHUTDOWN-5 step 1: the flush waits for every peer's ping before the round's
+ * counts go out, not only the first one's. w0's calls to w1 and w2 time out
+ * (1 ms) while their requests still travel (links 0 -> 1 20 ms, 0 -> 2
+ * 300 ms): nobody counts them. Round 0 pings both peers; w2's ping, behind
+ * its request on the slower link, comes back last. Only then may w0 publish
+ * its round-0 value: after both requests reached their callees (each ran
+ * its function), with no call of its own active (C = 0), so rounds 0 and 1
+ * are quiet and the drain ends after round 1. A flush that waited for its
+ * first ping alone (w1's) would publish while w2's request was still on the
+ * wire, counted by nobody but for the unanswered ping in C, and the drain
+ * would need a third round. (A ping that times out leaves its peer to flush
+ * again whoever waits for it: its deadline marks it, tpi_deadlines_run. What
+ * the wait adds is the order: the answers, then the round's counts.)
+ */
+static uint64_t landed_ns[WATCH_RANKS]; /* when the timed-out request ran, by host */
+static uint64_t flush_all_sd_ns;        /* when w0 began its shutdown */
+
+/* landed(): notes when it ran, and where. */
+static tp_status landed_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                           tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    int host = tp_sim_current_host();
+    if (host >= 0 && host < WATCH_RANKS)
+        landed_ns[host] = now_ns();
+    *result = tp_value_nil();
+    return TP_OK;
+}
+
+static int flush_all_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("landed", landed_fn, NULL) == TP_OK);
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        for (int r = 1; r < world_size; r++) {
+            tp_value *res = NULL;
+            CHECK(tp_rpc_sync(tp_to_rank(r), "landed", NULL, NULL, 0.001, &res) == TP_ETIMEDOUT);
+            tp_value_free(res);
+        }
+        flush_all_sd_ns = now_ns();
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_shutdown_flush_waits_for_every_ping(void **state) {
+    (void)state;
+    watch_reset();
+    memset(landed_ns, 0, sizeof landed_ns);
+    flush_all_sd_ns = 0;
+    int codes[3] = {-9, -9, -9};
+    run_watched_on(3, 25, "latency 0 1 20 20 fixed\nlatency 0 2 300 300 fixed\n", flush_all_program,
+                   codes);
+    for (unsigned k = 0; k < watch.rounds; k++)
+        print_message("round %u: w0 '%s' at %.3f ms, w1 '%s', w2 '%s'\n", k, watch.val[k][0],
+                      (double)watch.val_ns[k][0] / 1e6, watch.val[k][1], watch.val[k][2]);
+    print_message("shutdown at %.3f ms; landed on w1 at %.3f ms, on w2 at %.3f ms\n",
+                  (double)flush_all_sd_ns / 1e6, (double)landed_ns[1] / 1e6,
+                  (double)landed_ns[2] / 1e6);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(codes[r], 0);
+    /* The setting: both requests were still on the wire when the shutdown began. */
+    assert_true(landed_ns[1] > flush_all_sd_ns);
+    assert_true(landed_ns[2] > flush_all_sd_ns);
+    /* The check: w0's round-0 value went out after both had landed, with
+     * both pings answered, and the drain needed no third round. */
+    assert_true(watch.val_ns[0][0] > landed_ns[1]);
+    assert_true(watch.val_ns[0][0] > landed_ns[2]);
+    unsigned long long client = 1, served = 1, issued = 0;
+    assert_int_equal(sscanf(watch.val[0][0], "%llu %llu %llu", &client, &served, &issued), 3);
+    assert_int_equal(client, 0);
+    assert_int_equal(watch.rounds, 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
@@ -999,6 +1088,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_round_behind_stops_at_done, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_flush_without_memory, reset_failures),
         cmocka_unit_test_setup(test_shutdown_flush_pings_the_peers_it_counted, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_flush_waits_for_every_ping, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
