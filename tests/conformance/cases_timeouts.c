@@ -213,7 +213,9 @@ static void record_order(tp_future *f, void *user_data) {
  * have equal deadlines (the simulator's clock does not move between them;
  * elsewhere each deadline is later than the one before) and fail in issue
  * order. Each future's done-callback logs its index; with one pool thread
- * callbacks run in the order their futures completed.
+ * callbacks run in the order their futures completed. The callee runs the
+ * calls side by side (a thread each): every one still sleeps when its
+ * deadline passes, and the drain waits for one sleep, not twelve.
  */
 static int timeout_equal_deadlines_fail_in_issue_order(int rank, int ws) {
     if (rank == 0) {
@@ -224,7 +226,7 @@ static int timeout_equal_deadlines_fail_in_issue_order(int rank, int ws) {
         }
     }
     tp_options *o = conf_options();
-    tp_status st = tp_options_set_num_worker_threads(o, 1);
+    tp_status st = tp_options_set_num_worker_threads(o, rank == 0 ? 1 : ORDER_CALLS);
     if (st == TP_OK)
         st = tp_options_set_shutdown_timeout(o, 30.0);
     if (st == TP_OK)
@@ -234,7 +236,7 @@ static int timeout_equal_deadlines_fail_in_issue_order(int rank, int ws) {
         return conf_finish(rank);
     if (rank == 0) {
         tp_future *fs[ORDER_CALLS] = {0};
-        tp_value *args = CONF_INTS(2000);
+        tp_value *args = CONF_INTS(1000);
         for (int i = 0; i < ORDER_CALLS; i++)
             if (CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 0.2, &fs[i])))
                 CHECK_OK(tp_future_add_done_callback(fs[i], record_order, &order_index[i]));
