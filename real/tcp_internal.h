@@ -841,6 +841,13 @@ void tpi_store_server_keepalive(tpi_store_server *s, const tpi_tcp_keepalive *ka
  * connected clients until they leave, all for at most linger_ns, then frees
  * everything. NULL: no-op. */
 void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns);
+/* The same in two steps: stop_async starts the stop (once) and returns at
+ * once, the server lingering on its own thread; finished says whether it is
+ * done; join waits for that and frees it (each stopped server is joined
+ * exactly once, by the process that started it). */
+void tpi_store_server_stop_async(tpi_store_server *s, uint64_t linger_ns);
+int tpi_store_server_finished(const tpi_store_server *s);
+void tpi_store_server_join(tpi_store_server *s);
 
 /*
  * A store client connected to host:port, retrying until deadline_ns

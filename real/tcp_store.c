@@ -496,7 +496,10 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
  * tp_shutdown, so a later init here (generation g1, g2, ... keys) finds the
  * same store, and peers still in their last shutdown round are not cut off.
  * It stops when a rank-0 init needs another address, and at exit, after the
- * clients still connected are done (at most the linger time).
+ * clients still connected are done (at most the linger time). A server
+ * replaced for another address is retired, not waited for: it lingers on
+ * its own thread (its late ranks still find it) while the new job starts,
+ * and is joined once done or at exit.
  */
 static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
 static tpi_store_server *kept_server;
@@ -506,6 +509,28 @@ static uint64_t kept_linger_ns;
 static int kept_atexit_done;
 static tpi_store_server *inherited_server; /* a parent's, across fork: never ours to stop */
 static tpi_tcp_auth kept_auth;             /* the kept server's: reused only for the same */
+
+typedef struct retired_server {
+    tpi_store_server *server; /* stopping (tpi_store_server_stop_async) */
+    pid_t pid;                /* its process: a forked child leaves it alone */
+    struct retired_server *next;
+} retired_server;
+static retired_server *retired; /* kept_mu */
+
+/* kept_mu held. Joins the retired servers of this process: all of them
+ * (wait), or those already done. */
+static void retired_reap_locked(int wait) {
+    for (retired_server **pp = &retired; *pp;) {
+        retired_server *r = *pp;
+        if (r->pid == getpid() && (wait || tpi_store_server_finished(r->server))) {
+            tpi_store_server_join(r->server);
+            *pp = r->next;
+            free(r);
+        } else {
+            pp = &r->next;
+        }
+    }
+}
 
 /* kept_mu held. A forked child does not own its parent's server thread: it
  * leaves it alone (still referenced, so not a leak). */
@@ -517,14 +542,39 @@ static void kept_stop_locked(void) {
     tpi_tcp_auth_clear(&kept_auth); /* no key outlives its server */
 }
 
+/* kept_mu held. Retires the kept server (it must be this process's): its
+ * stop runs on its own thread; without memory for the record, waits for it. */
+static void kept_retire_locked(void) {
+    TPI_ASSERT(kept_server && kept_pid == getpid());
+    retired_reap_locked(0);
+    retired_server *r = malloc(sizeof *r);
+    if (!r) {
+        kept_stop_locked();
+        return;
+    }
+    tpi_store_server_stop_async(kept_server, kept_linger_ns);
+    *r = (retired_server){.server = kept_server, .pid = kept_pid, .next = retired};
+    retired = r;
+    kept_server = NULL;
+    tpi_tcp_auth_clear(&kept_auth);
+}
+
 static void kept_at_exit(void) {
     pthread_mutex_lock(&kept_mu);
-    kept_stop_locked();
+    int mine = kept_server && kept_pid == getpid();
+    if (mine) /* it lingers beside the retired ones: the exit waits for the longest */
+        tpi_store_server_stop_async(kept_server, kept_linger_ns);
+    retired_reap_locked(1);
+    if (mine) {
+        tpi_store_server_join(kept_server);
+        kept_server = NULL;
+        tpi_tcp_auth_clear(&kept_auth);
+    }
     pthread_mutex_unlock(&kept_mu);
 }
 
 /* Makes sure the right server runs before this rank connects: rank 0 reuses
- * the one for desc or starts it, stopping one kept for another address.
+ * the one for desc or starts it, retiring one kept for another address.
  * Other ranks leave it alone: another worker of this process may be rank 0. */
 static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const tpi_tcp_auth *auth,
                                  const tpi_tcp_keepalive *ka, const char *host, uint16_t port,
@@ -536,9 +586,10 @@ static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const tpi_t
         inherited_server = kept_server;
         kept_server = NULL;
     }
-    if (kept_server && rank == 0 &&
-        (strcmp(kept_addr, desc) != 0 || !tpi_tcp_auth_same(&kept_auth, auth)))
-        kept_stop_locked(); /* a new job elsewhere, or another secret: one server per process */
+    if (kept_server && rank == 0 && strcmp(kept_addr, desc) != 0)
+        kept_retire_locked(); /* a new job elsewhere: the old one lingers meanwhile */
+    else if (kept_server && rank == 0 && !tpi_tcp_auth_same(&kept_auth, auth))
+        kept_stop_locked(); /* another secret on the same address: the port must be free */
     if (rank == 0 && !kept_server) {
         struct sockaddr_storage sa;
         socklen_t sa_len = 0;

@@ -92,6 +92,7 @@ struct tpi_store_server {
     uint8_t *staging; /* TPI_TCP_STAGING_SIZE: every read lands here first */
     /* Posted by other threads, applied on the loop after a wake. */
     atomic_int stop;
+    atomic_int finished;    /* the loop has returned: a join will not block */
     uint64_t linger_ns;     /* written before stop is set */
     atomic_uint expect_req; /* a world size to expect, posted by tpi_store_server_expect */
     atomic_int expect_posted;
@@ -855,6 +856,7 @@ static void on_wake(uv_async_t *h) {
 static void *server_main(void *arg) {
     tpi_store_server *s = arg;
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    atomic_store(&s->finished, 1);
     return NULL;
 }
 
@@ -990,12 +992,27 @@ void tpi_store_server_keepalive(tpi_store_server *s, const tpi_tcp_keepalive *ka
     atomic_store_explicit(&s->ka_user_timeout_ms, ka->user_timeout_ms, memory_order_relaxed);
 }
 
-void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns) {
-    if (!s)
-        return;
+void tpi_store_server_stop_async(tpi_store_server *s, uint64_t linger_ns) {
+    TPI_ASSERT(s && !atomic_load(&s->stop));
     s->linger_ns = linger_ns;
     atomic_store(&s->stop, 1);
     uv_async_send(&s->wake);
+}
+
+int tpi_store_server_finished(const tpi_store_server *s) {
+    TPI_ASSERT(s && atomic_load(&s->stop));
+    return atomic_load(&s->finished);
+}
+
+void tpi_store_server_stop(tpi_store_server *s, uint64_t linger_ns) {
+    if (!s)
+        return;
+    tpi_store_server_stop_async(s, linger_ns);
+    tpi_store_server_join(s);
+}
+
+void tpi_store_server_join(tpi_store_server *s) {
+    TPI_ASSERT(s && atomic_load(&s->stop));
     pthread_join(s->thread, NULL);
     int rc = uv_loop_close(&s->loop);
     TPI_ASSERT(rc == 0 && "a store server handle outlived stop");

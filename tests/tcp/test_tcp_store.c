@@ -857,6 +857,57 @@ static void test_tcp_store_open_without_deadline(void **state) {
     tpi_store_server_stop(l.srv, 0);
 }
 
+/* A store client of rank (of world ranks) for method, through the kept
+ * server path (rank 0 starts or reuses this process's server); 20 s linger. */
+static tp_store *kept_open(const char *method, uint32_t rank, uint32_t world) {
+    tp_options *o = tp_options_new();
+    assert_non_null(o);
+    assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
+    assert_int_equal(tp_options_set_init_timeout(o, 30), TP_OK);
+    assert_int_equal(tp_options_set_shutdown_timeout(o, 20), TP_OK);
+    char name[16];
+    snprintf(name, sizeof name, "w%u", (unsigned)rank);
+    tp_init_params init = {.name = name, .rank = rank, .world_size = world, .opts = o};
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_status st = tpi_tcp_store_open(&init, &auth, &c, err, sizeof err);
+    tp_options_free(o);
+    if (st != TP_OK)
+        fprintf(stderr, "%s\n", err);
+    assert_int_equal(st, TP_OK);
+    return c;
+}
+
+/* spec: TCP-11: a rank-0 open for another address retires the kept server
+ * instead of waiting out its linger. Job A's ranks 1 and 2 have not come
+ * (its server would listen for them for 20 s), yet job B's rank 0 has its
+ * own server at once; the retired one still serves A's late ranks what A's
+ * rank 0 wrote, and ends when they have left. */
+static void test_tcp_store_kept_server_retired_for_another_address(void **state) {
+    (void)state;
+    char a[64], b[64];
+    snprintf(a, sizeof a, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_store *a0 = kept_open(a, 0, 3);
+    assert_int_equal(a0->ops->set(a0, "job", "A", 1), TP_OK);
+    a0->ops->close(a0);
+    snprintf(b, sizeof b, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    uint64_t start = tt_now_ns();
+    tp_store *b0 = kept_open(b, 0, 1);
+    uint64_t took = tt_now_ns() - start;
+    assert_true(took < 2000000000ull * TT_SLOWDOWN); /* not A's 20 s linger */
+    assert_int_equal(b0->ops->set(b0, "job", "B", 1), TP_OK);
+    for (uint32_t r = 1; r <= 2; r++) { /* A's late ranks */
+        tp_store *ar = kept_open(a, r, 3);
+        void *v = NULL;
+        size_t n = 0;
+        assert_int_equal(ar->ops->get(ar, "job", &v, &n), TP_OK);
+        assert_true(n == 1 && memcmp(v, "A", 1) == 0);
+        free(v);
+        ar->ops->close(ar);
+    }
+    b0->ops->close(b0); /* B's server is kept: stopped at exit, its one rank seen */
+}
+
 static void *stop_thread(void *arg) {
     tpi_store_server_stop(arg, 5000000000ull);
     return NULL;
@@ -1524,6 +1575,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_no_proof_dropped),
         cmocka_unit_test(test_tcp_store_handshake_cap),
         cmocka_unit_test(test_tcp_store_many_clients),
+        cmocka_unit_test(test_tcp_store_kept_server_retired_for_another_address),
         cmocka_unit_test(test_tcp_store_accepted_sockets_tuned),
         cmocka_unit_test_setup_teardown(test_tcp_store_reconnects_after_a_lost_connection, setup,
                                         teardown),
