@@ -64,10 +64,20 @@
  * this long, as the TCP transport's TCP_USER_TIMEOUT makes it (spec/tcp.md);
  * a partition that heals sooner delivers the frames late instead. */
 #define TPI_SIM_USER_TIMEOUT_NS (45ull * 1000000000ull)
-/* Stacks of returned tasks kept per thread for reuse (sim_task.c): enough
- * for a 64-worker world's tasks. Address space, not memory: only the pages a
- * task touched stay resident (a few tens of KiB each). */
-#define TPI_SIM_STACK_CACHE_MAX 256u
+/* Stacks of ended tasks kept for reuse (sim_task.c), in bytes of mapping
+ * (guard page and fiber header included), for the whole process: a new task
+ * takes the stack a task last gave back, so a world maps and faults in no
+ * new pages when one as large ran before it. The stacks kept never outnumber
+ * the most tasks alive at once (a stack is mapped only when none is free),
+ * so this bound matters only for the largest worlds: it is about 3,970
+ * stacks at the default stack size (264 KiB each with guard and header),
+ * every stack of a world of up to about 2,400 workers like the benchmark's
+ * (at most about 1.65 tasks alive a worker), and about 1,000 in a
+ * TP_SANITIZE build. Mostly address space: only the pages tasks touched stay
+ * resident (4 a stack in the benchmark's worlds, so 26 MiB kept after a
+ * 1,000-worker world and 62 MiB at the bound; the whole bound only if every
+ * stack had been used to its end). The process's exit unmaps them. */
+#define TPI_SIM_STACK_CACHE_BYTES ((size_t)1 << 30)
 /* The chaos mode holds a reordered or duplicated frame back by up to this. */
 #define TPI_SIM_CHAOS_JITTER_NS 10000000ull
 /* Message types the per-type faults know (wire.md: 1..8), plus the unused 0. */
@@ -171,6 +181,8 @@ typedef enum tpi_sim_task_state {
 typedef struct tpi_sim_host tpi_sim_host;
 typedef struct tpi_sim_agent tpi_sim_agent;
 typedef struct tpi_sim_task tpi_sim_task;
+/* A stack and the state of the fiber running on it (sim_task.c). */
+typedef struct tpi_sim_fiber tpi_sim_fiber;
 
 struct tpi_sim_task {
     uint32_t id;
@@ -188,14 +200,8 @@ struct tpi_sim_task {
     tpi_sim_agent *pool_agent;           /* for pool tasks */
     tpi_sim_task *host_prev, *host_next; /* the host's live tasks, creation order */
     tpi_sim_task *idle_next;             /* the pool's idle FIFO */
-    ucontext_t uc;
-    jmp_buf jb;  /* where switch_out left it (plain builds: sim_task.c) */
-    int started; /* entered once through uc */
-    void *map; /* the mapping: a guard page, then the stack */
-    size_t map_size;
-    void *stack; /* usable stack */
-    size_t stack_size;
-    unsigned valgrind_id;
+    tpi_sim_fiber *fiber;                /* its stack and switch state (sim_task.c) */
+    int started;                         /* entered once */
     void *asan_fake_stack;
     char errmsg[TP_ERRMSG_LEN_MAX]; /* this task's tp_errmsg() */
 };
@@ -484,6 +490,7 @@ struct tp_sim {
     const void *sched_stack_bottom; /* for the AddressSanitizer fiber calls */
     size_t sched_stack_size;
     uint32_t mains_live;
+    uint32_t teardown_scan; /* hosts below it have no context left (sim_world.c) */
     int ran;
     int unwinding; /* parks fail with TP_ESHUTDOWN: the world is ending */
     uint64_t next_msg_id;
