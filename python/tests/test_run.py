@@ -576,6 +576,37 @@ def test_signal_to_launcher_ends_every_process(tmp_path, sig):
     assert [pid for pid in pids if alive(pid)] == []  # ranks and their children
 
 
+def test_one_signal_leaves_the_ranks_their_grace_period(tmp_path):
+    """One signal to the launcher is passed on once: ranks that clean up
+    within --grace finish doing so and are not killed (a launcher that took
+    its own first signal for a second would SIGKILL them at once)."""
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import os, pathlib, signal, sys, time
+        rank = int(os.environ["RANK"])
+        def on_term(sig, frame):
+            time.sleep(1.0)  # cleaning up: checkpoints, logs
+            print("rank %d cleaned up" % rank, flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        (pathlib.Path(sys.argv[1]) / ("pid.%d" % rank)).write_text("%d\\n" % os.getpid())
+        while True:
+            time.sleep(1)
+    """))
+    proc = subprocess.Popen(LAUNCHER + ["--nproc-per-node", "2", "--grace", "20", "prog.py",
+                                        str(tmp_path)],
+                            cwd=tmp_path, env=env_without_secret(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_files([tmp_path / "pid.0", tmp_path / "pid.1"])
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert sorted(out.splitlines()) == ["[0] rank 0 cleaned up", "[1] rank 1 cleaned up"], \
+        out + err
+
+
 def test_second_signal_kills_at_once(tmp_path):
     (tmp_path / "prog.py").write_text(STUBBORN_SCRIPT)
     proc = subprocess.Popen(LAUNCHER + ["--nproc-per-node", "2", "--grace", "60", "prog.py",
