@@ -513,16 +513,20 @@ static tpi_tcp_auth kept_auth;             /* the kept server's: reused only for
 typedef struct retired_server {
     tpi_store_server *server; /* stopping (tpi_store_server_stop_async) */
     pid_t pid;                /* its process: a forked child leaves it alone */
+    char addr[TPI_ADDR_LEN_MAX + 8];
     struct retired_server *next;
 } retired_server;
 static retired_server *retired; /* kept_mu */
 
 /* kept_mu held. Joins the retired servers of this process: all of them
- * (wait), or those already done. */
-static void retired_reap_locked(int wait) {
+ * (wait), those serving addr (wait_addr: it must be free again), or those
+ * already done. */
+static void retired_reap_locked(int wait, const char *wait_addr) {
     for (retired_server **pp = &retired; *pp;) {
         retired_server *r = *pp;
-        if (r->pid == getpid() && (wait || tpi_store_server_finished(r->server))) {
+        int join = wait || tpi_store_server_finished(r->server) ||
+                   (wait_addr && strcmp(r->addr, wait_addr) == 0);
+        if (r->pid == getpid() && join) {
             tpi_store_server_join(r->server);
             *pp = r->next;
             free(r);
@@ -546,7 +550,7 @@ static void kept_stop_locked(void) {
  * stop runs on its own thread; without memory for the record, waits for it. */
 static void kept_retire_locked(void) {
     TPI_ASSERT(kept_server && kept_pid == getpid());
-    retired_reap_locked(0);
+    retired_reap_locked(0, NULL);
     retired_server *r = malloc(sizeof *r);
     if (!r) {
         kept_stop_locked();
@@ -554,6 +558,7 @@ static void kept_retire_locked(void) {
     }
     tpi_store_server_stop_async(kept_server, kept_linger_ns);
     *r = (retired_server){.server = kept_server, .pid = kept_pid, .next = retired};
+    tpi_format(r->addr, sizeof r->addr, "%s", kept_addr);
     retired = r;
     kept_server = NULL;
     tpi_tcp_auth_clear(&kept_auth);
@@ -564,7 +569,7 @@ static void kept_at_exit(void) {
     int mine = kept_server && kept_pid == getpid();
     if (mine) /* it lingers beside the retired ones: the exit waits for the longest */
         tpi_store_server_stop_async(kept_server, kept_linger_ns);
-    retired_reap_locked(1);
+    retired_reap_locked(1, NULL);
     if (mine) {
         tpi_store_server_join(kept_server);
         kept_server = NULL;
@@ -591,6 +596,7 @@ static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const tpi_t
     else if (kept_server && rank == 0 && !tpi_tcp_auth_same(&kept_auth, auth))
         kept_stop_locked(); /* another secret on the same address: the port must be free */
     if (rank == 0 && !kept_server) {
+        retired_reap_locked(0, desc); /* back to an address still lingering: wait for it */
         struct sockaddr_storage sa;
         socklen_t sa_len = 0;
         char err[TP_ERRMSG_LEN_MAX];

@@ -858,13 +858,14 @@ static void test_tcp_store_open_without_deadline(void **state) {
 }
 
 /* A store client of rank (of world ranks) for method, through the kept
- * server path (rank 0 starts or reuses this process's server); 20 s linger. */
-static tp_store *kept_open(const char *method, uint32_t rank, uint32_t world) {
+ * server path (rank 0 starts or reuses this process's server), with the
+ * linger time (shutdown_timeout) given. */
+static tp_store *kept_open(const char *method, uint32_t rank, uint32_t world, double linger_s) {
     tp_options *o = tp_options_new();
     assert_non_null(o);
     assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
     assert_int_equal(tp_options_set_init_timeout(o, 30), TP_OK);
-    assert_int_equal(tp_options_set_shutdown_timeout(o, 20), TP_OK);
+    assert_int_equal(tp_options_set_shutdown_timeout(o, linger_s), TP_OK);
     char name[16];
     snprintf(name, sizeof name, "w%u", (unsigned)rank);
     tp_init_params init = {.name = name, .rank = rank, .world_size = world, .opts = o};
@@ -887,17 +888,17 @@ static void test_tcp_store_kept_server_retired_for_another_address(void **state)
     (void)state;
     char a[64], b[64];
     snprintf(a, sizeof a, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
-    tp_store *a0 = kept_open(a, 0, 3);
+    tp_store *a0 = kept_open(a, 0, 3, 20);
     assert_int_equal(a0->ops->set(a0, "job", "A", 1), TP_OK);
     a0->ops->close(a0);
     snprintf(b, sizeof b, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
     uint64_t start = tt_now_ns();
-    tp_store *b0 = kept_open(b, 0, 1);
+    tp_store *b0 = kept_open(b, 0, 1, 20);
     uint64_t took = tt_now_ns() - start;
     assert_true(took < 2000000000ull * TT_SLOWDOWN); /* not A's 20 s linger */
     assert_int_equal(b0->ops->set(b0, "job", "B", 1), TP_OK);
     for (uint32_t r = 1; r <= 2; r++) { /* A's late ranks */
-        tp_store *ar = kept_open(a, r, 3);
+        tp_store *ar = kept_open(a, r, 3, 20);
         void *v = NULL;
         size_t n = 0;
         assert_int_equal(ar->ops->get(ar, "job", &v, &n), TP_OK);
@@ -906,6 +907,26 @@ static void test_tcp_store_kept_server_retired_for_another_address(void **state)
         ar->ops->close(ar);
     }
     b0->ops->close(b0); /* B's server is kept: stopped at exit, its one rank seen */
+}
+
+/* spec: TCP-11: a rank-0 open back on the address of a server still
+ * lingering in retirement waits for it (its port must be free), instead of
+ * failing with TP_EADDRINUSE. */
+static void test_tcp_store_back_to_a_retired_address_waits_for_it(void **state) {
+    (void)state;
+    char a[64], b[64];
+    snprintf(a, sizeof a, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    snprintf(b, sizeof b, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_store *a0 = kept_open(a, 0, 2, 1); /* rank 1 never comes: 1 s of linger */
+    a0->ops->close(a0);
+    tp_store *b0 = kept_open(b, 0, 1, 1);
+    b0->ops->close(b0);
+    uint64_t start = tt_now_ns();
+    tp_store *again = kept_open(a, 0, 1, 1);
+    uint64_t took = tt_now_ns() - start;
+    assert_true(took < 1000000000ull * (1 + TT_SLOWDOWN)); /* the linger, no more */
+    assert_int_equal(again->ops->set(again, "job", "A again", 7), TP_OK);
+    again->ops->close(again);
 }
 
 static void *stop_thread(void *arg) {
@@ -1576,6 +1597,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_handshake_cap),
         cmocka_unit_test(test_tcp_store_many_clients),
         cmocka_unit_test(test_tcp_store_kept_server_retired_for_another_address),
+        cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
         cmocka_unit_test(test_tcp_store_accepted_sockets_tuned),
         cmocka_unit_test_setup_teardown(test_tcp_store_reconnects_after_a_lost_connection, setup,
                                         teardown),
