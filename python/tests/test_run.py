@@ -576,6 +576,20 @@ def test_signal_to_launcher_ends_every_process(tmp_path, sig):
     assert [pid for pid in pids if alive(pid)] == []  # ranks and their children
 
 
+def start_two(tmp_path, grace):
+    """prog.py as 2 ranks with --grace, started: each wrote its pid file."""
+    proc = subprocess.Popen(LAUNCHER + ["--nproc-per-node", "2", "--grace", str(grace),
+                                        "prog.py", str(tmp_path)],
+                            cwd=tmp_path, env=env_without_secret(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_files([tmp_path / "pid.0", tmp_path / "pid.1"])
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 def test_one_signal_leaves_the_ranks_their_grace_period(tmp_path):
     """One signal to the launcher is passed on once: ranks that clean up
     within --grace finish doing so and are not killed (a launcher that took
@@ -592,12 +606,8 @@ def test_one_signal_leaves_the_ranks_their_grace_period(tmp_path):
         while True:
             time.sleep(1)
     """))
-    proc = subprocess.Popen(LAUNCHER + ["--nproc-per-node", "2", "--grace", "20", "prog.py",
-                                        str(tmp_path)],
-                            cwd=tmp_path, env=env_without_secret(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_two(tmp_path, 20)
     try:
-        wait_files([tmp_path / "pid.0", tmp_path / "pid.1"])
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -609,12 +619,8 @@ def test_one_signal_leaves_the_ranks_their_grace_period(tmp_path):
 
 def test_second_signal_kills_at_once(tmp_path):
     (tmp_path / "prog.py").write_text(STUBBORN_SCRIPT)
-    proc = subprocess.Popen(LAUNCHER + ["--nproc-per-node", "2", "--grace", "60", "prog.py",
-                                        str(tmp_path)],
-                            cwd=tmp_path, env=env_without_secret(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_two(tmp_path, 60)
     try:
-        wait_files([tmp_path / "pid.0", tmp_path / "pid.1"])
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
