@@ -14,7 +14,12 @@
  *                          counts them);
  *   alloc_countdown        the k-th malloc or calloc from now, on any thread,
  *                          fails (process-wide; alloc_countdown_fired says
- *                          it did). realloc is not counted.
+ *                          it did). realloc is not counted, nor are the
+ *                          allocations a new thread's runtime makes before
+ *                          its start routine runs (a sanitizer's thread
+ *                          set-up, pthread_getattr_np: not the code under
+ *                          test, and ASan aborts when they fail), so
+ *                          pthread_create is interposed too.
  *
  * GCC only (ALLOC_FAULT_HOOK 1): clang links a sanitizer's runtime into the
  * executable, whose allocator these would bypass. Under valgrind, which
@@ -28,6 +33,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -46,6 +52,8 @@ static _Atomic int alloc_countdown_fired;
 #define ALLOC_FAULT_HOOK 1
 static void *(*next_malloc)(size_t);
 static void *(*next_calloc)(size_t, size_t);
+/* The main thread, and any thread once its start routine runs. */
+static _Thread_local int alloc_fault_thread_running;
 
 /* dlsym may itself allocate: a call made while resolving fails instead of
  * recursing (before main, one thread). */
@@ -62,13 +70,47 @@ static void alloc_fault_resolve(void) {
 }
 
 __attribute__((constructor)) static void alloc_fault_init(void) {
+    alloc_fault_thread_running = 1;
     if (!next_malloc || !next_calloc)
         alloc_fault_resolve();
 }
 
+typedef struct alloc_fault_start {
+    void *(*fn)(void *);
+    void *arg;
+} alloc_fault_start;
+
+static void *alloc_fault_trampoline(void *p) {
+    alloc_fault_start st = *(alloc_fault_start *)p;
+    free(p);
+    alloc_fault_thread_running = 1;
+    return st.fn(st.arg);
+}
+
+/* The next pthread_create (a sanitizer's interceptor, or libc's), with the
+ * start routine behind a trampoline that marks the thread as running. */
+int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+    static int (*next_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    if (!next_create) {
+        void *c = dlsym(RTLD_NEXT, "pthread_create");
+        memcpy(&next_create, &c, sizeof next_create);
+    }
+    if (!next_create || !next_malloc)
+        return EAGAIN;
+    alloc_fault_start *st = next_malloc(sizeof *st); /* never made to fail */
+    if (!st)
+        return EAGAIN;
+    *st = (alloc_fault_start){fn, arg};
+    int rc = next_create(t, attr, alloc_fault_trampoline, st);
+    if (rc != 0)
+        free(st);
+    return rc;
+}
+
 /* One thread only sees the count reach its end. */
 static inline int alloc_countdown_ends(void) {
-    if (atomic_load_explicit(&alloc_countdown, memory_order_relaxed) <= 0 ||
+    if (!alloc_fault_thread_running ||
+        atomic_load_explicit(&alloc_countdown, memory_order_relaxed) <= 0 ||
         atomic_fetch_sub(&alloc_countdown, 1) != 1)
         return 0;
     atomic_store(&alloc_countdown_fired, 1);
