@@ -468,17 +468,21 @@ def test_workers_started_by_hand_keep_the_secret_in_xdg_runtime_dir_else_home(tm
         assert len((folder / "local-secret").read_text().strip()) == 64, case
 
 
-def test_private_gathers_pytorch_programs_use(tmp_path):
+# The gathers' own helpers are served under an allow-list too (PY-1): a
+# program that exposes only its functions still gathers.
+@pytest.mark.parametrize("expose", ["default", "allow-list"])
+def test_private_gathers_pytorch_programs_use(tmp_path, expose):
     out = run(tmp_path, """
         from tensorplay.distributed.rpc import api
-        rpc.init_rpc("worker%d" % rank)
+        opts = rpc.TensorPipeRpcBackendOptions(expose=[slow, max] if ALLOW else None)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
         print(sorted(api._all_gather(rank * 10).items()))
         api._barrier(["worker0", "worker1", "worker2"])
         with api._wait_all():
             f = rpc.rpc_async("worker%d" % ((rank + 1) % 3), slow, args=(0.2,))
         print(f.done(), rpc.rpc_sync("worker%d" % ((rank + 1) % 3), max, args=(1, 2)))
         rpc.shutdown()
-    """, nproc=3, rank0_only=False)
+    """.replace("ALLOW", str(expose == "allow-list")), nproc=3, rank0_only=False)
     for r in range(3):
         assert "[%d] [('worker0', 0), ('worker1', 10), ('worker2', 20)]" % r in out
         assert "[%d] True 2" % r in out

@@ -7,6 +7,7 @@ and 1 of one job), the job secret from a 0600 file, and restarts of a failed
 process that rejoins the running job as a new incarnation."""
 import json
 import os
+import re
 import socket
 import signal
 import subprocess
@@ -121,6 +122,8 @@ def test_secret_is_fresh_per_job_unless_set(tmp_path):
         assert p.returncode == 0, p.stderr
         secrets.add(json.loads(by_rank(p.stdout)[0][0])["TP_SECRET"])
     assert len(secrets) == 2
+    # LAUNCH-5: 32 bytes from the kernel's generator, as 64 hex digits.
+    assert all(re.fullmatch("[0-9a-f]{64}", s) for s in secrets), secrets
     # As tprun: a secret already in the environment is the job's (another launcher's).
     env = env_without_secret()
     env["TP_SECRET"] = "ab" * 32
