@@ -425,8 +425,24 @@ static int rref_debug_info_back_to_zero(int rank, int ws) {
         CHECK_STATUS(tp_get_debug_info(NULL), TP_EINVAL);
         uint64_t n = 0;
         CHECK_STATUS(tp_get_debug_calls_in_flight(ws, &n), TP_EINVAL);
+        CHECK_STATUS(tp_get_debug_calls_in_flight(-1, &n), TP_EINVAL);
         CHECK_OK(tp_get_debug_calls_in_flight(1, &n));
         CHECK_INT((int64_t)n, 0);
+        /* A call awaiting its answer counts toward its callee only; rank 0
+         * (this worker) is a rank like any other. */
+        tp_future *f = NULL;
+        tp_value *ms = CONF_INTS(300);
+        if (CHECK_OK(tp_rpc_async(tp_to_rank(2), "sleep_ms", ms, NULL, TP_TIMEOUT_DEFAULT, &f))) {
+            CHECK_OK(tp_get_debug_calls_in_flight(2, &n));
+            CHECK_INT((int64_t)n, 1);
+            CHECK_OK(tp_get_debug_calls_in_flight(0, &n));
+            CHECK_INT((int64_t)n, 0);
+            CHECK_OK(tp_future_wait(f, TP_TIMEOUT_DEFAULT));
+            CHECK_OK(tp_get_debug_calls_in_flight(2, &n));
+            CHECK_INT((int64_t)n, 0);
+        }
+        tp_value_free(ms);
+        tp_future_free(f);
         tp_rref *r = NULL;
         int64_t c[7];
         if (CHECK_OK(remote_on(tp_to_rank(1), "echo", CONF_INTS(9), TP_TIMEOUT_DEFAULT, &r))) {
