@@ -6,7 +6,10 @@
  * API returns its status with a message, and the call leaves every core
  * table: its window bytes come back and graceful shutdown's drain does not
  * wait for it. The simulator never fails a send to a live peer, so a wrapper
- * backend, "SIM_FAILSEND", fails the next requests it is told to.
+ * backend, "SIM_FAILSEND", fails the next requests it is told to. It also
+ * refuses a chosen pool hand-off (execute, AGENT-11) on w1: the callee then
+ * takes that job back out of its caller's queue, and the queue must stay
+ * whole for the jobs behind it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -91,9 +94,23 @@ static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return sim_ops->send(a, dst, f);
 }
 
+/* On w1, the fail_execute_at-th execute from when it was set is refused
+ * (0: none), as by a pool out of memory for the work. */
+static int fail_execute_at;
+static int execute_failed;
+
+static tp_status failing_execute(tp_agent *a, tp_work *w) {
+    if (fail_execute_at > 0 && tp_sim_current_host() == 1 && --fail_execute_at == 0) {
+        execute_failed++;
+        return TP_ENOMEM;
+    }
+    return sim_ops->execute(a, w);
+}
+
 static void wrap_ops_edit(const tp_init_params *p, tp_agent *agent, tp_agent_ops *ops) {
     (void)p, (void)agent;
     ops->send = failing_send;
+    ops->execute = failing_execute;
 }
 
 /* ---- The world --------------------------------------------------------------------- */
@@ -116,8 +133,18 @@ static tp_status fn_make_obj(tp_call *call, const tp_value *args, const tp_value
 static tp_status fn_fetch(tp_call *call, const tp_value *args, const tp_value *kwargs,
                           tp_value **result, void *user_data);
 
+/* nap(): 50 ms asleep, holding its pool thread. */
+static tp_status fn_nap(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data;
+    tp_status st = tp_sleep(0.05);
+    *result = st == TP_OK ? tp_value_int(0) : NULL;
+    return st == TP_OK && !*result ? TP_ENOMEM : st;
+}
+
 static void world_register(void) {
     CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function("nap", fn_nap, NULL) == TP_OK);
     CHECK(tp_register_function("make_obj", fn_make_obj, NULL) == TP_OK);
     CHECK(tp_register_function("fetch", fn_fetch, NULL) == TP_OK);
 }
@@ -157,6 +184,43 @@ static void sc_send_fails(world *w) {
     tp_value_free(kwargs);
     tp_value_free(args);
     /* world_program's graceful shutdown then checks the drain saw no call left. */
+}
+
+/*
+ * AGENT-11, FAIR-1: w1 has one pool thread. nap holds it while add(1) waits
+ * queued behind it; the hand-off of add(2), queued behind add(1), is
+ * refused, so w1 takes add(2) back out of w0's queue (its tail) and answers
+ * it TP_ESHUTDOWN. add(3), queued next, must then follow add(1): a queue
+ * whose tail still named the job taken out would lose it (and every later
+ * one), and its call would wait to its deadline.
+ */
+static void sc_refused_handoff(world *w) {
+    (void)w;
+    tp_future *f[4] = {NULL};
+    const char *fn[4] = {"nap", "add", "add", "add"};
+    execute_failed = 0;
+    fail_execute_at = 3; /* the third request's */
+    for (int i = 0; i < 4; i++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_int(10));
+        CHECK(tp_rpc_async(tp_to_name("w1"), fn[i], args, NULL, 5.0, &f[i]) == TP_OK);
+        tp_value_free(args);
+    }
+    const tp_status want[4] = {TP_OK, TP_OK, TP_ESHUTDOWN, TP_OK};
+    for (int i = 0; i < 4; i++) {
+        tp_status st = f[i] ? tp_future_wait(f[i], TP_TIMEOUT_INFINITE) : TP_EINVAL;
+        if (st != want[i])
+            print_error("call %d (%s): %s, want %s: %s\n", i, fn[i], tp_status_name(st),
+                        tp_status_name(want[i]), tp_errmsg());
+        CHECK(st == want[i]);
+        tp_future_free(f[i]);
+    }
+    CHECK(execute_failed == 1 && fail_execute_at == 0);
+}
+
+static void test_refused_handoff_keeps_the_queue_whole(void **state) {
+    (void)state;
+    world w = {.scenario = sc_refused_handoff, .backend = "SIM_FAILSEND", .threads = 1};
+    run_world(2, 13, &w);
 }
 
 static void test_deferred_send_failure(void **state) {
@@ -303,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
         cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
         cmocka_unit_test(test_send_failure_undoes_every_rref_fork),
+        cmocka_unit_test(test_refused_handoff_keeps_the_queue_whole),
     };
     return cmocka_run_group_tests_name("send_failure", tests, NULL, NULL);
 }
