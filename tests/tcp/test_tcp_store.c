@@ -472,6 +472,54 @@ static void test_tcp_store_scan(void **state) {
 
 /* A store server that answers every scan with the same entry and "more":
  * the client must call that malformed (no progress), not scan forever. */
+static int count_entry(void *arg, const char *key, const void *value, size_t len) {
+    (void)key, (void)value;
+    *(size_t *)arg += len;
+    return 0;
+}
+
+/* One scan entry (TCP-10): key length (u16), key, value length (u32), and
+ * `have` bytes of value, little-endian. Returns the bytes written. */
+static size_t scan_entry(uint8_t *p, const char *key, uint32_t vl, uint32_t have) {
+    size_t kl = strlen(key);
+    p[0] = (uint8_t)kl;
+    p[1] = (uint8_t)(kl >> 8);
+    memcpy(p + 2, key, kl);
+    for (int i = 0; i < 4; i++)
+        p[2 + kl + (size_t)i] = (uint8_t)(vl >> (8 * i));
+    memset(p + 6 + kl, 'v', have);
+    return 6 + kl + have;
+}
+
+/* spec: STORE-10, TCP-10: a scan reply's entries are walked within the
+ * payload only: a value that says it is longer than what is left (however
+ * small) is malformed, as is one over TP_STORE_VALUE_LEN_MAX. */
+static void test_tcp_store_scan_entries_bounds(void **state) {
+    (void)state;
+    uint8_t buf[64];
+    char last[TP_STORE_KEY_LEN_MAX + 1];
+    size_t n = 0, bytes = 0;
+    size_t len = scan_entry(buf, "p/a", 3, 3);
+    len += scan_entry(buf + len, "p/b", 2, 2);
+    last[0] = '\0';
+    assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(bytes, 5);
+    assert_string_equal(last, "p/b");
+    /* The last value claims 4 bytes where 2 are. */
+    len = scan_entry(buf, "p/a", 3, 3);
+    len += scan_entry(buf + len, "p/b", 4, 2);
+    last[0] = '\0';
+    n = 0;
+    assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
+    assert_int_equal(n, 1);
+    len = scan_entry(buf, "p/a", (uint32_t)TP_STORE_VALUE_LEN_MAX + 1, 3);
+    last[0] = '\0';
+    n = 0;
+    assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
+    assert_int_equal(n, 0);
+}
+
 static void test_tcp_store_scan_needs_progress(void **state) {
     (void)state;
     uint16_t port = tt_free_port();
@@ -1582,6 +1630,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
+        cmocka_unit_test(test_tcp_store_scan_entries_bounds),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_server_start_without_memory),
