@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tprun_test.sh TPRUN [ADD_TCP]: the launcher's contract (spec/tcp.md TCP-13,
-# spec/launch.md LAUNCH-1..9), and, when given, the seed example through it
+# tprun_test.sh TPRUN [ADD_TCP [FAIL_MALLOC]]: the launcher's contract
+# (spec/tcp.md TCP-13, spec/launch.md LAUNCH-1..9); when given, the seed
+# example through it
 # over TCP, on one node and as two nodes of one job on this machine. The
 # elastic case runs a Python worker when a Python with the tensorplay package
 # is found ($PYTHON, /usr/bin/python3, python3; the package next to TPRUN's
@@ -8,6 +9,7 @@
 set -uo pipefail
 tprun=$1
 add_tcp=${2:-}
+fail_malloc=${3:+$(realpath "$3")}
 fail=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -277,6 +279,27 @@ PY
   rm -f "$tmp/killed"
   PYTHONPATH=$pydir timeout 90 "$tprun" --nproc 2 --max-restarts 0 --grace 1 "$py" "$tmp/elastic.py" "$tmp/killed" >/dev/null 2>&1
   check "elastic, no restarts: signal status" 137 "$?"
+fi
+
+# No memory to carry a started process's output (either of its two line
+# buffers): that process is killed at once and the launch fails with the
+# cause, rather than running a rank whose output has nowhere to go.
+if [ -n "$fail_malloc" ]; then
+  line_buf=16384 # LINE_MAX_BYTES in tprun.c: a buffer is that and a few fields
+  for nth in 1 2; do
+    start=$(date +%s)
+    timeout 60 env LD_PRELOAD="$fail_malloc" \
+      ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+      TP_FAIL_MALLOC_MIN=$line_buf TP_FAIL_MALLOC_MAX=$((line_buf + 64)) TP_FAIL_MALLOC_NTH=$nth \
+      "$tprun" --nproc 1 --grace 1 sh -c 'exec sleep 30' >/dev/null 2>"$tmp/oom"
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    check "no memory for output buffer $nth: status" 1 "$rc"
+    check "no memory for output buffer $nth: cause" \
+      "tprun: cannot start rank 0: Cannot allocate memory" "$(cat "$tmp/oom")"
+    check "no memory for output buffer $nth: the rank killed at once" yes \
+      "$([ "$took" -lt 10 ] && echo yes || echo "no ($took s)")"
+  done
 fi
 
 [ $fail = 0 ] && echo "tprun_test: all passed"
