@@ -52,6 +52,7 @@ static _Atomic int alloc_countdown_fired;
 #define ALLOC_FAULT_HOOK 1
 static void *(*next_malloc)(size_t);
 static void *(*next_calloc)(size_t, size_t);
+static int (*next_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 /* The main thread, and any thread once its start routine runs. */
 static _Thread_local int alloc_fault_thread_running;
 
@@ -64,14 +65,16 @@ static void alloc_fault_resolve(void) {
     resolving = 1;
     void *m = dlsym(RTLD_NEXT, "malloc");
     void *c = dlsym(RTLD_NEXT, "calloc");
+    void *t = dlsym(RTLD_NEXT, "pthread_create");
     memcpy(&next_malloc, &m, sizeof next_malloc);
     memcpy(&next_calloc, &c, sizeof next_calloc);
+    memcpy(&next_create, &t, sizeof next_create);
     resolving = 0;
 }
 
 __attribute__((constructor)) static void alloc_fault_init(void) {
     alloc_fault_thread_running = 1;
-    if (!next_malloc || !next_calloc)
+    if (!next_malloc || !next_calloc || !next_create)
         alloc_fault_resolve();
 }
 
@@ -88,13 +91,9 @@ static void *alloc_fault_trampoline(void *p) {
 }
 
 /* The next pthread_create (a sanitizer's interceptor, or libc's), with the
- * start routine behind a trampoline that marks the thread as running. */
+ * start routine behind a trampoline that marks the thread as running. It was
+ * resolved by the constructor, before main: no thread reads it half-written. */
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
-    static int (*next_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
-    if (!next_create) {
-        void *c = dlsym(RTLD_NEXT, "pthread_create");
-        memcpy(&next_create, &c, sizeof next_create);
-    }
     if (!next_create || !next_malloc)
         return EAGAIN;
     alloc_fault_start *st = next_malloc(sizeof *st); /* never made to fail */
