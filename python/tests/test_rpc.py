@@ -998,3 +998,40 @@ def test_init_rpc_with_rank_0_reads_no_rank_from_the_environment(tmp_path):
                        cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == ["rank None: True", "rank -1: True", "solo 0 5"]
+
+
+def test_values_nest_to_the_limit_both_ways(tmp_path):
+    # TPI_VALUE_DEPTH_MAX = 64 levels in a value on the wire. A result is a
+    # value of its own (64 lists around a scalar); an argument sits inside the
+    # call's args tuple, inside the call's wire list (62). One level more is
+    # refused on the side that builds it, with the limit named, and the world
+    # goes on serving.
+    out = run(tmp_path, """
+        def nest(k):
+            x = 1
+            for _ in range(k):
+                x = [x]
+            return x
+
+        def depth(x):
+            d = 0
+            while isinstance(x, list):
+                x, d = x[0], d + 1
+            return d
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print("result", depth(rpc.rpc_sync("worker1", nest, args=(64,))))
+            try:
+                rpc.rpc_sync("worker1", nest, args=(65,))
+            except Exception as e:
+                print("result+1", type(e).__name__, "nest more than 64 deep" in str(e))
+            print("arg", rpc.rpc_sync("worker1", depth, args=(nest(62),)))
+            try:
+                rpc.rpc_sync("worker1", depth, args=(nest(63),))
+            except ValueError as e:
+                print("arg+1", "nest more than 64 deep" in str(e))
+            print("after", rpc.rpc_sync("worker1", add, args=(1, 2)))
+        rpc.shutdown()
+    """)
+    assert out == ["result 64", "result+1 ValueError True", "arg 62", "arg+1 True", "after 3"]
