@@ -446,6 +446,40 @@ static void test_shm_probe_on_descriptor_0_checked(void **state) {
     close(probe);
 }
 
+/* spec: TCP-22: every field of the probe is checked, each on its own: its
+ * magic, both ranks, the world's size, the dialer's pid and the tag; a byte
+ * changed in any of them is refused, and the probe put back is accepted. A
+ * probe cut short is refused too. */
+static void test_shm_probe_every_field_checked(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0;
+    a.world_size = 2;
+    int probe = -1;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_offer(&a, 1, &probe, rec), 0);
+    uint32_t v[3];
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_OFFER);
+    static const int fields[] = {0, 7, 8, 12, 16, 20, 24, 27}; /* magic, ranks, world, pid, tag */
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        uint8_t b;
+        assert_int_equal(pread(probe, &b, 1, fields[i]), 1);
+        uint8_t changed = (uint8_t)(b ^ 0x40);
+        assert_int_equal(pwrite(probe, &changed, 1, fields[i]), 1);
+        assert_int_equal(accept_offer(v), 0);
+        assert_int_equal(pwrite(probe, &b, 1, fields[i]), 1);
+        assert_int_equal(accept_offer(v), 1);
+    }
+    assert_int_equal(ftruncate(probe, TPI_SHM_PROBE_SIZE - 1), 0);
+    assert_int_equal(accept_offer(v), 0);
+    close(probe);
+}
+
 /* ---- A slab's header names its two ends (the acceptor's side alone) ---------- */
 
 /* Reads the slab of record v as worker me whose peer is worker peer (the
@@ -521,6 +555,7 @@ int main(void) {
         cmocka_unit_test(test_shm_slab_picking),
         cmocka_unit_test(test_shm_slab_on_descriptor_0_reused),
         cmocka_unit_test(test_shm_probe_on_descriptor_0_checked),
+        cmocka_unit_test(test_shm_probe_every_field_checked),
         cmocka_unit_test(test_shm_slab_header_names_both_ends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
