@@ -818,6 +818,26 @@ static void test_tcp_crypt_bye(void **state) {
     tt_job_free(&job);
 }
 
+/* spec: TCP-17: tp_job_secret_new writes 64 hex digits and a NUL into a
+ * buffer of at least 65 bytes, fresh each call; a buffer one byte short (or
+ * none) is refused with the size it needs and not written. */
+static void test_job_secret_new_buffer(void **state) {
+    (void)state;
+    char a[2 * TPI_TCP_JOB_SECRET_BYTES + 1], b[sizeof a];
+    assert_int_equal(tp_job_secret_new(a, sizeof a), TP_OK);
+    assert_int_equal(tp_job_secret_new(b, sizeof b), TP_OK);
+    assert_int_equal(strlen(a), sizeof a - 1);
+    assert_int_equal(strspn(a, "0123456789abcdef"), sizeof a - 1);
+    assert_string_not_equal(a, b);
+    char shorter[sizeof a - 1];
+    memset(shorter, 'x', sizeof shorter);
+    assert_int_equal(tp_job_secret_new(shorter, sizeof shorter), TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "a buffer of 65 bytes is needed"));
+    for (size_t i = 0; i < sizeof shorter; i++)
+        assert_int_equal(shorter[i], 'x');
+    assert_int_equal(tp_job_secret_new(NULL, sizeof a), TP_EINVAL);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -825,6 +845,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_crypt_tampered), cmocka_unit_test(test_tcp_crypt_capture),
         cmocka_unit_test(test_tcp_crypt_idle),     cmocka_unit_test(test_tcp_crypt_probe),
         cmocka_unit_test(test_tcp_crypt_bye),      cmocka_unit_test(test_tcp_crypt_options),
+        cmocka_unit_test(test_job_secret_new_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
