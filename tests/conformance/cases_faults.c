@@ -178,6 +178,55 @@ static int faults_crash_unconnected_peer_fails_fast(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: RREF-12 FUTURE-7: the owner forgets the fetch of a user that died
+ * while it waited for a value not yet made, and answers the others: w0's
+ * remote() on w1 runs 1 s; w2 asks for the value (rref_fetch) and dies
+ * 0.3 s in; w0's own fetch then gets the value, w2's call fails naming it,
+ * and w1 goes on serving. */
+static int faults_crash_waiting_fetcher(int rank, int ws) {
+    if (!CHECK_OK(init_for_faults(rank, ws)))
+        return conf_finish(rank);
+    if (rank == 2) {
+        tp_sleep(0.3); /* w0's rref_fetch is running here, its fetch waiting at w1 */
+        int failures = conf_finish(rank);
+        conf_crash_self();
+        return failures;
+    }
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        tp_value *ms = CONF_INTS(1000);
+        tp_future *f = NULL;
+        if (CHECK_OK(tp_remote(tp_to_rank(1), "sleep_ms", ms, NULL, TP_TIMEOUT_DEFAULT, &r))) {
+            CHECK_OK(conf_async(tp_to_rank(2), "rref_fetch", tp_value_list_of(1, tp_value_rref(r)),
+                                &f));
+            tp_value *v = NULL;
+            if (CHECK_OK(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v)))
+                CHECK_INT(conf_int_of(rank, v, -1), 1000);
+            tp_value_free(v);
+            if (f) {
+                CHECK_STATUS(tp_future_wait(f, TP_TIMEOUT_INFINITE), TP_EPEERDOWN);
+                CHECK_CONTAINS(tp_future_error(f), "'w2' (id 2)");
+            }
+            tp_future_free(f);
+            /* The owner is whole: another rref made and fetched there. */
+            tp_rref *again = NULL;
+            tp_value *v2 = NULL;
+            tp_value *five = CONF_INTS(5);
+            if (CHECK_OK(tp_remote(tp_to_rank(1), "echo", five, NULL, TP_TIMEOUT_DEFAULT,
+                                   &again)) &&
+                CHECK_OK(tp_rref_to_here(again, TP_TIMEOUT_DEFAULT, &v2)))
+                CHECK_INT(conf_int_of(rank, v2, -1), 5);
+            tp_value_free(v2);
+            tp_value_free(five);
+            tp_rref_release(again);
+        }
+        tp_value_free(ms);
+        tp_rref_release(r);
+    }
+    survivor_shutdown(rank, "w2", rank == 0);
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_faults[] = {
     {"faults_crash_fails_inflight_promptly", 3, faults_crash_fails_inflight_promptly,
      "FUTURE-7 SHUTDOWN-8"},
@@ -186,5 +235,6 @@ const tp_conformance_case conf_cases_faults[] = {
     {"faults_crash_rref_owner", 2, faults_crash_rref_owner, "RREF-12 FUTURE-7"},
     {"faults_crash_unconnected_peer_fails_fast", 3, faults_crash_unconnected_peer_fails_fast,
      "FUTURE-7 SHUTDOWN-8"},
+    {"faults_crash_waiting_fetcher", 3, faults_crash_waiting_fetcher, "RREF-12 FUTURE-7"},
 };
 const size_t conf_cases_faults_count = sizeof conf_cases_faults / sizeof conf_cases_faults[0];
