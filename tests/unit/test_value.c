@@ -3,6 +3,8 @@
  * typed reads, containers, tensors and their layouts, clone, equality,
  * formatting, and ownership (every test ends leak-free under ASan).
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for alloc_fault.h */
+#include <malloc.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +21,7 @@
 
 #include "common/limits.h"
 
+#include "alloc_fault.h"
 #include "fake_rref.h"
 
 /* ---- Scalars and typed reads ------------------------------------------------ */
@@ -866,6 +869,100 @@ static void test_value_tensor_view_keeps_parent(void **state) {
     tp_value_free(c);
 }
 
+/* ---- Reads of the wrong kind, and running out of memory ------------------------ */
+
+/* spec: VALUE-4: a container read on NULL, on a value of another kind, with
+ * no key, or past the end gives NULL (0 for a length), never another kind's
+ * items read as its own. */
+static void test_value_container_reads_of_the_wrong_kind(void **state) {
+    (void)state;
+    tp_value *list = tp_value_list_of(2, tp_value_str("a"), tp_value_int(1));
+    tp_value *map = tp_value_map();
+    assert_non_null(list);
+    assert_non_null(map);
+    assert_int_equal(tp_map_set(map, "a", tp_value_int(2)), TP_OK);
+    const tp_value *holders[] = {NULL, list, map};
+    for (size_t i = 0; i < sizeof holders / sizeof holders[0]; i++) {
+        const tp_value *h = holders[i];
+        if (h != map) {
+            assert_int_equal(tp_map_len(h), 0);
+            assert_null(tp_map_get(h, "a"));
+            assert_null(tp_map_key_at(h, 0));
+            assert_null(tp_map_value_at(h, 0));
+        }
+        if (h != list) {
+            assert_int_equal(tp_list_len(h), 0);
+            assert_null(tp_list_get(h, 0));
+        }
+    }
+    assert_null(tp_map_get(map, NULL));
+    assert_null(tp_map_get(map, "b"));
+    assert_non_null(tp_map_get(map, "a"));
+    assert_null(tp_map_key_at(map, 1));
+    assert_null(tp_map_value_at(map, 1));
+    assert_null(tp_list_get(list, 2));
+    assert_non_null(tp_list_get(list, 1));
+    tp_value *x = tp_value_int(3);
+    assert_int_equal(tp_map_set(list, "a", x), TP_ETYPE);
+    assert_int_equal(tp_list_append(map, x), TP_ETYPE);
+    tp_value_free(x);
+    tp_value_free(list);
+    tp_value_free(map);
+}
+
+/* The bytes this process holds from the allocator (0 where the allocator
+ * in use is not glibc's, e.g. under a sanitizer: its leak check covers it). */
+static size_t held_bytes(void) {
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* spec: VALUE-1: a constructor that runs out of memory at any of its
+ * allocations returns NULL and keeps nothing: a 1 MiB tensor (its storage,
+ * both when copied and when zeroed), a string, and a deep clone, each failed
+ * at every allocation in turn, 200 times over, leave what the process holds
+ * where it was. */
+static void test_value_constructors_fail_clean_without_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) { /* under valgrind, or not GCC */
+        skip();
+        return;
+    }
+    enum { MIB = 1 << 20, ROUNDS = 200 };
+    static uint8_t data[MIB];
+    const int64_t shape[1] = {MIB};
+    tp_value *tree = tp_value_list_of(2, tp_value_str("x"), tp_value_list_of(1, tp_value_int(1)));
+    assert_non_null(tree);
+    size_t before = held_bytes();
+    int failed = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int kind = 0; kind < 4; kind++) {
+            for (long k = 1;; k++) {
+                atomic_store(&alloc_countdown_fired, 0);
+                atomic_store(&alloc_countdown, k);
+                tp_value *v = kind == 0   ? tp_value_tensor(TP_DTYPE_UINT8, 1, shape, NULL, data)
+                              : kind == 1 ? tp_value_tensor(TP_DTYPE_UINT8, 1, shape, NULL, NULL)
+                              : kind == 2 ? tp_value_str("a string")
+                                          : tp_value_clone(tree);
+                atomic_store(&alloc_countdown, 0);
+                if (!atomic_load(&alloc_countdown_fired)) {
+                    assert_non_null(v); /* past its last allocation: made */
+                    tp_value_free(v);
+                    break;
+                }
+                assert_null(v);
+                failed++;
+                assert_true(k < 64);
+            }
+        }
+    }
+    assert_true(failed >= ROUNDS * 8);
+    size_t after = held_bytes();
+    if (after > before + 16 * 1024)
+        fail_msg("%zu bytes held before the failures, %zu after", before, after);
+    tp_value_free(tree);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_value_scalars_read_back),
@@ -896,6 +993,8 @@ int main(void) {
         cmocka_unit_test(test_value_format_reads_like_python),
         cmocka_unit_test(test_value_tensor_storage_shared_and_copy_on_write),
         cmocka_unit_test(test_value_tensor_view_keeps_parent),
+        cmocka_unit_test(test_value_container_reads_of_the_wrong_kind),
+        cmocka_unit_test(test_value_constructors_fail_clean_without_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
