@@ -684,23 +684,27 @@ def test_lines_are_prefixed_and_split_by_stream(tmp_path):
                                                                             "[1] err 1"]
 
 
-def test_output_a_child_writes_after_its_rank_exits_is_kept(tmp_path):
+@pytest.mark.parametrize("keeps", ["both pipes", "stdout only"])
+def test_output_a_child_writes_after_its_rank_exits_is_kept(tmp_path, keeps):
     """Once every rank exited the launcher still copies what their own
     children write to the pipes they inherited (for up to DRAIN_S, 1 s),
     rather than stopping while a pipe is open: here a child writes 0.5 s
-    after its rank exited."""
+    after its rank exited, holding both of the rank's pipes or only its
+    stdout (the last pipe open is still a pipe open)."""
     p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], """
         import os, time
         print("rank exits", flush=True)
         rank_pid = os.getpid()
         if os.fork() == 0:
+            if STDOUT_ONLY:
+                os.close(2)  # the rank's stderr closes when the rank exits
             deadline = time.monotonic() + 10
             while os.getppid() == rank_pid and time.monotonic() < deadline:
                 time.sleep(0.01)  # until the rank is gone
             time.sleep(0.5)
             os.write(1, b"child writes after\\n")
             os._exit(0)
-    """)
+    """.replace("STDOUT_ONLY", str(keeps == "stdout only")))
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == ["[0] rank exits", "[0] child writes after"], p.stdout
 
