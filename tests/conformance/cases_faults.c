@@ -197,8 +197,8 @@ static int faults_crash_waiting_fetcher(int rank, int ws) {
         tp_value *ms = CONF_INTS(1000);
         tp_future *f = NULL;
         if (CHECK_OK(tp_remote(tp_to_rank(1), "sleep_ms", ms, NULL, TP_TIMEOUT_DEFAULT, &r))) {
-            CHECK_OK(conf_async(tp_to_rank(2), "rref_fetch", tp_value_list_of(1, tp_value_rref(r)),
-                                &f));
+            CHECK_OK(
+                conf_async(tp_to_rank(2), "rref_fetch", tp_value_list_of(1, tp_value_rref(r)), &f));
             tp_value *v = NULL;
             if (CHECK_OK(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &v)))
                 CHECK_INT(conf_int_of(rank, v, -1), 1000);
@@ -212,8 +212,8 @@ static int faults_crash_waiting_fetcher(int rank, int ws) {
             tp_rref *again = NULL;
             tp_value *v2 = NULL;
             tp_value *five = CONF_INTS(5);
-            if (CHECK_OK(tp_remote(tp_to_rank(1), "echo", five, NULL, TP_TIMEOUT_DEFAULT,
-                                   &again)) &&
+            if (CHECK_OK(
+                    tp_remote(tp_to_rank(1), "echo", five, NULL, TP_TIMEOUT_DEFAULT, &again)) &&
                 CHECK_OK(tp_rref_to_here(again, TP_TIMEOUT_DEFAULT, &v2)))
                 CHECK_INT(conf_int_of(rank, v2, -1), 5);
             tp_value_free(v2);

@@ -841,10 +841,10 @@ static void test_job_secret_new_buffer(void **state) {
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tcp_crypt_calls),    cmocka_unit_test(test_tcp_crypt_mismatch),
-        cmocka_unit_test(test_tcp_crypt_tampered), cmocka_unit_test(test_tcp_crypt_capture),
-        cmocka_unit_test(test_tcp_crypt_idle),     cmocka_unit_test(test_tcp_crypt_probe),
-        cmocka_unit_test(test_tcp_crypt_bye),      cmocka_unit_test(test_tcp_crypt_options),
+        cmocka_unit_test(test_tcp_crypt_calls),       cmocka_unit_test(test_tcp_crypt_mismatch),
+        cmocka_unit_test(test_tcp_crypt_tampered),    cmocka_unit_test(test_tcp_crypt_capture),
+        cmocka_unit_test(test_tcp_crypt_idle),        cmocka_unit_test(test_tcp_crypt_probe),
+        cmocka_unit_test(test_tcp_crypt_bye),         cmocka_unit_test(test_tcp_crypt_options),
         cmocka_unit_test(test_job_secret_new_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
