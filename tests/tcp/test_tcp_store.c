@@ -1564,6 +1564,39 @@ static void sock_pair(int *c, int *s) {
     close(l);
 }
 
+/* spec: TCP-9: descriptor 0 is a socket like any other: with stdin closed
+ * (a daemon's), tpi_sock_connect's socket lands on 0 and is returned as
+ * connected, whatever errno held before. */
+static void test_tcp_sock_connect_on_descriptor_0(void **state) {
+    (void)state;
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(l > 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    errno = EINTR; /* left over from an earlier call */
+    int c = tpi_sock_connect((struct sockaddr *)&sa, len, 2000);
+    if (c != 0) {
+        assert_int_equal(dup2(saved, 0), 0); /* stdin back, before failing */
+        fail_msg("tpi_sock_connect gave %d, not descriptor 0", c);
+    }
+    int s = accept(l, NULL, NULL);
+    assert_true(s > 0);
+    assert_int_equal(send(s, "ok", 2, 0), 2);
+    uint8_t buf[2];
+    assert_int_equal(tpi_sock_recv_all(c, buf, sizeof buf, tt_now_ns() + 5000000000ull), 0);
+    assert_memory_equal(buf, "ok", 2);
+    close(s);
+    close(l);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back */
+    close(saved);
+}
+
 /* Closes s with a reset (SO_LINGER 0), as a killed process's kernel may. */
 static void close_with_reset(int s) {
     struct linger lg = {1, 0};
@@ -1623,6 +1656,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
         cmocka_unit_test(test_tcp_store_request_key_bounds),
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
+        cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
