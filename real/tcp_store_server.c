@@ -368,6 +368,8 @@ static int scan_collect(void *arg, const char *key, const void *value, size_t vl
     return 0;
 }
 
+#define SCAN_OOM_TEXT "out of memory building a scan reply"
+
 static void run_scan(srv_client *c, const char *key, const tpi_store_request *rq) {
     tp_store *db = c->s->db;
     scan_reply r = {.after = rq->has_a ? rq->a : NULL, .after_len = rq->a_len};
@@ -380,6 +382,8 @@ static void run_scan(srv_client *c, const char *key, const tpi_store_request *rq
         free(r.buf);
         if (st == TP_OK)
             reply(c, st, (uint8_t)r.more, NULL, 0, NULL);
+        else if (r.oom) /* the store itself is fine: its last message is not this error */
+            reply(c, st, 0, SCAN_OOM_TEXT, sizeof SCAN_OOM_TEXT - 1, NULL);
         else
             reply_status(c, st);
     }

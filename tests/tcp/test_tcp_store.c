@@ -470,6 +470,41 @@ static void test_tcp_store_scan(void **state) {
     assert_int_equal(s->ops->scan(s, "s/", log_scan, &none), TP_OK); /* still serving */
 }
 
+/* spec: TCP-10: a scan whose reply the server has no memory to build fails
+ * with TP_ENOMEM and says so (not with the store's last message, nor the
+ * entries it had gathered as the text); the server goes on serving it. */
+static void test_tcp_store_scan_out_of_memory(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    if (!alloc_fault_in_use()) { /* under valgrind, or not GCC */
+        skip();
+        return;
+    }
+    size_t big = 700000; /* the second entry needs the reply's buffer past 1 MiB */
+    char *v = malloc(big);
+    assert_non_null(v);
+    for (char c = '0'; c < '3'; c++) {
+        memset(v, c, big);
+        v[big - 1] = 'z';
+        char key[8] = {'o', '/', c, 0};
+        assert_int_equal(s->ops->set(s, key, v, big), TP_OK);
+    }
+    free(v);
+    scan_seen_log l = {.values_ok = 1};
+    atomic_store(&realloc_failed, 0);
+    atomic_store(&realloc_fail_min, (size_t)2 << 20);
+    tp_status st = s->ops->scan(s, "o/", log_scan, &l);
+    atomic_store(&realloc_fail_min, 0);
+    assert_int_equal(st, TP_ENOMEM);
+    assert_non_null(strstr(tp_errmsg(), "out of memory building a scan reply"));
+    assert_true(atomic_load(&realloc_failed) >= 1);
+    assert_int_equal(l.n, 0);
+    scan_seen_log again = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "o/", log_scan, &again), TP_OK);
+    assert_int_equal(again.n, 3);
+    assert_true(again.values_ok);
+}
+
 /* A store server that answers every scan with the same entry and "more":
  * the client must call that malformed (no progress), not scan forever. */
 static int count_entry(void *arg, const char *key, const void *value, size_t len) {
@@ -1663,6 +1698,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_split_request_runs_once, setup, teardown),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_scan_out_of_memory, setup, teardown),
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
         cmocka_unit_test(test_tcp_store_scan_entries_bounds),
         cmocka_unit_test(test_tcp_store_linger),

@@ -19,7 +19,9 @@
  *                          its start routine runs (a sanitizer's thread
  *                          set-up, pthread_getattr_np: not the code under
  *                          test, and ASan aborts when they fail), so
- *                          pthread_create is interposed too.
+ *                          pthread_create is interposed too;
+ *   realloc_fail_min       while nonzero, every realloc to at least that
+ *                          many bytes fails (realloc_failed counts them).
  *
  * GCC only (ALLOC_FAULT_HOOK 1): clang links a sanitizer's runtime into the
  * executable, whose allocator these would bypass. Under valgrind, which
@@ -47,11 +49,14 @@ static _Atomic size_t calloc_fail_n, calloc_fail_size; /* n 0: none fails */
 static _Atomic unsigned calloc_pair_failed;
 static _Atomic long alloc_countdown; /* 0: none fails */
 static _Atomic int alloc_countdown_fired;
+static _Atomic size_t realloc_fail_min; /* 0: none fails */
+static _Atomic unsigned realloc_failed;
 
 #if defined(__GNUC__) && !defined(__clang__)
 #define ALLOC_FAULT_HOOK 1
 static void *(*next_malloc)(size_t);
 static void *(*next_calloc)(size_t, size_t);
+static void *(*next_realloc)(void *, size_t);
 static int (*next_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 /* The main thread, and any thread once its start routine runs. */
 static _Thread_local int alloc_fault_thread_running;
@@ -65,16 +70,18 @@ static void alloc_fault_resolve(void) {
     resolving = 1;
     void *m = dlsym(RTLD_NEXT, "malloc");
     void *c = dlsym(RTLD_NEXT, "calloc");
+    void *r = dlsym(RTLD_NEXT, "realloc");
     void *t = dlsym(RTLD_NEXT, "pthread_create");
     memcpy(&next_malloc, &m, sizeof next_malloc);
     memcpy(&next_calloc, &c, sizeof next_calloc);
+    memcpy(&next_realloc, &r, sizeof next_realloc);
     memcpy(&next_create, &t, sizeof next_create);
     resolving = 0;
 }
 
 __attribute__((constructor)) static void alloc_fault_init(void) {
     alloc_fault_thread_running = 1;
-    if (!next_malloc || !next_calloc || !next_create)
+    if (!next_malloc || !next_calloc || !next_realloc || !next_create)
         alloc_fault_resolve();
 }
 
@@ -156,6 +163,22 @@ void *calloc(size_t n, size_t size) {
         return NULL;
     }
     return next_calloc(n, size);
+}
+
+void *realloc(void *p, size_t n) {
+    size_t min = atomic_load_explicit(&realloc_fail_min, memory_order_relaxed);
+    if (min && n >= min) {
+        atomic_fetch_add(&realloc_failed, 1);
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (!next_realloc)
+        alloc_fault_resolve(); /* a call before the constructor ran */
+    if (!next_realloc) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return next_realloc(p, n);
 }
 #else
 #define ALLOC_FAULT_HOOK 0
