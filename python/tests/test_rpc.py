@@ -1035,3 +1035,28 @@ def test_values_nest_to_the_limit_both_ways(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["result 64", "result+1 ValueError True", "arg 62", "arg+1 True", "after 3"]
+
+
+def test_blocking_init_looks_for_signals_every_slice(tmp_path):
+    # init_rpc waits on a thread of its own while the caller runs Python's
+    # signal handlers every 0.1 s (WAIT_SLICE_S), so Ctrl-C and a program's
+    # own handlers are served during a long init: here a 50 ms interval
+    # timer's handler, while rank 0 waits 2.5 s for rank 1.
+    out = run(tmp_path, """
+        import signal
+        if rank == 1:
+            time.sleep(2.5)
+        seen = []
+        signal.signal(signal.SIGALRM, lambda s, f: seen.append(time.monotonic()))
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+        t0 = time.monotonic()
+        rpc.init_rpc("worker%d" % rank)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if rank == 0:
+            late = [t - t0 for t in seen if 1.0 <= t - t0 <= time.monotonic() - t0 - 0.2]
+            gaps = [b - a for a, b in zip(late, late[1:])]
+            print("%d %.3f" % (len(late), max(gaps) if gaps else 99))
+        rpc.shutdown()
+    """)
+    n, widest = out[0].split()
+    assert int(n) >= 5 and float(widest) < 0.6, out
