@@ -407,6 +407,20 @@ static int accept_offer(const uint32_t v[3]) {
     return 1;
 }
 
+/* Worker 0 of two (this process) offers shared memory to worker 1: the
+ * probe's descriptor, and the OFFER's values in v. */
+static int offer_to_worker_1(uint32_t v[3]) {
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0;
+    a.world_size = 2;
+    int probe = -1;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_offer(&a, 1, &probe, rec), 0);
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_OFFER);
+    return probe;
+}
+
 /* spec: TCP-22: an OFFER whose tag is not its probe's is refused, also when
  * the probe's descriptor, taken into this process, lands on 0 (stdin closed
  * by another thread while the acceptor works); the right one is accepted
@@ -417,15 +431,8 @@ static void test_shm_probe_on_descriptor_0_checked(void **state) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
         skip();
     }
-    tpi_tcp_agent a;
-    memset(&a, 0, sizeof a);
-    a.rank = 0;
-    a.world_size = 2;
-    int probe = -1;
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_offer(&a, 1, &probe, rec), 0);
     uint32_t v[3], wrong[3];
-    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_OFFER);
+    int probe = offer_to_worker_1(v);
     memcpy(wrong, v, sizeof v);
     wrong[2] ^= 1; /* another tag */
     assert_int_equal(accept_offer(v), 1);
@@ -456,15 +463,8 @@ static void test_shm_probe_every_field_checked(void **state) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
         skip();
     }
-    tpi_tcp_agent a;
-    memset(&a, 0, sizeof a);
-    a.rank = 0;
-    a.world_size = 2;
-    int probe = -1;
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_offer(&a, 1, &probe, rec), 0);
     uint32_t v[3];
-    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_OFFER);
+    int probe = offer_to_worker_1(v);
     static const int fields[] = {0, 7, 8, 12, 16, 20, 24, 27}; /* magic, ranks, world, pid, tag */
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         uint8_t b;

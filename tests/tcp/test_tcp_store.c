@@ -412,19 +412,26 @@ static int log_scan(void *arg, const char *key, const void *value, size_t len) {
     return l->stop_after && l->n == l->stop_after;
 }
 
+/* Sets keys "<p>/0".."<p>/<n-1>", each to big bytes of its digit ending in
+ * 'z' (what log_scan checks). */
+static void set_big_values(tp_store *s, char p, int n, size_t big) {
+    char *v = malloc(big);
+    assert_non_null(v);
+    for (char c = '0'; c < '0' + n; c++) {
+        memset(v, c, big);
+        v[big - 1] = 'z';
+        char key[8] = {p, '/', c, 0};
+        assert_int_equal(s->ops->set(s, key, v, big), TP_OK);
+    }
+    free(v);
+}
+
 static void test_tcp_store_scan(void **state) {
     fixture *f = *state;
     tp_store *s = f->client;
     assert_non_null(s->ops->scan);
     size_t big = 700000; /* five of them make more than one reply */
-    char *v = malloc(big);
-    for (char c = '0'; c < '5'; c++) {
-        memset(v, c, big);
-        v[big - 1] = 'z';
-        char key[8] = {'s', '/', c, 0};
-        assert_int_equal(s->ops->set(s, key, v, big), TP_OK);
-    }
-    free(v);
+    set_big_values(s, 's', 5, big);
     assert_int_equal(s->ops->set(s, "s", "not under s/", 12), TP_OK);
     assert_int_equal(s->ops->set(s, "t/0", "after the prefix", 16), TP_OK);
     scan_seen_log l = {.values_ok = 1};
@@ -480,16 +487,7 @@ static void test_tcp_store_scan_out_of_memory(void **state) {
         skip();
         return;
     }
-    size_t big = 700000; /* the second entry needs the reply's buffer past 1 MiB */
-    char *v = malloc(big);
-    assert_non_null(v);
-    for (char c = '0'; c < '3'; c++) {
-        memset(v, c, big);
-        v[big - 1] = 'z';
-        char key[8] = {'o', '/', c, 0};
-        assert_int_equal(s->ops->set(s, key, v, big), TP_OK);
-    }
-    free(v);
+    set_big_values(s, 'o', 3, 700000); /* the second entry needs the reply's buffer past 1 MiB */
     scan_seen_log l = {.values_ok = 1};
     atomic_store(&realloc_failed, 0);
     atomic_store(&realloc_fail_min, (size_t)2 << 20);
