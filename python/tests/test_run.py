@@ -277,6 +277,21 @@ def test_secret_file_rules(tmp_path):
     assert p.returncode == 0 and json.loads(by_rank(p.stdout)[1][0])["TP_SECRET"] == secret
 
 
+def test_secret_file_holds_16_to_128_bytes_as_hex(tmp_path):
+    """LAUNCH-5, TCP-17: 32 to 256 hex digits, an even number; one digit
+    fewer or more is refused with the rule."""
+    from tensorplay.distributed import run as launcher
+    for digits, ok in ((30, False), (31, False), (32, True), (33, False), (254, True),
+                       (256, True), (257, False), (258, False)):
+        text = ("ab" * 129)[:digits]
+        _, path = secret_file(tmp_path, 0o600, text)
+        if ok:
+            assert launcher.secret_from_file(path) == text, digits
+        else:
+            with pytest.raises(launcher.SecretError, match="must be 32 to 256 hex digits"):
+                launcher.secret_from_file(path)
+
+
 # Every rank calls every other one and says who answered (rank, node); no
 # secret on any process's command line.
 NODES_SCRIPT = """
