@@ -26,6 +26,7 @@
 #include "sim_wrap.h"
 
 #include "common/codec.h"
+#include "common/limits.h"
 
 /* ---- The wrapper backend --------------------------------------------------------- */
 
@@ -103,13 +104,35 @@ static int64_t call_int(const char *fn) {
 
 static uint64_t gap_ns;
 static int64_t bump_answer, runs_after;
+static size_t fill_calls;     /* requests sent to w1 before the bump */
+static uint64_t fill_bump_ns; /* from the first of them to the bump's answer */
+
+/* fill_calls calls of runs, 4,096 in flight at a time: as many entries in
+ * w1's window of ids, all within 1 s of simulated time. */
+static void fill(void) {
+    enum { BATCH = 4096 };
+    tp_future **fs = calloc(BATCH, sizeof *fs);
+    CHECK(fs != NULL);
+    for (size_t sent = 0; fs && sent < fill_calls;) {
+        size_t n = 0;
+        for (; n < BATCH && sent < fill_calls; n++, sent++)
+            CHECK(tp_rpc_async(tp_to_rank(1), "runs", NULL, NULL, 10.0, &fs[n]) == TP_OK);
+        CHECK(tp_future_wait_all(fs, n, 0, NULL) == TP_OK);
+        for (size_t i = 0; i < n; i++)
+            tp_future_free(fs[i]);
+    }
+    free(fs);
+}
 
 /* One bump whose request arrives twice, gap_ns apart; then, once the copy
  * surely arrived, how often bump ran. */
 static void scenario(world *w) {
     (void)w;
+    uint64_t t0 = tp_sim_now_ns(tp_sim_current());
+    fill();
     copy_gap_ns = gap_ns;
     bump_answer = call_int("bump");
+    fill_bump_ns = tp_sim_now_ns(tp_sim_current()) - t0;
     CHECK(copy_gap_ns == 0); /* the bump was the request copied */
     CHECK(tp_sleep((double)(gap_ns + 500 * MS) / 1e9) == TP_OK);
     runs_after = call_int("runs");
@@ -159,6 +182,16 @@ static void test_dedupe_early_copy_is_dropped(void **state) {
     run_gap(1, 0);
 }
 
+/* A window holding TPI_DEDUPE_MAX ids is full: the next id pushes out the
+ * oldest, never the newest, so the bump's copy 1 ns behind it is dropped. */
+static void test_dedupe_full_window_drops_the_newest_copy(void **state) {
+    (void)state;
+    fill_calls = TPI_DEDUPE_MAX;
+    run_gap(1, 0);
+    fill_calls = 0;
+    assert_true(fill_bump_ns < 1 * SEC); /* every id was still in the window */
+}
+
 int main(void) {
     if (sim_wrap_register("SIM_DUP") != 0)
         return 1;
@@ -166,6 +199,7 @@ int main(void) {
         cmocka_unit_test_setup(test_dedupe_copy_a_window_behind_is_dropped, reset_failures),
         cmocka_unit_test_setup(test_dedupe_copy_past_the_window_runs_again, reset_failures),
         cmocka_unit_test_setup(test_dedupe_early_copy_is_dropped, reset_failures),
+        cmocka_unit_test_setup(test_dedupe_full_window_drops_the_newest_copy, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
