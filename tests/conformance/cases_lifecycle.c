@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "conformance.h"
-#include "tensorplay/rpc_backend.h" /* only for the tp_backend type name */
+#include "tensorplay/rpc_backend.h" /* tp_backend; the agent table for AGENT-8 below */
 
 /* Launcher options with a short init deadline, for inits expected to fail. */
 static tp_options *short_init_options(double init_timeout_s) {
@@ -429,6 +429,64 @@ static int lifecycle_interrupt_nothing_blocked(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* The launcher's backend under another name, keeping each worker's agent and
+ * agent table as init makes them, so a case can call the agent below the
+ * core (which never sends to a rank it has no address for). Workers of one
+ * process (the simulator's) are told apart by rank. */
+#define PROBE_BACKEND "CONF_AGENT_PROBE"
+#define PROBE_WORKERS_MAX 16
+static const tp_backend *probe_inner;
+static tp_backend probe_backend;
+static tp_agent *probe_agent[PROBE_WORKERS_MAX];
+static const tp_agent_ops *probe_ops[PROBE_WORKERS_MAX];
+
+static tp_status probe_init(const tp_init_params *p, tp_agent **agent, const tp_agent_ops **ops,
+                            char *errmsg, size_t errmsg_len) {
+    tp_status st = probe_inner->init(p, agent, ops, errmsg, errmsg_len);
+    if (st == TP_OK && p->rank < PROBE_WORKERS_MAX) {
+        probe_agent[p->rank] = *agent;
+        probe_ops[p->rank] = *ops;
+    }
+    return st;
+}
+
+/* Registers PROBE_BACKEND once per process: 1, or 0 after a failed check. */
+static int probe_register(int rank) {
+    const tp_backend *b = tp_lookup_backend(conf_launcher->backend);
+    if (!CHECK(b != NULL))
+        return 0;
+    if (tp_lookup_backend(PROBE_BACKEND))
+        return CHECK(probe_inner == b);
+    probe_inner = b;
+    probe_backend = *b;
+    probe_backend.init = probe_init;
+    return CHECK_OK(tp_register_backend(PROBE_BACKEND, &probe_backend));
+}
+
+/* spec: AGENT-8: a send to a rank with no address (world_size and past it)
+ * is TP_EUNKNOWNWORKER at once, and the frame stays with its caller. */
+static int lifecycle_agent_send_unknown_rank(int rank, int ws) {
+    if (!probe_register(rank) || !CHECK(rank < PROBE_WORKERS_MAX))
+        return conf_finish(rank);
+    probe_agent[rank] = NULL;
+    tp_options *o = conf_options();
+    int up = CHECK_OK(conf_register_all()) &&
+             CHECK_OK(tp_init_rpc(conf_name(rank), PROBE_BACKEND, rank, ws, o));
+    tp_options_free(o);
+    if (!up || !CHECK(probe_agent[rank] != NULL))
+        return conf_finish(rank);
+    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE);
+    const uint32_t bad[] = {(uint32_t)ws, (uint32_t)ws + 1, UINT32_MAX};
+    for (size_t i = 0; f && i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_STATUS(probe_ops[rank]->send(probe_agent[rank], bad[i], f), TP_EUNKNOWNWORKER);
+    tp_frame_free(f); /* refused: still ours */
+    /* The agent goes on: a call both ways after the refusals. */
+    CHECK_INT(conf_sync_int(rank, tp_to_rank((rank + 1) % ws), "add", CONF_INTS(rank, 1), -1),
+              rank + 1);
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_lifecycle[] = {
     {"lifecycle_init_twice", 2, lifecycle_init_twice, "INIT-1"},
     {"lifecycle_calls_before_init", 1, lifecycle_calls_before_init, "INIT-1 TIMEOUT-4 ERR-3"},
@@ -446,6 +504,7 @@ const tp_conformance_case conf_cases_lifecycle[] = {
      "BACKEND-3 OPT-1"},
     {"lifecycle_register_backend_duplicate", 1, lifecycle_register_backend_duplicate,
      "BACKEND-1 BACKEND-2 INIT-2"},
+    {"lifecycle_agent_send_unknown_rank", 2, lifecycle_agent_send_unknown_rank, "AGENT-8"},
     {"lifecycle_register_function_duplicate", 1, lifecycle_register_function_duplicate,
      "FUNC-1 METHOD-1"},
     {"lifecycle_options", 1, lifecycle_options, "OPT-1 OPT-2 OPT-3 OPT-4 OPT-5 OPT-6"},
