@@ -476,8 +476,9 @@ TESTS = {
     # calls wait on it, and one cut for good until declared down (about 28 s).
     "netns_silent": ("lsan", ["netns_worker"], ["{t}/tests/netns/netns_test.sh",
                                                "{b}/tests/netns/netns_worker", "cut", "down"], {}),
-    "tprun_test": ("lsan", ["tprun", "add_tcp"], ["{t}/tests/tcp/tprun_test.sh", "{b}/real/tprun",
-                                                  "{b}/examples/add_tcp"], {}),
+    "tprun_test": ("lsan", ["tprun", "add_tcp", "fail_malloc"],
+                   ["{t}/tests/tcp/tprun_test.sh", "{b}/real/tprun", "{b}/examples/add_tcp",
+                    "{b}/tests/tcp/libfail_malloc.so"], {}),
     "example_param_server": ("lsan", ["tprun", "param_server"],
                              ["{b}/real/tprun", "--nproc", "4", "{b}/examples/param_server"], {}),
     "conformance_tcp_sqlite": _conf_tcp(),
