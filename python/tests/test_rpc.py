@@ -967,6 +967,39 @@ def test_allow_list_by_module_serves_its_classes_methods(tmp_path):
     assert out == ["method: (3, 4)"]
 
 
+def test_allow_list_serves_the_packages_own_helpers(tmp_path):
+    """The package's own helpers are served whatever the exposure policy
+    (spec/api.md PY-1): on workers that expose only fractions, an rref's
+    _get_future (the owner's confirmation), _get_type, to_here of an object
+    (pickled by the owner, allow_pickle on), a method through the rref and
+    _all_gather (its leader's gather and the
+    followers' broadcast) all work, while a function nobody named is refused."""
+    out = run(tmp_path, """
+        import fractions
+        from tensorplay.distributed.rpc import api
+
+        opts = rpc.TensorPipeRpcBackendOptions(expose=[fractions], allow_pickle=True)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            r = rpc.remote("worker1", fractions.Fraction, args=(6, 8), timeout=20)
+            print("confirmed:", r._get_future(timeout=20).wait())
+            print("type:", r._get_type(timeout=20).__name__)
+            print("to_here:", r.to_here(timeout=20))
+            print("method:", r.rpc_sync(timeout=20).as_integer_ratio())
+            try:
+                rpc.rpc_sync("worker1", add, args=(1, 2), timeout=20)
+            except PermissionError as e:
+                print("add:", "not exposed" in str(e))
+        got = api._all_gather(rank * 10, timeout=20)
+        print("gathered:", sorted(got.items()))
+        rpc.shutdown()
+    """)
+    # worker1's own gather failing (its broadcast refused) would fail the run
+    assert out == ["confirmed: None", "type: Fraction", "to_here: 3/4", "method: (3, 4)",
+                   "add: True",
+                   "gathered: [('worker0', 0), ('worker1', 10)]"]
+
+
 def test_init_rpc_with_rank_0_reads_no_rank_from_the_environment(tmp_path):
     """init_rpc(rank=0, world_size=1) needs no RANK variable: only a rank of
     None (or a negative one) is read from the environment, with a clear
