@@ -35,6 +35,7 @@
 static int fail_requests; /* the next this many REQUEST frames fail to send */
 
 static int forge_fetches; /* the next this many RREF_FETCH frames name an unknown rref */
+static int forge_fetch_worker = -1; /* >= 0: that creator instead (worker ids past the world) */
 
 /* Sends f re-encoded with forge applied to its message. Takes f on success,
  * as send does. */
@@ -57,7 +58,10 @@ static tp_status forged_send(tp_agent *a, uint32_t dst, tp_frame *f, void (*forg
 /* An RREF_FETCH with an rref id its owner never made (a forged or corrupted
  * message). */
 static void forge_unknown_rref(tpi_msg *m) {
-    m->rref.local += 1000000;
+    if (forge_fetch_worker >= 0)
+        m->rref.worker = (uint32_t)forge_fetch_worker;
+    else
+        m->rref.local += 1000000;
 }
 
 static tp_status forged_fetch_send(tp_agent *a, uint32_t dst, tp_frame *f) {
@@ -270,8 +274,9 @@ static void test_send_failure_undoes_every_rref_fork(void **state) {
 
 /*
  * RREF-8, CALL-8: a fetch naming an rref its owner does not know (a forged
- * or corrupted message) is answered TP_EPROTO at once, naming the owner, not
- * left unanswered until the caller's deadline; the real rref stays usable.
+ * or corrupted message, its creator maybe a worker outside the world) is
+ * answered TP_EPROTO at once, naming the owner, not left unanswered until
+ * the caller's deadline; the real rref stays usable.
  */
 static void sc_unknown_rref_fetch(world *w) {
     (void)w;
@@ -291,6 +296,19 @@ static void sc_unknown_rref_fetch(world *w) {
     CHECK(strstr(tp_errmsg(), "unknown on its owner 'w1'") != NULL);
     CHECK(v == NULL);
     CHECK(forge_fetches == 0);
+    /* Ids whose creator is outside the world (2 in this world of 2, and
+     * past it): refused alike, nothing read for a worker that is not there. */
+    const int outside[] = {2, 3, INT32_MAX};
+    for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++) {
+        forge_fetches = 1;
+        forge_fetch_worker = outside[i];
+        t0 = now_ns();
+        CHECK(tp_rref_to_here(r, 1.0, &v) == TP_EPROTO);
+        CHECK(now_ns() - t0 < 10 * MS);
+        CHECK(strstr(tp_errmsg(), "unknown on its owner 'w1'") != NULL);
+        CHECK(v == NULL && forge_fetches == 0);
+    }
+    forge_fetch_worker = -1;
     CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK);
     CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
     tp_value_free(v);
