@@ -1630,6 +1630,56 @@ static void test_tcp_sock_connect_on_descriptor_0(void **state) {
     close(saved);
 }
 
+/* A loopback address bound by a socket that does not listen: a connect
+ * there is refused. The socket holds the port; close it after. */
+static int unlistened(struct sockaddr_in *sa, socklen_t *len) {
+    int h = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(h >= 0);
+    *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    *len = sizeof *sa;
+    assert_int_equal(bind(h, (struct sockaddr *)sa, sizeof *sa), 0);
+    assert_int_equal(getsockname(h, (struct sockaddr *)sa, len), 0);
+    return h;
+}
+
+/* spec: TCP-9: a connect that does not complete is an error, never a
+ * descriptor: refused (the non-blocking connect is in progress first, and
+ * the refusal waits in SO_ERROR) gives -ECONNREFUSED at once, and one whose
+ * handshake never ends (the listener's queue is full, its SYNs dropped)
+ * gives -ETIMEDOUT at its timeout. */
+static void test_tcp_sock_connect_failures(void **state) {
+    (void)state;
+    struct sockaddr_in sa;
+    socklen_t len;
+    int h = unlistened(&sa, &len);
+    uint64_t t0 = tt_now_ns();
+    int c = tpi_sock_connect((struct sockaddr *)&sa, len, 2000);
+    if (c >= 0)
+        close(c);
+    assert_int_equal(c, -ECONNREFUSED);
+    assert_true(tt_now_ns() - t0 < 1000000000ull);
+    close(h);
+    /* A listener that never accepts, its queue (backlog 0: one) filled. */
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(l >= 0);
+    sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    len = sizeof sa;
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(l, 0), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    int filler = tpi_sock_connect((struct sockaddr *)&sa, len, 2000);
+    assert_true(filler >= 0);
+    t0 = tt_now_ns();
+    c = tpi_sock_connect((struct sockaddr *)&sa, len, 300);
+    uint64_t took = tt_now_ns() - t0;
+    if (c >= 0)
+        close(c);
+    assert_int_equal(c, -ETIMEDOUT);
+    assert_true(took >= 250000000ull);
+    close(filler);
+    close(l);
+}
+
 /* Closes s with a reset (SO_LINGER 0), as a killed process's kernel may. */
 static void close_with_reset(int s) {
     struct linger lg = {1, 0};
@@ -1690,6 +1740,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_request_key_bounds),
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
+        cmocka_unit_test(test_tcp_sock_connect_failures),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
