@@ -1000,6 +1000,26 @@ def test_allow_list_serves_the_packages_own_helpers(tmp_path):
                    "gathered: [('worker0', 0), ('worker1', 10)]"]
 
 
+def test_futures_are_not_sent_without_torch(tmp_path):
+    """A program that never imports torch gets this package's own Future from
+    rpc_async (and rpc.Future()); sent as an argument, either is refused
+    with PyTorch's words, before anything leaves, as torch's future is."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print("torch imported:", "torch" in sys.modules)
+            done = rpc.rpc_async("worker1", add, args=(1, 2))
+            print("value:", done.wait())
+            for fut in (done, rpc.Future()):
+                try:
+                    rpc.rpc_sync("worker1", echo, args=(fut,), timeout=20)
+                except RuntimeError as e:
+                    print(type(fut).__name__, "Can not pickle torch.futures.Future" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["torch imported: False", "value: 3", "Future True", "Future True"]
+
+
 def test_init_rpc_with_rank_0_reads_no_rank_from_the_environment(tmp_path):
     """init_rpc(rank=0, world_size=1) needs no RANK variable: only a rank of
     None (or a negative one) is read from the environment, with a clear
