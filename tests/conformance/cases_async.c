@@ -85,6 +85,16 @@ static int futures_user_completed(int rank, int ws) {
         CHECK_STATUS(tp_future_wait(failed, TP_TIMEOUT_INFINITE), TP_ETYPE);
         CHECK_CONTAINS(tp_future_error(failed), "a deliberate user error");
     }
+    /* No message, or an empty one: the status's own text stands in. */
+    for (int i = 0; i < 2; i++) {
+        tp_future *bare = NULL;
+        if (!CHECK_OK(tp_future_new(&bare)))
+            break;
+        CHECK_OK(tp_future_set_error(bare, TP_ELIMIT, i ? "" : NULL));
+        CHECK_STATUS(tp_future_wait(bare, TP_TIMEOUT_INFINITE), TP_ELIMIT);
+        CHECK(tp_future_error(bare) && strcmp(tp_future_error(bare), tp_strerror(TP_ELIMIT)) == 0);
+        tp_future_free(bare);
+    }
     /* A call's future belongs to the call. */
     if (CHECK_OK(conf_async(tp_to_rank(rank), "sleep_ms", CONF_INTS(50), &call))) {
         CHECK_STATUS(tp_future_set_result(call, tp_value_int(7)), TP_EINVAL);
