@@ -42,6 +42,10 @@ static double secs_since(uint64_t t0) {
     return (double)(tt_now_ns() - t0) / 1e9;
 }
 
+/* ns[T_REFUSED + i]: the count of refusals not reported that worker 1's
+ * i-th report of TCP-19's handshake cap gave. */
+enum { T_REFUSED = 2, N_REFUSED_LOGS = 4 };
+
 /* What a test's log callback counts: messages holding its needle. */
 static const char *log_needle;
 
@@ -50,8 +54,16 @@ static void count_logged(tp_log_level level, const char *msg, void *user) {
     tt_shared *sh = user;
     if (getenv("TT_LOG"))
         fprintf(stderr, "[%.3f] %s\n", (double)tt_now_ns() / 1e9, msg);
-    if (log_needle && strstr(msg, log_needle))
-        atomic_fetch_add(&sh->count[C_LOGGED], 1);
+    if (log_needle && strstr(msg, log_needle)) {
+        int i = atomic_fetch_add(&sh->count[C_LOGGED], 1);
+        /* TCP-19's refusals: "...; N more refused since the last report" */
+        const char *more = strstr(msg, " more refused");
+        if (more && i < N_REFUSED_LOGS) {
+            while (more > msg && more[-1] >= '0' && more[-1] <= '9')
+                more--;
+            atomic_store(&sh->ns[T_REFUSED + i], strtoull(more, NULL, 10));
+        }
+    }
     if (strstr(msg, "still answers")) /* a probe's verdict (TCP-7) */
         atomic_fetch_add(&sh->count[C_PROBED], 1);
 }
@@ -261,12 +273,13 @@ static void test_tcp_slow_senders(void **state) {
 }
 
 /* spec: TCP-19. Connections in their handshake beyond max_handshakes are
- * closed at once (and logged); the held ones go at the hello deadline, and
- * then a worker's connection is heard again; one peer's identified
- * connections past TPI_TCP_CONNS_PER_PEER_MAX are closed. */
+ * closed at once and logged, at most once a second, each report counting
+ * the refusals since the one before; the held ones go at the hello
+ * deadline, and then a worker's connection is heard again; one peer's
+ * identified connections past TPI_TCP_CONNS_PER_PEER_MAX are closed. */
 static void test_tcp_handshake_cap(void **state) {
     (void)state;
-    attacked_args args = {{"max_handshakes", "4", "hello_timeout", "1.5"}, "max_handshakes"};
+    attacked_args args = {{"max_handshakes", "4", "hello_timeout", "4"}, "max_handshakes"};
     tt_job job = {0};
     char addr[128];
     attack_start(&job, &args, addr, sizeof addr);
@@ -275,11 +288,24 @@ static void test_tcp_handshake_cap(void **state) {
     for (int i = 0; i < 4; i++)
         held[i] = tt_raw_connect(addr);
     usleep(200000); /* worker 1 accepted them */
-    uint64_t t0 = tt_now_ns();
-    int extra = tt_raw_connect(addr);
-    tt_expect_dropped(extra);
-    assert_true(secs_since(t0) < 1.0); /* at once, not at the hello deadline */
-    assert_int_equal(await_count(job.shared, C_LOGGED, 1, 5), 0);
+    /* Three rounds of refusals 1.2 s apart, all within the hello deadline:
+     * the first is reported at once, the next two of its round are not
+     * (within the second), and each later round's first reports them. */
+    static const int per_round[3] = {3, 1, 1};
+    static const int reported[3] = {0, 2, 0};
+    for (int round = 0; round < 3; round++) {
+        if (round)
+            usleep(1200000);
+        for (int k = 0; k < per_round[round]; k++) {
+            uint64_t t0 = tt_now_ns();
+            int extra = tt_raw_connect(addr);
+            tt_expect_dropped(extra);
+            assert_true(secs_since(t0) < 1.0); /* at once, not at the hello deadline */
+        }
+        assert_int_equal(await_count(job.shared, C_LOGGED, round + 1, 5), 0);
+        assert_int_equal(atomic_load(&job.shared->ns[T_REFUSED + round]), reported[round]);
+    }
+    assert_int_equal(atomic_load(&job.shared->count[C_LOGGED]), 3);
     for (int i = 0; i < 4; i++)
         tt_expect_dropped(held[i]);
     /* Room again: a worker's handshake completes and a ping is answered. */
