@@ -967,6 +967,44 @@ def test_allow_list_by_module_serves_its_classes_methods(tmp_path):
     assert out == ["method: (3, 4)"]
 
 
+def test_allow_list_serves_a_method_it_names(tmp_path):
+    """expose=[Klass.method] serves that one method through an rref to a
+    Klass the worker holds, not the class's other methods (spec/api.md
+    PY-1): the method is matched as the function object the program named,
+    since the class itself is not exposed."""
+    out = run(tmp_path, """
+        class Counter:
+            def __init__(self, n):
+                self.n = n
+
+            def get(self):
+                return self.n
+
+            def bump(self):
+                self.n += 1
+                return self.n
+
+        def new_counter(n):
+            return Counter(n)
+
+        opts = None
+        if rank == 1:
+            opts = rpc.TensorPipeRpcBackendOptions(expose=[new_counter, Counter.get])
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            r = rpc.remote("worker1", new_counter, args=(5,), timeout=20)
+            print("named method:", r.rpc_sync(timeout=20).get())
+            try:
+                r.rpc_sync(timeout=20).bump()
+                print("bump answered")
+            except PermissionError as e:
+                print("other method:", "Counter.bump is not exposed" in str(e))
+            print("unchanged:", r.rpc_sync(timeout=20).get())
+        rpc.shutdown()
+    """)
+    assert out == ["named method: 5", "other method: True", "unchanged: 5"]
+
+
 def test_allow_list_serves_the_packages_own_helpers(tmp_path):
     """The package's own helpers are served whatever the exposure policy
     (spec/api.md PY-1): on workers that expose only fractions, an rref's
