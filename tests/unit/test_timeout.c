@@ -622,7 +622,7 @@ static void test_timeout_timer_armed_once_for_one_deadline(void **state) {
     lazy_arms_issue = lazy_arms_end = -1;
     world w = {.scenario = sc_lazy_rearm, .backend = "SIM_ARMS"};
     run_world(2, 31, &w);
-    /* 1 here; 0 would be right too, were a later deadline from init still armed. */
+    /* 1 here; 0 would be right too, were an earlier deadline from init still armed. */
     assert_in_range(lazy_arms_issue, 0, 1);
     assert_int_equal(lazy_arms_end, lazy_arms_issue);
 }
