@@ -150,6 +150,76 @@ static void test_tcp_cancel_shutdown(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- Signals during a blocking wait ------------------------------------------------- */
+
+#define SIG_ROUNDS 4
+
+static volatile sig_atomic_t sig_handled;
+static atomic_int sig_sending;
+
+static void on_usr1(int sig) {
+    (void)sig;
+    sig_handled++;
+}
+
+/* Signals the waiting thread every 5 ms until told to stop. */
+static void *sig_pester(void *arg) {
+    pthread_t target = *(pthread_t *)arg;
+    while (atomic_load(&sig_sending)) {
+        pthread_kill(target, SIGUSR1);
+        usleep(5000);
+    }
+    return NULL;
+}
+
+static int body_signals(tt_job *job, int rank) {
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_usr1; /* no SA_RESTART: a wait in the kernel returns EINTR */
+        sigemptyset(&sa.sa_mask);
+        TT_CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
+        pthread_t self = pthread_self(), pester;
+        atomic_store(&sig_sending, 1);
+        TT_CHECK(pthread_create(&pester, NULL, sig_pester, &self) == 0);
+        for (int i = 0; i < SIG_ROUNDS; i++) {
+            tp_value *args = tp_value_list_of(2, tp_value_int(5), tp_value_float(0.2));
+            tp_future *f = NULL;
+            TT_CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, 20, &f) == TP_OK);
+            tp_value_free(args);
+            /* No deadline of its own: the park without one (the call's 20 s
+             * would fail it, never leave it waiting). */
+            TT_CHECK(tp_future_wait(f, TP_TIMEOUT_INFINITE) == TP_OK);
+            int64_t v = -1; /* slow answers its counter's index */
+            TT_CHECK(tp_value_get_int(tp_future_value(f), &v) == TP_OK && v == 5);
+            tp_future_free(f);
+        }
+        atomic_store(&sig_sending, 0);
+        pthread_join(pester, NULL);
+        fprintf(stderr, "  signals handled during %d blocking waits: %d\n", SIG_ROUNDS,
+                (int)sig_handled);
+        TT_CHECK(sig_handled >= SIG_ROUNDS); /* the waits really were interrupted */
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* AGENT-12: a signal the program handles while a thread waits for a reply
+ * (tp_future_wait with no deadline, the park without a deadline) costs the
+ * wait nothing: it goes on waiting and returns with the reply. Were a
+ * successful wait after an EINTR taken for another EINTR (errno is left as
+ * it was), the thread would wait again for a wake-up already spent. */
+static void test_tcp_signals_during_a_blocking_wait(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_signals, NULL), 0);
+    assert_all_ok(&job, 30);
+    tt_job_free(&job);
+}
+
 /* ---- Basic calls ------------------------------------------------------------------ */
 
 /* This process's TCP sockets that carry the transport's keepalive and user
@@ -1894,6 +1964,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_concurrent_senders),
         cmocka_unit_test(test_tcp_interrupt_init),
         cmocka_unit_test(test_tcp_cancel_shutdown),
+        cmocka_unit_test(test_tcp_signals_during_a_blocking_wait),
         cmocka_unit_test(test_tcp_backpressure_bounds_memory),
         cmocka_unit_test(test_tcp_fault_reaches_handler),
         cmocka_unit_test(test_tcp_fpe_reaches_handler),
