@@ -1642,6 +1642,70 @@ static int unlistened(struct sockaddr_in *sa, socklen_t *len) {
     return h;
 }
 
+/* The host of the store init_method names (TCP-12's listen_addr "auto"
+ * dials toward it): tcp://'s host, unbracketed; etcd://'s first endpoint;
+ * MASTER_ADDR for env://; none for sqlite:// or a host:port too long for an
+ * address (TPI_ADDR_LEN_MAX with its NUL), right at that bound included. */
+static void test_tcp_store_host_of_init_methods(void **state) {
+    (void)state;
+    static const struct {
+        const char *method;
+        int ok;
+        const char *host;
+    } cases[] = {
+        {"tcp://10.1.2.3:29500", 1, "10.1.2.3"},
+        {"tcp://[::1]:29500", 1, "::1"},
+        {"tcp://node7:29500/", 1, "node7"},
+        {"etcd://h1:2379,h2:2379", 1, "h1"},
+        {"etcd://[fe80::1]:2379?prefix=job", 1, "fe80::1"},
+        {"sqlite:///tmp/job.db", 0, NULL},
+        {"tcp://noport", 0, NULL},
+        {"file:///tmp/x", 0, NULL},
+    };
+    char host[TPI_ADDR_LEN_MAX];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tp_options *o = tp_options_new();
+        assert_non_null(o);
+        assert_int_equal(tp_options_set_init_method(o, cases[i].method), TP_OK);
+        memset(host, 0, sizeof host);
+        assert_int_equal(tpi_tcp_store_host(o, host, sizeof host), cases[i].ok);
+        if (cases[i].ok)
+            assert_string_equal(host, cases[i].host);
+        tp_options_free(o);
+    }
+    /* host:port of TPI_ADDR_LEN_MAX - 1 bytes fits; one byte more does not. */
+    for (size_t n = TPI_ADDR_LEN_MAX - 1; n <= TPI_ADDR_LEN_MAX; n++) {
+        char method[TPI_ADDR_LEN_MAX + 16] = "tcp://";
+        size_t hl = n - strlen(":29500");
+        memset(method + 6, 'h', hl);
+        memcpy(method + 6 + hl, ":29500", 7);
+        tp_options *o = tp_options_new();
+        assert_non_null(o);
+        assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
+        memset(host, 0, sizeof host);
+        int ok = tpi_tcp_store_host(o, host, sizeof host);
+        assert_int_equal(ok, n < TPI_ADDR_LEN_MAX);
+        if (ok)
+            assert_int_equal(strlen(host), hl);
+        tp_options_free(o);
+    }
+    /* env://: MASTER_ADDR, brackets dropped; without it, none. */
+    tp_options *o = tp_options_new();
+    assert_non_null(o);
+    assert_int_equal(tp_options_set_init_method(o, "env://"), TP_OK);
+    const char *was = getenv("MASTER_ADDR");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("MASTER_ADDR", "[::1]", 1);
+    assert_int_equal(tpi_tcp_store_host(o, host, sizeof host), 1);
+    assert_string_equal(host, "::1");
+    unsetenv("MASTER_ADDR");
+    assert_int_equal(tpi_tcp_store_host(o, host, sizeof host), 0);
+    if (saved)
+        setenv("MASTER_ADDR", saved, 1);
+    free(saved);
+    tp_options_free(o);
+}
+
 /* spec: TCP-9: a connect that does not complete is an error, never a
  * descriptor: refused (the non-blocking connect is in progress first, and
  * the refusal waits in SO_ERROR) gives -ECONNREFUSED at once, and one whose
@@ -1741,6 +1805,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
         cmocka_unit_test(test_tcp_sock_connect_failures),
+        cmocka_unit_test(test_tcp_store_host_of_init_methods),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
