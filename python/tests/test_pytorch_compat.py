@@ -1124,3 +1124,23 @@ def test_backend_options_auth_takes_a_bool_for_on_and_off(auth, want):
                        timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == [repr(want)]
+
+
+def test_constants_are_pytorchs():
+    """rpc.constants has every public name of PyTorch's, with its value and
+    type (programs pass them on, compare timeouts with them)."""
+    need_torch()
+    prog = textwrap.dedent("""
+        import torch.distributed.rpc.constants as theirs
+        import tensorplay.distributed.rpc.constants as ours
+        names = sorted(n for n in vars(theirs) if n.isupper() and not n.startswith("_"))
+        print(len(names) >= 6)
+        for n in names:
+            a, b = getattr(theirs, n), getattr(ours, n, "missing")
+            print(n, a == b and type(a) is type(b))
+    """)
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "True"
+    assert lines[1:] and all(line.endswith(" True") for line in lines[1:]), lines
