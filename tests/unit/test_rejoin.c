@@ -427,6 +427,8 @@ static void test_rejoin_skips_a_dead_peer(void **state) {
 typedef struct lossy_store {
     tp_store base; /* first */
     tp_store *inner;
+    int lose_cas;                       /* lose incarnation keys' compare-and-set replies */
+    const char *fail_get;               /* a restarted process's get of a key holding this fails */
     int lost;                           /* replies lost so far */
     char key[TP_STORE_KEY_LEN_MAX + 1]; /* the incarnation key written last */
 } lossy_store;
@@ -436,8 +438,12 @@ static tp_status lossy_set(tp_store *s, const char *key, const void *value, size
     return in->ops->set(in, key, value, len);
 }
 static tp_status lossy_get(tp_store *s, const char *key, void **value, size_t *len) {
-    tp_store *in = ((lossy_store *)s)->inner;
-    return in->ops->get(in, key, value, len);
+    lossy_store *ls = (lossy_store *)s;
+    if (ls->fail_get && tp_sim_incarnation() > 0 && strstr(key, ls->fail_get)) {
+        snprintf(s->errmsg, sizeof s->errmsg, "get '%s': a deliberate failure", key);
+        return TP_ESTORE;
+    }
+    return ls->inner->ops->get(ls->inner, key, value, len);
 }
 static tp_status lossy_add(tp_store *s, const char *key, int64_t delta, int64_t *result) {
     tp_store *in = ((lossy_store *)s)->inner;
@@ -448,7 +454,7 @@ static tp_status lossy_cas(tp_store *s, const char *key, const void *expected, s
     lossy_store *ls = (lossy_store *)s;
     tp_status st =
         ls->inner->ops->compare_set(ls->inner, key, expected, elen, desired, dlen, swapped);
-    if (st == TP_OK && *swapped && strstr(key, "/inc/")) {
+    if (ls->lose_cas && st == TP_OK && *swapped && strstr(key, "/inc/")) {
         ls->lost++;
         snprintf(ls->key, sizeof ls->key, "%s", key);
         snprintf(s->errmsg, sizeof s->errmsg, "compare_set '%s': the reply was lost", key);
@@ -535,6 +541,7 @@ static void test_rejoin_second_restart_lost_cas_reply(void **state) {
     lossy_store *ls = calloc(1, sizeof *ls);
     assert_non_null(ls);
     ls->base.ops = &lossy_ops;
+    ls->lose_cas = 1;
     assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
     tp_sim_config cfg = {.hosts = 2, .seed = 7, .store = &ls->base};
     tp_sim *sim = NULL;
@@ -560,6 +567,36 @@ static void test_rejoin_second_restart_lost_cas_reply(void **state) {
     assert_int_equal(ls->inner->ops->get(ls->inner, ls->key, &v, &len), TP_OK);
     assert_true(len > 2 && memcmp(v, "2\t", 2) == 0); /* incarnation 2, the newest */
     free(v);
+    lossy_close(&ls->base);
+}
+
+/* spec: REJOIN-3, SHUTDOWN-7's wording: the store fails the restarted
+ * process's reads of the names ("init/rank/<r>") in its all-gather; the
+ * rejoin fails with TP_ESTORE, saying the step and the store's own words,
+ * and the process is not initialised (it has no names to go on). */
+static void test_rejoin_store_failure_in_the_gather(void **state) {
+    (void)state;
+    memset(&q, 0, sizeof q);
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &lossy_ops;
+    ls->fail_get = "/init/rank/";
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    tp_sim_config cfg = {.hosts = 2, .seed = 7, .store = &ls->base};
+    tp_sim *sim = NULL;
+    char err[256];
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_load_faults(sim, "kill 1 100\nrestart 1 200\n", err, sizeof err),
+                     TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_peers, NULL, NULL), TP_OK);
+    assert_int_equal(failures, 0);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    if (q.rejoin_st != TP_ESTORE)
+        fail_msg("rejoin: %s: %s", tp_status_name(q.rejoin_st), q.rejoin_msg);
+    assert_non_null(strstr(q.rejoin_msg, "rejoin"));
+    assert_non_null(strstr(q.rejoin_msg, "init/rank/0': a deliberate failure"));
+    assert_int_equal(q.shutdown_st, TP_OK); /* w0 never heard of it */
     lossy_close(&ls->base);
 }
 
@@ -736,17 +773,15 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rejoin_inc_parse_refuses_malformed),
         cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
-        cmocka_unit_test_setup(test_rejoin_owner_refuses_rref_of_other_incarnation,
-                               reset_failures),
+        cmocka_unit_test_setup(test_rejoin_owner_refuses_rref_of_other_incarnation, reset_failures),
         cmocka_unit_test_setup(test_rejoin_needs_the_option, reset_failures),
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
         cmocka_unit_test_setup(test_rejoin_second_restart_lost_cas_reply, reset_failures),
-        cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once,
-                               reset_failures),
-        cmocka_unit_test_setup(test_rejoin_earlier_incarnation_shuts_down_first,
-                               reset_failures),
+        cmocka_unit_test_setup(test_rejoin_store_failure_in_the_gather, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_earlier_incarnation_shuts_down_first, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
