@@ -473,8 +473,12 @@ static int lifecycle_agent_send_unknown_rank(int rank, int ws) {
     int up = CHECK_OK(conf_register_all()) &&
              CHECK_OK(tp_init_rpc(conf_name(rank), PROBE_BACKEND, rank, ws, o));
     tp_options_free(o);
-    if (!up || !CHECK(probe_agent[rank] != NULL))
+    if (!up)
         return conf_finish(rank);
+    if (!CHECK(probe_agent[rank] != NULL)) {
+        tp_shutdown(0); /* up, but the wrapper never saw the agent: leave all the same */
+        return conf_finish(rank);
+    }
     tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE);
     const uint32_t bad[] = {(uint32_t)ws, (uint32_t)ws + 1, UINT32_MAX};
     for (size_t i = 0; f && i < sizeof bad / sizeof bad[0]; i++)
