@@ -234,6 +234,19 @@ wait $pid
 rc=$?
 check "stopping restarts nobody: status" 143 "$rc"
 check "stopping restarts nobody" 0 "$(grep -c restarting "$tmp/err")"
+# SIGINT, as Ctrl-C sends it, stops the job the same way: 128 + 2. (A
+# background job of this shell starts with SIGINT ignored: tprun's own
+# handler is what hears it, and the ranks, ignoring it too, are killed
+# after the grace period.)
+"$tprun" --nproc 2 --grace 1 sh -c 'echo up >"$0/upi.$RANK"; exec sleep 30' "$tmp" \
+  >/dev/null 2>"$tmp/err" &
+pid=$!
+for _ in $(seq 100); do [ -e "$tmp/upi.0" ] && [ -e "$tmp/upi.1" ] && break; sleep 0.1; done
+kill -INT $pid
+wait $pid
+rc=$?
+check "SIGINT: status" 130 "$rc"
+check "SIGINT: says so" "tprun: got signal 2; stopping every rank" "$(head -n 1 "$tmp/err")"
 
 # The real thing: rank 1's process dies (SIGKILL) mid-run and its restart
 # rejoins the job; rank 0 calls rank 1, retrying on peer-down, until the
