@@ -6,6 +6,7 @@
  * bombs, trailing bytes, tensor byte-count mismatches, names too long,
  * messages over max_size), with rref hooks.
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for alloc_fault.h */
 #include <float.h>
 #include <math.h>
 #include <setjmp.h>
@@ -22,6 +23,7 @@
 #include "common/errors.h"
 #include "common/value.h"
 
+#include "alloc_fault.h"
 #include "fake_rref.h"
 
 /* ---- Helpers ------------------------------------------------------------------ */
@@ -1459,6 +1461,59 @@ static int peek_name(const void *body, size_t body_len, char name[TP_NAME_LEN_MA
     return ok;
 }
 
+/* spec: WIRE-7: a decode that runs out of memory at any of its allocations
+ * fails with TP_ENOMEM and a message, and keeps nothing (the sanitizer
+ * build's leak check sees every block); past the last one it decodes the
+ * value whole. The value holds every container (a map of maps, lists and
+ * tuples), strings, bytes and a tensor. */
+static void test_codec_decode_fails_clean_without_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) { /* under valgrind, or not GCC */
+        skip();
+        return;
+    }
+    const int64_t shape[2] = {2, 3};
+    const float data[6] = {1, 2, 3, 4, 5, 6};
+    tp_value *inner = tp_value_map();
+    tp_map_set(inner, "d", tp_value_bytes("yz", 2));
+    tp_value *tup = tp_value_tuple();
+    tp_list_append(tup, tp_value_str("in a tuple"));
+    tp_value *map = tp_value_map();
+    tp_map_set(map, "a", tp_value_int(1));
+    tp_map_set(map, "b", tp_value_list_of(2, tp_value_float(2.5), tup));
+    tp_map_set(map, "c", inner);
+    tp_value *v = tp_value_list_of(3, map, tp_value_str("x"),
+                                   tp_value_tensor(TP_DTYPE_FLOAT32, 2, shape, NULL, data));
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RESPONSE;
+    m.id = 9;
+    m.value = v;
+    tp_frame *f = encode_ok(&m, NULL);
+    int failed = 0;
+    for (long k = 1;; k++) {
+        tpi_msg d;
+        err[0] = '\0';
+        atomic_store(&alloc_countdown_fired, 0);
+        atomic_store(&alloc_countdown, k);
+        tp_status st = tpi_msg_decode(f, NULL, &d, err, sizeof err);
+        atomic_store(&alloc_countdown, 0);
+        if (!atomic_load(&alloc_countdown_fired)) {
+            assert_int_equal(st, TP_OK); /* past its last allocation: whole */
+            assert_true(tp_value_equal(d.value, v));
+            tpi_msg_clear(&d);
+            break;
+        }
+        if (st != TP_ENOMEM)
+            fail_msg("allocation %ld failed: %s: %s", k, tp_status_name(st), err);
+        assert_non_null(strstr(err, "out of memory"));
+        failed++;
+        assert_true(k < 256);
+    }
+    assert_true(failed >= 10); /* each container, string and the tensor allocate */
+    tp_frame_free(f);
+    tp_value_free(v);
+}
+
 /* A body: u32 timeout, u32 n, then the name's bytes (n_bytes of them). */
 static size_t name_body(uint8_t *b, uint32_t n, const char *fill, size_t n_bytes) {
     memset(b, 0, 4);
@@ -1528,6 +1583,7 @@ int main(void) {
         cmocka_unit_test(test_codec_zero_copy_receive_views_frame),
         cmocka_unit_test(test_codec_zero_copy_receive_shared_and_failures),
         cmocka_unit_test(test_codec_request_name_bounds),
+        cmocka_unit_test(test_codec_decode_fails_clean_without_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
