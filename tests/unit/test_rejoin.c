@@ -417,6 +417,90 @@ static void test_rejoin_skips_a_dead_peer(void **state) {
     assert_int_equal(q.call_st, TP_OK);
 }
 
+/* ---- Two ranks restarted at once ------------------------------------------------ */
+
+#define PAIR_CALLS_MS 1500
+
+static struct {
+    tp_status rejoin_st[3], call_st[3][3]; /* [caller][callee] */
+    char rejoin_msg[3][TP_ERRMSG_LEN_MAX];
+    int64_t answer[3][3];
+} p2;
+
+/* w1 and w2 die at 100 ms and both restart at 200 ms; once back, each calls
+ * every worker, w0 serves until 15 s. */
+static int program_pair(int rank, int world, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 2.0) == TP_OK);
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (tp_sim_incarnation() > 0) {
+        CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
+        p2.rejoin_st[rank] = tp_init_rpc(name, "SIM", rank, world, o);
+        snprintf(p2.rejoin_msg[rank], sizeof p2.rejoin_msg[rank], "%s", tp_errmsg());
+        tp_options_free(o);
+        if (p2.rejoin_st[rank] != TP_OK)
+            return 0;
+        if (now_ns() < PAIR_CALLS_MS * MS) /* both are back by then */
+            CHECK(tp_sleep((double)(PAIR_CALLS_MS * MS - now_ns()) / 1e9) == TP_OK);
+        for (int to = 0; to < world; to++) {
+            tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(10 * rank + to));
+            tp_value *res = NULL;
+            p2.call_st[rank][to] = tp_rpc_sync(tp_to_rank(to), "slow", args, NULL, 5.0, &res);
+            (void)tp_value_get_int(res, &p2.answer[rank][to]);
+            tp_value_free(res);
+            tp_value_free(args);
+        }
+        (void)tp_sleep(1.0); /* the other's calls to this one */
+        CHECK(tp_shutdown(0) == TP_OK);
+        return 0;
+    }
+    CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
+    tp_options_free(o);
+    if (rank != 0) {
+        (void)tp_sleep(60.0); /* killed in here */
+        return 0;
+    }
+    (void)tp_sleep(15.0);
+    CHECK(tp_shutdown(0) == TP_OK);
+    return 0;
+}
+
+/* spec: REJOIN-3, REJOIN-4: two ranks restarted at the same instant: each
+ * rejoins (the one whose gather comes second takes the other's new
+ * incarnation from the store, the other hears of it by its announcement),
+ * and once both are back every pair meets: each calls the other and w0,
+ * and is answered. */
+static void test_rejoin_two_ranks_restarted_at_once(void **state) {
+    (void)state;
+    memset(&p2, 0, sizeof p2);
+    tp_sim_config cfg = {.hosts = 3, .seed = 7};
+    tp_sim *sim = NULL;
+    char err[256];
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_load_faults(sim,
+                                        "kill 1 100\nkill 2 100\nrestart 1 200\n"
+                                        "restart 2 200\n",
+                                        err, sizeof err),
+                     TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_pair, NULL, NULL), TP_OK);
+    assert_int_equal(failures, 0);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    assert_int_equal(tp_sim_fault_count(sim, TP_SIM_FAULT_RESTART), 2);
+    tp_sim_free(sim);
+    for (int w = 1; w <= 2; w++) {
+        if (p2.rejoin_st[w] != TP_OK)
+            fail_msg("w%d's rejoin: %s: %s", w, tp_status_name(p2.rejoin_st[w]), p2.rejoin_msg[w]);
+        for (int to = 0; to < 3; to++) {
+            if (p2.call_st[w][to] != TP_OK)
+                fail_msg("w%d -> w%d: %s", w, to, tp_status_name(p2.call_st[w][to]));
+            assert_int_equal(p2.answer[w][to], 10 * w + to);
+        }
+    }
+}
+
 /* ---- A second restart whose compare-and-set reply is lost ------------------------ */
 
 /*
@@ -778,6 +862,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_two_ranks_restarted_at_once, reset_failures),
         cmocka_unit_test_setup(test_rejoin_second_restart_lost_cas_reply, reset_failures),
         cmocka_unit_test_setup(test_rejoin_store_failure_in_the_gather, reset_failures),
         cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once, reset_failures),
