@@ -14,6 +14,7 @@
 
 #include "alloc_fault.h"
 #include "sim_check.h"
+#include "store/mem_store.h"
 #include "tensorplay/rpc.h"
 #include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
@@ -473,6 +474,8 @@ static struct {
     int false_dead_host;               /* -1, or a host that sees a false "dead/<rank>" key, */
     int false_dead_rank;               /* from its round-0 value's write to its round-1 one's */
     int false_dead_on, false_dead_seen; /* the window is open; scans that reported it */
+    int mem_inner;                      /* the in-memory store (scan and add: STORE-12's count) */
+    unsigned arrive_scans[WATCH_RANKS]; /* scans of "sd/arrive/", by host */
 } watch;
 
 static void watch_reset(void) {
@@ -576,6 +579,9 @@ static tp_status watch_scan(tp_store *s, const char *prefix,
     if (watch_refuse(s))
         return TP_ESTORE;
     size_t n = strlen(prefix);
+    int host = tp_sim_current_host();
+    if (strstr(prefix, "sd/arrive/") && host >= 0 && host < WATCH_RANKS)
+        watch.arrive_scans[host]++;
     if (watch.false_dead_on && tp_sim_current_host() == watch.false_dead_host && n >= 5 &&
         strcmp(prefix + n - 5, "dead/") == 0) {
         char key[256];
@@ -609,7 +615,10 @@ static void run_watched_on(uint32_t hosts, uint64_t seed, const char *plan, tp_s
     assert_true(hosts <= WATCH_RANKS);
     watch_store *w = calloc(1, sizeof *w);
     assert_non_null(w);
-    assert_int_equal(tp_sqlite_store_open(":memory:", &w->inner, NULL, 0), TP_OK);
+    if (watch.mem_inner)
+        assert_int_equal(tpi_mem_store_open(&w->inner, NULL, 0), TP_OK);
+    else
+        assert_int_equal(tp_sqlite_store_open(":memory:", &w->inner, NULL, 0), TP_OK);
     watch_ops.scan = w->inner->ops->scan ? watch_scan : NULL;
     w->base.ops = &watch_ops;
     tp_sim_config cfg = {.hosts = hosts, .seed = seed, .store = &w->base};
@@ -771,6 +780,40 @@ static void test_shutdown_rank0_exits_while_rank1_behind(void **state) {
     /* The setting: w0 decided first, and w1 still used the store after that. */
     assert_int_equal(watch.done_by, 0);
     assert_true(watch.left1_ns > watch.done_ns);
+}
+
+/*
+ * STORE-12: while the arrival count is short and nobody is dead, a barrier
+ * round reads the count, not every rank's key. w1 comes to the shutdown
+ * barrier 2 s after w0; over that wait w0 polls the count about a hundred
+ * times (0.5 ms apart, up to 20 ms), and reads the keys themselves (one
+ * scan of "sd/arrive/" each) only on the count's look schedule: 16 ms into
+ * the wait, then at twice the time waited. A round that read the keys every
+ * time would scan about a hundred times.
+ */
+static tp_status late_arrival_status[2];
+
+static int late_arrival_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 1)
+        CHECK(tp_sleep(2.0) == TP_OK);
+    late_arrival_status[rank] = tp_shutdown(1);
+    return 0;
+}
+
+static void test_shutdown_barrier_reads_the_count_while_waiting(void **state) {
+    (void)state;
+    watch_reset();
+    watch.mem_inner = 1;
+    int codes[2] = {-9, -9};
+    run_watched(23, late_arrival_program, codes);
+    assert_int_equal(late_arrival_status[0], TP_OK);
+    assert_int_equal(late_arrival_status[1], TP_OK);
+    print_message("scans of sd/arrive/ while waiting: w0 %u, w1 %u\n", watch.arrive_scans[0],
+                  watch.arrive_scans[1]);
+    assert_in_range(watch.arrive_scans[0], 1, 16);
 }
 
 /*
@@ -1085,6 +1128,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_barrier_reads_the_count_while_waiting, reset_failures),
         cmocka_unit_test_setup(test_shutdown_round_behind_stops_at_done, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_flush_without_memory, reset_failures),
         cmocka_unit_test_setup(test_shutdown_flush_pings_the_peers_it_counted, reset_failures),
