@@ -55,8 +55,12 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
 
 enum { C_DIRECT = 0, C_CUTS = 1 };
 
+/* job->arg non-NULL: worker 1 runs with shm=off, so it declines worker 0's
+ * shared memory offer (TCP-22). */
 static int body_direct(tt_job *job, int rank) {
     tp_options *o = tt_options(job, 20, 10);
+    if (o && rank == 1 && job->arg)
+        TT_CHECK(tp_options_set(o, "shm", "off") == TP_OK);
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -87,6 +91,22 @@ static void test_tcp_direct_write_by_caller(void **state) {
     (void)state;
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_direct, NULL), 0);
+    assert_int_equal(tt_wait(&job, 60), 0);
+    int n = atomic_load(&job.shared->count[C_DIRECT]);
+    fprintf(stderr, "  the caller's own sendmsg calls for %d rpc_syncs: %d\n", CALLS, n);
+    assert_true(n >= CALLS * 3 / 4);
+    tt_job_free(&job);
+}
+
+/* spec: TCP-15, TCP-22: the same when worker 1 declines the shared memory
+ * offer: the answer "no" ends the offer's wait like a "yes", and the grants
+ * come back (were the connection left waiting for an answer, no request
+ * would be written by the caller: 0 of 20). */
+static void test_tcp_direct_write_after_a_declined_offer(void **state) {
+    (void)state;
+    tt_job job = {0};
+    static int declines = 1;
+    assert_int_equal(tt_spawn(&job, 2, body_direct, &declines), 0);
     assert_int_equal(tt_wait(&job, 60), 0);
     int n = atomic_load(&job.shared->count[C_DIRECT]);
     fprintf(stderr, "  the caller's own sendmsg calls for %d rpc_syncs: %d\n", CALLS, n);
@@ -160,6 +180,7 @@ int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_direct_write_by_caller),
+        cmocka_unit_test(test_tcp_direct_write_after_a_declined_offer),
         cmocka_unit_test(test_tcp_direct_write_cut_short),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
