@@ -68,6 +68,30 @@ def test_name_waits_are_bounded(tmp_path):
     assert out == ["late", "LookupError True True"]
 
 
+def test_name_waits_give_their_place_back(tmp_path):
+    """A call that waited for its name, and got it, frees its place among
+    the name waits (here the only one: 2 threads): four calls in a row, each
+    for a name the callee binds 0.3 s after the one before, all wait and
+    are answered, none is refused for want of a place."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            num_worker_threads=2))
+        if rank == 0:
+            for i in range(4):
+                def f(): pass
+                f.__qualname__ = "late_%d" % i
+                globals()[f.__qualname__] = f
+                print(rpc.rpc_sync("worker1", f, timeout=10))
+        else:
+            for i in range(4):
+                time.sleep(0.3)
+                globals()["late_%d" % i] = lambda i=i: "late %d" % i
+            time.sleep(1.0)
+        rpc.shutdown()
+    """)
+    assert out == ["late 0", "late 1", "late 2", "late 3"]
+
+
 def test_name_waits_cannot_hold_the_pool(tmp_path):
     """A peer naming functions that never come holds at most half the
     callee's pool (here 1 of 2 threads), whatever its timeout, and no wait
