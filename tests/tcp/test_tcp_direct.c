@@ -87,15 +87,19 @@ static int body_direct(tt_job *job, int rank) {
  * next request is direct too. Were the list to lose the peer, only every
  * other request would be (the loop grants again after writing one itself):
  * 10 of 20, where 18 to 20 are seen. */
-static void test_tcp_direct_write_by_caller(void **state) {
-    (void)state;
+static void expect_direct_writes(void *arg) {
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_direct, NULL), 0);
+    assert_int_equal(tt_spawn(&job, 2, body_direct, arg), 0);
     assert_int_equal(tt_wait(&job, 60), 0);
     int n = atomic_load(&job.shared->count[C_DIRECT]);
     fprintf(stderr, "  the caller's own sendmsg calls for %d rpc_syncs: %d\n", CALLS, n);
     assert_true(n >= CALLS * 3 / 4);
     tt_job_free(&job);
+}
+
+static void test_tcp_direct_write_by_caller(void **state) {
+    (void)state;
+    expect_direct_writes(NULL);
 }
 
 /* spec: TCP-15, TCP-22: the same when worker 1 declines the shared memory
@@ -104,14 +108,8 @@ static void test_tcp_direct_write_by_caller(void **state) {
  * would be written by the caller: 0 of 20). */
 static void test_tcp_direct_write_after_a_declined_offer(void **state) {
     (void)state;
-    tt_job job = {0};
     static int declines = 1;
-    assert_int_equal(tt_spawn(&job, 2, body_direct, &declines), 0);
-    assert_int_equal(tt_wait(&job, 60), 0);
-    int n = atomic_load(&job.shared->count[C_DIRECT]);
-    fprintf(stderr, "  the caller's own sendmsg calls for %d rpc_syncs: %d\n", CALLS, n);
-    assert_true(n >= CALLS * 3 / 4);
-    tt_job_free(&job);
+    expect_direct_writes(&declines);
 }
 
 #define CUT_ROUNDS 200

@@ -224,27 +224,29 @@ rc=$?
 check "restart cannot start: the rank's status" 3 "$rc"
 check "restart cannot start: says so" "tprun: rank 0 exited with status 3; restarting it as a new incarnation (TP_REJOIN=1), restart 1 of 1
 tprun: rank 0 exited with status 3; cannot restart it: No such file or directory; stopping the others" "$(cat "$tmp/err")"
+# signal_job SIG ARGS...: starts tprun ARGS on two ranks that sleep, sends
+# SIG to tprun once both are up, and sets rc to its status ($tmp/err: its stderr).
+signal_job() {
+  sig=$1
+  shift
+  rm -f "$tmp"/up.*
+  "$tprun" --nproc 2 "$@" sh -c 'echo up >"$0/up.$RANK"; exec sleep 30' "$tmp" \
+    >/dev/null 2>"$tmp/err" &
+  pid=$!
+  for _ in $(seq 100); do [ -e "$tmp/up.0" ] && [ -e "$tmp/up.1" ] && break; sleep 0.1; done
+  kill -"$sig" $pid
+  wait $pid
+  rc=$?
+}
 # The launcher stopping the job (a signal to it) restarts nobody.
-"$tprun" --nproc 2 --max-restarts 3 --grace 1 sh -c 'echo up >"$0/up.$RANK"; exec sleep 30' "$tmp" \
-  >/dev/null 2>"$tmp/err" &
-pid=$!
-for _ in $(seq 100); do [ -e "$tmp/up.0" ] && [ -e "$tmp/up.1" ] && break; sleep 0.1; done
-kill -TERM $pid
-wait $pid
-rc=$?
+signal_job TERM --max-restarts 3 --grace 1
 check "stopping restarts nobody: status" 143 "$rc"
 check "stopping restarts nobody" 0 "$(grep -c restarting "$tmp/err")"
 # SIGINT, as Ctrl-C sends it, stops the job the same way: 128 + 2. (A
 # background job of this shell starts with SIGINT ignored: tprun's own
 # handler is what hears it, and the ranks, ignoring it too, are killed
 # after the grace period.)
-"$tprun" --nproc 2 --grace 1 sh -c 'echo up >"$0/upi.$RANK"; exec sleep 30' "$tmp" \
-  >/dev/null 2>"$tmp/err" &
-pid=$!
-for _ in $(seq 100); do [ -e "$tmp/upi.0" ] && [ -e "$tmp/upi.1" ] && break; sleep 0.1; done
-kill -INT $pid
-wait $pid
-rc=$?
+signal_job INT --grace 1
 check "SIGINT: status" 130 "$rc"
 check "SIGINT: says so" "tprun: got signal 2; stopping every rank" "$(head -n 1 "$tmp/err")"
 
