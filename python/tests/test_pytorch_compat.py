@@ -321,6 +321,45 @@ def test_torch_tensors_and_functions(tmp_path):
                         "conj: True True"]
 
 
+def test_torch_wait_all_stops_at_the_first_error(tmp_path):
+    """torch.futures.wait_all over rpc_async futures raises the first error
+    as soon as it comes, while another call is still running (PyTorch's
+    test_wait_all_exit_early_*): our futures carry errors set from Python,
+    which torch's own wait_all only sees once every earlier future is done."""
+    need_torch()
+    out = run(tmp_path, """
+        import threading
+        import torch
+        gate = threading.Event()
+        def held():
+            return gate.wait(20)
+        def release():
+            gate.set()
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            a = rpc.rpc_async("worker1", held)
+            b = rpc.rpc_async("worker1", boom)
+            c = rpc.rpc_async("worker1", torch.add, args=(torch.ones(10), torch.ones(5)))
+            try:
+                torch.futures.wait_all([a, b, c])
+            except ValueError as e:
+                print("ValueError:", "deliberate failure" in str(e), "held running:", not a.done())
+            rpc.rpc_sync("worker1", release)
+            try:  # c failed already: raised at once, whatever a does
+                torch.futures.wait_all([a, c])
+            except RuntimeError as e:
+                print("RuntimeError:", "size of tensor" in str(e))
+            print(a.wait(), torch.futures.wait_all([a]))
+            plain = [torch.futures.Future() for _ in range(2)]  # not ours: torch's own function
+            for i, f in enumerate(plain):
+                f.set_result(i)
+            print(torch.futures.wait_all(plain))
+        rpc.shutdown()
+    """)
+    assert out == ["ValueError: True held running: True", "RuntimeError: True", "True [True]",
+                   "[0, 1]"]
+
+
 def test_received_torch_tensor_views_the_message(tmp_path):
     """A 64 MiB tensor arrives without a copy: the tensor's memory is the
     received message's (numpy's base chain ends in the C layer's Tensor)."""

@@ -30,10 +30,6 @@ EXPECTED_FAIL = {
             "TypeError: the result of 'to_here' cannot be sent back from worker 'workerN' (id N): objects cannot be sent; hold them in an rref (an object of class 'py:torch_",
         'test_rref_proxy_timeout':
             "TypeError: the result of 'to_here' cannot be sent back from worker 'workerN' (id N): objects cannot be sent; hold them in an rref (an object of class 'py:torch_",
-        'test_wait_all_exit_early_builtin':
-            'timed out after 30 s (rank(s) 0,1,2,3 did not finish)',
-        'test_wait_all_exit_early_python':
-            'timed out after 30 s (rank(s) 0,1,2,3 did not finish)',
         'test_wait_all_workers_timeout':
             'AssertionError: RuntimeError not raised',
     },
@@ -50,10 +46,6 @@ EXPECTED_FAIL = {
             "TypeError: On worker 'workerN' (id N):",
         'test_rref_proxy_timeout':
             'AssertionError: RuntimeError not raised',
-        'test_wait_all_exit_early_builtin':
-            'timed out after 30 s (rank(s) 0,1,2,3 did not finish)',
-        'test_wait_all_exit_early_python':
-            'timed out after 30 s (rank(s) 0,1,2,3 did not finish)',
         'test_wait_all_workers_timeout':
             'AssertionError: RuntimeError not raised',
     },

@@ -615,6 +615,7 @@ def _type_name(e):
 
 
 _torch_future_class = None
+_torchs_wait_all = None  # torch.futures.wait_all as torch defined it
 
 
 def _torch_future_type():
@@ -622,8 +623,10 @@ def _torch_future_type():
     torch.futures.wait_all, collect_all and then take it. Its errors are set
     with set_exception, so wait() raises the remote exception's own class;
     torch's collect_all, which looks only at errors set in C++, does not see
-    them early (a limit of set_exception in torch 1.13)."""
-    global _torch_future_class
+    them early (a limit of set_exception in torch 1.13). So that
+    torch.futures.wait_all still returns at the first error, as it does for
+    PyTorch's own rpc futures, it is replaced once by _torch_wait_all."""
+    global _torch_future_class, _torchs_wait_all
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -635,7 +638,22 @@ def _torch_future_type():
                     pass  # slices of the C future's wait: Ctrl-C interrupts between them
                 return super().wait()
         _torch_future_class = TorchFuture
+        _torchs_wait_all = torch.futures.wait_all
+        torch.futures.wait_all = _torch_wait_all
     return _torch_future_class
+
+
+def _torch_wait_all(futures):
+    """torch.futures.wait_all, once this package made a torch future: a list
+    holding one of ours is waited for by wait_all below (the first error
+    raised as soon as it is set, as torch does for errors set in C++); any
+    other list goes to torch's own, unchanged. A program that bound torch's
+    function to a name of its own before its first rpc_async keeps torch's
+    (it stops at such an error only when every earlier future is done)."""
+    futures = list(futures)
+    if any(isinstance(f, _torch_future_class) for f in futures):
+        return wait_all(futures)
+    return _torchs_wait_all(futures)
 
 
 def _make_future(core, what):
