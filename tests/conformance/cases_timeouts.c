@@ -269,14 +269,14 @@ static int timeout_equal_deadlines_fail_in_issue_order(int rank, int ws) {
 
 /*
  * spec: TIMEOUT-1 TIMEOUT-3 TIMEOUT-5: a 0.5 ms timeout is a timeout, not 0
- * (none): a call to a 3 s function with it fails with TP_ETIMEDOUT at once,
+ * (none): a call to a 1.5 s function with it fails with TP_ETIMEDOUT at once,
  * for rpc_sync and rpc_async. (That the callee is told 1 ms, not 0, needs a
  * simulator fault: test_timeout's test_timeout_submillisecond_told_to_callee.)
  */
 static int timeout_submillisecond_is_not_zero(int rank, int ws) {
     INIT_TIMEOUT_OR_RETURN(rank, ws, 60.0);
     if (rank == 0) {
-        tp_value *args = CONF_INTS(3000);
+        tp_value *args = CONF_INTS(1500);
         tp_value *res = NULL;
         uint64_t t0 = conf_now_ns();
         CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "sleep_ms", args, NULL, 0.0005, &res),
@@ -302,14 +302,14 @@ static int timeout_submillisecond_is_not_zero(int rank, int ws) {
 /*
  * spec: RREF-8 TIMEOUT-2: to_here(-1) on the owner waits for the value at
  * most the default rpc_timeout, then fails with TP_ETIMEDOUT "the value is
- * not ready after 0.2 s"; the value takes 2.5 s to build (the creation
+ * not ready after 0.2 s"; the value takes 2 s to build (the creation
  * itself has no deadline).
  */
 static int timeout_owner_to_here_default(int rank, int ws) {
     INIT_TIMEOUT_OR_RETURN(rank, ws, 0.2);
     if (rank == 0) {
         tp_rref *r = NULL;
-        tp_value *args = CONF_INTS(2500);
+        tp_value *args = CONF_INTS(2000);
         CHECK_OK(tp_remote(tp_to_rank(0), "sleep_ms", args, NULL, TP_TIMEOUT_INFINITE, &r));
         tp_value_free(args);
         if (r) {
@@ -340,7 +340,7 @@ static int timeout_owner_to_here_default(int rank, int ws) {
 static int timeout_fractional_ms_fires_alone(int rank, int ws) {
     INIT_TIMEOUT_OR_RETURN(rank, ws, 60.0);
     if (rank == 0) {
-        tp_value *args = CONF_INTS(3000);
+        tp_value *args = CONF_INTS(1500);
         for (int i = 0; i < 2; i++) {
             tp_future *f = NULL;
             uint64_t t0 = conf_now_ns();
