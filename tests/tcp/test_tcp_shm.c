@@ -331,6 +331,29 @@ static void test_shm_slab_picking(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* spec: TCP-22: of the free slabs a frame fits without wasting more than
+ * half, it takes the smallest, wherever that one sits among the slots:
+ * here both the 2 MiB slab (slot 0) and the 4 MiB one fit a frame that
+ * needs exactly 2 MiB, and the larger stays free for a larger frame. */
+static void test_shm_smallest_fitting_slab_taken(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    uint32_t gen_small = 0, gen_large = 0, gen = 0;
+    int small = pack(&a, 1 * MIB, &gen_small); /* a 2 MiB slab */
+    int large = pack(&a, 3 * MIB, &gen_large); /* a 4 MiB one, the first still busy */
+    assert_true(small >= 0 && large >= 0 && small != large);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)small), 0);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)large), 0);
+    size_t exact = 2 * MIB - TPI_SHM_HEAD - TPI_SHM_ALIGN; /* fills the small one */
+    assert_int_equal(pack(&a, exact, &gen), small);
+    assert_int_equal(gen, gen_small);
+    assert_int_equal(pack(&a, exact, &gen), large); /* the small one is busy now */
+    assert_int_equal(gen, gen_large);
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
 /* spec: TCP-22: a slab is reused whatever its descriptor's number, 0 too (a
  * process that closed its stdin gets its first slab's memfd there). */
 static void test_shm_slab_on_descriptor_0_reused(void **state) {
@@ -553,6 +576,7 @@ int main(void) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_slab_picking),
+        cmocka_unit_test(test_shm_smallest_fitting_slab_taken),
         cmocka_unit_test(test_shm_slab_on_descriptor_0_reused),
         cmocka_unit_test(test_shm_probe_on_descriptor_0_checked),
         cmocka_unit_test(test_shm_probe_every_field_checked),
