@@ -1010,6 +1010,42 @@ static void test_tcp_store_back_to_a_retired_address_waits_for_it(void **state) 
     again->ops->close(again);
 }
 
+/* spec: TCP-11: a rank-0 open on the kept server's address with another
+ * secret stops that server first (the port must be free) and starts its
+ * own: the new job's store works, holds nothing of the old job's, and
+ * takes the new secret only. */
+static void test_tcp_store_kept_server_replaced_for_another_secret(void **state) {
+    (void)state;
+    char a[64];
+    snprintf(a, sizeof a, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_store *first = kept_open(a, 0, 1, 1); /* its one rank seen: it stops at once */
+    assert_int_equal(first->ops->set(first, "job", "first", 5), TP_OK);
+    first->ops->close(first);
+    tpi_tcp_auth old = auth;
+    auth.key[0] ^= 0x5a; /* another job secret */
+    tp_store *second = kept_open(a, 0, 1, 1);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(second->ops->get(second, "job", &v, &n), TP_ENOENT);
+    assert_int_equal(second->ops->set(second, "job", "second", 6), TP_OK);
+    assert_int_equal(second->ops->get(second, "job", &v, &n), TP_OK);
+    assert_true(n == 6 && memcmp(v, "second", 6) == 0);
+    free(v);
+    second->ops->close(second);
+    /* A client with the first secret is refused by the new server. */
+    auth = old;
+    tp_options *o = tp_options_new();
+    assert_non_null(o);
+    assert_int_equal(tp_options_set_init_method(o, a), TP_OK);
+    assert_int_equal(tp_options_set_init_timeout(o, 1), TP_OK);
+    tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o};
+    tp_store *stale = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    assert_int_not_equal(tpi_tcp_store_open(&init, &auth, &stale, err, sizeof err), TP_OK);
+    assert_null(stale);
+    tp_options_free(o);
+}
+
 static void *stop_thread(void *arg) {
     tpi_store_server_stop(arg, 5000000000ull);
     return NULL;
@@ -1831,6 +1867,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_many_clients),
         cmocka_unit_test(test_tcp_store_kept_server_retired_for_another_address),
         cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
+        cmocka_unit_test(test_tcp_store_kept_server_replaced_for_another_secret),
         cmocka_unit_test(test_tcp_store_accepted_sockets_tuned),
         cmocka_unit_test_setup_teardown(test_tcp_store_reconnects_after_a_lost_connection, setup,
                                         teardown),
