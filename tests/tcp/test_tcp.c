@@ -220,6 +220,72 @@ static void test_tcp_signals_during_a_blocking_wait(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- Calls from a thread's exit ----------------------------------------------------- */
+
+#define EXIT_THREADS 3
+
+static pthread_key_t exit_key;
+static atomic_int exit_calls_ok;
+
+/* slow(idx, 0.05) on worker 1; 1 when it answered idx. */
+static int call_slow(int64_t idx) {
+    tp_value *args = tp_value_list_of(2, tp_value_int(idx), tp_value_float(0.05));
+    tp_value *res = NULL;
+    int64_t v = -1;
+    int ok = args && tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10, &res) == TP_OK &&
+             tp_value_get_int(res, &v) == TP_OK && v == idx;
+    tp_value_free(res);
+    tp_value_free(args);
+    return ok;
+}
+
+/* The program's own destructor, run as its thread exits. Its key was made
+ * after the library's, so glibc runs it after the library's in the same
+ * round: the thread's wait state is gone by then, and this call must make
+ * a new one, not use the one just freed. */
+static void exit_call(void *arg) {
+    (void)arg;
+    if (call_slow(7))
+        atomic_fetch_add(&exit_calls_ok, 1);
+}
+
+static void *exiting_caller(void *arg) {
+    (void)arg;
+    if (call_slow(3)) /* the thread's wait state is made here */
+        pthread_setspecific(exit_key, (void *)1);
+    return NULL;
+}
+
+static int body_exit_calls(tt_job *job, int rank) {
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        TT_CHECK(call_slow(1)); /* the library's thread key exists before ours */
+        TT_CHECK(pthread_key_create(&exit_key, exit_call) == 0);
+        for (int i = 0; i < EXIT_THREADS; i++) {
+            pthread_t t;
+            TT_CHECK(pthread_create(&t, NULL, exiting_caller, NULL) == 0);
+            TT_CHECK(pthread_join(t, NULL) == 0);
+        }
+        TT_CHECK(atomic_load(&exit_calls_ok) == EXIT_THREADS);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* TCP-1: a thread may call into the library from its own thread-exit
+ * destructors, after the library's destructor freed the thread's wait
+ * state: the call gets a new one (and the library's destructor runs again
+ * for it), and is answered. */
+static void test_tcp_calls_from_a_thread_exit(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_exit_calls, NULL), 0);
+    assert_all_ok(&job, 30);
+    tt_job_free(&job);
+}
+
 /* ---- Basic calls ------------------------------------------------------------------ */
 
 /* This process's TCP sockets that carry the transport's keepalive and user
@@ -1946,6 +2012,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_local_addr_toward),
         cmocka_unit_test(test_tcp_basic_calls),
+        cmocka_unit_test(test_tcp_calls_from_a_thread_exit),
         cmocka_unit_test(test_tcp_many_async),
         cmocka_unit_test(test_tcp_kill9),
         cmocka_unit_test(test_tcp_rejoin),
