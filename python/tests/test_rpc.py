@@ -523,6 +523,30 @@ def test_allow_pickle_is_opt_in_on_both_ends(tmp_path):
         "[2] worker2 cannot send: True", "[2] worker2 cannot receive: True"])
 
 
+def test_a_call_too_large_to_send_raises_at_once_naming_its_function(tmp_path):
+    """A request over max_message_size is refused before it is sent: each
+    of rpc_sync, rpc_async and remote raises RuntimeError at the call,
+    naming the function (not the C layer's 'py:call') and the limit."""
+    out = run(tmp_path, """
+        def ident(x):
+            return x
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            backend_options={"max_message_size": str(1 << 16)}))
+        if rank == 0:
+            for api in (rpc.rpc_sync, rpc.rpc_async, rpc.remote):
+                try:
+                    api("worker1", ident, args=(b"x" * (1 << 17),))
+                    print(api.__name__, "sent")
+                except RuntimeError as e:
+                    print(api.__name__, "__main__.ident" in str(e), "py:call" in str(e),
+                          "exceeds the limit of 65536 bytes" in str(e))
+            print(rpc.rpc_sync("worker1", ident, args=(b"small",)))
+        rpc.shutdown()
+    """)
+    assert out == ["rpc_sync True False True", "rpc_async True False True",
+                   "remote True False True", "b'small'"]
+
+
 def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):
     out = run(tmp_path, """
         import signal, threading
