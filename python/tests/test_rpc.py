@@ -526,7 +526,9 @@ def test_allow_pickle_is_opt_in_on_both_ends(tmp_path):
 def test_a_call_too_large_to_send_raises_at_once_naming_its_function(tmp_path):
     """A request over max_message_size is refused before it is sent: each
     of rpc_sync, rpc_async and remote raises RuntimeError at the call,
-    naming the function (not the C layer's 'py:call') and the limit."""
+    naming the function (not the C layer's 'py:call') and the limit, and
+    the message starts with the call the program made (rpc_sync's is an
+    rpc_async in the C layer)."""
     out = run(tmp_path, """
         def ident(x):
             return x
@@ -539,12 +541,17 @@ def test_a_call_too_large_to_send_raises_at_once_naming_its_function(tmp_path):
                     print(api.__name__, "sent")
                 except RuntimeError as e:
                     print(api.__name__, "__main__.ident" in str(e), "py:call" in str(e),
-                          "exceeds the limit of 65536 bytes" in str(e))
+                          "exceeds the limit of 65536 bytes" in str(e),
+                          str(e).startswith(api.__name__ + " to worker 'worker1'"))
             print(rpc.rpc_sync("worker1", ident, args=(b"small",)))
+            try:  # the wait's errors name rpc_sync too
+                rpc.rpc_sync("worker1", slow, args=(2.0,), timeout=0.1)
+            except RuntimeError as e:
+                print(str(e).startswith("rpc_sync to worker 'worker1'"), "__main__.slow" in str(e))
         rpc.shutdown()
     """)
-    assert out == ["rpc_sync True False True", "rpc_async True False True",
-                   "remote True False True", "b'small'"]
+    assert out == ["rpc_sync True False True True", "rpc_async True False True True",
+                   "remote True False True True", "b'small'", "True True"]
 
 
 def test_ctrl_c_interrupts_a_blocking_wait(tmp_path):

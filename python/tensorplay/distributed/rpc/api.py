@@ -172,9 +172,12 @@ def _remote_exception_type(type_name):
     return None
 
 
-def _translate(e, what):
-    """The exception to raise for the C layer's e, for a call described by what."""
+def _translate(e, what, api=None):
+    """The exception to raise for the C layer's e, for a call described by
+    what, made through api (rpc_sync: the C call behind it is rpc_async)."""
     msg = str(e)
+    if api and msg.startswith("rpc_async "):
+        msg = api + msg[len("rpc_async"):]
     if what:
         msg = msg.replace("'py:call'", "'%s'" % what).replace("'py:method'", "'%s'" % what)
     if isinstance(e, TimeoutError):
@@ -201,11 +204,11 @@ def _translate(e, what):
     return RemoteError("%s (raised remotely: %s)" % (text, type_name or "an error"))
 
 
-def _call_c(fn, what):
+def _call_c(fn, what, api=None):
     try:
         return fn()
     except (RemoteError, TimeoutError, RuntimeError, ValueError, TypeError, LookupError) as e:
-        t = _translate(e, what)
+        t = _translate(e, what, api)
         if t is e:
             raise
         raise t from None
@@ -800,9 +803,9 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Calls func(*args, **kwargs) on worker `to` and returns its result."""
     _require_init("rpc_sync")
     wire, timeout, what = _call_wire(func, args, kwargs, timeout)
-    core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what)
+    core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what, "rpc_sync")
     # Ctrl-C in the wait gives the call up: shutdown() does not wait for it.
-    return _values.wrap(_call_c(lambda: core.wait(0.0, True), what), RRef)
+    return _values.wrap(_call_c(lambda: core.wait(0.0, True), what, "rpc_sync"), RRef)
 
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
