@@ -1039,9 +1039,9 @@ def test_allow_list_serves_a_method_it_names(tmp_path):
 def test_allow_list_serves_the_packages_own_helpers(tmp_path):
     """The package's own helpers are served whatever the exposure policy
     (spec/api.md PY-1): on workers that expose only fractions, an rref's
-    _get_future (the owner's confirmation), _get_type, to_here of an object
-    (pickled by the owner, allow_pickle on), a method through the rref and
-    _all_gather (its leader's gather and the
+    _get_future (the owner's confirmation), _get_type (blocking or not),
+    to_here of an object (pickled by the owner, allow_pickle on), a method
+    through the rref and _all_gather (its leader's gather and the
     followers' broadcast) all work, while a function nobody named is refused."""
     out = run(tmp_path, """
         import fractions
@@ -1053,6 +1053,11 @@ def test_allow_list_serves_the_packages_own_helpers(tmp_path):
             r = rpc.remote("worker1", fractions.Fraction, args=(6, 8), timeout=20)
             print("confirmed:", r._get_future(timeout=20).wait())
             print("type:", r._get_type(timeout=20).__name__)
+            later = r._get_type(timeout=20, blocking=False)
+            t0 = time.monotonic()
+            while not later.done() and time.monotonic() - t0 < 20:
+                time.sleep(0.01)
+            print("type later:", later.wait().__name__ if later.done() else "never")
             print("to_here:", r.to_here(timeout=20))
             print("method:", r.rpc_sync(timeout=20).as_integer_ratio())
             try:
@@ -1064,7 +1069,8 @@ def test_allow_list_serves_the_packages_own_helpers(tmp_path):
         rpc.shutdown()
     """)
     # worker1's own gather failing (its broadcast refused) would fail the run
-    assert out == ["confirmed: None", "type: Fraction", "to_here: 3/4", "method: (3, 4)",
+    assert out == ["confirmed: None", "type: Fraction", "type later: Fraction", "to_here: 3/4",
+                   "method: (3, 4)",
                    "add: True",
                    "gathered: [('worker0', 0), ('worker1', 10)]"]
 
