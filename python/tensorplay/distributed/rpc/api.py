@@ -619,6 +619,7 @@ def _type_name(e):
 
 _torch_future_class = None
 _torchs_wait_all = None  # torch.futures.wait_all as torch defined it
+_torch_future_lock = threading.Lock()  # one class, one replacement, whatever threads race
 
 
 def _torch_future_type():
@@ -633,16 +634,20 @@ def _torch_future_type():
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    if _torch_future_class is None:
-        class TorchFuture(torch.futures.Future):
-            def wait(self):
-                core = getattr(self, "_tp_core", None)
-                while core is not None and not core._wait_done(0.1):
-                    pass  # slices of the C future's wait: Ctrl-C interrupts between them
-                return super().wait()
-        _torch_future_class = TorchFuture
-        _torchs_wait_all = torch.futures.wait_all
-        torch.futures.wait_all = _torch_wait_all
+    if _torch_future_class is not None:
+        return _torch_future_class
+    with _torch_future_lock:
+        if _torch_future_class is None:
+            class TorchFuture(torch.futures.Future):
+                def wait(self):
+                    core = getattr(self, "_tp_core", None)
+                    while core is not None and not core._wait_done(0.1):
+                        pass  # slices of the C future's wait: Ctrl-C interrupts between them
+                    return super().wait()
+            _torch_future_class = TorchFuture  # first: _torch_wait_all tests for it
+            if torch.futures.wait_all is not _torch_wait_all:  # never our own, or it recurses
+                _torchs_wait_all = torch.futures.wait_all
+                torch.futures.wait_all = _torch_wait_all
     return _torch_future_class
 
 
