@@ -1041,7 +1041,8 @@ static void test_tcp_store_kept_server_replaced_for_another_secret(void **state)
     tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o};
     tp_store *stale = NULL;
     char err[TP_ERRMSG_LEN_MAX] = "";
-    assert_int_not_equal(tpi_tcp_store_open(&init, &auth, &stale, err, sizeof err), TP_OK);
+    assert_int_equal(tpi_tcp_store_open(&init, &auth, &stale, err, sizeof err), TP_EAUTH);
+    assert_non_null(strstr(err, "do not share the job secret"));
     assert_null(stale);
     tp_options_free(o);
 }
