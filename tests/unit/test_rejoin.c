@@ -347,10 +347,16 @@ static struct {
     uint64_t rejoin_ns;
 } q;
 
-/* w1 dies at 100 ms and restarts at 200 ms; w2 (when there is one) dies at
- * 100 ms for good; w0 serves (and is paused when the test says so). */
-static int program_peers(int rank, int world, void *arg) {
-    (void)arg;
+/* What program_peers and program_pair share: registers slow, then init_rpc
+ * with a 2 s init deadline. A restarted process rejoins, keeping its status
+ * and message in *st and msg and, when took is given, its duration:
+ * START_REJOINED when that worked, else START_DONE. In the first
+ * incarnation rank 0 serves (START_SERVING) and the others sleep until the
+ * plan kills them (START_DONE). */
+typedef enum start_role { START_DONE, START_SERVING, START_REJOINED } start_role;
+
+static start_role start_peer(int rank, int world, tp_status *st, char *msg, size_t msg_len,
+                             uint64_t *took) {
     CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
     tp_options *o = tp_options_new();
     CHECK(tp_options_set_init_timeout(o, 2.0) == TP_OK);
@@ -359,28 +365,39 @@ static int program_peers(int rank, int world, void *arg) {
     if (tp_sim_incarnation() > 0) {
         CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
         uint64_t t0 = now_ns();
-        q.rejoin_st = tp_init_rpc(name, "SIM", rank, world, o);
-        q.rejoin_ns = now_ns() - t0;
-        snprintf(q.rejoin_msg, sizeof q.rejoin_msg, "%s", tp_errmsg());
+        *st = tp_init_rpc(name, "SIM", rank, world, o);
+        if (took)
+            *took = now_ns() - t0;
+        snprintf(msg, msg_len, "%s", tp_errmsg());
         tp_options_free(o);
-        if (q.rejoin_st != TP_OK)
-            return 0;
-        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(5));
-        tp_value *res = NULL;
-        q.call_st = tp_rpc_sync(tp_to_rank(0), "slow", args, NULL, 5.0, &res);
-        tp_value_free(res);
-        tp_value_free(args);
-        CHECK(tp_shutdown(0) == TP_OK);
-        return 0;
+        return *st == TP_OK ? START_REJOINED : START_DONE;
     }
     CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
     tp_options_free(o);
-    if (rank != 0) {
-        (void)tp_sleep(60.0); /* killed in here */
-        return 0;
+    if (rank == 0)
+        return START_SERVING;
+    (void)tp_sleep(60.0); /* killed in here */
+    return START_DONE;
+}
+
+/* w1 dies at 100 ms and restarts at 200 ms; w2 (when there is one) dies at
+ * 100 ms for good; w0 serves (and is paused when the test says so). */
+static int program_peers(int rank, int world, void *arg) {
+    (void)arg;
+    start_role role =
+        start_peer(rank, world, &q.rejoin_st, q.rejoin_msg, sizeof q.rejoin_msg, &q.rejoin_ns);
+    if (role == START_SERVING) {
+        (void)tp_sleep(15.0);
+        q.shutdown_st = tp_shutdown(0);
     }
-    (void)tp_sleep(15.0);
-    q.shutdown_st = tp_shutdown(0);
+    if (role != START_REJOINED)
+        return 0;
+    tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(5));
+    tp_value *res = NULL;
+    q.call_st = tp_rpc_sync(tp_to_rank(0), "slow", args, NULL, 5.0, &res);
+    tp_value_free(res);
+    tp_value_free(args);
+    CHECK(tp_shutdown(0) == TP_OK);
     return 0;
 }
 
@@ -431,39 +448,25 @@ static struct {
  * every worker, w0 serves until 15 s. */
 static int program_pair(int rank, int world, void *arg) {
     (void)arg;
-    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
-    tp_options *o = tp_options_new();
-    CHECK(tp_options_set_init_timeout(o, 2.0) == TP_OK);
-    char name[8];
-    snprintf(name, sizeof name, "w%d", rank);
-    if (tp_sim_incarnation() > 0) {
-        CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
-        p2.rejoin_st[rank] = tp_init_rpc(name, "SIM", rank, world, o);
-        snprintf(p2.rejoin_msg[rank], sizeof p2.rejoin_msg[rank], "%s", tp_errmsg());
-        tp_options_free(o);
-        if (p2.rejoin_st[rank] != TP_OK)
-            return 0;
-        if (now_ns() < PAIR_CALLS_MS * MS) /* both are back by then */
-            CHECK(tp_sleep((double)(PAIR_CALLS_MS * MS - now_ns()) / 1e9) == TP_OK);
-        for (int to = 0; to < world; to++) {
-            tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(10 * rank + to));
-            tp_value *res = NULL;
-            p2.call_st[rank][to] = tp_rpc_sync(tp_to_rank(to), "slow", args, NULL, 5.0, &res);
-            (void)tp_value_get_int(res, &p2.answer[rank][to]);
-            tp_value_free(res);
-            tp_value_free(args);
-        }
-        (void)tp_sleep(1.0); /* the other's calls to this one */
+    start_role role = start_peer(rank, world, &p2.rejoin_st[rank], p2.rejoin_msg[rank],
+                                 sizeof p2.rejoin_msg[rank], NULL);
+    if (role == START_SERVING) {
+        (void)tp_sleep(15.0);
         CHECK(tp_shutdown(0) == TP_OK);
-        return 0;
     }
-    CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
-    tp_options_free(o);
-    if (rank != 0) {
-        (void)tp_sleep(60.0); /* killed in here */
+    if (role != START_REJOINED)
         return 0;
+    if (now_ns() < PAIR_CALLS_MS * MS) /* both are back by then */
+        CHECK(tp_sleep((double)(PAIR_CALLS_MS * MS - now_ns()) / 1e9) == TP_OK);
+    for (int to = 0; to < world; to++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(10 * rank + to));
+        tp_value *res = NULL;
+        p2.call_st[rank][to] = tp_rpc_sync(tp_to_rank(to), "slow", args, NULL, 5.0, &res);
+        (void)tp_value_get_int(res, &p2.answer[rank][to]);
+        tp_value_free(res);
+        tp_value_free(args);
     }
-    (void)tp_sleep(15.0);
+    (void)tp_sleep(1.0); /* the other's calls to this one */
     CHECK(tp_shutdown(0) == TP_OK);
     return 0;
 }
