@@ -129,16 +129,20 @@ static tp_status teardown(tp_core *c, uint64_t deadline_ns) {
      * each wakes to see the state and leave: no deadline can be better than
      * this wait (freeing the agent under a thread would be a crash), so it
      * polls until they are gone and reports if it took past the deadline. */
-    int late = 0;
-    while (atomic_load(&c->api_refs) > 0) {
+    int late = 0; /* threads inside at the first look at or past the deadline */
+    int inside;
+    while ((inside = atomic_load(&c->api_refs)) > 0) {
         wake_all(c);
-        late |= tpi_now(c) >= deadline_ns;
+        if (!late && tpi_now(c) >= deadline_ns)
+            late = inside;
         tpi_park(c, tpi_now(c) + TEARDOWN_POLL_NS);
     }
     tpi_unlock(c);
     if (late)
-        st = tpi_fail(TP_ETIMEDOUT, "shutdown: threads stayed inside rpc calls past the "
-                                    "shutdown deadline; the worker was torn down after they left");
+        st = tpi_fail(TP_ETIMEDOUT,
+                      "shutdown: %d thread(s) still inside rpc calls at the shutdown deadline; "
+                      "worker '%s' was torn down after they left",
+                      late, c->self.name);
     c->ops->stop(c->agent);
     tpi_lock(c);
     tpi_calls_fail(c, UINT32_MAX, TP_ESHUTDOWN, why);
