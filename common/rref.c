@@ -540,7 +540,9 @@ static void fork_settle(tp_core *c, tp_rref *r, tpi_gid fork, uint32_t parent, t
     r->fork_pending = 0;
     for (tpi_waiter *w = r->confirm_waiters; w; w = w->next) /* RREF-13 */
         c->ops->unpark(c->agent, w->task);
-    if (reply || st == TP_EPEERDOWN)
+    /* Answered, even unreadably (TP_EPROTO: O may have recorded F, which the
+     * child's delete then removes), or O is gone: P may drop its child. */
+    if (reply || st == TP_EPEERDOWN || st == TP_EPROTO)
         send_accept(c, parent, fork);
     if (r->delete_deferred) { /* released meanwhile: now the delete may go (RREF-15) */
         r->delete_deferred = 0;

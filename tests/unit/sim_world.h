@@ -3,13 +3,14 @@
  * Every worker registers the test's functions (world_register, which the
  * including test defines), initialises "w<rank>" on the SIM backend, runs
  * the world's scenario (rank 0) or others (the rest), and shuts down
- * gracefully. Checks inside use CHECK (sim_check.h); run_world asserts
+ * gracefully, finding no rref leak. Checks inside use CHECK (sim_check.h); run_world asserts
  * after the run. Include once per test, after <cmocka.h>.
  */
 #ifndef TP_TESTS_SIM_WORLD_H
 #define TP_TESTS_SIM_WORLD_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "sim_check.h"
 #include "tensorplay/rpc.h"
@@ -81,6 +82,12 @@ static inline int world_program(int rank, int world_size, void *arg) {
     CHECK(st == TP_OK);
     if (st != TP_OK)
         print_error("shutdown of w%d: %s\n", rank, tp_errmsg());
+    /* Every scenario releases what it made: its shutdown finds no rref
+     * leak (RREF-18; each is logged at warn). */
+    tp_rref_leak *leaks = NULL;
+    size_t n = 0;
+    CHECK(tp_shutdown_leaks(&leaks, &n) == TP_OK && n == 0);
+    free(leaks);
     return st == TP_OK ? 0 : 1;
 }
 

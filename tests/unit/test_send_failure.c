@@ -81,8 +81,36 @@ static tp_status forged_fork_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return forged_send(a, dst, f, forge_owner_inc);
 }
 
+static int corrupt_answers; /* the next this many RESPONSEs with status 0 from w1 are malformed */
+static int forks_sent;      /* RREF_FORK frames sent by w0 */
+
+/* Sends f with its result's value tag made unknown (WIRE-6: "unknown value
+ * tag 99"), when f is a RESPONSE with status 0 (WIRE-5). Takes f on success. */
+static tp_status corrupt_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+    tp_frame *g = tp_frame_flatten(f);
+    CHECK(g != NULL && g->seg[0].len > TP_FRAME_HEADER_SIZE + 4);
+    if (!g)
+        return sim_ops->send(a, dst, f);
+    uint8_t *b = tp_frame_bytes(g);
+    static const uint8_t ok[4] = {0};
+    CHECK(memcmp(b + TP_FRAME_HEADER_SIZE, ok, 4) == 0);
+    b[TP_FRAME_HEADER_SIZE + 4] = 99;
+    tp_status st = sim_ops->send(a, dst, g);
+    if (st != TP_OK)
+        tp_frame_free(g);
+    else
+        tp_frame_free(f);
+    return st;
+}
+
 static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     const uint8_t *header = f->seg[0].base;
+    if (header[5] == TPI_MSG_RREF_FORK && tp_sim_current_host() == 0)
+        forks_sent++;
+    if (corrupt_answers > 0 && header[5] == 2 /* RESPONSE */ && tp_sim_current_host() == 1) {
+        corrupt_answers--;
+        return corrupt_send(a, dst, f);
+    }
     if (forge_forks > 0 && header[5] == TPI_MSG_RREF_FORK) {
         forge_forks--;
         return forged_fork_send(a, dst, f);
@@ -365,6 +393,54 @@ static void sc_fork_of_other_incarnation(world *w) {
     tp_rref_release(r);
 }
 
+/*
+ * RREF-15: a malformed answer is an answer. The owner's answer to a fork
+ * arrives malformed (WIRE-6, TP_EPROTO): the fork fails with it, is not sent
+ * again (a retry would be answered, and the function would run), and the
+ * function that received the rref never runs (RREF-13).
+ */
+static void sc_fork_answer_malformed(world *w) {
+    (void)w;
+    tp_rref *r = NULL;
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    CHECK(tp_remote(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    tp_value_free(args);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK);
+    tp_value_free(v);
+    v = NULL;
+    /* Through the loopback to w0 itself: the receiving user forks with w1,
+     * whose answer is then the only RESPONSE w1 sends. */
+    forks_sent = 0;
+    corrupt_answers = 1;
+    args = tp_value_list_of(1, tp_value_rref(r));
+    tp_status st = tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v);
+    if (st != TP_EPROTO)
+        print_error("fetch through a fork answered malformed: %s: %s\n", tp_status_name(st),
+                    tp_errmsg());
+    CHECK(st == TP_EPROTO && v == NULL);
+    CHECK(strstr(tp_errmsg(), "was not confirmed by its owner 'w1'") != NULL);
+    CHECK(corrupt_answers == 0 && forks_sent == 1);
+    tp_value_free(v);
+    tp_value_free(args);
+    /* The same call with an honest answer works. */
+    args = tp_value_list_of(1, tp_value_rref(r));
+    v = NULL;
+    int64_t x = 0;
+    CHECK(tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v) == TP_OK);
+    CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
+    CHECK(forks_sent == 2);
+    tp_value_free(v);
+    tp_value_free(args);
+    tp_rref_release(r);
+}
+
+static void test_send_fork_answer_malformed_not_retried(void **state) {
+    (void)state;
+    world w = {.scenario = sc_fork_answer_malformed, .backend = "SIM_FAILSEND"};
+    run_world(2, 17, &w);
+}
+
 static void test_send_fork_of_other_incarnation_refused(void **state) {
     (void)state;
     world w = {.scenario = sc_fork_of_other_incarnation, .backend = "SIM_FAILSEND"};
@@ -384,6 +460,7 @@ int main(void) {
         cmocka_unit_test(test_deferred_send_failure),
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
         cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
+        cmocka_unit_test(test_send_fork_answer_malformed_not_retried),
         cmocka_unit_test(test_send_failure_undoes_every_rref_fork),
         cmocka_unit_test(test_refused_handoff_keeps_the_queue_whole),
     };
