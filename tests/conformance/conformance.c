@@ -104,6 +104,16 @@ int conf_check_contains(const char *hay, const char *needle, int rank, const cha
 int conf_finish(int rank) {
     if (!record_valid(rank))
         return 1;
+    /* RREF-18: a case's graceful shutdown finds every rref released. */
+    tp_rref_leak *leaks = NULL;
+    size_t n = 0;
+    if (tp_shutdown_leaks(&leaks, &n) == TP_OK && n > 0)
+        conf_fail(rank, __FILE__, __LINE__,
+                  "the graceful shutdown found %zu rref leak(s), the first rref %u:%llu fork "
+                  "%u:%llu held by rank %u (RREF-18; each is logged at warn)",
+                  n, leaks[0].rref_worker, (unsigned long long)leaks[0].rref_n,
+                  leaks[0].fork_worker, (unsigned long long)leaks[0].fork_n, leaks[0].holder);
+    free(leaks);
     return records[rank].failures;
 }
 

@@ -16,7 +16,8 @@
  * run on a simulator fiber or in a child process. They use CHECK*() below,
  * which record rank, file, line, expression and tp_errmsg() and let the
  * program go on to a clean shutdown; the program ends with
- * `return conf_finish(rank);`, non-zero when any check of that rank failed.
+ * `return conf_finish(rank);`, non-zero when any check of that rank failed
+ * or its last graceful shutdown found an rref leak (RREF-18).
  * The macros expect a variable `rank` in scope (every program has one).
  */
 #ifndef TP_CONFORMANCE_H
@@ -115,7 +116,8 @@ int conf_check_int(int64_t a, int64_t b, int rank, const char *file, int line, c
                    const char *eb);
 int conf_check_contains(const char *hay, const char *needle, int rank, const char *file, int line,
                         const char *expr);
-/* The number of failures rank recorded in this case. */
+/* The number of failures rank recorded in this case, counting one more when
+ * the calling thread's last graceful shutdown found rref leaks (RREF-18). */
 int conf_finish(int rank);
 
 /* Each returns 1 when the check passed, 0 (and records) when it failed. */
