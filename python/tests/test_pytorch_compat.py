@@ -1154,6 +1154,48 @@ def test_rref_leak_at_shutdown_raises_only_when_not_ignored(tmp_path):
         "[0] default: True", "[0] raised: True", "[1] default: True", "[1] returned"]
 
 
+def test_a_leak_the_core_found_reaches_python(tmp_path):
+    """A real leak, not a made-up one: worker0 holds an rref worker1 owns and
+    freezes worker1 (SIGSTOP) inside its graceful shutdown, so the delete is
+    never acknowledged; the drain times out (shutdown_timeout 2 s) and the
+    binding's shutdown_leaks(), which api.shutdown reads, names the rref,
+    its fork and both ranks."""
+    out = run(tmp_path, """
+        import signal
+        from tensorplay.distributed.rpc import api
+
+        def getpid():
+            return os.getpid()
+
+        rpc.init_rpc("worker%d" % rank, rank=rank, world_size=2,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(shutdown_timeout=2.0))
+        if rank == 0:
+            r = rpc.remote("worker1", echo, args=([1, 2],))
+            print("value", r.to_here())
+            pid1 = rpc.rpc_sync("worker1", getpid)
+            # worker1 went straight on to shutdown: 1 s for it to arrive at
+            # the barrier, which then passes, so the drain is what waits.
+            time.sleep(1.0)
+            os.kill(pid1, signal.SIGSTOP)
+            try:
+                rpc.shutdown()
+                print("returned")
+            except TimeoutError as e:
+                print("raised", "timed out waiting for rank 1 (of 2 workers)" in str(e))
+            finally:
+                os.kill(pid1, signal.SIGCONT)
+            leaks = api._rpc.shutdown_leaks()
+            print(len(leaks), [l.startswith("RRef 0:1 with fork Id 0:2 (") and
+                               l.endswith("; owner rank 1, holder rank 0)") for l in leaks])
+        else:
+            try:
+                rpc.shutdown()  # worker0 left meanwhile: it fails, and says so
+            except Exception as e:
+                print(type(e).__name__)
+    """)
+    assert out == ["value [1, 2]", "raised True", "1 [True]"]
+
+
 @pytest.mark.parametrize("kwargs", [{"rpc_timeout": True}, {"init_timeout": True},
                                     {"shutdown_timeout": False}])
 def test_backend_options_refuse_a_bool_as_seconds(kwargs):
