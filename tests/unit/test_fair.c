@@ -137,11 +137,78 @@ static void test_fair_uncongested_caller_served_again(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/*
+ * FAIR-1, FAIR-2, SHUTDOWN-6: jobs of a stalled caller are still queued when
+ * the callee shuts down (not gracefully: a graceful drain would wait for
+ * them). Their tokens already ran and found only the stalled caller, so no
+ * pool work item is left to take them: teardown itself drops them,
+ * unanswered, and ends; the caller's calls fail once the callee is gone.
+ */
+static int w1_go;           /* rank 0 saw its calls queued: w1 may shut down */
+static uint64_t w1_down_ns; /* when w1's shutdown began */
+static tp_status w1_shutdown_st;
+static uint64_t w1_shutdown_ns; /* how long it took */
+
+static int stalled_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    world w = {.backend = "SIM_CONGEST"};
+    if (world_worker_start(rank, world_size, &w) != 0)
+        return 1;
+    if (rank == 1) {
+        for (int i = 0; i < 10000 && !w1_go; i++)
+            CHECK(tp_sleep(0.001) == TP_OK);
+        CHECK(w1_go);
+        w1_down_ns = now_ns();
+        w1_shutdown_st = tp_shutdown(0);
+        w1_shutdown_ns = now_ns() - w1_down_ns;
+        return 0;
+    }
+    congest_to_w0 = 1;
+    congested_answers = 0;
+    tp_future *f[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_int(1));
+        CHECK(tp_rpc_async(tp_to_name("w1"), "add", args, NULL, 30.0, &f[i]) == TP_OK);
+        tp_value_free(args);
+    }
+    CHECK(tp_sleep(0.5) == TP_OK);
+    CHECK(congested_answers >= 1);
+    CHECK(f[0] && !tp_future_done(f[0]) && f[1] && !tp_future_done(f[1]));
+    w1_go = 1;
+    for (int i = 0; i < 2; i++) {
+        tp_status st = f[i] ? tp_future_wait(f[i], 5.0) : TP_EINVAL;
+        if (st != TP_EPEERDOWN)
+            print_error("add %d: %s: %s\n", i, tp_status_name(st), tp_errmsg());
+        CHECK(st == TP_EPEERDOWN);
+        CHECK(now_ns() - w1_down_ns < 100 * MS); /* failed when w1 went, not at the deadline */
+        tp_future_free(f[i]);
+    }
+    CHECK(tp_shutdown(0) == TP_OK);
+    return 0;
+}
+
+static void test_fair_stalled_jobs_dropped_at_teardown(void **state) {
+    (void)state;
+    w1_go = 0;
+    tp_sim_config cfg = {.hosts = RANKS, .seed = 5};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[RANKS] = {-9, -9};
+    assert_int_equal(tp_sim_run(sim, stalled_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(w1_shutdown_st, TP_OK);
+    assert_true(w1_shutdown_ns < 100 * MS);
+    assert_int_equal(failures, 0);
+}
+
 int main(void) {
     if (sim_wrap_register("SIM_CONGEST") != 0)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_fair_uncongested_caller_served_again, reset_failures),
+        cmocka_unit_test_setup(test_fair_stalled_jobs_dropped_at_teardown, reset_failures),
     };
     return cmocka_run_group_tests_name("fair", tests, NULL, NULL);
 }
