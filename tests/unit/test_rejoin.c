@@ -249,10 +249,10 @@ static int program(int rank, int world, void *arg) {
     return 0;
 }
 
-static tp_sim *run(rejoin_mode mode, uint64_t seed) {
+static tp_sim *run_traced(rejoin_mode mode, uint64_t seed, FILE *trace) {
     memset(&r, 0, sizeof r);
     r.mode = mode;
-    tp_sim_config cfg = {.hosts = 2, .seed = seed};
+    tp_sim_config cfg = {.hosts = 2, .seed = seed, .trace = trace};
     tp_sim *sim = NULL;
     assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
     assert_int_equal(tp_sim_fault_kill(sim, 1, KILL_MS * MS), TP_OK);
@@ -264,6 +264,10 @@ static tp_sim *run(rejoin_mode mode, uint64_t seed) {
     assert_true(tp_sim_host_dead(sim, 1));
     assert_false(tp_sim_rank_dead(sim, 1));
     return sim;
+}
+
+static tp_sim *run(rejoin_mode mode, uint64_t seed) {
+    return run_traced(mode, seed, NULL);
 }
 
 /* spec: REJOIN-1..6: the new incarnation serves and calls; the old one's late
@@ -292,14 +296,28 @@ static void test_rejoin_new_incarnation_works(void **state) {
 
 /* spec: RREF-20, REJOIN-6: an owner that receives an rref of another of its
  * incarnations in a request fails the request: an earlier one's value went
- * with the earlier process (TP_EPEERDOWN), a later one does not exist yet
- * (TP_EPROTO). No survivor sends either (it refuses the stale rref itself),
- * so w0 forges the frames; the new w1 answers them, then serves w0 as
- * before and both shut down cleanly. */
+ * with the earlier process (TP_EPEERDOWN, and the parent gets RREF_ACCEPT),
+ * a later one does not exist yet (TP_EPROTO). No survivor sends either (it refuses the stale rref
+ * itself), so w0 forges the frames; the new w1 answers them, then serves w0 as before and both shut
+ * down cleanly. */
 static void test_rejoin_owner_refuses_rref_of_other_incarnation(void **state) {
     (void)state;
     for (uint64_t seed = 1; seed <= 2; seed++) {
-        tp_sim *sim = run(MODE_FORGED, seed);
+        char *text = NULL;
+        size_t text_len = 0;
+        FILE *trace = open_memstream(&text, &text_len);
+        assert_non_null(trace);
+        tp_sim *sim = run_traced(MODE_FORGED, seed, trace);
+        fclose(trace);
+        /* The new w1 (host 2) refusing the earlier incarnation's rref tells
+         * its parent, w0, with RREF_ACCEPT (type 7), so that w0 would drop a
+         * reference it kept for the fork; the later one's gets none. */
+        int accepts = 0;
+        for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n"))
+            accepts += strstr(l, " send ") && strstr(l, " from=2 to=0 src=1 dst=0 ") &&
+                       strstr(l, " type=7 ");
+        free(text);
+        assert_int_equal(accepts, 1);
         assert_int_equal(r.rejoin_st, TP_OK);
         assert_int_equal(r.pass_st, TP_EPEERDOWN); /* w0's own send refused it */
         assert_int_equal(r.forged_st[0], TP_EPEERDOWN);
