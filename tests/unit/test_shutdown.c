@@ -909,17 +909,17 @@ static void test_shutdown_round_behind_stops_at_done(void **state) {
     assert_true(early_dead_ns[1] < 2 * SEC);
 }
 
-
 /*
  * The drain's flush without memory: w0's calls to five peers timed out (each
- * peer is left to flush, SHUTDOWN-5), and the array of the flush's futures
- * cannot be had. Shutdown says so (TP_ENOMEM, the drain named) and frees
- * what it did get (LeakSanitizer, in make test's sanitizer build, sees a
- * block left behind).
+ * peer is left to flush, SHUTDOWN-5), and one of the flush's two arrays (its
+ * futures, of pointers, or its peers, of u32) cannot be had. Shutdown says so
+ * (TP_ENOMEM, the drain named) and frees the other (LeakSanitizer, in make
+ * test's sanitizer build, sees a block left behind).
  */
 static tp_status flush_oom_status;
 static char flush_oom_msg[TP_ERRMSG_LEN_MAX];
 static unsigned flush_oom_failed;
+static size_t flush_oom_size; /* the element size of the array that cannot be had */
 
 static int flush_oom_program(int rank, int world_size, void *arg) {
     (void)arg;
@@ -934,7 +934,7 @@ static int flush_oom_program(int rank, int world_size, void *arg) {
             tp_value_free(res);
         }
         atomic_store(&calloc_pair_failed, 0);
-        atomic_store(&calloc_fail_size, sizeof(tp_future *));
+        atomic_store(&calloc_fail_size, flush_oom_size);
         atomic_store(&calloc_fail_n, (size_t)world_size - 1); /* one future per peer */
         flush_oom_status = tp_shutdown(1);
         atomic_store(&calloc_fail_n, 0);
@@ -950,10 +950,15 @@ static void test_shutdown_drain_flush_without_memory(void **state) {
     (void)state;
     if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
         skip();
-    run_checked(6, 3, NULL, flush_oom_program, NULL);
-    assert_int_equal(flush_oom_failed, 1);
-    assert_int_equal(flush_oom_status, TP_ENOMEM);
-    assert_non_null(strstr(flush_oom_msg, "shutdown drain: out of memory"));
+    _Static_assert(sizeof(tp_future *) != sizeof(uint32_t), "the two arrays told apart");
+    const size_t sizes[2] = {sizeof(tp_future *), sizeof(uint32_t)}; /* futures, then peers */
+    for (int i = 0; i < 2; i++) {
+        flush_oom_size = sizes[i];
+        run_checked(6, 3, NULL, flush_oom_program, NULL);
+        assert_int_equal(flush_oom_failed, 1);
+        assert_int_equal(flush_oom_status, TP_ENOMEM);
+        assert_non_null(strstr(flush_oom_msg, "shutdown drain: out of memory"));
+    }
 }
 
 /*
