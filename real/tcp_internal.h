@@ -826,16 +826,18 @@ typedef struct tpi_store_server_limits {
 void tpi_store_server_test_limits(const tpi_store_server_limits *l);
 
 /* Binds sa and serves a fresh ":memory:" SQLite store from a thread running
- * its own uv_loop (TCP-18). desc names the address in messages.
- * TP_EADDRINUSE when the port is taken. */
+ * its own uv_loop (TCP-18). desc names the address in messages. ka (NULL:
+ * the defaults) is what every client's socket gets from the first one on
+ * (TCP-23), until tpi_store_server_keepalive. TP_EADDRINUSE when the port
+ * is taken. */
 tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
-                                 const tpi_tcp_auth *auth, tpi_store_server **out, char *errmsg,
-                                 size_t errmsg_len);
+                                 const tpi_tcp_auth *auth, const tpi_tcp_keepalive *ka,
+                                 tpi_store_server **out, char *errmsg, size_t errmsg_len);
 /* Announces the job the server now serves: a stop keeps listening until each
  * of its world_size ranks has connected (since, or at, this call). */
 void tpi_store_server_expect(tpi_store_server *s, uint32_t world_size);
-/* TCP-23: clients accepted from now on get ka (until then, the defaults).
- * Any thread. */
+/* TCP-23: clients accepted from now on get ka (until then, start's). Any
+ * thread. */
 void tpi_store_server_keepalive(tpi_store_server *s, const tpi_tcp_keepalive *ka);
 /* Stops the server: it listens until every announced rank came, serves the
  * connected clients until they leave, all for at most linger_ns, then frees

@@ -603,7 +603,7 @@ static tp_status kept_server_for(uint32_t rank, uint32_t world_size, const tpi_t
         st = tpi_tcp_resolve(host, port, &sa, &sa_len, err, sizeof err);
         if (st != TP_OK)
             tpi_format(errmsg, errmsg_len, "rendezvous store %s (%s): %s", desc, what, err);
-        else if ((st = tpi_store_server_start((const struct sockaddr *)&sa, sa_len, desc, auth,
+        else if ((st = tpi_store_server_start((const struct sockaddr *)&sa, sa_len, desc, auth, ka,
                                               &kept_server, err, sizeof err)) != TP_OK)
             tpi_format(errmsg, errmsg_len, "%s (%s)", err, what);
         if (st == TP_OK) {

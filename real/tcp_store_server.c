@@ -96,7 +96,7 @@ struct tpi_store_server {
     uint64_t linger_ns;     /* written before stop is set */
     atomic_uint expect_req; /* a world size to expect, posted by tpi_store_server_expect */
     atomic_int expect_posted;
-    /* TCP-23: what new clients' sockets get (tpi_store_server_keepalive).
+    /* TCP-23: what new clients' sockets get (from start, then tpi_store_server_keepalive).
      * Each field alone is atomic: a client accepted while they change may
      * get a mix of two settings, each valid. */
     atomic_uint ka_idle_s, ka_intvl_s, ka_cnt, ka_user_timeout_ms;
@@ -916,8 +916,8 @@ static int loop_setup(tpi_store_server *s) {
 }
 
 tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, const char *desc,
-                                 const tpi_tcp_auth *auth, tpi_store_server **out, char *errmsg,
-                                 size_t errmsg_len) {
+                                 const tpi_tcp_auth *auth, const tpi_tcp_keepalive *kap,
+                                 tpi_store_server **out, char *errmsg, size_t errmsg_len) {
     *out = NULL;
     tpi_store_server *s = calloc(1, sizeof *s);
     uint8_t *staging = malloc(TPI_TCP_STAGING_SIZE);
@@ -933,7 +933,9 @@ tp_status tpi_store_server_start(const struct sockaddr *sa, socklen_t sa_len, co
     atomic_init(&s->stop, 0);
     atomic_init(&s->expect_req, 0);
     atomic_init(&s->expect_posted, 0);
-    tpi_tcp_keepalive ka = tpi_tcp_keepalive_default();
+    /* The job's own from the first client on: one that dials while the
+     * server starts must not get the defaults instead (TCP-23). */
+    tpi_tcp_keepalive ka = kap ? *kap : tpi_tcp_keepalive_default();
     atomic_init(&s->ka_idle_s, ka.idle_s);
     atomic_init(&s->ka_intvl_s, ka.intvl_s);
     atomic_init(&s->ka_cnt, ka.cnt);

@@ -68,9 +68,8 @@ static tpi_store_server *serve(uint16_t port) {
     char err[TP_ERRMSG_LEN_MAX];
     assert_int_equal(tpi_tcp_resolve("127.0.0.1", port, &sa, &len, err, sizeof err), TP_OK);
     tpi_store_server *s = NULL;
-    tp_status st =
-        tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &auth, &s, err,
-                               sizeof err);
+    tp_status st = tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &auth, NULL,
+                                          &s, err, sizeof err);
     if (st != TP_OK)
         fprintf(stderr, "%s\n", err);
     assert_int_equal(st, TP_OK);
@@ -358,7 +357,7 @@ static int start_with_descriptors(uint16_t port, int k) {
             _exit(4);
         tpi_store_server *srv = NULL;
         tp_status st = tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &auth,
-                                              &srv, err, sizeof err);
+                                              NULL, &srv, err, sizeof err);
         if (st != TP_OK) {
             fprintf(stderr, "  %d descriptors: %s: %s\n", k, tp_status_name(st), err);
             _exit(srv == NULL && err[0] ? (strstr(err, "event loop") ? START_FAILED_LOOP
@@ -751,6 +750,73 @@ static void test_tcp_store_linger(void **state) {
     assert_true(tt_now_ns() - t0 < 1000000000ull);
 }
 
+static int sock_opt(int fd, int level, int name) {
+    int v = -1;
+    socklen_t len = sizeof v;
+    return getsockopt(fd, level, name, &v, &len) == 0 ? v : -1;
+}
+
+/* The server's end of this process's connections to port: counted, and how
+ * many carry the keepalive and user timeout in ka. */
+static int server_ends(uint16_t port, const tpi_tcp_keepalive *ka, int *right) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    *right = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        struct sockaddr_in me, peer;
+        socklen_t ml = sizeof me, pl = sizeof peer;
+        if (e->d_name[0] == '.' || fd == dirfd(d) ||
+            sock_opt(fd, SOL_SOCKET, SO_TYPE) != SOCK_STREAM ||
+            getsockname(fd, (struct sockaddr *)&me, &ml) != 0 || me.sin_family != AF_INET ||
+            getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 || ntohs(me.sin_port) != port)
+            continue; /* not a connected IPv4 socket whose own end is the server's port */
+        n++;
+        *right += sock_opt(fd, SOL_SOCKET, SO_KEEPALIVE) == 1 &&
+                  sock_opt(fd, IPPROTO_TCP, TCP_KEEPIDLE) == (int)ka->idle_s &&
+                  sock_opt(fd, IPPROTO_TCP, TCP_KEEPINTVL) == (int)ka->intvl_s &&
+                  sock_opt(fd, IPPROTO_TCP, TCP_KEEPCNT) == (int)ka->cnt &&
+                  sock_opt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT) == (int)ka->user_timeout_ms;
+    }
+    closedir(d);
+    return n;
+}
+
+/* spec: TCP-23: the first client of a server already gets the keepalive it
+ * was started with (the job's, not the defaults: a rank may dial the store
+ * while rank 0 starts it), and clients accepted after
+ * tpi_store_server_keepalive get the new one. */
+static void test_tcp_store_first_client_gets_the_jobs_keepalive(void **state) {
+    (void)state;
+    const tpi_tcp_keepalive mine = {.idle_s = 11, .intvl_s = 2, .cnt = 5, .user_timeout_ms = 33000};
+    const tpi_tcp_keepalive later = {
+        .idle_s = 13, .intvl_s = 4, .cnt = 6, .user_timeout_ms = 44000};
+    uint16_t port = tt_free_port();
+    struct sockaddr_storage sa;
+    socklen_t len = 0;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_tcp_resolve("127.0.0.1", port, &sa, &len, err, sizeof err), TP_OK);
+    tpi_store_server *srv = NULL;
+    assert_int_equal(tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &auth, &mine,
+                                            &srv, err, sizeof err),
+                     TP_OK);
+    tp_store *a = client(port, 5);
+    assert_int_equal(a->ops->set(a, "x", "1", 1), TP_OK); /* accepted, and served */
+    int right = 0;
+    assert_int_equal(server_ends(port, &mine, &right), 1);
+    assert_int_equal(right, 1);
+    tpi_store_server_keepalive(srv, &later);
+    tp_store *b = client(port, 5);
+    assert_int_equal(b->ops->set(b, "y", "2", 1), TP_OK);
+    assert_int_equal(server_ends(port, &later, &right), 2);
+    assert_int_equal(right, 1); /* b's; a keeps what it got */
+    a->ops->close(a);
+    b->ops->close(b);
+    tpi_store_server_stop(srv, 0);
+}
+
 /* spec: TCP-9: a client waits for a server that comes up late */
 static void test_tcp_store_late_server(void **state) {
     (void)state;
@@ -863,7 +929,7 @@ static void test_tcp_store_server_start_without_memory(void **state) {
     atomic_store(&malloc_failed, 0);
     atomic_store(&malloc_fail_size, TPI_TCP_STAGING_SIZE);
     tp_status st = tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "no memory", &auth,
-                                          &s, err, sizeof err);
+                                          NULL, &s, err, sizeof err);
     atomic_store(&malloc_fail_size, 0);
     assert_int_equal(st, TP_ENOMEM);
     assert_null(s);
@@ -885,7 +951,7 @@ static void test_tcp_store_port_taken(void **state) {
     int before = open_fds();
     tpi_store_server *s = NULL;
     char err[TP_ERRMSG_LEN_MAX];
-    assert_int_equal(tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "taken", &auth,
+    assert_int_equal(tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "taken", &auth, NULL,
                                             &s, err, sizeof err),
                      TP_EADDRINUSE);
     assert_null(s);
@@ -905,7 +971,7 @@ static void *start_late(void *arg) {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(l->port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     char err[TP_ERRMSG_LEN_MAX];
-    if (tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "late", &auth, &l->srv, err,
+    if (tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "late", &auth, NULL, &l->srv, err,
                                sizeof err) != TP_OK)
         fprintf(stderr, "%s\n", err);
     return NULL;
@@ -1853,6 +1919,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
         cmocka_unit_test(test_tcp_store_scan_entries_bounds),
         cmocka_unit_test(test_tcp_store_linger),
+        cmocka_unit_test(test_tcp_store_first_client_gets_the_jobs_keepalive),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_server_start_without_memory),
         cmocka_unit_test(test_tcp_store_wait_ends_at_the_init_interrupt),
