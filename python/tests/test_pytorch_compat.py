@@ -1216,6 +1216,28 @@ def test_backend_options_refuse_a_bool_as_seconds(kwargs):
     assert p.stdout.splitlines() == ["TypeError True"]
 
 
+def test_backend_options_take_seconds_from_zero():
+    """Every timeout takes 0 (no deadline) and fractions of a second; a
+    negative number or NaN is refused with the option's name."""
+    prog = textwrap.dedent("""
+        from tensorplay.distributed import rpc
+        for name in ("rpc_timeout", "init_timeout", "shutdown_timeout"):
+            for v in (0, 0.0, 0.25, 7):
+                o = rpc.TensorPipeRpcBackendOptions(**{name: v})
+                print(name, v, getattr(o, name) == v)
+            for v in (-1, -0.5, float("nan")):
+                try:
+                    rpc.TensorPipeRpcBackendOptions(**{name: v})
+                    print(name, v, "accepted")
+                except ValueError as e:
+                    print(name, v, str(e).startswith(name + " must be >= 0 seconds"))
+    """)
+    p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 21 and all(l.endswith(" True") for l in lines), lines
+
+
 @pytest.mark.parametrize("auth, want", [(True, "on"), (False, "off"), ("on", "on"), ("off", "off"),
                                         (None, None)])
 def test_backend_options_auth_takes_a_bool_for_on_and_off(auth, want):
