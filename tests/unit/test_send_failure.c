@@ -37,6 +37,14 @@ static int fail_requests; /* the next this many REQUEST frames fail to send */
 static int forge_fetches; /* the next this many RREF_FETCH frames name an unknown rref */
 static int forge_fetch_worker = -1; /* >= 0: that creator instead (worker ids past the world) */
 
+/* Sends g in f's place: takes f when g went (as send takes its frame), and
+ * frees g when it did not. */
+static tp_status send_instead(tp_agent *a, uint32_t dst, tp_frame *f, tp_frame *g) {
+    tp_status st = sim_ops->send(a, dst, g);
+    tp_frame_free(st == TP_OK ? f : g);
+    return st;
+}
+
 /* Sends f re-encoded with forge applied to its message. Takes f on success,
  * as send does. */
 static tp_status forged_send(tp_agent *a, uint32_t dst, tp_frame *f, void (*forge)(tpi_msg *)) {
@@ -47,12 +55,7 @@ static tp_status forged_send(tp_agent *a, uint32_t dst, tp_frame *f, void (*forg
     forge(&m);
     CHECK(tpi_msg_encode(&m, NULL, UINT64_MAX, &g, err, sizeof err) == TP_OK);
     tpi_msg_clear(&m);
-    tp_status st = sim_ops->send(a, dst, g);
-    if (st != TP_OK)
-        tp_frame_free(g);
-    else
-        tp_frame_free(f);
-    return st;
+    return send_instead(a, dst, f, g);
 }
 
 /* An RREF_FETCH with an rref id its owner never made (a forged or corrupted
@@ -95,12 +98,7 @@ static tp_status corrupt_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     static const uint8_t ok[4] = {0};
     CHECK(memcmp(b + TP_FRAME_HEADER_SIZE, ok, 4) == 0);
     b[TP_FRAME_HEADER_SIZE + 4] = 99;
-    tp_status st = sim_ops->send(a, dst, g);
-    if (st != TP_OK)
-        tp_frame_free(g);
-    else
-        tp_frame_free(f);
-    return st;
+    return send_instead(a, dst, f, g);
 }
 
 static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
@@ -353,6 +351,31 @@ static tp_status fn_fetch(tp_call *call, const tp_value *args, const tp_value *k
     return tp_rref_to_here(r, 10.0, result);
 }
 
+/* An rref of add(3, 4) on w1, confirmed (its value fetched once). */
+static tp_rref *confirmed_sum(void) {
+    tp_rref *r = NULL;
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    CHECK(tp_remote(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+    tp_value_free(args);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK);
+    tp_value_free(v);
+    return r;
+}
+
+/* fetch(r) on w0 itself, through the loopback: the receiving user forks
+ * with w1. Its status; 7 must come back when it is TP_OK. */
+static tp_status fetch_on_w0(tp_rref *r) {
+    tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+    tp_value *v = NULL;
+    int64_t x = 0;
+    tp_status st = tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v);
+    CHECK(st == TP_OK ? tp_value_get_int(v, &x) == TP_OK && x == 7 : v == NULL);
+    tp_value_free(v);
+    tp_value_free(args);
+    return st;
+}
+
 /*
  * RREF-20: a fork naming an owner incarnation other than the owner's own is
  * refused, not recorded: the holder's fork fails (TP_EPROTO for a newer
@@ -361,18 +384,9 @@ static tp_status fn_fetch(tp_call *call, const tp_value *args, const tp_value *k
  */
 static void sc_fork_of_other_incarnation(world *w) {
     (void)w;
-    tp_rref *r = NULL;
-    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
-    CHECK(tp_remote(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
-    tp_value_free(args);
-    tp_value *v = NULL;
-    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK);
-    tp_value_free(v);
-    v = NULL;
-    /* Through the loopback to w0 itself: the receiving user forks with w1. */
+    tp_rref *r = confirmed_sum();
     forge_forks = 1;
-    args = tp_value_list_of(1, tp_value_rref(r));
-    tp_status st = tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v);
+    tp_status st = fetch_on_w0(r);
     if (st != TP_EPROTO)
         print_error("fetch through a forged fork: %s: %s\n", tp_status_name(st), tp_errmsg());
     CHECK(st == TP_EPROTO); /* "no such incarnation yet": a newer one than the owner's */
@@ -380,16 +394,7 @@ static void sc_fork_of_other_incarnation(world *w) {
     /* The owner's own words, not just the status's name. */
     CHECK(strstr(tp_errmsg(), "no such incarnation yet") != NULL);
     CHECK(forge_forks == 0);
-    tp_value_free(v);
-    tp_value_free(args);
-    /* The same call with an honest fork works. */
-    args = tp_value_list_of(1, tp_value_rref(r));
-    v = NULL;
-    int64_t x = 0;
-    CHECK(tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v) == TP_OK);
-    CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
-    tp_value_free(v);
-    tp_value_free(args);
+    CHECK(fetch_on_w0(r) == TP_OK); /* the same call with an honest fork works */
     tp_rref_release(r);
 }
 
@@ -401,37 +406,19 @@ static void sc_fork_of_other_incarnation(world *w) {
  */
 static void sc_fork_answer_malformed(world *w) {
     (void)w;
-    tp_rref *r = NULL;
-    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
-    CHECK(tp_remote(tp_to_name("w1"), "add", args, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
-    tp_value_free(args);
-    tp_value *v = NULL;
-    CHECK(tp_rref_to_here(r, TP_TIMEOUT_INFINITE, &v) == TP_OK);
-    tp_value_free(v);
-    v = NULL;
-    /* Through the loopback to w0 itself: the receiving user forks with w1,
-     * whose answer is then the only RESPONSE w1 sends. */
+    tp_rref *r = confirmed_sum();
+    /* w1's answer to the fork is then the only RESPONSE it sends. */
     forks_sent = 0;
     corrupt_answers = 1;
-    args = tp_value_list_of(1, tp_value_rref(r));
-    tp_status st = tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v);
+    tp_status st = fetch_on_w0(r);
     if (st != TP_EPROTO)
         print_error("fetch through a fork answered malformed: %s: %s\n", tp_status_name(st),
                     tp_errmsg());
-    CHECK(st == TP_EPROTO && v == NULL);
+    CHECK(st == TP_EPROTO);
     CHECK(strstr(tp_errmsg(), "was not confirmed by its owner 'w1'") != NULL);
     CHECK(corrupt_answers == 0 && forks_sent == 1);
-    tp_value_free(v);
-    tp_value_free(args);
-    /* The same call with an honest answer works. */
-    args = tp_value_list_of(1, tp_value_rref(r));
-    v = NULL;
-    int64_t x = 0;
-    CHECK(tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v) == TP_OK);
-    CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
+    CHECK(fetch_on_w0(r) == TP_OK); /* the same call with an honest answer works */
     CHECK(forks_sent == 2);
-    tp_value_free(v);
-    tp_value_free(args);
     tp_rref_release(r);
 }
 
