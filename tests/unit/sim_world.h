@@ -24,6 +24,7 @@ typedef struct world {
     double rpc_timeout;
     const char *backend;               /* NULL: "SIM" (a test's wrapper of it otherwise) */
     uint64_t max_inflight_bytes;       /* 0: the default */
+    double shutdown_timeout;           /* 0: 600 s */
     void *data;
 } world;
 
@@ -52,7 +53,8 @@ static inline int world_worker_start(int rank, int world_size, const world *w) {
     if (!o)
         return -1;
     /* Scenarios run for many virtual seconds; barriers must wait for them. */
-    CHECK(tp_options_set_shutdown_timeout(o, 600.0) == TP_OK);
+    CHECK(tp_options_set_shutdown_timeout(o, w->shutdown_timeout > 0 ? w->shutdown_timeout
+                                                                     : 600.0) == TP_OK);
     CHECK(tp_options_set_init_timeout(o, 600.0) == TP_OK);
     if (w->threads)
         CHECK(tp_options_set_num_worker_threads(o, w->threads) == TP_OK);

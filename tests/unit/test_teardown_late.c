@@ -88,15 +88,8 @@ static void world_register(void) {
 
 static int program(int rank, int world_size, void *arg) {
     (void)arg;
-    char name[16];
-    snprintf(name, sizeof name, "w%d", rank);
-    world_register();
-    tp_options *o = tp_options_new();
-    CHECK(o && tp_options_set_shutdown_timeout(o, SHUTDOWN_TIMEOUT_S) == TP_OK);
-    tp_status st = tp_init_rpc(name, "SIM_SLOWSEND", rank, world_size, o);
-    tp_options_free(o);
-    CHECK(st == TP_OK);
-    if (st != TP_OK)
+    world w = {.backend = "SIM_SLOWSEND", .shutdown_timeout = SHUTDOWN_TIMEOUT_S};
+    if (world_worker_start(rank, world_size, &w) != 0)
         return 1;
     if (rank == 1) {
         for (int i = 0; i < 10000 && !g.rank0_done; i++)
@@ -113,7 +106,7 @@ static int program(int rank, int world_size, void *arg) {
 
     uint64_t deadline = now_ns() + SHUTDOWN_TIMEOUT_NS;
     g.leave_at = (uint64_t)((int64_t)deadline + g.leave_offset_ns);
-    st = tp_shutdown(0);
+    tp_status st = tp_shutdown(0);
     uint64_t end = now_ns();
     /* Teardown waited for the thread, past the deadline when it had to. */
     CHECK(within(g.left_ns, g.leave_at, g.leave_at + TOL_NS) && end >= g.left_ns);
