@@ -489,23 +489,13 @@ static int program_pair(int rank, int world, void *arg) {
     return 0;
 }
 
-/* spec: REJOIN-3, REJOIN-4: two ranks restarted at the same instant: each
- * rejoins (the one whose gather comes second takes the other's new
- * incarnation from the store, the other hears of it by its announcement),
- * and once both are back every pair meets: each calls the other and w0,
- * and is answered. */
-static void test_rejoin_two_ranks_restarted_at_once(void **state) {
-    (void)state;
+static void run_pair(const char *plan) {
     memset(&p2, 0, sizeof p2);
     tp_sim_config cfg = {.hosts = 3, .seed = 7};
     tp_sim *sim = NULL;
     char err[256];
     assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    assert_int_equal(tp_sim_load_faults(sim,
-                                        "kill 1 100\nkill 2 100\nrestart 1 200\n"
-                                        "restart 2 200\n",
-                                        err, sizeof err),
-                     TP_OK);
+    assert_int_equal(tp_sim_load_faults(sim, plan, err, sizeof err), TP_OK);
     assert_int_equal(tp_sim_run(sim, program_pair, NULL, NULL), TP_OK);
     assert_int_equal(failures, 0);
     assert_int_equal(tp_sim_violations(sim), 0);
@@ -520,6 +510,28 @@ static void test_rejoin_two_ranks_restarted_at_once(void **state) {
             assert_int_equal(p2.answer[w][to], 10 * w + to);
         }
     }
+}
+
+/* spec: REJOIN-3, REJOIN-4: two ranks restarted at the same instant: each
+ * rejoins (the one whose gather comes second takes the other's new
+ * incarnation from the store, the other hears of it by its announcement),
+ * and once both are back every pair meets: each calls the other and w0,
+ * and is answered. */
+static void test_rejoin_two_ranks_restarted_at_once(void **state) {
+    (void)state;
+    run_pair("kill 1 100\nkill 2 100\nrestart 1 200\nrestart 2 200\n");
+}
+
+/* spec: REJOIN-4: w1 is back at 200 ms and announces itself to w2, which
+ * dies at 203 ms with the announcement on the wire (5 ms each way) and is
+ * back at 207 ms. w1 hears w2 is down, then finds w2's new incarnation in the
+ * store: it takes the new address and counts w2 as up again, so the calls
+ * between them are answered (a w1 that kept w2 dead failed its call to w2
+ * with TP_EPEERDOWN: the mutant of rejoin.c's peer_dead reset). */
+static void test_rejoin_peer_restarted_during_the_announcement(void **state) {
+    (void)state;
+    run_pair("latency * * 5 5 fixed\nkill 1 100\nkill 2 203\nrestart 1 200\n"
+             "restart 2 207\n");
 }
 
 /* ---- A second restart whose compare-and-set reply is lost ------------------------ */
@@ -884,6 +896,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
         cmocka_unit_test_setup(test_rejoin_two_ranks_restarted_at_once, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_peer_restarted_during_the_announcement, reset_failures),
         cmocka_unit_test_setup(test_rejoin_second_restart_lost_cas_reply, reset_failures),
         cmocka_unit_test_setup(test_rejoin_store_failure_in_the_gather, reset_failures),
         cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once, reset_failures),
