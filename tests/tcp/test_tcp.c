@@ -1644,6 +1644,56 @@ static void test_tcp_late_rank_after_rank0_exit(void **state) {
     tt_job_free(&job);
 }
 
+/*
+ * spec: TCP-11: the exit waits for a retired store too. Rank 0's process
+ * times out job A waiting for rank 1 (as above), then runs job B, alone, at
+ * another address: B's store retires A's, which lingers for A's late rank.
+ * The process then exits; its exit waits for A's store as for B's, so rank 1,
+ * coming 0.3 s after, is still told at once (a process that left without
+ * waiting took A's store with it, and rank 1 waited out its own 10 s).
+ */
+enum { F_R0_RAN_B = 1 };
+
+static int body_late_after_a_second_job(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 0);
+    TT_CHECK(o && tp_options_set_init_timeout(o, rank == 0 ? 0.5 : 10) == TP_OK);
+    if (rank == 1) {
+        TT_CHECK(tt_await_flag(sh, F_R0_RAN_B, 1, 20) == 0);
+        usleep(300000); /* rank 0's process is exiting, or gone */
+    }
+    uint64_t t0 = tt_now_ns();
+    tp_status st =
+        tp_init_rpc(rank == 0 ? "worker0" : "worker1", "TENSORPIPE", rank, job->world, o);
+    uint64_t took = tt_now_ns() - t0;
+    tp_options_free(o);
+    fprintf(stderr, "  rank %d, job A: %s after %.0f ms: %s\n", rank, tp_status_name(st),
+            took / 1e6, tp_errmsg());
+    TT_CHECK(st == TP_ETIMEDOUT);
+    TT_CHECK(strstr(tp_errmsg(), "timed out waiting for rank 1") != NULL);
+    if (rank == 1) {
+        TT_CHECK(took < 5000000000ull); /* told by the store, not at its own deadline */
+        return 0;
+    }
+    char b[64];
+    snprintf(b, sizeof b, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_options *ob = tt_options(job, 10, 0);
+    TT_CHECK(ob && tp_options_set_init_method(ob, b) == TP_OK);
+    TT_CHECK(tp_init_rpc("solo", "TENSORPIPE", 0, 1, ob) == TP_OK);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    tp_options_free(ob);
+    atomic_store(&sh->flag[F_R0_RAN_B], 1);
+    return 0;
+}
+
+static void test_tcp_late_rank_after_rank0_ran_another_job(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_late_after_a_second_job, NULL), 0);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
 /* ---- A record an outgoing connection must not get (TCP-5, TCP-6) ------------------- */
 
 /*
@@ -2028,6 +2078,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_two_workers_one_process),
         cmocka_unit_test(test_tcp_reinit),
         cmocka_unit_test(test_tcp_late_rank_after_rank0_exit),
+        cmocka_unit_test(test_tcp_late_rank_after_rank0_ran_another_job),
         cmocka_unit_test(test_tcp_concurrent_senders),
         cmocka_unit_test(test_tcp_interrupt_init),
         cmocka_unit_test(test_tcp_cancel_shutdown),
