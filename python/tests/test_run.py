@@ -292,6 +292,40 @@ def test_secret_file_holds_16_to_128_bytes_as_hex(tmp_path):
                 launcher.secret_from_file(path)
 
 
+def test_secret_file_read_keeps_no_descriptor(tmp_path):
+    """LAUNCH-5: reading the secret file closes its descriptor, whether the
+    file holds a secret or not (the launcher lives as long as the job)."""
+    from tensorplay.distributed import run as launcher
+    _, good = secret_file(tmp_path, 0o600, "ab" * 16)
+    bad = str(tmp_path / "bad")
+    with open(bad, "w") as f:
+        f.write("not hex")
+    os.chmod(bad, 0o600)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert launcher.secret_from_file(good) == "ab" * 16
+        with pytest.raises(launcher.SecretError, match="does not hold a job secret"):
+            launcher.secret_from_file(bad)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_free_port_draws_below_the_ephemeral_range_when_it_has_room(monkeypatch):
+    """free_port draws below the kernel's ephemeral range when more than 1000
+    ports lie between FREE_PORT_LOW and it, and takes the kernel's choice
+    (inside the range) otherwise: both sides of that bound."""
+    from tensorplay.distributed import run as launcher
+    kernel_low = _ephemeral_low()
+    if kernel_low <= launcher.FREE_PORT_LOW + 1001:
+        pytest.skip("this machine's ephemeral range starts at %d" % kernel_low)
+    room = launcher.FREE_PORT_LOW + 1001
+    monkeypatch.setattr(launcher, "_ephemeral_low", lambda: room)
+    for _ in range(20):
+        assert launcher.FREE_PORT_LOW <= launcher.free_port("127.0.0.1") < room
+    monkeypatch.setattr(launcher, "_ephemeral_low", lambda: room - 1)
+    for _ in range(20):
+        assert launcher.free_port("127.0.0.1") >= kernel_low
+
+
 # Every rank calls every other one and says who answered (rank, node); no
 # secret on any process's command line.
 NODES_SCRIPT = """
