@@ -337,6 +337,11 @@ static void test_rref_leaks_reported_at_shutdown(void **state) {
     assert_int_equal(tp_shutdown_leaks(&v, &n), TP_ENOTINIT); /* none ran on this thread */
     assert_null(v);
     assert_int_equal(n, 0);
+    /* Either pointer NULL: refused by name, before either is written. */
+    assert_int_equal(tp_shutdown_leaks(NULL, &n), TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "out is NULL"));
+    assert_int_equal(tp_shutdown_leaks(&v, NULL), TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "n is NULL"));
     tp_rref_leak user = *leak_run(0);
     assert_int_equal(user.kind, TP_LEAK_DELETE);
     tp_rref_leak owner = *leak_run(1);
