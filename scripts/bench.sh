@@ -57,6 +57,25 @@ if [ "$mode" != pytorch ]; then
   for a in "${common[@]}"; do [ "$a" = --quick ] && quick=(--quick); done
   echo "# the simulator: $build/bench/sim_bench ${quick[*]}" >&2
   "$build/bench/sim_bench" "${quick[@]}"
+  # The sweep's instructions, which the machine's load does not move: one
+  # warm world of n workers is half of what 3 worlds take beyond 1 (so the
+  # process's start and the first world's page faults cancel out).
+  if [ ${#quick[@]} -eq 0 ] && command -v valgrind >/dev/null; then
+    echo "# the simulator's instructions per world: valgrind --tool=cachegrind" >&2
+    irefs() {
+      valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \
+        "$build/bench/sim_bench" --workers "$1" --reps "$2" 2>&1 >/dev/null |
+        awk '/I *refs:/ { gsub(",", "", $NF); print $NF }'
+    }
+    for n in 125 1000; do
+      one="$(irefs "$n" 1)" three="$(irefs "$n" 3)"
+      echo "BENCH sim_seed_${n}_workers_minstr $(awk -v a="$one" -v b="$three" \
+        'BEGIN { printf "%.1f", (b - a) / 2e6 }') Minstr"
+    done | tee "$figures"
+    awk '$2 == "sim_seed_125_workers_minstr" { a = $3 } $2 == "sim_seed_1000_workers_minstr" { b = $3 }
+         END { if (a > 0 && b > 0) printf "BENCH sim_worker_scaling_exponent_instructions_125_to_1000 %.2f power\n", log(b / a) / log(8) }' \
+      "$figures"
+  fi
   # Issue 21 item 5: a legitimate caller's latency while and after another
   # member floods the same callee (3 ranks; bench/README.md "Flood").
   echo "# the flood: $build/bench/flood_bench ${quick[*]}" >&2
