@@ -859,14 +859,20 @@ def main():
         # From the copy taken at the start: the working tree may have moved on.
         with open(os.path.join(tree, m.rel), "w") as f:
             f.write(pristine[m.rel])
+        # A test that fails unmutated too keeps its output: a flaky test is
+        # found by reading it, not by running it again until it fails.
+        flaky_log = os.path.join(tempfile.gettempdir(),
+                                 f"tp-mutate-flaky-{m.rel.replace('/', '_')}-{m.line + 1}.log")
         if asan_test and result == "killed" and runner.make([asan_test], asan=True) and \
-                runner.run_one(asan_test, runner.limit(asan_test, True), asan=True):
+                runner.run_one(asan_test, runner.limit(asan_test, True), asan=True,
+                               log=flaky_log):
             result = "flaky"
-            verdict += f"; {asan_test} fails unmutated under ASan too: not counted"
+            verdict += (f"; {asan_test} fails unmutated under ASan too: not counted "
+                        f"(its output: {flaky_log})")
         if result == "killed" and not asan_test and args.recheck and runner.make([test]) and \
-                runner.run_one(test, runner.limit(test)):
+                runner.run_one(test, runner.limit(test), log=flaky_log):
             result = "flaky"
-            verdict += f"; {test} fails unmutated too: not counted"
+            verdict += f"; {test} fails unmutated too: not counted (its output: {flaky_log})"
         known = equivalent_reason(equivalent, m, pristine[m.rel])
         if known is not None and result == "survived":
             result = "equivalent"
