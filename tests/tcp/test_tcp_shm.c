@@ -107,8 +107,10 @@ static int holds(tp_value *t, float base) {
 }
 
 typedef struct shm_args {
-    const char *rank1_shm; /* NULL: defaults; "off": worker1 refuses shared memory */
-    int expect_shm;
+    const char *rank1_shm;  /* NULL: defaults; "off": worker1 refuses shared memory */
+    const char *rank0_pool; /* NULL: the default; else worker0's shm_pool_bytes */
+    int expect_shm;         /* worker1's answers arrive in its slabs */
+    int expect_arg_shm;     /* worker0's arguments arrive in its slabs */
 } shm_args;
 
 static int body_tensors(tt_job *job, int rank) {
@@ -119,6 +121,8 @@ static int body_tensors(tt_job *job, int rank) {
     TT_CHECK(o);
     if (rank == 1 && sa->rank1_shm)
         TT_CHECK(tp_options_set(o, "shm", sa->rank1_shm) == TP_OK);
+    if (rank == 0 && sa->rank0_pool)
+        TT_CHECK(tp_options_set(o, "shm_pool_bytes", sa->rank0_pool) == TP_OK);
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -151,18 +155,19 @@ static int body_tensors(tt_job *job, int rank) {
     return 0;
 }
 
-static void run_tensors(const char *rank1_shm, int expect_shm) {
-    shm_args sa = {rank1_shm, expect_shm};
+static void run_tensors(const char *rank1_shm, const char *rank0_pool, int expect_shm,
+                        int expect_arg_shm) {
+    shm_args sa = {rank1_shm, rank0_pool, expect_shm, expect_arg_shm};
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_tensors, &sa), 0);
     assert_int_equal(tt_wait(&job, 120), 0);
     int seen = atomic_load(&job.shared->count[C_ARG_SEEN]);
     int in_shm = atomic_load(&job.shared->count[C_ARG_IN_SHM]);
     int aligned = atomic_load(&job.shared->count[C_ARG_ALIGNED]);
-    fprintf(stderr, "  shm=%s: %d of %d arguments arrived in a slab\n",
-            rank1_shm ? rank1_shm : "default", in_shm, seen);
+    fprintf(stderr, "  shm=%s, worker0's pool %s: %d of %d arguments arrived in a slab\n",
+            rank1_shm ? rank1_shm : "default", rank0_pool ? rank0_pool : "default", in_shm, seen);
     assert_int_equal(seen, HELD_ROUNDS + 1);
-    assert_int_equal(in_shm, expect_shm ? seen : 0);
+    assert_int_equal(in_shm, expect_arg_shm ? seen : 0);
     assert_int_equal(aligned, in_shm); /* WIRE-10: never moved into place */
     tt_job_free(&job);
 }
@@ -202,13 +207,26 @@ static void test_shm_tensors(void **state) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
-    run_tensors(NULL, 1);
+    run_tensors(NULL, NULL, 1, 1);
+}
+
+/* spec: TCP-22: a frame larger than the sender's whole pool (shm_pool_bytes
+ * at its least, 2 MiB, for 8 MiB tensors) takes the stream, each time, and
+ * the record made for it goes (make test's sanitizer build sees one kept);
+ * the answers, from worker1's default pool, still come through its slabs. */
+static void test_shm_frame_over_the_pool_takes_the_stream(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    run_tensors(NULL, "2097152", 1, 0);
 }
 
 /* spec: TCP-22: a worker with shm=off declines, and every byte takes TCP. */
 static void test_shm_off(void **state) {
     (void)state;
-    run_tensors("off", 0);
+    run_tensors("off", NULL, 0, 0);
 }
 
 /* ---- A peer killed while frames go through shared memory -------------------- */
@@ -573,6 +591,7 @@ int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shm_tensors),
+        cmocka_unit_test(test_shm_frame_over_the_pool_takes_the_stream),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_slab_picking),
