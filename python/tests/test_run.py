@@ -183,6 +183,27 @@ def test_unsupported_is_a_clear_error(tmp_path, args, words):
 
 
 # spec: LAUNCH-1
+def test_argument_bounds_both_sides():
+    """The launcher's numeric arguments at their bounds: the last value in
+    range is taken and the first past it refused, by name."""
+    from tensorplay.distributed import run as launcher
+    cpus = os.cpu_count() or 1
+    for word in ("cpu", "auto"):
+        assert launcher._nproc(word) == min(cpus, launcher.NPROC_MAX)
+    assert launcher._nproc(str(launcher.NPROC_MAX)) == launcher.NPROC_MAX
+    big = launcher.WORLD_SIZE_MAX
+    for value in (str(big), "%d:%d" % (big, big)):
+        assert launcher._nnodes(value) == big
+    for value in (str(big + 1), "%d:%d" % (big + 1, big + 1), "%d:%d" % (big, big + 1)):
+        with pytest.raises(launcher.UsageError, match="expected 1..%d" % big):
+            launcher._nnodes(value)
+    assert launcher._endpoint("node7:65535") == ("node7", 65535)
+    assert launcher._endpoint("[::1]:65535") == ("::1", 65535)
+    for value in ("node7:65536", "[::1]:65536"):
+        with pytest.raises(launcher.UsageError, match="the port must be 0..65535"):
+            launcher._endpoint(value)
+
+
 def test_single_node_spellings_accepted(tmp_path):
     p = launch(tmp_path, ["--nnodes", "1:1", "--node_rank", "0", "--max_restarts", "0",
                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
