@@ -16,6 +16,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -872,6 +874,176 @@ static void test_tcp_unsent_bound(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- AGENT-18: uncongested at half the bound, not before ------------------ */
+
+/*
+ * A socket that drains only as far as the test lets it: in the process that
+ * sets thr_port, what the library writes on a connection to that port takes
+ * at most thr_budget bytes in all (then EAGAIN, as from a full socket). The
+ * program defines write, writev and sendmsg, which libuv and the library
+ * call instead of libc's; other descriptors pass through.
+ */
+static atomic_int thr_port;     /* 0: nothing throttled */
+static atomic_llong thr_budget; /* bytes the throttled connection may still take */
+#define THR_IOV_MAX 1024        /* Linux's UIO_MAXIOV: no caller passes more */
+
+static int throttled(int fd) {
+    int port = atomic_load(&thr_port);
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (!port || getpeername(fd, (struct sockaddr *)&ss, &len) != 0 || ss.ss_family != AF_INET)
+        return 0;
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port) == port;
+}
+
+/* The first iovcnt buffers of iov cut to at most budget bytes, into out: their count. */
+static int cut_iov(const struct iovec *iov, int iovcnt, long long budget, struct iovec *out) {
+    int n = 0;
+    for (int i = 0; i < iovcnt && budget > 0; i++, n++) {
+        out[n] = iov[i];
+        if ((long long)out[n].iov_len > budget)
+            out[n].iov_len = (size_t)budget;
+        budget -= (long long)out[n].iov_len;
+    }
+    return n;
+}
+
+static ssize_t throttled_writev(int fd, const struct iovec *iov, int iovcnt, int flags,
+                                int as_sendmsg) {
+    struct iovec cut[THR_IOV_MAX];
+    long long budget = atomic_load(&thr_budget);
+    if (budget <= 0) {
+        errno = EAGAIN;
+        return -1;
+    }
+    int n = cut_iov(iov, iovcnt < THR_IOV_MAX ? iovcnt : THR_IOV_MAX, budget, cut);
+    ssize_t k;
+    if (as_sendmsg) {
+        struct msghdr mh = {.msg_iov = cut, .msg_iovlen = (size_t)n};
+        k = syscall(SYS_sendmsg, fd, &mh, flags);
+    } else {
+        k = syscall(SYS_writev, fd, cut, n);
+    }
+    if (k > 0)
+        atomic_fetch_sub(&thr_budget, (long long)k);
+    return k;
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
+    if (!throttled(fd))
+        return syscall(SYS_writev, fd, iov, iovcnt);
+    return throttled_writev(fd, iov, iovcnt, 0, 0);
+}
+
+ssize_t write(int fd, const void *p, size_t n) {
+    if (!throttled(fd))
+        return syscall(SYS_write, fd, p, n);
+    struct iovec one = {(void *)p, n};
+    return throttled_writev(fd, &one, 1, 0, 0);
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
+    if (!throttled(fd) || msg->msg_control)
+        return syscall(SYS_sendmsg, fd, msg, flags);
+    return throttled_writev(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, 1);
+}
+
+enum { F_THROTTLED = 6, F_HALF = 7, C_HYST_STALLED = 7, C_HYST_AFTER = 8, C_HYST_OK = 9 };
+#define HYST_CALLS 24
+
+/* Waits until count i stays put for 300 ms (at most 30 s): its value. */
+static int settled(tt_shared *sh, int i) {
+    int before = -1, now = atomic_load(&sh->count[i]);
+    uint64_t until = tt_now_ns() + 30000000000ull;
+    while (now != before && tt_now_ns() < until) {
+        before = now;
+        usleep(300000);
+        now = atomic_load(&sh->count[i]);
+    }
+    return now;
+}
+
+static int body_hysteresis(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    unsent_shared = sh;
+    tp_options *o = tt_options(job, 120, 60);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK); /* every byte over TCP */
+    if (rank == 0) {
+        TT_CHECK(tp_options_set(o, "max_unsent_bytes", "1048576") == TP_OK);
+        TT_CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
+        TT_CHECK(tp_register_function("echo_counted", fn_echo_counted, NULL) == TP_OK);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        int64_t v = 0; /* worker 0's connection to worker 1 is open before the throttle */
+        TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 10, &v) == TP_OK && v == 5);
+        char addr[TPI_ADDR_LEN_MAX];
+        TT_CHECK(tt_raw_worker_addr(job->store_port, 1, addr, sizeof addr) == 0);
+        const char *colon = strrchr(addr, ':');
+        TT_CHECK(colon != NULL);
+        atomic_store(&thr_budget, 0);
+        atomic_store(&thr_port, atoi(colon + 1));
+        atomic_store(&sh->flag[F_THROTTLED], 1);
+        /* Four answers of 256 KiB pass the 1 MiB bound: worker 1's calls stall. */
+        int stalled = settled(sh, C_SERVED);
+        atomic_store(&sh->count[C_HYST_STALLED], stalled);
+        /* Two answers drain, one at a time: what is held stays over half the
+         * bound (two answers and their headers), so worker 1 stays stalled. */
+        for (int k = 0; k < 2; k++) {
+            atomic_store(&thr_budget, UNSENT_PAYLOAD + 4096);
+            usleep(300000);
+        }
+        atomic_store(&sh->count[C_HYST_AFTER], settled(sh, C_SERVED));
+        atomic_store(&thr_port, 0); /* the socket drains: every call is served */
+        atomic_store(&sh->flag[F_HALF], 1);
+    } else {
+        TT_CHECK(tt_await_flag(sh, F_THROTTLED, 1, 60) == 0);
+        uint8_t *b = malloc(UNSENT_PAYLOAD);
+        TT_CHECK(b);
+        memset(b, 0x5a, UNSENT_PAYLOAD);
+        tp_value *args = tp_value_list_of(1, tp_value_bytes(b, UNSENT_PAYLOAD));
+        tp_future *f[HYST_CALLS];
+        for (int i = 0; i < HYST_CALLS; i++)
+            TT_CHECK(tp_rpc_async(tp_to_rank(0), "echo_counted", args, NULL, 120, &f[i]) == TP_OK);
+        int ok = 0;
+        for (int i = 0; i < HYST_CALLS; i++) {
+            ok += tp_future_wait(f[i], 120) == TP_OK;
+            tp_future_free(f[i]);
+        }
+        atomic_store(&sh->count[C_HYST_OK], ok);
+        tp_value_free(args);
+        free(b);
+    }
+    TT_CHECK(tt_await_flag(sh, F_HALF, 1, 120) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: AGENT-18, FAIR-2. Worker 0 (one pool thread, max_unsent_bytes 1 MiB)
+ * answers worker 1's 256 KiB echoes on a connection that drains only as
+ * far as the test lets it. Nothing drains: worker 1's calls stall after
+ * four answers. Two of them drain, one at a time: what is held is still over
+ * half the bound, so worker 0 serves none more (an agent that said
+ * "uncongested" at any drain served about one more answer per drained one).
+ * Then the connection drains freely and every call is answered. */
+static void test_tcp_uncongested_at_half_the_bound(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_hysteresis, NULL), 0);
+    assert_int_equal(tt_wait(&job, 180), 0);
+    tt_shared *sh = job.shared;
+    int stalled = atomic_load(&sh->count[C_HYST_STALLED]);
+    int after = atomic_load(&sh->count[C_HYST_AFTER]);
+    print_message("served: %d when stalled, %d after two answers drained, %d calls answered\n",
+                  stalled, after, atomic_load(&sh->count[C_HYST_OK]));
+    assert_true(stalled >= 4 && stalled < HYST_CALLS / 2);
+    assert_int_equal(after, stalled);
+    assert_int_equal(atomic_load(&sh->count[C_HYST_OK]), HYST_CALLS);
+    assert_int_equal(atomic_load(&sh->count[C_SERVED]), HYST_CALLS);
+    tt_job_free(&job);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -884,6 +1056,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_proof_checked_whole),
         cmocka_unit_test(test_tcp_strangers_report_nobody),
         cmocka_unit_test(test_tcp_unsent_bound),
+        cmocka_unit_test(test_tcp_uncongested_at_half_the_bound),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
