@@ -4,6 +4,8 @@
  * issue 8): every bound crossed gives a clear verdict on that one
  * connection, and the worker keeps serving its well-behaved peers.
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for the write stand-ins */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -881,11 +883,40 @@ static void test_tcp_unsent_bound(void **state) {
  * sets thr_port, what the library writes on a connection to that port takes
  * at most thr_budget bytes in all (then EAGAIN, as from a full socket). The
  * program defines write, writev and sendmsg, which libuv and the library
- * call instead of libc's; other descriptors pass through.
+ * call instead of libc's; each passes the call on to the next definition
+ * (a sanitizer's interceptor, else libc's), so other descriptors, and the
+ * sanitizers' view of them, are as without it.
  */
 static atomic_int thr_port;     /* 0: nothing throttled */
 static atomic_llong thr_budget; /* bytes the throttled connection may still take */
 #define THR_IOV_MAX 1024        /* Linux's UIO_MAXIOV: no caller passes more */
+
+typedef ssize_t (*writev_fn)(int, const struct iovec *, int);
+typedef ssize_t (*write_fn)(int, const void *, size_t);
+typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
+
+/* Looked up once, before main: dlsym is not safe in a signal handler, and
+ * libuv writes from one. Until then (a library's constructor writing), the
+ * system call itself. */
+static writev_fn next_writev;
+static write_fn next_write;
+static sendmsg_fn next_sendmsg;
+
+__attribute__((constructor)) static void find_next(void) {
+    next_writev = (writev_fn)dlsym(RTLD_NEXT, "writev");
+    next_write = (write_fn)dlsym(RTLD_NEXT, "write");
+    next_sendmsg = (sendmsg_fn)dlsym(RTLD_NEXT, "sendmsg");
+}
+
+static ssize_t call_writev(int fd, const struct iovec *iov, int n) {
+    return next_writev ? next_writev(fd, iov, n) : syscall(SYS_writev, fd, iov, n);
+}
+static ssize_t call_write(int fd, const void *p, size_t n) {
+    return next_write ? next_write(fd, p, n) : syscall(SYS_write, fd, p, n);
+}
+static ssize_t call_sendmsg(int fd, const struct msghdr *msg, int flags) {
+    return next_sendmsg ? next_sendmsg(fd, msg, flags) : syscall(SYS_sendmsg, fd, msg, flags);
+}
 
 static int throttled(int fd) {
     int port = atomic_load(&thr_port);
@@ -908,8 +939,9 @@ static int cut_iov(const struct iovec *iov, int iovcnt, long long budget, struct
     return n;
 }
 
-static ssize_t throttled_writev(int fd, const struct iovec *iov, int iovcnt, int flags,
-                                int as_sendmsg) {
+/* A throttled write of iov: as sendmsg with flags when as_sendmsg, else writev. */
+static ssize_t throttled_write(int fd, const struct iovec *iov, int iovcnt, int flags,
+                               int as_sendmsg) {
     struct iovec cut[THR_IOV_MAX];
     long long budget = atomic_load(&thr_budget);
     if (budget <= 0) {
@@ -920,9 +952,9 @@ static ssize_t throttled_writev(int fd, const struct iovec *iov, int iovcnt, int
     ssize_t k;
     if (as_sendmsg) {
         struct msghdr mh = {.msg_iov = cut, .msg_iovlen = (size_t)n};
-        k = syscall(SYS_sendmsg, fd, &mh, flags);
+        k = call_sendmsg(fd, &mh, flags);
     } else {
-        k = syscall(SYS_writev, fd, cut, n);
+        k = call_writev(fd, cut, n);
     }
     if (k > 0)
         atomic_fetch_sub(&thr_budget, (long long)k);
@@ -931,21 +963,21 @@ static ssize_t throttled_writev(int fd, const struct iovec *iov, int iovcnt, int
 
 ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
     if (!throttled(fd))
-        return syscall(SYS_writev, fd, iov, iovcnt);
-    return throttled_writev(fd, iov, iovcnt, 0, 0);
+        return call_writev(fd, iov, iovcnt);
+    return throttled_write(fd, iov, iovcnt, 0, 0);
 }
 
 ssize_t write(int fd, const void *p, size_t n) {
     if (!throttled(fd))
-        return syscall(SYS_write, fd, p, n);
+        return call_write(fd, p, n);
     struct iovec one = {(void *)p, n};
-    return throttled_writev(fd, &one, 1, 0, 0);
+    return throttled_write(fd, &one, 1, 0, 0);
 }
 
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     if (!throttled(fd) || msg->msg_control)
-        return syscall(SYS_sendmsg, fd, msg, flags);
-    return throttled_writev(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, 1);
+        return call_sendmsg(fd, msg, flags);
+    return throttled_write(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, 1);
 }
 
 enum { F_THROTTLED = 6, F_HALF = 7, C_HYST_STALLED = 7, C_HYST_AFTER = 8, C_HYST_OK = 9 };
