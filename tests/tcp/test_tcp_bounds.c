@@ -795,11 +795,13 @@ static tp_status fn_echo_counted(tp_call *call, const tp_value *args, const tp_v
     return *result ? TP_OK : TP_ENOMEM;
 }
 
-static int body_unsent(tt_job *job, int rank) {
-    tt_shared *sh = job->shared;
-    unsent_shared = sh;
+/* Starts rank of a job whose worker 0 bounds its unsent bytes at 1 MiB and
+ * serves echo_counted on one pool thread; every byte goes over TCP. 0 when
+ * it did. */
+static int unsent_init(tt_job *job, int rank) {
+    unsent_shared = job->shared;
     tp_options *o = tt_options(job, 120, 60);
-    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK); /* every byte over TCP */
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK);
     if (rank == 0) {
         TT_CHECK(tp_options_set(o, "max_unsent_bytes", "1048576") == TP_OK);
         TT_CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
@@ -807,31 +809,45 @@ static int body_unsent(tt_job *job, int rank) {
     }
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
+    return 0;
+}
+
+/* calls (at most UNSENT_CALLS) echoes of UNSENT_PAYLOAD bytes at worker 0,
+ * all issued, then flag sent_flag set, then waited for: how many came back
+ * whole and right (-1: they could not all be issued). */
+static int echo_flood(tt_shared *sh, int calls, int sent_flag) {
+    uint8_t *b = malloc(UNSENT_PAYLOAD);
+    for (size_t i = 0; b && i < UNSENT_PAYLOAD; i++)
+        b[i] = (uint8_t)(i * 13);
+    tp_value *args = b ? tp_value_list_of(1, tp_value_bytes(b, UNSENT_PAYLOAD)) : NULL;
+    tp_future *f[UNSENT_CALLS];
+    int issued = 0;
+    while (args && issued < calls &&
+           tp_rpc_async(tp_to_rank(0), "echo_counted", args, NULL, 120, &f[issued]) == TP_OK)
+        issued++;
+    atomic_store(&sh->flag[sent_flag], 1);
+    int ok = 0;
+    for (int i = 0; i < issued; i++) {
+        const void *d = NULL;
+        size_t n = 0;
+        ok += tp_future_wait(f[i], 120) == TP_OK &&
+              tp_value_get_bytes(tp_future_value(f[i]), &d, &n) == TP_OK && n == UNSENT_PAYLOAD &&
+              memcmp(d, b, n) == 0;
+        tp_future_free(f[i]);
+    }
+    tp_value_free(args);
+    free(b);
+    return issued == calls ? ok : -1;
+}
+
+static int body_unsent(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    TT_CHECK(unsent_init(job, rank) == 0);
     atomic_fetch_add(&sh->count[C_READY], 1);
     TT_CHECK(await_count(sh, C_READY, 3, 60) == 0);
     if (rank == 1) {
-        uint8_t *b = malloc(UNSENT_PAYLOAD);
-        TT_CHECK(b);
-        for (size_t i = 0; i < UNSENT_PAYLOAD; i++)
-            b[i] = (uint8_t)(i * 13);
-        tp_value *args = tp_value_list_of(1, tp_value_bytes(b, UNSENT_PAYLOAD));
-        tp_future *f[UNSENT_CALLS];
-        for (int i = 0; i < UNSENT_CALLS; i++)
-            TT_CHECK(tp_rpc_async(tp_to_rank(0), "echo_counted", args, NULL, 120, &f[i]) ==
-                     TP_OK);
-        atomic_store(&sh->flag[F_SENT], 1); /* the parent stops this process now */
-        int ok = 0;
-        for (int i = 0; i < UNSENT_CALLS; i++) {
-            const void *d = NULL;
-            size_t n = 0;
-            ok += tp_future_wait(f[i], 120) == TP_OK &&
-                  tp_value_get_bytes(tp_future_value(f[i]), &d, &n) == TP_OK &&
-                  n == UNSENT_PAYLOAD && memcmp(d, b, n) == 0;
-            tp_future_free(f[i]);
-        }
-        TT_CHECK(ok == UNSENT_CALLS); /* nothing lost to the wait */
-        tp_value_free(args);
-        free(b);
+        /* F_SENT: the parent stops this process now; nothing is lost to the wait */
+        TT_CHECK(echo_flood(sh, UNSENT_CALLS, F_SENT) == UNSENT_CALLS);
     } else if (rank == 2) {
         /* While worker 1 reads nothing, worker 0 still serves others. */
         TT_CHECK(tt_await_flag(sh, F_STOPPED, 1, 60) == 0);
@@ -980,7 +996,14 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     return throttled_write(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, 1);
 }
 
-enum { F_THROTTLED = 6, F_HALF = 7, C_HYST_STALLED = 7, C_HYST_AFTER = 8, C_HYST_OK = 9 };
+enum {
+    F_THROTTLED = 6,
+    F_HALF = 7,
+    F_HYST_SENT = 8,
+    C_HYST_STALLED = 7,
+    C_HYST_AFTER = 8,
+    C_HYST_OK = 9
+};
 #define HYST_CALLS 24
 
 /* Waits until count i stays put for 300 ms (at most 30 s): its value. */
@@ -997,16 +1020,7 @@ static int settled(tt_shared *sh, int i) {
 
 static int body_hysteresis(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
-    unsent_shared = sh;
-    tp_options *o = tt_options(job, 120, 60);
-    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK); /* every byte over TCP */
-    if (rank == 0) {
-        TT_CHECK(tp_options_set(o, "max_unsent_bytes", "1048576") == TP_OK);
-        TT_CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
-        TT_CHECK(tp_register_function("echo_counted", fn_echo_counted, NULL) == TP_OK);
-    }
-    TT_CHECK(tt_init(job, rank, o) == 0);
-    tp_options_free(o);
+    TT_CHECK(unsent_init(job, rank) == 0);
     if (rank == 0) {
         int64_t v = 0; /* worker 0's connection to worker 1 is open before the throttle */
         TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 10, &v) == TP_OK && v == 5);
@@ -1031,21 +1045,7 @@ static int body_hysteresis(tt_job *job, int rank) {
         atomic_store(&sh->flag[F_HALF], 1);
     } else {
         TT_CHECK(tt_await_flag(sh, F_THROTTLED, 1, 60) == 0);
-        uint8_t *b = malloc(UNSENT_PAYLOAD);
-        TT_CHECK(b);
-        memset(b, 0x5a, UNSENT_PAYLOAD);
-        tp_value *args = tp_value_list_of(1, tp_value_bytes(b, UNSENT_PAYLOAD));
-        tp_future *f[HYST_CALLS];
-        for (int i = 0; i < HYST_CALLS; i++)
-            TT_CHECK(tp_rpc_async(tp_to_rank(0), "echo_counted", args, NULL, 120, &f[i]) == TP_OK);
-        int ok = 0;
-        for (int i = 0; i < HYST_CALLS; i++) {
-            ok += tp_future_wait(f[i], 120) == TP_OK;
-            tp_future_free(f[i]);
-        }
-        atomic_store(&sh->count[C_HYST_OK], ok);
-        tp_value_free(args);
-        free(b);
+        atomic_store(&sh->count[C_HYST_OK], echo_flood(sh, HYST_CALLS, F_HYST_SENT));
     }
     TT_CHECK(tt_await_flag(sh, F_HALF, 1, 120) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
