@@ -121,6 +121,22 @@ out=$(node 1 sh -c 'test "$TP_SECRET" = "$(cat "$0")" && echo same; cat /proc/$P
 check "secret from the file" 2 "$(echo "$out" | grep -c ' same$')"
 check "secret on no command line" 0 "$(echo "$out" | grep -c "$secret")"
 
+# spec: LAUNCH-5: spaces and line ends around the digits are not part of the secret
+# (within 20 s: a reader that loops on them must not hang the test).
+printf '  \n%s\r\n  \n' "$secret" >"$tmp/padded"
+chmod 600 "$tmp/padded"
+out=$(timeout 20 "$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --master-port "$port" \
+  --secret-file "$tmp/padded" sh -c 'test "$TP_SECRET" = "$(tr -d " \r\n" < "$0")" && echo same' \
+  "$tmp/padded" 2>&1)
+check "secret file with spaces around it" "[1] same" "$out"
+# spec: LAUNCH-1: an IPv6 endpoint in brackets, with the last port there is.
+out=$("$tprun" --nnodes 2 --node-rank 1 --nproc 1 --rdzv-endpoint "[::1]:65535" \
+  --secret-file "$tmp/secret" sh -c 'echo "$MASTER_ADDR $MASTER_PORT"' 2>&1)
+check "endpoint [::1]:65535" "[1] ::1 65535" "$out"
+out=$("$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --master-port 65535 \
+  --secret-file "$tmp/secret" sh -c 'echo "$MASTER_PORT"' 2>&1)
+check "master port 65535" "[1] 65535" "$out"
+
 # Usage errors: exit 2, nothing started, the secret never in the message.
 usage_err() { # usage_err NAME WORDS ARGS...: exit 2 and WORDS on stderr
   local name=$1 words=$2; shift 2
@@ -144,6 +160,11 @@ usage_err "node rank out of range" "--node-rank 2 is out of range for --nnodes 2
 usage_err "elastic nnodes" "elastic membership (MIN < MAX) is not supported" \
   --nnodes 1:4 --nproc 1
 usage_err "bad max restarts" "--max-restarts" --nproc 1 --max-restarts -1
+# spec: LAUNCH-1: one past the last port.
+usage_err "endpoint port 65536" "--rdzv-endpoint" --nnodes 2 --node-rank 1 --nproc 1 \
+  --rdzv-endpoint "[::1]:65536" --secret-file "$tmp/secret"
+usage_err "master port 65536" "--master-port" --nnodes 2 --node-rank 1 --nproc 1 \
+  --master-addr 127.0.0.1 --master-port 65536 --secret-file "$tmp/secret"
 # spec: LAUNCH-5
 chmod 644 "$tmp/secret"
 usage_err "secret file mode 0644" "has mode 0644" \
