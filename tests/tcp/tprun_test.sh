@@ -129,6 +129,10 @@ out=$(timeout 20 "$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0
   --secret-file "$tmp/padded" sh -c 'test "$TP_SECRET" = "$(tr -d " \r\n" < "$0")" && echo same' \
   "$tmp/padded" 2>&1)
 check "secret file with spaces around it" "[1] same" "$out"
+# The same with no standard input: the secret file may then take descriptor 0.
+out=$(timeout 20 "$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 \
+  --master-port "$port" --secret-file "$tmp/secret" sh -c 'echo "${#TP_SECRET}"' 2>&1 <&-)
+check "secret file with stdin closed" "[1] ${#secret}" "$out"
 # spec: LAUNCH-1: an IPv6 endpoint in brackets, with the last port there is.
 out=$("$tprun" --nnodes 2 --node-rank 1 --nproc 1 --rdzv-endpoint "[::1]:65535" \
   --secret-file "$tmp/secret" sh -c 'echo "$MASTER_ADDR $MASTER_PORT"' 2>&1)
@@ -215,6 +219,15 @@ check "restart: exit 0" 0 "$rc"
 check "restart: environment" "[0] r0 c0 unset
 [1] r1 c1 1" "$(echo "$out" | sort)"
 check "restart: one line says so" "tprun: rank 1 was killed by signal 9; restarting it as a new incarnation (TP_REJOIN=1), restart 1 of 1" "$(cat "$tmp/err")"
+# Each incarnation leaves a grandchild that writes a line and keeps its pipes
+# for 2 s: four incarnations' streams are open at once (more than the first
+# room for them), and every line is kept.
+out=$(timeout 30 "$tprun" --nproc 1 --max-restarts 3 --restart-rank0 sh -c \
+  '(echo "g$TORCHELASTIC_RESTART_COUNT"; sleep 2) & exit 3' 2>"$tmp/err")
+rc=$?
+check "restarts with pipes kept open: status" 3 "$rc"
+check "restarts with pipes kept open: every line" "[0] g0 [0] g1 [0] g2 [0] g3" \
+  "$(echo "$out" | sort | tr '\n' ' ' | sed 's/ $//')"
 # Past --max-restarts, the job fails with the last failure's status.
 out=$("$tprun" --nproc 2 --max-restarts 2 --grace 1 sh -c \
   'echo "c$TORCHELASTIC_RESTART_COUNT"; if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30' 2>"$tmp/err")
