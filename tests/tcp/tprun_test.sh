@@ -141,6 +141,11 @@ out=$("$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --mast
   --secret-file "$tmp/secret" sh -c 'echo "$MASTER_PORT"' 2>&1)
 check "master port 65535" "[1] 65535" "$out"
 
+# A value strtod flags (1e-400 underflows to 0 with ERANGE, yet is a grace in
+# range) leaves errno set: the next option's number is still read afresh.
+out=$("$tprun" --grace 1e-400 --nproc 1 sh -c 'echo ok' 2>&1)
+check "grace 1e-400 then nproc 1" "[0] ok" "$out"
+
 # Usage errors: exit 2, nothing started, the secret never in the message.
 usage_err() { # usage_err NAME WORDS ARGS...: exit 2 and WORDS on stderr
   local name=$1 words=$2; shift 2
