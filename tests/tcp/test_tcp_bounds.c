@@ -380,6 +380,83 @@ static void test_tcp_idle(void **state) {
     tt_job_free(&job);
 }
 
+static int body_idle_all(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    for (int r = 0; r < job->world; r++) { /* a connection to each */
+        int64_t v = -1;
+        TT_CHECK(r == rank ||
+                 (tt_call_add(tp_to_rank(r), rank, r, 20, &v) == TP_OK && v == rank + r));
+    }
+    atomic_fetch_add(&sh->count[C_CALLS], 1);
+    TT_CHECK(tt_await_flag(sh, F_DONE, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* TIME_WAIT sockets on 127.0.0.1 between a listener of ports[0..n) and
+ * another port: *acceptor counts those whose local end is the listener (it
+ * closed first), *dialer those whose remote end is. */
+static void time_waits(const uint16_t *ports, int n, int *acceptor, int *dialer) {
+    *acceptor = *dialer = 0;
+    FILE *f = fopen("/proc/net/tcp", "r");
+    assert_non_null(f);
+    char line[512];
+    assert_non_null(fgets(line, sizeof line, f)); /* the header */
+    while (fgets(line, sizeof line, f)) {
+        unsigned la, lp, ra, rp, st;
+        if (sscanf(line, " %*u: %8X:%4X %8X:%4X %2X", &la, &lp, &ra, &rp, &st) != 5)
+            continue;
+        if (st != 0x06 || la != ra || la != htonl(INADDR_LOOPBACK))
+            continue;
+        for (int i = 0; i < n; i++) {
+            *acceptor += lp == ports[i];
+            *dialer += rp == ports[i];
+        }
+    }
+    fclose(f);
+}
+
+/* spec: TCP-19. A dialer asked to close its idle connection sends CLOSE and
+ * waits for the acceptor's end of file before it closes its own end (so
+ * every frame it wrote was read before any on a new connection): the
+ * acceptor, closing first, is the one left holding TIME_WAIT, and never the
+ * dialer's ephemeral port. */
+static void test_tcp_idle_close_acceptor_closes_first(void **state) {
+    (void)state;
+    enum { WORLD = 4, CONNS = WORLD * (WORLD - 1) };
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, WORLD, body_idle_all, NULL), 0);
+    assert_int_equal(await_count(job.shared, C_CALLS, WORLD, 30), 0);
+    uint16_t ports[WORLD];
+    for (int r = 0; r < WORLD; r++) {
+        char addr[128];
+        tt_worker_addr(job.store_port, r, addr, sizeof addr);
+        const char *colon = strrchr(addr, ':');
+        assert_non_null(colon);
+        ports[r] = (uint16_t)atoi(colon + 1);
+        assert_true(ports[r] > 0);
+    }
+    /* Each worker dialed each other one; every connection goes idle after
+     * 0.2 s (TT_SLOWDOWN times that) and closes within the grace after it.
+     * (A dialer closing at once after its CLOSE left its own end in
+     * TIME_WAIT on 8 to 11 of the 12.) */
+    int acceptor = 0, dialer = 0;
+    uint64_t end = tt_now_ns() + 10000000000ull;
+    while ((acceptor < CONNS || dialer > 0) && tt_now_ns() < end) {
+        usleep(20000);
+        time_waits(ports, WORLD, &acceptor, &dialer);
+    }
+    atomic_store(&job.shared->flag[F_DONE], 1);
+    assert_int_equal(tt_wait(&job, 60), 0);
+    tt_job_free(&job);
+    assert_int_equal(dialer, 0);
+    assert_int_equal(acceptor, CONNS);
+}
+
 /* ---- Exact bounds: max_message_size, the read budget, proofs (TCP-4, TCP-17, TCP-19) -- */
 
 /* Sends all n bytes within 10 s (a blocking send could wait forever on a
@@ -1083,6 +1160,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_slow_senders),
         cmocka_unit_test(test_tcp_handshake_cap),
         cmocka_unit_test(test_tcp_idle),
+        cmocka_unit_test(test_tcp_idle_close_acceptor_closes_first),
         cmocka_unit_test(test_tcp_max_message_size_exact),
         cmocka_unit_test(test_tcp_rx_budget_lone_frames),
         cmocka_unit_test(test_tcp_proof_checked_whole),
