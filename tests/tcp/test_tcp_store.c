@@ -1733,6 +1733,51 @@ static void test_tcp_sock_connect_on_descriptor_0(void **state) {
     close(saved);
 }
 
+/* spec: TCP-23, TCP-9: a rank's store connection gets the job's keepalive
+ * options also when it is descriptor 0 (stdin closed, as a daemon's). */
+static void test_tcp_store_open_on_descriptor_0_gets_the_keepalive(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    char method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)port);
+    tp_options *o = tp_options_new();
+    assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
+    assert_int_equal(tp_options_set_init_timeout(o, 10), TP_OK);
+    assert_int_equal(tp_options_set(o, "keepalive_idle", "9"), TP_OK);
+    assert_int_equal(tp_options_set(o, "keepalive_interval", "4"), TP_OK);
+    assert_int_equal(tp_options_set(o, "keepalive_count", "2"), TP_OK);
+    tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o}; /* no server */
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    tp_status st = tpi_tcp_store_open(&init, &auth, &c, err, sizeof err);
+    struct sockaddr_in peer;
+    socklen_t pl = sizeof peer;
+    int on_0 = st == TP_OK && getpeername(0, (struct sockaddr *)&peer, &pl) == 0 &&
+               peer.sin_family == AF_INET && ntohs(peer.sin_port) == port;
+    int opts[5] = {sock_opt(0, SOL_SOCKET, SO_KEEPALIVE), sock_opt(0, IPPROTO_TCP, TCP_KEEPIDLE),
+                   sock_opt(0, IPPROTO_TCP, TCP_KEEPINTVL), sock_opt(0, IPPROTO_TCP, TCP_KEEPCNT),
+                   sock_opt(0, IPPROTO_TCP, TCP_USER_TIMEOUT)};
+    if (c)
+        c->ops->close(c);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back, before any check */
+    close(saved);
+    tp_options_free(o);
+    tpi_store_server_stop(srv, 0);
+    if (st != TP_OK)
+        fprintf(stderr, "%s\n", err);
+    assert_int_equal(st, TP_OK);
+    assert_true(on_0); /* the store connection took descriptor 0 */
+    assert_int_equal(opts[0], 1);
+    assert_int_equal(opts[1], 9);
+    assert_int_equal(opts[2], 4);
+    assert_int_equal(opts[3], 2);
+    assert_int_equal(opts[4], (9 + 4 * 2) * 1000); /* user_timeout's default */
+}
+
 /* A loopback address bound by a socket that does not listen: a connect
  * there is refused. The socket holds the port; close it after. */
 static int unlistened(struct sockaddr_in *sa, socklen_t *len) {
@@ -1925,6 +1970,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_wait_ends_at_the_init_interrupt),
         cmocka_unit_test(test_tcp_store_port_taken),
         cmocka_unit_test(test_tcp_store_open_without_deadline),
+        cmocka_unit_test(test_tcp_store_open_on_descriptor_0_gets_the_keepalive),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),
