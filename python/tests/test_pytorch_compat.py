@@ -698,9 +698,14 @@ def test_exposure_policy(tmp_path):
     """Issue 21: a member cannot make a callee run commands or code by naming
     os.system, subprocess.run or eval; expose=[...] serves only what it names."""
     out = run(tmp_path, """
-        import subprocess, json
+        import subprocess, json, pickle
         def mul(a, b):
             return a * b
+        if rank == 0:
+            def ploads(b):  # a stand-in: on worker1 the name is pickle.loads
+                return None
+        else:
+            from pickle import loads as ploads
         opts = rpc.TensorPipeRpcBackendOptions(expose=[add, "json.dumps"] if rank == 2 else None)
         rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
         if rank == 0:
@@ -711,6 +716,12 @@ def test_exposure_policy(tmp_path):
                     print("ran", fn.__name__)
                 except PermissionError as e:
                     print("refused", fn.__name__, "exposure policy" in str(e))
+            # A denied module's function under a name of an allowed one
+            # (__main__.ploads is pickle.loads, whose __module__ is _pickle).
+            try:
+                print("ran ploads", rpc.rpc_sync("worker1", ploads, args=(pickle.dumps(7),)))
+            except PermissionError as e:
+                print("refused ploads", "exposure policy" in str(e))
             print(rpc.rpc_sync("worker1", mul, args=(6, 7)), rpc.rpc_sync("worker1", max, args=(1, 2)))
             print(rpc.rpc_sync("worker2", add, args=(1, 2)), rpc.rpc_sync("worker2", json.dumps, args=([1],)))
             try:
@@ -742,6 +753,7 @@ def test_exposure_policy(tmp_path):
     """, nproc=3, rank0_only=False)
     for name in ("system", "run", "eval", "open", "execv"):
         assert "[0] refused %s True" % name in out
+    assert "[0] refused ploads True" in out
     assert "[0] 42 2" in out
     assert "[0] 3 [1]" in out
     assert "[0] allow-list: True" in out
