@@ -1399,9 +1399,19 @@ static void on_auth_record(tpi_tcp_conn *c) {
             return;
         }
         tpi_tcp_auth_encode(c->auth_out[1], TPI_TCP_AUTH_PROOF, pl);
+        /* The keys before the answer: once the dialer has our proof it
+         * seals and writes, and a close would then read as our death. */
+        if (a->encrypt && seal_start(c) != 0) { /* the dialer dials again (TCP-20) */
+            tpi_log(TP_LOG_WARN,
+                    "worker %u dropped a connection from %s: cannot start its encryption (out "
+                    "of memory, or OpenSSL failed)",
+                    a->rank, c->addr);
+            conn_close(c);
+            return;
+        }
         if (conn_write_record(c, c->hello_out, 0) < 0 ||
             conn_write_record(c, c->auth_out[0], 0) < 0 ||
-            conn_write_record(c, c->auth_out[1], 0) < 0 || (a->encrypt && seal_start(c) != 0)) {
+            conn_write_record(c, c->auth_out[1], 0) < 0) {
             conn_close(c);
             return;
         }

@@ -304,17 +304,21 @@ unsigned char *HMAC(const EVP_MD *md, const void *key, int key_len, const unsign
 #define PROOF_ACCEPT "tp/conn/accept v1" /* real/tcp_conn.c's labels */
 #define PROOF_DIAL "tp/conn/dial v1"
 
+#define SEAL_KEYS "tp/conn/seal " /* real/tcp_crypt.c's two key labels start so */
+
 typedef struct hmac_case {
     int rank;          /* the one out of memory: 1 dials 2, 2 accepts */
     const char *label; /* its HMAC that fails */
     const char *says;  /* in rank 1's error (rank 1) or rank 2's log (rank 2) */
+    int encrypt;       /* the job's encrypt option (TCP-21) */
 } hmac_case;
 
 static const hmac_case hmac_cases[] = {
-    {1, PROOF_ACCEPT, "no memory to check its proof"},
-    {1, PROOF_DIAL, "no memory to prove ourselves"},
-    {2, PROOF_ACCEPT, "no memory to prove itself"},
-    {2, PROOF_DIAL, "no memory to check its proof"},
+    {1, PROOF_ACCEPT, "no memory to check its proof", 0},
+    {1, PROOF_DIAL, "no memory to prove ourselves", 0},
+    {2, PROOF_ACCEPT, "no memory to prove itself", 0},
+    {2, PROOF_DIAL, "no memory to check its proof", 0},
+    {2, SEAL_KEYS, "cannot start its encryption", 1},
 };
 
 static void hmac_log(tp_log_level level, const char *msg, void *user_data) {
@@ -336,6 +340,7 @@ static int hmac_body(tt_job *job, int rank) {
     tp_set_log_callback(hmac_log, job);
     tp_options *o = tt_options(job, 5.0, 5.0);
     TT_CHECK(o && tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
+    TT_CHECK(!hc->encrypt || tp_options_set(o, "encrypt", "on") == TP_OK);
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == hc->rank)
