@@ -663,6 +663,25 @@ def test_device_maps_gather_what_set_device_map_and_the_constructor_name():
         "[('worker1', [('cpu', 'cpu')]), ('worker2', [('cpu', 'cpu')])]"]
 
 
+def test_shutdown_refuses_a_negative_timeout(tmp_path):
+    """shutdown(timeout=...) takes seconds >= 0 (0: the backend's own
+    shutdown_timeout); -1, which rpc_sync reads as "the default", and NaN
+    are refused with ValueError, and the worker stays up."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            for t in (-1, -1.0, float("nan")):
+                try:
+                    rpc.shutdown(timeout=t)
+                    print("accepted", t)
+                except ValueError as e:
+                    print("refused", t, "timeout must be >= 0 seconds" in str(e))
+            print(rpc.rpc_sync("worker1", add, args=(2, 3)))
+        rpc.shutdown()
+    """)
+    assert out == ["refused -1 True", "refused -1.0 True", "refused nan True", "5"]
+
+
 def test_shutdown_timeout_option_bounds_a_graceful_shutdown(tmp_path):
     """TensorPipeRpcBackendOptions(shutdown_timeout=s) is how long a
     graceful shutdown() given no timeout of its own may wait for the job's
