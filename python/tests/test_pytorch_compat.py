@@ -68,6 +68,35 @@ def test_name_waits_are_bounded(tmp_path):
     assert out == ["late", "LookupError True True"]
 
 
+def test_name_waits_only_where_a_name_may_still_come(tmp_path):
+    """A name missing from a module that is done importing is refused at
+    once, not waited for: an imported module (json), and one the program
+    made itself with no import spec (a types.ModuleType in sys.modules)."""
+    out = run(tmp_path, """
+        import json, threading, types
+        sys.modules["made_here"] = types.ModuleType("made_here")
+        checked = threading.Event()
+        def release():
+            checked.set()
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 1:
+            checked.wait(30)  # __main__ runs on, so only the modules' state can stop a wait
+        else:
+            for module in ("json", "made_here"):
+                def missing(): pass
+                missing.__module__ = module
+                setattr(sys.modules[module], "missing", missing)  # here only: worker1 lacks it
+                t0 = time.monotonic()
+                try:
+                    rpc.rpc_sync("worker1", missing, timeout=10)
+                except LookupError as e:
+                    print(module, "missing is not defined" in str(e), time.monotonic() - t0 < 5)
+            rpc.rpc_sync("worker1", release)
+        rpc.shutdown()
+    """)
+    assert out == ["json True True", "made_here True True"]
+
+
 def test_name_waits_give_their_place_back(tmp_path):
     """A call that waited for its name, and got it, frees its place among
     the name waits (here the only one: 2 threads): four calls in a row, each
