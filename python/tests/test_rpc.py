@@ -614,10 +614,16 @@ def test_backend_is_a_backend_type_member_or_its_name():
         from tensorplay.distributed.rpc import backend_registry as br
         before = br.BackendType.TENSORPIPE
         br.register_backend("MINE", lambda timeout, init, **kw: "mine %g" % timeout,
-                            lambda *a: None)
+                            lambda *a, **kw: ("started", a, sorted(kw)))
         print(before is br.BackendType.TENSORPIPE,
               type(rpc.construct_rpc_backend_options(before)).__name__,
               rpc.construct_rpc_backend_options("MINE", rpc_timeout=7))
+        # init_backend runs a Python backend's handler; a built-in one is init_rpc's.
+        print(rpc.init_backend("MINE", 1, 2, x=3), rpc.init_backend(br.BackendType.MINE)[0])
+        try:
+            rpc.init_backend(before)
+        except ValueError as e:
+            print("init_backend:", "built in" in str(e))
         Transport = enum.Enum("Transport", "TENSORPIPE SIM")
         for bad in (Transport.TENSORPIPE, types.SimpleNamespace(name="SIM"), 42):
             try:
@@ -635,6 +641,8 @@ def test_backend_is_a_backend_type_member_or_its_name():
     p = subprocess.run([PYTHON, "-c", prog], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == ["False TensorPipeRpcBackendOptions mine 7",
+                                     "('started', (1, 2), ['x']) started",
+                                     "init_backend: True",
                                      "TypeError True", "TypeError True", "TypeError True",
                                      "init_rpc: TypeError True"]
 
