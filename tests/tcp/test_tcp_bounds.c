@@ -1135,7 +1135,11 @@ static int body_hysteresis(tt_job *job, int rank) {
         atomic_store(&thr_budget, 0);
         atomic_store(&thr_port, atoi(colon + 1));
         atomic_store(&sh->flag[F_THROTTLED], 1);
-        /* Four answers of 256 KiB pass the 1 MiB bound: worker 1's calls stall. */
+        /* Four answers of 256 KiB pass the 1 MiB bound: worker 1's calls stall.
+         * Settling counts only once serving has begun: under a sanitizer worker
+         * 1 may take longer than a settling period to send its first call. */
+        TT_CHECK(tt_await_flag(sh, F_HYST_SENT, 1, 60) == 0);
+        TT_CHECK(await_count(sh, C_SERVED, 1, 60) == 0);
         int stalled = settled(sh, C_SERVED);
         atomic_store(&sh->count[C_HYST_STALLED], stalled);
         /* Two answers drain, one at a time: what is held stays over half the
