@@ -498,7 +498,7 @@ def test_workers_started_by_hand_on_one_host(tmp_path):
 
 def test_workers_started_by_hand_with_a_tcp_init_method(tmp_path):
     """The same per-user secret when the store is named by init_method
-    tcp://127.0.0.1:port (no MASTER_ADDR); a secret already in the file is
+    tcp://127.0.0.1:port or tcp://[::1]:port (no MASTER_ADDR); a secret already in the file is
     used as it is, down to 32 hex digits (16 bytes, the least the transport
     takes)."""
     script = tmp_path / "prog.py"
@@ -517,14 +517,27 @@ def test_workers_started_by_hand_with_a_tcp_init_method(tmp_path):
     secret.chmod(0o600)
     env = {k: v for k, v in os.environ.items()
            if k not in ("TP_SECRET", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(XDG_RUNTIME_DIR=str(tmp_path), INIT="tcp://127.0.0.1:%d" % _free_port())
-    procs = [subprocess.Popen([PYTHON, str(script)], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in (0, 1)]
-    outs = [p.communicate(timeout=60) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    assert outs[0][0] == "7\n"
+    env.update(XDG_RUNTIME_DIR=str(tmp_path))
+    hosts = ["127.0.0.1"] + (["[::1]"] if _has_ipv6_loopback() else [])
+    for host in hosts:  # an IPv6 store's host is bracketed: [::1] is local too
+        init = "tcp://%s:%d" % (host, _free_port())
+        procs = [subprocess.Popen([PYTHON, str(script)], env=dict(env, RANK=str(r), INIT=init),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in (0, 1)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], (host, outs)
+        assert outs[0][0] == "7\n"
     assert secret.read_text().strip() == short
+
+
+def _has_ipv6_loopback():
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
 
 
 def test_workers_started_by_hand_keep_the_secret_in_xdg_runtime_dir_else_home(tmp_path):

@@ -234,8 +234,9 @@ _LOCAL_HOSTS = ("127.", "localhost", "::1", "[::1]")
 def _host_of(init_method):
     if init_method in (None, "env://"):
         return os.environ.get("MASTER_ADDR", "")
-    m = re.match(r"^tcp://\[?([^\]/]*?)\]?:\d+", init_method)
-    return m.group(1) if m else ""
+    # tcp://[v6]:port or tcp://host:port (a bare v6 address has colons of its own)
+    m = re.match(r"^tcp://(?:\[([^\]/]*)\]|([^\[\]/:]*)):\d+", init_method)
+    return (m.group(1) if m.group(1) is not None else m.group(2)) if m else ""
 
 
 def _user_secret():

@@ -1,0 +1,381 @@
+"""The package's argument checks and its own Future, each case asserting the
+error a user gets (type and words) and that nothing started: most run in
+this process, before any init_rpc; the ones that need a running worker run
+in one job of one worker. Issue 21: a check no test reached was a check a
+mutant could delete unseen."""
+import pickle
+import threading
+
+import pytest
+
+import tensorplay.distributed.rpc as rpc
+from tensorplay import _rpc
+from tensorplay.distributed.rpc import api, backend_registry
+from test_rpc import need_torch, run
+
+
+def not_started():
+    return not api._state.running and not _rpc.is_initialized()
+
+
+# ---- WorkerInfo, is_available, before init ------------------------------------------------
+
+def test_worker_info_checks_its_id_and_name():
+    assert rpc.WorkerInfo("w-1:a_b", 0).id == 0
+    for bad in (-1, True, 1.0, "1", None):
+        with pytest.raises(TypeError, match="WorkerInfo id must be a non-negative int"):
+            rpc.WorkerInfo("w", bad)
+    for bad in ("", "a b", "x" * 128, 7):
+        with pytest.raises(RuntimeError, match=r"Worker name must match"):
+            rpc.WorkerInfo(bad, 0)
+    assert rpc.WorkerInfo("x" * 127, 3).name == "x" * 127
+
+
+def test_is_available_and_calls_before_init():
+    assert rpc.is_available() is True
+    assert not_started()
+    for call in (lambda: rpc.get_worker_info(), lambda: rpc.rpc_sync("w", len, args=("a",)),
+                 lambda: api._get_current_rpc_agent()):
+        with pytest.raises(RuntimeError, match="RPC has not been initialized|agent is not set"):
+            call()
+    assert api._is_current_rpc_agent_set() is False
+
+
+# ---- init_rpc's arguments ------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"name": 7}, TypeError, "name must be a str, not int"),
+    ({"name": "a b"}, RuntimeError, "Worker name must match"),
+    ({"name": "w", "backend": "TENSORPIPE"}, TypeError,
+     "backend must be a member of BackendType, not 'TENSORPIPE'"),
+    ({"name": "w", "rpc_backend_options": {"rpc_timeout": 1}}, TypeError,
+     "must be an instance of RpcBackendOptions"),
+    ({"name": "w", "backend": rpc.BackendType.TENSORPIPE,
+      "rpc_backend_options": rpc.RpcBackendOptions()}, TypeError,
+     "must be a `TensorPipeRpcBackendOptions` for backend TENSORPIPE, not RpcBackendOptions"),
+    ({"name": "w", "rank": 0, "world_size": "2"}, TypeError, "world_size must be an int, not str"),
+    ({"name": "w", "rank": True, "world_size": 2}, TypeError, "rank must be an int, not bool"),
+    ({"name": "w", "rank": 0, "world_size": 2.0}, TypeError, "world_size must be an int, not float"),
+])
+def test_init_rpc_refuses_bad_arguments_before_starting(kwargs, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace("`", ".")):
+        rpc.init_rpc(**kwargs)
+    assert not_started()
+
+
+def test_init_rpc_reads_rank_and_world_size_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "zero")
+    with pytest.raises(ValueError, match="environment variable RANK is 'zero', not an int"):
+        rpc.init_rpc("w")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2x")
+    with pytest.raises(ValueError, match="environment variable WORLD_SIZE is '2x', not an int"):
+        rpc.init_rpc("w")
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(ValueError, match="world_size parameter missing"):
+        rpc.init_rpc("w", rank=0)
+    assert not_started()
+
+
+def test_init_rpc_sends_a_python_backend_to_init_backend():
+    class PyOptions(rpc.RpcBackendOptions):
+        pass
+    b = rpc.register_backend("API_CHECKS_PY", lambda *a, **kw: PyOptions(*a),
+                             lambda *a, **kw: "started")
+    with pytest.raises(ValueError, match="backend API_CHECKS_PY is written in Python: start it "
+                       "with init_backend"):
+        rpc.init_rpc("w", backend=b, rank=0, world_size=1)
+    assert not_started()
+    for bad in ("", 7, None):
+        with pytest.raises(TypeError, match="backend_name must be a non-empty str"):
+            rpc.register_backend(bad, None, None)
+    with pytest.raises(RuntimeError, match="RPC backend API_CHECKS_PY: already registered"):
+        rpc.register_backend("API_CHECKS_PY", None, None)
+
+
+def test_backend_inferred_from_options_or_refused():
+    assert backend_registry.infer(rpc.TensorPipeRpcBackendOptions()) is \
+        backend_registry.BackendType.TENSORPIPE
+
+    class Other(rpc.RpcBackendOptions):
+        pass
+    with pytest.raises(TypeError, match="Could not infer backend for options .*pass backend= "
+                       "explicitly"):
+        backend_registry.infer(Other())
+    with pytest.raises(TypeError, match="Could not infer backend"):
+        rpc.init_rpc("w", rank=0, world_size=1, rpc_backend_options=Other())
+    assert not_started()
+
+
+# ---- Options -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"init_method": 7}, TypeError, "init_method must be a str URL, not int"),
+    ({"secret": 12}, TypeError, "secret must be a hex str or bytes, not int"),
+    ({"auth": "maybe"}, ValueError, "auth must be 'on' or 'off', got 'maybe'"),
+    ({"tensor_type": "jax"}, ValueError, "tensor_type must be one of"),
+    ({"expose": "os.getcwd"}, TypeError, "expose must be a list of functions"),
+    ({"expose": 7}, TypeError, "expose must be a list of functions"),
+    ({"backend_options": {"no_such_key": 1}}, ValueError, "unknown backend option 'no_such_key'"),
+    ({"devices": ["cuda:0"]}, ValueError, "device 'cuda:0': tensorplay-rpc carries CPU tensors"),
+    ({"init_timeout": "5"}, TypeError, "init_timeout must be a number of seconds, not str"),
+    ({"shutdown_timeout": -1}, ValueError, "shutdown_timeout must be >= 0 seconds"),
+    ({"rpc_timeout": float("nan")}, ValueError, "rpc_timeout must be >= 0 seconds"),
+    ({"num_worker_threads": 0}, ValueError, "num_worker_threads must be a positive int"),
+])
+def test_options_refuse_bad_values(kwargs, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(")):
+        rpc.TensorPipeRpcBackendOptions(**kwargs)
+
+
+def test_options_keep_what_they_are_given():
+    o = rpc.TensorPipeRpcBackendOptions(devices=["cpu"], secret=b"\x01\xab", auth=False,
+                                        init_method="tcp://127.0.0.1:1234", rpc_timeout=2)
+    assert o.devices == ["cpu"]
+    assert o._backend_strings() == {"secret": "01ab", "auth": "off"}
+    assert repr(o) == "TensorPipeRpcBackendOptions(rpc_timeout=2, init_method=" \
+                      "'tcp://127.0.0.1:1234')"
+    assert rpc.TensorPipeRpcBackendOptions(auth=True, secret="ff" * 16)._backend_strings() == \
+        {"secret": "ff" * 16, "auth": "on"}
+    assert rpc.TensorPipeRpcBackendOptions()._backend_strings() == {}
+    assert rpc.TensorPipeRpcBackendOptions(
+        backend_options={"idle_timeout": 5})._backend_strings() == {"idle_timeout": "5"}
+    with pytest.raises(TypeError, match="expose takes functions, classes, modules and "
+                       "'module.qualname' strings, not 7"):
+        api._policy.Policy([7])
+
+
+# ---- The package's own Future ----------------------------------------------------------------
+
+def test_future_completes_once_and_checks_its_arguments():
+    f = rpc.Future()
+    assert not f.done()
+    with pytest.raises(RuntimeError, match="the future is still pending"):
+        f.value()
+    with pytest.raises(rpc.RpcTimeoutError, match="Future.wait timed out after 0.05 s"):
+        f.wait(0.05)
+    for bad, error in ((-1, ValueError), ("1", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="timeout must be"):
+            f.wait(bad)
+    with pytest.raises(TypeError, match="set_exception takes an exception, not str"):
+        f.set_exception("no")
+    with pytest.raises(TypeError, match="add_done_callback needs a callable, not 3"):
+        f.add_done_callback(3)
+    with pytest.raises(TypeError, match="then needs a callable"):
+        f.then(None)
+    assert not f.done()
+    f.set_result(5)
+    assert f.done() and f.value() == 5 and f.wait(0) == 5 and f.wait(1) == 5
+    with pytest.raises(RuntimeError, match="this Future is already completed"):
+        f.set_result(6)
+    with pytest.raises(RuntimeError, match="this Future is already completed"):
+        f.set_exception(ValueError("late"))
+    assert f.value() == 5
+
+
+def test_future_callbacks_and_then(capsys):
+    f = rpc.Future()
+    seen = []
+    f.add_done_callback(lambda g: seen.append(("first", g.value())))
+
+    def bad(g):
+        raise KeyError("callback broke")
+    f.add_done_callback(bad)
+    f.add_done_callback(lambda g: seen.append(("after", g.value())))
+    doubled = f.then(lambda g: g.value() * 2)
+    failed = f.then(lambda g: 1 / 0)
+    assert seen == [] and not doubled.done() and not failed.done()
+    f.set_result(21)  # runs the callbacks in order; the failing one does not stop the rest
+    assert seen == [("first", 21), ("after", 21)]
+    err = capsys.readouterr().err
+    assert "a future's done-callback raised" in err and "callback broke" in err
+    assert doubled.value() == 42
+    with pytest.raises(ZeroDivisionError):
+        failed.wait()
+    f.add_done_callback(lambda g: seen.append(("late", g.value())))  # runs at once
+    assert seen[-1] == ("late", 21)
+
+
+def test_wait_all_and_collect_all():
+    assert rpc.wait_all([]) == []
+    a, b = rpc.Future(), rpc.Future()
+    a.set_result(1)
+    b.set_result(2)
+    assert rpc.wait_all([a, b]) == [1, 2]
+    c, d = rpc.Future(), rpc.Future()
+    c.set_exception(ValueError("c failed"))
+    with pytest.raises(ValueError, match="c failed"):
+        rpc.wait_all([d, c])  # d never completes: the first error ends the wait
+    empty = rpc.collect_all([])
+    assert empty.done() and empty.value() == []
+    e, g = rpc.Future(), rpc.Future()
+    both = rpc.collect_all([e, g])
+    e.set_result("e")
+    assert not both.done()
+    g.set_exception(KeyError("g"))
+    assert both.done() and both.value() == [e, g]
+
+
+# ---- With a running worker ---------------------------------------------------------------
+
+def test_checks_that_need_a_running_worker(tmp_path):
+    out = run(tmp_path, """
+        import pickle
+        def attempt(label, fn):
+            try:
+                fn()
+                print(label, "no error")
+            except Exception as e:
+                print(label, type(e).__name__, str(e).splitlines()[0])
+        rpc.init_rpc("worker0", rank=0, world_size=1)
+        attempt("info", lambda: rpc.get_worker_info(5))
+        attempt("float", lambda: rpc.rpc_sync(1.5, add, args=(1, 2)))
+        attempt("bool", lambda: rpc.rpc_sync(True, add, args=(1, 2)))
+        attempt("none", lambda: rpc.rpc_sync(None, add, args=(1, 2)))
+        attempt("args", lambda: rpc.rpc_sync("worker0", add, args={"a": 1}))
+        attempt("kwargs", lambda: rpc.rpc_async("worker0", add, args=(1,), kwargs=[2]))
+        attempt("callable", lambda: rpc.rpc_sync("worker0", 42))
+        print("ok", rpc.rpc_sync(0, add, args=(1, 2)), rpc.rpc_sync(rpc.get_worker_info(), add,
+                                                                     args=(3, 4)))
+        r = rpc.remote("worker0", echo, args=([1, 2],))
+        print("rref", r.confirmed_by_owner(), r.is_owner(), r._get_type().__name__,
+              r._get_type(blocking=False).wait().__name__, r._get_future().wait())
+        attempt("pickle", lambda: pickle.dumps(r))
+        agent = rpc._get_current_rpc_agent()
+        info = agent.get_debug_info()
+        print("debug", rpc._is_current_rpc_agent_set(), sorted(info) == sorted(rpc._get_debug_info()),
+              all(isinstance(v, str) for v in info.values()), len(info) > 0)
+        rpc.shutdown()
+        attempt("after", lambda: rpc.rpc_sync("worker0", add, args=(1, 2)))
+    """, nproc=1)
+    assert out == [
+        "info TypeError worker_name must be a str, not int",
+        "float ValueError to: rank 1.5 is not an int",
+        "bool TypeError to must be a worker name, rank or WorkerInfo, not bool",
+        "none TypeError to must be a worker name, rank or WorkerInfo, not NoneType",
+        "args TypeError args must be a tuple or list, not dict",
+        "kwargs TypeError kwargs must be a dict, not list",
+        "callable TypeError 42 is not callable",
+        "ok 3 7",
+        "rref True True list list None",
+        "pickle RuntimeError Can not pickle rref in python pickler: an RRef travels as an "
+        "argument or result of a call, never pickled",
+        "debug True True True True",
+        "after RuntimeError RPC has not been initialized. Call "
+        "tensorplay.distributed.rpc.init_rpc first (rpc_sync)",
+    ]
+
+
+def test_file_init_method_is_a_sqlite_store(tmp_path):
+    store = tmp_path / "rendezvous.db"
+    out = run(tmp_path, """
+        opts = rpc.TensorPipeRpcBackendOptions(init_method="file://%s")
+        rpc.init_rpc("worker%%d" %% rank, rpc_backend_options=opts)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", add, args=(2, 3)), os.path.getsize("%s") > 0)
+            with open("%s", "rb") as f:
+                print(f.read(16))
+        rpc.shutdown()
+    """ % (store, store, store))
+    assert out == ["5 True", "b'SQLite format 3\\x00'"]
+
+
+def test_worker_infos_equal_by_name_and_id():
+    a = rpc.WorkerInfo("w", 1)
+    assert a == rpc.WorkerInfo("w", 1) and hash(a) == hash(rpc.WorkerInfo("w", 1))
+    assert a != rpc.WorkerInfo("w", 2) and a != rpc.WorkerInfo("v", 1)
+    assert a != ("w", 1) and a != "w"
+    assert repr(a) == "WorkerInfo(id=1, name=w)"
+    b = pickle.loads(pickle.dumps(a))
+    assert b == a and (b.name, b.id) == ("w", 1)
+
+
+def test_future_wait_returns_when_completed_in_time():
+    f = rpc.Future()
+    t = threading.Timer(0.3, f.set_result, ("late but in time",))
+    t.start()
+    try:
+        assert f.wait(30) == "late but in time"  # waits in slices past the first
+    finally:
+        t.join()
+    g = rpc.Future()
+    t = threading.Timer(0.3, g.set_exception, (KeyError("in time"),))
+    t.start()
+    try:
+        with pytest.raises(KeyError, match="in time"):
+            g.wait(30)
+    finally:
+        t.join()
+
+
+# ---- The per-user secret of workers started by hand (no launcher, no TP_SECRET) ---------
+
+def test_host_of_init_methods(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    assert api._host_of(None) == "10.1.2.3" and api._host_of("env://") == "10.1.2.3"
+    assert api._host_of("tcp://127.0.0.1:29500") == "127.0.0.1"
+    assert api._host_of("tcp://[::1]:29500") == "::1"
+    assert api._host_of("tcp://node7:1") == "node7"
+    assert api._host_of("file:///tmp/x") == ""
+
+
+@pytest.fixture
+def runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("TP_SECRET", raising=False)
+    return tmp_path / "tensorplay"
+
+
+def test_user_secret_is_made_once_and_kept_private(runtime_dir):
+    s = api._user_secret()
+    assert len(s) >= 32 and all(c in "0123456789abcdef" for c in s)
+    assert (runtime_dir / "local-secret").read_text().strip() == s
+    assert runtime_dir.stat().st_mode & 0o777 == 0o700
+    assert (runtime_dir / "local-secret").stat().st_mode & 0o777 == 0o600
+    assert api._user_secret() == s  # the same for every worker of this user
+
+
+def test_user_secret_refuses_a_folder_or_file_others_may_read(runtime_dir):
+    runtime_dir.mkdir(mode=0o700)
+    runtime_dir.chmod(0o755)
+    with pytest.raises(PermissionError, match="tensorplay must belong to you with mode 0700"):
+        api._user_secret()
+    runtime_dir.chmod(0o700)
+    path = runtime_dir / "local-secret"
+    path.write_text("ab" * 32 + "\n")
+    path.chmod(0o644)
+    with pytest.raises(PermissionError, match="local-secret must belong to you with mode 0600"):
+        api._user_secret()
+    path.chmod(0o600)
+    assert api._user_secret() == "ab" * 32
+
+
+def test_user_secret_waits_for_a_whole_one(runtime_dir):
+    runtime_dir.mkdir(mode=0o700)
+    path = runtime_dir / "local-secret"
+    path.write_text("c" * 31)  # another worker still writing, or a broken file
+    path.chmod(0o600)
+    with pytest.raises(RuntimeError, match="local-secret holds no job secret; delete it"):
+        api._user_secret()
+    t = threading.Timer(0.3, path.write_text, ("d" * 32 + "\n",))
+    t.start()
+    try:
+        assert api._user_secret() == "d" * 32
+    finally:
+        t.join()
+
+
+def test_backend_strings_take_the_user_secret_only_for_a_local_job(runtime_dir, monkeypatch):
+    opts = rpc.TensorPipeRpcBackendOptions
+    local = "tcp://127.0.0.1:29500"
+    made = api._backend_strings(opts(), local)
+    assert set(made) == {"secret"} and len(made["secret"]) >= 32
+    assert api._backend_strings(opts(), "tcp://[::1]:29500") == made
+    assert api._backend_strings(opts(secret="ee" * 16), local) == {"secret": "ee" * 16}
+    assert api._backend_strings(opts(auth="off"), local) == {"auth": "off"}
+    assert api._backend_strings(opts(auth="on"), local) == dict(made, auth="on")
+    assert api._backend_strings(opts(), "tcp://10.0.0.9:29500") == {}
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    assert api._backend_strings(opts(), "env://") == made
+    monkeypatch.setenv("TP_SECRET", "ff" * 16)
+    assert api._backend_strings(opts(), local) == {}
