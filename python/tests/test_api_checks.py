@@ -379,3 +379,75 @@ def test_backend_strings_take_the_user_secret_only_for_a_local_job(runtime_dir, 
     assert api._backend_strings(opts(), "env://") == made
     monkeypatch.setenv("TP_SECRET", "ff" * 16)
     assert api._backend_strings(opts(), local) == {}
+
+
+def test_tensors_that_cannot_travel_say_why(tmp_path):
+    need_torch()
+    out = run(tmp_path, """
+        import warnings
+        import torch
+        warnings.simplefilter("ignore")  # torch's beta warnings for CSR and complex32
+        rpc.init_rpc("worker0", rank=0, world_size=1)
+        cases = [("csr", torch.eye(3).to_sparse_csr()), ("meta", torch.empty(2, device="meta")),
+                 ("quantized", torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)),
+                 ("complex32", torch.ones(2, dtype=torch.complex32))]
+        for label, t in cases:
+            try:
+                rpc.rpc_sync("worker0", echo, args=(t,))
+                print(label, "sent")
+            except TypeError as e:
+                print(label, str(e).split(": ", 1)[1])
+        print("dense", rpc.rpc_sync("worker0", echo, args=(torch.arange(3),)).tolist())
+        rpc.shutdown()
+    """, nproc=1)
+    assert out[0] == "csr a torch.sparse_csr tensor cannot be sent: dense (strided) and sparse " \
+                     "COO tensors travel (.to_dense())"
+    assert out[1] == "meta a tensor on meta cannot be sent: tensorplay-rpc carries CPU tensors " \
+                     "(.cpu())"
+    assert out[2] == "quantized a quantized tensor cannot be sent (.dequantize())"
+    assert out[3].startswith("complex32 a tensor of dtype torch.complex32 cannot be sent: ")
+    assert out[4:] == ["dense [0, 1, 2]"]
+
+
+def test_answers_and_types_the_caller_cannot_take(tmp_path):
+    """An async_execution function whose future completes with a value no
+    value kind holds: the caller gets the callee's words, not a hang. An
+    rref to an object whose class only its owner has: _get_type says so,
+    at once or in its future, and a method call still runs on the owner."""
+    out = run(tmp_path, """
+        @rpc.functions.async_execution
+        def later_set():
+            f = rpc.Future()
+            f.set_result({1, 2})
+            return f
+
+        if rank == 1:
+            class OnlyHere:
+                def hello(self):
+                    return "hello from " + rpc.get_worker_info().name
+
+        def make():
+            return OnlyHere()
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            try:
+                rpc.rpc_sync("worker1", later_set)
+            except Exception as e:
+                print("set", type(e).__name__, "TypeError" in str(e) and "set" in str(e))
+            r = rpc.remote("worker1", make)
+            try:
+                r._get_type()
+            except LookupError as e:
+                print("type", e)
+            try:
+                r._get_type(blocking=False).wait()
+            except LookupError as e:
+                print("type later", e)
+            print(r.rpc_sync().hello())
+        rpc.shutdown()
+    """)
+    assert out == ["set TypeError True",
+                   "type the rref's value is a __main__.OnlyHere, a class not found here",
+                   "type later the rref's value is a __main__.OnlyHere, a class not found here",
+                   "hello from worker1"]

@@ -1792,8 +1792,9 @@ static int unlistened(struct sockaddr_in *sa, socklen_t *len) {
 
 /* The host of the store init_method names (TCP-12's listen_addr "auto"
  * dials toward it): tcp://'s host, unbracketed; etcd://'s first endpoint;
- * MASTER_ADDR for env://; none for sqlite:// or a host:port too long for an
- * address (TPI_ADDR_LEN_MAX with its NUL), right at that bound included. */
+ * MASTER_ADDR for env://; none for sqlite://, an empty host or port, a port
+ * too long for its buffer, or a host:port too long for an address
+ * (TPI_ADDR_LEN_MAX with its NUL), right at those bounds included. */
 static void test_tcp_store_host_of_init_methods(void **state) {
     (void)state;
     static const struct {
@@ -1809,6 +1810,12 @@ static void test_tcp_store_host_of_init_methods(void **state) {
         {"sqlite:///tmp/job.db", 0, NULL},
         {"tcp://noport", 0, NULL},
         {"file:///tmp/x", 0, NULL},
+        /* A port is not empty and fits its buffer (15 characters and a NUL). */
+        {"tcp://h:", 0, NULL},
+        {"tcp://h:123456789012345", 1, "h"},
+        {"tcp://h:1234567890123456", 0, NULL},
+        {"tcp://[::1]:", 0, NULL},
+        {"tcp://:29500", 0, NULL},
     };
     char host[TPI_ADDR_LEN_MAX];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
