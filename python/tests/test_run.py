@@ -141,6 +141,11 @@ def test_output_lines_at_the_length_limit(tmp_path):
     p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], script)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["[0] " + "a" * 16384, "[0] " + "b" * 16384, "[0] b"]
+    # No newline at all: cut at the limit as it arrives, the rest at the end.
+    script = "import sys\nsys.stdout.write('c' * 40000)\n"
+    p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], script)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[0] " + "c" * 16384] * 2 + ["[0] " + "c" * 7232]
 
 
 def test_module_mode_and_no_python(tmp_path):
@@ -175,6 +180,12 @@ def test_module_mode_and_no_python(tmp_path):
     (["--max-restarts", "-1"], "--max-restarts -1"),
     (["--nproc-per-node", "0"], "--nproc-per-node 0"),
     (["--nproc-per-node", "gpu"], "no GPUs"),
+    (["--master-port", "0"], "--master-port 0: expected 1..65535"),
+    (["--master-port", "65536"], "--master-port 65536: expected 1..65535"),
+    (["--grace", "-1"], "--grace -1: expected 0..3600 seconds"),
+    (["--grace", "3601"], "--grace 3601: expected 0..3600 seconds"),
+    (["--no-python", "-m"], "-m and --no-python exclude each other"),
+    (["--secret-file", "/no/such/secret"], "--secret-file /no/such/secret: No such file"),
 ])
 def test_unsupported_is_a_clear_error(tmp_path, args, words):
     p = launch(tmp_path, args + ["prog.py"], ENV_SCRIPT)
@@ -202,6 +213,21 @@ def test_argument_bounds_both_sides():
     for value in ("node7:65536", "[::1]:65536"):
         with pytest.raises(launcher.UsageError, match="the port must be 0..65535"):
             launcher._endpoint(value)
+
+    def spec(*args):
+        return launcher.JobSpec(launcher.make_parser().parse_args(list(args) + ["prog.py"]))
+    for port in (1, 65535):
+        assert spec("--master-port", str(port)).master_port == port
+    for grace in ("0", "3600"):
+        spec("--grace", grace)  # accepted (0: SIGKILL at once)
+    assert spec("--max-restarts", str(launcher.RESTARTS_MAX)).max_restarts == launcher.RESTARTS_MAX
+    two = ["--master-addr", "127.0.0.1", "--master-port", "29500", "--nproc-per-node", "1024"]
+    assert spec("--nnodes", str(big // 1024), *two).world_size == big
+    with pytest.raises(launcher.UsageError, match="--nnodes 65 x --nproc-per-node 1024 is over "
+                       "65536 processes"):
+        spec("--nnodes", str(big // 1024 + 1), *two)
+    assert spec("-m").cmd[-2:] == ["-m", "prog.py"]
+    assert spec("--no-python").cmd == ["prog.py"]
 
 
 def test_single_node_spellings_accepted(tmp_path):
@@ -285,6 +311,16 @@ def test_secret_file_rules(tmp_path):
     # A directory: refused.
     p = launch(tmp_path, ["--secret-file", str(tmp_path), "prog.py"], ENV_SCRIPT)
     assert p.returncode == 2 and "not a regular file" in p.stderr
+    if os.geteuid() == 0:  # another user's file, mode 0600: refused, whoever may read it
+        secret = os.urandom(32).hex()
+        path = str(tmp_path / "other.secret")
+        with open(path, "w") as f:
+            f.write(secret + "\n")
+        os.chmod(path, 0o600)
+        os.chown(path, 65534, -1)
+        p = launch(tmp_path, ["--secret-file", path, "prog.py"], ENV_SCRIPT)
+        assert p.returncode == 2 and "it is not owned by you" in p.stderr, p.stderr
+        assert secret not in p.stderr and p.stdout == ""
     # Several nodes and no secret: each would invent its own; refused.
     p = launch(tmp_path, node1 + ["prog.py"], ENV_SCRIPT)
     assert p.returncode == 2 and "--nnodes 2 needs the job secret" in p.stderr
