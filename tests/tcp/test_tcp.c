@@ -1079,6 +1079,21 @@ static void test_tcp_host_name(void **state) {
  * the store from: 127.0.0.1 for a store on loopback, and for a store at one
  * of this host's own addresses, that address (the route to it starts
  * there). Skipped on a host with no IPv4 address but loopback. */
+/* One of this host's IPv4 addresses other than loopback's, or "". */
+static void own_ipv4(char own[INET_ADDRSTRLEN]) {
+    struct ifaddrs *ifs = NULL;
+    assert_int_equal(getifaddrs(&ifs), 0);
+    own[0] = '\0';
+    for (struct ifaddrs *i = ifs; i && !own[0]; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+            (i->ifa_flags & IFF_LOOPBACK))
+            continue;
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)i->ifa_addr)->sin_addr, own,
+                  INET_ADDRSTRLEN);
+    }
+    freeifaddrs(ifs);
+}
+
 static void test_tcp_local_addr_toward(void **state) {
     (void)state;
     char out[TPI_ADDR_LEN_MAX];
@@ -1086,21 +1101,72 @@ static void test_tcp_local_addr_toward(void **state) {
     assert_string_equal(out, "127.0.0.1");
     assert_int_equal(tpi_tcp_local_addr_toward("localhost", out, sizeof out), 0);
     assert_true(strcmp(out, "127.0.0.1") == 0 || strcmp(out, "::1") == 0);
-    struct ifaddrs *ifs = NULL;
-    assert_int_equal(getifaddrs(&ifs), 0);
-    char own[INET_ADDRSTRLEN] = "";
-    for (struct ifaddrs *i = ifs; i && !own[0]; i = i->ifa_next) {
-        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
-            (i->ifa_flags & IFF_LOOPBACK))
-            continue;
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)i->ifa_addr)->sin_addr, own, sizeof own);
-    }
-    freeifaddrs(ifs);
+    char own[INET_ADDRSTRLEN];
+    own_ipv4(own);
     if (!own[0])
         skip();
     memset(out, 0, sizeof out);
     assert_int_equal(tpi_tcp_local_addr_toward(own, out, sizeof out), 0);
     assert_string_equal(out, own);
+}
+
+/* spec: TCP-12: the same through a job. The store at this host's own
+ * address and listen_addr left "auto": each worker listens on, and
+ * publishes, that address (the one peers on other hosts can dial), not
+ * 127.0.0.1, and calls go both ways. */
+static char toward_own[INET_ADDRSTRLEN];
+
+static int body_toward(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    char method[64];
+    snprintf(method, sizeof method, "tcp://%s:%u", toward_own, (unsigned)job->store_port);
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tp_options_set_init_method(o, method) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    int64_t v = 0;
+    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), rank, 50, 10, &v) == TP_OK && v == rank + 50);
+    atomic_fetch_add(&sh->count[C_NAMED_UP], 1);
+    TT_CHECK(tt_await_flag(sh, F_NAMED_SEEN, 1, 20) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_auto_listens_toward_the_store(void **state) {
+    (void)state;
+    own_ipv4(toward_own);
+    if (!toward_own[0])
+        skip();
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_toward, NULL), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_NAMED_UP]) < 2 && tt_now_ns() < deadline)
+        usleep(1000);
+    assert_int_equal(atomic_load(&job.shared->count[C_NAMED_UP]), 2);
+    tp_store *store = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    tpi_tcp_auth auth = tt_job_auth();
+    assert_int_equal(tpi_tcp_store_connect(toward_own, job.store_port, UINT32_MAX, &auth,
+                                           UINT64_MAX, "test", NULL, 0, NULL, &store, err,
+                                           sizeof err),
+                     TP_OK);
+    for (int r = 0; r < 2; r++) {
+        char key[32];
+        snprintf(key, sizeof key, "g0/init/rank/%d", r);
+        void *v = NULL;
+        size_t len = 0;
+        assert_int_equal(store->ops->get(store, key, &v, &len), TP_OK);
+        const char *tab = strrchr(v, '\t'); /* the address is the entry's last field */
+        assert_non_null(tab);
+        print_message("worker %d: %s\n", r, tab + 1);
+        assert_int_equal(strncmp(tab + 1, toward_own, strlen(toward_own)), 0);
+        assert_int_equal(tab[1 + strlen(toward_own)], ':');
+        free(v);
+    }
+    store->ops->close(store);
+    atomic_store(&job.shared->flag[F_NAMED_SEEN], 1);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
 }
 
 /* ---- Garbage on a worker's port ------------------------------------------------------ */
@@ -2038,6 +2104,7 @@ int main(void) {
     tt_ensure_secret(); /* this process reads it too, to talk to the job (TCP-17) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_local_addr_toward),
+        cmocka_unit_test(test_tcp_auto_listens_toward_the_store),
         cmocka_unit_test(test_tcp_basic_calls),
         cmocka_unit_test(test_tcp_calls_from_a_thread_exit),
         cmocka_unit_test(test_tcp_many_async),
