@@ -1037,6 +1037,63 @@ static void test_tcp_peer_leaves(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- A worker that refuses every dial ------------------------------------------------- */
+
+enum { F_RF_CLOSED = 0, F_RF_DONE = 1 };
+
+/* spec: TCP-20. Worker 1 lives on (and keeps its store connection) but its
+ * address refuses every dial: its listener is replaced with a socket that
+ * does not listen, and the connections init made have closed as idle. Worker
+ * 0's call must dial, and fails with
+ * TP_EPEERDOWN once the dial has been refused for TPI_TCP_REFUSED_DEAD_MS
+ * (nothing listens there), well before the call's own 10 s deadline. */
+static int body_refused(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 5);
+    /* Connections init made close when idle: worker 0's call must dial. */
+    TT_CHECK(o && tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        int listeners = 0;
+        for (int fd = 0; fd < 1024; fd++) {
+            int on = 0;
+            socklen_t len = sizeof on;
+            if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) != 0 || !on)
+                continue;
+            int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            TT_CHECK(s >= 0 && dup2(s, fd) == fd); /* closes the listener */
+            close(s);
+            listeners++;
+        }
+        TT_CHECK(listeners == 1);
+        atomic_store(&sh->flag[F_RF_CLOSED], 1);
+        TT_CHECK(tt_await_flag(sh, F_RF_DONE, 1, 60) == 0);
+        TT_CHECK(tp_shutdown(0) == TP_OK);
+        return 0;
+    }
+    TT_CHECK(tt_await_flag(sh, F_RF_CLOSED, 1, 60) == 0);
+    usleep(TT_SLOWDOWN * 1500000); /* past idle_timeout and the close's grace (TCP-19) */
+    uint64_t t0 = tt_now_ns();
+    int64_t v = 0;
+    tp_status st = tt_call_add(tp_to_rank(1), 1, 2, 10, &v);
+    double took = (double)(tt_now_ns() - t0) / 1e9;
+    fprintf(stderr, "worker 0: %s after %.2f s: %s\n", tp_status_name(st), took, tp_errmsg());
+    atomic_store(&sh->flag[F_RF_DONE], 1);
+    TT_CHECK(st == TP_EPEERDOWN);
+    TT_CHECK(took >= TPI_TCP_REFUSED_DEAD_MS / 1e3 && took < 8);
+    TT_CHECK(tp_shutdown(0) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_refused_dials_are_a_verdict(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_refused, NULL), 0);
+    assert_all_ok(&job, 90);
+    tt_job_free(&job);
+}
+
 /* ---- Workers named by a host name ------------------------------------------------------ */
 
 enum { C_NAMED_UP = 6, F_NAMED_SEEN = 6 };
@@ -2114,6 +2171,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),
         cmocka_unit_test(test_tcp_peer_leaves),
         cmocka_unit_test(test_tcp_host_name),
+        cmocka_unit_test(test_tcp_refused_dials_are_a_verdict),
         cmocka_unit_test(test_tcp_auth_refuses_outsiders),
         cmocka_unit_test(test_tcp_auth_off),
         cmocka_unit_test(test_tcp_garbage),
