@@ -405,6 +405,7 @@ static void test_shm_slab_on_descriptor_0_reused(void **state) {
  * then gets 0) and note the number pidfd_getfd gave. */
 static int move_pidfd_to;
 static int last_taken_fd = -1;
+static int last_pidfd = -1;
 
 long syscall(long n, ...) {
     static long (*real)(long, ...);
@@ -426,11 +427,14 @@ long syscall(long n, ...) {
     }
     if (n == SYS_pidfd_getfd)
         last_taken_fd = (int)r;
+    if (n == SYS_pidfd_open)
+        last_pidfd = (int)r;
     return r;
 }
 
 /* Worker 1 of two accepts the OFFER v from worker 0 (this process); 1 when
- * its probe held, 0 when refused (the reason checked), the side freed. */
+ * its probe held, 0 when refused (the reason checked, and the pidfd it
+ * opened for the dialer closed again), the side freed. */
 static int accept_offer(const uint32_t v[3]) {
     tpi_tcp_agent b;
     memset(&b, 0, sizeof b);
@@ -438,10 +442,13 @@ static int accept_offer(const uint32_t v[3]) {
     b.world_size = 2;
     b.max_msg = MIB;
     const char *why = NULL;
+    last_pidfd = -1;
     tpi_shm_rx *rx = tpi_shm_accept(&b, 0, NULL, v, &why);
     if (!rx) {
         assert_non_null(why);
         assert_non_null(strstr(why, "not this connection's probe"));
+        assert_true(last_pidfd >= 0);
+        assert_int_equal(fcntl(last_pidfd, F_GETFD), -1);
         return 0;
     }
     tpi_shm_rx_unref(rx);
