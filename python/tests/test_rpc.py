@@ -1160,7 +1160,7 @@ def test_values_nest_to_the_limit_both_ways(tmp_path):
     # value of its own (64 lists around a scalar); an argument sits inside the
     # call's args tuple, inside the call's wire list (62). One level more is
     # refused on the side that builds it, with the limit named, and the world
-    # goes on serving.
+    # goes on serving. Dicts count as lists do.
     out = run(tmp_path, """
         def nest(k):
             x = 1
@@ -1170,26 +1170,35 @@ def test_values_nest_to_the_limit_both_ways(tmp_path):
 
         def depth(x):
             d = 0
-            while isinstance(x, list):
-                x, d = x[0], d + 1
+            while isinstance(x, (list, dict)):
+                x, d = (x[0] if isinstance(x, list) else x["k"]), d + 1
             return d
+
+        def dnest(k):  # dicts count as lists do
+            x = 1
+            for _ in range(k):
+                x = {"k": x}
+            return x
 
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
-            print("result", depth(rpc.rpc_sync("worker1", nest, args=(64,))))
-            try:
-                rpc.rpc_sync("worker1", nest, args=(65,))
-            except Exception as e:
-                print("result+1", type(e).__name__, "nest more than 64 deep" in str(e))
-            print("arg", rpc.rpc_sync("worker1", depth, args=(nest(62),)))
-            try:
-                rpc.rpc_sync("worker1", depth, args=(nest(63),))
-            except ValueError as e:
-                print("arg+1", "nest more than 64 deep" in str(e))
+            for kind, make in (("list", nest), ("dict", dnest)):
+                print(kind, "result", depth(rpc.rpc_sync("worker1", make, args=(64,))))
+                try:
+                    rpc.rpc_sync("worker1", make, args=(65,))
+                except Exception as e:
+                    print(kind, "result+1", type(e).__name__, "nest more than 64 deep" in str(e))
+                print(kind, "arg", rpc.rpc_sync("worker1", depth, args=(make(62),)))
+                try:
+                    rpc.rpc_sync("worker1", depth, args=(make(63),))
+                except ValueError as e:
+                    print(kind, "arg+1", "nest more than 64 deep" in str(e))
             print("after", rpc.rpc_sync("worker1", add, args=(1, 2)))
         rpc.shutdown()
     """)
-    assert out == ["result 64", "result+1 ValueError True", "arg 62", "arg+1 True", "after 3"]
+    assert out == [kind + line for kind in ("list ", "dict ")
+                   for line in ("result 64", "result+1 ValueError True", "arg 62", "arg+1 True")] \
+        + ["after 3"]
 
 
 def test_blocking_init_looks_for_signals_every_slice(tmp_path):
