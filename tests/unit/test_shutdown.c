@@ -475,6 +475,7 @@ static struct {
     int false_dead_rank;               /* from its round-0 value's write to its round-1 one's */
     int false_dead_on, false_dead_seen; /* the window is open; scans that reported it */
     int mem_inner;                      /* the in-memory store (scan and add: STORE-12's count) */
+    int garble_sums;                    /* every drain round's sums read back as "zz" */
     unsigned arrive_scans[WATCH_RANKS]; /* scans of "sd/arrive/", by host */
 } watch;
 
@@ -537,6 +538,16 @@ static tp_status watch_set(tp_store *s, const char *key, const void *value, size
 static tp_status watch_get(tp_store *s, const char *key, void **value, size_t *len) {
     if (watch_refuse(s))
         return TP_ESTORE;
+    size_t n = strlen(key);
+    if (watch.garble_sums && strstr(key, "sd/drain/") && n > 7 &&
+        (strcmp(key + n - 7, "/active") == 0 || strcmp(key + n - 7, "/issued") == 0)) {
+        *value = malloc(2);
+        if (!*value)
+            return TP_ENOMEM;
+        memcpy(*value, "zz", 2); /* a store that lost the sums: not a number */
+        *len = 2;
+        return TP_OK;
+    }
     tp_store *in = ((watch_store *)s)->inner;
     return in->ops->get(in, key, value, len);
 }
@@ -853,6 +864,60 @@ static void test_shutdown_barrier_count_lost_for_good(void **state) {
 }
 
 /*
+ * STORE-12: a drain round whose count is complete but whose sums do not
+ * read back as numbers (a store that lost them) reads the workers' keys
+ * instead. w0's call to w1 runs 1 s and both shut down gracefully at once:
+ * the keys show the call active, so the drain waits for it, it is
+ * answered, and both shutdowns end after it with TP_OK. (Taking such a
+ * round as quiet, with no keys read, would end the drain at round 1 with
+ * the call still running.)
+ */
+static tp_status garbled_status[2], garbled_call_status;
+static uint64_t garbled_ns[2];
+
+static int garbled_sums_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    tp_future *f = NULL;
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(1, tp_value_float(1.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_INFINITE, &f) == TP_OK);
+        tp_value_free(args);
+        CHECK(tp_sleep(0.01) == TP_OK); /* it runs on w1 */
+    }
+    uint64_t t0 = now_ns();
+    garbled_status[rank] = tp_shutdown(1);
+    garbled_ns[rank] = now_ns() - t0;
+    if (f) {
+        garbled_call_status =
+            tp_future_done(f) ? tp_future_wait(f, TP_TIMEOUT_INFINITE) : TP_EINVAL;
+        tp_future_free(f);
+    }
+    return 0;
+}
+
+static void test_shutdown_drain_reads_the_keys_when_sums_are_lost(void **state) {
+    (void)state;
+    watch_reset();
+    watch.mem_inner = 1;
+    watch.garble_sums = 1;
+    garbled_call_status = TP_EINVAL;
+    int codes[2] = {-9, -9};
+    run_watched(26, garbled_sums_program, codes);
+    for (int r = 0; r < 2; r++)
+        print_message("w%d: %s after %.3f s\n", r, tp_status_name(garbled_status[r]),
+                      (double)garbled_ns[r] / 1e9);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(garbled_call_status, TP_OK);
+    assert_int_equal(garbled_status[0], TP_OK);
+    assert_int_equal(garbled_status[1], TP_OK);
+    assert_true(garbled_ns[0] >= 990 * MS && garbled_ns[1] >= 990 * MS);
+    assert_true(watch.rounds >= 2);
+}
+
+/*
  * SHUTDOWN-5 step 5: a worker a round behind stops at sd/done. w1 counts
  * w0 as gone too early in round 0 (a false "dead/0" that only w1 sees, from
  * its round-0 value until its round-1 value, as a worker under load on TCP
@@ -1133,6 +1198,8 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_drain_reads_the_keys_when_sums_are_lost,
+                               reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_reads_the_count_while_waiting, reset_failures),
         cmocka_unit_test_setup(test_shutdown_round_behind_stops_at_done, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_flush_without_memory, reset_failures),
