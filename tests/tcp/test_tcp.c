@@ -1136,6 +1136,22 @@ static void test_tcp_host_name(void **state) {
  * the store from: 127.0.0.1 for a store on loopback, and for a store at one
  * of this host's own addresses, that address (the route to it starts
  * there). Skipped on a host with no IPv4 address but loopback. */
+/* Waits (at most timeout_s) until count i of the job reaches n, then
+ * connects to the job's store at host as a client: the store's handle. */
+static tp_store *job_store_once(tt_job *job, int i, int n, double timeout_s, const char *host) {
+    uint64_t deadline = tt_now_ns() + (uint64_t)(timeout_s * 1e9);
+    while (atomic_load(&job->shared->count[i]) < n && tt_now_ns() < deadline)
+        usleep(1000);
+    assert_int_equal(atomic_load(&job->shared->count[i]), n);
+    tp_store *store = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    tpi_tcp_auth auth = tt_job_auth();
+    assert_int_equal(tpi_tcp_store_connect(host, job->store_port, UINT32_MAX, &auth, UINT64_MAX,
+                                           "test", NULL, 0, NULL, &store, err, sizeof err),
+                     TP_OK);
+    return store;
+}
+
 /* One of this host's IPv4 addresses other than loopback's, or "". */
 static void own_ipv4(char own[INET_ADDRSTRLEN]) {
     struct ifaddrs *ifs = NULL;
@@ -1196,17 +1212,7 @@ static void test_tcp_auto_listens_toward_the_store(void **state) {
         skip();
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_toward, NULL), 0);
-    uint64_t deadline = tt_now_ns() + 30000000000ull;
-    while (atomic_load(&job.shared->count[C_NAMED_UP]) < 2 && tt_now_ns() < deadline)
-        usleep(1000);
-    assert_int_equal(atomic_load(&job.shared->count[C_NAMED_UP]), 2);
-    tp_store *store = NULL;
-    char err[TP_ERRMSG_LEN_MAX];
-    tpi_tcp_auth auth = tt_job_auth();
-    assert_int_equal(tpi_tcp_store_connect(toward_own, job.store_port, UINT32_MAX, &auth,
-                                           UINT64_MAX, "test", NULL, 0, NULL, &store, err,
-                                           sizeof err),
-                     TP_OK);
+    tp_store *store = job_store_once(&job, C_NAMED_UP, 2, 30, toward_own);
     for (int r = 0; r < 2; r++) {
         char key[32];
         snprintf(key, sizeof key, "g0/init/rank/%d", r);
@@ -1265,18 +1271,8 @@ static void test_tcp_garbage(void **state) {
     (void)state;
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 3, body_garbage, NULL), 0);
-    uint64_t deadline = tt_now_ns() + 20000000000ull;
-    while (atomic_load(&job.shared->count[C_READY]) < 3 && tt_now_ns() < deadline)
-        usleep(1000);
-    assert_int_equal(atomic_load(&job.shared->count[C_READY]), 3);
     /* worker1's address, from the job's store like any client. */
-    tp_store *store = NULL;
-    char err[TP_ERRMSG_LEN_MAX];
-    tpi_tcp_auth auth = tt_job_auth();
-    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job.store_port, UINT32_MAX, &auth,
-                                           UINT64_MAX, "test", NULL, 0, NULL, &store, err,
-                                           sizeof err),
-                     TP_OK);
+    tp_store *store = job_store_once(&job, C_READY, 3, 20, "127.0.0.1");
     void *v = NULL;
     size_t len = 0;
     assert_int_equal(store->ops->get(store, "g0/init/rank/1", &v, &len), TP_OK);
