@@ -1043,10 +1043,10 @@ enum { F_RF_CLOSED = 0, F_RF_DONE = 1 };
 
 /* spec: TCP-20. Worker 1 lives on (and keeps its store connection) but its
  * address refuses every dial: its listener is replaced with a socket that
- * does not listen, and the connections init made have closed as idle. Worker
- * 0's call must dial, and fails with
- * TP_EPEERDOWN once the dial has been refused for TPI_TCP_REFUSED_DEAD_MS
- * (nothing listens there), well before the call's own 10 s deadline. */
+ * does not listen, and the connections init made have closed as idle.
+ * Worker 0's call must dial, and fails with TP_EPEERDOWN once the dial has
+ * been refused for TPI_TCP_REFUSED_DEAD_MS (nothing listens there), well
+ * before the call's own 10 s deadline. */
 static int body_refused(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     tp_options *o = tt_options(job, 10, 5);
@@ -1132,10 +1132,6 @@ static void test_tcp_host_name(void **state) {
     tt_job_free(&job);
 }
 
-/* spec: TCP-12: listen_addr "auto" listens on the address this host reaches
- * the store from: 127.0.0.1 for a store on loopback, and for a store at one
- * of this host's own addresses, that address (the route to it starts
- * there). Skipped on a host with no IPv4 address but loopback. */
 /* Waits (at most timeout_s) until count i of the job reaches n, then
  * connects to the job's store at host as a client: the store's handle. */
 static tp_store *job_store_once(tt_job *job, int i, int n, double timeout_s, const char *host) {
@@ -1167,6 +1163,10 @@ static void own_ipv4(char own[INET_ADDRSTRLEN]) {
     freeifaddrs(ifs);
 }
 
+/* spec: TCP-12: listen_addr "auto" listens on the address this host reaches
+ * the store from: 127.0.0.1 for a store on loopback, and for a store at one
+ * of this host's own addresses, that address (the route to it starts
+ * there). Skipped on a host with no IPv4 address but loopback. */
 static void test_tcp_local_addr_toward(void **state) {
     (void)state;
     char out[TPI_ADDR_LEN_MAX];
