@@ -868,9 +868,9 @@ static void test_shutdown_barrier_count_lost_for_good(void **state) {
  * read back as numbers (a store that lost them) reads the workers' keys
  * instead. w0's call to w1 runs 1 s and both shut down gracefully at once:
  * the keys show the call active, so the drain waits for it, it is
- * answered, and both shutdowns end after it with TP_OK. (Taking such a
- * round as quiet, with no keys read, would end the drain at round 1 with
- * the call still running.)
+ * answered, and both shutdowns end after it with TP_OK. (A drain that
+ * read neither the sums nor the keys ran to the 10 s shutdown timeout, w1
+ * with TP_ETIMEDOUT.)
  */
 static tp_status garbled_status[2], garbled_call_status;
 static uint64_t garbled_ns[2];
