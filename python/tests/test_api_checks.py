@@ -1,8 +1,8 @@
 """The package's argument checks and its own Future, each case asserting the
 error a user gets (type and words) and that nothing started: most run in
-this process, before any init_rpc; the ones that need a running worker run
-in one job of one worker. Issue 21: a check no test reached was a check a
-mutant could delete unseen."""
+this process, before any init_rpc; the ones that need running workers run
+in small jobs of one or two. Issue 21: a check no test reached was a check
+a mutant could delete unseen."""
 import pickle
 import threading
 
