@@ -195,6 +195,17 @@ def _status(status):
 # ---------------------------------------------------------- coordinator side
 
 def free_port():
+    """A port for the next test's store, below the kernel's ephemeral range
+    when the launcher's helper is there (the package's pure-Python
+    launcher): a port the kernel picks for port 0 comes from that range,
+    where another process's outgoing connection may take it before rank 0
+    binds it (CI saw "Address already in use" so)."""
+    try:
+        from tensorplay.distributed.run import free_port as below_ephemeral
+    except ImportError:
+        below_ephemeral = None
+    if below_ephemeral is not None:
+        return below_ephemeral("127.0.0.1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
