@@ -1098,13 +1098,25 @@ static void test_tcp_refused_dials_are_a_verdict(void **state) {
 
 enum { C_NAMED_UP = 6, F_NAMED_SEEN = 6 };
 
-/* spec: TCP-2, TCP-12: listen_addr "localhost", a name and not a literal
- * address, is resolved (as every peer then resolves the published
- * "localhost:port") and calls go both ways. */
-static int body_named(tt_job *job, int rank) {
+typedef struct pair_cfg {
+    const char *listen_addr; /* NULL: the default, "auto" */
+    const char *store_host;  /* NULL: the job's init_method; else its store at this host */
+} pair_cfg;
+
+/* Two workers with cfg's listen_addr and init_method call each other, and
+ * stay up until the parent has read what they published. */
+static int body_pair(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
+    const pair_cfg *cfg = job->arg;
     tp_options *o = tt_options(job, 10, 10);
-    TT_CHECK(o && tp_options_set(o, "listen_addr", "localhost") == TP_OK);
+    TT_CHECK(o);
+    if (cfg->listen_addr)
+        TT_CHECK(tp_options_set(o, "listen_addr", cfg->listen_addr) == TP_OK);
+    if (cfg->store_host) {
+        char method[64];
+        snprintf(method, sizeof method, "tcp://%s:%u", cfg->store_host, (unsigned)job->store_port);
+        TT_CHECK(tp_options_set_init_method(o, method) == TP_OK);
+    }
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     atomic_fetch_add(&sh->count[C_NAMED_UP], 1);
@@ -1115,10 +1127,14 @@ static int body_named(tt_job *job, int rank) {
     return 0;
 }
 
+/* spec: TCP-2, TCP-12: listen_addr "localhost", a name and not a literal
+ * address, is resolved (as every peer then resolves the published
+ * "localhost:port") and calls go both ways. */
 static void test_tcp_host_name(void **state) {
     (void)state;
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_named, NULL), 0);
+    pair_cfg cfg = {.listen_addr = "localhost"};
+    assert_int_equal(tt_spawn(&job, 2, body_pair, &cfg), 0);
     uint64_t deadline = tt_now_ns() + 30000000000ull;
     while (atomic_load(&job.shared->count[C_NAMED_UP]) < 2 && tt_now_ns() < deadline)
         usleep(1000);
@@ -1187,31 +1203,15 @@ static void test_tcp_local_addr_toward(void **state) {
  * address and listen_addr left "auto": each worker listens on, and
  * publishes, that address (the one peers on other hosts can dial), not
  * 127.0.0.1, and calls go both ways. */
-static char toward_own[INET_ADDRSTRLEN];
-
-static int body_toward(tt_job *job, int rank) {
-    tt_shared *sh = job->shared;
-    char method[64];
-    snprintf(method, sizeof method, "tcp://%s:%u", toward_own, (unsigned)job->store_port);
-    tp_options *o = tt_options(job, 10, 10);
-    TT_CHECK(o && tp_options_set_init_method(o, method) == TP_OK);
-    TT_CHECK(tt_init(job, rank, o) == 0);
-    tp_options_free(o);
-    int64_t v = 0;
-    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), rank, 50, 10, &v) == TP_OK && v == rank + 50);
-    atomic_fetch_add(&sh->count[C_NAMED_UP], 1);
-    TT_CHECK(tt_await_flag(sh, F_NAMED_SEEN, 1, 20) == 0);
-    TT_CHECK(tp_shutdown(1) == TP_OK);
-    return 0;
-}
-
 static void test_tcp_auto_listens_toward_the_store(void **state) {
     (void)state;
+    char toward_own[INET_ADDRSTRLEN];
     own_ipv4(toward_own);
     if (!toward_own[0])
         skip();
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_toward, NULL), 0);
+    pair_cfg cfg = {.store_host = toward_own};
+    assert_int_equal(tt_spawn(&job, 2, body_pair, &cfg), 0);
     tp_store *store = job_store_once(&job, C_NAMED_UP, 2, 30, toward_own);
     for (int r = 0; r < 2; r++) {
         char key[32];
