@@ -431,16 +431,20 @@ static void test_init_world_shares_one_parse_of_the_entries(void **state) {
 
 /*
  * Two simulated worlds in two threads of one process, the same size and
- * generation, different names: while every worker of the first holds its
- * table (rank 0 stopped mid-job), the second inits. The table shared by
- * the workers of a world must be that world's (its store's instance), or
- * the second world's workers would take the first's names and addresses.
+ * generation: while every worker of the first holds its table (rank 0
+ * stopped mid-job), the second inits. The table shared by the workers of a
+ * world must be that world's (its store's instance), or the second world's
+ * workers would take the first's names and addresses. With the same names
+ * and every rank on another host (its address another), the second world's
+ * workers share the first's table of names (the same names and credits)
+ * but must route by their own entries.
  */
 enum { TWIN_WORLD = 4 };
 
 typedef struct twin {
     char prefix;                    /* names are "<prefix><rank>" */
     int hold;                       /* the first world: rank 0 waits for the second */
+    int reversed;                   /* host h is rank TWIN_WORLD - 1 - h (else rank h) */
     char seen[TWIN_WORLD][TWIN_WORLD][TP_NAME_LEN_MAX + 1]; /* by rank: the names it saw */
     tp_status init_st[TWIN_WORLD], call_st[TWIN_WORLD];
     tp_status run_st;
@@ -482,8 +486,9 @@ static tp_status fn_whoami(tp_call *call, const tp_value *args, const tp_value *
     return *result ? TP_OK : TP_ENOMEM;
 }
 
-static int twin_program(int rank, int world_size, void *arg) {
+static int twin_program(int host, int world_size, void *arg) {
     twin *t = arg;
+    int rank = t->reversed ? world_size - 1 - host : host;
     char name[8];
     snprintf(name, sizeof name, "%c%d", t->prefix, rank);
     (void)tp_register_function("whoami", fn_whoami, NULL);
@@ -526,19 +531,17 @@ static void *twin_run(void *arg) {
     return NULL;
 }
 
-static void test_init_two_worlds_at_once_keep_their_own_tables(void **state) {
-    (void)state;
-    static twin first = {.prefix = 'a', .hold = 1}, second = {.prefix = 'b'};
+static void run_twins(twin *first, twin *second) {
     twin_first_up = twin_second_done = 0;
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, twin_run, &first), 0);
+    assert_int_equal(pthread_create(&th, NULL, twin_run, first), 0);
     int up = twin_wait(&twin_first_up);
     if (up)
-        twin_run(&second);
+        twin_run(second);
     twin_set(&twin_second_done);
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_true(up);
-    const twin *worlds[] = {&first, &second};
+    const twin *worlds[] = {first, second};
     for (int w = 0; w < 2; w++) {
         const twin *t = worlds[w];
         assert_int_equal(t->run_st, TP_OK);
@@ -552,6 +555,18 @@ static void test_init_two_worlds_at_once_keep_their_own_tables(void **state) {
             }
         }
     }
+}
+
+static void test_init_two_worlds_at_once_keep_their_own_tables(void **state) {
+    (void)state;
+    static twin first = {.prefix = 'a', .hold = 1}, second = {.prefix = 'b'};
+    run_twins(&first, &second);
+}
+
+static void test_init_two_worlds_of_one_names_route_by_their_own(void **state) {
+    (void)state;
+    static twin first = {.prefix = 'a', .hold = 1}, second = {.prefix = 'a', .reversed = 1};
+    run_twins(&first, &second);
 }
 
 /*
@@ -742,6 +757,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_slow_store, reset_failures),
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
+        cmocka_unit_test(test_init_two_worlds_of_one_names_route_by_their_own),
         cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
         cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
         cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
