@@ -884,6 +884,7 @@ static tpi_job *runq_take(tp_core *c, uint32_t src) {
     if (!q->head)
         q->tail = NULL;
     q->njobs--;
+    TPI_ASSERT(!q->head == !q->njobs); /* the count is the list's length */
     j->next = NULL;
     return j;
 }
@@ -934,6 +935,7 @@ static int runq_unlink(tp_core *c, tpi_job *j) {
         if (q->tail == k)
             q->tail = prev;
         q->njobs--;
+        TPI_ASSERT(!q->head == !q->njobs);
         if (!q->head && q->in_round)
             round_remove(c, j->src);
         j->next = NULL;

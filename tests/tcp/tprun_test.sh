@@ -264,23 +264,35 @@ check "restart cannot start: the rank's status" 3 "$rc"
 check "restart cannot start: says so" "tprun: rank 0 exited with status 3; restarting it as a new incarnation (TP_REJOIN=1), restart 1 of 1
 tprun: rank 0 exited with status 3; cannot restart it: No such file or directory; stopping the others" "$(cat "$tmp/err")"
 # signal_job SIG ARGS...: starts tprun ARGS on two ranks that sleep, sends
-# SIG to tprun once both are up, and sets rc to its status ($tmp/err: its stderr).
+# SIG to tprun once both are up, and sets rc to its status ($tmp/err: its
+# stderr) and left to the ranks still running once it returned.
 signal_job() {
   sig=$1
   shift
   rm -f "$tmp"/up.*
-  "$tprun" --nproc 2 "$@" sh -c 'echo up >"$0/up.$RANK"; exec sleep 30' "$tmp" \
+  "$tprun" --nproc 2 "$@" sh -c 'echo $$ >"$0/up.$RANK.tmp"; mv "$0/up.$RANK.tmp" "$0/up.$RANK"; exec sleep 30' "$tmp" \
     >/dev/null 2>"$tmp/err" &
   pid=$!
   for _ in $(seq 100); do [ -e "$tmp/up.0" ] && [ -e "$tmp/up.1" ] && break; sleep 0.1; done
   kill -"$sig" $pid
   wait $pid
   rc=$?
+  left=
+  for r in 0 1; do
+    rpid=$(cat "$tmp/up.$r" 2>/dev/null)
+    if [ -n "$rpid" ] && kill -0 "$rpid" 2>/dev/null; then
+      left="$left $r"
+      kill -9 "$rpid" 2>/dev/null
+    fi
+  done
 }
-# The launcher stopping the job (a signal to it) restarts nobody.
+# The launcher stopping the job (a signal to it) restarts nobody, and stops
+# every rank before it exits (a launcher killed outright would leave them).
 signal_job TERM --max-restarts 3 --grace 1
 check "stopping restarts nobody: status" 143 "$rc"
 check "stopping restarts nobody" 0 "$(grep -c restarting "$tmp/err")"
+check "SIGTERM: says so" "tprun: got signal 15; stopping every rank" "$(head -n 1 "$tmp/err")"
+check "SIGTERM: no rank left running" "" "$left"
 # SIGINT, as Ctrl-C sends it, stops the job the same way: 128 + 2. (A
 # background job of this shell starts with SIGINT ignored: tprun's own
 # handler is what hears it, and the ranks, ignoring it too, are killed
@@ -288,6 +300,7 @@ check "stopping restarts nobody" 0 "$(grep -c restarting "$tmp/err")"
 signal_job INT --grace 1
 check "SIGINT: status" 130 "$rc"
 check "SIGINT: says so" "tprun: got signal 2; stopping every rank" "$(head -n 1 "$tmp/err")"
+check "SIGINT: no rank left running" "" "$left"
 
 # The real thing: rank 1's process dies (SIGKILL) mid-run and its restart
 # rejoins the job; rank 0 calls rank 1, retrying on peer-down, until the

@@ -24,6 +24,8 @@
 #include <cmocka.h>
 
 #include "common/codec.h"
+#include "common/context.h"
+#include "common/core.h"
 #include "common/limits.h"
 #include "alloc_fault.h"
 #include "sim_check.h"
@@ -821,6 +823,63 @@ static void test_no_probe_timer_without_rrefs(void **state) {
 }
 
 /*
+ * RREF-21: on a network that reorders, an owner remembers the ids of other
+ * creators' values it freed (the last TPI_FREED_MAX), to refuse a fetch or
+ * fork held back behind the delete. Its own values are not remembered
+ * (nothing of theirs comes from another creator), so TPI_FREED_MAX of its
+ * own values made and freed after w0's must not push w0's id out. The
+ * verdict is the owner's own (tpi_rref_never_created): a held-back frame
+ * cannot be ordered from here.
+ */
+static tpi_gid freed_id;
+static tp_status freed_before, freed_after; /* the verdict on w0's id */
+static char freed_why[TP_ERRMSG_LEN_MAX];
+
+static tp_status freed_verdict(void) {
+    tp_core *c = tp_context_current()->core;
+    tpi_lock(c);
+    tp_status st = tpi_rref_never_created(c, freed_id, freed_why, sizeof freed_why);
+    tpi_unlock(c);
+    return st;
+}
+
+static int freed_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, 5.0, &r) == TP_OK);
+        freed_id = r->id;
+        tp_rref_release(r); /* w1 frees it once the creation is confirmed */
+    } else if (rank == 1) {
+        for (int i = 0; i < 100 && destroyed == 0; i++)
+            sleep_until(0.1 * (i + 1));
+        CHECK(destroyed == 1);
+        freed_before = freed_verdict();
+        for (int i = 0; i < TPI_FREED_MAX; i++) {
+            tp_rref *mine = NULL;
+            CHECK(tp_rref_from_value(tp_value_int(i), &mine) == TP_OK);
+            tp_rref_release(mine);
+        }
+        freed_after = freed_verdict();
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_freed_ids_of_others_outlast_own_values(void **state) {
+    (void)state;
+    freed_before = freed_after = TP_OK;
+    freed_why[0] = '\0';
+    run_plan_with("chaos 0 0 1\n", freed_program); /* reorders (1 in 10^6): RREF-21 on */
+    assert_int_equal(freed_id.worker, 0);
+    assert_int_equal(freed_before, TP_EPROTO);
+    assert_int_equal(freed_after, TP_EPROTO);
+    assert_non_null(strstr(freed_why, "it was freed"));
+}
+
+/*
  * RREF-22: on a network that loses frames, the owner w1 sends its value to
  * w0 twice in one call, two forks for one holder. Its probe asks w0 about
  * them once they are old enough, and w0 answers "held" for each: each answer
@@ -1117,6 +1176,7 @@ int main(void) {
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
+        cmocka_unit_test_setup(test_rref_freed_ids_of_others_outlast_own_values, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answer_for_a_released_fork, reset_failures),
         cmocka_unit_test_setup(test_nonblocking_hand_off_without_memory, reset_failures),
