@@ -221,6 +221,31 @@ def test_wait_all_and_collect_all():
     assert both.done() and both.value() == [e, g]
 
 
+# ---- PyTorch's helpers' shapes ---------------------------------------------------------------
+
+def test_async_execution_keeps_pytorchs_attribute():
+    """PyTorch's decorator leaves the function on _wrapped_async_rpc_function,
+    which code written for it reads; ours does too."""
+    def f(x):
+        return x
+
+    wrapped = rpc.functions.async_execution(f)
+    assert wrapped._wrapped_async_rpc_function is f
+    assert wrapped.__name__ == "f" and wrapped(3) == 3
+
+
+def test_wait_all_block_lets_the_exception_out():
+    """PyTorch's api._wait_all: an exception in the block propagates (its
+    __exit__ does not swallow it), and the block's list is gone after it."""
+    with pytest.raises(ValueError, match="inside"):
+        with api._wait_all():
+            raise ValueError("inside")
+    assert not hasattr(api._thread_local_var, "future_list")
+    with api._wait_all():
+        pass
+    assert not hasattr(api._thread_local_var, "future_list")
+
+
 # ---- With a running worker ---------------------------------------------------------------
 
 def test_checks_that_need_a_running_worker(tmp_path):
