@@ -223,8 +223,13 @@ static void reply_result(tp_core *c, uint32_t dst, uint64_t id, tp_status st,
         m.id = id;
         m.status = (uint32_t)sst;
         char who[TP_NAME_LEN_MAX + 32];
-        tpi_format(m.text, sizeof m.text, "the result of '%s' cannot be sent back from %s: %s",
-                   fn ? fn : "to_here", tpi_worker_desc(c, c->rank, who, sizeof who), err);
+        tpi_worker_desc(c, c->rank, who, sizeof who);
+        if (st == TP_OK || fn)
+            tpi_format(m.text, sizeof m.text, "the result of '%s' cannot be sent back from %s: %s",
+                       fn ? fn : "to_here", who, err);
+        else /* an error the callee answered (tpi_reply): the caller still learns it */
+            tpi_format(m.text, sizeof m.text, "%s could not send its answer (%s): %s", who, err,
+                       errmsg && *errmsg ? errmsg : tp_strerror(st));
         tpi_send_msg(c, dst, &m, err, sizeof err);
     }
     /* Other failures mean the caller is gone; its side fails the call. */
@@ -1242,7 +1247,7 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         flow_release(c, &none);
         tpi_unlock(c);
         tp_frame_free(f);
-        tpi_reply(c, src, id, TP_ENOMEM, NULL, "the callee is out of memory");
+        tpi_reply(c, src, id, TP_ENOMEM, NULL, "the callee is out of memory taking the call in");
         return;
     }
     if (type == TPI_MSG_REMOTE) {
@@ -1315,6 +1320,11 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
         return;
     if (t)
         tpi_block_free(t, sizeof *t);
+    /* The pool refused (stopping), or there was no memory for the token. */
+    const char *why = st == TP_ENOMEM ? "the callee is out of memory handing the call to its pool"
+                                      : "the callee is shutting down";
+    if (st != TP_ENOMEM)
+        st = TP_ESHUTDOWN;
     tpi_lock(c);
     /* Another token may have taken j (then the job left without one waits
      * for tpi_serve_teardown); else j never runs. */
@@ -1326,7 +1336,7 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
             tpi_peer_must(c, src)->undecoded--;
         if (j->owner) {
             j->owner->running = 0;
-            tpi_owner_set(c, j->owner, TP_ESHUTDOWN, NULL, "the callee is shutting down");
+            tpi_owner_set(c, j->owner, st, NULL, why);
         }
     }
     tpi_unlock(c);
@@ -1339,6 +1349,6 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
     }
     tpi_rref_ctx_done(&j->rc);
     tpi_block_free(j, sizeof *j);
-    tpi_reply(c, src, id, TP_ESHUTDOWN, NULL, "the callee is shutting down");
+    tpi_reply(c, src, id, st, NULL, why);
     tpi_core_unref(c);
 }

@@ -114,6 +114,9 @@ static void detail_text(tpi_sim_detail d, uint32_t about, char *buf, size_t len)
     case TPI_SIM_DETAIL_BAD_FRAME:
         tpi_format(buf, len, "connection to host %u closed: malformed frame", about);
         return;
+    case TPI_SIM_DETAIL_NO_MEMORY:
+        tpi_format(buf, len, "connection to host %u closed: out of memory for a frame", about);
+        return;
     case TPI_SIM_DETAIL_REFUSED:
         tpi_format(buf, len, "no worker is running on host %u (connection refused)", about);
         return;

@@ -273,7 +273,8 @@ typedef enum tpi_sim_detail {
     TPI_SIM_DETAIL_BAD_FRAME,
     TPI_SIM_DETAIL_REFUSED,
     TPI_SIM_DETAIL_STOPPED,
-    TPI_SIM_DETAIL_STALLED
+    TPI_SIM_DETAIL_STALLED,
+    TPI_SIM_DETAIL_NO_MEMORY /* the receiver had no memory for a frame (as TCP: the stream ends) */
 } tpi_sim_detail;
 
 /* The link src -> dst, created on first use; NULL on exhaustion. */

@@ -126,6 +126,8 @@ static const char *detail_word(tpi_sim_detail d) {
         return "loss";
     case TPI_SIM_DETAIL_BAD_FRAME:
         return "bad-frame";
+    case TPI_SIM_DETAIL_NO_MEMORY:
+        return "no-memory";
     case TPI_SIM_DETAIL_REFUSED:
         return "refused";
     case TPI_SIM_DETAIL_STOPPED:
@@ -471,13 +473,15 @@ void tpi_sim_net_deliver(tp_sim *sim, tpi_sim_msg *m) {
         char err[TP_ERRMSG_LEN_MAX];
         tp_status st = f ? check_frame(a, f, err, sizeof err) : TP_ENOMEM;
         if (st != TP_OK) {
-            tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=bad-frame error=%s",
-                          (unsigned long long)m->id, m->src_host, m->dst_host,
+            const char *why = f ? "bad-frame" : "no-memory";
+            tpi_sim_trace(sim, "drop msg=%llu from=%u to=%u why=%s error=%s",
+                          (unsigned long long)m->id, m->src_host, m->dst_host, why,
                           f ? err : "out of memory");
-            tpi_sim_pf_drop(sim, m->dst_host, m->id, "bad-frame");
+            tpi_sim_pf_drop(sim, m->dst_host, m->id, why);
             tp_frame_free(f);
             /* In order or not at all: a connection that lost a frame is over. */
-            tpi_sim_net_break(sim, m->src_host, m->dst_host, TPI_SIM_DETAIL_BAD_FRAME);
+            tpi_sim_net_break(sim, m->src_host, m->dst_host,
+                              f ? TPI_SIM_DETAIL_BAD_FRAME : TPI_SIM_DETAIL_NO_MEMORY);
         } else {
             sim->messages++;
             tpi_sim_trace(sim, "deliver msg=%llu from=%u to=%u src=%u dst=%u len=%zu",

@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "common/blocks.h"
 #include "common/codec.h"
 #include "common/context.h"
 #include "common/core.h"
@@ -823,6 +824,75 @@ static void test_no_probe_timer_without_rrefs(void **state) {
 }
 
 /*
+ * A callee out of memory while it takes a call in: the call fails and says
+ * it was memory (TP_ENOMEM, or TP_EIO when the frame itself could not be
+ * held and the connection ended, as a TCP stream does), the credit the call
+ * held comes back (FLOW-8), and calls go on once there is memory. w0
+ * issues the call, then empties the block cache and makes every malloc of
+ * one size class fail while w1 takes the call in; each class up to 4 KiB
+ * in turn. (Before: a token for the pool that could not be allocated was
+ * answered "the callee is shutting down", and the simulator called a frame
+ * it had no memory for "malformed".)
+ */
+static size_t job_oom_class;
+static tp_status job_oom_st, job_oom_after;
+static char job_oom_msg[TP_ERRMSG_LEN_MAX];
+
+static int job_oom_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        uint8_t pad[600] = {0}; /* the frame in a larger class than the job's */
+        tp_value *args = tp_value_list_of(1, tp_value_bytes(pad, sizeof pad));
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(1), "kept_confirmed", args, NULL, 5.0, &f) == TP_OK);
+        tp_value_free(args);
+        tpi_blocks_trim();
+        atomic_store(&malloc_fail_size, job_oom_class);
+        job_oom_st = tp_future_wait(f, 5.0); /* w1 takes the call in meanwhile */
+        atomic_store(&malloc_fail_size, 0);
+        tpi_format(job_oom_msg, sizeof job_oom_msg, "%s", tp_errmsg());
+        tp_future_free(f);
+        tp_value *res = NULL;
+        job_oom_after = TP_OK;
+        for (int i = 0; i < 100 && job_oom_after == TP_OK; i++) { /* the credit came back */
+            job_oom_after = tp_rpc_sync(tp_to_rank(1), "kept_confirmed", NULL, NULL, 5.0, &res);
+            tp_value_free(res);
+            res = NULL;
+        }
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_callee_without_memory_for_the_job(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    int hit = 0;
+    for (size_t size = 64; size <= 4096; size *= 2) {
+        job_oom_class = size;
+        job_oom_st = job_oom_after = TP_EINVAL;
+        job_oom_msg[0] = '\0';
+        run_plan_with("", job_oom_program);
+        print_message("class %zu: %s: %s\n", size, tp_status_name(job_oom_st), job_oom_msg);
+        /* Out of memory, and says so: the job, the token for the pool, or
+         * the frame (the connection ends, as a TCP stream would) */
+        if (job_oom_st != TP_OK) {
+            assert_true(job_oom_st == TP_ENOMEM || job_oom_st == TP_EIO);
+            assert_non_null(strstr(job_oom_msg, "out of memory"));
+        }
+        assert_int_equal(job_oom_after, TP_OK);
+        hit |= job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "taking the call in") ? 1 : 0;
+        hit |=
+            job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "handing the call to its pool") ? 2 : 0;
+        hit |= job_oom_st == TP_EIO && strstr(job_oom_msg, "out of memory for a frame") ? 4 : 0;
+    }
+    assert_int_equal(hit, 7); /* the job's class, the token's and the frame's */
+}
+
+/*
  * RREF-21: on a network that reorders, an owner remembers the ids of other
  * creators' values it freed (the last TPI_FREED_MAX), to refuse a fetch or
  * fork held back behind the delete. Its own values are not remembered
@@ -1176,6 +1246,7 @@ int main(void) {
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
+        cmocka_unit_test_setup(test_callee_without_memory_for_the_job, reset_failures),
         cmocka_unit_test_setup(test_rref_freed_ids_of_others_outlast_own_values, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answer_for_a_released_fork, reset_failures),
