@@ -349,6 +349,26 @@ static void test_shm_slab_picking(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* spec: TCP-22, TCP-14: a release names a slot the peer chose; it frees a
+ * busy slab of that session and nothing else, whatever the number. */
+static void test_shm_release_checks_the_slot(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, 0), -1); /* no slabs yet */
+    uint32_t gen = 0;
+    int s0 = pack(&a, 1 * MIB, &gen);
+    assert_true(s0 >= 0);
+    const uint32_t past[] = {TPI_SHM_SLABS_MAX, TPI_SHM_SLABS_MAX + 1, 1u << 16, UINT32_MAX};
+    for (size_t i = 0; i < sizeof past / sizeof past[0]; i++)
+        assert_int_equal(tpi_shm_release(&a, 1, 1, past[i]), -1);
+    for (uint32_t slot = 0; slot < TPI_SHM_SLABS_MAX; slot++) /* empty slots, or another session */
+        assert_int_equal(tpi_shm_release(&a, 1, slot == (uint32_t)s0 ? 2 : 1, slot), -1);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)s0), 0); /* still busy until now */
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
 /* spec: TCP-22: of the free slabs a frame fits without wasting more than
  * half, it takes the smallest, wherever that one sits among the slots:
  * here both the 2 MiB slab (slot 0) and the 4 MiB one fit a frame that
@@ -602,6 +622,7 @@ int main(void) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_slab_picking),
+        cmocka_unit_test(test_shm_release_checks_the_slot),
         cmocka_unit_test(test_shm_smallest_fitting_slab_taken),
         cmocka_unit_test(test_shm_slab_on_descriptor_0_reused),
         cmocka_unit_test(test_shm_probe_on_descriptor_0_checked),
