@@ -246,6 +246,56 @@ def test_wait_all_block_lets_the_exception_out():
     assert not hasattr(api._thread_local_var, "future_list")
 
 
+def test_callables_name_themselves_or_say_why_they_cannot():
+    """What a caller's function becomes on the wire (_values.callable_ref):
+    a C class's method taken from the class (torch.Tensor.add, str.upper,
+    int.__add__) by its class's path; a bound method, Python or C, is
+    refused with the advice for bound methods; a partial and an anonymous
+    callable with theirs."""
+    import functools
+    from tensorplay.distributed.rpc import _values
+
+    class Obj:
+        def m(self):
+            pass
+
+        def __call__(self):
+            pass
+
+    assert _values.callable_ref(str.upper) == ("builtins", "str.upper")
+    assert _values.callable_ref(int.__add__) == ("builtins", "int.__add__")
+    assert _values.callable_ref(len) == ("builtins", "len")
+    refused = [(Obj().m, "a bound method carries its object"),
+               ("abc".upper, "a bound method carries its object"),
+               ((1).__add__, "a bound method carries its object"),
+               (functools.partial(len, "a"), "a functools.partial cannot be called remotely"),
+               (lambda: 1, "cannot be called remotely: only functions and classes"),
+               (Obj(), "cannot be called remotely: only functions and classes")]
+    for f, words in refused:
+        with pytest.raises(TypeError, match=words):
+            _values.callable_ref(f)
+
+
+def test_methods_of_c_classes_are_called_by_name(tmp_path):
+    """PyTorch programs pass torch.Tensor's methods as functions
+    (rpc_sync(to, torch.Tensor.add, args=(a, b))): they travel by their
+    class's path and run on the callee."""
+    need_torch()
+    out = run(tmp_path, """
+        import torch
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            a, b = torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])
+            print(rpc.rpc_sync("worker1", torch.Tensor.add, args=(a, b)).tolist())
+            print(rpc.rpc_sync("worker1", torch.Tensor.__mul__, args=(a, 3)).tolist())
+            print(rpc.remote("worker1", torch.Tensor.sum, args=(b,)).to_here().item())
+            print(rpc.rpc_sync("worker1", str.upper, args=("abc",)),
+                  rpc.rpc_sync("worker1", int.__add__, args=(2, 3)))
+        rpc.shutdown()
+    """)
+    assert out == ["[11.0, 22.0]", "[3.0, 6.0]", "30.0", "ABC 5"]
+
+
 # ---- With a running worker ---------------------------------------------------------------
 
 def test_checks_that_need_a_running_worker(tmp_path):

@@ -206,8 +206,22 @@ def unwrap(v):
 
 # ---- Callables ----------------------------------------------------------------------------
 
+# Methods of C classes taken from the class (torch.Tensor.add, str.upper,
+# int.__add__): no __module__ of their own; the class names them.
+_C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType,
+              types.ClassMethodDescriptorType)
+
+
 def _public_path(func):
     """(module, attribute path) under which func is found again, or None."""
+    if isinstance(func, _C_METHODS):
+        owner = _public_path(getattr(func, "__objclass__", None))
+        name = getattr(func, "__name__", None)
+        if owner is None or not isinstance(name, str):
+            return None
+        path = "%s.%s" % (owner[1], name)
+        mod = sys.modules.get(owner[0])
+        return (owner[0], path) if mod is not None and _resolve(mod, path) is func else None
     module = getattr(func, "__module__", None)
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
@@ -252,9 +266,9 @@ def callable_ref(func):
     if not callable(func):
         raise TypeError("%r is not callable" % (func,))
     bound_self = getattr(func, "__self__", None)
+    # Bound: a Python method of an object, or a C one ("abc".upper, (1).__add__).
     is_bound = isinstance(func, types.MethodType) or (
-        isinstance(func, types.BuiltinMethodType) and bound_self is not None
-        and not isinstance(bound_self, types.ModuleType))
+        bound_self is not None and not isinstance(bound_self, types.ModuleType))
     # A classmethod of a module-level class has a name (Class.method); a method
     # bound to an instance carries that instance, which has none.
     named = not isinstance(func, types.MethodType) or isinstance(bound_self, type)
