@@ -210,6 +210,10 @@ def test_argument_bounds_both_sides():
             launcher._nnodes(value)
     assert launcher._endpoint("node7:65535") == ("node7", 65535)
     assert launcher._endpoint("[::1]:65535") == ("::1", 65535)
+    # No port: a bare host name, a bare IPv6 address, brackets alone, or port 0.
+    for value, host in (("node7", "node7"), ("::1", "::1"), ("fe80::1:2", "fe80::1:2"),
+                        ("[::1]", "::1"), ("node7:0", "node7")):
+        assert launcher._endpoint(value) == (host, None)
     for value in ("node7:65536", "[::1]:65536"):
         with pytest.raises(launcher.UsageError, match="the port must be 0..65535"):
             launcher._endpoint(value)
