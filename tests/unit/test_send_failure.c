@@ -219,8 +219,9 @@ static void sc_send_fails(world *w) {
 /*
  * AGENT-11, FAIR-1: w1 has one pool thread. nap holds it while add(1) waits
  * queued behind it; the hand-off of add(2), queued behind add(1), is
- * refused, so w1 takes add(2) back out of w0's queue (its tail) and answers
- * it TP_ESHUTDOWN. add(3), queued next, must then follow add(1): a queue
+ * refused (TP_ENOMEM: no pool task could be made, AGENT-7), so w1 takes
+ * add(2) back out of w0's queue (its tail) and answers it TP_ENOMEM, saying
+ * so. add(3), queued next, must then follow add(1): a queue
  * whose tail still named the job taken out would lose it (and every later
  * one), and its call would wait to its deadline.
  */
@@ -235,13 +236,15 @@ static void sc_refused_handoff(world *w) {
         CHECK(tp_rpc_async(tp_to_name("w1"), fn[i], args, NULL, 5.0, &f[i]) == TP_OK);
         tp_value_free(args);
     }
-    const tp_status want[4] = {TP_OK, TP_OK, TP_ESHUTDOWN, TP_OK};
+    const tp_status want[4] = {TP_OK, TP_OK, TP_ENOMEM, TP_OK};
     for (int i = 0; i < 4; i++) {
         tp_status st = f[i] ? tp_future_wait(f[i], TP_TIMEOUT_INFINITE) : TP_EINVAL;
         if (st != want[i])
             print_error("call %d (%s): %s, want %s: %s\n", i, fn[i], tp_status_name(st),
                         tp_status_name(want[i]), tp_errmsg());
         CHECK(st == want[i]);
+        if (st == TP_ENOMEM)
+            CHECK(strstr(tp_errmsg(), "out of memory handing the call to its pool") != NULL);
         tp_future_free(f[i]);
     }
     CHECK(execute_failed == 1 && fail_execute_at == 0);
