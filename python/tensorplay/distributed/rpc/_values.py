@@ -207,9 +207,10 @@ def unwrap(v):
 # ---- Callables ----------------------------------------------------------------------------
 
 # Methods of C classes taken from the class (torch.Tensor.add, str.upper,
-# int.__add__): no __module__ of their own; the class names them.
-_C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType,
-              types.ClassMethodDescriptorType)
+# int.__add__): no __module__ of their own; the class names them. (A C
+# classmethod is never found again as its descriptor: Class.name is a bound
+# builtin, which callable_ref refuses as bound.)
+_C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType)
 
 
 def _public_path(func):
