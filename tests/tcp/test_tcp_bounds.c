@@ -1009,6 +1009,7 @@ static void test_tcp_unsent_bound(void **state) {
  */
 static atomic_int thr_port;     /* 0: nothing throttled */
 static atomic_llong thr_budget; /* bytes the throttled connection may still take */
+static atomic_int thr_fail;     /* 1: the next throttled write fails, and the throttle ends */
 #define THR_IOV_MAX 1024        /* Linux's UIO_MAXIOV: no caller passes more */
 
 typedef ssize_t (*writev_fn)(int, const struct iovec *, int);
@@ -1063,6 +1064,11 @@ static int cut_iov(const struct iovec *iov, int iovcnt, long long budget, struct
 static ssize_t throttled_write(int fd, const struct iovec *iov, int iovcnt, int flags,
                                int as_sendmsg) {
     struct iovec cut[THR_IOV_MAX];
+    if (atomic_exchange(&thr_fail, 0)) {
+        atomic_store(&thr_port, 0); /* a new connection to the port is not throttled */
+        errno = EHOSTUNREACH;       /* the route went: the process behind it may live */
+        return -1;
+    }
     long long budget = atomic_load(&thr_budget);
     if (budget <= 0) {
         errno = EAGAIN;
@@ -1184,6 +1190,96 @@ static void test_tcp_uncongested_at_half_the_bound(void **state) {
     tt_job_free(&job);
 }
 
+enum { F_FAILED = 9, C_FAIL_STALLED = 10, C_FAIL_LATE = 11, C_FAIL_OK = 12, C_FAIL_EIO = 13 };
+
+static int body_fail_congested(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    TT_CHECK(unsent_init(job, rank) == 0);
+    if (rank == 0) {
+        int64_t v = 0; /* worker 0's connection to worker 1 is open before the throttle */
+        TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 10, &v) == TP_OK && v == 5);
+        char addr[TPI_ADDR_LEN_MAX];
+        TT_CHECK(tt_raw_worker_addr(job->store_port, 1, addr, sizeof addr) == 0);
+        const char *colon = strrchr(addr, ':');
+        TT_CHECK(colon != NULL);
+        atomic_store(&thr_budget, 0);
+        atomic_store(&thr_port, atoi(colon + 1));
+        atomic_store(&sh->flag[F_THROTTLED], 1);
+        TT_CHECK(tt_await_flag(sh, F_HYST_SENT, 1, 60) == 0);
+        TT_CHECK(await_count(sh, C_SERVED, 1, 60) == 0);
+        atomic_store(&sh->count[C_FAIL_STALLED], settled(sh, C_SERVED));
+        /* The next write on the stalled connection fails: the connection and
+         * the answers it held are gone, the process behind it lives. */
+        atomic_store(&thr_fail, 1);
+        uint64_t until = tt_now_ns() + 30000000000ull;
+        while (atomic_load(&thr_port) != 0 && tt_now_ns() < until)
+            usleep(10000);
+        TT_CHECK(atomic_load(&thr_port) == 0);
+        atomic_store(&sh->flag[F_FAILED], 1);
+    } else {
+        TT_CHECK(tt_await_flag(sh, F_THROTTLED, 1, 60) == 0);
+        uint8_t *b = calloc(1, UNSENT_PAYLOAD);
+        tp_value *args = b ? tp_value_list_of(1, tp_value_bytes(b, UNSENT_PAYLOAD)) : NULL;
+        tp_future *f[HYST_CALLS];
+        int issued = 0;
+        while (args && issued < HYST_CALLS &&
+               tp_rpc_async(tp_to_rank(0), "echo_counted", args, NULL, 60, &f[issued]) == TP_OK)
+            issued++;
+        atomic_store(&sh->flag[F_HYST_SENT], 1);
+        TT_CHECK(issued == HYST_CALLS);
+        TT_CHECK(tt_await_flag(sh, F_FAILED, 1, 120) == 0);
+        for (int i = 0; i < issued; i++) {
+            tp_status st = tp_future_wait(f[i], 120);
+            if (st == TP_OK)
+                atomic_fetch_add(&sh->count[C_FAIL_OK], 1);
+            else if (st == TP_EIO) /* its answer was lost with the connection */
+                atomic_fetch_add(&sh->count[C_FAIL_EIO], 1);
+            else
+                fprintf(stderr, "worker 1: flood call %d: %s\n", i, tp_future_error(f[i]));
+            tp_future_free(f[i]);
+        }
+        tp_value_free(args);
+        free(b);
+        /* Worker 0 held more unsent than its bound only on the connection
+         * that failed: it serves this worker again. */
+        int64_t v = 0;
+        tp_status st = tt_call_add(tp_to_rank(0), 2, 3, 20, &v);
+        if (st == TP_OK && v == 5)
+            atomic_store(&sh->count[C_FAIL_LATE], 1);
+        else
+            fprintf(stderr, "worker 1: the call after the failure: %s\n", tp_errmsg());
+    }
+    TT_CHECK(tt_await_flag(sh, F_FAILED, 1, 120) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: AGENT-8, AGENT-18, FAIR-2. Worker 0 (one pool thread, max_unsent_bytes
+ * 1 MiB) stalls worker 1's 256 KiB echoes on a connection that drains
+ * nothing; then a write on it fails (EHOSTUNREACH: TP_EIO, worker 1 lives).
+ * The answers it held are lost with it, so nothing is held for worker 1 any
+ * more: the stalled calls are served and answered on a new connection, and
+ * a new call is answered. An agent that kept the dead connection's unsent
+ * count left worker 1 stalled until its calls timed out. */
+static void test_tcp_congested_connection_fails(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_fail_congested, NULL), 0);
+    assert_int_equal(tt_wait(&job, 240), 0);
+    tt_shared *sh = job.shared;
+    int stalled = atomic_load(&sh->count[C_FAIL_STALLED]);
+    int ok = atomic_load(&sh->count[C_FAIL_OK]), eio = atomic_load(&sh->count[C_FAIL_EIO]);
+    print_message("served %d when stalled, %d in all; after the failure: %d answered, %d lost "
+                  "(TP_EIO), the new call %s\n",
+                  stalled, atomic_load(&sh->count[C_SERVED]), ok, eio,
+                  atomic_load(&sh->count[C_FAIL_LATE]) ? "answered" : "not answered");
+    assert_true(stalled >= 4 && stalled < HYST_CALLS / 2);
+    assert_int_equal(atomic_load(&sh->count[C_FAIL_LATE]), 1);
+    assert_int_equal(ok + eio, HYST_CALLS);
+    assert_int_equal(atomic_load(&sh->count[C_SERVED]), HYST_CALLS); /* each once */
+    tt_job_free(&job);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -1198,6 +1294,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_strangers_report_nobody),
         cmocka_unit_test(test_tcp_unsent_bound),
         cmocka_unit_test(test_tcp_uncongested_at_half_the_bound),
+        cmocka_unit_test(test_tcp_congested_connection_fails),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
