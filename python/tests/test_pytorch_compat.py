@@ -1326,3 +1326,71 @@ def test_constants_are_pytorchs():
     lines = p.stdout.splitlines()
     assert lines[0] == "True"
     assert lines[1:] and all(line.endswith(" True") for line in lines[1:]), lines
+
+
+def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_path):
+    """PY-1: a name a peer sends reaches its function through modules and
+    classes only. Through an object's attributes it could switch the policy
+    off (_values.state.__setattr__("allow_pickle", True)), through a
+    function's globals reach anything; object.__setattr__ and its kin are
+    setattr by another name. Methods of classes (int.__add__) stay served."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import _values, api
+        class Outer:
+            class Inner:
+                @staticmethod
+                def twice(x):
+                    return 2 * x
+        def mul(a, b):
+            return a * b
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            def by_path(module, qualname, *args):
+                real = api.callable_ref
+                api.callable_ref = lambda f: (module, qualname)  # as a foreign peer sends
+                try:
+                    return rpc.rpc_sync("worker1", max, args=args)
+                except Exception as e:
+                    return str(e).splitlines()[-1]  # the callee's error, as raised there
+                finally:
+                    api.callable_ref = real
+            for module, qualname, args in (
+                    ("tensorplay.distributed.rpc._values", "state.__setattr__",
+                     ("allow_pickle", True)),
+                    ("tensorplay.distributed.rpc.api", "_state.policy.check", ("os", "system", 0)),
+                    ("__main__", "mul.__globals__.get", ("os",)),
+                    ("builtins", "object.__setattr__", (Outer, "x", 1)),
+                    ("builtins", "type.__setattr__", (Outer, "x", 1)),
+                    ("builtins", "object.__delattr__", (Outer, "Inner")),
+                    ("builtins", "type.__getattribute__", (Outer, "Inner"))):
+                print(qualname, by_path(module, qualname, *args))
+            print(by_path("builtins", "int.__add__", 2, 3), by_path("builtins", "str.upper", "a"),
+                  by_path("__main__", "Outer.Inner.twice", 4), by_path("builtins", "max", 1, 2))
+            # A reference in the arguments is checked as a call is.
+            real = _values._public_path
+            _values._public_path = lambda f: ("builtins", "type.__setattr__") if f is len else real(f)
+            try:
+                print("argument:", rpc.rpc_sync("worker1", callable, args=(len,)))
+            except PermissionError as e:
+                print("argument refused:", e)
+            _values._public_path = real
+        rpc.shutdown()
+    """)
+    through = "names reach functions through modules and classes only"
+    hook = "is setattr, delattr or getattr by another name"
+    policy = "PermissionError: function %s is refused by this worker's exposure policy: %s"
+    assert out[:8] == [
+        "state.__setattr__ " + policy % ("tensorplay.distributed.rpc._values.state.__setattr__",
+                                         "the name goes through state, a State: " + through),
+        "_state.policy.check " + policy % ("tensorplay.distributed.rpc.api._state.policy.check",
+                                           "the name goes through _state, a _State: " + through),
+        "mul.__globals__.get " + policy % ("__main__.mul.__globals__.get",
+                                           "the name goes through mul, a function: " + through),
+        "object.__setattr__ " + policy % ("builtins.object.__setattr__", "__setattr__ " + hook),
+        "type.__setattr__ " + policy % ("builtins.type.__setattr__", "__setattr__ " + hook),
+        "object.__delattr__ " + policy % ("builtins.object.__delattr__", "__delattr__ " + hook),
+        "type.__getattribute__ " + policy % ("builtins.type.__getattribute__",
+                                             "__getattribute__ " + hook),
+        "5 A 8 2"]
+    assert out[8] == "argument refused: On worker 'worker1' (id 1):"
+    assert out[9] == policy % ("builtins.type.__setattr__", "__setattr__ " + hook)

@@ -13,6 +13,7 @@ own functions may still do anything their arguments steer them to).
 """
 import builtins
 import os
+import sys
 import types
 
 # Whole modules whose every function runs code, starts processes, loads
@@ -30,6 +31,28 @@ _DENIED_OS_PREFIXES = ("system", "popen", "exec", "spawn", "posix_spawn", "fork"
                        "rename", "replace", "truncate", "chmod", "chown", "lchown", "link",
                        "symlink", "putenv", "unsetenv", "setuid", "setgid", "chroot",
                        "plock", "register_at_fork")
+
+
+# Attribute hooks: object.__setattr__(x, name, v) is setattr by another name.
+_DENIED_ATTRS = frozenset({"__setattr__", "__delattr__", "__getattribute__", "__getattr__"})
+
+
+def _path_refusal(module, qualname):
+    """Why the name module.qualname is not served, or None. A name reaches its
+    function through modules and classes only: through an object's attributes
+    a peer could reach this worker's state (_values.state.__setattr__ would
+    turn allow_pickle on), through a function's __globals__ anything."""
+    obj = sys.modules.get(module)
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        if part in _DENIED_ATTRS:
+            return "%s is setattr, delattr or getattr by another name" % part
+        if i + 1 < len(parts):
+            obj = getattr(obj, part, None)
+            if not isinstance(obj, (types.ModuleType, type)):
+                return ("the name goes through %s, a %s: names reach functions through modules "
+                        "and classes only" % (".".join(parts[:i + 1]), type(obj).__name__))
+    return None
 
 
 def _denied_objects():
@@ -88,6 +111,10 @@ class Policy:
         what = "%s.%s" % (module, qualname)
         if getattr(obj, "_tp_internal", False):
             return  # the package's own helpers (to_here of objects, gathers)
+        why = _path_refusal(module, qualname)
+        if why is not None:  # in allow-list mode too: an exposed module's state is not exposed
+            raise PermissionError("function %s is refused by this worker's exposure policy: %s"
+                                  % (what, why))
         if self.allow:
             if id(obj) in self.allow_ids or what in self.allow_names or \
                     module in self.allow_modules:
