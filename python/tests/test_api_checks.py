@@ -248,8 +248,9 @@ def test_wait_all_block_lets_the_exception_out():
 
 def test_callables_name_themselves_or_say_why_they_cannot():
     """What a caller's function becomes on the wire (_values.callable_ref):
-    a C class's method taken from the class (torch.Tensor.add, str.upper,
-    int.__add__) by its class's path; a bound method, Python or C, is
+    a C class's method or classmethod taken from the class (torch.Tensor.add,
+    str.upper, int.__add__, dict.fromkeys) by its class's path, from an
+    instance of the class too ({}.fromkeys); a bound method, Python or C, is
     refused with the advice for bound methods; a partial and an anonymous
     callable with theirs."""
     import functools
@@ -265,9 +266,14 @@ def test_callables_name_themselves_or_say_why_they_cannot():
     assert _values.callable_ref(str.upper) == ("builtins", "str.upper")
     assert _values.callable_ref(int.__add__) == ("builtins", "int.__add__")
     assert _values.callable_ref(len) == ("builtins", "len")
+    assert _values.callable_ref(dict.fromkeys) == ("builtins", "dict.fromkeys")
+    assert _values.callable_ref({}.fromkeys) == ("builtins", "dict.fromkeys")
+    import datetime
+    assert _values.callable_ref(datetime.date.fromordinal) == ("datetime", "date.fromordinal")
     refused = [(Obj().m, "a bound method carries its object"),
                ("abc".upper, "a bound method carries its object"),
                ((1).__add__, "a bound method carries its object"),
+               (datetime.date(2026, 1, 1).replace, "a bound method carries its object"),
                (functools.partial(len, "a"), "a functools.partial cannot be called remotely"),
                (lambda: 1, "cannot be called remotely: only functions and classes"),
                (Obj(), "cannot be called remotely: only functions and classes")]
@@ -278,8 +284,9 @@ def test_callables_name_themselves_or_say_why_they_cannot():
 
 def test_methods_of_c_classes_are_called_by_name(tmp_path):
     """PyTorch programs pass torch.Tensor's methods as functions
-    (rpc_sync(to, torch.Tensor.add, args=(a, b))): they travel by their
-    class's path and run on the callee."""
+    (rpc_sync(to, torch.Tensor.add, args=(a, b))), and C classmethods
+    (int.from_bytes): they travel by their class's path and run on the
+    callee."""
     need_torch()
     out = run(tmp_path, """
         import torch
@@ -291,9 +298,13 @@ def test_methods_of_c_classes_are_called_by_name(tmp_path):
             print(rpc.remote("worker1", torch.Tensor.sum, args=(b,)).to_here().item())
             print(rpc.rpc_sync("worker1", str.upper, args=("abc",)),
                   rpc.rpc_sync("worker1", int.__add__, args=(2, 3)))
+            print(rpc.rpc_sync("worker1", int.from_bytes, args=(b"\\x01\\x02", "big")),
+                  rpc.rpc_sync("worker1", dict.fromkeys, args=(["a", "b"], 0)),
+                  rpc.rpc_sync("worker1", bytes.fromhex, args=("ff00",)))
         rpc.shutdown()
     """)
-    assert out == ["[11.0, 22.0]", "[3.0, 6.0]", "30.0", "ABC 5"]
+    assert out == ["[11.0, 22.0]", "[3.0, 6.0]", "30.0", "ABC 5",
+                   "258 {'a': 0, 'b': 0} b'\\xff\\x00'"]
 
 
 # ---- With a running worker ---------------------------------------------------------------

@@ -208,8 +208,8 @@ def unwrap(v):
 
 # Methods of C classes taken from the class (torch.Tensor.add, str.upper,
 # int.__add__): no __module__ of their own; the class names them. (A C
-# classmethod is never found again as its descriptor: Class.name is a bound
-# builtin, which callable_ref refuses as bound.)
+# classmethod is never found again as its descriptor: Class.name is a
+# builtin bound to the class, which _public_path names by the class too.)
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType)
 
 
@@ -223,6 +223,18 @@ def _public_path(func):
         path = "%s.%s" % (owner[1], name)
         mod = sys.modules.get(owner[0])
         return (owner[0], path) if mod is not None and _resolve(mod, path) is func else None
+    owner_cls = getattr(func, "__self__", None)
+    if isinstance(func, types.BuiltinMethodType) and isinstance(owner_cls, type):
+        # A C classmethod taken from its class (int.from_bytes, dict.fromkeys,
+        # datetime.datetime.now): made anew at each access, named by the class.
+        owner = _public_path(owner_cls)
+        name = getattr(func, "__name__", None)
+        if owner is None or not isinstance(name, str):
+            return None
+        path = "%s.%s" % (owner[1], name)
+        mod = sys.modules.get(owner[0])
+        return (owner[0], path) if mod is not None and _same_function(_resolve(mod, path),
+                                                                      func) else None
     module = getattr(func, "__module__", None)
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
