@@ -1394,3 +1394,43 @@ def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_p
         "5 A 8 2"]
     assert out[8] == "argument refused: On worker 'worker1' (id 1):"
     assert out[9] == policy % ("builtins.type.__setattr__", "__setattr__ " + hook)
+
+
+def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tmp_path):
+    """PY-1's deny list past the code runners: the file system by any module
+    (shutil.rmtree, pathlib.Path.unlink, torch.save, numpy.save), any
+    descriptor (os.write, os.close), signals, the interpreter (sys.exit),
+    unpickling files (torch.load, numpy.load); os's read-only functions and
+    os.path stay served."""
+    need_torch()
+    (tmp_path / "victim").write_text("keep")
+    (tmp_path / "vdir").mkdir()
+    out = run(tmp_path, """
+        import faulthandler, io, numpy, pathlib, shutil, signal, sys, tempfile, torch
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            for fn, args in ((shutil.rmtree, ("vdir",)), (pathlib.Path.unlink, ("victim",)),
+                             (os.write, (1, b"peer")), (os.close, (0,)), (os.getenv, ("TP_SECRET",)),
+                             (signal.raise_signal, (signal.SIGTERM,)), (sys.exit, (3,)),
+                             (faulthandler.enable, ()), (io.FileIO, ("victim", "w")),
+                             (tempfile.mkstemp, ()), (torch.save, (1, "victim")),
+                             (torch.load, ("victim",)), (numpy.save, ("victim", 1)),
+                             (numpy.load, ("victim",))):
+                try:
+                    rpc.rpc_sync("worker1", fn, args=args)
+                    print("ran", fn.__qualname__)
+                except PermissionError as e:
+                    print("refused", fn.__qualname__,
+                          "changes files, descriptors or the interpreter" in str(e))
+            print(rpc.rpc_sync("worker1", os.getpid) > 0, rpc.rpc_sync("worker1", os.getcwd) ==
+                  os.getcwd(), rpc.rpc_sync("worker1", os.path.join, args=("a", "b")))
+        rpc.shutdown()
+        if rank == 1:
+            print("kept:", open("victim").read(), os.path.isdir("vdir"))
+    """, rank0_only=False)
+    for name in ("rmtree", "Path.unlink", "write", "close", "getenv", "raise_signal", "exit",
+                 "enable", "FileIO", "mkstemp", "save", "load"):
+        assert "[0] refused %s True" % name in out, name
+    assert not [line for line in out if line.startswith("[0] ran ")]
+    assert "[0] True True a/b" in out
+    assert "[1] kept: keep True" in out

@@ -4,8 +4,9 @@ A peer names a function by module and qualified name; the callee looks it up
 among modules its own program imported. That makes every imported function
 callable, the interpreter's code-running entry points included, which would
 turn "a member may call my functions" into "a member may run any command".
-So by default the callee refuses a short deny list: the ways to run code or
-commands, start processes, load native code or unpickle bytes. With
+So by default the callee refuses a deny list: the ways to run code or
+commands, start or signal processes, load native code, unpickle bytes,
+change files and descriptors, or steer the interpreter. With
 TensorPipeRpcBackendOptions(expose=[...]) it serves only what the program
 named (allow-list mode). A trusted member stays trusted: the policy narrows
 what a member can ask for, it does not make a hostile member harmless (its
@@ -16,21 +17,33 @@ import os
 import sys
 import types
 
-# Whole modules whose every function runs code, starts processes, loads
-# native code or turns bytes into objects.
+# Whole modules whose functions run code or commands, start or signal
+# processes, load native code, turn bytes into objects, change files or
+# descriptors, or steer the interpreter itself.
 DENIED_MODULES = frozenset({
     "subprocess", "_posixsubprocess", "pty", "ctypes", "_ctypes", "importlib", "runpy", "code",
     "codeop", "pdb", "bdb", "pickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
     "multiprocessing", "concurrent.futures.process", "webbrowser",
+    # The operating system's calls (os.write and os.close reach any descriptor,
+    # shutil.rmtree and pathlib.Path.unlink any file), signals, the interpreter.
+    "os", "posix", "nt", "shutil", "pathlib", "io", "_io", "tempfile", "fileinput", "signal",
+    "_signal", "faulthandler", "resource", "sys", "_thread",
+    # torch's files (torch.load unpickles), its hub (downloads and runs code)
+    # and its C++ extensions (compile and load native code).
+    "torch.serialization", "torch.hub", "torch.utils.cpp_extension", "torch.jit._serialization",
+    "torch.package",
 })
+# Read-only functions of os that stay served.
+_OS_SERVED = ("getpid", "getppid", "getcwd", "cpu_count", "getloadavg", "uname", "urandom",
+              "strerror", "fspath", "sched_getaffinity", "getuid", "geteuid", "getgid",
+              "getegid", "get_terminal_size")
 # Single functions of modules that are otherwise harmless to expose.
 _DENIED_BUILTINS = ("eval", "exec", "compile", "__import__", "breakpoint", "open", "input",
                     "exit", "quit", "getattr", "setattr", "delattr", "globals", "locals", "vars")
-_DENIED_OS_PREFIXES = ("system", "popen", "exec", "spawn", "posix_spawn", "fork", "kill",
-                       "killpg", "abort", "_exit", "remove", "unlink", "rmdir", "removedirs",
-                       "rename", "replace", "truncate", "chmod", "chown", "lchown", "link",
-                       "symlink", "putenv", "unsetenv", "setuid", "setgid", "chroot",
-                       "plock", "register_at_fork")
+# Functions of modules imported later (looked at once each is): numpy.load
+# unpickles with allow_pickle=True, the others write or map files.
+_DENIED_LATER = {"numpy": ("load", "save", "savez", "savez_compressed", "savetxt", "loadtxt",
+                           "genfromtxt", "fromfile", "memmap")}
 
 
 # Attribute hooks: object.__setattr__(x, name, v) is setattr by another name.
@@ -61,15 +74,25 @@ def _denied_objects():
         f = getattr(builtins, name, None)
         if f is not None:
             out.add(id(f))
-    for name in dir(os):
-        if name.startswith(_DENIED_OS_PREFIXES):
-            f = getattr(os, name)
-            if callable(f) and not isinstance(f, type):
-                out.add(id(f))
     return out
 
 
 _DENIED_IDS = _denied_objects()
+_DENIED_WHY = ("it runs code or commands, starts or signals processes, loads native code, "
+               "unpickles bytes, or changes files, descriptors or the interpreter")
+_SERVED_IDS = frozenset(id(getattr(os, n)) for n in _OS_SERVED if hasattr(os, n))
+_later_seen = set()
+
+
+def _denied_later(obj):
+    """Whether obj is one of _DENIED_LATER's functions, collecting them for
+    each of its modules once the program imported it."""
+    for module, names in _DENIED_LATER.items():
+        mod = sys.modules.get(module)
+        if mod is not None and module not in _later_seen:
+            _DENIED_IDS.update(id(getattr(mod, n)) for n in names if hasattr(mod, n))
+            _later_seen.add(module)
+    return id(obj) in _DENIED_IDS
 
 
 def _module_denied(module):
@@ -120,18 +143,20 @@ class Policy:
                     module in self.allow_modules:
                 return
             raise PermissionError(
-                "function %s is not exposed by worker's policy: this worker serves only what "
+                "function %s is not exposed by this worker's policy: this worker serves only what "
                 "TensorPipeRpcBackendOptions(expose=[...]) names" % what)
         if self._denied(module, obj):
             raise PermissionError(
-                "function %s is refused by this worker's exposure policy: it runs code or "
-                "commands, starts processes, loads native code or unpickles bytes; a worker "
-                "that must serve it names it in TensorPipeRpcBackendOptions(expose=[...])" % what)
+                "function %s is refused by this worker's exposure policy: %s; a worker that "
+                "must serve it names it in TensorPipeRpcBackendOptions(expose=[...])"
+                % (what, _DENIED_WHY))
 
     @staticmethod
     def _denied(module, obj):
         real_module = getattr(obj, "__module__", None) or ""
-        return id(obj) in _DENIED_IDS or _module_denied(module) or \
+        if id(obj) in _SERVED_IDS:
+            return False
+        return _denied_later(obj) or _module_denied(module) or \
             (isinstance(real_module, str) and _module_denied(real_module))
 
     def check_method(self, obj, name, fn):
@@ -161,5 +186,4 @@ class Policy:
         module = getattr(target, "__module__", None) or ""
         if self._denied(module if isinstance(module, str) else "", target):
             raise PermissionError(
-                "method %s is refused by this worker's exposure policy: it runs code or "
-                "commands, starts processes, loads native code or unpickles bytes" % what)
+                "method %s is refused by this worker's exposure policy: %s" % (what, _DENIED_WHY))
