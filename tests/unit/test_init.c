@@ -570,6 +570,45 @@ static void test_init_two_worlds_of_one_names_route_by_their_own(void **state) {
 }
 
 /*
+ * Messages name a worker of the world by name and id, and any other id by
+ * its number alone (tpi_worker_desc): an id describes a frame or rref before
+ * it is refused, and the world's table has world_size entries.
+ */
+enum { DESC_IDS = 4 };
+static char desc_seen[DESC_IDS][TP_NAME_LEN_MAX + 32];
+
+static int desc_program(int host, int world_size, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "d%d", host);
+    if (tp_init_rpc(name, "SIM", host, world_size, NULL) != TP_OK)
+        return 1;
+    if (host == 0) {
+        const tp_core *c = tp_context_current()->core;
+        const uint32_t ids[DESC_IDS] = {0, 1, 2, UINT32_MAX};
+        for (int i = 0; i < DESC_IDS; i++)
+            tpi_worker_desc(c, ids[i], desc_seen[i], sizeof desc_seen[i]);
+    }
+    return tp_shutdown(1) == TP_OK ? 0 : 1;
+}
+
+static void test_init_worker_described_by_name_only_inside_the_world(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = 2, .seed = 3};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[2] = {-1, -1};
+    assert_int_equal(tp_sim_run(sim, desc_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_string_equal(desc_seen[0], "worker 'd0' (id 0)");
+    assert_string_equal(desc_seen[1], "worker 'd1' (id 1)");
+    assert_string_equal(desc_seen[2], "worker id 2");
+    assert_string_equal(desc_seen[3], "worker id 4294967295");
+}
+
+/*
  * AGENT-19: the simulator checks a shared list of addresses once per list
  * id. A re-init is a new table with a new id: here the two hosts swap
  * ranks for the second world (host h is rank h, then rank 1 - h), so every
@@ -758,6 +797,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
         cmocka_unit_test(test_init_two_worlds_of_one_names_route_by_their_own),
+        cmocka_unit_test(test_init_worker_described_by_name_only_inside_the_world),
         cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
         cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
         cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
