@@ -1397,16 +1397,18 @@ def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_p
 
 
 def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tmp_path):
-    """PY-1's deny list past the code runners: the file system by any module
-    (shutil.rmtree, pathlib.Path.unlink, torch.save, numpy.save), any
-    descriptor (os.write, os.close), signals, the interpreter (sys.exit),
-    unpickling files (torch.load, numpy.load); os's read-only functions and
-    os.path stay served."""
+    """PY-1's deny list past eval and os.system: code in strings (timeit,
+    cProfile.run, logging.config), imports by name (pkgutil.resolve_name,
+    help), the file system by any module (shutil.rmtree, pathlib.Path.unlink,
+    torch.save, numpy.save), any descriptor (os.write, os.close), signals,
+    the interpreter (sys.exit), unpickling files (torch.load, numpy.load);
+    os's read-only functions and os.path stay served."""
     need_torch()
     (tmp_path / "victim").write_text("keep")
     (tmp_path / "vdir").mkdir()
     out = run(tmp_path, """
-        import faulthandler, io, numpy, pathlib, shutil, signal, sys, tempfile, torch
+        import cProfile, faulthandler, io, logging.config, numpy, pathlib, pkgutil, shutil
+        import signal, sys, tempfile, timeit, torch
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
             for fn, args in ((shutil.rmtree, ("vdir",)), (pathlib.Path.unlink, ("victim",)),
@@ -1415,13 +1417,26 @@ def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tm
                              (faulthandler.enable, ()), (io.FileIO, ("victim", "w")),
                              (tempfile.mkstemp, ()), (torch.save, (1, "victim")),
                              (torch.load, ("victim",)), (numpy.save, ("victim", 1)),
-                             (numpy.load, ("victim",))):
+                             (numpy.load, ("victim",)),
+                             (timeit.timeit, ("open('victim', 'w')",)),
+                             (cProfile.run, ("open('victim', 'w')",)),
+                             (pkgutil.resolve_name, ("antigravity",)),
+                             (logging.config.dictConfig, ({"version": 1},))):
                 try:
                     rpc.rpc_sync("worker1", fn, args=args)
                     print("ran", fn.__qualname__)
                 except PermissionError as e:
                     print("refused", fn.__qualname__,
                           "changes files, descriptors or the interpreter" in str(e))
+            from tensorplay.distributed.rpc import api
+            real = api.callable_ref
+            api.callable_ref = lambda f: ("builtins", "help")  # an object: as a foreign peer sends
+            try:
+                rpc.rpc_sync("worker1", max, args=("antigravity",))
+                print("ran help")
+            except PermissionError as e:
+                print("refused help", "changes files, descriptors or the interpreter" in str(e))
+            api.callable_ref = real
             print(rpc.rpc_sync("worker1", os.getpid) > 0, rpc.rpc_sync("worker1", os.getcwd) ==
                   os.getcwd(), rpc.rpc_sync("worker1", os.path.join, args=("a", "b")))
         rpc.shutdown()
@@ -1429,7 +1444,8 @@ def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tm
             print("kept:", open("victim").read(), os.path.isdir("vdir"))
     """, rank0_only=False)
     for name in ("rmtree", "Path.unlink", "write", "close", "getenv", "raise_signal", "exit",
-                 "enable", "FileIO", "mkstemp", "save", "load"):
+                 "enable", "FileIO", "mkstemp", "save", "load", "timeit", "run", "resolve_name",
+                 "help", "dictConfig"):
         assert "[0] refused %s True" % name in out, name
     assert not [line for line in out if line.startswith("[0] ran ")]
     assert "[0] True True a/b" in out

@@ -24,6 +24,12 @@ DENIED_MODULES = frozenset({
     "subprocess", "_posixsubprocess", "pty", "ctypes", "_ctypes", "importlib", "runpy", "code",
     "codeop", "pdb", "bdb", "pickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
     "multiprocessing", "concurrent.futures.process", "webbrowser",
+    # Code in strings or files (timeit.timeit("..."), cProfile.run, doctest,
+    # logging.config's handlers), imports by name (pkgutil.resolve_name,
+    # help("x")), pagers that run commands, site and package installers.
+    "timeit", "cProfile", "profile", "doctest", "trace", "logging.config", "pkgutil",
+    "zipimport", "imp", "pydoc", "_sitebuiltins", "site", "ensurepip", "venv", "distutils",
+    "setuptools", "idlelib",
     # The operating system's calls (os.write and os.close reach any descriptor,
     # shutil.rmtree and pathlib.Path.unlink any file), signals, the interpreter.
     "os", "posix", "nt", "shutil", "pathlib", "io", "_io", "tempfile", "fileinput", "signal",
@@ -31,7 +37,7 @@ DENIED_MODULES = frozenset({
     # torch's files (torch.load unpickles), its hub (downloads and runs code)
     # and its C++ extensions (compile and load native code).
     "torch.serialization", "torch.hub", "torch.utils.cpp_extension", "torch.jit._serialization",
-    "torch.package",
+    "torch.package", "numpy.ctypeslib", "numpy.f2py", "numpy.distutils",
 })
 # Read-only functions of os that stay served.
 _OS_SERVED = ("getpid", "getppid", "getcwd", "cpu_count", "getloadavg", "uname", "urandom",
