@@ -570,6 +570,52 @@ static void test_init_two_worlds_of_one_names_route_by_their_own(void **state) {
 }
 
 /*
+ * INIT-4: names need not sort as their ranks do. Each worker finds every
+ * other by name (the table sorted by name, a merge sort whose halves
+ * interleave) and a call by name reaches the worker of that name.
+ */
+enum { ODD_WORLD = 7 };
+static const char *const odd_names[ODD_WORLD] = {"zeta",    "trainer",  "ps",  "alpha",
+                                                 "worker9", "worker10", "beta"};
+static int odd_found[ODD_WORLD], odd_called[ODD_WORLD];
+
+static int odd_program(int host, int world_size, void *arg) {
+    (void)arg;
+    (void)tp_register_function("whoami", fn_whoami, NULL);
+    if (tp_init_rpc(odd_names[host], "SIM", host, world_size, NULL) != TP_OK)
+        return 1;
+    for (int r = 0; r < world_size; r++) {
+        tp_worker_info info;
+        odd_found[host] += tp_get_worker_info(odd_names[r], &info) == TP_OK &&
+                           info.id == (uint32_t)r && strcmp(info.name, odd_names[r]) == 0;
+    }
+    const char *next = odd_names[(host + 1) % world_size];
+    tp_value *res = NULL;
+    const char *who = NULL;
+    size_t len = 0;
+    odd_called[host] = tp_rpc_sync(tp_to_name(next), "whoami", NULL, NULL, 10.0, &res) == TP_OK &&
+                       tp_value_get_str(res, &who, &len) == TP_OK && len == strlen(next) &&
+                       memcmp(who, next, len) == 0;
+    tp_value_free(res);
+    return tp_shutdown(1) == TP_OK ? 0 : 1;
+}
+
+static void test_init_names_in_any_order_are_found(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = ODD_WORLD, .seed = 9};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[ODD_WORLD];
+    assert_int_equal(tp_sim_run(sim, odd_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    for (int r = 0; r < ODD_WORLD; r++) {
+        assert_int_equal(codes[r], 0);
+        assert_int_equal(odd_found[r], ODD_WORLD);
+        assert_int_equal(odd_called[r], 1);
+    }
+}
+
+/*
  * Messages name a worker of the world by name and id, and any other id by
  * its number alone (tpi_worker_desc): an id describes a frame or rref before
  * it is refused, and the world's table has world_size entries.
@@ -798,6 +844,7 @@ int main(void) {
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
         cmocka_unit_test(test_init_two_worlds_of_one_names_route_by_their_own),
         cmocka_unit_test(test_init_worker_described_by_name_only_inside_the_world),
+        cmocka_unit_test(test_init_names_in_any_order_are_found),
         cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
         cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
         cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
