@@ -1407,8 +1407,8 @@ def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tm
     (tmp_path / "victim").write_text("keep")
     (tmp_path / "vdir").mkdir()
     out = run(tmp_path, """
-        import cProfile, faulthandler, io, logging.config, numpy, pathlib, pkgutil, shutil
-        import signal, sys, tempfile, timeit, torch
+        import cProfile, faulthandler, gc, inspect, io, logging.config, numpy, pathlib, pkgutil
+        import shutil, signal, sys, tempfile, timeit, torch
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
             for fn, args in ((shutil.rmtree, ("vdir",)), (pathlib.Path.unlink, ("victim",)),
@@ -1421,7 +1421,8 @@ def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tm
                              (timeit.timeit, ("open('victim', 'w')",)),
                              (cProfile.run, ("open('victim', 'w')",)),
                              (pkgutil.resolve_name, ("antigravity",)),
-                             (logging.config.dictConfig, ({"version": 1},))):
+                             (logging.config.dictConfig, ({"version": 1},)),
+                             (gc.get_objects, ()), (inspect.getmembers, (rpc.rpc_sync,))):
                 try:
                     rpc.rpc_sync("worker1", fn, args=args)
                     print("ran", fn.__qualname__)
@@ -1445,7 +1446,7 @@ def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tm
     """, rank0_only=False)
     for name in ("rmtree", "Path.unlink", "write", "close", "getenv", "raise_signal", "exit",
                  "enable", "FileIO", "mkstemp", "save", "load", "timeit", "run", "resolve_name",
-                 "help", "dictConfig"):
+                 "help", "dictConfig", "get_objects", "getmembers"):
         assert "[0] refused %s True" % name in out, name
     assert not [line for line in out if line.startswith("[0] ran ")]
     assert "[0] True True a/b" in out

@@ -34,6 +34,10 @@ DENIED_MODULES = frozenset({
     # shutil.rmtree and pathlib.Path.unlink any file), signals, the interpreter.
     "os", "posix", "nt", "shutil", "pathlib", "io", "_io", "tempfile", "fileinput", "signal",
     "_signal", "faulthandler", "resource", "sys", "_thread",
+    # Reflection that hands out any object of the process (gc.get_objects,
+    # gc.get_referrers, inspect.getmembers): with an rref to a module's
+    # dict, dict.update rewrites the module.
+    "gc", "inspect",
     # torch's files (torch.load unpickles), its hub (downloads and runs code)
     # and its C++ extensions (compile and load native code).
     "torch.serialization", "torch.hub", "torch.utils.cpp_extension", "torch.jit._serialization",
