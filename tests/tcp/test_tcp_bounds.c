@@ -1010,11 +1010,13 @@ static void test_tcp_unsent_bound(void **state) {
 static atomic_int thr_port;     /* 0: nothing throttled */
 static atomic_llong thr_budget; /* bytes the throttled connection may still take */
 static atomic_int thr_fail;     /* 1: the next throttled write fails, and the throttle ends */
+static atomic_int thr_unreach;  /* 1: the port's host is unreachable: writes and dials fail */
 #define THR_IOV_MAX 1024        /* Linux's UIO_MAXIOV: no caller passes more */
 
 typedef ssize_t (*writev_fn)(int, const struct iovec *, int);
 typedef ssize_t (*write_fn)(int, const void *, size_t);
 typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 
 /* Looked up once, before main: dlsym is not safe in a signal handler, and
  * libuv writes from one. Until then (a library's constructor writing), the
@@ -1022,11 +1024,13 @@ typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
 static writev_fn next_writev;
 static write_fn next_write;
 static sendmsg_fn next_sendmsg;
+static connect_fn next_connect;
 
 __attribute__((constructor)) static void find_next(void) {
     next_writev = (writev_fn)dlsym(RTLD_NEXT, "writev");
     next_write = (write_fn)dlsym(RTLD_NEXT, "write");
     next_sendmsg = (sendmsg_fn)dlsym(RTLD_NEXT, "sendmsg");
+    next_connect = (connect_fn)dlsym(RTLD_NEXT, "connect");
 }
 
 static ssize_t call_writev(int fd, const struct iovec *iov, int n) {
@@ -1064,6 +1068,10 @@ static int cut_iov(const struct iovec *iov, int iovcnt, long long budget, struct
 static ssize_t throttled_write(int fd, const struct iovec *iov, int iovcnt, int flags,
                                int as_sendmsg) {
     struct iovec cut[THR_IOV_MAX];
+    if (atomic_load(&thr_unreach)) {
+        errno = EHOSTUNREACH;
+        return -1;
+    }
     if (atomic_exchange(&thr_fail, 0)) {
         atomic_store(&thr_port, 0); /* a new connection to the port is not throttled */
         errno = EHOSTUNREACH;       /* the route went: the process behind it may live */
@@ -1104,6 +1112,16 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     if (!throttled(fd) || msg->msg_control)
         return call_sendmsg(fd, msg, flags);
     return throttled_write(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, 1);
+}
+
+int connect(int fd, const struct sockaddr *sa, socklen_t len) {
+    int port = atomic_load(&thr_port);
+    if (port && atomic_load(&thr_unreach) && sa && sa->sa_family == AF_INET &&
+        ntohs(((const struct sockaddr_in *)sa)->sin_port) == port) {
+        errno = EHOSTUNREACH;
+        return -1;
+    }
+    return next_connect ? next_connect(fd, sa, len) : (int)syscall(SYS_connect, fd, sa, len);
 }
 
 enum {
@@ -1280,6 +1298,64 @@ static void test_tcp_congested_connection_fails(void **state) {
     tt_job_free(&job);
 }
 
+enum { F_HEALED = 11, C_UNREACH_FAILED = 14, C_UNREACH_AFTER = 15 };
+
+static int body_unreachable(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 120, 60);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK &&
+             tp_options_set(o, "peer_down_timeout", "1") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 10, &v) == TP_OK && v == 5);
+        char addr[TPI_ADDR_LEN_MAX];
+        TT_CHECK(tt_raw_worker_addr(job->store_port, 1, addr, sizeof addr) == 0);
+        const char *colon = strrchr(addr, ':');
+        TT_CHECK(colon != NULL);
+        atomic_store(&thr_unreach, 1);
+        atomic_store(&thr_port, atoi(colon + 1));
+        /* The open connection fails under this call: an unreachable host
+         * says nothing about the worker there (TCP-6). */
+        tp_status st = tt_call_add(tp_to_rank(1), 2, 3, 10, &v);
+        atomic_store(&sh->count[C_UNREACH_FAILED], (int)st);
+        if (st != TP_EIO)
+            fprintf(stderr, "worker 0: the call on the failing connection: %s\n", tp_errmsg());
+        /* Three times peer_down_timeout with the host unreachable, and
+         * nothing to send: nobody dials, so nobody is declared down. */
+        usleep(3500000);
+        atomic_store(&thr_port, 0);
+        atomic_store(&thr_unreach, 0);
+        st = tt_call_add(tp_to_rank(1), 2, 3, 10, &v);
+        atomic_store(&sh->count[C_UNREACH_AFTER], (int)st);
+        if (st != TP_OK)
+            fprintf(stderr, "worker 0: the call after the outage: %s\n", tp_errmsg());
+        atomic_store(&sh->flag[F_HEALED], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_HEALED, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-6, TCP-25. Worker 0's open connection to worker 1 fails with
+ * EHOSTUNREACH, and dials fail the same way for 3.5 s (peer_down_timeout
+ * 1 s), while worker 0 has nothing to send. The failed call gets TP_EIO;
+ * worker 1 is not declared down, since only a dial unanswered is silence,
+ * and the first call once the host is reachable again is answered. (An
+ * agent that took any failure of an open connection for silence dialed
+ * through the outage and declared worker 1 down.) */
+static void test_tcp_unreachable_host_is_not_silence(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_unreachable, NULL), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    tt_shared *sh = job.shared;
+    assert_int_equal(atomic_load(&sh->count[C_UNREACH_FAILED]), TP_EIO);
+    assert_int_equal(atomic_load(&sh->count[C_UNREACH_AFTER]), TP_OK);
+    tt_job_free(&job);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -1295,6 +1371,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_unsent_bound),
         cmocka_unit_test(test_tcp_uncongested_at_half_the_bound),
         cmocka_unit_test(test_tcp_congested_connection_fails),
+        cmocka_unit_test(test_tcp_unreachable_host_is_not_silence),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
