@@ -1451,3 +1451,29 @@ def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tm
     assert not [line for line in out if line.startswith("[0] ran ")]
     assert "[0] True True a/b" in out
     assert "[1] kept: keep True" in out
+
+
+def test_pytorchs_own_async_execution_decorator_is_honoured(tmp_path):
+    """A function marked with torch's own @async_execution (a program that
+    imports it from torch.distributed.rpc.functions) answers with the future
+    it returns, as one marked with ours does."""
+    need_torch()
+    out = run(tmp_path, """
+        import threading, torch
+        from torch.distributed.rpc.functions import async_execution as torch_async
+        @torch_async
+        def later(x):
+            f = torch.futures.Future()
+            threading.Timer(0.1, f.set_result, (x * 2,)).start()
+            return f
+        @rpc.functions.async_execution
+        def ours(x):
+            f = torch.futures.Future()
+            f.set_result(x + 1)
+            return f
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", later, args=(21,)), rpc.rpc_sync("worker1", ours, args=(1,)))
+        rpc.shutdown()
+    """)
+    assert out == ["42 2"]
