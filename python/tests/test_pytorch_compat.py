@@ -1343,6 +1343,15 @@ def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_p
                     return 2 * x
         def mul(a, b):
             return a * b
+        HITS = []
+        class Spy:
+            @property
+            def hit(self):  # a getter with an effect: never run for a peer's name
+                HITS.append(1)
+                return max
+        spy = Spy()
+        def spy_hits():
+            return len(HITS)
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
             def by_path(module, qualname, *args):
@@ -1364,6 +1373,7 @@ def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_p
                     ("builtins", "object.__delattr__", (Outer, "Inner")),
                     ("builtins", "type.__getattribute__", (Outer, "Inner"))):
                 print(qualname, by_path(module, qualname, *args))
+            print(by_path("__main__", "spy.hit", 1, 2), rpc.rpc_sync("worker1", spy_hits))
             print(by_path("builtins", "int.__add__", 2, 3), by_path("builtins", "str.upper", "a"),
                   by_path("__main__", "Outer.Inner.twice", 4), by_path("builtins", "max", 1, 2))
             # A reference in the arguments is checked as a call is.
@@ -1379,7 +1389,7 @@ def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_p
     through = "names reach functions through modules and classes only"
     hook = "is setattr, delattr or getattr by another name"
     policy = "PermissionError: function %s is refused by this worker's exposure policy: %s"
-    assert out[:8] == [
+    assert out[:9] == [
         "state.__setattr__ " + policy % ("tensorplay.distributed.rpc._values.state.__setattr__",
                                          "the name goes through state, a State: " + through),
         "_state.policy.check " + policy % ("tensorplay.distributed.rpc.api._state.policy.check",
@@ -1391,9 +1401,10 @@ def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_p
         "object.__delattr__ " + policy % ("builtins.object.__delattr__", "__delattr__ " + hook),
         "type.__getattribute__ " + policy % ("builtins.type.__getattribute__",
                                              "__getattribute__ " + hook),
+        policy % ("__main__.spy.hit", "the name goes through spy, a Spy: " + through) + " 0",
         "5 A 8 2"]
-    assert out[8] == "argument refused: On worker 'worker1' (id 1):"
-    assert out[9] == policy % ("builtins.type.__setattr__", "__setattr__ " + hook)
+    assert out[9] == "argument refused: On worker 'worker1' (id 1):"
+    assert out[10] == policy % ("builtins.type.__setattr__", "__setattr__ " + hook)
 
 
 def test_exposure_policy_covers_files_descriptors_signals_and_the_interpreter(tmp_path):

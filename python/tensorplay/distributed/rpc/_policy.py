@@ -78,6 +78,17 @@ def _path_refusal(module, qualname):
     return None
 
 
+def check_name(module, qualname):
+    """Raises PermissionError when a peer's name module.qualname (its module
+    imported) does not reach its function through modules and classes. Run
+    before the name is resolved: an instance's attribute is never read for a
+    peer (a property's getter would run)."""
+    why = _path_refusal(module, qualname)
+    if why is not None:  # in allow-list mode too: an exposed module's state is not exposed
+        raise PermissionError("function %s.%s is refused by this worker's exposure policy: %s"
+                              % (module, qualname, why))
+
+
 def _denied_objects():
     out = set()
     for name in _DENIED_BUILTINS:
@@ -144,10 +155,7 @@ class Policy:
         what = "%s.%s" % (module, qualname)
         if getattr(obj, "_tp_internal", False):
             return  # the package's own helpers (to_here of objects, gathers)
-        why = _path_refusal(module, qualname)
-        if why is not None:  # in allow-list mode too: an exposed module's state is not exposed
-            raise PermissionError("function %s is refused by this worker's exposure policy: %s"
-                                  % (what, why))
+        check_name(module, qualname)
         if self.allow:
             if id(obj) in self.allow_ids or what in self.allow_names or \
                     module in self.allow_modules:

@@ -5,6 +5,7 @@ import sys
 import types
 
 from ... import _rpc
+from . import _policy
 
 # The C layer's dtype names (tp_dtype_name) are numpy's, bfloat16 aside;
 # torch 1.13 has no uint16/32/64: those arrive as numpy arrays even for torch users.
@@ -138,6 +139,8 @@ def _from_ext(kind, payload, rref_type):
     if kind == "callable":
         module, qualname = payload
         mod = sys.modules.get(module)
+        if mod is not None and state.policy is not None:
+            _policy.check_name(module, qualname)  # before any attribute is read
         obj = _resolve(mod, qualname) if mod is not None else None
         if obj is None or not callable(obj):
             raise LookupError("a reference to %s.%s arrived, which is not a function or class "

@@ -410,6 +410,7 @@ def _find(module, qualname, timeout):
                 raise FunctionNotFoundError(
                     "function %s.%s: module '%s' is not imported on this worker (it is never "
                     "imported because a peer named it)" % (module, qualname, module))
+            _policy.check_name(module, qualname)
             obj = _values._resolve(mod, qualname)
             if obj is not None:
                 return obj
