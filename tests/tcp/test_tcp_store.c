@@ -525,7 +525,9 @@ static size_t scan_entry(uint8_t *p, const char *key, uint32_t vl, uint32_t have
 
 /* spec: STORE-10, TCP-10: a scan reply's entries are walked within the
  * payload only: a value that says it is longer than what is left (however
- * small) is malformed, as is one over TP_STORE_VALUE_LEN_MAX. */
+ * small) is malformed, as is one over TP_STORE_VALUE_LEN_MAX; so is a key
+ * outside the scan's prefix, shorter than it, holding a NUL, or not after
+ * the one before (a server's answer is checked, not trusted). */
 static void test_tcp_store_scan_entries_bounds(void **state) {
     (void)state;
     uint8_t buf[64];
@@ -546,6 +548,23 @@ static void test_tcp_store_scan_entries_bounds(void **state) {
     assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
     assert_int_equal(n, 1);
     len = scan_entry(buf, "p/a", (uint32_t)TP_STORE_VALUE_LEN_MAX + 1, 3);
+    last[0] = '\0';
+    n = 0;
+    assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
+    assert_int_equal(n, 0);
+    /* Keys the scan did not ask for: each after one good entry. */
+    static const char *const bad_keys[] = {"q/b", "p", "p/0"};
+    for (size_t k = 0; k < sizeof bad_keys / sizeof bad_keys[0]; k++) {
+        len = scan_entry(buf, "p/a", 1, 1);
+        len += scan_entry(buf + len, bad_keys[k], 1, 1);
+        last[0] = '\0';
+        n = 0;
+        assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n),
+                         -1);
+        assert_int_equal(n, 1); /* "p/0" sorts before "p/a": out of order */
+    }
+    len = scan_entry(buf, "p/a", 1, 1);
+    buf[3] = '\0'; /* "p\0a": its length says 3, its string 1 */
     last[0] = '\0';
     n = 0;
     assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
