@@ -1134,6 +1134,18 @@ enum {
 };
 #define HYST_CALLS 24
 
+/* Worker 0's connection to worker 1 opened by a call: worker 1's port (what
+ * the stand-ins match), or -1. */
+static int open_to_worker1(const tt_job *job) {
+    int64_t v = 0;
+    char addr[TPI_ADDR_LEN_MAX];
+    if (tt_call_add(tp_to_rank(1), 2, 3, 10, &v) != TP_OK || v != 5 ||
+        tt_raw_worker_addr(job->store_port, 1, addr, sizeof addr) != 0)
+        return -1;
+    const char *colon = strrchr(addr, ':');
+    return colon ? atoi(colon + 1) : -1;
+}
+
 /* Waits until count i stays put for 300 ms (at most 30 s): its value. */
 static int settled(tt_shared *sh, int i) {
     int before = -1, now = atomic_load(&sh->count[i]);
@@ -1150,14 +1162,10 @@ static int body_hysteresis(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     TT_CHECK(unsent_init(job, rank) == 0);
     if (rank == 0) {
-        int64_t v = 0; /* worker 0's connection to worker 1 is open before the throttle */
-        TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 10, &v) == TP_OK && v == 5);
-        char addr[TPI_ADDR_LEN_MAX];
-        TT_CHECK(tt_raw_worker_addr(job->store_port, 1, addr, sizeof addr) == 0);
-        const char *colon = strrchr(addr, ':');
-        TT_CHECK(colon != NULL);
+        int port = open_to_worker1(job); /* open before the throttle */
+        TT_CHECK(port > 0);
         atomic_store(&thr_budget, 0);
-        atomic_store(&thr_port, atoi(colon + 1));
+        atomic_store(&thr_port, port);
         atomic_store(&sh->flag[F_THROTTLED], 1);
         /* Four answers of 256 KiB pass the 1 MiB bound: worker 1's calls stall.
          * Settling counts only once serving has begun: under a sanitizer worker
@@ -1214,14 +1222,10 @@ static int body_fail_congested(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     TT_CHECK(unsent_init(job, rank) == 0);
     if (rank == 0) {
-        int64_t v = 0; /* worker 0's connection to worker 1 is open before the throttle */
-        TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 10, &v) == TP_OK && v == 5);
-        char addr[TPI_ADDR_LEN_MAX];
-        TT_CHECK(tt_raw_worker_addr(job->store_port, 1, addr, sizeof addr) == 0);
-        const char *colon = strrchr(addr, ':');
-        TT_CHECK(colon != NULL);
+        int port = open_to_worker1(job); /* open before the throttle */
+        TT_CHECK(port > 0);
         atomic_store(&thr_budget, 0);
-        atomic_store(&thr_port, atoi(colon + 1));
+        atomic_store(&thr_port, port);
         atomic_store(&sh->flag[F_THROTTLED], 1);
         TT_CHECK(tt_await_flag(sh, F_HYST_SENT, 1, 60) == 0);
         TT_CHECK(await_count(sh, C_SERVED, 1, 60) == 0);
@@ -1275,10 +1279,11 @@ static int body_fail_congested(tt_job *job, int rank) {
 /* spec: AGENT-8, AGENT-18, FAIR-2. Worker 0 (one pool thread, max_unsent_bytes
  * 1 MiB) stalls worker 1's 256 KiB echoes on a connection that drains
  * nothing; then a write on it fails (EHOSTUNREACH: TP_EIO, worker 1 lives).
- * The answers it held are lost with it, so nothing is held for worker 1 any
- * more: the stalled calls are served and answered on a new connection, and
- * a new call is answered. An agent that kept the dead connection's unsent
- * count left worker 1 stalled until its calls timed out. */
+ * The answers it held are lost with it: worker 1's calls in flight end
+ * (answered, or TP_EIO), worker 0 serves every call once, and, since
+ * nothing is held for worker 1 any more, a new call is answered. An agent
+ * that kept the dead connection's unsent count left worker 1 stalled until
+ * its calls timed out. */
 static void test_tcp_congested_connection_fails(void **state) {
     (void)state;
     tt_job job = {0};
@@ -1309,13 +1314,10 @@ static int body_unreachable(tt_job *job, int rank) {
     tp_options_free(o);
     if (rank == 0) {
         int64_t v = 0;
-        TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 10, &v) == TP_OK && v == 5);
-        char addr[TPI_ADDR_LEN_MAX];
-        TT_CHECK(tt_raw_worker_addr(job->store_port, 1, addr, sizeof addr) == 0);
-        const char *colon = strrchr(addr, ':');
-        TT_CHECK(colon != NULL);
+        int port = open_to_worker1(job);
+        TT_CHECK(port > 0);
         atomic_store(&thr_unreach, 1);
-        atomic_store(&thr_port, atoi(colon + 1));
+        atomic_store(&thr_port, port);
         /* The open connection fails under this call: an unreachable host
          * says nothing about the worker there (TCP-6). */
         tp_status st = tt_call_add(tp_to_rank(1), 2, 3, 10, &v);
