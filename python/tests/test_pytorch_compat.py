@@ -1488,3 +1488,21 @@ def test_pytorchs_own_async_execution_decorator_is_honoured(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["42 2"]
+
+
+def test_a_class_defined_after_init_is_waited_for(tmp_path):
+    """PY-1's rule on dotted names (modules and classes only) still lets the
+    callee wait for a class __main__ has not defined yet, as for a function."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 1:
+            time.sleep(1.0)
+        class Late:
+            @staticmethod
+            def twice(x):
+                return 2 * x
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", Late.twice, args=(21,)))
+        rpc.shutdown()
+    """)
+    assert out == ["42"]

@@ -72,6 +72,8 @@ def _path_refusal(module, qualname):
             return "%s is setattr, delattr or getattr by another name" % part
         if i + 1 < len(parts):
             obj = getattr(obj, part, None)
+            if obj is None:
+                return None  # not defined (yet): the lookup waits for it or says so
             if not isinstance(obj, (types.ModuleType, type)):
                 return ("the name goes through %s, a %s: names reach functions through modules "
                         "and classes only" % (".".join(parts[:i + 1]), type(obj).__name__))
