@@ -1227,3 +1227,21 @@ def test_blocking_init_looks_for_signals_every_slice(tmp_path):
     """)
     n, widest, cpu = out[0].split()
     assert int(n) >= 5 and float(widest) < 0.6 and float(cpu) < 0.6, out
+
+
+def test_an_object_is_named_by_its_class_when_it_cannot_travel(tmp_path):
+    """An object held in an rref is described by module and class, every
+    character a name may hold kept as it is (letters of both cases, digits,
+    '_'); others become '_'."""
+    out = run(tmp_path, """
+        class AZaz09_Obj:
+            pass
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            try:
+                rpc.remote("worker1", AZaz09_Obj).to_here()
+            except TypeError as e:
+                print(str(e).split("hold them in an rref ")[1])
+        rpc.shutdown()
+    """)
+    assert out == ["(an object of class 'py:__main__:AZaz09_Obj')"]
