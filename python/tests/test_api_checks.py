@@ -542,3 +542,16 @@ def test_answers_and_types_the_caller_cannot_take(tmp_path):
                    "type the rref's value is a __main__.OnlyHere, a class not found here",
                    "type later the rref's value is a __main__.OnlyHere, a class not found here",
                    "hello from worker1"]
+
+
+def test_rref_strings_count_local_ids_within_an_incarnation():
+    """PyTorch's GloballyUniqueId strings: the creator's rank and the local id
+    from 0. Our ids count from 1 and carry a restarted worker's incarnation
+    from bit 40 (common/core.h TPI_INC_SHIFT), which the string leaves out."""
+    class Core:
+        def _ids(self):
+            return (2, (1 << 40) | 3), (0, (5 << 40) | 1)
+    r = object.__new__(api.RRef)
+    r._core = Core()
+    assert r._gids() == ("GloballyUniqueId(created_on=2, local_id=2)",
+                         "GloballyUniqueId(created_on=0, local_id=0)")
