@@ -326,6 +326,8 @@ def test_checks_that_need_a_running_worker(tmp_path):
         attempt("args", lambda: rpc.rpc_sync("worker0", add, args={"a": 1}))
         attempt("kwargs", lambda: rpc.rpc_async("worker0", add, args=(1,), kwargs=[2]))
         attempt("callable", lambda: rpc.rpc_sync("worker0", 42))
+        attempt("unset default", lambda: rpc._set_rpc_timeout(rpc.constants.UNSET_RPC_TIMEOUT))
+        print("default", rpc.get_rpc_timeout())
         print("ok", rpc.rpc_sync(0, add, args=(1, 2)), rpc.rpc_sync(rpc.get_worker_info(), add,
                                                                      args=(3, 4)))
         r = rpc.remote("worker0", echo, args=([1, 2],))
@@ -347,6 +349,8 @@ def test_checks_that_need_a_running_worker(tmp_path):
         "args TypeError args must be a tuple or list, not dict",
         "kwargs TypeError kwargs must be a dict, not list",
         "callable TypeError 42 is not callable",
+        "unset default ValueError timeout must be >= 0 seconds (0 means no deadline), got -1.0",
+        "default 60.0",
         "ok 3 7",
         "rref True True list list None",
         "pickle RuntimeError Can not pickle rref in python pickler: an RRef travels as an "
