@@ -559,3 +559,21 @@ def test_rref_strings_count_local_ids_within_an_incarnation():
     r._core = Core()
     assert r._gids() == ("GloballyUniqueId(created_on=2, local_id=2)",
                          "GloballyUniqueId(created_on=0, local_id=0)")
+
+
+def test_backend_keys_reach_the_library(tmp_path):
+    """OPT-6: TensorPipeRpcBackendOptions(backend_options={...}) keys are the
+    library's: a value it refuses fails init_rpc, naming the key."""
+    out = run(tmp_path, """
+        for value in ("lots", "4096", "65536"):
+            opts = rpc.TensorPipeRpcBackendOptions(backend_options={"max_unsent_bytes": value})
+            try:
+                rpc.init_rpc("worker0", rank=0, world_size=1, rpc_backend_options=opts)
+                print(value, "initialized")
+                rpc.shutdown()
+            except Exception as e:
+                print(value, type(e).__name__, str(e).splitlines()[0])
+    """, nproc=1)
+    assert out == ["lots ValueError option 'max_unsent_bytes': 'lots' is not a decimal count",
+                   "4096 ValueError max_unsent_bytes 4096 outside [65536, 1099511627776]",
+                   "65536 initialized"]
