@@ -1360,7 +1360,7 @@ def test_exposure_policy_names_reach_functions_through_modules_and_classes(tmp_p
                 try:
                     return rpc.rpc_sync("worker1", max, args=args)
                 except Exception as e:
-                    return str(e).splitlines()[-1]  # the callee's error, as raised there
+                    return str(e).splitlines()[1]  # the callee's error line, after "On worker ...:"
                 finally:
                     api.callable_ref = real
             for module, qualname, args in (
