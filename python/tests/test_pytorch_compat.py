@@ -1506,3 +1506,28 @@ def test_a_class_defined_after_init_is_waited_for(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["42"]
+
+
+def test_exposure_policy_paths_hold_in_allow_list_mode(tmp_path):
+    """PY-1: exposing a module serves its functions, not its objects' state:
+    a name through one of its objects is refused under expose=[module] too."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import _values, api
+        opts = rpc.TensorPipeRpcBackendOptions(expose=[_values] if rank == 1 else None)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            real = api.callable_ref
+            for qualname, args in (("state.__setattr__", ("allow_pickle", True)),
+                                   ("describe", (1,))):
+                api.callable_ref = lambda f: ("tensorplay.distributed.rpc._values", qualname)
+                try:
+                    print(qualname, rpc.rpc_sync("worker1", max, args=args))
+                except PermissionError as e:
+                    print(qualname, str(e).splitlines()[1])
+            api.callable_ref = real
+        rpc.shutdown()
+    """)
+    assert out == ["state.__setattr__ PermissionError: function tensorplay.distributed.rpc._values."
+                   "state.__setattr__ is refused by this worker's exposure policy: the name goes "
+                   "through state, a State: names reach functions through modules and classes "
+                   "only", "describe 1"]

@@ -153,11 +153,12 @@ class Policy:
         return module in self.allow_modules or "%s.%s" % (module, qualname) in self.allow_names
 
     def check(self, module, qualname, obj):
-        """Raises PermissionError when obj (module.qualname) is not served."""
+        """Raises PermissionError when obj (module.qualname) is not served. The
+        name itself passed check_name before obj was looked up (both callers,
+        api._find and _values' "callable" values, do that first)."""
         what = "%s.%s" % (module, qualname)
         if getattr(obj, "_tp_internal", False):
             return  # the package's own helpers (to_here of objects, gathers)
-        check_name(module, qualname)
         if self.allow:
             if id(obj) in self.allow_ids or what in self.allow_names or \
                     module in self.allow_modules:
