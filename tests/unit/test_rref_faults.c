@@ -1238,6 +1238,57 @@ static void test_rref_share_survives_failed_and_slow_sends(void **state) {
              "delaytype rref_fork 300\ndelaytype rref_accept 200\n");
 }
 
+/*
+ * RREF-14's "no answer" is not a failed creation when a fetch was answered:
+ * w0's REMOTE of hold() on w1 is answered at 1.5 s, in a chaos window that
+ * loses every frame, so only its deadline (4 s) ends it. Meanwhile, at 2 s,
+ * w0's to_here fetched the value: the owner had made it (and recorded our
+ * fork). The REMOTE's timeout must not fail the rref then, nor abandon the
+ * value on its owner: a later to_here still gets it.
+ */
+#define LOST_ANSWER_PLAN "chaos 1000000 0 0 1450 1550\n" /* hold()'s answer (1.5 s) is lost */
+
+static tp_status lost_answer_st[2]; /* w0's to_here before and after the REMOTE's deadline */
+static uint64_t lost_answer_drops;
+
+static int lost_answer_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        sleep_until(1.0);
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "hold", NULL, NULL, 3.0, &r) == TP_OK);
+        sleep_until(2.0); /* past the lost answer: the value is made */
+        tp_value *v = NULL;
+        lost_answer_st[0] = r ? tp_rref_to_here(r, 1.0, &v) : TP_EINVAL;
+        tp_value_free(v);
+        v = NULL;
+        sleep_until(4.5); /* the REMOTE's deadline (4 s) passed, unanswered */
+        lost_answer_st[1] = r ? tp_rref_to_here(r, 1.0, &v) : TP_EINVAL;
+        tp_value_free(v);
+        tp_rref_release(r);
+        lost_answer_drops = tp_sim_fault_count(tp_sim_current(), TP_SIM_FAULT_CHAOS_DROP);
+    }
+    if (rank == 1) {
+        sleep_until(1.5);
+        release_held();
+    }
+    sleep_until(4.5 + SETTLE_S);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_fetched_value_outlives_its_lost_remote_answer(void **state) {
+    (void)state;
+    lost_answer_drops = 0;
+    lost_answer_st[0] = lost_answer_st[1] = TP_EINVAL;
+    run_plan_with(LOST_ANSWER_PLAN, lost_answer_program);
+    assert_true(lost_answer_drops >= 1); /* the REMOTE's answer was lost */
+    assert_int_equal(lost_answer_st[0], TP_OK);
+    assert_int_equal(lost_answer_st[1], TP_OK); /* not failed, not abandoned */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_rref_share_survives_failed_sends, reset_failures),
@@ -1259,6 +1310,8 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_forks_answer_for_a_released_fork, reset_failures),
         cmocka_unit_test_setup(test_nonblocking_hand_off_without_memory, reset_failures),
         cmocka_unit_test_setup(test_rref_share_without_memory_for_the_child, reset_failures),
+        cmocka_unit_test_setup(test_rref_fetched_value_outlives_its_lost_remote_answer,
+                               reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
