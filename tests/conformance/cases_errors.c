@@ -332,6 +332,143 @@ static int errors_null_out_pointers(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* A then-callback that passes the value on. */
+static tp_status pass_on(tp_future *f, tp_value **result, char *errmsg, size_t errmsg_len,
+                         void *user_data) {
+    (void)errmsg, (void)errmsg_len, (void)user_data;
+    *result = tp_value_clone(tp_future_value(f));
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/*
+ * spec: ERR-3 CANCEL-1 FUTURE-6 METHOD-2: misuse of the future, method and
+ * worker-list calls is refused with a status and a message that names the
+ * argument or the reason, and changes nothing: the worker serves on.
+ */
+static int errors_misuse_is_named(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        /* Futures: only an rpc_async's, still pending, can be canceled. */
+        CHECK_STATUS(tp_future_new(NULL), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "future_new: out is NULL");
+        tp_future *mine = NULL, *f = NULL, *chained = NULL;
+        if (CHECK_OK(tp_future_new(&mine))) {
+            CHECK_STATUS(tp_future_cancel(mine), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "only the future of an rpc_async (or an async method "
+                                        "call) can be canceled; this one is the program's own");
+            CHECK(!tp_future_done(mine));
+        }
+        if (CHECK_OK(conf_async(tp_to_rank(1), "add", CONF_INTS(2, 3), &f))) {
+            if (CHECK_OK(tp_future_then(f, pass_on, NULL, &chained))) {
+                CHECK_STATUS(tp_future_cancel(chained), TP_EINVAL);
+                CHECK_CONTAINS(tp_errmsg(), "this one is a then, done-callback or collect_all "
+                                            "future");
+            }
+            CHECK_OK(tp_future_wait(f, TP_TIMEOUT_INFINITE));
+            CHECK_STATUS(tp_future_cancel(f), TP_EALREADY);
+            CHECK_CONTAINS(tp_errmsg(), "cancel: the call ended already (TP_OK)");
+            CHECK_INT(conf_int_of(rank, tp_future_value(f), -1), 5); /* unchanged */
+            if (chained && CHECK_OK(tp_future_wait(chained, TP_TIMEOUT_INFINITE)))
+                CHECK_INT(conf_int_of(rank, tp_future_value(chained), -1), 5);
+            /* collect_all and wait_all name the NULL they were given. */
+            tp_future *all = NULL;
+            tp_future *with_null[2] = {f, NULL};
+            CHECK_STATUS(tp_future_collect_all(NULL, 2, &all), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "collect_all: futures is NULL");
+            CHECK_STATUS(tp_future_collect_all(with_null, 2, &all), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "collect_all: future 1 is NULL");
+            CHECK(all == NULL);
+            CHECK_STATUS(tp_future_wait_all(NULL, 2, TP_TIMEOUT_INFINITE, NULL), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "wait_all: futures is NULL");
+            tp_future *null_first[2] = {NULL, f};
+            CHECK_STATUS(tp_future_wait_all(null_first, 2, TP_TIMEOUT_INFINITE, NULL), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "wait_all: future 0 is NULL");
+        }
+        tp_future_free(chained);
+        tp_future_free(f);
+        if (mine)
+            CHECK_OK(tp_future_set_result(mine, NULL));
+        tp_future_free(mine);
+
+        /* answer_later belongs in a function: outside one there is no call. */
+        CHECK_STATUS(tp_call_answer_later(NULL, NULL), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "answer_later: call is NULL");
+
+        /* Methods: the argument shapes are checked before anything is sent. */
+        tp_method *inc = NULL;
+        tp_rref *r = NULL;
+        CHECK_STATUS(tp_method_factory("increment", NULL), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "method_factory: out is NULL");
+        CHECK_OK(tp_method_factory("increment", &inc));
+        tp_value *start = CONF_INTS(4);
+        CHECK_OK(tp_remote(tp_to_rank(1), "make_counter", start, NULL, TP_TIMEOUT_DEFAULT, &r));
+        tp_value_free(start);
+        if (inc && r) {
+            tp_value *res = NULL, *three = tp_value_int(3), *args = CONF_INTS(1);
+            tp_future *mf = NULL;
+            tp_rref *mr = NULL;
+            CHECK_STATUS(tp_method_call_sync(inc, r, three, NULL, TP_TIMEOUT_DEFAULT, &res),
+                         TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "method call: args must be a list, got int");
+            CHECK_STATUS(tp_method_call_sync(inc, r, args, three, TP_TIMEOUT_DEFAULT, &res),
+                         TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "method call: kwargs must be a map, got int");
+            CHECK_STATUS(tp_method_call_sync(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, NULL),
+                         TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "method call: result is NULL");
+            CHECK_STATUS(tp_method_call_async(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, NULL),
+                         TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "method call: out is NULL");
+            CHECK_STATUS(tp_method_call_remote(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, NULL),
+                         TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "method call: out is NULL");
+            CHECK_STATUS(tp_method_call_async(NULL, r, args, NULL, TP_TIMEOUT_DEFAULT, &mf),
+                         TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "method call: method is NULL");
+            CHECK_STATUS(tp_method_call_remote(inc, NULL, args, NULL, TP_TIMEOUT_DEFAULT, &mr),
+                         TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "method call: rref is NULL");
+            CHECK(res == NULL && mf == NULL && mr == NULL);
+            /* An object inside a map inside the arguments cannot travel either. */
+            tp_value *inner = tp_value_map();
+            tp_value *obj = tp_value_object("Local", malloc(sizeof(int)), free);
+            if (CHECK(inner && obj) && CHECK_OK(tp_map_set(inner, "o", obj))) {
+                obj = NULL; /* the map's now */
+                tp_value *in_map = tp_value_list_of(1, inner);
+                inner = NULL; /* the list's now */
+                CHECK_STATUS(tp_method_call_sync(inc, r, in_map, NULL, TP_TIMEOUT_DEFAULT, &res),
+                             TP_ETYPE);
+                CHECK_CONTAINS(tp_errmsg(), "objects cannot be sent");
+                tp_value_free(in_map);
+            }
+            tp_value_free(obj);
+            tp_value_free(inner);
+            /* Nothing of the above reached the Counter: it still counts from 4. */
+            if (CHECK_OK(tp_method_call_sync(inc, r, args, NULL, TP_TIMEOUT_DEFAULT, &res)))
+                CHECK_INT(conf_int_of(rank, res, -1), 5);
+            tp_value_free(res);
+            tp_value_free(args);
+            tp_value_free(three);
+        }
+        tp_rref_release(r);
+        tp_method_free(inc);
+
+        /* The worker list and backend options name their NULL out pointer. */
+        tp_worker_info *infos = NULL;
+        size_t n = 7;
+        CHECK_STATUS(tp_get_worker_infos(NULL, &n), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "get_worker_infos: out is NULL");
+        CHECK_STATUS(tp_get_worker_infos(&infos, NULL), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "get_worker_infos: count is NULL");
+        CHECK(infos == NULL);
+        CHECK_STATUS(tp_construct_rpc_backend_options(conf_launcher->backend, NULL), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "construct_rpc_backend_options: out is NULL");
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(1, 2), -1), 3);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 const tp_conformance_case conf_cases_errors[] = {
     {"errors_remote_message_and_callee", 2, errors_remote_message_and_callee,
      "CALL-6 FUNC-3 ERR-2"},
@@ -345,6 +482,7 @@ const tp_conformance_case conf_cases_errors[] = {
     {"errors_object_not_sendable", 2, errors_object_not_sendable, "VALUE-8 CALL-4 CALL-7"},
     {"errors_bad_call_arguments", 2, errors_bad_call_arguments, "CALL-1 ERR-3"},
     {"errors_malformed_cancel_refused", 2, errors_malformed_cancel_refused, "CANCEL-1 ERR-2"},
+    {"errors_misuse_is_named", 2, errors_misuse_is_named, "ERR-3 CANCEL-1 FUTURE-6 METHOD-2"},
     {"errors_null_out_pointers", 2, errors_null_out_pointers, "ERR-3 FUTURE-5 FUTURE-6"},
 };
 const size_t conf_cases_errors_count = sizeof conf_cases_errors / sizeof conf_cases_errors[0];

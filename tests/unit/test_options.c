@@ -370,6 +370,61 @@ static void test_options_clone_independent(void **state) {
     tp_options_free(c);
 }
 
+/* ---- rejoin (REJOIN-1) and max_unsent_bytes (TCP-19) ----------------------------- */
+
+static void test_options_rejoin_and_unsent_bounds(void **state) {
+    (void)state;
+    tp_options *o = new_opts();
+    assert_int_equal(tp_options_rejoin(o), 0);
+    assert_int_equal(tp_options_set_rejoin(o, 1), TP_OK);
+    assert_int_equal(tp_options_rejoin(o), 1);
+    const int bad_rejoin[] = {2, -1, 100};
+    for (size_t i = 0; i < sizeof bad_rejoin / sizeof bad_rejoin[0]; i++) {
+        assert_int_equal(tp_options_set_rejoin(o, bad_rejoin[i]), TP_EINVAL);
+        assert_int_equal(tp_options_rejoin(o), 1); /* unchanged */
+        char want[48];
+        snprintf(want, sizeof want, "rejoin must be 0 or 1, not %d", bad_rejoin[i]);
+        assert_string_equal(tp_errmsg(), want);
+    }
+    assert_int_equal(tp_options_set_rejoin(o, 0), TP_OK);
+    assert_int_equal(tp_options_rejoin(o), 0);
+    assert_int_equal(tp_options_set_rejoin(NULL, 1), TP_EINVAL);
+    assert_string_equal(tp_errmsg(), "options is NULL");
+
+    assert_true(tp_options_max_unsent_bytes(o) == TPI_UNSENT_BYTES_DEFAULT);
+    const uint64_t good[] = {TPI_UNSENT_BYTES_MIN, TPI_UNSENT_BYTES_MIN + 1, 1 << 20,
+                             TPI_UNSENT_BYTES_MAX - 1, TPI_UNSENT_BYTES_MAX};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        assert_int_equal(tp_options_set_max_unsent_bytes(o, good[i]), TP_OK);
+        assert_true(tp_options_max_unsent_bytes(o) == good[i]);
+    }
+    assert_int_equal(tp_options_set_max_unsent_bytes(o, 1 << 20), TP_OK);
+    const uint64_t bad[] = {0, TPI_UNSENT_BYTES_MIN - 1, TPI_UNSENT_BYTES_MAX + 1, UINT64_MAX};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(tp_options_set_max_unsent_bytes(o, bad[i]), TP_EINVAL);
+        assert_true(tp_options_max_unsent_bytes(o) == (1 << 20));
+        char want[96];
+        snprintf(want, sizeof want, "max_unsent_bytes %llu outside [%llu, %llu]",
+                 (unsigned long long)bad[i], (unsigned long long)TPI_UNSENT_BYTES_MIN,
+                 (unsigned long long)TPI_UNSENT_BYTES_MAX);
+        assert_string_equal(tp_errmsg(), want);
+    }
+    assert_int_equal(tp_options_set_max_unsent_bytes(NULL, 1 << 20), TP_EINVAL);
+    /* A clone keeps both. */
+    assert_int_equal(tp_options_set_rejoin(o, 1), TP_OK);
+    tp_options *c = tp_options_clone(o);
+    assert_non_null(c);
+    assert_int_equal(tp_options_rejoin(c), 1);
+    assert_true(tp_options_max_unsent_bytes(c) == (1 << 20));
+    tp_options_free(c);
+    tp_options_free(o);
+    /* NULL options read as the defaults. */
+    assert_int_equal(tp_options_rejoin(NULL), 0);
+    assert_true(tp_options_max_unsent_bytes(NULL) == TPI_UNSENT_BYTES_DEFAULT);
+    assert_true(tp_options_init_timeout(NULL) == TP_DEFAULT_RPC_TIMEOUT_S);
+    assert_true(tp_options_shutdown_timeout(NULL) == TP_DEFAULT_RPC_TIMEOUT_S);
+}
+
 /* ---- NULL arguments (ERR-3) ------------------------------------------------------ */
 
 static void test_options_null_handling(void **state) {
@@ -488,6 +543,7 @@ int main(void) {
         cmocka_unit_test(test_options_backend_keys_set_replace_get),
         cmocka_unit_test(test_options_backend_key_count_limit),
         cmocka_unit_test(test_options_clone_independent),
+        cmocka_unit_test(test_options_rejoin_and_unsent_bounds),
         cmocka_unit_test(test_options_null_handling),
         cmocka_unit_test(test_options_null_in_getters_no_crash),
     };
