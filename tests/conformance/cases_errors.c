@@ -299,6 +299,93 @@ static int errors_malformed_cancel_refused(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* [a, b, c, d] of ints: a tp:forks entry (RREF-19). */
+static tp_value *forks_entry(int64_t a, int64_t b, int64_t c, int64_t d) {
+    return tp_value_list_of(4, tp_value_int(a), tp_value_int(b), tp_value_int(c), tp_value_int(d));
+}
+
+/*
+ * spec: RREF-19 ERR-2: the built-in tp:forks takes [[rref worker, rref n,
+ * fork worker, fork n]...], at most TPI_FORKS_QUERY_MAX (4096) entries of
+ * non-negative ints with worker ids that fit 32 bits. Anything else from a
+ * peer is refused (TP_EPROTO naming the entry, TP_ELIMIT naming the limit)
+ * and breaks nothing; a well-formed query about a fork this worker never
+ * had is answered "not held" (0), the same entry with its answer appended.
+ */
+static int errors_malformed_forks_query_refused(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        struct {
+            tp_value *args;
+            tp_status want;
+            const char *msg;
+        } bad[] = {
+            {tp_value_list_of(0), TP_EPROTO, "tp:forks: malformed query"},
+            {CONF_INTS(5), TP_EPROTO, "tp:forks: malformed query"},
+            {tp_value_list_of(2, tp_value_list_of(0), tp_value_list_of(0)), TP_EPROTO,
+             "tp:forks: malformed query"},
+            {tp_value_list_of(1, tp_value_list_of(1, CONF_INTS(1, 2, 3))), TP_EPROTO,
+             "tp:forks: entry 0 is malformed"},
+            {tp_value_list_of(
+                 1, tp_value_list_of(2, forks_entry(0, 1, 0, 2), forks_entry(0, -1, 0, 2))),
+             TP_EPROTO, "tp:forks: entry 1 is malformed"},
+            {tp_value_list_of(1, tp_value_list_of(1, forks_entry((int64_t)1 << 32, 1, 0, 2))),
+             TP_EPROTO, "tp:forks: entry 0 is malformed"},
+            {tp_value_list_of(1, tp_value_list_of(1, forks_entry(0, 1, (int64_t)1 << 32, 2))),
+             TP_EPROTO, "tp:forks: entry 0 is malformed"},
+            {tp_value_list_of(
+                 1, tp_value_list_of(1, tp_value_list_of(4, tp_value_int(0), tp_value_str("1"),
+                                                         tp_value_int(0), tp_value_int(2)))),
+             TP_EPROTO, "tp:forks: entry 0 is malformed"},
+            {NULL, TP_ELIMIT, "tp:forks: 4097 forks in one query, over TPI_FORKS_QUERY_MAX (4096)"},
+        };
+        size_t nbad = sizeof bad / sizeof bad[0];
+        tp_value *many = tp_value_list();
+        for (int i = 0; many && i < 4097; i++)
+            if (tp_list_append(many, forks_entry(0, 1, 0, (int64_t)i + 2)) != TP_OK)
+                CHECK(0);
+        bad[nbad - 1].args = tp_value_list_of(1, many);
+        for (size_t i = 0; i < nbad; i++) {
+            tp_value *res = NULL;
+            CHECK_STATUS(conf_sync(tp_to_rank(1), "tp:forks", bad[i].args, &res), bad[i].want);
+            CHECK_CONTAINS(tp_errmsg(), bad[i].msg);
+            CHECK(res == NULL);
+            tp_value_free(res);
+        }
+        /* Well formed: fork 0:9 of rref 0:8 is not held on w1. */
+        tp_value *res = NULL;
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "tp:forks",
+                               tp_value_list_of(1, tp_value_list_of(1, forks_entry(0, 8, 0, 9))),
+                               &res)) &&
+            CHECK(tp_list_len(res) == 1)) {
+            const tp_value *e = tp_list_get(res, 0);
+            int64_t v[5] = {-1, -1, -1, -1, -1};
+            CHECK_INT(tp_list_len(e), 5);
+            for (size_t i = 0; i < 5 && i < tp_list_len(e); i++)
+                CHECK_OK(tp_value_get_int(tp_list_get(e, i), &v[i]));
+            CHECK(v[0] == 0 && v[1] == 8 && v[2] == 0 && v[3] == 9 && v[4] == 0);
+        }
+        tp_value_free(res);
+        /* Misnamed calls of the rref API are refused before anything is sent. */
+        tp_rref *r = NULL;
+        CHECK_STATUS(tp_remote(tp_to_rank(1), "a b", NULL, NULL, TP_TIMEOUT_DEFAULT, &r),
+                     TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "remote: function name 'a b' must match");
+        CHECK(r == NULL);
+        const tp_value *lv = NULL;
+        CHECK_STATUS(tp_rref_local_value(NULL, &lv), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "local_value: rref is NULL");
+        uint64_t in_flight = 0;
+        CHECK_STATUS(tp_get_debug_calls_in_flight(0, NULL), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "debug info: out is NULL");
+        CHECK_OK(tp_get_debug_calls_in_flight(0, &in_flight));
+        /* w1 serves on. */
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(2, 3), -1), 5);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /*
  * spec: ERR-3: a NULL out pointer is TP_EINVAL naming the argument, not an
  * assertion. Last in the suite: with an in-process launcher a library that asserts here ends the
@@ -482,6 +569,8 @@ const tp_conformance_case conf_cases_errors[] = {
     {"errors_object_not_sendable", 2, errors_object_not_sendable, "VALUE-8 CALL-4 CALL-7"},
     {"errors_bad_call_arguments", 2, errors_bad_call_arguments, "CALL-1 ERR-3"},
     {"errors_malformed_cancel_refused", 2, errors_malformed_cancel_refused, "CANCEL-1 ERR-2"},
+    {"errors_malformed_forks_query_refused", 2, errors_malformed_forks_query_refused,
+     "RREF-19 ERR-2"},
     {"errors_misuse_is_named", 2, errors_misuse_is_named, "ERR-3 CANCEL-1 FUTURE-6 METHOD-2"},
     {"errors_null_out_pointers", 2, errors_null_out_pointers, "ERR-3 FUTURE-5 FUTURE-6"},
 };
