@@ -84,6 +84,32 @@ static tp_status forged_fork_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return forged_send(a, dst, f, forge_owner_inc);
 }
 
+/* The next this many REQUEST frames arrive as method calls (WIRE-5's METHOD
+ * flag) whose arguments have the shape forge_method_shape picks, none of
+ * them [rref, list]: what a buggy or hostile peer could send. */
+static int forge_methods;
+static int forge_method_shape;
+
+static void forge_method_call(tpi_msg *m) {
+    m->flags |= TPI_FLAG_METHOD;
+    tp_value_free(m->args);
+    switch (forge_method_shape) {
+    case 0: /* no target, no arguments */
+        m->args = tp_value_list();
+        break;
+    case 1: /* a target that is no rref */
+        m->args = tp_value_list_of(2, tp_value_int(7), tp_value_list());
+        break;
+    default: /* three items */
+        m->args = tp_value_list_of(3, tp_value_int(7), tp_value_list(), tp_value_list());
+        break;
+    }
+}
+
+static tp_status forged_method_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+    return forged_send(a, dst, f, forge_method_call);
+}
+
 static int corrupt_answers; /* the next this many RESPONSEs with status 0 from w1 are malformed */
 static int forks_sent;      /* RREF_FORK frames sent by w0 */
 
@@ -116,6 +142,10 @@ static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     if (forge_fetches > 0 && header[5] == TPI_MSG_RREF_FETCH) {
         forge_fetches--;
         return forged_fetch_send(a, dst, f);
+    }
+    if (forge_methods > 0 && header[5] == 1 /* REQUEST (WIRE-5) */) {
+        forge_methods--;
+        return forged_method_send(a, dst, f);
     }
     if (fail_requests > 0 && header[5] == 1 /* REQUEST (WIRE-5) */) {
         fail_requests--;
@@ -425,6 +455,41 @@ static void sc_fork_answer_malformed(world *w) {
     tp_rref_release(r);
 }
 
+/*
+ * METHOD-1 ERR-2: a method call whose arguments are not [rref, list] (a
+ * peer's bug or attack; the API never sends one) is refused with TP_EPROTO
+ * naming the method and the callee, at once; nothing runs and the callee
+ * serves the next call.
+ */
+static void sc_malformed_method_call(world *w) {
+    (void)w;
+    for (int shape = 0; shape < 3; shape++) {
+        forge_methods = 1;
+        forge_method_shape = shape;
+        tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+        tp_value *v = NULL;
+        uint64_t t0 = now_ns();
+        tp_status st = tp_rpc_sync(tp_to_name("w1"), "add", args, NULL, 1.0, &v);
+        if (st != TP_EPROTO)
+            print_error("shape %d: %s: %s\n", shape, tp_status_name(st), tp_errmsg());
+        CHECK(st == TP_EPROTO);
+        CHECK(strstr(tp_errmsg(), "method call 'add' to worker 'w1' (id 1) is malformed") != NULL);
+        CHECK(now_ns() - t0 < 10 * MS); /* answered, not timed out */
+        CHECK(v == NULL && forge_methods == 0);
+        int64_t x = 0;
+        CHECK(tp_rpc_sync(tp_to_name("w1"), "add", args, NULL, 1.0, &v) == TP_OK);
+        CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
+        tp_value_free(v);
+        tp_value_free(args);
+    }
+}
+
+static void test_send_malformed_method_call_refused(void **state) {
+    (void)state;
+    world w = {.scenario = sc_malformed_method_call, .backend = "SIM_FAILSEND"};
+    run_world(2, 13, &w);
+}
+
 static void test_send_fork_answer_malformed_not_retried(void **state) {
     (void)state;
     world w = {.scenario = sc_fork_answer_malformed, .backend = "SIM_FAILSEND"};
@@ -451,6 +516,7 @@ int main(void) {
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
         cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
         cmocka_unit_test(test_send_fork_answer_malformed_not_retried),
+        cmocka_unit_test(test_send_malformed_method_call_refused),
         cmocka_unit_test(test_send_failure_undoes_every_rref_fork),
         cmocka_unit_test(test_refused_handoff_keeps_the_queue_whole),
     };
