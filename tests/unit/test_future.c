@@ -72,7 +72,23 @@ static tp_status fn_fail(tp_call *call, const tp_value *args, const tp_value *kw
 
 /* ---- Worlds -------------------------------------------------------------------------- */
 
+/* A future of the program's own that several tasks wait on (FUTURE-2). */
+static tp_future *shared_future;
+
+/* wait_shared(seconds): waits that long on shared_future; its wait's status. */
+static tp_status fn_wait_shared(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                tp_value **result, void *user_data) {
+    (void)call, (void)kwargs, (void)user_data;
+    double s = 0;
+    if (!shared_future || tp_value_get_float(tp_list_get(args, 0), &s) != TP_OK)
+        return TP_EINVAL;
+    tp_status st = tp_future_wait(shared_future, s);
+    *result = tp_value_int(st);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
 static void world_register(void) {
+    CHECK(tp_register_function("wait_shared", fn_wait_shared, NULL) == TP_OK);
     CHECK(tp_register_function("echo", fn_echo, NULL) == TP_OK);
     CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
     CHECK(tp_register_function("fail", fn_fail, NULL) == TP_OK);
@@ -205,6 +221,43 @@ static void test_future_wait_ends_at_call_deadline(void **state) {
     (void)state;
     world w = {.scenario = sc_wait_longer_than_call};
     run_world(2, 2, &w);
+}
+
+/*
+ * FUTURE-2: several tasks wait on one future. Three of w0's pool tasks wait
+ * on a future of the program's own, the middle one for 0.05 s only: it
+ * leaves the waiters at its deadline, the others stay, and once the program
+ * completes the future both wake with TP_OK, at that instant.
+ */
+static void sc_many_waiters(world *w) {
+    (void)w;
+    CHECK(tp_future_new(&shared_future) == TP_OK);
+    const double waits[3] = {10.0, 0.05, 10.0};
+    tp_future *f[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        tp_value *args = tp_value_list_of(1, tp_value_float(waits[i]));
+        CHECK(tp_rpc_async(tp_to_name("w0"), "wait_shared", args, NULL, 20.0, &f[i]) == TP_OK);
+        tp_value_free(args);
+        CHECK(tp_sleep(0.001) == TP_OK); /* each is waiting before the next starts */
+    }
+    CHECK(tp_sleep(0.1) == TP_OK);
+    CHECK(!tp_future_done(f[0]) && tp_future_done(f[1]) && !tp_future_done(f[2]));
+    CHECK(int_of(f[1]) == TP_ETIMEDOUT);
+    uint64_t t0 = now_ns();
+    CHECK(tp_future_set_result(shared_future, tp_value_int(5)) == TP_OK);
+    CHECK(tp_future_wait(f[0], 1.0) == TP_OK && tp_future_wait(f[2], 1.0) == TP_OK);
+    CHECK(now_ns() - t0 < MS);
+    CHECK(int_of(f[0]) == TP_OK && int_of(f[2]) == TP_OK);
+    for (int i = 0; i < 3; i++)
+        tp_future_free(f[i]);
+    tp_future_free(shared_future);
+    shared_future = NULL;
+}
+
+static void test_future_many_waiters(void **state) {
+    (void)state;
+    world w = {.scenario = sc_many_waiters};
+    run_world(2, 3, &w);
 }
 
 /* ---- FUTURE-1: tp_future_done never blocks ----------------------------------------- */
@@ -971,6 +1024,7 @@ int main(void) {
         cmocka_unit_test(test_null_handle_queries),
         cmocka_unit_test_setup(test_future_wait_deadline_leaves_pending, reset_failures),
         cmocka_unit_test_setup(test_future_wait_ends_at_call_deadline, reset_failures),
+        cmocka_unit_test_setup(test_future_many_waiters, reset_failures),
         cmocka_unit_test_setup(test_future_done_never_blocks, reset_failures),
         cmocka_unit_test_setup(test_future_then_runs_once_not_inline, reset_failures),
         cmocka_unit_test_setup(test_future_then_error_propagation, reset_failures),
