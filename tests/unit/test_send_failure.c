@@ -157,10 +157,12 @@ static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
 /* On w1, the fail_execute_at-th execute from when it was set is refused
  * (0: none), as by a pool out of memory for the work. */
 static int fail_execute_at;
+static int fail_execute_host = 1; /* the worker whose hand-off fails */
 static int execute_failed;
 
 static tp_status failing_execute(tp_agent *a, tp_work *w) {
-    if (fail_execute_at > 0 && tp_sim_current_host() == 1 && --fail_execute_at == 0) {
+    if (fail_execute_at > 0 && tp_sim_current_host() == fail_execute_host &&
+        --fail_execute_at == 0) {
         execute_failed++;
         return TP_ENOMEM;
     }
@@ -490,6 +492,58 @@ static void test_send_malformed_method_call_refused(void **state) {
     run_world(2, 13, &w);
 }
 
+/* A then-callback that counts its runs and passes the value on. */
+static int then_runs;
+
+static tp_status counted_then(tp_future *f, tp_value **result, char *errmsg, size_t errmsg_len,
+                              void *user_data) {
+    (void)errmsg, (void)errmsg_len, (void)user_data;
+    then_runs++;
+    *result = tp_value_clone(tp_future_value(f));
+    return TP_OK;
+}
+
+/*
+ * FUTURE-5: a then-callback the executor refuses (AGENT-11: a pool out of
+ * memory) never runs; its chained future fails at once with the executor's
+ * status and says why, and the graceful shutdown's drain does not wait for
+ * it (the world below shuts down within its deadline).
+ */
+static void sc_then_not_queued(world *w) {
+    (void)w;
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    tp_future *f = NULL, *chained = NULL;
+    CHECK(tp_rpc_async(tp_to_name("w1"), "add", args, NULL, 5.0, &f) == TP_OK);
+    tp_value_free(args);
+    CHECK(f && tp_future_wait(f, TP_TIMEOUT_INFINITE) == TP_OK);
+    then_runs = 0;
+    execute_failed = 0;
+    fail_execute_host = 0;
+    fail_execute_at = 1; /* this worker's next hand-off: the callback's */
+    CHECK(tp_future_then(f, counted_then, NULL, &chained) == TP_OK);
+    CHECK(execute_failed == 1);
+    CHECK(chained && tp_future_done(chained)); /* at once */
+    CHECK(tp_future_wait(chained, 1.0) == TP_ENOMEM);
+    CHECK(strstr(tp_future_error(chained), "then-callback not run: it could not be queued") !=
+          NULL);
+    CHECK(tp_sleep(0.1) == TP_OK);
+    CHECK(then_runs == 0);
+    /* The next one is queued and runs once. */
+    tp_future *again = NULL;
+    CHECK(tp_future_then(f, counted_then, NULL, &again) == TP_OK);
+    CHECK(again && tp_future_wait(again, 1.0) == TP_OK && then_runs == 1);
+    fail_execute_host = 1;
+    tp_future_free(again);
+    tp_future_free(chained);
+    tp_future_free(f);
+}
+
+static void test_then_not_queued_fails_its_future(void **state) {
+    (void)state;
+    world w = {.scenario = sc_then_not_queued, .backend = "SIM_FAILSEND"};
+    run_world(2, 19, &w);
+}
+
 static void test_send_fork_answer_malformed_not_retried(void **state) {
     (void)state;
     world w = {.scenario = sc_fork_answer_malformed, .backend = "SIM_FAILSEND"};
@@ -517,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
         cmocka_unit_test(test_send_fork_answer_malformed_not_retried),
         cmocka_unit_test(test_send_malformed_method_call_refused),
+        cmocka_unit_test(test_then_not_queued_fails_its_future),
         cmocka_unit_test(test_send_failure_undoes_every_rref_fork),
         cmocka_unit_test(test_refused_handoff_keeps_the_queue_whole),
     };
