@@ -181,7 +181,6 @@ static tp_status check_adopt(const tp_value *c, const tp_value *item, const char
 }
 
 /* Recomputes c's height from its items, then its ancestors' while they change. */
-/* Recomputes c's height from its items, then its ancestors' while they change. */
 static void fix_heights(tp_value *c) {
     for (tp_value *v = c; v; v = v->parent) {
         unsigned h = 0;

@@ -251,6 +251,32 @@ static void test_value_tree_depth_limit(void **state) {
     assert_int_equal(tp_list_append(outer, m2), TP_ELIMIT);
     assert_int_equal(tp_map_set(m2, "k", tp_value_int(0)), TP_OK); /* deep freed */
     assert_int_equal(tp_list_append(outer, m2), TP_OK);
+    /* ... and the containers above it shrink with it: a list holding the map */
+    tp_value *m3 = tp_value_map(), *deep3 = tp_value_list(), *l3 = tp_value_list();
+    d = deep3;
+    for (int i = 3; i < TPI_VALUE_DEPTH_MAX; i++) {
+        tp_value *next = tp_value_list();
+        assert_int_equal(tp_list_append(d, next), TP_OK);
+        d = next;
+    }
+    assert_int_equal(tp_map_set(m3, "k", deep3), TP_OK);
+    assert_int_equal(tp_list_append(l3, m3), TP_OK); /* l3: 64 levels */
+    tp_value *outer3 = tp_value_list();
+    assert_int_equal(tp_list_append(outer3, l3), TP_ELIMIT);
+    assert_int_equal(tp_map_set(m3, "k", tp_value_int(0)), TP_OK); /* l3: 3 levels */
+    assert_int_equal(tp_list_append(outer3, l3), TP_OK);
+    /* outer3 is exactly 3 levels: it fits under 61, not under 62 */
+    tp_value *chain = tp_value_list(), *above = NULL;
+    d = chain;
+    for (int level = 1; level < TPI_VALUE_DEPTH_MAX - 2; level++) { /* down to level 62 */
+        tp_value *next = tp_value_list();
+        assert_int_equal(tp_list_append(d, next), TP_OK);
+        above = d;
+        d = next;
+    }
+    assert_int_equal(tp_list_append(d, outer3), TP_ELIMIT);
+    assert_int_equal(tp_list_append(above, outer3), TP_OK);
+    tp_value_free(chain);
     tp_value_free(outer);
     tp_value_free(m);
     tp_value_free(holder);
