@@ -135,6 +135,24 @@ static tp_status fn_nil(tp_call *call, const tp_value *args, const tp_value *kwa
 }
 
 /* The library's own names ("tp:...") cannot be taken by a user function. */
+/* spec: INIT-1 OPT-6: no backend named means TENSORPIPE (PyTorch's default),
+ * and each backend takes only its own option keys: an unknown key is refused
+ * before anything starts, naming the backend and the key. */
+static void test_init_backend_defaults_and_option_keys(void **state) {
+    (void)state;
+    tp_options *o = tp_options_new();
+    assert_non_null(o);
+    assert_int_equal(tp_options_set(o, "no_such_key", "1"), TP_OK);
+    assert_int_equal(tp_init_rpc("w0", NULL, 0, 1, o), TP_EINVAL);
+    assert_string_equal(tp_errmsg(), "backend 'TENSORPIPE' has no option 'no_such_key'");
+    assert_int_equal(tp_init_rpc("w0", "SIM", 0, 1, o), TP_EINVAL);
+    assert_string_equal(tp_errmsg(), "backend 'SIM' has no option 'no_such_key'");
+    assert_int_equal(tp_init_rpc("w0", "NO_SUCH_BACKEND", 0, 1, o), TP_EBACKEND);
+    assert_string_equal(tp_errmsg(), "no backend named 'NO_SUCH_BACKEND' is registered");
+    assert_false(tp_is_initialized());
+    tp_options_free(o);
+}
+
 static void test_init_reserved_names_rejected(void **state) {
     (void)state;
     assert_int_equal(tp_register_function("tp:ping", fn_nil, NULL), TP_EINVAL);
@@ -834,6 +852,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_world_shares_one_parse_of_the_entries, reset_failures),
         cmocka_unit_test_setup(test_init_unreachable_worker_fails_init_everywhere, reset_failures),
         cmocka_unit_test_setup(test_init_failed_warmup_leaves_worker_uninitialized, reset_failures),
+        cmocka_unit_test(test_init_backend_defaults_and_option_keys),
         cmocka_unit_test(test_init_reserved_names_rejected),
         cmocka_unit_test_setup(test_init_missing_worker_times_out, reset_failures),
         cmocka_unit_test_setup(test_init_late_worker_told_of_timeout, reset_failures),
