@@ -299,6 +299,58 @@ static int errors_malformed_cancel_refused(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* [k, addr]: a tp:join's arguments (REJOIN-3). */
+static tp_value *join_args(tp_value *k, tp_value *addr) {
+    return tp_value_list_of(2, k, addr);
+}
+
+/*
+ * spec: REJOIN-3 ERR-2: the built-in tp:join takes [incarnation, address],
+ * the incarnation 1..2^24-1 and the address 1..255 bytes without a NUL.
+ * Anything else from a peer is refused with TP_EPROTO naming its sender,
+ * and changes nothing: the sender is not taken for restarted, and calls
+ * between the two go on. (A well-formed tp:join would restart the sender
+ * in the callee's eyes, so none is sent here.)
+ */
+static int errors_malformed_join_refused(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        char long_addr[257]; /* 256 bytes: one past the longest address */
+        memset(long_addr, 'a', sizeof long_addr - 1);
+        long_addr[sizeof long_addr - 1] = '\0';
+        tp_value *bad[] = {
+            tp_value_list_of(0),
+            CONF_INTS(1),
+            tp_value_list_of(3, tp_value_int(1), tp_value_str("127.0.0.1:1"), tp_value_int(0)),
+            join_args(tp_value_str("1"), tp_value_str("127.0.0.1:1")),
+            join_args(tp_value_int(0), tp_value_str("127.0.0.1:1")),
+            join_args(tp_value_int(-1), tp_value_str("127.0.0.1:1")),
+            join_args(tp_value_int((int64_t)1 << 24), tp_value_str("127.0.0.1:1")),
+            join_args(tp_value_int(1), tp_value_str("")),
+            join_args(tp_value_int(1), tp_value_strn("127.0.0.1\0:1", 12)),
+            join_args(tp_value_int(1), tp_value_str(long_addr)),
+            join_args(tp_value_int(1), tp_value_int(5)),
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            tp_value *res = NULL;
+            CHECK_STATUS(conf_sync(tp_to_rank(1), "tp:join", bad[i], &res), TP_EPROTO);
+            CHECK_CONTAINS(tp_errmsg(), "tp:join from worker 'w0' (id 0) is malformed");
+            CHECK(res == NULL);
+            tp_value_free(res);
+        }
+        /* w1 still knows w0 as it was: both ways serve on. */
+        CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(2, 3), -1), 5);
+        tp_value *res = NULL;
+        tp_value *back = tp_value_list_of(4, tp_value_int(0), tp_value_str("add"), tp_value_int(4),
+                                          tp_value_int(5));
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "nested", back, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 9);
+        tp_value_free(res);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /* [a, b, c, d] of ints: a tp:forks entry (RREF-19). */
 static tp_value *forks_entry(int64_t a, int64_t b, int64_t c, int64_t d) {
     return tp_value_list_of(4, tp_value_int(a), tp_value_int(b), tp_value_int(c), tp_value_int(d));
@@ -569,6 +621,7 @@ const tp_conformance_case conf_cases_errors[] = {
     {"errors_object_not_sendable", 2, errors_object_not_sendable, "VALUE-8 CALL-4 CALL-7"},
     {"errors_bad_call_arguments", 2, errors_bad_call_arguments, "CALL-1 ERR-3"},
     {"errors_malformed_cancel_refused", 2, errors_malformed_cancel_refused, "CANCEL-1 ERR-2"},
+    {"errors_malformed_join_refused", 2, errors_malformed_join_refused, "REJOIN-3 ERR-2"},
     {"errors_malformed_forks_query_refused", 2, errors_malformed_forks_query_refused,
      "RREF-19 ERR-2"},
     {"errors_misuse_is_named", 2, errors_misuse_is_named, "ERR-3 CANCEL-1 FUTURE-6 METHOD-2"},
