@@ -407,6 +407,47 @@ static int flow_credit_refuses_nonconforming(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/*
+ * spec: FLOW-6 FLOW-8: every caller is granted at least 64 KiB, so with two
+ * callers and max_queued_bytes at its 64 KiB minimum the grants add up past
+ * the worker's total: a request that fits its caller's credit is still
+ * refused when the bytes queued from everyone would pass max_queued_bytes,
+ * unrun, with a message naming the total; once they drain it is taken.
+ */
+static int flow_total_refuses_past_max_queued(int rank, int ws) {
+    INIT_CREDIT_OR_RETURN(rank, ws);
+    if (rank == 0) { /* w1's one pool thread sleeps 300 ms for us; a padded call waits */
+        tp_value *a = CONF_INTS(300), *b = padded_sleep(1);
+        tp_future *f = NULL, *g = NULL;
+        CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &f));
+        CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", b, NULL, TP_TIMEOUT_DEFAULT, &g));
+        tp_value_free(a);
+        tp_value_free(b);
+        if (f && CHECK_OK(tp_future_wait(f, TP_TIMEOUT_INFINITE)))
+            CHECK_INT(conf_int_of(rank, tp_future_value(f), -1), 300);
+        if (g && CHECK_OK(tp_future_wait(g, TP_TIMEOUT_INFINITE)))
+            CHECK_INT(conf_int_of(rank, tp_future_value(g), -1), 1);
+        tp_future_free(f);
+        tp_future_free(g);
+    }
+    if (rank == 2) {
+        CHECK_OK(tp_sleep(0.1)); /* w0's padded request is queued on w1 by now */
+        tp_value *a = padded_sleep(1), *res = NULL;
+        CHECK_STATUS(tp_rpc_sync(tp_to_rank(1), "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &res),
+                     TP_ELIMIT);
+        CHECK_CONTAINS(tp_errmsg(), "refused the request from worker 'w2' (id 2)");
+        CHECK_CONTAINS(tp_errmsg(), "over max_queued_bytes of 65536 (FLOW-8)");
+        CHECK(res == NULL);
+        CHECK_OK(tp_sleep(0.5)); /* w0's calls ended: their bytes are released */
+        if (CHECK_OK(tp_rpc_sync(tp_to_rank(1), "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &res)))
+            CHECK_INT(conf_int_of(rank, res, -1), 1);
+        tp_value_free(res);
+        tp_value_free(a);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /* spec: FLOW-7: a call that timed out keeps its bytes in the window until
  * its late answer, because the callee still holds its request: the next
  * call waits for it instead of being refused. */
@@ -492,6 +533,7 @@ static int fair_flood_does_not_delay_others(int rank, int ws) {
 const tp_conformance_case conf_cases_flow[] = {
     {"flow_credit_caller_waits", 2, flow_credit_caller_waits, "FLOW-6 OPT-9"},
     {"flow_credit_refuses_nonconforming", 2, flow_credit_refuses_nonconforming, "FLOW-8"},
+    {"flow_total_refuses_past_max_queued", 3, flow_total_refuses_past_max_queued, "FLOW-6 FLOW-8"},
     {"flow_timed_out_call_keeps_credit", 2, flow_timed_out_call_keeps_credit, "FLOW-7"},
     {"flow_window_waits_then_times_out", 2, flow_window_waits_then_times_out,
      "FLOW-1 FLOW-2 OPT-7"},
