@@ -46,7 +46,14 @@ static tp_status make_fn(tp_call *call, const tp_value *args, const tp_value *kw
     return TP_OK;
 }
 
-typedef enum { MODE_OK, MODE_NO_OPTION, MODE_WRONG_NAME, MODE_FORGED } rejoin_mode;
+typedef enum {
+    MODE_OK,
+    MODE_NO_OPTION,
+    MODE_WRONG_NAME,
+    MODE_FORGED,
+    MODE_WRONG_WORLD, /* the new process says one worker more */
+    MODE_SHUT_DOWN    /* w0 began the job's shutdown before the restart */
+} rejoin_mode;
 
 static struct {
     rejoin_mode mode;
@@ -178,7 +185,8 @@ static int program(int rank, int world, void *arg) {
             CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
         if (r.mode == MODE_WRONG_NAME)
             name = "impostor";
-        r.rejoin_st = tp_init_rpc(name, "SIM", rank, world, o);
+        r.rejoin_st =
+            tp_init_rpc(name, "SIM", rank, r.mode == MODE_WRONG_WORLD ? world + 1 : world, o);
         snprintf(r.rejoin_msg, sizeof r.rejoin_msg, "%s", tp_errmsg());
         tp_options_free(o);
         if (r.rejoin_st != TP_OK)
@@ -199,6 +207,10 @@ static int program(int rank, int world, void *arg) {
     }
     CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
     tp_options_free(o);
+    if (rank == 0 && r.mode == MODE_SHUT_DOWN) {
+        r.shutdown_st[0] = tp_shutdown(1); /* ends when w1 is seen dead */
+        return 0;
+    }
     if (rank == 1) {
         /* The first incarnation: a call w0 answers after this one died. */
         tp_value *args = tp_value_list_of(2, tp_value_int(500), tp_value_int(1));
@@ -354,6 +366,31 @@ static void test_rejoin_checks_the_name(void **state) {
     tp_sim *sim = run(MODE_WRONG_NAME, 1);
     assert_int_equal(r.rejoin_st, TP_EINVAL);
     assert_non_null(strstr(r.rejoin_msg, "rank 1 is 'w1' in this job, not 'impostor'"));
+    tp_sim_free(sim);
+}
+
+/* spec: REJOIN-1: the same job: a restarted process that says another world
+ * size is refused, naming both sizes. */
+static void test_rejoin_checks_the_world_size(void **state) {
+    (void)state;
+    tp_sim *sim = run(MODE_WRONG_WORLD, 1);
+    assert_int_equal(r.rejoin_st, TP_EINVAL);
+    if (!strstr(r.rejoin_msg, "rejoin: world size mismatch: worker 'w1' (rank 1) says 3, the "
+                              "job says 2"))
+        print_error("%s\n", r.rejoin_msg);
+    assert_non_null(strstr(r.rejoin_msg, "rejoin: world size mismatch: worker 'w1' (rank 1) "
+                                         "says 3, the job says 2"));
+    tp_sim_free(sim);
+}
+
+/* spec: REJOIN-1: a job that began its shutdown takes no one back. */
+static void test_rejoin_refused_once_the_job_shuts_down(void **state) {
+    (void)state;
+    tp_sim *sim = run(MODE_SHUT_DOWN, 1);
+    assert_int_equal(r.rejoin_st, TP_ESHUTDOWN);
+    if (!strstr(r.rejoin_msg, "rejoin: the job is shutting down (rank 0 began)"))
+        print_error("%s\n", r.rejoin_msg);
+    assert_non_null(strstr(r.rejoin_msg, "rejoin: the job is shutting down (rank 0 began)"));
     tp_sim_free(sim);
 }
 
@@ -893,6 +930,8 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_owner_refuses_rref_of_other_incarnation, reset_failures),
         cmocka_unit_test_setup(test_rejoin_needs_the_option, reset_failures),
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_checks_the_world_size, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_refused_once_the_job_shuts_down, reset_failures),
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
         cmocka_unit_test_setup(test_rejoin_two_ranks_restarted_at_once, reset_failures),
