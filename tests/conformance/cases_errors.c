@@ -262,6 +262,19 @@ static int errors_bad_call_arguments(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* Calls the built-in fn on w1 with each of bad[0..n) (taken): each must be
+ * refused with want and a message containing msg, and return nothing. */
+static void each_refused(int rank, const char *fn, tp_value **bad, size_t n, tp_status want,
+                         const char *msg) {
+    for (size_t i = 0; i < n; i++) {
+        tp_value *res = NULL;
+        CHECK_STATUS(conf_sync(tp_to_rank(1), fn, bad[i], &res), want);
+        CHECK_CONTAINS(tp_errmsg(), msg);
+        CHECK(res == NULL);
+        tp_value_free(res);
+    }
+}
+
 /*
  * spec: CANCEL-1 ERR-2: the built-in tp:cancel takes exactly [request id],
  * a nonzero int (ids start at 1). Anything else from a peer is refused with
@@ -280,13 +293,8 @@ static int errors_malformed_cancel_refused(int rank, int ws) {
             tp_value_list_of(1, tp_value_str("7")),   /* not an int */
             tp_value_list_of(1, tp_value_float(7.0)), /* not an int either */
         };
-        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-            tp_value *res = NULL;
-            CHECK_STATUS(conf_sync(tp_to_rank(1), "tp:cancel", bad[i], &res), TP_EPROTO);
-            CHECK_CONTAINS(tp_errmsg(), "tp:cancel from worker 'w0' (id 0) is malformed");
-            CHECK(res == NULL);
-            tp_value_free(res);
-        }
+        each_refused(rank, "tp:cancel", bad, sizeof bad / sizeof bad[0], TP_EPROTO,
+                     "tp:cancel from worker 'w0' (id 0) is malformed");
         /* A cancel of a request w1 never had is well formed: it does nothing. */
         tp_value *res = NULL;
         if (CHECK_OK(conf_sync(tp_to_rank(1), "tp:cancel", CONF_INTS(123456789), &res)))
@@ -331,13 +339,8 @@ static int errors_malformed_join_refused(int rank, int ws) {
             join_args(tp_value_int(1), tp_value_str(long_addr)),
             join_args(tp_value_int(1), tp_value_int(5)),
         };
-        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-            tp_value *res = NULL;
-            CHECK_STATUS(conf_sync(tp_to_rank(1), "tp:join", bad[i], &res), TP_EPROTO);
-            CHECK_CONTAINS(tp_errmsg(), "tp:join from worker 'w0' (id 0) is malformed");
-            CHECK(res == NULL);
-            tp_value_free(res);
-        }
+        each_refused(rank, "tp:join", bad, sizeof bad / sizeof bad[0], TP_EPROTO,
+                     "tp:join from worker 'w0' (id 0) is malformed");
         /* w1 still knows w0 as it was: both ways serve on. */
         CHECK_INT(conf_sync_int(rank, tp_to_rank(1), "add", CONF_INTS(2, 3), -1), 5);
         tp_value *res = NULL;
@@ -397,13 +400,8 @@ static int errors_malformed_forks_query_refused(int rank, int ws) {
             if (tp_list_append(many, forks_entry(0, 1, 0, (int64_t)i + 2)) != TP_OK)
                 CHECK(0);
         bad[nbad - 1].args = tp_value_list_of(1, many);
-        for (size_t i = 0; i < nbad; i++) {
-            tp_value *res = NULL;
-            CHECK_STATUS(conf_sync(tp_to_rank(1), "tp:forks", bad[i].args, &res), bad[i].want);
-            CHECK_CONTAINS(tp_errmsg(), bad[i].msg);
-            CHECK(res == NULL);
-            tp_value_free(res);
-        }
+        for (size_t i = 0; i < nbad; i++)
+            each_refused(rank, "tp:forks", &bad[i].args, 1, bad[i].want, bad[i].msg);
         /* Well formed: fork 0:9 of rref 0:8 is not held on w1. */
         tp_value *res = NULL;
         if (CHECK_OK(conf_sync(tp_to_rank(1), "tp:forks",
