@@ -501,6 +501,95 @@ static void test_codec_frame_alloc_and_multi_segment_decode(void **state) {
     tp_frame_free(f);
 }
 
+/* WIRE-6: what the encoder refuses to build, and an RREF_ABANDON's status
+ * (an error: never TP_OK, never past the last status) checked both ways. */
+static void test_codec_refuses_bad_flags_and_abandon_status(void **state) {
+    (void)state;
+    tp_frame *f = NULL;
+    tpi_msg m = {0};
+    m.type = TPI_MSG_REQUEST;
+    strcpy(m.text, "f");
+    m.flags = 0x0100;
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EINVAL);
+    assert_non_null(strstr(err, "unknown flags 0x0100"));
+    assert_null(f);
+    tpi_msg a = {0};
+    a.type = TPI_MSG_RREF_ABANDON;
+    a.rref = (tpi_gid){1, 9};
+    const uint32_t bad[] = {TP_OK, TP_STATUS_COUNT_, TP_STATUS_COUNT_ + 1, UINT32_MAX};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        a.status = bad[i];
+        char want[64];
+        snprintf(want, sizeof want, "an abandoned creation with status %u", (unsigned)bad[i]);
+        assert_int_equal(tpi_msg_encode(&a, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                         TP_EINVAL);
+        assert_non_null(strstr(err, want));
+        assert_null(f);
+    }
+    /* The last status is an error like any other; then its wire field is
+     * rewritten to each bad value, which the decoder refuses. */
+    a.status = TP_STATUS_COUNT_ - 1;
+    strcpy(a.text, "gone");
+    f = encode_ok(&a, NULL);
+    uint8_t bytes[256];
+    size_t len = f->len;
+    assert_true(len <= sizeof bytes);
+    memcpy(bytes, frame_data(f), len);
+    tp_frame_free(f);
+    tpi_msg d;
+    assert_int_equal(decode_bytes(bytes, len, NULL, &d), TP_OK);
+    assert_int_equal(d.status, TP_STATUS_COUNT_ - 1);
+    assert_string_equal(d.text, "gone");
+    tpi_msg_clear(&d);
+    size_t at = TP_FRAME_HEADER_SIZE + 12; /* after the rref's gid */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t h[256];
+        memcpy(h, bytes, len);
+        h[at] = (uint8_t)bad[i];
+        h[at + 1] = (uint8_t)(bad[i] >> 8);
+        h[at + 2] = (uint8_t)(bad[i] >> 16);
+        h[at + 3] = (uint8_t)(bad[i] >> 24);
+        char want[80];
+        snprintf(want, sizeof want, "an abandoned creation with status %u at offset %zu",
+                 (unsigned)bad[i], at);
+        assert_int_equal(decode_bytes(h, len, NULL, &d), TP_EPROTO);
+        if (!strstr(err, want))
+            fail_msg("status %u: '%s' lacks '%s'", (unsigned)bad[i], err, want);
+    }
+}
+
+/* A frame's segments are checked before they are read: a count outside
+ * 1..TP_FRAME_SEG_MAX, or lengths whose sum overflows, are protocol errors. */
+static void test_codec_frame_segments_checked(void **state) {
+    (void)state;
+    tpi_msg m = {0};
+    m.type = TPI_MSG_RREF_FETCH;
+    tp_frame *f = encode_ok(&m, NULL);
+    tp_frame g = {0};
+    g.len = f->len;
+    tpi_msg d;
+    const int counts[] = {0, -1, TP_FRAME_SEG_MAX + 1};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        g.nseg = counts[i];
+        g.seg[0] = (tp_frame_seg){frame_data(f), f->len};
+        err[0] = '\0';
+        assert_int_equal(tpi_msg_decode(&g, NULL, &d, err, sizeof err), TP_EPROTO);
+        assert_string_equal(err, "frame with a bad segment count");
+    }
+    g.nseg = 2;
+    g.seg[0] = (tp_frame_seg){frame_data(f), SIZE_MAX};
+    g.seg[1] = (tp_frame_seg){frame_data(f), 2};
+    assert_int_equal(tpi_msg_decode(&g, NULL, &d, err, sizeof err), TP_EPROTO);
+    assert_string_equal(err, "frame segments overflow");
+    g.nseg = TP_FRAME_SEG_MAX; /* the most segments: fine when they add up */
+    for (int i = 0; i < TP_FRAME_SEG_MAX; i++)
+        g.seg[i] = (tp_frame_seg){frame_data(f) + (i ? f->len : 0), i ? 0 : f->len};
+    assert_int_equal(tpi_msg_decode(&g, NULL, &d, err, sizeof err), TP_OK);
+    tpi_msg_clear(&d);
+    tp_frame_free(f);
+}
+
 static void test_codec_header_rejects_bad_fields(void **state) {
     (void)state;
     tpi_msg m = {0};
@@ -1561,6 +1650,8 @@ int main(void) {
         cmocka_unit_test(test_codec_buffers_primitives),
         cmocka_unit_test(test_codec_frame_alloc_and_multi_segment_decode),
         cmocka_unit_test(test_codec_header_rejects_bad_fields),
+        cmocka_unit_test(test_codec_refuses_bad_flags_and_abandon_status),
+        cmocka_unit_test(test_codec_frame_segments_checked),
         cmocka_unit_test(test_codec_header_window_generation),
         cmocka_unit_test(test_codec_truncated_at_every_offset),
         cmocka_unit_test(test_codec_trailing_bytes_rejected),
