@@ -590,6 +590,18 @@ static int errors_misuse_is_named(int rank, int ws) {
         tp_rref_release(r);
         tp_method_free(inc);
 
+        /* A destination names a worker by name, rank or info, and nothing else. */
+        tp_value *res = NULL;
+        CHECK_STATUS(conf_sync(tp_to_name(NULL), "add", CONF_INTS(1, 2), &res), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "destination name is NULL");
+        tp_dest odd = {7, "w1", 1};
+        CHECK_STATUS(conf_sync(odd, "add", CONF_INTS(1, 2), &res), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "destination kind 7 is not name, rank or info");
+        tp_dest wrong_info = {2, "w0", 1}; /* w1's id under w0's name */
+        CHECK_STATUS(conf_sync(wrong_info, "add", CONF_INTS(1, 2), &res), TP_EUNKNOWNWORKER);
+        CHECK_CONTAINS(tp_errmsg(), "worker info 'w0' (id 1) names no worker here");
+        CHECK(res == NULL);
+
         /* The worker list and backend options name their NULL out pointer. */
         tp_worker_info *infos = NULL;
         size_t n = 7;

@@ -94,6 +94,51 @@ static int flow_window_waits_then_times_out(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/*
+ * spec: FLOW-2 FUNC-6 SHUTDOWN-2: while the window to w1 is full, a
+ * non-blocking function (on the I/O thread) that sends is refused at once
+ * with TP_ELIMIT saying it cannot wait for room, and a function on the pool
+ * that waits for room is released by a non-graceful shutdown with
+ * TP_ESHUTDOWN saying so, instead of waiting out the slow call.
+ */
+static int flow_window_waits_end_in_a_function(int rank, int ws) {
+    INIT_WINDOW_OR_RETURN(rank, ws, WINDOW);
+    if (rank == 0) {
+        tp_future *slow = NULL, *waiting = NULL;
+        tp_value *args = padded_sleep(3000);
+        CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &slow));
+        tp_value_free(args);
+        tp_value *res = NULL;
+        if (CHECK_OK(conf_sync(tp_to_rank(0), "nb_send_padded", CONF_INTS(1, PAD), &res)) &&
+            CHECK_INT(tp_list_len(res), 2)) {
+            CHECK_INT(conf_int_of(rank, tp_list_get(res, 0), -1), TP_ELIMIT);
+            const char *msg = NULL;
+            size_t len = 0;
+            CHECK_OK(tp_value_get_str(tp_list_get(res, 1), &msg, &len));
+            CHECK_CONTAINS(msg, "max_inflight_bytes 65536) and a non-blocking function cannot "
+                                "wait for room");
+        }
+        tp_value_free(res);
+        CHECK_OK(conf_async(tp_to_rank(0), "send_padded", CONF_INTS(1, PAD), &waiting));
+        CHECK_OK(tp_sleep(0.2)); /* it waits for room on the pool */
+        uint64_t t0 = conf_now_ns();
+        CHECK_OK(tp_shutdown(0));
+        CHECK(conf_since_s(t0) < 2.0); /* not after the slow call */
+        char msg[TP_ERRMSG_LEN_MAX];
+        CHECK_STATUS(conf_send_padded_status(msg, sizeof msg), TP_ESHUTDOWN);
+        CHECK_CONTAINS(msg, "the worker shut down while the call waited to send");
+        tp_future_free(waiting);
+        tp_future_free(slow);
+    } else {
+        uint64_t t0 = conf_now_ns();
+        while (conf_since_s(t0) < 3.5)
+            if (tp_sleep(0.01) != TP_OK)
+                break;
+        tp_shutdown(0); /* w0 left without a goodbye: a non-graceful end here too */
+    }
+    return conf_finish(rank);
+}
+
 /* spec: FLOW-1: a call larger than the whole window goes when nothing else
  * is in flight; the setter's domain. */
 static int flow_large_call_goes_alone(int rank, int ws) {
@@ -379,6 +424,19 @@ static int flow_credit_caller_waits(int rank, int ws) {
         padded_burst(rank, 4, 100, &refused, msg, sizeof msg);
         CHECK_INT(refused, 0);
         CHECK(conf_since_s(t0) >= 0.35); /* one at a time: 40,000 bytes each, 64 KiB granted */
+        /* A wait for credit that times out names the credit, not only the window. */
+        tp_future *slow = NULL, *f = NULL;
+        tp_value *args = padded_sleep(500);
+        CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &slow));
+        CHECK_STATUS(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 0.2, &f), TP_ETIMEDOUT);
+        CHECK_CONTAINS(tp_errmsg(), "timed out after 200 ms waiting to send: 400");
+        CHECK_CONTAINS(tp_errmsg(), "the credit it granted is 65536 (FLOW-6; max_inflight_bytes "
+                                    "268435456)");
+        CHECK(f == NULL);
+        tp_value_free(args);
+        if (slow)
+            CHECK_OK(tp_future_wait(slow, TP_TIMEOUT_INFINITE));
+        tp_future_free(slow);
     }
     CHECK_OK(tp_shutdown(1));
     return conf_finish(rank);
@@ -537,6 +595,8 @@ const tp_conformance_case conf_cases_flow[] = {
     {"flow_timed_out_call_keeps_credit", 2, flow_timed_out_call_keeps_credit, "FLOW-7"},
     {"flow_window_waits_then_times_out", 2, flow_window_waits_then_times_out,
      "FLOW-1 FLOW-2 OPT-7"},
+    {"flow_window_waits_end_in_a_function", 2, flow_window_waits_end_in_a_function,
+     "FLOW-2 FUNC-6 SHUTDOWN-2"},
     {"flow_large_call_goes_alone", 2, flow_large_call_goes_alone, "FLOW-1 OPT-7"},
     {"flow_call_exactly_filling_window_goes", 2, flow_call_exactly_filling_window_goes,
      "FLOW-1 FLOW-2"},

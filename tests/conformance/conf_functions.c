@@ -19,6 +19,10 @@ static _Atomic int64_t served[TP_CONFORMANCE_RANKS_MAX];
 static _Atomic int64_t started[TP_CONFORMANCE_RANKS_MAX];
 static _Atomic int64_t live_objects[TP_CONFORMANCE_RANKS_MAX];
 
+/* send_padded's last status and message (one worker runs it at a time). */
+static _Atomic tp_status send_padded_st = TP_EINVAL;
+static char send_padded_msg[TP_ERRMSG_LEN_MAX];
+
 void conf_functions_reset(void) {
     for (int i = 0; i < TP_CONFORMANCE_RANKS_MAX; i++) {
         atomic_store(&hops[i], 0);
@@ -27,6 +31,8 @@ void conf_functions_reset(void) {
         atomic_store(&live_objects[i], 0);
     }
     conf_async_reset();
+    atomic_store(&send_padded_st, TP_EINVAL);
+    send_padded_msg[0] = '\0';
 }
 
 static int64_t counter_read(_Atomic int64_t *a, int rank) {
@@ -712,6 +718,69 @@ static tp_status fn_try_shutdown(tp_call *call, const tp_value *args, const tp_v
 
 /* ---- Registration ----------------------------------------------------- */
 
+/* [1, bytes[pad]]: a sleep_ms(1) call padded to pad bytes. */
+static tp_value *padded_call(const tp_value *args) {
+    int64_t pad = -1;
+    if (tp_value_get_int(tp_list_get(args, 1), &pad) != TP_OK || pad < 0 || pad > (1 << 24))
+        return NULL;
+    uint8_t *bytes = calloc(1, (size_t)pad + 1);
+    tp_value *v =
+        bytes ? tp_value_list_of(2, tp_value_int(1), tp_value_bytes(bytes, (size_t)pad)) : NULL;
+    free(bytes);
+    return v;
+}
+
+/* send_padded(dst_rank, pad): rpc_sync(dst_rank, "sleep_ms", [1, pad bytes]) from the pool,
+ * waiting for room in the window as long as it takes (FLOW-2); its status. */
+static tp_status fn_send_padded(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                tp_value **result, void *user_data) {
+    (void)kwargs, (void)user_data;
+    int64_t dst = -1;
+    tp_value *sent = padded_call(args);
+    if (tp_value_get_int(tp_list_get(args, 0), &dst) != TP_OK || !sent) {
+        tp_value_free(sent);
+        tp_call_set_error(call, "send_padded takes (dst_rank, pad)");
+        return TP_EINVAL;
+    }
+    tp_value *res = NULL;
+    tp_status st =
+        tp_rpc_sync(tp_to_rank((int)dst), "sleep_ms", sent, NULL, TP_TIMEOUT_INFINITE, &res);
+    snprintf(send_padded_msg, sizeof send_padded_msg, "%s", st == TP_OK ? "" : tp_errmsg());
+    atomic_store(&send_padded_st, st);
+    tp_value_free(res);
+    tp_value_free(sent);
+    *result = tp_value_int(st);
+    return *result ? TP_OK : nomem(call);
+}
+
+tp_status conf_send_padded_status(char *msg, size_t msg_len) {
+    snprintf(msg, msg_len, "%s", send_padded_msg);
+    return atomic_load(&send_padded_st);
+}
+
+/* nb_send_padded(dst_rank, pad): rpc_async of the same call from the I/O thread, where
+ * it may not wait for room (FUNC-6); [its status, its message]. */
+static tp_status fn_nb_send_padded(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                   tp_value **result, void *user_data) {
+    (void)kwargs, (void)user_data;
+    int64_t dst = -1;
+    tp_value *sent = padded_call(args);
+    if (tp_value_get_int(tp_list_get(args, 0), &dst) != TP_OK || !sent) {
+        tp_value_free(sent);
+        tp_call_set_error(call, "nb_send_padded takes (dst_rank, pad)");
+        return TP_EINVAL;
+    }
+    tp_future *f = NULL;
+    tp_status st =
+        tp_rpc_async(tp_to_rank((int)dst), "sleep_ms", sent, NULL, TP_TIMEOUT_DEFAULT, &f);
+    char msg[TP_ERRMSG_LEN_MAX];
+    snprintf(msg, sizeof msg, "%s", st == TP_OK ? "" : tp_errmsg());
+    tp_future_free(f); /* fire and forget when it went */
+    tp_value_free(sent);
+    *result = tp_value_list_of(2, tp_value_int(st), tp_value_str(msg));
+    return *result ? TP_OK : nomem(call);
+}
+
 static const struct {
     const char *name;
     tp_fn fn;
@@ -746,6 +815,7 @@ static const struct {
     {"debug_info", fn_debug_info},
     {"rref_inc", fn_rref_inc},
     {"try_shutdown", fn_try_shutdown},
+    {"send_padded", fn_send_padded},
 };
 
 /*
@@ -817,6 +887,7 @@ static const struct {
     {"nb_echo", fn_echo},
     {"nb_rref_info", fn_rref_info}, /* RREF-13: runs on the pool while its rref is unconfirmed */
     {"nb_try_wait", fn_nb_try_wait},
+    {"nb_send_padded", fn_nb_send_padded},
     {"get", fn_nb_get_decoy}, /* METHOD-1, FUNC-6: a method call never takes this */
 };
 

@@ -187,6 +187,8 @@ int64_t conf_hops(int rank);         /* fire-and-forget hops served by rank */
 int64_t conf_served(int rank);       /* sleep_ms calls completed by rank */
 int64_t conf_started(int rank);      /* sleep_ms calls started by rank */
 int64_t conf_live_objects(int rank); /* Counter objects alive on rank */
+/* The last send_padded this process ran: its rpc_sync's status and message. */
+tp_status conf_send_padded_status(char *msg, size_t msg_len);
 /* A new Counter object (what make_counter returns) counted on owner's live_objects. */
 tp_value *conf_counter_new(int owner, int64_t start);
 /* conf_functions_async.c: functions that answer later (FUNC-7) and the
