@@ -527,6 +527,12 @@ static int errors_misuse_is_named(int rank, int ws) {
             CHECK_OK(tp_future_set_result(mine, NULL));
         tp_future_free(mine);
 
+        /* Completing no future is refused; the value given is freed all the same. */
+        CHECK_STATUS(tp_future_set_result(NULL, tp_value_int(1)), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "future set_result: future is NULL");
+        CHECK_STATUS(tp_future_set_error(NULL, TP_EIO, "x"), TP_EINVAL);
+        CHECK_CONTAINS(tp_errmsg(), "future set_error: future is NULL");
+
         /* answer_later belongs in a function: outside one there is no call. */
         CHECK_STATUS(tp_call_answer_later(NULL, NULL), TP_EINVAL);
         CHECK_CONTAINS(tp_errmsg(), "answer_later: call is NULL");
