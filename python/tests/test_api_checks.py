@@ -577,3 +577,22 @@ def test_backend_keys_reach_the_library(tmp_path):
     assert out == ["lots ValueError option 'max_unsent_bytes': 'lots' is not a decimal count",
                    "4096 ValueError max_unsent_bytes 4096 outside [65536, 1099511627776]",
                    "65536 initialized"]
+
+
+def test_binding_takes_backend_keys_as_strings_only(tmp_path):
+    """The binding's init takes backend keys and values as str only (the
+    options object makes them so): anything else is a TypeError before
+    anything starts, and a later init works."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        for keys in ({"shm": 1}, {1: "on"}, {b"shm": b"on"}):
+            try:
+                api._rpc.init_rpc("worker0", "TENSORPIPE", 0, 1, 60.0, 60.0, 2, None, 5.0, keys)
+                print("initialized")
+            except TypeError as e:
+                print("TypeError", e)
+        rpc.init_rpc("worker0", rank=0, world_size=1)
+        print(rpc.rpc_sync("worker0", add, args=(1, 2)))
+        rpc.shutdown()
+    """, nproc=1)
+    assert out == ["TypeError backend options are str keys and str values"] * 3 + ["3"]
