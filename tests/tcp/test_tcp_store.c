@@ -744,6 +744,56 @@ static void test_tcp_store_races(void **state) {
     assert_int_equal(r, N * 50);
 }
 
+typedef struct sharer {
+    tp_store *c; /* shared by every sharer */
+    int id;
+    int failures;
+} sharer;
+
+static void *share_handle(void *arg) {
+    sharer *sh = arg;
+    char key[32], want[32];
+    snprintf(key, sizeof key, "shared/%d", sh->id);
+    for (int i = 0; i < 50; i++) {
+        int64_t v = 0;
+        snprintf(want, sizeof want, "%d.%d", sh->id, i);
+        if (sh->c->ops->add(sh->c, "shared/sum", 1, &v) != TP_OK || v < 1)
+            sh->failures++;
+        if (sh->c->ops->set(sh->c, key, want, strlen(want)) != TP_OK)
+            sh->failures++;
+        void *got = NULL;
+        size_t len = 0;
+        if (sh->c->ops->get(sh->c, key, &got, &len) != TP_OK || len != strlen(want) ||
+            memcmp(got, want, len) != 0)
+            sh->failures++;
+        free(got);
+    }
+    return NULL;
+}
+
+/* spec: STORE-6: one handle used by several threads at once: each operation
+ * is a whole request and its own reply (the connection's mutex), so every
+ * thread reads back what it wrote and no add is lost. */
+static void test_tcp_store_one_handle_many_threads(void **state) {
+    fixture *f = *state;
+    enum { N = 8 };
+    sharer sh[N];
+    pthread_t ts[N];
+    for (int i = 0; i < N; i++) {
+        sh[i] = (sharer){f->client, i, 0};
+        assert_int_equal(pthread_create(&ts[i], NULL, share_handle, &sh[i]), 0);
+    }
+    int failures = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(ts[i], NULL);
+        failures += sh[i].failures;
+    }
+    assert_int_equal(failures, 0);
+    int64_t r = 0;
+    assert_int_equal(f->client->ops->add(f->client, "shared/sum", 0, &r), TP_OK);
+    assert_int_equal(r, N * 50);
+}
+
 /* spec: TCP-11: a stopping server refuses new clients at once and serves the
  * connected ones until they leave (or the linger time) */
 static void test_tcp_store_linger(void **state) {
@@ -1982,6 +2032,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_store_host_of_init_methods),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_one_handle_many_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_split_request_runs_once, setup, teardown),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
