@@ -1253,23 +1253,41 @@ static int raw_connect(uint16_t port, int rcvbuf) {
 
 /* The client's authenticated handshake on fd; 0, or -1 when the server
  * closed it or answered wrongly. */
-static int raw_handshake(int fd) {
+/* Sends p[0..n) in pieces of at most piece bytes, 20 ms apart (0: at once);
+ * 0, or -1 when a send failed. */
+static int send_pieces(int fd, const uint8_t *p, size_t n, size_t piece) {
+    for (size_t at = 0; at < n;) {
+        size_t k = piece && n - at > piece ? piece : n - at;
+        if (send(fd, p + at, k, MSG_NOSIGNAL) != (ssize_t)k)
+            return -1;
+        at += k;
+        if (piece && at < n)
+            usleep(20000);
+    }
+    return 0;
+}
+
+/* raw_handshake, its hello and proof sent in pieces of piece bytes. */
+static int raw_handshake_in(int fd, size_t piece) {
     uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1, 0,
                                               0,   0xff, 0xff, 0xff, 0xff};
     uint8_t back[TPI_STORE_SERVER_HELLO_LEN], ctx[64], proof[16], ok[4];
-    if (tpi_tcp_auth_nonce(hello + 12) != 0 ||
-        send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello ||
+    if (tpi_tcp_auth_nonce(hello + 12) != 0 || send_pieces(fd, hello, sizeof hello, piece) != 0 ||
         recv(fd, back, sizeof back, MSG_WAITALL) != (ssize_t)sizeof back)
         return -1;
     size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
     if (tpi_tcp_auth_check(&auth, "tp/store/server v1", ctx, n, back + 24) != 1)
         return -1;
     tpi_tcp_auth_proof(&auth, "tp/store/client v1", ctx, n, proof);
-    if (send(fd, proof, sizeof proof, MSG_NOSIGNAL) != (ssize_t)sizeof proof ||
+    if (send_pieces(fd, proof, sizeof proof, piece) != 0 ||
         recv(fd, ok, sizeof ok, MSG_WAITALL) != (ssize_t)sizeof ok ||
         memcmp(ok, TPI_STORE_AUTH_OK, 4) != 0)
         return -1;
     return 0;
+}
+
+static int raw_handshake(int fd) {
+    return raw_handshake_in(fd, 0);
 }
 
 /* The client's handshake with one bit of byte flip (0..15) of its proof
@@ -1381,6 +1399,43 @@ static void test_tcp_store_readers_that_do_not_read(void **state) {
     assert_true(took >= 900000000ull && took < 5000000000ull);
     close(bad[BAD]);
     good->ops->close(good);
+}
+
+/* spec: TCP-10 TCP-17: a handshake that arrives in pieces (the hello and the
+ * proof each split over several reads, kept in the client's buffer of
+ * exactly their size) is accepted, and the client is served. */
+static void test_tcp_store_handshake_in_pieces(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    const size_t pieces[] = {1, 5, 13};
+    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) {
+        int fd = raw_connect(port, 0);
+        assert_true(fd >= 0);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        assert_int_equal(raw_handshake_in(fd, pieces[i]), 0);
+        /* a request: set "pieces" = "ok", answered */
+        uint8_t req[4 + 4 + 6 + 4 + 2] = {0};
+        req[0] = sizeof req - 4;
+        req[4] = TPI_STORE_SET;
+        req[6] = 6;
+        memcpy(req + 8, "pieces", 6);
+        req[14] = 2;
+        memcpy(req + 18, "ok", 2);
+        assert_int_equal(send_pieces(fd, req, sizeof req, pieces[i]), 0);
+        uint8_t b[8];
+        assert_true(recv(fd, b, 4, MSG_WAITALL) == 4);
+        close(fd);
+    }
+    tp_store *c = client(port, 5);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c->ops->get(c, "pieces", &v, &n), TP_OK);
+    assert_true(n == 2 && memcmp(v, "ok", 2) == 0);
+    free(v);
+    c->ops->close(c);
+    tpi_store_server_stop(srv, 0);
 }
 
 /*
@@ -2035,6 +2090,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_one_handle_many_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_split_request_runs_once, setup, teardown),
+        cmocka_unit_test(test_tcp_store_handshake_in_pieces),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan_out_of_memory, setup, teardown),
