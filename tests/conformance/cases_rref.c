@@ -349,6 +349,15 @@ static int rref_failed_creation_one_fact(int rank, int ws) {
             const tp_value *lv = NULL;
             CHECK_STATUS(tp_rref_local_value(r, &lv), TP_ETIMEDOUT);
             tp_value_free(v);
+            /* Its owner's own handle cannot be passed on either: the same fact, at once. */
+            tp_value *res = NULL;
+            CHECK_STATUS(
+                conf_sync(tp_to_rank(2), "rref_fetch", tp_value_list_of(1, tp_value_rref(r)), &res),
+                TP_ETIMEDOUT);
+            CHECK_CONTAINS(tp_errmsg(), "cannot be sent");
+            CHECK_CONTAINS(tp_errmsg(), "not created");
+            CHECK(res == NULL);
+            tp_value_free(res);
         }
         tp_rref_release(r);
         r = NULL;
