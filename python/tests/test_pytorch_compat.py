@@ -744,6 +744,14 @@ def test_exposure_policy(tmp_path):
         import subprocess, json, pickle
         def mul(a, b):
             return a * b
+        PEEKS = []
+        class Peeker:
+            @property
+            def _peek(self):  # a private getter with an effect: never run for a peer
+                PEEKS.append(1)
+                return max
+        def peeks():
+            return len(PEEKS)
         if rank == 0:
             def ploads(b):  # a stand-in: on worker1 the name is pickle.loads
                 return None
@@ -790,6 +798,18 @@ def test_exposure_policy(tmp_path):
                 except PermissionError as e:
                     print("refused method", name, "private and special" in str(e))
             print("method:", held.rpc_sync().bit_length())
+            # A private name is refused before it is looked up: a missing one
+            # is no AttributeError, and a property behind one never runs.
+            peeker = rpc.remote("worker1", Peeker)
+            for name in ("_nope", "_peek"):
+                try:
+                    rpc.rpc_sync("worker1", _proxy_call, args=(peeker, name, (), {}))
+                    print("ran method", name)
+                except PermissionError as e:
+                    print("refused method", name, "private and special" in str(e))
+                except Exception as e:
+                    print("method", name, type(e).__name__)
+            print("peeks:", rpc.rpc_sync("worker1", peeks))
         rpc.shutdown()
         if rank == 1:
             print("no file:", not os.path.exists("pwned"))
@@ -804,6 +824,9 @@ def test_exposure_policy(tmp_path):
     assert "[0] refused method __reduce_ex__ True" in out
     assert "[0] refused method __class__ True" in out
     assert "[0] method: 2" in out
+    assert "[0] refused method _nope True" in out
+    assert "[0] refused method _peek True" in out
+    assert "[0] peeks: 0" in out
     assert "[1] no file: True" in out
 
 
