@@ -596,3 +596,29 @@ def test_binding_takes_backend_keys_as_strings_only(tmp_path):
         rpc.shutdown()
     """, nproc=1)
     assert out == ["TypeError backend options are str keys and str values"] * 3 + ["3"]
+
+
+def test_worker_infos_are_freed(tmp_path):
+    """get_worker_infos copies the C list into Python objects and frees the
+    list: 200,000 calls leave the resident size where it was."""
+    out = run(tmp_path, """
+        import gc
+        def rss_mib():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            agent = rpc.api._Agent()
+            for _ in range(1000):
+                agent.get_worker_infos()
+            gc.collect()
+            base = rss_mib()
+            for _ in range(200000):
+                infos = agent.get_worker_infos()
+            gc.collect()
+            grew = rss_mib() - base
+            sys.stderr.write("200,000 get_worker_infos grew the rss by %.1f MiB\\n" % grew)
+            print(sorted(w.name for w in infos), grew < 16)
+        rpc.shutdown()
+    """)
+    assert out == ["['worker0', 'worker1'] True"]

@@ -384,10 +384,13 @@ def test_torch_wait_all_stops_at_the_first_error(tmp_path):
             for i, f in enumerate(plain):
                 f.set_result(i)
             print(torch.futures.wait_all(plain))
+            # Any iterable, as torch takes one: a generator is read once.
+            fs = [rpc.rpc_async("worker1", add, args=(i, 1)) for i in range(3)]
+            print(torch.futures.wait_all(f for f in fs), torch.futures.wait_all(iter(plain)))
         rpc.shutdown()
     """)
     assert out == ["first error: True held running: True", "RuntimeError: True", "True [True]",
-                   "[0, 1]"]
+                   "[0, 1]", "[1, 2, 3] [0, 1]"]
 
 
 def test_received_torch_tensor_views_the_message(tmp_path):
