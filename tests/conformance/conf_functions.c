@@ -754,8 +754,9 @@ static tp_status fn_send_padded(tp_call *call, const tp_value *args, const tp_va
 }
 
 tp_status conf_send_padded_status(char *msg, size_t msg_len) {
+    tp_status st = atomic_load(&send_padded_st); /* stored after the message */
     snprintf(msg, msg_len, "%s", send_padded_msg);
-    return atomic_load(&send_padded_st);
+    return st;
 }
 
 /* nb_send_padded(dst_rank, pad): rpc_async of the same call from the I/O thread, where
