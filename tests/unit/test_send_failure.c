@@ -154,8 +154,9 @@ static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return sim_ops->send(a, dst, f);
 }
 
-/* On w1, the fail_execute_at-th execute from when it was set is refused
- * (0: none), as by a pool out of memory for the work. */
+/* On worker fail_execute_host (w1 unless a scenario says otherwise), the
+ * fail_execute_at-th execute from when it was set is refused (0: none), as
+ * by a pool out of memory for the work. */
 static int fail_execute_at;
 static int fail_execute_host = 1; /* the worker whose hand-off fails */
 static int execute_failed;
