@@ -447,7 +447,9 @@ TESTS = {
     **{n: ("lsan", [n], ["{b}/tests/" + n], {}) for n in
        ["test_future", "test_timeout", "test_shutdown", "test_init", "test_send_failure",
         "test_rejoin", "test_codec", "test_value", "test_frame", "test_interrupt",
-        "test_rref_faults", "test_flow_break", "test_shm_ring", "test_dedupe"]},
+        "test_rref_faults", "test_flow_break", "test_shm_ring", "test_dedupe", "test_blocks",
+        "test_fair", "test_idmap", "test_log", "test_names", "test_options", "test_sim",
+        "test_store", "test_teardown_late"]},
     "swarm": ("lsan", ["tpsim"], ["{b}/tools/tpsim", "swarm", "--seeds", "1..150"], {}),
     "swarm16": ("lsan", ["tpsim"], ["{b}/tools/tpsim", "swarm", "--seeds", "1001..1010",
                                     "--workers", "16"], {}),
@@ -509,7 +511,10 @@ TESTS = {
 
 COMMON_CORE = ["conformance_sim", "test_future", "test_timeout", "test_shutdown", "test_init",
                "test_send_failure", "test_rejoin", "test_interrupt", "test_rref_faults",
-               "test_flow_break", "test_dedupe", "swarm", "swarm16", "swarm_chaos", "scenarios"]
+               "test_flow_break", "test_dedupe", "swarm", "swarm16", "swarm_chaos", "scenarios",
+               # every other unit test of common/: each runs in well under a second
+               "test_blocks", "test_fair", "test_idmap", "test_log", "test_names", "test_options",
+               "test_sim", "test_store", "test_teardown_late"]
 CODEC = ["test_value", "test_codec", "test_frame", "replay_fuzz_msg_decode",
          "replay_fuzz_core_frames", "conformance_sim", "swarm", "swarm16", "scenarios"]
 REAL_BASE = ["replay_fuzz_tcp_conn", "test_tcp_ipv6", "test_tcp", "tcp_pingpong",
