@@ -158,6 +158,36 @@ static void test_write_read_basic(void **state) {
     free(m.p);
 }
 
+/* A reader attached later (another thread or process taking the reading
+ * end over) starts at the shared head: what the first reader consumed is
+ * not read again, and both ends' counters agree. */
+static void test_reader_attached_later_starts_at_the_head(void **state) {
+    (void)state;
+    mem m = mem_new(TPI_RING_HEAD + 4096);
+    tpi_ring w, r1, r2;
+    pair(m, &w, &r1);
+    for (int i = 0; i < 3; i++) {
+        char rec[8];
+        snprintf(rec, sizeof rec, "rec%d", i);
+        assert_int_equal(put(&w, rec, strlen(rec)), TPI_RING_OK);
+    }
+    uint8_t buf[64];
+    size_t len = 0;
+    assert_int_equal(tpi_ring_read(&r1, buf, sizeof buf, &len), TPI_RING_OK);
+    assert_true(len == 4 && memcmp(buf, "rec0", 4) == 0);
+    char err[200];
+    memset(&r2, 0xa5, sizeof r2); /* whatever the memory held */
+    assert_int_equal(tpi_ring_attach(&r2, m.p, m.size, err, sizeof err), 0);
+    assert_int_equal(r2.pos, r1.pos);
+    assert_int_equal(tpi_ring_read(&r2, buf, sizeof buf, &len), TPI_RING_OK);
+    assert_true(len == 4 && memcmp(buf, "rec1", 4) == 0);
+    assert_int_equal(tpi_ring_read(&r2, buf, sizeof buf, &len), TPI_RING_OK);
+    assert_true(len == 4 && memcmp(buf, "rec2", 4) == 0);
+    assert_int_equal(tpi_ring_read(&r2, buf, sizeof buf, &len), TPI_RING_EMPTY);
+    assert_int_equal(r2.pos, w.pos);
+    free(m.p);
+}
+
 static void test_too_big_and_full(void **state) {
     (void)state;
     mem m = mem_new(TPI_RING_HEAD + 1024);
@@ -836,6 +866,7 @@ static void test_wake_is_prompt(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_write_read_basic),
+        cmocka_unit_test(test_reader_attached_later_starts_at_the_head),
         cmocka_unit_test(test_too_big_and_full),
         cmocka_unit_test(test_wrap_pad_record),
         cmocka_unit_test(test_randomized_model),
