@@ -169,6 +169,13 @@ usage_err "node rank out of range" "--node-rank 2 is out of range for --nnodes 2
 usage_err "elastic nnodes" "elastic membership (MIN < MAX) is not supported" \
   --nnodes 1:4 --nproc 1
 usage_err "bad max restarts" "--max-restarts" --nproc 1 --max-restarts -1
+# spec: LAUNCH-1: options and no program (the parser stops at the arguments' end).
+err=$("$tprun" --nproc 1 2>&1); rc=$?
+check "options only: exit 2" 2 "$rc"
+case "$err" in *"no PROGRAM given"*) check "options only: says why" ok ok ;;
+  *) check "options only: says why" "no PROGRAM given" "$err" ;; esac
+err=$("$tprun" --nproc 1 -- 2>&1); rc=$?
+check "options and -- only: exit 2" 2 "$rc"
 # spec: LAUNCH-1: one past the last port.
 usage_err "endpoint port 65536" "--rdzv-endpoint" --nnodes 2 --node-rank 1 --nproc 1 \
   --rdzv-endpoint "[::1]:65536" --secret-file "$tmp/secret"
