@@ -611,6 +611,24 @@ static void test_shm_slab_header_names_both_ends(void **state) {
         assert_int_equal(read_slab_as(v, ends[i][0], ends[i][1], err, sizeof err), 0);
         assert_non_null(strstr(err, "header does not match"));
     }
+    /* A record naming a slot past the table, generation 0 or a frame shorter
+     * than its header is refused before any slab is looked at. */
+    uint32_t gen = v[1] >> 8;
+    const uint32_t bad[][2] = {{TPI_SHM_SLABS_MAX | gen << 8, v[2]},
+                               {0xff | gen << 8, v[2]},
+                               {v[1] & 0xffu, v[2]},
+                               {v[1], TP_FRAME_HEADER_SIZE - 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint32_t w[3] = {v[0], bad[i][0], bad[i][1]};
+        char want[96];
+        snprintf(want, sizeof want,
+                 "shared memory record for slot %u (generation %u), frame of %u "
+                 "bytes",
+                 w[1] & 0xffu, w[1] >> 8, w[2]);
+        assert_int_equal(read_slab_as(w, 0, 1, err, sizeof err), 0);
+        if (!strstr(err, want))
+            fail_msg("record %zu: '%s' lacks '%s'", i, err, want);
+    }
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
