@@ -718,15 +718,19 @@ static tp_status fn_try_shutdown(tp_call *call, const tp_value *args, const tp_v
 
 /* ---- Registration ----------------------------------------------------- */
 
-/* [1, bytes[pad]]: a sleep_ms(1) call padded to pad bytes. */
-static tp_value *padded_call(const tp_value *args) {
+/* (dst_rank, pad) -> *dst and [1, bytes[pad]], a sleep_ms(1) call padded to pad
+ * bytes (caller-owned); NULL after setting the call's error when args are not so. */
+static tp_value *padded_call(tp_call *call, const tp_value *args, int64_t *dst) {
     int64_t pad = -1;
-    if (tp_value_get_int(tp_list_get(args, 1), &pad) != TP_OK || pad < 0 || pad > (1 << 24))
-        return NULL;
-    uint8_t *bytes = calloc(1, (size_t)pad + 1);
-    tp_value *v =
-        bytes ? tp_value_list_of(2, tp_value_int(1), tp_value_bytes(bytes, (size_t)pad)) : NULL;
-    free(bytes);
+    tp_value *v = NULL;
+    if (tp_value_get_int(tp_list_get(args, 0), dst) == TP_OK &&
+        tp_value_get_int(tp_list_get(args, 1), &pad) == TP_OK && pad >= 0 && pad <= (1 << 24)) {
+        uint8_t *bytes = calloc(1, (size_t)pad + 1);
+        v = bytes ? tp_value_list_of(2, tp_value_int(1), tp_value_bytes(bytes, (size_t)pad)) : NULL;
+        free(bytes);
+    }
+    if (!v)
+        tp_call_set_error(call, "%s takes (dst_rank, pad)", tp_call_function(call));
     return v;
 }
 
@@ -736,12 +740,9 @@ static tp_status fn_send_padded(tp_call *call, const tp_value *args, const tp_va
                                 tp_value **result, void *user_data) {
     (void)kwargs, (void)user_data;
     int64_t dst = -1;
-    tp_value *sent = padded_call(args);
-    if (tp_value_get_int(tp_list_get(args, 0), &dst) != TP_OK || !sent) {
-        tp_value_free(sent);
-        tp_call_set_error(call, "send_padded takes (dst_rank, pad)");
+    tp_value *sent = padded_call(call, args, &dst);
+    if (!sent)
         return TP_EINVAL;
-    }
     tp_value *res = NULL;
     tp_status st =
         tp_rpc_sync(tp_to_rank((int)dst), "sleep_ms", sent, NULL, TP_TIMEOUT_INFINITE, &res);
@@ -765,12 +766,9 @@ static tp_status fn_nb_send_padded(tp_call *call, const tp_value *args, const tp
                                    tp_value **result, void *user_data) {
     (void)kwargs, (void)user_data;
     int64_t dst = -1;
-    tp_value *sent = padded_call(args);
-    if (tp_value_get_int(tp_list_get(args, 0), &dst) != TP_OK || !sent) {
-        tp_value_free(sent);
-        tp_call_set_error(call, "nb_send_padded takes (dst_rank, pad)");
+    tp_value *sent = padded_call(call, args, &dst);
+    if (!sent)
         return TP_EINVAL;
-    }
     tp_future *f = NULL;
     tp_status st =
         tp_rpc_async(tp_to_rank((int)dst), "sleep_ms", sent, NULL, TP_TIMEOUT_DEFAULT, &f);
