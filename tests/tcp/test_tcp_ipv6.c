@@ -310,6 +310,29 @@ static void test_ipv6_init_errors(void **state) {
     close(holder_fd);
 }
 
+/* spec: TCP-2: an accepted connection is named by its peer's address as
+ * "[v6]:port" (IPv4 "a.b.c.d:port"), the form every message about it uses
+ * ("connection from [::1]:40000 closed ..."), and that splits back. */
+static void test_ipv6_peer_address_named(void **state) {
+    (void)state;
+    struct sockaddr_in6 v6 = {.sin6_family = AF_INET6, .sin6_port = htons(40000)};
+    assert_int_equal(inet_pton(AF_INET6, "fe80::1:2", &v6.sin6_addr), 1);
+    char buf[64], host[48], port[8];
+    tpi_tcp_format_sockaddr((const struct sockaddr *)&v6, buf, sizeof buf);
+    assert_string_equal(buf, "[fe80::1:2]:40000");
+    assert_int_equal(tpi_tcp_split_hostport(buf, host, sizeof host, port, sizeof port), 0);
+    assert_string_equal(host, "fe80::1:2");
+    assert_string_equal(port, "40000");
+    v6.sin6_addr = in6addr_loopback;
+    v6.sin6_port = htons(1);
+    tpi_tcp_format_sockaddr((const struct sockaddr *)&v6, buf, sizeof buf);
+    assert_string_equal(buf, "[::1]:1");
+    struct sockaddr_in v4 = {.sin_family = AF_INET, .sin_port = htons(65535)};
+    assert_int_equal(inet_pton(AF_INET, "10.1.2.3", &v4.sin_addr), 1);
+    tpi_tcp_format_sockaddr((const struct sockaddr *)&v4, buf, sizeof buf);
+    assert_string_equal(buf, "10.1.2.3:65535");
+}
+
 int main(void) {
     uint16_t p = 0;
     int fd = v6_bind_loopback(&p);
@@ -321,10 +344,9 @@ int main(void) {
     }
     close(fd);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ipv6_tcp_init_method),
-        cmocka_unit_test(test_ipv6_env_init_method),
-        cmocka_unit_test(test_ipv6_bracketed_hosts),
-        cmocka_unit_test(test_ipv6_init_errors),
+        cmocka_unit_test(test_ipv6_tcp_init_method),    cmocka_unit_test(test_ipv6_env_init_method),
+        cmocka_unit_test(test_ipv6_bracketed_hosts),    cmocka_unit_test(test_ipv6_init_errors),
+        cmocka_unit_test(test_ipv6_peer_address_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
