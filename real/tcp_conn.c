@@ -1115,8 +1115,10 @@ static void in_frame_header(tpi_tcp_conn *c) {
         return;
     }
     /* TCP-19: within the read budget. A header that fits passes those that
-     * wait: one peer's large frames never hold up another's small ones. */
-    if (a->rx_pending > 0 && a->rx_pending + len > a->rx_budget) {
+     * wait: one peer's large frames never hold up another's small ones. One
+     * that does not fit waits behind them even when the budget was just
+     * freed (their admission comes on the loop's next turn): arrival order. */
+    if (a->rx_pending + len > a->rx_budget && (a->rx_pending > 0 || a->rx_wait_head)) {
         c->waiting = 1;
         c->wait_len = len;
         if (a->rx_wait_tail)
@@ -1124,11 +1126,16 @@ static void in_frame_header(tpi_tcp_conn *c) {
         else
             a->rx_wait_head = c;
         a->rx_wait_tail = c;
+        if (a->rx_pending == 0) /* as the release did: admission runs next turn */
+            uv_idle_start(&a->rx_admit, tpi_tcp_on_rx_admit);
         uv_read_stop((uv_stream_t *)&c->tcp);
         conn_timer_at(c, UINT64_MAX);
-        tpi_log(TP_LOG_DEBUG, "worker %u: a frame of %zu bytes from %s waits: %llu bytes are being read (rx_budget %llu)",
+        tpi_log(TP_LOG_DEBUG,
+                "worker %u: a frame of %zu bytes from %s waits: %llu bytes are being read "
+                "(rx_budget %llu)%s",
                 a->rank, len, c->addr, (unsigned long long)a->rx_pending,
-                (unsigned long long)a->rx_budget);
+                (unsigned long long)a->rx_budget,
+                a->rx_pending == 0 ? ", behind headers that waited before it" : "");
         return;
     }
     in_frame_start(c, len);

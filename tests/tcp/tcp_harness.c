@@ -142,10 +142,14 @@ tp_status tt_call_add(tp_dest d, int64_t a, int64_t b, double timeout_s, int64_t
     return st;
 }
 
-int tt_all_answer(const tt_job *job, int rank) {
+static int all_answer(const tt_job *job, int rank, int retry) {
     for (int r = 0; r < job->world; r++) {
         int64_t v = 0;
         tp_status st = tt_call_add(tp_to_rank(r), rank, r, 20, &v);
+        if (st == TP_EIO && retry) {
+            fprintf(stderr, "rank %d: add on rank %d: %s, tried again\n", rank, r, tp_errmsg());
+            st = tt_call_add(tp_to_rank(r), rank, r, 20, &v);
+        }
         if (st != TP_OK || v != rank + r) {
             fprintf(stderr, "rank %d: add on rank %d: %s (%s), got %lld\n", rank, r,
                     tp_status_name(st), tp_errmsg(), (long long)v);
@@ -153,6 +157,14 @@ int tt_all_answer(const tt_job *job, int rank) {
         }
     }
     return 0;
+}
+
+int tt_all_answer(const tt_job *job, int rank) {
+    return all_answer(job, rank, 0);
+}
+
+int tt_all_answer_retrying(const tt_job *job, int rank) {
+    return all_answer(job, rank, 1);
 }
 
 void tt_job_free(tt_job *job) {

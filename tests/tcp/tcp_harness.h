@@ -60,6 +60,10 @@ tp_status tt_call_add(tp_dest d, int64_t a, int64_t b, double timeout_s, int64_t
 /* Every worker of job (this one too) answers add(rank, r) right, within 20 s
  * each: 0, or -1 with the failure printed. */
 int tt_all_answer(const tt_job *job, int rank);
+/* The same, each call tried again once after TP_EIO: for a test whose
+ * forged or broken connections end while the calls start (a peer that may
+ * live fails the calls in flight to it, TCP-7, and a user tries again). */
+int tt_all_answer_retrying(const tt_job *job, int rank);
 /* Frees the job's shared memory. */
 void tt_job_free(tt_job *job);
 

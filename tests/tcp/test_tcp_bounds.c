@@ -514,13 +514,19 @@ static uint8_t *stray_frame(size_t total) {
     return f;
 }
 
-/* A PING on fd is answered with PONG: the worker read everything before it. */
-static void expect_pong(int fd) {
+/* A PING from worker `from` on fd is answered with PONG: the worker read
+ * everything before it. */
+static void expect_pong_from(int fd, uint32_t from) {
     uint8_t rec[TPI_TCP_RECORD_SIZE];
-    tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
+    tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, from);
     tt_raw_send(fd, rec, sizeof rec);
     assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
     assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_PONG);
+}
+
+/* The same as worker 2, whose connections most tests forge. */
+static void expect_pong(int fd) {
+    expect_pong_from(fd, 2);
 }
 
 #define EXACT_MAX 65536 /* every worker's max_message_size in the test below */
@@ -667,11 +673,15 @@ static int body_budget(tt_job *job, int rank) {
 }
 
 /* spec: TCP-19. With rx_budget 100000, frames larger than the budget are
- * still read, one at a time: two raw frames of 110,000 and 130,000 bytes on
- * two connections (the second header waits while the first is read, and is
- * admitted when it ends, alone over the budget), twice on the same two
- * connections, and a call of 150,000 bytes whose request and answer each
- * pass the budget alone. */
+ * still read, one at a time, in the order their headers waited: four raw
+ * frames of 110,000 to 140,000 bytes on four connections (as worker 2 and
+ * worker 0, within TPI_TCP_CONNS_PER_PEER_MAX: one is read, three headers
+ * wait in a list), twice on the same connections; the second time
+ * one waiter leaves (its connection closed while others wait around it)
+ * and a fifth connection's header joins the list after it, and is admitted
+ * too. Then a call of 150,000 bytes whose request and answer each pass the
+ * budget alone. */
+#define RX_CONNS 5
 static void test_tcp_rx_budget_lone_frames(void **state) {
     (void)state;
     tt_job job = {0};
@@ -679,33 +689,81 @@ static void test_tcp_rx_budget_lone_frames(void **state) {
     assert_int_equal(await_count(job.shared, C_READY, 3, 30), 0);
     char addr[128];
     tt_worker_addr(job.store_port, 1, addr, sizeof addr);
-    size_t len[2] = {110000, 130000};
-    uint8_t *f[2];
-    int fd[2];
-    for (int i = 0; i < 2; i++) {
+    size_t len[RX_CONNS] = {110000, 130000, 120000, 140000, 115000};
+    uint8_t *f[RX_CONNS];
+    int fd[RX_CONNS];
+    /* Connections 0 to 2 as worker 2, 3 and 4 as worker 0. */
+    uint32_t as[RX_CONNS] = {2, 2, 2, 0, 0};
+    tpi_tcp_auth auth = tt_job_auth();
+    for (int i = 0; i < RX_CONNS; i++) {
         f[i] = stray_frame(len[i]);
-        fd[i] = tt_hello_as_worker2(addr);
+        fd[i] = tt_raw_hello_as(addr, as[i], 1, 3, &auth);
+        assert_true(fd[i] >= 0);
         int big = 1 << 20;
         setsockopt(fd[i], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
     }
-    /* Both headers and all but the last 100 bytes: one is read, the other
-     * waits for the budget (whichever came first). Twice: the second time
-     * the wait list is the one the first admission emptied, and its new
-     * waiter must be admitted too. */
+    /* Round 1: four headers and all but the last 100 bytes of each: one is
+     * read (whichever came first), three wait. Round 2: the same four, on the
+     * list the first admissions emptied, connection 3's first (it is read,
+     * most likely); then connection 2 leaves while it waits (most likely
+     * last, behind two others), and connection 4's header joins the list
+     * behind them. Every frame left is then read: a PONG on each. */
+    static const int order[2][4] = {{0, 1, 2, 3}, {3, 0, 1, 2}};
+    int logged = 0;
     for (int round = 1; round <= 2; round++) {
-        for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++) {
+            int i = order[round - 1][k];
             send_within(fd[i], f[i], len[i] - 100);
-        assert_int_equal(await_count(job.shared, C_LOGGED, round, 10), 0);
-        for (int i = 0; i < 2; i++)
-            send_within(fd[i], f[i] + len[i] - 100, 100);
-        for (int i = 0; i < 2; i++)
-            expect_pong(fd[i]);
+        }
+        logged += 3;
+        assert_int_equal(await_count(job.shared, C_LOGGED, logged, 10), 0);
+        if (round == 2) {
+            close(fd[2]);
+            fd[2] = -1;
+            send_within(fd[4], f[4], len[4] - 100);
+            logged++;
+            assert_int_equal(await_count(job.shared, C_LOGGED, logged, 10), 0);
+        }
+        for (int i = 0; i < RX_CONNS; i++)
+            if (fd[i] >= 0 && (i < 4 || round == 2))
+                send_within(fd[i], f[i] + len[i] - 100, 100);
+        for (int i = 0; i < RX_CONNS; i++)
+            if (fd[i] >= 0 && (i < 4 || round == 2))
+                expect_pong_from(fd[i], as[i]);
     }
-    for (int i = 0; i < 2; i++)
+    /* Round 3: connection 0's frame is read and 1's waits; then the end of
+     * 0's frame and the whole of a second one arrive in one write, so the
+     * second header is parsed as the first frame frees the budget: it
+     * waits behind connection 1's all the same. */
+    send_within(fd[0], f[0], len[0] - 100);
+    usleep(20000); /* its header is read first */
+    send_within(fd[1], f[1], len[1] - 100);
+    logged++;
+    assert_int_equal(await_count(job.shared, C_LOGGED, logged, 10), 0);
+    uint8_t *two = malloc(100 + len[0]);
+    assert_non_null(two);
+    memcpy(two, f[0] + len[0] - 100, 100);
+    memcpy(two + 100, f[0], len[0]);
+    send_within(fd[0], two, 100 + len[0]);
+    free(two);
+    logged++;
+    assert_int_equal(await_count(job.shared, C_LOGGED, logged, 10), 0);
+    send_within(fd[1], f[1] + len[1] - 100, 100);
+    expect_pong_from(fd[1], as[1]);
+    expect_pong_from(fd[0], as[0]);
+    for (int i = 0; i < RX_CONNS; i++)
         free(f[i]);
-    for (int i = 0; i < 2; i++)
-        close(fd[i]);
-    assert_int_equal(await_count(job.shared, C_PROBED, 1, 20), 0);
+    /* Each connection that ends without BYE makes worker 1 probe its
+     * worker, whose verdict ("still answers") fails calls in flight to it
+     * (TCP-7): one at a time, each verdict in before the next end (probes
+     * of one worker coalesce) and all in before the workers call. */
+    int probed = 1; /* connection 2's, read at its admission in round 2 */
+    assert_int_equal(await_count(job.shared, C_PROBED, probed, 20), 0);
+    for (int i = 0; i < RX_CONNS; i++)
+        if (fd[i] >= 0) {
+            close(fd[i]);
+            assert_int_equal(await_count(job.shared, C_PROBED, ++probed, 20), 0);
+        }
     atomic_store(&job.shared->flag[F_GO], 1);
     assert_int_equal(tt_wait(&job, 90), 0);
     tt_job_free(&job);
@@ -1358,7 +1416,9 @@ static void test_tcp_unreachable_host_is_not_silence(void **state) {
     tt_job_free(&job);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) /* one test by name (a cmocka pattern) */
+        cmocka_set_test_filter(argv[1]);
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_descriptors_exhausted),
