@@ -351,6 +351,19 @@ def test_secret_file_holds_16_to_128_bytes_as_hex(tmp_path):
         else:
             with pytest.raises(launcher.SecretError, match="must be 32 to 256 hex digits"):
                 launcher.secret_from_file(path)
+    # Read up to SECRET_FILE_MAX bytes, as tprun: a secret ending at byte 4096
+    # is whole; one byte more of padding cuts its last digit.
+    secret = "ab" * 32
+    for size, ok in ((4096, True), (4097, False)):  # tprun's limit too: one rule for both
+        path = tmp_path / ("padded%d" % size)
+        path.write_text(" " * (size - len(secret)) + secret)
+        path.chmod(0o600)
+        assert path.stat().st_size == size
+        if ok:
+            assert launcher.secret_from_file(str(path)) == secret
+        else:
+            with pytest.raises(launcher.SecretError, match="63 characters found"):
+                launcher.secret_from_file(str(path))
 
 
 def test_secret_file_read_keeps_no_descriptor(tmp_path):

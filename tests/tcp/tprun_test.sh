@@ -129,6 +129,20 @@ out=$(timeout 20 "$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0
   --secret-file "$tmp/padded" sh -c 'test "$TP_SECRET" = "$(tr -d " \r\n" < "$0")" && echo same' \
   "$tmp/padded" 2>&1)
 check "secret file with spaces around it" "[1] same" "$out"
+# spec: LAUNCH-5: a secret file is read up to 4096 bytes (SECRET_FILE_MAX): one
+# that ends its secret at byte 4096 holds it; one byte more cuts its last digit.
+for size in 4096 4097; do
+  head -c $((size - ${#secret})) /dev/zero | tr '\0' ' ' >"$tmp/big$size"
+  printf '%s' "$secret" >>"$tmp/big$size"
+  chmod 600 "$tmp/big$size"
+done
+out=$(timeout 20 "$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --master-port "$port" \
+  --secret-file "$tmp/big4096" sh -c 'echo "${#TP_SECRET}"' 2>&1)
+check "secret file of 4096 bytes" "[1] ${#secret}" "$out"
+out=$(timeout 20 "$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --master-port "$port" \
+  --secret-file "$tmp/big4097" sh -c 'echo started' 2>&1)
+check "secret file past 4096 bytes" "$((${#secret} - 1)) characters found" \
+  "$(echo "$out" | grep -o '[0-9]* characters found')"
 # The same with no standard input: the secret file may then take descriptor 0.
 out=$(timeout 20 "$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 \
   --master-port "$port" --secret-file "$tmp/secret" sh -c 'echo "${#TP_SECRET}"' 2>&1 <&-)
