@@ -632,6 +632,51 @@ static void test_shm_slab_header_names_both_ends(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* spec: TCP-22: a slab's descriptor, taken into the receiver, may land on 0
+ * (stdin closed by another thread while it works): the frame is read all
+ * the same, and the descriptor closed once mapped. */
+static void test_shm_slab_taken_on_descriptor_0_read(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0; /* worker 0 packs for worker 1 */
+    a.world_size = 2;
+    a.shm_pool = 8 * MIB;
+    tpi_tcp_peer peers[2];
+    memset(peers, 0, sizeof peers);
+    a.peers = peers;
+    enum { BODY = 5000 };
+    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + BODY);
+    assert_non_null(f);
+    memset(tp_frame_bytes(f), 0, f->len);
+    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, BODY);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_pack(&a, 1, 1, f, rec), 0);
+    tp_frame_free(f);
+    uint32_t v[3];
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+    char err[TP_ERRMSG_LEN_MAX];
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    move_pidfd_to = 64;
+    last_taken_fd = -1;
+    int got = read_slab_as(v, 0, 1, err, sizeof err);
+    move_pidfd_to = 0;
+    int taken = last_taken_fd, open0 = fcntl(0, F_GETFD);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back before any assert */
+    close(saved);
+    tpi_shm_tx_free(peers[1].shm_tx);
+    if (got < 0) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    if (got != 1)
+        fail_msg("the slab on descriptor 0 was not read: %s", err);
+    assert_int_equal(taken, 0);  /* the case meant */
+    assert_int_equal(open0, -1); /* and closed again */
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -646,6 +691,7 @@ int main(void) {
         cmocka_unit_test(test_shm_probe_on_descriptor_0_checked),
         cmocka_unit_test(test_shm_probe_every_field_checked),
         cmocka_unit_test(test_shm_slab_header_names_both_ends),
+        cmocka_unit_test(test_shm_slab_taken_on_descriptor_0_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
