@@ -805,32 +805,17 @@ static double monotonic_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* wait(timeout=0): the value, or raises; 0 waits as long as the call lasts.
- * Waits in slices so Ctrl-C in the main thread interrupts it within one. */
+/* wait(cancel=False): the value, or raises; waits as long as the call lasts
+ * (its own timeout ends it), in slices so Ctrl-C in the main thread
+ * interrupts it within one. cancel: rpc_sync's wait, where Ctrl-C also
+ * gives the call up (CANCEL-1). */
 static PyObject *future_wait(FutureObject *o, PyObject *args) {
-    double timeout = 0.0;
-    int cancel = 0; /* rpc_sync's wait: Ctrl-C gives the call up (CANCEL-1) */
-    if (!PyArg_ParseTuple(args, "|dp", &timeout, &cancel))
+    int cancel = 0;
+    if (!PyArg_ParseTuple(args, "|p", &cancel))
         return NULL;
-    if (timeout < 0)
-        return PyErr_Format(PyExc_ValueError, "wait timeout is negative (0 waits as long as "
-                                              "the call lasts)");
-    double deadline = timeout > 0 ? monotonic_s() + timeout : 0;
     tp_status st;
     for (;;) {
-        double slice = WAIT_SLICE_S;
-        if (deadline > 0) {
-            double left = deadline - monotonic_s();
-            if (left <= 0) {
-                char m[96]; /* PyErr_Format has no %g */
-                snprintf(m, sizeof m, "future wait timed out after %g s; the call goes on",
-                         timeout);
-                PyErr_SetString(PyExc_TimeoutError, m);
-                return NULL;
-            }
-            slice = left < slice ? left : slice;
-        }
-        Py_BEGIN_ALLOW_THREADS st = tp_future_wait(o->f, slice);
+        Py_BEGIN_ALLOW_THREADS st = tp_future_wait(o->f, WAIT_SLICE_S);
         Py_END_ALLOW_THREADS
         lent_drain();
         if (tp_future_done(o->f)) {
@@ -864,11 +849,6 @@ static PyObject *future_wait_done(FutureObject *o, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     lent_drain();
-    return PyBool_FromLong(tp_future_done(o->f));
-}
-
-static PyObject *future_done(FutureObject *o, PyObject *unused) {
-    (void)unused;
     return PyBool_FromLong(tp_future_done(o->f));
 }
 
@@ -920,8 +900,7 @@ static PyObject *future_set_exception(FutureObject *o, PyObject *args) {
 }
 
 static PyMethodDef future_methods[] = {
-    {"wait", (PyCFunction)future_wait, METH_VARARGS, "wait(timeout=0): the value, or raises"},
-    {"done", (PyCFunction)future_done, METH_NOARGS, "done(): completed?"},
+    {"wait", (PyCFunction)future_wait, METH_VARARGS, "wait(cancel=False): the value, or raises"},
     {"_wait_done", (PyCFunction)future_wait_done, METH_VARARGS, NULL},
     {"_add_done_callback", (PyCFunction)future_add_done, METH_O, NULL},
     {"_set_result", (PyCFunction)future_set_result, METH_O, NULL},

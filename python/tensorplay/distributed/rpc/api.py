@@ -675,7 +675,7 @@ def _make_future(core, what):
 
     def complete():
         try:
-            v = _values.wrap(_call_c(lambda: core.wait(0.0), what), RRef)
+            v = _values.wrap(_call_c(lambda: core.wait(), what), RRef)
         except Exception as e:
             f.set_exception(e)
         else:
@@ -812,7 +812,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     wire, timeout, what = _call_wire(func, args, kwargs, timeout)
     core = _call_c(lambda: _rpc.call(_dest(to), *wire, timeout, False), what, "rpc_sync")
     # Ctrl-C in the wait gives the call up: shutdown() does not wait for it.
-    return _values.wrap(_call_c(lambda: core.wait(0.0, True), what, "rpc_sync"), RRef)
+    return _values.wrap(_call_c(lambda: core.wait(True), what, "rpc_sync"), RRef)
 
 
 def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
