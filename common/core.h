@@ -705,8 +705,8 @@ int tpi_store_count(tp_core *c, const char *prefix, const char *const *sum_names
 /*
  * STORE-12: creates "<prefix>/<rank>" = value (with " <k>" appended for
  * incarnation k >= 1) by compare-and-set from absent; when this process
- * created it, counts itself (tpi_store_count; a negative sum is not addable
- * and marks the count "x" instead). A key another process of this rank
+ * created it, counts itself (tpi_store_count; sums are counts, never
+ * negative: the caller asserts that). A key another process of this rank
  * created first (a live earlier incarnation, REJOIN-1) is not counted again.
  * *use_count: the use_count for this worker's tpi_store_gather. Returns the
  * store's status for the key (not wrapped in a message).

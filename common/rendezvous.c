@@ -366,13 +366,6 @@ tp_status tpi_store_put_counted(tp_core *c, const char *prefix, const char *valu
         *use_count = tpi_store_count(c, prefix, NULL, NULL, 0, deadline_ns);
         return TP_OK;
     }
-    for (uint32_t i = 0; i < nsums; i++) {
-        if (sums[i] < 0) { /* not addable: readers read the keys */
-            tpi_key(c, key, sizeof key, "%s/count", prefix);
-            (void)tpi_store_set(c, key, "x", 1, deadline_ns);
-            return TP_OK; /* *use_count 0 */
-        }
-    }
     *use_count = tpi_store_count(c, prefix, sum_names, sums, nsums, deadline_ns);
     return TP_OK;
 }

@@ -225,11 +225,11 @@ static tp_status drain(tp_core *c, uint64_t deadline) {
          * the store, then the count: a complete count says every worker's
          * key is there and its numbers are in the totals, so a worker that
          * reads the two totals and one that reads the keys (a dead rank, a
-         * count that does not move) get the same sums. Numbers too large to
-         * add (a negative sum) make the count "x": readers read the keys. */
-        int64_t mine[2] = {
-            my_client + my_served > INT64_MAX ? -1 : (int64_t)(my_client + my_served),
-            my_issued > INT64_MAX ? -1 : (int64_t)my_issued};
+         * count that does not move) get the same sums. They are counts of
+         * calls: 2^63 of them would take centuries. */
+        TPI_ASSERT(my_client <= INT64_MAX / 2 && my_served <= INT64_MAX / 2 &&
+                   my_issued <= INT64_MAX);
+        int64_t mine[2] = {(int64_t)(my_client + my_served), (int64_t)my_issued};
         int counted = 0;
         if ((st = publish_counted(c, prefix, val, mine, 2, &counted, deadline)) != TP_OK)
             break;
