@@ -72,6 +72,7 @@ static tp_status forged_fetch_send(tp_agent *a, uint32_t dst, tp_frame *f) {
 }
 
 static int forge_forks; /* the next this many RREF_FORK frames name owner incarnation 7 */
+static int honest_forks_first; /* ... after this many pass unchanged */
 
 /* An RREF_FORK for an owner incarnation that does not exist: what a holder
  * sends when the owner's rank restarted at the same address (TCP) before
@@ -136,6 +137,10 @@ static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
         return corrupt_send(a, dst, f);
     }
     if (forge_forks > 0 && header[5] == TPI_MSG_RREF_FORK) {
+        if (honest_forks_first > 0) {
+            honest_forks_first--;
+            return sim_ops->send(a, dst, f);
+        }
         forge_forks--;
         return forged_fork_send(a, dst, f);
     }
@@ -377,14 +382,38 @@ static void sc_unknown_rref_fetch(world *w) {
     tp_rref_release(r);
 }
 
-/* fetch(rref) -> its value, on whichever worker serves it. */
+/* fetch(rref, ...) -> its value, or the sum of the values of several, on
+ * whichever worker serves it; counts its runs. */
+static int fetch_runs;
+
 static tp_status fn_fetch(tp_call *call, const tp_value *args, const tp_value *kwargs,
                           tp_value **result, void *user_data) {
     (void)call, (void)kwargs, (void)user_data;
-    tp_rref *r = NULL;
-    if (tp_value_get_rref(tp_list_get(args, 0), &r) != TP_OK)
-        return TP_EINVAL;
-    return tp_rref_to_here(r, 10.0, result);
+    fetch_runs++;
+    size_t n = tp_list_len(args);
+    if (n == 1) {
+        tp_rref *r = NULL;
+        if (tp_value_get_rref(tp_list_get(args, 0), &r) != TP_OK)
+            return TP_EINVAL;
+        return tp_rref_to_here(r, 10.0, result);
+    }
+    int64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        tp_rref *r = NULL;
+        tp_value *v = NULL;
+        int64_t x = 0;
+        if (tp_value_get_rref(tp_list_get(args, i), &r) != TP_OK)
+            return TP_EINVAL;
+        tp_status st = tp_rref_to_here(r, 10.0, &v);
+        if (st == TP_OK && tp_value_get_int(v, &x) != TP_OK)
+            st = TP_ETYPE;
+        tp_value_free(v);
+        if (st != TP_OK)
+            return st;
+        sum += x;
+    }
+    *result = tp_value_int(sum);
+    return *result ? TP_OK : TP_ENOMEM;
 }
 
 /* An rref of add(3, 4) on w1, confirmed (its value fetched once). */
@@ -432,6 +461,41 @@ static void sc_fork_of_other_incarnation(world *w) {
     CHECK(forge_forks == 0);
     CHECK(fetch_on_w0(r) == TP_OK); /* the same call with an honest fork works */
     tp_rref_release(r);
+}
+
+/*
+ * RREF-13: a function runs only when every rref among its arguments is
+ * confirmed, not just the first: of two rrefs, the second's fork is refused
+ * (another incarnation, as above), so the call fails naming that rref and
+ * the function never runs; honest forks for both, and it runs.
+ */
+static void sc_second_rref_fork_refused(world *w) {
+    (void)w;
+    tp_rref *r1 = confirmed_sum(), *r2 = confirmed_sum();
+    tp_rref_gid id2 = {0, 0}, fork2;
+    CHECK(tp_rref_ids(r2, &id2, &fork2) == TP_OK);
+    char want[96];
+    snprintf(want, sizeof want, "rref %u:%llu among its arguments was not confirmed", id2.worker,
+             (unsigned long long)id2.local);
+    tp_value *args = tp_value_list_of(2, tp_value_rref(r1), tp_value_rref(r2));
+    honest_forks_first = 1;
+    forge_forks = 1;
+    fetch_runs = 0;
+    tp_value *v = NULL;
+    tp_status st = tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v);
+    if (st != TP_EPROTO)
+        print_error("fetch of two rrefs, the second's fork forged: %s: %s\n", tp_status_name(st),
+                    tp_errmsg());
+    CHECK(st == TP_EPROTO && v == NULL);
+    CHECK(strstr(tp_errmsg(), want) != NULL);
+    CHECK(fetch_runs == 0 && forge_forks == 0 && honest_forks_first == 0);
+    int64_t x = 0;
+    CHECK(tp_rpc_sync(tp_to_name("w0"), "fetch", args, NULL, 10.0, &v) == TP_OK);
+    CHECK(tp_value_get_int(v, &x) == TP_OK && x == 14 && fetch_runs == 1);
+    tp_value_free(v);
+    tp_value_free(args);
+    tp_rref_release(r1);
+    tp_rref_release(r2);
 }
 
 /*
@@ -557,6 +621,12 @@ static void test_send_fork_of_other_incarnation_refused(void **state) {
     run_world(2, 11, &w);
 }
 
+static void test_send_second_rref_fork_refused(void **state) {
+    (void)state;
+    world w = {.scenario = sc_second_rref_fork_refused, .backend = "SIM_FAILSEND"};
+    run_world(2, 11, &w);
+}
+
 static void test_send_unknown_rref_fetch_answered(void **state) {
     (void)state;
     world w = {.scenario = sc_unknown_rref_fetch, .backend = "SIM_FAILSEND"};
@@ -570,6 +640,7 @@ int main(void) {
         cmocka_unit_test(test_deferred_send_failure),
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
         cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
+        cmocka_unit_test(test_send_second_rref_fork_refused),
         cmocka_unit_test(test_send_fork_answer_malformed_not_retried),
         cmocka_unit_test(test_send_malformed_method_call_refused),
         cmocka_unit_test(test_then_not_queued_fails_its_future),
