@@ -1482,6 +1482,30 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "listen_port", "70000");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "70000");
+    /* spec: TCP-2, TCP-12: listen_addr and advertise_addr must be hosts (a
+     * lone bracket, a tab or a name too long is none); a wildcard listen_addr
+     * needs an advertise_addr peers can dial. */
+    static const char *const not_hosts[][3] = {
+        {"listen_addr", "[127.0.0.1", "listen_addr '[127.0.0.1' is not a host"},
+        {"listen_addr", "127.0.0.1\t", "listen_addr '127.0.0.1\t' is not a host"},
+        {"listen_addr", "0.0.0.0", "listen_addr 0.0.0.0 is not an address peers can dial"},
+        {"advertise_addr", "[::1", "advertise_addr '[::1' is not a host"},
+        {"advertise_addr", "host\nname", "advertise_addr 'host\nname' is not a host"},
+    };
+    for (size_t i = 0; i < sizeof not_hosts / sizeof not_hosts[0]; i++) {
+        tp_construct_rpc_backend_options("TENSORPIPE", &o);
+        tp_options_set(o, not_hosts[i][0], not_hosts[i][1]);
+        bad |= expect_init_error(o, 0, 1, TP_EINVAL, not_hosts[i][2]);
+    }
+    char longest[TPI_ADDR_LEN_MAX + 44]; /* past either buffer */
+    memset(longest, 'a', sizeof longest - 1);
+    longest[sizeof longest - 1] = '\0';
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "advertise_addr", longest);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "advertise_addr 'aaaa");
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "listen_addr", longest);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "listen_addr 'aaaa");
     /* spec: TCP-12, TCP-22: the shared memory options. */
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "shm", "maybe");
@@ -1495,10 +1519,15 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "rx_budget", "1");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "options can only lower this bound (TCP-19)");
-    /* After all that, a world of one comes up on env:// and goes down. */
+    /* After all that, a world of one comes up on env:// and goes down:
+     * listening on every address, advertised as a bracketed loopback. */
     snprintf(m, sizeof m, "%u", (unsigned)tt_free_port());
     setenv("MASTER_PORT", m, 1);
-    TT_CHECK(tp_init_rpc("solo", "TENSORPIPE", 0, 1, NULL) == TP_OK);
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "listen_addr", "0.0.0.0");
+    tp_options_set(o, "advertise_addr", "[127.0.0.1]");
+    TT_CHECK(tp_init_rpc("solo", "TENSORPIPE", 0, 1, o) == TP_OK);
+    tp_options_free(o);
     int64_t v = 0;
     TT_CHECK(tt_call_add(tp_to_name("solo"), 2, 3, TP_TIMEOUT_DEFAULT, &v) == TP_EUNKNOWNFUNC);
     TT_CHECK(tp_shutdown(1) == TP_OK);
@@ -2158,7 +2187,9 @@ static void test_tcp_pool_threads_on_demand(void **state) {
     assert_int_equal(seen, base + 1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) /* one test by name (a cmocka pattern) */
+        cmocka_set_test_filter(argv[1]);
     tt_ensure_secret(); /* this process reads it too, to talk to the job (TCP-17) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_local_addr_toward),
