@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <ctype.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -838,14 +839,82 @@ static void test_job_secret_new_buffer(void **state) {
     assert_int_equal(tp_job_secret_new(NULL, sizeof a), TP_EINVAL);
 }
 
-int main(void) {
+/* tpi_tcp_auth_setup with the backend option secret=hex: its status, the
+ * message in err. */
+static tp_status setup_with_secret(const char *hex, tpi_tcp_auth *auth, char *err, size_t len) {
+    tp_options *o = tp_options_new();
+    assert_non_null(o);
+    assert_int_equal(tp_options_set(o, "secret", hex), TP_OK);
+    err[0] = '\0';
+    tp_status st = tpi_tcp_auth_setup(o, auth, err, len);
+    tp_options_free(o);
+    return st;
+}
+
+/* spec: TCP-17: the job secret is 16 to 128 bytes written as hex, either
+ * case (upper and lower give the same key, and another secret another);
+ * a character that is no hex digit is named by its position, first or
+ * second of its byte; a length out of bounds or odd is refused with the
+ * rule. */
+static void test_job_secret_parsed(void **state) {
+    (void)state;
+    char lower[2 * TPI_TCP_SECRET_MAX + 3], upper[sizeof lower], err[TP_ERRMSG_LEN_MAX];
+    for (size_t i = 0; i < sizeof lower - 1; i++)
+        lower[i] = "0123456789abcdef"[(i * 7 + 3) % 16];
+    lower[64] = '\0';
+    for (size_t i = 0; i <= 64; i++)
+        upper[i] = (char)toupper((unsigned char)lower[i]);
+    tpi_tcp_auth a, b;
+    assert_int_equal(setup_with_secret(lower, &a, err, sizeof err), TP_OK);
+    assert_int_equal(setup_with_secret(upper, &b, err, sizeof err), TP_OK);
+    assert_true(a.on && b.on);
+    assert_true(tpi_tcp_auth_same(&a, &b));
+    upper[0] = upper[0] == 'F' ? 'E' : 'F';
+    assert_int_equal(setup_with_secret(upper, &b, err, sizeof err), TP_OK);
+    assert_false(tpi_tcp_auth_same(&a, &b));
+    static const size_t bad_at[] = {0, 1, 34, 63};
+    for (size_t k = 0; k < sizeof bad_at / sizeof bad_at[0]; k++) {
+        char hex[65], want[48];
+        memcpy(hex, lower, sizeof hex);
+        hex[bad_at[k]] = 'g';
+        assert_int_equal(setup_with_secret(hex, &b, err, sizeof err), TP_EINVAL);
+        snprintf(want, sizeof want, "character %zu is not a hex digit", bad_at[k]);
+        if (!strstr(err, want))
+            fail_msg("'%s' lacks '%s'", err, want);
+        assert_non_null(strstr(err, "the backend option 'secret'"));
+    }
+    /* 32 and 256 digits are the bounds; 30, 31, 33 and 258 are not. */
+    static const size_t digits[] = {30, 31, 32, 33, 256, 258};
+    for (size_t k = 0; k < sizeof digits / sizeof digits[0]; k++) {
+        char hex[sizeof lower];
+        for (size_t i = 0; i < digits[k]; i++)
+            hex[i] = "0123456789abcdef"[i % 16];
+        hex[digits[k]] = '\0';
+        tp_status st = setup_with_secret(hex, &b, err, sizeof err);
+        int ok = digits[k] == 32 || digits[k] == 256;
+        assert_int_equal(st, ok ? TP_OK : TP_EINVAL);
+        if (!ok) {
+            char want[64];
+            snprintf(want, sizeof want, "16 to 128 bytes written as hex (%zu characters given)",
+                     digits[k]);
+            if (!strstr(err, want))
+                fail_msg("'%s' lacks '%s'", err, want);
+        }
+    }
+    tpi_tcp_auth_clear(&a);
+    tpi_tcp_auth_clear(&b);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) /* one test by name (a cmocka pattern) */
+        cmocka_set_test_filter(argv[1]);
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_crypt_calls),       cmocka_unit_test(test_tcp_crypt_mismatch),
         cmocka_unit_test(test_tcp_crypt_tampered),    cmocka_unit_test(test_tcp_crypt_capture),
         cmocka_unit_test(test_tcp_crypt_idle),        cmocka_unit_test(test_tcp_crypt_probe),
         cmocka_unit_test(test_tcp_crypt_bye),         cmocka_unit_test(test_tcp_crypt_options),
-        cmocka_unit_test(test_job_secret_new_buffer),
+        cmocka_unit_test(test_job_secret_new_buffer), cmocka_unit_test(test_job_secret_parsed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
