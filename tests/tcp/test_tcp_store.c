@@ -239,6 +239,42 @@ static void test_tcp_store_split_request_runs_once(void **state) {
     assert_int_equal(r, 5);
 }
 
+/* spec: TCP-10 STORE-1: a key holding a NUL byte (no client library sends
+ * one; keys are C strings) is refused with TP_EINVAL saying so, nothing is
+ * written under the key cut at the NUL, and the client is served on. */
+static void test_tcp_store_key_with_nul_refused(void **state) {
+    fixture *f = *state;
+    int fd = raw_client(f->port);
+    tpi_store_request rq = {
+        .op = TPI_STORE_ADD, .key = (const uint8_t *)"nul\0key", .key_len = 7, .delta = 3};
+    uint8_t req[64];
+    size_t len = tpi_store_request_size(&rq);
+    assert_true(len <= sizeof req);
+    tpi_store_request_encode(&rq, req);
+    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* a deadline, not a hang */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t head[TPI_STORE_REPLY_HEAD_LEN];
+    char text[64] = {0};
+    assert_int_equal(recv(fd, head, sizeof head, MSG_WAITALL), (ssize_t)sizeof head);
+    tp_status st = TP_OK;
+    uint8_t aux = 0;
+    uint32_t n = 0;
+    assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &n), 0);
+    assert_int_equal(st, TP_EINVAL);
+    assert_true(n < sizeof text);
+    assert_int_equal(recv(fd, text, n, MSG_WAITALL), (ssize_t)n);
+    assert_string_equal(text, "key contains a NUL byte");
+    /* The same connection is served on: an honest add answers. */
+    rq.key = (const uint8_t *)"nul";
+    rq.key_len = 3;
+    len = tpi_store_request_size(&rq);
+    tpi_store_request_encode(&rq, req);
+    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    assert_int_equal(raw_add_reply(fd), 3); /* not 6: the refused add wrote nothing */
+    close(fd);
+}
+
 /*
  * Issue 8: out of descriptors, accept fails while a connection waits; the
  * server must back off, not spin. A child process runs the server, takes
@@ -2070,7 +2106,9 @@ static void test_tcp_sock_errors_come_at_once(void **state) {
     close(c);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) /* one test by name (a cmocka pattern) */
+        cmocka_set_test_filter(argv[1]);
     tt_ensure_secret();
     char err[TP_ERRMSG_LEN_MAX];
     if (tpi_tcp_auth_setup(NULL, &auth, err, sizeof err) != TP_OK) {
@@ -2090,6 +2128,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tcp_store_one_handle_many_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_split_request_runs_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_key_with_nul_refused, setup, teardown),
         cmocka_unit_test(test_tcp_store_handshake_in_pieces),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
