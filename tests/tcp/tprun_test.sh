@@ -183,6 +183,25 @@ usage_err "node rank out of range" "--node-rank 2 is out of range for --nnodes 2
 usage_err "elastic nnodes" "elastic membership (MIN < MAX) is not supported" \
   --nnodes 1:4 --nproc 1
 usage_err "bad max restarts" "--max-restarts" --nproc 1 --max-restarts -1
+# spec: LAUNCH-2: each option's bounds, one past each end.
+usage_err "nproc 0" "bad option --nproc '0'" --nproc 0
+usage_err "nproc past the most" "bad option --nproc-per-node '1025'" --nproc-per-node 1025
+usage_err "node rank -1" "bad option --node-rank '-1'" --node-rank -1 --nproc 1
+usage_err "master port 0" "bad option --master-port '0'" --nproc 1 --master-port 0
+usage_err "master port 65536" "bad option --master-port '65536'" --nproc 1 --master-port 65536
+usage_err "empty master addr" "bad option --master-addr ''" --nproc 1 --master-addr ""
+usage_err "empty secret file" "bad option --secret-file ''" --nproc 1 --secret-file ""
+usage_err "grace past an hour" "bad option --grace '3601'" --nproc 1 --grace 3601
+usage_err "grace not a number" "bad option --grace '1s'" --nproc 1 --grace 1s
+usage_err "nnodes 0" "bad option --nnodes '0'" --nnodes 0 --nproc 1
+usage_err "nnodes max 0" "bad option --nnodes '1:0'" --nnodes 1:0 --nproc 1
+usage_err "world past the most" "--nnodes 65536 x --nproc-per-node 2 is over 65536 processes" \
+  --nnodes 65536 --nproc 2 --rdzv-endpoint "127.0.0.1:$port" --secret-file "$tmp/secret"
+usage_err "unknown option" "unknown option --procs" --procs 2
+err=$("$tprun" --nproc 2>&1); rc=$?
+check "option with no value: exit 2" 2 "$rc"
+case "$err" in *"--nproc needs a value"*) check "option with no value: says why" ok ok ;;
+  *) check "option with no value: says why" "--nproc needs a value" "$err" ;; esac
 # spec: LAUNCH-1: options and no program (the parser stops at the arguments' end).
 err=$("$tprun" --nproc 1 2>&1); rc=$?
 check "options only: exit 2" 2 "$rc"
