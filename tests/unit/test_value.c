@@ -782,6 +782,14 @@ static void test_value_format_reads_like_python(void **state) {
     tp_value *w = tp_value_worker_info(&wi);
     tp_value_format(w, buf, sizeof buf);
     assert_string_equal(buf, "WorkerInfo(id=1, name=w1)");
+    /* An object by its class; no value at all as NULL (a list may hold neither
+     * on the wire, but a message may name either). */
+    tp_value *obj = tp_value_list_of(2, tp_value_object("Counter", NULL, NULL), tp_value_nil());
+    tp_value_format(obj, buf, sizeof buf);
+    assert_string_equal(buf, "[<Counter object>, None]");
+    tp_value_free(obj);
+    assert_int_equal(tp_value_format(NULL, buf, sizeof buf), 4);
+    assert_string_equal(buf, "NULL");
     tp_value *inf = tp_value_list_of(3, tp_value_float(INFINITY), tp_value_float(-INFINITY),
                                      tp_value_float(NAN));
     tp_value_format(inf, buf, sizeof buf);
