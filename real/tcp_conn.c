@@ -1126,8 +1126,10 @@ static void in_frame_header(tpi_tcp_conn *c) {
         else
             a->rx_wait_head = c;
         a->rx_wait_tail = c;
-        if (a->rx_pending == 0) /* as the release did: admission runs next turn */
-            uv_idle_start(&a->rx_admit, tpi_tcp_on_rx_admit);
+        /* Waiters with nothing being read: the release that freed the
+         * budget started their admission, which runs on the next turn. */
+        TPI_ASSERT(a->rx_pending > 0 || uv_is_active((uv_handle_t *)&a->rx_admit) ||
+                   atomic_load(&a->stop_flag));
         uv_read_stop((uv_stream_t *)&c->tcp);
         conn_timer_at(c, UINT64_MAX);
         tpi_log(TP_LOG_DEBUG,
