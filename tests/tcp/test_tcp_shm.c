@@ -573,29 +573,36 @@ static int read_slab_as(const uint32_t v[3], uint32_t peer, uint32_t me, char *e
     return f != NULL;
 }
 
+/* Worker 0 of world (a bare agent, 8 MiB pool) packs a REQUEST of body
+ * bytes for worker 1 into a slab: the FRAME record's values in v. The
+ * caller frees peers[1].shm_tx. */
+static void pack_for_worker_1(tpi_tcp_agent *a, tpi_tcp_peer *peers, uint32_t world, size_t body,
+                              uint32_t v[3]) {
+    memset(a, 0, sizeof *a);
+    a->rank = 0;
+    a->world_size = world;
+    a->shm_pool = 8 * MIB;
+    memset(peers, 0, world * sizeof *peers);
+    a->peers = peers;
+    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + body);
+    assert_non_null(f);
+    memset(tp_frame_bytes(f), 0, f->len);
+    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, (uint32_t)body);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_pack(a, 1, 1, f, rec), 0);
+    tp_frame_free(f);
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+}
+
 /* spec: TCP-22: a slab names who wrote it and for whom; a FRAME record whose
  * slab names another sender, or another receiver, is refused, so a slab
  * meant for someone else is never read as this connection's frame. */
 static void test_shm_slab_header_names_both_ends(void **state) {
     (void)state;
     tpi_tcp_agent a;
-    memset(&a, 0, sizeof a);
-    a.rank = 0; /* worker 0 packs for worker 1 */
-    a.world_size = 3;
-    a.shm_pool = 8 * MIB;
     tpi_tcp_peer peers[3];
-    memset(peers, 0, sizeof peers);
-    a.peers = peers;
-    enum { BODY = 1000 };
-    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + BODY);
-    assert_non_null(f);
-    memset(tp_frame_bytes(f), 0, f->len);
-    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, BODY);
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_pack(&a, 1, 1, f, rec), 0);
-    tp_frame_free(f);
     uint32_t v[3];
-    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+    pack_for_worker_1(&a, peers, 3, 1000, v);
     char err[TP_ERRMSG_LEN_MAX];
     int got = read_slab_as(v, 0, 1, err, sizeof err); /* worker 1, from worker 0: its own */
     if (got < 0) {
@@ -638,23 +645,9 @@ static void test_shm_slab_header_names_both_ends(void **state) {
 static void test_shm_slab_taken_on_descriptor_0_read(void **state) {
     (void)state;
     tpi_tcp_agent a;
-    memset(&a, 0, sizeof a);
-    a.rank = 0; /* worker 0 packs for worker 1 */
-    a.world_size = 2;
-    a.shm_pool = 8 * MIB;
     tpi_tcp_peer peers[2];
-    memset(peers, 0, sizeof peers);
-    a.peers = peers;
-    enum { BODY = 5000 };
-    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + BODY);
-    assert_non_null(f);
-    memset(tp_frame_bytes(f), 0, f->len);
-    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, BODY);
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_pack(&a, 1, 1, f, rec), 0);
-    tp_frame_free(f);
     uint32_t v[3];
-    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+    pack_for_worker_1(&a, peers, 2, 5000, v);
     char err[TP_ERRMSG_LEN_MAX];
     int saved = dup(0);
     assert_true(saved > 0);

@@ -194,20 +194,40 @@ static void test_tcp_store_malformed_cas_drops_client(void **state) {
     assert_int_equal(s->ops->get(s, "k", &v, &n), TP_ENOENT); /* nothing was written */
 }
 
-/* The reply to an ADD on fd: its result, read within 10 s (TP_OK asserted). */
-static int64_t raw_add_reply(int fd) {
+/* The next reply on fd, read within 10 s: its status, its body (up to cap
+ * bytes, asserted to fit) into out; returns the body's length. */
+static uint32_t raw_reply(int fd, tp_status *st, void *out, size_t cap) {
     struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* a deadline, not a hang */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    uint8_t head[TPI_STORE_REPLY_HEAD_LEN], out[8];
+    uint8_t head[TPI_STORE_REPLY_HEAD_LEN];
     assert_int_equal(recv(fd, head, sizeof head, MSG_WAITALL), (ssize_t)sizeof head);
-    tp_status st = TP_EIO;
     uint8_t aux = 0;
     uint32_t len = 0;
-    assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), 0);
+    assert_int_equal(tpi_store_reply_head_decode(head, st, &aux, &len), 0);
+    assert_true(len <= cap);
+    if (len > 0)
+        assert_int_equal(recv(fd, out, len, MSG_WAITALL), (ssize_t)len);
+    return len;
+}
+
+/* The reply to an ADD on fd: its result, read within 10 s (TP_OK asserted). */
+static int64_t raw_add_reply(int fd) {
+    uint8_t out[8];
+    tp_status st = TP_EIO;
+    assert_int_equal(raw_reply(fd, &st, out, sizeof out), sizeof out);
     assert_int_equal(st, TP_OK);
-    assert_int_equal(len, sizeof out);
-    assert_int_equal(recv(fd, out, sizeof out, MSG_WAITALL), (ssize_t)sizeof out);
     return (int64_t)((uint64_t)tpi_tcp_get_u32(out) | (uint64_t)tpi_tcp_get_u32(out + 4) << 32);
+}
+
+/* Sends ADD key (key_len bytes, any of them) delta on fd, whole. */
+static void raw_send_add(int fd, const char *key, size_t key_len, int64_t delta) {
+    tpi_store_request rq = {
+        .op = TPI_STORE_ADD, .key = (const uint8_t *)key, .key_len = key_len, .delta = delta};
+    uint8_t req[64];
+    size_t len = tpi_store_request_size(&rq);
+    assert_true(len <= sizeof req);
+    tpi_store_request_encode(&rq, req);
+    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
 /* spec: TCP-10. A request that arrives in pieces (an ADD whose second half
@@ -229,9 +249,7 @@ static void test_tcp_store_split_request_runs_once(void **state) {
     assert_int_equal(send(fd, req + len / 2, len - len / 2, MSG_NOSIGNAL),
                      (ssize_t)(len - len / 2));
     assert_int_equal(raw_add_reply(fd), 5);
-    rq.delta = 0; /* whole this time */
-    tpi_store_request_encode(&rq, req);
-    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    raw_send_add(fd, "split", 5, 0); /* whole this time */
     assert_int_equal(raw_add_reply(fd), 5);
     close(fd);
     int64_t r = 0;
@@ -245,32 +263,14 @@ static void test_tcp_store_split_request_runs_once(void **state) {
 static void test_tcp_store_key_with_nul_refused(void **state) {
     fixture *f = *state;
     int fd = raw_client(f->port);
-    tpi_store_request rq = {
-        .op = TPI_STORE_ADD, .key = (const uint8_t *)"nul\0key", .key_len = 7, .delta = 3};
-    uint8_t req[64];
-    size_t len = tpi_store_request_size(&rq);
-    assert_true(len <= sizeof req);
-    tpi_store_request_encode(&rq, req);
-    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
-    struct timeval tv = {.tv_sec = 10, .tv_usec = 0}; /* a deadline, not a hang */
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    uint8_t head[TPI_STORE_REPLY_HEAD_LEN];
+    raw_send_add(fd, "nul\0key", 7, 3);
     char text[64] = {0};
-    assert_int_equal(recv(fd, head, sizeof head, MSG_WAITALL), (ssize_t)sizeof head);
     tp_status st = TP_OK;
-    uint8_t aux = 0;
-    uint32_t n = 0;
-    assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &n), 0);
+    raw_reply(fd, &st, text, sizeof text - 1);
     assert_int_equal(st, TP_EINVAL);
-    assert_true(n < sizeof text);
-    assert_int_equal(recv(fd, text, n, MSG_WAITALL), (ssize_t)n);
     assert_string_equal(text, "key contains a NUL byte");
     /* The same connection is served on: an honest add answers. */
-    rq.key = (const uint8_t *)"nul";
-    rq.key_len = 3;
-    len = tpi_store_request_size(&rq);
-    tpi_store_request_encode(&rq, req);
-    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    raw_send_add(fd, "nul", 3, 3);
     assert_int_equal(raw_add_reply(fd), 3); /* not 6: the refused add wrote nothing */
     close(fd);
 }
