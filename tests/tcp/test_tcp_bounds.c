@@ -49,6 +49,8 @@ static double secs_since(uint64_t t0) {
 /* ns[T_REFUSED + i]: the count of refusals not reported that worker 1's
  * i-th report of TCP-19's handshake cap gave. */
 enum { T_REFUSED = 2, N_REFUSED_LOGS = 4 };
+/* ns[T_WAITER]: the size of the frame TCP-19's last "waits" report named. */
+enum { T_WAITER = 6 };
 
 /* What a test's log callback counts: messages holding its needle. */
 static const char *log_needle;
@@ -59,6 +61,9 @@ static void count_logged(tp_log_level level, const char *msg, void *user) {
     if (getenv("TT_LOG"))
         fprintf(stderr, "[%.3f] %s\n", (double)tt_now_ns() / 1e9, msg);
     if (log_needle && strstr(msg, log_needle)) {
+        const char *waiter = strstr(msg, "a frame of ");
+        if (waiter && strstr(msg, " waits: "))
+            atomic_store(&sh->ns[T_WAITER], strtoull(waiter + 11, NULL, 10));
         int i = atomic_fetch_add(&sh->count[C_LOGGED], 1);
         /* TCP-19's refusals: "...; N more refused since the last report" */
         const char *more = strstr(msg, " more refused");
@@ -676,11 +681,13 @@ static int body_budget(tt_job *job, int rank) {
  * still read, one at a time, in the order their headers waited: four raw
  * frames of 110,000 to 140,000 bytes on four connections (as worker 2 and
  * worker 0, within TPI_TCP_CONNS_PER_PEER_MAX: one is read, three headers
- * wait in a list), twice on the same connections; the second time
- * one waiter leaves (its connection closed while others wait around it)
- * and a fifth connection's header joins the list after it, and is admitted
- * too. Then a call of 150,000 bytes whose request and answer each pass the
- * budget alone. */
+ * wait in a list), twice on the same connections; the second time the
+ * last waiter leaves (its connection closed behind two others: the worker
+ * reads that end when it is admitted) and a fifth connection's header joins
+ * the list behind it, and is admitted too. A header over the budget never
+ * jumps those waiting, even one read in the same batch as the end of the
+ * frame that frees the budget. Then a call of 150,000 bytes whose request
+ * and answer each pass the budget alone. */
 #define RX_CONNS 5
 static void test_tcp_rx_budget_lone_frames(void **state) {
     (void)state;
@@ -731,26 +738,29 @@ static void test_tcp_rx_budget_lone_frames(void **state) {
             if (fd[i] >= 0 && (i < 4 || round == 2))
                 expect_pong_from(fd[i], as[i]);
     }
-    /* Round 3: connection 0's frame is read and 1's waits; then the end of
-     * 0's frame and the whole of a second one arrive in one write, so the
-     * second header is parsed as the first frame frees the budget: it
-     * waits behind connection 1's all the same. */
+    /* Round 3: connections 0 and 1 each send a frame but its last 100
+     * bytes: one is read, the other waits (the report names which). Then
+     * the end of the one being read and the whole of a second frame arrive
+     * in one write, so the second header is parsed as the first frame frees
+     * the budget: it waits behind the older waiter all the same. */
     send_within(fd[0], f[0], len[0] - 100);
-    usleep(20000); /* its header is read first */
     send_within(fd[1], f[1], len[1] - 100);
     logged++;
     assert_int_equal(await_count(job.shared, C_LOGGED, logged, 10), 0);
-    uint8_t *two = malloc(100 + len[0]);
+    int older = atomic_load(&job.shared->ns[T_WAITER]) == len[0] ? 0 : 1, read = 1 - older;
+    assert_int_equal(atomic_load(&job.shared->ns[T_WAITER]), len[older]);
+    uint8_t *two = malloc(100 + len[read]);
     assert_non_null(two);
-    memcpy(two, f[0] + len[0] - 100, 100);
-    memcpy(two + 100, f[0], len[0]);
-    send_within(fd[0], two, 100 + len[0]);
+    memcpy(two, f[read] + len[read] - 100, 100);
+    memcpy(two + 100, f[read], len[read]);
+    send_within(fd[read], two, 100 + len[read]);
     free(two);
     logged++;
     assert_int_equal(await_count(job.shared, C_LOGGED, logged, 10), 0);
-    send_within(fd[1], f[1] + len[1] - 100, 100);
-    expect_pong_from(fd[1], as[1]);
-    expect_pong_from(fd[0], as[0]);
+    assert_int_equal(atomic_load(&job.shared->ns[T_WAITER]), len[read]);
+    send_within(fd[older], f[older] + len[older] - 100, 100);
+    expect_pong_from(fd[older], as[older]);
+    expect_pong_from(fd[read], as[read]);
     for (int i = 0; i < RX_CONNS; i++)
         free(f[i]);
     /* Each connection that ends without BYE makes worker 1 probe its
