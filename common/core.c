@@ -410,7 +410,7 @@ void tp_core_on_peer_down(tp_core *c, uint32_t peer, tp_status why, const char *
         if (!c->peer_dead[peer])
             tpi_log(c->shutting_down ? TP_LOG_INFO : TP_LOG_WARN, "worker '%s' (rank %u): %s",
                     c->self.name, c->rank, msg);
-        c->peer_dead[peer] = 1;
+        tpi_peer_dead_set(c, peer, 1);
         tpi_rrefs_peer_down(c, peer);
     } else {
         tpi_log(TP_LOG_INFO, "worker '%s' (rank %u): %s", c->self.name, c->rank, msg);

@@ -247,7 +247,8 @@ struct tp_core {
                               * with other workers of this process (rendezvous.c) */
     struct tpi_names *names_spare; /* the table before the all-gather's, kept until
                                     * the worker is freed: a thread may still read it */
-    uint8_t *peer_dead;    /* lock: 1 once a peer is known dead */
+    uint8_t *peer_dead;            /* lock: 1 once a peer is known dead; set by tpi_peer_dead_set */
+    uint32_t ndead;                /* lock: how many of peer_dead are 1 (no scan to ask "any?") */
     uint32_t incarnation;  /* this worker's (REJOIN-2): 0, or k for the k-th rejoin */
     /* By id: the newest incarnation known (REJOIN-4), NULL (all 0) until a
      * rejoin names one (tpi_peer_inc_set); the table and its entries are
@@ -826,5 +827,12 @@ tp_status tpi_shutdown_graceful(tp_core *c);
 
 /* The store key prefix for this generation: "g<gen>/". */
 size_t tpi_key(const tp_core *c, char *buf, size_t len, const char *fmt, ...) TPI_PRINTF(4, 5);
+
+/* Marks peer r dead (1) or alive again (0), keeping ndead. Lock held. */
+static inline void tpi_peer_dead_set(tp_core *c, uint32_t r, int dead) {
+    TPI_ASSERT(r < c->world_size && c->ndead <= c->world_size);
+    c->ndead += (uint32_t)(dead != 0) - (uint32_t)(c->peer_dead[r] != 0);
+    c->peer_dead[r] = dead != 0;
+}
 
 #endif

@@ -78,7 +78,7 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
                    tpi_worker_desc(c, src, who, sizeof who), (long long)k);
         tpi_log(TP_LOG_INFO, "worker '%s' (rank %u): %s, now at %s", c->self.name, c->rank, msg,
                 a);
-        c->peer_dead[src] = 1;
+        tpi_peer_dead_set(c, src, 1);
         tpi_rrefs_peer_down(c, src);
         tpi_calls_fail(c, src, TP_EPEERDOWN, msg);
         tpi_flow_peer_reset(c, src); /* FLOW-7, FLOW-8; wakes the window's waiters */
@@ -86,7 +86,7 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
         if (p)
             p->unflushed = 0; /* what timed out went to the earlier process */
         st = c->ops->set_peer(c->agent, src, a, err, err_len);
-        c->peer_dead[src] = st != TP_OK;
+        tpi_peer_dead_set(c, src, st != TP_OK);
     }
     tpi_unlock(c);
     return st;
@@ -187,7 +187,7 @@ tp_status tpi_rejoin_announce(tp_core *c, const char *addr, uint64_t deadline_ns
                     tpi_unlock(c);
                     break; /* its message says so */
                 }
-                c->peer_dead[q] = 0;
+                tpi_peer_dead_set(c, q, 0);
                 st = c->ops->set_peer ? c->ops->set_peer(c->agent, q, a, err, sizeof err)
                                       : TP_EBACKEND;
                 if (st != TP_OK)

@@ -417,7 +417,7 @@ static int count_dead_key(void *arg, const char *key, const void *value, size_t 
  * that may be complete without every rank's key (SHUTDOWN-8). */
 static int some_dead(tp_core *c, tp_status *st, uint64_t deadline_ns) {
     tpi_lock(c);
-    int dead = memchr(c->peer_dead, 1, c->world_size) != NULL;
+    int dead = c->ndead > 0;
     tpi_unlock(c);
     if (dead)
         return 1;
@@ -692,6 +692,10 @@ void tpi_publish_dead(tp_core *c, uint64_t deadline_ns) {
      * look reaches its rank, as with a lock per rank. */
     for (uint32_t r = 0; r < c->world_size; r++) {
         tpi_lock(c);
+        if (c->ndead == 0) { /* the usual case: no scan of the world */
+            tpi_unlock(c);
+            break;
+        }
         const uint8_t *d = memchr(c->peer_dead + r, 1, c->world_size - r); /* 0 or 1 each */
         r = d ? (uint32_t)(d - c->peer_dead) : c->world_size;
         tpi_unlock(c);
@@ -1293,9 +1297,6 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
     TPI_ASSERT(st != TP_OK || values || rows.table); /* a gather that ends complete read them */
     char **addrs = NULL;
     uint64_t *credits = NULL;
-    if (st == TP_OK && (!(addrs = malloc((size_t)c->world_size * sizeof *addrs)) ||
-                        !(credits = malloc((size_t)c->world_size * sizeof *credits))))
-        st = tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", c->world_size);
     /* The workers of a simulated world read the same entries: the table
      * parsed from them is taken as it is, its addresses where they are. */
     int adopted = st == TP_OK && rows.table;
@@ -1303,10 +1304,16 @@ tp_status tpi_rendezvous(tp_core *c, const char *addr, uint64_t deadline_ns) {
         struct tpi_names *t = rows.table;
         rows.table = NULL; /* its reference goes to c */
         install_names(c, t);
-        int shared = shares_list(c);
-        for (uint32_t r = 0; !shared && r < c->world_size; r++)
-            addrs[r] = (char *)t->addrs[r];
     }
+    /* Per-worker arrays only where the table is not shared with the agent:
+     * a world of N workers in one process would otherwise allocate N of
+     * them, O(N^2) bytes, for nothing. */
+    if (st == TP_OK && (!adopted || !shares_list(c)) &&
+        (!(addrs = malloc((size_t)c->world_size * sizeof *addrs)) ||
+         (!adopted && !(credits = malloc((size_t)c->world_size * sizeof *credits)))))
+        st = tpi_fail(TP_ENOMEM, "init: out of memory for %u workers", c->world_size);
+    for (uint32_t r = 0; st == TP_OK && adopted && addrs && r < c->world_size; r++)
+        addrs[r] = (char *)c->names->addrs[r];
     scanned_rows pristine = {NULL, NULL, 0, NULL, NULL};
     size_t *addr_off = NULL;
     if (st == TP_OK && !adopted && rows.arena) {
