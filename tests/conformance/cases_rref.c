@@ -64,6 +64,33 @@ static int rref_remote_self(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: RREF-10 OPT-2: local_value on the owner of a value not ready yet
+ * waits up to the default rpc timeout, then fails TP_ETIMEDOUT saying so;
+ * with a longer default it waits for the value and returns it. */
+static int rref_local_value_waits_for_its_value(int rank, int ws) {
+    CONF_INIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        if (CHECK_OK(remote_on(tp_to_rank(0), "slow_then_value", CONF_INTS(1500, 7), 30.0, &r))) {
+            CHECK_OK(tp_set_rpc_timeout(0.3));
+            const tp_value *lv = NULL;
+            uint64_t t0 = conf_now_ns();
+            CHECK_STATUS(tp_rref_local_value(r, &lv), TP_ETIMEDOUT);
+            double waited = conf_since_s(t0);
+            CHECK_CONTAINS(tp_errmsg(), "local_value: the value is not ready after 0.3 s");
+            CHECK(lv == NULL);
+            CHECK(waited >= 0.29 && waited < 1.4);
+            CHECK_OK(tp_set_rpc_timeout(30.0));
+            if (CHECK_OK(tp_rref_local_value(r, &lv)))
+                CHECK_INT(conf_int_of(rank, lv, -1), 7);
+            CHECK(conf_since_s(t0) >= 1.49);
+        }
+        tp_rref_release(r);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /* spec: RREF-1 RREF-11: owner, owner_name, is_owner; a clone names the same owner. */
 static int rref_owner_info(int rank, int ws) {
     CONF_INIT_OR_RETURN(rank, ws);
@@ -857,6 +884,8 @@ const tp_conformance_case conf_cases_rref[] = {
     {"rref_remote_to_here", 2, rref_remote_to_here, "RREF-2 RREF-8"},
     {"rref_remote_values_limit", 2, rref_remote_values_limit, "RREF-23 OPT-10"},
     {"rref_remote_self", 2, rref_remote_self, "RREF-2 RREF-10 RREF-11"},
+    {"rref_local_value_waits_for_its_value", 2, rref_local_value_waits_for_its_value,
+     "RREF-10 OPT-2"},
     {"rref_owner_info", 3, rref_owner_info, "RREF-1 RREF-11"},
     {"rref_confirmed_by_owner", 2, rref_confirmed_by_owner, "RREF-2 RREF-11"},
     {"rref_local_value_not_owner", 2, rref_local_value_not_owner, "RREF-10 ERR-2"},
