@@ -529,7 +529,6 @@ struct tpi_tcp_agent {
     int loop_inited;
     int started;
     int stopped;
-    int closing_all;
     uint32_t *dirty_work; /* the loop's copy of the dirty list */
     tpi_tcp_conn *conns;  /* every connection not yet freed */
     uint8_t *staging;

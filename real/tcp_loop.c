@@ -251,15 +251,16 @@ static void on_wake(uv_async_t *h) {
     a->timer_dirty = 0;
     pthread_mutex_unlock(&a->qmu);
     if (stopping) {
-        if (!a->closing_all) {
-            a->closing_all = 1;
-            uv_close((uv_handle_t *)&a->wake, NULL);
-            uv_close((uv_handle_t *)&a->timer, NULL);
-            uv_close((uv_handle_t *)&a->check, NULL);
-            uv_close((uv_handle_t *)&a->rx_admit, NULL);
-            uv_close((uv_handle_t *)&a->listener, NULL);
-            tpi_tcp_close_all(a);
-        }
+        /* Once: libuv calls an async handle's callback only while the handle
+         * is in the loop's list, and closing it takes it out, so a wake-up
+         * sent after this (a sender racing the stop) calls nothing. */
+        TPI_ASSERT(!uv_is_closing((uv_handle_t *)&a->wake));
+        uv_close((uv_handle_t *)&a->wake, NULL);
+        uv_close((uv_handle_t *)&a->timer, NULL);
+        uv_close((uv_handle_t *)&a->check, NULL);
+        uv_close((uv_handle_t *)&a->rx_admit, NULL);
+        uv_close((uv_handle_t *)&a->listener, NULL);
+        tpi_tcp_close_all(a);
         return;
     }
     if (timer_dirty)
