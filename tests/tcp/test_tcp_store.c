@@ -257,6 +257,37 @@ static void test_tcp_store_split_request_runs_once(void **state) {
     assert_int_equal(r, 5);
 }
 
+/* spec: TCP-10. Requests pipelined in one write (three ADDs sent with one
+ * send, so the server reads them in one buffer and takes them whole from
+ * it) are each run once, in order: 1, 1 + 2, 1 + 2 + 4. */
+static void test_tcp_store_pipelined_requests_each_run_once(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    int fd = raw_client(f->port);
+    uint8_t reqs[3 * 64];
+    size_t len = 0;
+    for (int i = 0; i < 3; i++) {
+        tpi_store_request rq = {.op = TPI_STORE_ADD,
+                                .key = (const uint8_t *)"piped",
+                                .key_len = 5,
+                                .delta = (int64_t)1 << i};
+        size_t n = tpi_store_request_size(&rq);
+        assert_true(len + n <= sizeof reqs);
+        tpi_store_request_encode(&rq, reqs + len);
+        len += n;
+    }
+    assert_int_equal(send(fd, reqs, len, MSG_NOSIGNAL), (ssize_t)len);
+    assert_int_equal(raw_add_reply(fd), 1);
+    assert_int_equal(raw_add_reply(fd), 3);
+    assert_int_equal(raw_add_reply(fd), 7);
+    raw_send_add(fd, "piped", 5, 0); /* nothing more was run */
+    assert_int_equal(raw_add_reply(fd), 7);
+    close(fd);
+    int64_t r = 0;
+    assert_int_equal(s->ops->add(s, "piped", 0, &r), TP_OK);
+    assert_int_equal(r, 7);
+}
+
 /* spec: TCP-10 STORE-1: a key holding a NUL byte (no client library sends
  * one; keys are C strings) is refused with TP_EINVAL saying so, nothing is
  * written under the key cut at the NUL, and the client is served on. */
@@ -2128,6 +2159,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tcp_store_one_handle_many_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_malformed_cas_drops_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_split_request_runs_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_pipelined_requests_each_run_once, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_key_with_nul_refused, setup, teardown),
         cmocka_unit_test(test_tcp_store_handshake_in_pieces),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
