@@ -227,3 +227,39 @@ def test_malformed_method_call_from_a_c_worker(tmp_path):
     assert lines[2:] == ["2 parts: TP_EREMOTE True", "5 parts: TP_EREMOTE True",
                          "tuple: TP_EREMOTE True"], \
         proc.stdout + proc.stderr
+
+
+NO_DISPATCHER = """
+out = P()
+lib.tp_rpc_sync.restype = ctypes.c_int
+lib.tp_rpc_sync.argtypes = [Dest, ctypes.c_char_p, P, P, ctypes.c_double, ctypes.POINTER(P)]
+st = lib.tp_rpc_sync(Dest(0, b"worker0", -1), b"py:call", wire, None, 30.0, ctypes.byref(out))
+msg = lib.tp_errmsg().decode() if st != 0 else ""
+print("no dispatcher:", status(st), "no Python dispatcher is registered" in msg, flush=True)
+lib.tp_value_free(out)
+lib.tp_value_free(wire)
+check(lib.tp_shutdown(1), "shutdown")
+"""
+
+
+def test_python_worker_without_its_dispatcher_refuses_calls(tmp_path):
+    """A worker whose Python layer never registered its dispatcher (the
+    private _rpc module driven without it) answers a "py:call" with
+    an error saying so (TP_EREMOTE at the caller), not TP_OK with no value."""
+    lib = shared_library()
+    if lib is None:
+        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
+    script = MIXED
+    init = '    rpc.init_rpc("worker0")\n'
+    tail = script[script.index("rref = P()\n"):]
+    assert script.count(init) == 1
+    script = script.replace(init, "    from tensorplay import _rpc\n"
+                                  "    _rpc.set_dispatcher = lambda *a: None  # never registered\n"
+                            + init)
+    script = script.replace(tail, NO_DISPATCHER)
+    (tmp_path / "mixed.py").write_text(script)
+    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(tmp_path / "mixed.py"), lib],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
+    assert lines == ["no dispatcher: TP_EREMOTE True"], proc.stdout + proc.stderr
