@@ -89,7 +89,7 @@ def _add(parser, name, **kw):
     flags = ["--" + name]
     if "-" in name:
         flags.append("--" + name.replace("-", "_"))
-    if "default" in kw and kw.get("action") is None:
+    if kw.get("action") is None:  # a valued option (each has a default); flags read no PET_
         kw["default"] = _env_default(name, kw["default"])
     parser.add_argument(*flags, **kw)
 
