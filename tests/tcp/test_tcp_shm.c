@@ -670,6 +670,41 @@ static void test_shm_slab_taken_on_descriptor_0_read(void **state) {
     assert_int_equal(open0, -1); /* and closed again */
 }
 
+/* Lines of /proc/self/maps: one per mapping of this process. */
+static size_t maps_lines(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    size_t n = 0;
+    for (int ch; (ch = fgetc(f)) != EOF;)
+        n += ch == '\n';
+    fclose(f);
+    return n;
+}
+
+/* spec: TCP-22: the receiver maps a slab once and unmaps it when nothing
+ * holds it any more: here the frame is freed and the connection's side
+ * detached, and this process has the mappings it had before (the dialer's
+ * own mapping of the slab, made by the pack, stays until its side is freed). */
+static void test_shm_receiver_unmaps_a_slab_when_done(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    uint32_t v[3];
+    pack_for_worker_1(&a, peers, 2, 5000, v);
+    char err[TP_ERRMSG_LEN_MAX];
+    size_t before = maps_lines();
+    int got = read_slab_as(v, 0, 1, err, sizeof err);
+    size_t after = maps_lines();
+    tpi_shm_tx_free(peers[1].shm_tx);
+    if (got < 0) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    if (got != 1)
+        fail_msg("the slab was not read: %s", err);
+    assert_int_equal(after, before);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -685,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_shm_probe_every_field_checked),
         cmocka_unit_test(test_shm_slab_header_names_both_ends),
         cmocka_unit_test(test_shm_slab_taken_on_descriptor_0_read),
+        cmocka_unit_test(test_shm_receiver_unmaps_a_slab_when_done),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
