@@ -25,6 +25,7 @@
 #include "tensorplay/sim.h"
 
 #include "alloc_fault.h"
+#include "common/idmap.h"
 #include "sim_world.h"
 
 /* ---- Functions the workers serve ---------------------------------------------------- */
@@ -894,6 +895,60 @@ static void test_future_collect_all_out_of_memory(void **state) {
 }
 
 /*
+ * CALL-1: a call that cannot be registered (its id map cannot grow: every
+ * calloc of the next table size fails) fails TP_ENOMEM at once, saying so,
+ * and goes nowhere; the calls before it, and one made once memory is back,
+ * complete. A call that went out unregistered could never be answered and
+ * would end only at its deadline.
+ */
+static void sc_call_registration_out_of_memory(world *w) {
+    (void)w;
+#if ALLOC_FAULT_HOOK
+    enum { CALLS_MAX = 64 };
+    tp_future *fs[CALLS_MAX] = {NULL};
+    int n = 0, failed = 0;
+    while (n < CALLS_MAX && !failed) {
+        tp_value *args = tp_value_list_of(2, tp_value_float(0.5), tp_value_int(n));
+        atomic_store(&calloc_pair_failed, 0);
+        atomic_store(&calloc_fail_size, sizeof(tpi_idmap_slot));
+        atomic_store(&calloc_fail_n, 32); /* the calls' map, growing from 16 slots */
+        tp_status st = tp_rpc_async(tp_to_name("w1"), "sleep", args, NULL, 5.0, &fs[n]);
+        atomic_store(&calloc_fail_n, 0);
+        tp_value_free(args);
+        if (st == TP_OK) {
+            CHECK(atomic_load(&calloc_pair_failed) == 0);
+            n++;
+            continue;
+        }
+        failed = 1;
+        CHECK(st == TP_ENOMEM && fs[n] == NULL);
+        CHECK(atomic_load(&calloc_pair_failed) == 1);
+        CHECK(strstr(tp_errmsg(), "out of memory registering the call") != NULL);
+    }
+    CHECK(failed);
+    CHECK(n >= 8); /* the map grew only once it held most of 16 */
+    tp_future *after = async_sleep("w1", 0.5, 99, 5.0);
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        CHECK(tp_future_wait(fs[i], TP_TIMEOUT_INFINITE) == TP_OK);
+        CHECK(int_of(fs[i]) == i);
+        tp_future_free(fs[i]);
+    }
+    CHECK(after && tp_future_wait(after, TP_TIMEOUT_INFINITE) == TP_OK && int_of(after) == 99);
+    CHECK(now_ns() - t0 < 1 * SEC); /* answered, not ended by the 5 s deadline */
+    tp_future_free(after);
+#endif
+}
+
+static void test_future_call_registration_out_of_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    world w = {.scenario = sc_call_registration_out_of_memory};
+    run_world(2, 17, &w);
+}
+
+/*
  * then and add_done_callback under memory exhaustion: the k-th calloc of
  * each fails, for k = 1, 2, ... until none does. A failure is TP_ENOMEM
  * with a message, no chained future, and the callback never runs; with
@@ -1038,6 +1093,7 @@ int main(void) {
         cmocka_unit_test_setup(test_future_wait_from_other_worker_einval, reset_failures),
         cmocka_unit_test_setup(test_future_collect_all_out_of_memory, reset_failures),
         cmocka_unit_test_setup(test_future_then_out_of_memory, reset_failures),
+        cmocka_unit_test_setup(test_future_call_registration_out_of_memory, reset_failures),
         cmocka_unit_test(test_future_null_arguments),
         cmocka_unit_test_setup(test_future_done_callback_needs_a_function, reset_failures),
     };
