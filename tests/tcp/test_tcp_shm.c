@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -670,6 +672,61 @@ static void test_shm_slab_taken_on_descriptor_0_read(void **state) {
     assert_int_equal(open0, -1); /* and closed again */
 }
 
+/* mmap and fallocate as the kernel's (made as raw system calls, so no
+ * lookup can recurse), except that a test may fail a shared mapping of a
+ * descriptor (ENOMEM) or an allocation of a file's pages (ENOSPC): a slab
+ * that cannot be made on a full machine. */
+static int fail_shared_mmap, fail_fallocate;
+
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+    if (fail_shared_mmap && (flags & MAP_SHARED) && fd >= 0) {
+        errno = ENOMEM;
+        return MAP_FAILED;
+    }
+    return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+}
+
+int fallocate(int fd, int mode, off_t off, off_t len) {
+    if (fail_fallocate) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return (int)syscall(SYS_fallocate, fd, mode, off, len);
+}
+
+/* Descriptors open in this process. */
+static size_t open_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the directory's own */
+}
+
+/* spec: TCP-22: a slab that cannot be made (its pages not reserved, or not
+ * mapped) leaves nothing behind: the frame takes the stream, and no
+ * descriptor stays open; once memory is back, a slab is made. */
+static void test_shm_slab_not_made_leaks_nothing(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    uint32_t gen = 0;
+    for (int step = 0; step < 2; step++) {
+        size_t before = open_fds();
+        fail_fallocate = step == 0;
+        fail_shared_mmap = step == 1;
+        int slot = pack(&a, 1 * MIB, &gen);
+        fail_fallocate = fail_shared_mmap = 0;
+        assert_int_equal(slot, -1); /* the frame takes the stream */
+        assert_int_equal(open_fds(), before);
+    }
+    assert_true(pack(&a, 1 * MIB, &gen) >= 0);
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
 /* Lines of /proc/self/maps: one per mapping of this process. */
 static size_t maps_lines(void) {
     FILE *f = fopen("/proc/self/maps", "r");
@@ -721,6 +778,7 @@ int main(void) {
         cmocka_unit_test(test_shm_slab_header_names_both_ends),
         cmocka_unit_test(test_shm_slab_taken_on_descriptor_0_read),
         cmocka_unit_test(test_shm_receiver_unmaps_a_slab_when_done),
+        cmocka_unit_test(test_shm_slab_not_made_leaks_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
