@@ -5,6 +5,7 @@ in small jobs of one or two. Issue 21: a check no test reached was a check
 a mutant could delete unseen."""
 import pickle
 import threading
+import time
 
 import pytest
 
@@ -402,6 +403,28 @@ def test_future_wait_returns_when_completed_in_time():
     finally:
         t.join()
 
+
+
+def test_future_wait_is_woken_by_its_completion(monkeypatch):
+    """wait() returns when the future completes, woken by it, not at its
+    next look: with the looks 30 s apart, a result set after 50 ms is
+    returned within seconds (the same for an error)."""
+    monkeypatch.setattr(api, "WAIT_SLICE_S", 30.0)
+    for complete in ("set_result", "set_exception"):
+        f = rpc.Future()
+        t = threading.Timer(0.05, getattr(f, complete),
+                            (KeyError("woken") if complete == "set_exception" else "woken",))
+        t0 = time.monotonic()
+        t.start()
+        try:
+            if complete == "set_result":
+                assert f.wait() == "woken"
+            else:
+                with pytest.raises(KeyError, match="woken"):
+                    f.wait(60)
+        finally:
+            t.join()
+        assert time.monotonic() - t0 < 10, complete
 
 # ---- The per-user secret of workers started by hand (no launcher, no TP_SECRET) ---------
 

@@ -24,6 +24,7 @@ _ignore_rref_leak = True
 
 NAME_WAIT_MAX_S = 60.0  # the longest a callee waits for a name (a call with no deadline, or a long one)
 NAME_WAIT_POLL_S = 0.005
+WAIT_SLICE_S = 0.1  # a blocking wait's longest sleep between looks at Ctrl-C (and at its end)
 _WORKER_NAME = re.compile(r"^[A-Za-z0-9_:-]{1,127}$")
 
 
@@ -563,7 +564,8 @@ class Future:
         deadline = None if not timeout else time.monotonic() + timeout
         with self._cond:
             while not self._done:
-                left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                left = (WAIT_SLICE_S if deadline is None
+                        else min(WAIT_SLICE_S, deadline - time.monotonic()))
                 if left <= 0:
                     raise RpcTimeoutError("Future.wait timed out after %g s; the call goes on"
                                           % timeout)
@@ -643,7 +645,7 @@ def _torch_future_type():
             class TorchFuture(torch.futures.Future):
                 def wait(self):
                     core = getattr(self, "_tp_core", None)
-                    while core is not None and not core._wait_done(0.1):
+                    while core is not None and not core._wait_done(WAIT_SLICE_S):
                         pass  # slices of the C future's wait: Ctrl-C interrupts between them
                     return super().wait()
             _torch_future_class = TorchFuture  # first: _torch_wait_all tests for it
@@ -734,7 +736,7 @@ def wait_all(futures):
         return []
     for f in futures:
         f.add_done_callback(on_done)
-    while not done.wait(0.1):
+    while not done.wait(WAIT_SLICE_S):
         pass  # slices, so Ctrl-C interrupts it
     if failed:
         failed[0].wait()  # raises its error
