@@ -26,6 +26,21 @@ def shared_library():
     return ctypes.util.find_library("tensorplay-rpc")
 
 
+def run_mixed(tmp_path, script):
+    """Runs script on two ranks (rank 0 the Python worker, rank 1 the C
+    worker over the shared library): the C worker's output lines, and all
+    output (for a failing assert)."""
+    lib = shared_library()
+    if lib is None:
+        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
+    (tmp_path / "mixed.py").write_text(script)
+    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(tmp_path / "mixed.py"), lib],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    return [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")], out
+
+
 MIXED = r"""
 import ctypes, os, sys
 
@@ -137,16 +152,8 @@ def test_c_worker_calls_methods_of_a_python_object(tmp_path):
     answers with the method's value, and a method that raises fails the
     call with TP_EREMOTE and the Python exception's class and message, not
     TP_OK with no value."""
-    lib = shared_library()
-    if lib is None:
-        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
-    script = tmp_path / "mixed.py"
-    script.write_text(MIXED)
-    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(script), lib],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
-    assert lines == ["get: 7", "bad: TP_EREMOTE True"], proc.stdout + proc.stderr
+    lines, out = run_mixed(tmp_path, MIXED)
+    assert lines == ["get: 7", "bad: TP_EREMOTE True"], out
 
 
 NOPE = """
@@ -165,22 +172,15 @@ def test_python_class_name_as_a_c_worker_sees_it(tmp_path):
     making any other character '_' (names must match ^[A-Za-z0-9_:-]+$):
     a C worker calling a method the class does not have is told that
     name."""
-    lib = shared_library()
-    if lib is None:
-        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
     script = MIXED
     for old, new in [("    class Box:\n",
                       "    class Box:\n        __module__ = \"my.mod-Z9\"\n"),
                      ("lib.tp_rref_release(rref)\n", NOPE + "lib.tp_rref_release(rref)\n")]:
         assert script.count(old) == 1, old
         script = script.replace(old, new)
-    (tmp_path / "mixed.py").write_text(script)
-    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(tmp_path / "mixed.py"), lib],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
-    assert lines[:2] == ["get: 7", "bad: TP_EREMOTE True"], proc.stdout + proc.stderr
-    assert len(lines) == 3 and lines[2].startswith("nope: TP_E"), proc.stdout + proc.stderr
+    lines, out = run_mixed(tmp_path, script)
+    assert lines[:2] == ["get: 7", "bad: TP_EREMOTE True"], out
+    assert len(lines) == 3 and lines[2].startswith("nope: TP_E"), out
     assert "class 'py:my_mod-Z9:Box' has no method 'nope'" in lines[2], lines[2]
 
 
@@ -214,19 +214,11 @@ def test_malformed_method_call_from_a_c_worker(tmp_path):
     (too short, too long, or a tuple) is refused with a TypeError that says
     the form, never read past its end, run with the extra part ignored or
     read as a list."""
-    lib = shared_library()
-    if lib is None:
-        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
     old = "lib.tp_rref_release(rref)\n"
     assert MIXED.count(old) == 1
-    (tmp_path / "mixed.py").write_text(MIXED.replace(old, MALFORMED + old))
-    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(tmp_path / "mixed.py"), lib],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
+    lines, out = run_mixed(tmp_path, MIXED.replace(old, MALFORMED + old))
     assert lines[2:] == ["2 parts: TP_EREMOTE True", "5 parts: TP_EREMOTE True",
-                         "tuple: TP_EREMOTE True"], \
-        proc.stdout + proc.stderr
+                         "tuple: TP_EREMOTE True"], out
 
 
 NO_DISPATCHER = """
@@ -246,9 +238,6 @@ def test_python_worker_without_its_dispatcher_refuses_calls(tmp_path):
     """A worker whose Python layer never registered its dispatcher (the
     private _rpc module driven without it) answers a "py:call" with
     an error saying so (TP_EREMOTE at the caller), not TP_OK with no value."""
-    lib = shared_library()
-    if lib is None:
-        pytest.skip("libtensorplay-rpc.so not found beside %s" % TPRUN)
     script = MIXED
     init = '    rpc.init_rpc("worker0")\n'
     tail = script[script.index("rref = P()\n"):]
@@ -257,9 +246,5 @@ def test_python_worker_without_its_dispatcher_refuses_calls(tmp_path):
                                   "    _rpc.set_dispatcher = lambda *a: None  # never registered\n"
                             + init)
     script = script.replace(tail, NO_DISPATCHER)
-    (tmp_path / "mixed.py").write_text(script)
-    proc = subprocess.run([TPRUN, "--nproc", "2", PYTHON, str(tmp_path / "mixed.py"), lib],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [l[4:] for l in proc.stdout.splitlines() if l.startswith("[1] ")]
-    assert lines == ["no dispatcher: TP_EREMOTE True"], proc.stdout + proc.stderr
+    lines, out = run_mixed(tmp_path, script)
+    assert lines == ["no dispatcher: TP_EREMOTE True"], out
