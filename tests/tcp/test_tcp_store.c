@@ -636,6 +636,31 @@ static void test_tcp_store_scan_entries_bounds(void **state) {
     n = 0;
     assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
     assert_int_equal(n, 0);
+    /* A key of no bytes, even for a scan of everything (empty prefix). */
+    len = scan_entry(buf, "", 1, 1);
+    last[0] = '\0';
+    n = 0;
+    assert_int_equal(tpi_store_scan_entries(buf, len, "", 0, count_entry, &bytes, last, &n), -1);
+    assert_int_equal(n, 0);
+    /* A key whose bytes run past the payload's end: here the bytes after
+     * the end would make a whole entry, so only the length check refuses it. */
+    len = scan_entry(buf, "p/a", 1, 1);
+    last[0] = '\0';
+    n = 0;
+    assert_int_equal(tpi_store_scan_entries(buf, 4, "p/", 2, count_entry, &bytes, last, &n), -1);
+    assert_int_equal(n, 0);
+    /* A key longer than TP_STORE_KEY_LEN_MAX, its bytes all there. */
+    uint8_t big[2 + TP_STORE_KEY_LEN_MAX + 1 + 4 + 1];
+    char long_key[TP_STORE_KEY_LEN_MAX + 2];
+    memset(long_key, 'k', sizeof long_key - 1);
+    long_key[0] = 'p', long_key[1] = '/';
+    long_key[sizeof long_key - 1] = '\0';
+    len = scan_entry(big, long_key, 1, 1);
+    assert_int_equal(len, sizeof big);
+    last[0] = '\0';
+    n = 0;
+    assert_int_equal(tpi_store_scan_entries(big, len, "p/", 2, count_entry, &bytes, last, &n), -1);
+    assert_int_equal(n, 0);
 }
 
 static void test_tcp_store_scan_needs_progress(void **state) {
