@@ -115,6 +115,40 @@ def test_master_flags_and_pet_defaults(tmp_path):
         assert (e["ROLE_NAME"], e["TORCHELASTIC_RUN_ID"]) == ("trainer", "job7")
 
 
+# spec: LAUNCH-1
+def test_on_off_flags_default_to_their_pet_variables(tmp_path, monkeypatch):
+    """As torchrun's check_env: an on/off flag is on when PET_<FLAG> holds an
+    integer other than 0, off when it holds 0 or is unset, and the command
+    line turns it on whatever the variable says."""
+    from tensorplay.distributed import run as launcher
+    flags = {"standalone": "--standalone", "no_prefix": "--no-prefix", "module": "-m",
+             "no_python": "--no-python", "restart_rank0": "--restart-rank0"}
+    for dest, flag in flags.items():
+        var = "PET_" + dest.upper()
+        for value, on in (("1", True), ("2", True), ("0", False), (None, False)):
+            if value is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, value)
+            assert getattr(launcher.make_parser().parse_args(["prog.py"]), dest) is on, var
+        assert getattr(launcher.make_parser().parse_args([flag, "prog.py"]), dest) is True
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PET_STANDALONE", "yes")
+    with pytest.raises(launcher.UsageError, match="PET_STANDALONE='yes': expected an integer"):
+        launcher.make_parser()
+    monkeypatch.delenv("PET_STANDALONE")
+    # Through the launcher: PET_NO_PREFIX=1 is --no-prefix; a value that is
+    # not an integer is a usage error that starts nothing.
+    env = env_without_secret()
+    env["PET_NO_PREFIX"] = "1"
+    p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], "print('hi')\n", env=env)
+    assert (p.returncode, p.stdout) == (0, "hi\n"), p.stderr
+    env["PET_NO_PREFIX"] = "on"
+    p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], "print('hi')\n", env=env)
+    assert (p.returncode, p.stdout) == (2, ""), p.stderr
+    assert "PET_NO_PREFIX='on': expected an integer" in p.stderr
+
+
 def test_secret_is_fresh_per_job_unless_set(tmp_path):
     secrets = set()
     for _ in range(2):

@@ -80,8 +80,25 @@ class SecretError(Exception):
     """No usable job secret (exit status 2, LAUNCH-5)."""
 
 
+def _env_name(name):
+    return "PET_" + name.upper().replace("-", "_")
+
+
 def _env_default(name, default):
-    return os.environ.get("PET_" + name.upper().replace("-", "_"), default)
+    return os.environ.get(_env_name(name), default)
+
+
+def _env_flag(name):
+    """An on/off flag's default, as torchrun's check_env reads it: on when
+    PET_<FLAG> holds an integer other than 0, off when it is unset."""
+    value = os.environ.get(_env_name(name))
+    if value is None:
+        return False
+    try:
+        return int(value) != 0
+    except ValueError:
+        raise UsageError("%s=%r: expected an integer (0: off, any other: on), as torchrun "
+                         "reads it" % (_env_name(name), value)) from None
 
 
 def _add(parser, name, **kw):
@@ -89,8 +106,10 @@ def _add(parser, name, **kw):
     flags = ["--" + name]
     if "-" in name:
         flags.append("--" + name.replace("-", "_"))
-    if kw.get("action") is None:  # a valued option (each has a default); flags read no PET_
+    if kw.get("action") is None:  # a valued option: each has a default
         kw["default"] = _env_default(name, kw["default"])
+    else:  # an on/off flag
+        kw["default"] = _env_flag(name)
     parser.add_argument(*flags, **kw)
 
 
@@ -134,7 +153,7 @@ def make_parser():
     _add(p, "grace", type=float, default=GRACE_DEFAULT_S,
          help="seconds between SIGTERM and SIGKILL when stopping (default %g)" % GRACE_DEFAULT_S)
     _add(p, "no-prefix", action="store_true", help='do not prefix output lines with "[rank] "')
-    p.add_argument("-m", "--module", action="store_true",
+    p.add_argument("-m", "--module", action="store_true", default=_env_flag("module"),
                    help="run SCRIPT as a module (python -m SCRIPT)")
     _add(p, "no-python", action="store_true",
          help="run SCRIPT as a program itself, not with the Python interpreter")
@@ -611,7 +630,11 @@ class Job:
 
 
 def main(argv=None):
-    parser = make_parser()
+    try:
+        parser = make_parser()  # reads the flags' PET_* defaults
+    except UsageError as e:
+        sys.stderr.write("%s: %s\n" % (_PROG, e))
+        return 2
     args = parser.parse_args(argv)
     environ = dict(os.environ)
     try:
