@@ -108,8 +108,8 @@ def tensor_in(v):
 # ---- Python kinds the wire has no tag for (spec/api.md PY-2) ------------------------------
 #
 # A map with the single key EXT = [kind, payload] carries a Python value that
-# no wire kind holds: a sparse tensor, a dict with keys other than str, a
-# WorkerInfo, a function or class by name. Any peer can read it as a map; a
+# no wire kind holds: a sparse tensor, a dict with keys other than str, a set,
+# a complex number, a torch.dtype, a WorkerInfo, a function or class by name. Any peer can read it as a map; a
 # Python peer turns it back into the value.
 EXT = "__tensorplay_ext__"
 
@@ -118,14 +118,38 @@ def _ext(kind, payload):
     return {EXT: [kind, payload]}
 
 
+def _torch_needed():
+    torch = _torch_module()
+    if torch is None:
+        import torch  # a torch kind needs torch to exist at all
+    return torch
+
+
+# Built-in kinds rebuilt from a list of their parts (PY-2).
+_BUILTIN_EXT = {"set": set, "frozenset": frozenset, "complex": lambda p: complex(*p),
+                "range": lambda p: range(*p), "slice": lambda p: slice(*p),
+                "ellipsis": lambda p: Ellipsis}
+
+
 def _from_ext(kind, payload, rref_type):
     if kind == "torch.sparse_coo":
-        torch = _torch_module()
-        if torch is None:
-            import torch  # a sparse tensor needs torch to exist at all
+        torch = _torch_needed()
         indices, values, size, coalesced = payload
         t = torch.sparse_coo_tensor(_as_torch(indices), _as_torch(values), size)
         return t._coalesced_(bool(coalesced))
+    if kind in _BUILTIN_EXT:
+        return _BUILTIN_EXT[kind](payload)
+    if kind == "torch.dtype":
+        torch = _torch_needed()
+        dtype = getattr(torch, payload, None) if isinstance(payload, str) else None
+        if not isinstance(dtype, torch.dtype):  # the name reaches nothing else of torch
+            raise TypeError("a torch.dtype named %r arrived, which this worker's torch does "
+                            "not have" % (payload,))
+        return dtype
+    if kind == "torch.device":
+        return _torch_needed().device(payload)
+    if kind == "torch.Size":
+        return _torch_needed().Size(payload)
     if kind == "dict":
         return {k: v for k, v in payload}
     if kind == "namedtuple":
@@ -194,10 +218,26 @@ def unwrap(v):
         if all(type(k) is str for k in v):
             return {k: unwrap(x) for k, x in v.items()}
         return _ext("dict", [[unwrap(k), unwrap(x)] for k, x in v.items()])
+    if t is set or t is frozenset:
+        return _ext(t.__name__, [unwrap(x) for x in v])
+    if t is complex:
+        return _ext("complex", [v.real, v.imag])
+    if t is range:
+        return _ext("range", [v.start, v.stop, v.step])
+    if t is slice:
+        return _ext("slice", [unwrap(v.start), unwrap(v.stop), unwrap(v.step)])
+    if v is Ellipsis:
+        return _ext("ellipsis", None)
     torch = _torch_module()
     if torch is not None and isinstance(v, torch.Tensor) and v.layout == torch.sparse_coo:
         return _ext("torch.sparse_coo", [v._indices().contiguous(), v._values().contiguous(),
                                          list(v.shape), v.is_coalesced()])
+    if torch is not None and t is torch.dtype:
+        return _ext("torch.dtype", str(v)[len("torch."):])  # torch.float64 -> "float64"
+    if torch is not None and t is torch.device:
+        return _ext("torch.device", str(v))  # "cpu", "cuda:1"
+    if torch is not None and t is torch.Size:
+        return _ext("torch.Size", list(v))
     if t.__name__ == "WorkerInfo" and t.__module__.startswith("tensorplay."):
         return _ext("WorkerInfo", [v.name, v.id])
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, type)):
