@@ -153,8 +153,10 @@ static PyObject *unpickled(const void *p, size_t len) {
 
 static tp_value *type_error(PyObject *o, const char *where) {
     PyErr_Format(PyExc_TypeError,
-                 "%s: a value of type '%s' cannot be sent (None, bool, int, float, str, bytes, "
-                 "list, tuple, dict with str keys and RRef can)",
+                 "%s: a value of type '%s' cannot be sent (None, bool, int, float, complex, str, "
+                 "bytes, list, tuple, dict, set, tensors, torch dtypes and devices, functions "
+                 "by name and RRefs can: spec/api.md PY-2); other objects travel pickled, "
+                 "between trusted workers, with TensorPipeRpcBackendOptions(allow_pickle=True)",
                  where, Py_TYPE(o)->tp_name);
     return NULL;
 }

@@ -884,29 +884,38 @@ def test_dtypes_devices_sizes_sets_and_slices_travel_without_pickle(tmp_path):
     reaches nothing of torch but a dtype."""
     need_torch()
     out = run(tmp_path, """
-        import operator, torch
+        import collections, operator, torch
         from tensorplay.distributed.rpc._values import EXT
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
-            vals = [torch.float64, torch.bfloat16, torch.device("cpu"), torch.device("cuda", 1),
-                    torch.Size([2, 3]), {1, (2, 3)}, frozenset(["a", frozenset([1])]), 1.5 - 2j,
-                    range(1, 10, 3), slice(None, 4, 2), Ellipsis]
+            vals = [torch.float64, torch.bfloat16, torch.strided, torch.channels_last,
+                    torch.device("cpu"), torch.device("cuda", 1), torch.Size([2, 3]),
+                    {1, (2, 3)}, frozenset(["a", frozenset([1])]), 1.5 - 2j, range(1, 10, 3),
+                    slice(None, 4, 2), Ellipsis]
             back = rpc.rpc_sync("worker1", echo, args=(vals,))
             print([type(a) is type(b) and a == b for a, b in zip(vals, back)].count(True))
+            print(rpc.rpc_sync("worker1", echo, args=(collections.OrderedDict([(1, "a")]),)))
+            class Opaque:
+                pass
+            try:
+                rpc.rpc_sync("worker1", echo, args=(Opaque(),))
+            except TypeError as e:
+                print("Opaque", "pickled" in str(e), "allow_pickle=True" in str(e))
             z = rpc.rpc_sync("worker1", torch.zeros, args=(2,), kwargs={"dtype": torch.float64})
             print(z.dtype, rpc.rpc_sync("worker1", torch.ones, args=(torch.Size([2, 2]),)).shape)
             t = torch.arange(6).reshape(2, 3)
             print(rpc.rpc_sync("worker1", operator.getitem, args=(t, (Ellipsis, slice(0, 3, 2))))
                   .tolist())
-            for name in ("load", "float64x", 7):
-                try:
-                    rpc.rpc_sync("worker1", echo, args=({EXT: ["torch.dtype", name]},))
+            for kind, name in (("torch.dtype", "load"), ("torch.dtype", "float64x"),
+                               ("torch.dtype", 7), ("torch.layout", "float64")):
+                try:  # what a peer could send
+                    rpc.rpc_sync("worker1", echo, args=({EXT: [kind, name]},))
                 except TypeError as e:
-                    print("refused", "torch.dtype named %r arrived" % (name,) in str(e))
+                    print("refused", "%s named %r arrived" % (kind, name) in str(e))
         rpc.shutdown()
     """)
-    assert out == ["11", "torch.float64 torch.Size([2, 2])", "[[0, 2], [3, 5]]"] + \
-        ["refused True"] * 3
+    assert out == ["13", "{1: 'a'}", "Opaque True True", "torch.float64 torch.Size([2, 2])",
+                   "[[0, 2], [3, 5]]"] + ["refused True"] * 4
 
 
 def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):

@@ -131,6 +131,10 @@ _BUILTIN_EXT = {"set": set, "frozenset": frozenset, "complex": lambda p: complex
                 "ellipsis": lambda p: Ellipsis}
 
 
+# torch's singletons sent by their name in torch (torch.float64 as "float64").
+_TORCH_NAMED = ("torch.dtype", "torch.layout", "torch.memory_format")
+
+
 def _from_ext(kind, payload, rref_type):
     if kind == "torch.sparse_coo":
         torch = _torch_needed()
@@ -139,13 +143,14 @@ def _from_ext(kind, payload, rref_type):
         return t._coalesced_(bool(coalesced))
     if kind in _BUILTIN_EXT:
         return _BUILTIN_EXT[kind](payload)
-    if kind == "torch.dtype":
+    if kind in _TORCH_NAMED:
         torch = _torch_needed()
-        dtype = getattr(torch, payload, None) if isinstance(payload, str) else None
-        if not isinstance(dtype, torch.dtype):  # the name reaches nothing else of torch
-            raise TypeError("a torch.dtype named %r arrived, which this worker's torch does "
-                            "not have" % (payload,))
-        return dtype
+        cls = getattr(torch, kind[len("torch."):])
+        obj = getattr(torch, payload, None) if isinstance(payload, str) else None
+        if not isinstance(obj, cls):  # the name reaches nothing else of torch
+            raise TypeError("a %s named %r arrived, which this worker's torch does not have"
+                            % (kind, payload))
+        return obj
     if kind == "torch.device":
         return _torch_needed().device(payload)
     if kind == "torch.Size":
@@ -214,7 +219,7 @@ def unwrap(v):
         return tuple(unwrap(x) for x in v)
     if isinstance(v, tuple) and hasattr(t, "_fields"):  # a namedtuple, rebuilt by class name
         return _ext("namedtuple", [[t.__module__, t.__qualname__], [unwrap(x) for x in v]])
-    if t is dict:
+    if isinstance(v, dict):  # a subclass (OrderedDict) arrives as a dict
         if all(type(k) is str for k in v):
             return {k: unwrap(x) for k, x in v.items()}
         return _ext("dict", [[unwrap(k), unwrap(x)] for k, x in v.items()])
@@ -232,8 +237,8 @@ def unwrap(v):
     if torch is not None and isinstance(v, torch.Tensor) and v.layout == torch.sparse_coo:
         return _ext("torch.sparse_coo", [v._indices().contiguous(), v._values().contiguous(),
                                          list(v.shape), v.is_coalesced()])
-    if torch is not None and t is torch.dtype:
-        return _ext("torch.dtype", str(v)[len("torch."):])  # torch.float64 -> "float64"
+    if torch is not None and t in (torch.dtype, torch.layout, torch.memory_format):
+        return _ext("torch." + t.__name__, str(v)[len("torch."):])  # torch.float64: "float64"
     if torch is not None and t is torch.device:
         return _ext("torch.device", str(v))  # "cpu", "cuda:1"
     if torch is not None and t is torch.Size:
