@@ -540,6 +540,36 @@ static int flow_timed_out_call_keeps_credit(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: FLOW-7 FLOW-9 FLOW-10: on a transport that keeps frames, a request
+ * that timed out at its caller still counts against the caller's credit at
+ * the callee, which holds it: the caller's window generation stays, so a
+ * caller that then ignores its credit is refused. (Only a lossy transport
+ * gives the bytes back at the timeout, under a new generation.) */
+static int flow_callee_still_counts_a_timed_out_request(int rank, int ws) {
+    INIT_CREDIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        tp_dest w1 = tp_to_rank(1);
+        tp_future *busy = NULL; /* worker 1's one pool thread, for 600 ms */
+        tp_value *a = CONF_INTS(600), *res = NULL;
+        CHECK_OK(tp_rpc_async(w1, "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &busy));
+        tp_value_free(a);
+        a = padded_sleep(1); /* 40,000 bytes, queued behind it: times out here */
+        CHECK_STATUS(tp_rpc_sync(w1, "sleep_ms", a, NULL, 0.1, &res), TP_ETIMEDOUT);
+        tp_test_flow_ignore_credit(1);
+        CHECK_STATUS(tp_rpc_sync(w1, "sleep_ms", a, NULL, TP_TIMEOUT_DEFAULT, &res), TP_ELIMIT);
+        tp_test_flow_ignore_credit(0);
+        CHECK_CONTAINS(tp_errmsg(), "over the credit of 65536 bytes granted to it (FLOW-8)");
+        CHECK(res == NULL);
+        tp_value_free(a);
+        if (busy)
+            CHECK_OK(tp_future_wait(busy, TP_TIMEOUT_INFINITE));
+        tp_future_free(busy);
+        CHECK_INT(conf_sync_int(rank, w1, "add", CONF_INTS(1, 2), -1), 3);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /*
  * spec: FAIR-1: callers are served round-robin. Worker 1 floods worker 0
  * (two pool threads) with 200 sleep_ms(20) calls, 2 s of work, then tells
@@ -593,6 +623,8 @@ const tp_conformance_case conf_cases_flow[] = {
     {"flow_credit_refuses_nonconforming", 2, flow_credit_refuses_nonconforming, "FLOW-8"},
     {"flow_total_refuses_past_max_queued", 3, flow_total_refuses_past_max_queued, "FLOW-6 FLOW-8"},
     {"flow_timed_out_call_keeps_credit", 2, flow_timed_out_call_keeps_credit, "FLOW-7"},
+    {"flow_callee_still_counts_a_timed_out_request", 2,
+     flow_callee_still_counts_a_timed_out_request, "FLOW-7 FLOW-9 FLOW-10"},
     {"flow_window_waits_then_times_out", 2, flow_window_waits_then_times_out,
      "FLOW-1 FLOW-2 OPT-7"},
     {"flow_window_waits_end_in_a_function", 2, flow_window_waits_end_in_a_function,
