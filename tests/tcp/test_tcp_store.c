@@ -663,13 +663,16 @@ static void test_tcp_store_scan_entries_bounds(void **state) {
     assert_int_equal(n, 0);
 }
 
-static void test_tcp_store_scan_needs_progress(void **state) {
-    (void)state;
-    uint16_t port = tt_free_port();
+/* A fake server on a fresh port that answers each of up to FAKE_REQUESTS_MAX
+ * requests with reply; it exits 0 when the client goes, 2 when it would have
+ * to answer more. Returns its pid; *port is its port. */
+#define FAKE_REQUESTS_MAX 1000
+static pid_t fake_server(const uint8_t *reply, size_t reply_len, uint16_t *port) {
+    *port = tt_free_port();
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(*port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
     assert_int_equal(listen(lfd, 4), 0);
@@ -680,30 +683,74 @@ static void test_tcp_store_scan_needs_progress(void **state) {
         uint8_t req[512];
         if (fd < 0 || fake_server_handshake(fd) != 0)
             _exit(1);
-        /* entry: u16 3, "s/a", u32 1, "v" */
-        static const uint8_t reply[] = {8 + 10, 0, 0, 0, TP_OK, 1, 0, 0, 10, 0, 0, 0,
-                                        3,      0, 's', '/', 'a', 1, 0, 0, 0, 'v'};
-        for (int i = 0; i < 1000; i++) {
+        for (int i = 0; i < FAKE_REQUESTS_MAX; i++) {
             uint8_t len[4];
             if (recv(fd, len, 4, MSG_WAITALL) != 4)
-                _exit(0); /* the client gave up: good */
+                _exit(0); /* the client went */
             size_t n = (size_t)len[0] | (size_t)len[1] << 8;
             if (n > sizeof req || recv(fd, req, n, MSG_WAITALL) != (ssize_t)n ||
-                send(fd, reply, sizeof reply, 0) != (ssize_t)sizeof reply)
+                send(fd, reply, reply_len, 0) != (ssize_t)reply_len)
                 _exit(0);
         }
-        _exit(2); /* 1000 scans: the client would loop forever */
+        _exit(2);
     }
     close(lfd);
+    return pid;
+}
+
+static void fake_server_ended_well(pid_t pid) {
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* spec: STORE-10: a scan reply that says "more" but holds nothing new is
+ * malformed, not a reason to ask again forever. */
+static void test_tcp_store_scan_needs_progress(void **state) {
+    (void)state;
+    /* entry: u16 3, "s/a", u32 1, "v" */
+    static const uint8_t reply[] = {8 + 10, 0, 0, 0, TP_OK, 1, 0, 0, 10, 0, 0, 0,
+                                    3,      0, 's', '/', 'a', 1, 0, 0, 0, 'v'};
+    uint16_t port;
+    pid_t pid = fake_server(reply, sizeof reply, &port);
     tp_store *c = client(port, 5);
     scan_seen_log l = {.values_ok = 1};
     assert_int_equal(c->ops->scan(c, "s/", log_scan, &l), TP_ESTORE);
     assert_non_null(strstr(c->errmsg, "malformed reply"));
     assert_int_equal(l.n, 1); /* the first reply's entry, once */
     c->ops->close(c);
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fake_server_ended_well(pid);
+}
+
+/* spec: STORE-2: "absent" (TP_ENOENT) is an answer only get expects; given
+ * to any request, each op returns it with the server's words and frees the
+ * reply once. */
+static void test_tcp_store_absent_answer_to_every_op(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {8 + 6, 0,   0,   0,   TP_ENOENT, 0,  0,
+                                    0,     6,   0,   0,   0,         'a', 'b',
+                                    's',   'e', 'n', 't'};
+    uint16_t port;
+    pid_t pid = fake_server(reply, sizeof reply, &port);
+    tp_store *c = client(port, 5);
+    void *v = (void *)1;
+    size_t len = 1;
+    int64_t sum = 0;
+    int swapped = 1;
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(c->ops->get(c, "k", &v, &len), TP_ENOENT);
+    assert_true(v == NULL && len == 0);
+    assert_non_null(strstr(c->errmsg, "absent"));
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_ENOENT);
+    assert_int_equal(c->ops->add(c, "k", 1, &sum), TP_ENOENT);
+    assert_int_equal(c->ops->compare_set(c, "k", NULL, 0, "v", 1, &swapped), TP_ENOENT);
+    assert_int_equal(swapped, 0);
+    assert_int_equal(c->ops->del(c, "k"), TP_ENOENT);
+    assert_int_equal(c->ops->scan(c, "s/", log_scan, &l), TP_ENOENT);
+    assert_int_equal(l.n, 0);
+    assert_non_null(strstr(c->errmsg, "absent"));
+    c->ops->close(c);
+    fake_server_ended_well(pid);
 }
 
 /* spec: STORE-1, STORE-4: the limits, checked on both ends */
@@ -2192,6 +2239,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan_out_of_memory, setup, teardown),
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
+        cmocka_unit_test(test_tcp_store_absent_answer_to_every_op),
         cmocka_unit_test(test_tcp_store_scan_entries_bounds),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_first_client_gets_the_jobs_keepalive),
