@@ -271,6 +271,11 @@ def test_callables_name_themselves_or_say_why_they_cannot():
     assert _values.callable_ref({}.fromkeys) == ("builtins", "dict.fromkeys")
     import datetime
     assert _values.callable_ref(datetime.date.fromordinal) == ("datetime", "date.fromordinal")
+    # A Python classmethod is made anew at each access: found again by its
+    # class's path all the same (PyTorch's test_py_class_method).
+    import fractions
+    assert _values.callable_ref(fractions.Fraction.from_float) == ("fractions",
+                                                                   "Fraction.from_float")
     refused = [(Obj().m, "a bound method carries its object"),
                ("abc".upper, "a bound method carries its object"),
                ((1).__add__, "a bound method carries its object"),
@@ -285,14 +290,21 @@ def test_callables_name_themselves_or_say_why_they_cannot():
 
 def test_methods_of_c_classes_are_called_by_name(tmp_path):
     """PyTorch programs pass torch.Tensor's methods as functions
-    (rpc_sync(to, torch.Tensor.add, args=(a, b))), and C classmethods
-    (int.from_bytes): they travel by their class's path and run on the
-    callee."""
+    (rpc_sync(to, torch.Tensor.add, args=(a, b))), C classmethods
+    (int.from_bytes) and their own classmethods: they travel by their
+    class's path and run on the callee."""
     need_torch()
     out = run(tmp_path, """
         import torch
+
+        class Maker:
+            @classmethod
+            def twice(cls, n):
+                return [cls.__name__, 2 * n]
+
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
+            print(rpc.rpc_sync("worker1", Maker.twice, args=(21,)))
             a, b = torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])
             print(rpc.rpc_sync("worker1", torch.Tensor.add, args=(a, b)).tolist())
             print(rpc.rpc_sync("worker1", torch.Tensor.__mul__, args=(a, 3)).tolist())
@@ -304,7 +316,7 @@ def test_methods_of_c_classes_are_called_by_name(tmp_path):
                   rpc.rpc_sync("worker1", bytes.fromhex, args=("ff00",)))
         rpc.shutdown()
     """)
-    assert out == ["[11.0, 22.0]", "[3.0, 6.0]", "30.0", "ABC 5",
+    assert out == ["['Maker', 42]", "[11.0, 22.0]", "[3.0, 6.0]", "30.0", "ABC 5",
                    "258 {'a': 0, 'b': 0} b'\\xff\\x00'"]
 
 
