@@ -34,7 +34,7 @@
 #define ELEMS (2u << 20) /* 8 MiB of float32: well above shm_min_bytes */
 #define HELD_ROUNDS 20   /* calls made while the first answer is still held (more than a peer's slabs: each must come back) */
 
-enum { C_ARG_IN_SHM = 0, C_ARG_SEEN = 1, C_ARG_ALIGNED = 2 };
+enum { C_ARG_IN_SHM = 0, C_ARG_SEEN = 1, C_ARG_ALIGNED = 2, C_NO_SHM_LOGGED = 3 };
 
 static tt_shared *shared;
 
@@ -115,9 +115,21 @@ typedef struct shm_args {
     int expect_arg_shm;     /* worker0's arguments arrive in its slabs */
 } shm_args;
 
+/* Counts the notices that a peer's frames come over TCP for want of shared
+ * memory: due only when an offer could not be taken up, never when it was,
+ * nor when this worker turned shared memory off itself. */
+static void count_no_shm(tp_log_level level, const char *msg, void *ud) {
+    (void)level;
+    tt_shared *sh = ud;
+    if (strstr(msg, "no shared memory with worker"))
+        atomic_fetch_add(&sh->count[C_NO_SHM_LOGGED], 1);
+}
+
 static int body_tensors(tt_job *job, int rank) {
     const shm_args *sa = job->arg;
     shared = job->shared;
+    tp_set_log_level(TP_LOG_INFO);
+    tp_set_log_callback(count_no_shm, job->shared);
     tp_register_function("where", fn_where, NULL);
     tp_options *o = tt_options(job, 30, 10);
     TT_CHECK(o);
@@ -171,6 +183,7 @@ static void run_tensors(const char *rank1_shm, const char *rank0_pool, int expec
     assert_int_equal(seen, HELD_ROUNDS + 1);
     assert_int_equal(in_shm, expect_arg_shm ? seen : 0);
     assert_int_equal(aligned, in_shm); /* WIRE-10: never moved into place */
+    assert_int_equal(atomic_load(&job.shared->count[C_NO_SHM_LOGGED]), 0);
     tt_job_free(&job);
 }
 
