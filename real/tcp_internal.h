@@ -557,6 +557,9 @@ void tpi_tcp_unpark(tp_agent *a, tp_task *t);
 /* Wakes every task parked on the agent (stop): they see stop_flag. */
 void tpi_tcp_wake_parked(tpi_tcp_agent *a);
 uint64_t tpi_tcp_now_ns(void);
+/* ns in whole milliseconds, rounded up: a wait or timer is never early by
+ * rounding, and any time left is at least 1 ms (0 only for 0). */
+uint64_t tpi_tcp_ms_ceil(uint64_t ns);
 
 /* ---- tcp_agent.c ------------------------------------------------------------ */
 

@@ -34,7 +34,7 @@ static void timer_apply(tpi_tcp_agent *a, uint64_t deadline_ns) {
     uint64_t now = tpi_tcp_now_ns();
     uint64_t ms = 0;
     if (deadline_ns > now)
-        ms = (deadline_ns - now + 999999) / 1000000; /* never early by rounding */
+        ms = tpi_tcp_ms_ceil(deadline_ns - now);
     uv_update_time(&a->loop);
     uv_timer_start(&a->timer, on_timer, ms, 0); /* 0 ms: the next loop turn, never inline */
 }

@@ -23,7 +23,7 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns) {
             uint64_t now = tpi_tcp_now_ns();
             if (now >= deadline_ns)
                 return -ETIMEDOUT;
-            uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+            uint64_t ms = tpi_tcp_ms_ceil(deadline_ns - now);
             timeout_ms = ms > 60000 ? 60000 : (int)ms;
         }
         struct pollfd p = {fd, events, 0};

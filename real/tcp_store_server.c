@@ -851,8 +851,7 @@ static void on_wake(uv_async_t *h) {
         apply_expect(s, atomic_load(&s->expect_req));
     if (atomic_load(&s->stop) && !s->stopping) {
         s->stopping = 1;
-        uint64_t ms = s->linger_ns / 1000000 + (s->linger_ns % 1000000 != 0);
-        uv_timer_start(&s->linger_timer, on_linger, ms, 0);
+        uv_timer_start(&s->linger_timer, on_linger, tpi_tcp_ms_ceil(s->linger_ns), 0);
     }
     check_stop(s);
 }

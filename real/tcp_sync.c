@@ -58,6 +58,10 @@ uint64_t tpi_tcp_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t tpi_tcp_ms_ceil(uint64_t ns) {
+    return ns / 1000000 + (ns % 1000000 != 0);
+}
+
 static void task_unref(tpi_tcp_task *t) {
     if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1) {
         sem_destroy(&t->sem);

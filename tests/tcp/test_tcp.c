@@ -2187,11 +2187,32 @@ static void test_tcp_pool_threads_on_demand(void **state) {
     assert_int_equal(seen, base + 1);
 }
 
+/* spec: AGENT-10 TCP-11: the loop's timer, a blocking socket wait and the
+ * store server's linger take their milliseconds rounded up: never early,
+ * and a fraction of a millisecond is one, not none (a 0.5 ms linger is a
+ * linger). */
+static void test_tcp_ms_ceil_never_early(void **state) {
+    (void)state;
+    static const struct {
+        uint64_t ns, ms;
+    } cases[] = {{0, 0},
+                 {1, 1},
+                 {500000, 1},
+                 {999999, 1},
+                 {1000000, 1},
+                 {1000001, 2},
+                 {2500000000ull, 2500},
+                 {UINT64_MAX, UINT64_MAX / 1000000 + 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_int_equal(tpi_tcp_ms_ceil(cases[i].ns), cases[i].ms);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) /* one test by name (a cmocka pattern) */
         cmocka_set_test_filter(argv[1]);
     tt_ensure_secret(); /* this process reads it too, to talk to the job (TCP-17) */
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tcp_ms_ceil_never_early),
         cmocka_unit_test(test_tcp_local_addr_toward),
         cmocka_unit_test(test_tcp_auto_listens_toward_the_store),
         cmocka_unit_test(test_tcp_basic_calls),
