@@ -109,8 +109,8 @@ def tensor_in(v):
 #
 # A map with the single key EXT = [kind, payload] carries a Python value that
 # no wire kind holds: a sparse tensor, a dict with keys other than str, a set,
-# a complex number, a torch.dtype, a WorkerInfo, a function or class by name. Any peer can read it as a map; a
-# Python peer turns it back into the value.
+# a complex number, a torch.dtype, a WorkerInfo, a function or class by name.
+# Any peer can read it as a map; a Python peer turns it back into the value.
 EXT = "__tensorplay_ext__"
 
 
