@@ -782,6 +782,81 @@ static void test_tcp_dead_peer_not_dialed_again(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- A death seen only on the connection the peer dialed (TCP-7) ----------------------- */
+
+enum { F_PD_HELD = 0, F_PD_KILLED = 1, C_PD_OWNED = 0 };
+
+/* Worker 1 makes a value on worker 0 by remote() and keeps its rref. Worker
+ * 1's idle_timeout is short, so worker 0's own connection to it (which
+ * carried the answers) is closed as idle: the one connection left between
+ * them is the one worker 1 dialed, and worker 0 has nothing to send. */
+static int body_death_on_its_dial(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 5);
+    if (o && rank == 1)
+        TT_CHECK(tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        tp_rref *r = NULL;
+        tp_value *args = tp_value_list_of(2, tp_value_int(2), tp_value_int(3));
+        TT_CHECK(tp_remote(tp_to_rank(0), "add", args, NULL, 10, &r) == TP_OK);
+        tp_value_free(args);
+        tp_value *got = NULL;
+        int64_t v = 0;
+        TT_CHECK(tp_rref_to_here(r, 10, &got) == TP_OK && tp_value_get_int(got, &v) == TP_OK &&
+                 v == 5);
+        tp_value_free(got);
+        /* Ten idle periods: worker 0's connection to us is closed by now. */
+        usleep(TT_SLOWDOWN * 2000000);
+        atomic_store(&sh->flag[F_PD_HELD], 1);
+        for (;;)
+            pause(); /* holds r until the parent kills it */
+    }
+    TT_CHECK(tt_await_flag(sh, F_PD_HELD, 1, 60) == 0);
+    tp_debug_info d;
+    TT_CHECK(tp_get_debug_info(&d) == TP_OK);
+    atomic_store(&sh->count[C_PD_OWNED], (int)d.owned_values);
+    TT_CHECK(tt_await_flag(sh, F_PD_KILLED, 1, 60) == 0);
+    /* Refused for TPI_TCP_REFUSED_DEAD_MS, then the verdict: 20 s is ample. */
+    uint64_t t0 = tt_now_ns();
+    while (d.owned_values != 0 && tt_now_ns() - t0 < 20000000000ull) {
+        usleep(10000);
+        TT_CHECK(tp_get_debug_info(&d) == TP_OK);
+    }
+    fprintf(stderr, "  worker0 freed the value of the dead worker1's rref %.0f ms after the kill\n",
+            (double)(tt_now_ns() - t0) / 1e6);
+    TT_CHECK(d.owned_values == 0 && d.owner_forks == 0);
+    tp_status st = tp_shutdown(1);
+    TT_CHECK(st == TP_OK || st == TP_EPEERDOWN); /* worker 1 is gone */
+    return 0;
+}
+
+/* spec: TCP-7, TCP-20, RREF-3. Worker 1 is killed while the only connection
+ * between it and worker 0 is the one it dialed, and worker 0 has nothing to
+ * send it. That connection's end without ABORT is no verdict, so worker 0
+ * probes by dialing (no connection of its own is open); the refusals are
+ * the verdict, and the value whose only holder died is freed. An agent
+ * that probed only on a connection of its own never learned of the death
+ * and kept the value for the rest of the job. */
+static void test_tcp_death_seen_on_the_peers_dial(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_death_on_its_dial, NULL), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_PD_HELD, 1, 60), 0);
+    /* Worker 0 counted the value before the kill. */
+    uint64_t deadline = tt_now_ns() + 10000000000ull;
+    while (atomic_load(&job.shared->count[C_PD_OWNED]) == 0 && tt_now_ns() < deadline)
+        usleep(1000);
+    kill(job.pid[1], SIGKILL);
+    atomic_store(&job.shared->flag[F_PD_KILLED], 1);
+    tt_wait(&job, 60);
+    assert_int_equal(atomic_load(&job.shared->count[C_PD_OWNED]), 1);
+    assert_int_equal(job.code[0], 0);
+    assert_int_equal(job.code[1], 128 + SIGKILL);
+    tt_job_free(&job);
+}
+
 /* ---- A probe nobody answers (TCP-7) ---------------------------------------------------- */
 
 enum {
@@ -2221,6 +2296,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_kill9),
         cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
+        cmocka_unit_test(test_tcp_death_seen_on_the_peers_dial),
         cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),
         cmocka_unit_test(test_tcp_peer_leaves),
         cmocka_unit_test(test_tcp_host_name),
