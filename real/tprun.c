@@ -189,7 +189,9 @@ static int secret_from_file(const char *path) {
                 "tprun: --secret-file %s does not hold a job secret: it must be %d to %d hex "
                 "digits, an even number, on one line (%zu characters found; TCP-17)\n",
                 path, SECRET_HEX_MIN, SECRET_HEX_MAX, len);
-    memset(buf, 0, sizeof buf);
+    /* explicit_bzero, here and in secret_fresh: a memset of a buffer never
+     * read again is a dead store the compiler may drop. */
+    explicit_bzero(buf, sizeof buf);
     return ok ? 0 : -1;
 }
 
@@ -210,9 +212,9 @@ static int secret_fresh(void) {
     char hex[2 * sizeof b + 1];
     for (size_t i = 0; i < sizeof b; i++)
         snprintf(hex + 2 * i, 3, "%02x", b[i]);
-    memset(b, 0, sizeof b);
+    explicit_bzero(b, sizeof b);
     int rc = setenv("TP_SECRET", hex, 1);
-    memset(hex, 0, sizeof hex);
+    explicit_bzero(hex, sizeof hex);
     return rc;
 }
 
