@@ -173,6 +173,38 @@ def code_of(line):
     return line.split("//", 1)[0].rstrip()
 
 
+def code_lines(lines):
+    """Each line's code outside comments, block comments over several lines
+    and string literals taken into account (a "tcp://" is no comment): what
+    tells where the statement before a line ended."""
+    out, inside = [], False
+    for line in lines:
+        code, k, n = [], 0, len(line)
+        while k < n:
+            if inside:
+                e = line.find("*/", k)
+                if e < 0:
+                    k = n
+                else:
+                    k, inside = e + 2, False
+                    code.append(" ")
+            elif line.startswith("/*", k):
+                inside, k = True, k + 2
+            elif line.startswith("//", k):
+                k = n
+            elif line[k] in "\"'":
+                q, e = line[k], k + 1
+                while e < n and line[e] != q:
+                    e += 2 if line[e] == "\\" else 1
+                code.append(line[k:e + 1])
+                k = e + 1
+            else:
+                code.append(line[k])
+                k += 1
+        out.append("".join(code).strip())
+    return out
+
+
 def statement_end(lines, i, limit=10):
     """The index of the line ending the statement that starts on line i, or None."""
     depth = 0
@@ -221,11 +253,18 @@ def c_candidates(rel, text):
     out = []
     in_comment = False
     head = ""  # the first line of the statement line i belongs to
+    codes = code_lines(lines)
+    prev_code = ""  # the code of the last line before i that has any, comments left out
     for i, line in enumerate(lines):
         s = line.strip()
-        prev_code = code_of(lines[i - 1]).strip() if i else ""
-        if not prev_code or prev_code.endswith((";", "{", "}", "else", ":")) or \
-                re.match(r"(?:\} else )?(?:if|for|while) \(.*\)$", prev_code) or prev_code.startswith("#"):
+        if i and codes[i - 1]:
+            prev_code = codes[i - 1]
+        # A statement starts after one ended, a block opened or closed, a bare
+        # if/for/while or a preprocessor line, whatever comments lie between.
+        starts_statement = not prev_code or prev_code.endswith((";", "{", "}", "else")) or \
+            bool(re.match(r"(?:\} else )?(?:if|for|while) \(.*\)$", prev_code)) or \
+            prev_code.startswith("#")
+        if starts_statement or prev_code.endswith(":"):
             head = line
         if in_comment:
             if "*/" in s:
@@ -252,9 +291,6 @@ def c_candidates(rel, text):
                     continue  # an array's size in a declaration: no range is checked there
                 new = rep(m) if callable(rep) else rep
                 out.append(Mutant(rel, i, name, ((i, line[:m.start()] + new + line[m.end():]),)))
-        prev = lines[i - 1].rstrip() if i else ""
-        starts_statement = prev.endswith((";", "{", "}", "else")) or \
-            re.match(r"\s*(?:\} else )?(?:if|for|while) \(.*\)$", prev)
         if not starts_statement:
             continue
         if ARMS.match(line):
