@@ -10,7 +10,7 @@ else
 BUILD ?= build
 endif
 
-.PHONY: all deps test-deps configure build test tsan demo install check-rules fuzz fuzz-net bench storm oom swarm swarm-chaos mutate clean format torch-suite
+.PHONY: all deps test-deps configure build test tsan demo install check-rules fuzz fuzz-net bench storm oom swarm swarm-chaos mutate coverage clean format torch-suite
 
 all: build
 
@@ -109,8 +109,13 @@ mutate: deps
 	@/usr/bin/python3 scripts/mutate.py --count $(MUTANTS) --seed $(MUTATE_SEED) --jobs $(JOBS) \
 	  --folders $(MUTATE_FOLDERS)
 
+# Which lines of the C code make test never runs, per file, and how many of
+# mutate's candidates lie on them (scripts/coverage.py; its own folder, build-cov).
+coverage: test-deps
+	@/usr/bin/python3 scripts/coverage.py --jobs $(JOBS)
+
 format:
 	@clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-cov
