@@ -19,8 +19,9 @@ Usage: scripts/coverage.py [--build DIR] [--no-run] [--jobs J] [--tests REGEX]
             count of candidates on each)
 
 Counts are summed over every process a test starts (forked workers write
-theirs at exit; one killed by SIGKILL writes none), so a line run only by a
-process that dies that way shows as never run. It is a guide to where tests
+theirs at exit; one killed by SIGKILL writes none, nor does a child between
+its fork and its exec, as in tprun's spawn), so a line run only by such a
+process shows as never run. It is a guide to where tests
 are missing, not a verdict: a line that ran may still be untested (no test
 checks what it did), which only mutate.py tells.
 """
@@ -59,9 +60,12 @@ def build_and_test(build, jobs, tests):
     if tests:
         cmd += ["-R", tests]
     r = run(cmd, cwd=build, stdout=subprocess.DEVNULL)
-    if r.returncode != 0:  # the counts are still worth reading: say so, go on
-        print("coverage: some tests failed under the coverage build (slower code, "
-              "its timings); the counts are those of the runs made", file=sys.stderr)
+    if r.returncode != 0:  # the counts are still worth reading: say which, go on
+        failed = os.path.join(build, "Testing", "Temporary", "LastTestsFailed.log")
+        names = open(failed).read().split() if os.path.exists(failed) else []
+        print("coverage: tests that failed in the coverage build (counted as far as they "
+              "ran; sim_experiment_external links the installed library without --coverage "
+              "and cannot pass here): " + " ".join(names), file=sys.stderr)
 
 
 def read_counts(build):
