@@ -1644,9 +1644,11 @@ tp_status tpi_start_remote(tp_core *c, uint32_t dst, const char *fn, uint16_t fl
     tp_status st = tpi_call_issue(c, call, &m, timeout_s);
     if (st != TP_OK) {
         if (r->is_owner) { /* nobody will ever set it: make the record freeable */
+            /* r's handle keeps the record, and only the REMOTE that was
+             * never sent could have made it ready. */
             tpi_owner *o = tpi_idmap_get(&c->owners, id);
-            if (o && !o->ready)
-                tpi_owner_set(c, o, st, NULL, tp_errmsg());
+            TPI_ASSERT(o && !o->ready);
+            tpi_owner_set(c, o, st, NULL, tp_errmsg());
         } else {
             r->released = 1; /* the owner never heard of it: no delete */
         }

@@ -13,6 +13,8 @@
 #include <cmocka.h>
 
 #include "alloc_fault.h"
+#include "common/codec.h"  /* tpi_frame_cache_stats */
+#include "common/limits.h" /* TPI_FRAME_CACHE_MIN */
 #include "sim_check.h"
 #include "store/mem_store.h"
 #include "tensorplay/rpc.h"
@@ -294,6 +296,56 @@ static void test_shutdown_release_phase_deletes_held_rref(void **state) {
     run_checked(2, 8, NULL, held_rref_program, NULL);
     assert_true(obj_freed_ns > 0 && holder_down_ns > 0);
     assert_true(obj_freed_ns < holder_down_ns);
+}
+
+/* echo(x): x. */
+static tp_status echo_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud;
+    *result = tp_value_clone(tp_list_get(args, 0));
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static size_t cached_while_running; /* large frame blocks cached before the shutdown */
+static size_t cached_after = 1;     /* and right after it returned */
+
+/* A world of one: w0 echoes a value of TPI_FRAME_CACHE_MIN bytes through
+ * itself; the frames that carried it go to the process's frame cache once
+ * freed. Nothing else runs in the process, so what the cache holds right
+ * after tp_shutdown returns is what the teardown left there (the world's
+ * end trims it again, sim_world.c). */
+static int big_echo_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("echo", echo_fn, NULL) == TP_OK);
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    uint8_t *big = calloc(1, TPI_FRAME_CACHE_MIN);
+    CHECK(big != NULL);
+    tp_value *args = tp_value_list_of(1, tp_value_bytes(big, TPI_FRAME_CACHE_MIN));
+    free(big);
+    tp_value *res = NULL;
+    CHECK(tp_rpc_sync(tp_to_rank(0), "echo", args, NULL, TP_TIMEOUT_DEFAULT, &res) == TP_OK);
+    const void *data = NULL;
+    size_t len = 0;
+    CHECK(tp_value_get_bytes(res, &data, &len) == TP_OK && len == TPI_FRAME_CACHE_MIN);
+    tp_value_free(res);
+    tp_value_free(args);
+    tpi_frame_cache_stats(&cached_while_running, NULL);
+    CHECK(tp_shutdown(1) == TP_OK);
+    tpi_frame_cache_stats(&cached_after, NULL);
+    return 0;
+}
+
+/* A worker's teardown gives the frame cache's idle blocks back to the
+ * system (and the small blocks' lists): a process whose worker shut down
+ * holds no frame memory for it. */
+static void test_shutdown_gives_cached_frames_back(void **state) {
+    (void)state;
+    cached_while_running = 0;
+    cached_after = 1;
+    run_checked(1, 3, NULL, big_echo_program, NULL);
+    assert_true(cached_while_running >= 1);
+    assert_int_equal(cached_after, 0);
 }
 
 /*
@@ -1190,6 +1242,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_dead_child_drops_kept_reference, reset_failures),
         cmocka_unit_test_setup(test_shutdown_each_phase_has_the_timeout, reset_failures),
         cmocka_unit_test_setup(test_shutdown_release_phase_deletes_held_rref, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_gives_cached_frames_back, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_sees_requests_in_flight, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_times_out_on_time, reset_failures),
         cmocka_unit_test_setup(test_shutdown_nongraceful_answers_queued_remote, reset_failures),
