@@ -199,6 +199,7 @@ def test_errors_as_pytorch_raises_them(tmp_path):
                     print("TypeError")
             print(rpc.get_rpc_timeout())
             rpc._set_rpc_timeout(0.2)
+            print(rpc.get_rpc_timeout())
             try:
                 rpc.rpc_sync("worker1", slow, args=(2.0,))
             except RuntimeError as e:
@@ -220,7 +221,7 @@ def test_errors_as_pytorch_raises_them(tmp_path):
     """)
     assert out == ["name: True", "twice: True", "timeout: True True True True",
                    "MyError: True True", "RemoteError: True", "TypeError", "TypeError",
-                   "TypeError", "60.0", "default timeout: True",
+                   "TypeError", "60.0", "0.2", "default timeout: True",
                    "wait_all stops at the first error: True", "[0, 2, 4]",
                    "WorkerInfo BackendType.TENSORPIPE True"]
 
