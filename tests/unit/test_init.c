@@ -151,6 +151,16 @@ static void test_init_backend_defaults_and_option_keys(void **state) {
     assert_string_equal(tp_errmsg(), "no backend named 'NO_SUCH_BACKEND' is registered");
     assert_false(tp_is_initialized());
     tp_options_free(o);
+    /* Every key is looked at, not only the first: two known ones, then an unknown one. */
+    o = tp_options_new();
+    assert_non_null(o);
+    assert_int_equal(tp_options_set(o, "listen_port", "0"), TP_OK);
+    assert_int_equal(tp_options_set(o, "idle_timeout", "300"), TP_OK);
+    assert_int_equal(tp_options_set(o, "listen_prot", "0"), TP_OK);
+    assert_int_equal(tp_init_rpc("w0", "TENSORPIPE", 0, 1, o), TP_EINVAL);
+    assert_string_equal(tp_errmsg(), "backend 'TENSORPIPE' has no option 'listen_prot'");
+    assert_false(tp_is_initialized());
+    tp_options_free(o);
 }
 
 static void test_init_reserved_names_rejected(void **state) {

@@ -417,6 +417,17 @@ static void test_value_tensor_zeros_empty_and_scalar(void **state) {
     assert_true(tp_tensor_is_contiguous(e));
     assert_non_null(tp_tensor_cdata(e));
     assert_true(tp_tensor_strides(e)[0] == 5);
+    /* Empty with any strides (torch.empty_strided((0,), (5,))): it reaches no
+     * element, so it spans no bytes, whatever (size - 1) * stride would say. */
+    int64_t none[1] = {0}, five[1] = {5};
+    tp_value *es = tp_value_tensor(TP_DTYPE_FLOAT32, 1, none, five, NULL);
+    assert_non_null(es);
+    assert_int_equal(tp_tensor_numel(es), 0);
+    assert_true(tp_tensor_strides(es)[0] == 5);
+    tp_value *es2 = tp_value_clone(es);
+    assert_true(tp_value_equal(es, es2));
+    tp_value_free(es);
+    tp_value_free(es2);
     int8_t x = -3;
     tp_value *s = tp_value_tensor(TP_DTYPE_INT8, 0, NULL, NULL, &x);
     assert_int_equal(tp_tensor_numel(s), 1);
