@@ -115,6 +115,29 @@ def test_master_flags_and_pet_defaults(tmp_path):
         assert (e["ROLE_NAME"], e["TORCHELASTIC_RUN_ID"]) == ("trainer", "job7")
 
 
+def test_a_signal_wakes_the_launchers_loop():
+    """SIGINT or SIGTERM reaches the launcher while it waits in select for its
+    ranks' output (up to --monitor-interval, 1 s at most): the handler wakes
+    that wait at once through the self-pipe, so the ranks are told to stop
+    without waiting for the interval to run out."""
+    from tensorplay.distributed import run as launcher
+    spec = launcher.JobSpec(launcher.make_parser().parse_args(["--nproc", "1", "prog.py"]))
+    job = launcher.Job(spec, 5.0, True, 1.0)
+    try:
+        assert job.sel.select(0) == []  # nothing to read yet
+        job._on_signal(signal.SIGTERM, None)
+        assert job.got_signal == signal.SIGTERM
+        t0 = time.monotonic()
+        assert [key.data for key, _ in job.sel.select(1.0)] == [None]  # the wake-up pipe
+        assert time.monotonic() - t0 < 0.5
+        assert job.pump(0) is False  # drains it: no rank's pipe is open
+        assert job.sel.select(0) == []
+    finally:
+        job.sel.close()
+        os.close(job.wake_r)
+        os.close(job.wake_w)
+
+
 # spec: LAUNCH-1
 def test_on_off_flags_default_to_their_pet_variables(tmp_path, monkeypatch):
     """As torchrun's check_env: an on/off flag is on when PET_<FLAG> holds an
