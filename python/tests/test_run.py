@@ -127,9 +127,8 @@ def test_a_signal_wakes_the_launchers_loop():
         assert job.sel.select(0) == []  # nothing to read yet
         job._on_signal(signal.SIGTERM, None)
         assert job.got_signal == signal.SIGTERM
-        t0 = time.monotonic()
-        assert [key.data for key, _ in job.sel.select(1.0)] == [None]  # the wake-up pipe
-        assert time.monotonic() - t0 < 0.5
+        # The byte is in the pipe already: a wait of 0 sees it.
+        assert [key.data for key, _ in job.sel.select(0)] == [None]  # the wake-up pipe
         assert job.pump(0) is False  # drains it: no rank's pipe is open
         assert job.sel.select(0) == []
     finally:
