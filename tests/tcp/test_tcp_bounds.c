@@ -1426,6 +1426,88 @@ static void test_tcp_unreachable_host_is_not_silence(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- An impostor at a worker's address (TCP-3) --------------------------------------- */
+
+enum { C_IMPOSTOR_NAMED = 5 };
+
+/* Rank 2 listens on 127.0.0.2:port but advertises 127.0.0.3, where the
+ * test listens: whoever dials worker 2 reaches the test. */
+static int body_impostor(tt_job *job, int rank) {
+    const uint16_t *port = job->arg;
+    tp_options *o = tt_options(job, 5, 5);
+    TT_CHECK(o);
+    tp_options_set_init_timeout(o, 8);
+    TT_CHECK(tp_options_set(o, "auth", "off") == TP_OK);
+    if (rank == 2) {
+        char p[16];
+        snprintf(p, sizeof p, "%u", (unsigned)*port);
+        TT_CHECK(tp_options_set(o, "listen_addr", "127.0.0.2") == TP_OK);
+        TT_CHECK(tp_options_set(o, "listen_port", p) == TP_OK);
+        TT_CHECK(tp_options_set(o, "advertise_addr", "127.0.0.3") == TP_OK);
+    }
+    if (tt_init(job, rank, o) == 0) {
+        tp_options_free(o);
+        tp_shutdown(0);
+        return 0;
+    }
+    tp_options_free(o);
+    if (strstr(tp_errmsg(), "the process at this address is not worker 2: it is worker "))
+        atomic_fetch_add(&job->shared->count[C_IMPOSTOR_NAMED], 1);
+    return 0;
+}
+
+/* spec: TCP-3. The process at worker 2's address answers a dialer's hello
+ * with a well-formed ACCEPT from another worker (with auth off, nothing
+ * else proves who answers). The dialer must not take the connection for
+ * one to worker 2: its init fails at once, naming what answered, instead
+ * of sending worker 2's warm-up ping into a stranger and waiting out the
+ * init timeout. */
+static void test_tcp_impostor_acceptor_is_named(void **state) {
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(lfd >= 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.3", &sa.sin_addr);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    socklen_t sl = sizeof sa;
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    uint16_t port = ntohs(sa.sin_port);
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_impostor, &port), 0);
+    /* Answer every dialer as a worker it did not dial, until the job ends. */
+    int held[8], nheld = 0;
+    uint64_t t0 = tt_now_ns();
+    while (secs_since(t0) < 30 && atomic_load(&job.shared->count[C_IMPOSTOR_NAMED]) == 0) {
+        struct pollfd pf = {.fd = lfd, .events = POLLIN};
+        if (poll(&pf, 1, 50) != 1)
+            continue;
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        assert_true(fd >= 0);
+        uint8_t rec[TPI_TCP_RECORD_SIZE];
+        char err[128];
+        uint32_t dialer = 0;
+        assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+        assert_true(
+            tpi_tcp_hello_check(rec, TPI_TCP_HELLO_OPEN, 2, 3, 0, &dialer, err, sizeof err));
+        tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_ACCEPT, dialer == 0 ? 1 : 0, dialer, 3, 0);
+        tt_raw_send(fd, rec, sizeof rec);
+        assert_true(nheld < 8);
+        held[nheld++] = fd; /* open and silent: a ping sent here is never answered */
+    }
+    double named_after = secs_since(t0);
+    assert_int_equal(tt_wait(&job, 60), 0);
+    assert_true(nheld >= 1);
+    assert_true(atomic_load(&job.shared->count[C_IMPOSTOR_NAMED]) >= 1);
+    assert_true(named_after < 8); /* before the init timeout */
+    for (int i = 0; i < nheld; i++)
+        close(held[i]);
+    close(lfd);
+    tt_job_free(&job);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) /* one test by name (a cmocka pattern) */
         cmocka_set_test_filter(argv[1]);
@@ -1444,6 +1526,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_uncongested_at_half_the_bound),
         cmocka_unit_test(test_tcp_congested_connection_fails),
         cmocka_unit_test(test_tcp_unreachable_host_is_not_silence),
+        cmocka_unit_test(test_tcp_impostor_acceptor_is_named),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
