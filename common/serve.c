@@ -553,6 +553,8 @@ static tpi_owner *method_owner_pending(tp_core *c, const tpi_msg *m) {
  * when it was deferred (*m and *rc taken).
  */
 static int defer_method(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc, tpi_served *sv) {
+    if (!(m->flags & TPI_FLAG_METHOD))
+        return 0; /* a function call (most calls): no lock section */
     tpi_lock(c);
     int pending = method_owner_pending(c, m) != NULL;
     tpi_unlock(c);
@@ -758,9 +760,11 @@ static int flow_gen_counts(tpi_peer *p, uint32_t gen) {
 
 /* Counts a request of len bytes and generation gen from src against its
  * credit and the worker's total, or refuses it with a message (FLOW-8):
- * TP_ELIMIT, or TP_ENOMEM when src's record cannot be made. */
-static tp_status flow_admit(tp_core *c, uint32_t src, uint64_t len, uint32_t gen,
-                            uint32_t *epoch, char *err, size_t err_len) {
+ * TP_ELIMIT, or TP_ENOMEM when src's record cannot be made. With keep_lock
+ * an admitted request returns with the lock held: its caller queues it in
+ * the same section (one lock section per request in the I/O context). */
+static tp_status flow_admit(tp_core *c, uint32_t src, uint64_t len, uint32_t gen, uint32_t *epoch,
+                            int keep_lock, char *err, size_t err_len) {
     char me[TP_NAME_LEN_MAX + 32], who[TP_NAME_LEN_MAX + 32];
     tpi_lock(c);
     tpi_peer *p = tpi_peer_get(c, src); /* its jobs, held bytes and queue live there */
@@ -780,7 +784,8 @@ static tp_status flow_admit(tp_core *c, uint32_t src, uint64_t len, uint32_t gen
         /* An uncounted request carries an epoch that is already over, so
          * flow_release leaves src's held alone. */
         *epoch = counted ? p->held_epoch : p->held_epoch - 1;
-        tpi_unlock(c);
+        if (!keep_lock)
+            tpi_unlock(c);
         return TP_OK;
     }
     int first = !p->refused_warned;
@@ -991,6 +996,9 @@ void tpi_serve_teardown(tp_core *c) {
 }
 
 static void token_run(tp_work *w);
+static tpi_token *token_new(tp_core *c);
+static void submit_locked(tp_core *c, tpi_job *j, uint64_t id);
+static void submit_execute(tp_core *c, tpi_job *j, tpi_token *t, uint64_t id);
 
 void tpi_serve_uncongested(tp_core *c, uint32_t dst) {
     tpi_lock(c);
@@ -1006,11 +1014,7 @@ void tpi_serve_uncongested(tp_core *c, uint32_t dst) {
         c->tokens_owed -= n;
     }
     for (; n > 0; n--) {
-        tpi_token *t = tpi_block_alloc(sizeof *t);
-        if (t) {
-            t->work.run = token_run;
-            t->core = c;
-        }
+        tpi_token *t = token_new(c);
         if (!t || c->ops->execute(c->agent, &t->work) != TP_OK) {
             if (t)
                 tpi_block_free(t, sizeof *t);
@@ -1054,10 +1058,8 @@ static void token_run(tp_work *w) {
  * tpi_serve_teardown. 1 when j is queued. */
 static int queue_job(tp_core *c, tpi_job *j) {
     runq_push(c, j);
-    tpi_token *t = tpi_block_alloc(sizeof *t);
+    tpi_token *t = token_new(c);
     if (t) {
-        t->work.run = token_run;
-        t->core = c;
         if (c->ops->execute(c->agent, &t->work) == TP_OK)
             return 1;
         tpi_block_free(t, sizeof *t);
@@ -1094,20 +1096,18 @@ static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_que
         serve_request(c, j->src, j->frame, id, NULL, &j->sv);
         j->frame = NULL;
     }
-    if (j->undecoded) { /* decoded, or dropped unread: RREF-19 may answer src now */
-        tpi_lock(c);
-        tpi_peer *p = tpi_peer_must(c, j->src);
-        TPI_ASSERT(p->undecoded > 0);
-        p->undecoded--;
-        tpi_unlock(c);
-    }
     if (j->msg) {
         tpi_msg_clear(j->msg);
         free(j->msg);
     }
     tpi_rref_ctx_done(&j->rc);
     tp_frame_free(j->frame);
-    tpi_lock(c); /* one lock section for both: this runs once per served call */
+    tpi_lock(c);        /* one lock section for all: this runs once per served call */
+    if (j->undecoded) { /* decoded, or dropped unread: RREF-19 may answer src now */
+        tpi_peer *p = tpi_peer_must(c, j->src);
+        TPI_ASSERT(p->undecoded > 0);
+        p->undecoded--;
+    }
     tpi_work_leave_locked(c, node);
     served_end(c, &j->sv);
     tpi_unlock(c);
@@ -1204,6 +1204,53 @@ static tp_status on_remote(tp_core *c, uint32_t src, tp_frame *f, tpi_job *j, ch
     return st;
 }
 
+/* A job for a request of len bytes from src admitted under epoch, or NULL. */
+static tpi_job *job_new(uint32_t src, uint64_t len, uint32_t epoch) {
+    tpi_job *j = tpi_block_alloc(sizeof *j); /* blocks.h: no malloc once warm */
+    if (j) {
+        memset(j, 0, sizeof *j);
+        j->src = src;
+        j->held = len;
+        j->held_epoch = epoch;
+    }
+    return j;
+}
+
+/* A REQUEST the I/O context does not serve itself: admitted (FLOW-8),
+ * counted as undecoded (RREF-19) and queued for the pool in one lock
+ * section, since this runs once per served call. Takes f. */
+static void admit_request(tp_core *c, uint32_t src, tp_frame *f) {
+    uint64_t id = tpi_frame_id(f);
+    uint64_t len = f->len;
+    uint32_t epoch = 0;
+    char ferr[TP_ERRMSG_LEN_MAX];
+    tpi_job *j = job_new(src, 0, 0);
+    if (!j) {
+        tp_frame_free(f);
+        tpi_reply(c, src, id, TP_ENOMEM, NULL, "the callee is out of memory taking the call in");
+        return;
+    }
+    tpi_token *t = token_new(c);
+    tp_status admitted = flow_admit(c, src, len, tpi_frame_gen(f), &epoch, 1, ferr, sizeof ferr);
+    if (admitted != TP_OK) {
+        if (t)
+            tpi_block_free(t, sizeof *t);
+        tpi_block_free(j, sizeof *j);
+        tp_frame_free(f); /* FLOW-8: dropped unrun */
+        tpi_reply(c, src, id, admitted, NULL, ferr);
+        return;
+    }
+    j->held = len;
+    j->held_epoch = epoch;
+    /* Read but not decoded: its rrefs are not known yet (RREF-19). */
+    j->frame = f;
+    j->undecoded = 1;
+    tpi_peer_must(c, src)->undecoded++; /* made by flow_admit */
+    submit_locked(c, j, id);
+    tpi_unlock(c);
+    submit_execute(c, j, t, id);
+}
+
 void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
     uint8_t type = tpi_frame_type(f);
     if (type != TPI_MSG_REQUEST && type != TPI_MSG_REMOTE) {
@@ -1222,25 +1269,22 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         tpi_msg_clear(&m);
         return;
     }
-    if (type == TPI_MSG_REQUEST && serve_inline(c, src, f))
+    if (type == TPI_MSG_REQUEST) {
+        if (!serve_inline(c, src, f))
+            admit_request(c, src, f);
         return;
+    }
     uint64_t id = tpi_frame_id(f);
     uint64_t len = f->len;
     uint32_t epoch = 0;
     char ferr[TP_ERRMSG_LEN_MAX];
-    tp_status admitted = flow_admit(c, src, len, tpi_frame_gen(f), &epoch, ferr, sizeof ferr);
+    tp_status admitted = flow_admit(c, src, len, tpi_frame_gen(f), &epoch, 0, ferr, sizeof ferr);
     if (admitted != TP_OK) {
         tp_frame_free(f); /* FLOW-8: dropped unrun */
         tpi_reply(c, src, id, admitted, NULL, ferr);
         return;
     }
-    tpi_job *j = tpi_block_alloc(sizeof *j); /* blocks.h: no malloc once warm */
-    if (j) {
-        memset(j, 0, sizeof *j);
-        j->src = src;
-        j->held = len;
-        j->held_epoch = epoch;
-    }
+    tpi_job *j = job_new(src, len, epoch);
     if (!j) {
         tpi_job none = {.src = src, .held = len, .held_epoch = epoch};
         tpi_lock(c);
@@ -1250,27 +1294,17 @@ void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
         tpi_reply(c, src, id, TP_ENOMEM, NULL, "the callee is out of memory taking the call in");
         return;
     }
-    if (type == TPI_MSG_REMOTE) {
-        char err[TP_ERRMSG_LEN_MAX];
-        j->rc = (tpi_rref_ctx){c, src, NULL, 0, 0, 1, NULL, 0, 0};
-        tp_status st = on_remote(c, src, f, j, err, sizeof err); /* takes f */
-        f = NULL;
-        if (st != TP_OK) {
-            tpi_lock(c);
-            flow_release(c, j);
-            tpi_unlock(c);
-            tpi_rref_ctx_done(&j->rc);
-            tpi_block_free(j, sizeof *j);
-            tpi_reply(c, src, id, st, NULL, err);
-            return;
-        }
-    }
-    j->frame = f;
-    if (f) { /* a REQUEST read but not decoded: its rrefs are not known yet (RREF-19) */
-        j->undecoded = 1;
+    char err[TP_ERRMSG_LEN_MAX];
+    j->rc = (tpi_rref_ctx){c, src, NULL, 0, 0, 1, NULL, 0, 0};
+    tp_status st = on_remote(c, src, f, j, err, sizeof err); /* takes f */
+    if (st != TP_OK) {
         tpi_lock(c);
-        tpi_peer_must(c, src)->undecoded++; /* made by flow_admit */
+        flow_release(c, j);
         tpi_unlock(c);
+        tpi_rref_ctx_done(&j->rc);
+        tpi_block_free(j, sizeof *j);
+        tpi_reply(c, src, id, st, NULL, err);
+        return;
     }
     submit(c, j, id);
 }
@@ -1298,23 +1332,40 @@ static int hand_over(tp_core *c, uint32_t src, tpi_msg *m, tpi_rref_ctx *rc) {
     return 1;
 }
 
-/* Queues job j (its frame or msg set) on the pool; answers id if it cannot. */
-static void submit(tp_core *c, tpi_job *j, uint64_t id) {
-    uint32_t src = j->src;
-    j->core = c;
-    tpi_core_ref(c);
+/* A pool work item that will run the next job of the round, or NULL. */
+static tpi_token *token_new(tp_core *c) {
     tpi_token *t = tpi_block_alloc(sizeof *t);
     if (t) {
         t->work.run = token_run;
         t->core = c;
     }
-    tpi_lock(c);
+    return t;
+}
+
+/* Counts and queues job j (its frame or msg set; lock held). */
+static void submit_locked(tp_core *c, tpi_job *j, uint64_t id) {
+    j->core = c;
+    tpi_core_ref(c);
     c->active_served++; /* before the job can run: shutdown's drain sees it */
     if (!j->owner) /* a REQUEST: its caller may cancel it (CANCEL-1); remote() is not */
-        served_list(c, &j->sv, src, id, j);
+        served_list(c, &j->sv, j->src, id, j);
     runq_push(c, j);
+}
+
+/* Queues job j (its frame or msg set) on the pool; answers id if it cannot. */
+static void submit(tp_core *c, tpi_job *j, uint64_t id) {
+    tpi_token *t = token_new(c);
+    tpi_lock(c);
+    submit_locked(c, j, id);
     tpi_unlock(c);
-    /* Outside the lock: the pool thread this wakes takes the lock first thing. */
+    submit_execute(c, j, t, id);
+}
+
+/* Hands the token for queued job j to the pool (no lock held: the pool
+ * thread this wakes takes the lock first thing); a token the pool refuses,
+ * or none (NULL: no memory), takes j back out and answers id. */
+static void submit_execute(tp_core *c, tpi_job *j, tpi_token *t, uint64_t id) {
+    uint32_t src = j->src;
     tp_status st = t ? c->ops->execute(c->agent, &t->work) : TP_ENOMEM;
     if (st == TP_OK)
         return;
