@@ -876,6 +876,115 @@ static void test_rejoin_earlier_incarnation_shuts_down_first(void **state) {
     }
 }
 
+/* ---- A stale rref that reaches a third worker after the restart (RREF-20) ------ */
+
+static struct {
+    tp_status pass_st, rejoin_st, shutdown_st[3];
+    uint64_t children_sent, children_after; /* w0's pending_children */
+    size_t leaks;
+} rl;
+
+/* hold(rref) -> 0: the rref is only received (and freed with the args). */
+static tp_status hold_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    *result = tp_value_int(0);
+    return TP_OK;
+}
+
+/* After init, w0 makes a value on w1 and passes its rref to w2 at once
+ * (about 200 ms); the plan delays w0's frames to w2 by 500 ms from 150 ms,
+ * so w2 reads the rref after w1 died (300 ms), restarted (400 ms) and told
+ * w2: the rref is of the earlier incarnation. */
+static int program_relay(int rank, int world, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("make", make_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("hold", hold_fn, NULL) == TP_OK);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 5.0) == TP_OK);
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    if (tp_sim_incarnation() > 0) {
+        CHECK(tp_options_set_rejoin(o, 1) == TP_OK);
+        rl.rejoin_st = tp_init_rpc(name, "SIM", rank, world, o);
+        tp_options_free(o);
+        if (rl.rejoin_st == TP_OK) {
+            (void)tp_sleep(2.0);
+            rl.shutdown_st[1] = tp_shutdown(1);
+        }
+        return 0;
+    }
+    CHECK(tp_init_rpc(name, "SIM", rank, world, o) == TP_OK);
+    tp_options_free(o);
+    if (rank == 1) {
+        (void)tp_sleep(60.0); /* killed in here */
+        return 0;
+    }
+    if (rank == 2) {
+        (void)tp_sleep(2.5);
+        rl.shutdown_st[2] = tp_shutdown(1);
+        return 0;
+    }
+    (void)tp_sleep(0.2); /* past init's own frames, into the delay */
+    tp_rref *rref = NULL;
+    CHECK(tp_remote(tp_to_rank(1), "make", NULL, NULL, 10.0, &rref) == TP_OK);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(rref, 10.0, &v) == TP_OK); /* confirmed: only the child is pending */
+    tp_value_free(v);
+    tp_value *args = tp_value_list_of(1, tp_value_rref(rref));
+    tp_future *f = NULL;
+    CHECK(tp_rpc_async(tp_to_rank(2), "hold", args, NULL, 10.0, &f) == TP_OK);
+    tp_value_free(args);
+    tp_debug_info d;
+    CHECK(tp_get_debug_info(&d) == TP_OK);
+    rl.children_sent = d.pending_children;
+    rl.pass_st = tp_future_wait(f, 10.0);
+    tp_future_free(f);
+    (void)tp_sleep(0.5);
+    CHECK(tp_get_debug_info(&d) == TP_OK);
+    rl.children_after = d.pending_children;
+    tp_rref_release(rref);
+    rl.shutdown_st[0] = tp_shutdown(1);
+    tp_rref_leak *leaks = NULL;
+    CHECK(tp_shutdown_leaks(&leaks, &rl.leaks) == TP_OK);
+    free(leaks);
+    return 0;
+}
+
+/* spec: RREF-20: "a holder that received an rref of an earlier incarnation
+ * of its owner after that owner restarted sends no fork (its parent gets
+ * the accept at once ...)". w2 is that holder; w0, the parent, sent the
+ * rref before it heard of anything and must not keep its child pending for
+ * a fork nobody will make (it would until its shutdown, and be reported
+ * there as TP_LEAK_CHILD). */
+static void test_rejoin_stale_rref_at_a_third_worker_accepted(void **state) {
+    (void)state;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        memset(&rl, 0, sizeof rl);
+        tp_sim_config cfg = {.hosts = 3, .seed = seed};
+        tp_sim *sim = NULL;
+        char err[256];
+        assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+        assert_int_equal(tp_sim_load_faults(sim,
+                                            "delay 0 2 150 2000 500\n"
+                                            "kill 1 300\n"
+                                            "restart 1 400\n",
+                                            err, sizeof err),
+                         TP_OK);
+        assert_int_equal(tp_sim_run(sim, program_relay, NULL, NULL), TP_OK);
+        assert_int_equal(failures, 0);
+        assert_int_equal(tp_sim_violations(sim), 0);
+        tp_sim_free(sim);
+        assert_int_equal(rl.rejoin_st, TP_OK);
+        assert_int_equal(rl.children_sent, 1); /* the rref went out as a child */
+        assert_int_equal(rl.pass_st, TP_OK);
+        assert_int_equal(rl.children_after, 0);
+        assert_int_equal(rl.leaks, 0);
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(rl.shutdown_st[i], TP_OK);
+    }
+}
+
 /*
  * REJOIN-2: the store's "inc/<r>" value is "<k>\t<address>", k in
  * 1..TPI_INCARNATION_MAX written as "%u". Anything else is malformed and
@@ -940,6 +1049,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_store_failure_in_the_gather, reset_failures),
         cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once, reset_failures),
         cmocka_unit_test_setup(test_rejoin_earlier_incarnation_shuts_down_first, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_stale_rref_at_a_third_worker_accepted, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
