@@ -159,6 +159,8 @@ static void check_port(const char *s) {
     check(ok0 || !ok1 || p1 == 0, "only zero needs allow_zero", s);
     if (!ok1)
         return;
+    size_t n = strlen(s);
+    check(n >= 1 && n <= 5 && strspn(s, "0123456789") == n, "a port is 1 to 5 digits", s);
     char again[8];
     snprintf(again, sizeof again, "%u", (unsigned)p1);
     uint16_t p2 = 0;
