@@ -710,9 +710,10 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
     char name[TP_NAME_LEN_MAX + 1];
     resolved_fn found;
     unsigned flags = 0;
-    if (!(tpi_frame_flags(f) & TPI_FLAG_METHOD) && tpi_frame_request_name(f, name) &&
-        (strcmp(name, TPI_JOIN_FN) == 0 || strcmp(name, TPI_FORKS_FN) == 0 ||
-         strcmp(name, TPI_CANCEL_FN) == 0 || strcmp(name, TPI_PING_FN) == 0)) {
+    if ((tpi_frame_flags(f) & TPI_FLAG_METHOD) || !tpi_frame_request_name(f, name))
+        return 0; /* the pool decodes it (and answers a malformed one) */
+    if (strcmp(name, TPI_JOIN_FN) == 0 || strcmp(name, TPI_FORKS_FN) == 0 ||
+        strcmp(name, TPI_CANCEL_FN) == 0 || strcmp(name, TPI_PING_FN) == 0) {
         /* REJOIN-4: fenced in the I/O context, before any later frame;
          * RREF-19: after every earlier frame from src was read; CANCEL-1
          * and the drain's flush ping (SHUTDOWN-5): likewise, and at once,
@@ -722,8 +723,7 @@ static int serve_inline(tp_core *c, uint32_t src, tp_frame *f) {
         serve_request(c, src, f, tpi_frame_id(f), NULL, NULL);
         return 1;
     }
-    if ((tpi_frame_flags(f) & TPI_FLAG_METHOD) || !tpi_frame_request_name(f, name) ||
-        !tpi_registry_find(c->ctx, NULL, name, &found.fn, &found.ud, &flags) ||
+    if (!tpi_registry_find(c->ctx, NULL, name, &found.fn, &found.ud, &flags) ||
         !(flags & TP_FN_NONBLOCKING))
         return 0;
     TPI_ASSERT(!nonblocking_fn && "a non-blocking function cannot serve another");
