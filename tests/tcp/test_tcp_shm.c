@@ -860,6 +860,28 @@ static void test_shm_receiver_unmaps_a_slab_when_done(void **state) {
     assert_int_equal(after, before);
 }
 
+/* spec: TCP-22: the dialer's slabs (a mapping and a memfd each) go when
+ * its side is freed, busy or not: this process has the mappings and
+ * descriptors it had before. */
+static void test_shm_dialer_unmaps_its_slabs_when_freed(void **state) {
+    (void)state;
+    size_t maps_before = maps_lines();
+    size_t fds_before = open_fds();
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    uint32_t gen = 0;
+    int first = pack(&a, 1 * MIB, &gen);
+    assert_true(first >= 0);
+    assert_true(pack(&a, 2 * MIB, &gen) >= 0); /* the first is busy: a second slab */
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)first), 0); /* one free, one busy */
+    assert_true(maps_lines() >= maps_before + 2);
+    assert_int_equal(open_fds(), fds_before + 2);
+    tpi_shm_tx_free(peers[1].shm_tx);
+    assert_int_equal(open_fds(), fds_before);
+    assert_int_equal(maps_lines(), maps_before);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -877,6 +899,7 @@ int main(void) {
         cmocka_unit_test(test_shm_slab_taken_on_descriptor_0_read),
         cmocka_unit_test(test_shm_receiver_unmaps_a_slab_when_done),
         cmocka_unit_test(test_shm_answer_held_past_its_connection),
+        cmocka_unit_test(test_shm_dialer_unmaps_its_slabs_when_freed),
         cmocka_unit_test(test_shm_slab_not_made_leaks_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
