@@ -860,6 +860,62 @@ static void test_shm_receiver_unmaps_a_slab_when_done(void **state) {
     assert_int_equal(after, before);
 }
 
+/* Reads the frame of record v as worker 1 from worker 0 with a max_message_size
+ * of max: 1 read (err names nothing), 0 refused (err says why), -1 when
+ * pidfd_getfd is not permitted. */
+static int read_slab_max(const uint32_t v[3], uint64_t max, char *err, size_t len) {
+    int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (pidfd < 0)
+        return -1;
+    tpi_shm_rx *rx = tpi_shm_rx_for_fuzz(pidfd, 0, 1, max);
+    assert_non_null(rx);
+    err[0] = '\0';
+    tp_frame *f = tpi_shm_frame(rx, v, max, err, len);
+    int got = f ? 1 : strstr(err, "pidfd_getfd") ? -1 : 0;
+    tp_frame_free(f);
+    tpi_shm_rx_detach(rx);
+    return got;
+}
+
+/* spec: TCP-22: a slab's frame lies within the slab: one that ends on its
+ * last byte is read, one a byte longer is refused. (Our packer always
+ * leaves room at the end; a peer's slab need not.) The frame is moved to
+ * the slab's end by hand, in this process's own mapping of the memfd. */
+static void test_shm_frame_may_end_at_the_slab_end(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    uint32_t v[3];
+    const uint64_t cap = TPI_SHM_SLAB_STEP;
+    pack_for_worker_1(&a, peers, 2, cap - TPI_SHM_HEAD - TPI_SHM_ALIGN - TP_FRAME_HEADER_SIZE, v);
+    assert_int_equal(tpi_shm_slab_size(v[2]), cap); /* one slab of the least size */
+    uint8_t *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, (int)v[0], 0);
+    assert_true(m != MAP_FAILED);
+    const uint32_t at = TPI_SHM_HEAD + TPI_SHM_ALIGN - 1; /* the furthest a frame may start */
+    char err[TP_ERRMSG_LEN_MAX];
+    for (uint32_t extra = 0; extra <= 1; extra++) {
+        uint32_t len = (uint32_t)(cap - at) + extra;
+        tt_frame_header(m + at, TPI_WIRE_VERSION, TPI_MSG_REQUEST, len - TP_FRAME_HEADER_SIZE);
+        tpi_tcp_put_u32(m + 20, len);
+        tpi_tcp_put_u32(m + 36, at);
+        uint32_t w[3] = {v[0], v[1], len};
+        int got = read_slab_max(w, 4 * MIB, err, sizeof err);
+        if (got < 0) {
+            munmap(m, cap);
+            tpi_shm_tx_free(peers[1].shm_tx);
+            fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+            skip();
+        }
+        if (got != !extra)
+            fail_msg("a frame ending %u byte(s) past the slab's last: %s (%s)", extra,
+                     got ? "read" : "refused", err);
+        if (extra)
+            assert_non_null(strstr(err, "header does not match"));
+    }
+    munmap(m, cap);
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
 /* spec: TCP-22: the dialer's slabs (a mapping and a memfd each) go when
  * its side is freed, busy or not: this process has the mappings and
  * descriptors it had before. */
@@ -900,6 +956,7 @@ int main(void) {
         cmocka_unit_test(test_shm_receiver_unmaps_a_slab_when_done),
         cmocka_unit_test(test_shm_answer_held_past_its_connection),
         cmocka_unit_test(test_shm_dialer_unmaps_its_slabs_when_freed),
+        cmocka_unit_test(test_shm_frame_may_end_at_the_slab_end),
         cmocka_unit_test(test_shm_slab_not_made_leaks_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
