@@ -811,6 +811,31 @@ static void expect_key_refused(const uint8_t *req, size_t n) {
     assert_string_equal(why, "a key length out of bounds");
 }
 
+/* spec: TCP-10: a reply head's payload may be TPI_STORE_MSG_MAX bytes, not
+ * one more: every head the server encodes decodes back, and a longer one
+ * is malformed (the client then drops the connection). */
+static void test_tcp_store_reply_head_bounds(void **state) {
+    (void)state;
+    uint8_t head[TPI_STORE_REPLY_HEAD_LEN];
+    tp_status st = TP_EIO;
+    uint8_t aux = 0;
+    uint32_t len = 0;
+    const uint32_t lens[] = {0, 1, TPI_STORE_MSG_MAX - 1, TPI_STORE_MSG_MAX};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        tpi_store_reply_head_encode(head, TP_ENOENT, 7, lens[i]);
+        assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), 0);
+        assert_int_equal(st, TP_ENOENT);
+        assert_int_equal(aux, 7);
+        assert_int_equal(len, lens[i]);
+    }
+    for (uint32_t extra = 0; extra <= 1; extra++) { /* the lengths written by hand */
+        tpi_store_reply_head_encode(head, TP_OK, 0, 0);
+        tpi_tcp_put_u32(head, 8 + TPI_STORE_MSG_MAX + extra);
+        tpi_tcp_put_u32(head + 8, TPI_STORE_MSG_MAX + extra);
+        assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), extra ? -1 : 0);
+    }
+}
+
 /* spec: TCP-10, STORE-1: the server's decoder takes a key of 1 to
  * TP_STORE_KEY_LEN_MAX bytes within the request's body, and refuses any
  * other key length from the 8 bytes of the header, before the body is
@@ -2222,6 +2247,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
         cmocka_unit_test(test_tcp_store_request_key_bounds),
+        cmocka_unit_test(test_tcp_store_reply_head_bounds),
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
         cmocka_unit_test(test_tcp_sock_connect_failures),
