@@ -478,6 +478,50 @@ def test_lent_array_comes_back_while_its_call_runs(tmp_path):
     assert out == ["released while the call runs: True False", "4194304"] * 2
 
 
+def test_lent_arrays_share_one_pending_call(tmp_path):
+    """Lent arrays come back through one pending call at a time: the
+    interpreter's queue of pending calls holds about 31, and a library that
+    queued one per returned array would fill it for everyone else in the
+    process. Here the main thread sleeps (pending calls wait for it) while
+    another thread sends 64 lent arrays; the queue must still take a call of
+    the program's own. On the stream and through shared memory."""
+    out = run(tmp_path, """
+        import ctypes, threading
+        import numpy as np
+
+        PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+        ran = []
+        mine = PENDING(lambda _: ran.append(1) or 0)
+        add_pending = ctypes.pythonapi.Py_AddPendingCall
+        add_pending.argtypes, add_pending.restype = [PENDING, ctypes.c_void_p], ctypes.c_int
+
+        def nbytes(a):
+            return a.nbytes
+
+        def sender(result):
+            arrays = [np.ones(1 << 15, dtype=np.float32) for _ in range(64)]  # 128 KiB: lent
+            futs = [rpc.rpc_async("worker1", nbytes, args=(a,)) for a in arrays]
+            result.append(sum(f.wait() for f in futs))
+            time.sleep(0.2)  # every array's frame is out: each was handed back
+            result.append(add_pending(mine, None))
+
+        for shm in ("off", "on"):
+            rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+                backend_options={"shm": shm}))
+            if rank == 0:
+                result = []
+                t = threading.Thread(target=sender, args=(result,))
+                t.start()
+                time.sleep(3)  # no bytecode here: the queued pending calls wait
+                t.join()
+                time.sleep(0.05)
+                print("shm", shm, result, "ran" if ran else "not run")
+                ran.clear()
+            rpc.shutdown()
+    """)
+    assert out == ["shm off [8388608, 0] ran", "shm on [8388608, 0] ran"], out
+
+
 def test_new_method_and_method_values(tmp_path):
     """Methods see arrays and rrefs as functions do, may answer later, and
     new_method adds one a class does not define."""
