@@ -825,13 +825,15 @@ static void test_shm_answer_held_past_its_connection(void **state) {
     tt_job_free(&job);
 }
 
-/* Lines of /proc/self/maps: one per mapping of this process. */
-static size_t maps_lines(void) {
+/* Mappings of slab memfds in this process (the frame cache and malloc
+ * map and keep other memory as they like, so only these are counted). */
+static size_t slab_maps(void) {
     FILE *f = fopen("/proc/self/maps", "r");
     assert_non_null(f);
     size_t n = 0;
-    for (int ch; (ch = fgetc(f)) != EOF;)
-        n += ch == '\n';
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, "memfd:tensorplay-shm") != NULL;
     fclose(f);
     return n;
 }
@@ -847,9 +849,9 @@ static void test_shm_receiver_unmaps_a_slab_when_done(void **state) {
     uint32_t v[3];
     pack_for_worker_1(&a, peers, 2, 5000, v);
     char err[TP_ERRMSG_LEN_MAX];
-    size_t before = maps_lines();
+    size_t before = slab_maps();
     int got = read_slab_as(v, 0, 1, err, sizeof err);
-    size_t after = maps_lines();
+    size_t after = slab_maps();
     tpi_shm_tx_free(peers[1].shm_tx);
     if (got < 0) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
@@ -914,19 +916,6 @@ static void test_shm_frame_may_end_at_the_slab_end(void **state) {
     }
     munmap(m, cap);
     tpi_shm_tx_free(peers[1].shm_tx);
-}
-
-/* Mappings of slab memfds in this process (the frame cache and malloc
- * map and keep other memory as they like, so only these are counted). */
-static size_t slab_maps(void) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    assert_non_null(f);
-    size_t n = 0;
-    char line[512];
-    while (fgets(line, sizeof line, f))
-        n += strstr(line, "memfd:tensorplay-shm") != NULL;
-    fclose(f);
-    return n;
 }
 
 /* spec: TCP-22: the dialer's slabs (a mapping and a memfd each) go when
