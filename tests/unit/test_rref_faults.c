@@ -898,6 +898,56 @@ static void test_callee_without_memory_for_the_job(void **state) {
 }
 
 /*
+ * RREF-15: a delete that cannot even be issued (no memory for its call
+ * record, its frame, or the network's copy of it) is sent again later, as
+ * one that got no answer is. One block class after another fails while w0
+ * releases its confirmed rref to an object on w1: whichever allocation that
+ * stops, the owner frees the value within SETTLE_S and every shutdown is
+ * clean. (Dropped instead, the delete never reaches w1: the value leaks.)
+ */
+static size_t release_oom_class;
+static unsigned release_oom_failed; /* allocations that failed in the release */
+static int release_oom_destroyed;   /* the owner freed the object by SETTLE_S */
+
+static int release_oom_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = confirmed_object();
+        tpi_blocks_trim(); /* every small block comes from malloc now */
+        unsigned before = atomic_load(&malloc_failed);
+        atomic_store(&malloc_fail_size, release_oom_class);
+        tp_rref_release(r); /* sends the delete from here: no other worker runs */
+        atomic_store(&malloc_fail_size, 0);
+        release_oom_failed = atomic_load(&malloc_failed) - before;
+        CHECK(tp_sleep(SETTLE_S) == TP_OK);
+        release_oom_destroyed = destroyed;
+    }
+    CHECK(tp_sleep(rank == 0 ? 0.0 : SETTLE_S + 1.0) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_delete_without_memory_sent_again(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    unsigned classes_hit = 0;
+    for (size_t size = 64; size <= 4096; size *= 2) {
+        release_oom_class = size;
+        release_oom_failed = 0;
+        release_oom_destroyed = -1;
+        run_plan_with("", release_oom_program);
+        print_message("class %zu: %u allocations failed, object freed: %d\n", size,
+                      release_oom_failed, release_oom_destroyed);
+        assert_int_equal(release_oom_destroyed, 1);
+        classes_hit += release_oom_failed > 0;
+    }
+    assert_true(classes_hit >= 2); /* the call record's class and the frame's */
+}
+
+/*
  * RREF-21: on a network that reorders, an owner remembers the ids of other
  * creators' values it freed (the last TPI_FREED_MAX), to refuse a fetch or
  * fork held back behind the delete. Its own values are not remembered
@@ -1305,6 +1355,7 @@ int main(void) {
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
         cmocka_unit_test_setup(test_callee_without_memory_for_the_job, reset_failures),
+        cmocka_unit_test_setup(test_rref_delete_without_memory_sent_again, reset_failures),
         cmocka_unit_test_setup(test_rref_freed_ids_of_others_outlast_own_values, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answer_for_a_released_fork, reset_failures),
