@@ -470,7 +470,6 @@ static int conn_write_record(tpi_tcp_conn *c, const uint8_t *rec, int close_afte
         if (!f)
             return c->tx_failed ? UV_EIO : UV_ENOMEM;
         memcpy(tp_frame_bytes(f), rec, TPI_TCP_RECORD_SIZE);
-        f->next = NULL;
         tx_enqueue(c, f);
         c->tx_close_after |= close_after;
         tx_pump(c);
@@ -488,7 +487,6 @@ static int conn_write_records(tpi_tcp_conn *c, const uint8_t *recs, size_t n) {
     if (!f)
         return UV_ENOMEM;
     memcpy(tp_frame_bytes(f), recs, n * TPI_TCP_RECORD_SIZE);
-    f->next = NULL;
     uv_buf_t b = uv_buf_init((char *)tp_frame_bytes(f), (unsigned)f->len);
     return conn_write_bufs(c, &b, 1, f, -1, 0);
 }

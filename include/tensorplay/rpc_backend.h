@@ -60,8 +60,8 @@ struct tp_frame {
 
 /*
  * A frame with one writable contiguous segment of len bytes (header
- * included), freed by tp_frame_free. NULL on exhaustion. Backends allocate
- * received frames with it.
+ * included, contents undefined) and next NULL, freed by tp_frame_free. NULL
+ * on exhaustion. Backends allocate received frames with it.
  */
 tp_frame *tp_frame_alloc(size_t len);
 /*

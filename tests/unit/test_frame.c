@@ -62,6 +62,7 @@ static tp_frame *alloc_ok(size_t len) {
     assert_int_equal(f->seg[0].len, len);
     assert_ptr_equal(f->seg[0].base, tp_frame_bytes(f));
     assert_true(tpi_frame_owns_bytes(f));
+    assert_null(f->next); /* rpc_backend.h: new or reused, next is NULL */
     return f;
 }
 
