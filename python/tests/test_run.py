@@ -456,6 +456,22 @@ def test_free_port_draws_below_the_ephemeral_range_when_it_has_room(monkeypatch)
         assert launcher.free_port("127.0.0.1") >= kernel_low
 
 
+
+def test_ephemeral_low_without_proc_is_linuxs_default(monkeypatch):
+    """_ephemeral_low reads the kernel's range; where /proc cannot be read
+    or parsed it assumes Linux's default range's start, 32768 (below it
+    free_port's draws stay out of the default range)."""
+    from tensorplay.distributed import run as launcher
+    import io
+    assert launcher._ephemeral_low() == _ephemeral_low()
+
+    def unreadable(path, *a, **k):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(launcher, "open", unreadable, raising=False)
+    assert launcher._ephemeral_low() == 32768
+    monkeypatch.setattr(launcher, "open", lambda *a, **k: io.StringIO("junk"), raising=False)
+    assert launcher._ephemeral_low() == 32768
+
 # Every rank calls every other one and says who answered (rank, node); no
 # secret on any process's command line.
 NODES_SCRIPT = """
