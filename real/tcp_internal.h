@@ -630,7 +630,9 @@ void tpi_tcp_direct_stop_locked(tpi_tcp_agent *a, tpi_tcp_peer *p);
 int tpi_tcp_split_hostport(const char *s, char *host, size_t host_len, char *port, size_t port_len);
 /* A decimal port 0..65535 (allow_zero) or 1..65535; 0 on success. */
 int tpi_tcp_parse_port(const char *s, int allow_zero, uint16_t *port);
-/* Resolves host and a numeric port to the first address getaddrinfo gives. */
+/* Resolves host and a numeric port to the first address getaddrinfo gives:
+ * *sa_len bytes of it in *sa, and the rest of *sa zeroed (a whole
+ * sockaddr_storage is copied and handed on; no stale byte travels with it). */
 tp_status tpi_tcp_resolve(const char *host, uint16_t port, struct sockaddr_storage *sa,
                           socklen_t *sa_len, char *errmsg, size_t errmsg_len);
 /* The address this host uses to reach host (the route's source: a datagram

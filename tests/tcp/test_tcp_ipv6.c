@@ -225,6 +225,33 @@ static void test_ipv6_bracketed_hosts(void **state) {
     run_v6_job(&cfg);
 }
 
+/* ---- Resolving ------------------------------------------------------------------------ */
+
+/* tpi_tcp_resolve fills the address's own bytes and zeroes the rest of the
+ * sockaddr_storage, whatever it held before (tcp_internal.h). */
+static void test_resolve_zeroes_past_the_address(void **state) {
+    (void)state;
+    static const struct {
+        const char *host;
+        int family;
+        socklen_t len;
+    } cases[] = {{"127.0.0.1", AF_INET, sizeof(struct sockaddr_in)},
+                 {"::1", AF_INET6, sizeof(struct sockaddr_in6)}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct sockaddr_storage sa;
+        memset(&sa, 0xaa, sizeof sa);
+        socklen_t len = 0;
+        char err[TP_ERRMSG_LEN_MAX];
+        assert_int_equal(tpi_tcp_resolve(cases[i].host, 4242, &sa, &len, err, sizeof err), TP_OK);
+        assert_int_equal(sa.ss_family, cases[i].family);
+        assert_int_equal(len, cases[i].len);
+        const unsigned char *b = (const unsigned char *)&sa;
+        for (size_t k = len; k < sizeof sa; k++)
+            if (b[k] != 0)
+                fail_msg("%s: byte %zu past the address is 0x%02x", cases[i].host, k, b[k]);
+    }
+}
+
 /* ---- Init errors at IPv6 addresses --------------------------------------------------- */
 
 static int holder_fd = -1;
@@ -344,9 +371,12 @@ int main(void) {
     }
     close(fd);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ipv6_tcp_init_method),    cmocka_unit_test(test_ipv6_env_init_method),
-        cmocka_unit_test(test_ipv6_bracketed_hosts),    cmocka_unit_test(test_ipv6_init_errors),
+        cmocka_unit_test(test_ipv6_tcp_init_method),
+        cmocka_unit_test(test_ipv6_env_init_method),
+        cmocka_unit_test(test_ipv6_bracketed_hosts),
+        cmocka_unit_test(test_ipv6_init_errors),
         cmocka_unit_test(test_ipv6_peer_address_named),
+        cmocka_unit_test(test_resolve_zeroes_past_the_address),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
