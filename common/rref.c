@@ -1111,12 +1111,14 @@ static void forks_query_send(tp_core *c, uint32_t peer, uint32_t attempt) {
                      TP_OK;
     if (n)
         free(os);
-    tp_value *args = ok && tp_list_len(entries) > 0 ? tp_value_list_of(1, entries) : NULL;
+    int asking = ok && tp_list_len(entries) > 0;
+    /* tp_value_list_of takes entries, even when it fails: not freed again here. */
+    tp_value *args = asking ? tp_value_list_of(1, entries) : NULL;
     if (!args) {
-        if (!ok || tp_list_len(entries) > 0)
+        if (!ok || asking)
             tpi_log(TP_LOG_WARN, "worker '%s': out of memory asking worker %u for its forks",
                     c->self.name, peer);
-        if (entries && !args)
+        if (!asking)
             tpi_defer_free(c, entries);
         return;
     }

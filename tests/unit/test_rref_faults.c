@@ -481,6 +481,58 @@ static int forks_query_program(int rank, int world_size, void *arg) {
     return 0;
 }
 
+/*
+ * RREF-19 without memory: the k-th calloc after the break fails, for k in
+ * turn. The first QUERY_OOM_CALLOCS callocs after the break build w1's
+ * query about w0's fork (the entries list, the entry's values, then the
+ * arguments' list, which takes the entries even when it fails: they were
+ * freed a second time, "double free or corruption"). Each failure leaves
+ * the query unsent, w1 says so (warn, naming the peer), and the run still
+ * ends cleanly: w0's delete frees the value. (Later callocs are the
+ * simulator's own, which asserts on exhaustion.)
+ */
+#define QUERY_OOM_CALLOCS 8
+static unsigned query_oom_k;
+static int query_oom_warned;
+
+static void query_oom_log(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (level == TP_LOG_WARN && strstr(msg, "out of memory asking worker"))
+        query_oom_warned++;
+}
+
+static int query_oom_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = confirmed_object(); /* w1 records w0's fork */
+        sleep_until(QUERY_BREAK_S - 0.01);
+        calloc_countdown = query_oom_k; /* one thread runs every worker */
+        sleep_until(QUERY_BREAK_S + 0.2);
+        calloc_countdown = 0;
+        tp_rref_release(r);
+    }
+    sleep_until(QUERY_BREAK_S + 1.0 + SETTLE_S);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_forks_query_without_memory_says_so(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    tp_set_log_callback(query_oom_log, NULL);
+    for (query_oom_k = 1; query_oom_k <= QUERY_OOM_CALLOCS; query_oom_k++) {
+        query_oom_warned = 0;
+        run_plan_with(QUERY_PLAN, query_oom_program);
+        print_message("calloc %u after the break fails: %d warning(s)\n", query_oom_k,
+                      query_oom_warned);
+        assert_int_equal(query_oom_warned, 1);
+    }
+    tp_set_log_callback(NULL, NULL);
+}
+
 static void test_rref_forks_query_once_per_break(void **state) {
     (void)state;
     break_msgs = quiet_msgs = 0;
@@ -1349,6 +1401,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_user, reset_failures),
         cmocka_unit_test_setup(test_rref_lost_carrying_frame_from_owner, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_query_once_per_break, reset_failures),
+        cmocka_unit_test_setup(test_rref_forks_query_without_memory_says_so, reset_failures),
         cmocka_unit_test_setup(test_rref_fork_in_transit_not_asked_about, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_query_again_waits_afresh, reset_failures),
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
