@@ -1426,6 +1426,60 @@ static void test_tcp_unreachable_host_is_not_silence(void **state) {
     tt_job_free(&job);
 }
 
+enum { F_DOWN_SEEN = 12, C_DOWN_ST = 1, C_DOWN_MS = 2, C_DOWN_NAMED = 3 };
+
+static int body_unreachable_down(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 120, 60);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK &&
+             tp_options_set(o, "peer_down_timeout", "1") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        int64_t v = 0;
+        int port = open_to_worker1(job);
+        TT_CHECK(port > 0);
+        atomic_store(&thr_unreach, 1);
+        atomic_store(&thr_port, port);
+        (void)tt_call_add(tp_to_rank(1), 2, 3, 10, &v); /* the open connection fails: TP_EIO */
+        /* Now a call to dial for: every dial fails (EHOSTUNREACH), which
+         * is silence; 1 s of it declares worker 1 down (TCP-25). */
+        uint64_t t0 = tt_now_ns();
+        tp_status st = tt_call_add(tp_to_rank(1), 2, 3, 20, &v);
+        atomic_store(&sh->count[C_DOWN_MS], (int)((tt_now_ns() - t0) / 1000000u));
+        atomic_store(&sh->count[C_DOWN_ST], (int)st);
+        atomic_store(&sh->count[C_DOWN_NAMED], strstr(tp_errmsg(), "peer_down_timeout") != NULL);
+        if (st != TP_EPEERDOWN)
+            fprintf(stderr, "worker 0: the call to a silent worker 1: %s\n", tp_errmsg());
+        atomic_store(&thr_port, 0);
+        atomic_store(&thr_unreach, 0);
+        atomic_store(&sh->flag[F_DOWN_SEEN], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_DOWN_SEEN, 1, 60) == 0);
+    (void)tp_shutdown(0); /* worker 0 took worker 1 for dead: no job-wide shutdown */
+    return 0;
+}
+
+/* spec: TCP-25. Worker 0 has a call for worker 1 while every dial to it
+ * fails (EHOSTUNREACH): worker 1 is silent, and with peer_down_timeout 1 s
+ * it is declared down after that second and a dial tick or two, not at the
+ * call's own 20 s timeout; the call fails TP_EPEERDOWN naming the option.
+ * (The counterpart of test_tcp_unreachable_host_is_not_silence, where
+ * nothing is sent and nobody is declared.) */
+static void test_tcp_silent_host_declared_after_peer_down_timeout(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_unreachable_down, NULL), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    tt_shared *sh = job.shared;
+    int ms = atomic_load(&sh->count[C_DOWN_MS]);
+    print_message("worker 1 declared down after %d ms\n", ms);
+    assert_int_equal(atomic_load(&sh->count[C_DOWN_ST]), TP_EPEERDOWN);
+    assert_int_equal(atomic_load(&sh->count[C_DOWN_NAMED]), 1);
+    assert_true(ms >= 500 && ms < 8000); /* its silence began at the failed call, just before */
+    tt_job_free(&job);
+}
+
 /* ---- An impostor at a worker's address (TCP-3) --------------------------------------- */
 
 enum { C_IMPOSTOR_NAMED = 5 };
@@ -1526,6 +1580,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_uncongested_at_half_the_bound),
         cmocka_unit_test(test_tcp_congested_connection_fails),
         cmocka_unit_test(test_tcp_unreachable_host_is_not_silence),
+        cmocka_unit_test(test_tcp_silent_host_declared_after_peer_down_timeout),
         cmocka_unit_test(test_tcp_impostor_acceptor_is_named),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
