@@ -1373,19 +1373,29 @@ static void test_tcp_congested_connection_fails(void **state) {
 
 enum { F_HEALED = 11, C_UNREACH_FAILED = 14, C_UNREACH_AFTER = 15 };
 
-static int body_unreachable(tt_job *job, int rank) {
-    tt_shared *sh = job->shared;
+/* Joins with peer_down_timeout 1 s and the stream only; rank 0 then opens
+ * its connection to worker 1 and makes worker 1's host unreachable (writes
+ * and dials fail with EHOSTUNREACH). 0, or nonzero when that failed. */
+static int join_then_cut_worker1(tt_job *job, int rank) {
     tp_options *o = tt_options(job, 120, 60);
     TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK &&
              tp_options_set(o, "peer_down_timeout", "1") == TP_OK);
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
-        int64_t v = 0;
         int port = open_to_worker1(job);
         TT_CHECK(port > 0);
         atomic_store(&thr_unreach, 1);
         atomic_store(&thr_port, port);
+    }
+    return 0;
+}
+
+static int body_unreachable(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    TT_CHECK(join_then_cut_worker1(job, rank) == 0);
+    if (rank == 0) {
+        int64_t v = 0;
         /* The open connection fails under this call: an unreachable host
          * says nothing about the worker there (TCP-6). */
         tp_status st = tt_call_add(tp_to_rank(1), 2, 3, 10, &v);
@@ -1430,17 +1440,9 @@ enum { F_DOWN_SEEN = 12, C_DOWN_ST = 1, C_DOWN_MS = 2, C_DOWN_NAMED = 3 };
 
 static int body_unreachable_down(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
-    tp_options *o = tt_options(job, 120, 60);
-    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK &&
-             tp_options_set(o, "peer_down_timeout", "1") == TP_OK);
-    TT_CHECK(tt_init(job, rank, o) == 0);
-    tp_options_free(o);
+    TT_CHECK(join_then_cut_worker1(job, rank) == 0);
     if (rank == 0) {
         int64_t v = 0;
-        int port = open_to_worker1(job);
-        TT_CHECK(port > 0);
-        atomic_store(&thr_unreach, 1);
-        atomic_store(&thr_port, port);
         (void)tt_call_add(tp_to_rank(1), 2, 3, 10, &v); /* the open connection fails: TP_EIO */
         /* Now a call to dial for: every dial fails (EHOSTUNREACH), which
          * is silence; 1 s of it declares worker 1 down (TCP-25). */
