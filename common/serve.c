@@ -932,8 +932,8 @@ static tpi_job *runq_pop(tp_core *c) {
 }
 
 /* Takes j out of its source's queue (lock held); 0 when a token took it already. */
-static int runq_unlink(tp_core *c, tpi_job *j) {
-    tpi_runq *q = &tpi_peer_must(c, j->src)->runq;
+static int runq_unlink(tp_core *c, uint32_t src, tpi_job *j) {
+    tpi_runq *q = &tpi_peer_must(c, src)->runq;
     tpi_job *prev = NULL;
     for (tpi_job *k = q->head; k; prev = k, k = k->next) {
         if (k != j)
@@ -947,7 +947,7 @@ static int runq_unlink(tp_core *c, tpi_job *j) {
         q->njobs--;
         TPI_ASSERT(!q->head == !q->njobs);
         if (!q->head && q->in_round)
-            round_remove(c, j->src);
+            round_remove(c, src);
         j->next = NULL;
         return 1;
     }
@@ -998,7 +998,7 @@ void tpi_serve_teardown(tp_core *c) {
 static void token_run(tp_work *w);
 static tpi_token *token_new(tp_core *c);
 static void submit_locked(tp_core *c, tpi_job *j, uint64_t id);
-static void submit_execute(tp_core *c, tpi_job *j, tpi_token *t, uint64_t id);
+static void submit_execute(tp_core *c, tpi_job *j, uint32_t src, tpi_token *t, uint64_t id);
 
 void tpi_serve_uncongested(tp_core *c, uint32_t dst) {
     tpi_lock(c);
@@ -1064,7 +1064,7 @@ static int queue_job(tp_core *c, tpi_job *j) {
             return 1;
         tpi_block_free(t, sizeof *t);
     }
-    if (runq_unlink(c, j))
+    if (runq_unlink(c, j->src, j))
         job_discard(c, j);
     return 0;
 }
@@ -1248,7 +1248,7 @@ static void admit_request(tp_core *c, uint32_t src, tp_frame *f) {
     tpi_peer_must(c, src)->undecoded++; /* made by flow_admit */
     submit_locked(c, j, id);
     tpi_unlock(c);
-    submit_execute(c, j, t, id);
+    submit_execute(c, j, src, t, id);
 }
 
 void tpi_on_request(tp_core *c, uint32_t src, tp_frame *f) {
@@ -1357,15 +1357,17 @@ static void submit(tp_core *c, tpi_job *j, uint64_t id) {
     tpi_token *t = token_new(c);
     tpi_lock(c);
     submit_locked(c, j, id);
+    uint32_t src = j->src;
     tpi_unlock(c);
-    submit_execute(c, j, t, id);
+    submit_execute(c, j, src, t, id);
 }
 
-/* Hands the token for queued job j to the pool (no lock held: the pool
- * thread this wakes takes the lock first thing); a token the pool refuses,
- * or none (NULL: no memory), takes j back out and answers id. */
-static void submit_execute(tp_core *c, tpi_job *j, tpi_token *t, uint64_t id) {
-    uint32_t src = j->src;
+/* Hands the token for queued job j, from src, to the pool (no lock held:
+ * the pool thread this wakes takes the lock first thing); a token the pool
+ * refuses, or none (NULL: no memory), takes j back out and answers id.
+ * Once the lock was let go, any token's thread may have run j and freed its
+ * block: j is not read here unless runq_unlink finds it still queued. */
+static void submit_execute(tp_core *c, tpi_job *j, uint32_t src, tpi_token *t, uint64_t id) {
     tp_status st = t ? c->ops->execute(c->agent, &t->work) : TP_ENOMEM;
     if (st == TP_OK)
         return;
@@ -1379,7 +1381,7 @@ static void submit_execute(tp_core *c, tpi_job *j, tpi_token *t, uint64_t id) {
     tpi_lock(c);
     /* Another token may have taken j (then the job left without one waits
      * for tpi_serve_teardown); else j never runs. */
-    int mine = runq_unlink(c, j);
+    int mine = runq_unlink(c, src, j);
     if (mine) {
         flow_release(c, j);
         served_end(c, &j->sv); /* no cancel can come in between: this is the I/O context */
