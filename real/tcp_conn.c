@@ -365,7 +365,7 @@ static void wait_remove(tpi_tcp_conn *c);
 static void shm_end(tpi_tcp_conn *c) {
     tpi_tcp_agent *a = c->a;
     if (c->shm_probe >= 0) {
-        close(c->shm_probe);
+        tpi_shm_close_untracked(c->shm_probe);
         c->shm_probe = -1;
     }
     if (c->shm == SHM_ACTIVE) {
@@ -1217,7 +1217,7 @@ static void shm_offer(tpi_tcp_conn *c) {
         return;
     }
     if (conn_write_records(c, rec, 1) != 0) {
-        close(c->shm_probe);
+        tpi_shm_close_untracked(c->shm_probe);
         c->shm_probe = -1;
         return;
     }
@@ -1243,7 +1243,7 @@ static void shm_on_offer(tpi_tcp_conn *c, const uint32_t v[3]) {
 /* The outgoing connection's ANSWER: large frames go through slabs from now. */
 static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes) {
     tpi_tcp_agent *a = c->a;
-    close(c->shm_probe);
+    tpi_shm_close_untracked(c->shm_probe);
     c->shm_probe = -1;
     if (!yes) {
         c->shm = SHM_NONE;

@@ -354,8 +354,12 @@ uint64_t tpi_shm_slab_size(uint64_t frame_len);
  * is off with encrypt=on). */
 tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
                         size_t errmsg_len);
-/* Dialer: a fresh probe (*probe_fd, closed by the caller once answered) and
- * the OFFER record; 0 or -1. */
+/* close(fd) for the descriptors shared memory makes with system calls
+ * ThreadSanitizer does not see (memfd_create, pidfd_*): the probe, slabs and
+ * pidfds all close through it (tests/tsan.supp says why). */
+void tpi_shm_close_untracked(int fd);
+/* Dialer: a fresh probe (*probe_fd, closed by the caller with
+ * tpi_shm_close_untracked once answered) and the OFFER record; 0 or -1. */
 int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
                   uint8_t rec[TPI_TCP_RECORD_SIZE]);
 /* Acceptor: checks an OFFER's probe (v: its fields) from peer; the side of

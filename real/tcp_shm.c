@@ -89,7 +89,7 @@ int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
     put32(probe + 20, (uint32_t)getpid());
     memcpy(probe + 24, nonce, sizeof nonce);
     if (pwrite(fd, probe, sizeof probe, 0) != (ssize_t)sizeof probe) { /* a fresh memfd */
-        close(fd);
+        tpi_shm_close_untracked(fd);
         return -1;
     }
     *probe_fd = fd;
@@ -135,12 +135,13 @@ static void map_unref_locked(rx_map *m) {
     free(m);
 }
 
-/* Closes a descriptor made by pidfd_open or pidfd_getfd: raw system calls
- * ThreadSanitizer does not intercept, so to it the number still names what
- * another thread last closed under it, and this close reads as a race with
- * that descriptor's last use (tests/tsan.supp names this function; the
- * kernel orders the two). Never inlined: the name must be in the stack. */
-__attribute__((noinline)) static void close_untracked(int fd) {
+/* Closes a descriptor made by memfd_create, pidfd_open or pidfd_getfd:
+ * calls ThreadSanitizer does not intercept (nor libuv's raw close of its
+ * sockets), so to it the number still names what another thread last
+ * closed under it, and this close reads as a race with that descriptor's
+ * last use (tests/tsan.supp names this function; the kernel orders the
+ * two). Never inlined: the name must be in the stack. */
+__attribute__((noinline)) void tpi_shm_close_untracked(int fd) {
     close(fd);
 }
 
@@ -152,7 +153,7 @@ void tpi_shm_rx_unref(tpi_shm_rx *rx) {
         return;
     for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
         TPI_ASSERT(!rx->slot[i]); /* dropped by the detach */
-    close_untracked(rx->pidfd);
+    tpi_shm_close_untracked(rx->pidfd);
     pthread_mutex_destroy(&rx->mu);
     free(rx);
 }
@@ -184,7 +185,7 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
                     ? pread(fd, probe, sizeof probe, 0)
                     : -1;
     if (fd >= 0)
-        close_untracked(fd);
+        tpi_shm_close_untracked(fd);
     if (fd >= 0 && (n != (ssize_t)sizeof probe || memcmp(probe, PROBE_MAGIC, 8) != 0 ||
                     get32(probe + 8) != peer || get32(probe + 12) != a->rank ||
                     get32(probe + 16) != a->world_size || get32(probe + 20) != v[0] ||
@@ -194,7 +195,7 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
     if (!rx) {
         if (!*why)
             *why = "out of memory";
-        close_untracked(pidfd);
+        tpi_shm_close_untracked(pidfd);
         return NULL;
     }
     pthread_mutex_init(&rx->mu, NULL);
@@ -277,7 +278,7 @@ static rx_map *rx_map_get(tpi_shm_rx *rx, uint32_t fd, uint32_t slot, uint32_t g
         st.st_size >= TPI_SHM_HEAD + TPI_SHM_ALIGN + TP_FRAME_HEADER_SIZE &&
         (uint64_t)st.st_size <= rx->map_max)
         map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
-    close_untracked(sfd);
+    tpi_shm_close_untracked(sfd);
     m = map == MAP_FAILED ? NULL : malloc(sizeof *m);
     if (!m) {
         if (map != MAP_FAILED)
@@ -410,7 +411,7 @@ static void slab_drop(tpi_shm_tx *tx, int i) {
     slab *s = &tx->s[i];
     TPI_ASSERT(s->fd >= 0);
     munmap(s->map, s->cap);
-    close(s->fd);
+    tpi_shm_close_untracked(s->fd);
     tx->bytes -= s->cap;
     s->fd = -1;
     s->map = NULL;
@@ -427,12 +428,12 @@ static int slab_make(tpi_shm_tx *tx, int i, uint64_t cap) {
         return -1;
     if (ftruncate(fd, (off_t)cap) != 0 || fallocate(fd, 0, 0, (off_t)cap) != 0 ||
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        close(fd);
+        tpi_shm_close_untracked(fd);
         return -1;
     }
     void *map = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
-        close(fd);
+        tpi_shm_close_untracked(fd);
         return -1;
     }
     s->fd = fd;
