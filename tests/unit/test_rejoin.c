@@ -583,6 +583,7 @@ typedef struct lossy_store {
     tp_store *inner;
     int lose_cas;                       /* lose incarnation keys' compare-and-set replies */
     const char *fail_get;               /* a restarted process's get of a key holding this fails */
+    int hide_inc;                       /* the next get of "inc/1" finds nothing (then 0) */
     int lost;                           /* replies lost so far */
     char key[TP_STORE_KEY_LEN_MAX + 1]; /* the incarnation key written last */
 } lossy_store;
@@ -596,6 +597,10 @@ static tp_status lossy_get(tp_store *s, const char *key, void **value, size_t *l
     if (ls->fail_get && tp_sim_incarnation() > 0 && strstr(key, ls->fail_get)) {
         snprintf(s->errmsg, sizeof s->errmsg, "get '%s': a deliberate failure", key);
         return TP_ESTORE;
+    }
+    if (ls->hide_inc && strstr(key, "/inc/1")) {
+        ls->hide_inc = 0; /* read before rank 1's rejoin wrote it */
+        return TP_ENOENT;
     }
     return ls->inner->ops->get(ls->inner, key, value, len);
 }
@@ -776,6 +781,7 @@ static struct {
     tp_status rejoin_st, st[4];
     char msg[4][TP_ERRMSG_LEN_MAX];
     uint64_t began_ns[4], ended_ns[4];
+    lossy_store *store; /* when the test wraps the store */
 } z;
 
 static int program_zombie(int rank, int world, void *arg) {
@@ -799,6 +805,8 @@ static int program_zombie(int rank, int world, void *arg) {
     uint64_t at = sd_ms[rank] * MS;
     if (now_ns() < at)
         CHECK(tp_sleep((double)(at - now_ns()) / 1e9) == TP_OK);
+    if (rank == 1 && z.store)
+        z.store->hide_inc = 1; /* its fence's look comes before the rejoin */
     z.began_ns[rank] = now_ns();
     z.st[rank] = tp_shutdown(1);
     z.ended_ns[rank] = now_ns();
@@ -874,6 +882,56 @@ static void test_rejoin_earlier_incarnation_shuts_down_first(void **state) {
         assert_int_equal(z.st[3], TP_OK);
         check_zombie_fenced();
     }
+}
+
+/*
+ * REJOIN-1's stated gap: the earlier incarnation's fence is a look, then a
+ * write, and a rejoin between the two lets one key through. Here its look
+ * at "inc/1" finds nothing (the store wrapper hides it once), so the old w1
+ * writes "sd/arrive/1" at 300 ms. When the new w1 arrives at 2 s its own
+ * create finds the key taken by another process of its rank: that is not an
+ * error (STORE-12, the rank is counted once), and its shutdown, w0's and
+ * w2's all succeed. The old w1 is fenced off at its next write, the drain's.
+ */
+static void test_rejoin_key_let_through_before_the_fence(void **state) {
+    (void)state;
+    sd_ms[1] = ZOMBIE_SD_MS;
+    sd_ms[0] = sd_ms[2] = 1000;
+    sd_ms[3] = 2000;
+    memset(&z, 0, sizeof z);
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &lossy_ops;
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    z.store = ls;
+    tp_sim_config cfg = {.hosts = 4, .seed = 1, .store = &ls->base};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_zombie, NULL, NULL), TP_OK);
+    for (int h = 0; h < 4; h++)
+        print_message("host %d: shutdown %.3f..%.3f ms: %s %s\n", h, (double)z.began_ns[h] / 1e6,
+                      (double)z.ended_ns[h] / 1e6, tp_status_name(z.st[h]), z.msg[h]);
+    assert_int_equal(failures, 0);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    /* The setting: the rejoin worked, the look was hidden, and the old
+     * process's key (its value has no incarnation) is the one that stands. */
+    assert_int_equal(z.rejoin_st, TP_OK);
+    assert_int_equal(ls->hide_inc, 0);
+    void *v = NULL;
+    size_t len = 0;
+    assert_int_equal(ls->inner->ops->get(ls->inner, "g0/sd/arrive/1", &v, &len), TP_OK);
+    assert_true(len == 1 && memcmp(v, "1", 1) == 0);
+    free(v);
+    /* The check. */
+    for (int h = 0; h < 4; h += 2)
+        assert_int_equal(z.st[h], TP_OK);
+    if (z.st[3] != TP_OK)
+        fail_msg("the new w1's shutdown: %s: %s", tp_status_name(z.st[3]), z.msg[3]);
+    assert_true(z.ended_ns[0] >= z.began_ns[3]);
+    assert_int_equal(z.st[1], TP_EPEERDOWN);
+    assert_non_null(strstr(z.msg[1], "replaced by incarnation 1"));
+    lossy_close(&ls->base);
 }
 
 /* ---- A stale rref that reaches a third worker after the restart (RREF-20) ------ */
@@ -1049,6 +1107,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_store_failure_in_the_gather, reset_failures),
         cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once, reset_failures),
         cmocka_unit_test_setup(test_rejoin_earlier_incarnation_shuts_down_first, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_key_let_through_before_the_fence, reset_failures),
         cmocka_unit_test_setup(test_rejoin_stale_rref_at_a_third_worker_accepted, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -526,6 +526,7 @@ static struct {
     int false_dead_host;               /* -1, or a host that sees a false "dead/<rank>" key, */
     int false_dead_rank;               /* from its round-0 value's write to its round-1 one's */
     int false_dead_on, false_dead_seen; /* the window is open; scans that reported it */
+    int false_dead_barrier; /* the window is the barrier instead: open until round 0's write */
     int mem_inner;                      /* the in-memory store (scan and add: STORE-12's count) */
     int garble_sums;                    /* every drain round's sums read back as "zz" */
     unsigned arrive_scans[WATCH_RANKS]; /* scans of "sd/arrive/", by host */
@@ -568,7 +569,7 @@ static void watch_written(const char *key, const void *value, size_t len) {
         if (round + 1 > watch.rounds)
             watch.rounds = round + 1;
         if ((int)r == watch.false_dead_host && round <= 1)
-            watch.false_dead_on = round == 0;
+            watch.false_dead_on = !watch.false_dead_barrier && round == 0;
         if ((int)r == watch.hold_rank && (watch.hold_round < 0 || (int)round == watch.hold_round))
             (void)tp_sim_sleep(watch.hold_s); /* this worker's store is slow, this once */
     }
@@ -1027,6 +1028,53 @@ static void test_shutdown_round_behind_stops_at_done(void **state) {
 }
 
 /*
+ * SHUTDOWN-3/5: a death the barrier saw is the shutdown's outcome even when
+ * the drain then ends cleanly. w1 arrives first and, in the barrier, reads a
+ * false "dead/0" (as a worker under load on TCP can be judged gone): the
+ * barrier ends at once with TP_EPEERDOWN. w0, alive, arrives 200 ms later,
+ * the false key is gone from w1's next look, and the drain's rounds complete
+ * for both. w1's shutdown still returns the barrier's TP_EPEERDOWN, with the
+ * barrier's message naming w0, not an empty one.
+ */
+static tp_status barrier_dead_status[2];
+static char barrier_dead_msg[2][TP_ERRMSG_LEN_MAX];
+
+static int barrier_dead_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 0)
+        CHECK(tp_sleep(0.2) == TP_OK);
+    barrier_dead_status[rank] = tp_shutdown(1);
+    snprintf(barrier_dead_msg[rank], sizeof barrier_dead_msg[rank], "%s", tp_errmsg());
+    return 0;
+}
+
+static void test_shutdown_barrier_death_outlives_a_clean_drain(void **state) {
+    (void)state;
+    watch_reset();
+    watch.false_dead_host = 1;
+    watch.false_dead_rank = 0;
+    watch.false_dead_barrier = 1;
+    watch.false_dead_on = 1;
+    int codes[2] = {-9, -9};
+    run_watched(24, barrier_dead_program, codes);
+    for (int r = 0; r < 2; r++)
+        print_message("w%d: %s: %s\n", r, tp_status_name(barrier_dead_status[r]),
+                      barrier_dead_msg[r]);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    /* The setting: w1 saw the false key, and both went through the drain. */
+    assert_true(watch.false_dead_seen > 0);
+    assert_true(watch.rounds >= 2);
+    assert_int_equal(barrier_dead_status[0], TP_OK);
+    /* The check. */
+    assert_int_equal(barrier_dead_status[1], TP_EPEERDOWN);
+    assert_non_null(strstr(barrier_dead_msg[1], "shutdown barrier"));
+    assert_non_null(strstr(barrier_dead_msg[1], "'w0'"));
+}
+
+/*
  * The drain's flush without memory: w0's calls to five peers timed out (each
  * peer is left to flush, SHUTDOWN-5), and one of the flush's two arrays (its
  * futures, of pointers, or its peers, of u32) cannot be had. Shutdown says so
@@ -1255,6 +1303,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_reads_the_count_while_waiting, reset_failures),
         cmocka_unit_test_setup(test_shutdown_round_behind_stops_at_done, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_barrier_death_outlives_a_clean_drain, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_flush_without_memory, reset_failures),
         cmocka_unit_test_setup(test_shutdown_flush_pings_the_peers_it_counted, reset_failures),
         cmocka_unit_test_setup(test_shutdown_flush_waits_for_every_ping, reset_failures),
