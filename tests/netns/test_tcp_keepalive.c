@@ -105,7 +105,8 @@ static uint16_t sock_port(int fd, int peer) {
 }
 
 /* Every connected TCP socket of this process: a worker connection (neither
- * end the store's port) must carry the options 7 s, 3 s, 4 probes, 25 s;
+ * end the store's port) must carry the options 7 s, 3 s, 4 probes, 25 s,
+ * and TCP_NODELAY (a small reply must not wait for the ack of the last);
  * a store connection keepalive at least. */
 static void check_sockets(tt_shared *sh, uint16_t store_port) {
     DIR *d = opendir("/proc/self/fd");
@@ -132,13 +133,15 @@ static void check_sockets(tt_shared *sh, uint16_t store_port) {
             sock_int(fd, IPPROTO_TCP, TCP_KEEPIDLE) != 7 ||
             sock_int(fd, IPPROTO_TCP, TCP_KEEPINTVL) != 3 ||
             sock_int(fd, IPPROTO_TCP, TCP_KEEPCNT) != 4 ||
-            sock_int(fd, IPPROTO_TCP, TCP_USER_TIMEOUT) != 25000) {
-            fprintf(stderr, "fd %d (%u -> %u): keepalive %d idle %d intvl %d cnt %d user %d\n", fd,
-                    lport, pport, sock_int(fd, SOL_SOCKET, SO_KEEPALIVE),
-                    sock_int(fd, IPPROTO_TCP, TCP_KEEPIDLE),
-                    sock_int(fd, IPPROTO_TCP, TCP_KEEPINTVL),
-                    sock_int(fd, IPPROTO_TCP, TCP_KEEPCNT),
-                    sock_int(fd, IPPROTO_TCP, TCP_USER_TIMEOUT));
+            sock_int(fd, IPPROTO_TCP, TCP_USER_TIMEOUT) != 25000 ||
+            sock_int(fd, IPPROTO_TCP, TCP_NODELAY) != 1) {
+            fprintf(
+                stderr,
+                "fd %d (%u -> %u): keepalive %d idle %d intvl %d cnt %d user %d nodelay %d\n", fd,
+                lport, pport, sock_int(fd, SOL_SOCKET, SO_KEEPALIVE),
+                sock_int(fd, IPPROTO_TCP, TCP_KEEPIDLE), sock_int(fd, IPPROTO_TCP, TCP_KEEPINTVL),
+                sock_int(fd, IPPROTO_TCP, TCP_KEEPCNT), sock_int(fd, IPPROTO_TCP, TCP_USER_TIMEOUT),
+                sock_int(fd, IPPROTO_TCP, TCP_NODELAY));
             atomic_fetch_add(&sh->count[C_WRONG], 1);
         }
     }
@@ -169,7 +172,8 @@ static int body_applied(tt_job *job, int rank) {
 }
 
 /* spec: TCP-23: the options reach the sockets of both ends of every worker
- * connection (set on the socket, not left to libuv's keepalive defaults). */
+ * connection (set on the socket, not left to libuv's keepalive defaults),
+ * with TCP_NODELAY. */
 static void test_tcp_keepalive_options_applied(void **state) {
     (void)state;
     tt_job job = {0};
