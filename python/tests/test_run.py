@@ -293,6 +293,7 @@ def test_argument_bounds_both_sides():
 def test_single_node_spellings_accepted(tmp_path):
     p = launch(tmp_path, ["--nnodes", "1:1", "--node_rank", "0", "--max_restarts", "0",
                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+                          "--rdzv-conf", "join_timeout=900,read_timeout=60",
                           "--nproc-per-node", "1", "prog.py"], ENV_SCRIPT)
     assert p.returncode == 0, p.stderr
     e = json.loads(by_rank(p.stdout)[0][0])
