@@ -854,6 +854,28 @@ static tp_status setup_with_secret(const char *hex, tpi_tcp_auth *auth, char *er
     return st;
 }
 
+/* TCP-11: a kept store server is reused only under the same key. Two keys
+ * are the same only when every byte is: one that differs in any single byte,
+ * the first or the last, is another job's (an HMAC-derived key never differs
+ * in one byte alone, so only keys made here can say it). */
+static void test_auth_same_compares_every_byte(void **state) {
+    (void)state;
+    tpi_tcp_auth a = {.on = 1}, b;
+    for (size_t i = 0; i < sizeof a.key; i++)
+        a.key[i] = (uint8_t)(i * 37 + 11);
+    b = a;
+    assert_true(tpi_tcp_auth_same(&a, &b));
+    for (size_t i = 0; i < sizeof a.key; i++) {
+        b = a;
+        b.key[i] ^= 0x80;
+        if (tpi_tcp_auth_same(&a, &b))
+            fail_msg("keys that differ in byte %zu of %zu compare the same", i, sizeof a.key);
+    }
+    b = a;
+    b.on = 0;
+    assert_false(tpi_tcp_auth_same(&a, &b));
+}
+
 /* spec: TCP-17: the job secret is 16 to 128 bytes written as hex, either
  * case (upper and lower give the same key, and another secret another);
  * a character that is no hex digit is named by its position, first or
@@ -962,6 +984,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_crypt_options),
         cmocka_unit_test(test_job_secret_new_buffer),
         cmocka_unit_test(test_job_secret_parsed),
+        cmocka_unit_test(test_auth_same_compares_every_byte),
         cmocka_unit_test(test_tcp_seal_fails_with_openssl),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
