@@ -1316,7 +1316,7 @@ static void test_tcp_auto_listens_toward_the_store(void **state) {
 
 enum { F_READY = 3, F_ATTACKED = 4, C_READY = 3 };
 
-enum { C_REFUSED = 4, C_STORE_DROPPED = 5 };
+enum { C_REFUSED = 4, C_STORE_DROPPED = 5, C_SHM_UNEXPECTED = 7 };
 
 /* LOG-3: each refusal is logged with the address and the reason; counted
  * here in the job's shared memory for the parent to check. */
@@ -1326,6 +1326,9 @@ static void count_refusals(tp_log_level level, const char *msg, void *ud) {
         atomic_fetch_add(&sh->count[C_REFUSED], 1);
     if (level == TP_LOG_WARN && strstr(msg, "dropped the client at 127.0.0.1:"))
         atomic_fetch_add(&sh->count[C_STORE_DROPPED], 1);
+    if (level == TP_LOG_WARN && strstr(msg, "unexpected shared memory record (kind 10, 0 0 0) "
+                                            "on an accepted connection"))
+        atomic_fetch_add(&sh->count[C_SHM_UNEXPECTED], 1);
 }
 
 static int body_garbage(tt_job *job, int rank) {
@@ -1443,6 +1446,30 @@ static void test_tcp_garbage(void **state) {
     tt_raw_send(fd, h, sizeof h);
     tt_raw_send(fd, "0123456789", 10);
     close(fd);
+    /* TCP-22: once worker1 took our shared memory OFFER, a RELEASE (a record
+     * only an acceptor sends) is refused as unexpected, not read as a frame
+     * from a slab. The OFFER's probe is this process's, as a dialer's is. */
+    fd = tt_hello_as_worker2(addr);
+    tpi_tcp_agent offerer;
+    memset(&offerer, 0, sizeof offerer);
+    offerer.rank = 2;
+    offerer.world_size = 3;
+    int probe = -1;
+    uint32_t sv[3];
+    assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, rec), 0);
+    tt_raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 10000), sizeof rec);
+    assert_int_equal(tpi_tcp_shm_decode(rec, sv), TPI_TCP_SHM_ANSWER);
+    int shm_taken = sv[0] == 1;
+    if (shm_taken) {
+        tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RELEASE, 2, 0, 0, 0);
+        tt_raw_send(fd, rec, sizeof rec);
+        tt_expect_abort_then_dropped(fd);
+    } else { /* pidfd_getfd not permitted here: worker1 said no */
+        fprintf(stderr, "  worker1 declined shared memory: the RELEASE case is not run\n");
+        close(fd);
+    }
+    close(probe);
     /* The store server drops garbage too and keeps serving. */
     char store_addr[64];
     snprintf(store_addr, sizeof store_addr, "127.0.0.1:%u", (unsigned)job.store_port);
@@ -1475,6 +1502,7 @@ static void test_tcp_garbage(void **state) {
      * store's dropped clients at rank 0, were logged with their addresses. */
     assert_true(atomic_load(&job.shared->count[C_REFUSED]) >= 10);
     assert_true(atomic_load(&job.shared->count[C_STORE_DROPPED]) >= 3);
+    assert_int_equal(atomic_load(&job.shared->count[C_SHM_UNEXPECTED]), shm_taken);
     store->ops->close(store);
     usleep(100000); /* let worker1 finish its probe before the calls */
     atomic_store(&job.shared->flag[F_ATTACKED], 1);
