@@ -37,6 +37,9 @@ static size_t store_ctx(const uint8_t rank[4], const uint8_t nc[16], const uint8
     return 36;
 }
 
+/* What the fake servers answer a client's good proof with (TCP-17). */
+static const char *fake_proof_answer = TPI_STORE_AUTH_OK;
+
 /* The server's half of the handshake, for the fake servers below; 0 on success. */
 static int fake_server_handshake(int fd) {
     uint8_t hello[TPI_STORE_HANDSHAKE_LEN], back[TPI_STORE_SERVER_HELLO_LEN] = {0}, proof[16];
@@ -51,7 +54,7 @@ static int fake_server_handshake(int fd) {
     if (send(fd, back, sizeof back, 0) != (ssize_t)sizeof back ||
         recv(fd, proof, sizeof proof, MSG_WAITALL) != (ssize_t)sizeof proof ||
         tpi_tcp_auth_check(&auth, "tp/store/client v1", ctx, n, proof) != 1 ||
-        send(fd, TPI_STORE_AUTH_OK, 4, 0) != 4)
+        send(fd, fake_proof_answer, 4, 0) != 4)
         return -1;
     return 0;
 }
@@ -702,6 +705,30 @@ static void fake_server_ended_well(pid_t pid) {
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* spec: TCP-17: a store that proved itself and then answers our proof with
+ * anything but its 4-byte OK refused us: the client fails with TP_EAUTH at
+ * once, naming authentication, and does not go on as if it were in. */
+static void test_tcp_store_proof_answer_must_be_ok(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {8, 0, 0, 0, TP_OK, 0, 0, 0};
+    uint16_t port;
+    fake_proof_answer = "NOPE";
+    pid_t pid = fake_server(reply, sizeof reply, &port);
+    fake_proof_answer = TPI_STORE_AUTH_OK;
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_status st =
+        tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth, tt_now_ns() + 5000000000ull,
+                              "test", NULL, 0, NULL, &c, err, sizeof err);
+    if (c)
+        c->ops->close(c);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (st != TP_EAUTH)
+        fail_msg("connect: %s: %s", tp_status_name(st), err);
+    assert_non_null(strstr(err, "authentication failed (TCP-17)"));
 }
 
 /* spec: STORE-10: a scan reply that says "more" but holds nothing new is
@@ -2265,6 +2292,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan_out_of_memory, setup, teardown),
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
+        cmocka_unit_test(test_tcp_store_proof_answer_must_be_ok),
         cmocka_unit_test(test_tcp_store_absent_answer_to_every_op),
         cmocka_unit_test(test_tcp_store_scan_entries_bounds),
         cmocka_unit_test(test_tcp_store_linger),
