@@ -947,3 +947,29 @@ def test_launcher_run_in_a_program_keeps_its_earlier_output_first(tmp_path):
                        cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines() == ["before the job", "[0] rank line"]
+
+
+def test_launcher_run_in_a_program_gives_back_its_signal_handlers(tmp_path):
+    """A program that runs the launcher's main in its own process gets its own
+    SIGINT and SIGTERM handlers back when the job ends, whether the job
+    succeeded or failed: the launcher's handlers, which forward a signal to
+    the ranks, must not outlive the job they stop."""
+    (tmp_path / "ok.py").write_text('print("ok")\n')
+    (tmp_path / "bad.py").write_text('import sys; sys.exit(3)\n')
+    wrapper = textwrap.dedent("""
+        import signal, sys
+        from tensorplay.distributed import run
+        def mine(signum, frame):
+            pass
+        signal.signal(signal.SIGINT, mine)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        codes = [run.main(["--nproc-per-node", "1", prog]) for prog in ("ok.py", "bad.py")]
+        print("codes", codes, flush=True)
+        print("restored", signal.getsignal(signal.SIGINT) is mine,
+              signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, flush=True)
+    """)
+    p = subprocess.run([PYTHON, "-c", wrapper], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env=env_without_secret())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "codes [0, 3]" in p.stdout, p.stdout + p.stderr
+    assert "restored True True" in p.stdout, p.stdout + p.stderr
