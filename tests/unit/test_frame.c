@@ -141,6 +141,27 @@ static void test_frame_best_fit_among_cached(void **state) {
     tp_frame_free(c);
 }
 
+/* Among blocks of one size the one returned last is taken: its pages are
+ * the likeliest still in the caches, and the older ones age out first. */
+static void test_frame_most_recent_of_equals(void **state) {
+    (void)state;
+    tp_frame *older = alloc_ok(2 * MIB);
+    tp_frame *newer = alloc_ok(2 * MIB);
+    tp_frame_free(older);
+    tp_frame_free(newer);
+    assert_int_equal(cached_blocks(), 2);
+    assert_ptr_equal(alloc_ok(2 * MIB), newer);
+    assert_ptr_equal(alloc_ok(2 * MIB), older);
+    assert_cache_empty();
+    /* Returned the other way round, taken the other way round. */
+    tp_frame_free(newer);
+    tp_frame_free(older);
+    assert_ptr_equal(alloc_ok(2 * MIB), older);
+    assert_ptr_equal(alloc_ok(2 * MIB), newer);
+    tp_frame_free(older);
+    tp_frame_free(newer);
+}
+
 /* ---- What is never kept ------------------------------------------------------------ */
 
 static void test_frame_below_minimum_never_cached(void **state) {
@@ -546,6 +567,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_frame_reuses_block_with_new_length, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_smaller_request_skips_big_block, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_frame_most_recent_of_equals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_best_fit_among_cached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_below_minimum_never_cached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_shared_frames_never_cached, setup, teardown),
