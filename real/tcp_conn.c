@@ -2276,10 +2276,7 @@ tp_status tpi_tcp_set_peer(tpi_tcp_agent *a, uint32_t rank, const char *addr, ch
     p->readdress = 1;
     p->dead = 0;
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed);
-    if (!p->dirty) { /* the loop applies the address on its next turn */
-        p->dirty = 1;
-        a->dirty[a->ndirty++] = rank;
-    }
+    tpi_tcp_mark_dirty(a, rank); /* the loop applies the address on its next turn */
     uv_async_send(&a->wake);
     pthread_mutex_unlock(&a->qmu);
     free_frames(dropped);

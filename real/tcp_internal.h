@@ -587,6 +587,8 @@ tp_status tpi_tcp_loop_start(tpi_tcp_agent *a, char *errmsg, size_t errmsg_len);
 /* Joins the loop thread once the agent set stopping and woke it (stop). */
 void tpi_tcp_loop_stop(tpi_tcp_agent *a);
 tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f);
+/* Lists peer id for the loop's next flush, once until then (qmu held). */
+void tpi_tcp_mark_dirty(tpi_tcp_agent *a, uint32_t id);
 /* Writes what senders queued, now (loop thread, between upcalls): frames
  * answered while a read batch is handled go out without waiting for its end. */
 void tpi_tcp_flush_dirty(tpi_tcp_agent *a);

@@ -165,10 +165,7 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
             p->q_head = f;
             if (!p->q_tail)
                 p->q_tail = f;
-            if (!p->dirty) {
-                p->dirty = 1;
-                a->dirty[a->ndirty++] = dst;
-            }
+            tpi_tcp_mark_dirty(a, dst);
             if (!a->stopping) /* else stop drops the queues */
                 uv_async_send(&a->wake);
             pthread_mutex_unlock(&a->qmu);
@@ -180,10 +177,7 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
             p->q_head = f;
         p->q_tail = f;
         atomic_fetch_add_explicit(&p->q_bytes, f->len, memory_order_relaxed);
-        if (!p->dirty) {
-            p->dirty = 1;
-            a->dirty[a->ndirty++] = dst;
-        }
+        tpi_tcp_mark_dirty(a, dst);
         uv_async_send(&a->wake);
     }
     pthread_mutex_unlock(&a->qmu);
@@ -220,6 +214,17 @@ static void on_check(uv_check_t *h) {
     tpi_tcp_direct_regrant(h->data);
 }
 
+void tpi_tcp_mark_dirty(tpi_tcp_agent *a, uint32_t id) {
+    TPI_ASSERT(id < a->world_size);
+    tpi_tcp_peer *p = &a->peers[id];
+    if (p->dirty)
+        return;
+    /* Each id at most once, so world_size entries always suffice. */
+    TPI_ASSERT(a->ndirty < a->world_size);
+    p->dirty = 1;
+    a->dirty[a->ndirty++] = id;
+}
+
 void tpi_tcp_flush_dirty(tpi_tcp_agent *a) {
     pthread_mutex_lock(&a->qmu);
     if (a->stopping || a->ndirty == 0) {
@@ -231,8 +236,10 @@ void tpi_tcp_flush_dirty(tpi_tcp_agent *a) {
     a->dirty = a->dirty_work; /* swap: senders fill the other array meanwhile */
     a->dirty_work = work;
     a->ndirty = 0;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
+        TPI_ASSERT(a->peers[work[i]].dirty); /* listed once, by tpi_tcp_mark_dirty */
         a->peers[work[i]].dirty = 0;
+    }
     pthread_mutex_unlock(&a->qmu);
     for (uint32_t i = 0; i < n; i++) {
         if (work[i] == a->rank)
