@@ -1322,8 +1322,26 @@ static void test_tcp_store_kept_server_retired_for_another_address(void **state)
  * stopped; the child works with its store and exits cleanly. Were the
  * parent's block let go, LeakSanitizer (make test's sanitizer build) would
  * report it at the child's exit and fail its exit code. */
+extern void __asan_init(void) __attribute__((weak));
+extern void __lsan_do_leak_check(void) __attribute__((weak));
+
+/* LeakSanitizer alone (-fsanitize=leak: scripts/mutate.py's build) keys its
+ * threads by pthread_t and keeps the parent's across a fork: a thread the
+ * child starts on a stack glibc took back from one of them gets the same id,
+ * and its pthread_join waits on the parent's entry for ever (GCC 12's
+ * runtime; seen in the child's exit, joining its own server). The
+ * LeakSanitizer inside AddressSanitizer has no such registry. */
+static int leak_sanitizer_alone(void) {
+    return __lsan_do_leak_check != NULL && __asan_init == NULL;
+}
+
 static void test_tcp_store_forked_child_leaves_the_parents_server(void **state) {
     (void)state;
+    if (leak_sanitizer_alone()) {
+        print_message("skipped under LeakSanitizer alone: its fork bug would hang the child; "
+                      "make test SANITIZE=1 runs this test\n");
+        skip();
+    }
     /* Without authentication: OpenSSL's per-thread state of the server's
      * thread (its error queue, its random generators) would be in the child
      * too, with no thread to free it, and LeakSanitizer would report that. */
