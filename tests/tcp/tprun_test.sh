@@ -74,6 +74,16 @@ out=$("$tprun" --nproc 2 ls /proc/self/fd)
 check "rank 0 descriptors" "$base" "$(echo "$out" | sed -n 's/^\[0\] //p' | fds)"
 check "rank 1 descriptors" "$base" "$(echo "$out" | sed -n 's/^\[1\] //p' | fds)"
 
+# A rank that leaves a process behind holding its output open: tprun waits
+# a moment for that output (1 s), not for the straggler to end.
+start=$(date +%s)
+out=$("$tprun" --nproc 1 sh -c 'sleep 30 & echo "$!"')
+took=$(( $(date +%s) - start ))
+straggler=${out#\[0\] }
+check "straggler's pid printed" yes "$(case "$straggler" in ''|*[!0-9]*) echo no;; *) echo yes;; esac)"
+check "straggler not waited for" yes "$([ "$took" -lt 10 ] && echo yes || echo "no ($took s)")"
+kill "$straggler" 2>/dev/null
+
 # Usage errors.
 # --no-prefix: the lines as the program wrote them.
 out=$("$tprun" --nproc 1 --no-prefix sh -c 'echo "rank $RANK"')
