@@ -1074,6 +1074,95 @@ static void test_tcp_rejoin(void **state) {
     tt_job_free(&job);
 }
 
+/* spec: REJOIN-1..3, TCP-16. worker2 is killed before worker0 ever called
+ * it, and its replacement starts 300 ms later, as a launcher restarts it,
+ * while worker0 calls worker2 without pause: every call fails at once with
+ * TP_EPEERDOWN (the store told of the death) until the new address comes,
+ * and then one reaches the new incarnation, within 20 s of the kill (here
+ * about 10 ms after the replacement started). Its graceful shutdown and
+ * everyone else's end TP_OK. C_FAST_CALLS counts worker0's calls after the
+ * kill; NS_FAST_REACHED is when one succeeded. */
+enum { F_FAST_KILLED = 4, F_FAST_DONE = 5, C_FAST_CALLS = 6, NS_FAST_REACHED = 2 };
+
+static int body_fast_restart(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->flag[F_UP], 1);
+    if (rank == 2) {
+        for (;;)
+            pause(); /* the first incarnation serves until the parent kills it */
+    }
+    if (rank == 0) {
+        int64_t v = 0;
+        uint64_t t0 = 0, start = tt_now_ns();
+        /* Up to 20 s after the kill (and 30 s waiting for it). */
+        while (t0 ? tt_now_ns() - t0 < 20000000000ull : tt_now_ns() - start < 30000000000ull) {
+            int killed = atomic_load(&sh->flag[F_FAST_KILLED]);
+            if (killed && t0 == 0)
+                t0 = tt_now_ns();
+            tp_status st = tt_call_add(tp_to_rank(2), 20, 3, 0.5, &v);
+            if (killed) {
+                atomic_fetch_add(&sh->count[C_FAST_CALLS], 1);
+                TT_CHECK(st == TP_OK || st == TP_EPEERDOWN);
+            }
+            if (killed && st == TP_OK) {
+                TT_CHECK(v == 23);
+                atomic_store(&sh->ns[NS_FAST_REACHED], tt_now_ns() - t0);
+                break;
+            }
+            usleep(2000);
+        }
+        atomic_store(&sh->flag[F_FAST_DONE], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_FAST_DONE, 1, 90) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static int body_fast_restart_new(tt_job *job) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tp_options_rejoin(o) == 0 && setenv("TP_REJOIN", "1", 1) == 0);
+    TT_CHECK(tt_init(job, 2, o) == 0);
+    tp_options_free(o);
+    TT_CHECK(tt_await_flag(sh, F_FAST_DONE, 1, 90) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_rejoin_while_called(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_fast_restart, NULL), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_UP, 3, 30), 0);
+    kill(job.pid[2], SIGKILL);
+    int status = 0;
+    assert_int_equal(waitpid(job.pid[2], &status, 0), job.pid[2]);
+    atomic_store(&job.shared->flag[F_FAST_KILLED], 1);
+    usleep(300000);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int code = body_fast_restart_new(&job);
+        fflush(NULL);
+        exit(code);
+    }
+    job.pid[2] = pid;
+    tt_wait(&job, 120);
+    uint64_t reached = atomic_load(&job.shared->ns[NS_FAST_REACHED]);
+    fprintf(stderr, "  %d calls after the kill; the new incarnation reached after %.1f ms\n",
+            atomic_load(&job.shared->count[C_FAST_CALLS]), reached / 1e6);
+    int code[3] = {job.code[0], job.code[1], job.code[2]};
+    tt_job_free(&job);
+    assert_int_equal(code[0], 0);
+    assert_int_equal(code[1], 0);
+    assert_int_equal(code[2], 0);
+    assert_true(reached > 0);
+}
+
 /* ---- A peer that leaves without a graceful shutdown ------------------------------------- */
 
 enum { F_LEAVE = 2, F_RELEASE = 5 };
@@ -2323,6 +2412,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_many_async),
         cmocka_unit_test(test_tcp_kill9),
         cmocka_unit_test(test_tcp_rejoin),
+        cmocka_unit_test(test_tcp_rejoin_while_called),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_death_seen_on_the_peers_dial),
         cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),
