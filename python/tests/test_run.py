@@ -115,6 +115,23 @@ def test_master_flags_and_pet_defaults(tmp_path):
         assert (e["ROLE_NAME"], e["TORCHELASTIC_RUN_ID"]) == ("trainer", "job7")
 
 
+def test_valued_flags_default_to_their_pet_variables(tmp_path):
+    """Every valued flag, not only --nproc-per-node, takes its default from
+    PET_<NAME> as torchrun's do: the values reach each rank's environment."""
+    env = env_without_secret()
+    env.update(PET_NPROC_PER_NODE="1", PET_MASTER_ADDR="localhost", PET_MASTER_PORT="29519",
+               PET_RDZV_ID="job9", PET_ROLE="r9", PET_MAX_RESTARTS="2")
+    p = launch(tmp_path, ["prog.py"], ENV_SCRIPT, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    e = json.loads(by_rank(p.stdout)[0][0])
+    assert (e["MASTER_ADDR"], e["MASTER_PORT"], e["TORCHELASTIC_RUN_ID"], e["ROLE_NAME"],
+            e["TORCHELASTIC_MAX_RESTARTS"]) == ("localhost", "29519", "job9", "r9", "2")
+    # A flag given on the command line wins over its variable.
+    p = launch(tmp_path, ["--role", "cli", "prog.py"], ENV_SCRIPT, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(by_rank(p.stdout)[0][0])["ROLE_NAME"] == "cli"
+
+
 def test_a_signal_wakes_the_launchers_loop():
     """SIGINT or SIGTERM reaches the launcher while it waits in select for its
     ranks' output (up to --monitor-interval, 1 s at most): the handler wakes
@@ -281,6 +298,12 @@ def test_argument_bounds_both_sides():
     for grace in ("0", "3600"):
         spec("--grace", grace)  # accepted (0: SIGKILL at once)
     assert spec("--max-restarts", str(launcher.RESTARTS_MAX)).max_restarts == launcher.RESTARTS_MAX
+    # The first values past the bounds, as numbers written here: a bound
+    # moved by one would be taken above.
+    with pytest.raises(launcher.UsageError, match=r"--max-restarts 10001: expected 0\.\.10000"):
+        spec("--max-restarts", "10001")
+    with pytest.raises(launcher.UsageError, match=r"--nproc-per-node 1025: expected 1\.\.1024"):
+        launcher._nproc("1025")
     two = ["--master-addr", "127.0.0.1", "--master-port", "29500", "--nproc-per-node", "1024"]
     assert spec("--nnodes", str(big // 1024), *two).world_size == big
     with pytest.raises(launcher.UsageError, match="--nnodes 65 x --nproc-per-node 1024 is over "
@@ -294,6 +317,7 @@ def test_single_node_spellings_accepted(tmp_path):
     p = launch(tmp_path, ["--nnodes", "1:1", "--node_rank", "0", "--max_restarts", "0",
                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
                           "--rdzv-conf", "join_timeout=900,read_timeout=60",
+                          "--start_method", "fork", "--monitor-interval", "0.05",
                           "--nproc-per-node", "1", "prog.py"], ENV_SCRIPT)
     assert p.returncode == 0, p.stderr
     e = json.loads(by_rank(p.stdout)[0][0])
@@ -642,6 +666,36 @@ def test_launcher_closes_the_pipes_of_each_incarnation(tmp_path):
     counts = by_rank(p.stdout)[0]
     assert len(counts) == 4 and len(set(counts)) == 1, counts
     assert "ResourceWarning" not in p.stderr, p.stderr
+
+
+# spec: LAUNCH-6: what a process leaves in its group goes with it, both
+# when it fails and is restarted and when the job ends (no orphans).
+STRAGGLER_SCRIPT = """
+import os, subprocess, sys
+count = os.environ["TORCHELASTIC_RESTART_COUNT"]
+s = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+with open("straggler.%s" % count, "w") as f:
+    f.write("%d\\n" % s.pid)
+sys.exit(3 if count == "0" else 0)
+"""
+
+
+def test_no_process_of_a_rank_outlives_its_incarnation_or_the_job(tmp_path):
+    p = launch(tmp_path, ["--nproc-per-node", "1", "--max-restarts", "1", "--restart-rank0",
+                          "prog.py"], STRAGGLER_SCRIPT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    pids = [int((tmp_path / ("straggler.%d" % n)).read_text()) for n in (0, 1)]
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [alive(pid) for pid in pids]
+    for pid, living in zip(pids, left):
+        if living:
+            os.kill(pid, signal.SIGKILL)
+    # The first incarnation's straggler went at its restart, the second's
+    # when the job ended: neither is left.
+    assert left == [False, False]
 
 
 # A program whose first run deletes it and exits 3: its restart's exec fails
