@@ -5,8 +5,11 @@
  * past the bounds are not kept; trim empties it; concurrent use is safe; and
  * a tensor decoded as a view into a received frame keeps the block out of
  * the cache until the tensor is freed (spec/wire.md WIRE-10). Also the
- * header check (WIRE-1) for a caller that wants no message.
+ * header check (WIRE-1) for a caller that wants no message. When a large
+ * frame's allocation fails, the cache is emptied and the allocation tried
+ * once more.
  */
+#define _GNU_SOURCE /* alloc_fault.h */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +24,7 @@
 #include "common/codec.h"
 #include "common/limits.h"
 #include "common/value.h"
+#include "tests/unit/alloc_fault.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -160,6 +164,24 @@ static void test_frame_most_recent_of_equals(void **state) {
     assert_ptr_equal(alloc_ok(2 * MIB), newer);
     tp_frame_free(older);
     tp_frame_free(newer);
+}
+
+/* Out of memory for a large frame: what the cache holds is given back
+ * (trim) and the allocation tried once more, which then succeeds. */
+static void test_frame_failed_allocation_trims_the_cache(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip(); /* valgrind's allocator: nothing can be made to fail */
+    tp_frame *small = alloc_ok(4 * MIB);
+    tp_frame_free(small);
+    assert_int_equal(cached_blocks(), 1); /* too small for what comes next */
+    atomic_store(&alloc_countdown, 1);    /* the next allocation fails */
+    tp_frame *big = tp_frame_alloc(9 * MIB);
+    assert_true(atomic_load(&alloc_countdown_fired));
+    assert_non_null(big); /* the second try */
+    assert_cache_empty(); /* the 4 MiB block went to make room */
+    tp_frame_free(big);
+    atomic_store(&alloc_countdown_fired, 0);
 }
 
 /* ---- What is never kept ------------------------------------------------------------ */
@@ -568,6 +590,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_frame_smaller_request_skips_big_block, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_frame_most_recent_of_equals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_frame_failed_allocation_trims_the_cache, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_frame_best_fit_among_cached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_below_minimum_never_cached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_shared_frames_never_cached, setup, teardown),
