@@ -1657,7 +1657,17 @@ static int body_init_errors(tt_job *job, int rank) {
     setenv("MASTER_PORT", "29500", 1);
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "MASTER_ADDR");
+    setenv("MASTER_ADDR", "", 1);
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "MASTER_ADDR is not set");
+    /* MASTER_ADDR alone: the port is named, whether unset or empty. */
     setenv("MASTER_ADDR", "127.0.0.1", 1);
+    unsetenv("MASTER_PORT");
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "MASTER_PORT is not set");
+    setenv("MASTER_PORT", "", 1);
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "MASTER_PORT is not set");
     setenv("MASTER_PORT", "notaport", 1);
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "MASTER_PORT");

@@ -713,22 +713,26 @@ static void fake_server_ended_well(pid_t pid) {
 static void test_tcp_store_proof_answer_must_be_ok(void **state) {
     (void)state;
     static const uint8_t reply[] = {8, 0, 0, 0, TP_OK, 0, 0, 0};
-    uint16_t port;
-    fake_proof_answer = "NOPE";
-    pid_t pid = fake_server(reply, sizeof reply, &port);
-    fake_proof_answer = TPI_STORE_AUTH_OK;
-    tp_store *c = NULL;
-    char err[TP_ERRMSG_LEN_MAX] = "";
-    tp_status st =
-        tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth, tt_now_ns() + 5000000000ull,
-                              "test", NULL, 0, NULL, &c, err, sizeof err);
-    if (c)
-        c->ops->close(c);
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    if (st != TP_EAUTH)
-        fail_msg("connect: %s: %s", tp_status_name(st), err);
-    assert_non_null(strstr(err, "authentication failed (TCP-17)"));
+    /* Wrong from its first byte, and wrong only in its last. */
+    static const char *const answers[] = {"NOPE", "TPOX"};
+    for (size_t i = 0; i < sizeof answers / sizeof answers[0]; i++) {
+        uint16_t port;
+        fake_proof_answer = answers[i];
+        pid_t pid = fake_server(reply, sizeof reply, &port);
+        fake_proof_answer = TPI_STORE_AUTH_OK;
+        tp_store *c = NULL;
+        char err[TP_ERRMSG_LEN_MAX] = "";
+        tp_status st =
+            tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth, tt_now_ns() + 5000000000ull,
+                                  "test", NULL, 0, NULL, &c, err, sizeof err);
+        if (c)
+            c->ops->close(c);
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (st != TP_EAUTH)
+            fail_msg("answer %s: connect: %s: %s", answers[i], tp_status_name(st), err);
+        assert_non_null(strstr(err, "authentication failed (TCP-17)"));
+    }
 }
 
 /* spec: STORE-10: a scan reply that says "more" but holds nothing new is
@@ -803,6 +807,18 @@ static void test_tcp_store_limits(void **state) {
     key[TP_STORE_KEY_LEN_MAX + 1] = '\0';
     assert_int_equal(s->ops->set(s, key, "1", 1), TP_EINVAL);
     assert_int_equal(s->ops->set(s, "", "1", 1), TP_EINVAL);
+    /* compare_set checks its key and both values before anything is sent:
+     * each error is the first one's, and the connection goes on serving. */
+    int swapped = 1;
+    assert_int_equal(s->ops->compare_set(s, "", "x", 1, "y", 1, &swapped), TP_EINVAL);
+    assert_non_null(strstr(s->errmsg, "compare_set"));
+    assert_int_equal(swapped, 0);
+    assert_int_equal(s->ops->compare_set(s, "", NULL, 0, "y", 1, &swapped), TP_EINVAL);
+    assert_non_null(strstr(s->errmsg, "compare_set"));
+    assert_int_equal(s->ops->compare_set(s, "cas", val, big + 1, "y", 1, &swapped), TP_EINVAL);
+    assert_int_equal(s->ops->compare_set(s, "cas", NULL, 0, val, big + 1, &swapped), TP_EINVAL);
+    assert_int_equal(s->ops->compare_set(s, "cas", NULL, 0, "y", 1, &swapped), TP_OK);
+    assert_int_equal(swapped, 1);
     free(val);
     /* Values with NUL bytes travel as they are. */
     assert_int_equal(s->ops->set(s, "nul", "a\0b", 3), TP_OK);
