@@ -1163,6 +1163,45 @@ static void test_tcp_rejoin_while_called(void **state) {
     assert_true(reached > 0);
 }
 
+/* spec: TCP-16, AGENT-16: set_peer refuses what is not a peer's address
+ * before it touches anything: a rank past the world or its own, an address
+ * that is not host:port or longer than any, with TP_EINVAL naming them; and
+ * on an agent not started, or stopping, TP_ESHUTDOWN. Called on an agent of
+ * 3 workers that never started (no loop: nothing is dialed). */
+static void test_tcp_set_peer_refuses(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[3];
+    memset(&a, 0, sizeof a);
+    memset(peers, 0, sizeof peers);
+    a.world_size = 3;
+    a.rank = 1;
+    a.peers = peers;
+    pthread_mutex_init(&a.qmu, NULL);
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_tcp_set_peer(&a, 3, "127.0.0.1:5", err, sizeof err), TP_EINVAL);
+    assert_string_equal(err, "worker 3 is not a peer of worker 1");
+    assert_int_equal(tpi_tcp_set_peer(&a, 1, "127.0.0.1:5", err, sizeof err), TP_EINVAL);
+    assert_string_equal(err, "worker 1 is not a peer of worker 1");
+    assert_int_equal(tpi_tcp_set_peer(&a, 2, "127.0.0.1", err, sizeof err), TP_EINVAL);
+    assert_string_equal(err, "worker 2's address '127.0.0.1' is not host:port");
+    char longer[TPI_ADDR_LEN_MAX + 8];
+    memset(longer, '7', sizeof longer);
+    memcpy(longer, "127.0.0.1:", 10);
+    longer[TPI_ADDR_LEN_MAX] = '\0'; /* one past what an address may be */
+    assert_int_equal(tpi_tcp_set_peer(&a, 2, longer, err, sizeof err), TP_EINVAL);
+    assert_non_null(strstr(err, "is not host:port"));
+    assert_int_equal(tpi_tcp_set_peer(&a, 2, "127.0.0.1:5", err, sizeof err), TP_ESHUTDOWN);
+    assert_string_equal(err, "the agent is not started");
+    a.have_peers = 1;
+    a.stopping = 1;
+    assert_int_equal(tpi_tcp_set_peer(&a, 0, "127.0.0.1:5", err, sizeof err), TP_ESHUTDOWN);
+    assert_string_equal(err, "the agent is stopping");
+    for (int i = 0; i < 3; i++) /* nothing was taken in */
+        assert_int_equal(peers[i].readdress, 0);
+    pthread_mutex_destroy(&a.qmu);
+}
+
 /* ---- A peer that leaves without a graceful shutdown ------------------------------------- */
 
 enum { F_LEAVE = 2, F_RELEASE = 5 };
@@ -2423,6 +2462,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_kill9),
         cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_rejoin_while_called),
+        cmocka_unit_test(test_tcp_set_peer_refuses),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_death_seen_on_the_peers_dial),
         cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),

@@ -1450,7 +1450,11 @@ static int body_unreachable_down(tt_job *job, int rank) {
         tp_status st = tt_call_add(tp_to_rank(1), 2, 3, 20, &v);
         atomic_store(&sh->count[C_DOWN_MS], (int)((tt_now_ns() - t0) / 1000000u));
         atomic_store(&sh->count[C_DOWN_ST], (int)st);
-        atomic_store(&sh->count[C_DOWN_NAMED], strstr(tp_errmsg(), "peer_down_timeout") != NULL);
+        /* The option's value and the silence's length, as TCP-25 words them. */
+        const char *m = tp_errmsg();
+        atomic_store(&sh->count[C_DOWN_NAMED],
+                     strstr(m, "(peer_down_timeout 1 s, TCP-25)") != NULL &&
+                         strstr(m, ": no answer for ") != NULL);
         if (st != TP_EPEERDOWN)
             fprintf(stderr, "worker 0: the call to a silent worker 1: %s\n", tp_errmsg());
         atomic_store(&thr_port, 0);
