@@ -137,12 +137,23 @@ static void attack_end(tt_job *job, int calls_before, int probes) {
  * when worker 1 had descriptors again. */
 enum { T_FIRST_REDIAL = 0, T_FREED = 1 };
 
+/* count[C_BACKOFF_BAD]: the first wait between dials that is not TCP-20's
+ * next (10 ms, doubled each time up to TPI_TCP_REDIAL_MAX_MS), else 0. */
+enum { C_BACKOFF_BAD = 7 };
+
 static void count_redials(tp_log_level level, const char *msg, void *user) {
     (void)level;
     tt_shared *sh = user;
-    if (strstr(msg, "dial to worker 1") && strstr(msg, "failed") &&
-        atomic_fetch_add(&sh->count[C_REDIALS], 1) == 0)
+    static unsigned expect_ms = 10; /* this process's episode: one */
+    const char *again = strstr(msg, "again in ");
+    if (!strstr(msg, "dial to worker 1") || !strstr(msg, "failed"))
+        return;
+    if (atomic_fetch_add(&sh->count[C_REDIALS], 1) == 0)
         atomic_store(&sh->ns[T_FIRST_REDIAL], tt_now_ns());
+    unsigned ms = again ? (unsigned)strtoul(again + 9, NULL, 10) : 0;
+    if (ms != expect_ms && atomic_load(&sh->count[C_BACKOFF_BAD]) == 0)
+        atomic_store(&sh->count[C_BACKOFF_BAD], ms ? (int)ms : -1);
+    expect_ms = expect_ms * 2 > TPI_TCP_REDIAL_MAX_MS ? TPI_TCP_REDIAL_MAX_MS : expect_ms * 2;
 }
 
 /* Opens descriptors until the process has none left; returns how many. */
@@ -213,6 +224,12 @@ static int body_exhausted(tt_job *job, int rank) {
         TT_CHECK(tt_call_add(tp_to_rank(1), 40, 2, 20, &v) == TP_OK && v == 42);
         TT_CHECK(atomic_load(&sh->flag[F_FREED]) == 1);
         TT_CHECK(atomic_load(&sh->count[C_REDIALS]) >= 2);
+        /* 10, 20, 40 ... 1000 ms: about 8 dials in the 2.9 s, not 100 a second. */
+        if (atomic_load(&sh->count[C_BACKOFF_BAD]) != 0)
+            fprintf(stderr, "  worker 3: a wait between dials of %d ms\n",
+                    atomic_load(&sh->count[C_BACKOFF_BAD]));
+        TT_CHECK(atomic_load(&sh->count[C_BACKOFF_BAD]) == 0);
+        TT_CHECK(atomic_load(&sh->count[C_REDIALS]) <= 12);
         /* Within the capped backoff of the recovery, and the call's own time. */
         double after = (double)(tt_now_ns() - atomic_load(&sh->ns[T_FREED])) / 1e9;
         double failing = (double)(atomic_load(&sh->ns[T_FREED]) -
