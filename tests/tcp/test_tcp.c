@@ -1444,7 +1444,7 @@ static void test_tcp_auto_listens_toward_the_store(void **state) {
 
 enum { F_READY = 3, F_ATTACKED = 4, C_READY = 3 };
 
-enum { C_REFUSED = 4, C_STORE_DROPPED = 5, C_SHM_UNEXPECTED = 7 };
+enum { C_REFUSED = 4, C_STORE_DROPPED = 5, C_SHM_UNEXPECTED = 7, C_OFFER_TWICE = 8 };
 
 /* LOG-3: each refusal is logged with the address and the reason; counted
  * here in the job's shared memory for the parent to check. */
@@ -1457,6 +1457,9 @@ static void count_refusals(tp_log_level level, const char *msg, void *ud) {
     if (level == TP_LOG_WARN && strstr(msg, "unexpected shared memory record (kind 10, 0 0 0) "
                                             "on an accepted connection"))
         atomic_fetch_add(&sh->count[C_SHM_UNEXPECTED], 1);
+    if (level == TP_LOG_WARN && strstr(msg, "unexpected shared memory record (kind 7, ") &&
+        strstr(msg, "on an accepted connection"))
+        atomic_fetch_add(&sh->count[C_OFFER_TWICE], 1);
 }
 
 static int body_garbage(tt_job *job, int rank) {
@@ -1598,6 +1601,17 @@ static void test_tcp_garbage(void **state) {
         close(fd);
     }
     close(probe);
+    /* An OFFER is made once per connection: a second one, after the first
+     * was answered (yes or no), is a protocol error. */
+    fd = tt_hello_as_worker2(addr);
+    uint8_t offer[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, offer), 0);
+    tt_raw_send(fd, offer, sizeof offer);
+    assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 10000), sizeof rec);
+    assert_int_equal(tpi_tcp_shm_decode(rec, sv), TPI_TCP_SHM_ANSWER);
+    tt_raw_send(fd, offer, sizeof offer);
+    tt_expect_abort_then_dropped(fd);
+    close(probe);
     /* The store server drops garbage too and keeps serving. */
     char store_addr[64];
     snprintf(store_addr, sizeof store_addr, "127.0.0.1:%u", (unsigned)job.store_port);
@@ -1631,6 +1645,7 @@ static void test_tcp_garbage(void **state) {
     assert_true(atomic_load(&job.shared->count[C_REFUSED]) >= 10);
     assert_true(atomic_load(&job.shared->count[C_STORE_DROPPED]) >= 3);
     assert_int_equal(atomic_load(&job.shared->count[C_SHM_UNEXPECTED]), shm_taken);
+    assert_int_equal(atomic_load(&job.shared->count[C_OFFER_TWICE]), 1);
     store->ops->close(store);
     usleep(100000); /* let worker1 finish its probe before the calls */
     atomic_store(&job.shared->flag[F_ATTACKED], 1);
