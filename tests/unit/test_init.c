@@ -798,6 +798,59 @@ static void test_init_without_memory_for_the_core(void **state) {
 }
 
 /*
+ * Init with each of its allocations failing in turn (alloc_countdown k =
+ * 1, 2, ... until an init needs fewer than k): every failed init returns a
+ * status with a message and leaves the worker uninitialized, and the next
+ * init works; nothing it made is left behind (LeakSanitizer: the sanitizer
+ * build's test run and scripts/mutate.py's). One worker, as above.
+ */
+static int sweep_fails, sweep_inits, sweep_bad;
+static char sweep_bad_msg[TP_ERRMSG_LEN_MAX];
+
+static int oom_sweep_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    for (long k = 1; k < 4000; k++) {
+        atomic_store(&alloc_countdown_fired, 0);
+        atomic_store(&alloc_countdown, k);
+        tp_status st = tp_init_rpc("w0", "SIM", rank, world_size, NULL);
+        atomic_store(&alloc_countdown, 0);
+        int fired = atomic_load(&alloc_countdown_fired);
+        sweep_inits++;
+        if (st != TP_OK) {
+            sweep_fails++;
+            if ((tp_is_initialized() || !tp_errmsg()[0]) && !sweep_bad) {
+                sweep_bad = (int)k;
+                snprintf(sweep_bad_msg, sizeof sweep_bad_msg, "%s", tp_errmsg());
+            }
+            CHECK(tp_init_rpc("w0", "SIM", rank, world_size, NULL) == TP_OK);
+        }
+        CHECK(tp_shutdown(1) == TP_OK);
+        if (!fired)
+            return 0; /* the init needed fewer than k allocations: done */
+    }
+    return 1;
+}
+
+static void test_init_each_allocation_failing(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    tp_sim_config cfg = {.hosts = 1, .seed = 7};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[1] = {-1};
+    assert_int_equal(tp_sim_run(sim, oom_sweep_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    print_message("%d inits, %d failed for want of memory\n", sweep_inits, sweep_fails);
+    assert_int_equal(failures, 0);
+    assert_int_equal(codes[0], 0);
+    if (sweep_bad)
+        fail_msg("allocation %d: a failed init left '%s' (initialized %d)", sweep_bad,
+                 sweep_bad_msg, 0);
+    assert_true(sweep_fails > 10); /* the sweep reached init's allocations */
+}
+
+/*
  * INIT-4: a rank entry is "<name>\t<credit>\t<address>", the credit in
  * decimal, no leading zero, within [TPI_INFLIGHT_BYTES_MIN,
  * TPI_INFLIGHT_BYTES_MAX]. Anything else is refused whole: a store that
@@ -876,6 +929,7 @@ int main(void) {
         cmocka_unit_test(test_init_names_in_any_order_are_found),
         cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
         cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
+        cmocka_unit_test_setup(test_init_each_allocation_failing, reset_failures),
         cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
