@@ -18,7 +18,7 @@
 #include "tensorplay/rpc.h"
 
 #define TT_WORLD_MAX 8
-#define TT_FLAGS 16
+#define TT_FLAGS 24
 
 /* Memory shared by the parent and every child of a job (MAP_SHARED). */
 typedef struct tt_shared {

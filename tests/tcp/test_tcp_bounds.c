@@ -52,6 +52,10 @@ enum { T_REFUSED = 2, N_REFUSED_LOGS = 4 };
 /* ns[T_WAITER]: the size of the frame TCP-19's last "waits" report named. */
 enum { T_WAITER = 6 };
 
+/* count[C_NO_HELLO], count[C_PER_PEER]: worker 1's drops of a connection
+ * with no hello in time, and of one past TPI_TCP_CONNS_PER_PEER_MAX. */
+enum { C_NO_HELLO = 16, C_PER_PEER = 17 };
+
 /* What a test's log callback counts: messages holding its needle. */
 static const char *log_needle;
 
@@ -75,6 +79,13 @@ static void count_logged(tp_log_level level, const char *msg, void *user) {
     }
     if (strstr(msg, "still answers")) /* a probe's verdict (TCP-7) */
         atomic_fetch_add(&sh->count[C_PROBED], 1);
+    /* LOG-3: TCP-19's drops, each with the address and the reason. */
+    if (level == TP_LOG_WARN && strstr(msg, "dropped a connection from 127.0.0.1:") &&
+        strstr(msg, ": no hello within 500 ms"))
+        atomic_fetch_add(&sh->count[C_NO_HELLO], 1);
+    if (level == TP_LOG_WARN && strstr(msg, "refused a connection from 127.0.0.1:") &&
+        strstr(msg, ": worker 2 has 4 open already (TPI_TCP_CONNS_PER_PEER_MAX"))
+        atomic_fetch_add(&sh->count[C_PER_PEER], 1);
 }
 
 /* Every worker: init with the test's options on worker 1, then rank 0 calls
@@ -268,11 +279,12 @@ static void test_tcp_slow_senders(void **state) {
     attack_start(&job, &args, addr, sizeof addr);
     int calls = atomic_load(&job.shared->count[C_CALLS]);
 
-    /* Silence after connecting: dropped at the hello deadline. */
+    /* Silence after connecting: dropped at the hello deadline, and logged. */
     int fd = tt_raw_connect(addr);
     uint64_t t0 = tt_now_ns();
     tt_expect_dropped(fd);
     assert_true(secs_since(t0) > 0.3);
+    assert_int_equal(await_count(job.shared, C_NO_HELLO, 1, 5), 0);
 
     /* A frame of 90,000 bytes that stops after 100 of its body. */
     uint8_t h[24], body[100] = {0};
@@ -348,6 +360,8 @@ static void test_tcp_handshake_cap(void **state) {
         more[i] = tt_hello_as_worker2(addr);
     int fifth = tt_hello_as_worker2(addr);
     tt_expect_dropped(fifth);
+    assert_int_equal(await_count(job.shared, C_PER_PEER, 1, 5), 0); /* logged, once */
+    assert_int_equal(atomic_load(&job.shared->count[C_PER_PEER]), 1);
     for (int i = 0; i < 2; i++)
         close(more[i]);
     close(w);
