@@ -128,8 +128,21 @@ static tp_status corrupt_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return send_instead(a, dst, f, g);
 }
 
+static int twice_remotes; /* the next this many REMOTE frames go twice (a peer's bug) */
+
 static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     const uint8_t *header = f->seg[0].base;
+    if (twice_remotes > 0 && header[5] == TPI_MSG_REMOTE) {
+        twice_remotes--;
+        tp_frame *copy = tp_frame_flatten(f); /* a frame of its own, same bytes */
+        CHECK(copy != NULL && copy != f);
+        tp_status st = sim_ops->send(a, dst, f);
+        if (copy && st == TP_OK && sim_ops->send(a, dst, copy) != TP_OK)
+            tp_frame_free(copy);
+        else if (copy && st != TP_OK)
+            tp_frame_free(copy);
+        return st;
+    }
     if (header[5] == TPI_MSG_RREF_FORK && tp_sim_current_host() == 0)
         forks_sent++;
     if (corrupt_answers > 0 && header[5] == 2 /* RESPONSE */ && tp_sim_current_host() == 1) {
@@ -380,6 +393,47 @@ static void sc_unknown_rref_fetch(world *w) {
     CHECK(tp_value_get_int(v, &x) == TP_OK && x == 7);
     tp_value_free(v);
     tp_rref_release(r);
+}
+
+/*
+ * A REMOTE that arrives twice (the same rref id): the owner refuses the
+ * second with TP_EPROTO, saying so, and frees what that frame carried (its
+ * arguments: LeakSanitizer); the first is served, and the caller, whose
+ * creation got the refusal, fails the rref with its text. The world serves
+ * on and shuts down cleanly.
+ */
+static void sc_remote_twice(world *w) {
+    (void)w;
+    static const uint8_t pad[512]; /* arguments that would leak if kept */
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    tp_value *kwargs = tp_value_map();
+    CHECK(kwargs && tp_map_set(kwargs, "pad", tp_value_bytes(pad, sizeof pad)) == TP_OK);
+    tp_rref *r = NULL;
+    twice_remotes = 1;
+    CHECK(tp_remote(tp_to_name("w1"), "add", args, kwargs, 5.0, &r) == TP_OK);
+    CHECK(twice_remotes == 0);
+    tp_value *v = NULL;
+    tp_status st = tp_rref_to_here(r, 5.0, &v);
+    if (st != TP_EPROTO)
+        print_error("to_here: %s: %s\n", tp_status_name(st), tp_errmsg());
+    CHECK(st == TP_EPROTO);
+    CHECK(strstr(tp_errmsg(), "already exists on w1") != NULL);
+    CHECK(v == NULL);
+    tp_rref_release(r);
+    /* And the next remote() works. */
+    int64_t x = 0;
+    CHECK(tp_remote(tp_to_name("w1"), "add", args, kwargs, 5.0, &r) == TP_OK);
+    CHECK(tp_rref_to_here(r, 5.0, &v) == TP_OK && tp_value_get_int(v, &x) == TP_OK && x == 7);
+    tp_value_free(v);
+    tp_rref_release(r);
+    tp_value_free(kwargs);
+    tp_value_free(args);
+}
+
+static void test_send_remote_twice_refused(void **state) {
+    (void)state;
+    world w = {.scenario = sc_remote_twice, .backend = "SIM_FAILSEND"};
+    run_world(2, 23, &w);
 }
 
 /* fetch(rref, ...) -> its value, or the sum of the values of several, on
@@ -639,6 +693,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deferred_send_failure),
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
+        cmocka_unit_test(test_send_remote_twice_refused),
         cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
         cmocka_unit_test(test_send_second_rref_fork_refused),
         cmocka_unit_test(test_send_fork_answer_malformed_not_retried),
