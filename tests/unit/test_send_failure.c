@@ -130,8 +130,26 @@ static tp_status corrupt_send(tp_agent *a, uint32_t dst, tp_frame *f) {
 
 static int twice_remotes; /* the next this many REMOTE frames go twice (a peer's bug) */
 
+/* The next this many RREF_ABANDON frames, and RREF_FETCH frames, name rref
+ * 1:777 instead: an id worker 1 never made, and an abandon from a worker
+ * that did not make it. */
+static int forge_abandons, forge_fetches_777;
+
+static void forge_rref_777(tpi_msg *m) {
+    m->rref.worker = 1;
+    m->rref.local = 777;
+}
+
 static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     const uint8_t *header = f->seg[0].base;
+    if ((forge_abandons > 0 && header[5] == TPI_MSG_RREF_ABANDON) ||
+        (forge_fetches_777 > 0 && header[5] == TPI_MSG_RREF_FETCH)) {
+        if (header[5] == TPI_MSG_RREF_ABANDON)
+            forge_abandons--;
+        else
+            forge_fetches_777--;
+        return forged_send(a, dst, f, forge_rref_777);
+    }
     if (twice_remotes > 0 && header[5] == TPI_MSG_REMOTE) {
         twice_remotes--;
         tp_frame *copy = tp_frame_flatten(f); /* a frame of its own, same bytes */
@@ -430,6 +448,45 @@ static void sc_remote_twice(world *w) {
     tp_value_free(args);
 }
 
+/*
+ * RREF-14: an owner takes an RREF_ABANDON only from the worker that made the
+ * id. w0's abandon of its timed-out remote() arrives naming 1:777, an id
+ * only w1 could make and never did: w1 records nothing, so a later fetch of
+ * 1:777 is answered as any unknown id (TP_EPROTO, "unknown on its owner"),
+ * not as one its creator abandoned (TP_EPEERDOWN).
+ */
+static void sc_abandon_from_another(world *w) {
+    (void)w;
+    tp_value *args = tp_value_list_of(2, tp_value_int(3), tp_value_int(4));
+    tp_rref *r = NULL;
+    forge_abandons = 1;
+    CHECK(tp_remote(tp_to_name("w1"), "nap", NULL, NULL, 0.01, &r) == TP_OK);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(r, 5.0, &v) == TP_ETIMEDOUT);
+    tp_rref_release(r);
+    CHECK(tp_sleep(0.2) == TP_OK); /* the nap ended; the abandon was answered */
+    CHECK(forge_abandons == 0);
+    CHECK(tp_remote(tp_to_name("w1"), "add", args, NULL, 5.0, &r) == TP_OK);
+    CHECK(tp_rref_to_here(r, 5.0, &v) == TP_OK);
+    tp_value_free(v);
+    v = NULL;
+    forge_fetches_777 = 1;
+    tp_status st = tp_rref_to_here(r, 5.0, &v);
+    if (st != TP_EPROTO)
+        print_error("fetch of 1:777: %s: %s\n", tp_status_name(st), tp_errmsg());
+    CHECK(st == TP_EPROTO);
+    CHECK(strstr(tp_errmsg(), "rref 1:777 is unknown on its owner 'w1'") != NULL);
+    CHECK(v == NULL && forge_fetches_777 == 0);
+    tp_rref_release(r);
+    tp_value_free(args);
+}
+
+static void test_send_abandon_from_another_worker_ignored(void **state) {
+    (void)state;
+    world w = {.scenario = sc_abandon_from_another, .backend = "SIM_FAILSEND"};
+    run_world(2, 29, &w);
+}
+
 static void test_send_remote_twice_refused(void **state) {
     (void)state;
     world w = {.scenario = sc_remote_twice, .backend = "SIM_FAILSEND"};
@@ -694,6 +751,7 @@ int main(void) {
         cmocka_unit_test(test_deferred_send_failure),
         cmocka_unit_test(test_send_unknown_rref_fetch_answered),
         cmocka_unit_test(test_send_remote_twice_refused),
+        cmocka_unit_test(test_send_abandon_from_another_worker_ignored),
         cmocka_unit_test(test_send_fork_of_other_incarnation_refused),
         cmocka_unit_test(test_send_second_rref_fork_refused),
         cmocka_unit_test(test_send_fork_answer_malformed_not_retried),
