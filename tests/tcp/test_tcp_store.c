@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -2163,8 +2164,17 @@ static void test_tcp_store_open_on_descriptor_0_gets_the_keepalive(void **state)
     int opts[5] = {sock_opt(0, SOL_SOCKET, SO_KEEPALIVE), sock_opt(0, IPPROTO_TCP, TCP_KEEPIDLE),
                    sock_opt(0, IPPROTO_TCP, TCP_KEEPINTVL), sock_opt(0, IPPROTO_TCP, TCP_KEEPCNT),
                    sock_opt(0, IPPROTO_TCP, TCP_USER_TIMEOUT)};
+    /* Descriptor 0 is a connection like any other: operations go on it (no
+     * reconnect each time), and close closes it. */
+    void *v = NULL;
+    size_t n = 0;
+    int ops_ok = c && c->ops->set(c, "zero", "0", 1) == TP_OK &&
+                 c->ops->get(c, "zero", &v, &n) == TP_OK && n == 1 && memcmp(v, "0", 1) == 0;
+    free(v);
+    int still_0 = getpeername(0, (struct sockaddr *)&peer, &pl) == 0;
     if (c)
         c->ops->close(c);
+    int closed_0 = fcntl(0, F_GETFD) == -1 && errno == EBADF;
     assert_int_equal(dup2(saved, 0), 0); /* stdin back, before any check */
     close(saved);
     tp_options_free(o);
@@ -2173,6 +2183,9 @@ static void test_tcp_store_open_on_descriptor_0_gets_the_keepalive(void **state)
         fprintf(stderr, "%s\n", err);
     assert_int_equal(st, TP_OK);
     assert_true(on_0); /* the store connection took descriptor 0 */
+    assert_true(ops_ok);
+    assert_true(still_0);
+    assert_true(closed_0);
     assert_int_equal(opts[0], 1);
     assert_int_equal(opts[1], 9);
     assert_int_equal(opts[2], 4);
