@@ -8,9 +8,11 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1092,6 +1094,75 @@ static void test_tcp_store_first_client_gets_the_jobs_keepalive(void **state) {
     a->ops->close(a);
     b->ops->close(b);
     tpi_store_server_stop(srv, 0);
+}
+
+/* A listener on 127.0.0.1 that accepts and at once closes every connection,
+ * counting them, until stop is set. */
+typedef struct closer {
+    int fd;
+    uint16_t port;
+    atomic_int accepted, stop;
+    pthread_t thread;
+} closer;
+
+static void *closer_main(void *arg) {
+    closer *k = arg;
+    while (!atomic_load(&k->stop)) {
+        struct pollfd p = {.fd = k->fd, .events = POLLIN};
+        if (poll(&p, 1, 20) == 1) {
+            int c = accept(k->fd, NULL, NULL);
+            if (c >= 0) {
+                atomic_fetch_add(&k->accepted, 1);
+                close(c);
+            }
+        }
+    }
+    return NULL;
+}
+
+static void closer_start(closer *k) {
+    k->fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(k->fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(k->fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(k->fd, 64), 0);
+    assert_int_equal(getsockname(k->fd, (struct sockaddr *)&sa, &len), 0);
+    k->port = ntohs(sa.sin_port);
+    atomic_init(&k->accepted, 0);
+    atomic_init(&k->stop, 0);
+    assert_int_equal(pthread_create(&k->thread, NULL, closer_main, k), 0);
+}
+
+static void closer_stop(closer *k) {
+    atomic_store(&k->stop, 1);
+    pthread_join(k->thread, NULL);
+    close(k->fd);
+}
+
+/* spec: TCP-9: a store that closes every connection at once is as good as
+ * absent (a server stopping), and the client tries again after a pause that
+ * doubles from 10 ms up to 200 ms: about 9 attempts in a second, not a
+ * hundred, and TP_ETIMEDOUT at the deadline naming the store. */
+static void test_tcp_store_attempts_back_off(void **state) {
+    (void)state;
+    closer k;
+    closer_start(&k);
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    uint64_t t0 = tt_now_ns();
+    tp_status st = tpi_tcp_store_connect("127.0.0.1", k.port, 1, &auth, t0 + 1000000000ull, "test",
+                                         NULL, 0, NULL, &c, err, sizeof err);
+    double took = (double)(tt_now_ns() - t0) / 1e9;
+    closer_stop(&k);
+    if (c)
+        c->ops->close(c);
+    int n = atomic_load(&k.accepted);
+    fprintf(stderr, "  %d attempts in %.2f s: %s\n", n, took, err);
+    assert_int_equal(st, TP_ETIMEDOUT);
+    assert_non_null(strstr(err, "cannot reach the rendezvous store at"));
+    assert_true(took >= 1.0 && took < 1.0 + 0.5 * TT_SLOWDOWN);
+    assert_true(n >= 5 && n <= 15);
 }
 
 /* spec: TCP-9: a client waits for a server that comes up late */
@@ -2398,6 +2469,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_first_client_gets_the_jobs_keepalive),
         cmocka_unit_test(test_tcp_store_late_server),
+        cmocka_unit_test(test_tcp_store_attempts_back_off),
         cmocka_unit_test(test_tcp_store_server_start_without_memory),
         cmocka_unit_test(test_tcp_store_wait_ends_at_the_init_interrupt),
         cmocka_unit_test(test_tcp_store_port_taken),
