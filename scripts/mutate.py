@@ -169,6 +169,32 @@ SKIP = re.compile(r"^\s*(?:/?\*|//|#|TPI_ASSERT|assert|_Static_assert|static_ass
 DECL = re.compile(r"^\s*(?:const\s+)?(?:u?int\d*_t|char|unsigned|size_t|int|void|long|ssize_t)\b")
 
 
+def mask_literals(line):
+    """The line with what is inside its string and character literals made
+    'x', quotes kept, so that an operator is never found inside a literal
+    and every position still names the same place in the line."""
+    out = list(line)
+    quote = None
+    i = 0
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            if ch == "\\" and i + 1 < len(line):
+                out[i] = out[i + 1] = "x"
+                i += 2
+                continue
+            if ch == quote:
+                quote = None
+            else:
+                out[i] = "x"
+        elif ch in "\"'":
+            quote = ch
+        elif line.startswith("//", i) or line.startswith("/*", i):
+            break  # a comment: left as it is (code_of drops it)
+        i += 1
+    return "".join(out)
+
+
 def code_of(line):
     """The line without its comments (one-line /* */ and //), for statement ends."""
     line = re.sub(r"/\*.*?\*/", "", line)
@@ -275,9 +301,12 @@ def c_candidates(rel, text):
         if s.startswith("/*") and "*/" not in s:
             in_comment = True
             continue
-        if not s or SKIP.match(line) or '"' in line or REPORTS.match(head):
+        if not s or SKIP.match(line) or REPORTS.match(head):
             continue
-        code = code_of(line)
+        # Operators are looked for outside string and character literals: a
+        # line that quotes text (a strcmp with a word, a call with a name)
+        # has its conditions and its statement mutated like any other.
+        code = code_of(mask_literals(line))
         for name, pat, rep, cond in C_OPERATORS:
             if cond is not None and not cond.search(code):
                 continue
