@@ -1140,6 +1140,46 @@ static void closer_stop(closer *k) {
     close(k->fd);
 }
 
+/* spec: TCP-9: a listener that never accepts (its connections complete in
+ * the kernel's backlog, so a client's hello is never answered) holds each
+ * attempt for its second (CLIENT_ATTEMPT_MS) and no longer: with a 1.5 s
+ * deadline the client ends TP_ETIMEDOUT after two attempts, about 2 s. In a
+ * child with an alarm, so a wait without a deadline fails the test instead
+ * of hanging it. */
+static void test_tcp_store_unanswered_hello_times_out(void **state) {
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(lfd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+    fflush(NULL);
+    uint64_t t0 = tt_now_ns();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        tp_store *c = NULL;
+        char err[TP_ERRMSG_LEN_MAX] = "";
+        tp_status st = tpi_tcp_store_connect("127.0.0.1", ntohs(sa.sin_port), 1, &auth,
+                                             tt_now_ns() + 1500000000ull, "test", NULL, 0, NULL, &c,
+                                             err, sizeof err);
+        if (c)
+            c->ops->close(c);
+        fprintf(stderr, "  %s: %s\n", tp_status_name(st), err);
+        _exit(st == TP_ETIMEDOUT ? 0 : 3);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    double took = (double)(tt_now_ns() - t0) / 1e9;
+    close(lfd);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("the child ended with status %#x after %.1f s", (unsigned)status, took);
+    assert_true(took >= 1.5 && took < 3.5 * TT_SLOWDOWN);
+}
+
 /* spec: TCP-9: a store that closes every connection at once is as good as
  * absent (a server stopping), and the client tries again after a pause that
  * doubles from 10 ms up to 200 ms: about 9 attempts in a second, not a
@@ -2470,6 +2510,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_first_client_gets_the_jobs_keepalive),
         cmocka_unit_test(test_tcp_store_late_server),
         cmocka_unit_test(test_tcp_store_attempts_back_off),
+        cmocka_unit_test(test_tcp_store_unanswered_hello_times_out),
         cmocka_unit_test(test_tcp_store_server_start_without_memory),
         cmocka_unit_test(test_tcp_store_wait_ends_at_the_init_interrupt),
         cmocka_unit_test(test_tcp_store_port_taken),
