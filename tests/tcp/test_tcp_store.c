@@ -2162,6 +2162,12 @@ static void test_tcp_store_reconnects_after_a_lost_connection(void **state) {
         v = NULL;
     }
     assert_int_equal(connected_on(f->port, 0, fds, 4), 1); /* the broken one was closed */
+    /* TCP-23: the new connection has the keepalive as the first had (the
+     * defaults: 30 s idle, probes every 5 s, 3 of them). */
+    assert_int_equal(sock_opt(fds[0], SOL_SOCKET, SO_KEEPALIVE), 1);
+    assert_int_equal(sock_opt(fds[0], IPPROTO_TCP, TCP_KEEPIDLE), 30);
+    assert_int_equal(sock_opt(fds[0], IPPROTO_TCP, TCP_KEEPINTVL), 5);
+    assert_int_equal(sock_opt(fds[0], IPPROTO_TCP, TCP_KEEPCNT), 3);
 }
 
 static int sockopt(int fd, int level, int name) {
