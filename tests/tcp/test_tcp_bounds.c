@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <arpa/inet.h>
@@ -1530,6 +1531,77 @@ static void test_tcp_silent_host_declared_after_peer_down_timeout(void **state) 
     tt_job_free(&job);
 }
 
+/* spec: TCP-25, REJOIN-1..3, TCP-16. As above, worker 1 is declared down
+ * while a dial to it was pending; then it is restarted as a new incarnation
+ * (the old one killed) and worker 0's call reaches it: the pending dial
+ * given up at the verdict leaves nothing behind that the new address
+ * would trip on. Both graceful shutdowns end TP_OK. */
+enum { F_RJ_NEW_UP = 16, F_RJ_DONE = 17, C_RJ_CALL = 18 };
+
+static int body_down_then_rejoin(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    TT_CHECK(join_then_cut_worker1(job, rank) == 0);
+    if (rank == 1) {
+        for (;;)
+            pause(); /* the cut incarnation: the parent kills it */
+    }
+    int64_t v = 0;
+    (void)tt_call_add(tp_to_rank(1), 2, 3, 10, &v); /* the open connection fails: TP_EIO */
+    TT_CHECK(tt_call_add(tp_to_rank(1), 2, 3, 20, &v) == TP_EPEERDOWN); /* silence: down */
+    atomic_store(&thr_port, 0);
+    atomic_store(&thr_unreach, 0);
+    atomic_store(&sh->flag[F_DOWN_SEEN], 1);
+    TT_CHECK(tt_await_flag(sh, F_RJ_NEW_UP, 1, 60) == 0);
+    tp_status st = tt_call_add(tp_to_rank(1), 20, 3, 10, &v);
+    if (st != TP_OK || v != 23)
+        fprintf(stderr, "worker 0: the call to the new worker 1: %s\n", tp_errmsg());
+    atomic_store(&sh->count[C_RJ_CALL], st == TP_OK && v == 23);
+    atomic_store(&sh->flag[F_RJ_DONE], 1);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static int body_down_then_rejoin_new(tt_job *job) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 120, 60);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK &&
+             tp_options_set(o, "peer_down_timeout", "1") == TP_OK && tp_options_rejoin(o) == 0 &&
+             setenv("TP_REJOIN", "1", 1) == 0);
+    TT_CHECK(tt_init(job, 1, o) == 0);
+    tp_options_free(o);
+    atomic_store(&sh->flag[F_RJ_NEW_UP], 1);
+    TT_CHECK(tt_await_flag(sh, F_RJ_DONE, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_declared_down_worker_rejoins(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_down_then_rejoin, NULL), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_DOWN_SEEN, 1, 60), 0);
+    kill(job.pid[1], SIGKILL);
+    int status = 0;
+    assert_int_equal(waitpid(job.pid[1], &status, 0), job.pid[1]);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int code = body_down_then_rejoin_new(&job);
+        fflush(NULL);
+        exit(code);
+    }
+    job.pid[1] = pid;
+    int waited = tt_wait(&job, 120);
+    int called = atomic_load(&job.shared->count[C_RJ_CALL]);
+    int code[2] = {job.code[0], job.code[1]};
+    tt_job_free(&job);
+    assert_int_equal(waited, 0);
+    assert_int_equal(called, 1);
+    assert_int_equal(code[0], 0);
+    assert_int_equal(code[1], 0);
+}
+
 /* ---- An impostor at a worker's address (TCP-3) --------------------------------------- */
 
 enum { C_IMPOSTOR_NAMED = 5 };
@@ -1631,6 +1703,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_congested_connection_fails),
         cmocka_unit_test(test_tcp_unreachable_host_is_not_silence),
         cmocka_unit_test(test_tcp_silent_host_declared_after_peer_down_timeout),
+        cmocka_unit_test(test_tcp_declared_down_worker_rejoins),
         cmocka_unit_test(test_tcp_impostor_acceptor_is_named),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
