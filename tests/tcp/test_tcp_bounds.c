@@ -1665,7 +1665,12 @@ static void test_tcp_impostor_acceptor_is_named(void **state) {
         uint8_t rec[TPI_TCP_RECORD_SIZE];
         char err[128];
         uint32_t dialer = 0;
-        assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+        size_t got = tt_raw_recv(fd, rec, sizeof rec);
+        if (got == 0) { /* a dialer whose init failed already closed before its hello */
+            close(fd);
+            continue;
+        }
+        assert_int_equal(got, sizeof rec);
         assert_true(
             tpi_tcp_hello_check(rec, TPI_TCP_HELLO_OPEN, 2, 3, 0, &dialer, err, sizeof err));
         tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_ACCEPT, dialer == 0 ? 1 : 0, dialer, 3, 0);
