@@ -167,6 +167,30 @@ int tt_all_answer_retrying(const tt_job *job, int rank) {
     return all_answer(job, rank, 1);
 }
 
+int tt_kill_rank(tt_job *job, int rank) {
+    int status = 0;
+    if (rank < 0 || rank >= job->world || kill(job->pid[rank], SIGKILL) != 0 ||
+        waitpid(job->pid[rank], &status, 0) != job->pid[rank])
+        return -1;
+    job->code[rank] = 128 + SIGKILL;
+    return 0;
+}
+
+int tt_restart_rank(tt_job *job, int rank, int (*body)(tt_job *job)) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int code = body(job);
+        fflush(NULL);
+        exit(code); /* exit, not _exit: the exit handlers and LeakSanitizer run */
+    }
+    job->pid[rank] = pid;
+    job->code[rank] = -1;
+    return 0;
+}
+
 void tt_job_free(tt_job *job) {
     if (job->shared)
         munmap(job->shared, sizeof(tt_shared));

@@ -64,6 +64,12 @@ int tt_all_answer(const tt_job *job, int rank);
  * forged or broken connections end while the calls start (a peer that may
  * live fails the calls in flight to it, TCP-7, and a user tries again). */
 int tt_all_answer_retrying(const tt_job *job, int rank);
+/* Kills rank's process (SIGKILL) and reaps it: 0, or -1. */
+int tt_kill_rank(tt_job *job, int rank);
+/* Starts a new process in rank's place (a restart, REJOIN) running body,
+ * whose return is its exit status; tt_wait waits for it as for the first.
+ * 0, or -1 when fork fails. */
+int tt_restart_rank(tt_job *job, int rank, int (*body)(tt_job *job));
 /* Frees the job's shared memory. */
 void tt_job_free(tt_job *job);
 

@@ -1053,19 +1053,9 @@ static void test_tcp_rejoin(void **state) {
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 3, body_rejoin, NULL), 0);
     assert_int_equal(tt_await_flag(job.shared, F_UP, 4, 30), 0);
-    kill(job.pid[2], SIGKILL);
-    int status = 0;
-    assert_int_equal(waitpid(job.pid[2], &status, 0), job.pid[2]);
+    assert_int_equal(tt_kill_rank(&job, 2), 0);
     assert_int_equal(tt_await_flag(job.shared, F_SAW_DEAD, 1, 30), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int code = body_rejoin_new(&job);
-        fflush(NULL);
-        exit(code);
-    }
-    job.pid[2] = pid; /* tt_wait waits for the new incarnation */
+    assert_int_equal(tt_restart_rank(&job, 2, body_rejoin_new), 0); /* tt_wait waits for it */
     tt_wait(&job, 60);
     fprintf(stderr, "  the rejoin took %.1f ms\n", atomic_load(&job.shared->ns[NS_REJOINED]) / 1e6);
     assert_int_equal(job.code[0], 0);
@@ -1137,20 +1127,10 @@ static void test_tcp_rejoin_while_called(void **state) {
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 3, body_fast_restart, NULL), 0);
     assert_int_equal(tt_await_flag(job.shared, F_UP, 3, 30), 0);
-    kill(job.pid[2], SIGKILL);
-    int status = 0;
-    assert_int_equal(waitpid(job.pid[2], &status, 0), job.pid[2]);
+    assert_int_equal(tt_kill_rank(&job, 2), 0);
     atomic_store(&job.shared->flag[F_FAST_KILLED], 1);
     usleep(300000);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int code = body_fast_restart_new(&job);
-        fflush(NULL);
-        exit(code);
-    }
-    job.pid[2] = pid;
+    assert_int_equal(tt_restart_rank(&job, 2, body_fast_restart_new), 0);
     tt_wait(&job, 120);
     uint64_t reached = atomic_load(&job.shared->ns[NS_FAST_REACHED]);
     fprintf(stderr, "  %d calls after the kill; the new incarnation reached after %.1f ms\n",

@@ -18,7 +18,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <arpa/inet.h>
@@ -1580,18 +1579,8 @@ static void test_tcp_declared_down_worker_rejoins(void **state) {
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_down_then_rejoin, NULL), 0);
     assert_int_equal(tt_await_flag(job.shared, F_DOWN_SEEN, 1, 60), 0);
-    kill(job.pid[1], SIGKILL);
-    int status = 0;
-    assert_int_equal(waitpid(job.pid[1], &status, 0), job.pid[1]);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int code = body_down_then_rejoin_new(&job);
-        fflush(NULL);
-        exit(code);
-    }
-    job.pid[1] = pid;
+    assert_int_equal(tt_kill_rank(&job, 1), 0);
+    assert_int_equal(tt_restart_rank(&job, 1, body_down_then_rejoin_new), 0);
     int waited = tt_wait(&job, 120);
     int called = atomic_load(&job.shared->count[C_RJ_CALL]);
     int code[2] = {job.code[0], job.code[1]};

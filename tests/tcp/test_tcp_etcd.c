@@ -164,21 +164,11 @@ static void test_tcp_etcd_rank0_rejoins(void **state) {
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 3, body_rank0_rejoin, url), 0);
     assert_int_equal(tt_await_flag(job.shared, F_UP, 4, 30), 0);
-    kill(job.pid[0], SIGKILL);
-    int status = 0;
-    assert_int_equal(waitpid(job.pid[0], &status, 0), job.pid[0]);
+    assert_int_equal(tt_kill_rank(&job, 0), 0);
     assert_int_equal(tt_await_flag(job.shared, F_SAW_DEAD, 1, 30), 0);
     /* Dead for longer than the lease's TTL: the survivors keep it alive. */
     tpe_sleep_ms(DEAD_FOR_MS);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int code = body_rank0_new(&job);
-        fflush(NULL);
-        exit(code);
-    }
-    job.pid[0] = pid; /* tt_wait waits for the new incarnation */
+    assert_int_equal(tt_restart_rank(&job, 0, body_rank0_new), 0); /* tt_wait waits for it */
     tt_wait(&job, 60);
     fprintf(stderr, "  the rejoin of rank 0 took %.1f ms\n",
             atomic_load(&job.shared->ns[NS_REJOINED]) / 1e6);
