@@ -364,33 +364,6 @@ static void test_shm_slab_picking(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
-/* A slab whose memfd is descriptor 0 (stdin closed) is a slab like any
- * other: packed into, released, and packed into again. */
-static void test_shm_slab_on_descriptor_0(void **state) {
-    (void)state;
-    tpi_tcp_agent a;
-    tpi_tcp_peer peers[2];
-    pool_agent(&a, peers);
-    int saved = dup(0);
-    assert_true(saved > 0);
-    assert_int_equal(close(0), 0);
-    uint32_t gen0 = 0, gen = 0;
-    int s0 = pack(&a, 1 * MIB, &gen0); /* its memfd takes descriptor 0 */
-    int on_0 = fcntl(0, F_GETFD) != -1;
-    int released = s0 >= 0 ? tpi_shm_release(&a, 1, 1, (uint32_t)s0) : -2;
-    int again = pack(&a, 1 * MIB, &gen);
-    if (again >= 0)
-        (void)tpi_shm_release(&a, 1, 1, (uint32_t)again);
-    tpi_shm_tx_free(peers[1].shm_tx);    /* closes descriptor 0 again */
-    assert_int_equal(dup2(saved, 0), 0); /* stdin back, before any check */
-    close(saved);
-    assert_true(s0 >= 0);
-    assert_true(on_0);
-    assert_int_equal(released, 0);
-    assert_int_equal(again, s0); /* reused, not replaced */
-    assert_int_equal(gen, gen0);
-}
-
 /* spec: TCP-22, TCP-14: a release names a slot the peer chose; it frees a
  * busy slab of that session and nothing else, whatever the number. */
 static void test_shm_release_checks_the_slot(void **state) {
@@ -975,7 +948,6 @@ int main(void) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_slab_picking),
-        cmocka_unit_test(test_shm_slab_on_descriptor_0),
         cmocka_unit_test(test_shm_release_checks_the_slot),
         cmocka_unit_test(test_shm_smallest_fitting_slab_taken),
         cmocka_unit_test(test_shm_slab_on_descriptor_0_reused),
