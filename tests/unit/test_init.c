@@ -804,7 +804,7 @@ static void test_init_without_memory_for_the_core(void **state) {
  * init works; nothing it made is left behind (LeakSanitizer: the sanitizer
  * build's test run and scripts/mutate.py's). One worker, as above.
  */
-static int sweep_fails, sweep_inits, sweep_bad;
+static int sweep_fails, sweep_inits, sweep_bad, sweep_bad_up;
 static char sweep_bad_msg[TP_ERRMSG_LEN_MAX];
 
 static int oom_sweep_program(int rank, int world_size, void *arg) {
@@ -820,6 +820,7 @@ static int oom_sweep_program(int rank, int world_size, void *arg) {
             sweep_fails++;
             if ((tp_is_initialized() || !tp_errmsg()[0]) && !sweep_bad) {
                 sweep_bad = (int)k;
+                sweep_bad_up = tp_is_initialized();
                 snprintf(sweep_bad_msg, sizeof sweep_bad_msg, "%s", tp_errmsg());
             }
             CHECK(tp_init_rpc("w0", "SIM", rank, world_size, NULL) == TP_OK);
@@ -845,8 +846,8 @@ static void test_init_each_allocation_failing(void **state) {
     assert_int_equal(failures, 0);
     assert_int_equal(codes[0], 0);
     if (sweep_bad)
-        fail_msg("allocation %d: a failed init left '%s' (initialized %d)", sweep_bad,
-                 sweep_bad_msg, 0);
+        fail_msg("allocation %d failing: init failed with message '%s', worker %s", sweep_bad,
+                 sweep_bad_msg, sweep_bad_up ? "initialized" : "not initialized");
     assert_true(sweep_fails > 10); /* the sweep reached init's allocations */
 }
 

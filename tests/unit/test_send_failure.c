@@ -155,10 +155,8 @@ static tp_status failing_send(tp_agent *a, uint32_t dst, tp_frame *f) {
         tp_frame *copy = tp_frame_flatten(f); /* a frame of its own, same bytes */
         CHECK(copy != NULL && copy != f);
         tp_status st = sim_ops->send(a, dst, f);
-        if (copy && st == TP_OK && sim_ops->send(a, dst, copy) != TP_OK)
-            tp_frame_free(copy);
-        else if (copy && st != TP_OK)
-            tp_frame_free(copy);
+        if (copy && (st != TP_OK || sim_ops->send(a, dst, copy) != TP_OK))
+            tp_frame_free(copy); /* send takes a frame only when it returns TP_OK */
         return st;
     }
     if (header[5] == TPI_MSG_RREF_FORK && tp_sim_current_host() == 0)
