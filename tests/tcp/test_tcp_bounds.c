@@ -1531,10 +1531,10 @@ static void test_tcp_silent_host_declared_after_peer_down_timeout(void **state) 
 }
 
 /* spec: TCP-25, REJOIN-1..3, TCP-16. As above, worker 1 is declared down
- * while a dial to it was pending; then it is restarted as a new incarnation
- * (the old one killed) and worker 0's call reaches it: the pending dial
- * given up at the verdict leaves nothing behind that the new address
- * would trip on. Both graceful shutdowns end TP_OK. */
+ * after peer_down_timeout with its host unreachable; then it is restarted
+ * as a new incarnation (the old one killed) and worker 0's next call
+ * reaches it: a worker declared down comes back by rejoining. Both graceful
+ * shutdowns end TP_OK. */
 enum { F_RJ_NEW_UP = 16, F_RJ_DONE = 17, C_RJ_CALL = 18 };
 
 static int body_down_then_rejoin(tt_job *job, int rank) {
