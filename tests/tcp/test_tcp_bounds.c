@@ -1591,6 +1591,65 @@ static void test_tcp_declared_down_worker_rejoins(void **state) {
     assert_int_equal(code[1], 0);
 }
 
+/* spec: TCP-7. A connection that proved itself as worker 2 sends worker 1 a
+ * frame header it cannot accept: worker 1 aborts it and raises peer-down
+ * TP_EIO for worker 2 ("connection from <address> dropped: ..."), since
+ * frames from worker 2 may have been lost, so worker 1's call in flight to
+ * the real worker 2 fails at once with that text instead of waiting; worker
+ * 2 itself lives, and a later call to it works. */
+enum { F_PE_HELD = 19, F_PE_DONE = 20, C_PE_STATUS = 19, C_PE_NAMED = 20, C_PE_AFTER = 21 };
+
+static int body_protocol_error(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_int(F_PE_HELD));
+        TT_CHECK(tp_rpc_async(tp_to_rank(2), "block", args, NULL, 20, &f) == TP_OK);
+        tp_value_free(args);
+        TT_CHECK(await_count(sh, F_PE_HELD, 1, 20) == 0); /* worker 2 runs it: the parent attacks */
+        tp_status st = tp_future_wait(f, 5);
+        atomic_store(&sh->count[C_PE_STATUS], (int)st);
+        atomic_store(&sh->count[C_PE_NAMED],
+                     strstr(tp_future_error(f) ? tp_future_error(f) : "", "dropped: ") != NULL);
+        atomic_store(&sh->flag[F_PE_HELD], 1); /* worker 2's block returns */
+        tp_future_free(f);
+        int64_t v = 0;
+        atomic_store(&sh->count[C_PE_AFTER],
+                     tt_call_add(tp_to_rank(2), 20, 3, 10, &v) == TP_OK && v == 23);
+        atomic_store(&sh->flag[F_PE_DONE], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_PE_DONE, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_protocol_error_fails_the_claimed_peers_calls(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_protocol_error, NULL), 0);
+    assert_int_equal(await_count(job.shared, F_PE_HELD, 1, 30), 0);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    int fd = tt_hello_as_worker2(addr);
+    uint8_t h[24];
+    tt_frame_header(h, TPI_WIRE_VERSION, 2, 100);
+    memcpy(h, "XXXX", 4); /* not a frame's magic */
+    tt_raw_send(fd, h, sizeof h);
+    tt_expect_abort_then_dropped(fd);
+    int waited = tt_wait(&job, 90);
+    int st = atomic_load(&job.shared->count[C_PE_STATUS]);
+    int named = atomic_load(&job.shared->count[C_PE_NAMED]);
+    int after = atomic_load(&job.shared->count[C_PE_AFTER]);
+    tt_job_free(&job);
+    assert_int_equal(waited, 0);
+    assert_int_equal(st, TP_EIO);
+    assert_int_equal(named, 1);
+    assert_int_equal(after, 1);
+}
+
 /* ---- An impostor at a worker's address (TCP-3) --------------------------------------- */
 
 enum { C_IMPOSTOR_NAMED = 5 };
@@ -1698,6 +1757,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_unreachable_host_is_not_silence),
         cmocka_unit_test(test_tcp_silent_host_declared_after_peer_down_timeout),
         cmocka_unit_test(test_tcp_declared_down_worker_rejoins),
+        cmocka_unit_test(test_tcp_protocol_error_fails_the_claimed_peers_calls),
         cmocka_unit_test(test_tcp_impostor_acceptor_is_named),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
