@@ -1123,6 +1123,7 @@ static atomic_int thr_port;     /* 0: nothing throttled */
 static atomic_llong thr_budget; /* bytes the throttled connection may still take */
 static atomic_int thr_fail;     /* 1: the next throttled write fails, and the throttle ends */
 static atomic_int thr_unreach;  /* 1: the port's host is unreachable: writes and dials fail */
+static atomic_int thr_refuse;   /* 1: dials to the port are refused (nothing listens there) */
 #define THR_IOV_MAX 1024        /* Linux's UIO_MAXIOV: no caller passes more */
 
 typedef ssize_t (*writev_fn)(int, const struct iovec *, int);
@@ -1231,6 +1232,11 @@ int connect(int fd, const struct sockaddr *sa, socklen_t len) {
     if (port && atomic_load(&thr_unreach) && sa && sa->sa_family == AF_INET &&
         ntohs(((const struct sockaddr_in *)sa)->sin_port) == port) {
         errno = EHOSTUNREACH;
+        return -1;
+    }
+    if (port && atomic_load(&thr_refuse) && sa && sa->sa_family == AF_INET &&
+        ntohs(((const struct sockaddr_in *)sa)->sin_port) == port) {
+        errno = ECONNREFUSED;
         return -1;
     }
     return next_connect ? next_connect(fd, sa, len) : (int)syscall(SYS_connect, fd, sa, len);
@@ -1650,6 +1656,142 @@ static void test_tcp_protocol_error_fails_the_claimed_peers_calls(void **state) 
     assert_int_equal(after, 1);
 }
 
+/* spec: TCP-20. Each dial that failed starts its own retry window: the
+ * window of refusals (TPI_TCP_REFUSED_DEAD_MS, 1 s) is counted from the
+ * first failure since the peer last answered, not since the first ever.
+ * Worker 0's connection to worker 1 breaks (a write fails EHOSTUNREACH:
+ * TP_EIO, worker 1 lives) and for REFUSE_MS its dials are refused, as
+ * while a listener restarts; the call made then is answered once they are
+ * accepted again. The same again 1.5 s after the first episode began: an
+ * agent that kept the first episode's start took the second's first
+ * refusal for a whole window of them and declared the live worker 1 down
+ * (TP_EPEERDOWN), and one that kept its back-off waited a second between
+ * tries. Each episode's call succeeds, within 0.6 s of the refusals' end. */
+enum { F_RF_DONE = 21, C_RF_EPISODES = 22 };
+#define REFUSE_MS 400
+
+/* One episode on worker 0: breaks its open connection to worker 1 on port,
+ * refuses dials for REFUSE_MS under a call, then lets them through. 1 when
+ * the break failed its call with TP_EIO and the call was answered in time. */
+static int refused_episode(int port) {
+    int64_t v = 0;
+    atomic_store(&thr_port, port);
+    atomic_store(&thr_unreach, 1);
+    tp_status broke = tt_call_add(tp_to_rank(1), 2, 3, 10, &v);
+    atomic_store(&thr_unreach, 0);
+    atomic_store(&thr_refuse, 1);
+    tp_future *f = NULL;
+    tp_value *args = tp_value_list_of(2, tp_value_int(20), tp_value_int(3));
+    tp_status sent = tp_rpc_async(tp_to_rank(1), "add", args, NULL, 10, &f);
+    tp_value_free(args);
+    usleep(REFUSE_MS * 1000);
+    atomic_store(&thr_refuse, 0);
+    atomic_store(&thr_port, 0);
+    uint64_t t0 = tt_now_ns();
+    tp_status st = sent == TP_OK ? tp_future_wait(f, 10) : sent;
+    double after = (double)(tt_now_ns() - t0) / 1e9;
+    const tp_value *got = st == TP_OK ? tp_future_value(f) : NULL;
+    int ok = broke == TP_EIO && st == TP_OK && got && tp_value_get_int(got, &v) == TP_OK &&
+             v == 23 && after < 0.6;
+    if (!ok)
+        fprintf(stderr, "worker 0: break %d, call %d (%s) %.2f s after the refusals\n", (int)broke,
+                (int)st, f ? tp_future_error(f) : tp_errmsg(), after);
+    tp_future_free(f);
+    return ok;
+}
+
+static int body_refused_twice(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 60, 30);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        int port = open_to_worker1(job);
+        TT_CHECK(port > 0);
+        uint64_t t0 = tt_now_ns();
+        atomic_fetch_add(&sh->count[C_RF_EPISODES], refused_episode(port));
+        while (tt_now_ns() - t0 < 1500000000ull)
+            usleep(10000);
+        atomic_fetch_add(&sh->count[C_RF_EPISODES], refused_episode(port));
+        atomic_store(&sh->flag[F_RF_DONE], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_RF_DONE, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_refusal_window_restarts_after_an_answer(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_refused_twice, NULL), 0);
+    int waited = tt_wait(&job, 90);
+    int episodes = atomic_load(&job.shared->count[C_RF_EPISODES]);
+    tt_job_free(&job);
+    assert_int_equal(waited, 0);
+    assert_int_equal(episodes, 2);
+}
+
+/* spec: TCP-7. A probe's answer ends the probe: its deadline no longer
+ * runs. A connection that proved itself as worker 2 ends without ABORT, so
+ * worker 1 probes worker 2 through its own connection and worker 2 answers
+ * (PONG). Then worker 1 calls worker 2's `block`, which returns 6.5 s
+ * later, past TPI_TCP_PROBE_TIMEOUT_MS (5 s) after the probe: the call is
+ * answered. An agent that left the probe's timer running after the PONG
+ * took the answered connection for one that never answered its hello and
+ * failed the call with TP_EIO at 5 s. */
+enum { F_PB_GO = 22, F_PB_HELD = 23, C_PB_STATUS = 22 };
+
+static int body_probe_answered(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o);
+    if (rank == 1) {
+        tp_set_log_level(TP_LOG_INFO);
+        tp_set_log_callback(count_logged, sh); /* counts C_PROBED */
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(2), 1, 2, 10, &v) == TP_OK); /* open to worker 2 */
+        atomic_fetch_add(&sh->count[C_READY], 1);
+        TT_CHECK(tt_await_flag(sh, F_PB_GO, 1, 30) == 0); /* probed and answered */
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_int(F_PB_HELD));
+        TT_CHECK(tp_rpc_async(tp_to_rank(2), "block", args, NULL, 20, &f) == TP_OK);
+        tp_value_free(args);
+        usleep(6500000);
+        atomic_store(&sh->flag[F_PB_HELD], 1); /* worker 2's block returns */
+        tp_status st = tp_future_wait(f, 10);
+        if (st != TP_OK)
+            fprintf(stderr, "worker 1: the call after the probe: %s\n", tp_future_error(f));
+        atomic_store(&sh->count[C_PB_STATUS], st == TP_OK ? 1 : -1);
+        tp_future_free(f);
+        atomic_store(&sh->flag[F_DONE], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_DONE, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_probe_answered_stops_its_deadline(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_probe_answered, NULL), 0);
+    assert_int_equal(await_count(job.shared, C_READY, 1, 30), 0);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    close(tt_hello_as_worker2(addr)); /* ends without ABORT: worker 1 probes worker 2 */
+    int probed = await_count(job.shared, C_PROBED, 1, 20);
+    atomic_store(&job.shared->flag[F_PB_GO], 1);
+    int waited = tt_wait(&job, 90);
+    int st = atomic_load(&job.shared->count[C_PB_STATUS]);
+    tt_job_free(&job);
+    assert_int_equal(probed, 0);
+    assert_int_equal(waited, 0);
+    assert_int_equal(st, 1);
+}
+
 /* ---- An impostor at a worker's address (TCP-3) --------------------------------------- */
 
 enum { C_IMPOSTOR_NAMED = 5 };
@@ -1758,6 +1900,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_silent_host_declared_after_peer_down_timeout),
         cmocka_unit_test(test_tcp_declared_down_worker_rejoins),
         cmocka_unit_test(test_tcp_protocol_error_fails_the_claimed_peers_calls),
+        cmocka_unit_test(test_tcp_refusal_window_restarts_after_an_answer),
+        cmocka_unit_test(test_tcp_probe_answered_stops_its_deadline),
         cmocka_unit_test(test_tcp_impostor_acceptor_is_named),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
