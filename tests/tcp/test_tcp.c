@@ -1145,6 +1145,34 @@ static void test_tcp_rejoin_while_called(void **state) {
     assert_true(reached > 0);
 }
 
+/* spec: AGENT-18. A peer is congested once what is held for it, queued
+ * and in the connection's write queue together, passes max_unsent_bytes:
+ * exactly the bound is not congested, one byte more is, and arms the flag
+ * that makes the loop tell the core when it drains to half; itself, or a
+ * rank past the world, never is. (An agent of 3 workers never started.) */
+static void test_tcp_congested_past_the_bound_not_at_it(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[3];
+    memset(&a, 0, sizeof a);
+    memset(peers, 0, sizeof peers);
+    a.world_size = 3;
+    a.rank = 1;
+    a.peers = peers;
+    a.unsent_max = 1000;
+    atomic_store(&peers[2].q_bytes, 600);
+    atomic_store(&peers[2].wq_bytes, 400);
+    assert_int_equal(tpi_tcp_congested(&a, 2), 0);
+    assert_int_equal(atomic_load(&peers[2].cong_armed), 0);
+    atomic_store(&peers[2].wq_bytes, 401);
+    assert_int_equal(tpi_tcp_congested(&a, 2), 1);
+    assert_int_equal(atomic_load(&peers[2].cong_armed), 1);
+    atomic_store(&peers[1].q_bytes, 5000);
+    assert_int_equal(tpi_tcp_congested(&a, 1), 0);
+    assert_int_equal(tpi_tcp_congested(&a, 3), 0);
+    assert_int_equal(atomic_load(&peers[1].cong_armed), 0);
+}
+
 /* spec: TCP-16, AGENT-16: set_peer refuses what is not a peer's address
  * before it touches anything: a rank past the world or its own, an address
  * that is not host:port or longer than any, with TP_EINVAL naming them; and
@@ -2460,6 +2488,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_rejoin_while_called),
         cmocka_unit_test(test_tcp_set_peer_refuses),
+        cmocka_unit_test(test_tcp_congested_past_the_bound_not_at_it),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_death_seen_on_the_peers_dial),
         cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),
