@@ -416,6 +416,23 @@ static int errors_malformed_forks_query_refused(int rank, int ws) {
             CHECK(v[0] == 0 && v[1] == 8 && v[2] == 0 && v[3] == 9 && v[4] == 0);
         }
         tp_value_free(res);
+        /* At the bounds, still well formed: TPI_FORKS_QUERY_MAX entries, the
+         * first naming worker ids of UINT32_MAX; none is held. */
+        tp_value *edge = tp_value_list();
+        if (CHECK(edge && tp_list_append(edge, forks_entry(UINT32_MAX, 8, UINT32_MAX, 9)) == TP_OK))
+            for (int i = 1; i < 4096; i++)
+                if (tp_list_append(edge, forks_entry(0, 1, 0, (int64_t)i + 2)) != TP_OK)
+                    CHECK(0);
+        res = NULL;
+        if (CHECK_OK(conf_sync(tp_to_rank(1), "tp:forks", tp_value_list_of(1, edge), &res)) &&
+            CHECK_INT(tp_list_len(res), 4096)) {
+            const tp_value *e = tp_list_get(res, 0);
+            int64_t v[5] = {-1, -1, -1, -1, -1};
+            for (size_t i = 0; i < 5 && i < tp_list_len(e); i++)
+                CHECK_OK(tp_value_get_int(tp_list_get(e, i), &v[i]));
+            CHECK(v[0] == UINT32_MAX && v[2] == UINT32_MAX && v[4] == 0);
+        }
+        tp_value_free(res);
         /* Misnamed calls of the rref API are refused before anything is sent. */
         tp_rref *r = NULL;
         CHECK_STATUS(tp_remote(tp_to_rank(1), "a b", NULL, NULL, TP_TIMEOUT_DEFAULT, &r),

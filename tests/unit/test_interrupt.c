@@ -205,11 +205,13 @@ static void test_interrupt_graceful_shutdown(void **state) {
  * after 100 ms: the future completes at once with TP_ECANCELED and the
  * caller's message, the call no longer counts as in flight here, a second
  * cancel is TP_EALREADY, and the callee's answer (TP_ECANCELED, sent when
- * its tp:cancel came) is dropped.
+ * its tp:cancel came) is dropped; when the function ends (20 s), its result
+ * is not sent at all.
  */
 static tp_status cancel_st[4];
 static char cancel_msg[TP_ERRMSG_LEN_MAX];
 static uint64_t in_flight_after = 99;
+static uint64_t cancel_quiet_msgs = 99;
 
 static int cancel_program(int rank, int world_size, void *arg) {
     (void)arg;
@@ -237,7 +239,11 @@ static int cancel_program(int rank, int world_size, void *arg) {
         CHECK(tp_sleep(0.01) == TP_OK);
         CHECK(tp_get_debug_info(&info) == TP_OK);
         in_flight_after = info.calls_in_flight; /* the tp:cancel was answered */
+        uint64_t m0 = tp_sim_messages(tp_sim_current());
         CHECK(tp_sleep(21.0) == TP_OK); /* no other answer comes: none is waited for */
+        /* None is sent either: the function's end at 20 s finds its request
+         * canceled and drops its answer (here rank 1 sends nothing else). */
+        cancel_quiet_msgs = tp_sim_messages(tp_sim_current()) - m0;
         CHECK(tp_future_status(f) == TP_ECANCELED);
         tp_future_free(f);
     }
@@ -256,6 +262,7 @@ static void test_cancel_rpc_async(void **state) {
     assert_int_equal(cancel_st[2], TP_EALREADY);
     assert_int_equal(cancel_st[3], TP_EINVAL);
     assert_int_equal(in_flight_after, 0);
+    assert_int_equal(cancel_quiet_msgs, 0);
 }
 
 /*
