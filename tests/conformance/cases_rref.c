@@ -696,6 +696,7 @@ static int rref_method_errors(int rank, int ws) {
         }
         if (r) { /* an object cannot be copied out (RREF-8, VALUE-8) */
             CHECK_STATUS(tp_rref_to_here(r, TP_TIMEOUT_DEFAULT, &res), TP_ETYPE);
+            CHECK_CONTAINS(tp_errmsg(), "the result of 'to_here' cannot be sent back from");
             CHECK(res == NULL);
             tp_value_free(res);
             res = NULL;
@@ -842,6 +843,7 @@ static int rref_remote_values_limit(int rank, int ws) {
     CHECK_INT((int64_t)tp_options_max_remote_values(o), 2);
     CHECK_STATUS(tp_options_set(o, "max_remote_values", "2x"), TP_EINVAL);
     CHECK_STATUS(tp_options_set(o, "max_remote_values", "0"), TP_EINVAL);
+    CHECK_OK(tp_options_set_max_inflight_bytes(o, 65536)); /* the credit each grants (FLOW-6) */
     tp_status st = conf_init_opts(rank, ws, o);
     tp_options_free(o);
     if (!CHECK_OK(st))
@@ -875,6 +877,16 @@ static int rref_remote_values_limit(int rank, int ws) {
         while (owned_on(rank, 1) != 0 && conf_since_s(t0) < 10)
             (void)tp_sleep(0.01);
         CHECK_INT(owned_on(rank, 1), 0); /* the refused one left nothing behind */
+        /* Nor in worker 1's count of worker 0's request bytes (FLOW-8): with
+         * none held, a lone call over the 64 KiB credit is taken. */
+        uint8_t *big = calloc(1, 100000);
+        tp_value *res = NULL;
+        if (CHECK(big) &&
+            CHECK_OK(conf_sync(tp_to_rank(1), "echo",
+                               tp_value_list_of(1, tp_value_bytes(big, 100000)), &res)))
+            CHECK(tp_value_kind(res) == TP_KIND_BYTES);
+        tp_value_free(res);
+        free(big);
     }
     CHECK_OK(tp_shutdown(1));
     return conf_finish(rank);

@@ -894,7 +894,9 @@ static void test_no_probe_timer_without_rrefs(void **state) {
  * A callee out of memory while it takes a call in: the call fails and says
  * it was memory (TP_ENOMEM, or TP_EIO when the frame itself could not be
  * held and the connection ended, as a TCP stream does), the credit the call
- * held comes back (FLOW-8), and calls go on once there is memory. w0
+ * held comes back (FLOW-8: then a lone call over the credit is taken),
+ * no request stays counted as undecoded (RREF-19: a forks query is
+ * answered), and calls go on once there is memory. w0
  * issues the call, then empties the block cache and makes every malloc of
  * one size class fail while w1 takes the call in; each class up to 4 KiB
  * in turn. (Before: a token for the pool that could not be allocated was
@@ -902,7 +904,8 @@ static void test_no_probe_timer_without_rrefs(void **state) {
  * it had no memory for "malformed".)
  */
 static size_t job_oom_class;
-static tp_status job_oom_st, job_oom_after;
+static tp_status job_oom_st, job_oom_after, job_oom_big;
+static int job_oom_forks_kind;
 static char job_oom_msg[TP_ERRMSG_LEN_MAX];
 
 static int job_oom_program(int rank, int world_size, void *arg) {
@@ -933,6 +936,24 @@ static int job_oom_program(int rank, int world_size, void *arg) {
             tp_value_free(res);
             res = NULL;
         }
+        /* All of it: with nothing held for w0 on w1, a lone call over the
+         * 64 KiB credit is taken (FLOW-8)... */
+        uint8_t *big = calloc(1, 100000);
+        args = big ? tp_value_list_of(1, tp_value_bytes(big, 100000)) : NULL;
+        free(big);
+        job_oom_big = tp_rpc_sync(tp_to_rank(1), "kept_confirmed", args, NULL, 5.0, &res);
+        tp_value_free(args);
+        tp_value_free(res);
+        res = NULL;
+        /* ... and none of w0's requests is left counted as undecoded there:
+         * a forks query is answered, not told to ask again later (RREF-19). */
+        args = tp_value_list_of(
+            1, tp_value_list_of(1, tp_value_list_of(4, tp_value_int(0), tp_value_int(8),
+                                                    tp_value_int(0), tp_value_int(9))));
+        if (tp_rpc_sync(tp_to_rank(1), "tp:forks", args, NULL, 5.0, &res) == TP_OK)
+            job_oom_forks_kind = tp_value_kind(res);
+        tp_value_free(args);
+        tp_value_free(res);
     }
     CHECK(tp_shutdown(1) == TP_OK);
     return 0;
@@ -945,8 +966,10 @@ static void test_callee_without_memory_for_the_job(void **state) {
     int hit = 0;
     for (size_t size = 64; size <= 4096; size *= 2) {
         job_oom_class = size;
-        job_oom_st = job_oom_after = TP_EINVAL;
+        job_oom_st = job_oom_after = job_oom_big = TP_EINVAL;
+        job_oom_forks_kind = -1;
         job_oom_msg[0] = '\0';
+        max_inflight_bytes[0] = max_inflight_bytes[1] = 65536;
         run_plan_with("", job_oom_program);
         print_message("class %zu: %s: %s\n", size, tp_status_name(job_oom_st), job_oom_msg);
         /* Out of memory, and says so: the job, the token for the pool, or
@@ -956,6 +979,8 @@ static void test_callee_without_memory_for_the_job(void **state) {
             assert_non_null(strstr(job_oom_msg, "out of memory"));
         }
         assert_int_equal(job_oom_after, TP_OK);
+        assert_int_equal(job_oom_big, TP_OK);
+        assert_int_equal(job_oom_forks_kind, TP_KIND_LIST);
         hit |= job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "taking the call in") ? 1 : 0;
         hit |=
             job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "handing the call to its pool") ? 2 : 0;
