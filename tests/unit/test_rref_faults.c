@@ -906,6 +906,7 @@ static void test_no_probe_timer_without_rrefs(void **state) {
 static size_t job_oom_class;
 static tp_status job_oom_st, job_oom_after, job_oom_big;
 static int job_oom_forks_kind;
+static int job_oom_remote; /* 1: the call is a remote() */
 static char job_oom_msg[TP_ERRMSG_LEN_MAX];
 
 static int job_oom_program(int rank, int world_size, void *arg) {
@@ -919,7 +920,21 @@ static int job_oom_program(int rank, int world_size, void *arg) {
         uint8_t pad[600] = {0};
         tp_value *args = tp_value_list_of(1, tp_value_bytes(pad, sizeof pad));
         tp_future *f = NULL;
-        CHECK(tp_rpc_async(tp_to_rank(1), "kept_confirmed", args, NULL, 5.0, &f) == TP_OK);
+        if (job_oom_remote) { /* the same for a remote(), whose to_here tells */
+            tp_rref *r = NULL;
+            CHECK(tp_remote(tp_to_rank(1), "kept_confirmed", args, NULL, 5.0, &r) == TP_OK);
+            tpi_blocks_trim();
+            atomic_store(&malloc_fail_size, job_oom_class);
+            CHECK(tp_sleep(0.5) == TP_OK); /* w1 takes the call in meanwhile */
+            atomic_store(&malloc_fail_size, 0);
+            tp_value *v = NULL;
+            job_oom_st = tp_rref_to_here(r, 5.0, &v);
+            tpi_format(job_oom_msg, sizeof job_oom_msg, "%s", tp_errmsg());
+            tp_value_free(v);
+            tp_rref_release(r);
+        } else {
+            CHECK(tp_rpc_async(tp_to_rank(1), "kept_confirmed", args, NULL, 5.0, &f) == TP_OK);
+        }
         tp_value_free(args);
         if (f) { /* else job_oom_st stays TP_EINVAL, which the test refuses */
             tpi_blocks_trim();
@@ -987,6 +1002,25 @@ static void test_callee_without_memory_for_the_job(void **state) {
         hit |= job_oom_st == TP_EIO && strstr(job_oom_msg, "out of memory for a frame") ? 4 : 0;
     }
     assert_int_equal(hit, 7); /* the job's class, the token's and the frame's */
+    /* A remote() whose job finds no memory: its to_here says so, its credit
+     * comes back, and nothing leaks (LeakSanitizer). */
+    job_oom_remote = 1;
+    int taken_in = 0;
+    for (size_t size = 64; size <= 4096; size *= 2) {
+        job_oom_class = size;
+        job_oom_st = job_oom_after = job_oom_big = TP_EINVAL;
+        job_oom_forks_kind = -1;
+        job_oom_msg[0] = '\0';
+        max_inflight_bytes[0] = max_inflight_bytes[1] = 65536;
+        run_plan_with("", job_oom_program);
+        print_message("remote, class %zu: %s: %s\n", size, tp_status_name(job_oom_st), job_oom_msg);
+        assert_int_equal(job_oom_after, TP_OK);
+        assert_int_equal(job_oom_big, TP_OK);
+        assert_int_equal(job_oom_forks_kind, TP_KIND_LIST);
+        taken_in += job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "taking the call in");
+    }
+    job_oom_remote = 0;
+    assert_true(taken_in >= 1); /* the REMOTE's job itself */
 }
 
 /*
