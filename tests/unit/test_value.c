@@ -584,7 +584,23 @@ static void test_value_equal_rules(void **state) {
     tp_worker_info w1 = {.name = "a", .id = 1}, w2 = {.name = "a", .id = 2};
     tp_value *v1 = tp_value_worker_info(&w1), *v2 = tp_value_worker_info(&w2);
     assert_false(tp_value_equal(v1, v2));
-    tp_value *all[] = {nan1, nan2, pz, nz, i1, f1, m1, m2, l1, l2, t1, t2, t3, v1, v2};
+    /* NaN equals only NaN */
+    assert_false(tp_value_equal(nan1, f1));
+    assert_false(tp_value_equal(f1, nan1));
+    /* keys in another order where one is a prefix of the other: looked up */
+    tp_value *p1 = tp_value_map(), *p2 = tp_value_map(), *p3 = tp_value_map(), *p4 = tp_value_map();
+    tp_map_set(p1, "a", tp_value_int(1));
+    tp_map_set(p1, "ab", tp_value_int(2));
+    tp_map_set(p2, "ab", tp_value_int(2));
+    tp_map_set(p2, "a", tp_value_int(1));
+    assert_true(tp_value_equal(p1, p2));
+    tp_map_set(p3, "a", tp_value_int(1));
+    tp_map_set(p3, "ab", tp_value_int(1));
+    tp_map_set(p4, "ab", tp_value_int(1));
+    tp_map_set(p4, "a", tp_value_int(2));
+    assert_false(tp_value_equal(p3, p4));
+    tp_value *all[] = {nan1, nan2, pz, nz, i1, f1, m1, m2, l1, l2,
+                       t1,   t2,   t3, v1, v2, p1, p2, p3, p4};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         tp_value_free(all[i]);
 }
@@ -810,7 +826,10 @@ static void test_value_format_reads_like_python(void **state) {
     n = tp_value_format(m, small, sizeof small);
     assert_int_equal(n, 7);
     assert_string_equal(small, "{'k': [");
+    small[0] = 'x';
     assert_int_equal(tp_value_format(m, small, 0), 0);
+    assert_int_equal(small[0], 'x'); /* no room: not even the terminator is written */
+    assert_int_equal(tp_value_format(m, NULL, 16), 0);
     tp_value_free(m);
     tp_value_free(t);
     tp_value_free(w);
@@ -976,7 +995,11 @@ static void test_value_constructors_fail_clean_without_memory(void **state) {
     enum { MIB = 1 << 20, ROUNDS = 200 };
     static uint8_t data[MIB];
     const int64_t shape[1] = {MIB};
-    tp_value *tree = tp_value_list_of(2, tp_value_str("x"), tp_value_list_of(1, tp_value_int(1)));
+    tp_value *map = tp_value_map();
+    assert_non_null(map);
+    assert_int_equal(tp_map_set(map, "k", tp_value_list_of(1, tp_value_int(1))), TP_OK);
+    tp_value *tree =
+        tp_value_list_of(3, tp_value_str("x"), tp_value_list_of(1, tp_value_int(1)), map);
     assert_non_null(tree);
     size_t before = held_bytes();
     int failed = 0;
