@@ -421,6 +421,12 @@ static void test_codec_value_api_on_buffers(void **state) {
     tpi_wbuf_u8(&small, 1);
     assert_int_equal(small.len, 0);
     tpi_wbuf_free(&small);
+    /* one that fills it exactly: taken */
+    tpi_wbuf exact;
+    tpi_wbuf_init(&exact, sizeof want);
+    assert_int_equal(tpi_value_encode(&exact, v, NULL), TP_OK);
+    assert_int_equal(exact.len, sizeof want);
+    tpi_wbuf_free(&exact);
     tpi_wbuf_free(&b);
     tp_value_free(v);
 }
@@ -461,6 +467,16 @@ static void test_codec_buffers_primitives(void **state) {
     assert_string_equal(r.errmsg, "truncated at offset 22: 1 bytes needed, 0 left");
     tpi_rbuf_fail(&r, TP_EINVAL, "later"); /* the first error stays */
     assert_int_equal(r.status, TP_EPROTO);
+    /* up to max exactly: taken; one byte more: EMSGSIZE */
+    tpi_wbuf full;
+    static const uint8_t bytes[300];
+    tpi_wbuf_init(&full, sizeof bytes);
+    tpi_wbuf_put(&full, bytes, sizeof bytes);
+    assert_int_equal(full.status, TP_OK);
+    assert_int_equal(full.len, sizeof bytes);
+    tpi_wbuf_u8(&full, 0);
+    assert_int_equal(full.status, TP_EMSGSIZE);
+    tpi_wbuf_free(&full);
     /* past max: the first failure sticks */
     for (int i = 0; i < 10; i++)
         tpi_wbuf_u64(&b, 0);
@@ -952,6 +968,23 @@ static void test_codec_response_text_and_status_checked(void **state) {
     n = make_frame(frame, TPI_MSG_RESPONSE, 0, unknown, sizeof unknown);
     assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
     assert_non_null(strstr(err, "unknown status 200 at offset 24"));
+    /* A header and no body: cut short where the status would begin. */
+    n = make_frame(frame, TPI_MSG_RESPONSE, 0, NULL, 0);
+    assert_int_equal(n, TP_FRAME_HEADER_SIZE);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    assert_non_null(strstr(err, "truncated at offset 24"));
+    /* The bound exactly: the last status is one, TP_STATUS_COUNT_ is not. */
+    uint8_t last[] = {TP_STATUS_COUNT_ - 1, 0, 0, 0, 0, 0, 0, 0};
+    n = make_frame(frame, TPI_MSG_RESPONSE, 0, last, sizeof last);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_OK);
+    assert_int_equal(d.status, TP_STATUS_COUNT_ - 1);
+    tpi_msg_clear(&d);
+    last[0] = TP_STATUS_COUNT_;
+    n = make_frame(frame, TPI_MSG_RESPONSE, 0, last, sizeof last);
+    assert_int_equal(decode_bytes(frame, n, NULL, &d), TP_EPROTO);
+    char want[64];
+    snprintf(want, sizeof want, "unknown status %d at offset 24", TP_STATUS_COUNT_);
+    assert_non_null(strstr(err, want));
     tpi_msg m = {0};
     m.type = TPI_MSG_RESPONSE;
     m.status = TP_STATUS_COUNT_;
@@ -1078,6 +1111,23 @@ static void test_codec_rref_hooks_roundtrip(void **state) {
     assert_int_equal(tpi_msg_decode(g, &hooks, &d, err, sizeof err), TP_EPROTO);
     assert_int_equal(h.made.refs, 0);
     tp_frame_free(g);
+    /* a decode that runs out of memory, at each allocation in turn, releases
+     * what the hook made (the value adopting it included) */
+    for (long k = 1; alloc_fault_in_use(); k++) {
+        atomic_store(&alloc_countdown_fired, 0);
+        atomic_store(&alloc_countdown, k);
+        tp_status st = tpi_msg_decode(f, &hooks, &d, err, sizeof err);
+        atomic_store(&alloc_countdown, 0);
+        if (!atomic_load(&alloc_countdown_fired)) {
+            assert_int_equal(st, TP_OK);
+            tpi_msg_clear(&d);
+            break;
+        }
+        assert_int_equal(st, TP_ENOMEM);
+        assert_int_equal(h.made.refs, 0);
+        assert_true(k < 64);
+    }
+    assert_int_equal(h.made.refs, 0);
     tp_frame_free(f);
     /* no hooks: an rref cannot be sent */
     assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err), TP_ETYPE);
