@@ -742,6 +742,7 @@ static void sc_wait_all_timeout(world *w) {
     uint64_t t0 = now_ns();
     size_t idx = 77;
     CHECK(tp_future_wait_all(fs, 4, 0.5, &idx) == TP_ETIMEDOUT);
+    CHECK(strstr(tp_errmsg(), "wait_all: timed out with 2 of 4 futures pending") != NULL);
     CHECK(idx == 1); /* the lowest index still pending */
     CHECK(within(now_ns() - t0, 500 * MS, 500 * MS + TOL_NS));
     CHECK(!tp_future_done(fs[1]) && !tp_future_done(fs[3]));
