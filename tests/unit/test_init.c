@@ -308,6 +308,55 @@ static void test_init_store_lost_replies(void **state) {
     lossy_close(&ls->base);
 }
 
+/* spec: INIT-1: shutdown while this worker's init is still in progress (at
+ * its ready barrier, from the store operation init makes there) is refused
+ * with TP_ENOTINIT saying so; init then completes, and every core is freed
+ * at the end (the refusal took no reference it did not give back). */
+static tp_status meddle_st[4];
+static char meddle_msg[4][TP_ERRMSG_LEN_MAX];
+static int meddled;
+
+static tp_status meddle_cas(tp_store *s, const char *key, const void *expected, size_t elen,
+                            const void *desired, size_t dlen, int *swapped) {
+    lossy_store *ls = (lossy_store *)s;
+    if (strstr(key, "init/ready") && meddled < 4) {
+        meddle_st[meddled] = tp_shutdown(1);
+        snprintf(meddle_msg[meddled], sizeof meddle_msg[meddled], "%s", tp_errmsg());
+        meddled++;
+    }
+    return ls->inner->ops->compare_set(ls->inner, key, expected, elen, desired, dlen, swapped);
+}
+
+static const tp_store_ops meddle_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = lossy_set,
+    .get = lossy_get,
+    .add = lossy_add,
+    .compare_set = meddle_cas,
+    .del = lossy_del,
+    .close = lossy_close,
+};
+
+static void test_init_shutdown_during_init_refused(void **state) {
+    (void)state;
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &meddle_ops;
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    meddled = 0;
+    run_store("", &ls->base);
+    assert_int_equal(meddled, 2); /* once on each worker */
+    for (int i = 0; i < meddled; i++) {
+        assert_int_equal(meddle_st[i], TP_ENOTINIT);
+        assert_string_equal(meddle_msg[i],
+                            "shutdown: rpc init is still in progress on this worker");
+    }
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(store_status[r], TP_OK);
+    lossy_close(&ls->base);
+    assert_int_equal(tp_core_live_count(), 0);
+}
+
 /* spec: INIT-9: an init whose backend cannot start (here: a second worker
  * context on a host that already runs a started worker) leaves the context
  * as it was, so the next init is refused for the same reason, not as
@@ -924,6 +973,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_store_outage_past_deadline, reset_failures),
         cmocka_unit_test_setup(test_init_slow_store, reset_failures),
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
+        cmocka_unit_test_setup(test_init_shutdown_during_init_refused, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
         cmocka_unit_test(test_init_two_worlds_of_one_names_route_by_their_own),
         cmocka_unit_test(test_init_worker_described_by_name_only_inside_the_world),

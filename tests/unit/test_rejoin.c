@@ -482,6 +482,17 @@ static void test_rejoin_unreachable_peer_times_out(void **state) {
     assert_non_null(strstr(q.rejoin_msg, "timed out after 2000 ms"));
 }
 
+/* spec: REJOIN-1: TP_REJOIN=1 in the environment is for the process's own
+ * worker, which a launcher restarted; a simulated world depends on its seed
+ * alone, so its first incarnations still join as new. */
+static void test_rejoin_env_ignored_by_simulated_workers(void **state) {
+    (void)state;
+    assert_int_equal(setenv("TP_REJOIN", "1", 1), 0);
+    run_peers(2, "");
+    assert_int_equal(unsetenv("TP_REJOIN"), 0);
+    assert_int_equal(q.rejoin_st, TP_OK); /* nobody restarted: no rejoin ran */
+}
+
 /* spec: REJOIN-4: a peer that is dead needs no news: the rejoin goes on without it. */
 static void test_rejoin_skips_a_dead_peer(void **state) {
     (void)state;
@@ -1102,6 +1113,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_checks_the_world_size, reset_failures),
         cmocka_unit_test_setup(test_rejoin_refused_once_the_job_shuts_down, reset_failures),
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_env_ignored_by_simulated_workers, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
         cmocka_unit_test_setup(test_rejoin_two_ranks_restarted_at_once, reset_failures),
         cmocka_unit_test_setup(test_rejoin_peer_restarted_during_the_announcement, reset_failures),
