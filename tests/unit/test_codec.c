@@ -1000,6 +1000,12 @@ static void test_codec_response_text_and_status_checked(void **state) {
     assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
                      TP_EINVAL);
     assert_null(f);
+    assert_non_null(strstr(err, "flag METHOD on a RESPONSE message"));
+    m.type = TPI_MSG_TYPE_MAX_; /* the last type is named too */
+    assert_int_equal(tpi_msg_encode(&m, NULL, TPI_MESSAGE_SIZE_MAX, &f, err, sizeof err),
+                     TP_EINVAL);
+    assert_non_null(strstr(err, "flag METHOD on a RREF_ABANDON message"));
+    assert_null(f);
 }
 
 static void test_codec_oversized_message_refused(void **state) {
@@ -1649,6 +1655,20 @@ static void test_codec_decode_fails_clean_without_memory(void **state) {
         assert_true(k < 256);
     }
     assert_true(failed >= 10); /* each container, string and the tensor allocate */
+    /* The kind named where memory ran out: a str is not called bytes. */
+    tpi_msg one = {0};
+    one.type = TPI_MSG_RESPONSE;
+    one.value = tp_value_str("x");
+    tp_frame *g = encode_ok(&one, NULL);
+    tpi_msg d;
+    atomic_store(&alloc_countdown_fired, 0);
+    atomic_store(&alloc_countdown, 1);
+    tp_status st = tpi_msg_decode(g, NULL, &d, err, sizeof err);
+    atomic_store(&alloc_countdown, 0);
+    assert_int_equal(st, TP_ENOMEM);
+    assert_non_null(strstr(err, "out of memory decoding a str at offset 28"));
+    tp_frame_free(g);
+    tp_value_free(one.value);
     tp_frame_free(f);
     tp_value_free(v);
 }

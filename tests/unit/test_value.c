@@ -719,6 +719,17 @@ static void test_value_opaque_bytes(void **state) {
 }
 
 /* VALUE-13: a view shares the elements and outlives the value it came from. */
+/* spec: VALUE-5: a tensor with a zero dimension holds no elements, however
+ * large its other dimensions: none of its counts overflows, so it is made. */
+static void test_value_empty_tensor_with_huge_dims(void **state) {
+    (void)state;
+    const int64_t shape[3] = {(int64_t)1 << 40, 0, (int64_t)1 << 30};
+    tp_value *t = tp_value_tensor(TP_DTYPE_FLOAT32, 3, shape, NULL, NULL);
+    assert_non_null(t);
+    assert_int_equal(tp_tensor_numel(t), 0);
+    tp_value_free(t);
+}
+
 static void test_value_tensor_view(void **state) {
     (void)state;
     int64_t shape[2] = {2, 3};
@@ -1054,6 +1065,7 @@ int main(void) {
         cmocka_unit_test(test_value_tuples),
         cmocka_unit_test(test_value_opaque_bytes),
         cmocka_unit_test(test_value_tensor_view),
+        cmocka_unit_test(test_value_empty_tensor_with_huge_dims),
         cmocka_unit_test(test_value_tensor_view_of_borrowed),
         cmocka_unit_test(test_value_object_lifecycle),
         cmocka_unit_test(test_value_worker_info_copied),
