@@ -84,6 +84,21 @@ check "straggler's pid printed" yes "$(case "$straggler" in ''|*[!0-9]*) echo no
 check "straggler not waited for" yes "$([ "$took" -lt 10 ] && echo yes || echo "no ($took s)")"
 kill "$straggler" 2>/dev/null
 
+# A line longer than the 16 KiB a rank's output is read in comes out whole,
+# in pieces, and what follows it too.
+out=$("$tprun" --nproc 1 sh -c 'head -c 20000 /dev/zero | tr "\0" x; echo; echo after')
+rc=$?
+check "long line: exit 0" 0 "$rc"
+check "long line: the line after it" "[0] after" "$(echo "$out" | tail -n 1)"
+check "long line: every byte of it" 20000 "$(echo "$out" | sed 's/^\[0\] //' | tr -cd x | wc -c)"
+
+# The grace is seconds: a rank that cleans up for half a second on SIGTERM
+# is given the time (--grace 3) before SIGKILL.
+out=$("$tprun" --nproc 2 --grace 3 sh -c 'if [ $RANK = 1 ]; then sleep .3; exit 3; fi; trap "sleep .5; echo cleaned; exit 0" TERM; while :; do sleep .1; done' 2>&1)
+rc=$?
+check "grace in seconds: status" 3 "$rc"
+check "grace in seconds: cleaned up" "[0] cleaned" "$(echo "$out" | grep cleaned)"
+
 # Usage errors.
 # --no-prefix: the lines as the program wrote them.
 out=$("$tprun" --nproc 1 --no-prefix sh -c 'echo "rank $RANK"')
@@ -208,6 +223,16 @@ usage_err "nnodes max 0" "bad option --nnodes '1:0'" --nnodes 1:0 --nproc 1
 usage_err "world past the most" "--nnodes 65536 x --nproc-per-node 2 is over 65536 processes" \
   --nnodes 65536 --nproc 2 --rdzv-endpoint "127.0.0.1:$port" --secret-file "$tmp/secret"
 usage_err "unknown option" "unknown option --procs" --procs 2
+usage_err "nproc with a tail" "bad option --nproc '2x'" --nproc 2x
+usage_err "endpoint without a host" "--rdzv-endpoint" --nproc 1 --rdzv-endpoint ":$port"
+# spec: LAUNCH-1: an endpoint may leave out its port (then the default),
+# and a grace may be anything from 0 to an hour, both ends included.
+out=$("$tprun" --nproc 1 --rdzv-endpoint 127.0.0.1 sh -c 'echo $MASTER_ADDR' 2>&1)
+check "endpoint without a port" "[0] 127.0.0.1" "$out"
+for g in 0 3600; do
+  out=$("$tprun" --grace $g --nproc 1 sh -c 'echo ok' 2>&1)
+  check "grace $g" "[0] ok" "$out"
+done
 err=$("$tprun" --nproc 2>&1); rc=$?
 check "option with no value: exit 2" 2 "$rc"
 case "$err" in *"--nproc needs a value"*) check "option with no value: says why" ok ok ;;
@@ -249,6 +274,15 @@ printf '%s\n' "$secret$secret$secret$secret${secret:0:2}" >"$tmp/long"
 chmod 600 "$tmp/short" "$tmp/long"
 usage_err "secret of 30 digits" "does not hold a job secret" --nproc 1 --secret-file "$tmp/short"
 usage_err "secret of 258 digits" "does not hold a job secret" --nproc 1 --secret-file "$tmp/long"
+# ... and the bounds themselves, 32 and 256 digits, are secrets.
+printf '%s\n' "${secret:0:32}" >"$tmp/s32"
+printf '%s\n' "$secret$secret$secret$secret" >"$tmp/s256"
+chmod 600 "$tmp/s32" "$tmp/s256"
+for n in 32 256; do
+  out=$("$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --master-port "$port" \
+    --secret-file "$tmp/s$n" sh -c 'echo "${#TP_SECRET}"' 2>&1)
+  check "secret of $n digits" "[1] $n" "$out"
+done
 usage_err "secret file a directory" "not a regular file" --nproc 1 --secret-file "$tmp"
 
 # spec: LAUNCH-2..5: two tprun, as nodes 0 and 1 of a 2x2 job on this
