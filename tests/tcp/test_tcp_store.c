@@ -42,6 +42,9 @@ static size_t store_ctx(const uint8_t rank[4], const uint8_t nc[16], const uint8
 
 /* What the fake servers answer a client's good proof with (TCP-17). */
 static const char *fake_proof_answer = TPI_STORE_AUTH_OK;
+/* A byte of the fake servers' hello to change (-1: none), and its value. */
+static int fake_hello_at = -1;
+static uint8_t fake_hello_byte;
 
 /* The server's half of the handshake, for the fake servers below; 0 on success. */
 static int fake_server_handshake(int fd) {
@@ -50,6 +53,8 @@ static int fake_server_handshake(int fd) {
     if (recv(fd, hello, sizeof hello, MSG_WAITALL) != (ssize_t)sizeof hello)
         return -1;
     memcpy(back, hello, 8);
+    if (fake_hello_at >= 0)
+        back[fake_hello_at] = fake_hello_byte;
     if (tpi_tcp_auth_nonce(back + 8) != 0)
         return -1;
     size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
@@ -735,6 +740,62 @@ static void test_tcp_store_proof_answer_must_be_ok(void **state) {
         if (st != TP_EAUTH)
             fail_msg("answer %s: connect: %s: %s", answers[i], tp_status_name(st), err);
         assert_non_null(strstr(err, "authentication failed (TCP-17)"));
+    }
+}
+
+/* spec: STORE-3 over TCP-10: an add answered OK without its 8-byte sum is
+ * a malformed reply (TP_ESTORE), not a sum left unwritten. */
+static void test_tcp_store_add_reply_without_its_sum(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {8, 0, 0, 0, TP_OK, 0, 0, 0, 0, 0, 0, 0}; /* no payload */
+    uint16_t port;
+    pid_t pid = fake_server(reply, sizeof reply, &port);
+    tp_store *c = client(port, 5);
+    int64_t sum = 77;
+    assert_int_equal(c->ops->add(c, "k", 1, &sum), TP_ESTORE);
+    if (!strstr(c->errmsg, "add 'k': malformed reply"))
+        fail_msg("%s", c->errmsg);
+    assert_int_equal(sum, 77);
+    c->ops->close(c);
+    fake_server_ended_well(pid);
+}
+
+/* spec: TCP-10: a server whose hello has the store's magic but another
+ * version is not our store (TP_ESTORE, said so); one that sets a reserved
+ * byte of its hello is refused as well (TP_EAUTH: it does not speak as ours
+ * does), never taken as a store. */
+static void test_tcp_store_server_hello_checked_whole(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {8, 0, 0, 0, TP_OK, 0, 0, 0};
+    static const struct {
+        int at;
+        uint8_t byte;
+        tp_status want;
+        const char *says;
+    } cases[] = {
+        {4, TPI_STORE_PROTO_VERSION + 1, TP_ESTORE, "it is not a tensorplay rendezvous store"},
+        {6, 1, TP_EAUTH, "authentication failed (TCP-17)"},
+        {7, 1, TP_EAUTH, "authentication failed (TCP-17)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint16_t port;
+        fake_hello_at = cases[i].at;
+        fake_hello_byte = cases[i].byte;
+        pid_t pid = fake_server(reply, sizeof reply, &port);
+        fake_hello_at = -1;
+        tp_store *c = NULL;
+        char err[TP_ERRMSG_LEN_MAX] = "";
+        tp_status st =
+            tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth, tt_now_ns() + 5000000000ull,
+                                  "test", NULL, 0, NULL, &c, err, sizeof err);
+        if (c)
+            c->ops->close(c);
+        kill(pid, SIGKILL);
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (st != cases[i].want || !strstr(err, cases[i].says))
+            fail_msg("hello byte %d = %u: %s: %s", cases[i].at, cases[i].byte, tp_status_name(st),
+                     err);
     }
 }
 
@@ -2510,6 +2571,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tcp_store_scan_out_of_memory, setup, teardown),
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
         cmocka_unit_test(test_tcp_store_proof_answer_must_be_ok),
+        cmocka_unit_test(test_tcp_store_add_reply_without_its_sum),
+        cmocka_unit_test(test_tcp_store_server_hello_checked_whole),
         cmocka_unit_test(test_tcp_store_absent_answer_to_every_op),
         cmocka_unit_test(test_tcp_store_scan_entries_bounds),
         cmocka_unit_test(test_tcp_store_linger),
