@@ -1852,6 +1852,61 @@ static void test_tcp_store_readers_that_do_not_read(void **state) {
     good->ops->close(good);
 }
 
+/* spec: TCP-18: a client whose reply the server cannot write (it reads
+ * nothing: four 1 MiB replies, under the unsent bound) is dropped
+ * write_ms (here 300 ms) after the write stalled, while
+ * a client that asks the same and reads its replies as they come keeps its
+ * connection past that time: the deadline runs only while a write makes no
+ * progress, and not at all once everything is written. */
+static void test_tcp_store_write_deadline(void **state) {
+    (void)state;
+    limits_for_test(0, 0, 300, 0, 0);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    tp_store *good = client(port, 5);
+    size_t big = TP_STORE_VALUE_LEN_MAX;
+    char *v = calloc(1, big);
+    assert_int_equal(good->ops->set(good, "big", v, big), TP_OK);
+    free(v);
+    good->ops->close(good);
+    static const uint8_t get_big[11] = {7, 0, 0, 0, TPI_STORE_GET, 0, 3, 0, 'b', 'i', 'g'};
+    static const uint8_t get_none[12] = {8, 0, 0, 0, TPI_STORE_GET, 0, 4, 0, 'n', 'o', 'n', 'e'};
+    int stuck = raw_connect(port, 4096), reader = raw_connect(port, 4096);
+    assert_true(stuck >= 0 && reader >= 0);
+    assert_int_equal(raw_handshake(stuck), 0);
+    assert_int_equal(raw_handshake(reader), 0);
+    /* Four replies: more than the sockets hold, less than the unsent bound
+     * (as test_tcp_store_readers_that_do_not_read's idle client). */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(send(stuck, get_big, sizeof get_big, MSG_NOSIGNAL),
+                         (ssize_t)sizeof get_big);
+    /* The reader asks the same and takes every reply as it comes: its
+     * writes stall too, then go on, each reply's end a sign of progress. */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(send(reader, get_big, sizeof get_big, MSG_NOSIGNAL),
+                         (ssize_t)sizeof get_big);
+    uint8_t *reply = malloc(12 + big);
+    assert_non_null(reply);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(recv(reader, reply, 12 + big, MSG_WAITALL), (ssize_t)(12 + big));
+    free(reply);
+    usleep(1000000); /* past write_ms for both */
+    /* The reader was not dropped: its next request is answered (absent). */
+    assert_int_equal(send(reader, get_none, sizeof get_none, MSG_NOSIGNAL),
+                     (ssize_t)sizeof get_none);
+    uint8_t head[12];
+    assert_int_equal(recv(reader, head, sizeof head, MSG_WAITALL), (ssize_t)sizeof head);
+    assert_int_equal(head[4], TP_ENOENT);
+    /* The one that read nothing was: what comes is cut short, then the end. */
+    size_t got = 0;
+    assert_true(await_closed(stuck, 5, &got));
+    assert_true(got < 4 * (12 + big));
+    close(stuck);
+    close(reader);
+    tpi_store_server_stop(srv, 0);
+}
+
 /* spec: TCP-10 TCP-17: a handshake that arrives in pieces (the hello and the
  * proof each split over several reads, kept in the client's buffer of
  * exactly their size) is accepted, and the client is served. */
@@ -2587,6 +2642,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_open_on_descriptor_0_gets_the_keepalive),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
+        cmocka_unit_test(test_tcp_store_write_deadline),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),
         cmocka_unit_test(test_tcp_store_connection_flood),
         cmocka_unit_test(test_tcp_store_proof_checked_whole),
