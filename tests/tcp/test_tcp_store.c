@@ -1907,6 +1907,73 @@ static void test_tcp_store_write_deadline(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/* spec: TCP-18: a client connected and idle has no deadline running: the
+ * server sleeps (well under 0.3 s of CPU in a second, the test's thread
+ * asleep meanwhile), where a timer re-armed for a deadline already past
+ * would spin its thread. */
+static void test_tcp_store_idle_client_costs_no_cpu(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tp_store *idle = client(port, 5);
+    assert_int_equal(idle->ops->set(idle, "k", "v", 1), TP_OK); /* served once, then idle */
+    usleep(100000);
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    usleep(1000000);
+    getrusage(RUSAGE_SELF, &r1);
+    double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) +
+                 (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) / 1e6 +
+                 (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+                 (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
+    print_message("CPU with one idle client: %.3f s in 1 s\n", cpu);
+    assert_true(cpu < 0.3);
+    idle->ops->close(idle);
+    tpi_store_server_stop(srv, 0);
+}
+
+/* spec: LOG-3, TCP-18: a client that hangs up in the middle of a request
+ * is dropped with a warning saying so and how much of it came; one that
+ * hangs up during its handshake, or between requests, leaves quietly. */
+static atomic_int mid_request_warned, other_warned;
+
+static void count_mid_request(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (level != TP_LOG_WARN || !strstr(msg, "dropped the client"))
+        return;
+    if (strstr(msg, "it closed in the middle of a request (4 bytes came)"))
+        atomic_fetch_add(&mid_request_warned, 1);
+    else
+        atomic_fetch_add(&other_warned, 1);
+}
+
+static void test_tcp_store_client_gone_mid_request_is_logged(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    atomic_store(&mid_request_warned, 0);
+    atomic_store(&other_warned, 0);
+    tp_set_log_callback(count_mid_request, NULL);
+    int mid = raw_connect(port, 0), early = raw_connect(port, 0), between = raw_connect(port, 0);
+    assert_true(mid >= 0 && early >= 0 && between >= 0);
+    assert_int_equal(raw_handshake(mid), 0);
+    assert_int_equal(raw_handshake(between), 0);
+    static const uint8_t head[4] = {20, 0, 0, 0};
+    assert_int_equal(send(mid, head, sizeof head, MSG_NOSIGNAL), (ssize_t)sizeof head);
+    usleep(100000); /* read before the end */
+    close(mid);
+    close(early);
+    close(between);
+    uint64_t end = tt_now_ns() + 2000000000ull;
+    while (atomic_load(&mid_request_warned) == 0 && tt_now_ns() < end)
+        usleep(10000);
+    usleep(200000); /* time for any other warning */
+    tp_set_log_callback(NULL, NULL);
+    tpi_store_server_stop(srv, 0);
+    assert_int_equal(atomic_load(&mid_request_warned), 1);
+    assert_int_equal(atomic_load(&other_warned), 0);
+}
+
 /* spec: TCP-10 TCP-17: a handshake that arrives in pieces (the hello and the
  * proof each split over several reads, kept in the client's buffer of
  * exactly their size) is accepted, and the client is served. */
@@ -2643,6 +2710,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_write_deadline),
+        cmocka_unit_test(test_tcp_store_idle_client_costs_no_cpu),
+        cmocka_unit_test(test_tcp_store_client_gone_mid_request_is_logged),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),
         cmocka_unit_test(test_tcp_store_connection_flood),
         cmocka_unit_test(test_tcp_store_proof_checked_whole),
