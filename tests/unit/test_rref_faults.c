@@ -891,6 +891,55 @@ static void test_no_probe_timer_without_rrefs(void **state) {
 }
 
 /*
+ * RREF-18: a value no reference holds any more, whose remote() still runs
+ * (answered later) when the graceful shutdown's deadline comes: w1 made it
+ * on itself and let go of its rref at once. The owner record stays for the
+ * running call, and the report names it as held by nobody (TP_LEAK_ORPHAN),
+ * owner and holder w1.
+ */
+static tp_rref_leak orphan_leak;
+static size_t orphan_nleaks = 99;
+
+static int orphan_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 1) {
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "hold", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        CHECK(tp_sleep(0.1) == TP_OK); /* it runs, and waits for its answer */
+        tp_rref_release(r);
+    }
+    tp_status st = tp_shutdown(1);
+    (void)st;
+    tp_rref_leak *v = NULL;
+    size_t n = 0;
+    CHECK(tp_shutdown_leaks(&v, &n) == TP_OK);
+    if (rank == 1) {
+        orphan_nleaks = n;
+        if (n > 0)
+            orphan_leak = v[0];
+        tp_future_free(held_answer); /* never answered: the worker is gone */
+        held_answer = NULL;
+    }
+    free(v);
+    return 0;
+}
+
+static void test_rref_orphan_reported_at_shutdown(void **state) {
+    (void)state;
+    shutdown_timeout_s[1] = 0.5;
+    run_plan_with("", orphan_program);
+    shutdown_timeout_s[1] = 30.0;
+    print_message("%zu leak(s); kind %d owner %u holder %u\n", orphan_nleaks, (int)orphan_leak.kind,
+                  orphan_leak.owner, orphan_leak.holder);
+    assert_int_equal(orphan_nleaks, 1);
+    assert_int_equal(orphan_leak.kind, TP_LEAK_ORPHAN);
+    assert_int_equal(orphan_leak.owner, 1);
+    assert_int_equal(orphan_leak.holder, 1);
+}
+
+/*
  * A callee out of memory while it takes a call in: the call fails and says
  * it was memory (TP_ENOMEM, or TP_EIO when the frame itself could not be
  * held and the connection ended, as a TCP stream does), the credit the call
@@ -1482,6 +1531,7 @@ int main(void) {
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
         cmocka_unit_test_setup(test_callee_without_memory_for_the_job, reset_failures),
+        cmocka_unit_test_setup(test_rref_orphan_reported_at_shutdown, reset_failures),
         cmocka_unit_test_setup(test_rref_delete_without_memory_sent_again, reset_failures),
         cmocka_unit_test_setup(test_rref_freed_ids_of_others_outlast_own_values, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
