@@ -940,6 +940,70 @@ static void test_rref_orphan_reported_at_shutdown(void **state) {
 }
 
 /*
+ * RREF-6, RREF-14: w0 calls remote(w1, obj) and at once shares the rref
+ * with w2, whose fork reaches the owner w1 before the REMOTE does (held up
+ * 500 ms): w1 keeps a placeholder for it. w0 is killed before its REMOTE
+ * arrives, so the value never comes: once w1 sees w0 down, the placeholder
+ * fails, and w2's to_here gets TP_EPEERDOWN saying the creator died, at
+ * once, not at its 5 s deadline.
+ */
+static tp_status dead_creator_st = TP_EINVAL;
+static char dead_creator_msg[TP_ERRMSG_LEN_MAX];
+static uint64_t dead_creator_took;
+
+static int dead_creator_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 5.0, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+        (void)tp_sleep(60.0); /* killed in here */
+        return 0;
+    }
+    sleep_until(1.0);
+    if (rank == 2) {
+        tp_value *v = NULL;
+        uint64_t t0 = now_ns();
+        dead_creator_st = kept[2] ? tp_rref_to_here(kept[2], 5.0, &v) : TP_EINVAL;
+        dead_creator_took = now_ns() - t0;
+        snprintf(dead_creator_msg, sizeof dead_creator_msg, "%s", tp_errmsg());
+        tp_value_free(v);
+        tp_rref_release(kept[2]);
+        kept[2] = NULL;
+    }
+    sleep_until(2.0);
+    (void)tp_shutdown(0);
+    return 0;
+}
+
+static void test_rref_placeholder_fails_when_its_creator_dies(void **state) {
+    (void)state;
+    destroyed = 0;
+    memset(kept, 0, sizeof kept);
+    tp_sim_config cfg = {.hosts = WORLD, .seed = 7};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    assert_int_equal(tp_sim_load_faults(sim, "delaytype remote 500\nkill 0 300\n", err, sizeof err),
+                     TP_OK);
+    assert_int_equal(tp_sim_run(sim, dead_creator_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    print_message("w2's to_here: %s after %.3f s: %s\n", tp_status_name(dead_creator_st),
+                  dead_creator_took / 1e9, dead_creator_msg);
+    assert_int_equal(dead_creator_st, TP_EPEERDOWN);
+    assert_non_null(strstr(dead_creator_msg, "died before its remote() reached the owner"));
+    assert_true(dead_creator_took < SEC);
+}
+
+/*
  * A callee out of memory while it takes a call in: the call fails and says
  * it was memory (TP_ENOMEM, or TP_EIO when the frame itself could not be
  * held and the connection ended, as a TCP stream does), the credit the call
@@ -1532,6 +1596,7 @@ int main(void) {
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
         cmocka_unit_test_setup(test_callee_without_memory_for_the_job, reset_failures),
         cmocka_unit_test_setup(test_rref_orphan_reported_at_shutdown, reset_failures),
+        cmocka_unit_test_setup(test_rref_placeholder_fails_when_its_creator_dies, reset_failures),
         cmocka_unit_test_setup(test_rref_delete_without_memory_sent_again, reset_failures),
         cmocka_unit_test_setup(test_rref_freed_ids_of_others_outlast_own_values, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
