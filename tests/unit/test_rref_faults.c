@@ -1578,6 +1578,62 @@ static void test_rref_fetched_value_outlives_its_lost_remote_answer(void **state
     assert_int_equal(lost_answer_st[1], TP_OK); /* not failed, not abandoned */
 }
 
+/*
+ * RREF-14: as above, hold()'s answer to w0's remote() is lost, but w0
+ * never fetches: it shared the rref with w2 first (1.1 s), and at the
+ * REMOTE's deadline (4 s) its call fails and it abandons the creation. The
+ * value on w1 was made meanwhile; from the abandon on, the owner answers
+ * every holder with the creation's error, so w2's to_here at 4.5 s fails
+ * saying the rref was not created, instead of handing out a value its
+ * creator gave up on.
+ */
+static tp_status abandoned_st = TP_EINVAL;
+static char abandoned_msg[TP_ERRMSG_LEN_MAX];
+
+static int abandoned_ready_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        sleep_until(1.0);
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "hold", NULL, NULL, 3.0, &r) == TP_OK);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 0.3, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+        sleep_until(4.5); /* the REMOTE's deadline (4 s) passed, unanswered */
+        tp_rref_release(r);
+    }
+    if (rank == 1) {
+        sleep_until(1.5);
+        release_held();
+    }
+    if (rank == 2) {
+        sleep_until(4.5);
+        tp_value *v = NULL;
+        abandoned_st = kept[2] ? tp_rref_to_here(kept[2], 1.0, &v) : TP_EINVAL;
+        snprintf(abandoned_msg, sizeof abandoned_msg, "%s", tp_errmsg());
+        tp_value_free(v);
+        tp_rref_release(kept[2]);
+        kept[2] = NULL;
+    }
+    sleep_until(4.5 + SETTLE_S);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_abandoned_after_its_value_was_made(void **state) {
+    (void)state;
+    abandoned_st = TP_EINVAL;
+    abandoned_msg[0] = '\0';
+    run_plan_with(LOST_ANSWER_PLAN, abandoned_ready_program);
+    print_message("w2's to_here: %s: %s\n", tp_status_name(abandoned_st), abandoned_msg);
+    assert_int_equal(abandoned_st, TP_ETIMEDOUT);
+    assert_non_null(strstr(abandoned_msg, "not created"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_rref_share_survives_failed_sends, reset_failures),
@@ -1605,6 +1661,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_share_without_memory_for_the_child, reset_failures),
         cmocka_unit_test_setup(test_rref_fetched_value_outlives_its_lost_remote_answer,
                                reset_failures),
+        cmocka_unit_test_setup(test_rref_abandoned_after_its_value_was_made, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
