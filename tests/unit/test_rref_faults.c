@@ -814,6 +814,7 @@ static void test_method_waits_off_the_pool(void **state) {
  */
 #define PINGS_PAST_THE_BOUND 4
 static int pings_ok;
+static double pings_timeout_s = 10.0;
 
 /* call_pings(rref): TPI_METHOD_DEFERRED_MAX + 4 rref.ping() at once, from here. */
 static tp_status call_pings_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
@@ -827,9 +828,12 @@ static tp_status call_pings_fn(tp_call *call, const tp_value *args, const tp_val
     if (!fs)
         return TP_ENOMEM;
     size_t issued = 0;
-    while (issued < n && tp_rref_rpc_async(r, "ping", NULL, NULL, 10.0, &fs[issued]) == TP_OK)
+    while (issued < n &&
+           tp_rref_rpc_async(r, "ping", NULL, NULL, pings_timeout_s, &fs[issued]) == TP_OK)
         issued++;
     tp_status st = issued == n ? tp_future_wait_all(fs, n, 20.0, NULL) : TP_EIO;
+    if (st == TP_ETIMEDOUT && pings_timeout_s < 20.0)
+        st = TP_OK; /* each future ended by its own deadline: counted below */
     int ok = 0;
     for (size_t i = 0; i < issued; i++) {
         int64_t v = 0;
@@ -859,6 +863,56 @@ static void test_methods_past_the_deferred_bound(void **state) {
     pings_ok = 0;
     run_plan_with("delaytype remote 200\n", many_methods_program);
     assert_int_equal(pings_ok, TPI_METHOD_DEFERRED_MAX + PINGS_PAST_THE_BOUND);
+}
+
+/*
+ * METHOD-3: the calls past the bound wait on the owner's pool only until
+ * their callers' deadline. The value comes at 2 s (its remote() held back);
+ * the pings time out at 1 s, and w1's four pool threads, held by the four
+ * past the bound, are free again then: a call w2 makes at 1.5 s is served
+ * at once (a pool slot that waited for the value itself would hold it
+ * until 2 s, past that call's 0.3 s).
+ */
+static tp_status pool_free_st = TP_EINVAL;
+
+static int methods_deadline_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("call_pings", call_pings_fn, NULL) == TP_OK);
+    CHECK(tp_new_method("Obj", "ping", ping_method, NULL) == TP_OK);
+    CHECK(tp_register_function("obj", obj_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("kept_confirmed", kept_confirmed_fn, NULL) == TP_OK);
+    char name[4] = "w0";
+    name[1] = (char)('0' + rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_shutdown_timeout(o, 30.0) == TP_OK);
+    if (rank == 1)
+        CHECK(tp_options_set_num_worker_threads(o, PINGS_PAST_THE_BOUND) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    tp_options_free(o);
+    CHECK(st == TP_OK);
+    if (st != TP_OK)
+        return 1;
+    if (rank == 0)
+        pings_ok = (int)call_w2_with_object("call_pings", 30.0);
+    if (rank == 2) { /* not w0: its link to w1 holds the remote() back, and all behind it */
+        sleep_until(1.5);
+        tp_value *res = NULL;
+        pool_free_st = tp_rpc_sync(tp_to_rank(1), "kept_confirmed", NULL, NULL, 0.3, &res);
+        tp_value_free(res);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_methods_past_the_deferred_bound_keep_their_deadline(void **state) {
+    (void)state;
+    pings_ok = -1;
+    pool_free_st = TP_EINVAL;
+    pings_timeout_s = 1.0;
+    run_plan_with("delaytype remote 2000\n", methods_deadline_program);
+    pings_timeout_s = 10.0;
+    assert_int_equal(pings_ok, 0); /* none answered: the value came after their deadline */
+    assert_int_equal(pool_free_st, TP_OK);
 }
 
 /*
@@ -1649,6 +1703,8 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_forks_query_again_waits_afresh, reset_failures),
         cmocka_unit_test_setup(test_method_waits_off_the_pool, reset_failures),
         cmocka_unit_test_setup(test_methods_past_the_deferred_bound, reset_failures),
+        cmocka_unit_test_setup(test_methods_past_the_deferred_bound_keep_their_deadline,
+                               reset_failures),
         cmocka_unit_test_setup(test_no_probe_timer_without_rrefs, reset_failures),
         cmocka_unit_test_setup(test_callee_without_memory_for_the_job, reset_failures),
         cmocka_unit_test_setup(test_rref_orphan_reported_at_shutdown, reset_failures),
