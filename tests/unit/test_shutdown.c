@@ -253,6 +253,43 @@ static void test_shutdown_each_phase_has_the_timeout(void **state) {
 }
 
 /*
+ * SHUTDOWN-3: the barrier has the timeout too. w0 (1 s) reaches it while
+ * w1 works on for 3 s: w0's shutdown fails at 1 s exactly with
+ * TP_ETIMEDOUT naming the rank it waited for; w1, whose own barrier then
+ * misses w0 (gone before it arrived), ends its shutdown either way.
+ */
+static tp_status barrier_st = TP_EINVAL;
+static char barrier_msg[TP_ERRMSG_LEN_MAX];
+static uint64_t barrier_took;
+
+static int barrier_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 1.0) != TP_OK)
+        return 1;
+    if (rank == 1) {
+        CHECK(tp_sleep(3.0) == TP_OK);
+        (void)tp_shutdown(1);
+        return 0;
+    }
+    uint64_t t0 = now_ns();
+    barrier_st = tp_shutdown(1);
+    barrier_took = now_ns() - t0;
+    snprintf(barrier_msg, sizeof barrier_msg, "%s", tp_errmsg());
+    return 0;
+}
+
+static void test_shutdown_barrier_times_out(void **state) {
+    (void)state;
+    barrier_st = TP_EINVAL;
+    run_checked(2, 3, NULL, barrier_program, NULL);
+    print_message("w0: %s after %.3f s: %s\n", tp_status_name(barrier_st), barrier_took / 1e9,
+                  barrier_msg);
+    assert_int_equal(barrier_st, TP_ETIMEDOUT);
+    assert_non_null(strstr(barrier_msg, "shutdown barrier: timed out waiting for rank 1 (of 2"));
+    assert_true(barrier_took >= 1000 * MS && barrier_took <= 1000 * MS + TOL_NS);
+}
+
+/*
  * SHUTDOWN-4: the release phase deletes every user rref still held, so the
  * owner frees its value during the holder's shutdown (its drain waits for the
  * delete), not only when the holder's teardown later shows up as peer-down.
@@ -1250,6 +1287,11 @@ static int flush_all_program(int rank, int world_size, void *arg) {
             tp_value_free(res);
         }
         flush_all_sd_ns = now_ns();
+        char before[TP_ERRMSG_LEN_MAX];
+        snprintf(before, sizeof before, "%s", tp_errmsg());
+        CHECK(tp_shutdown(1) == TP_OK);
+        CHECK(strcmp(tp_errmsg(), before) == 0); /* ERR-2: a success leaves the message */
+        return 0;
     }
     CHECK(tp_shutdown(1) == TP_OK);
     return 0;
@@ -1289,6 +1331,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
         cmocka_unit_test_setup(test_shutdown_dead_child_drops_kept_reference, reset_failures),
         cmocka_unit_test_setup(test_shutdown_each_phase_has_the_timeout, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_barrier_times_out, reset_failures),
         cmocka_unit_test_setup(test_shutdown_release_phase_deletes_held_rref, reset_failures),
         cmocka_unit_test_setup(test_shutdown_gives_cached_frames_back, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_sees_requests_in_flight, reset_failures),
