@@ -128,6 +128,60 @@ static void test_init_missing_worker_times_out(void **state) {
     }
 }
 
+/*
+ * INIT-5's message names who is missing, from a complete look at the
+ * deadline: at most 8 ranks, then how many more; a rank that came late
+ * (w2 of 3, at 0.7 s of a 1 s init, after the last regular look) is not
+ * named. Only w0's message is checked; the others never init or come late.
+ */
+#define NAMED_WORLD_MAX 11
+static int named_world, named_late_rank;
+static tp_status named_st;
+static char named_msg[TP_ERRMSG_LEN_MAX];
+
+static int named_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (rank != 0 && rank != named_late_rank)
+        return 0; /* never joins */
+    if (rank != 0)
+        CHECK(tp_sim_sleep(0.7) == TP_OK);
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 1.0) == TP_OK);
+    tp_status st = tp_init_rpc(name, "SIM", rank, world_size, o);
+    if (rank == 0) {
+        named_st = st;
+        snprintf(named_msg, sizeof named_msg, "%s", tp_errmsg());
+    }
+    tp_options_free(o);
+    if (st == TP_OK)
+        tp_shutdown(0);
+    return 0;
+}
+
+static void run_named(int world, int late) {
+    named_world = world;
+    named_late_rank = late;
+    named_st = TP_EINVAL;
+    tp_sim_config cfg = {.hosts = (uint32_t)world, .seed = 9};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, named_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(named_st, TP_ETIMEDOUT);
+}
+
+static void test_init_timeout_names_who_is_missing(void **state) {
+    (void)state;
+    run_named(NAMED_WORLD_MAX, -1);
+    assert_non_null(strstr(named_msg, "waiting for ranks 1, 2, 3, 4, 5, 6, 7, 8 and 2 more "
+                                      "(of 11 workers)"));
+    run_named(3, 2);
+    if (!strstr(named_msg, "waiting for rank 1 (of 3 workers)"))
+        fail_msg("%s", named_msg);
+}
+
 static tp_status fn_nil(tp_call *call, const tp_value *args, const tp_value *kwargs,
                         tp_value **result, void *user_data) {
     (void)call, (void)args, (void)kwargs, (void)result, (void)user_data;
@@ -974,6 +1028,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_slow_store, reset_failures),
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
         cmocka_unit_test_setup(test_init_shutdown_during_init_refused, reset_failures),
+        cmocka_unit_test_setup(test_init_timeout_names_who_is_missing, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
         cmocka_unit_test(test_init_two_worlds_of_one_names_route_by_their_own),
         cmocka_unit_test(test_init_worker_described_by_name_only_inside_the_world),
