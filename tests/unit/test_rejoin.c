@@ -597,6 +597,7 @@ typedef struct lossy_store {
     int lose_cas;                       /* lose incarnation keys' compare-and-set replies */
     const char *fail_get;               /* a restarted process's get of a key holding this fails */
     int hide_inc;                       /* the next get of "inc/1" finds nothing (then 0) */
+    const char *inc_value;              /* a restarted process's get of "inc/1" finds this */
     int lost;                           /* replies lost so far */
     char key[TP_STORE_KEY_LEN_MAX + 1]; /* the incarnation key written last */
 } lossy_store;
@@ -610,6 +611,11 @@ static tp_status lossy_get(tp_store *s, const char *key, void **value, size_t *l
     if (ls->fail_get && tp_sim_incarnation() > 0 && strstr(key, ls->fail_get)) {
         snprintf(s->errmsg, sizeof s->errmsg, "get '%s': a deliberate failure", key);
         return TP_ESTORE;
+    }
+    if (ls->inc_value && tp_sim_incarnation() > 0 && strstr(key, "/inc/1")) {
+        *value = strdup(ls->inc_value);
+        *len = strlen(ls->inc_value);
+        return *value ? TP_OK : TP_ENOMEM;
     }
     if (ls->hide_inc && strstr(key, "/inc/1")) {
         ls->hide_inc = 0; /* read before rank 1's rejoin wrote it */
@@ -769,6 +775,33 @@ static void test_rejoin_store_failure_in_the_gather(void **state) {
     assert_non_null(strstr(q.rejoin_msg, "rejoin"));
     assert_non_null(strstr(q.rejoin_msg, "init/rank/0': a deliberate failure"));
     assert_int_equal(q.shutdown_st, TP_OK); /* w0 never heard of it */
+    lossy_close(&ls->base);
+}
+
+/* spec: REJOIN-2: incarnations are numbered up to TPI_INCARNATION_MAX
+ * (2^24 - 1, what a peer can parse): a rank whose store says it restarted
+ * that many times already cannot take another; its rejoin fails at once
+ * with TP_ELIMIT saying so. */
+static void test_rejoin_past_the_last_incarnation(void **state) {
+    (void)state;
+    memset(&q, 0, sizeof q);
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &lossy_ops;
+    ls->inc_value = "16777215\t127.0.0.1:1";
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    tp_sim_config cfg = {.hosts = 2, .seed = 7, .store = &ls->base};
+    tp_sim *sim = NULL;
+    char err[256];
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_load_faults(sim, "kill 1 100\nrestart 1 200\n", err, sizeof err),
+                     TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_peers, NULL, NULL), TP_OK);
+    assert_int_equal(failures, 0);
+    tp_sim_free(sim);
+    if (q.rejoin_st != TP_ELIMIT)
+        fail_msg("rejoin: %s: %s", tp_status_name(q.rejoin_st), q.rejoin_msg);
+    assert_non_null(strstr(q.rejoin_msg, "rank 1 has restarted 16777215 times, the most there"));
     lossy_close(&ls->base);
 }
 
@@ -1114,6 +1147,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_refused_once_the_job_shuts_down, reset_failures),
         cmocka_unit_test_setup(test_rejoin_unreachable_peer_times_out, reset_failures),
         cmocka_unit_test_setup(test_rejoin_env_ignored_by_simulated_workers, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_past_the_last_incarnation, reset_failures),
         cmocka_unit_test_setup(test_rejoin_skips_a_dead_peer, reset_failures),
         cmocka_unit_test_setup(test_rejoin_two_ranks_restarted_at_once, reset_failures),
         cmocka_unit_test_setup(test_rejoin_peer_restarted_during_the_announcement, reset_failures),
