@@ -353,11 +353,23 @@ static void lent_release(void *ctx) { /* any thread, no GIL */
         atomic_store(&lent_pending_call, 0); /* the queue is full: a later drain frees it */
 }
 
-/* A typed buffer (a numpy array) as a tensor: dtype from its format. */
+/* A typed buffer (a numpy array) as a tensor: dtype from its format. 1, 0
+ * when no dtype fits, -1 when its elements are in the other byte order:
+ * tensors carry the native one (WIRE-5), and reading big-endian elements as
+ * native would send other numbers, so such a buffer is refused (as
+ * torch.from_numpy refuses it). Single bytes have no order. */
 static int dtype_of(const Py_buffer *b, tp_dtype *out) {
     const char *f = b->format ? b->format : "B";
-    while (*f == '<' || *f == '=' || *f == '@' || *f == '!' || *f == '>')
-        f++; /* the native order is the only one tensors carry */
+    int foreign = 0;
+    for (; *f == '<' || *f == '=' || *f == '@' || *f == '!' || *f == '>'; f++) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        foreign = *f == '>' || *f == '!';
+#else
+        foreign = *f == '<';
+#endif
+    }
+    if (foreign && b->itemsize > 1)
+        return -1;
     static const struct {
         char c;
         Py_ssize_t size;
@@ -446,6 +458,7 @@ static tp_value *buffer_value(PyObject *o, const char *where, const char *dtype)
     tp_dtype d;
     int64_t shape[64];
     tp_value *v = NULL;
+    int found = 0;
     int named = dtype ? dtype_named(dtype) : -1;
     int known = named >= 0 && tp_dtype_size((tp_dtype)named) == (size_t)b.itemsize;
     if (known)
@@ -453,9 +466,15 @@ static tp_value *buffer_value(PyObject *o, const char *where, const char *dtype)
     if (dtype && !known) {
         PyErr_Format(PyExc_TypeError, "%s: dtype '%s' does not fit elements of %zd bytes", where,
                      dtype, b.itemsize);
-    } else if (!dtype && !dtype_of(&b, &d)) {
-        PyErr_Format(PyExc_TypeError, "%s: a '%s' of element format '%s' has no tensor dtype",
-                     where, Py_TYPE(o)->tp_name, b.format ? b.format : "B");
+    } else if (!dtype && (found = dtype_of(&b, &d)) != 1) {
+        if (found < 0)
+            PyErr_Format(PyExc_TypeError,
+                         "%s: a '%s' of element format '%s' is not in this machine's byte "
+                         "order, which tensors carry (numpy: a.astype(a.dtype.newbyteorder('=')))",
+                         where, Py_TYPE(o)->tp_name, b.format);
+        else
+            PyErr_Format(PyExc_TypeError, "%s: a '%s' of element format '%s' has no tensor dtype",
+                         where, Py_TYPE(o)->tp_name, b.format ? b.format : "B");
     } else if (b.ndim > 64) {
         PyErr_Format(PyExc_ValueError, "%s: %d dimensions is too many", where, b.ndim);
     } else {

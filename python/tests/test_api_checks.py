@@ -539,6 +539,32 @@ def test_tensors_that_cannot_travel_say_why(tmp_path):
     assert out[4:] == ["dense [0, 1, 2]"]
 
 
+def test_arrays_in_another_byte_order_are_refused(tmp_path):
+    """A big-endian array is refused with how to convert it, not sent as
+    native numbers it does not hold; an explicitly little-endian one (a
+    ctypes array's format '<f'), an explicitly native one ('@f'), and a
+    byte array of either order, travel."""
+    out = run(tmp_path, """
+        import ctypes
+        import numpy as np
+        rpc.init_rpc("worker0", rank=0, world_size=1)
+        try:
+            rpc.rpc_sync("worker0", echo, args=(np.array([1.5, 2.5], dtype=">f4"),))
+            print("big-endian sent")
+        except TypeError as e:
+            print(str(e).split(": ", 1)[1])
+        print(rpc.rpc_sync("worker0", echo, args=(np.array([1.5, 2.5], dtype="<f4"),)).tolist())
+        print(list(rpc.rpc_sync("worker0", echo, args=((ctypes.c_float * 3)(1, 2, 3),))))
+        print(rpc.rpc_sync("worker0", echo, args=(np.array([7], dtype=">u1"),)).tolist())
+        native = memoryview(bytearray(np.array([4.5], dtype="f4").tobytes())).cast("@f")
+        print(native.format, rpc.rpc_sync("worker0", echo, args=(native,)).tolist())
+        rpc.shutdown()
+    """, nproc=1)
+    assert out[0] == "a 'numpy.ndarray' of element format '>f' is not in this machine's byte " \
+                     "order, which tensors carry (numpy: a.astype(a.dtype.newbyteorder('=')))"
+    assert out[1:] == ["[1.5, 2.5]", "[1.0, 2.0, 3.0]", "[7]", "@f [4.5]"]
+
+
 def test_answers_and_types_the_caller_cannot_take(tmp_path):
     """An async_execution function whose future completes with a value no
     value kind holds: the caller gets the callee's words, not a hang. An
