@@ -74,14 +74,14 @@ def test_calls_and_values(tmp_path):
             me = rpc.get_worker_info()
             other = rpc.get_worker_info("worker1")
             print(me.name, me.id, other == rpc.get_worker_info("worker1"), len({other, other}))
-            print(rpc.rpc_sync(other, echo, args=([1, -2**63, "x", b"y", None, True, 2.5,
+            print(rpc.rpc_sync(other, echo, args=([1, -1, -2**63, "x", b"y", None, True, 2.5,
                                                    {"k": [1, {"n": None}]}],)))
             print(rpc.rpc_sync("worker1", echo, args=((1, 2),)))
             print(rpc.rpc_sync("worker1", echo, args=([(), (1,), [(2, [3])]],)))
         rpc.shutdown()
     """)
     assert out == ["7", "15", "worker0 0 True 1",
-                   "[1, -9223372036854775808, 'x', b'y', None, True, 2.5, {'k': [1, {'n': None}]}]",
+                   "[1, -1, -9223372036854775808, 'x', b'y', None, True, 2.5, {'k': [1, {'n': None}]}]",
                    "(1, 2)", "[(), (1,), [(2, [3])]]"]
 
 
@@ -676,6 +676,7 @@ def test_then_method_factory_and_backend_options(tmp_path):
             print("unknown backend:", "NOPE" in str(e))
         rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
         if rank == 0:
+            print("default timeout", rpc.get_rpc_timeout())
             f = rpc.rpc_async("worker1", add, args=(1, 2)).then(lambda fut: fut.wait() * 10)
             print(f.wait())
             g = rpc.rpc_async("worker1", boom).then(lambda fut: fut.wait())
@@ -687,8 +688,8 @@ def test_then_method_factory_and_backend_options(tmp_path):
             print(get(rpc.remote("worker1", Box, args=("boxed",))))
         rpc.shutdown()
     """)
-    assert out == ["TensorPipeRpcBackendOptions 20.0 16", "unknown backend: True", "30",
-                   "then failure: True", "boxed"]
+    assert out == ["TensorPipeRpcBackendOptions 20.0 16", "unknown backend: True",
+                   "default timeout 20.0", "30", "then failure: True", "boxed"]
 
 
 def test_backend_is_a_backend_type_member_or_its_name():
