@@ -879,6 +879,68 @@ static int read_slab_max(const uint32_t v[3], uint64_t max, char *err, size_t le
     return got;
 }
 
+/* spec: TCP-22: every field of a slab's header is checked against its
+ * record, each alone: magic, slot, frame length, slab size, generation,
+ * and where the frame starts (64..127); a frame whose own header gives
+ * another length is refused too. The slab's size may be exactly what a
+ * frame of max_message_size needs (2 MiB for 2 MiB - 128 bytes). Each
+ * change is made in this process's own mapping and undone after. */
+static void test_shm_slab_header_checked_field_by_field(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    uint32_t v[3];
+    pack_for_worker_1(&a, peers, 2, 1000, v);
+    const uint64_t cap = TPI_SHM_SLAB_STEP;
+    assert_int_equal(tpi_shm_slab_size(v[2]), cap);
+    uint8_t *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, (int)v[0], 0);
+    assert_true(m != MAP_FAILED);
+    char err[TP_ERRMSG_LEN_MAX];
+    int got = read_slab_max(v, cap - TPI_SHM_HEAD - TPI_SHM_ALIGN, err, sizeof err);
+    if (got < 0) {
+        munmap(m, cap);
+        tpi_shm_tx_free(peers[1].shm_tx);
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    assert_int_equal(got, 1); /* whole, at max_message_size's own slab size */
+    static const struct {
+        size_t at;
+        uint32_t value;
+        const char *says;
+    } fields[] = {
+        {0, 0x58585858u, "header does not match"},                   /* magic */
+        {16, 1, "header does not match"},                            /* slot */
+        {20, 1001, "header does not match"},                         /* frame length */
+        {24, 1, "header does not match"},                            /* slab size (low word) */
+        {32, 7, "header does not match"},                            /* generation */
+        {36, TPI_SHM_HEAD - 1, "header does not match"},             /* starts in the header */
+        {36, TPI_SHM_HEAD + TPI_SHM_ALIGN, "header does not match"}, /* past the alignment */
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        uint8_t keep[4];
+        memcpy(keep, m + fields[i].at, 4);
+        tpi_tcp_put_u32(m + fields[i].at, fields[i].value);
+        got = read_slab_max(v, 4 * MIB, err, sizeof err);
+        memcpy(m + fields[i].at, keep, 4);
+        if (got != 0 || !strstr(err, fields[i].says))
+            fail_msg("field at %zu set to %u: %s", fields[i].at, fields[i].value,
+                     got ? "read" : err);
+    }
+    /* The frame's own header: one byte more of body than the record says. */
+    uint32_t at = tpi_tcp_get_u32(m + 36);
+    uint8_t keep[TP_FRAME_HEADER_SIZE];
+    memcpy(keep, m + at, sizeof keep);
+    tt_frame_header(m + at, TPI_WIRE_VERSION, TPI_MSG_REQUEST, 1001);
+    got = read_slab_max(v, 4 * MIB, err, sizeof err);
+    memcpy(m + at, keep, sizeof keep);
+    assert_int_equal(got, 0);
+    assert_non_null(strstr(err, "its frame's length differs from the record"));
+    assert_int_equal(read_slab_max(v, 4 * MIB, err, sizeof err), 1); /* all undone */
+    munmap(m, cap);
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
 /* spec: TCP-22: a slab's frame lies within the slab: one that ends on its
  * last byte is read, one a byte longer is refused. (Our packer always
  * leaves room at the end; a peer's slab need not.) The frame is moved to
@@ -959,6 +1021,7 @@ int main(void) {
         cmocka_unit_test(test_shm_answer_held_past_its_connection),
         cmocka_unit_test(test_shm_dialer_unmaps_its_slabs_when_freed),
         cmocka_unit_test(test_shm_frame_may_end_at_the_slab_end),
+        cmocka_unit_test(test_shm_slab_header_checked_field_by_field),
         cmocka_unit_test(test_shm_slab_not_made_leaks_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
