@@ -1575,6 +1575,45 @@ def test_a_class_defined_after_init_is_waited_for(tmp_path):
     assert out == ["42"]
 
 
+def test_a_function_defined_after_a_second_init_is_waited_for(tmp_path):
+    """After init, shutdown and init again in one process, the callee waits
+    for a function __main__ has not defined yet, as after the first: the
+    first shutdown's stop does not outlive it."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        rpc.shutdown()
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 1:
+            time.sleep(1.0)
+        def late(x):
+            return 2 * x
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", late, args=(21,)))
+        rpc.shutdown()
+    """)
+    assert out == ["42"]
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_half_the_pool_may_wait_for_late_names(tmp_path, threads):
+    """As many calls as half the callee's pool threads (at least one) may
+    wait at once for a name __main__ defines later: all are answered."""
+    out = run(tmp_path, """
+        threads = %d
+        opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=threads)
+        rpc.init_rpc("worker%%d" %% rank, rpc_backend_options=opts)
+        if rank == 1:
+            time.sleep(1.0)
+        def late(x):
+            return 2 * x
+        if rank == 0:
+            fs = [rpc.rpc_async("worker1", late, args=(i,)) for i in range(max(1, threads // 2))]
+            print([f.wait() for f in fs])
+        rpc.shutdown()
+    """ % threads)
+    assert out == [str([2 * i for i in range(max(1, threads // 2))])]
+
+
 def test_exposure_policy_paths_hold_in_allow_list_mode(tmp_path):
     """PY-1: exposing a module serves its functions, not its objects' state:
     a name through one of its objects is refused under expose=[module] too."""

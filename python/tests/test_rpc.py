@@ -272,6 +272,8 @@ def test_remote_objects_proxies_and_arrays(tmp_path):
                 c.rpc_sync().missing()
             except AttributeError as e:
                 print("AttributeError", "missing" in str(e))
+            # A method the owner's object lacks is no attribute of the proxy.
+            print("hasattr", hasattr(c.rpc_sync(), "missing"), hasattr(c.rpc_sync(), "add"))
             try:
                 rpc.rpc_sync("worker1", Counter, args=(1,))
             except TypeError as e:
@@ -285,7 +287,8 @@ def test_remote_objects_proxies_and_arrays(tmp_path):
             del c
         rpc.shutdown()
     """)
-    assert out == ["15 17", "18 add", "AttributeError True", "object result: True True",
+    assert out == ["15 17", "18 add", "AttributeError True", "hasattr False True",
+                   "object result: True True",
                    "float32 (3, 4) 132.0 True", "[True, False]", "strided: True"]
 
 
