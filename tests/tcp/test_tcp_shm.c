@@ -425,6 +425,23 @@ static void test_shm_slab_on_descriptor_0_reused(void **state) {
     assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)s0), 0);
     assert_int_equal(pack(&a, 1 * MIB, &gen), s0); /* reused, not made again */
     assert_int_equal(gen, gen0);
+    /* Busy on descriptor 0 is busy: the next frame takes another slab. */
+    int s1 = pack(&a, 1 * MIB, &gen);
+    assert_true(s1 >= 0 && s1 != s0);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)s1), 0);
+    /* The session ends with the slab on 0 busy: it is given up (closed). */
+    tpi_shm_session_end(&a, 1, 1);
+    assert_int_equal(fcntl(0, F_GETFD), -1);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back for a moment */
+    /* Free on descriptor 0, it makes room when a large frame needs it: a
+     * 4 MiB slab made on 0 beside the 2 MiB one left (s1), both free, go
+     * for one of 8 MiB, the whole pool. */
+    assert_int_equal(close(0), 0);
+    int s2 = pack(&a, 3 * MIB, &gen); /* s1 is too small: a new one, on 0 */
+    assert_true(s2 >= 0 && s2 != s1);
+    assert_true(fcntl(0, F_GETFD) >= 0);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)s2), 0);
+    assert_true(pack(&a, 7 * MIB, &gen) >= 0);
     tpi_shm_tx_free(peers[1].shm_tx);
     assert_int_equal(fcntl(0, F_GETFD), -1); /* freeing the pool closed the slab on 0 */
     assert_int_equal(dup2(saved, 0), 0);     /* stdin back */
