@@ -576,6 +576,7 @@ typedef struct twin {
     char prefix;                    /* names are "<prefix><rank>" */
     int hold;                       /* the first world: rank 0 waits for the second */
     int reversed;                   /* host h is rank TWIN_WORLD - 1 - h (else rank h) */
+    int sqlite;                     /* its own SQLite store (no instance: STORE-13) */
     char seen[TWIN_WORLD][TWIN_WORLD][TP_NAME_LEN_MAX + 1]; /* by rank: the names it saw */
     tp_status init_st[TWIN_WORLD], call_st[TWIN_WORLD];
     tp_status run_st;
@@ -654,11 +655,17 @@ static int twin_program(int host, int world_size, void *arg) {
 static void *twin_run(void *arg) {
     twin *t = arg;
     tp_sim_config cfg = {.hosts = TWIN_WORLD, .seed = 5};
+    tp_store *store = NULL;
+    if (t->sqlite && (t->run_st = tp_sqlite_store_open(":memory:", &store, NULL, 0)) != TP_OK)
+        return NULL;
+    cfg.store = store;
     tp_sim *sim = NULL;
     t->run_st = tp_sim_new(&cfg, &sim);
     if (t->run_st == TP_OK)
         t->run_st = tp_sim_run(sim, twin_program, t, NULL);
     tp_sim_free(sim);
+    if (store)
+        store->ops->close(store);
     return NULL;
 }
 
@@ -691,6 +698,16 @@ static void run_twins(twin *first, twin *second) {
 static void test_init_two_worlds_at_once_keep_their_own_tables(void **state) {
     (void)state;
     static twin first = {.prefix = 'a', .hold = 1}, second = {.prefix = 'b'};
+    run_twins(&first, &second);
+}
+
+/* STORE-13: stores with no instance number (SQLite, etcd) name no keys
+ * another store shares: two worlds of one shape, each on its own SQLite
+ * store, never take each other's tables. */
+static void test_init_two_worlds_on_stores_without_instance(void **state) {
+    (void)state;
+    static twin first = {.prefix = 'a', .hold = 1, .sqlite = 1},
+                second = {.prefix = 'b', .sqlite = 1};
     run_twins(&first, &second);
 }
 
@@ -1030,6 +1047,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_shutdown_during_init_refused, reset_failures),
         cmocka_unit_test_setup(test_init_timeout_names_who_is_missing, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
+        cmocka_unit_test(test_init_two_worlds_on_stores_without_instance),
         cmocka_unit_test(test_init_two_worlds_of_one_names_route_by_their_own),
         cmocka_unit_test(test_init_worker_described_by_name_only_inside_the_world),
         cmocka_unit_test(test_init_names_in_any_order_are_found),
