@@ -24,6 +24,7 @@ typedef struct world {
     double rpc_timeout;
     const char *backend;               /* NULL: "SIM" (a test's wrapper of it otherwise) */
     uint64_t max_inflight_bytes;       /* 0: the default */
+    uint64_t max_queued_bytes;         /* 0: the default */
     double shutdown_timeout;           /* 0: 600 s */
     void *data;
 } world;
@@ -62,6 +63,8 @@ static inline int world_worker_start(int rank, int world_size, const world *w) {
         CHECK(tp_options_set_rpc_timeout(o, w->rpc_timeout) == TP_OK);
     if (w->max_inflight_bytes)
         CHECK(tp_options_set_max_inflight_bytes(o, w->max_inflight_bytes) == TP_OK);
+    if (w->max_queued_bytes)
+        CHECK(tp_options_set_max_queued_bytes(o, w->max_queued_bytes) == TP_OK);
     tp_status st = tp_init_rpc(name, w->backend ? w->backend : "SIM", rank, world_size, o);
     tp_options_free(o);
     CHECK(st == TP_OK);

@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "tensorplay/rpc.h"
+#include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
 #include "sim_world.h"
@@ -121,9 +122,77 @@ static void test_flow_send_between_break_and_peer_down(void **state) {
     run_world(2, 7, &w);
 }
 
+/*
+ * FLOW-8, LOG-3: a caller that ignores its credit is refused past it; the
+ * callee warns once (later refusals of that caller are DEBUG), and once
+ * more after the connection broke and came back: the reset starts its
+ * account afresh, the warning included. Twice w0 keeps w1's one pool
+ * thread busy and sends two batches at once, ignoring its credit; between
+ * the two the link breaks.
+ */
+static int refused_warnings;
+
+static void count_refused(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (level == TP_LOG_WARN && strstr(msg, "refused the request"))
+        refused_warnings++;
+}
+
+/* Four calls of 30 KB while w1's pool is held, past its 64 KiB credit:
+ * the third and fourth are refused. */
+#define OVERRUN_CALLS 4
+static void overrun(void) {
+    tp_future *hold = NULL, *f[OVERRUN_CALLS];
+    CHECK(tp_rpc_async(tp_to_name("w1"), "hold", NULL, NULL, 30.0, &hold) == TP_OK);
+    CHECK(tp_sleep(0.01) == TP_OK);
+    static uint8_t bytes[30000];
+    tp_value *args = tp_value_list_of(1, tp_value_bytes(bytes, sizeof bytes));
+    tp_test_flow_ignore_credit(1);
+    for (int i = 0; i < OVERRUN_CALLS; i++) {
+        f[i] = NULL;
+        CHECK(tp_rpc_async(tp_to_name("w1"), "pad", args, NULL, 30.0, &f[i]) == TP_OK);
+    }
+    tp_test_flow_ignore_credit(0);
+    tp_value_free(args);
+    int refused = 0;
+    for (int i = 0; i < OVERRUN_CALLS; i++) {
+        refused += tp_future_wait(f[i], 20.0) == TP_ELIMIT;
+        tp_future_free(f[i]);
+    }
+    CHECK(refused >= 2);
+    CHECK(tp_future_wait(hold, 10.0) == TP_OK);
+    tp_future_free(hold);
+}
+
+static void refuse_break_refuse(world *w) {
+    (void)w;
+    tp_sim *sim = tp_sim_current();
+    overrun();
+    CHECK(refused_warnings == 1); /* the first refusal warns, the others do not */
+    CHECK(tp_sim_fault_break(sim, 0, 1, tp_sim_now_ns(sim) + 1000000ull) == TP_OK);
+    CHECK(tp_sleep(0.5) == TP_OK); /* both saw the break; a new connection */
+    overrun();
+    CHECK(refused_warnings == 2);
+}
+
+static void test_flow_refusal_warns_again_after_a_break(void **state) {
+    (void)state;
+    refused_warnings = 0;
+    tp_set_log_callback(count_refused, NULL);
+    /* w1 grants 64 KiB (max_queued_bytes, FLOW-6); w0's own window is 1 MiB. */
+    world w = {.scenario = refuse_break_refuse,
+               .threads = 1,
+               .max_inflight_bytes = 1 << 20,
+               .max_queued_bytes = 64 << 10};
+    run_world(2, 7, &w);
+    tp_set_log_callback(NULL, NULL);
+    assert_int_equal(refused_warnings, 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flow_send_between_break_and_peer_down),
+        cmocka_unit_test(test_flow_refusal_warns_again_after_a_break),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
