@@ -85,6 +85,47 @@ def test_calls_and_values(tmp_path):
                    "(1, 2)", "[(), (1,), [(2, [3])]]"]
 
 
+def test_thread_locals_last_across_calls_on_a_pool_thread(tmp_path):
+    """A pool thread keeps its Python thread state between calls, so a
+    threading.local set by one call is there for the next on that thread
+    (one thread here: every call runs on it)."""
+    out = run(tmp_path, """
+        import threading
+        tl = threading.local()
+
+        def bump():
+            tl.n = getattr(tl, "n", 0) + 1
+            return tl.n
+
+        opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=1)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            print([rpc.rpc_sync("worker1", bump) for _ in range(3)])
+        rpc.shutdown()
+    """)
+    assert out == ["[1, 2, 3]"]
+
+
+def test_values_that_look_like_others_travel_as_what_they_are(tmp_path):
+    """A struct_seq (time.gmtime) is a tuple without _fields: it comes back a
+    plain tuple, not rebuilt as a named tuple; an object of this package that
+    is no WorkerInfo (backend options) cannot be sent, and says so."""
+    out = run(tmp_path, """
+        import time
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            back = rpc.rpc_sync("worker1", echo, args=(time.gmtime(0),))
+            print(type(back).__name__, back[:3])
+            try:
+                rpc.rpc_sync("worker1", echo, args=(rpc.TensorPipeRpcBackendOptions(),))
+                print("options sent")
+            except TypeError as e:
+                print("options:", "cannot be sent" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["tuple (1970, 1, 1)", "options: True"]
+
+
 def test_errors_keep_their_type_and_name_the_worker(tmp_path):
     out = run(tmp_path, """
         try:
