@@ -712,7 +712,8 @@ def test_shutdown_timeout_is_honoured(tmp_path):
             try:
                 rpc.shutdown(timeout=1.0)
             except RuntimeError as e:
-                print("timeout:", "within its timeout of 1 s" in str(e), time.monotonic() - t0 < 2.5)
+                took = time.monotonic() - t0
+                print("timeout:", "within its timeout of 1 s" in str(e), 0.9 <= took < 2.5)
         else:
             try:
                 rpc.shutdown()
