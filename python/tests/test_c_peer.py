@@ -187,7 +187,7 @@ def test_python_class_name_as_a_c_worker_sees_it(tmp_path):
 MALFORMED = """
 parts = [lambda: lib.tp_value_str(b"get"), lib.tp_value_list, lib.tp_value_map,
          lambda: lib.tp_value_bool(1), lambda: lib.tp_value_int(0)]
-for n in (2, 5):
+for n in (2, 3, 4, 5):
     args = lst(*[make() for make in parts[:n]])
     out = P()
     st = lib.tp_rref_rpc_sync(rref, b"py:method", args, None, 30.0, ctypes.byref(out))
@@ -213,11 +213,12 @@ def test_malformed_method_call_from_a_c_worker(tmp_path):
     """A method call whose wire list is not [name, args, kwargs(, keep)]
     (too short, too long, or a tuple) is refused with a TypeError that says
     the form, never read past its end, run with the extra part ignored or
-    read as a list."""
+    read as a list; both right forms, with and without keep, run."""
     old = "lib.tp_rref_release(rref)\n"
     assert MIXED.count(old) == 1
     lines, out = run_mixed(tmp_path, MIXED.replace(old, MALFORMED + old))
-    assert lines[2:] == ["2 parts: TP_EREMOTE True", "5 parts: TP_EREMOTE True",
+    assert lines[2:] == ["2 parts: TP_EREMOTE True", "3 parts: TP_OK False",
+                         "4 parts: TP_OK False", "5 parts: TP_EREMOTE True",
                          "tuple: TP_EREMOTE True"], out
 
 
