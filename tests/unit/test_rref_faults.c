@@ -1017,6 +1017,7 @@ static int dead_creator_program(int rank, int world_size, void *arg) {
         CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 5.0, &res) == TP_OK);
         tp_value_free(res);
         tp_value_free(args);
+        tp_rref_release(r); /* its delete waits behind the REMOTE: both die with w0 */
         (void)tp_sleep(60.0); /* killed in here */
         return 0;
     }
