@@ -18,6 +18,7 @@
 #include <Python.h>
 
 #include <pthread.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -1041,6 +1042,10 @@ static int parse_dest(PyObject *to, tp_dest *d) {
         long r = PyLong_AsLong(to);
         if (r == -1 && PyErr_Occurred())
             return 0;
+        if (r < INT_MIN || r > INT_MAX) { /* as an int it would name another rank */
+            PyErr_Format(PyExc_RuntimeError, "no worker with rank %ld: a rank is an int", r);
+            return 0;
+        }
         *d = tp_to_rank((int)r);
         return 1;
     }

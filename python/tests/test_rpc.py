@@ -160,10 +160,16 @@ def test_errors_keep_their_type_and_name_the_worker(tmp_path):
                 rpc.rpc_sync("nobody", add, args=(1, 2))
             except RuntimeError as e:
                 print("unknown worker:", "nobody" in str(e))
+            for r in (2, 2**32):  # 2**32 is no int: never rank 0 by truncation
+                try:
+                    print("rank", r, "called:", rpc.rpc_sync(r, add, args=(1, 2)))
+                except RuntimeError as e:
+                    print("rank", r, "refused:", "no worker with rank %d" % r in str(e))
         rpc.shutdown()
     """)
     assert out == ["before init: True", "ValueError True True True", "lambda: True",
-                   "overflow: True", "object: True", "timeout: True", "unknown worker: True"]
+                   "overflow: True", "object: True", "timeout: True", "unknown worker: True",
+                   "rank 2 refused: True", "rank 4294967296 refused: True"]
 
 
 def test_error_whose_class_has_no_str_qualname(tmp_path):
