@@ -317,6 +317,14 @@ static void test_tcp_store_key_with_nul_refused(void **state) {
     close(fd);
 }
 
+/* CPU seconds (user and system) between two getrusage readings. */
+static double cpu_between(const struct rusage *r0, const struct rusage *r1) {
+    return (double)(r1->ru_utime.tv_sec - r0->ru_utime.tv_sec) +
+           (double)(r1->ru_utime.tv_usec - r0->ru_utime.tv_usec) / 1e6 +
+           (double)(r1->ru_stime.tv_sec - r0->ru_stime.tv_sec) +
+           (double)(r1->ru_stime.tv_usec - r0->ru_stime.tv_usec) / 1e6;
+}
+
 /*
  * Issue 8: out of descriptors, accept fails while a connection waits; the
  * server must back off, not spin. A child process runs the server, takes
@@ -361,10 +369,7 @@ static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
         getrusage(RUSAGE_SELF, &r0);
         usleep(1000000);
         getrusage(RUSAGE_SELF, &r1);
-        double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) +
-                     (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) / 1e6 +
-                     (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
-                     (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
+        double cpu = cpu_between(&r0, &r1);
         while (nheld > 0)
             close(held[--nheld]);
         /* Accepted once descriptors are back (no cmocka assert in the child). */
@@ -1922,10 +1927,7 @@ static void test_tcp_store_idle_client_costs_no_cpu(void **state) {
     getrusage(RUSAGE_SELF, &r0);
     usleep(1000000);
     getrusage(RUSAGE_SELF, &r1);
-    double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) +
-                 (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec) / 1e6 +
-                 (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
-                 (double)(r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e6;
+    double cpu = cpu_between(&r0, &r1);
     print_message("CPU with one idle client: %.3f s in 1 s\n", cpu);
     assert_true(cpu < 0.3);
     idle->ops->close(idle);

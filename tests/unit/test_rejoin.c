@@ -748,17 +748,12 @@ static void test_rejoin_second_restart_lost_cas_reply(void **state) {
     lossy_close(&ls->base);
 }
 
-/* spec: REJOIN-3, SHUTDOWN-7's wording: the store fails the restarted
- * process's reads of the names ("init/rank/<r>") in its all-gather; the
- * rejoin fails with TP_ESTORE, saying the step and the store's own words,
- * and the process is not initialised (it has no names to go on). */
-static void test_rejoin_store_failure_in_the_gather(void **state) {
-    (void)state;
+/* Runs program_peers with w1 killed at 100 ms and restarted at 200 ms,
+ * on an SQLite store seen through ls (set up by the caller), under the
+ * oracle; the caller checks q and closes ls. */
+static void run_peers_on(lossy_store *ls) {
     memset(&q, 0, sizeof q);
-    lossy_store *ls = calloc(1, sizeof *ls);
-    assert_non_null(ls);
     ls->base.ops = &lossy_ops;
-    ls->fail_get = "/init/rank/";
     assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
     tp_sim_config cfg = {.hosts = 2, .seed = 7, .store = &ls->base};
     tp_sim *sim = NULL;
@@ -770,6 +765,18 @@ static void test_rejoin_store_failure_in_the_gather(void **state) {
     assert_int_equal(failures, 0);
     assert_int_equal(tp_sim_violations(sim), 0);
     tp_sim_free(sim);
+}
+
+/* spec: REJOIN-3, SHUTDOWN-7's wording: the store fails the restarted
+ * process's reads of the names ("init/rank/<r>") in its all-gather; the
+ * rejoin fails with TP_ESTORE, saying the step and the store's own words,
+ * and the process is not initialised (it has no names to go on). */
+static void test_rejoin_store_failure_in_the_gather(void **state) {
+    (void)state;
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->fail_get = "/init/rank/";
+    run_peers_on(ls);
     if (q.rejoin_st != TP_ESTORE)
         fail_msg("rejoin: %s: %s", tp_status_name(q.rejoin_st), q.rejoin_msg);
     assert_non_null(strstr(q.rejoin_msg, "rejoin"));
@@ -784,21 +791,10 @@ static void test_rejoin_store_failure_in_the_gather(void **state) {
  * with TP_ELIMIT saying so. */
 static void test_rejoin_past_the_last_incarnation(void **state) {
     (void)state;
-    memset(&q, 0, sizeof q);
     lossy_store *ls = calloc(1, sizeof *ls);
     assert_non_null(ls);
-    ls->base.ops = &lossy_ops;
     ls->inc_value = "16777215\t127.0.0.1:1";
-    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
-    tp_sim_config cfg = {.hosts = 2, .seed = 7, .store = &ls->base};
-    tp_sim *sim = NULL;
-    char err[256];
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    assert_int_equal(tp_sim_load_faults(sim, "kill 1 100\nrestart 1 200\n", err, sizeof err),
-                     TP_OK);
-    assert_int_equal(tp_sim_run(sim, program_peers, NULL, NULL), TP_OK);
-    assert_int_equal(failures, 0);
-    tp_sim_free(sim);
+    run_peers_on(ls);
     if (q.rejoin_st != TP_ELIMIT)
         fail_msg("rejoin: %s: %s", tp_status_name(q.rejoin_st), q.rejoin_msg);
     assert_non_null(strstr(q.rejoin_msg, "rank 1 has restarted 16777215 times, the most there"));

@@ -1142,28 +1142,35 @@ static int job_oom_program(int rank, int world_size, void *arg) {
     return 0;
 }
 
+/* One world of job_oom_program with allocations of one size class failing:
+ * the call after the failure, the lone call over the credit and the forks
+ * query must all be answered. */
+static void job_oom_run(size_t size, const char *what) {
+    job_oom_class = size;
+    job_oom_st = job_oom_after = job_oom_big = TP_EINVAL;
+    job_oom_forks_kind = -1;
+    job_oom_msg[0] = '\0';
+    max_inflight_bytes[0] = max_inflight_bytes[1] = 65536;
+    run_plan_with("", job_oom_program);
+    print_message("%s, class %zu: %s: %s\n", what, size, tp_status_name(job_oom_st), job_oom_msg);
+    assert_int_equal(job_oom_after, TP_OK);
+    assert_int_equal(job_oom_big, TP_OK);
+    assert_int_equal(job_oom_forks_kind, TP_KIND_LIST);
+}
+
 static void test_callee_without_memory_for_the_job(void **state) {
     (void)state;
     if (!alloc_fault_in_use())
         skip();
     int hit = 0;
     for (size_t size = 64; size <= 4096; size *= 2) {
-        job_oom_class = size;
-        job_oom_st = job_oom_after = job_oom_big = TP_EINVAL;
-        job_oom_forks_kind = -1;
-        job_oom_msg[0] = '\0';
-        max_inflight_bytes[0] = max_inflight_bytes[1] = 65536;
-        run_plan_with("", job_oom_program);
-        print_message("class %zu: %s: %s\n", size, tp_status_name(job_oom_st), job_oom_msg);
+        job_oom_run(size, "call");
         /* Out of memory, and says so: the job, the token for the pool, or
          * the frame (the connection ends, as a TCP stream would) */
         if (job_oom_st != TP_OK) {
             assert_true(job_oom_st == TP_ENOMEM || job_oom_st == TP_EIO);
             assert_non_null(strstr(job_oom_msg, "out of memory"));
         }
-        assert_int_equal(job_oom_after, TP_OK);
-        assert_int_equal(job_oom_big, TP_OK);
-        assert_int_equal(job_oom_forks_kind, TP_KIND_LIST);
         hit |= job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "taking the call in") ? 1 : 0;
         hit |=
             job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "handing the call to its pool") ? 2 : 0;
@@ -1175,16 +1182,7 @@ static void test_callee_without_memory_for_the_job(void **state) {
     job_oom_remote = 1;
     int taken_in = 0;
     for (size_t size = 64; size <= 4096; size *= 2) {
-        job_oom_class = size;
-        job_oom_st = job_oom_after = job_oom_big = TP_EINVAL;
-        job_oom_forks_kind = -1;
-        job_oom_msg[0] = '\0';
-        max_inflight_bytes[0] = max_inflight_bytes[1] = 65536;
-        run_plan_with("", job_oom_program);
-        print_message("remote, class %zu: %s: %s\n", size, tp_status_name(job_oom_st), job_oom_msg);
-        assert_int_equal(job_oom_after, TP_OK);
-        assert_int_equal(job_oom_big, TP_OK);
-        assert_int_equal(job_oom_forks_kind, TP_KIND_LIST);
+        job_oom_run(size, "remote");
         taken_in += job_oom_st == TP_ENOMEM && strstr(job_oom_msg, "taking the call in");
     }
     job_oom_remote = 0;
