@@ -888,7 +888,10 @@ def test_num_worker_threads_is_the_callees_pool(tmp_path):
 def test_waits_release_the_gil_and_memory_stays_flat(tmp_path):
     out = run(tmp_path, """
         import threading
-        rpc.init_rpc("worker%d" % rank)
+        # Rank 1 waits in the shutdown barrier while rank 0 makes its 103,000
+        # calls: on a loaded machine that passed the 60 s default.
+        opts = rpc.TensorPipeRpcBackendOptions(shutdown_timeout=600)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
         if rank == 0:
             done = []
             t = threading.Thread(target=lambda: done.append(rpc.rpc_sync("worker1", slow, args=(1.0,))))
