@@ -559,6 +559,57 @@ static void test_tcp_store_scan(void **state) {
     assert_int_equal(s->ops->scan(s, "s/", log_scan, &none), TP_OK); /* still serving */
 }
 
+/* spec: STORE-1, STORE-10, TCP-10: a scan returns what set stored at the
+ * edges: an empty value, a key that is the prefix itself, keys of
+ * TP_STORE_KEY_LEN_MAX bytes over several replies (the next request names
+ * the last such key as where to go on), and a value of
+ * TP_STORE_VALUE_LEN_MAX bytes. */
+static void test_tcp_store_scan_edges(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    assert_int_equal(s->ops->set(s, "e/", "", 0), TP_OK);
+    assert_int_equal(s->ops->set(s, "e/a", "", 0), TP_OK);
+    assert_int_equal(s->ops->set(s, "e/b", "bz", 2), TP_OK);
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "e/", log_scan, &l), TP_OK);
+    assert_int_equal(l.n, 3);
+    assert_true(l.values_ok);
+    assert_string_equal(l.keys[0], "e/");
+    assert_string_equal(l.keys[1], "e/a");
+    assert_int_equal(l.lens[0], 0);
+    assert_int_equal(l.lens[1], 0);
+    assert_int_equal(l.lens[2], 2);
+    /* Five keys of the longest length, 700,000 bytes each: more than one reply. */
+    size_t big = 700000;
+    char *v = malloc(TP_STORE_VALUE_LEN_MAX);
+    assert_non_null(v);
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    memset(key, 'q', TP_STORE_KEY_LEN_MAX);
+    key[0] = 'L', key[1] = '/', key[TP_STORE_KEY_LEN_MAX] = '\0';
+    memset(v, 'q', big);
+    v[big - 1] = 'z';
+    for (int i = 0; i < 5; i++) {
+        key[TP_STORE_KEY_LEN_MAX - 1] = (char)('0' + i);
+        assert_int_equal(s->ops->set(s, key, v, big), TP_OK);
+    }
+    scan_seen_log lk = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "L/", log_scan, &lk), TP_OK);
+    assert_int_equal(lk.n, 5);
+    assert_true(lk.values_ok);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(lk.lens[i], big);
+    /* One value of the largest size. */
+    memset(v, 'a', TP_STORE_VALUE_LEN_MAX);
+    v[TP_STORE_VALUE_LEN_MAX - 1] = 'z';
+    assert_int_equal(s->ops->set(s, "m/a", v, TP_STORE_VALUE_LEN_MAX), TP_OK);
+    scan_seen_log lm = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "m/", log_scan, &lm), TP_OK);
+    assert_int_equal(lm.n, 1);
+    assert_true(lm.values_ok);
+    assert_int_equal(lm.lens[0], TP_STORE_VALUE_LEN_MAX);
+    free(v);
+}
+
 /* spec: TCP-10: a scan whose reply the server has no memory to build fails
  * with TP_ENOMEM and says so (not with the store's last message, nor the
  * entries it had gathered as the text); the server goes on serving it. */
@@ -677,6 +728,43 @@ static void test_tcp_store_scan_entries_bounds(void **state) {
     n = 0;
     assert_int_equal(tpi_store_scan_entries(big, len, "p/", 2, count_entry, &bytes, last, &n), -1);
     assert_int_equal(n, 0);
+}
+
+/* spec: STORE-1, STORE-10, TCP-10: the edges a scan reply may hold are
+ * taken, not refused: a last entry whose value is empty, a key that is the
+ * prefix itself, a key of TP_STORE_KEY_LEN_MAX bytes and a value of
+ * TP_STORE_VALUE_LEN_MAX bytes. */
+static void test_tcp_store_scan_entries_edges(void **state) {
+    (void)state;
+    uint8_t buf[64];
+    char last[TP_STORE_KEY_LEN_MAX + 1];
+    size_t n = 0, bytes = 0;
+    size_t len = scan_entry(buf, "p/", 2, 2);  /* the prefix itself */
+    len += scan_entry(buf + len, "p/a", 0, 0); /* the last value empty */
+    last[0] = '\0';
+    assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(bytes, 2);
+    assert_string_equal(last, "p/a");
+    /* The longest key, then the longest value. */
+    size_t cap = 2 * (6 + TP_STORE_KEY_LEN_MAX) + TP_STORE_VALUE_LEN_MAX + 1;
+    uint8_t *big = malloc(cap);
+    assert_non_null(big);
+    char key[TP_STORE_KEY_LEN_MAX + 1];
+    memset(key, 'k', TP_STORE_KEY_LEN_MAX);
+    key[0] = 'p', key[1] = '/', key[TP_STORE_KEY_LEN_MAX] = '\0';
+    len = scan_entry(big, key, 1, 1);
+    key[2] = 'l';
+    len += scan_entry(big + len, key, (uint32_t)TP_STORE_VALUE_LEN_MAX,
+                      (uint32_t)TP_STORE_VALUE_LEN_MAX);
+    assert_true(len <= cap);
+    last[0] = '\0';
+    n = 0, bytes = 0;
+    assert_int_equal(tpi_store_scan_entries(big, len, "p/", 2, count_entry, &bytes, last, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(bytes, 1 + TP_STORE_VALUE_LEN_MAX);
+    assert_string_equal(last, key);
+    free(big);
 }
 
 /* A fake server on a fresh port that answers each of up to FAKE_REQUESTS_MAX
@@ -945,6 +1033,59 @@ static void test_tcp_store_reply_head_bounds(void **state) {
         tpi_tcp_put_u32(head, 8 + TPI_STORE_MSG_MAX + extra);
         tpi_tcp_put_u32(head + 8, TPI_STORE_MSG_MAX + extra);
         assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), extra ? -1 : 0);
+    }
+    /* A status past the last one, and either reserved byte set alone. */
+    tpi_store_reply_head_encode(head, (tp_status)(TP_STATUS_COUNT_ - 1), 0, 0);
+    assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), 0);
+    assert_int_equal(st, TP_STATUS_COUNT_ - 1);
+    head[4] = (uint8_t)TP_STATUS_COUNT_;
+    assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), -1);
+    for (int b = 6; b <= 7; b++) {
+        tpi_store_reply_head_encode(head, TP_OK, 0, 0);
+        head[b] = 1;
+        assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), -1);
+    }
+}
+
+/* A request of op with key "k" and body rest[0..rest_len) after the key. Its size. */
+static size_t body_request(uint8_t *out, uint8_t op, uint8_t flags, const uint8_t *rest,
+                           size_t rest_len) {
+    uint32_t body = 4 + 1 + (uint32_t)rest_len;
+    tpi_tcp_put_u32(out, body);
+    out[4] = op, out[5] = flags, out[6] = 1, out[7] = 0, out[8] = 'k';
+    memcpy(out + 9, rest, rest_len);
+    return 4 + (size_t)body;
+}
+
+/* spec: TCP-10: a request's body after the key fits its op exactly: SET one
+ * blob, CAS two, and not a byte more or less; anything else is malformed
+ * (the server then drops that client). */
+static void test_tcp_store_request_body_exact(void **state) {
+    (void)state;
+    /* blobs: "ab" (4 + 2 bytes), then "c" (4 + 1), then one byte more */
+    const uint8_t rest[] = {2, 0, 0, 0, 'a', 'b', 1, 0, 0, 0, 'c', 'x'};
+    uint8_t req[64];
+    tpi_store_request r;
+    size_t need = 0, n;
+    const char *why = NULL;
+    n = body_request(req, TPI_STORE_SET, 0, rest, 6);
+    assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), (long)n);
+    assert_int_equal(r.a_len, 2);
+    n = body_request(req, TPI_STORE_CAS, 1, rest, 11); /* flag 1: an expected value */
+    assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), (long)n);
+    assert_int_equal(r.a_len, 2);
+    assert_int_equal(r.b_len, 1);
+    const struct {
+        uint8_t op;
+        size_t rest_len;
+    } bad[] = {{TPI_STORE_SET, 0}, {TPI_STORE_SET, 7},  {TPI_STORE_CAS, 6},
+               {TPI_STORE_CAS, 7}, {TPI_STORE_CAS, 12}, {TPI_STORE_GET, 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        n = body_request(req, bad[i].op, bad[i].op == TPI_STORE_CAS, rest, bad[i].rest_len);
+        why = NULL;
+        assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), -1);
+        assert_non_null(why);
+        assert_string_equal(why, "a malformed request body");
     }
 }
 
@@ -2677,6 +2818,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
         cmocka_unit_test(test_tcp_store_request_key_bounds),
         cmocka_unit_test(test_tcp_store_reply_head_bounds),
+        cmocka_unit_test(test_tcp_store_request_body_exact),
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
         cmocka_unit_test(test_tcp_sock_connect_failures),
@@ -2692,6 +2834,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_handshake_in_pieces),
         cmocka_unit_test(test_tcp_store_accept_backs_off_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_scan_edges, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_scan_out_of_memory, setup, teardown),
         cmocka_unit_test(test_tcp_store_scan_needs_progress),
         cmocka_unit_test(test_tcp_store_proof_answer_must_be_ok),
@@ -2699,6 +2842,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_server_hello_checked_whole),
         cmocka_unit_test(test_tcp_store_absent_answer_to_every_op),
         cmocka_unit_test(test_tcp_store_scan_entries_bounds),
+        cmocka_unit_test(test_tcp_store_scan_entries_edges),
         cmocka_unit_test(test_tcp_store_linger),
         cmocka_unit_test(test_tcp_store_first_client_gets_the_jobs_keepalive),
         cmocka_unit_test(test_tcp_store_late_server),
