@@ -993,6 +993,48 @@ static void test_tcp_bound_options(void **state) {
     expect_bad_option("max_handshakes", "65");
 }
 
+/* spec: TCP-12, TCP-19, TCP-23, TCP-25: every bound may be set to its own
+ * maximum, all at once (a range's end belongs to it); and the options a
+ * backend constructs say where it listens. "-0" is no whole number. */
+static void test_tcp_options_at_their_maximum(void **state) {
+    (void)state;
+    tp_options *o = NULL;
+    assert_int_equal(tp_construct_rpc_backend_options("TENSORPIPE", &o), TP_OK);
+    assert_string_equal(tp_options_get(o, "listen_addr"), "auto");
+    assert_string_equal(tp_options_get(o, "listen_port"), "0");
+    char m[64], v[4][32];
+    snprintf(m, sizeof m, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_options_set_init_method(o, m);
+    snprintf(v[0], sizeof v[0], "%g", TPI_TCP_HELLO_TIMEOUT_MS / 1000.0);
+    snprintf(v[1], sizeof v[1], "%g", TPI_TCP_FRAME_TIMEOUT_MS / 1000.0);
+    snprintf(v[2], sizeof v[2], "%g", TPI_TCP_IDLE_TIMEOUT_MS / 1000.0);
+    snprintf(v[3], sizeof v[3], "%llu", (unsigned long long)TPI_TCP_RX_BUDGET_DEFAULT);
+    const char *kv[][2] = {{"hello_timeout", v[0]},       {"frame_timeout", v[1]},
+                           {"idle_timeout", v[2]},        {"rx_budget", v[3]},
+                           {"max_handshakes", "64"},      {"keepalive_idle", "7200"},
+                           {"keepalive_interval", "600"}, {"keepalive_count", "127"},
+                           {"user_timeout", "86400"},     {"peer_down_timeout", "86400"}};
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        assert_int_equal(tp_options_set(o, kv[i][0], kv[i][1]), TP_OK);
+    assert_int_equal(TPI_TCP_HANDSHAKES_MAX, 64);
+    tp_status st = tp_init_rpc("w", "TENSORPIPE", 0, 1, o);
+    tp_options_free(o);
+    if (st != TP_OK)
+        fail_msg("init at the maximum: %s", tp_errmsg());
+    assert_int_equal(tp_shutdown(1), TP_OK);
+    o = NULL;
+    assert_int_equal(tp_construct_rpc_backend_options("TENSORPIPE", &o), TP_OK);
+    snprintf(m, sizeof m, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_options_set_init_method(o, m);
+    assert_int_equal(tp_options_set(o, "peer_down_timeout", "-0"), TP_OK);
+    st = tp_init_rpc("w", "TENSORPIPE", 0, 1, o);
+    tp_options_free(o);
+    if (st == TP_OK)
+        tp_shutdown(0);
+    assert_int_equal(st, TP_EINVAL);
+    assert_non_null(strstr(tp_errmsg(), "peer_down_timeout '-0' is not a whole number"));
+}
+
 /* ---- FAIR-2, AGENT-18: answers a caller does not read ---------------------- */
 
 enum { F_SENT = 4, F_STOPPED = 5, C_SERVED = 5, C_OTHER = 6 };
@@ -1906,6 +1948,7 @@ int main(int argc, char **argv) {
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
+        cmocka_unit_test(test_tcp_options_at_their_maximum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
