@@ -2648,6 +2648,46 @@ static int unlistened(struct sockaddr_in *sa, socklen_t *len) {
     return h;
 }
 
+/* spec: TCP-2: ports are 1..65535 written in decimal (0 only where a port
+ * is chosen for us), at most 5 digits; a host or port that does not fit its
+ * buffer, with its NUL, is refused rather than cut. */
+static void test_tcp_addr_edges(void **state) {
+    (void)state;
+    uint16_t p = 7;
+    assert_int_equal(tpi_tcp_parse_port("65535", 0, &p), 0);
+    assert_int_equal(p, 65535);
+    assert_int_equal(tpi_tcp_parse_port("00080", 0, &p), 0);
+    assert_int_equal(p, 80);
+    assert_int_equal(tpi_tcp_parse_port("1", 0, &p), 0);
+    assert_int_equal(p, 1);
+    p = 7;
+    assert_int_equal(tpi_tcp_parse_port("65536", 1, &p), -1);
+    assert_int_equal(tpi_tcp_parse_port("0", 0, &p), -1);
+    assert_int_equal(tpi_tcp_parse_port("000080", 1, &p), -1);
+    assert_int_equal(tpi_tcp_parse_port("8a", 1, &p), -1);
+    assert_int_equal(tpi_tcp_parse_port("", 1, &p), -1);
+    assert_int_equal(p, 7);
+    assert_int_equal(tpi_tcp_parse_port("0", 1, &p), 0);
+    assert_int_equal(p, 0);
+    char out[8];
+    memset(out, 'x', sizeof out);
+    assert_int_equal(tpi_tcp_unbracket("abcdefgh", out, 8), -1); /* no room for the NUL */
+    assert_int_equal(tpi_tcp_unbracket("[abcdefgh]", out, 8), -1);
+    assert_int_equal(tpi_tcp_unbracket("[abcdefg]", out, 8), 0);
+    assert_string_equal(out, "abcdefg");
+    assert_int_equal(tpi_tcp_unbracket("[]", out, 8), -1);
+    assert_int_equal(tpi_tcp_unbracket("", out, 8), -1);
+    char host[4], port[6];
+    assert_int_equal(tpi_tcp_split_hostport("abc:12345", host, sizeof host, port, sizeof port), 0);
+    assert_string_equal(host, "abc");
+    assert_string_equal(port, "12345");
+    assert_int_equal(tpi_tcp_split_hostport("abcd:1", host, sizeof host, port, sizeof port), -1);
+    assert_int_equal(tpi_tcp_split_hostport("a:123456", host, sizeof host, port, sizeof port), -1);
+    assert_int_equal(tpi_tcp_split_hostport("[::1]:80", host, sizeof host, port, sizeof port), 0);
+    assert_string_equal(host, "::1");
+    assert_int_equal(tpi_tcp_split_hostport("::1:80", host, sizeof host, port, sizeof port), -1);
+}
+
 /* The host of the store init_method names (TCP-12's listen_addr "auto"
  * dials toward it): tcp://'s host, unbracketed; etcd://'s first endpoint;
  * MASTER_ADDR for env://; none for sqlite://, an empty host or port, a port
@@ -2822,6 +2862,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
         cmocka_unit_test(test_tcp_sock_connect_failures),
+        cmocka_unit_test(test_tcp_addr_edges),
         cmocka_unit_test(test_tcp_store_host_of_init_methods),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
         cmocka_unit_test_setup_teardown(test_tcp_store_races, setup, teardown),
