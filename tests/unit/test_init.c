@@ -332,6 +332,11 @@ static tp_status lossy_del(tp_store *s, const char *key) {
     tp_store *in = ((lossy_store *)s)->inner;
     return in->ops->del(in, key);
 }
+static tp_status meddle_cas_plain(tp_store *s, const char *key, const void *expected, size_t elen,
+                                  const void *desired, size_t dlen, int *swapped) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->compare_set(in, key, expected, elen, desired, dlen, swapped);
+}
 static void lossy_close(tp_store *s) {
     lossy_store *ls = (lossy_store *)s;
     ls->inner->ops->close(ls->inner);
@@ -360,6 +365,47 @@ static void test_init_store_lost_replies(void **state) {
         assert_string_equal(store_msg[r], "");
     }
     lossy_close(&ls->base);
+}
+
+/* spec: INIT-4, INIT-5: a rank's entry that the store hands back
+ * malformed (here its credit is not a number) fails init with TP_ESTORE
+ * naming that rank, on every worker, rather than being taken half read. */
+static tp_status bent_get(tp_store *s, const char *key, void **value, size_t *len) {
+    tp_store *in = ((lossy_store *)s)->inner;
+    tp_status st = in->ops->get(in, key, value, len);
+    size_t kl = strlen(key);
+    if (st == TP_OK && kl >= 11 && strcmp(key + kl - 11, "init/rank/1") == 0) {
+        char *tab = memchr(*value, '\t', *len);
+        if (tab && tab + 1 < (char *)*value + *len)
+            tab[1] = 'x';
+    }
+    return st;
+}
+
+static const tp_store_ops bent_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = lossy_set,
+    .get = bent_get,
+    .add = lossy_add,
+    .compare_set = meddle_cas_plain,
+    .del = lossy_del,
+    .close = lossy_close,
+};
+
+static void test_init_malformed_rank_entry_fails_init(void **state) {
+    (void)state;
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &bent_ops;
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    run_store("", &ls->base);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(store_status[r], TP_ESTORE);
+        if (!strstr(store_msg[r], "rank 1's entry in the store is malformed"))
+            fail_msg("worker %d: '%s'", r, store_msg[r]);
+    }
+    lossy_close(&ls->base);
+    assert_int_equal(tp_core_live_count(), 0);
 }
 
 /* spec: INIT-1: shutdown while this worker's init is still in progress (at
@@ -1055,6 +1101,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
         cmocka_unit_test_setup(test_init_each_allocation_failing, reset_failures),
         cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
+        cmocka_unit_test(test_init_malformed_rank_entry_fails_init),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
