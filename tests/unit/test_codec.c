@@ -624,6 +624,8 @@ static void test_codec_header_rejects_bad_fields(void **state) {
         const char *needle;
     } cases[] = {
         {0, 'X', TP_EPROTO, "bad magic"},
+        {1, 'X', TP_EPROTO, "bad magic"},
+        {2, 'X', TP_EPROTO, "bad magic"},
         {3, 'c', TP_EPROTO, "bad magic"},
         {4, 1, TP_EPROTO, "wire version 1, expected 3"},
         {4, 2, TP_EPROTO, "wire version 2, expected 3"},
@@ -654,6 +656,10 @@ static void test_codec_header_rejects_bad_fields(void **state) {
     h[9] = 0xff;
     assert_int_equal(tp_frame_check_header(h, 4096, &flen, err, sizeof err), TP_EMSGSIZE);
     assert_string_equal(err, "message of 65559 bytes exceeds the limit of 4096 bytes");
+    /* a frame of exactly the limit is taken; one byte over it is not */
+    assert_int_equal(tp_frame_check_header(h, 65559, &flen, err, sizeof err), TP_OK);
+    assert_int_equal(flen, 65559);
+    assert_int_equal(tp_frame_check_header(h, 65558, &flen, err, sizeof err), TP_EMSGSIZE);
     /* the limit is capped at TPI_MESSAGE_SIZE_MAX whatever the caller passes */
     h[11] = 0xff;
     assert_int_equal(tp_frame_check_header(h, UINT64_MAX, &flen, err, sizeof err), TP_EMSGSIZE);

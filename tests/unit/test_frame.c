@@ -538,6 +538,10 @@ static void test_frame_lend_releases_with_its_context(void **state) {
     assert_non_null(f);
     assert_ptr_equal(tp_frame_bytes(f), slab);
     assert_int_equal(f->len, sizeof slab);
+    assert_int_equal(f->nseg, 1); /* one segment, the lent bytes */
+    assert_ptr_equal(f->seg[0].base, slab);
+    assert_int_equal(f->seg[0].len, sizeof slab);
+    assert_null(f->next);
     assert_int_equal(lend_released, 0);
     tp_frame_free(f);
     assert_int_equal(lend_released, 1);
