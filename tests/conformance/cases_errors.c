@@ -3,6 +3,7 @@
  * message and name, unknown functions are named, limits are enforced
  * without hurting the worker, and tp_errmsg() belongs to its own task.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -588,6 +589,13 @@ static int errors_misuse_is_named(int rank, int ws) {
             CHECK_STATUS(tp_method_call_remote(inc, NULL, args, NULL, TP_TIMEOUT_DEFAULT, &mr),
                          TP_EINVAL);
             CHECK_CONTAINS(tp_errmsg(), "method call: rref is NULL");
+            /* TIMEOUT-1: a method call's timeout is checked as any call's. */
+            CHECK_STATUS(tp_method_call_sync(inc, r, args, NULL, -2.0, &res), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "timeout -2 s is negative");
+            CHECK_STATUS(tp_method_call_async(inc, r, args, NULL, NAN, &mf), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "timeout is NaN");
+            CHECK_STATUS(tp_method_call_remote(inc, r, args, NULL, 1e300, &mr), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "exceeds the limit");
             CHECK(res == NULL && mf == NULL && mr == NULL);
             /* An object inside a map inside the arguments cannot travel either. */
             tp_value *inner = tp_value_map();
