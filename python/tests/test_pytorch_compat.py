@@ -920,6 +920,44 @@ def test_dtypes_devices_sizes_sets_and_slices_travel_without_pickle(tmp_path):
                    "[[0, 2], [3, 5]]"] + ["refused True"] * 4
 
 
+def test_names_a_peer_sends_in_values_reach_only_classes_and_functions(tmp_path):
+    """PY-1, PY-2: a namedtuple arrives as its class only when this worker
+    has that class and it is a tuple type (else a plain tuple); its name is
+    resolved through modules and classes, never an instance (whose property
+    would run for the peer); a callable's name that reaches a plain global
+    is refused, not handed out."""
+    out = run(tmp_path, """
+        import collections
+        from tensorplay.distributed.rpc._values import EXT
+        class Spy:
+            hits = 0
+            @property
+            def hit(self):
+                Spy.hits += 1
+                return collections.namedtuple("Hit", "a b")
+        spy = Spy()
+        TOKEN = "s3cret"
+        def spy_hits():
+            return Spy.hits
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            Only = collections.namedtuple("Only", "a b")  # worker1 has no Only
+            back = rpc.rpc_sync("worker1", echo, args=(Only(1, 2),))
+            print(type(back).__name__, back)
+            for path in (["collections", "OrderedDict"], ["__main__", "spy.hit"]):
+                back = rpc.rpc_sync("worker1", echo, args=({EXT: ["namedtuple", [path, [1, 2]]]},))
+                print(type(back).__name__, back)
+            print("getter ran", rpc.rpc_sync("worker1", spy_hits))
+            try:
+                rpc.rpc_sync("worker1", echo, args=({EXT: ["callable", ["__main__", "TOKEN"]]},))
+            except LookupError as e:
+                print("LookupError", "not a function or class" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["tuple (1, 2)", "tuple (1, 2)", "tuple (1, 2)", "getter ran 0",
+                   "LookupError True"]
+
+
 def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
     """_gather_to_leader is served to every peer: rounds nobody here waits
     for are capped (GATHER_ROUNDS_MAX), refused with a clear error, and

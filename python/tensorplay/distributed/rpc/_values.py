@@ -160,7 +160,10 @@ def _from_ext(kind, payload, rref_type):
     if kind == "namedtuple":
         (module, qualname), items = payload
         mod = sys.modules.get(module)
-        cls = _resolve(mod, qualname) if mod is not None else None
+        # A peer's name is resolved through modules and classes only (PY-1):
+        # through an instance, a property's getter would run for the peer.
+        cls = (_resolve(mod, qualname)
+               if mod is not None and _policy._path_refusal(module, qualname) is None else None)
         return cls(*items) if isinstance(cls, type) and issubclass(cls, tuple) else tuple(items)
     if kind == "WorkerInfo":
         from .api import WorkerInfo
