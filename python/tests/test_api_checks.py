@@ -212,6 +212,22 @@ def test_wait_all_and_collect_all():
     c.set_exception(ValueError("c failed"))
     with pytest.raises(ValueError, match="c failed"):
         rpc.wait_all([d, c])  # d never completes: the first error ends the wait
+    # A success before the error does not end the wait: the error, when it
+    # comes, does, before a slower future completes.
+    ok, bad, slow = rpc.Future(), rpc.Future(), rpc.Future()
+    ok.set_result(1)
+    t = threading.Timer(0.2, bad.set_exception, (ValueError("bad"),))
+    t_slow = threading.Timer(4, slow.set_result, (0,))  # so a wrong wait still ends
+    t.start()
+    t_slow.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match="bad"):
+            rpc.wait_all([slow, ok, bad])
+        assert time.monotonic() - t0 < 3
+    finally:
+        t.join()
+        t_slow.join()
     empty = rpc.collect_all([])
     assert empty.done() and empty.value() == []
     e, g = rpc.Future(), rpc.Future()
@@ -245,6 +261,34 @@ def test_wait_all_block_lets_the_exception_out():
     with api._wait_all():
         pass
     assert not hasattr(api._thread_local_var, "future_list")
+
+
+def test_new_method_checks_its_arguments():
+    class Store:
+        pass
+    for args in ((Store, "m", 5), ("Store", "m", len), (Store, 5, len)):
+        with pytest.raises(TypeError, match="a class, a str and a callable"):
+            rpc.new_method(*args)
+    assert not any(k[0] is Store for k in api._methods)
+
+
+def test_a_function_its_module_rebound_is_not_sent_by_name():
+    """A function object whose module now names another function under that
+    name would run the other one on the callee: refused, saying why."""
+    import sys
+    import types
+    from tensorplay.distributed.rpc._values import callable_ref
+    mod = types.ModuleType("tp_shadow")
+    sys.modules["tp_shadow"] = mod
+    try:
+        exec("def f():\n    return 1\n", mod.__dict__)
+        old = mod.f
+        assert callable_ref(old) == ("tp_shadow", "f")
+        exec("def f():\n    return 2\n", mod.__dict__)
+        with pytest.raises(TypeError, match="cannot be called remotely"):
+            callable_ref(old)
+    finally:
+        del sys.modules["tp_shadow"]
 
 
 def test_callables_name_themselves_or_say_why_they_cannot():
@@ -340,6 +384,9 @@ def test_checks_that_need_a_running_worker(tmp_path):
         attempt("kwargs", lambda: rpc.rpc_async("worker0", add, args=(1,), kwargs=[2]))
         attempt("callable", lambda: rpc.rpc_sync("worker0", 42))
         attempt("unset default", lambda: rpc._set_rpc_timeout(rpc.constants.UNSET_RPC_TIMEOUT))
+        attempt("sync -5", lambda: rpc.rpc_sync("worker0", add, args=(1, 2), timeout=-5))
+        attempt("async True", lambda: rpc.rpc_async("worker0", add, args=(1, 2), timeout=True))
+        attempt("remote -5", lambda: rpc.remote("worker0", add, args=(1, 2), timeout=-5))
         print("default", rpc.get_rpc_timeout())
         print("ok", rpc.rpc_sync(0, add, args=(1, 2)), rpc.rpc_sync(rpc.get_worker_info(), add,
                                                                      args=(3, 4)))
@@ -363,6 +410,10 @@ def test_checks_that_need_a_running_worker(tmp_path):
         "kwargs TypeError kwargs must be a dict, not list",
         "callable TypeError 42 is not callable",
         "unset default ValueError timeout must be >= 0 seconds (0 means no deadline), got -1.0",
+        "sync -5 ValueError timeout must be >= 0 seconds (0 means no deadline), got -5.0",
+        "async True TypeError timeout must be a number of seconds, not bool (a timedelta? pass "
+        ".total_seconds())",
+        "remote -5 ValueError timeout must be >= 0 seconds (0 means no deadline), got -5.0",
         "default 60.0",
         "ok 3 7",
         "rref True True list list None",
