@@ -268,6 +268,70 @@ static void test_tcp_oom_on_a_threads_first_call(void **state) {
 }
 
 /*
+ * A thread that cannot start (pthread_create fails, as when the process is
+ * out of threads or memory): init's event loop thread fails that init with
+ * TP_ENOMEM saying so, and the next init works; the pool's first thread
+ * fails the call it was to run ("out of memory handing the call to its
+ * pool"), and the next call starts one and is answered; shutdown is clean.
+ * A sqlite:// store, so init starts no store server thread first.
+ */
+static int no_thread_init(const char *db, tp_status *st) {
+    tp_options *o = NULL;
+    TT_CHECK(tp_construct_rpc_backend_options("TENSORPIPE", &o) == TP_OK);
+    char m[128];
+    snprintf(m, sizeof m, "sqlite://%s", db);
+    TT_CHECK(tp_options_set_init_method(o, m) == TP_OK);
+    unlink(db);
+    *st = tp_init_rpc("w0", "TENSORPIPE", 0, 1, o);
+    tp_options_free(o);
+    return 0;
+}
+
+static int no_thread_body(tt_job *job, int rank) {
+    (void)job, (void)rank;
+    tt_register_functions();
+    char db[64];
+    snprintf(db, sizeof db, "/tmp/tp-no-thread-%d.db", (int)getpid());
+    tp_status st = TP_OK;
+    atomic_store(&create_fail_in, 1);
+    TT_CHECK(no_thread_init(db, &st) == 0);
+    TT_CHECK(atomic_load(&create_fail_in) == 0); /* it was init's */
+    if (st != TP_ENOMEM || !strstr(tp_errmsg(), "cannot start the event loop thread"))
+        fprintf(stderr, "init without its loop thread: %s: %s\n", tp_status_name(st), tp_errmsg());
+    TT_CHECK(st == TP_ENOMEM);
+    TT_CHECK(no_thread_init(db, &st) == 0);
+    TT_CHECK(st == TP_OK);
+    atomic_store(&create_fail_in, 1);
+    int64_t sum = 0;
+    st = tt_call_add(tp_to_rank(0), 1, 2, 10.0, &sum);
+    TT_CHECK(atomic_load(&create_fail_in) == 0);
+    if (st == TP_OK || !strstr(tp_errmsg(), "out of memory handing the call to its pool"))
+        fprintf(stderr, "call without a pool thread: %s: %s\n", tp_status_name(st), tp_errmsg());
+    TT_CHECK(st != TP_OK);
+    TT_CHECK(tt_call_add(tp_to_rank(0), 4, 5, 10.0, &sum) == TP_OK && sum == 9);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    /* The refused call the last thing before shutdown: its pool is empty. */
+    TT_CHECK(no_thread_init(db, &st) == 0);
+    TT_CHECK(st == TP_OK);
+    atomic_store(&create_fail_in, 1);
+    TT_CHECK(tt_call_add(tp_to_rank(0), 1, 2, 10.0, &sum) != TP_OK);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    unlink(db);
+    return 0;
+}
+
+static void test_tcp_threads_that_cannot_start(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 1, no_thread_body, NULL), 0);
+    int rc = tt_wait(&job, 60.0);
+    tt_job_free(&job);
+    assert_int_equal(rc, 0);
+}
+
+/*
  * No memory for a proof's HMAC (OpenSSL 3's allocates its context), at
  * each of the handshake's four HMACs (TCP-17): the failing end says it was
  * out of memory, never that the peer's proof was wrong, and once memory is
@@ -546,9 +610,10 @@ int main(void) {
         cmocka_unit_test(test_tcp_oom_on_a_threads_first_call),
         cmocka_unit_test(test_tcp_oom_in_a_handshakes_hmac),
         cmocka_unit_test(test_tcp_oom_in_a_sealed_chunks_write),
+        cmocka_unit_test(test_tcp_threads_that_cannot_start),
     };
     if (only) { /* rank 1's sweep is the longer: rank 0's run takes the others */
-        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4]};
+        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4], tests[5]};
         return atoi(only) == 0 ? cmocka_run_group_tests(rank0, NULL, NULL)
                                : _cmocka_run_group_tests("test_tcp_oom", &tests[1], 1, NULL, NULL);
     }

@@ -21,7 +21,9 @@
  *                          test, and ASan aborts when they fail), so
  *                          pthread_create is interposed too;
  *   realloc_fail_min       while nonzero, every realloc to at least that
- *                          many bytes fails (realloc_failed counts them).
+ *                          many bytes fails (realloc_failed counts them);
+ *   create_fail_in         n > 0: the n-th pthread_create from now, on any
+ *                          thread, fails with EAGAIN (0 once it did).
  *
  * GCC only (ALLOC_FAULT_HOOK 1): clang links a sanitizer's runtime into the
  * executable, whose allocator these would bypass. Under valgrind, which
@@ -100,9 +102,16 @@ static void *alloc_fault_trampoline(void *p) {
 /* The next pthread_create (a sanitizer's interceptor, or libc's), with the
  * start routine behind a trampoline that marks the thread as running. It was
  * resolved by the constructor, before main: no thread reads it half-written. */
+static _Atomic int create_fail_in; /* n > 0: the n-th pthread_create from now fails, EAGAIN */
+
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
     if (!next_create || !next_malloc)
         return EAGAIN;
+    int n = atomic_load(&create_fail_in);
+    while (n > 0 && !atomic_compare_exchange_weak(&create_fail_in, &n, n - 1))
+        ;
+    if (n == 1)
+        return EAGAIN; /* as when the process is out of threads or memory */
     alloc_fault_start *st = next_malloc(sizeof *st); /* never made to fail */
     if (!st)
         return EAGAIN;
