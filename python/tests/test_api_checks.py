@@ -263,6 +263,20 @@ def test_wait_all_block_lets_the_exception_out():
     assert not hasattr(api._thread_local_var, "future_list")
 
 
+def test_remote_errors_become_their_class():
+    """A remote error's text names its class: "<call> on worker 'w1' (id 1)
+    failed: module.Type: text", or "module.Type: text" alone for a C future
+    the program failed; either way the caller gets that class with the text,
+    and a class it cannot rebuild stays a RemoteError that names it."""
+    e = api._translate(_rpc.RemoteError("builtins.ValueError: bad"), None)
+    assert type(e) is ValueError and str(e) == "builtins.ValueError: bad"
+    e = api._translate(_rpc.RemoteError("rpc_sync to worker 'w1' (id 1), function 'f' on "
+                                        "worker 'w1' (id 1) failed: builtins.KeyError: k"), None)
+    assert type(e) is KeyError and "On worker 'w1' (id 1)" in str(e) and "KeyError: k" in str(e)
+    e = api._translate(_rpc.RemoteError("nowhere.Gone: x"), None)
+    assert type(e) is _rpc.RemoteError and "raised remotely: nowhere.Gone" in str(e)
+
+
 def test_new_method_checks_its_arguments():
     class Store:
         pass
