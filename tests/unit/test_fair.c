@@ -41,6 +41,14 @@ static int congest_congested(tp_agent *a, uint32_t dst) {
     return 1;
 }
 
+static uint64_t w1_executes; /* pool work items w1's core handed its agent */
+
+static tp_status congest_execute(tp_agent *a, tp_work *w) {
+    if (a == agents[1])
+        w1_executes++;
+    return sim_ops->execute(a, w);
+}
+
 static tp_status congest_start(tp_agent *a, tp_core *core, char *addr, size_t addr_len,
                                char *errmsg, size_t errmsg_len) {
     for (int i = 0; i < RANKS; i++)
@@ -55,6 +63,7 @@ static void wrap_ops_edit(const tp_init_params *p, tp_agent *agent, tp_agent_ops
         agents[p->rank] = agent;
     ops->start = congest_start;
     ops->congested = congest_congested;
+    ops->execute = congest_execute;
 }
 
 /* ---- The world --------------------------------------------------------------------- */
@@ -71,9 +80,29 @@ static tp_status fn_uncongest(tp_call *call, const tp_value *args, const tp_valu
     return TP_OK;
 }
 
+/* nap(): 0.5 s on a pool thread. */
+static tp_status fn_nap(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data, (void)result;
+    return tp_sleep(0.5);
+}
+
+/* busy(), non-blocking, on w1: w1 calls its own nap (a source never
+ * stalled), which holds w1's only pool thread for 0.5 s. */
+static tp_status fn_busy(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data, (void)result;
+    tp_future *f = NULL;
+    tp_status st = tp_rpc_async(tp_to_name("w1"), "nap", NULL, NULL, 30.0, &f);
+    tp_future_free(f); /* the call goes on */
+    return st;
+}
+
 static void world_register(void) {
     CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function("nap", fn_nap, NULL) == TP_OK);
     CHECK(tp_register_function_ex("uncongest", fn_uncongest, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    CHECK(tp_register_function_ex("busy", fn_busy, NULL, TP_FN_NONBLOCKING) == TP_OK);
 }
 
 static int64_t sync_add(int64_t a, int64_t b, double timeout_s, tp_status *st) {
@@ -127,6 +156,75 @@ static void sc_stall_then_served_again(world *w) {
         CHECK(st == TP_OK);
         CHECK(now_ns() - t0 < 100 * MS);
     }
+}
+
+static tp_future *async_add(int64_t a) {
+    tp_value *args = tp_value_list_of(2, tp_value_int(a), tp_value_int(1));
+    tp_future *f = NULL;
+    CHECK(tp_rpc_async(tp_to_name("w1"), "add", args, NULL, 30.0, &f) == TP_OK);
+    tp_value_free(args);
+    return f;
+}
+
+static void call_w1(const char *fn) {
+    tp_value *res = NULL;
+    CHECK(tp_rpc_sync(tp_to_name("w1"), fn, NULL, NULL, 5.0, &res) == TP_OK);
+    tp_value_free(res);
+}
+
+static void wait_add(tp_future *f, int64_t want) {
+    int64_t v = -1;
+    CHECK(f && tp_future_wait(f, 5.0) == TP_OK);
+    CHECK(f && tp_value_get_int(tp_future_value(f), &v) == TP_OK && v == want);
+    tp_future_free(f);
+}
+
+/*
+ * FAIR-2: a job gets one pool token when queued; a token that finds only a
+ * stalled caller's jobs is owed to them, and once that caller is
+ * uncongested the core hands the pool as many tokens as it owes, up to the
+ * caller's queued jobs, and no more: a debt paid is not paid again. On w1,
+ * whose pool has one thread:
+ *   1. w0's add A is stalled (its token finds it alone: 1 owed), then
+ *      uncongested (1 token re-issued, A runs): 2 work items, nothing owed;
+ *   2. w0's add B is stalled the same way (B's token, 1 owed); w1's own nap
+ *      (a token) holds the thread; w0's add C queues (its token waits behind
+ *      the nap); uncongested: 1 token for the 1 owed, though 2 jobs wait:
+ *      4 more work items, 6 in all. A core that kept the first debt after
+ *      paying it hands out one token too many (7).
+ */
+static void sc_tokens_owed_paid_once(world *w) {
+    (void)w;
+    w1_executes = 0;
+    congest_to_w0 = 1;
+    tp_future *a = async_add(1);
+    CHECK(tp_sleep(0.1) == TP_OK);
+    CHECK(congested_answers >= 1);
+    call_w1("uncongest");
+    wait_add(a, 2);
+    CHECK(w1_executes == 2);
+    congest_to_w0 = 1;
+    tp_future *b = async_add(2);
+    CHECK(tp_sleep(0.1) == TP_OK);
+    CHECK(b && !tp_future_done(b));
+    call_w1("busy");
+    CHECK(tp_sleep(0.1) == TP_OK);
+    tp_future *c = async_add(3);
+    CHECK(tp_sleep(0.1) == TP_OK);
+    call_w1("uncongest");
+    wait_add(b, 3);
+    wait_add(c, 4);
+    if (w1_executes != 6)
+        print_error("w1's core handed its pool %llu work items, not 6\n",
+                    (unsigned long long)w1_executes);
+    CHECK(w1_executes == 6);
+}
+
+static void test_fair_tokens_owed_paid_once(void **state) {
+    (void)state;
+    world w = {.scenario = sc_tokens_owed_paid_once, .backend = "SIM_CONGEST", .threads = 1};
+    run_world(2, 3, &w);
+    assert_int_equal(failures, 0);
 }
 
 static void test_fair_uncongested_caller_served_again(void **state) {
@@ -209,6 +307,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_fair_uncongested_caller_served_again, reset_failures),
         cmocka_unit_test_setup(test_fair_stalled_jobs_dropped_at_teardown, reset_failures),
+        cmocka_unit_test_setup(test_fair_tokens_owed_paid_once, reset_failures),
     };
     return cmocka_run_group_tests_name("fair", tests, NULL, NULL);
 }
