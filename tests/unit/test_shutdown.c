@@ -415,6 +415,67 @@ static void test_shutdown_drain_sees_requests_in_flight(void **state) {
 }
 
 /*
+ * SHUTDOWN-1, INIT-1: a call made on a worker that is shutting down is
+ * refused with TP_ESHUTDOWN and leaves nothing counted inside the API: w1
+ * calls w0's retry, which waits on a long call to w1; w0 shuts down, not
+ * gracefully, while it waits; that call fails and retry at once tries
+ * another, while w0's teardown still waits for the threads inside its API.
+ * The refusal gives its count back, so the teardown ends at once.
+ */
+static tp_status retry_first, retry_second;
+static uint64_t retry_shutdown_ns;
+
+static tp_status retry_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *ud) {
+    (void)call, (void)args, (void)kwargs, (void)ud;
+    tp_value *a = tp_value_list_of(1, tp_value_float(5.0)), *res = NULL;
+    retry_first = tp_rpc_sync(tp_to_rank(1), "slow", a, NULL, TP_TIMEOUT_DEFAULT, &res);
+    tp_value_free(res);
+    tp_future *f = NULL;
+    retry_second = tp_rpc_async(tp_to_rank(1), "slow", a, NULL, TP_TIMEOUT_DEFAULT, &f);
+    tp_future_free(f);
+    tp_value_free(a);
+    *result = tp_value_nil();
+    return TP_OK;
+}
+
+static int retry_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("retry", retry_fn, NULL) == TP_OK);
+    if (start(rank, world_size, 30.0) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        CHECK(tp_sleep(0.5) == TP_OK); /* retry waits on w1's slow(5) */
+        uint64_t t0 = now_ns();
+        CHECK(tp_shutdown(0) == TP_OK);
+        retry_shutdown_ns = now_ns() - t0;
+        return 0;
+    }
+    tp_future *f = NULL;
+    CHECK(tp_rpc_async(tp_to_rank(0), "retry", NULL, NULL, TP_TIMEOUT_DEFAULT, &f) == TP_OK);
+    (void)tp_future_wait(f, TP_TIMEOUT_DEFAULT);
+    tp_future_free(f);
+    (void)tp_shutdown(0);
+    return 0;
+}
+
+static void test_shutdown_call_refused_while_stopping_leaves_nothing_inside(void **state) {
+    (void)state;
+    retry_first = retry_second = TP_OK;
+    retry_shutdown_ns = UINT64_MAX;
+    tp_sim_config cfg = {.hosts = 2, .seed = 7, .time_limit_ns = 120 * 1000000000ull};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, retry_program, NULL, NULL), TP_OK);
+    assert_int_equal(tp_sim_violations(sim), 0);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(retry_first, TP_ESHUTDOWN);
+    assert_int_equal(retry_second, TP_ESHUTDOWN);
+    assert_true(retry_shutdown_ns < 100 * 1000000ull);
+}
+
+/*
  * SHUTDOWN-5: a drain that cannot get quiet ends at its deadline with
  * TP_ETIMEDOUT, on time, and without spinning at the deadline (the oracle's
  * busy-loop bound, SIM-9): w0 still waits for a 10 s call to w1 when its 1 s
@@ -1329,6 +1390,8 @@ static void test_shutdown_flush_waits_for_every_ping(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_call_refused_while_stopping_leaves_nothing_inside,
+                               reset_failures),
         cmocka_unit_test_setup(test_shutdown_dead_child_drops_kept_reference, reset_failures),
         cmocka_unit_test_setup(test_shutdown_each_phase_has_the_timeout, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_times_out, reset_failures),
