@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "common/blocks.h"
 #include "common/codec.h"
 #include "common/limits.h"
 #include "common/value.h"
@@ -217,8 +218,13 @@ static void test_frame_shared_frames_never_cached(void **state) {
     assert_true(tpi_frame_owns_bytes(flat));
     assert_int_equal(flat->len, 2 * MIB);
     assert_int_equal(tp_frame_bytes(flat)[2 * MIB - 1], 1);
+    size_t small_before = 0, small_after = 0;
+    tpi_blocks_stats(&small_before, NULL);
     tp_frame_free(f);
     assert_cache_empty();
+    /* Its 2 MiB block went back to malloc, not into a small block's ring. */
+    tpi_blocks_stats(&small_after, NULL);
+    assert_int_equal(small_after, small_before);
     tp_frame_free(flat);
     assert_int_equal(cached_blocks(), 1);
     /* The next flatten of that size reuses the block, and copies every byte. */
@@ -299,6 +305,27 @@ static void test_frame_byte_bound_evicts(void **state) {
     tp_frame_free(huge);
     assert_int_equal(cached_blocks(), 3);
     assert_int_equal(cached_bytes(), 3 * third);
+}
+
+/* The bounds are inclusive: four blocks that fill TPI_FRAME_CACHE_BYTES
+ * exactly are all kept, and so is one block of exactly that size (address
+ * space only: never written). */
+static void test_frame_byte_bound_holds_exactly(void **state) {
+    (void)state;
+    size_t quarter = TPI_FRAME_CACHE_BYTES / TPI_FRAME_CACHE_BLOCKS;
+    assert_int_equal(quarter % (64 * 1024), 0);
+    tp_frame *f[TPI_FRAME_CACHE_BLOCKS];
+    for (int i = 0; i < TPI_FRAME_CACHE_BLOCKS; i++)
+        f[i] = alloc_ok(quarter);
+    for (int i = 0; i < TPI_FRAME_CACHE_BLOCKS; i++)
+        tp_frame_free(f[i]);
+    assert_int_equal(cached_blocks(), TPI_FRAME_CACHE_BLOCKS);
+    assert_int_equal(cached_bytes(), TPI_FRAME_CACHE_BYTES);
+    tpi_frame_cache_trim();
+    tp_frame *whole = alloc_ok(TPI_FRAME_CACHE_BYTES);
+    tp_frame_free(whole);
+    assert_int_equal(cached_blocks(), 1);
+    assert_int_equal(cached_bytes(), TPI_FRAME_CACHE_BYTES);
 }
 
 static void test_frame_trim_empties(void **state) {
@@ -601,6 +628,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_frame_shared_frames_never_cached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_block_bound_evicts_oldest, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_byte_bound_evicts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_frame_byte_bound_holds_exactly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_trim_empties, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_concurrent_alloc_free, setup, teardown),
         cmocka_unit_test_setup_teardown(test_frame_view_keeps_block_until_tensor_freed, setup,
