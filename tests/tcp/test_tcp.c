@@ -1789,6 +1789,15 @@ static int body_init_errors(tt_job *job, int rank) {
      * listening on every address, advertised as a bracketed loopback. */
     snprintf(m, sizeof m, "%u", (unsigned)tt_free_port());
     setenv("MASTER_PORT", m, 1);
+    /* spec: AGENT-4, TCP-2: an advertised address no resolver can find (a
+     * label of 64 characters: refused before any query) fails init where the
+     * table of addresses is checked, naming the worker and the address. */
+    char unfound[64 + sizeof ".invalid"];
+    memset(unfound, 'a', 64);
+    memcpy(unfound + 64, ".invalid", sizeof ".invalid");
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "advertise_addr", unfound);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "worker 0's address 'aaaa");
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "listen_addr", "0.0.0.0");
     tp_options_set(o, "advertise_addr", "[127.0.0.1]");
