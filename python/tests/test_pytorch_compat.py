@@ -958,6 +958,26 @@ def test_names_a_peer_sends_in_values_reach_only_classes_and_functions(tmp_path)
                    "LookupError True"]
 
 
+def test_gathers_over_some_workers_and_waits_for_all(tmp_path):
+    """PyTorch's private helpers: _all_gather over the workers it names waits
+    for those only (worker2 is never in that round), and _wait_all_workers
+    returns once every worker reached it."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker%d" % rank)
+        if rank < 2:
+            print(sorted(api._all_gather(rank, ["worker0", "worker1"], timeout=10).items()))
+        t0 = time.monotonic()
+        if rank == 1:
+            time.sleep(2)
+        api._wait_all_workers()
+        if rank == 0:
+            print("waited for worker1", time.monotonic() - t0 > 1.5)
+        rpc.shutdown()
+    """, nproc=3)
+    assert out == ["[('worker0', 0), ('worker1', 1)]", "waited for worker1 True"]
+
+
 def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
     """_gather_to_leader is served to every peer: rounds nobody here waits
     for are capped (GATHER_ROUNDS_MAX), refused with a clear error, and
