@@ -139,6 +139,9 @@ def test_options_keep_what_they_are_given():
     assert rpc.TensorPipeRpcBackendOptions(auth=True, secret="ff" * 16)._backend_strings() == \
         {"secret": "ff" * 16, "auth": "on"}
     assert rpc.TensorPipeRpcBackendOptions()._backend_strings() == {}
+    plain = rpc.TensorPipeRpcBackendOptions()  # PyTorch's defaults
+    assert plain.devices == [] and plain.device_maps == {} and plain.num_worker_threads == 16
+    assert repr(rpc.BackendType.TENSORPIPE) == "BackendType.TENSORPIPE"
     assert rpc.TensorPipeRpcBackendOptions(
         backend_options={"idle_timeout": 5})._backend_strings() == {"idle_timeout": "5"}
     with pytest.raises(TypeError, match="expose takes functions, classes, modules and "
