@@ -259,6 +259,31 @@ def test_a_program_that_raises_before_shutdown_exits_cleanly(tmp_path):
     assert "signal" not in proc.stderr, proc.stderr
 
 
+def test_a_program_that_ends_without_shutdown_leaves_at_once(tmp_path):
+    """No shutdown(): at exit the worker leaves at once, as a killed one
+    would, not through a graceful shutdown that would keep it serving until
+    its peers shut down too: worker1's calls fail within a second of its
+    end, while worker0 is still busy with its own work."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 1:
+            time.sleep(0.5)
+            raise SystemExit(0)
+        t0 = time.monotonic()
+        gone = None
+        while time.monotonic() - t0 < 6:
+            try:
+                rpc.rpc_sync("worker1", add, args=(1, 2), timeout=2)
+            except Exception:
+                gone = time.monotonic() - t0
+                break
+            time.sleep(0.05)
+        print("worker1 gone within 2 s:", gone is not None and gone < 2)
+        rpc.shutdown(graceful=False)
+    """)
+    assert out == ["worker1 gone within 2 s: True"]
+
+
 def test_after_the_exit_teardown_rpc_is_not_running(tmp_path):
     """A program that ends without shutdown() is torn down by the module's
     exit handler; a handler that runs after it (registered before the module
