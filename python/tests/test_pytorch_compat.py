@@ -259,6 +259,29 @@ def test_a_program_that_raises_before_shutdown_exits_cleanly(tmp_path):
     assert "signal" not in proc.stderr, proc.stderr
 
 
+def test_calls_served_before_init_rpc_returns_see_a_running_worker(tmp_path):
+    """A peer's call may be served between the moment init committed and
+    init_rpc's return (here stretched to 2 s on worker1): what it runs sees
+    the worker as initialized (get_worker_info answers)."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        def whoami():
+            return rpc.get_worker_info().name
+        if rank == 1:
+            real = api._rpc.init_rpc
+            def slow_init(*a, **k):
+                r = real(*a, **k)
+                time.sleep(2)
+                return r
+            api._rpc.init_rpc = slow_init
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", whoami))
+        rpc.shutdown()
+    """)
+    assert out == ["worker1"]
+
+
 def test_a_program_that_ends_without_shutdown_leaves_at_once(tmp_path):
     """No shutdown(): at exit the worker leaves at once, as a killed one
     would, not through a graceful shutdown that would keep it serving until
