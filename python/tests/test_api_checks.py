@@ -39,6 +39,13 @@ def test_is_available_and_calls_before_init():
                  lambda: api._get_current_rpc_agent()):
         with pytest.raises(RuntimeError, match="RPC has not been initialized|agent is not set"):
             call()
+    # PyTorch's words, which programs match on, not the C layer's.
+    for call, what in ((lambda: rpc.RRef(1), "RRef(value)"),
+                       (lambda: rpc._set_rpc_timeout(5), "_set_rpc_timeout")):
+        with pytest.raises(RuntimeError) as e:
+            call()
+        assert str(e.value) == ("RPC has not been initialized. Call "
+                                "tensorplay.distributed.rpc.init_rpc first (%s)" % what)
     assert api._is_current_rpc_agent_set() is False
 
 
@@ -280,6 +287,35 @@ def test_remote_errors_become_their_class():
     assert type(e) is _rpc.RemoteError and "raised remotely: nowhere.Gone" in str(e)
 
 
+def test_remote_errors_of_classes_this_worker_lacks():
+    """A class whose module is loaded here but which this worker does not
+    have (one defined only on the callee), or a name that is no class:
+    a RemoteError naming it, not a TypeError from the lookup."""
+    for name in ("__main__.OnlyOnTheCallee", "__main__.__name__", "builtins.len"):
+        e = api._translate(_rpc.RemoteError("%s: boom" % name), None)
+        assert type(e) is _rpc.RemoteError and "raised remotely: " + name in str(e), name
+
+
+def test_errors_the_binding_did_not_reword_are_raised_as_they_are():
+    for e in (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"),
+              KeyError("k")):
+        assert api._translate(e, "m.f", "rpc_sync") is e
+        assert api._translate(e, None) is e
+
+
+def test_wait_all_and_collect_all_take_any_iterable():
+    a, b = rpc.Future(), rpc.Future()
+    a.set_result(1)
+    b.set_result(2)
+    assert rpc.wait_all(f for f in (a, b)) == [1, 2]
+    assert rpc.collect_all(iter([a, b])).value() == [a, b]
+
+
+def test_pytorchs_constants():
+    assert api.GATHER_ROUND_STALE_S == 2 * api.NAME_WAIT_MAX_S == 120.0
+    assert api._Agent.is_static_group is True
+
+
 def test_new_method_checks_its_arguments():
     class Store:
         pass
@@ -404,6 +440,10 @@ def test_checks_that_need_a_running_worker(tmp_path):
         attempt("sync -5", lambda: rpc.rpc_sync("worker0", add, args=(1, 2), timeout=-5))
         attempt("async True", lambda: rpc.rpc_async("worker0", add, args=(1, 2), timeout=True))
         attempt("remote -5", lambda: rpc.remote("worker0", add, args=(1, 2), timeout=-5))
+        r0 = rpc.remote("worker0", add, args=(1, 2))
+        attempt("to_here True", lambda: r0.to_here(timeout=True))
+        attempt("to_here -5", lambda: r0.to_here(timeout=-5))
+        print("repr", repr(r0))
         print("default", rpc.get_rpc_timeout())
         print("ok", rpc.rpc_sync(0, add, args=(1, 2)), rpc.rpc_sync(rpc.get_worker_info(), add,
                                                                      args=(3, 4)))
@@ -431,6 +471,10 @@ def test_checks_that_need_a_running_worker(tmp_path):
         "async True TypeError timeout must be a number of seconds, not bool (a timedelta? pass "
         ".total_seconds())",
         "remote -5 ValueError timeout must be >= 0 seconds (0 means no deadline), got -5.0",
+        "to_here True TypeError timeout must be a number of seconds, not bool (a timedelta? pass "
+        ".total_seconds())",
+        "to_here -5 ValueError timeout must be >= 0 seconds (0 means no deadline), got -5.0",
+        "repr RRef(owner=worker0)",
         "default 60.0",
         "ok 3 7",
         "rref True True list list None",
