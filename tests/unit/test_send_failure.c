@@ -239,8 +239,32 @@ static tp_status fn_nap(tp_call *call, const tp_value *args, const tp_value *kwa
     return st == TP_OK && !*result ? TP_ENOMEM : st;
 }
 
+/* add_here(), non-blocking, on w1: w1 calls its own add(20, 1) (another
+ * source in its round than w0) and waits for nothing; self_sum gets it. */
+static int64_t self_sum;
+
+static void self_done(tp_future *f, void *arg) {
+    (void)arg;
+    if (tp_future_status(f) == TP_OK)
+        (void)tp_value_get_int(tp_future_value(f), &self_sum);
+}
+
+static tp_status fn_add_here(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                             tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data, (void)result;
+    tp_value *a = tp_value_list_of(2, tp_value_int(20), tp_value_int(1));
+    tp_future *f = NULL;
+    tp_status st = tp_rpc_async(tp_to_name("w1"), "add", a, NULL, 5.0, &f);
+    tp_value_free(a);
+    if (st == TP_OK)
+        st = tp_future_add_done_callback(f, self_done, NULL);
+    tp_future_free(f);
+    return st;
+}
+
 static void world_register(void) {
     CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function_ex("add_here", fn_add_here, NULL, TP_FN_NONBLOCKING) == TP_OK);
     CHECK(tp_register_function("nap", fn_nap, NULL) == TP_OK);
     CHECK(tp_register_function("make_obj", fn_make_obj, NULL) == TP_OK);
     CHECK(tp_register_function("fetch", fn_fetch, NULL) == TP_OK);
@@ -320,6 +344,64 @@ static void sc_refused_handoff(world *w) {
 static void test_refused_handoff_keeps_the_queue_whole(void **state) {
     (void)state;
     world w = {.scenario = sc_refused_handoff, .backend = "SIM_FAILSEND", .threads = 1};
+    run_world(2, 13, &w);
+}
+
+/*
+ * FAIR-1, AGENT-11: a refused hand-off leaves the round as it should be.
+ * (a) nap holds w1's only thread, add(1) queues behind it and add(2)'s
+ * hand-off is refused: w0 keeps its place in the round for add(1), which
+ * runs when nap ends (nothing else comes to put w0 back). (b) With the
+ * pool idle, w0's add is refused and its queue is empty again: w0 leaves
+ * the round, so a job of another source (w1's own add) and w0's next add
+ * both run.
+ */
+static tp_status sync_add(int64_t a, int64_t *v) {
+    tp_value *args = tp_value_list_of(2, tp_value_int(a), tp_value_int(10)), *res = NULL;
+    tp_status st = tp_rpc_sync(tp_to_name("w1"), "add", args, NULL, 5.0, &res);
+    if (st == TP_OK)
+        CHECK(tp_value_get_int(res, v) == TP_OK);
+    tp_value_free(res);
+    tp_value_free(args);
+    return st;
+}
+
+static void sc_refused_handoff_round(world *w) {
+    (void)w;
+    tp_future *f[3] = {NULL};
+    const char *fn[3] = {"nap", "add", "add"};
+    execute_failed = 0;
+    fail_execute_at = 3;
+    for (int i = 0; i < 3; i++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_int(10));
+        CHECK(tp_rpc_async(tp_to_name("w1"), fn[i], args, NULL, 5.0, &f[i]) == TP_OK);
+        tp_value_free(args);
+    }
+    const tp_status want[3] = {TP_OK, TP_OK, TP_ENOMEM};
+    for (int i = 0; i < 3; i++) {
+        tp_status st = f[i] ? tp_future_wait(f[i], TP_TIMEOUT_INFINITE) : TP_EINVAL;
+        if (st != want[i])
+            print_error("(a) call %d (%s): %s, want %s: %s\n", i, fn[i], tp_status_name(st),
+                        tp_status_name(want[i]), tp_errmsg());
+        CHECK(st == want[i]);
+        tp_future_free(f[i]);
+    }
+    int64_t v = 0;
+    fail_execute_at = 1; /* (b): the pool is idle now */
+    CHECK(sync_add(1, &v) == TP_ENOMEM);
+    CHECK(execute_failed == 2);
+    self_sum = 0;
+    tp_value *res = NULL;
+    CHECK(tp_rpc_sync(tp_to_name("w1"), "add_here", NULL, NULL, 5.0, &res) == TP_OK);
+    tp_value_free(res);
+    CHECK(sync_add(2, &v) == TP_OK && v == 12);
+    CHECK(tp_sleep(0.1) == TP_OK);
+    CHECK(self_sum == 21);
+}
+
+static void test_refused_handoff_keeps_the_round_whole(void **state) {
+    (void)state;
+    world w = {.scenario = sc_refused_handoff_round, .backend = "SIM_FAILSEND", .threads = 1};
     run_world(2, 13, &w);
 }
 
@@ -757,6 +839,7 @@ int main(void) {
         cmocka_unit_test(test_then_not_queued_fails_its_future),
         cmocka_unit_test(test_send_failure_undoes_every_rref_fork),
         cmocka_unit_test(test_refused_handoff_keeps_the_queue_whole),
+        cmocka_unit_test(test_refused_handoff_keeps_the_round_whole),
     };
     return cmocka_run_group_tests_name("send_failure", tests, NULL, NULL);
 }
