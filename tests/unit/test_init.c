@@ -408,6 +408,59 @@ static void test_init_malformed_rank_entry_fails_init(void **state) {
     assert_int_equal(tp_core_live_count(), 0);
 }
 
+/* spec: INIT-5, STORE-9: an init outcome the store will not take is tried
+ * for OUTCOME_GRACE (5 s), then init fails with the store's error: rank 0
+ * times out waiting for rank 1 (which never inits) at 1 s, and its
+ * "init/error" compare-and-set fails for good. */
+static tp_status refusing_cas(tp_store *s, const char *key, const void *expected, size_t elen,
+                              const void *desired, size_t dlen, int *swapped) {
+    size_t kl = strlen(key);
+    if (kl >= 10 && strcmp(key + kl - 10, "init/error") == 0) {
+        *swapped = 0;
+        snprintf(s->errmsg, sizeof s->errmsg, "compare_set '%s': the store is read-only", key);
+        return TP_ESTORE;
+    }
+    tp_store *in = ((lossy_store *)s)->inner;
+    return in->ops->compare_set(in, key, expected, elen, desired, dlen, swapped);
+}
+
+static const tp_store_ops refusing_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = lossy_set,
+    .get = lossy_get,
+    .add = lossy_add,
+    .compare_set = refusing_cas,
+    .del = lossy_del,
+    .close = lossy_close,
+};
+
+static int lone_program(int rank, int world_size, void *arg) {
+    if (rank == 0)
+        return store_program(rank, world_size, arg);
+    return 0; /* rank 1 never inits */
+}
+
+static void test_init_outcome_the_store_refuses_ends_at_its_grace(void **state) {
+    (void)state;
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &refusing_ops;
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    tp_sim_config cfg = {
+        .hosts = 2, .seed = 3, .store = &ls->base, .time_limit_ns = 600 * 1000000000ull};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, lone_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(store_status[0], TP_ESTORE);
+    if (!strstr(store_msg[0], "failing for 5.0") || !strstr(store_msg[0], "read-only"))
+        fail_msg("'%s'", store_msg[0]);
+    assert_true(store_took[0] >= 6000 * MS && store_took[0] < 6500 * MS);
+    lossy_close(&ls->base);
+    assert_int_equal(tp_core_live_count(), 0);
+}
+
 /* spec: INIT-1: shutdown while this worker's init is still in progress (at
  * its ready barrier, from the store operation init makes there) is refused
  * with TP_ENOTINIT saying so; init then completes, and every core is freed
@@ -1102,6 +1155,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_each_allocation_failing, reset_failures),
         cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
         cmocka_unit_test(test_init_malformed_rank_entry_fails_init),
+        cmocka_unit_test(test_init_outcome_the_store_refuses_ends_at_its_grace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
