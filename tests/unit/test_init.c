@@ -24,6 +24,7 @@
 #include "alloc_fault.h"
 #include "common/core.h"
 #include "sim_check.h"
+#include "sim_wrap.h"
 
 static tp_status statuses[2];
 static char messages[2][TP_ERRMSG_LEN_MAX];
@@ -458,6 +459,77 @@ static void test_init_outcome_the_store_refuses_ends_at_its_grace(void **state) 
         fail_msg("'%s'", store_msg[0]);
     assert_true(store_took[0] >= 6000 * MS && store_took[0] < 6500 * MS);
     lossy_close(&ls->base);
+    assert_int_equal(tp_core_live_count(), 0);
+}
+
+/* spec: AGENT-4, INIT-5: a worker whose agent refuses the table of peer
+ * addresses fails its init saying so, and publishes that as the attempt's
+ * outcome: the other worker fails at once with the same status and words,
+ * instead of waiting out its init timeout for a worker that is gone. A
+ * wrapper backend ("SIM_NOPEERS") makes rank 1's agent refuse. */
+static tp_agent *refusing_agent; /* rank 1's */
+
+static tp_status refusing_set_peers(tp_agent *a, const char *const *addrs, uint32_t n, char *errmsg,
+                                    size_t errmsg_len) {
+    if (a == refusing_agent) {
+        snprintf(errmsg, errmsg_len, "test refuses");
+        return TP_EINVAL;
+    }
+    return sim_ops->set_peers(a, addrs, n, errmsg, errmsg_len);
+}
+
+static tp_status refusing_set_peers_id(tp_agent *a, const char *const *addrs, uint32_t n,
+                                       uint64_t id, char *errmsg, size_t errmsg_len) {
+    if (a == refusing_agent) {
+        snprintf(errmsg, errmsg_len, "test refuses");
+        return TP_EINVAL;
+    }
+    return sim_ops->set_peers_id(a, addrs, n, id, errmsg, errmsg_len);
+}
+
+static void wrap_ops_edit(const tp_init_params *p, tp_agent *agent, tp_agent_ops *ops) {
+    if (p->rank == 1)
+        refusing_agent = agent;
+    ops->set_peers = refusing_set_peers;
+    if (ops->set_peers_id)
+        ops->set_peers_id = refusing_set_peers_id;
+}
+
+static tp_status nopeers_st[2];
+static char nopeers_msg[2][TP_ERRMSG_LEN_MAX];
+static uint64_t nopeers_took[2];
+
+static int nopeers_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[8];
+    snprintf(name, sizeof name, "w%d", rank);
+    tp_options *o = tp_options_new();
+    CHECK(tp_options_set_init_timeout(o, 30.0) == TP_OK);
+    uint64_t t0 = now_ns();
+    nopeers_st[rank] = tp_init_rpc(name, "SIM_NOPEERS", rank, world_size, o);
+    nopeers_took[rank] = now_ns() - t0;
+    snprintf(nopeers_msg[rank], sizeof nopeers_msg[rank], "%s", tp_errmsg());
+    tp_options_free(o);
+    if (nopeers_st[rank] == TP_OK)
+        (void)tp_shutdown(0);
+    return 0;
+}
+
+static void test_init_peer_table_refused_fails_init_everywhere(void **state) {
+    (void)state;
+    refusing_agent = NULL;
+    tp_sim_config cfg = {.hosts = 2, .seed = 3};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, nopeers_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(nopeers_st[r], TP_EINVAL);
+        if (!strstr(nopeers_msg[r], "worker 'w1' could not take the peer addresses: test refuses"))
+            fail_msg("worker %d: '%s'", r, nopeers_msg[r]);
+        assert_true(nopeers_took[r] < 1000 * MS); /* not its 30 s init timeout */
+    }
     assert_int_equal(tp_core_live_count(), 0);
 }
 
@@ -1129,7 +1201,10 @@ static void test_init_rank_entry_parse_refuses_malformed(void **state) {
 }
 
 int main(void) {
+    if (sim_wrap_register("SIM_NOPEERS") != 0)
+        return 1;
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_init_peer_table_refused_fails_init_everywhere, reset_failures),
         cmocka_unit_test_setup(test_init_backend_start_failure_cleans_up, reset_failures),
         cmocka_unit_test_setup(test_init_warmup_reaches_every_worker, reset_failures),
         cmocka_unit_test_setup(test_init_world_shares_one_parse_of_the_entries, reset_failures),
