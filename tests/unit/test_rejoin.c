@@ -598,6 +598,7 @@ typedef struct lossy_store {
     const char *fail_get;               /* a restarted process's get of a key holding this fails */
     int hide_inc;                       /* the next get of "inc/1" finds nothing (then 0) */
     const char *inc_value;              /* a restarted process's get of "inc/1" finds this */
+    const char *bent_key, *bent_value;  /* a restarted process's get of bent_key finds bent_value */
     int lost;                           /* replies lost so far */
     char key[TP_STORE_KEY_LEN_MAX + 1]; /* the incarnation key written last */
 } lossy_store;
@@ -611,6 +612,11 @@ static tp_status lossy_get(tp_store *s, const char *key, void **value, size_t *l
     if (ls->fail_get && tp_sim_incarnation() > 0 && strstr(key, ls->fail_get)) {
         snprintf(s->errmsg, sizeof s->errmsg, "get '%s': a deliberate failure", key);
         return TP_ESTORE;
+    }
+    if (ls->bent_key && tp_sim_incarnation() > 0 && strstr(key, ls->bent_key)) {
+        *value = strdup(ls->bent_value);
+        *len = strlen(ls->bent_value);
+        return *value ? TP_OK : TP_ENOMEM;
     }
     if (ls->inc_value && tp_sim_incarnation() > 0 && strstr(key, "/inc/1")) {
         *value = strdup(ls->inc_value);
@@ -783,6 +789,29 @@ static void test_rejoin_store_failure_in_the_gather(void **state) {
     assert_non_null(strstr(q.rejoin_msg, "init/rank/0': a deliberate failure"));
     assert_int_equal(q.shutdown_st, TP_OK); /* w0 never heard of it */
     lossy_close(&ls->base);
+}
+
+/* spec: REJOIN-3: what the restarted process reads back from the store is
+ * checked as init checks it: a rank's entry whose credit is no number, and
+ * another rank's incarnation key that is no "<k>\t<address>", fail the
+ * rejoin with TP_ESTORE naming the entry, rather than being taken half
+ * read (the process is not initialised; nothing leaks). */
+static void test_rejoin_malformed_entries_refused(void **state) {
+    (void)state;
+    static const char *const cases[][3] = {
+        {"/init/rank/0", "w0\tx\tsim:0", "rejoin: rank 0's entry in the store is malformed"},
+        {"/inc/0", "zz", "inc/0' is malformed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        lossy_store *ls = calloc(1, sizeof *ls);
+        assert_non_null(ls);
+        ls->bent_key = cases[i][0];
+        ls->bent_value = cases[i][1];
+        run_peers_on(ls);
+        if (q.rejoin_st != TP_ESTORE || !strstr(q.rejoin_msg, cases[i][2]))
+            fail_msg("case %zu: rejoin: %s: %s", i, tp_status_name(q.rejoin_st), q.rejoin_msg);
+        lossy_close(&ls->base);
+    }
 }
 
 /* spec: REJOIN-2: incarnations are numbered up to TPI_INCARNATION_MAX
@@ -1149,6 +1178,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rejoin_peer_restarted_during_the_announcement, reset_failures),
         cmocka_unit_test_setup(test_rejoin_second_restart_lost_cas_reply, reset_failures),
         cmocka_unit_test_setup(test_rejoin_store_failure_in_the_gather, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_malformed_entries_refused, reset_failures),
         cmocka_unit_test_setup(test_rejoin_live_earlier_incarnation_counts_once, reset_failures),
         cmocka_unit_test_setup(test_rejoin_earlier_incarnation_shuts_down_first, reset_failures),
         cmocka_unit_test_setup(test_rejoin_key_let_through_before_the_fence, reset_failures),
