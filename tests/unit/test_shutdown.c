@@ -619,6 +619,8 @@ static struct {
     int done_by;                       /* the host that wrote sd/done first */
     int lose_count_host;               /* -1, or the host whose count of lose_count fails */
     const char *lose_count;            /* a count key ("sd/arrive/count"), with lose_count_host */
+    int lose_add_only;                 /* only that host's add fails: its "x" is written */
+    uint64_t arrive1_ns;               /* when sd/arrive/1 was written */
     int late_rank, late_round;         /* -1: none; else that value lands late_s after it is sent */
     double late_s;
     int false_dead_host;               /* -1, or a host that sees a false "dead/<rank>" key, */
@@ -673,12 +675,14 @@ static void watch_written(const char *key, const void *value, size_t len) {
     }
     if (strstr(key, "sd/left/1") && !watch.left1_ns)
         watch.left1_ns = now_ns();
+    if (strstr(key, "sd/arrive/1") && !watch.arrive1_ns)
+        watch.arrive1_ns = now_ns();
 }
 
 static tp_status watch_set(tp_store *s, const char *key, const void *value, size_t len) {
     if (watch_refuse(s))
         return TP_ESTORE;
-    if (watch_loses(s, key))
+    if (!watch.lose_add_only && watch_loses(s, key))
         return TP_EINVAL; /* not a store outage: not retried */
     tp_store *in = ((watch_store *)s)->inner;
     tp_status st = in->ops->set(in, key, value, len);
@@ -1012,6 +1016,41 @@ static void test_shutdown_barrier_count_lost_for_good(void **state) {
     assert_int_equal(lost_count_status[1], TP_OK);
     assert_true(lost_count_ns[0] < 2 * SEC);
     assert_true(lost_count_ns[1] < 2 * SEC);
+}
+
+/*
+ * STORE-12: a count marked "x" (an add that failed, its mark written) is not
+ * a count: its readers read the keys. w0's add to "sd/arrive/count" fails
+ * and it marks the count "x"; w1 arrives at the barrier 1 s later. w0's
+ * barrier ends only after w1's key is there: its first drain value is
+ * written after w1 arrived, and both shutdowns end with TP_OK.
+ */
+static tp_status marked_status[2];
+
+static int marked_count_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 1)
+        CHECK(tp_sleep(1.0) == TP_OK);
+    marked_status[rank] = tp_shutdown(1);
+    return 0;
+}
+
+static void test_shutdown_barrier_count_marked_not_a_number(void **state) {
+    (void)state;
+    watch_reset();
+    watch.lose_count_host = 0;
+    watch.lose_count = "sd/arrive/count";
+    watch.lose_add_only = 1;
+    int codes[2] = {-9, -9};
+    run_watched(23, marked_count_program, codes);
+    assert_int_equal(marked_status[0], TP_OK);
+    assert_int_equal(marked_status[1], TP_OK);
+    assert_true(watch.arrive1_ns >= 1000 * MS);
+    if (watch.val_ns[0][0] < watch.arrive1_ns)
+        fail_msg("w0's drain began at %.3f ms, before w1 arrived at %.3f ms",
+                 (double)watch.val_ns[0][0] / 1e6, (double)watch.arrive1_ns / 1e6);
 }
 
 /*
@@ -1405,6 +1444,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_barrier_count_marked_not_a_number, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_reads_the_keys_when_sums_are_lost,
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_reads_the_count_while_waiting, reset_failures),
