@@ -95,6 +95,42 @@ static int flow_window_waits_then_times_out(int rank, int ws) {
 }
 
 /*
+ * spec: FLOW-2: callers waiting for room go in the order they came, and one
+ * that leaves (its deadline) lets the next look at once: the main task
+ * waits to send a padded call (0.3 s timeout) behind the slow one; 50 ms
+ * later a function on the pool sends a small add (1 s timeout), which
+ * would fit but queues behind it. When the padded call gives up, the add
+ * goes at once, long before the slow call ends (1.5 s).
+ */
+static int flow_waiter_that_leaves_wakes_the_next(int rank, int ws) {
+    INIT_WINDOW_OR_RETURN(rank, ws, WINDOW);
+    if (rank == 0) {
+        tp_future *slow = NULL, *later = NULL, *f = NULL;
+        tp_value *args = padded_sleep(1500);
+        CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, TP_TIMEOUT_DEFAULT, &slow));
+        tp_value_free(args);
+        CHECK_OK(conf_async(tp_to_rank(0), "later_add", CONF_INTS(1, 50, 1000), &later));
+        args = padded_sleep(1);
+        CHECK_STATUS(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 0.3, &f), TP_ETIMEDOUT);
+        tp_value_free(args);
+        if (later && CHECK_OK(tp_future_wait(later, 10.0))) {
+            const tp_value *r = tp_future_value(later);
+            int64_t st = conf_int_of(rank, tp_list_get(r, 0), -1);
+            int64_t took = conf_int_of(rank, tp_list_get(r, 1), -1);
+            if (!CHECK(st == TP_OK && took >= 0 && took < 600))
+                conf_fail(rank, __FILE__, __LINE__, "the add behind the leaver: %s after %lld ms",
+                          tp_status_name((tp_status)st), (long long)took);
+        }
+        CHECK(!tp_future_done(slow));
+        CHECK_OK(tp_future_wait(slow, TP_TIMEOUT_INFINITE));
+        tp_future_free(later);
+        tp_future_free(slow);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
+/*
  * spec: FLOW-2 FUNC-6 SHUTDOWN-2: while the window to w1 is full, a
  * non-blocking function (on the I/O thread) that sends is refused at once
  * with TP_ELIMIT saying it cannot wait for room, and a function on the pool
@@ -633,6 +669,7 @@ const tp_conformance_case conf_cases_flow[] = {
     {"flow_call_exactly_filling_window_goes", 2, flow_call_exactly_filling_window_goes,
      "FLOW-1 FLOW-2"},
     {"flow_waiter_sees_peer_death", 2, flow_waiter_sees_peer_death, "FLOW-3"},
+    {"flow_waiter_that_leaves_wakes_the_next", 2, flow_waiter_that_leaves_wakes_the_next, "FLOW-2"},
     {"flow_remote_and_method_wait", 2, flow_remote_and_method_wait, "FLOW-1 FLOW-2"},
     {"fair_flood_does_not_delay_others", 3, fair_flood_does_not_delay_others, "FAIR-1"},
 };

@@ -760,6 +760,31 @@ tp_status conf_send_padded_status(char *msg, size_t msg_len) {
     return st;
 }
 
+/* later_add(dst_rank, delay_ms, timeout_ms): after delay_ms, rpc_sync(dst_rank, "add",
+ * [1, 2]) with that timeout, from the pool; [its status, ms it took]. */
+static tp_status fn_later_add(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                              tp_value **result, void *user_data) {
+    (void)kwargs, (void)user_data;
+    int64_t dst = -1, delay = -1, timeout = -1;
+    if (tp_value_get_int(tp_list_get(args, 0), &dst) != TP_OK ||
+        tp_value_get_int(tp_list_get(args, 1), &delay) != TP_OK ||
+        tp_value_get_int(tp_list_get(args, 2), &timeout) != TP_OK || delay < 0 || timeout < 0) {
+        tp_call_set_error(call, "later_add takes (dst_rank, delay_ms, timeout_ms)");
+        return TP_EINVAL;
+    }
+    tp_status st = tp_sleep((double)delay / 1e3);
+    uint64_t t0 = conf_now_ns();
+    tp_value *res = NULL, *two = tp_value_list_of(2, tp_value_int(1), tp_value_int(2));
+    if (st == TP_OK)
+        st = two ? tp_rpc_sync(tp_to_rank((int)dst), "add", two, NULL, (double)timeout / 1e3, &res)
+                 : TP_ENOMEM;
+    int64_t took = (int64_t)((conf_now_ns() - t0) / 1000000u);
+    tp_value_free(res);
+    tp_value_free(two);
+    *result = tp_value_list_of(2, tp_value_int(st), tp_value_int(took));
+    return *result ? TP_OK : nomem(call);
+}
+
 /* nb_send_padded(dst_rank, pad): rpc_async of the same call from the I/O thread, where
  * it may not wait for room (FUNC-6); [its status, its message]. */
 static tp_status fn_nb_send_padded(tp_call *call, const tp_value *args, const tp_value *kwargs,
@@ -815,6 +840,7 @@ static const struct {
     {"rref_inc", fn_rref_inc},
     {"try_shutdown", fn_try_shutdown},
     {"send_padded", fn_send_padded},
+    {"later_add", fn_later_add},
 };
 
 /*
