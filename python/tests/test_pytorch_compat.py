@@ -1026,6 +1026,77 @@ def test_gathers_over_some_workers_and_waits_for_all(tmp_path):
     assert out == ["[('worker0', 0), ('worker1', 1)]", "waited for worker1 True"]
 
 
+def test_gathers_without_a_deadline_wait(tmp_path):
+    """_all_gather and _barrier with timeout 0 (or rpc_timeout 0: no
+    deadline) wait for the late worker, as PyTorch's do, instead of timing
+    out at once; a leader whose round times out names the worker it waited
+    for."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker%d" % rank,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(rpc_timeout=0))
+        if rank == 1:
+            time.sleep(1.0)
+        print(sorted(api._all_gather(rank, timeout=0).items()))
+        api._barrier(["worker0", "worker1"])
+        if rank == 0:
+            try:
+                api._all_gather(0, ["worker0", "worker1"], timeout=0.5)
+            except RuntimeError as e:
+                print(str(e).endswith("after 0.50 seconds waiting for worker1"))
+        else:
+            time.sleep(1.5)  # never joins that round
+        rpc.shutdown()
+    """)
+    assert out == ["[('worker0', 0), ('worker1', 1)]", "True"]
+
+
+def test_a_module_still_importing_is_waited_for(tmp_path):
+    """A module whose top level calls init_rpc and defines its functions
+    after it: a peer's call for one of them waits while the module is still
+    being imported, as __main__'s do, instead of being refused at once."""
+    (tmp_path / "late_mod.py").write_text(textwrap.dedent("""
+        import os, time
+        import tensorplay.distributed.rpc as rpc
+        rank = int(os.environ["RANK"])
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 1:
+            time.sleep(1.0)
+
+        def triple(x):
+            return 3 * x
+    """))
+    out = run(tmp_path, """
+        sys.path.insert(0, os.getcwd())
+        import late_mod
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", late_mod.triple, args=(5,), timeout=10))
+        rpc.shutdown()
+    """)
+    assert out == ["15"]
+
+
+def test_name_waits_sleep_between_looks(tmp_path):
+    """A callee waiting for a name __main__ defines later polls with sleeps,
+    not a spin: its CPU time over the wait stays small."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            def late():
+                pass
+            print(rpc.rpc_sync("worker1", late, timeout=10))
+        else:
+            cpu0 = time.process_time()
+            time.sleep(1.5)
+            def late():
+                return "late"
+            time.sleep(0.2)
+            print("cpu", time.process_time() - cpu0 < 0.5)
+        rpc.shutdown()
+    """, rank0_only=False)
+    assert "[0] late" in out and "[1] cpu True" in out, out
+
+
 def test_gather_rounds_a_peer_opens_are_bounded(tmp_path):
     """_gather_to_leader is served to every peer: rounds nobody here waits
     for are capped (GATHER_ROUNDS_MAX), refused with a clear error, and
