@@ -154,6 +154,9 @@ def test_c_worker_calls_methods_of_a_python_object(tmp_path):
     TP_OK with no value."""
     lines, out = run_mixed(tmp_path, MIXED)
     assert lines == ["get: 7", "bad: TP_EREMOTE True"], out
+    # PyTorch prints a served call's exception on the callee's stderr: the
+    # method's too.
+    assert "ValueError('bad box 7')" in out and "On WorkerInfo(id=0, name=" in out, out
 
 
 NOPE = """
