@@ -98,8 +98,21 @@ static tp_status fn_busy(tp_call *call, const tp_value *args, const tp_value *kw
     return st;
 }
 
+/* uncongest_self(), non-blocking, on w1: w1's agent says w1's own answers
+ * (never congested) can go: nothing is owed to that caller. */
+static tp_status fn_uncongest_self(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                   tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data, (void)result;
+    if (!cores[1])
+        return TP_EINVAL;
+    tp_core_on_uncongested(cores[1], 1);
+    return TP_OK;
+}
+
 static void world_register(void) {
     CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
+    CHECK(tp_register_function_ex("uncongest_self", fn_uncongest_self, NULL, TP_FN_NONBLOCKING) ==
+          TP_OK);
     CHECK(tp_register_function("nap", fn_nap, NULL) == TP_OK);
     CHECK(tp_register_function_ex("uncongest", fn_uncongest, NULL, TP_FN_NONBLOCKING) == TP_OK);
     CHECK(tp_register_function_ex("busy", fn_busy, NULL, TP_FN_NONBLOCKING) == TP_OK);
@@ -220,6 +233,45 @@ static void sc_tokens_owed_paid_once(world *w) {
     CHECK(w1_executes == 6);
 }
 
+/*
+ * FAIR-2: tokens owed to a stalled caller are paid to it alone: an
+ * uncongest for a caller that never stalled (w1 itself, with a job of its
+ * own queued behind its busy thread) hands out nothing. w0's add A is
+ * stalled (1 owed); w1's own two naps: one runs, one queues; w1 is told its
+ * own answers can go (nothing happens); once the naps are over, w0 is
+ * uncongested (1 token) and A runs: 4 work items (A's, the naps', the one
+ * owed). Paying the debt to the wrong caller hands out a token that finds
+ * only A, still stalled, and is owed again: a fifth.
+ */
+static void sc_owed_paid_to_the_stalled_only(world *w) {
+    (void)w;
+    w1_executes = 0;
+    congest_to_w0 = 1;
+    tp_future *a = async_add(1);
+    CHECK(tp_sleep(0.1) == TP_OK);
+    CHECK(a && !tp_future_done(a));
+    call_w1("busy");
+    call_w1("busy");
+    CHECK(tp_sleep(0.1) == TP_OK);
+    call_w1("uncongest_self");
+    CHECK(tp_sleep(1.2) == TP_OK); /* both naps are over; A is still stalled */
+    CHECK(a && !tp_future_done(a));
+    call_w1("uncongest");
+    wait_add(a, 2);
+    if (w1_executes != 4)
+        print_error("w1's core handed its pool %llu work items, not 4\n",
+                    (unsigned long long)w1_executes);
+    CHECK(w1_executes == 4);
+}
+
+static void test_fair_owed_paid_to_the_stalled_only(void **state) {
+    (void)state;
+    world w = {
+        .scenario = sc_owed_paid_to_the_stalled_only, .backend = "SIM_CONGEST", .threads = 1};
+    run_world(2, 3, &w);
+    assert_int_equal(failures, 0);
+}
+
 static void test_fair_tokens_owed_paid_once(void **state) {
     (void)state;
     world w = {.scenario = sc_tokens_owed_paid_once, .backend = "SIM_CONGEST", .threads = 1};
@@ -308,6 +360,7 @@ int main(void) {
         cmocka_unit_test_setup(test_fair_uncongested_caller_served_again, reset_failures),
         cmocka_unit_test_setup(test_fair_stalled_jobs_dropped_at_teardown, reset_failures),
         cmocka_unit_test_setup(test_fair_tokens_owed_paid_once, reset_failures),
+        cmocka_unit_test_setup(test_fair_owed_paid_to_the_stalled_only, reset_failures),
     };
     return cmocka_run_group_tests_name("fair", tests, NULL, NULL);
 }
