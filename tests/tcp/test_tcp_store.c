@@ -2,14 +2,17 @@
  * test_tcp_store.c: the TCP rendezvous store, server and client in one
  * process (spec/tcp.md TCP-9..11, spec/store.md STORE-1..5 over TCP).
  */
+#define _GNU_SOURCE /* unshare, CLONE_NEWNET */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -17,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -2797,6 +2801,50 @@ static void test_tcp_sock_connect_failures(void **state) {
     close(l);
 }
 
+/* spec: TCP-9: a connect to a local port nobody listens on that the kernel
+ * answers by connecting the socket to itself (TCP's simultaneous open, when
+ * the ephemeral port it picked is the port dialed) is refused, as a store
+ * not up yet should be: never a socket that would echo the handshake back
+ * and hold the port its server is about to bind. In a network namespace of
+ * its own (a child), whose only ephemeral port is the one dialed. */
+static void test_tcp_sock_connected_to_itself_refused(void **state) {
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (unshare(CLONE_NEWNET) != 0)
+            _exit(77); /* no right to a namespace: skipped */
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof ifr);
+        snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+        if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0)
+            _exit(2);
+        ifr.ifr_flags |= IFF_UP;
+        if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0)
+            _exit(3);
+        close(s);
+        int f = open("/proc/sys/net/ipv4/ip_local_port_range", O_WRONLY);
+        if (f < 0 || write(f, "40000 40000", 11) != 11)
+            _exit(4);
+        close(f);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(40000)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        int c = tpi_sock_connect((struct sockaddr *)&sa, sizeof sa, 2000);
+        if (c >= 0) {
+            fprintf(stderr, "a socket connected to itself was returned\n");
+            _exit(5);
+        }
+        _exit(c == -ECONNREFUSED ? 0 : 6);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+        skip();
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* Closes s with a reset (SO_LINGER 0), as a killed process's kernel may. */
 static void close_with_reset(int s) {
     struct linger lg = {1, 0};
@@ -2862,6 +2910,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
         cmocka_unit_test(test_tcp_sock_connect_failures),
+        cmocka_unit_test(test_tcp_sock_connected_to_itself_refused),
         cmocka_unit_test(test_tcp_addr_edges),
         cmocka_unit_test(test_tcp_store_host_of_init_methods),
         cmocka_unit_test(test_tcp_store_start_without_descriptors),
