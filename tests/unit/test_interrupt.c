@@ -201,6 +201,60 @@ static void test_interrupt_graceful_shutdown(void **state) {
 }
 
 /*
+ * spec: INTERRUPT-1: an interrupt is seen within one poll (20 ms) even while
+ * the worker sleeps between retries of a store that is down (those sleeps
+ * grow to 200 ms): both workers shut down gracefully with the store down
+ * from 1 s; host 2 interrupts rank 0 at 3 s, when its retries have long
+ * reached their longest sleep.
+ */
+static tp_status outage_st;
+static char outage_msg[TP_ERRMSG_LEN_MAX];
+static uint64_t outage_took, outage_interrupted_after;
+
+static int outage_program(int rank, int world_size, void *arg) {
+    (void)arg, (void)world_size;
+    ctx_of[rank] = tp_context_current();
+    if (rank == 2) {
+        CHECK(tp_sim_sleep(3.0) == TP_OK);
+        outage_interrupted_after = now_ns();
+        CHECK(tp_context_interrupt(ctx_of[0]) == TP_OK);
+        return 0;
+    }
+    if (init_as(rank, 2) != TP_OK) {
+        CHECK(0);
+        return 0;
+    }
+    CHECK(tp_sleep(1.0) == TP_OK); /* the store goes down now */
+    uint64_t t0 = now_ns();
+    tp_status st = tp_shutdown(1);
+    if (rank == 0) {
+        outage_st = st;
+        outage_took = now_ns() - t0;
+        outage_interrupted_after -= t0;
+        snprintf(outage_msg, sizeof outage_msg, "%s", tp_errmsg());
+    }
+    return 0;
+}
+
+static void test_interrupt_seen_between_store_retries(void **state) {
+    (void)state;
+    tp_sim_config cfg = {.hosts = RANKS, .seed = 22};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    assert_int_equal(tp_sim_load_faults(sim, "storedown 1000 60000\n", err, sizeof err), TP_OK);
+    assert_int_equal(tp_sim_run(sim, outage_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    print_message("rank 0: %s after %.3f ms (interrupted at %.3f ms): %s\n",
+                  tp_status_name(outage_st), (double)outage_took / 1e6,
+                  (double)outage_interrupted_after / 1e6, outage_msg);
+    assert_int_equal(outage_st, TP_ECANCELED);
+    assert_true(outage_took >= outage_interrupted_after &&
+                outage_took <= outage_interrupted_after + 25 * MS);
+}
+
+/*
  * spec: CANCEL-1. Rank 0 gives up on a call to rank 1's 20-second function
  * after 100 ms: the future completes at once with TP_ECANCELED and the
  * caller's message, the call no longer counts as in flight here, a second
@@ -507,6 +561,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_interrupt_init_then_init_again, reset),
         cmocka_unit_test_setup(test_interrupt_graceful_shutdown, reset),
+        cmocka_unit_test_setup(test_interrupt_seen_between_store_retries, reset),
         cmocka_unit_test_setup(test_cancel_rpc_async, reset),
         cmocka_unit_test_setup(test_cancel_callee_gives_up, reset),
         cmocka_unit_test_setup(test_timed_out_call_still_drains, reset),
