@@ -65,6 +65,8 @@ static struct {
     char old_rref_msg[TP_ERRMSG_LEN_MAX];
     tp_status pass_st;      /* w0: that rref passed to the new incarnation */
     char pass_msg[TP_ERRMSG_LEN_MAX];
+    tp_status method_st; /* w0: a method call on that rref */
+    char method_msg[TP_ERRMSG_LEN_MAX];
     /* MODE_FORGED: w0's raw requests to the new incarnation carrying that
      * rref as of owner incarnation 0 ([0]) and 2 ([1]) (RREF-20). */
     tp_status forged_st[2];
@@ -243,6 +245,14 @@ static int program(int rank, int world, void *arg) {
         snprintf(r.pass_msg, sizeof r.pass_msg, "%s", tp_errmsg());
         tp_value_free(res);
         tp_value_free(args);
+        /* REJOIN-6: a method call on it is refused before anything is sent. */
+        tp_method *m = NULL;
+        CHECK(tp_method_factory("get", &m) == TP_OK);
+        res = NULL;
+        r.method_st = tp_method_call_sync(m, rref, NULL, NULL, 10.0, &res);
+        snprintf(r.method_msg, sizeof r.method_msg, "%s", tp_errmsg());
+        tp_value_free(res);
+        tp_method_free(m);
     }
     if (r.rejoin_st == TP_OK && r.mode == MODE_FORGED) {
         forged_call(rref, 0, 0);
@@ -299,6 +309,10 @@ static void test_rejoin_new_incarnation_works(void **state) {
         assert_int_equal(r.pass_st, TP_EPEERDOWN);
         assert_non_null(strstr(r.pass_msg, "sending an rref: the owner of rref"));
         assert_non_null(strstr(r.pass_msg, "the value went with the earlier process"));
+        assert_int_equal(r.method_st, TP_EPEERDOWN);
+        if (!strstr(r.method_msg, "method call: the owner of rref") ||
+            !strstr(r.method_msg, "the value went with the earlier process"))
+            fail_msg("method call: '%s'", r.method_msg);
         assert_int_equal(r.shutdown_st[0], TP_OK);
         assert_int_equal(r.shutdown_st[1], TP_OK);
         assert_int_equal(tp_sim_violations(sim), 0);
