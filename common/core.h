@@ -793,7 +793,8 @@ tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char 
  * of src older than the newest known (REJOIN-5): it is dropped. I/O context. */
 int tpi_rejoin_stale(const tp_core *c, uint32_t src, uint8_t type, uint64_t id);
 /* TP_OK, or TP_EPEERDOWN with a message when r's owner restarted since r was
- * made (its value went with that incarnation). Lock held. */
+ * made (its value went with that incarnation), after "<what>: " unless what
+ * is NULL (a caller that adds its own). Lock held. */
 tp_status tpi_rref_owner_check(tp_core *c, const tp_rref *r, const char *what);
 /* Publishes "dead/<r>" for every peer known dead (lock not held). */
 void tpi_publish_dead(tp_core *c, uint64_t deadline_ns);

@@ -26,11 +26,11 @@ tp_status tpi_rref_owner_check(tp_core *c, const tp_rref *r, const char *what) {
         return TP_OK;
     char who[TP_NAME_LEN_MAX + 32];
     return tpi_fail(TP_EPEERDOWN,
-                    "%s: the owner of rref %u:%llu, %s, restarted (incarnation %u, the rref is "
+                    "%s%sthe owner of rref %u:%llu, %s, restarted (incarnation %u, the rref is "
                     "of incarnation %u): the value went with the earlier process",
-                    what, r->id.worker, (unsigned long long)r->id.local,
-                    tpi_worker_desc(c, r->owner, who, sizeof who), tpi_peer_inc(c, r->owner),
-                    r->owner_inc);
+                    what ? what : "", what ? ": " : "", r->id.worker,
+                    (unsigned long long)r->id.local, tpi_worker_desc(c, r->owner, who, sizeof who),
+                    tpi_peer_inc(c, r->owner), r->owner_inc);
 }
 
 tp_status tpi_rejoin_serve(tp_core *c, uint32_t src, const tp_value *args, char *err,

@@ -420,7 +420,7 @@ static tp_status encode_rref(void *ctx, tp_rref *r, tpi_rref_wire *w) {
         st = tpi_fail(TP_ESHUTDOWN, "rref %u:%llu was released by shutdown and cannot be sent",
                       r->id.worker, (unsigned long long)r->id.local);
     } else if (!r->is_owner && tpi_rref_owner_restarted(c, r)) { /* REJOIN-6, RREF-20 */
-        st = tpi_rref_owner_check(c, r, "sending an rref");
+        st = tpi_rref_owner_check(c, r, NULL); /* the encoder says "sending an rref" */
     } else if (!r->is_owner && r->failed) { /* RREF-14: one fact, at once */
         st = tpi_fail(r->failed, "rref %u:%llu cannot be sent: %s", r->id.worker,
                       (unsigned long long)r->id.local, r->fail_msg ? r->fail_msg : "its creation failed");
