@@ -1054,6 +1054,53 @@ static void test_shutdown_barrier_count_marked_not_a_number(void **state) {
 }
 
 /*
+ * SHUTDOWN-7: a barrier that finds no memory for its look at the keys fails
+ * with TP_ENOMEM saying so; it never takes the barrier as passed. w1 comes
+ * to the barrier 0.5 s late; w0's first look at the keys (16 ms into its
+ * wait) cannot get its arrays.
+ */
+static tp_status nomem_barrier_st;
+static char nomem_barrier_msg[TP_ERRMSG_LEN_MAX];
+static uint64_t nomem_barrier_ns;
+
+static int nomem_barrier_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 10.0) != TP_OK)
+        return 1;
+    if (rank == 1) {
+        CHECK(tp_sleep(0.5) == TP_OK);
+        (void)tp_shutdown(1);
+        return 0;
+    }
+    atomic_store(&calloc_fail_size, 3); /* calloc(2 workers, 3): the barrier's arrays */
+    atomic_store(&calloc_fail_n, 2);
+    uint64_t t0 = now_ns();
+    nomem_barrier_st = tp_shutdown(1);
+    nomem_barrier_ns = now_ns() - t0;
+    atomic_store(&calloc_fail_n, 0);
+    snprintf(nomem_barrier_msg, sizeof nomem_barrier_msg, "%s", tp_errmsg());
+    return 0;
+}
+
+static void test_shutdown_barrier_without_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    atomic_store(&calloc_pair_failed, 0);
+    tp_sim_config cfg = {.hosts = 2, .seed = 5};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, nomem_barrier_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_true(atomic_load(&calloc_pair_failed) >= 1);
+    assert_int_equal(nomem_barrier_st, TP_ENOMEM);
+    if (!strstr(nomem_barrier_msg, "out of memory"))
+        fail_msg("'%s'", nomem_barrier_msg);
+    assert_true(nomem_barrier_ns < 500 * MS); /* before w1 came: not a barrier passed */
+}
+
+/*
  * STORE-12: a drain round whose count is complete but whose sums do not
  * read back as numbers (a store that lost them) reads the workers' keys
  * instead. w0's call to w1 runs 1 s and both shut down gracefully at once:
@@ -1445,6 +1492,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_marked_not_a_number, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_barrier_without_memory, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_reads_the_keys_when_sums_are_lost,
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_reads_the_count_while_waiting, reset_failures),
