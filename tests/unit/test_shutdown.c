@@ -629,6 +629,7 @@ static struct {
     int false_dead_barrier; /* the window is the barrier instead: open until round 0's write */
     int mem_inner;                      /* the in-memory store (scan and add: STORE-12's count) */
     int garble_sums;                    /* every drain round's sums read back as "zz" */
+    int no_scan;                        /* a store without scan: keys are read one by one */
     unsigned arrive_scans[WATCH_RANKS]; /* scans of "sd/arrive/", by host */
 } watch;
 
@@ -785,7 +786,7 @@ static void run_watched_on(uint32_t hosts, uint64_t seed, const char *plan, tp_s
         assert_int_equal(tpi_mem_store_open(&w->inner, NULL, 0), TP_OK);
     else
         assert_int_equal(tp_sqlite_store_open(":memory:", &w->inner, NULL, 0), TP_OK);
-    watch_ops.scan = w->inner->ops->scan ? watch_scan : NULL;
+    watch_ops.scan = w->inner->ops->scan && !watch.no_scan ? watch_scan : NULL;
     w->base.ops = &watch_ops;
     tp_sim_config cfg = {.hosts = hosts, .seed = seed, .store = &w->base};
     tp_sim *sim = NULL;
@@ -1051,6 +1052,36 @@ static void test_shutdown_barrier_count_marked_not_a_number(void **state) {
     if (watch.val_ns[0][0] < watch.arrive1_ns)
         fail_msg("w0's drain began at %.3f ms, before w1 arrived at %.3f ms",
                  (double)watch.val_ns[0][0] / 1e6, (double)watch.arrive1_ns / 1e6);
+}
+
+/*
+ * SHUTDOWN-5, STORE-12: the first test's world on a store without scan,
+ * whose keys the gathers read one by one: w0's missing key, w0 being dead,
+ * is not waited for, and w1's graceful shutdown still ends after its served
+ * call with TP_EPEERDOWN naming w0.
+ */
+static outcome scanless_out;
+
+static int scanless_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    return program(rank, world_size, &scanless_out);
+}
+
+static void test_shutdown_dead_peer_on_a_store_without_scan(void **state) {
+    (void)state;
+    watch_reset();
+    watch.no_scan = 1;
+    memset(&scanless_out, 0, sizeof scanless_out);
+    int codes[2] = {-9, -9};
+    run_watched_on(2, 1, NULL, scanless_program, codes);
+    assert_int_equal(codes[0], 137);
+    assert_int_equal(codes[1], 0);
+    print_message("w1's graceful shutdown: %s after %.3f ms: %s\n",
+                  tp_status_name(scanless_out.shutdown_status),
+                  (double)scanless_out.shutdown_ns / 1e6, scanless_out.message);
+    assert_int_equal(scanless_out.shutdown_status, TP_EPEERDOWN);
+    assert_non_null(strstr(scanless_out.message, "'w0'"));
+    assert_true(scanless_out.shutdown_ns <= (uint64_t)(SLOW_S * 1e9) + 50 * MS);
 }
 
 /*
@@ -1493,6 +1524,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_marked_not_a_number, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_without_memory, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_dead_peer_on_a_store_without_scan, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_reads_the_keys_when_sums_are_lost,
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_reads_the_count_while_waiting, reset_failures),
