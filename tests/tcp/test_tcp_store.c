@@ -5,6 +5,7 @@
 #define _GNU_SOURCE /* unshare, CLONE_NEWNET */
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
@@ -1536,6 +1537,62 @@ static void test_tcp_store_server_start_without_memory(void **state) {
     assert_non_null(strstr(err, "out of memory"));
 }
 
+/* close, counting the calls on a descriptor that was not open while
+ * bad_closes_on is set: a second close of one number is a bug (in a
+ * process with other threads, that number may be someone else's by then). */
+static _Atomic int bad_closes_on, bad_closes;
+
+int close(int fd) {
+    static int (*next)(int);
+    if (!next) {
+        void *p = dlsym(RTLD_NEXT, "close");
+        memcpy(&next, &p, sizeof next);
+    }
+    int rc = next(fd);
+    if (rc < 0 && errno == EBADF && atomic_load(&bad_closes_on))
+        atomic_fetch_add(&bad_closes, 1);
+    return rc;
+}
+
+/* spec: TCP-11: a store server whose thread cannot start (pthread_create
+ * fails) fails to start with TP_ENOMEM saying so, and gives back all it
+ * took: no descriptor left open, its port free again (a second server
+ * starts there), each descriptor closed once. */
+static void test_tcp_store_server_thread_cannot_start(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(tt_free_port())};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    tpi_store_server *s = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    /* A server started and stopped first: what the process opens once
+     * (the libraries' own descriptors) is open before the count. */
+    assert_int_equal(tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "warm", &auth, NULL,
+                                            &s, err, sizeof err),
+                     TP_OK);
+    tpi_store_server_stop(s, 0);
+    s = NULL;
+    int before = open_fds();
+    atomic_store(&create_fail_in, 1);
+    atomic_store(&bad_closes, 0);
+    atomic_store(&bad_closes_on, 1);
+    tp_status st = tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "no thread", &auth,
+                                          NULL, &s, err, sizeof err);
+    atomic_store(&bad_closes_on, 0);
+    assert_int_equal(atomic_load(&create_fail_in), 0);
+    assert_int_equal(atomic_load(&bad_closes), 0); /* each descriptor closed once */
+    assert_int_equal(st, TP_ENOMEM);
+    assert_null(s);
+    assert_non_null(strstr(err, "store server: cannot start its thread"));
+    assert_int_equal(open_fds(), before);
+    st = tpi_store_server_start((struct sockaddr *)&sa, sizeof sa, "thread", &auth, NULL, &s, err,
+                                sizeof err);
+    if (st != TP_OK)
+        fail_msg("the port was not given back: %s", err);
+    tpi_store_server_stop(s, 0);
+}
+
 static void test_tcp_store_port_taken(void **state) {
     (void)state;
     uint16_t port = tt_free_port();
@@ -2939,6 +2996,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_attempts_back_off),
         cmocka_unit_test(test_tcp_store_unanswered_hello_times_out),
         cmocka_unit_test(test_tcp_store_server_start_without_memory),
+        cmocka_unit_test(test_tcp_store_server_thread_cannot_start),
         cmocka_unit_test(test_tcp_store_wait_ends_at_the_init_interrupt),
         cmocka_unit_test(test_tcp_store_port_taken),
         cmocka_unit_test(test_tcp_store_open_without_deadline),
