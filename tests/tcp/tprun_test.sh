@@ -225,6 +225,12 @@ usage_err "world past the most" "--nnodes 65536 x --nproc-per-node 2 is over 655
 usage_err "unknown option" "unknown option --procs" --procs 2
 usage_err "nproc with a tail" "bad option --nproc '2x'" --nproc 2x
 usage_err "endpoint without a host" "--rdzv-endpoint" --nproc 1 --rdzv-endpoint ":$port"
+# An option that ends the command line without its value: said, then the usage.
+err=$("$tprun" --nproc 2>&1); rc=$?
+check "nproc without a value: exit 2" 2 "$rc"
+case "$err" in *"--nproc needs a value"*"usage: tprun --nproc-per-node P"*)
+  check "nproc without a value: says why, then the usage" ok ok ;;
+  *) check "nproc without a value: says why, then the usage" "--nproc needs a value ... usage" "$err" ;; esac
 # spec: LAUNCH-1: an endpoint may leave out its port (then the default),
 # and a grace may be anything from 0 to an hour, both ends included.
 out=$("$tprun" --nproc 1 --rdzv-endpoint 127.0.0.1 sh -c 'echo $MASTER_ADDR' 2>&1)
