@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -332,6 +333,78 @@ static void test_tcp_threads_that_cannot_start(void **state) {
 }
 
 /*
+ * spec: TCP-7: a probe this worker cannot answer (no memory for the PONG's
+ * write) ends that connection at once, so its dialer learns of it from the
+ * connection and dials again, instead of waiting out its probe deadline for
+ * an answer that never comes. The test proves itself as worker 2 to worker
+ * 1 of 3 and sends a PING while worker 1's writes of one record find no
+ * memory.
+ */
+enum { PONG_READY = 0, PONG_ARM = 1, PONG_ARMED = 2, PONG_DONE = 3 };
+
+static int unanswered_probe_body(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10.0, 10.0);
+    TT_CHECK(o != NULL);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->count[PONG_READY], 1);
+    if (rank == 1) {
+        TT_CHECK(tt_await_flag(sh, PONG_ARM, 1, 60) == 0);
+        atomic_store(&malloc_fail_size, tpi_tcp_conn_write_size(1));
+        atomic_store(&sh->flag[PONG_ARMED], 1);
+        TT_CHECK(tt_await_flag(sh, PONG_DONE, 1, 60) == 0);
+        atomic_store(&malloc_fail_size, 0);
+    } else {
+        TT_CHECK(tt_await_flag(sh, PONG_DONE, 1, 60) == 0);
+    }
+    (void)tp_shutdown(0); /* worker 1 may count worker 2 gone: no barrier */
+    return 0;
+}
+
+static void test_tcp_probe_that_cannot_be_answered_ends_the_connection(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, unanswered_probe_body, NULL), 0);
+    tt_shared *sh = job.shared;
+    for (int i = 0; i < 30000 && atomic_load(&sh->count[PONG_READY]) < 3; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&sh->count[PONG_READY]), 3);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    int fd = tt_hello_as_worker2(addr);
+    atomic_store(&sh->flag[PONG_ARM], 1);
+    for (int i = 0; i < 30000 && !atomic_load(&sh->flag[PONG_ARMED]); i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&sh->flag[PONG_ARMED]), 1);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
+    tt_raw_send(fd, rec, sizeof rec);
+    /* The end comes at once: the connection closes (an ABORT before it, if
+     * one could be written); no PONG, and no silence until a deadline. */
+    uint64_t t0 = tt_now_ns();
+    int ended = 0;
+    while (!ended && tt_now_ns() - t0 < 5000000000ull) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 100) != 1)
+            continue;
+        uint8_t b[TPI_TCP_RECORD_SIZE];
+        ssize_t k = recv(fd, b, sizeof b, 0);
+        if (k == (ssize_t)sizeof b && tpi_tcp_ctl_kind_of(b) == TPI_TCP_CTL_PONG)
+            break; /* answered after all: not what was asked */
+        ended = k == 0 || (k < 0 && errno == ECONNRESET);
+    }
+    close(fd);
+    atomic_store(&sh->flag[PONG_DONE], 1);
+    int rc = tt_wait(&job, 60.0);
+    tt_job_free(&job);
+    assert_int_equal(rc, 0);
+    assert_true(ended);
+}
+
+/*
  * No memory for a proof's HMAC (OpenSSL 3's allocates its context), at
  * each of the handshake's four HMACs (TCP-17): the failing end says it was
  * out of memory, never that the peer's proof was wrong, and once memory is
@@ -611,9 +684,11 @@ int main(void) {
         cmocka_unit_test(test_tcp_oom_in_a_handshakes_hmac),
         cmocka_unit_test(test_tcp_oom_in_a_sealed_chunks_write),
         cmocka_unit_test(test_tcp_threads_that_cannot_start),
+        cmocka_unit_test(test_tcp_probe_that_cannot_be_answered_ends_the_connection),
     };
     if (only) { /* rank 1's sweep is the longer: rank 0's run takes the others */
-        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4], tests[5]};
+        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3],
+                                           tests[4], tests[5], tests[6]};
         return atoi(only) == 0 ? cmocka_run_group_tests(rank0, NULL, NULL)
                                : _cmocka_run_group_tests("test_tcp_oom", &tests[1], 1, NULL, NULL);
     }
