@@ -99,11 +99,12 @@ static void *alloc_fault_trampoline(void *p) {
     return st.fn(st.arg);
 }
 
-/* The next pthread_create (a sanitizer's interceptor, or libc's), with the
- * start routine behind a trampoline that marks the thread as running. It was
- * resolved by the constructor, before main: no thread reads it half-written. */
 static _Atomic int create_fail_in; /* n > 0: the n-th pthread_create from now fails, EAGAIN */
 
+/* The next pthread_create (a sanitizer's interceptor, or libc's), with the
+ * start routine behind a trampoline that marks the thread as running. It was
+ * resolved by the constructor, before main: no thread reads it half-written.
+ * The create that create_fail_in counts down to fails before any of that. */
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
     if (!next_create || !next_malloc)
         return EAGAIN;
