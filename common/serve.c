@@ -992,7 +992,7 @@ void tpi_serve_teardown(tp_core *c) {
         q->in_round = q->stalled = 0;
     }
     c->rr_first = c->rr_last = UINT32_MAX;
-    c->tokens_owed = 0;
+    c->tokens_owed = c->tokens_unissued = 0;
 }
 
 static void token_run(tp_work *w);
@@ -1015,9 +1015,14 @@ void tpi_serve_uncongested(tp_core *c, uint32_t dst) {
     }
     for (; n > 0; n--) {
         tpi_token *t = token_new(c);
-        if (!t || c->ops->execute(c->agent, &t->work) != TP_OK) {
-            if (t)
-                tpi_block_free(t, sizeof *t);
+        if (!t) {
+            /* No memory for them: the pool threads that end jobs run these
+             * in their stead (job_serve), so none waits for a later call. */
+            c->tokens_unissued += n;
+            break;
+        }
+        if (c->ops->execute(c->agent, &t->work) != TP_OK) {
+            tpi_block_free(t, sizeof *t);
             c->tokens_owed += n; /* stopping: teardown drops what is left */
             break;
         }
@@ -1025,9 +1030,18 @@ void tpi_serve_uncongested(tp_core *c, uint32_t dst) {
     tpi_unlock(c);
 }
 
-static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_queued);
+static tpi_job *job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int *canceled_queued);
 
-/* A pool work item: runs the next job of the round. */
+/* 1 when any source has a job queued (lock held). */
+static int runq_any(tp_core *c) {
+    for (uint32_t i = 0; i < c->npeer_ids; i++)
+        if (tpi_peer_must(c, c->peer_ids[i])->runq.njobs)
+            return 1;
+    return 0;
+}
+
+/* A pool work item: runs the next job of the round, and after it those
+ * that tokens not made for want of memory left without one. */
 static void token_run(tp_work *w) {
     tpi_token *t = (tpi_token *)w;
     tp_core *c = t->core;
@@ -1038,10 +1052,7 @@ static void token_run(tp_work *w) {
     if (!j) {
         /* Every queued job is of a stalled source (FAIR-2): the token is
          * owed to them; or its job went with a failed hand-off (queue_job). */
-        uint64_t queued = 0;
-        for (uint32_t i = 0; i < c->npeer_ids && !queued; i++)
-            queued = tpi_peer_must(c, c->peer_ids[i])->runq.njobs;
-        c->tokens_owed += queued != 0;
+        c->tokens_owed += runq_any(c);
         tpi_unlock(c);
         return;
     }
@@ -1049,7 +1060,8 @@ static void token_run(tp_work *w) {
     tpi_work_enter_locked(c, &node);
     int canceled_queued = j->sv.answer_dequeued;
     tpi_unlock(c);
-    job_serve(c, j, &node, canceled_queued);
+    while ((j = job_serve(c, j, &node, &canceled_queued)) != NULL)
+        ;
 }
 
 /* Queues j (counted and listed already) with a token for it (lock held).
@@ -1069,12 +1081,15 @@ static int queue_job(tp_core *c, tpi_job *j) {
     return 0;
 }
 
-static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_queued) {
+/* Serves j (entered as node, flow released) and frees it. Returns the next
+ * job this thread runs, entered the same way, with *canceled_queued set for
+ * it; NULL when done (and then c may be gone). */
+static tpi_job *job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int *canceled_queued) {
     char err[TP_ERRMSG_LEN_MAX];
     err[0] = '\0';
     char who[TP_NAME_LEN_MAX + 32];
     uint64_t id = j->msg ? j->msg->id : tpi_frame_id(j->frame);
-    if (canceled_queued) /* CANCEL-1: its bytes are out of the queue now */
+    if (*canceled_queued) /* CANCEL-1: its bytes are out of the queue now */
         tpi_reply(c, j->src, id, TP_ECANCELED, NULL, "canceled by the caller");
     if (atomic_load(&c->state) != TPI_STATE_RUNNING) {
         tpi_format(err, sizeof err, "%s is shutting down",
@@ -1110,9 +1125,23 @@ static void job_serve(tp_core *c, tpi_job *j, tpi_waiter *node, int canceled_que
     }
     tpi_work_leave_locked(c, node);
     served_end(c, &j->sv);
+    tpi_job *next = c->tokens_unissued > 0 ? runq_pop(c) : NULL;
+    if (next) { /* FAIR-2: a token owed to it could not be made */
+        c->tokens_unissued--;
+        flow_release(c, next);
+        tpi_work_enter_locked(c, node);
+        *canceled_queued = next->sv.answer_dequeued;
+    } else if (c->tokens_unissued > 0) {
+        /* Only stalled sources' jobs (or none) are queued: owed to them,
+         * as a token that finds only those is (token_run). */
+        if (runq_any(c))
+            c->tokens_owed += c->tokens_unissued;
+        c->tokens_unissued = 0;
+    }
     tpi_unlock(c);
     tpi_block_free(j, sizeof *j);
-    tpi_core_unref(c);
+    tpi_core_unref(c); /* next, if any, holds a reference of its own */
+    return next;
 }
 
 /*

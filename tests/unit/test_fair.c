@@ -8,6 +8,7 @@
  * function (FUNC-6, run in the callee's I/O context, where an agent's
  * upcalls come from) plays the agent's tp_core_on_uncongested.
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for alloc_fault.h */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +23,8 @@
 #include "tensorplay/rpc_backend.h"
 #include "tensorplay/sim.h"
 
+#include "alloc_fault.h"
+#include "common/blocks.h"
 #include "sim_world.h"
 #include "sim_wrap.h"
 
@@ -109,7 +112,29 @@ static tp_status fn_uncongest_self(tp_call *call, const tp_value *args, const tp
     return TP_OK;
 }
 
+/* uncongest_oom(), non-blocking, on w1: as uncongest, but no memory can
+ * be had while the core hands out the tokens it owes w0 (the block cache
+ * emptied first, so a token's block comes from malloc). */
+static int uncongest_oom_hit; /* the core's allocation did fail */
+
+static tp_status fn_uncongest_oom(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                  tp_value **result, void *user_data) {
+    (void)args, (void)kwargs, (void)user_data, (void)result;
+    if (!cores[1] || strcmp(tp_call_caller(call)->name, "w0") != 0)
+        return TP_EINVAL;
+    congest_to_w0 = 0;
+    tpi_blocks_trim();
+    alloc_countdown_fired = 0;
+    alloc_countdown = 1;
+    tp_core_on_uncongested(cores[1], 0);
+    uncongest_oom_hit = alloc_countdown_fired;
+    alloc_countdown = 0;
+    return TP_OK;
+}
+
 static void world_register(void) {
+    CHECK(tp_register_function_ex("uncongest_oom", fn_uncongest_oom, NULL, TP_FN_NONBLOCKING) ==
+          TP_OK);
     CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
     CHECK(tp_register_function_ex("uncongest_self", fn_uncongest_self, NULL, TP_FN_NONBLOCKING) ==
           TP_OK);
@@ -272,6 +297,49 @@ static void test_fair_owed_paid_to_the_stalled_only(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/*
+ * FAIR-2: tokens owed to a stalled caller that cannot be made for want of
+ * memory are not lost: the pool thread that ends the next job runs their
+ * jobs in their stead. w0's adds A1, A2 are stalled (2 owed); w1 is told w0
+ * can go on while every allocation fails: no token, so both still wait;
+ * w0's add B brings one token, whose thread runs A1, then A2 and B. Three
+ * work items in all. A core that put the debt back as owed (to a caller no
+ * longer stalled, so never paid) ran A1 with B's token and left A2 and B
+ * waiting for their 30 s deadline.
+ */
+static void sc_tokens_unissued_run_by_ending_jobs(world *w) {
+    (void)w;
+    w1_executes = 0;
+    uncongest_oom_hit = 0;
+    congest_to_w0 = 1;
+    tp_future *a1 = async_add(1);
+    tp_future *a2 = async_add(2);
+    CHECK(tp_sleep(0.1) == TP_OK);
+    CHECK(congested_answers >= 1);
+    call_w1("uncongest_oom");
+    CHECK(uncongest_oom_hit);
+    CHECK(tp_sleep(0.2) == TP_OK);
+    CHECK(a1 && !tp_future_done(a1) && a2 && !tp_future_done(a2));
+    tp_future *b = async_add(3);
+    wait_add(a1, 2);
+    wait_add(a2, 3);
+    wait_add(b, 4);
+    if (w1_executes != 3)
+        print_error("w1's core handed its pool %llu work items, not 3\n",
+                    (unsigned long long)w1_executes);
+    CHECK(w1_executes == 3);
+}
+
+static void test_fair_tokens_unissued_run_by_ending_jobs(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip(); /* under valgrind, or not GCC: no allocation can be made to fail */
+    world w = {
+        .scenario = sc_tokens_unissued_run_by_ending_jobs, .backend = "SIM_CONGEST", .threads = 1};
+    run_world(2, 3, &w);
+    assert_int_equal(failures, 0);
+}
+
 static void test_fair_tokens_owed_paid_once(void **state) {
     (void)state;
     world w = {.scenario = sc_tokens_owed_paid_once, .backend = "SIM_CONGEST", .threads = 1};
@@ -360,6 +428,7 @@ int main(void) {
         cmocka_unit_test_setup(test_fair_uncongested_caller_served_again, reset_failures),
         cmocka_unit_test_setup(test_fair_stalled_jobs_dropped_at_teardown, reset_failures),
         cmocka_unit_test_setup(test_fair_tokens_owed_paid_once, reset_failures),
+        cmocka_unit_test_setup(test_fair_tokens_unissued_run_by_ending_jobs, reset_failures),
         cmocka_unit_test_setup(test_fair_owed_paid_to_the_stalled_only, reset_failures),
     };
     return cmocka_run_group_tests_name("fair", tests, NULL, NULL);
