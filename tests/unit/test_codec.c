@@ -268,6 +268,14 @@ static void test_codec_roundtrip_tensors_every_dtype(void **state) {
     assert_roundtrip(tp_value_tensor(TP_DTYPE_INT16, TP_TENSOR_NDIM_MAX, ones, NULL, NULL));
 }
 
+/* VALUE-5: a dimension may be as large as INT64_MAX when another is 0 (no
+ * element, no data): it travels and comes back whole. */
+static void test_codec_tensor_dimension_int64_max(void **state) {
+    (void)state;
+    assert_roundtrip(tp_value_tensor(TP_DTYPE_UINT8, 2, (int64_t[]){INT64_MAX, 0}, NULL, NULL));
+    assert_roundtrip(tp_value_tensor(TP_DTYPE_FLOAT64, 2, (int64_t[]){0, INT64_MAX}, NULL, NULL));
+}
+
 static void test_codec_strided_tensor_travels_packed(void **state) {
     (void)state;
     /* columns 1..2 of a 3x4 float64 matrix, transposed: shape [2, 3], strides [1, 4] */
@@ -356,6 +364,9 @@ static void test_codec_roundtrip_every_message_type(void **state) {
             break;
         }
         tpi_msg_clear(&d);
+        assert_null(d.args); /* codec.h: cleared values are NULL, a second clear harmless */
+        assert_null(d.kwargs);
+        assert_null(d.value);
         assert_null(d.args);
         tpi_msg_clear(&m);
         tp_frame_free(f);
@@ -412,6 +423,10 @@ static void test_codec_value_api_on_buffers(void **state) {
     assert_int_equal(r.pos, b.len);
     assert_true(tp_value_equal(v, out));
     tp_value_free(out);
+    /* no value at all: refused, nothing written */
+    size_t had = b.len;
+    assert_int_equal(tpi_value_encode(&b, NULL, NULL), TP_EINVAL);
+    assert_int_equal(b.len, had);
     /* a value that does not fit what is left: EMSGSIZE, sticky */
     tpi_wbuf small;
     tpi_wbuf_init(&small, 8);
@@ -870,10 +885,18 @@ static void test_codec_depth_bomb_and_limit(void **state) {
     tpi_msg m;
     assert_int_equal(decode_bytes(frame, n, NULL, &m), TP_EPROTO);
     assert_non_null(strstr(err, "nested deeper than 64 levels at offset 348"));
-    /* maps count as well: a map whose value is the bomb */
     free(frame);
     free(body);
     free(bomb);
+    /* maps count as well: 65 maps, each the value of the one before under
+     * the key "" (9 bytes a level), refused where the 65th begins */
+    uint8_t maps[65 * 9 + 1];
+    for (int i = 0; i < 65; i++) {
+        const uint8_t one[9] = {7, 1, 0, 0, 0, 0, 0, 0, 0};
+        memcpy(maps + i * 9, one, 9);
+    }
+    maps[65 * 9] = 0;
+    expect_proto(maps, sizeof maps, "nested deeper than 64 levels at offset 604");
     /* exactly 64 levels travel; a 65th cannot even be built (VALUE-4: refused
      * with TP_ELIMIT, the item left with the caller), so none is encoded */
     tp_value *v = tp_value_nil();
@@ -1050,8 +1073,14 @@ static void test_codec_objects_and_bare_rrefs_cannot_be_sent(void **state) {
     assert_non_null(strstr(err, "objects cannot be sent; hold them in an rref"));
     tpi_wbuf b;
     tpi_wbuf_init(&b, 1024);
+    assert_string_equal(err,
+                        "objects cannot be sent; hold them in an rref (an object of class 'Net')");
     assert_int_equal(tpi_value_encode(&b, m.args, NULL), TP_ETYPE);
     assert_non_null(strstr(tp_errmsg(), "objects cannot be sent; hold them in an rref"));
+    /* refused while sizing: the buffer's failure is sticky all the same */
+    assert_int_equal(b.status, TP_ETYPE);
+    tpi_wbuf_u8(&b, 1);
+    assert_int_equal(b.len, 0);
     tpi_wbuf_free(&b);
     tpi_msg_clear(&m);
     /* an rref tag with no hooks to receive it */
@@ -1679,6 +1708,39 @@ static void test_codec_decode_fails_clean_without_memory(void **state) {
     tp_value_free(v);
 }
 
+/* When realloc fails: a list's or map's room is refused (the container
+ * freed, no leak), and a buffer that cannot grow fails, sticky. */
+static void test_codec_realloc_fails_clean(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) { /* under valgrind, or not GCC */
+        skip();
+        return;
+    }
+    tpi_msg m;
+    atomic_store(&realloc_fail_min, 1);
+    const uint8_t list[] = {6, 1, 0, 0, 0, 0};
+    assert_int_equal(decode_value_bytes(list, sizeof list, &m), TP_ENOMEM);
+    assert_non_null(strstr(err, "out of memory decoding a list at offset 28"));
+    const uint8_t map[] = {7, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(decode_value_bytes(map, sizeof map, &m), TP_ENOMEM);
+    assert_non_null(strstr(err, "out of memory decoding a map at offset 28"));
+    tpi_wbuf w;
+    tpi_wbuf_init(&w, 1024);
+    tp_value *seven = tp_value_int(7);
+    assert_int_equal(tpi_value_encode(&w, seven, NULL), TP_ENOMEM);
+    assert_int_equal(w.status, TP_ENOMEM);
+    tpi_wbuf_free(&w);
+    tpi_wbuf w2;
+    tpi_wbuf_init(&w2, 64);
+    tpi_wbuf_u8(&w2, 1);
+    assert_int_equal(w2.status, TP_ENOMEM);
+    assert_int_equal(w2.len, 0);
+    tpi_wbuf_free(&w2);
+    atomic_store(&realloc_fail_min, 0);
+    assert_true(atomic_load(&realloc_failed) >= 4);
+    tp_value_free(seven);
+}
+
 /* A body: u32 timeout, u32 n, then the name's bytes (n_bytes of them). */
 static size_t name_body(uint8_t *b, uint32_t n, const char *fill, size_t n_bytes) {
     memset(b, 0, 4);
@@ -1719,6 +1781,8 @@ int main(void) {
         cmocka_unit_test(test_codec_roundtrip_blobs_and_info),
         cmocka_unit_test(test_codec_roundtrip_containers),
         cmocka_unit_test(test_codec_roundtrip_tensors_every_dtype),
+        cmocka_unit_test(test_codec_tensor_dimension_int64_max),
+        cmocka_unit_test(test_codec_realloc_fails_clean),
         cmocka_unit_test(test_codec_strided_tensor_travels_packed),
         cmocka_unit_test(test_codec_roundtrip_every_message_type),
         cmocka_unit_test(test_codec_response_error_and_null_args),

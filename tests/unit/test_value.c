@@ -137,7 +137,12 @@ static void test_value_map_keeps_order_and_replaces(void **state) {
     assert_int_equal(tp_map_set(m, "b", tp_value_int(1)), TP_OK);
     assert_int_equal(tp_map_set(m, "a", tp_value_int(2)), TP_OK);
     assert_int_equal(tp_map_set(m, "c", tp_value_int(3)), TP_OK);
-    assert_int_equal(tp_map_set(m, "a", tp_value_str("two")), TP_OK); /* replaces in place */
+    tp_value *two = tp_value_str("two");
+    assert_int_equal(tp_map_set(m, "a", two), TP_OK); /* replaces in place */
+    /* the new item belongs to the map now: no other container takes it */
+    tp_value *other = tp_value_list();
+    assert_int_equal(tp_list_append(other, two), TP_EINVAL);
+    tp_value_free(other);
     assert_int_equal(tp_map_len(m), 3);
     assert_string_equal(tp_map_key_at(m, 0), "b");
     assert_string_equal(tp_map_key_at(m, 1), "a");
@@ -828,6 +833,13 @@ static void test_value_format_reads_like_python(void **state) {
     tp_value_free(obj);
     assert_int_equal(tp_value_format(NULL, buf, sizeof buf), 4);
     assert_string_equal(buf, "NULL");
+    /* as many digits as a float needs to read back the same, and no more;
+     * a space is printed as itself */
+    tp_value *digits = tp_value_list_of(3, tp_value_float(0.1 + 0.2), tp_value_float(1.0 / 3.0),
+                                        tp_value_str("a b"));
+    tp_value_format(digits, buf, sizeof buf);
+    assert_string_equal(buf, "[0.30000000000000004, 0.3333333333333333, 'a b']");
+    tp_value_free(digits);
     tp_value *inf = tp_value_list_of(3, tp_value_float(INFINITY), tp_value_float(-INFINITY),
                                      tp_value_float(NAN));
     tp_value_format(inf, buf, sizeof buf);
@@ -1012,18 +1024,52 @@ static void test_value_constructors_fail_clean_without_memory(void **state) {
     tp_value *tree =
         tp_value_list_of(3, tp_value_str("x"), tp_value_list_of(1, tp_value_int(1)), map);
     assert_non_null(tree);
+    tp_value *parent = tp_value_tensor(TP_DTYPE_UINT8, 1, shape, NULL, data);
+    assert_non_null(parent);
+    tp_worker_info wi = {.name = "w1", .id = 1};
+    fake_rref fr = {.refs = 1};
+    view_borrow_released = 0;
     size_t before = held_bytes();
     int failed = 0;
     for (int round = 0; round < ROUNDS; round++) {
-        for (int kind = 0; kind < 4; kind++) {
+        for (int kind = 0; kind < 9; kind++) {
             for (long k = 1;; k++) {
                 atomic_store(&alloc_countdown_fired, 0);
                 atomic_store(&alloc_countdown, k);
-                tp_value *v = kind == 0   ? tp_value_tensor(TP_DTYPE_UINT8, 1, shape, NULL, data)
-                              : kind == 1 ? tp_value_tensor(TP_DTYPE_UINT8, 1, shape, NULL, NULL)
-                              : kind == 2 ? tp_value_str("a string")
-                                          : tp_value_clone(tree);
+                tp_value *v = NULL;
+                switch (kind) {
+                case 0:
+                    v = tp_value_tensor(TP_DTYPE_UINT8, 1, shape, NULL, data);
+                    break;
+                case 1:
+                    v = tp_value_tensor(TP_DTYPE_UINT8, 1, shape, NULL, NULL);
+                    break;
+                case 2:
+                    v = tp_value_str("a string");
+                    break;
+                case 3:
+                    v = tp_value_clone(tree);
+                    break;
+                case 4:
+                    v = tp_value_worker_info(&wi);
+                    break;
+                case 5:
+                    v = tp_value_object("Counter", NULL, NULL);
+                    break;
+                case 6:
+                    v = tp_value_tensor_borrow(TP_DTYPE_UINT8, 1, shape, data, view_borrow_release,
+                                               &view_borrow_released);
+                    break;
+                case 7:
+                    v = tp_tensor_view(parent);
+                    break;
+                default:
+                    v = tp_value_rref((tp_rref *)(void *)&fr);
+                    break;
+                }
                 atomic_store(&alloc_countdown, 0);
+                if (kind == 8) /* a failed rref value keeps no reference */
+                    assert_int_equal(fr.refs, v ? 2 : 1);
                 if (!atomic_load(&alloc_countdown_fired)) {
                     assert_non_null(v); /* past its last allocation: made */
                     tp_value_free(v);
@@ -1035,16 +1081,35 @@ static void test_value_constructors_fail_clean_without_memory(void **state) {
             }
         }
     }
-    assert_true(failed >= ROUNDS * 8);
+    assert_true(failed >= ROUNDS * 14);
+    assert_int_equal(view_borrow_released,
+                     ROUNDS); /* a borrowed tensor made gives its memory back once */
+    tp_value_free(parent);
     size_t after = held_bytes();
     if (after > before + 16 * 1024)
         fail_msg("%zu bytes held before the failures, %zu after", before, after);
     tp_value_free(tree);
 }
 
+/* A list that cannot get its room (realloc fails): NULL, its items freed. */
+static void test_value_list_of_without_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) { /* under valgrind, or not GCC */
+        skip();
+        return;
+    }
+    fake_rref fr = {.refs = 1};
+    atomic_store(&realloc_fail_min, 1);
+    tp_value *l = tp_value_list_of(2, tp_value_int(1), tp_value_rref((tp_rref *)(void *)&fr));
+    atomic_store(&realloc_fail_min, 0);
+    assert_null(l);
+    assert_int_equal(fr.refs, 1); /* the rref item was freed with the rest */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_value_scalars_read_back),
+        cmocka_unit_test(test_value_list_of_without_memory),
         cmocka_unit_test(test_value_typed_read_wrong_kind),
         cmocka_unit_test(test_value_str_and_bytes_copied_and_terminated),
         cmocka_unit_test(test_value_list_append_and_get),
