@@ -253,6 +253,10 @@ static int rref_from_local_value(int rank, int ws) {
             /* tp_rref_ids: made here, an id of this worker's; an owner has no fork. */
             tp_rref_gid id = {99, 99}, fork = {99, 99};
             CHECK_STATUS(tp_rref_ids(NULL, &id, &fork), TP_EINVAL);
+            CHECK_STATUS(tp_rref_ids(num, &id, NULL), TP_EINVAL); /* ERR-3 */
+            CHECK_CONTAINS(tp_errmsg(), "rref_ids: an out pointer is NULL");
+            CHECK_STATUS(tp_rref_ids(num, NULL, &fork), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "rref_ids: an out pointer is NULL");
             if (CHECK_OK(tp_rref_ids(num, &id, &fork))) {
                 CHECK_INT(id.worker, 0);
                 CHECK(id.local >= 1);

@@ -945,6 +945,64 @@ static void test_no_probe_timer_without_rrefs(void **state) {
 }
 
 /*
+ * RREF-16's debug counters at each step of one rref's life, on w0 (no
+ * virtual time passes between a call and the counters read after it):
+ * right after remote(), one user rref, unconfirmed, and one call in flight
+ * that is no protocol message; once confirmed, none pending; right after the
+ * release, its DELETE in flight and counted as protocol. With the DELETE's
+ * first send failing (debug_delete_plan), the DELETE waits 10 ms later as a
+ * queued retry, counted as protocol with no call in flight.
+ */
+static tp_debug_info debug_steps[4];
+
+static int debug_counters_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        memset(debug_steps, 0xff, sizeof debug_steps);
+        tp_rref *r = NULL;
+        CHECK(tp_remote(tp_to_rank(1), "obj", NULL, NULL, TP_TIMEOUT_INFINITE, &r) == TP_OK);
+        CHECK(tp_get_debug_info(&debug_steps[0]) == TP_OK);
+        while (r && !tp_rref_confirmed_by_owner(r) && tp_sleep(0.01) == TP_OK) {
+        }
+        CHECK(tp_get_debug_info(&debug_steps[1]) == TP_OK);
+        tp_rref_release(r);
+        CHECK(tp_get_debug_info(&debug_steps[2]) == TP_OK);
+        CHECK(tp_sleep(0.01) == TP_OK);
+        CHECK(tp_get_debug_info(&debug_steps[3]) == TP_OK);
+    }
+    CHECK(tp_sleep(rank == 0 ? 0.5 : 1.0) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void debug_step_is(int step, uint64_t users, uint64_t pending_users, uint64_t protocol,
+                          uint64_t calls) {
+    const tp_debug_info *d = &debug_steps[step];
+    print_message("step %d: user_rrefs %llu pending_users %llu pending_protocol %llu "
+                  "calls_in_flight %llu\n",
+                  step, (unsigned long long)d->user_rrefs, (unsigned long long)d->pending_users,
+                  (unsigned long long)d->pending_protocol, (unsigned long long)d->calls_in_flight);
+    assert_true(d->user_rrefs == users);
+    assert_true(d->pending_users == pending_users);
+    assert_true(d->pending_protocol == protocol);
+    assert_true(d->calls_in_flight == calls);
+}
+
+static void test_rref_debug_counters_step_by_step(void **state) {
+    (void)state;
+    run_plan_with("", debug_counters_program);
+    debug_step_is(0, 1, 1, 0, 1); /* the REMOTE: a call, not protocol */
+    debug_step_is(1, 1, 0, 0, 0);
+    debug_step_is(2, 0, 0, 1, 1); /* the DELETE, unanswered */
+    debug_step_is(3, 0, 0, 0, 0); /* answered */
+    run_plan_with("failsend rref_delete 1\n", debug_counters_program);
+    debug_step_is(2, 0, 0, 1, 1);
+    debug_step_is(3, 0, 0, 1, 0); /* its retry waits */
+}
+
+/*
  * RREF-18: a value no reference holds any more, whose remote() still runs
  * (answered later) when the graceful shutdown's deadline comes: w1 made it
  * on itself and let go of its rref at once. The owner record stays for the
@@ -1717,6 +1775,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_fetched_value_outlives_its_lost_remote_answer,
                                reset_failures),
         cmocka_unit_test_setup(test_rref_abandoned_after_its_value_was_made, reset_failures),
+        cmocka_unit_test_setup(test_rref_debug_counters_step_by_step, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
