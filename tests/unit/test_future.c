@@ -746,6 +746,8 @@ static void sc_wait_all_timeout(world *w) {
     CHECK(idx == 1); /* the lowest index still pending */
     CHECK(within(now_ns() - t0, 500 * MS, 500 * MS + TOL_NS));
     CHECK(!tp_future_done(fs[1]) && !tp_future_done(fs[3]));
+    /* No index asked for: the same timeout, nothing written. */
+    CHECK(tp_future_wait_all(fs, 4, 0.1, NULL) == TP_ETIMEDOUT);
     CHECK(tp_future_status(fs[1]) == TP_EINVAL); /* still pending, untouched */
 
     /* -1 reads the default when the wait begins. */
@@ -885,6 +887,38 @@ static void sc_collect_all_out_of_memory(world *w) {
     CHECK(nomem_calls >= 1);   /* its own record */
     CHECK(nomem_futures >= 2); /* the list, then the status to put in it */
 #endif
+}
+
+/* wait_all without memory for its waiters or its log of completions (the
+ * first or the second calloc failing): TP_ENOMEM, saying so, nothing kept. */
+static void sc_wait_all_out_of_memory(world *w) {
+    (void)w;
+#if ALLOC_FAULT_HOOK
+    tp_future *fs[2] = {NULL, NULL};
+    CHECK(tp_future_new(&fs[0]) == TP_OK && tp_future_new(&fs[1]) == TP_OK);
+    for (unsigned k = 1; k <= 2; k++) {
+        size_t idx = 77;
+        calloc_failed = 0;
+        calloc_countdown = k;
+        tp_status st = tp_future_wait_all(fs, 2, 0.1, &idx);
+        calloc_countdown = 0;
+        CHECK(calloc_failed);
+        CHECK(st == TP_ENOMEM);
+        CHECK(strstr(tp_errmsg(), "wait_all: out of memory for 2 waiters") != NULL);
+    }
+    size_t idx = 77;
+    CHECK(tp_future_wait_all(fs, 2, 0.1, &idx) == TP_ETIMEDOUT && idx == 0);
+    tp_future_free(fs[0]);
+    tp_future_free(fs[1]);
+#endif
+}
+
+static void test_future_wait_all_out_of_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    world w = {.scenario = sc_wait_all_out_of_memory};
+    run_world(1, 13, &w);
 }
 
 static void test_future_collect_all_out_of_memory(void **state) {
@@ -1093,6 +1127,7 @@ int main(void) {
         cmocka_unit_test_setup(test_future_single_host_loopback, reset_failures),
         cmocka_unit_test_setup(test_future_wait_from_other_worker_einval, reset_failures),
         cmocka_unit_test_setup(test_future_collect_all_out_of_memory, reset_failures),
+        cmocka_unit_test_setup(test_future_wait_all_out_of_memory, reset_failures),
         cmocka_unit_test_setup(test_future_then_out_of_memory, reset_failures),
         cmocka_unit_test_setup(test_future_call_registration_out_of_memory, reset_failures),
         cmocka_unit_test(test_future_null_arguments),

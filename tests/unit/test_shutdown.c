@@ -482,6 +482,7 @@ static void test_shutdown_call_refused_while_stopping_leaves_nothing_inside(void
  * shutdown timeout runs out.
  */
 static tp_status stuck_status, stuck_future;
+static char stuck_msg[TP_ERRMSG_LEN_MAX];
 static uint64_t stuck_ns;
 static double stuck_w1_timeout_s; /* w1's shutdown timeout; w0's is 1 s */
 
@@ -497,6 +498,7 @@ static int stuck_program(int rank, int world_size, void *arg) {
         uint64_t t0 = now_ns();
         stuck_status = tp_shutdown(1);
         stuck_ns = now_ns() - t0;
+        snprintf(stuck_msg, sizeof stuck_msg, "%s", tp_errmsg());
         stuck_future = tp_future_done(f) ? tp_future_status(f) : TP_OK;
         tp_future_free(f);
         return 0;
@@ -528,6 +530,9 @@ static void test_shutdown_drain_deadline_with_own_call_active(void **state) {
     assert_int_equal(stuck_status, TP_ETIMEDOUT);
     assert_int_equal(stuck_future, TP_ESHUTDOWN); /* still pending at teardown */
     assert_true(stuck_ns >= 1 * SEC && stuck_ns <= 2 * SEC + 50 * MS); /* barrier + drain */
+    /* its own round ends at the deadline: no further round is begun then */
+    if (!strstr(stuck_msg, "still 2 call(s) active over all workers at the deadline (round 0)"))
+        fail_msg("w0's shutdown: %s", stuck_msg);
 }
 
 /*
@@ -864,9 +869,11 @@ static int issued_between_rounds_program(int rank, int world_size, void *arg) {
     return 0;
 }
 
-static void test_shutdown_call_between_rounds_forces_another_round(void **state) {
-    (void)state;
+/* garbled: the round's sums unreadable, so each worker reads every key. */
+static void call_between_rounds(int garbled) {
     watch_reset();
+    watch.mem_inner = garbled;
+    watch.garble_sums = garbled;
     after_round0_called = 0;
     after_round0_status = TP_EINVAL;
     watch.hold_rank = 1;
@@ -895,6 +902,17 @@ static void test_shutdown_call_between_rounds_forces_another_round(void **state)
     assert_int_equal(a2, 0);
     assert_int_equal(i2, i1);
     assert_int_equal(watch.rounds, 3); /* and stopped right after it */
+}
+
+static void test_shutdown_call_between_rounds_forces_another_round(void **state) {
+    (void)state;
+    call_between_rounds(0);
+}
+
+/* The same when the drain reads every worker's key (its sums garbled). */
+static void test_shutdown_call_between_rounds_forces_another_round_by_the_keys(void **state) {
+    (void)state;
+    call_between_rounds(1);
 }
 
 /*
@@ -1519,6 +1537,8 @@ int main(void) {
         cmocka_unit_test_setup(test_shutdown_nongraceful_answers_queued_remote, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_deadline_with_own_call_active, reset_failures),
         cmocka_unit_test_setup(test_shutdown_call_between_rounds_forces_another_round,
+                               reset_failures),
+        cmocka_unit_test_setup(test_shutdown_call_between_rounds_forces_another_round_by_the_keys,
                                reset_failures),
         cmocka_unit_test_setup(test_shutdown_rank0_exits_while_rank1_behind, reset_failures),
         cmocka_unit_test_setup(test_shutdown_barrier_count_lost_for_good, reset_failures),
