@@ -858,6 +858,25 @@ static void test_tcp_store_add_reply_without_its_sum(void **state) {
     fake_server_ended_well(pid);
 }
 
+/* spec: TCP-10: a reply whose head sets a reserved byte is malformed
+ * (TP_ESTORE, said so), not an OK without a value; the client drops that
+ * connection (the server sees it go). */
+static void test_tcp_store_reply_head_with_a_reserved_byte(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {8, 0, 0, 0, TP_OK, 0, 1, 0, 0, 0, 0, 0};
+    uint16_t port;
+    pid_t pid = fake_server(reply, sizeof reply, &port);
+    tp_store *c = client(port, 5);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c->ops->get(c, "k", &v, &n), TP_ESTORE);
+    if (!strstr(c->errmsg, "get 'k': malformed reply"))
+        fail_msg("%s", c->errmsg);
+    assert_null(v);
+    c->ops->close(c);
+    fake_server_ended_well(pid);
+}
+
 /* spec: TCP-10: a server whose hello has the store's magic but another
  * version is not our store (TP_ESTORE, said so); one that sets a reserved
  * byte of its hello is refused as well (TP_EAUTH: it does not speak as ours
@@ -1310,6 +1329,16 @@ static void test_tcp_store_first_client_gets_the_jobs_keepalive(void **state) {
 
 /* A listener on 127.0.0.1 that accepts and at once closes every connection,
  * counting them, until stop is set. */
+static int open_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 typedef struct closer {
     int fd;
     uint16_t port;
@@ -1402,11 +1431,14 @@ static void test_tcp_store_attempts_back_off(void **state) {
     closer_start(&k);
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX] = "";
+    int fds_before = open_fds();
     uint64_t t0 = tt_now_ns();
     tp_status st = tpi_tcp_store_connect("127.0.0.1", k.port, 1, &auth, t0 + 1000000000ull, "test",
                                          NULL, 0, NULL, &c, err, sizeof err);
     double took = (double)(tt_now_ns() - t0) / 1e9;
+    int fds_after = open_fds(); /* every attempt's socket closed */
     closer_stop(&k);
+    assert_int_equal(fds_after, fds_before);
     if (c)
         c->ops->close(c);
     int n = atomic_load(&k.accepted);
@@ -1464,15 +1496,6 @@ static void test_tcp_store_late_server(void **state) {
 }
 
 /* The descriptors this process has open. */
-static int open_fds(void) {
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 /* spec: TCP-9: a port already taken is TP_EADDRINUSE naming the address, and
  * the failed start leaves no descriptor open (a caller may try again, or
@@ -2541,6 +2564,7 @@ static void test_tcp_store_reconnects_after_a_lost_connection(void **state) {
     size_t n = 0;
     assert_int_equal(c->ops->get(c, "k", &v, &n), TP_ESTORE);
     assert_null(v);
+    assert_true(fcntl(fds[0], F_GETFD) == -1 && errno == EBADF); /* the broken one, closed */
     for (int i = 0; i < 2; i++) { /* reconnected, and it stays so */
         assert_int_equal(c->ops->get(c, "k", &v, &n), TP_OK);
         assert_int_equal(n, 1);
@@ -2820,6 +2844,54 @@ static void test_tcp_store_host_of_init_methods(void **state) {
     tp_options_free(o);
 }
 
+/* A store host that does not resolve (a label over 63 characters, refused
+ * before any query) is TP_EINVAL naming it, with nothing kept; a
+ * MASTER_ADDR with a tab or an unclosed bracket is no host (env://). */
+static void test_tcp_store_host_refused(void **state) {
+    (void)state;
+    char host[128];
+    memset(host, 'a', 64);
+    strcpy(host + 64, ".invalid");
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    assert_int_equal(tpi_tcp_store_connect(host, 1, 1, &auth, tt_now_ns() + 1000000000ull, "test",
+                                           NULL, 0, NULL, &c, err, sizeof err),
+                     TP_EINVAL);
+    assert_null(c);
+    if (!strstr(err, "cannot resolve host"))
+        fail_msg("%s", err);
+    const char *was_addr = getenv("MASTER_ADDR"), *was_port = getenv("MASTER_PORT");
+    char *saved_addr = was_addr ? strdup(was_addr) : NULL;
+    char *saved_port = was_port ? strdup(was_port) : NULL;
+    static const char *const bad[] = {"127.0.0.1\t", "[::1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tp_options *o = tp_options_new();
+        assert_int_equal(tp_options_set_init_method(o, "env://"), TP_OK);
+        setenv("MASTER_ADDR", bad[i], 1);
+        setenv("MASTER_PORT", "29500", 1);
+        tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o};
+        err[0] = '\0';
+        tp_status st = tpi_tcp_store_open(&init, &auth, &c, err, sizeof err);
+        tp_options_free(o);
+        assert_int_equal(st, TP_EINVAL);
+        assert_null(c);
+        char want[64];
+        snprintf(want, sizeof want, "MASTER_ADDR '%s' is not a host", bad[i]);
+        if (!strstr(err, want))
+            fail_msg("%s", err);
+    }
+    if (saved_addr)
+        setenv("MASTER_ADDR", saved_addr, 1);
+    else
+        unsetenv("MASTER_ADDR");
+    if (saved_port)
+        setenv("MASTER_PORT", saved_port, 1);
+    else
+        unsetenv("MASTER_PORT");
+    free(saved_addr);
+    free(saved_port);
+}
+
 /* spec: TCP-9: a connect that does not complete is an error, never a
  * descriptor: refused (the non-blocking connect is in progress first, and
  * the refusal waits in SO_ERROR) gives -ECONNREFUSED at once, and one whose
@@ -3001,6 +3073,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_port_taken),
         cmocka_unit_test(test_tcp_store_open_without_deadline),
         cmocka_unit_test(test_tcp_store_open_on_descriptor_0_gets_the_keepalive),
+        cmocka_unit_test(test_tcp_store_reply_head_with_a_reserved_byte),
+        cmocka_unit_test(test_tcp_store_host_refused),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_write_deadline),
