@@ -2403,6 +2403,15 @@ static void test_tcp_fpe_reaches_handler(void **state) {
     fault_reaches_handler(SIGFPE);
 }
 
+/* The other four, raised on the pool thread (raise is directed at the
+ * calling thread: blocked there, it would stay pending and nothing run). */
+static void test_tcp_other_faults_reach_handler(void **state) {
+    (void)state;
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGTRAP, SIGABRT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        fault_reaches_handler(sigs[i]);
+}
+
 /* ---- The pool's threads (AGENT-7) ------------------------------------------------- */
 
 enum { F_PT_BASE = 0, F_PT_DONE = 1, C_PT_BASE = 0, C_PT_SEEN = 1 };
@@ -2519,6 +2528,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_signals_during_a_blocking_wait),
         cmocka_unit_test(test_tcp_backpressure_bounds_memory),
         cmocka_unit_test(test_tcp_fault_reaches_handler),
+        cmocka_unit_test(test_tcp_other_faults_reach_handler),
         cmocka_unit_test(test_tcp_fpe_reaches_handler),
         cmocka_unit_test(test_tcp_pool_threads_on_demand),
         cmocka_unit_test(test_tcp_unexpected_record_on_outgoing),
