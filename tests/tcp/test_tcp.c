@@ -286,6 +286,80 @@ static void test_tcp_calls_from_a_thread_exit(void **state) {
     tt_job_free(&job);
 }
 
+/*
+ * TCP-1, AGENT-12: one completion wakes more parked threads than the
+ * unlock's batch holds (TPI_TCP_WAKE_MAX): 40 threads of worker 0 wait on
+ * one future (slow: 0.5 s) and all return as it completes, not at their
+ * 10 s deadline. And a timed wait sleeps: three waits of 0.3 s that time
+ * out cost the waiting thread well under 0.2 s of CPU (a deadline read
+ * wrong returns at once and the wait spins until it).
+ */
+#define MANY_WAITERS 40
+
+static tp_future *many_f;
+static atomic_int many_ok, many_late;
+static uint64_t many_t0;
+
+static void *many_waiter(void *arg) {
+    (void)arg;
+    if (tp_future_wait(many_f, 10) == TP_OK)
+        atomic_fetch_add(&many_ok, 1);
+    if (tt_now_ns() - many_t0 > 3000000000ull)
+        atomic_fetch_add(&many_late, 1);
+    return NULL;
+}
+
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int body_many_waiters(tt_job *job, int rank) {
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(5), tp_value_float(0.5));
+        many_t0 = tt_now_ns();
+        TT_CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, 10, &many_f) == TP_OK);
+        tp_value_free(args);
+        pthread_t t[MANY_WAITERS];
+        for (int i = 0; i < MANY_WAITERS; i++)
+            TT_CHECK(pthread_create(&t[i], NULL, many_waiter, NULL) == 0);
+        for (int i = 0; i < MANY_WAITERS; i++)
+            TT_CHECK(pthread_join(t[i], NULL) == 0);
+        fprintf(stderr, "  %d of %d waiters woken, %d late\n", atomic_load(&many_ok), MANY_WAITERS,
+                atomic_load(&many_late));
+        TT_CHECK(atomic_load(&many_ok) == MANY_WAITERS);
+        TT_CHECK(atomic_load(&many_late) == 0);
+        tp_future_free(many_f);
+        /* The timed waits' CPU. */
+        tp_future *g = NULL;
+        args = tp_value_list_of(2, tp_value_int(6), tp_value_float(1.5));
+        TT_CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, 10, &g) == TP_OK);
+        tp_value_free(args);
+        double cpu0 = thread_cpu_s();
+        for (int i = 0; i < 3; i++)
+            TT_CHECK(tp_future_wait(g, 0.3) == TP_ETIMEDOUT);
+        double cpu = thread_cpu_s() - cpu0;
+        fprintf(stderr, "  three timed waits: %.3f s of CPU\n", cpu);
+        TT_CHECK(cpu < 0.2);
+        TT_CHECK(tp_future_wait(g, 10) == TP_OK);
+        tp_future_free(g);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_many_waiters_woken_at_once(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_many_waiters, NULL), 0);
+    assert_all_ok(&job, 40);
+    tt_job_free(&job);
+}
+
 /* ---- Basic calls ------------------------------------------------------------------ */
 
 /* This process's TCP sockets that carry the transport's keepalive and user
@@ -2528,6 +2602,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_signals_during_a_blocking_wait),
         cmocka_unit_test(test_tcp_backpressure_bounds_memory),
         cmocka_unit_test(test_tcp_fault_reaches_handler),
+        cmocka_unit_test(test_tcp_many_waiters_woken_at_once),
         cmocka_unit_test(test_tcp_other_faults_reach_handler),
         cmocka_unit_test(test_tcp_fpe_reaches_handler),
         cmocka_unit_test(test_tcp_pool_threads_on_demand),

@@ -2664,6 +2664,42 @@ static void test_tcp_sock_connect_on_descriptor_0(void **state) {
     close(saved);
 }
 
+/* TCP-23: a connection made again after the first broke has the job's
+ * keepalive, not the defaults. */
+static void test_tcp_store_reconnect_keeps_the_jobs_keepalive(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    char method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)port);
+    tp_options *o = tp_options_new();
+    assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
+    assert_int_equal(tp_options_set_init_timeout(o, 10), TP_OK);
+    assert_int_equal(tp_options_set(o, "keepalive_idle", "9"), TP_OK);
+    assert_int_equal(tp_options_set(o, "keepalive_interval", "4"), TP_OK);
+    assert_int_equal(tp_options_set(o, "keepalive_count", "2"), TP_OK);
+    tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o};
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    assert_int_equal(tpi_tcp_store_open(&init, &auth, &c, err, sizeof err), TP_OK);
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK);
+    int fds[4];
+    assert_int_equal(connected_on(port, 0, fds, 4), 1);
+    assert_int_equal(shutdown(fds[0], SHUT_RDWR), 0);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c->ops->get(c, "k", &v, &n), TP_ESTORE);
+    assert_int_equal(c->ops->get(c, "k", &v, &n), TP_OK);
+    free(v);
+    assert_int_equal(connected_on(port, 0, fds, 4), 1);
+    assert_int_equal(sock_opt(fds[0], IPPROTO_TCP, TCP_KEEPIDLE), 9);
+    assert_int_equal(sock_opt(fds[0], IPPROTO_TCP, TCP_KEEPINTVL), 4);
+    assert_int_equal(sock_opt(fds[0], IPPROTO_TCP, TCP_KEEPCNT), 2);
+    c->ops->close(c);
+    tp_options_free(o);
+    tpi_store_server_stop(srv, 0);
+}
+
 /* spec: TCP-23, TCP-9: a rank's store connection gets the job's keepalive
  * options also when it is descriptor 0 (stdin closed, as a daemon's). */
 static void test_tcp_store_open_on_descriptor_0_gets_the_keepalive(void **state) {
@@ -3073,6 +3109,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_port_taken),
         cmocka_unit_test(test_tcp_store_open_without_deadline),
         cmocka_unit_test(test_tcp_store_open_on_descriptor_0_gets_the_keepalive),
+        cmocka_unit_test(test_tcp_store_reconnect_keeps_the_jobs_keepalive),
         cmocka_unit_test(test_tcp_store_reply_head_with_a_reserved_byte),
         cmocka_unit_test(test_tcp_store_host_refused),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
