@@ -201,6 +201,40 @@ static void test_interrupt_graceful_shutdown(void **state) {
 }
 
 /*
+ * spec: INTERRUPT-1: the same in the barrier, the phase before the drain:
+ * rank 1 takes 5 s to begin its shutdown, so rank 0 waits for it there when
+ * host 2 interrupts it at 1 s; the message names the barrier.
+ */
+static int barrier_program(int rank, int world_size, void *arg) {
+    (void)arg, (void)world_size;
+    ctx_of[rank] = tp_context_current();
+    if (rank == 2) {
+        CHECK(tp_sim_sleep(1.0) == TP_OK);
+        CHECK(tp_context_interrupt(ctx_of[0]) == TP_OK);
+        return 0;
+    }
+    if (init_as(rank, 2) != TP_OK) {
+        CHECK(0);
+        return 0;
+    }
+    if (rank == 1)
+        CHECK(tp_sleep(5.0) == TP_OK);
+    sd_st[rank] = tp_shutdown(1);
+    if (rank == 0)
+        snprintf(sd_msg, sizeof sd_msg, "%s", tp_errmsg());
+    return 0;
+}
+
+static void test_interrupt_graceful_shutdown_in_its_barrier(void **state) {
+    (void)state;
+    run_world(RANKS, 22, barrier_program, 1);
+    assert_int_equal(failures, 0);
+    assert_int_equal(sd_st[0], TP_ECANCELED);
+    if (!strstr(sd_msg, "shutdown: interrupted during the barrier"))
+        fail_msg("%s", sd_msg);
+}
+
+/*
  * spec: INTERRUPT-1: an interrupt is seen within one poll (20 ms) even while
  * the worker sleeps between retries of a store that is down (those sleeps
  * grow to 200 ms): both workers shut down gracefully with the store down
@@ -561,6 +595,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_interrupt_init_then_init_again, reset),
         cmocka_unit_test_setup(test_interrupt_graceful_shutdown, reset),
+        cmocka_unit_test_setup(test_interrupt_graceful_shutdown_in_its_barrier, reset),
         cmocka_unit_test_setup(test_interrupt_seen_between_store_retries, reset),
         cmocka_unit_test_setup(test_cancel_rpc_async, reset),
         cmocka_unit_test_setup(test_cancel_callee_gives_up, reset),
