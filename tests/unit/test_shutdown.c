@@ -142,6 +142,37 @@ static void test_shutdown_drain_pause_cut_at_the_deadline(void **state) {
     assert_true(out.shutdown_ns >= 35 * MS && out.shutdown_ns <= 37 * MS);
 }
 
+/* OPT: a shutdown timeout of 0 is no deadline: a graceful shutdown that
+ * waits 0.1 s for a served call is within its bound (the oracle's, from
+ * the timeout the shutdown announces), and ends TP_OK on both. */
+static tp_status zero_timeout_st[2];
+
+static int zero_timeout_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 0.0) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_future *f = NULL;
+        tp_value *args = tp_value_list_of(1, tp_value_float(0.1));
+        CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, TP_TIMEOUT_DEFAULT, &f) == TP_OK);
+        tp_value_free(args);
+        tp_future_free(f); /* the call goes on */
+    }
+    zero_timeout_st[rank] = tp_shutdown(1);
+    return 0;
+}
+
+static void test_shutdown_zero_timeout_is_no_deadline(void **state) {
+    (void)state;
+    zero_timeout_st[0] = zero_timeout_st[1] = TP_EINVAL;
+    int codes[2] = {-9, -9};
+    run_checked(2, 3, NULL, zero_timeout_program, codes);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(zero_timeout_st[0], TP_OK);
+    assert_int_equal(zero_timeout_st[1], TP_OK);
+}
+
 static void test_shutdown_drain_with_every_peer_dead(void **state) {
     (void)state;
     outcome out;
@@ -677,6 +708,7 @@ static struct {
     int garble_sums;                    /* every drain round's sums read back as "zz" */
     int no_scan;                        /* a store without scan: keys are read one by one */
     unsigned arrive_scans[WATCH_RANKS]; /* scans of "sd/arrive/", by host */
+    unsigned drain_keys_by_gen[3];      /* "g<n>/sd/drain/0/..." keys written, n < 3 */
 } watch;
 
 static void watch_reset(void) {
@@ -719,6 +751,12 @@ static void watch_written(const char *key, const void *value, size_t len) {
             watch.false_dead_on = !watch.false_dead_barrier && round == 0;
         if ((int)r == watch.hold_rank && (watch.hold_round < 0 || (int)round == watch.hold_round))
             (void)tp_sim_sleep(watch.hold_s); /* this worker's store is slow, this once */
+    }
+    for (unsigned g = 0; g < 3; g++) {
+        char gen_key[32];
+        snprintf(gen_key, sizeof gen_key, "g%u/sd/drain/0/", g);
+        if (strncmp(key, gen_key, strlen(gen_key)) == 0)
+            watch.drain_keys_by_gen[g]++;
     }
     if (strstr(key, "sd/left/1") && !watch.left1_ns)
         watch.left1_ns = now_ns();
@@ -852,6 +890,36 @@ static void run_watched_on(uint32_t hosts, uint64_t seed, const char *plan, tp_s
 /* Runs program on 2 hosts with the watching store, and the oracle. */
 static void run_watched(uint64_t seed, tp_sim_program prog, int *codes) {
     run_watched_on(2, seed, NULL, prog, codes);
+}
+
+/* INIT-1: each init of a context is a new generation of the job's keys:
+ * the second init's graceful shutdown writes its drain under g1/, after
+ * the first's under g0/. */
+static int twice_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (start(rank, world_size, 30.0) != TP_OK)
+        return 1;
+    CHECK(tp_shutdown(1) == TP_OK);
+    char name[8] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_init_rpc(name, "SIM", rank, world_size, NULL) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_shutdown_second_init_is_the_next_generation(void **state) {
+    (void)state;
+    watch_reset();
+    watch.mem_inner = 1;
+    int codes[2] = {-9, -9};
+    run_watched(23, twice_program, codes);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    print_message("drain round 0 keys by generation: %u %u %u\n", watch.drain_keys_by_gen[0],
+                  watch.drain_keys_by_gen[1], watch.drain_keys_by_gen[2]);
+    assert_true(watch.drain_keys_by_gen[0] >= 2);
+    assert_true(watch.drain_keys_by_gen[1] >= 2);
+    assert_int_equal(watch.drain_keys_by_gen[2], 0);
 }
 
 /* The sums of one drain round's published values (C + S, and I). */
@@ -1566,6 +1634,8 @@ static void test_shutdown_flush_waits_for_every_ping(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_shutdown_drain_with_every_peer_dead, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_zero_timeout_is_no_deadline, reset_failures),
+        cmocka_unit_test_setup(test_shutdown_second_init_is_the_next_generation, reset_failures),
         cmocka_unit_test_setup(test_shutdown_drain_pause_cut_at_the_deadline, reset_failures),
         cmocka_unit_test_setup(test_shutdown_call_refused_while_stopping_leaves_nothing_inside,
                                reset_failures),
