@@ -458,6 +458,30 @@ static const hmac_case hmac_cases[] = {
     {2, SEAL_KEYS, "cannot start its encryption", 1},
 };
 
+/* TCP-21: the two directions' keys are derived apart; either failing alone
+ * fails the pair (no direction is sealed under a key never derived). */
+static void test_tcp_seal_keys_either_derivation_fails_the_pair(void **state) {
+    (void)state;
+    static tt_shared sh;
+    hmac_shared = &sh;
+    tpi_tcp_auth auth = tt_job_auth();
+    uint8_t ctx[36] = {1, 2, 3};
+    uint8_t d2a[TPI_TCP_SEAL_KEY_SIZE], a2d[TPI_TCP_SEAL_KEY_SIZE];
+    assert_int_equal(tpi_tcp_seal_keys(&auth, ctx, sizeof ctx, d2a, a2d), 0);
+    assert_memory_not_equal(d2a, a2d, sizeof d2a);
+    static const char *const labels[] = {"tp/conn/seal dialer-to-acceptor v1",
+                                         "tp/conn/seal acceptor-to-dialer v1"};
+    for (int i = 0; i < 2; i++) {
+        hmac_fail_label = labels[i];
+        int rc = tpi_tcp_seal_keys(&auth, ctx, sizeof ctx, d2a, a2d);
+        hmac_fail_label = NULL;
+        if (rc != -1)
+            fail_msg("%s failing alone: seal_keys gave %d", labels[i], rc);
+    }
+    tpi_tcp_auth_clear(&auth);
+    hmac_shared = NULL;
+}
+
 static void hmac_log(tp_log_level level, const char *msg, void *user_data) {
     tt_job *job = user_data;
     const hmac_case *hc = job->arg;
@@ -685,10 +709,11 @@ int main(void) {
         cmocka_unit_test(test_tcp_oom_in_a_sealed_chunks_write),
         cmocka_unit_test(test_tcp_threads_that_cannot_start),
         cmocka_unit_test(test_tcp_probe_that_cannot_be_answered_ends_the_connection),
+        cmocka_unit_test(test_tcp_seal_keys_either_derivation_fails_the_pair),
     };
     if (only) { /* rank 1's sweep is the longer: rank 0's run takes the others */
-        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3],
-                                           tests[4], tests[5], tests[6]};
+        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4],
+                                           tests[5], tests[6], tests[7]};
         return atoi(only) == 0 ? cmocka_run_group_tests(rank0, NULL, NULL)
                                : _cmocka_run_group_tests("test_tcp_oom", &tests[1], 1, NULL, NULL);
     }
