@@ -98,7 +98,9 @@ static struct {
     tp_value *args; /* borrowed; one shot: NULL once used */
     uint32_t inc;
     int rewritten, same_len;
-} forge;
+    /* Fields forged as well when not -1 (test_rejoin_forged_rref_fields). */
+    int64_t owner, parent, id_worker, id_local;
+} forge = {.owner = -1, .parent = -1, .id_worker = -1, .id_local = -1};
 
 static tp_status forge_encode_rref(void *ctx, tp_rref *rref, tpi_rref_wire *w) {
     (void)ctx;
@@ -107,6 +109,14 @@ static tp_status forge_encode_rref(void *ctx, tp_rref *rref, tpi_rref_wire *w) {
     w->rref_id = rref->id;
     w->fork_id = tpi_new_gid(rref->core); /* a fork w0 keeps nothing for */
     w->parent = rref->core->rank;
+    if (forge.owner >= 0)
+        w->owner = (uint32_t)forge.owner;
+    if (forge.parent >= 0)
+        w->parent = (uint32_t)forge.parent;
+    if (forge.id_worker >= 0)
+        w->rref_id.worker = (uint32_t)forge.id_worker;
+    if (forge.id_local >= 0)
+        w->rref_id.local = (uint64_t)forge.id_local;
     return TP_OK;
 }
 
@@ -172,6 +182,116 @@ static void forged_call(tp_rref *rref, uint32_t inc, int i) {
     tp_value_free(args);
     tp_value_free(real);
     tpi_core_unref(c);
+}
+
+/*
+ * RREF-6, RREF-20: an rref whose wire fields a peer forged. One that names
+ * a worker outside the world (as its owner, its parent or its id's maker)
+ * is refused TP_EPROTO saying so; an id the owner made itself but does not
+ * hold (1:1000000) is refused TP_EPROTO naming it, and the parent still
+ * gets its ACCEPT (nothing here for it to keep alive). No restart: w0 calls
+ * w1, whose own sends are counted.
+ */
+static struct {
+    const tp_agent_ops *ops; /* w1's agent's own */
+    tp_agent_ops wrap;
+    int accepts_to_w0;
+    int done;
+    tp_status st[4];
+    char msg[4][TP_ERRMSG_LEN_MAX];
+} ff;
+
+static tp_status ff_send(tp_agent *a, uint32_t dst, tp_frame *f) {
+    if (dst == 0 && tpi_frame_type(f) == TPI_MSG_RREF_ACCEPT)
+        ff.accepts_to_w0++;
+    return ff.ops->send(a, dst, f);
+}
+
+static void ff_call(tp_rref *rref, int i) {
+    tp_core *c = tpi_context_core(tp_context_current());
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    forge.ops = c->ops;
+    forge.wrap = *c->ops;
+    forge.wrap.send = forge_send;
+    forge.inc = 0;
+    forge.rewritten = forge.same_len = 0;
+    tp_value *real = tp_value_list_of(2, tp_value_int(1), tp_value_rref(rref));
+    forge.args = real;
+    c->ops = &forge.wrap;
+    tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_str(FORGE_MARKER));
+    tp_value *res = NULL;
+    ff.st[i] = tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10.0, &res);
+    snprintf(ff.msg[i], sizeof ff.msg[i], "%s", tp_errmsg());
+    c->ops = forge.ops;
+    forge.args = NULL;
+    CHECK(forge.rewritten == 1 && forge.same_len);
+    forge.owner = forge.parent = forge.id_worker = forge.id_local = -1;
+    tp_value_free(res);
+    tp_value_free(args);
+    tp_value_free(real);
+    tpi_core_unref(c);
+}
+
+static int program_forged_fields(int rank, int world, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("slow", slow_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("make", make_fn, NULL) == TP_OK);
+    CHECK(tp_init_rpc(rank == 0 ? "w0" : "w1", "SIM", rank, world, NULL) == TP_OK);
+    if (rank == 1) {
+        tp_core *c = tpi_context_core(tp_context_current());
+        ff.ops = c->ops;
+        ff.wrap = *c->ops;
+        ff.wrap.send = ff_send;
+        c->ops = &ff.wrap;
+        while (!ff.done && tp_sleep(0.01) == TP_OK) {
+        }
+        c->ops = ff.ops;
+        tpi_core_unref(c);
+        CHECK(tp_shutdown(1) == TP_OK);
+        return 0;
+    }
+    tp_rref *rref = NULL;
+    CHECK(tp_remote(tp_to_rank(1), "make", NULL, NULL, 10.0, &rref) == TP_OK);
+    tp_value *v = NULL;
+    CHECK(tp_rref_to_here(rref, 10.0, &v) == TP_OK);
+    tp_value_free(v);
+    forge.parent = 2;
+    ff_call(rref, 0);
+    forge.owner = 2;
+    ff_call(rref, 1);
+    forge.id_worker = 2;
+    ff_call(rref, 2);
+    int before = ff.accepts_to_w0;
+    forge.id_worker = 1;
+    forge.id_local = 1000000;
+    ff_call(rref, 3);
+    CHECK(tp_sleep(0.1) == TP_OK); /* the ACCEPT has gone */
+    CHECK(ff.accepts_to_w0 == before + 1);
+    ff.done = 1;
+    tp_rref_release(rref);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rejoin_forged_rref_fields(void **state) {
+    (void)state;
+    memset(&ff, 0, sizeof ff);
+    tp_sim_config cfg = {.hosts = 2, .seed = 3};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program_forged_fields, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    for (int i = 0; i < 4; i++)
+        print_message("forged %d: %s: %s\n", i, tp_status_name(ff.st[i]), ff.msg[i]);
+    assert_int_equal(failures, 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ff.st[i], TP_EPROTO);
+        assert_non_null(strstr(ff.msg[i], "an rref names a worker outside the world of 2"));
+    }
+    assert_int_equal(ff.st[3], TP_EPROTO);
+    assert_non_null(strstr(ff.msg[3], "rref 1:1000000 is unknown on its owner 'w1'"));
 }
 
 static int program(int rank, int world, void *arg) {
@@ -1180,6 +1300,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rejoin_inc_parse_refuses_malformed),
         cmocka_unit_test_setup(test_rejoin_new_incarnation_works, reset_failures),
+        cmocka_unit_test_setup(test_rejoin_forged_rref_fields, reset_failures),
         cmocka_unit_test_setup(test_rejoin_owner_refuses_rref_of_other_incarnation, reset_failures),
         cmocka_unit_test_setup(test_rejoin_needs_the_option, reset_failures),
         cmocka_unit_test_setup(test_rejoin_checks_the_name, reset_failures),
