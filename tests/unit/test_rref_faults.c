@@ -333,6 +333,44 @@ static const tp_rref_leak *leak_run(int first) {
     return l;
 }
 
+/*
+ * SHUTDOWN-10: a context's leak list is the last graceful shutdown's. w0's
+ * first shutdown leaks one rref (its DELETE fails until 8 s); every worker
+ * then joins the job again at 10 s and shuts down cleanly: the list is
+ * empty, the first one freed (LeakSanitizer sees it otherwise).
+ */
+static size_t nleaks_again[WORLD];
+
+static int leak_twice_program(int rank, int world_size, void *arg) {
+    if (leak_program(rank, world_size, arg) != 0)
+        return 1;
+    CHECK(tp_sim_sleep(10.0 - (double)now_ns() / 1e9) == TP_OK); /* not a worker now */
+    char name[4] = "w0";
+    name[1] = (char)('0' + rank);
+    CHECK(tp_init_rpc(name, "SIM", rank, world_size, NULL) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    tp_rref_leak *v = NULL;
+    nleaks_again[rank] = 99;
+    CHECK(tp_shutdown_leaks(&v, &nleaks_again[rank]) == TP_OK);
+    free(v);
+    return 0;
+}
+
+static void test_rref_leak_list_replaced_at_the_next_shutdown(void **state) {
+    (void)state;
+    memset(leaks, 0, sizeof leaks);
+    memset(nleaks, 0, sizeof nleaks);
+    for (int r = 0; r < WORLD; r++)
+        shutdown_timeout_s[r] = r == 0 ? 2.0 : 4.0;
+    run_plan_with("failsend rref_delete 1000000 0 8000\nfailsend request 1000000 900 8000\n",
+                  leak_twice_program);
+    for (int r = 0; r < WORLD; r++)
+        shutdown_timeout_s[r] = 30.0;
+    assert_int_equal(nleaks[0], 1);
+    for (int r = 0; r < WORLD; r++)
+        assert_int_equal(nleaks_again[r], 0);
+}
+
 /* Warnings that say the leak report is incomplete (out of memory). */
 static atomic_int incomplete_warned;
 
@@ -1776,6 +1814,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_rref_abandoned_after_its_value_was_made, reset_failures),
         cmocka_unit_test_setup(test_rref_debug_counters_step_by_step, reset_failures),
+        cmocka_unit_test_setup(test_rref_leak_list_replaced_at_the_next_shutdown, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
