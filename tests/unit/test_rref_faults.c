@@ -371,6 +371,57 @@ static void test_rref_leak_list_replaced_at_the_next_shutdown(void **state) {
         assert_int_equal(nleaks_again[r], 0);
 }
 
+/*
+ * RREF-15, RREF-18: a delete deferred behind its fork is owed as well. Every
+ * fork w2 sends fails, so the rref w0 passes w2 (in a call w0 gives up on
+ * after 0.3 s: keep never runs) is dropped by w2 with its fork unanswered:
+ * its delete waits behind that fork for good. At w2's shutdown (deadline
+ * first, 2 s) the report lists it as a delete the owner never acknowledged.
+ */
+static int deferred_delete_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 0) {
+        tp_rref *r = confirmed_object();
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_value *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_rank(2), "keep", args, NULL, 0.3, &res) == TP_ETIMEDOUT);
+        tp_value_free(res);
+        tp_value_free(args);
+        tp_rref_release(r);
+    }
+    sleep_until(1.0);
+    shutdown_st[rank] = tp_shutdown(1);
+    tp_rref_leak *v = NULL;
+    size_t n = 0;
+    CHECK(tp_shutdown_leaks(&v, &n) == TP_OK);
+    nleaks[rank] = n;
+    for (size_t i = 0; i < n && i < 2; i++)
+        leaks[rank][i] = v[i];
+    free(v);
+    return 0;
+}
+
+static void test_rref_deferred_delete_reported_as_a_leak(void **state) {
+    (void)state;
+    memset(leaks, 0, sizeof leaks);
+    memset(nleaks, 0, sizeof nleaks);
+    shutdown_timeout_s[0] = shutdown_timeout_s[1] = 4.0;
+    shutdown_timeout_s[2] = 2.0;
+    run_plan_with("failsend rref_fork 1000000\n", deferred_delete_program);
+    for (int r = 0; r < WORLD; r++)
+        shutdown_timeout_s[r] = 30.0;
+    for (int r = 0; r < WORLD; r++)
+        print_message("w%d: %s, %zu leak(s), first kind %d owner %u holder %u\n", r,
+                      tp_status_name(shutdown_st[r]), nleaks[r], (int)leaks[r][0].kind,
+                      leaks[r][0].owner, leaks[r][0].holder);
+    assert_int_equal(nleaks[2], 1);
+    assert_int_equal(leaks[2][0].kind, TP_LEAK_DELETE);
+    assert_int_equal(leaks[2][0].owner, 1);
+    assert_int_equal(leaks[2][0].holder, 2);
+}
+
 /* Warnings that say the leak report is incomplete (out of memory). */
 static atomic_int incomplete_warned;
 
@@ -1814,6 +1865,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_rref_abandoned_after_its_value_was_made, reset_failures),
         cmocka_unit_test_setup(test_rref_debug_counters_step_by_step, reset_failures),
+        cmocka_unit_test_setup(test_rref_deferred_delete_reported_as_a_leak, reset_failures),
         cmocka_unit_test_setup(test_rref_leak_list_replaced_at_the_next_shutdown, reset_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
