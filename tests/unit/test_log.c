@@ -161,12 +161,37 @@ static void test_log_init_names_missing_ranks(void **state) {
     }
 }
 
+/* spec: LOG-3: the wait counts from each worker's own init: w1 starts 12 s
+ * late and waits 13 s more for ranks 2 and 3 (25 s late): told once, 10 s
+ * into its own wait, with the 50 s its own init timeout has left then. */
+static void test_log_init_wait_counts_from_its_own_start(void **state) {
+    (void)state;
+    assert_int_equal(tp_set_log_level(TP_LOG_WARN), TP_OK);
+    tp_sim_config cfg = {.hosts = 4, .seed = 4};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    char err[256];
+    assert_int_equal(tp_sim_load_faults(sim, "pause 1 0 12000\npause 2 0 25000\npause 3 0 25000\n",
+                                        err, sizeof err),
+                     TP_OK);
+    assert_int_equal(tp_sim_run(sim, late_program, NULL, NULL), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    const char *want = "init: worker 'w1' (rank 1) still waiting for ranks 2, 3 (of 4 workers) "
+                       "after 10 s; init timeout in 50 s";
+    if (count(TP_LOG_WARN, want) != 1 || count(TP_LOG_WARN, "worker 'w1' (rank 1) still") != 1) {
+        dump();
+        fail();
+    }
+}
+
 int main(void) {
     setenv("TP_LOG", "debug", 1); /* read once, at the first message or query */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_log_levels, setup),
         cmocka_unit_test_setup(test_log_what_the_core_says, setup),
         cmocka_unit_test_setup(test_log_init_names_missing_ranks, setup),
+        cmocka_unit_test_setup(test_log_init_wait_counts_from_its_own_start, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
