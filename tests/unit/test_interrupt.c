@@ -235,6 +235,55 @@ static void test_interrupt_graceful_shutdown_in_its_barrier(void **state) {
 }
 
 /*
+ * spec: INTERRUPT-1, tp_init_params.interrupted: a backend whose own init
+ * waits (as the TCP one waits for its store) can be interrupted from the
+ * start of init. "SIM_SLOWINIT" waits up to 10 s in its init, asking
+ * interrupted every TP_INIT_POLL_MS; host 1 interrupts rank 0 at 100 ms:
+ * init ends TP_ECANCELED within one poll.
+ */
+extern const tp_backend tpi_sim_backend;
+static tp_backend slow_init_backend;
+static tp_status slow_init_st = TP_EINVAL;
+static uint64_t slow_init_took;
+
+static tp_status slow_init(const tp_init_params *p, tp_agent **agent, const tp_agent_ops **ops,
+                           char *errmsg, size_t errmsg_len) {
+    for (int i = 0; i < 500; i++) {
+        if (p->interrupted && p->interrupted(p)) {
+            snprintf(errmsg, errmsg_len, "interrupted while the backend waited");
+            return TP_ECANCELED;
+        }
+        if (tp_sim_sleep(TP_INIT_POLL_MS / 1e3) != TP_OK)
+            break;
+    }
+    return tpi_sim_backend.init(p, agent, ops, errmsg, errmsg_len);
+}
+
+static int slow_init_program(int rank, int world_size, void *arg) {
+    (void)arg, (void)world_size;
+    ctx_of[rank] = tp_context_current();
+    if (rank == 1) {
+        CHECK(tp_sim_sleep(0.1) == TP_OK);
+        CHECK(tp_context_interrupt(ctx_of[0]) == TP_OK);
+        return 0;
+    }
+    uint64_t t0 = now_ns();
+    slow_init_st = tp_init_rpc("w0", "SIM_SLOWINIT", 0, 1, NULL);
+    slow_init_took = now_ns() - t0;
+    return 0;
+}
+
+static void test_interrupt_seen_by_a_waiting_backend_init(void **state) {
+    (void)state;
+    run_world(2, 23, slow_init_program, 1);
+    assert_int_equal(failures, 0);
+    print_message("init: %s after %.3f ms\n", tp_status_name(slow_init_st),
+                  (double)slow_init_took / 1e6);
+    assert_int_equal(slow_init_st, TP_ECANCELED);
+    assert_true(slow_init_took >= 100 * MS && slow_init_took <= 125 * MS);
+}
+
+/*
  * spec: INTERRUPT-1: an interrupt is seen within one poll (20 ms) even while
  * the worker sleeps between retries of a store that is down (those sleeps
  * grow to 200 ms): both workers shut down gracefully with the store down
@@ -592,7 +641,12 @@ static int reset(void **state) {
 }
 
 int main(void) {
+    slow_init_backend = tpi_sim_backend;
+    slow_init_backend.init = slow_init;
+    if (tp_register_backend("SIM_SLOWINIT", &slow_init_backend) != TP_OK)
+        return 1;
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_interrupt_seen_by_a_waiting_backend_init, reset),
         cmocka_unit_test_setup(test_interrupt_init_then_init_again, reset),
         cmocka_unit_test_setup(test_interrupt_graceful_shutdown, reset),
         cmocka_unit_test_setup(test_interrupt_graceful_shutdown_in_its_barrier, reset),
