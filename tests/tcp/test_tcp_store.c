@@ -776,6 +776,8 @@ static void test_tcp_store_scan_entries_edges(void **state) {
  * requests with reply; it exits 0 when the client goes, 2 when it would have
  * to answer more. Returns its pid; *port is its port. */
 #define FAKE_REQUESTS_MAX 1000
+static int fake_exit_after_reply; /* 1: the fake server's child ends after its first reply */
+
 static pid_t fake_server(const uint8_t *reply, size_t reply_len, uint16_t *port) {
     *port = tt_free_port();
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -798,7 +800,7 @@ static pid_t fake_server(const uint8_t *reply, size_t reply_len, uint16_t *port)
                 _exit(0); /* the client went */
             size_t n = (size_t)len[0] | (size_t)len[1] << 8;
             if (n > sizeof req || recv(fd, req, n, MSG_WAITALL) != (ssize_t)n ||
-                send(fd, reply, reply_len, 0) != (ssize_t)reply_len)
+                send(fd, reply, reply_len, 0) != (ssize_t)reply_len || fake_exit_after_reply)
                 _exit(0);
         }
         _exit(2);
@@ -873,6 +875,23 @@ static void test_tcp_store_reply_head_with_a_reserved_byte(void **state) {
     if (!strstr(c->errmsg, "get 'k': malformed reply"))
         fail_msg("%s", c->errmsg);
     assert_null(v);
+    c->ops->close(c);
+    fake_server_ended_well(pid);
+}
+
+/* spec: TCP-10: a reply cut short (its head promises 4 bytes of value, 2
+ * come, then the server is gone) fails TP_ESTORE; the part read is freed,
+ * once, and the next operation does not touch it. */
+static void test_tcp_store_reply_cut_short(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {12, 0, 0, 0, TP_OK, 0, 0, 0, 4, 0, 0, 0, 'a', 'b'};
+    uint16_t port;
+    fake_exit_after_reply = 1;
+    pid_t pid = fake_server(reply, sizeof reply, &port);
+    fake_exit_after_reply = 0;
+    tp_store *c = client(port, 5);
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_ESTORE);
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_ESTORE); /* nobody to reconnect to */
     c->ops->close(c);
     fake_server_ended_well(pid);
 }
@@ -3111,6 +3130,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_open_on_descriptor_0_gets_the_keepalive),
         cmocka_unit_test(test_tcp_store_reconnect_keeps_the_jobs_keepalive),
         cmocka_unit_test(test_tcp_store_reply_head_with_a_reserved_byte),
+        cmocka_unit_test(test_tcp_store_reply_cut_short),
         cmocka_unit_test(test_tcp_store_host_refused),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
