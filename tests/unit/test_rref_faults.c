@@ -142,6 +142,15 @@ static void release_held(void) {
     held_answer = NULL;
 }
 
+/* nap(s): sleeps s seconds on the pool. */
+static tp_status nap_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *ud) {
+    (void)call, (void)kwargs, (void)ud, (void)result;
+    double s = 0;
+    (void)tp_value_get_float(tp_list_get(args, 0), &s);
+    return tp_sleep(s);
+}
+
 /* A call that may meet a broken connection (user calls are never retried):
  * tried again until it succeeds, within SETTLE_S. */
 static tp_status call_until_ok(int dst, const char *fn, const tp_value *args, tp_value **out) {
@@ -171,6 +180,7 @@ static tp_status join(int rank, int world_size) {
     CHECK(tp_register_function_ex("nb_keep", keep_fn, NULL, TP_FN_NONBLOCKING) == TP_OK);
     CHECK(tp_register_function("keep_all", keep_all_fn, NULL) == TP_OK);
     CHECK(tp_register_function("hold", hold_fn, NULL) == TP_OK);
+    CHECK(tp_register_function("nap", nap_fn, NULL) == TP_OK);
     char name[4] = "w0";
     name[1] = (char)('0' + rank);
     tp_options *o = tp_options_new();
@@ -420,6 +430,75 @@ static void test_rref_deferred_delete_reported_as_a_leak(void **state) {
     assert_int_equal(leaks[2][0].kind, TP_LEAK_DELETE);
     assert_int_equal(leaks[2][0].owner, 1);
     assert_int_equal(leaks[2][0].holder, 2);
+}
+
+/*
+ * SHUTDOWN-4, RREF-5: a user rref shutdown releases while a fork of it is
+ * still unaccepted (w0 shared it with w2; the owner's ACCEPT is held back
+ * 3 s) is closed at once, its delete waiting for the child. A then-callback
+ * that runs in w0's drain (its call, a 2 s nap on w1, ends then) finds it
+ * released: to_here and sending it both fail TP_ESHUTDOWN saying so, not
+ * a fetch or a send of an rref whose delete is under way.
+ */
+static tp_status closed_fetch_st = TP_EINVAL, closed_send_st = TP_EINVAL;
+static char closed_fetch_msg[TP_ERRMSG_LEN_MAX], closed_send_msg[TP_ERRMSG_LEN_MAX];
+
+static tp_status use_closed_rref(tp_future *f, tp_value **result, char *errmsg, size_t errmsg_len,
+                                 void *user_data) {
+    (void)f, (void)result, (void)errmsg, (void)errmsg_len;
+    tp_rref *r = user_data;
+    tp_value *v = NULL;
+    closed_fetch_st = tp_rref_to_here(r, 1.0, &v);
+    snprintf(closed_fetch_msg, sizeof closed_fetch_msg, "%s", tp_errmsg());
+    tp_value_free(v);
+    tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+    tp_future *g = NULL;
+    closed_send_st = tp_rpc_async(tp_to_rank(1), "kept_confirmed", args, NULL, 1.0, &g);
+    snprintf(closed_send_msg, sizeof closed_send_msg, "%s", tp_errmsg());
+    if (closed_send_st == TP_OK && g) /* issued: its outcome is the send's */
+        closed_send_st = tp_future_wait(g, 2.0) == TP_OK ? TP_OK : tp_future_status(g);
+    tp_future_free(g);
+    tp_value_free(args);
+    return TP_OK;
+}
+
+static int closed_child_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    tp_rref *r = NULL;
+    tp_future *kept_f = NULL, *napped = NULL, *chained = NULL;
+    if (rank == 0) {
+        r = confirmed_object();
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        CHECK(tp_rpc_async(tp_to_rank(2), "keep", args, NULL, 10.0, &kept_f) == TP_OK);
+        tp_value_free(args);
+        args = tp_value_list_of(1, tp_value_float(2.0));
+        CHECK(tp_rpc_async(tp_to_rank(1), "nap", args, NULL, 10.0, &napped) == TP_OK);
+        tp_value_free(args);
+        CHECK(tp_future_then(napped, use_closed_rref, r, &chained) == TP_OK);
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    if (rank == 2)
+        drop_all();
+    tp_rref_release(kept[rank]);
+    kept[rank] = NULL;
+    tp_future_free(chained);
+    tp_future_free(napped);
+    tp_future_free(kept_f);
+    tp_rref_release(r);
+    return 0;
+}
+
+static void test_rref_released_with_a_pending_child_refuses_use(void **state) {
+    (void)state;
+    run_plan_with("delaytype rref_accept 3000\n", closed_child_program);
+    print_message("to_here: %s: %s\nsend: %s: %s\n", tp_status_name(closed_fetch_st),
+                  closed_fetch_msg, tp_status_name(closed_send_st), closed_send_msg);
+    assert_int_equal(closed_fetch_st, TP_ESHUTDOWN);
+    assert_non_null(strstr(closed_fetch_msg, "released by shutdown"));
+    assert_int_equal(closed_send_st, TP_ESHUTDOWN);
+    assert_non_null(strstr(closed_send_msg, "was released by shutdown and cannot be sent"));
 }
 
 /* Warnings that say the leak report is incomplete (out of memory). */
@@ -1865,6 +1944,7 @@ int main(void) {
                                reset_failures),
         cmocka_unit_test_setup(test_rref_abandoned_after_its_value_was_made, reset_failures),
         cmocka_unit_test_setup(test_rref_debug_counters_step_by_step, reset_failures),
+        cmocka_unit_test_setup(test_rref_released_with_a_pending_child_refuses_use, reset_failures),
         cmocka_unit_test_setup(test_rref_deferred_delete_reported_as_a_leak, reset_failures),
         cmocka_unit_test_setup(test_rref_leak_list_replaced_at_the_next_shutdown, reset_failures),
     };
