@@ -2600,6 +2600,36 @@ static void test_tcp_store_reconnects_after_a_lost_connection(void **state) {
     assert_int_equal(sock_opt(fds[0], IPPROTO_TCP, TCP_KEEPCNT), 3);
 }
 
+/* TCP-9: a reconnect that gets descriptor 0 (stdin closed) uses it like
+ * any other: the operation works on it. */
+static void test_tcp_store_reconnects_on_descriptor_0(void **state) {
+    fixture *f = *state;
+    tp_store *c = f->client;
+    assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK);
+    int fds[4];
+    assert_int_equal(connected_on(f->port, 0, fds, 4), 1);
+    assert_int_equal(shutdown(fds[0], SHUT_RDWR), 0);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c->ops->get(c, "k", &v, &n), TP_ESTORE);
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    tp_status st = c->ops->get(c, "k", &v, &n);
+    struct sockaddr_in peer;
+    socklen_t pl = sizeof peer;
+    int on_0 = getpeername(0, (struct sockaddr *)&peer, &pl) == 0 && peer.sin_family == AF_INET &&
+               ntohs(peer.sin_port) == f->port;
+    c->ops->close(c);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back, before any check */
+    close(saved);
+    f->client = client(f->port, 5); /* for the teardown */
+    assert_int_equal(st, TP_OK);
+    assert_true(n == 1 && memcmp(v, "v", 1) == 0);
+    free(v);
+    assert_true(on_0);
+}
+
 static int sockopt(int fd, int level, int name) {
     int v = -1;
     socklen_t len = sizeof v;
@@ -3150,6 +3180,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_accepted_sockets_tuned),
         cmocka_unit_test_setup_teardown(test_tcp_store_reconnects_after_a_lost_connection, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_reconnects_on_descriptor_0, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
