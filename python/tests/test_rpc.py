@@ -1390,3 +1390,45 @@ def test_an_object_is_named_by_its_class_when_it_cannot_travel(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["(an object of class 'py:__main__:AZaz09_Obj')"]
+
+
+def test_dlpack_producer_needs_both_methods(tmp_path):
+    """An object that is no buffer but has __dlpack__ and __dlpack_device__
+    travels as a tensor, read through DLPack; one with only one of the two is
+    no DLPack producer: refused as any object that cannot be sent, never
+    read through DLPack (its methods are not called)."""
+    out = run(tmp_path, """
+        import numpy
+
+        class Producer:
+            def __init__(self, a):
+                self.a = a
+            def __dlpack__(self, stream=None):
+                return self.a.__dlpack__()
+            def __dlpack_device__(self):
+                return self.a.__dlpack_device__()
+
+        class OnlyCapsule:
+            def __dlpack__(self, stream=None):
+                raise AssertionError("read")
+
+        class OnlyDevice:
+            def __dlpack_device__(self):
+                raise AssertionError("read")
+
+        def total(t):
+            return float(sum(t.tolist()))
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", total, args=(Producer(numpy.arange(4.0)),), timeout=20))
+            for o in (OnlyCapsule(), OnlyDevice()):
+                try:
+                    rpc.rpc_sync("worker1", total, args=(o,), timeout=20)
+                    print(type(o).__name__, "sent")
+                except TypeError as e:
+                    print(type(o).__name__, "DLPack" in str(e), "read" in str(e),
+                          "cannot be sent" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["6.0", "OnlyCapsule False False True", "OnlyDevice False False True"]
