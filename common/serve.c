@@ -478,8 +478,9 @@ static tp_status invoke(tp_core *c, uint32_t src, const tpi_msg *m, const resolv
         if (!*later) {
             st = TP_ENOMEM;
             tpi_format(call.err, sizeof call.err, "out of memory to answer later");
+        } else {
+            call.later = NULL; /* its reference moved into *later */
         }
-        call.later = NULL;
     }
     if (call.later)
         tp_future_free(call.later); /* the error below answers instead */

@@ -88,7 +88,25 @@ static tp_status fn_wait_shared(tp_call *call, const tp_value *args, const tp_va
     return *result ? TP_OK : TP_ENOMEM;
 }
 
+/* later_nomem(): answers later with a future of its own, the next calloc on
+ * this thread (the core's record of the answer to come) failing. */
+static tp_future *later_nomem_f;
+
+static tp_status fn_later_nomem(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                tp_value **result, void *ud) {
+    (void)args, (void)kwargs, (void)result, (void)ud;
+    if (tp_future_new(&later_nomem_f) != TP_OK)
+        return TP_ENOMEM;
+    tp_status st = tp_call_answer_later(call, later_nomem_f);
+#if ALLOC_FAULT_HOOK
+    calloc_failed = 0;
+    calloc_countdown = 1;
+#endif
+    return st;
+}
+
 static void world_register(void) {
+    CHECK(tp_register_function("later_nomem", fn_later_nomem, NULL) == TP_OK);
     CHECK(tp_register_function("wait_shared", fn_wait_shared, NULL) == TP_OK);
     CHECK(tp_register_function("echo", fn_echo, NULL) == TP_OK);
     CHECK(tp_register_function("sleep", fn_sleep, NULL) == TP_OK);
@@ -921,6 +939,38 @@ static void test_future_wait_all_out_of_memory(void **state) {
     run_world(1, 13, &w);
 }
 
+/* FUNC-7: a function that answers later when the callee has no memory to
+ * record that: the caller gets TP_EREMOTE saying so, and the callee keeps
+ * no reference to the function's future (the function's own is the last:
+ * freeing it frees the future, and the core can go at shutdown). */
+static void sc_answer_later_out_of_memory(world *w) {
+    (void)w;
+#if ALLOC_FAULT_HOOK
+    tp_value *res = NULL;
+    tp_status st = tp_rpc_sync(tp_to_name("w1"), "later_nomem", NULL, NULL, 5.0, &res);
+    tp_value_free(res);
+    CHECK(st == TP_EREMOTE);
+    CHECK(strstr(tp_errmsg(), "out of memory to answer later") != NULL);
+#endif
+}
+
+static void later_nomem_others(world *w) {
+    (void)w;
+    CHECK(tp_sleep(0.5) == TP_OK);
+    CHECK(calloc_failed);
+    tp_future_free(later_nomem_f); /* the last reference */
+    later_nomem_f = NULL;
+}
+
+static void test_future_answer_later_out_of_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    world w = {.scenario = sc_answer_later_out_of_memory, .others = later_nomem_others};
+    run_world(2, 17, &w);
+    assert_int_equal(tp_core_live_count(), 0);
+}
+
 static void test_future_collect_all_out_of_memory(void **state) {
     (void)state;
     if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
@@ -1128,6 +1178,7 @@ int main(void) {
         cmocka_unit_test_setup(test_future_wait_from_other_worker_einval, reset_failures),
         cmocka_unit_test_setup(test_future_collect_all_out_of_memory, reset_failures),
         cmocka_unit_test_setup(test_future_wait_all_out_of_memory, reset_failures),
+        cmocka_unit_test_setup(test_future_answer_later_out_of_memory, reset_failures),
         cmocka_unit_test_setup(test_future_then_out_of_memory, reset_failures),
         cmocka_unit_test_setup(test_future_call_registration_out_of_memory, reset_failures),
         cmocka_unit_test(test_future_null_arguments),
