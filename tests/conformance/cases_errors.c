@@ -554,6 +554,12 @@ static int errors_misuse_is_named(int rank, int ws) {
         /* answer_later belongs in a function: outside one there is no call. */
         CHECK_STATUS(tp_call_answer_later(NULL, NULL), TP_EINVAL);
         CHECK_CONTAINS(tp_errmsg(), "answer_later: call is NULL");
+        tp_future *answer = NULL;
+        if (CHECK_OK(tp_future_new(&answer))) { /* a future is not enough */
+            CHECK_STATUS(tp_call_answer_later(NULL, answer), TP_EINVAL);
+            CHECK_CONTAINS(tp_errmsg(), "answer_later: call is NULL");
+        }
+        tp_future_free(answer);
 
         /* Methods: the argument shapes are checked before anything is sent. */
         tp_method *inc = NULL;

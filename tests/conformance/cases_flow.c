@@ -70,6 +70,7 @@ static int flow_window_waits_then_times_out(int rank, int ws) {
         CHECK_CONTAINS(tp_errmsg(), "'w1' (id 1)");
         CHECK_CONTAINS(tp_errmsg(), "sleep_ms");
         CHECK_CONTAINS(tp_errmsg(), "max_inflight_bytes is 65536");
+        CHECK_CONTAINS(tp_errmsg(), "timed out after 300 ms waiting to send");
         tp_value_free(args);
 
         /* A small call still fits beside the slow one. */
@@ -444,6 +445,27 @@ static void padded_burst(int rank, int n, int64_t ms, int *refused, char *msg, s
     }
 }
 
+/* spec: FLOW-8: a request alone is always taken, however large: 100,000
+ * bytes to a callee whose max_queued_bytes is 64 KiB, with nothing else
+ * queued there, is served (it goes alone, FLOW-6's large call). */
+static int flow_credit_lone_large_request_taken(int rank, int ws) {
+    INIT_CREDIT_OR_RETURN(rank, ws);
+    if (rank == 0) {
+        uint8_t *big = calloc(1, 100000);
+        tp_value *res = NULL;
+        if (CHECK(big != NULL)) {
+            tp_status st = conf_sync(tp_to_rank(1), "echo",
+                                     tp_value_list_of(1, tp_value_bytes(big, 100000)), &res);
+            if (CHECK_OK(st))
+                CHECK(tp_value_kind(res) == TP_KIND_BYTES);
+        }
+        tp_value_free(res);
+        free(big);
+    }
+    CHECK_OK(tp_shutdown(1));
+    return conf_finish(rank);
+}
+
 /* spec: FLOW-6 OPT-9: a caller's window is the credit the callee granted:
  * a burst past it waits in rpc_async instead of being refused. */
 static int flow_credit_caller_waits(int rank, int ws) {
@@ -656,6 +678,7 @@ static int fair_flood_does_not_delay_others(int rank, int ws) {
 
 const tp_conformance_case conf_cases_flow[] = {
     {"flow_credit_caller_waits", 2, flow_credit_caller_waits, "FLOW-6 OPT-9"},
+    {"flow_credit_lone_large_request_taken", 2, flow_credit_lone_large_request_taken, "FLOW-8"},
     {"flow_credit_refuses_nonconforming", 2, flow_credit_refuses_nonconforming, "FLOW-8"},
     {"flow_total_refuses_past_max_queued", 3, flow_total_refuses_past_max_queued, "FLOW-6 FLOW-8"},
     {"flow_timed_out_call_keeps_credit", 2, flow_timed_out_call_keeps_credit, "FLOW-7"},
