@@ -317,6 +317,8 @@ static int pack(tpi_tcp_agent *a, size_t len, uint32_t *gen) {
     return (int)(v[1] & 0xff);
 }
 
+static size_t slab_maps(void);
+
 /* Worker 0 of two, with an 8 MiB pool and no connection: enough to pack
  * frames for worker 1 and release them. */
 static void pool_agent(tpi_tcp_agent *a, tpi_tcp_peer peers[2]) {
@@ -337,6 +339,7 @@ static void test_shm_slab_picking(void **state) {
     tpi_tcp_agent a;
     tpi_tcp_peer peers[2];
     pool_agent(&a, peers);
+    size_t maps0 = slab_maps();
     uint32_t gen0 = 0, gen = 0;
     int s0 = pack(&a, 1 * MIB, &gen0); /* a 2 MiB slab */
     assert_true(s0 >= 0);
@@ -355,12 +358,58 @@ static void test_shm_slab_picking(void **state) {
     assert_int_equal(gen, gen0);
     assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)s0), 0);
     assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)s1), 0);
-    /* Now room is made: the free slabs go for one of 8 MiB. */
+    /* Now room is made: the free slabs go for one of 8 MiB, the only one. */
     assert_true(pack(&a, 7 * MIB, &gen) >= 0);
+    assert_int_equal(slab_maps(), maps0 + 1);
     assert_int_equal(pack(&a, 9 * MIB, &gen), -1); /* larger than the pool */
     /* A session's end gives up its busy slabs, not the free ones. */
     tpi_shm_session_end(&a, 1, 1);
     assert_true(pack(&a, 1 * MIB, &gen) >= 0);
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
+/* spec: TCP-22: at most TPI_SHM_SLABS_MAX slabs a peer: with every one
+ * busy, the next frame takes the stream (pack refuses), whatever room the
+ * pool has left. */
+static void test_shm_every_slab_busy_then_the_stream(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    a.shm_pool = 64 * MIB;
+    uint32_t gen = 0;
+    for (int i = 0; i < TPI_SHM_SLABS_MAX; i++)
+        assert_true(pack(&a, 1 * MIB, &gen) >= 0);
+    assert_int_equal(pack(&a, 1 * MIB, &gen), -1);
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
+/* spec: TCP-22: a session's end gives up that session's busy slabs only:
+ * a free slab stays (the next frame reuses it, same generation), and so
+ * does a busy slab of another session (its release still works). */
+static void test_shm_session_end_keeps_the_others(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    uint32_t ga = 0, gb = 0, g = 0;
+    int sa = pack(&a, 1 * MIB, &ga);
+    int sb = pack(&a, 1 * MIB, &gb);
+    assert_true(sa >= 0 && sb >= 0 && sa != sb);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)sa), 0); /* A free */
+    tp_frame *f = tp_frame_alloc(1 * MIB);
+    assert_non_null(f);
+    memset(tp_frame_bytes(f), 0x11, TP_FRAME_HEADER_SIZE);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_pack(&a, 1, 2, f, rec), 0); /* C, session 2 */
+    tp_frame_free(f);
+    uint32_t v[3];
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+    uint32_t sc = v[1] & 0xff;
+    tpi_shm_session_end(&a, 1, 1);                      /* B goes */
+    assert_int_equal(tpi_shm_release(&a, 1, 2, sc), 0); /* C stayed, busy */
+    assert_int_equal(pack(&a, 1 * MIB, &g), sa);        /* A stayed, free */
+    assert_int_equal(g, ga);
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
@@ -1026,6 +1075,8 @@ int main(void) {
         cmocka_unit_test(test_shm_frame_over_the_pool_takes_the_stream),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
+        cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
+        cmocka_unit_test(test_shm_session_end_keeps_the_others),
         cmocka_unit_test(test_shm_slab_picking),
         cmocka_unit_test(test_shm_release_checks_the_slot),
         cmocka_unit_test(test_shm_smallest_fitting_slab_taken),
