@@ -564,6 +564,29 @@ static void test_tcp_store_scan(void **state) {
     assert_int_equal(s->ops->scan(s, "s/", log_scan, &none), TP_OK); /* still serving */
 }
 
+/* STORE-10, TCP-10: a scan over several replies goes on after the last key
+ * sent, and a key that extends it ("x/aa" after "x/a") is still to come:
+ * three values of 700,000 bytes (two to a reply), keys growing by one. */
+static void test_tcp_store_scan_goes_on_past_a_prefix_of_the_next_key(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    size_t big = 700000;
+    char *v = malloc(big);
+    assert_non_null(v);
+    memset(v, 'a', big);
+    v[big - 1] = 'z';
+    static const char *const keys[] = {"x/a", "x/aa", "x/aaa"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(s->ops->set(s, keys[i], v, big), TP_OK);
+    free(v);
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "x/", log_scan, &l), TP_OK);
+    assert_int_equal(l.n, 3);
+    assert_true(l.values_ok);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(l.keys[i], keys[i]);
+}
+
 /* spec: STORE-1, STORE-10, TCP-10: a scan returns what set stored at the
  * edges: an empty value, a key that is the prefix itself, keys of
  * TP_STORE_KEY_LEN_MAX bytes over several replies (the next request names
@@ -1917,6 +1940,27 @@ static void test_tcp_store_waits_for_late_rank(void **state) {
     assert_true(took < 3000000000ull); /* did not wait for the linger time */
 }
 
+/* spec: TCP-11: a rank connected before the job is announced counts as
+ * come: rank 1 is in when expect(2) is called, rank 0 comes after; once
+ * both left, a stop with 5 s of linger ends at once. */
+static void test_tcp_store_rank_connected_before_the_announcement_counts(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tp_store *c1 = client_as(port, 1, 5);
+    assert_int_equal(c1->ops->set(c1, "k1", "1", 1), TP_OK); /* admitted */
+    tpi_store_server_expect(srv, 2);
+    tp_store *c0 = client_as(port, 0, 5);
+    assert_int_equal(c0->ops->set(c0, "k0", "0", 1), TP_OK);
+    c0->ops->close(c0);
+    c1->ops->close(c1);
+    uint64_t t0 = tt_now_ns();
+    tpi_store_server_stop(srv, 5000000000ull);
+    uint64_t took = tt_now_ns() - t0;
+    if (took >= 2000000000ull)
+        fail_msg("the stop took %.2f s: rank 1 was not counted", (double)took / 1e9);
+}
+
 /* ---- The server's bounds (TCP-18) -------------------------------------------------- */
 
 /* The defaults, with deadlines lowered for a test (0 keeps the default). */
@@ -3159,10 +3203,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_open_without_deadline),
         cmocka_unit_test(test_tcp_store_open_on_descriptor_0_gets_the_keepalive),
         cmocka_unit_test(test_tcp_store_reconnect_keeps_the_jobs_keepalive),
+        cmocka_unit_test_setup_teardown(test_tcp_store_scan_goes_on_past_a_prefix_of_the_next_key,
+                                        setup, teardown),
         cmocka_unit_test(test_tcp_store_reply_head_with_a_reserved_byte),
         cmocka_unit_test(test_tcp_store_reply_cut_short),
         cmocka_unit_test(test_tcp_store_host_refused),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
+        cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_write_deadline),
         cmocka_unit_test(test_tcp_store_idle_client_costs_no_cpu),
