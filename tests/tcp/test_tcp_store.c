@@ -2301,6 +2301,33 @@ static void test_tcp_store_handshake_in_pieces(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/* spec: TCP-18: the request deadline runs only while a request is partly
+ * read: a client idle between requests for three times that deadline (a
+ * split request before, so the deadline did run once) is not dropped. */
+static void test_tcp_store_idle_client_outlives_the_request_deadline(void **state) {
+    (void)state;
+    limits_for_test(0, 300, 0, 0, 0);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    int fd = raw_client(port);
+    tpi_store_request rq = {
+        .op = TPI_STORE_ADD, .key = (const uint8_t *)"idle", .key_len = 4, .delta = 5};
+    uint8_t req[64];
+    size_t len = tpi_store_request_size(&rq);
+    tpi_store_request_encode(&rq, req);
+    assert_int_equal(send(fd, req, len / 2, MSG_NOSIGNAL), (ssize_t)(len / 2));
+    usleep(100000);
+    assert_int_equal(send(fd, req + len / 2, len - len / 2, MSG_NOSIGNAL),
+                     (ssize_t)(len - len / 2));
+    assert_int_equal(raw_add_reply(fd), 5);
+    usleep(900000); /* idle */
+    raw_send_add(fd, "idle", 4, 1);
+    assert_int_equal(raw_add_reply(fd), 6);
+    close(fd);
+    tpi_store_server_stop(srv, 0);
+}
+
 /*
  * spec: TCP-18. A client that sends a request a byte at a time is dropped
  * at the request deadline (lowered to 0.5 s here), before its request is
@@ -3215,6 +3242,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_idle_client_costs_no_cpu),
         cmocka_unit_test(test_tcp_store_client_gone_mid_request_is_logged),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),
+        cmocka_unit_test(test_tcp_store_idle_client_outlives_the_request_deadline),
         cmocka_unit_test(test_tcp_store_connection_flood),
         cmocka_unit_test(test_tcp_store_proof_checked_whole),
         cmocka_unit_test(test_tcp_store_no_proof_dropped),
