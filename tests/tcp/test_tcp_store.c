@@ -2500,6 +2500,58 @@ static void test_tcp_store_no_proof_dropped(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/* The store's warnings about refused connections, in order. */
+static char refused_lines[4][TP_ERRMSG_LEN_MAX];
+static atomic_int nrefused_lines;
+
+static void log_refused(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (level != TP_LOG_WARN || !strstr(msg, "rendezvous store") || !strstr(msg, "refused"))
+        return;
+    int i = atomic_fetch_add(&nrefused_lines, 1);
+    if (i < 4)
+        snprintf(refused_lines[i], sizeof refused_lines[i], "%s", msg);
+}
+
+/* spec: TCP-18: connections refused over a cap are logged at most once a
+ * second, with how many since the last line: one in a handshake holds the
+ * only slot; the first refusal is logged at once, the next two are counted,
+ * and the fourth, 1.1 s later, is logged with the three. Nothing is left
+ * to say at the stop. */
+static void test_tcp_store_refusals_logged_once_a_second(void **state) {
+    (void)state;
+    limits_for_test(30000, 0, 0, 64, 1);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    atomic_store(&nrefused_lines, 0);
+    tp_set_log_callback(log_refused, NULL);
+    int held = raw_connect(port, 0);
+    assert_true(held >= 0);
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {
+        'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1, 0, 0, 0xff, 0xff, 0xff, 0xff};
+    uint8_t back[TPI_STORE_SERVER_HELLO_LEN];
+    assert_int_equal(send(held, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+    assert_int_equal(recv(held, back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
+    for (int i = 0; i < 4; i++) {
+        if (i == 3)
+            usleep(1100000);
+        int extra = raw_connect(port, 0);
+        assert_true(extra >= 0);
+        assert_true(await_closed(extra, 5, NULL));
+        close(extra);
+    }
+    close(held);
+    tpi_store_server_stop(srv, 0);
+    tp_set_log_callback(NULL, NULL);
+    int n = atomic_load(&nrefused_lines);
+    for (int i = 0; i < n && i < 4; i++)
+        fprintf(stderr, "  %s\n", refused_lines[i]);
+    assert_int_equal(n, 2);
+    assert_non_null(strstr(refused_lines[0], "refused 1 connection(s), the last from 127.0.0.1:"));
+    assert_non_null(strstr(refused_lines[1], "refused 3 connection(s), the last from 127.0.0.1:"));
+}
+
 /*
  * spec: TCP-18. The connections still in their handshake are capped (4
  * here, with a handshake deadline of 30 s so none ends by it): with 4 held
@@ -3247,6 +3299,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_proof_checked_whole),
         cmocka_unit_test(test_tcp_store_no_proof_dropped),
         cmocka_unit_test(test_tcp_store_handshake_cap),
+        cmocka_unit_test(test_tcp_store_refusals_logged_once_a_second),
         cmocka_unit_test(test_tcp_store_many_clients),
         cmocka_unit_test(test_tcp_store_kept_server_retired_for_another_address),
         cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
