@@ -536,6 +536,57 @@ static void test_cancel_callee_gives_up(void **state) {
 }
 
 /*
+ * spec: CANCEL-1, FUNC-7: a function canceled while it runs that then
+ * answers later: its answer is never sent, and the record of it is freed
+ * with the future's reference it took (the core is freed at the end; a
+ * kept record would keep the core alive for good).
+ */
+static tp_future *late_held;
+
+static tp_status fn_late_later(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                               tp_value **result, void *ud) {
+    (void)args, (void)kwargs, (void)result, (void)ud;
+    CHECK(tp_sleep(0.3) == TP_OK); /* canceled meanwhile, at 0.1 s */
+    CHECK(tp_future_new(&late_held) == TP_OK);
+    return tp_call_answer_later(call, late_held);
+}
+
+static tp_status late_cancel_st = TP_EINVAL;
+
+static int late_later_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    CHECK(tp_register_function("late_later", fn_late_later, NULL) == TP_OK);
+    if (init_as(rank, world_size) != TP_OK) {
+        CHECK(0);
+        return 0;
+    }
+    if (rank == 0) {
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(1), "late_later", NULL, NULL, 60.0, &f) == TP_OK);
+        CHECK(tp_sleep(0.1) == TP_OK);
+        late_cancel_st = tp_future_cancel(f);
+        tp_future_free(f);
+    } else {
+        CHECK(tp_sleep(0.6) == TP_OK);
+        CHECK(late_held != NULL);
+        if (late_held)
+            CHECK(tp_future_set_result(late_held, tp_value_str("late")) == TP_OK);
+        tp_future_free(late_held);
+        late_held = NULL;
+    }
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_cancel_then_answer_later_frees_its_record(void **state) {
+    (void)state;
+    run_world(2, 24, late_later_program, 1);
+    assert_int_equal(failures, 0);
+    assert_int_equal(late_cancel_st, TP_OK);
+    assert_int_equal(tp_core_live_count(), 0);
+}
+
+/*
  * spec: CANCEL-1, SHUTDOWN-5. Only a canceled request leaves S: a call that
  * timed out instead still holds the job's graceful drain until its function
  * ends (here at 2 s), as before.
@@ -653,6 +704,7 @@ int main(void) {
         cmocka_unit_test_setup(test_interrupt_seen_between_store_retries, reset),
         cmocka_unit_test_setup(test_cancel_rpc_async, reset),
         cmocka_unit_test_setup(test_cancel_callee_gives_up, reset),
+        cmocka_unit_test_setup(test_cancel_then_answer_later_frees_its_record, reset),
         cmocka_unit_test_setup(test_timed_out_call_still_drains, reset),
         cmocka_unit_test_setup(test_cancel_queued_keeps_credit, reset),
     };
