@@ -466,6 +466,43 @@ static int flow_credit_lone_large_request_taken(int rank, int ws) {
     return conf_finish(rank);
 }
 
+/* spec: FLOW-3 FLOW-6 FLOW-7: a caller waiting for credit (smaller than
+ * its window) when the callee dies is woken at once and told the worker
+ * went down, even when all it waits behind is the debt of a call that
+ * timed out (no live call to that peer is left to fail and wake it).
+ * Rank 1's one thread runs its own 3 s sleep; rank 0's first padded call
+ * (40,000 bytes) times out queued there, its bytes still owed; the second
+ * waits for the 64 KiB credit until rank 1 crashes at 0.5 s. */
+static int flow_credit_waiter_sees_peer_death(int rank, int ws) {
+    INIT_CREDIT_OR_RETURN(rank, ws);
+    if (rank == 1) {
+        tp_future *own = NULL;
+        CHECK_OK(conf_async(tp_to_rank(1), "sleep_ms", CONF_INTS(3000), &own));
+        tp_sleep(0.5);
+        int failures = conf_finish(rank);
+        conf_crash_self();
+        tp_future_free(own);
+        return failures;
+    }
+    tp_sleep(0.1);
+    tp_value *args = padded_sleep(1);
+    tp_future *late = NULL, *f = NULL;
+    CHECK_OK(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 0.1, &late));
+    if (late)
+        CHECK_STATUS(tp_future_wait(late, TP_TIMEOUT_INFINITE), TP_ETIMEDOUT);
+    tp_future_free(late);
+    uint64_t t0 = conf_now_ns();
+    CHECK_STATUS(tp_rpc_async(tp_to_rank(1), "sleep_ms", args, NULL, 5.0, &f), TP_EPEERDOWN);
+    double took = conf_since_s(t0);
+    if (!CHECK(took < 1.5))
+        conf_fail(rank, __FILE__, __LINE__, "failed after %.3f s", took);
+    CHECK_CONTAINS(tp_errmsg(), "went down while the call waited");
+    tp_future_free(f);
+    tp_value_free(args);
+    CHECK_STATUS(tp_shutdown(1), TP_EPEERDOWN);
+    return conf_finish(rank);
+}
+
 /* spec: FLOW-6 OPT-9: a caller's window is the credit the callee granted:
  * a burst past it waits in rpc_async instead of being refused. */
 static int flow_credit_caller_waits(int rank, int ws) {
@@ -678,6 +715,8 @@ static int fair_flood_does_not_delay_others(int rank, int ws) {
 
 const tp_conformance_case conf_cases_flow[] = {
     {"flow_credit_caller_waits", 2, flow_credit_caller_waits, "FLOW-6 OPT-9"},
+    {"flow_credit_waiter_sees_peer_death", 2, flow_credit_waiter_sees_peer_death,
+     "FLOW-3 FLOW-6 FLOW-7"},
     {"flow_credit_lone_large_request_taken", 2, flow_credit_lone_large_request_taken, "FLOW-8"},
     {"flow_credit_refuses_nonconforming", 2, flow_credit_refuses_nonconforming, "FLOW-8"},
     {"flow_total_refuses_past_max_queued", 3, flow_total_refuses_past_max_queued, "FLOW-6 FLOW-8"},
