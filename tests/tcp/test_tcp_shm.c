@@ -413,6 +413,38 @@ static void test_shm_session_end_keeps_the_others(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* spec: TCP-22, WIRE-10: the frame is placed so its largest segment (a
+ * tensor's data), wherever it is in the frame, lands on a multiple of
+ * TPI_SHM_ALIGN: here the middle one of three (40 bytes of header before
+ * it, 8 bytes after). */
+static void test_shm_largest_segment_lands_aligned(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    static uint8_t hdr[40], big[100004], small[8];
+    tp_frame f;
+    memset(&f, 0, sizeof f);
+    f.nseg = 3;
+    f.seg[0] = (tp_frame_seg){hdr, sizeof hdr};
+    f.seg[1] = (tp_frame_seg){big, sizeof big};
+    f.seg[2] = (tp_frame_seg){small, sizeof small};
+    f.len = sizeof hdr + sizeof big + sizeof small;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_pack(&a, 1, 1, &f, rec), 0);
+    uint32_t v[3];
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+    size_t cap = (size_t)tpi_shm_slab_size(v[2]);
+    uint8_t *m = mmap(NULL, cap, PROT_READ, MAP_SHARED, (int)v[0], 0);
+    assert_true(m != MAP_FAILED);
+    uint32_t at =
+        (uint32_t)m[36] | (uint32_t)m[37] << 8 | (uint32_t)m[38] << 16 | (uint32_t)m[39] << 24;
+    munmap(m, cap);
+    tpi_shm_tx_free(peers[1].shm_tx);
+    if ((at + sizeof hdr) % TPI_SHM_ALIGN != 0)
+        fail_msg("the frame starts at %u: its largest segment at %zu", at, at + sizeof hdr);
+}
+
 /* spec: TCP-22, TCP-14: a release names a slot the peer chose; it frees a
  * busy slab of that session and nothing else, whatever the number. */
 static void test_shm_release_checks_the_slot(void **state) {
@@ -1077,6 +1109,7 @@ int main(void) {
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
+        cmocka_unit_test(test_shm_largest_segment_lands_aligned),
         cmocka_unit_test(test_shm_slab_picking),
         cmocka_unit_test(test_shm_release_checks_the_slot),
         cmocka_unit_test(test_shm_smallest_fitting_slab_taken),
