@@ -37,7 +37,13 @@ static tp_core *cores[RANKS];
 static int congest_to_w0;     /* 1: w1's agent says w0's answers cannot go */
 static int congested_answers; /* how often w1's agent answered 1 */
 
+static int congest_to_w1; /* 1: w0's agent says w1's answers cannot go */
+
 static int congest_congested(tp_agent *a, uint32_t dst) {
+    if (a == agents[0] && dst == 1 && congest_to_w1) {
+        congested_answers++;
+        return 1;
+    }
     if (a != agents[1] || dst != 0 || !congest_to_w0)
         return 0;
     congested_answers++;
@@ -132,7 +138,20 @@ static tp_status fn_uncongest_oom(tp_call *call, const tp_value *args, const tp_
     return TP_OK;
 }
 
+/* uncongest_w1(), non-blocking, on w0: w0's agent's bytes for w1 fell. */
+static tp_status fn_uncongest_w1(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                                 tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data, (void)result;
+    if (!cores[0])
+        return TP_EINVAL;
+    congest_to_w1 = 0;
+    tp_core_on_uncongested(cores[0], 1);
+    return TP_OK;
+}
+
 static void world_register(void) {
+    CHECK(tp_register_function_ex("uncongest_w1", fn_uncongest_w1, NULL, TP_FN_NONBLOCKING) ==
+          TP_OK);
     CHECK(tp_register_function_ex("uncongest_oom", fn_uncongest_oom, NULL, TP_FN_NONBLOCKING) ==
           TP_OK);
     CHECK(tp_register_function("add", world_fn_add, NULL) == TP_OK);
@@ -340,6 +359,57 @@ static void test_fair_tokens_unissued_run_by_ending_jobs(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/*
+ * FAIR-2: a token is owed to a stalled caller whatever its rank: here the
+ * callee is w0, whose first peer record is its own (it called itself
+ * first), and the stalled caller is w1. Once w0's agent says w1 can go on,
+ * w1's queued add runs.
+ */
+static int w1_go;
+static tp_status w1_add_st = TP_EINVAL;
+
+static void sc_stalled_second_source(world *w) {
+    (void)w;
+    tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(1)), *res = NULL;
+    CHECK(tp_rpc_sync(tp_to_name("w0"), "add", args, NULL, 5.0, &res) == TP_OK);
+    tp_value_free(res);
+    tp_value_free(args);
+    congest_to_w1 = 1;
+    congested_answers = 0;
+    w1_go = 1;
+    CHECK(tp_sleep(0.2) == TP_OK);
+    CHECK(congested_answers >= 1);
+    CHECK(w1_add_st == TP_EINVAL); /* still queued */
+    res = NULL;
+    CHECK(tp_rpc_sync(tp_to_name("w0"), "uncongest_w1", NULL, NULL, 5.0, &res) == TP_OK);
+    tp_value_free(res);
+    for (int i = 0; i < 500 && w1_add_st == TP_EINVAL; i++)
+        CHECK(tp_sleep(0.01) == TP_OK);
+    CHECK(w1_add_st == TP_OK);
+}
+
+static void others_add_on_w0(world *w) {
+    (void)w;
+    while (!w1_go)
+        CHECK(tp_sleep(0.01) == TP_OK);
+    tp_value *args = tp_value_list_of(2, tp_value_int(2), tp_value_int(3)), *res = NULL;
+    w1_add_st = tp_rpc_sync(tp_to_name("w0"), "add", args, NULL, 3.0, &res);
+    tp_value_free(res);
+    tp_value_free(args);
+}
+
+static void test_fair_stalled_caller_of_any_rank_is_owed(void **state) {
+    (void)state;
+    w1_go = 0;
+    w1_add_st = TP_EINVAL;
+    world w = {.scenario = sc_stalled_second_source,
+               .others = others_add_on_w0,
+               .backend = "SIM_CONGEST",
+               .threads = 1};
+    run_world(2, 3, &w);
+    assert_int_equal(failures, 0);
+}
+
 static void test_fair_tokens_owed_paid_once(void **state) {
     (void)state;
     world w = {.scenario = sc_tokens_owed_paid_once, .backend = "SIM_CONGEST", .threads = 1};
@@ -421,13 +491,69 @@ static void test_fair_stalled_jobs_dropped_at_teardown(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* The same as the callee w0, whose first peer record is its own and whose
+ * stalled caller is w1: teardown drops w1's jobs too, and every core is
+ * freed (a job left queued keeps its core). */
+static int reversed_stalled_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    world w = {.backend = "SIM_CONGEST"};
+    if (world_worker_start(rank, world_size, &w) != 0)
+        return 1;
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(1)), *res = NULL;
+        CHECK(tp_rpc_sync(tp_to_name("w0"), "add", args, NULL, 5.0, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(args);
+        congest_to_w1 = 1;
+        congested_answers = 0;
+        w1_go = 1;
+        CHECK(tp_sleep(0.5) == TP_OK);
+        CHECK(congested_answers >= 1);
+        CHECK(tp_shutdown(0) == TP_OK);
+        congest_to_w1 = 0;
+        return 0;
+    }
+    while (!w1_go)
+        CHECK(tp_sleep(0.01) == TP_OK);
+    tp_future *f[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_int(1));
+        CHECK(tp_rpc_async(tp_to_name("w0"), "add", args, NULL, 30.0, &f[i]) == TP_OK);
+        tp_value_free(args);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK(f[i] && tp_future_wait(f[i], 5.0) == TP_EPEERDOWN);
+        tp_future_free(f[i]);
+    }
+    CHECK(tp_shutdown(0) == TP_OK);
+    return 0;
+}
+
+static void test_fair_stalled_jobs_of_any_rank_dropped_at_teardown(void **state) {
+    (void)state;
+    w1_go = 0;
+    tp_sim_config cfg = {.hosts = RANKS, .seed = 6};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[RANKS] = {-9, -9};
+    assert_int_equal(tp_sim_run(sim, reversed_stalled_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(failures, 0);
+    assert_int_equal(tp_core_live_count(), 0);
+}
+
 int main(void) {
     if (sim_wrap_register("SIM_CONGEST") != 0)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_fair_uncongested_caller_served_again, reset_failures),
         cmocka_unit_test_setup(test_fair_stalled_jobs_dropped_at_teardown, reset_failures),
+        cmocka_unit_test_setup(test_fair_stalled_jobs_of_any_rank_dropped_at_teardown,
+                               reset_failures),
         cmocka_unit_test_setup(test_fair_tokens_owed_paid_once, reset_failures),
+        cmocka_unit_test_setup(test_fair_stalled_caller_of_any_rank_is_owed, reset_failures),
         cmocka_unit_test_setup(test_fair_tokens_unissued_run_by_ending_jobs, reset_failures),
         cmocka_unit_test_setup(test_fair_owed_paid_to_the_stalled_only, reset_failures),
     };
