@@ -2328,6 +2328,62 @@ static void test_tcp_store_idle_client_outlives_the_request_deadline(void **stat
     tpi_store_server_stop(srv, 0);
 }
 
+/* spec: TCP-18: the server's memory budget bounds what it holds for
+ * replies: with a budget of 40 bytes (its own hello), a reply of exactly
+ * 40 bytes (a 28-byte value) is sent, one of 41 drops that client at once,
+ * unanswered. */
+static void test_tcp_store_reply_within_the_memory_budget(void **state) {
+    (void)state;
+    tpi_store_server_limits l = {
+        .handshake_ms = TPI_STORE_SERVER_HANDSHAKE_MS,
+        .request_ms = TPI_STORE_SERVER_REQUEST_MS,
+        .write_ms = TPI_STORE_SERVER_WRITE_MS,
+        .conns_max = TPI_STORE_SERVER_CONNS_MAX,
+        .unauth_max = TPI_STORE_SERVER_UNAUTH_MAX,
+        .unsent_max = TPI_STORE_SERVER_UNSENT_MAX,
+        .mem_max = TPI_STORE_SERVER_HELLO_LEN,
+    };
+    tpi_store_server_test_limits(&l);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    int fd = raw_client(port);
+    static const char *const keys[] = {"a", "b"};
+    static const uint32_t lens[] = {28, 29};
+    uint8_t value[32];
+    memset(value, 'v', sizeof value);
+    for (int i = 0; i < 2; i++) {
+        uint8_t req[128];
+        tpi_store_request set = {.op = TPI_STORE_SET,
+                                 .key = (const uint8_t *)keys[i],
+                                 .key_len = 1,
+                                 .has_a = 1,
+                                 .a = value,
+                                 .a_len = lens[i]};
+        size_t n = tpi_store_request_size(&set);
+        tpi_store_request_encode(&set, req);
+        assert_int_equal(send(fd, req, n, MSG_NOSIGNAL), (ssize_t)n);
+        tp_status st = TP_EIO;
+        uint8_t out[64];
+        assert_int_equal(raw_reply(fd, &st, out, sizeof out), 0); /* the SET's */
+        assert_int_equal(st, TP_OK);
+        tpi_store_request get = {
+            .op = TPI_STORE_GET, .key = (const uint8_t *)keys[i], .key_len = 1};
+        size_t m = tpi_store_request_size(&get);
+        tpi_store_request_encode(&get, req);
+        assert_int_equal(send(fd, req, m, MSG_NOSIGNAL), (ssize_t)m);
+        if (i == 0) {
+            assert_int_equal(raw_reply(fd, &st, out, sizeof out), 28);
+            assert_int_equal(st, TP_OK);
+        } else {
+            uint8_t b[16];
+            assert_true(recv(fd, b, sizeof b, 0) <= 0); /* dropped, no reply */
+        }
+    }
+    close(fd);
+    tpi_store_server_stop(srv, 0);
+}
+
 /*
  * spec: TCP-18. A client that sends a request a byte at a time is dropped
  * at the request deadline (lowered to 0.5 s here), before its request is
@@ -3294,6 +3350,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_idle_client_costs_no_cpu),
         cmocka_unit_test(test_tcp_store_client_gone_mid_request_is_logged),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),
+        cmocka_unit_test(test_tcp_store_reply_within_the_memory_budget),
         cmocka_unit_test(test_tcp_store_idle_client_outlives_the_request_deadline),
         cmocka_unit_test(test_tcp_store_connection_flood),
         cmocka_unit_test(test_tcp_store_proof_checked_whole),
