@@ -602,6 +602,42 @@ static int offer_to_worker_1(uint32_t v[3]) {
     return probe;
 }
 
+/* spec: TCP-22: descriptor 0 is a descriptor like any other for the
+ * acceptor's pidfd (stdin closed: the pidfd lands there, the offer is taken,
+ * and the pidfd is closed with the side) and for the dialer's probe. */
+static void test_shm_pidfd_and_probe_on_descriptor_0(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    uint32_t v[3];
+    int probe = offer_to_worker_1(v);
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    int taken = accept_offer(v);
+    int pidfd = last_pidfd;
+    int closed0 = fcntl(0, F_GETFD) == -1;
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0;
+    a.world_size = 2;
+    int probe0 = -1;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    int offered = tpi_shm_offer(&a, 1, &probe0, rec);
+    if (probe0 >= 0)
+        close(probe0);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back, before any check */
+    close(saved);
+    close(probe);
+    assert_int_equal(taken, 1);
+    assert_int_equal(pidfd, 0);
+    assert_true(closed0);
+    assert_int_equal(offered, 0);
+    assert_int_equal(probe0, 0);
+}
+
 /* spec: TCP-22: an OFFER whose tag is not its probe's is refused, also when
  * the probe's descriptor, taken into this process, lands on 0 (stdin closed
  * by another thread while the acceptor works); the right one is accepted
@@ -1110,6 +1146,7 @@ int main(void) {
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
         cmocka_unit_test(test_shm_largest_segment_lands_aligned),
+        cmocka_unit_test(test_shm_pidfd_and_probe_on_descriptor_0),
         cmocka_unit_test(test_shm_slab_picking),
         cmocka_unit_test(test_shm_release_checks_the_slot),
         cmocka_unit_test(test_shm_smallest_fitting_slab_taken),
