@@ -2200,6 +2200,46 @@ static void test_tcp_store_write_deadline(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/* spec: TCP-18: the write deadline runs from when the client's replies
+ * stopped moving, not from its latest reply: a client that reads nothing
+ * but asks again every 100 ms (each answer queued behind the stalled ones)
+ * is dropped about write_ms after its writes stalled all the same. */
+static void test_tcp_store_write_deadline_not_restarted_by_new_replies(void **state) {
+    (void)state;
+    limits_for_test(0, 0, 300, 0, 0);
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_test_limits(NULL);
+    tp_store *good = client(port, 5);
+    size_t big = TP_STORE_VALUE_LEN_MAX;
+    char *v = calloc(1, big);
+    assert_int_equal(good->ops->set(good, "big", v, big), TP_OK);
+    free(v);
+    good->ops->close(good);
+    static const uint8_t get_big[11] = {7, 0, 0, 0, TPI_STORE_GET, 0, 3, 0, 'b', 'i', 'g'};
+    static const uint8_t get_none[12] = {8, 0, 0, 0, TPI_STORE_GET, 0, 4, 0, 'n', 'o', 'n', 'e'};
+    int stuck = raw_connect(port, 4096);
+    assert_true(stuck >= 0);
+    assert_int_equal(raw_handshake(stuck), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(send(stuck, get_big, sizeof get_big, MSG_NOSIGNAL),
+                         (ssize_t)sizeof get_big);
+    int dropped = 0;
+    for (int i = 0; i < 20 && !dropped; i++) {
+        usleep(100000);
+        int err = 0;
+        socklen_t len = sizeof err;
+        struct pollfd p = {.fd = stuck, .events = POLLRDHUP};
+        if (send(stuck, get_none, sizeof get_none, MSG_NOSIGNAL) != (ssize_t)sizeof get_none ||
+            (getsockopt(stuck, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) ||
+            (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))))
+            dropped = 1;
+    }
+    close(stuck);
+    tpi_store_server_stop(srv, 0);
+    assert_true(dropped);
+}
+
 /* spec: TCP-18: a client connected and idle has no deadline running: the
  * server sleeps (well under 0.3 s of CPU in a second, the test's thread
  * asleep meanwhile), where a timer re-armed for a deadline already past
@@ -3347,6 +3387,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_write_deadline),
+        cmocka_unit_test(test_tcp_store_write_deadline_not_restarted_by_new_replies),
         cmocka_unit_test(test_tcp_store_idle_client_costs_no_cpu),
         cmocka_unit_test(test_tcp_store_client_gone_mid_request_is_logged),
         cmocka_unit_test(test_tcp_store_slow_sender_dropped),
