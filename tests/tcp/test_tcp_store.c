@@ -1964,8 +1964,9 @@ static void test_tcp_store_rank_connected_before_the_announcement_counts(void **
 /* ---- The server's bounds (TCP-18) -------------------------------------------------- */
 
 /* The defaults, with deadlines lowered for a test (0 keeps the default). */
-static void limits_for_test(uint32_t handshake_ms, uint32_t request_ms, uint32_t write_ms,
-                            uint32_t conns_max, uint32_t unauth_max) {
+static tpi_store_server_limits test_limits(uint32_t handshake_ms, uint32_t request_ms,
+                                           uint32_t write_ms, uint32_t conns_max,
+                                           uint32_t unauth_max) {
     tpi_store_server_limits l = {
         .handshake_ms = handshake_ms ? handshake_ms : TPI_STORE_SERVER_HANDSHAKE_MS,
         .request_ms = request_ms ? request_ms : TPI_STORE_SERVER_REQUEST_MS,
@@ -1975,6 +1976,14 @@ static void limits_for_test(uint32_t handshake_ms, uint32_t request_ms, uint32_t
         .unsent_max = TPI_STORE_SERVER_UNSENT_MAX,
         .mem_max = TPI_STORE_SERVER_MEM_MAX,
     };
+    return l;
+}
+
+/* Servers started from now on take test_limits' limits. */
+static void limits_for_test(uint32_t handshake_ms, uint32_t request_ms, uint32_t write_ms,
+                            uint32_t conns_max, uint32_t unauth_max) {
+    tpi_store_server_limits l =
+        test_limits(handshake_ms, request_ms, write_ms, conns_max, unauth_max);
     tpi_store_server_test_limits(&l);
 }
 
@@ -2145,6 +2154,24 @@ static void test_tcp_store_readers_that_do_not_read(void **state) {
     good->ops->close(good);
 }
 
+/* A server whose write deadline is 300 ms, holding "big", a value of
+ * TP_STORE_VALUE_LEN_MAX bytes; its port in *port. */
+static tpi_store_server *serve_big_with_write_ms(uint16_t *port) {
+    limits_for_test(0, 0, 300, 0, 0);
+    *port = tt_free_port();
+    tpi_store_server *srv = serve(*port);
+    tpi_store_server_test_limits(NULL);
+    tp_store *good = client(*port, 5);
+    char *v = calloc(1, TP_STORE_VALUE_LEN_MAX);
+    assert_int_equal(good->ops->set(good, "big", v, TP_STORE_VALUE_LEN_MAX), TP_OK);
+    free(v);
+    good->ops->close(good);
+    return srv;
+}
+
+static const uint8_t get_big[11] = {7, 0, 0, 0, TPI_STORE_GET, 0, 3, 0, 'b', 'i', 'g'};
+static const uint8_t get_none[12] = {8, 0, 0, 0, TPI_STORE_GET, 0, 4, 0, 'n', 'o', 'n', 'e'};
+
 /* spec: TCP-18: a client whose reply the server cannot write (it reads
  * nothing: four 1 MiB replies, under the unsent bound) is dropped
  * write_ms (here 300 ms) after the write stalled, while
@@ -2153,18 +2180,9 @@ static void test_tcp_store_readers_that_do_not_read(void **state) {
  * progress, and not at all once everything is written. */
 static void test_tcp_store_write_deadline(void **state) {
     (void)state;
-    limits_for_test(0, 0, 300, 0, 0);
-    uint16_t port = tt_free_port();
-    tpi_store_server *srv = serve(port);
-    tpi_store_server_test_limits(NULL);
-    tp_store *good = client(port, 5);
+    uint16_t port = 0;
+    tpi_store_server *srv = serve_big_with_write_ms(&port);
     size_t big = TP_STORE_VALUE_LEN_MAX;
-    char *v = calloc(1, big);
-    assert_int_equal(good->ops->set(good, "big", v, big), TP_OK);
-    free(v);
-    good->ops->close(good);
-    static const uint8_t get_big[11] = {7, 0, 0, 0, TPI_STORE_GET, 0, 3, 0, 'b', 'i', 'g'};
-    static const uint8_t get_none[12] = {8, 0, 0, 0, TPI_STORE_GET, 0, 4, 0, 'n', 'o', 'n', 'e'};
     int stuck = raw_connect(port, 4096), reader = raw_connect(port, 4096);
     assert_true(stuck >= 0 && reader >= 0);
     assert_int_equal(raw_handshake(stuck), 0);
@@ -2206,18 +2224,8 @@ static void test_tcp_store_write_deadline(void **state) {
  * is dropped about write_ms after its writes stalled all the same. */
 static void test_tcp_store_write_deadline_not_restarted_by_new_replies(void **state) {
     (void)state;
-    limits_for_test(0, 0, 300, 0, 0);
-    uint16_t port = tt_free_port();
-    tpi_store_server *srv = serve(port);
-    tpi_store_server_test_limits(NULL);
-    tp_store *good = client(port, 5);
-    size_t big = TP_STORE_VALUE_LEN_MAX;
-    char *v = calloc(1, big);
-    assert_int_equal(good->ops->set(good, "big", v, big), TP_OK);
-    free(v);
-    good->ops->close(good);
-    static const uint8_t get_big[11] = {7, 0, 0, 0, TPI_STORE_GET, 0, 3, 0, 'b', 'i', 'g'};
-    static const uint8_t get_none[12] = {8, 0, 0, 0, TPI_STORE_GET, 0, 4, 0, 'n', 'o', 'n', 'e'};
+    uint16_t port = 0;
+    tpi_store_server *srv = serve_big_with_write_ms(&port);
     int stuck = raw_connect(port, 4096);
     assert_true(stuck >= 0);
     assert_int_equal(raw_handshake(stuck), 0);
@@ -2374,15 +2382,8 @@ static void test_tcp_store_idle_client_outlives_the_request_deadline(void **stat
  * unanswered. */
 static void test_tcp_store_reply_within_the_memory_budget(void **state) {
     (void)state;
-    tpi_store_server_limits l = {
-        .handshake_ms = TPI_STORE_SERVER_HANDSHAKE_MS,
-        .request_ms = TPI_STORE_SERVER_REQUEST_MS,
-        .write_ms = TPI_STORE_SERVER_WRITE_MS,
-        .conns_max = TPI_STORE_SERVER_CONNS_MAX,
-        .unauth_max = TPI_STORE_SERVER_UNAUTH_MAX,
-        .unsent_max = TPI_STORE_SERVER_UNSENT_MAX,
-        .mem_max = TPI_STORE_SERVER_HELLO_LEN,
-    };
+    tpi_store_server_limits l = test_limits(0, 0, 0, 0, 0);
+    l.mem_max = TPI_STORE_SERVER_HELLO_LEN;
     tpi_store_server_test_limits(&l);
     uint16_t port = tt_free_port();
     tpi_store_server *srv = serve(port);
@@ -2932,12 +2933,9 @@ static void test_tcp_sock_connect_on_descriptor_0(void **state) {
     close(saved);
 }
 
-/* TCP-23: a connection made again after the first broke has the job's
- * keepalive, not the defaults. */
-static void test_tcp_store_reconnect_keeps_the_jobs_keepalive(void **state) {
-    (void)state;
-    uint16_t port = tt_free_port();
-    tpi_store_server *srv = serve(port);
+/* Options for a rank of a job whose store is on port, with a keepalive
+ * that is not the default: 9 s idle, probes every 4 s, 2 of them. */
+static tp_options *keepalive_options(uint16_t port) {
     char method[64];
     snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)port);
     tp_options *o = tp_options_new();
@@ -2946,6 +2944,16 @@ static void test_tcp_store_reconnect_keeps_the_jobs_keepalive(void **state) {
     assert_int_equal(tp_options_set(o, "keepalive_idle", "9"), TP_OK);
     assert_int_equal(tp_options_set(o, "keepalive_interval", "4"), TP_OK);
     assert_int_equal(tp_options_set(o, "keepalive_count", "2"), TP_OK);
+    return o;
+}
+
+/* TCP-23: a connection made again after the first broke has the job's
+ * keepalive, not the defaults. */
+static void test_tcp_store_reconnect_keeps_the_jobs_keepalive(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tp_options *o = keepalive_options(port);
     tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o};
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX] = "";
@@ -2974,14 +2982,7 @@ static void test_tcp_store_open_on_descriptor_0_gets_the_keepalive(void **state)
     (void)state;
     uint16_t port = tt_free_port();
     tpi_store_server *srv = serve(port);
-    char method[64];
-    snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)port);
-    tp_options *o = tp_options_new();
-    assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
-    assert_int_equal(tp_options_set_init_timeout(o, 10), TP_OK);
-    assert_int_equal(tp_options_set(o, "keepalive_idle", "9"), TP_OK);
-    assert_int_equal(tp_options_set(o, "keepalive_interval", "4"), TP_OK);
-    assert_int_equal(tp_options_set(o, "keepalive_count", "2"), TP_OK);
+    tp_options *o = keepalive_options(port);
     tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o}; /* no server */
     tp_store *c = NULL;
     char err[TP_ERRMSG_LEN_MAX] = "";

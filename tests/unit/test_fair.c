@@ -365,22 +365,28 @@ static void test_fair_tokens_unissued_run_by_ending_jobs(void **state) {
  * first), and the stalled caller is w1. Once w0's agent says w1 can go on,
  * w1's queued add runs.
  */
-static int w1_go;
+static int w1_may_call; /* w0 made its own peer record first: w1 may call it */
 static tp_status w1_add_st = TP_EINVAL;
 
-static void sc_stalled_second_source(world *w) {
-    (void)w;
+/* On w0: calls itself (its first peer record is its own), says w1's answers
+ * cannot go, lets w1 call, and waits wait_s for w1's calls to stall. */
+static void w0_stalls_w1(double wait_s) {
     tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(1)), *res = NULL;
     CHECK(tp_rpc_sync(tp_to_name("w0"), "add", args, NULL, 5.0, &res) == TP_OK);
     tp_value_free(res);
     tp_value_free(args);
     congest_to_w1 = 1;
     congested_answers = 0;
-    w1_go = 1;
-    CHECK(tp_sleep(0.2) == TP_OK);
+    w1_may_call = 1;
+    CHECK(tp_sleep(wait_s) == TP_OK);
     CHECK(congested_answers >= 1);
+}
+
+static void sc_stalled_second_source(world *w) {
+    (void)w;
+    w0_stalls_w1(0.2);
     CHECK(w1_add_st == TP_EINVAL); /* still queued */
-    res = NULL;
+    tp_value *res = NULL;
     CHECK(tp_rpc_sync(tp_to_name("w0"), "uncongest_w1", NULL, NULL, 5.0, &res) == TP_OK);
     tp_value_free(res);
     for (int i = 0; i < 500 && w1_add_st == TP_EINVAL; i++)
@@ -390,7 +396,7 @@ static void sc_stalled_second_source(world *w) {
 
 static void others_add_on_w0(world *w) {
     (void)w;
-    while (!w1_go)
+    while (!w1_may_call)
         CHECK(tp_sleep(0.01) == TP_OK);
     tp_value *args = tp_value_list_of(2, tp_value_int(2), tp_value_int(3)), *res = NULL;
     w1_add_st = tp_rpc_sync(tp_to_name("w0"), "add", args, NULL, 3.0, &res);
@@ -400,7 +406,7 @@ static void others_add_on_w0(world *w) {
 
 static void test_fair_stalled_caller_of_any_rank_is_owed(void **state) {
     (void)state;
-    w1_go = 0;
+    w1_may_call = 0;
     w1_add_st = TP_EINVAL;
     world w = {.scenario = sc_stalled_second_source,
                .others = others_add_on_w0,
@@ -475,17 +481,22 @@ static int stalled_program(int rank, int world_size, void *arg) {
     return 0;
 }
 
-static void test_fair_stalled_jobs_dropped_at_teardown(void **state) {
-    (void)state;
-    w1_go = 0;
-    tp_sim_config cfg = {.hosts = RANKS, .seed = 5};
+/* Runs program on a world of RANKS from seed: every program ends 0. */
+static void run_program(tp_sim_program program, uint64_t seed) {
+    tp_sim_config cfg = {.hosts = RANKS, .seed = seed};
     tp_sim *sim = NULL;
     assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
     int codes[RANKS] = {-9, -9};
-    assert_int_equal(tp_sim_run(sim, stalled_program, NULL, codes), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program, NULL, codes), TP_OK);
     tp_sim_free(sim);
     assert_int_equal(codes[0], 0);
     assert_int_equal(codes[1], 0);
+}
+
+static void test_fair_stalled_jobs_dropped_at_teardown(void **state) {
+    (void)state;
+    w1_go = 0;
+    run_program(stalled_program, 5);
     assert_int_equal(w1_shutdown_st, TP_OK);
     assert_true(w1_shutdown_ns < 100 * MS);
     assert_int_equal(failures, 0);
@@ -500,20 +511,12 @@ static int reversed_stalled_program(int rank, int world_size, void *arg) {
     if (world_worker_start(rank, world_size, &w) != 0)
         return 1;
     if (rank == 0) {
-        tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_int(1)), *res = NULL;
-        CHECK(tp_rpc_sync(tp_to_name("w0"), "add", args, NULL, 5.0, &res) == TP_OK);
-        tp_value_free(res);
-        tp_value_free(args);
-        congest_to_w1 = 1;
-        congested_answers = 0;
-        w1_go = 1;
-        CHECK(tp_sleep(0.5) == TP_OK);
-        CHECK(congested_answers >= 1);
+        w0_stalls_w1(0.5);
         CHECK(tp_shutdown(0) == TP_OK);
         congest_to_w1 = 0;
         return 0;
     }
-    while (!w1_go)
+    while (!w1_may_call)
         CHECK(tp_sleep(0.01) == TP_OK);
     tp_future *f[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
@@ -531,15 +534,8 @@ static int reversed_stalled_program(int rank, int world_size, void *arg) {
 
 static void test_fair_stalled_jobs_of_any_rank_dropped_at_teardown(void **state) {
     (void)state;
-    w1_go = 0;
-    tp_sim_config cfg = {.hosts = RANKS, .seed = 6};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    int codes[RANKS] = {-9, -9};
-    assert_int_equal(tp_sim_run(sim, reversed_stalled_program, NULL, codes), TP_OK);
-    tp_sim_free(sim);
-    assert_int_equal(codes[0], 0);
-    assert_int_equal(codes[1], 0);
+    w1_may_call = 0;
+    run_program(reversed_stalled_program, 6);
     assert_int_equal(failures, 0);
     assert_int_equal(tp_core_live_count(), 0);
 }

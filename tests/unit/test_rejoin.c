@@ -152,13 +152,14 @@ static tp_status forge_send(tp_agent *a, uint32_t dst, tp_frame *f) {
     return TP_OK;
 }
 
-/* w0: calls slow on the new w1 with rref (of w1's incarnation 0) forged as
- * of owner incarnation inc into the request; its answer in r.forged_*[i]. */
-static void forged_call(tp_rref *rref, uint32_t inc, int i) {
+/* w0: calls slow on w1 with rref forged as of owner incarnation inc (and
+ * the fields forge names) into the request; its status, and its message in
+ * msg. The forged fields are reset after. */
+static tp_status forge_call(tp_rref *rref, uint32_t inc, char *msg, size_t msg_len) {
     tp_core *c = tpi_context_core(tp_context_current());
     CHECK(c != NULL);
     if (!c)
-        return;
+        return TP_EINVAL;
     forge.ops = c->ops;
     forge.wrap = *c->ops;
     forge.wrap.send = forge_send;
@@ -169,19 +170,27 @@ static void forged_call(tp_rref *rref, uint32_t inc, int i) {
     c->ops = &forge.wrap;
     tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_str(FORGE_MARKER));
     tp_value *res = NULL;
-    r.forged_st[i] = tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10.0, &res);
-    snprintf(r.forged_msg[i], sizeof r.forged_msg[i], "%s", tp_errmsg());
+    tp_status st = tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10.0, &res);
+    snprintf(msg, msg_len, "%s", tp_errmsg());
     c->ops = forge.ops;
     forge.args = NULL;
     CHECK(forge.rewritten == 1 && forge.same_len);
-    snprintf(r.forged_want[i], sizeof r.forged_want[i],
-             "rref %u:%llu is of incarnation %u of its owner 'w1', which is incarnation 1: %s",
-             rref->id.worker, (unsigned long long)rref->id.local, inc,
-             inc < 1 ? "the value went with the earlier process" : "no such incarnation yet");
+    forge.owner = forge.parent = forge.id_worker = forge.id_local = -1;
     tp_value_free(res);
     tp_value_free(args);
     tp_value_free(real);
     tpi_core_unref(c);
+    return st;
+}
+
+/* w0: calls slow on the new w1 with rref (of w1's incarnation 0) forged as
+ * of owner incarnation inc into the request; its answer in r.forged_*[i]. */
+static void forged_call(tp_rref *rref, uint32_t inc, int i) {
+    r.forged_st[i] = forge_call(rref, inc, r.forged_msg[i], sizeof r.forged_msg[i]);
+    snprintf(r.forged_want[i], sizeof r.forged_want[i],
+             "rref %u:%llu is of incarnation %u of its owner 'w1', which is incarnation 1: %s",
+             rref->id.worker, (unsigned long long)rref->id.local, inc,
+             inc < 1 ? "the value went with the earlier process" : "no such incarnation yet");
 }
 
 /*
@@ -208,30 +217,7 @@ static tp_status ff_send(tp_agent *a, uint32_t dst, tp_frame *f) {
 }
 
 static void ff_call(tp_rref *rref, int i) {
-    tp_core *c = tpi_context_core(tp_context_current());
-    CHECK(c != NULL);
-    if (!c)
-        return;
-    forge.ops = c->ops;
-    forge.wrap = *c->ops;
-    forge.wrap.send = forge_send;
-    forge.inc = 0;
-    forge.rewritten = forge.same_len = 0;
-    tp_value *real = tp_value_list_of(2, tp_value_int(1), tp_value_rref(rref));
-    forge.args = real;
-    c->ops = &forge.wrap;
-    tp_value *args = tp_value_list_of(2, tp_value_int(1), tp_value_str(FORGE_MARKER));
-    tp_value *res = NULL;
-    ff.st[i] = tp_rpc_sync(tp_to_rank(1), "slow", args, NULL, 10.0, &res);
-    snprintf(ff.msg[i], sizeof ff.msg[i], "%s", tp_errmsg());
-    c->ops = forge.ops;
-    forge.args = NULL;
-    CHECK(forge.rewritten == 1 && forge.same_len);
-    forge.owner = forge.parent = forge.id_worker = forge.id_local = -1;
-    tp_value_free(res);
-    tp_value_free(args);
-    tp_value_free(real);
-    tpi_core_unref(c);
+    ff.st[i] = forge_call(rref, 0, ff.msg[i], sizeof ff.msg[i]);
 }
 
 static int program_forged_fields(int rank, int world, void *arg) {

@@ -291,6 +291,18 @@ static tp_rref_leak leaks[WORLD][2];
 static size_t nleaks[WORLD];
 static int leak_objects = 1; /* w0's objects on w1, each leaked the same way (at most 2) */
 
+/* A graceful shutdown: its status and leak report (the first two) noted. */
+static void shutdown_noting_leaks(int rank) {
+    shutdown_st[rank] = tp_shutdown(1);
+    tp_rref_leak *v = NULL;
+    size_t n = 0;
+    CHECK(tp_shutdown_leaks(&v, &n) == TP_OK);
+    nleaks[rank] = n;
+    for (size_t i = 0; i < n && i < 2; i++)
+        leaks[rank][i] = v[i];
+    free(v);
+}
+
 static int leak_program(int rank, int world_size, void *arg) {
     (void)arg;
     if (join(rank, world_size) != TP_OK)
@@ -303,14 +315,7 @@ static int leak_program(int rank, int world_size, void *arg) {
         for (int i = 0; i < leak_objects; i++)
             tp_rref_release(r[i]);
     }
-    shutdown_st[rank] = tp_shutdown(1);
-    tp_rref_leak *v = NULL;
-    size_t n = 0;
-    CHECK(tp_shutdown_leaks(&v, &n) == TP_OK);
-    nleaks[rank] = n;
-    for (size_t i = 0; i < n && i < 2; i++)
-        leaks[rank][i] = v[i];
-    free(v);
+    shutdown_noting_leaks(rank);
     return 0;
 }
 
@@ -318,14 +323,20 @@ static int leak_program(int rank, int world_size, void *arg) {
  * too, so the owner cannot learn of the release either. */
 #define LEAK_PLAN "failsend rref_delete 1000000\nfailsend request 1000000 900\n"
 
-static void leak_world(const char *plan, int first) {
+/* Runs program under plan with rank first's shutdown deadline (2 s) before
+ * the others' (4 s), the leak notes cleared first. */
+static void leak_world_with(const char *plan, int first, tp_sim_program program) {
     memset(leaks, 0, sizeof leaks);
     memset(nleaks, 0, sizeof nleaks);
     for (int r = 0; r < WORLD; r++)
         shutdown_timeout_s[r] = r == first ? 2.0 : 4.0;
-    run_plan_with(plan, leak_program);
+    run_plan_with(plan, program);
     for (int r = 0; r < WORLD; r++)
         shutdown_timeout_s[r] = 30.0;
+}
+
+static void leak_world(const char *plan, int first) {
+    leak_world_with(plan, first, leak_program);
 }
 
 /* Runs leak_program with the given rank's deadline first; returns its one leak. */
@@ -368,14 +379,8 @@ static int leak_twice_program(int rank, int world_size, void *arg) {
 
 static void test_rref_leak_list_replaced_at_the_next_shutdown(void **state) {
     (void)state;
-    memset(leaks, 0, sizeof leaks);
-    memset(nleaks, 0, sizeof nleaks);
-    for (int r = 0; r < WORLD; r++)
-        shutdown_timeout_s[r] = r == 0 ? 2.0 : 4.0;
-    run_plan_with("failsend rref_delete 1000000 0 8000\nfailsend request 1000000 900 8000\n",
-                  leak_twice_program);
-    for (int r = 0; r < WORLD; r++)
-        shutdown_timeout_s[r] = 30.0;
+    leak_world_with("failsend rref_delete 1000000 0 8000\nfailsend request 1000000 900 8000\n", 0,
+                    leak_twice_program);
     assert_int_equal(nleaks[0], 1);
     for (int r = 0; r < WORLD; r++)
         assert_int_equal(nleaks_again[r], 0);
@@ -402,26 +407,13 @@ static int deferred_delete_program(int rank, int world_size, void *arg) {
         tp_rref_release(r);
     }
     sleep_until(1.0);
-    shutdown_st[rank] = tp_shutdown(1);
-    tp_rref_leak *v = NULL;
-    size_t n = 0;
-    CHECK(tp_shutdown_leaks(&v, &n) == TP_OK);
-    nleaks[rank] = n;
-    for (size_t i = 0; i < n && i < 2; i++)
-        leaks[rank][i] = v[i];
-    free(v);
+    shutdown_noting_leaks(rank);
     return 0;
 }
 
 static void test_rref_deferred_delete_reported_as_a_leak(void **state) {
     (void)state;
-    memset(leaks, 0, sizeof leaks);
-    memset(nleaks, 0, sizeof nleaks);
-    shutdown_timeout_s[0] = shutdown_timeout_s[1] = 4.0;
-    shutdown_timeout_s[2] = 2.0;
-    run_plan_with("failsend rref_fork 1000000\n", deferred_delete_program);
-    for (int r = 0; r < WORLD; r++)
-        shutdown_timeout_s[r] = 30.0;
+    leak_world_with("failsend rref_fork 1000000\n", 2, deferred_delete_program);
     for (int r = 0; r < WORLD; r++)
         print_message("w%d: %s, %zu leak(s), first kind %d owner %u holder %u\n", r,
                       tp_status_name(shutdown_st[r]), nleaks[r], (int)leaks[r][0].kind,

@@ -50,6 +50,7 @@ static tp_status start(int rank, int world_size, double shutdown_timeout_s) {
 }
 
 typedef struct outcome {
+    double w1_timeout_s; /* w1's shutdown timeout; 0: 30 s */
     tp_status shutdown_status;
     char message[TP_ERRMSG_LEN_MAX];
     uint64_t shutdown_ns; /* virtual time the shutdown took */
@@ -82,7 +83,8 @@ static void run_checked(uint32_t hosts, uint64_t seed, const char *plan, tp_sim_
  */
 static int program(int rank, int world_size, void *arg) {
     outcome *out = arg;
-    if (start(rank, world_size, 30.0) != TP_OK)
+    double w1_timeout_s = out->w1_timeout_s > 0 ? out->w1_timeout_s : 30.0;
+    if (start(rank, world_size, rank == 1 ? w1_timeout_s : 30.0) != TP_OK)
         return 1;
     if (rank == 0) {
         tp_future *f = NULL;
@@ -101,43 +103,32 @@ static int program(int rank, int world_size, void *arg) {
     return 0;
 }
 
-/* The same with w1's shutdown timeout 35 ms, far below the served call:
- * the drain's pauses between rounds (1, 2, 4, ... ms) are cut at the
- * deadline, so it ends TP_ETIMEDOUT at 35 ms, not a pause later. */
-static int short_drain_program(int rank, int world_size, void *arg) {
-    outcome *out = arg;
-    if (start(rank, world_size, rank == 1 ? 0.035 : 30.0) != TP_OK)
-        return 1;
-    if (rank == 0) {
-        tp_future *f = NULL;
-        CHECK(tp_rpc_async(tp_to_rank(1), "slow", NULL, NULL, TP_TIMEOUT_DEFAULT, &f) == TP_OK);
-        CHECK(tp_sleep(0.001) == TP_OK);
-        tp_sim_crash_self();
-        tp_future_free(f);
-        (void)tp_shutdown(0);
-        return 0;
-    }
-    CHECK(tp_sleep(0.002) == TP_OK);
-    uint64_t t0 = now_ns();
-    out->shutdown_status = tp_shutdown(1);
-    out->shutdown_ns = now_ns() - t0;
-    snprintf(out->message, sizeof out->message, "%s", tp_errmsg());
-    return 0;
-}
-
-static void test_shutdown_drain_pause_cut_at_the_deadline(void **state) {
-    (void)state;
-    outcome out;
-    memset(&out, 0, sizeof out);
+/* Runs program with w1's shutdown timeout (0: 30 s) into out: w0 crashed
+ * (137), w1 ended well. */
+static void run_dead_peer_program(outcome *out, double w1_timeout_s) {
+    memset(out, 0, sizeof *out);
+    out->w1_timeout_s = w1_timeout_s;
     tp_sim_config cfg = {.hosts = 2, .seed = 1};
     tp_sim *sim = NULL;
     assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
     int codes[2] = {-9, -9};
-    assert_int_equal(tp_sim_run(sim, short_drain_program, &out, codes), TP_OK);
+    assert_int_equal(tp_sim_run(sim, program, out, codes), TP_OK);
     tp_sim_free(sim);
+    assert_int_equal(codes[0], 137);
+    assert_int_equal(codes[1], 0);
     assert_int_equal(failures, 0);
     print_message("w1's graceful shutdown: %s after %.3f ms: %s\n",
-                  tp_status_name(out.shutdown_status), (double)out.shutdown_ns / 1e6, out.message);
+                  tp_status_name(out->shutdown_status), (double)out->shutdown_ns / 1e6,
+                  out->message);
+}
+
+/* The same with w1's shutdown timeout 35 ms, far below the served call:
+ * the drain's pauses between rounds (1, 2, 4, ... ms) are cut at the
+ * deadline, so it ends TP_ETIMEDOUT at 35 ms, not a pause later. */
+static void test_shutdown_drain_pause_cut_at_the_deadline(void **state) {
+    (void)state;
+    outcome out;
+    run_dead_peer_program(&out, 0.035);
     assert_int_equal(out.shutdown_status, TP_ETIMEDOUT);
     assert_true(out.shutdown_ns >= 35 * MS && out.shutdown_ns <= 37 * MS);
 }
@@ -176,18 +167,7 @@ static void test_shutdown_zero_timeout_is_no_deadline(void **state) {
 static void test_shutdown_drain_with_every_peer_dead(void **state) {
     (void)state;
     outcome out;
-    memset(&out, 0, sizeof out);
-    tp_sim_config cfg = {.hosts = 2, .seed = 1};
-    tp_sim *sim = NULL;
-    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
-    int codes[2] = {-9, -9};
-    assert_int_equal(tp_sim_run(sim, program, &out, codes), TP_OK);
-    assert_int_equal(codes[0], 137);
-    assert_int_equal(codes[1], 0);
-    tp_sim_free(sim);
-    assert_int_equal(failures, 0);
-    print_message("w1's graceful shutdown: %s after %.3f ms: %s\n",
-                  tp_status_name(out.shutdown_status), (double)out.shutdown_ns / 1e6, out.message);
+    run_dead_peer_program(&out, 0);
     assert_int_equal(out.shutdown_status, TP_EPEERDOWN);
     assert_non_null(strstr(out.message, "'w0'"));
     /* It waited for the served call (about SLOW_S), and not much longer. */
