@@ -2185,7 +2185,10 @@ static void test_tcp_late_rank_after_rank0_ran_another_job(void **state) {
  * the other way), so on request the relay slips one of its own, a PING,
  * between two of them. A process of its own, forked before the job.
  */
+typedef enum { IR_PING, IR_SHM_ANSWER, IR_ZEROS } inject_what;
+
 typedef struct inject_relay {
+    inject_what what; /* the record slipped in */
     atomic_int stop;
     atomic_int inject;   /* the test asks for the record */
     atomic_int injected; /* it went out, towards worker 0 */
@@ -2250,8 +2253,11 @@ static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
                     continue;
                 if (to_dialer[j] >= 3 * TPI_TCP_RECORD_SIZE &&
                     to_dialer[j] % TPI_TCP_RECORD_SIZE == 0) {
-                    uint8_t rec[TPI_TCP_RECORD_SIZE];
-                    tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 1);
+                    uint8_t rec[TPI_TCP_RECORD_SIZE] = {0};
+                    if (sh->what == IR_PING)
+                        tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 1);
+                    else if (sh->what == IR_SHM_ANSWER)
+                        tpi_tcp_shm_encode(rec, TPI_TCP_SHM_ANSWER, 1, 1, 0, 0);
                     if (send(fds[2 * j], rec, sizeof rec, MSG_NOSIGNAL) == (ssize_t)sizeof rec)
                         atomic_store(&sh->injected, 1);
                 }
@@ -2265,7 +2271,7 @@ static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
 }
 
 /* The relay's process and shared memory; NULL when 127.0.0.2:port cannot be bound. */
-static inject_relay *inject_relay_start(uint16_t port, pid_t *pid) {
+static inject_relay *inject_relay_start(uint16_t port, inject_what what, pid_t *pid) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
     int one = 1;
@@ -2280,6 +2286,7 @@ static inject_relay *inject_relay_start(uint16_t port, pid_t *pid) {
                             -1, 0);
     assert_true(sh != MAP_FAILED);
     memset(sh, 0, sizeof *sh);
+    sh->what = what;
     fflush(NULL);
     *pid = fork();
     assert_true(*pid >= 0);
@@ -2308,9 +2315,16 @@ static void count_unreachable(tp_log_level level, const char *msg, void *ud) {
         atomic_fetch_add(&sh->count[C_UR_VERDICT], 1);
 }
 
+typedef struct unexpected_case {
+    uint16_t port1;
+    inject_what what;
+    const char *says; /* in worker 0's error */
+} unexpected_case;
+
 static int body_unexpected_record(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
-    const uint16_t *port1 = job->arg;
+    const unexpected_case *uc = job->arg;
+    const uint16_t *port1 = &uc->port1;
     tp_options *o = tt_options(job, 20, 10);
     TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK); /* frames in the stream only */
     if (rank == 1) {
@@ -2337,7 +2351,7 @@ static int body_unexpected_record(tt_job *job, int rank) {
         atomic_store(&sh->flag[F_UR_RELEASE], 1); /* worker 1's block() returns */
         tp_future_free(f);
         TT_CHECK(st == TP_EIO);
-        TT_CHECK(strstr(msg, "unexpected record") != NULL);
+        TT_CHECK(strstr(msg, uc->says) != NULL);
         TT_CHECK(strstr(msg, "on an outgoing connection") != NULL);
         TT_CHECK(strstr(msg, "127.0.0.2:") != NULL); /* the address it dialed */
     }
@@ -2361,15 +2375,14 @@ static int body_unexpected_record(tt_job *job, int rank) {
  * worker 1's records) is a protocol error there. The connection is aborted
  * and the call in flight on it fails with TP_EIO naming the record, not
  * left waiting; worker 1 is not taken for dead, and later calls succeed. */
-static void test_tcp_unexpected_record_on_outgoing(void **state) {
-    (void)state;
-    uint16_t port1 = tt_free_port();
+static void unexpected_record_on_outgoing(inject_what what, const char *says) {
+    unexpected_case uc = {.port1 = tt_free_port(), .what = what, .says = says};
     pid_t relay_pid = -1;
-    inject_relay *relay = inject_relay_start(port1, &relay_pid);
+    inject_relay *relay = inject_relay_start(uc.port1, what, &relay_pid);
     if (!relay)
         skip(); /* no 127.0.0.2 here */
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_unexpected_record, &port1), 0);
+    assert_int_equal(tt_spawn(&job, 2, body_unexpected_record, &uc), 0);
     uint64_t deadline = tt_now_ns() + 30000000000ull;
     while (atomic_load(&job.shared->count[C_UR_BLOCKED]) < 1 && tt_now_ns() < deadline)
         usleep(1000);
@@ -2387,6 +2400,20 @@ static void test_tcp_unexpected_record_on_outgoing(void **state) {
     assert_true(conns >= 1); /* worker 0 dialed worker 1 through it */
     assert_int_equal(injected, 1);
     assert_int_equal(waited, 0);
+}
+
+static void test_tcp_unexpected_record_on_outgoing(void **state) {
+    (void)state;
+    unexpected_record_on_outgoing(IR_PING, "unexpected record");
+}
+
+/* The same with a shared memory ANSWER nobody offered for (it is not taken
+ * as the answer to an offer), and with 24 zero bytes (no record at all:
+ * not read as a frame's header either). */
+static void test_tcp_unasked_answer_or_zeros_on_outgoing(void **state) {
+    (void)state;
+    unexpected_record_on_outgoing(IR_SHM_ANSWER, "unexpected shared memory record");
+    unexpected_record_on_outgoing(IR_ZEROS, "unexpected record 00 00 00 00");
 }
 
 /* ---- Faults on the library's threads reach the program's handler ------------------- */
@@ -2607,6 +2634,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_fpe_reaches_handler),
         cmocka_unit_test(test_tcp_pool_threads_on_demand),
         cmocka_unit_test(test_tcp_unexpected_record_on_outgoing),
+        cmocka_unit_test(test_tcp_unasked_answer_or_zeros_on_outgoing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -148,6 +148,7 @@ static int body_mismatch(tt_job *job, int rank) {
     TT_CHECK(st != TP_OK);
     TT_CHECK(strstr(tp_errmsg(), "encrypt=on") != NULL);
     TT_CHECK(strstr(tp_errmsg(), "encrypt=off") != NULL);
+    TT_CHECK(strstr(tp_errmsg(), "must set the backend option 'encrypt' alike") != NULL);
     return 0;
 }
 
