@@ -134,6 +134,35 @@ static void test_tcp_crypt_calls(void **state) {
     tt_job_free(&job);
 }
 
+/* spec: TCP-21, AGENT-18: a sealed connection counts its unsent bytes down
+ * as its chunks go, as a plain one does: worker 1 keeps at most 64 KiB
+ * unsent for a peer (max_unsent_bytes), and 40 echoes of 16 KiB in a row
+ * from worker 0 are all answered (a count that only grew would pass the
+ * bound after four and stall worker 0's calls for good). */
+static int body_unsent_sealed(tt_job *job, int rank) {
+    tp_options *o = crypt_options(job, "on");
+    TT_CHECK(o && (rank == 0 || tp_options_set(o, "max_unsent_bytes", "65536") == TP_OK));
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        static uint8_t data[16384];
+        for (int i = 0; i < 40; i++) {
+            memset(data, i, sizeof data);
+            TT_CHECK(echo_bytes(tp_to_rank(1), data, sizeof data) == 0);
+        }
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_crypt_unsent_counted_down(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_unsent_sealed, NULL), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    tt_job_free(&job);
+}
+
 /* ---- The option, and a mismatch ------------------------------------------------------- */
 
 static int body_mismatch(tt_job *job, int rank) {
@@ -1051,6 +1080,7 @@ int main(int argc, char **argv) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_crypt_calls),
+        cmocka_unit_test(test_tcp_crypt_unsent_counted_down),
         cmocka_unit_test(test_tcp_crypt_mismatch),
         cmocka_unit_test(test_tcp_crypt_tampered),
         cmocka_unit_test(test_tcp_crypt_capture),
