@@ -51,6 +51,8 @@ static double secs_since(uint64_t t0) {
 enum { T_REFUSED = 2, N_REFUSED_LOGS = 4 };
 /* ns[T_WAITER]: the size of the frame TCP-19's last "waits" report named. */
 enum { T_WAITER = 6 };
+/* ns[T_IDLE_CPU]: worker 1's CPU over a quiet second after the budget's waits. */
+enum { T_IDLE_CPU = 8 };
 
 /* count[C_NO_HELLO], count[C_PER_PEER]: worker 1's drops of a connection
  * with no hello in time, and of one past TPI_TCP_CONNS_PER_PEER_MAX. */
@@ -696,6 +698,16 @@ static int body_budget(tt_job *job, int rank) {
     tp_options_free(o);
     atomic_fetch_add(&sh->count[C_READY], 1);
     TT_CHECK(tt_await_flag(sh, F_GO, 1, 60) == 0);
+    if (rank == 1) {
+        /* No frame waits for the budget now: the loop sleeps (its admission
+         * hook is off), so a quiet second costs this process no CPU. */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
+        usleep(1000000);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
+        atomic_store(&sh->ns[T_IDLE_CPU], (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll +
+                                                     (t1.tv_nsec - t0.tv_nsec)));
+    }
     if (rank == 0) {
         /* A lone frame larger than the budget is read (the request at worker
          * 1, the answer here): the budget never starves a frame alone. */
@@ -820,7 +832,10 @@ static void test_tcp_rx_budget_lone_frames(void **state) {
         }
     atomic_store(&job.shared->flag[F_GO], 1);
     assert_int_equal(tt_wait(&job, 90), 0);
+    uint64_t idle_cpu = atomic_load(&job.shared->ns[T_IDLE_CPU]);
     tt_job_free(&job);
+    fprintf(stderr, "  worker 1's CPU over a quiet second: %.3f s\n", (double)idle_cpu / 1e9);
+    assert_true(idle_cpu < (uint64_t)(0.3e9 * TT_SLOWDOWN));
 }
 
 /* spec: TCP-17. A proof is checked whole: the job's proof with one bit of
