@@ -441,6 +441,52 @@ fi
 # No memory to carry a started process's output (either of its two line
 # buffers): that process is killed at once and the launch fails with the
 # cause, rather than running a rank whose output has nowhere to go.
+# --- edges an outside review found untested (LAUNCH-1, LAUNCH-4, LAUNCH-8) ---
+# The default grace is 5 s: a rank that cleans up for 1 s after SIGTERM does.
+out=$("$tprun" --nproc 2 sh -c 'if [ $RANK = 1 ]; then sleep .3; exit 3; fi
+  trap "sleep 1; echo cleaned; exit 0" TERM; while :; do sleep .1; done' 2>/dev/null)
+check "default grace lets a rank clean up" "[0] cleaned" "$(echo "$out" | grep cleaned)"
+# A first process never inherits TP_REJOIN.
+out=$(TP_REJOIN=1 "$tprun" --nproc 1 sh -c 'echo "${TP_REJOIN-unset}"')
+check "first process: TP_REJOIN removed" "[0] unset" "$out"
+# A restart that cannot start while another rank runs: its status, no hang
+# (the forked child that could not exec must not go on as a second tprun).
+printf '#!/bin/sh\n[ "$RANK" = 1 ] || exec sleep 30\nsleep 0.5\nrm -f "$0"\nexit 3\n' >"$tmp/vanish2"
+chmod 700 "$tmp/vanish2"
+timeout -k 5 20 "$tprun" --nproc 2 --max-restarts 1 --grace 1 "$tmp/vanish2" >/dev/null 2>&1
+check "restart cannot start, another rank running: status" 3 "$?"
+# A line written in two parts is one line; a last line without its newline,
+# or one written by a straggler within the 1 s drain, is not lost.
+out=$("$tprun" --nproc 1 sh -c 'printf ab; sleep 0.3; echo cd')
+check "line written in two parts" "[0] abcd" "$out"
+out=$("$tprun" --nproc 1 sh -c 'sleep 30 & printf "pid %s" $!')
+p=${out#\[0\] pid }
+check "partial line at the drain's end" yes "$(case $p in ''|*[!0-9]*) echo "no ($out)";; *) echo yes;; esac)"
+kill "$p" 2>/dev/null
+out=$("$tprun" --nproc 1 sh -c '(sleep 0.3; echo late) & exit 0')
+check "output within the 1 s drain" "[0] late" "$out"
+# tprun's stdout closed under it: the job's status, not SIGPIPE or a hang;
+# the ranks get SIGPIPE's default all the same.
+( timeout -k 5 20 "$tprun" --nproc 1 sh -c 'sleep 0.5; echo x'; echo $? >"$tmp/rc" ) | true
+check "stdout closed: job status" 0 "$(cat "$tmp/rc")"
+out=$("$tprun" --nproc 1 sh -c 'yes | head -n 1' 2>&1)
+check "ranks get SIGPIPE's default" "[0] y" "$out"
+# Without restarts a failure is said so, rank 0's as any other's.
+"$tprun" --nproc 2 --grace 1 sh -c 'if [ $RANK = 1 ]; then exit 7; fi; exec sleep 30' \
+  >/dev/null 2>"$tmp/err"
+check "no restarts: rank 1's failure said" "tprun: rank 1 exited with status 7; stopping the others" \
+  "$(cat "$tmp/err")"
+"$tprun" --nproc 2 --grace 1 sh -c 'if [ $RANK = 0 ]; then exit 5; fi; exec sleep 30' \
+  >/dev/null 2>"$tmp/err"
+check "no restarts: rank 0's failure said" "tprun: rank 0 exited with status 5; stopping the others" \
+  "$(cat "$tmp/err")"
+# A secret file is checked whole: a bad last digit, or nothing but spaces.
+printf '%sz\n' "${secret:0:63}" >"$tmp/lastbad"; chmod 600 "$tmp/lastbad"
+usage_err "secret file with a bad last digit" "does not hold a job secret" \
+  --nproc 1 --secret-file "$tmp/lastbad"
+printf '  \n' >"$tmp/blank"; chmod 600 "$tmp/blank"
+usage_err "secret file of spaces" "(0 characters found" --nproc 1 --secret-file "$tmp/blank"
+
 if [ -n "$fail_malloc" ]; then
   line_buf=16384 # LINE_MAX_BYTES in tprun.c: a buffer is that and a few fields
   for nth in 1 2; do
