@@ -1846,6 +1846,13 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "listen_addr", longest);
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "listen_addr 'aaaa");
+    /* At the bound itself: room for ":port" is kept (TPI_ADDR_LEN_MAX less 8). */
+    char at_bound[TPI_ADDR_LEN_MAX - 8 + 1];
+    memset(at_bound, 'a', sizeof at_bound - 1);
+    at_bound[sizeof at_bound - 1] = '\0';
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "advertise_addr", at_bound);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "advertise_addr 'aaaa");
     /* spec: TCP-12, TCP-22: the shared memory options. */
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "shm", "maybe");
