@@ -487,6 +487,23 @@ usage_err "secret file with a bad last digit" "does not hold a job secret" \
 printf '  \n' >"$tmp/blank"; chmod 600 "$tmp/blank"
 usage_err "secret file of spaces" "(0 characters found" --nproc 1 --secret-file "$tmp/blank"
 
+# A world of exactly 65,536 processes is not over the bound (it is refused
+# only for want of a secret here); hosts of 256 characters are over theirs;
+# a bracketed address with junk after it is no endpoint; --help is no error.
+usage_err "65536 processes: within the bound" "needs the job secret" \
+  --nnodes 64 --node-rank 63 --nproc-per-node 1024 --rdzv-endpoint 127.0.0.1:29500
+long_host=$(printf 'h%.0s' $(seq 256))
+usage_err "endpoint host of 256 characters" "bad option --rdzv-endpoint" \
+  --nproc 1 --rdzv-endpoint "$long_host:29500"
+usage_err "master address of 256 characters" "bad option --master-addr" \
+  --nproc 1 --master-addr "$long_host" --master-port 29500
+usage_err "bracketed endpoint with junk after it" "bad option --rdzv-endpoint" \
+  --nproc 1 --rdzv-endpoint '[::1]x5'
+out=$("$tprun" --help 2>/dev/null); rc=$?
+check "--help: exit 0" 0 "$rc"
+case "$out" in "usage: tprun"*) check "--help: usage on stdout" ok ok ;;
+  *) check "--help: usage on stdout" "usage: tprun..." "$out" ;; esac
+
 if [ -n "$fail_malloc" ]; then
   line_buf=16384 # LINE_MAX_BYTES in tprun.c: a buffer is that and a few fields
   for nth in 1 2; do
