@@ -110,6 +110,7 @@ static int holds(tp_value *t, float base) {
 
 typedef struct shm_args {
     const char *rank1_shm;  /* NULL: defaults; "off": worker1 refuses shared memory */
+    const char *rank1_min;  /* NULL: the default; else worker1's shm_min_bytes */
     const char *rank0_pool; /* NULL: the default; else worker0's shm_pool_bytes */
     int expect_shm;         /* worker1's answers arrive in its slabs */
     int expect_arg_shm;     /* worker0's arguments arrive in its slabs */
@@ -137,6 +138,8 @@ static int body_tensors(tt_job *job, int rank) {
         TT_CHECK(tp_options_set(o, "shm", sa->rank1_shm) == TP_OK);
     if (rank == 0 && sa->rank0_pool)
         TT_CHECK(tp_options_set(o, "shm_pool_bytes", sa->rank0_pool) == TP_OK);
+    if (rank == 1 && sa->rank1_min)
+        TT_CHECK(tp_options_set(o, "shm_min_bytes", sa->rank1_min) == TP_OK);
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -169,9 +172,9 @@ static int body_tensors(tt_job *job, int rank) {
     return 0;
 }
 
-static void run_tensors(const char *rank1_shm, const char *rank0_pool, int expect_shm,
-                        int expect_arg_shm) {
-    shm_args sa = {rank1_shm, rank0_pool, expect_shm, expect_arg_shm};
+static void run_tensors_min(const char *rank1_shm, const char *rank1_min, const char *rank0_pool,
+                            int expect_shm, int expect_arg_shm) {
+    shm_args sa = {rank1_shm, rank1_min, rank0_pool, expect_shm, expect_arg_shm};
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_tensors, &sa), 0);
     assert_int_equal(tt_wait(&job, 120), 0);
@@ -185,6 +188,11 @@ static void run_tensors(const char *rank1_shm, const char *rank0_pool, int expec
     assert_int_equal(aligned, in_shm); /* WIRE-10: never moved into place */
     assert_int_equal(atomic_load(&job.shared->count[C_NO_SHM_LOGGED]), 0);
     tt_job_free(&job);
+}
+
+static void run_tensors(const char *rank1_shm, const char *rank0_pool, int expect_shm,
+                        int expect_arg_shm) {
+    run_tensors_min(rank1_shm, NULL, rank0_pool, expect_shm, expect_arg_shm);
 }
 
 /* 1 when this process may take a descriptor out of a sibling (what the
@@ -223,6 +231,33 @@ static void test_shm_tensors(void **state) {
         skip();
     }
     run_tensors(NULL, NULL, 1, 1);
+}
+
+/* spec: TCP-12, TCP-22: shm_min_bytes is the least frame a slab takes: with
+ * worker 1's set to the exact length of its answers (a RESPONSE holding the
+ * tensor, as the codec encodes it), they come in its slabs; one byte more
+ * and they take the stream. */
+static void test_shm_min_bytes_is_inclusive(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    tpi_msg m;
+    tpi_msg_reset(&m);
+    m.type = TPI_MSG_RESPONSE;
+    m.id = 1;
+    m.value = filled(0.0f);
+    tp_frame *f = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_msg_encode(&m, NULL, UINT64_MAX, &f, err, sizeof err), TP_OK);
+    char exact[32], over[32];
+    snprintf(exact, sizeof exact, "%zu", f->len);
+    snprintf(over, sizeof over, "%zu", f->len + 1);
+    tp_frame_free(f);
+    tp_value_free(m.value);
+    run_tensors_min(NULL, exact, NULL, 1, 1);
+    run_tensors_min(NULL, over, NULL, 0, 1);
 }
 
 /* spec: TCP-22: a frame larger than the sender's whole pool (shm_pool_bytes
@@ -1140,6 +1175,7 @@ int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shm_tensors),
+        cmocka_unit_test(test_shm_min_bytes_is_inclusive),
         cmocka_unit_test(test_shm_frame_over_the_pool_takes_the_stream),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_shm_kill9),
