@@ -1286,6 +1286,37 @@ static void test_tcp_set_peer_refuses(void **state) {
     pthread_mutex_destroy(&a.qmu);
 }
 
+/* spec: AGENT-4, TCP-2: the table of addresses is checked as it comes from
+ * the store: an address of exactly TPI_ADDR_LEN_MAX characters (one more
+ * than any worker publishes) is refused as not host:port, naming the
+ * worker, before anything is resolved. An agent made by the backend's init
+ * (rank 0: it serves the store), never started. */
+static void test_tcp_set_peers_refuses_an_address_at_its_bound(void **state) {
+    (void)state;
+    tp_options *o = NULL;
+    assert_int_equal(tp_construct_rpc_backend_options("TENSORPIPE", &o), TP_OK);
+    char method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
+    tp_init_params p = {.name = "w0", .rank = 0, .world_size = 2, .opts = o};
+    tp_agent *agent = NULL;
+    const tp_agent_ops *ops = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_status st = tp_lookup_backend("TENSORPIPE")->init(&p, &agent, &ops, err, sizeof err);
+    if (st != TP_OK)
+        fail_msg("init: %s", err);
+    char bound[TPI_ADDR_LEN_MAX + 1]; /* "hhh...h:1": a host that fits its buffer */
+    memset(bound, 'h', TPI_ADDR_LEN_MAX);
+    memcpy(bound + TPI_ADDR_LEN_MAX - 2, ":1", 3);
+    const char *addrs[2] = {"127.0.0.1:1", bound};
+    st = ops->set_peers(agent, addrs, 2, err, sizeof err);
+    ops->destroy(agent);
+    tp_options_free(o);
+    assert_int_equal(st, TP_EINVAL);
+    if (!strstr(err, "worker 1's address 'hhhh") || !strstr(err, "is not host:port"))
+        fail_msg("%s", err);
+}
+
 /* ---- A peer that leaves without a graceful shutdown ------------------------------------- */
 
 enum { F_LEAVE = 2, F_RELEASE = 5 };
@@ -2614,6 +2645,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_rejoin),
         cmocka_unit_test(test_tcp_rejoin_while_called),
         cmocka_unit_test(test_tcp_set_peer_refuses),
+        cmocka_unit_test(test_tcp_set_peers_refuses_an_address_at_its_bound),
         cmocka_unit_test(test_tcp_congested_past_the_bound_not_at_it),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_death_seen_on_the_peers_dial),
