@@ -1855,12 +1855,20 @@ enum { C_IMPOSTOR_NAMED = 5 };
 
 /* Rank 2 listens on 127.0.0.2:port but advertises 127.0.0.3, where the
  * test listens: whoever dials worker 2 reaches the test. */
+typedef struct impostor_case {
+    uint16_t port;
+    int auth;          /* the job's auth: on, the test's ACCEPT says so too */
+    uint32_t world;    /* the world the test's ACCEPT names */
+    const char *words; /* in the dialer's init error */
+} impostor_case;
+
 static int body_impostor(tt_job *job, int rank) {
-    const uint16_t *port = job->arg;
+    const impostor_case *ic = job->arg;
+    const uint16_t *port = &ic->port;
     tp_options *o = tt_options(job, 5, 5);
     TT_CHECK(o);
     tp_options_set_init_timeout(o, 8);
-    TT_CHECK(tp_options_set(o, "auth", "off") == TP_OK);
+    TT_CHECK(ic->auth || tp_options_set(o, "auth", "off") == TP_OK);
     if (rank == 2) {
         char p[16];
         snprintf(p, sizeof p, "%u", (unsigned)*port);
@@ -1874,7 +1882,7 @@ static int body_impostor(tt_job *job, int rank) {
         return 0;
     }
     tp_options_free(o);
-    if (strstr(tp_errmsg(), "the process at this address is not worker 2: it is worker "))
+    if (strstr(tp_errmsg(), ic->words))
         atomic_fetch_add(&job->shared->count[C_IMPOSTOR_NAMED], 1);
     return 0;
 }
@@ -1885,8 +1893,7 @@ static int body_impostor(tt_job *job, int rank) {
  * one to worker 2: its init fails at once, naming what answered, instead
  * of sending worker 2's warm-up ping into a stranger and waiting out the
  * init timeout. */
-static void test_tcp_impostor_acceptor_is_named(void **state) {
-    (void)state;
+static void impostor_answers(int auth, uint32_t world, const char *words) {
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(lfd >= 0);
     int one = 1;
@@ -1897,9 +1904,9 @@ static void test_tcp_impostor_acceptor_is_named(void **state) {
     socklen_t sl = sizeof sa;
     assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
     assert_int_equal(listen(lfd, 8), 0);
-    uint16_t port = ntohs(sa.sin_port);
+    impostor_case ic = {.port = ntohs(sa.sin_port), .auth = auth, .world = world, .words = words};
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 3, body_impostor, &port), 0);
+    assert_int_equal(tt_spawn(&job, 3, body_impostor, &ic), 0);
     /* Answer every dialer as a worker it did not dial, until the job ends. */
     int held[8], nheld = 0;
     uint64_t t0 = tt_now_ns();
@@ -1909,19 +1916,21 @@ static void test_tcp_impostor_acceptor_is_named(void **state) {
             continue;
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         assert_true(fd >= 0);
-        uint8_t rec[TPI_TCP_RECORD_SIZE];
+        uint8_t rec[2 * TPI_TCP_RECORD_SIZE]; /* OPEN, and with auth its NONCE */
+        size_t want = auth ? 2 * TPI_TCP_RECORD_SIZE : TPI_TCP_RECORD_SIZE;
         char err[128];
         uint32_t dialer = 0;
-        size_t got = tt_raw_recv(fd, rec, sizeof rec);
+        size_t got = tt_raw_recv(fd, rec, want);
         if (got == 0) { /* a dialer whose init failed already closed before its hello */
             close(fd);
             continue;
         }
-        assert_int_equal(got, sizeof rec);
+        assert_int_equal(got, want);
+        uint32_t flags = auth ? TPI_TCP_HELLO_AUTH : 0;
         assert_true(
-            tpi_tcp_hello_check(rec, TPI_TCP_HELLO_OPEN, 2, 3, 0, &dialer, err, sizeof err));
-        tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_ACCEPT, dialer == 0 ? 1 : 0, dialer, 3, 0);
-        tt_raw_send(fd, rec, sizeof rec);
+            tpi_tcp_hello_check(rec, TPI_TCP_HELLO_OPEN, 2, 3, flags, &dialer, err, sizeof err));
+        tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_ACCEPT, dialer == 0 ? 1 : 0, dialer, world, flags);
+        tt_raw_send(fd, rec, TPI_TCP_RECORD_SIZE);
         assert_true(nheld < 8);
         held[nheld++] = fd; /* open and silent: a ping sent here is never answered */
     }
@@ -1934,6 +1943,20 @@ static void test_tcp_impostor_acceptor_is_named(void **state) {
         close(held[i]);
     close(lfd);
     tt_job_free(&job);
+}
+
+static void test_tcp_impostor_acceptor_is_named(void **state) {
+    (void)state;
+    impostor_answers(0, 3, "the process at this address is not worker 2: it is worker ");
+}
+
+/* The same with auth on (the ACCEPT proves nothing yet: it is refused for
+ * its sender, not taken for a worker 2 set to encrypt otherwise), and with
+ * an ACCEPT from a world of another size (refused for that, said so). */
+static void test_tcp_impostor_acceptor_named_with_auth_or_another_world(void **state) {
+    (void)state;
+    impostor_answers(1, 3, "the process at this address is not worker 2: it is worker ");
+    impostor_answers(0, 4, "world of 4 workers");
 }
 
 int main(int argc, char **argv) {
@@ -1960,6 +1983,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_refusal_window_restarts_after_an_answer),
         cmocka_unit_test(test_tcp_probe_answered_stops_its_deadline),
         cmocka_unit_test(test_tcp_impostor_acceptor_is_named),
+        cmocka_unit_test(test_tcp_impostor_acceptor_named_with_auth_or_another_world),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
