@@ -1893,7 +1893,11 @@ static int body_impostor(tt_job *job, int rank) {
  * one to worker 2: its init fails at once, naming what answered, instead
  * of sending worker 2's warm-up ping into a stranger and waiting out the
  * init timeout. */
-static void impostor_answers(int auth, uint32_t world, const char *words) {
+/* Answers every dialer of worker 2 with an ACCEPT of that world (auth: with
+ * its flag), from another worker; or, proof_of_zeros (auth), from worker 2
+ * itself followed by a nonce and a proof of zeros. The dialer's init must
+ * fail before its timeout with words in its error. */
+static void impostor_answers(int auth, uint32_t world, int proof_of_zeros, const char *words) {
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(lfd >= 0);
     int one = 1;
@@ -1929,8 +1933,15 @@ static void impostor_answers(int auth, uint32_t world, const char *words) {
         uint32_t flags = auth ? TPI_TCP_HELLO_AUTH : 0;
         assert_true(
             tpi_tcp_hello_check(rec, TPI_TCP_HELLO_OPEN, 2, 3, flags, &dialer, err, sizeof err));
-        tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_ACCEPT, dialer == 0 ? 1 : 0, dialer, world, flags);
+        uint32_t sender = proof_of_zeros ? 2 : dialer == 0 ? 1 : 0;
+        tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_ACCEPT, sender, dialer, world, flags);
         tt_raw_send(fd, rec, TPI_TCP_RECORD_SIZE);
+        if (proof_of_zeros) {
+            uint8_t payload[16] = {1, 2, 3}, zeros[16] = {0};
+            tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, payload);
+            tpi_tcp_auth_encode(rec + TPI_TCP_RECORD_SIZE, TPI_TCP_AUTH_PROOF, zeros);
+            tt_raw_send(fd, rec, 2 * TPI_TCP_RECORD_SIZE);
+        }
         assert_true(nheld < 8);
         held[nheld++] = fd; /* open and silent: a ping sent here is never answered */
     }
@@ -1947,7 +1958,7 @@ static void impostor_answers(int auth, uint32_t world, const char *words) {
 
 static void test_tcp_impostor_acceptor_is_named(void **state) {
     (void)state;
-    impostor_answers(0, 3, "the process at this address is not worker 2: it is worker ");
+    impostor_answers(0, 3, 0, "the process at this address is not worker 2: it is worker ");
 }
 
 /* The same with auth on (the ACCEPT proves nothing yet: it is refused for
@@ -1955,8 +1966,15 @@ static void test_tcp_impostor_acceptor_is_named(void **state) {
  * an ACCEPT from a world of another size (refused for that, said so). */
 static void test_tcp_impostor_acceptor_named_with_auth_or_another_world(void **state) {
     (void)state;
-    impostor_answers(1, 3, "the process at this address is not worker 2: it is worker ");
-    impostor_answers(0, 4, "world of 4 workers");
+    impostor_answers(1, 3, 0, "the process at this address is not worker 2: it is worker ");
+    impostor_answers(0, 4, 0, "world of 4 workers");
+}
+
+/* spec: TCP-17, TCP-6: a process that answers as worker 2 but cannot prove
+ * it (its proof is wrong) is refused at once, said so, not waited on. */
+static void test_tcp_impostor_with_a_wrong_proof_is_refused(void **state) {
+    (void)state;
+    impostor_answers(1, 3, 1, "did not authenticate as worker 2 of this job");
 }
 
 int main(int argc, char **argv) {
@@ -1984,6 +2002,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_probe_answered_stops_its_deadline),
         cmocka_unit_test(test_tcp_impostor_acceptor_is_named),
         cmocka_unit_test(test_tcp_impostor_acceptor_named_with_auth_or_another_world),
+        cmocka_unit_test(test_tcp_impostor_with_a_wrong_proof_is_refused),
         /* Last: its init attempts take generations that later jobs forked
          * from this process would inherit (INIT-1). */
         cmocka_unit_test(test_tcp_bound_options),
