@@ -1963,6 +1963,34 @@ static void test_tcp_store_rank_connected_before_the_announcement_counts(void **
 
 /* ---- The server's bounds (TCP-18) -------------------------------------------------- */
 
+/* Why the store dropped clients, the last reason kept (TCP-18). */
+static char dropped_why[TP_ERRMSG_LEN_MAX];
+static atomic_int ndropped;
+
+static void log_dropped(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    const char *at = strstr(msg, "dropped the client at ");
+    if (level != TP_LOG_WARN || !at)
+        return;
+    atomic_fetch_add(&ndropped, 1);
+    snprintf(dropped_why, sizeof dropped_why, "%s", msg);
+}
+
+/* Starts noting the store's drops. */
+static void watch_drops(void) {
+    atomic_store(&ndropped, 0);
+    dropped_why[0] = '\0';
+    tp_set_log_callback(log_dropped, NULL);
+}
+
+/* Stops noting; the last drop's reason must hold words. */
+static void last_drop_says(const char *words) {
+    tp_set_log_callback(NULL, NULL);
+    if (atomic_load(&ndropped) < 1 || !strstr(dropped_why, words))
+        fail_msg("%d drop(s), the last: '%s'; want '%s'", atomic_load(&ndropped), dropped_why,
+                 words);
+}
+
 /* The defaults, with deadlines lowered for a test (0 keeps the default). */
 static tpi_store_server_limits test_limits(uint32_t handshake_ms, uint32_t request_ms,
                                            uint32_t write_ms, uint32_t conns_max,
@@ -2441,6 +2469,7 @@ static void test_tcp_store_slow_sender_dropped(void **state) {
     tp_store *good = client(port, 5);
     int fd = raw_connect(port, 0);
     assert_int_equal(raw_handshake(fd), 0);
+    watch_drops();
     uint8_t req[4 + 4 + 4 + 4 + 40] = {0};
     req[0] = sizeof req - 4;
     req[4] = TPI_STORE_SET;
@@ -2467,6 +2496,7 @@ static void test_tcp_store_slow_sender_dropped(void **state) {
             answered = 1;
     }
     fprintf(stderr, "slow sender: dropped after %zu of %zu bytes\n", sent, sizeof req);
+    last_drop_says("a request not complete 500 ms after its first byte");
     assert_false(answered);
     assert_true(dropped);
     assert_true(sent < sizeof req);
@@ -2541,11 +2571,13 @@ static void test_tcp_store_proof_checked_whole(void **state) {
     tpi_store_server *srv = serve(port);
     static const int flips[] = {0, 8, 12, 15};
     for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
+        watch_drops();
         int fd = raw_connect(port, 0);
         assert_true(fd >= 0);
         assert_int_equal(raw_handshake_flipped(fd, flips[i]), -1);
         assert_true(await_closed(fd, 10, NULL));
         close(fd);
+        last_drop_says("its proof of the job secret is wrong (TCP-17)");
     }
     int fd = raw_connect(port, 0);
     assert_true(fd >= 0);
