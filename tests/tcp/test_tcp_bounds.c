@@ -314,7 +314,7 @@ static void test_tcp_slow_senders(void **state) {
     assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_ABORT);
     double second = secs_since(t0);
     fprintf(stderr, "  aborts at %.2f s and %.2f s\n", first, second);
-    assert_true(second > first + 0.5 && second < first + 2.0);
+    assert_true(second > first + 0.5 && second < first + 2.5); /* held to its close: first + 3.1 */
     tt_expect_dropped(a);
     tt_expect_dropped(b);
     attack_end(&job, calls, 0); /* aborted, not ended: no probe */
