@@ -1940,6 +1940,22 @@ static void test_tcp_store_waits_for_late_rank(void **state) {
     assert_true(took < 3000000000ull); /* did not wait for the linger time */
 }
 
+/* spec: TCP-11: a stop in two steps: stop_async returns at once, the
+ * server says it finished once nothing is left to serve (no client, no
+ * rank announced), and join frees it. */
+static void test_tcp_store_stop_async_finishes(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_stop_async(srv, 5000000000ull);
+    uint64_t t0 = tt_now_ns();
+    while (!tpi_store_server_finished(srv) && tt_now_ns() - t0 < 2000000000ull)
+        usleep(1000);
+    int finished = tpi_store_server_finished(srv);
+    tpi_store_server_join(srv);
+    assert_int_equal(finished, 1);
+}
+
 /* spec: TCP-11: a rank connected before the job is announced counts as
  * come: rank 1 is in when expect(2) is called, rank 0 comes after; once
  * both left, a stop with 5 s of linger ends at once. */
@@ -3418,6 +3434,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_host_refused),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
+        cmocka_unit_test(test_tcp_store_stop_async_finishes),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_write_deadline),
         cmocka_unit_test(test_tcp_store_write_deadline_not_restarted_by_new_replies),
