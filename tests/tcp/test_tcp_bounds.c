@@ -536,11 +536,21 @@ static void test_tcp_idle_close_acceptor_closes_first(void **state) {
         time_waits(ports, WORLD, now, TW_MAX, &nnow);
         new_time_waits(now, nnow, before, nbefore, ports, WORLD, &acceptor, &dialer);
     }
+    /* Closed and quiet, nothing to send: nobody dials again (a dialer that
+     * did would go idle and close again, one more TIME_WAIT a pair each
+     * idle_timeout). */
+    uint32_t settled[TW_MAX], later[TW_MAX];
+    int nsettled = 0, nlater = 0, again_acceptor = 0, again_dialer = 0;
+    time_waits(ports, WORLD, settled, TW_MAX, &nsettled);
+    usleep((useconds_t)(1000000 * TT_SLOWDOWN));
+    time_waits(ports, WORLD, later, TW_MAX, &nlater);
+    new_time_waits(later, nlater, settled, nsettled, ports, WORLD, &again_acceptor, &again_dialer);
     atomic_store(&job.shared->flag[F_DONE], 1);
     assert_int_equal(tt_wait(&job, 60), 0);
     tt_job_free(&job);
     assert_int_equal(dialer, 0);
     assert_true(early + acceptor >= CONNS);
+    assert_int_equal(again_acceptor + again_dialer, 0);
 }
 
 /* ---- Exact bounds: max_message_size, the read budget, proofs (TCP-4, TCP-17, TCP-19) -- */
