@@ -1819,3 +1819,18 @@ def test_exposure_policy_paths_hold_in_allow_list_mode(tmp_path):
                    "state.__setattr__ is refused by this worker's exposure policy: the name goes "
                    "through state, a State: names reach functions through modules and classes "
                    "only", "describe 1"]
+
+
+def test_public_signatures_are_pytorchs():
+    """Code written for torch.distributed.rpc may pass any argument by name
+    or lean on a default: the entry points take the same parameters, with
+    the same defaults, in the same order, as PyTorch 1.13's."""
+    need_torch()
+    import inspect
+
+    import torch.distributed.rpc as theirs
+
+    import tensorplay.distributed.rpc as ours
+    for name in ("init_rpc", "rpc_sync", "rpc_async", "remote", "shutdown", "get_worker_info"):
+        assert inspect.signature(getattr(ours, name)) == \
+            inspect.signature(getattr(theirs, name)), name
