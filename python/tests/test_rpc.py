@@ -1432,3 +1432,25 @@ def test_dlpack_producer_needs_both_methods(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["6.0", "OnlyCapsule False False True", "OnlyDevice False False True"]
+
+
+def test_pickled_callable_named_in_errors(tmp_path):
+    """With allow_pickle a bound method (no name a peer can find: it carries
+    its object) travels pickled; a call of it that fails is named in the
+    error by its module and qualified name, as a named function is."""
+    out = run(tmp_path, """
+        class Sleeper:
+            def nap(self, s):
+                time.sleep(s)
+
+        opts = rpc.TensorPipeRpcBackendOptions(allow_pickle=True)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            try:
+                rpc.rpc_sync("worker1", Sleeper().nap, args=(2,), timeout=0.3)
+                print("answered")
+            except Exception as e:
+                print(type(e).__name__, "function '__main__.Sleeper.nap'" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["RpcTimeoutError True"], out
