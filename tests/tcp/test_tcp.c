@@ -1289,14 +1289,16 @@ static void test_tcp_set_peer_refuses(void **state) {
 /* spec: AGENT-4, TCP-2: the table of addresses is checked as it comes from
  * the store: an address of exactly TPI_ADDR_LEN_MAX characters (one more
  * than any worker publishes) is refused as not host:port, naming the
- * worker, before anything is resolved. An agent made by the backend's init
- * (rank 0: it serves the store), never started. */
+ * worker, before anything is resolved. An agent made by the backend's init,
+ * never started. */
 static void test_tcp_set_peers_refuses_an_address_at_its_bound(void **state) {
     (void)state;
     tp_options *o = NULL;
     assert_int_equal(tp_construct_rpc_backend_options("TENSORPIPE", &o), TP_OK);
-    char method[64];
-    snprintf(method, sizeof method, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    /* A file store: no server is kept in this process (a worker forked by a
+     * later test would inherit its listener). */
+    char method[96];
+    snprintf(method, sizeof method, "sqlite:///tmp/tp-set-peers-%d.db", (int)getpid());
     assert_int_equal(tp_options_set_init_method(o, method), TP_OK);
     tp_init_params p = {.name = "w0", .rank = 0, .world_size = 2, .opts = o};
     tp_agent *agent = NULL;
@@ -1312,6 +1314,7 @@ static void test_tcp_set_peers_refuses_an_address_at_its_bound(void **state) {
     st = ops->set_peers(agent, addrs, 2, err, sizeof err);
     ops->destroy(agent);
     tp_options_free(o);
+    unlink(method + strlen("sqlite://"));
     assert_int_equal(st, TP_EINVAL);
     if (!strstr(err, "worker 1's address 'hhhh") || !strstr(err, "is not host:port"))
         fail_msg("%s", err);
