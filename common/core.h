@@ -265,8 +265,7 @@ struct tp_core {
     uint64_t remote_values_max; /* OPT-10 */
     uint32_t rr_first, rr_last; /* lock: FAIR-1's round (runq), UINT32_MAX when empty */
     uint64_t tokens_owed;       /* lock: pool tokens that found only stalled sources (FAIR-2) */
-    uint64_t tokens_unissued; /* lock: owed tokens not made for want of memory: ending jobs run them
-                                 (FAIR-2) */
+    uint64_t tokens_unissued;   /* lock: owed tokens not made (no memory): ending jobs run theirs */
     uint32_t ndeferred;         /* lock: method calls parked on owner records (METHOD-3) */
     tp_options *opts;
     double default_timeout_s; /* lock */
