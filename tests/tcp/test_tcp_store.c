@@ -13,6 +13,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -731,6 +732,12 @@ static void test_tcp_store_scan_entries_bounds(void **state) {
     n = 0;
     assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
     assert_int_equal(n, 0);
+    len = scan_entry(buf, "p/x", 1, 1);
+    buf[4] = '\0'; /* "p/\0": the prefix holds, the NUL does not */
+    last[0] = '\0';
+    n = 0;
+    assert_int_equal(tpi_store_scan_entries(buf, len, "p/", 2, count_entry, &bytes, last, &n), -1);
+    assert_int_equal(n, 0);
     /* A key of no bytes, even for a scan of everything (empty prefix). */
     len = scan_entry(buf, "", 1, 1);
     last[0] = '\0';
@@ -1100,6 +1107,12 @@ static void test_tcp_store_reply_head_bounds(void **state) {
         tpi_tcp_put_u32(head + 8, TPI_STORE_MSG_MAX + extra);
         assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), extra ? -1 : 0);
     }
+    /* A total that is not 8 + the payload's length, either way. */
+    for (uint32_t total = 8 + 4; total <= 8 + 6; total += 2) {
+        tpi_store_reply_head_encode(head, TP_OK, 0, 5);
+        tpi_tcp_put_u32(head, total);
+        assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), -1);
+    }
     /* A status past the last one, and either reserved byte set alone. */
     tpi_store_reply_head_encode(head, (tp_status)(TP_STATUS_COUNT_ - 1), 0, 0);
     assert_int_equal(tpi_store_reply_head_decode(head, &st, &aux, &len), 0);
@@ -1141,17 +1154,70 @@ static void test_tcp_store_request_body_exact(void **state) {
     assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), (long)n);
     assert_int_equal(r.a_len, 2);
     assert_int_equal(r.b_len, 1);
+    n = body_request(req, TPI_STORE_SCAN, 0, rest, 6); /* after "ab" */
+    assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), (long)n);
+    assert_int_equal(r.a_len, 2);
     const struct {
         uint8_t op;
         size_t rest_len;
-    } bad[] = {{TPI_STORE_SET, 0}, {TPI_STORE_SET, 7},  {TPI_STORE_CAS, 6},
-               {TPI_STORE_CAS, 7}, {TPI_STORE_CAS, 12}, {TPI_STORE_GET, 1}};
+    } bad[] = {{TPI_STORE_SET, 0},  {TPI_STORE_SET, 7}, {TPI_STORE_CAS, 6}, {TPI_STORE_CAS, 7},
+               {TPI_STORE_CAS, 12}, {TPI_STORE_GET, 1}, {TPI_STORE_SCAN, 7}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         n = body_request(req, bad[i].op, bad[i].op == TPI_STORE_CAS, rest, bad[i].rest_len);
         why = NULL;
         assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), -1);
         assert_non_null(why);
         assert_string_equal(why, "a malformed request body");
+    }
+    /* A scan's after-key is a key: TP_STORE_KEY_LEN_MAX bytes, not one more. */
+    uint8_t after[4 + TP_STORE_KEY_LEN_MAX + 1], big[16 + sizeof after];
+    for (size_t kl = TP_STORE_KEY_LEN_MAX; kl <= TP_STORE_KEY_LEN_MAX + 1; kl++) {
+        tpi_tcp_put_u32(after, (uint32_t)kl);
+        memset(after + 4, 'a', kl);
+        n = body_request(big, TPI_STORE_SCAN, 0, after, 4 + kl);
+        why = NULL;
+        long got = tpi_store_request_decode(big, n, &r, &need, &why);
+        if (kl == TP_STORE_KEY_LEN_MAX) {
+            assert_int_equal(got, (long)n);
+        } else {
+            assert_int_equal(got, -1);
+            assert_string_equal(why, "a malformed request body");
+        }
+    }
+}
+
+/* spec: TCP-10, TCP-18: a request's first 8 bytes are enough to refuse a
+ * length the protocol never sends (under the 4 bytes of op, flags and key
+ * length, or over TPI_STORE_MSG_MAX) and an op it does not have, before any
+ * byte of the body is waited for or buffered. The largest length is taken,
+ * its body awaited. */
+static void test_tcp_store_request_head_bounds(void **state) {
+    (void)state;
+    uint8_t req[8 + 1];
+    tpi_store_request r;
+    size_t need = 0;
+    const char *why = NULL;
+    const uint32_t bad_len[] = {3, TPI_STORE_MSG_MAX + 1, UINT32_MAX};
+    for (size_t i = 0; i < sizeof bad_len / sizeof bad_len[0]; i++) {
+        (void)get_request(req, bad_len[i], 1);
+        why = NULL;
+        assert_int_equal(tpi_store_request_decode(req, 8, &r, &need, &why), -1);
+        assert_non_null(why);
+        assert_string_equal(why, "a request length out of bounds");
+    }
+    (void)get_request(req, TPI_STORE_MSG_MAX, 1);
+    why = NULL;
+    assert_int_equal(tpi_store_request_decode(req, 8, &r, &need, &why), 0);
+    assert_null(why);
+    assert_int_equal(need, 4 + (size_t)TPI_STORE_MSG_MAX);
+    const uint8_t bad_op[] = {TPI_STORE_SET - 1, TPI_STORE_SCAN + 1, 255};
+    for (size_t i = 0; i < sizeof bad_op / sizeof bad_op[0]; i++) {
+        size_t n = get_request(req, 4 + 1, 1);
+        req[4] = bad_op[i];
+        why = NULL;
+        assert_int_equal(tpi_store_request_decode(req, n, &r, &need, &why), -1);
+        assert_non_null(why);
+        assert_string_equal(why, "an unknown request op");
     }
 }
 
@@ -3124,6 +3190,13 @@ static void test_tcp_addr_edges(void **state) {
     assert_int_equal(tpi_tcp_split_hostport("[::1]:80", host, sizeof host, port, sizeof port), 0);
     assert_string_equal(host, "::1");
     assert_int_equal(tpi_tcp_split_hostport("::1:80", host, sizeof host, port, sizeof port), -1);
+    /* A bracket not closed, or not followed by ':', is no address. */
+    static const char *const unsplit[] = {"[::1", "[::1]", "[::1]x80", "[::1]80"};
+    for (size_t i = 0; i < sizeof unsplit / sizeof unsplit[0]; i++)
+        assert_int_equal(tpi_tcp_split_hostport(unsplit[i], host, sizeof host, port, sizeof port),
+                         -1);
+    assert_int_equal(tpi_tcp_unbracket("abc]", out, 8), -1);
+    assert_int_equal(tpi_tcp_unbracket("[abc", out, 8), -1);
 }
 
 /* The host of the store init_method names (TCP-12's listen_addr "auto"
@@ -3254,6 +3327,7 @@ static void test_tcp_sock_connect_failures(void **state) {
     (void)state;
     struct sockaddr_in sa;
     socklen_t len;
+    int fds = open_fds();
     int h = unlistened(&sa, &len);
     uint64_t t0 = tt_now_ns();
     int c = tpi_sock_connect((struct sockaddr *)&sa, len, 2000);
@@ -3261,7 +3335,13 @@ static void test_tcp_sock_connect_failures(void **state) {
         close(c);
     assert_int_equal(c, -ECONNREFUSED);
     assert_true(tt_now_ns() - t0 < 1000000000ull);
+    for (int i = 0; i < 10; i++) /* the store client's retries: no socket kept */
+        assert_int_equal(tpi_sock_connect((struct sockaddr *)&sa, len, 2000), -ECONNREFUSED);
     close(h);
+    assert_int_equal(open_fds(), fds);
+    /* An address connect() refuses at once (too short): its error, no socket. */
+    assert_int_equal(tpi_sock_connect((struct sockaddr *)&sa, len - 1, 2000), -EINVAL);
+    assert_int_equal(open_fds(), fds);
     /* A listener that never accepts, its queue (backlog 0: one) filled. */
     int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(l >= 0);
@@ -3281,6 +3361,58 @@ static void test_tcp_sock_connect_failures(void **state) {
     assert_true(took >= 250000000ull);
     close(filler);
     close(l);
+    assert_int_equal(open_fds(), fds);
+}
+
+static void on_sigusr1(int sig) {
+    (void)sig;
+}
+
+typedef struct pester {
+    pthread_t target;
+    int fd;
+    atomic_int sent;
+} pester;
+
+/* Signals the target every 2 ms for 100 ms, then writes one byte to fd. */
+static void *pester_then_write(void *arg) {
+    pester *p = arg;
+    for (int i = 0; i < 50; i++) {
+        pthread_kill(p->target, SIGUSR1);
+        atomic_fetch_add(&p->sent, 1);
+        usleep(2000);
+    }
+    assert_int_equal(send(p->fd, "x", 1, 0), 1);
+    return NULL;
+}
+
+/* spec: TCP-9: a signal is no failure: a store socket's wait that a signal
+ * interrupts (a handler installed without SA_RESTART: a profiler's, a
+ * SIGCHLD handler's; poll() is never restarted anyway) waits on to its
+ * deadline, and the byte that comes after 50 signals is read. The socket
+ * tpi_sock_connect returns has Nagle off (TCP_NODELAY), as the server's
+ * accepted end does: a request's tail is never held back for an ACK. */
+static void test_tcp_sock_waits_ride_out_signals(void **state) {
+    (void)state;
+    struct sigaction sa = {.sa_handler = on_sigusr1}, old;
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    int c, s;
+    sock_pair(&c, &s);
+    assert_int_equal(sockopt(c, IPPROTO_TCP, TCP_NODELAY), 1);
+    pester p = {.target = pthread_self(), .fd = s};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, pester_then_write, &p), 0);
+    uint8_t b = 0;
+    int rc = tpi_sock_recv_all(c, &b, 1, tt_now_ns() + 5000000000ull);
+    pthread_join(t, NULL);
+    assert_int_equal(sigaction(SIGUSR1, &old, NULL), 0);
+    close(c);
+    close(s);
+    assert_int_equal(atomic_load(&p.sent), 50);
+    if (rc != 0)
+        fail_msg("the wait under signals ended %d (%s)", rc, tpi_sock_strerror(rc));
+    assert_int_equal(b, 'x');
 }
 
 /* spec: TCP-9: a connect to a local port nobody listens on that the kernel
@@ -3389,9 +3521,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_request_key_bounds),
         cmocka_unit_test(test_tcp_store_reply_head_bounds),
         cmocka_unit_test(test_tcp_store_request_body_exact),
+        cmocka_unit_test(test_tcp_store_request_head_bounds),
         cmocka_unit_test(test_tcp_sock_errors_come_at_once),
         cmocka_unit_test(test_tcp_sock_connect_on_descriptor_0),
         cmocka_unit_test(test_tcp_sock_connect_failures),
+        cmocka_unit_test(test_tcp_sock_waits_ride_out_signals),
         cmocka_unit_test(test_tcp_sock_connected_to_itself_refused),
         cmocka_unit_test(test_tcp_addr_edges),
         cmocka_unit_test(test_tcp_store_host_of_init_methods),
