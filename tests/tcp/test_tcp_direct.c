@@ -7,7 +7,9 @@
  * counts the calls each thread makes.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,16 +27,25 @@
 #define WARM_CALLS 5
 #define CALLS 20
 
+/* This thread's sendmsg calls that wrote bytes (and every cut one). */
 static _Thread_local unsigned long thread_sendmsgs;
 /* Set by a test: this thread's next sendmsg takes only half of its bytes,
  * as a socket whose buffer is nearly full does. */
 static _Thread_local int cut_next;
 static _Thread_local int thread_cuts;
+/* Set by a test: after this thread's cut write, say so in half_written and
+ * sleep 0.2 s, the peer still marked busy, while another thread sends. */
+static _Thread_local int pause_after_cut;
+static atomic_int half_written;
 
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
+    if (!cut_next || msg->msg_iovlen > TP_FRAME_SEG_MAX) {
+        ssize_t k = syscall(SYS_sendmsg, fd, msg, flags);
+        /* Counted when it wrote: a well-formed message that carried bytes. */
+        thread_sendmsgs += k > 0 && !msg->msg_name && !msg->msg_controllen;
+        return k;
+    }
     thread_sendmsgs++;
-    if (!cut_next || msg->msg_iovlen > TP_FRAME_SEG_MAX)
-        return syscall(SYS_sendmsg, fd, msg, flags);
     cut_next = 0;
     thread_cuts++;
     struct iovec iov[TP_FRAME_SEG_MAX];
@@ -50,7 +61,12 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     }
     half.msg_iov = iov;
     half.msg_iovlen = i;
-    return syscall(SYS_sendmsg, fd, &half, flags);
+    ssize_t k = syscall(SYS_sendmsg, fd, &half, flags);
+    if (pause_after_cut) {
+        atomic_store(&half_written, 1);
+        usleep(200000);
+    }
+    return k;
 }
 
 enum { C_DIRECT = 0, C_CUTS = 1 };
@@ -80,7 +96,8 @@ static int body_direct(tt_job *job, int rank) {
 
 /* spec: TCP-15. Sequential rpc_syncs to an idle peer: the calling thread
  * writes its requests itself (each one sendmsg, or more when the socket
- * takes it in parts). Were no grant ever given, every request would go
+ * takes it in parts), each carrying its bytes. Were no grant ever given,
+ * or a direct write to carry nothing, every request would go
  * through the loop thread and this thread would make none. A direct write
  * spends the grant; the writer puts its peer on the loop's regrant list,
  * and the loop restores the grant before it hands over the reply, so the
@@ -116,7 +133,69 @@ static void test_tcp_direct_write_after_a_declined_offer(void **state) {
 #define CUT_BYTES 65536
 #define CUT_FOLLOWERS 3
 
+/* What body_cut's rounds do besides the cut echo (job->arg, NULL: followers). */
+typedef enum cut_mode {
+    CUT_FOLLOWED, /* three adds sent right after it by the same thread */
+    CUT_ALONE,    /* nothing else sent, no deadline armed: only the rest's own wake-up */
+    CUT_TENSOR,   /* alone, a tensor: a frame of several segments, cut inside the second */
+    CUT_RACED,    /* another thread sends three adds while the cut writer is busy */
+} cut_mode;
+
+#define CUT_ALONE_ROUNDS 20
+
+static int cut_round_alone(const tp_value *arg) {
+    tp_future *echo = NULL;
+    cut_next = 1;
+    TT_CHECK(tp_rpc_async(tp_to_rank(1), "echo", arg, NULL, TP_TIMEOUT_INFINITE, &echo) == TP_OK);
+    cut_next = 0;
+    TT_CHECK(tp_future_wait(echo, 5) == TP_OK); /* the rest flushed on its own */
+    TT_CHECK(tp_value_equal(tp_list_get(arg, 0), tp_future_value(echo)));
+    tp_future_free(echo);
+    return 0;
+}
+
+/* Waits for the cut writer to be half way, then sends three adds of round r. */
+static void *send_while_busy(void *arg) {
+    int r = *(int *)arg;
+    for (int i = 0; i < 2000 && !atomic_load(&half_written); i++)
+        usleep(1000);
+    tp_future *adds[CUT_FOLLOWERS] = {NULL};
+    for (int k = 0; k < CUT_FOLLOWERS; k++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(r), tp_value_int(k));
+        if (tp_rpc_async(tp_to_rank(1), "add", args, NULL, 20, &adds[k]) != TP_OK)
+            adds[k] = NULL;
+        tp_value_free(args);
+    }
+    intptr_t ok = atomic_load(&half_written);
+    for (int k = 0; k < CUT_FOLLOWERS; k++) {
+        int64_t v = -1;
+        ok = ok && adds[k] && tp_future_wait(adds[k], 5) == TP_OK &&
+             tp_value_get_int(tp_future_value(adds[k]), &v) == TP_OK && v == r + k;
+        tp_future_free(adds[k]);
+    }
+    return (void *)ok;
+}
+
+static int cut_round_raced(const tp_value *arg, int r) {
+    atomic_store(&half_written, 0);
+    pthread_t t;
+    TT_CHECK(pthread_create(&t, NULL, send_while_busy, &r) == 0);
+    tp_future *echo = NULL;
+    cut_next = 1;
+    pause_after_cut = 1;
+    TT_CHECK(tp_rpc_async(tp_to_rank(1), "echo", arg, NULL, 20, &echo) == TP_OK);
+    cut_next = 0;
+    pause_after_cut = 0;
+    void *ok = NULL;
+    TT_CHECK(pthread_join(t, &ok) == 0 && ok);
+    TT_CHECK(tp_future_wait(echo, 5) == TP_OK);
+    TT_CHECK(tp_value_equal(tp_list_get(arg, 0), tp_future_value(echo)));
+    tp_future_free(echo);
+    return 0;
+}
+
 static int body_cut(tt_job *job, int rank) {
+    cut_mode mode = job->arg ? *(const cut_mode *)job->arg : CUT_FOLLOWED;
     tp_options *o = tt_options(job, 20, 10);
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
@@ -128,7 +207,17 @@ static int body_cut(tt_job *job, int rank) {
         for (int i = 0; i < WARM_CALLS; i++)
             TT_CHECK(tt_call_add(tp_to_rank(1), i, 1, 10, &v) == TP_OK && v == i + 1);
         tp_value *big = tp_value_list_of(1, tp_value_bytes(data, sizeof data));
-        for (int r = 0; r < CUT_ROUNDS; r++) {
+        if (mode == CUT_TENSOR) { /* 256 x 257 float32: past TPI_ZERO_COPY_MIN, under shm_min */
+            static float elems[256 * 257];
+            for (size_t i = 0; i < sizeof elems / sizeof elems[0]; i++)
+                elems[i] = (float)i * 0.5f;
+            tp_value_free(big);
+            big = tp_value_list_of(
+                1, tp_value_tensor(TP_DTYPE_FLOAT32, 2, (const int64_t[]){256, 257}, NULL, elems));
+        }
+        for (int r = 0; mode != CUT_FOLLOWED && r < CUT_ALONE_ROUNDS; r++)
+            TT_CHECK((mode == CUT_RACED ? cut_round_raced(big, r) : cut_round_alone(big)) == 0);
+        for (int r = 0; mode == CUT_FOLLOWED && r < CUT_ROUNDS; r++) {
             tp_future *echo = NULL, *adds[CUT_FOLLOWERS] = {NULL};
             cut_next = 1;
             TT_CHECK(tp_rpc_async(tp_to_rank(1), "echo", big, NULL, 20, &echo) == TP_OK);
@@ -174,12 +263,50 @@ static void test_tcp_direct_write_cut_short(void **state) {
     tt_job_free(&job);
 }
 
+static void run_cut(cut_mode mode) {
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_cut, &mode), 0);
+    assert_int_equal(tt_wait(&job, 60), 0);
+    int cuts = atomic_load(&job.shared->count[C_CUTS]);
+    fprintf(stderr, "  direct writes cut short: %d of %d rounds\n", cuts, CUT_ALONE_ROUNDS);
+    assert_true(cuts >= CUT_ALONE_ROUNDS * 3 / 4);
+    tt_job_free(&job);
+}
+
+/* spec: TCP-15. The rest of a cut direct write wakes the loop itself: with
+ * nothing sent after it and no deadline armed (an infinite timeout), it
+ * still goes out and the echo comes back whole, round after round. */
+static void test_tcp_direct_write_cut_short_alone(void **state) {
+    (void)state;
+    run_cut(CUT_ALONE);
+}
+
+/* spec: TCP-15, WIRE-10. The same with a tensor argument, whose frame is
+ * several segments (header, then the tensor's own memory): the cut falls
+ * inside a later segment, and the rest resumes from exactly there. */
+static void test_tcp_direct_write_cut_short_in_a_later_segment(void **state) {
+    (void)state;
+    run_cut(CUT_TENSOR);
+}
+
+/* spec: TCP-15. Another thread sends while a direct writer is still busy
+ * with a frame the socket took only half of: its frames queue behind the
+ * rest (the loop waits for the writer, then writes the rest first), so the
+ * echo comes back whole and the three adds are answered. */
+static void test_tcp_direct_write_cut_short_while_another_sends(void **state) {
+    (void)state;
+    run_cut(CUT_RACED);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_direct_write_by_caller),
         cmocka_unit_test(test_tcp_direct_write_after_a_declined_offer),
         cmocka_unit_test(test_tcp_direct_write_cut_short),
+        cmocka_unit_test(test_tcp_direct_write_cut_short_alone),
+        cmocka_unit_test(test_tcp_direct_write_cut_short_in_a_later_segment),
+        cmocka_unit_test(test_tcp_direct_write_cut_short_while_another_sends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

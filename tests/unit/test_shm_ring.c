@@ -714,8 +714,78 @@ static void test_reader_head_checked_alone(void **state) {
         memcpy(m.p + 2 * TPI_RING_LINE, &head, 8);
         assert_int_equal(put(&w, in, sizeof in), TPI_RING_CORRUPT);
         assert_int_equal(put(&w, in, 0), TPI_RING_CORRUPT);
+        head = 0; /* the word made right again: the ring stays broken */
+        memcpy(m.p + 2 * TPI_RING_LINE, &head, 8);
+        assert_int_equal(put(&w, in, sizeof in), TPI_RING_CORRUPT);
         free(m.p);
     }
+}
+
+/* The reader's side of the same rule: a tail the writer could not have
+ * written (not on a record boundary) makes the ring CORRUPT, and putting
+ * the word right afterwards does not mend it: the reader never
+ * resynchronises on bytes the peer may still be writing. */
+static void test_reader_corrupt_for_good(void **state) {
+    (void)state;
+    static uint8_t in[16];
+    mem m = mem_new(TPI_RING_HEAD + 1024);
+    tpi_ring w, r;
+    pair(m, &w, &r);
+    assert_int_equal(put(&w, in, sizeof in), TPI_RING_OK); /* the tail is 24 */
+    uint8_t out[64];
+    size_t len = 0;
+    uint64_t tail = 28;
+    memcpy(m.p + TPI_RING_LINE, &tail, 8);
+    assert_int_equal(tpi_ring_read(&r, out, sizeof out, &len), TPI_RING_CORRUPT);
+    assert_string_not_equal(tpi_ring_why(&r), "");
+    tail = 24;
+    memcpy(m.p + TPI_RING_LINE, &tail, 8);
+    assert_int_equal(tpi_ring_read(&r, out, sizeof out, &len), TPI_RING_CORRUPT);
+    assert_int_equal(tpi_ring_wait(&r, 0, tpi_ring_now_ns()),
+                     TPI_RING_OK); /* nothing to wait for */
+    free(m.p);
+}
+
+/* TCP-26's layout: a record's payload is followed by zeros to a multiple
+ * of 8, whatever the data area held before (the reader may hand on a
+ * record where it lies, padding and all). */
+static void test_record_padding_is_zeros(void **state) {
+    (void)state;
+    mem m = mem_new(TPI_RING_HEAD + 1024);
+    memset(m.p + TPI_RING_HEAD, 0xaa, 1024);
+    tpi_ring w, r;
+    pair(m, &w, &r);
+    assert_int_equal(put(&w, "a", 1), TPI_RING_OK);
+    assert_int_equal(put(&w, "bcdefghij", 9), TPI_RING_OK);
+    const uint8_t *d = m.p + TPI_RING_HEAD;
+    assert_int_equal(d[8], 'a');
+    for (int i = 9; i < 16; i++)
+        assert_int_equal(d[i], 0);
+    assert_memory_equal(d + 24, "bcdefghij", 9);
+    for (int i = 33; i < 40; i++)
+        assert_int_equal(d[i], 0);
+    free(m.p);
+}
+
+/* tpi_ring_wake bumps the other end's futex word whether it sleeps or not
+ * (the transport's nudge: "look again"), once per call: the writer's
+ * wake-up moves data_seq, the reader's space_seq. */
+static void test_wake_bumps_the_peers_word(void **state) {
+    (void)state;
+    mem m = mem_new(TPI_RING_HEAD + 1024);
+    tpi_ring w, r;
+    pair(m, &w, &r);
+    uint32_t before, after;
+    memcpy(&before, m.p + TPI_RING_LINE + 8, 4);
+    tpi_ring_wake(&w);
+    memcpy(&after, m.p + TPI_RING_LINE + 8, 4);
+    assert_int_equal(after, before + 1);
+    memcpy(&before, m.p + 2 * TPI_RING_LINE + 8, 4);
+    tpi_ring_wake(&r);
+    tpi_ring_wake(&r);
+    memcpy(&after, m.p + 2 * TPI_RING_LINE + 8, 4);
+    assert_int_equal(after, before + 2);
+    free(m.p);
 }
 
 /* A scribbler in another process writes random words over the counters
@@ -1037,6 +1107,9 @@ int main(void) {
         cmocka_unit_test(test_hostile_writer_scribbles),
         cmocka_unit_test(test_hostile_reader_scribbles),
         cmocka_unit_test(test_reader_head_checked_alone),
+        cmocka_unit_test(test_reader_corrupt_for_good),
+        cmocka_unit_test(test_record_padding_is_zeros),
+        cmocka_unit_test(test_wake_bumps_the_peers_word),
         cmocka_unit_test(test_hostile_writer_concurrent),
         cmocka_unit_test(test_two_processes_no_spin),
         cmocka_unit_test(test_two_processes_spin_50us),
