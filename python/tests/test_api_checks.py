@@ -49,6 +49,20 @@ def test_is_available_and_calls_before_init():
     assert api._is_current_rpc_agent_set() is False
 
 
+def test_every_entry_point_before_init_says_so_in_pytorchs_words():
+    """rpc_async, remote and the gather check init themselves, as rpc_sync
+    does: the message names the entry point, not the C layer's state."""
+    assert not_started()
+    for call, what in ((lambda: rpc.rpc_async("w", len, args=("a",)), "rpc_async"),
+                       (lambda: rpc.remote("w", len, args=("a",)), "remote"),
+                       (lambda: api._all_gather(None, ["w"]), "_all_gather")):
+        with pytest.raises(RuntimeError) as e:
+            call()
+        assert str(e.value) == ("RPC has not been initialized. Call "
+                                "tensorplay.distributed.rpc.init_rpc first (%s)" % what)
+    assert not_started()
+
+
 # ---- init_rpc's arguments ------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, words", [
@@ -129,6 +143,7 @@ def test_backend_inferred_from_options_or_refused():
     ({"init_timeout": "5"}, TypeError, "init_timeout must be a number of seconds, not str"),
     ({"shutdown_timeout": -1}, ValueError, "shutdown_timeout must be >= 0 seconds"),
     ({"rpc_timeout": float("nan")}, ValueError, "rpc_timeout must be >= 0 seconds"),
+    ({"rpc_timeout": None}, TypeError, "rpc_timeout must be a number of seconds, not NoneType"),
     ({"num_worker_threads": 0}, ValueError, "num_worker_threads must be a positive int"),
 ])
 def test_options_refuse_bad_values(kwargs, error, words):
@@ -342,6 +357,24 @@ def test_a_function_its_module_rebound_is_not_sent_by_name():
             callable_ref(old)
     finally:
         del sys.modules["tp_shadow"]
+
+
+def test_a_nested_function_is_not_sent_by_name():
+    """A function defined inside another is refused, even when its module
+    keeps it as a global under its own name: its qualified name
+    ('make.<locals>.handler') names nothing a callee could find."""
+    import sys
+    import types
+    from tensorplay.distributed.rpc._values import callable_ref
+    mod = types.ModuleType("tp_nested")
+    sys.modules["tp_nested"] = mod
+    try:
+        exec("def make():\n    def handler():\n        return 1\n    return handler\n"
+             "handler = make()\n", mod.__dict__)
+        with pytest.raises(TypeError, match="nested functions"):
+            callable_ref(mod.handler)
+    finally:
+        del sys.modules["tp_nested"]
 
 
 def test_callables_name_themselves_or_say_why_they_cannot():

@@ -160,16 +160,21 @@ def test_errors_keep_their_type_and_name_the_worker(tmp_path):
                 rpc.rpc_sync("nobody", add, args=(1, 2))
             except RuntimeError as e:
                 print("unknown worker:", "nobody" in str(e))
-            for r in (2, 2**32):  # 2**32 is no int: never rank 0 by truncation
+            for r in (2, 2**32, -1):  # 2**32 is no int: never rank 0 by truncation
                 try:
                     print("rank", r, "called:", rpc.rpc_sync(r, add, args=(1, 2)))
                 except RuntimeError as e:
                     print("rank", r, "refused:", "no worker with rank %d" % r in str(e))
+            try:
+                rpc.rpc_sync(2**64, add, args=(1, 2))
+            except OverflowError as e:
+                print("rank 2**64:", type(e).__name__)
         rpc.shutdown()
     """)
     assert out == ["before init: True", "ValueError True True True", "lambda: True",
                    "overflow: True", "object: True", "timeout: True", "unknown worker: True",
-                   "rank 2 refused: True", "rank 4294967296 refused: True"]
+                   "rank 2 refused: True", "rank 4294967296 refused: True",
+                   "rank -1 refused: True", "rank 2**64: OverflowError"]
 
 
 def test_error_whose_class_has_no_str_qualname(tmp_path):
@@ -1454,3 +1459,125 @@ def test_pickled_callable_named_in_errors(tmp_path):
         rpc.shutdown()
     """)
     assert out == ["RpcTimeoutError True"], out
+
+
+def test_values_and_names_at_their_edges(tmp_path):
+    """What the binding does at the edges a program meets: RRef.to_here
+    frees its copy (44 fetches of 8 MiB leave the resident size where it
+    was); arguments refused for a later one free those converted before it;
+    an array of a dtype no tensor has says so; a class of the program's
+    that only shares PyTorch's Future name is refused as any object is, not
+    as a future; a name the callee never defines is a LookupError within
+    a timeout under a second; with allow_pickle a partial that times out is
+    named in the error by its repr (it has no qualified name)."""
+    out = run(tmp_path, """
+        import functools, gc, threading
+        import numpy as np
+
+        def rss_mib():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+        def blob():
+            return b"x" * (8 << 20)
+
+        class Future:  # the program's own class
+            pass
+
+        if rank == 0:
+            def defined_here_only():
+                return 1
+
+        done = threading.Event()
+
+        def finish():
+            done.set()
+
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 1:
+            done.wait(60)  # still running its program: names may yet come
+        if rank == 0:
+            r = rpc.remote("worker1", blob)
+            for i in range(44):
+                if i == 4:
+                    gc.collect()
+                    base = rss_mib()
+                v = r.to_here()
+                assert len(v) == 8 << 20
+                del v
+            gc.collect()
+            print("to_here freed:", rss_mib() - base < 64)
+            big, lock = b"y" * (1 << 20), threading.Lock()
+            for i in range(104):
+                if i == 4:
+                    gc.collect()
+                    base = rss_mib()
+                try:
+                    rpc.rpc_sync("worker1", echo, args=(big, lock))
+                except TypeError:
+                    pass
+            gc.collect()
+            print("refused arguments freed:", rss_mib() - base < 16)
+            try:
+                rpc.rpc_sync("worker1", echo, args=(np.zeros(2, np.longdouble),))
+            except TypeError as e:
+                print("longdouble:", "of element format 'g' has no tensor dtype" in str(e))
+            try:
+                rpc.rpc_sync("worker1", echo, args=(Future(),))
+            except Exception as e:
+                print("Future:", type(e).__name__, "future" in str(e))
+            t0 = time.monotonic()
+            try:
+                rpc.rpc_sync("worker1", defined_here_only, timeout=0.8)
+            except LookupError:
+                print("never defined: LookupError", time.monotonic() - t0 < 0.8)
+            except RuntimeError as e:
+                print("never defined:", type(e).__name__)
+            rpc.rpc_sync("worker1", finish)
+        rpc.shutdown()
+        opts = rpc.TensorPipeRpcBackendOptions(allow_pickle=True)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            try:
+                rpc.rpc_sync("worker1", functools.partial(time.sleep, 2), timeout=0.3)
+            except Exception as e:
+                print(type(e).__name__,
+                      "function 'functools.partial(<built-in function sleep>, 2)'" in str(e))
+        rpc.shutdown()
+    """)
+    assert out == ["to_here freed: True", "refused arguments freed: True", "longdouble: True",
+                   "Future: TypeError False", "never defined: LookupError True",
+                   "RpcTimeoutError True"], out
+
+
+def test_init_and_shutdown_timeouts_reach_the_library(tmp_path):
+    """init_timeout bounds init_rpc on its own (worker1 never joins: init
+    fails after 1 s, not after rpc_timeout's 10); then, in a second job
+    below, 0 means no deadline for init and for a graceful shutdown, not
+    rpc_timeout's."""
+    out = run(tmp_path, """
+        if rank == 0:
+            opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=10, init_timeout=1)
+            t0 = time.monotonic()
+            try:
+                rpc.init_rpc("worker0", rpc_backend_options=opts)
+                print("joined")
+            except Exception as e:
+                print("init failed within 3 s:", time.monotonic() - t0 < 3)
+        else:
+            time.sleep(2)  # never joins
+    """)
+    assert out == ["init failed within 3 s: True"], out
+    out = run(tmp_path, """
+        opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=1, init_timeout=0, shutdown_timeout=0)
+        if rank == 1:
+            time.sleep(2)  # past rpc_timeout: init_timeout 0 waits on
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            print("joined")
+            f = rpc.rpc_async("worker1", slow, args=(2,), timeout=0)
+        rpc.shutdown()  # waits for the 2 s call: no deadline
+        if rank == 0:
+            print("shut down", f.wait())
+    """)
+    assert out == ["joined", "shut down 2"], out

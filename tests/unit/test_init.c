@@ -582,6 +582,55 @@ static void test_init_shutdown_during_init_refused(void **state) {
     assert_int_equal(tp_core_live_count(), 0);
 }
 
+/* spec: lifecycle.md (TP_EALREADY): a shutdown called while this worker's
+ * graceful shutdown is in progress (here from the store operation its
+ * barrier makes) is refused with TP_EALREADY naming the worker, and the
+ * first one completes; every core is freed at the end. */
+static tp_status again_st[4];
+static char again_msg[4][TP_ERRMSG_LEN_MAX];
+static int agained;
+
+static tp_status again_cas(tp_store *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, int *swapped) {
+    lossy_store *ls = (lossy_store *)s;
+    if (strstr(key, "sd/arrive") && agained < 4) {
+        int i = agained++;
+        again_st[i] = tp_shutdown(1);
+        snprintf(again_msg[i], sizeof again_msg[i], "%s", tp_errmsg());
+    }
+    return ls->inner->ops->compare_set(ls->inner, key, expected, elen, desired, dlen, swapped);
+}
+
+static const tp_store_ops again_ops = {
+    .api_version = TP_BACKEND_API_VERSION,
+    .set = lossy_set,
+    .get = lossy_get,
+    .add = lossy_add,
+    .compare_set = again_cas,
+    .del = lossy_del,
+    .close = lossy_close,
+};
+
+static void test_init_shutdown_during_shutdown_refused(void **state) {
+    (void)state;
+    lossy_store *ls = calloc(1, sizeof *ls);
+    assert_non_null(ls);
+    ls->base.ops = &again_ops;
+    assert_int_equal(tp_sqlite_store_open(":memory:", &ls->inner, NULL, 0), TP_OK);
+    agained = 0;
+    run_store("", &ls->base);     /* each worker's own shutdown returns TP_OK (CHECK) */
+    assert_int_equal(agained, 2); /* once on each worker */
+    for (int i = 0; i < agained; i++) {
+        assert_int_equal(again_st[i], TP_EALREADY);
+        if (!strstr(again_msg[i], "shutdown: already in progress on worker 'w"))
+            fail_msg("%s", again_msg[i]);
+    }
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(store_status[r], TP_OK);
+    lossy_close(&ls->base);
+    assert_int_equal(tp_core_live_count(), 0);
+}
+
 /* spec: INIT-9: an init whose backend cannot start (here: a second worker
  * context on a host that already runs a started worker) leaves the context
  * as it was, so the next init is refused for the same reason, not as
@@ -1089,6 +1138,54 @@ static void test_init_without_memory_for_the_core(void **state) {
 }
 
 /*
+ * INIT-6: the scan of the rank entries copies them into one growing block;
+ * when it cannot grow (realloc fails: a name of TP_NAME_LEN_MAX characters
+ * makes an entry longer than the block's first size), init fails with
+ * TP_ENOMEM saying so, the worker stays uninitialized, and the next init
+ * works. Never a fall back on the slower read as though the store had
+ * miscounted. One worker, as above.
+ */
+static tp_status rows_oom_st;
+static char rows_oom_msg[TP_ERRMSG_LEN_MAX];
+static int rows_oom_up, rows_oom_failed;
+
+static int rows_oom_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    char name[TP_NAME_LEN_MAX + 1];
+    memset(name, 'n', TP_NAME_LEN_MAX);
+    name[TP_NAME_LEN_MAX] = '\0';
+    atomic_store(&realloc_failed, 0);
+    atomic_store(&realloc_fail_min,
+                 TP_NAME_LEN_MAX + 13); /* the entry, not the agent table (128) */
+    rows_oom_st = tp_init_rpc(name, "SIM", rank, world_size, NULL);
+    atomic_store(&realloc_fail_min, 0);
+    rows_oom_failed = (int)atomic_load(&realloc_failed);
+    snprintf(rows_oom_msg, sizeof rows_oom_msg, "%s", tp_errmsg());
+    rows_oom_up = tp_is_initialized();
+    CHECK(tp_init_rpc(name, "SIM", rank, world_size, NULL) == TP_OK);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_init_without_memory_for_the_rank_entries(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) /* under valgrind, or not GCC */
+        skip();
+    tp_sim_config cfg = {.hosts = 1, .seed = 9};
+    tp_sim *sim = NULL;
+    assert_int_equal(tp_sim_new(&cfg, &sim), TP_OK);
+    int codes[1] = {-1};
+    assert_int_equal(tp_sim_run(sim, rows_oom_program, NULL, codes), TP_OK);
+    tp_sim_free(sim);
+    assert_int_equal(failures, 0);
+    assert_int_equal(codes[0], 0);
+    assert_true(rows_oom_failed >= 1);
+    assert_int_equal(rows_oom_st, TP_ENOMEM);
+    assert_string_equal(rows_oom_msg, "init: out of memory for 1 workers");
+    assert_false(rows_oom_up);
+}
+
+/*
  * Init with each of its allocations failing in turn (alloc_countdown k =
  * 1, 2, ... until an init needs fewer than k): every failed init returns a
  * status with a message and leaves the worker uninitialized, and the next
@@ -1219,6 +1316,7 @@ int main(void) {
         cmocka_unit_test_setup(test_init_slow_store, reset_failures),
         cmocka_unit_test_setup(test_init_store_lost_replies, reset_failures),
         cmocka_unit_test_setup(test_init_shutdown_during_init_refused, reset_failures),
+        cmocka_unit_test_setup(test_init_shutdown_during_shutdown_refused, reset_failures),
         cmocka_unit_test_setup(test_init_timeout_names_who_is_missing, reset_failures),
         cmocka_unit_test(test_init_two_worlds_at_once_keep_their_own_tables),
         cmocka_unit_test(test_init_two_worlds_on_stores_without_instance),
@@ -1227,6 +1325,7 @@ int main(void) {
         cmocka_unit_test(test_init_names_in_any_order_are_found),
         cmocka_unit_test(test_init_again_with_ranks_swapped_routes_to_the_new_hosts),
         cmocka_unit_test_setup(test_init_without_memory_for_the_core, reset_failures),
+        cmocka_unit_test_setup(test_init_without_memory_for_the_rank_entries, reset_failures),
         cmocka_unit_test_setup(test_init_each_allocation_failing, reset_failures),
         cmocka_unit_test(test_init_rank_entry_parse_refuses_malformed),
         cmocka_unit_test(test_init_malformed_rank_entry_fails_init),
