@@ -142,6 +142,9 @@ def test_a_signal_wakes_the_launchers_loop():
     job = launcher.Job(spec, 5.0, True, 1.0)
     try:
         assert job.sel.select(0) == []  # nothing to read yet
+        # Both ends non-blocking: a burst of signals that fills the pipe
+        # before the loop drains it never blocks the handler.
+        assert not os.get_blocking(job.wake_r) and not os.get_blocking(job.wake_w)
         job._on_signal(signal.SIGTERM, None)
         assert job.got_signal == signal.SIGTERM
         # The byte is in the pipe already: a wait of 0 sees it.
@@ -231,7 +234,8 @@ def test_module_mode_and_no_python(tmp_path):
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["sh 0 2", "sh 1 2"]
     p = launch(tmp_path, ["--nproc-per-node", "1", "--no-python", "./no-such-program"])
-    assert p.returncode == 127 and "no-such-program" in p.stderr
+    assert p.returncode == 127
+    assert "cannot run './no-such-program': No such file or directory\n" in p.stderr, p.stderr
     # Found but not runnable: 126, as a shell says (and as tprun).
     (tmp_path / "noexec.sh").write_text("echo hi\n")
     (tmp_path / "noexec.sh").chmod(0o644)
@@ -482,6 +486,35 @@ def test_free_port_draws_below_the_ephemeral_range_when_it_has_room(monkeypatch)
 
 
 
+def test_free_port_skips_a_port_in_use_and_tries_64_times(monkeypatch):
+    """Each draw is bound before it is returned: a port some socket holds is
+    skipped for the next draw. Draws are 10000 + randbelow(low - 10000), 64
+    of them, before the kernel's choice."""
+    from tensorplay.distributed import run as launcher
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    taken = held.getsockname()[1]
+    draws = []
+
+    def draw(n):
+        draws.append(n)
+        return taken - 10000 if len(draws) == 1 else 12345 - 10000 + len(draws)
+    try:
+        if taken < 10000:
+            pytest.skip("the kernel gave port %d" % taken)
+        monkeypatch.setattr(launcher, "_ephemeral_low", lambda: 65000)
+        monkeypatch.setattr(launcher.secrets, "randbelow", draw)
+        port = launcher.free_port("127.0.0.1")
+        assert port != taken and len(draws) >= 2 and draws[0] == 65000 - 10000
+        draws.clear()
+        monkeypatch.setattr(launcher.secrets, "randbelow",
+                            lambda n: (draws.append(n), taken - 10000)[1])
+        port = launcher.free_port("127.0.0.1")  # every draw taken: the kernel's choice
+        assert port != taken and draws == [55000] * 64
+    finally:
+        held.close()
+
+
 def test_ephemeral_low_without_proc_is_linuxs_default(monkeypatch):
     """_ephemeral_low reads the kernel's range; where /proc cannot be read
     or parsed it assumes Linux's default range's start, 32768 (below it
@@ -645,6 +678,55 @@ def test_restarts_are_bounded_per_rank(tmp_path):
     assert out[0] == ["count 0 unset"] and out[2] == ["count 0 unset"]  # 2 exited 0: once
     assert "rank 1 exited with status 3 after 2 restarts (--max-restarts 2); stopping the " \
            "others" in p.stderr
+
+
+def test_one_restart_is_said_in_the_singular(tmp_path):
+    p = launch(tmp_path, ["--nproc-per-node", "2", "--max-restarts", "1", "--grace", "1",
+                          "prog.py"], """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        time.sleep(60)
+    """)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "rank 1 exited with status 3 after 1 restart (--max-restarts 1); stopping the " \
+           "others" in p.stderr, p.stderr
+
+
+def test_a_failure_without_restarts_is_said_in_one_line(tmp_path):
+    p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], "import sys\nsys.exit(3)\n")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.stderr.splitlines() == [
+        "tensorplay.distributed.run: rank 0 exited with status 3; stopping the others"], p.stderr
+
+
+def test_flags_are_never_abbreviated():
+    """--nproc-per is no --nproc-per-node: a flag is spelled out or refused
+    (an abbreviation would change meaning when a longer flag is added)."""
+    from tensorplay.distributed import run as launcher
+    with pytest.raises(SystemExit):
+        launcher.make_parser().parse_args(["--nproc-per", "2", "prog.py"])
+
+
+def test_a_line_of_exactly_the_limit_goes_out_as_it_arrives():
+    """A worker's output of exactly LINE_MAX_BYTES without a newline is cut
+    and emitted at once (not held for more), and a pipe with nothing to
+    read yet is still open (read() True)."""
+    from tensorplay.distributed import run as launcher
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(out_r, False)
+    s = launcher._Stream(0, os.fdopen(r, "rb", 0), out_w, True)
+    try:
+        assert s.read() is True  # nothing there yet
+        os.write(w, b"x" * 16384)
+        assert s.read() is True
+        assert os.read(out_r, 65536) == b"[0] " + b"x" * 16384 + b"\n"
+    finally:
+        s.close()
+        for fd in (w, out_r, out_w):
+            os.close(fd)
 
 
 # A restarted process's pipes are closed by the launcher at their end of
@@ -1027,3 +1109,42 @@ def test_launcher_run_in_a_program_gives_back_its_signal_handlers(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "codes [0, 3]" in p.stdout, p.stdout + p.stderr
     assert "restored True True" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_partial_line_still_open_at_the_drains_end_is_kept(tmp_path):
+    """When DRAIN_S runs out with a pipe still open (a child of the rank
+    holds it and wrote no newline), what it wrote so far comes out as a
+    line before the child's group is killed: nothing written is lost."""
+    p = launch(tmp_path, ["--nproc-per-node", "1", "prog.py"], """
+        import os, time
+        if os.fork() == 0:
+            os.write(1, b"partial")
+            time.sleep(30)
+            os._exit(0)
+        time.sleep(0.3)
+    """)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout == "[0] partial\n", p.stdout
+
+
+def test_stopping_signals_only_the_groups_still_running(monkeypatch):
+    """The stop's SIGTERM goes to the process groups of ranks still running,
+    never to the group of one that exited (its id may be another's by now)."""
+    from tensorplay.distributed import run as launcher
+    spec = launcher.JobSpec(launcher.make_parser().parse_args(["--nproc", "2", "prog.py"]))
+    job = launcher.Job(spec, 5.0, True, 0.1)
+
+    class P:
+        def __init__(self, rc):
+            self.returncode = rc
+    sent = []
+    monkeypatch.setattr(launcher.Job, "_killpg", staticmethod(lambda g, sig: sent.append((g, sig))))
+    try:
+        job.procs = [P(0), P(None)]
+        job.pgids = [111, 222]
+        job.begin_stop(signal.SIGTERM, 3)
+        assert sent == [(222, signal.SIGTERM)]
+    finally:
+        job.sel.close()
+        os.close(job.wake_r)
+        os.close(job.wake_w)
