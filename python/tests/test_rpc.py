@@ -1581,3 +1581,91 @@ def test_init_and_shutdown_timeouts_reach_the_library(tmp_path):
             print("shut down", f.wait())
     """)
     assert out == ["joined", "shut down 2"], out
+
+
+def test_a_pool_thread_serves_nothing_once_its_call_ended(tmp_path):
+    """A pool thread that served a call (worker1's echo, then a method of an
+    object worker0 owns, on worker0's one pool thread) has no served call
+    once it ended: a then-callback running there later sees none
+    (serving_caller None), never the ended call."""
+    out = run(tmp_path, """
+        from tensorplay import _rpc
+
+        class Counter:
+            def __init__(self):
+                self.n = 0
+
+            def add(self, k):
+                self.n += k
+                return self.n
+
+        def call_back():
+            return rpc.rpc_sync("worker0", echo, args=(5,))
+
+        def call_method_back():
+            return rpc.remote("worker0", Counter).rpc_sync().add(7)
+
+        opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=1 if rank == 0 else 4)
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+        if rank == 0:
+            for served in (call_back, call_method_back):  # a function, then a method
+                print(rpc.rpc_sync("worker1", served))
+                f = rpc.rpc_async("worker1", add, args=(1, 2))
+                print(f.then(lambda f: _rpc.serving_caller()).wait())
+        rpc.shutdown()
+    """)
+    assert out == ["5", "None", "7", "None"], out
+
+
+WAITS_IN_A_CALLEE = """
+    import threading
+
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def add(self, k):
+            self.n += k
+            return self.n
+
+    def waits():
+        # On worker1's only pool thread: each wait takes its outcome itself,
+        # never waiting for a pool thread (this one) to hand it over.
+        out = [rpc.rpc_async("worker0", add, args=(1, 2)).wait()]
+        out.append(rpc.wait_all([rpc.rpc_async("worker0", add, args=(i, i)) for i in range(3)]))
+        fs = rpc.collect_all([rpc.rpc_async("worker0", add, args=(i, 1)) for i in range(2)])
+        out.append([f.value() for f in fs.wait()])
+        if not TORCH:  # torch's own then() makes a torch future, which waits for its callback
+            out.append(rpc.rpc_async("worker0", add, args=(5, 5)).then(lambda f: f.value() * 2)
+                       .wait())
+        out.append(rpc.remote("worker0", Counter).rpc_sync().add(7))
+        try:
+            rpc.rpc_async("worker0", slow, args=(5,), timeout=0.3).wait()
+        except Exception as e:
+            out.append(type(e).__name__)
+        return out
+
+    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=1, rpc_timeout=20)
+    rpc.init_rpc("worker%d" % rank, rpc_backend_options=opts)
+    if rank == 0:
+        t0 = time.monotonic()
+        print(rpc.rpc_sync("worker1", waits), time.monotonic() - t0 < 5)
+    rpc.shutdown()
+"""
+
+
+@pytest.mark.parametrize("with_torch", [False, True])
+def test_a_callee_waits_on_its_own_calls_with_one_pool_thread(tmp_path, with_torch):
+    """A function served on a worker's only pool thread that waits for calls
+    it made (rpc_async().wait(), wait_all, collect_all, then, an rref's
+    method, a call that times out) gets every answer at once: the waiting
+    thread takes each outcome from the call's future itself. Were it to
+    wait for a pool thread to convert the answer, that thread being itself,
+    it would wait until the outer call's deadline (PyTorch's futures, whose
+    answers the pool completes, hang there)."""
+    if with_torch:
+        need_torch()
+    out = run(tmp_path, ("import torch\nTORCH = True\n" if with_torch else "TORCH = False\n")
+              + textwrap.dedent(WAITS_IN_A_CALLEE))
+    want = [3, [0, 2, 4], [1, 2]] + ([] if with_torch else [20]) + [7, "RpcTimeoutError"]
+    assert out == ["%r True" % (want,)], out

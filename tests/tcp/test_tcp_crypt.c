@@ -648,12 +648,14 @@ static void test_tcp_crypt_capture(void **state) {
 /* What a worker's log showed, counted in the job's shared memory (count[]
  * indices; C_READY is 1). Each is a control record's observable end: */
 enum {
-    C_IDLE_ASKED = 2, /* an acceptor sent IDLE (TCP-19, debug) */
-    C_TROUBLE = 3,    /* a peer-down of any kind, or a connection dropped, before shutdown */
-    C_NO_OPEN = 4,    /* "a sealed record does not check", or a length refused: any time */
-    C_ANSWERS = 5,    /* a probe answered: "the worker still answers" (TCP-7) */
-    C_BYE = 6,        /* a peer-down after a BYE: "the worker shut down" (TCP-6, TCP-8) */
-    C_WARN0 = 8       /* + rank: messages at warn level or worse, any time */
+    C_IDLE_ASKED = 2,   /* an acceptor sent IDLE (TCP-19, debug) */
+    C_TROUBLE = 3,      /* a peer-down of any kind, or a connection dropped, before shutdown */
+    C_NO_OPEN = 4,      /* "a sealed record does not check", or a length refused: any time */
+    C_ANSWERS = 5,      /* a probe answered: "the worker still answers" (TCP-7) */
+    C_BYE = 6,          /* a peer-down after a BYE: "the worker shut down" (TCP-6, TCP-8) */
+    C_BUDGET = 7,       /* a frame waited for the read budget (TCP-19, debug) */
+    C_BUDGET_READY = 1, /* body_budget's senders at their start line */
+    C_WARN0 = 8         /* + rank: messages at warn level or worse, any time */
 };
 
 static tt_shared *log_shared;
@@ -675,20 +677,23 @@ static void watch_log(tp_log_level level, const char *msg, void *user) {
         atomic_fetch_add(&sh->count[C_ANSWERS], 1);
     if (strstr(msg, "the worker shut down"))
         atomic_fetch_add(&sh->count[C_BYE], 1);
+    if (strstr(msg, "bytes are being read"))
+        atomic_fetch_add(&sh->count[C_BUDGET], 1);
     if (level <= TP_LOG_WARN)
         atomic_fetch_add(&sh->count[C_WARN0 + log_rank], 1);
     if (level <= TP_LOG_WARN || trouble || no_open || getenv("TT_LOG"))
         fprintf(stderr, "worker%d log: %s\n", log_rank, msg);
 }
 
-/* Every worker of these tests: encrypt=on, its log watched at debug level. */
-static int init_watched(tt_job *job, int rank, const char *idle_timeout) {
+/* Every worker of these tests: encrypt=on, its log watched at debug level;
+ * key (may be NULL) set to value. */
+static int init_watched(tt_job *job, int rank, const char *key, const char *value) {
     log_shared = job->shared;
     log_rank = rank;
     tp_set_log_level(TP_LOG_DEBUG);
     tp_set_log_callback(watch_log, NULL);
     tp_options *o = crypt_options(job, "on");
-    if (!o || (idle_timeout && tp_options_set(o, "idle_timeout", idle_timeout) != TP_OK)) {
+    if (!o || (key && tp_options_set(o, key, value) != TP_OK)) {
         tp_options_free(o);
         return -1;
     }
@@ -717,7 +722,7 @@ static int shutdown_watched(void) {
 }
 
 static int body_idle(tt_job *job, int rank) {
-    TT_CHECK(init_watched(job, rank, TT_IDLE_TIMEOUT) == 0);
+    TT_CHECK(init_watched(job, rank, "idle_timeout", TT_IDLE_TIMEOUT) == 0);
     /* Rounds of calls around the idle deadline, as test_tcp_bounds.c's
      * test_tcp_idle, with pauses from half to twice it (some connections
      * surely idle, on a busy machine too): some calls start as the peer asks
@@ -756,11 +761,74 @@ static void test_tcp_crypt_idle(void **state) {
     tt_job_free(&job);
 }
 
+#define BUDGET_ROUNDS 20
+#define BUDGET_ECHOES 4    /* in flight from each sender at once */
+#define BUDGET_CALL 150000 /* one call's bytes, alone more than the read budget */
+
+static int body_budget(tt_job *job, int rank) {
+    TT_CHECK(init_watched(job, rank, "rx_budget", "100000") == 0);
+    if (rank != 1) { /* workers 0 and 2 at once: one's frame waits while the other's is read */
+        uint8_t *b = malloc(BUDGET_CALL);
+        TT_CHECK(b);
+        for (size_t i = 0; i < BUDGET_CALL; i++)
+            b[i] = (uint8_t)(i * 13 + (size_t)rank);
+        tp_value *big = tp_value_list_of(1, tp_value_bytes(b, BUDGET_CALL));
+        /* Both senders start together (their inits end apart). */
+        atomic_fetch_add(&job->shared->count[C_BUDGET_READY], 1);
+        for (int i = 0; i < 10000 && atomic_load(&job->shared->count[C_BUDGET_READY]) < 2; i++)
+            usleep(1000);
+        /* Rounds until frames waited a few times (a wait needs two frames
+         * in reading at once: most rounds, not all), at most 10 times more. */
+        for (int r = 0; r < 10 * BUDGET_ROUNDS &&
+                        (r < BUDGET_ROUNDS || atomic_load(&job->shared->count[C_BUDGET]) < 3);
+             r++) {
+            tp_future *echo[BUDGET_ECHOES] = {NULL}, *sum = NULL;
+            for (int k = 0; k < BUDGET_ECHOES; k++)
+                TT_CHECK(tp_rpc_async(tp_to_rank(1), "echo", big, NULL, 30, &echo[k]) == TP_OK);
+            tp_value *args = tp_value_list_of(2, tp_value_int(r), tp_value_int(rank));
+            TT_CHECK(tp_rpc_async(tp_to_rank(1), "add", args, NULL, 30, &sum) == TP_OK);
+            tp_value_free(args);
+            int64_t v = -1;
+            for (int k = 0; k < BUDGET_ECHOES; k++) {
+                TT_CHECK(tp_future_wait(echo[k], 30) == TP_OK &&
+                         tp_value_equal(tp_future_value(echo[k]), tp_list_get(big, 0)));
+                tp_future_free(echo[k]);
+            }
+            TT_CHECK(tp_future_wait(sum, 30) == TP_OK &&
+                     tp_value_get_int(tp_future_value(sum), &v) == TP_OK && v == r + rank);
+            tp_future_free(sum);
+        }
+        tp_value_free(big);
+        free(b);
+    }
+    TT_CHECK(shutdown_watched() == 0);
+    return 0;
+}
+
+/* spec: TCP-19, TCP-21: with encrypt=on and rx_budget 100000, workers 0 and
+ * 2 each send worker 1 rounds of four echoes of 150,000 bytes and an add: a
+ * frame whose header waits for the budget keeps the sealed records behind
+ * it unopened (they are that frame's body and the add), and reads on from
+ * there once admitted: every echo comes back whole, every add answers, no
+ * record fails to open, and frames did wait. */
+static void test_tcp_crypt_read_budget_waits(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_budget, NULL), 0);
+    int waited = tt_wait(&job, 120);
+    int waits = atomic_load(&job.shared->count[C_BUDGET]);
+    fprintf(stderr, "budget: frames waited %d times\n", waits);
+    assert_int_equal(waited, 0);
+    assert_true(waits >= 1);
+    assert_sealed_clean(&job);
+    tt_job_free(&job);
+}
+
 enum { F_PROBED = 2 };
 
 static int body_probe(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
-    TT_CHECK(init_watched(job, rank, NULL) == 0);
+    TT_CHECK(init_watched(job, rank, NULL, NULL) == 0);
     TT_CHECK(call_all(job, rank) == 0);
     if (rank == 1) { /* worker 1's own connection to worker 2 is open: the probe PINGs on it */
         int64_t v = 0;
@@ -816,7 +884,7 @@ enum { F_BYE_GO = 3 };
 
 static int body_bye(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
-    TT_CHECK(init_watched(job, rank, NULL) == 0);
+    TT_CHECK(init_watched(job, rank, NULL, NULL) == 0);
     TT_CHECK(call_all(job, rank) == 0); /* a connection each way between every pair */
     atomic_fetch_add(&sh->count[C_READY], 1);
     TT_CHECK(tt_await_flag(sh, F_BYE_GO, 1, 60) == 0);
@@ -1085,6 +1153,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_crypt_tampered),
         cmocka_unit_test(test_tcp_crypt_capture),
         cmocka_unit_test(test_tcp_crypt_idle),
+        cmocka_unit_test(test_tcp_crypt_read_budget_waits),
         cmocka_unit_test(test_tcp_crypt_probe),
         cmocka_unit_test(test_tcp_crypt_bye),
         cmocka_unit_test(test_tcp_crypt_options),

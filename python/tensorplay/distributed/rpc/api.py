@@ -562,6 +562,7 @@ class Future:
         if timeout is not None:
             timeout = _timeout_arg(timeout, allow_unset=False)
         deadline = None if not timeout else time.monotonic() + timeout
+        _drive(self, deadline)
         with self._cond:
             while not self._done:
                 left = (WAIT_SLICE_S if deadline is None
@@ -605,6 +606,8 @@ class Future:
             except Exception as e:
                 chained.set_exception(e)
         self.add_done_callback(run)
+        if getattr(self, "_tp_drive", None) is not None:  # completing self runs callback here
+            chained._tp_drive = lambda deadline: _drive(self, deadline)
         return chained
 
 
@@ -644,9 +647,7 @@ def _torch_future_type():
         if _torch_future_class is None:
             class TorchFuture(torch.futures.Future):
                 def wait(self):
-                    core = getattr(self, "_tp_core", None)
-                    while core is not None and not core._wait_done(WAIT_SLICE_S):
-                        pass  # slices of the C future's wait: Ctrl-C interrupts between them
+                    _drive(self)  # slices of the C future's wait: Ctrl-C interrupts between them
                     return super().wait()
             _torch_future_class = TorchFuture  # first: _torch_wait_all tests for it
             if torch.futures.wait_all is not _torch_wait_all:  # never our own, or it recurses
@@ -673,17 +674,52 @@ def _make_future(core, what):
     completed from the C future core by its done-callback (on a pool
     thread), with the value converted once."""
     f = (_torch_future_type() or Future)()
-    f._tp_core = core  # the C future behind it: TorchFuture.wait waits on it in slices
+    f._tp_core = core  # the C future behind it
+    claimed = []
+    lock = threading.Lock()
 
     def complete():
+        with lock:  # once: by the done-callback or by a waiter, whichever comes first
+            if claimed:
+                return
+            claimed.append(True)
         try:
             v = _values.wrap(_call_c(lambda: core.wait(), what), RRef)
         except Exception as e:
             f.set_exception(e)
         else:
             f.set_result(v)
+
+    def drive(deadline):
+        # A waiter takes the outcome from the C future itself, on its own
+        # thread, rather than waiting for a pool thread to hand it over: that
+        # pool thread may be the waiter (a served function waiting on its own
+        # rpc_async with every pool thread busy), which would never come.
+        while not core._wait_done(_slice_until(deadline)):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        complete()
+        return True
+    f._tp_drive = drive
     core._add_done_callback(complete)
     return f
+
+
+def _slice_until(deadline):
+    """The next slice of a wait that ends at deadline (None: never)."""
+    if deadline is None:
+        return WAIT_SLICE_S
+    return max(0.001, min(WAIT_SLICE_S, deadline - time.monotonic()))
+
+
+def _drive(f, deadline=None):
+    """Completes f from this thread where it can (a call's future, or one
+    that follows such futures: then(), collect_all()), waiting until
+    deadline (monotonic, None: no end); whether f is done."""
+    d = getattr(f, "_tp_drive", None)
+    if d is not None and not f.done():
+        d(deadline)
+    return f.done()
 
 
 def _failed_future(e):
@@ -736,8 +772,12 @@ def wait_all(futures):
         return []
     for f in futures:
         f.add_done_callback(on_done)
-    while not done.wait(WAIT_SLICE_S):
-        pass  # slices, so Ctrl-C interrupts it
+    while not done.is_set():  # slices, so Ctrl-C interrupts it
+        pending = next((f for f in futures if not f.done()), None)
+        if pending is None or getattr(pending, "_tp_drive", None) is None:
+            done.wait(WAIT_SLICE_S)
+        else:  # completed here if no pool thread can (its callback then runs here)
+            _drive(pending, time.monotonic() + WAIT_SLICE_S)
     if failed:
         failed[0].wait()  # raises its error
     return [f.wait() for f in futures]
@@ -768,6 +808,11 @@ def collect_all(futures):
         out.set_result([])
     for f in futures:
         f.add_done_callback(on_done)
+
+    def drive(deadline):
+        return all(_drive(f, deadline) for f in futures) and out.done()
+    if any(getattr(f, "_tp_drive", None) is not None for f in futures):
+        out._tp_drive = drive
     return out
 
 
