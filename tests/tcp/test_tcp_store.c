@@ -2034,6 +2034,9 @@ static void test_tcp_store_rank_connected_before_the_announcement_counts(void **
     tpi_store_server_expect(srv, 2);
     tp_store *c0 = client_as(port, 0, 5);
     assert_int_equal(c0->ops->set(c0, "k0", "0", 1), TP_OK);
+    tp_store *c2 = client_as(port, 2, 5); /* rank == world: no rank of this job, counted nowhere */
+    assert_int_equal(c2->ops->set(c2, "k2", "2", 1), TP_OK);
+    c2->ops->close(c2);
     c0->ops->close(c0);
     c1->ops->close(c1);
     uint64_t t0 = tt_now_ns();
@@ -2071,6 +2074,30 @@ static void last_drop_says(const char *words) {
     if (atomic_load(&ndropped) < 1 || !strstr(dropped_why, words))
         fail_msg("%d drop(s), the last: '%s'; want '%s'", atomic_load(&ndropped), dropped_why,
                  words);
+}
+
+/* spec: TCP-18: a request the server has no memory to buffer (its buffer
+ * cannot grow) drops that client, saying why, as a request past the memory
+ * budget does; the client's operation fails (TP_ESTORE), and with memory
+ * back the next one is served. */
+static void test_tcp_store_request_without_memory_drops_its_client(void **state) {
+    fixture *f = *state;
+    if (!alloc_fault_in_use())
+        skip();
+    size_t big = TP_STORE_VALUE_LEN_MAX; /* the request's buffer grows to 1 MiB and past */
+    char *v = malloc(big);
+    assert_non_null(v);
+    memset(v, 'm', big);
+    watch_drops();
+    atomic_store(&realloc_failed, 0);
+    atomic_store(&realloc_fail_min, (size_t)1 << 20);
+    tp_status st = f->client->ops->set(f->client, "big", v, big);
+    atomic_store(&realloc_fail_min, 0);
+    last_drop_says("out of memory for its request");
+    assert_int_equal(st, TP_ESTORE);
+    assert_true(atomic_load(&realloc_failed) >= 1);
+    assert_int_equal(f->client->ops->set(f->client, "big", v, big), TP_OK);
+    free(v);
 }
 
 /* The defaults, with deadlines lowered for a test (0 keeps the default). */
@@ -3568,6 +3595,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_host_refused),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
+        cmocka_unit_test_setup_teardown(test_tcp_store_request_without_memory_drops_its_client,
+                                        setup, teardown),
         cmocka_unit_test(test_tcp_store_stop_async_finishes),
         cmocka_unit_test(test_tcp_store_readers_that_do_not_read),
         cmocka_unit_test(test_tcp_store_write_deadline),
