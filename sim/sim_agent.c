@@ -355,6 +355,7 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
 
 static tp_status agent_set_peers_id(tp_agent *ag, const char *const *addrs, uint32_t world_size,
                                     uint64_t list_id, char *errmsg, size_t errmsg_len) {
+    TPI_ASSERT(list_id != 0); /* AGENT-19: an id names a list; 0 is set_peers' "no id" */
     return set_peers(ag, addrs, world_size, list_id, errmsg, errmsg_len);
 }
 
