@@ -121,6 +121,40 @@ def test_name_waits_give_their_place_back(tmp_path):
     assert out == ["late 0", "late 1", "late 2", "late 3"]
 
 
+def test_name_waits_after_a_second_init_take_half_its_pool(tmp_path):
+    """After init, shutdown and init again, names are waited for again (the
+    first shutdown's "no more names" is over), with places for half the new
+    pool's threads (4: 2 places): of three names the callee binds 0.5 s
+    after they were asked for, two are answered and one is refused at once."""
+    out = run(tmp_path, """
+        rpc.init_rpc("worker%d" % rank)
+        rpc.shutdown()
+        rpc.init_rpc("worker%d" % rank, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            num_worker_threads=4))
+        if rank == 0:
+            calls = []
+            for i in range(3):
+                def f(): pass
+                f.__qualname__ = "late_%d" % i
+                globals()[f.__qualname__] = f
+                calls.append(rpc.rpc_async("worker1", f, timeout=10))
+            got = []
+            for c in calls:
+                try:
+                    got.append(c.wait())
+                except LookupError:
+                    got.append("LookupError")
+            print(sorted(g[:4] for g in got))
+        else:
+            time.sleep(0.5)
+            for i in range(3):
+                globals()["late_%d" % i] = lambda i=i: "late %d" % i
+            time.sleep(1.0)
+        rpc.shutdown()
+    """)
+    assert out == ["['Look', 'late', 'late']"], out
+
+
 def test_name_waits_cannot_hold_the_pool(tmp_path):
     """A peer naming functions that never come holds at most half the
     callee's pool (here 1 of 2 threads), whatever its timeout, and no wait
@@ -1458,12 +1492,29 @@ def test_rref_leak_at_shutdown_raises_only_when_not_ignored(tmp_path):
         "[1] returned, printed: True"]
 
 
+def test_a_leak_report_names_the_first_eight(tmp_path):
+    """The error a shutdown raises for leaks counts them all and names the
+    first eight (a long list would bury the message)."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker0", rank=0, world_size=1)
+        api._ignore_rref_leak = False
+        api._rpc.shutdown_leaks = lambda: ["leak%d" % i for i in range(10)]
+        try:
+            rpc.shutdown()
+        except RuntimeError as e:
+            print("10 rref(s)" in str(e), "leak0; leak1" in str(e), "leak7" in str(e),
+                  "leak8" in str(e))
+    """, nproc=1)
+    assert out == ["True True True False"], out
+
+
 def test_a_leak_the_core_found_reaches_python(tmp_path):
-    """A real leak, not a made-up one: worker0 holds an rref worker1 owns and
+    """Real leaks, not made-up ones: worker0 holds two rrefs worker1 owns and
     freezes worker1 (SIGSTOP) inside its graceful shutdown, so the delete is
     never acknowledged; the drain times out (shutdown_timeout 2 s) and the
-    binding's shutdown_leaks(), which api.shutdown reads, names the rref,
-    its fork and both ranks."""
+    binding's shutdown_leaks(), which api.shutdown reads, names each rref
+    (two here), its fork and both ranks."""
     out = run(tmp_path, """
         import signal
         from tensorplay.distributed.rpc import api
@@ -1475,7 +1526,8 @@ def test_a_leak_the_core_found_reaches_python(tmp_path):
                      rpc_backend_options=rpc.TensorPipeRpcBackendOptions(shutdown_timeout=2.0))
         if rank == 0:
             r = rpc.remote("worker1", echo, args=([1, 2],))
-            print("value", r.to_here())
+            r2 = rpc.remote("worker1", echo, args=([3],))
+            print("value", r.to_here(), r2.to_here())
             pid1 = rpc.rpc_sync("worker1", getpid)
             # worker1 went straight on to shutdown: 1 s for it to arrive at
             # the barrier, which then passes, so the drain is what waits.
@@ -1489,15 +1541,16 @@ def test_a_leak_the_core_found_reaches_python(tmp_path):
             finally:
                 os.kill(pid1, signal.SIGCONT)
             leaks = api._rpc.shutdown_leaks()
-            print(len(leaks), [l.startswith("RRef 0:1 with fork Id 0:2 (") and
-                               l.endswith("; owner rank 1, holder rank 0)") for l in leaks])
+            print(len(leaks), sorted(l.startswith("RRef 0:") and " with fork Id 0:" in l and
+                                     l.endswith("; owner rank 1, holder rank 0)")
+                                     for l in leaks), sorted(leaks)[0][:25])
         else:
             try:
                 rpc.shutdown()  # worker0 left meanwhile: it fails, and says so
             except Exception as e:
                 print(type(e).__name__)
     """)
-    assert out == ["value [1, 2]", "raised True", "1 [True]"]
+    assert out == ["value [1, 2] [3]", "raised True", "2 [True, True] RRef 0:1 with fork Id 0:2"]
 
 
 @pytest.mark.parametrize("kwargs", [{"rpc_timeout": True}, {"init_timeout": True},
@@ -1834,3 +1887,24 @@ def test_public_signatures_are_pytorchs():
     for name in ("init_rpc", "rpc_sync", "rpc_async", "remote", "shutdown", "get_worker_info"):
         assert inspect.signature(getattr(ours, name)) == \
             inspect.signature(getattr(theirs, name)), name
+
+
+def test_a_wait_on_a_call_sleeps(tmp_path):
+    """A future's wait sleeps until the answer: a second of waiting costs
+    the waiting process little CPU. The gather checks its timeout as every
+    entry point does."""
+    out = run(tmp_path, """
+        from tensorplay.distributed.rpc import api
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            f = rpc.rpc_async("worker1", slow, args=(1.0,))
+            c = time.process_time()
+            f.wait()
+            print("cpu", time.process_time() - c < 0.3)
+            try:
+                api._all_gather(0, ["worker0", "worker1"], timeout=-5)
+            except ValueError as e:
+                print("gather:", type(e).__name__)
+        rpc.shutdown()
+    """)
+    assert out == ["cpu True", "gather: ValueError"], out
