@@ -1322,9 +1322,38 @@ def test_tensor_type_numpy_with_torch_imported(tmp_path):
         if rank == 0:
             b = rpc.rpc_sync("worker1", echo, args=(torch.arange(4),))
             print(type(b).__module__, b.tolist())
+            # numpy has no bfloat16: one comes as a torch tensor all the same
+            h = rpc.rpc_sync("worker1", echo, args=(torch.ones(2, dtype=torch.bfloat16),))
+            print(h.dtype, h.tolist())
         rpc.shutdown()
     """)
-    assert out == ["numpy [0, 1, 2, 3]"]
+    assert out == ["numpy [0, 1, 2, 3]", "torch.bfloat16 [1.0, 1.0]"], out
+
+
+def test_a_worker_without_torch_never_imports_it(tmp_path):
+    """A worker whose program never imported torch receives numpy arrays and
+    does not import torch to do so, even when its peer sends torch tensors;
+    a bfloat16 tensor, which numpy cannot hold, is refused there with what
+    to do, not received as something else."""
+    need_torch()
+    out = run(tmp_path, """
+        def kinds(a, b):
+            return [type(a).__module__, type(b).__module__, "torch" in sys.modules]
+
+        if rank == 0:
+            import torch
+        rpc.init_rpc("worker%d" % rank)
+        if rank == 0:
+            print(rpc.rpc_sync("worker1", kinds, args=(torch.arange(3), torch.zeros(2))))
+            try:
+                rpc.rpc_sync("worker1", echo, args=(torch.ones(2, dtype=torch.bfloat16),))
+            except TypeError as e:
+                print("bfloat16:", "numpy has no bfloat16" in str(e))
+            print(rpc.rpc_sync("worker1", kinds, args=(torch.arange(3), torch.zeros(2))))
+        rpc.shutdown()
+    """)
+    assert out == ["['numpy', 'numpy', False]", "bfloat16: True",
+                   "['numpy', 'numpy', False]"], out
 
 
 def test_ctrl_c_interrupts_a_torch_future_wait(tmp_path):
