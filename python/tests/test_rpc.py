@@ -179,8 +179,10 @@ def test_errors_keep_their_type_and_name_the_worker(tmp_path):
 
 def test_error_whose_class_has_no_str_qualname(tmp_path):
     """A served call fails with an exception whose class's __qualname__ is
-    missing (the lookup raises AttributeError) or not a str: the callee
-    names it "Exception" and keeps its message, and goes on serving. The
+    missing (the lookup raises AttributeError) or not a str, or whose
+    __module__ is missing too: the callee names it "Exception" and keeps its
+    message, and goes on serving (and keeps an object of such a class for
+    remote(), whose methods run). The
     exception comes from the C layer's conversion of the result (the tensor
     adapter looks up __dlpack__ on it), so no Python code formats it first."""
     out = run(tmp_path, """
@@ -191,10 +193,18 @@ def test_error_whose_class_has_no_str_qualname(tmp_path):
                     if q is None:
                         raise AttributeError(name)
                     return q
+                if name == "__module__" and type.__getattribute__(cls, "qual") == "Modless":
+                    raise AttributeError(name)
                 return type.__getattribute__(cls, name)
 
         class Nameless(Exception, metaclass=OddName):
             qual = None
+
+        class Modless(Exception, metaclass=OddName):  # no __module__ either
+            qual = "Modless"
+
+            def ping(self):
+                return "pong"
 
         class Numbered(Exception, metaclass=OddName):
             qual = 42
@@ -209,21 +219,30 @@ def test_error_whose_class_has_no_str_qualname(tmp_path):
                     raise self.exc
                 raise AttributeError(name)
 
+        def make_modless():
+            return Modless("kept")
+
         def odd(which):
+            if which == "no module":
+                return Odd(Modless("no module"))
             return Odd(Nameless("no name") if which == "missing" else Numbered("one"))
 
         rpc.init_rpc("worker%d" % rank)
         if rank == 0:
-            for which, words in (("non-str", "numbered one"), ("missing", "no name")):
+            for which, words in (("non-str", "numbered one"), ("missing", "no name"),
+                                 ("no module", "no module")):
                 try:
                     rpc.rpc_sync("worker1", odd, args=(which,), timeout=20)
                     print(which, "answered")
                 except Exception as e:
                     print(which, type(e).__name__, words in str(e))
             print(rpc.rpc_sync("worker1", add, args=(1, 2), timeout=20))
+            kept = rpc.remote("worker1", make_modless)  # an object whose class has no module,
+            print(kept.rpc_sync().ping())              # kept by its owner
         rpc.shutdown()
     """)
-    assert out == ["non-str Exception True", "missing Exception True", "3"]
+    assert out == ["non-str Exception True", "missing Exception True",
+                   "no module Exception True", "3", "pong"], out
 
 
 def test_error_the_caller_cannot_rebuild_names_its_type(tmp_path):

@@ -890,7 +890,11 @@ _confirmed._tp_internal = True  # served whatever the exposure policy
 
 def _type_path_of(rref):
     t = type(rref.local_value())
-    return (t.__module__, t.__qualname__)
+    # A class may hide either name (its metaclass raises): None, and the
+    # caller, finding no class, leaves the method's check to this owner.
+    module, qualname = getattr(t, "__module__", None), getattr(t, "__qualname__", None)
+    return (module if isinstance(module, str) else None,
+            qualname if isinstance(qualname, str) else None)
 
 
 _type_path_of._tp_internal = True  # served whatever the exposure policy
