@@ -504,6 +504,49 @@ check "--help: exit 0" 0 "$rc"
 case "$out" in "usage: tprun"*) check "--help: usage on stdout" ok ok ;;
   *) check "--help: usage on stdout" "usage: tprun..." "$out" ;; esac
 
+# Output as it comes: a rank's output that ends (closed, no newline after its
+# last bytes) is written at once, not held until the job ends; a read that
+# holds a whole line and the start of the next keeps that start.
+out=$("$tprun" --nproc 3 sh -c 'case $RANK in 0) sleep 0.3; printf partial; exec >&-; sleep 1;; 1) sleep 0.8; echo later;; esac')
+check "closed output written at once" "[0] partial
+[1] later" "$out"
+out=$("$tprun" --nproc 1 sh -c "printf 'one\ntwo'")
+check "a line and the start of the next" "[0] one
+[0] two" "$out"
+# A write to a slow reader that a signal cuts short (rank 1's SIGCHLD while
+# tprun waits on a full pipe) goes on from where it stopped: every byte once.
+out=$("$tprun" --nproc 2 sh -c 'if [ $RANK = 0 ]; then head -c 200000 /dev/zero | tr "\0" x; echo; else sleep 0.5; fi' | { sleep 2; cat; })
+check "writes cut short resumed" 200000 "$(echo "$out" | sed 's/^\[0\] //' | tr -cd x | wc -c)"
+# The ranks start with no signal blocked, whatever tprun's parent blocked
+# (a SIGTERM the rank never sees would skip its clean-up).
+if command -v perl >/dev/null 2>&1; then
+  out=$(perl -MPOSIX -e 'sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGTERM)); exec @ARGV' \
+    "$tprun" --nproc 1 grep SigBlk /proc/self/status)
+  check "ranks start with no signal blocked" "$(printf '[0] SigBlk:\t0000000000000000')" "$out"
+fi
+# Restarts keep no descriptor of the earlier incarnations (a crash loop would
+# end in "Too many open files"), nor does tprun keep the secret file open.
+out=$("$tprun" --nproc 1 --max-restarts 3 --restart-rank0 sh -c 'sleep 0.2; ls /proc/$PPID/fd | wc -l; exit 3' 2>/dev/null)
+check "restarts keep no descriptor" "4 1" "$(echo "$out" | wc -l) $(echo "$out" | sort -u | wc -l)"
+out=$("$tprun" --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 --master-port "$port" \
+  --secret-file "$tmp/secret" sh -c 'ls -l /proc/$PPID/fd | grep -cF "$0"; true' "$tmp/secret" 2>&1)
+check "secret file closed once read" "[1] 0" "$out"
+# Options at their bounds: a secret file that is not there says so; a
+# --nnodes value of 32 characters is refused (31 fit its buffer); an option
+# name is quoted up to 63 characters; usage follows every usage error.
+usage_err "secret file missing" "$tmp/none: No such file or directory" \
+  --nproc 1 --secret-file "$tmp/none"
+usage_err "nnodes of 32 characters" "bad option --nnodes" --nnodes "$(printf '%032d' 1)" --nproc 1
+err=$("$tprun" --"$(printf 'x%.0s' $(seq 70))" 1 sh -c true 2>&1)
+check "a long option name quoted to 63 characters" 63 \
+  "$(echo "$err" | grep -o 'unknown option --x*' | tr -cd x | wc -c)"
+for bad in "-x" "--nproc 0" "--nproc 1"; do
+  # shellcheck disable=SC2086 # the words are the arguments
+  err=$("$tprun" $bad 2>&1)
+  case "$err" in *"usage: tprun"*) check "usage after '$bad'" ok ok ;;
+    *) check "usage after '$bad'" "usage: tprun..." "$err" ;; esac
+done
+
 if [ -n "$fail_malloc" ]; then
   line_buf=16384 # LINE_MAX_BYTES in tprun.c: a buffer is that and a few fields
   for nth in 1 2; do
