@@ -2270,7 +2270,7 @@ static void test_tcp_late_rank_after_rank0_ran_another_job(void **state) {
  * the other way), so on request the relay slips one of its own, a PING,
  * between two of them. A process of its own, forked before the job.
  */
-typedef enum { IR_PING, IR_SHM_ANSWER, IR_ZEROS } inject_what;
+typedef enum { IR_PING, IR_SHM_ANSWER, IR_ZEROS, IR_SHM_RELEASE } inject_what;
 
 typedef struct inject_relay {
     inject_what what; /* the record slipped in */
@@ -2343,6 +2343,9 @@ static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
                         tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 1);
                     else if (sh->what == IR_SHM_ANSWER)
                         tpi_tcp_shm_encode(rec, TPI_TCP_SHM_ANSWER, 1, 1, 0, 0);
+                    else if (sh->what == IR_SHM_RELEASE) /* a slot never written */
+                        tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RELEASE, 1, TPI_SHM_SLABS_MAX - 1, 0,
+                                           0);
                     if (send(fds[2 * j], rec, sizeof rec, MSG_NOSIGNAL) == (ssize_t)sizeof rec)
                         atomic_store(&sh->injected, 1);
                 }
@@ -2493,11 +2496,12 @@ static void test_tcp_unexpected_record_on_outgoing(void **state) {
 }
 
 /* The same with a shared memory ANSWER nobody offered for (it is not taken
- * as the answer to an offer), and with 24 zero bytes (no record at all:
- * not read as a frame's header either). */
+ * as the answer to an offer), a RELEASE of a slot never written, and 24
+ * zero bytes (no record at all: not read as a frame's header either). */
 static void test_tcp_unasked_answer_or_zeros_on_outgoing(void **state) {
     (void)state;
     unexpected_record_on_outgoing(IR_SHM_ANSWER, "unexpected shared memory record");
+    unexpected_record_on_outgoing(IR_SHM_RELEASE, "unexpected shared memory record (kind 10");
     unexpected_record_on_outgoing(IR_ZEROS, "unexpected record 00 00 00 00");
 }
 

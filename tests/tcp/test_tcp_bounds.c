@@ -1501,10 +1501,12 @@ enum { F_HEALED = 11, C_UNREACH_FAILED = 14, C_UNREACH_AFTER = 15 };
 /* Joins with peer_down_timeout 1 s and the stream only; rank 0 then opens
  * its connection to worker 1 and makes worker 1's host unreachable (writes
  * and dials fail with EHOSTUNREACH). 0, or nonzero when that failed. */
+static const char *cut_peer_down_timeout = "1"; /* set before the job is spawned */
+
 static int join_then_cut_worker1(tt_job *job, int rank) {
     tp_options *o = tt_options(job, 120, 60);
     TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK &&
-             tp_options_set(o, "peer_down_timeout", "1") == TP_OK);
+             tp_options_set(o, "peer_down_timeout", cut_peer_down_timeout) == TP_OK);
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -1608,6 +1610,84 @@ static void test_tcp_silent_host_declared_after_peer_down_timeout(void **state) 
     assert_int_equal(atomic_load(&sh->count[C_DOWN_ST]), TP_EPEERDOWN);
     assert_int_equal(atomic_load(&sh->count[C_DOWN_NAMED]), 1);
     assert_true(ms >= 500 && ms < 8000); /* its silence began at the failed call, just before */
+    tt_job_free(&job);
+}
+
+/* Heals worker 1's host after 0.3 s (a thread of worker 0). */
+static void *heal_soon(void *arg) {
+    (void)arg;
+    usleep(300000);
+    atomic_store(&thr_port, 0);
+    atomic_store(&thr_unreach, 0);
+    return NULL;
+}
+
+enum { F_SI_DONE = 13, C_SI_NEVER = 4, C_SI_FIRST = 5, C_SI_SECOND = 6, C_SI_AFTER = 7 };
+
+static int body_silences(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    int never = job->arg != NULL; /* peer_down_timeout 0 */
+    TT_CHECK(join_then_cut_worker1(job, rank) == 0);
+    if (rank == 0) {
+        int64_t v = 0;
+        int port = atomic_load(&thr_port);
+        (void)tt_call_add(tp_to_rank(1), 2, 3, 10, &v); /* the open connection fails: TP_EIO */
+        if (never) {
+            /* Silence past any timeout: 0 declares nobody down (TCP-12). */
+            atomic_store(&sh->count[C_SI_NEVER], (int)tt_call_add(tp_to_rank(1), 2, 3, 3, &v));
+        } else {
+            /* A silence that the host's answer ends (healed in 0.3 s, under
+             * peer_down_timeout 1 s): the call goes through. */
+            pthread_t t;
+            TT_CHECK(pthread_create(&t, NULL, heal_soon, NULL) == 0);
+            atomic_store(&sh->count[C_SI_FIRST], (int)tt_call_add(tp_to_rank(1), 2, 3, 20, &v));
+            pthread_join(t, NULL);
+            /* A second silence is one too: 1 s of it declares worker 1 down. */
+            atomic_store(&thr_unreach, 1);
+            atomic_store(&thr_port, port);
+            (void)tt_call_add(tp_to_rank(1), 2, 3, 10, &v); /* the connection fails: TP_EIO */
+            atomic_store(&sh->count[C_SI_SECOND], (int)tt_call_add(tp_to_rank(1), 2, 3, 20, &v));
+        }
+        atomic_store(&thr_port, 0);
+        atomic_store(&thr_unreach, 0);
+        if (never)
+            atomic_store(&sh->count[C_SI_AFTER], (int)tt_call_add(tp_to_rank(1), 2, 3, 10, &v));
+        atomic_store(&sh->flag[F_SI_DONE], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_SI_DONE, 1, 60) == 0);
+    (void)tp_shutdown(0); /* worker 0 may have taken worker 1 for dead */
+    return 0;
+}
+
+/* spec: TCP-12, TCP-25. peer_down_timeout 0 never declares a silent worker
+ * down: worker 1's host unreachable (dials fail), worker 0's call waits out
+ * its own 3 s deadline (TP_ETIMEDOUT, not TP_EPEERDOWN), and once the host
+ * is reachable the next call is answered. */
+static void test_tcp_peer_down_timeout_0_declares_nobody(void **state) {
+    (void)state;
+    tt_job job = {0};
+    cut_peer_down_timeout = "0";
+    int spawned = tt_spawn(&job, 2, body_silences, &job);
+    cut_peer_down_timeout = "1";
+    assert_int_equal(spawned, 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    assert_int_equal(atomic_load(&job.shared->count[C_SI_NEVER]), TP_ETIMEDOUT);
+    assert_int_equal(atomic_load(&job.shared->count[C_SI_AFTER]), TP_OK);
+    tt_job_free(&job);
+}
+
+/* spec: TCP-25. A silence that an answer ends is over: a later silence of
+ * the same worker counts from its own start. Worker 1's host is cut, a
+ * call dials into silence, the host answers 0.3 s later (under
+ * peer_down_timeout 1 s) and the call is answered; cut again, a call is
+ * failed TP_EPEERDOWN after that second of silence, not at its own 20 s. */
+static void test_tcp_second_silence_declares_down(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_silences, NULL), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    assert_int_equal(atomic_load(&job.shared->count[C_SI_FIRST]), TP_OK);
+    assert_int_equal(atomic_load(&job.shared->count[C_SI_SECOND]), TP_EPEERDOWN);
     tt_job_free(&job);
 }
 
@@ -2014,6 +2094,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_congested_connection_fails),
         cmocka_unit_test(test_tcp_unreachable_host_is_not_silence),
         cmocka_unit_test(test_tcp_silent_host_declared_after_peer_down_timeout),
+        cmocka_unit_test(test_tcp_peer_down_timeout_0_declares_nobody),
+        cmocka_unit_test(test_tcp_second_silence_declares_down),
         cmocka_unit_test(test_tcp_declared_down_worker_rejoins),
         cmocka_unit_test(test_tcp_protocol_error_fails_the_claimed_peers_calls),
         cmocka_unit_test(test_tcp_refusal_window_restarts_after_an_answer),

@@ -1106,7 +1106,7 @@ static void test_job_secret_from_the_environment(void **state) {
 /* OpenSSL's EVP_EncryptFinal_ex, except that while fail_final is set it
  * fails as a provider may (0, nothing written): the library's calls come
  * here first (the executable's definition wins). */
-static int fail_final;
+static atomic_int fail_final;
 
 int EVP_EncryptFinal_ex(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl) {
     static int (*real)(EVP_CIPHER_CTX *, unsigned char *, int *);
@@ -1142,6 +1142,39 @@ static void test_tcp_seal_fails_with_openssl(void **state) {
     tpi_tcp_seal_clear(&tx);
 }
 
+static int body_seal_fails(tt_job *job, int rank) {
+    tp_options *o = crypt_options(job, "on");
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(1), 1, 2, 5, &v) == TP_OK && v == 3);
+        atomic_store(&fail_final, 1);
+        uint64_t t0 = tt_now_ns();
+        tp_status st = tt_call_add(tp_to_rank(1), 2, 3, 5, &v);
+        uint64_t took = tt_now_ns() - t0;
+        atomic_store(&fail_final, 0);
+        if (st == TP_OK || !strstr(tp_errmsg(), "cannot seal what it writes"))
+            fprintf(stderr, "a call whose seal fails: %s: %s\n", tp_status_name(st), tp_errmsg());
+        TT_CHECK(st == TP_EIO && strstr(tp_errmsg(), "cannot seal what it writes"));
+        TT_CHECK(took < 2000000000ull); /* at once, not at its 5 s deadline */
+        TT_CHECK(tt_call_add(tp_to_rank(1), 4, 5, 5, &v) == TP_OK && v == 9); /* a new connection */
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-21, TCP-6: a record the loop cannot seal (OpenSSL fails) is
+ * never written: the connection fails and the call on it ends TP_EIO at
+ * once, saying why; the next call seals on a new connection. */
+static void test_tcp_crypt_seal_failure_fails_the_connection(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_seal_fails, NULL), 0);
+    assert_int_equal(tt_wait(&job, 60), 0);
+    tt_job_free(&job);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) /* one test by name (a cmocka pattern) */
         cmocka_set_test_filter(argv[1]);
@@ -1154,6 +1187,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_crypt_capture),
         cmocka_unit_test(test_tcp_crypt_idle),
         cmocka_unit_test(test_tcp_crypt_read_budget_waits),
+        cmocka_unit_test(test_tcp_crypt_seal_failure_fails_the_connection),
         cmocka_unit_test(test_tcp_crypt_probe),
         cmocka_unit_test(test_tcp_crypt_bye),
         cmocka_unit_test(test_tcp_crypt_options),

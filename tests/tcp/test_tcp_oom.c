@@ -456,6 +456,7 @@ static const hmac_case hmac_cases[] = {
     {2, PROOF_ACCEPT, "no memory to prove itself", 0},
     {2, PROOF_DIAL, "no memory to check its proof", 0},
     {2, SEAL_KEYS, "cannot start its encryption", 1},
+    {1, SEAL_KEYS, "cannot start encryption", 1},
 };
 
 /* TCP-21: the two directions' keys are derived apart; either failing alone
