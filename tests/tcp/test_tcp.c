@@ -1248,6 +1248,44 @@ static void test_tcp_congested_past_the_bound_not_at_it(void **state) {
     assert_int_equal(atomic_load(&peers[1].cong_armed), 0);
 }
 
+/* spec: TCP-15: revoking a peer's grant takes it back whole: the grant and
+ * a grant a busy writer was to restore when done (direct_pending), so the
+ * loop that then writes to, takes the queue of, or closes that socket
+ * meets no direct writer after it. And the loop's regrant list is taken
+ * 64 at a time (its batch on the stack), every id on it cleared, however
+ * many peers wait: 100 here, none with a connection open (no grant). */
+static void test_tcp_direct_grant_revoked_whole(void **state) {
+    (void)state;
+    enum { PEERS = 100 };
+    tpi_tcp_agent a;
+    static tpi_tcp_peer peers[PEERS];
+    uint32_t regrant[PEERS];
+    memset(&a, 0, sizeof a);
+    memset(peers, 0, sizeof peers);
+    a.world_size = PEERS;
+    a.rank = 0;
+    a.peers = peers;
+    a.regrant = regrant;
+    pthread_mutex_init(&a.qmu, NULL);
+    peers[1].direct_fd = 7;
+    peers[1].direct_pending = 1;
+    pthread_mutex_lock(&a.qmu);
+    tpi_tcp_direct_stop_locked(&a, &peers[1]);
+    pthread_mutex_unlock(&a.qmu);
+    assert_int_equal(peers[1].direct_fd, -1);
+    assert_int_equal(peers[1].direct_pending, 0);
+    for (uint32_t i = 0; i < PEERS; i++) {
+        regrant[i] = i;
+        peers[i].regrant = 1;
+    }
+    atomic_store(&a.nregrant, PEERS);
+    tpi_tcp_direct_regrant(&a);
+    assert_int_equal(atomic_load(&a.nregrant), 0);
+    for (uint32_t i = 0; i < PEERS; i++)
+        assert_int_equal(peers[i].regrant, 0);
+    pthread_mutex_destroy(&a.qmu);
+}
+
 /* spec: TCP-16, AGENT-16: set_peer refuses what is not a peer's address
  * before it touches anything: a rank past the world or its own, an address
  * that is not host:port or longer than any, with TP_EINVAL naming them; and
@@ -1276,6 +1314,13 @@ static void test_tcp_set_peer_refuses(void **state) {
     longer[TPI_ADDR_LEN_MAX] = '\0'; /* one past what an address may be */
     assert_int_equal(tpi_tcp_set_peer(&a, 2, longer, err, sizeof err), TP_EINVAL);
     assert_non_null(strstr(err, "is not host:port"));
+    /* Exactly TPI_ADDR_LEN_MAX characters, host and port well formed: too long all the same. */
+    memset(longer, 'a', TPI_ADDR_LEN_MAX - 2);
+    memcpy(longer + TPI_ADDR_LEN_MAX - 2, ":5", 3);
+    assert_int_equal(strlen(longer), TPI_ADDR_LEN_MAX);
+    assert_int_equal(tpi_tcp_set_peer(&a, 2, longer, err, sizeof err), TP_EINVAL);
+    if (!strstr(err, "is not host:port"))
+        fail_msg("%s", err);
     assert_int_equal(tpi_tcp_set_peer(&a, 2, "127.0.0.1:5", err, sizeof err), TP_ESHUTDOWN);
     assert_string_equal(err, "the agent is not started");
     a.have_peers = 1;
@@ -2699,6 +2744,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_set_peer_refuses),
         cmocka_unit_test(test_tcp_set_peers_refuses_an_address_at_its_bound),
         cmocka_unit_test(test_tcp_congested_past_the_bound_not_at_it),
+        cmocka_unit_test(test_tcp_direct_grant_revoked_whole),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_death_seen_on_the_peers_dial),
         cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),

@@ -56,7 +56,7 @@ enum { T_IDLE_CPU = 8 };
 
 /* count[C_NO_HELLO], count[C_PER_PEER]: worker 1's drops of a connection
  * with no hello in time, and of one past TPI_TCP_CONNS_PER_PEER_MAX. */
-enum { C_NO_HELLO = 16, C_PER_PEER = 17 };
+enum { C_NO_HELLO = 16, C_PER_PEER = 17, C_NO_AUTH = 23 };
 
 /* What a test's log callback counts: messages holding its needle. */
 static const char *log_needle;
@@ -85,6 +85,8 @@ static void count_logged(tp_log_level level, const char *msg, void *user) {
     if (level == TP_LOG_WARN && strstr(msg, "dropped a connection from 127.0.0.1:") &&
         strstr(msg, ": no hello within 500 ms"))
         atomic_fetch_add(&sh->count[C_NO_HELLO], 1);
+    if (level == TP_LOG_WARN && strstr(msg, ": no authentication within "))
+        atomic_fetch_add(&sh->count[C_NO_AUTH], 1);
     if (level == TP_LOG_WARN && strstr(msg, "refused a connection from 127.0.0.1:") &&
         strstr(msg, ": worker 2 has 4 open already (TPI_TCP_CONNS_PER_PEER_MAX"))
         atomic_fetch_add(&sh->count[C_PER_PEER], 1);
@@ -697,6 +699,9 @@ static void test_tcp_max_message_size_exact(void **state) {
     assert_int_equal(await_count(job.shared, C_PROBED, 1, 20), 0);
     atomic_store(&job.shared->flag[F_GO], 1);
     assert_int_equal(tt_wait(&job, 90), 0);
+    /* The refused connection was closed as one that aborted (its linger
+     * over), never reported as a stranger that did not authenticate. */
+    assert_int_equal(atomic_load(&job.shared->count[C_NO_AUTH]), 0);
     tt_job_free(&job);
 }
 
