@@ -1203,6 +1203,7 @@ static atomic_int thr_port;     /* 0: nothing throttled */
 static atomic_llong thr_budget; /* bytes the throttled connection may still take */
 static atomic_int thr_fail;     /* 1: the next throttled write fails, and the throttle ends */
 static atomic_int thr_unreach;  /* 1: the port's host is unreachable: writes and dials fail */
+static atomic_int thr_timeout;  /* 1: dials to the port time out (its SYNs unanswered) */
 static atomic_int thr_refuse;   /* 1: dials to the port are refused (nothing listens there) */
 #define THR_IOV_MAX 1024        /* Linux's UIO_MAXIOV: no caller passes more */
 
@@ -1312,6 +1313,11 @@ int connect(int fd, const struct sockaddr *sa, socklen_t len) {
     if (port && atomic_load(&thr_unreach) && sa && sa->sa_family == AF_INET &&
         ntohs(((const struct sockaddr_in *)sa)->sin_port) == port) {
         errno = EHOSTUNREACH;
+        return -1;
+    }
+    if (port && atomic_load(&thr_timeout) && sa && sa->sa_family == AF_INET &&
+        ntohs(((const struct sockaddr_in *)sa)->sin_port) == port) {
+        errno = ETIMEDOUT;
         return -1;
     }
     if (port && atomic_load(&thr_refuse) && sa && sa->sa_family == AF_INET &&
@@ -1629,9 +1635,12 @@ static void *heal_soon(void *arg) {
 
 enum { F_SI_DONE = 13, C_SI_NEVER = 4, C_SI_FIRST = 5, C_SI_SECOND = 6, C_SI_AFTER = 7 };
 
+typedef enum { SI_SECOND, SI_NEVER, SI_TIMED_OUT } silence_mode;
+
 static int body_silences(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
-    int never = job->arg != NULL; /* peer_down_timeout 0 */
+    silence_mode mode = *(const silence_mode *)job->arg;
+    int never = mode == SI_NEVER; /* peer_down_timeout 0 */
     TT_CHECK(join_then_cut_worker1(job, rank) == 0);
     if (rank == 0) {
         int64_t v = 0;
@@ -1640,6 +1649,12 @@ static int body_silences(tt_job *job, int rank) {
         if (never) {
             /* Silence past any timeout: 0 declares nobody down (TCP-12). */
             atomic_store(&sh->count[C_SI_NEVER], (int)tt_call_add(tp_to_rank(1), 2, 3, 3, &v));
+        } else if (mode == SI_TIMED_OUT) {
+            /* Dials whose SYNs go unanswered (ETIMEDOUT) are silence too. */
+            atomic_store(&thr_timeout, 1);
+            atomic_store(&thr_unreach, 0);
+            atomic_store(&sh->count[C_SI_SECOND], (int)tt_call_add(tp_to_rank(1), 2, 3, 20, &v));
+            atomic_store(&thr_timeout, 0);
         } else {
             /* A silence that the host's answer ends (healed in 0.3 s, under
              * peer_down_timeout 1 s): the call goes through. */
@@ -1672,7 +1687,8 @@ static void test_tcp_peer_down_timeout_0_declares_nobody(void **state) {
     (void)state;
     tt_job job = {0};
     cut_peer_down_timeout = "0";
-    int spawned = tt_spawn(&job, 2, body_silences, &job);
+    static const silence_mode mode = SI_NEVER;
+    int spawned = tt_spawn(&job, 2, body_silences, (void *)&mode);
     cut_peer_down_timeout = "1";
     assert_int_equal(spawned, 0);
     assert_int_equal(tt_wait(&job, 120), 0);
@@ -1689,9 +1705,24 @@ static void test_tcp_peer_down_timeout_0_declares_nobody(void **state) {
 static void test_tcp_second_silence_declares_down(void **state) {
     (void)state;
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_silences, NULL), 0);
+    static const silence_mode mode = SI_SECOND;
+    assert_int_equal(tt_spawn(&job, 2, body_silences, (void *)&mode), 0);
     assert_int_equal(tt_wait(&job, 120), 0);
     assert_int_equal(atomic_load(&job.shared->count[C_SI_FIRST]), TP_OK);
+    assert_int_equal(atomic_load(&job.shared->count[C_SI_SECOND]), TP_EPEERDOWN);
+    tt_job_free(&job);
+}
+
+/* spec: TCP-25. A dial whose SYNs go unanswered (connect fails ETIMEDOUT,
+ * the connection to worker 1 broken first) is silence as an unreachable
+ * host is: worker 1 is declared down after peer_down_timeout (1 s) and
+ * the call fails TP_EPEERDOWN, not at its own 20 s. */
+static void test_tcp_timed_out_dials_are_silence(void **state) {
+    (void)state;
+    tt_job job = {0};
+    static const silence_mode mode = SI_TIMED_OUT;
+    assert_int_equal(tt_spawn(&job, 2, body_silences, (void *)&mode), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
     assert_int_equal(atomic_load(&job.shared->count[C_SI_SECOND]), TP_EPEERDOWN);
     tt_job_free(&job);
 }
@@ -2101,6 +2132,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_silent_host_declared_after_peer_down_timeout),
         cmocka_unit_test(test_tcp_peer_down_timeout_0_declares_nobody),
         cmocka_unit_test(test_tcp_second_silence_declares_down),
+        cmocka_unit_test(test_tcp_timed_out_dials_are_silence),
         cmocka_unit_test(test_tcp_declared_down_worker_rejoins),
         cmocka_unit_test(test_tcp_protocol_error_fails_the_claimed_peers_calls),
         cmocka_unit_test(test_tcp_refusal_window_restarts_after_an_answer),
