@@ -1635,20 +1635,40 @@ static void *heal_soon(void *arg) {
 
 enum { F_SI_DONE = 13, C_SI_NEVER = 4, C_SI_FIRST = 5, C_SI_SECOND = 6, C_SI_AFTER = 7 };
 
-typedef enum { SI_SECOND, SI_NEVER, SI_TIMED_OUT } silence_mode;
+typedef enum { SI_SECOND, SI_NEVER, SI_TIMED_OUT, SI_FRAMES } silence_mode;
+
+enum { F_SI_CUT = 14, F_SI_W1_DONE = 15 };
 
 static int body_silences(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     silence_mode mode = *(const silence_mode *)job->arg;
     int never = mode == SI_NEVER; /* peer_down_timeout 0 */
     TT_CHECK(join_then_cut_worker1(job, rank) == 0);
+    if (rank == 1 && mode == SI_FRAMES) {
+        /* Worker 1 calls worker 0 every 0.2 s for 3 s: its frames reach
+         * worker 0, whose answers (and dials) cannot reach it. */
+        TT_CHECK(tt_await_flag(sh, F_SI_CUT, 1, 60) == 0);
+        for (int i = 0; i < 15; i++) {
+            int64_t v = 0;
+            (void)tt_call_add(tp_to_rank(0), i, 1, 0.2, &v);
+        }
+        atomic_store(&sh->flag[F_SI_W1_DONE], 1);
+    }
     if (rank == 0) {
         int64_t v = 0;
         int port = atomic_load(&thr_port);
         (void)tt_call_add(tp_to_rank(1), 2, 3, 10, &v); /* the open connection fails: TP_EIO */
+        if (mode == SI_FRAMES) {
+            /* Each frame from worker 1 is an answer: its silence (the failed
+             * dials of worker 0's answers) never lasts peer_down_timeout. */
+            atomic_store(&sh->flag[F_SI_CUT], 1);
+            TT_CHECK(tt_await_flag(sh, F_SI_W1_DONE, 1, 60) == 0);
+        }
         if (never) {
             /* Silence past any timeout: 0 declares nobody down (TCP-12). */
             atomic_store(&sh->count[C_SI_NEVER], (int)tt_call_add(tp_to_rank(1), 2, 3, 3, &v));
+        } else if (mode == SI_FRAMES) {
+            /* nothing more: the verdict is the call after the heal */
         } else if (mode == SI_TIMED_OUT) {
             /* Dials whose SYNs go unanswered (ETIMEDOUT) are silence too. */
             atomic_store(&thr_timeout, 1);
@@ -1670,7 +1690,7 @@ static int body_silences(tt_job *job, int rank) {
         }
         atomic_store(&thr_port, 0);
         atomic_store(&thr_unreach, 0);
-        if (never)
+        if (never || mode == SI_FRAMES)
             atomic_store(&sh->count[C_SI_AFTER], (int)tt_call_add(tp_to_rank(1), 2, 3, 10, &v));
         atomic_store(&sh->flag[F_SI_DONE], 1);
     }
@@ -1717,6 +1737,21 @@ static void test_tcp_second_silence_declares_down(void **state) {
  * the connection to worker 1 broken first) is silence as an unreachable
  * host is: worker 1 is declared down after peer_down_timeout (1 s) and
  * the call fails TP_EPEERDOWN, not at its own 20 s. */
+/* spec: TCP-25. A frame from a worker is an answer: worker 0's dials to
+ * worker 1 fail (its answers to worker 1's calls cannot go) for 3 s, with
+ * peer_down_timeout 1 s, while worker 1's calls keep arriving every 0.2 s;
+ * worker 1 is never declared down, and once its host is reachable worker
+ * 0's call to it is answered. */
+static void test_tcp_frames_from_a_worker_end_its_silence(void **state) {
+    (void)state;
+    tt_job job = {0};
+    static const silence_mode mode = SI_FRAMES;
+    assert_int_equal(tt_spawn(&job, 2, body_silences, (void *)&mode), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    assert_int_equal(atomic_load(&job.shared->count[C_SI_AFTER]), TP_OK);
+    tt_job_free(&job);
+}
+
 static void test_tcp_timed_out_dials_are_silence(void **state) {
     (void)state;
     tt_job job = {0};
@@ -2133,6 +2168,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_peer_down_timeout_0_declares_nobody),
         cmocka_unit_test(test_tcp_second_silence_declares_down),
         cmocka_unit_test(test_tcp_timed_out_dials_are_silence),
+        cmocka_unit_test(test_tcp_frames_from_a_worker_end_its_silence),
         cmocka_unit_test(test_tcp_declared_down_worker_rejoins),
         cmocka_unit_test(test_tcp_protocol_error_fails_the_claimed_peers_calls),
         cmocka_unit_test(test_tcp_refusal_window_restarts_after_an_answer),
