@@ -307,7 +307,13 @@ static void expect_sealed_abort(impostor *im) {
     uint8_t rec[TPI_TCP_RECORD_SIZE];
     recv_sealed_record(im, rec);
     assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_ABORT);
+    uint64_t t0 = tt_now_ns();
     tt_expect_dropped(im->fd);
+    /* The ABORT is followed by the end of the stream at once (TCP-7), not
+     * at the 2 s linger that bounds a peer that stops reading. */
+    uint64_t took = tt_now_ns() - t0;
+    if (took >= 1500000000ull)
+        fail_msg("the end of the stream came %.2f s after the ABORT", (double)took / 1e9);
     im->fd = -1;
     impostor_close(im);
 }
