@@ -861,6 +861,55 @@ static void test_tcp_rx_budget_lone_frames(void **state) {
     assert_true(idle_cpu < (uint64_t)(0.3e9 * TT_SLOWDOWN));
 }
 
+/* spec: TCP-19. The budget is exact (rx_budget 100000): with a frame of
+ * 60,000 bytes being read (connection A, all but its last 100 bytes sent),
+ * one of 40,000 brings the bytes being read to the budget exactly and is
+ * read at once (B answers a PING behind it); with 30,000 more being read
+ * (C, incomplete), a 40,000-byte header waits (W), and is admitted once C
+ * ends, the two again exactly the budget, while A is still incomplete. */
+static void test_tcp_rx_budget_exact(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_budget, NULL), 0);
+    assert_int_equal(await_count(job.shared, C_READY, 3, 30), 0);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    enum { A, B, C, W, N };
+    const size_t len[N] = {60000, 40000, 30000, 40000};
+    const uint32_t as[N] = {2, 0, 2, 0};
+    uint8_t *f[N];
+    int fd[N];
+    tpi_tcp_auth auth = tt_job_auth();
+    for (int i = 0; i < N; i++) {
+        f[i] = stray_frame(len[i]);
+        fd[i] = tt_raw_hello_as(addr, as[i], 1, 3, &auth);
+        assert_true(fd[i] >= 0);
+    }
+    send_within(fd[A], f[A], len[A] - 100);
+    usleep(300000); /* its header read: 60,000 bytes being read */
+    send_within(fd[B], f[B], len[B]);
+    expect_pong_from(fd[B], as[B]);
+    assert_int_equal(atomic_load(&job.shared->count[C_LOGGED]), 0); /* nothing waited */
+    send_within(fd[C], f[C], len[C] - 100);
+    usleep(300000);
+    send_within(fd[W], f[W], len[W]);
+    assert_int_equal(await_count(job.shared, C_LOGGED, 1, 10), 0); /* W waits */
+    send_within(fd[C], f[C] + len[C] - 100, 100);
+    expect_pong_from(fd[C], as[C]);
+    expect_pong_from(fd[W], as[W]); /* admitted: A is still incomplete */
+    send_within(fd[A], f[A] + len[A] - 100, 100);
+    expect_pong_from(fd[A], as[A]);
+    int probed = 0;
+    for (int i = 0; i < N; i++) { /* each end probed, one verdict at a time */
+        free(f[i]);
+        close(fd[i]);
+        assert_int_equal(await_count(job.shared, C_PROBED, ++probed, 20), 0);
+    }
+    atomic_store(&job.shared->flag[F_GO], 1);
+    assert_int_equal(tt_wait(&job, 90), 0);
+    tt_job_free(&job);
+}
+
 /* spec: TCP-17. A proof is checked whole: the job's proof with one bit of
  * its first byte, of a byte in its last 8, or of its last byte flipped is
  * refused (the connection dropped without a word), and the right one is
@@ -2158,6 +2207,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_idle_close_acceptor_closes_first),
         cmocka_unit_test(test_tcp_max_message_size_exact),
         cmocka_unit_test(test_tcp_rx_budget_lone_frames),
+        cmocka_unit_test(test_tcp_rx_budget_exact),
         cmocka_unit_test(test_tcp_proof_checked_whole),
         cmocka_unit_test(test_tcp_strangers_report_nobody),
         cmocka_unit_test(test_tcp_unsent_bound),
