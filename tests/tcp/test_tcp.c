@@ -932,6 +932,102 @@ static void test_tcp_death_seen_on_the_peers_dial(void **state) {
     tt_job_free(&job);
 }
 
+/* ---- A probe that dials a live worker (TCP-7) ------------------------------------------- */
+
+enum { F_PA_HELD = 2, F_PA_DONE = 3, C_PA_ANSWERS = 1 };
+
+static void count_answers(tp_log_level level, const char *msg, void *user) {
+    (void)level;
+    tt_shared *sh = user;
+    if (strstr(msg, "the worker still answers at "))
+        atomic_fetch_add(&sh->count[C_PA_ANSWERS], 1);
+}
+
+/* Worker 1's idle_timeout is short: worker 0's connection to it is closed
+ * as idle, so a probe of worker 1 by worker 0 has to dial. job->arg: the
+ * job's auth option ("on", "off"). */
+static int body_probe_dials(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10, 5);
+    TT_CHECK(o && tp_options_set(o, "auth", job->arg) == TP_OK);
+    if (rank == 1) /* the probe's own connection is closed as idle only after its verdict */
+        TT_CHECK(tp_options_set(o, "idle_timeout", TT_SLOWDOWN == 1 ? "1" : "5") == TP_OK);
+    if (rank == 0) {
+        tp_set_log_level(TP_LOG_DEBUG);
+        tp_set_log_callback(count_answers, sh);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(0), 2, 3, 10, &v) == TP_OK && v == 5);
+        usleep(TT_SLOWDOWN * 2500000); /* worker 0's connection to us closed as idle */
+        atomic_store(&sh->flag[F_PA_HELD], 1);
+    }
+    TT_CHECK(tt_await_flag(sh, F_PA_DONE, 1, 60) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    tp_set_log_callback(NULL, NULL);
+    return 0;
+}
+
+/* spec: TCP-7. A connection "worker 1" dialed ends without a word (a raw
+ * one here): worker 0 probes worker 1 by dialing, since none of its own is
+ * open, and the dial's handshake is the answer: "the worker still answers"
+ * at once (0.6 s; worker 1 closes an idle connection after 1 s, and its
+ * IDLE is an answer too), each time (a probe whose answer was never taken
+ * would leave worker 1 suspect, and every later probe of it would wait on
+ * the first). With authentication and without. */
+static void test_tcp_probe_answered_by_its_dial(void **state) {
+    (void)state;
+    static const char *const auths[] = {"on", "off"};
+    for (int k = 0; k < 2; k++) {
+        tt_job job = {0};
+        assert_int_equal(tt_spawn(&job, 2, body_probe_dials, (void *)auths[k]), 0);
+        assert_int_equal(tt_await_flag(job.shared, F_PA_HELD, 1, 60), 0);
+        /* Worker 0's address, from the job's store (with its auth, or none). */
+        tpi_tcp_auth auth = tt_job_auth(), none;
+        memset(&none, 0, sizeof none);
+        tp_store *store = NULL;
+        char err[TP_ERRMSG_LEN_MAX], addr[128];
+        assert_int_equal(tpi_tcp_store_connect("127.0.0.1", job.store_port, UINT32_MAX,
+                                               k == 0 ? &auth : &none, UINT64_MAX, "test", NULL, 0,
+                                               NULL, &store, err, sizeof err),
+                         TP_OK);
+        void *v = NULL;
+        size_t vlen = 0;
+        assert_int_equal(store->ops->get(store, "g0/init/rank/0", &v, &vlen), TP_OK);
+        const char *tab = strrchr(v, '\t');
+        assert_non_null(tab);
+        snprintf(addr, sizeof addr, "%s", tab + 1);
+        free(v);
+        store->ops->close(store);
+        for (int round = 1; round <= 2; round++) {
+            int fd = -1;
+            if (k == 0) {
+                fd = tt_raw_hello_as(addr, 1, 0, 2, &auth);
+            } else { /* auth=off: the OPEN alone, then the answer */
+                uint8_t rec[TPI_TCP_RECORD_SIZE];
+                fd = tt_raw_dial(addr);
+                assert_true(fd >= 0);
+                tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 1, 0, 2, 0);
+                tt_raw_send(fd, rec, sizeof rec);
+                assert_int_equal(tt_raw_recv(fd, rec, sizeof rec), sizeof rec);
+            }
+            assert_true(fd >= 0);
+            close(fd);
+            /* Within 0.6 s: the dial's handshake, not the IDLE 1 s later. */
+            uint64_t end = tt_now_ns() + 600000000ull * TT_SLOWDOWN;
+            while (atomic_load(&job.shared->count[C_PA_ANSWERS]) < round && tt_now_ns() < end)
+                usleep(10000);
+            if (atomic_load(&job.shared->count[C_PA_ANSWERS]) < round)
+                fail_msg("auth=%s, round %d: no \"still answers\" verdict", auths[k], round);
+        }
+        atomic_store(&job.shared->flag[F_PA_DONE], 1);
+        assert_int_equal(tt_wait(&job, 60), 0);
+        tt_job_free(&job);
+    }
+}
+
 /* ---- A probe nobody answers (TCP-7) ---------------------------------------------------- */
 
 enum {
@@ -2747,6 +2843,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_direct_grant_revoked_whole),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
         cmocka_unit_test(test_tcp_death_seen_on_the_peers_dial),
+        cmocka_unit_test(test_tcp_probe_answered_by_its_dial),
         cmocka_unit_test(test_tcp_probe_unanswered_fails_calls),
         cmocka_unit_test(test_tcp_peer_leaves),
         cmocka_unit_test(test_tcp_host_name),
