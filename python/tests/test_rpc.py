@@ -1675,9 +1675,9 @@ WAITS_IN_A_CALLEE = """
 
 @pytest.mark.parametrize("with_torch", [False, True])
 def test_a_callee_waits_on_its_own_calls_with_one_pool_thread(tmp_path, with_torch):
-    """A function served on a worker's only pool thread that waits for calls
-    it made (rpc_async().wait(), wait_all, collect_all, then, an rref's
-    method, a call that times out) gets every answer at once: the waiting
+    """spec: PY-3. A function served on a worker's only pool thread that
+    waits for calls it made (rpc_async().wait(), wait_all, collect_all,
+    then, an rref's method, a call that times out) gets every answer at once: the waiting
     thread takes each outcome from the call's future itself. Were it to
     wait for a pool thread to convert the answer, that thread being itself,
     it would wait until the outer call's deadline (PyTorch's futures, whose
