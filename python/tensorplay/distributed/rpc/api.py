@@ -671,8 +671,9 @@ def _torch_wait_all(futures):
 
 def _make_future(core, what):
     """The future rpc_async returns (a torch future when torch is imported),
-    completed from the C future core by its done-callback (on a pool
-    thread), with the value converted once."""
+    completed from the C future core once, with the value converted once: by
+    its done-callback (on a pool thread) or by a thread waiting on it (its
+    _tp_drive, spec/api.md PY-3), whichever comes first."""
     f = (_torch_future_type() or Future)()
     f._tp_core = core  # the C future behind it
     claimed = []
