@@ -1748,6 +1748,17 @@ static int body_silences(tt_job *job, int rank) {
     return 0;
 }
 
+/* Runs body_silences in mode (peer_down_timeout as given) to its end. */
+static void run_silences(tt_job *job, silence_mode mode, const char *peer_down_timeout) {
+    static silence_mode arg;
+    arg = mode;
+    cut_peer_down_timeout = peer_down_timeout;
+    int spawned = tt_spawn(job, 2, body_silences, &arg);
+    cut_peer_down_timeout = "1";
+    assert_int_equal(spawned, 0);
+    assert_int_equal(tt_wait(job, 120), 0);
+}
+
 /* spec: TCP-12, TCP-25. peer_down_timeout 0 never declares a silent worker
  * down: worker 1's host unreachable (dials fail), worker 0's call waits out
  * its own 3 s deadline (TP_ETIMEDOUT, not TP_EPEERDOWN), and once the host
@@ -1755,12 +1766,7 @@ static int body_silences(tt_job *job, int rank) {
 static void test_tcp_peer_down_timeout_0_declares_nobody(void **state) {
     (void)state;
     tt_job job = {0};
-    cut_peer_down_timeout = "0";
-    static const silence_mode mode = SI_NEVER;
-    int spawned = tt_spawn(&job, 2, body_silences, (void *)&mode);
-    cut_peer_down_timeout = "1";
-    assert_int_equal(spawned, 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    run_silences(&job, SI_NEVER, "0");
     assert_int_equal(atomic_load(&job.shared->count[C_SI_NEVER]), TP_ETIMEDOUT);
     assert_int_equal(atomic_load(&job.shared->count[C_SI_AFTER]), TP_OK);
     tt_job_free(&job);
@@ -1774,18 +1780,12 @@ static void test_tcp_peer_down_timeout_0_declares_nobody(void **state) {
 static void test_tcp_second_silence_declares_down(void **state) {
     (void)state;
     tt_job job = {0};
-    static const silence_mode mode = SI_SECOND;
-    assert_int_equal(tt_spawn(&job, 2, body_silences, (void *)&mode), 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    run_silences(&job, SI_SECOND, "1");
     assert_int_equal(atomic_load(&job.shared->count[C_SI_FIRST]), TP_OK);
     assert_int_equal(atomic_load(&job.shared->count[C_SI_SECOND]), TP_EPEERDOWN);
     tt_job_free(&job);
 }
 
-/* spec: TCP-25. A dial whose SYNs go unanswered (connect fails ETIMEDOUT,
- * the connection to worker 1 broken first) is silence as an unreachable
- * host is: worker 1 is declared down after peer_down_timeout (1 s) and
- * the call fails TP_EPEERDOWN, not at its own 20 s. */
 /* spec: TCP-25. A frame from a worker is an answer: worker 0's dials to
  * worker 1 fail (its answers to worker 1's calls cannot go) for 3 s, with
  * peer_down_timeout 1 s, while worker 1's calls keep arriving every 0.2 s;
@@ -1794,19 +1794,19 @@ static void test_tcp_second_silence_declares_down(void **state) {
 static void test_tcp_frames_from_a_worker_end_its_silence(void **state) {
     (void)state;
     tt_job job = {0};
-    static const silence_mode mode = SI_FRAMES;
-    assert_int_equal(tt_spawn(&job, 2, body_silences, (void *)&mode), 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    run_silences(&job, SI_FRAMES, "1");
     assert_int_equal(atomic_load(&job.shared->count[C_SI_AFTER]), TP_OK);
     tt_job_free(&job);
 }
 
+/* spec: TCP-25. A dial whose SYNs go unanswered (connect fails ETIMEDOUT,
+ * the connection to worker 1 broken first) is silence as an unreachable
+ * host is: worker 1 is declared down after peer_down_timeout (1 s) and
+ * the call fails TP_EPEERDOWN, not at its own 20 s. */
 static void test_tcp_timed_out_dials_are_silence(void **state) {
     (void)state;
     tt_job job = {0};
-    static const silence_mode mode = SI_TIMED_OUT;
-    assert_int_equal(tt_spawn(&job, 2, body_silences, (void *)&mode), 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    run_silences(&job, SI_TIMED_OUT, "1");
     assert_int_equal(atomic_load(&job.shared->count[C_SI_SECOND]), TP_EPEERDOWN);
     tt_job_free(&job);
 }
