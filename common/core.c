@@ -408,8 +408,9 @@ void tp_core_on_peer_down(tp_core *c, uint32_t peer, tp_status why, const char *
          * too are the end of the job, not news (a stale read only picks the
          * level). */
         if (!c->peer_dead[peer])
-            tpi_log(c->shutting_down ? TP_LOG_INFO : TP_LOG_WARN, "worker '%s' (rank %u): %s",
-                    c->self.name, c->rank, msg);
+            tpi_log(atomic_load_explicit(&c->shutting_down, memory_order_relaxed) ? TP_LOG_INFO
+                                                                                  : TP_LOG_WARN,
+                    "worker '%s' (rank %u): %s", c->self.name, c->rank, msg);
         tpi_peer_dead_set(c, peer, 1);
         tpi_rrefs_peer_down(c, peer);
     } else {

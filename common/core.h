@@ -320,7 +320,7 @@ struct tp_core {
     size_t nfreed;
     tpi_gid *deleted;        /* fork ids deleted here, the same way (RREF-21) */
     size_t ndeleted;
-    int shutting_down;  /* graceful shutdown in progress */
+    atomic_int shutting_down; /* graceful shutdown in progress (read by upcalls for a log level) */
     /* INTERRUPT-1 (lock): the lifecycle call that may be interrupted, its
      * context epoch (0: none) and the task running it, whose parks poll the
      * context's flag. */

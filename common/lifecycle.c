@@ -455,9 +455,9 @@ tp_status tp_shutdown(int graceful) {
     int inside = c && atomic_load(&c->state) == TPI_STATE_RUNNING && tpi_in_work(c);
     tpi_context_lock(ctx);
     int initializing = ctx->initializing;
-    int busy = c && c->shutting_down;
+    int busy = c && atomic_load_explicit(&c->shutting_down, memory_order_relaxed);
     if (c && !inside && !initializing && !busy)
-        c->shutting_down = 1;
+        atomic_store_explicit(&c->shutting_down, 1, memory_order_relaxed);
     tpi_context_unlock(ctx);
     if (!inside && initializing) { /* INIT-1: init owns the worker until it returns */
         if (c)
