@@ -433,6 +433,10 @@ size_t tpi_tcp_conn_write_size(unsigned nbufs) {
     return sizeof(conn_write) + nbufs * sizeof(uv_buf_t);
 }
 
+size_t tpi_tcp_conn_size(void) {
+    return sizeof(tpi_tcp_conn);
+}
+
 /* Queues bufs in one uv_write; frames (may be NULL) are freed when it
  * completes; chunk is the sealed buffer it writes (TCP-21), or -1. 0, or a
  * libuv error with the frames already freed. */

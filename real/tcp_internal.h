@@ -626,6 +626,8 @@ void tpi_tcp_direct_regrant(tpi_tcp_agent *a);
 /* The bytes one queued write of nbufs buffers mallocs (its request and
  * buffers): for the tests that make that allocation fail. */
 size_t tpi_tcp_conn_write_size(unsigned nbufs);
+/* The bytes a connection's record callocs: for the tests that make it fail. */
+size_t tpi_tcp_conn_size(void);
 /* Revokes the grant and waits out a sender still writing with it (qmu held,
  * released while it waits); after it, only the loop writes to the socket. */
 void tpi_tcp_direct_stop_locked(tpi_tcp_agent *a, tpi_tcp_peer *p);

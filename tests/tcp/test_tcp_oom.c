@@ -333,6 +333,79 @@ static void test_tcp_threads_that_cannot_start(void **state) {
 }
 
 /*
+ * A dial without memory for its connection: the calls queued for that peer
+ * fail at once with a message that says so (not at their deadline), their
+ * frames are dropped (the callee never runs a call its caller saw fail),
+ * and the next call, with memory again, dials and is answered.
+ */
+enum { DIAL_DONE = 0 };
+enum { DIAL_RAN = 0 }; /* count: the calls worker 1 ran */
+
+static tp_status fn_tally(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data) {
+    (void)call;
+    (void)args;
+    (void)kwargs;
+    tt_shared *sh = user_data;
+    *result = tp_value_int(atomic_fetch_add(&sh->count[DIAL_RAN], 1) + 1);
+    return TP_OK;
+}
+
+static int dial_oom_body(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10.0, 10.0);
+    /* The connections init made close when idle: the call must dial. */
+    TT_CHECK(o && tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
+    TT_CHECK(tp_register_function("tally", fn_tally, sh) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        TT_CHECK(tt_await_flag(sh, DIAL_DONE, 1, 120) == 0);
+        TT_CHECK(tp_shutdown(1) == TP_OK);
+        return 0;
+    }
+    usleep(TT_SLOWDOWN * 1500000); /* past idle_timeout and the close's grace (TCP-19) */
+    atomic_store(&calloc_fail_size, tpi_tcp_conn_size());
+    atomic_store(&calloc_fail_n, 1);
+    tp_value *res = NULL;
+    uint64_t t0 = tt_now_ns();
+    tp_status st = tp_rpc_sync(tp_to_rank(1), "tally", NULL, NULL, 20.0, &res);
+    double took = (double)(tt_now_ns() - t0) / 1e9;
+    atomic_store(&calloc_fail_n, 0);
+    char msg[TP_ERRMSG_LEN_MAX];
+    snprintf(msg, sizeof msg, "%s", st == TP_OK ? "" : tp_errmsg());
+    tp_value_free(res);
+    res = NULL;
+    int64_t ran = -1;
+    tp_status st2 = tp_rpc_sync(tp_to_rank(1), "tally", NULL, NULL, 20.0, &res);
+    if (st2 == TP_OK)
+        st2 = tp_value_get_int(res, &ran);
+    tp_value_free(res);
+    atomic_store(&sh->flag[DIAL_DONE], 1);
+    fprintf(stderr, "dial without memory: %s after %.2f s: %s (%u failed); then %s\n",
+            tp_status_name(st), took, msg, atomic_load(&calloc_pair_failed), tp_status_name(st2));
+    TT_CHECK(atomic_load(&calloc_pair_failed) > 0);
+    TT_CHECK(st == TP_EIO && strstr(msg, "out of memory for a connection"));
+    TT_CHECK(took < 10.0);
+    TT_CHECK(st2 == TP_OK && ran == 1); /* the failed call's frame did not go out */
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_dial_without_memory_fails_its_calls_at_once(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, dial_oom_body, NULL), 0);
+    int rc = tt_wait(&job, 120.0);
+    int ran = atomic_load(&job.shared->count[DIAL_RAN]); /* after worker 1's graceful shutdown */
+    tt_job_free(&job);
+    assert_int_equal(rc, 0);
+    assert_int_equal(ran, 1);
+}
+
+/*
  * spec: TCP-7: a probe this worker cannot answer (no memory for the PONG's
  * write) ends that connection at once, so its dialer learns of it from the
  * connection and dials again, instead of waiting out its probe deadline for
@@ -681,8 +754,10 @@ static void test_tcp_oom_in_a_sealed_chunks_write(void **state) {
     assert_true(failed > 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     tt_ensure_secret();
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]); /* a glob: one test by hand */
     /* OpenSSL loads its providers at the first HMAC, in hundreds of
      * allocations of its own: done here, before the forks, the countdown
      * spends itself on ours. */
@@ -709,12 +784,13 @@ int main(void) {
         cmocka_unit_test(test_tcp_oom_in_a_handshakes_hmac),
         cmocka_unit_test(test_tcp_oom_in_a_sealed_chunks_write),
         cmocka_unit_test(test_tcp_threads_that_cannot_start),
+        cmocka_unit_test(test_tcp_dial_without_memory_fails_its_calls_at_once),
         cmocka_unit_test(test_tcp_probe_that_cannot_be_answered_ends_the_connection),
         cmocka_unit_test(test_tcp_seal_keys_either_derivation_fails_the_pair),
     };
     if (only) { /* rank 1's sweep is the longer: rank 0's run takes the others */
         const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4],
-                                           tests[5], tests[6], tests[7]};
+                                           tests[5], tests[6], tests[7], tests[8]};
         return atoi(only) == 0 ? cmocka_run_group_tests(rank0, NULL, NULL)
                                : _cmocka_run_group_tests("test_tcp_oom", &tests[1], 1, NULL, NULL);
     }
