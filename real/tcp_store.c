@@ -703,7 +703,7 @@ tp_status tpi_tcp_store_open(const tp_init_params *init, const tpi_tcp_auth *aut
         tpi_format(what, sizeof what, "init_method env://, MASTER_ADDR=%s MASTER_PORT=%u", h,
                    (unsigned)port);
     } else if (strncmp(method, "tcp://", 6) == 0) {
-        if (strlen(method) >= sizeof host ||
+        if (strlen(method + 6) >= sizeof host || /* host:port, as tpi_tcp_store_host */
             tpi_tcp_split_hostport(method + 6, host, sizeof host, port_s, sizeof port_s) != 0 ||
             tpi_tcp_parse_port(port_s, 0, &port) != 0) {
             tpi_format(errmsg, errmsg_len,

@@ -983,6 +983,83 @@ static void test_tcp_store_scan_needs_progress(void **state) {
     fake_server_ended_well(pid);
 }
 
+/* STORE-10: a "more" reply with no entries at all is malformed too (the
+ * client would ask again from the same place forever). */
+static void test_tcp_store_scan_empty_more(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {8, 0, 0, 0, TP_OK, 1, 0, 0, 0, 0, 0, 0};
+    uint16_t port;
+    pid_t pid = fake_server(reply, sizeof reply, &port);
+    tp_store *c = client(port, 5);
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(c->ops->scan(c, "s/", log_scan, &l), TP_ESTORE);
+    assert_non_null(strstr(c->errmsg, "malformed reply"));
+    assert_int_equal(l.n, 0);
+    c->ops->close(c);
+    fake_server_ended_well(pid); /* one request, not FAKE_REQUESTS_MAX */
+}
+
+/* A reply whose payload finds no memory: TP_ENOMEM naming the op and key,
+ * nothing returned; a request that finds none is refused before it goes
+ * out, and the connection serves on. */
+static void test_tcp_store_client_without_memory(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) {
+        skip();
+        return;
+    }
+    enum { BIG = 3000 };
+    static uint8_t reply[8 + BIG] = {(8 + BIG) & 0xff, (8 + BIG) >> 8, 0, 0, TP_OK, 0, 0, 0,
+                                     BIG & 0xff,       BIG >> 8,       0, 0};
+    uint16_t port;
+    pid_t pid = fake_server(reply, sizeof reply, &port);
+    tp_store *c = client(port, 5);
+    void *v = (void *)1;
+    size_t len = 1;
+    atomic_store(&malloc_failed, 0);
+    atomic_store(&malloc_fail_size, (size_t)BIG + 1); /* the payload and its NUL */
+    tp_status st = c->ops->get(c, "k", &v, &len);
+    atomic_store(&malloc_fail_size, 0);
+    assert_int_equal(atomic_load(&malloc_failed), 1);
+    assert_int_equal(st, TP_ENOMEM);
+    assert_null(v);
+    if (!strstr(c->errmsg, "get 'k': "))
+        fail_msg("%s", c->errmsg);
+    c->ops->close(c);
+    fake_server_ended_well(pid);
+}
+
+static void test_tcp_store_request_without_memory(void **state) {
+    fixture *f = *state;
+    tp_store *s = f->client;
+    if (!alloc_fault_in_use()) {
+        skip();
+        return;
+    }
+    enum { VAL = 5000 };
+    static uint8_t val[VAL];
+    tpi_store_request rq = {.op = TPI_STORE_SET,
+                            .key = (const uint8_t *)"k",
+                            .key_len = 1,
+                            .has_a = 1,
+                            .a = val,
+                            .a_len = VAL};
+    atomic_store(&malloc_failed, 0);
+    atomic_store(&malloc_fail_size, tpi_store_request_size(&rq));
+    tp_status st = s->ops->set(s, "k", val, VAL);
+    atomic_store(&malloc_fail_size, 0);
+    assert_int_equal(atomic_load(&malloc_failed), 1);
+    assert_int_equal(st, TP_ENOMEM);
+    if (!strstr(s->errmsg, "set 'k': out of memory"))
+        fail_msg("%s", s->errmsg);
+    assert_int_equal(s->ops->set(s, "k", val, VAL), TP_OK);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(s->ops->get(s, "k", &v, &n), TP_OK);
+    assert_int_equal(n, VAL);
+    free(v);
+}
+
 /* spec: STORE-2: "absent" (TP_ENOENT) is an answer only get expects; given
  * to any request, each op returns it with the server's words and frees the
  * reply once. */
@@ -1037,6 +1114,13 @@ static void test_tcp_store_limits(void **state) {
     key[TP_STORE_KEY_LEN_MAX + 1] = '\0';
     assert_int_equal(s->ops->set(s, key, "1", 1), TP_EINVAL);
     assert_int_equal(s->ops->set(s, "", "1", 1), TP_EINVAL);
+    /* A scan's prefix is a key: refused before anything is sent. */
+    scan_seen_log l = {.values_ok = 1};
+    assert_int_equal(s->ops->scan(s, "", log_scan, &l), TP_EINVAL);
+    assert_non_null(strstr(s->errmsg, "scan: empty key"));
+    assert_int_equal(s->ops->scan(s, key, log_scan, &l), TP_EINVAL);
+    assert_non_null(strstr(s->errmsg, "scan"));
+    assert_int_equal(l.n, 0);
     /* compare_set checks its key and both values before anything is sent:
      * each error is the first one's, and the connection goes on serving. */
     int swapped = 1;
@@ -3289,6 +3373,18 @@ static void test_tcp_store_host_of_init_methods(void **state) {
     setenv("MASTER_ADDR", "[::1]", 1);
     assert_int_equal(tpi_tcp_store_host(o, host, sizeof host), 1);
     assert_string_equal(host, "::1");
+    char brack[TPI_ADDR_LEN_MAX + 1];
+    for (size_t n = TPI_ADDR_LEN_MAX - 1; n <= TPI_ADDR_LEN_MAX; n++) {
+        brack[0] = '[';
+        memset(brack + 1, 'a', n - 2);
+        brack[n - 1] = ']';
+        brack[n] = '\0';
+        setenv("MASTER_ADDR", brack, 1);
+        memset(host, 0, sizeof host);
+        assert_int_equal(tpi_tcp_store_host(o, host, sizeof host), n < TPI_ADDR_LEN_MAX);
+        if (n < TPI_ADDR_LEN_MAX)
+            assert_int_equal(strlen(host), n - 2);
+    }
     unsetenv("MASTER_ADDR");
     assert_int_equal(tpi_tcp_store_host(o, host, sizeof host), 0);
     if (saved)
@@ -3316,7 +3412,13 @@ static void test_tcp_store_host_refused(void **state) {
     const char *was_addr = getenv("MASTER_ADDR"), *was_port = getenv("MASTER_PORT");
     char *saved_addr = was_addr ? strdup(was_addr) : NULL;
     char *saved_port = was_port ? strdup(was_port) : NULL;
-    static const char *const bad[] = {"127.0.0.1\t", "[::1"};
+    /* "[" + 254 'a' + "]": 256 bytes, one more than an address holds. */
+    char long_host[TPI_ADDR_LEN_MAX + 1];
+    long_host[0] = '[';
+    memset(long_host + 1, 'a', TPI_ADDR_LEN_MAX - 2);
+    long_host[TPI_ADDR_LEN_MAX - 1] = ']';
+    long_host[TPI_ADDR_LEN_MAX] = '\0';
+    const char *const bad[] = {"127.0.0.1\t", "[::1", long_host};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tp_options *o = tp_options_new();
         assert_int_equal(tp_options_set_init_method(o, "env://"), TP_OK);
@@ -3328,8 +3430,8 @@ static void test_tcp_store_host_refused(void **state) {
         tp_options_free(o);
         assert_int_equal(st, TP_EINVAL);
         assert_null(c);
-        char want[64];
-        snprintf(want, sizeof want, "MASTER_ADDR '%s' is not a host", bad[i]);
+        char want[128];
+        snprintf(want, sizeof want, "MASTER_ADDR '%.64s' is not a host", bad[i]);
         if (!strstr(err, want))
             fail_msg("%s", err);
     }
@@ -3343,6 +3445,38 @@ static void test_tcp_store_host_refused(void **state) {
         unsetenv("MASTER_PORT");
     free(saved_addr);
     free(saved_port);
+    /* tcp://: a port out of 1..65535, or a host:port longer than an address
+     * holds, is refused at once, before any dial; TPI_ADDR_LEN_MAX - 1 bytes
+     * of host:port are a host (this one a label too long to resolve). */
+    char longest[TPI_ADDR_LEN_MAX + 16], too_long[TPI_ADDR_LEN_MAX + 16];
+    for (int k = 0; k < 2; k++) {
+        char *m = k ? too_long : longest;
+        size_t hl = TPI_ADDR_LEN_MAX - 1 + (size_t)k - strlen(":29500");
+        memcpy(m, "tcp://", 6);
+        memset(m + 6, 'h', hl);
+        memcpy(m + 6 + hl, ":29500", 7);
+    }
+    static const char *const bad_method[] = {"tcp://127.0.0.1:0", "tcp://127.0.0.1:70000", NULL,
+                                             NULL};
+    const char *methods[4] = {bad_method[0], bad_method[1], too_long, longest};
+    for (size_t i = 0; i < 4; i++) {
+        tp_options *o = tp_options_new();
+        assert_int_equal(tp_options_set_init_method(o, methods[i]), TP_OK);
+        assert_int_equal(tp_options_set_init_timeout(o, 5), TP_OK);
+        tp_init_params init = {.name = "w1", .rank = 1, .world_size = 2, .opts = o};
+        err[0] = '\0';
+        uint64_t t0 = tt_now_ns();
+        tp_status st = tpi_tcp_store_open(&init, &auth, &c, err, sizeof err);
+        double took = (double)(tt_now_ns() - t0) / 1e9;
+        tp_options_free(o);
+        assert_int_equal(st, TP_EINVAL);
+        assert_null(c);
+        const char *want =
+            i < 3 ? "is not tcp://host:port with a port in 1..65535" : "cannot resolve host";
+        if (!strstr(err, want))
+            fail_msg("%.40s...: %s", methods[i], err);
+        assert_true(took < 2.0);
+    }
 }
 
 /* spec: TCP-9: a connect that does not complete is an error, never a
@@ -3545,6 +3679,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tcp_store_ops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_store_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_store_request_without_memory, setup, teardown),
         cmocka_unit_test(test_tcp_store_request_key_bounds),
         cmocka_unit_test(test_tcp_store_reply_head_bounds),
         cmocka_unit_test(test_tcp_store_request_body_exact),
@@ -3593,6 +3728,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_reply_head_with_a_reserved_byte),
         cmocka_unit_test(test_tcp_store_reply_cut_short),
         cmocka_unit_test(test_tcp_store_host_refused),
+        cmocka_unit_test(test_tcp_store_scan_empty_more),
+        cmocka_unit_test(test_tcp_store_client_without_memory),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
         cmocka_unit_test_setup_teardown(test_tcp_store_request_without_memory_drops_its_client,
