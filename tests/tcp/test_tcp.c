@@ -2072,6 +2072,42 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "advertise_addr", at_bound);
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "advertise_addr 'aaaa");
+    /* A bracketed listen_addr of TPI_ADDR_LEN_MAX bytes is too long, though
+     * what the brackets hold would fit. */
+    char bracketed[TPI_ADDR_LEN_MAX + 1];
+    bracketed[0] = '[';
+    memset(bracketed + 1, 'a', TPI_ADDR_LEN_MAX - 2);
+    bracketed[TPI_ADDR_LEN_MAX - 1] = ']';
+    bracketed[TPI_ADDR_LEN_MAX] = '\0';
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    tp_options_set(o, "listen_addr", bracketed);
+    bad |= expect_init_error(o, 0, 1, TP_EINVAL, "listen_addr '[aaaa");
+    /* One byte under the bound, with a colon: advertised bracketed, with
+     * its port, the address takes all of TPI_ADDR_LEN_MAX with its NUL;
+     * that is no host any resolver finds, which the table's check says. */
+    char v6ish[TPI_ADDR_LEN_MAX - 8];
+    memset(v6ish, 'a', sizeof v6ish - 1);
+    v6ish[1] = ':';
+    v6ish[sizeof v6ish - 1] = '\0';
+    tp_construct_rpc_backend_options("TENSORPIPE", &o);
+    snprintf(m, sizeof m, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_options_set_init_method(o, m);
+    tp_options_set(o, "listen_port", "65535" /* five digits, if free */);
+    tp_options_set(o, "advertise_addr", v6ish);
+    {
+        tp_status st = tp_init_rpc("worker0", "TENSORPIPE", 0, 1, o);
+        tp_options_free(o);
+        /* The port may be taken: then the error says so, and the case is
+         * moot. Either way the worker never comes up. */
+        if (st == TP_OK || (!strstr(tp_errmsg(), "worker 0's address '[a:aaaa") &&
+                            !strstr(tp_errmsg(), "listen_port"))) {
+            fprintf(stderr, "advertise_addr of %zu bytes with a colon: %s: %s\n", strlen(v6ish),
+                    tp_status_name(st), tp_errmsg());
+            if (st == TP_OK)
+                tp_shutdown(0);
+            bad |= 1;
+        }
+    }
     /* spec: TCP-12, TCP-22: the shared memory options. */
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "shm", "maybe");
@@ -2098,6 +2134,21 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "advertise_addr", unfound);
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "worker 0's address 'aaaa");
+    /* Empty listen_addr and listen_port are their defaults ("auto", 0), and
+     * an errno left set before init is not taken for a bad option. */
+    for (int k = 0; k < 2; k++) {
+        tp_construct_rpc_backend_options("TENSORPIPE", &o);
+        tp_options_set(o, "listen_addr", "");
+        tp_options_set(o, "listen_port", "");
+        tp_options_set(o, k ? "max_handshakes" : "hello_timeout", k ? "4" : "1");
+        errno = EINVAL;
+        tp_status st = tp_init_rpc("solo", "TENSORPIPE", 0, 1, o);
+        tp_options_free(o);
+        if (st != TP_OK)
+            fprintf(stderr, "empty listen options: %s\n", tp_errmsg());
+        TT_CHECK(st == TP_OK);
+        TT_CHECK(tp_shutdown(1) == TP_OK);
+    }
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "listen_addr", "0.0.0.0");
     tp_options_set(o, "advertise_addr", "[127.0.0.1]");
