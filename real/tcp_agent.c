@@ -47,7 +47,11 @@ static tp_status agent_set_peers(tp_agent *ag, const char *const *addrs, uint32_
                                  char *errmsg, size_t errmsg_len) {
     tpi_tcp_agent *a = AG(ag);
     if (world_size != a->world_size || !addrs) {
-        tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size, a->world_size);
+        if (addrs)
+            tpi_format(errmsg, errmsg_len, "%u addresses for a world of %u", world_size,
+                       a->world_size);
+        else
+            tpi_format(errmsg, errmsg_len, "no table of addresses");
         return TP_EINVAL;
     }
     struct sockaddr_storage *sas = calloc(world_size, sizeof *sas);

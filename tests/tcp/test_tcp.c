@@ -1452,7 +1452,15 @@ static void test_tcp_set_peers_refuses_an_address_at_its_bound(void **state) {
     char bound[TPI_ADDR_LEN_MAX + 1]; /* "hhh...h:1": a host that fits its buffer */
     memset(bound, 'h', TPI_ADDR_LEN_MAX);
     memcpy(bound + TPI_ADDR_LEN_MAX - 2, ":1", 3);
-    const char *addrs[2] = {"127.0.0.1:1", bound};
+    const char *addrs[3] = {"127.0.0.1:1", bound, "127.0.0.1:3"};
+    /* A table of another size, or none, is refused before any is read. */
+    const char *fine[3] = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"};
+    assert_int_equal(ops->set_peers(agent, fine, 3, err, sizeof err), TP_EINVAL);
+    if (!strstr(err, "3 addresses for a world of 2"))
+        fail_msg("%s", err);
+    assert_int_equal(ops->set_peers(agent, NULL, 2, err, sizeof err), TP_EINVAL);
+    if (!strstr(err, "no table of addresses"))
+        fail_msg("%s", err);
     st = ops->set_peers(agent, addrs, 2, err, sizeof err);
     ops->destroy(agent);
     tp_options_free(o);
