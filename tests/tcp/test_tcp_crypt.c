@@ -1134,13 +1134,23 @@ static void test_tcp_seal_fails_with_openssl(void **state) {
     (void)state;
     uint8_t key[TPI_TCP_SEAL_KEY_SIZE];
     memset(key, 7, sizeof key);
-    tpi_tcp_cipher tx;
+    tpi_tcp_cipher tx, rx;
+    /* Whatever the structs held before (a reused one), init starts each
+     * at sequence 0: the first record opens on a fresh receiver. */
+    memset(&tx, 0xff, sizeof tx);
+    memset(&rx, 0xff, sizeof rx);
     assert_int_equal(tpi_tcp_seal_init(&tx, key, 1), 0);
-    uint8_t plain[100], out[200];
+    assert_int_equal(tpi_tcp_seal_init(&rx, key, 0), 0);
+    assert_true(tx.seq == 0 && rx.seq == 0);
+    uint8_t plain[100], out[200], back[100];
     memset(plain, 1, sizeof plain);
     struct iovec v = {plain, sizeof plain};
     assert_true(tpi_tcp_sealed_size(sizeof plain) <= sizeof out);
     assert_int_equal(tpi_tcp_seal(&tx, &v, 1, sizeof plain, out), 0);
+    assert_int_equal(tpi_tcp_seal_len(out), sizeof plain);
+    assert_int_equal(tpi_tcp_open(&rx, out, back), 0);
+    assert_memory_equal(back, plain, sizeof plain);
+    tpi_tcp_seal_clear(&rx);
     fail_final = 1;
     int rc = tpi_tcp_seal(&tx, &v, 1, sizeof plain, out);
     fail_final = 0;
