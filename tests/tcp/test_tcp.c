@@ -191,9 +191,10 @@ static int body_signals(tt_job *job, int rank) {
             tp_future *f = NULL;
             TT_CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, 20, &f) == TP_OK);
             tp_value_free(args);
-            /* No deadline of its own: the park without one (the call's 20 s
-             * would fail it, never leave it waiting). */
-            TT_CHECK(tp_future_wait(f, TP_TIMEOUT_INFINITE) == TP_OK);
+            /* Every other wait has no deadline of its own: the park without
+             * one (the call's 20 s would fail it, never leave it waiting);
+             * the others a deadline of 10 s (the park's timed wait). */
+            TT_CHECK(tp_future_wait(f, i % 2 ? 10.0 : TP_TIMEOUT_INFINITE) == TP_OK);
             int64_t v = -1; /* slow answers its counter's index */
             TT_CHECK(tp_value_get_int(tp_future_value(f), &v) == TP_OK && v == 5);
             tp_future_free(f);
@@ -209,8 +210,8 @@ static int body_signals(tt_job *job, int rank) {
 }
 
 /* AGENT-12: a signal the program handles while a thread waits for a reply
- * (tp_future_wait with no deadline, the park without a deadline) costs the
- * wait nothing: it goes on waiting and returns with the reply. Were a
+ * (tp_future_wait with and without a deadline, the park's two waits) costs
+ * the wait nothing: it goes on waiting and returns with the reply. Were a
  * successful wait after an EINTR taken for another EINTR (errno is left as
  * it was), the thread would wait again for a wake-up already spent. */
 static void test_tcp_signals_during_a_blocking_wait(void **state) {
