@@ -403,6 +403,26 @@ static void test_shm_slab_picking(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* spec: TCP-22: room is made by dropping free slabs only, never a busy
+ * one, though a busy one is the larger: its frame is still being read. */
+static void test_shm_room_made_from_free_slabs_only(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    a.shm_pool = 10 * MIB;
+    uint32_t gen = 0;
+    int sx = pack(&a, 1 * MIB, &gen); /* a 2 MiB slab */
+    int sy = pack(&a, 3 * MIB, &gen); /* a 4 MiB slab, busy */
+    assert_true(sx >= 0 && sy >= 0 && sx != sy);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)sx), 0);
+    /* 6 MiB more: the free 2 MiB slab goes, and its slot takes the new one. */
+    assert_int_equal(pack(&a, 5 * MIB, &gen), sx);
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)sy), 0); /* still there, still busy */
+    assert_int_equal(tpi_shm_release(&a, 1, 1, (uint32_t)sx), 0);
+    tpi_shm_tx_free(peers[1].shm_tx);
+}
+
 /* spec: TCP-22: at most TPI_SHM_SLABS_MAX slabs a peer: with every one
  * busy, the next frame takes the stream (pack refuses), whatever room the
  * pool has left. */
@@ -637,6 +657,33 @@ static int offer_to_worker_1(uint32_t v[3]) {
     return probe;
 }
 
+/* spec: TCP-22: an offer whose descriptor cannot be taken (no such
+ * descriptor in the dialer) is refused for that reason, not as a wrong
+ * probe, and the pidfd opened for it is closed. */
+static void test_shm_offer_of_a_closed_descriptor_refused(void **state) {
+    (void)state;
+    uint32_t v[3];
+    int probe = offer_to_worker_1(v);
+    v[1] = 999999; /* past any descriptor this process has open (the lowest
+                      free one would be the pidfd accept opens) */
+    assert_int_equal(fcntl(999999, F_GETFD), -1);
+    tpi_tcp_agent b;
+    memset(&b, 0, sizeof b);
+    b.rank = 1;
+    b.world_size = 2;
+    b.max_msg = MIB;
+    const char *why = NULL;
+    last_pidfd = -1;
+    tpi_shm_rx *rx = tpi_shm_accept(&b, 0, NULL, v, &why);
+    close(probe);
+    assert_null(rx);
+    assert_non_null(why);
+    if (!strstr(why, "pidfd_getfd"))
+        fail_msg("%s", why);
+    assert_true(last_pidfd >= 0);
+    assert_int_equal(fcntl(last_pidfd, F_GETFD), -1);
+}
+
 /* spec: TCP-22: descriptor 0 is a descriptor like any other for the
  * acceptor's pidfd (stdin closed: the pidfd lands there, the offer is taken,
  * and the pidfd is closed with the side) and for the dialer's probe. */
@@ -858,7 +905,7 @@ static void test_shm_slab_taken_on_descriptor_0_read(void **state) {
  * lookup can recurse), except that a test may fail a shared mapping of a
  * descriptor (ENOMEM) or an allocation of a file's pages (ENOSPC): a slab
  * that cannot be made on a full machine. */
-static int fail_shared_mmap, fail_fallocate;
+static int fail_shared_mmap, fail_fallocate, fail_pwrite;
 
 /* Not under ThreadSanitizer, whose runtime maps its shadow memory through
  * its own mmap interceptor, which these would replace. */
@@ -878,6 +925,14 @@ int fallocate(int fd, int mode, off_t off, off_t len) {
         return -1;
     }
     return (int)syscall(SYS_fallocate, fd, mode, off, len);
+}
+
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
+    if (fail_pwrite) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return (ssize_t)syscall(SYS_pwrite64, fd, buf, n, off);
 }
 #endif
 
@@ -915,6 +970,29 @@ static void test_shm_slab_not_made_leaks_nothing(void **state) {
     }
     assert_true(pack(&a, 1 * MIB, &gen) >= 0);
     tpi_shm_tx_free(peers[1].shm_tx);
+}
+
+/* spec: TCP-22: a probe that cannot be written (its memfd's page not
+ * there: a memory cgroup at its limit) is no offer, and leaves no
+ * descriptor open. */
+static void test_shm_offer_without_its_probe_leaks_nothing(void **state) {
+    (void)state;
+#ifndef SHM_FAIL_STANDINS
+    skip();
+#endif
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0;
+    a.world_size = 2;
+    int probe = -1;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    size_t before = open_fds();
+    fail_pwrite = 1;
+    int rc = tpi_shm_offer(&a, 1, &probe, rec);
+    fail_pwrite = 0;
+    assert_int_equal(rc, -1);
+    assert_int_equal(probe, -1);
+    assert_int_equal(open_fds(), before);
 }
 
 /* ---- An answer held past the connection it came on (TCP-19, TCP-22) -------------- */
@@ -1171,8 +1249,10 @@ static void test_shm_dialer_unmaps_its_slabs_when_freed(void **state) {
     assert_int_equal(slab_maps(), maps_before);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     tt_ensure_secret();
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]); /* a glob: one test by hand */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shm_tensors),
         cmocka_unit_test(test_shm_min_bytes_is_inclusive),
@@ -1197,6 +1277,9 @@ int main(void) {
         cmocka_unit_test(test_shm_frame_may_end_at_the_slab_end),
         cmocka_unit_test(test_shm_slab_header_checked_field_by_field),
         cmocka_unit_test(test_shm_slab_not_made_leaks_nothing),
+        cmocka_unit_test(test_shm_offer_without_its_probe_leaks_nothing),
+        cmocka_unit_test(test_shm_offer_of_a_closed_descriptor_refused),
+        cmocka_unit_test(test_shm_room_made_from_free_slabs_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
