@@ -594,6 +594,7 @@ static void test_shm_slab_on_descriptor_0_reused(void **state) {
 static int move_pidfd_to;
 static int last_taken_fd = -1;
 static int last_pidfd = -1;
+static int ntaken; /* pidfd_getfd calls */
 
 long syscall(long n, ...) {
     static long (*real)(long, ...);
@@ -613,8 +614,10 @@ long syscall(long n, ...) {
         errno = e;
         r = up;
     }
-    if (n == SYS_pidfd_getfd)
+    if (n == SYS_pidfd_getfd) {
         last_taken_fd = (int)r;
+        ntaken++;
+    }
     if (n == SYS_pidfd_open)
         last_pidfd = (int)r;
     return r;
@@ -972,6 +975,73 @@ static void test_shm_slab_not_made_leaks_nothing(void **state) {
     tpi_shm_tx_free(peers[1].shm_tx);
 }
 
+/* A frame of body bytes (a valid header) packed for worker 1 by a, its
+ * FRAME record's values in v. */
+static void pack_body(tpi_tcp_agent *a, size_t body, uint32_t v[3]) {
+    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + body);
+    assert_non_null(f);
+    memset(tp_frame_bytes(f), 0, f->len);
+    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, (uint32_t)body);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_pack(a, 1, 1, f, rec), 0);
+    tp_frame_free(f);
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+}
+
+/* The receiver's side reads the frame v names, frees it and gives the slot
+ * back as its RELEASE would; the dialer takes the release. */
+static void read_and_release(tpi_tcp_agent *a, tpi_shm_rx *rx, const uint32_t v[3]) {
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_frame *f = tpi_shm_frame(rx, v, 8 * MIB, err, sizeof err);
+    if (!f)
+        fail_msg("slot %u generation %u: %s", v[1] & 0xff, v[1] >> 8, err);
+    assert_int_equal(f->len, v[2]);
+    tp_frame_free(f);
+    tpi_shm_rx *next = NULL;
+    uint32_t released = 0;
+    (void)tpi_shm_rx_take(rx, &next, &released);
+    assert_int_equal(released, 1u << (v[1] & 0xff));
+    assert_int_equal(tpi_shm_release(a, 1, 1, v[1] & 0xff), 0);
+}
+
+/* spec: TCP-22: the receiver takes a slab's descriptor and maps it once per
+ * generation: later frames in that slab use the mapping; when the dialer
+ * makes a new slab in the slot (a new generation), the old mapping goes
+ * and the new slab is taken, and nothing stays mapped at the end. */
+static void test_shm_slab_taken_once_per_generation(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    size_t maps0 = slab_maps();
+    tpi_tcp_agent a;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    assert_true(pidfd >= 0);
+    tpi_shm_rx *rx = tpi_shm_rx_for_fuzz(pidfd, 0, 1, 8 * MIB);
+    assert_non_null(rx);
+    uint32_t v[3], w[3], x[3];
+    pack_body(&a, 1 * MIB, v); /* a 2 MiB slab */
+    int taken0 = ntaken;
+    read_and_release(&a, rx, v);
+    assert_int_equal(ntaken, taken0 + 1);
+    pack_body(&a, 1 * MIB, w); /* the same slab again */
+    assert_int_equal(w[1], v[1]);
+    read_and_release(&a, rx, w);
+    assert_int_equal(ntaken, taken0 + 1); /* its mapping reused */
+    a.shm_pool = 4 * MIB;                 /* room for one 4 MiB slab: the 2 MiB one goes */
+    pack_body(&a, 3 * MIB, x);
+    assert_int_equal(x[1] & 0xff, v[1] & 0xff);
+    assert_true(x[1] >> 8 > v[1] >> 8);
+    read_and_release(&a, rx, x);
+    assert_int_equal(ntaken, taken0 + 2);
+    tpi_shm_rx_detach(rx);
+    tpi_shm_tx_free(peers[1].shm_tx);
+    assert_int_equal(slab_maps(), maps0);
+}
+
 /* spec: TCP-22: a probe that cannot be written (its memfd's page not
  * there: a memory cgroup at its limit) is no offer, and leaves no
  * descriptor open. */
@@ -1280,6 +1350,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_offer_without_its_probe_leaks_nothing),
         cmocka_unit_test(test_shm_offer_of_a_closed_descriptor_refused),
         cmocka_unit_test(test_shm_room_made_from_free_slabs_only),
+        cmocka_unit_test(test_shm_slab_taken_once_per_generation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
