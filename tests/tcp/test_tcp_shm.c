@@ -1042,6 +1042,129 @@ static void test_shm_slab_taken_once_per_generation(void **state) {
     assert_int_equal(slab_maps(), maps0);
 }
 
+static int wakes;
+
+static void count_wake(uv_async_t *h) {
+    (void)h;
+    wakes++;
+}
+
+/* Worker 1's side of an offer from this process, for connection conn; its
+ * pidfd in *pidfd. */
+static tpi_shm_rx *accepted_side(tpi_tcp_agent *b, void *conn, int *pidfd) {
+    uint32_t v[3];
+    int probe = offer_to_worker_1(v);
+    const char *why = NULL;
+    last_pidfd = -1;
+    tpi_shm_rx *rx = tpi_shm_accept(b, 0, conn, v, &why);
+    close(probe);
+    if (!rx)
+        fail_msg("%s", why);
+    *pidfd = last_pidfd;
+    return rx;
+}
+
+static tp_frame *frame_of(tpi_shm_rx *rx, const uint32_t v[3]) {
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_frame *f = tpi_shm_frame(rx, v, 8 * MIB, err, sizeof err);
+    if (!f)
+        fail_msg("%s", err);
+    return f;
+}
+
+/* The loop's walk of the sides with releases to tell: each side's
+ * connection (a tag) and released slots, into got[tag]; the number of
+ * entries on the list. */
+static int take_releases(tpi_tcp_agent *b, const int *tags, uint32_t got[3]) {
+    int n = 0;
+    memset(got, 0, 3 * sizeof *got);
+    tpi_shm_rx *next = NULL;
+    for (tpi_shm_rx *rx = tpi_shm_released_take(b); rx; rx = next) {
+        uint32_t released = 0;
+        const int *conn = tpi_shm_rx_take(rx, &next, &released);
+        assert_true(conn >= tags && conn < tags + 3);
+        assert_int_equal(got[conn - tags], 0); /* once on the list */
+        got[conn - tags] = released;
+        tpi_shm_rx_unref(rx); /* the list's reference */
+        n++;
+    }
+    return n;
+}
+
+/* spec: TCP-22: frames freed on the receiving side put their side on the
+ * loop's list of releases to tell, once however many of its frames end
+ * first, and wake the loop; a side whose connection closes comes off the
+ * list (its releases go nowhere, its pidfd is closed with it), the others
+ * stay; a frame freed after its side was detached lists nothing. */
+static void test_shm_releases_listed_once_per_side(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    tpi_tcp_agent a, b;
+    tpi_tcp_peer peers[2];
+    pool_agent(&a, peers);
+    a.shm_pool = 32 * MIB;
+    memset(&b, 0, sizeof b);
+    b.rank = 1;
+    b.world_size = 2;
+    b.max_msg = 8 * MIB;
+    assert_int_equal(pthread_mutex_init(&b.qmu, NULL), 0);
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    assert_int_equal(uv_async_init(&loop, &b.wake, count_wake), 0);
+    static const int tags[3] = {0, 1, 2}; /* A, B, R: their connections */
+    int pidfd[3];
+    tpi_shm_rx *rx[3];
+    for (int i = 0; i < 3; i++)
+        rx[i] = accepted_side(&b, (void *)&tags[i], &pidfd[i]);
+    uint32_t v[4][3];
+    for (int i = 0; i < 4; i++)
+        pack_body(&a, 1 * MIB, v[i]);
+    /* Slot 0 read by B, 1 by R, 2 by A, 3 by R; freed in that order. */
+    static const int reader[4] = {1, 2, 0, 2};
+    tp_frame *f[4];
+    for (int i = 0; i < 4; i++)
+        f[i] = frame_of(rx[reader[i]], v[i]);
+    wakes = 0;
+    for (int i = 0; i < 4; i++)
+        tp_frame_free(f[i]);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    assert_true(wakes >= 1);
+    uint32_t got[3];
+    assert_int_equal(take_releases(&b, tags, got), 3);
+    assert_int_equal(got[0], 1u << (v[2][1] & 0xff));
+    assert_int_equal(got[1], 1u << (v[0][1] & 0xff));
+    assert_int_equal(got[2], 1u << (v[1][1] & 0xff) | 1u << (v[3][1] & 0xff));
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tpi_shm_release(&a, 1, 1, v[i][1] & 0xff), 0);
+    /* A's and B's frames end (the list: B, then A); A's connection closes. */
+    for (int i = 0; i < 3; i++)
+        pack_body(&a, 1 * MIB, v[i]);
+    tp_frame *fa = frame_of(rx[0], v[0]), *fb = frame_of(rx[1], v[1]);
+    tp_frame *kept = frame_of(rx[1], v[2]);
+    tp_frame_free(fa);
+    tp_frame_free(fb);
+    tpi_shm_rx_detach(rx[0]);
+    assert_int_equal(fcntl(pidfd[0], F_GETFD), -1); /* A's side is gone */
+    assert_int_equal(take_releases(&b, tags, got), 1);
+    assert_int_equal(got[1], 1u << (v[1][1] & 0xff));
+    /* B's connection closes with a frame of it still held: freed later,
+     * it tells nobody. */
+    tpi_shm_rx_detach(rx[1]);
+    tp_frame_free(kept);
+    assert_null(tpi_shm_released_take(&b));
+    assert_int_equal(fcntl(pidfd[1], F_GETFD), -1);
+    tpi_shm_rx_detach(rx[2]);
+    assert_int_equal(fcntl(pidfd[2], F_GETFD), -1);
+    tpi_shm_tx_free(peers[1].shm_tx);
+    uv_close((uv_handle_t *)&b.wake, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    pthread_mutex_destroy(&b.qmu);
+}
+
 /* spec: TCP-22: a probe that cannot be written (its memfd's page not
  * there: a memory cgroup at its limit) is no offer, and leaves no
  * descriptor open. */
@@ -1351,6 +1474,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_offer_of_a_closed_descriptor_refused),
         cmocka_unit_test(test_shm_room_made_from_free_slabs_only),
         cmocka_unit_test(test_shm_slab_taken_once_per_generation),
+        cmocka_unit_test(test_shm_releases_listed_once_per_side),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
