@@ -1388,6 +1388,58 @@ static void test_tcp_direct_grant_revoked_whole(void **state) {
  * that is not host:port or longer than any, with TP_EINVAL naming them; and
  * on an agent not started, or stopping, TP_ESHUTDOWN. Called on an agent of
  * 3 workers that never started (no loop: nothing is dialed). */
+/* A thread parked once on a bare agent, its deadline wait_ns away; its result. */
+typedef struct parker {
+    tpi_tcp_agent *a;
+    uint64_t wait_ns;
+    tp_status st;
+    double took;
+} parker;
+
+static void *park_once(void *arg) {
+    parker *p = arg;
+    tp_agent *ag = (tp_agent *)p->a;
+    uint64_t t0 = tt_now_ns();
+    tpi_tcp_lock(ag);
+    p->st = tpi_tcp_park(ag, tpi_tcp_task_self(ag), t0 + p->wait_ns);
+    tpi_tcp_unlock(ag);
+    p->took = (double)(tt_now_ns() - t0) / 1e9;
+    return NULL;
+}
+
+/* AGENT-12: a wake-up that brings no permit (a post left over from an
+ * unpark whose permit the task had already used) is spurious: the park
+ * returns TP_OK at once for its caller to look again, neither an error
+ * nor a timeout before the deadline. */
+static void test_tcp_park_woken_without_a_permit(void **state) {
+    (void)state;
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    assert_int_equal(pthread_mutex_init(&a.mu, NULL), 0);
+    parker p = {.a = &a, .wait_ns = 5000000000ull, .st = TP_EIO};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, park_once, &p), 0);
+    for (int parked = 0; !parked;) {
+        usleep(1000);
+        pthread_mutex_lock(&a.mu);
+        if (a.parked) {
+            sem_post(&a.parked->sem); /* no permit given */
+            parked = 1;
+        }
+        pthread_mutex_unlock(&a.mu);
+    }
+    assert_int_equal(pthread_join(t, NULL), 0);
+    if (p.st != TP_OK || p.took > 2.0)
+        fail_msg("park woken without a permit: %s after %.2f s", tp_status_name(p.st), p.took);
+    /* Nobody posts: the deadline ends the park, as TP_ETIMEDOUT. */
+    parker q = {.a = &a, .wait_ns = 50000000ull, .st = TP_EIO};
+    assert_int_equal(pthread_create(&t, NULL, park_once, &q), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_mutex_destroy(&a.mu);
+    if (q.st != TP_ETIMEDOUT || q.took < 0.05)
+        fail_msg("park past its deadline: %s after %.3f s", tp_status_name(q.st), q.took);
+}
+
 static void test_tcp_set_peer_refuses(void **state) {
     (void)state;
     tpi_tcp_agent a;
@@ -2899,6 +2951,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_rejoin_while_called),
         cmocka_unit_test(test_tcp_set_peer_refuses),
         cmocka_unit_test(test_tcp_set_peers_refuses_an_address_at_its_bound),
+        cmocka_unit_test(test_tcp_park_woken_without_a_permit),
         cmocka_unit_test(test_tcp_congested_past_the_bound_not_at_it),
         cmocka_unit_test(test_tcp_direct_grant_revoked_whole),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),
