@@ -395,6 +395,9 @@ tpi_shm_rx *tpi_shm_rx_for_fuzz(int pidfd, uint32_t peer, uint32_t me, uint64_t 
 
 /* ---- The agent ------------------------------------------------------------ */
 
+/* Park tokens kept for threads whose first one finds no memory (tcp_sync.c). */
+#define TPI_TCP_TASK_SPARES 64
+
 typedef struct tpi_tcp_task tpi_tcp_task;
 struct tpi_tcp_task {
     sem_t sem;                 /* posted by unpark; waited on with CLOCK_MONOTONIC */

@@ -39,8 +39,6 @@
 
 #include "tcp_internal.h"
 
-#define TPI_TCP_TASK_SPARES 64
-
 static pthread_once_t task_key_once = PTHREAD_ONCE_INIT;
 static tpi_tcp_task task_spares[TPI_TCP_TASK_SPARES];
 static atomic_int task_spare_used[TPI_TCP_TASK_SPARES];

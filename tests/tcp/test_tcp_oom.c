@@ -333,6 +333,72 @@ static void test_tcp_threads_that_cannot_start(void **state) {
 }
 
 /*
+ * A thread's park token made without memory comes from the static reserve:
+ * two threads at once take two different spares, and a spare goes back at
+ * its thread's end, so more threads than the reserve holds, one after
+ * another, each get one.
+ */
+typedef struct spare_taker {
+    pthread_barrier_t *hold; /* NULL: end at once */
+    tp_task *token;
+    int failed;
+    atomic_int ready; /* token and failed are set */
+} spare_taker;
+
+static void *take_spare(void *arg) {
+    spare_taker *st = arg;
+    calloc_countdown = 1; /* this thread's first calloc: its token */
+    st->token = tpi_tcp_task_self(NULL);
+    st->failed = calloc_failed;
+    calloc_countdown = 0;
+    atomic_store(&st->ready, 1);
+    if (st->hold)
+        pthread_barrier_wait(st->hold);
+    return NULL;
+}
+
+static int spares_body(tt_job *job, int rank) {
+    (void)job;
+    (void)rank;
+    pthread_barrier_t hold;
+    TT_CHECK(pthread_barrier_init(&hold, NULL, 3) == 0);
+    spare_taker a = {.hold = &hold}, b = {.hold = &hold};
+    pthread_t ta, tb;
+    TT_CHECK(pthread_create(&ta, NULL, take_spare, &a) == 0);
+    while (!atomic_load(&a.ready))
+        usleep(1000);
+    TT_CHECK(pthread_create(&tb, NULL, take_spare, &b) == 0);
+    while (!atomic_load(&b.ready))
+        usleep(1000);
+    TT_CHECK(a.failed && b.failed);
+    /* The reserve's first two, in order. */
+    TT_CHECK((char *)b.token - (char *)a.token == (ptrdiff_t)sizeof(tpi_tcp_task));
+    pthread_barrier_wait(&hold);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    pthread_barrier_destroy(&hold);
+    for (int i = 0; i < TPI_TCP_TASK_SPARES + 2; i++) {
+        spare_taker c = {.hold = NULL};
+        pthread_t t;
+        TT_CHECK(pthread_create(&t, NULL, take_spare, &c) == 0);
+        pthread_join(t, NULL);
+        TT_CHECK(c.failed && c.token == a.token); /* the first spare, back each time */
+    }
+    return 0;
+}
+
+static void test_tcp_park_tokens_from_the_reserve(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 1, spares_body, NULL), 0);
+    int rc = tt_wait(&job, 60.0);
+    tt_job_free(&job);
+    assert_int_equal(rc, 0);
+}
+
+/*
  * A dial without memory for its connection: the calls queued for that peer
  * fail at once with a message that says so (not at their deadline), their
  * frames are dropped (the callee never runs a call its caller saw fail),
@@ -785,12 +851,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_oom_in_a_sealed_chunks_write),
         cmocka_unit_test(test_tcp_threads_that_cannot_start),
         cmocka_unit_test(test_tcp_dial_without_memory_fails_its_calls_at_once),
+        cmocka_unit_test(test_tcp_park_tokens_from_the_reserve),
         cmocka_unit_test(test_tcp_probe_that_cannot_be_answered_ends_the_connection),
         cmocka_unit_test(test_tcp_seal_keys_either_derivation_fails_the_pair),
     };
     if (only) { /* rank 1's sweep is the longer: rank 0's run takes the others */
-        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4],
-                                           tests[5], tests[6], tests[7], tests[8]};
+        const struct CMUnitTest rank0[] = {tests[0], tests[2], tests[3], tests[4], tests[5],
+                                           tests[6], tests[7], tests[8], tests[9]};
         return atoi(only) == 0 ? cmocka_run_group_tests(rank0, NULL, NULL)
                                : _cmocka_run_group_tests("test_tcp_oom", &tests[1], 1, NULL, NULL);
     }
