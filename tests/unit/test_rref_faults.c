@@ -1509,6 +1509,72 @@ static void test_rref_delete_without_memory_sent_again(void **state) {
 }
 
 /*
+ * RREF-22: the drain's look at unsettled forks (tpi_forks_at_risk) asks
+ * about every fork at risk, however young: one sent at this very instant
+ * (age 0) included. w1, the owner, sends its value to w0 (an owner's fork);
+ * at 3 s w0 passes the rref it keeps on to w2 (a holder's fork, a child);
+ * each, without yielding, looks at once: the fork counts at risk and the
+ * query to its holder is out.
+ */
+static size_t fresh_at_risk[WORLD];
+static int fresh_query[WORLD];
+
+static void look_at_fresh_forks(int rank, uint32_t holder) {
+    tp_core *c = tp_context_current()->core;
+    tpi_lock(c);
+    fresh_at_risk[rank] = tpi_forks_at_risk(c);
+    fresh_query[rank] = tpi_peer_view(c, holder)->forks_query;
+    tpi_unlock(c);
+}
+
+static int fresh_forks_program(int rank, int world_size, void *arg) {
+    (void)arg;
+    if (join(rank, world_size) != TP_OK)
+        return 1;
+    if (rank == 1) {
+        tp_rref *r = NULL;
+        CHECK(tp_rref_from_value(tp_value_object("Obj", malloc(1), obj_destroy), &r) == TP_OK);
+        sleep_until(1.0);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(r));
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(0), "keep_all", args, NULL, 2.0, &f) == TP_OK);
+        look_at_fresh_forks(rank, 0);
+        CHECK(tp_future_wait(f, TP_TIMEOUT_INFINITE) == TP_OK);
+        tp_future_free(f);
+        tp_value_free(args);
+        tp_rref_release(r);
+    } else if (rank == 0) {
+        sleep_until(3.0);
+        CHECK(kept_all[0][0] != NULL);
+        tp_value *args = tp_value_list_of(1, tp_value_rref(kept_all[0][0]));
+        tp_future *f = NULL;
+        CHECK(tp_rpc_async(tp_to_rank(2), "keep_all", args, NULL, 2.0, &f) == TP_OK);
+        look_at_fresh_forks(rank, 2);
+        CHECK(tp_future_wait(f, TP_TIMEOUT_INFINITE) == TP_OK);
+        tp_future_free(f);
+        tp_value_free(args);
+    }
+    sleep_until(6.0);
+    drop_all();
+    sleep_until(6.0 + SETTLE_S);
+    if (rank == 1)
+        CHECK(destroyed == 1);
+    CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_rref_forks_asked_about_from_age_0(void **state) {
+    (void)state;
+    memset(fresh_at_risk, 0, sizeof fresh_at_risk);
+    memset(fresh_query, 0, sizeof fresh_query);
+    run_plan_with("chaos 1 0 0\n", fresh_forks_program); /* loses frames: RREF-22 on */
+    for (int r = 0; r < 2; r++)
+        print_message("w%d: %zu at risk, query %d\n", r, fresh_at_risk[r], fresh_query[r]);
+    assert_true(fresh_at_risk[1] >= 1 && fresh_query[1] != 0); /* the owner's fork to w0 */
+    assert_true(fresh_at_risk[0] >= 1 && fresh_query[0] != 0); /* w0's child fork to w2 */
+}
+
+/*
  * RREF-21: on a network that reorders, an owner remembers the ids of other
  * creators' values it freed (the last TPI_FREED_MAX), to refuse a fetch or
  * fork held back behind the delete. Its own values are not remembered
@@ -1981,6 +2047,7 @@ int main(void) {
         cmocka_unit_test_setup(test_rref_delete_without_memory_sent_again, reset_failures),
         cmocka_unit_test_setup(test_rref_freed_ids_of_others_outlast_own_values, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answered_held_are_not_asked_again, reset_failures),
+        cmocka_unit_test_setup(test_rref_forks_asked_about_from_age_0, reset_failures),
         cmocka_unit_test_setup(test_rref_forks_answer_for_a_released_fork, reset_failures),
         cmocka_unit_test_setup(test_nonblocking_hand_off_without_memory, reset_failures),
         cmocka_unit_test_setup(test_rref_share_without_memory_for_the_child, reset_failures),
