@@ -51,6 +51,7 @@ static const char *fake_proof_answer = TPI_STORE_AUTH_OK;
 /* A byte of the fake servers' hello to change (-1: none), and its value. */
 static int fake_hello_at = -1;
 static uint8_t fake_hello_byte;
+static useconds_t fake_hello_delay_us; /* before the fake servers' hello */
 
 /* The server's half of the handshake, for the fake servers below; 0 on success. */
 static int fake_server_handshake(int fd) {
@@ -65,6 +66,8 @@ static int fake_server_handshake(int fd) {
         return -1;
     size_t n = store_ctx(hello + 8, hello + 12, back + 8, ctx);
     tpi_tcp_auth_proof(&auth, "tp/store/server v1", ctx, n, back + 24);
+    if (fake_hello_delay_us)
+        usleep(fake_hello_delay_us);
     if (send(fd, back, sizeof back, 0) != (ssize_t)sizeof back ||
         recv(fd, proof, sizeof proof, MSG_WAITALL) != (ssize_t)sizeof proof ||
         tpi_tcp_auth_check(&auth, "tp/store/client v1", ctx, n, proof) != 1 ||
@@ -873,6 +876,29 @@ static void test_tcp_store_proof_answer_must_be_ok(void **state) {
             fail_msg("answer %s: connect: %s: %s", answers[i], tp_status_name(st), err);
         assert_non_null(strstr(err, "authentication failed (TCP-17)"));
     }
+}
+
+/* TCP-10: a store that takes 100 ms to answer the hello is within one
+ * attempt's time (a second): the first connection is the one kept. */
+static void test_tcp_store_slow_hello_within_an_attempt(void **state) {
+    (void)state;
+    static const uint8_t reply[] = {8, 0, 0, 0, TP_OK, 0, 0, 0, 0, 0, 0, 0};
+    uint16_t port;
+    fake_hello_delay_us = 100000;
+    pid_t pid = fake_server(reply, sizeof reply, &port); /* accepts one connection */
+    fake_hello_delay_us = 0;
+    tp_store *c = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_status st =
+        tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth, tt_now_ns() + 5000000000ull,
+                              "test", NULL, 0, NULL, &c, err, sizeof err);
+    if (st == TP_OK)
+        assert_int_equal(c->ops->set(c, "k", "v", 1), TP_OK);
+    if (c)
+        c->ops->close(c);
+    fake_server_ended_well(pid);
+    if (st != TP_OK)
+        fail_msg("connect: %s: %s", tp_status_name(st), err);
 }
 
 /* spec: STORE-3 over TCP-10: an add answered OK without its 8-byte sum is
@@ -3796,6 +3822,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_reply_cut_short),
         cmocka_unit_test(test_tcp_store_host_refused),
         cmocka_unit_test(test_tcp_store_scan_empty_more),
+        cmocka_unit_test(test_tcp_store_slow_hello_within_an_attempt),
         cmocka_unit_test(test_tcp_store_client_without_memory),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
