@@ -3294,6 +3294,43 @@ static void test_tcp_store_reconnect_keeps_the_jobs_keepalive(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/* spec: TCP-11, TCP-23: a rank-0 init again on the address of the server
+ * this process keeps, with the same secret, reuses that server: what the
+ * first job wrote is there, nothing waits for a linger, and the new job's
+ * keepalive applies to the clients it accepts from then on. */
+static void test_tcp_store_rank0_again_reuses_its_kept_server(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    char a[64];
+    snprintf(a, sizeof a, "tcp://127.0.0.1:%u", (unsigned)port);
+    tp_store *first = kept_open(a, 0, 1, 5);
+    assert_int_equal(first->ops->set(first, "job", "A", 1), TP_OK);
+    first->ops->close(first);
+    tp_options *o = keepalive_options(port);
+    assert_int_equal(tp_options_set_shutdown_timeout(o, 5), TP_OK);
+    tpi_tcp_keepalive ka;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    assert_int_equal(tpi_tcp_keepalive_read(o, &ka, err, sizeof err), TP_OK);
+    tp_init_params init = {.name = "w0", .rank = 0, .world_size = 1, .opts = o};
+    tp_store *again = NULL;
+    uint64_t t0 = tt_now_ns();
+    tp_status st = tpi_tcp_store_open(&init, &auth, &again, err, sizeof err);
+    double took = (double)(tt_now_ns() - t0) / 1e9;
+    tp_options_free(o);
+    if (st != TP_OK)
+        fail_msg("%s", err);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(again->ops->get(again, "job", &v, &n), TP_OK);
+    assert_true(n == 1 && memcmp(v, "A", 1) == 0);
+    free(v);
+    assert_true(took < 1.0 * TT_SLOWDOWN); /* not the first job's 5 s linger */
+    int right = 0;
+    assert_int_equal(server_ends(port, &ka, &right), 1);
+    assert_int_equal(right, 1);
+    again->ops->close(again);
+}
+
 /* spec: TCP-23, TCP-9: a rank's store connection gets the job's keepalive
  * options also when it is descriptor 0 (stdin closed, as a daemon's). */
 static void test_tcp_store_open_on_descriptor_0_gets_the_keepalive(void **state) {
@@ -3845,6 +3882,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_refusals_logged_once_a_second),
         cmocka_unit_test(test_tcp_store_many_clients),
         cmocka_unit_test(test_tcp_store_kept_server_retired_for_another_address),
+        cmocka_unit_test(test_tcp_store_rank0_again_reuses_its_kept_server),
         cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
         cmocka_unit_test(test_tcp_store_forked_child_leaves_the_parents_server),
         cmocka_unit_test(test_tcp_store_kept_server_replaced_for_another_secret),
