@@ -886,5 +886,7 @@ tp_status tpi_tcp_store_connect(const char *host, uint16_t port, uint32_t rank,
  * interrupt. */
 tp_status tpi_tcp_store_open(const tp_init_params *init, const tpi_tcp_auth *auth, tp_store **out,
                              char *errmsg, size_t errmsg_len);
+/* The bytes a retired server's record mallocs: for the tests that make it fail. */
+size_t tpi_tcp_store_retired_size(void);
 
 #endif

@@ -521,6 +521,10 @@ typedef struct retired_server {
 } retired_server;
 static retired_server *retired; /* kept_mu */
 
+size_t tpi_tcp_store_retired_size(void) {
+    return sizeof(retired_server);
+}
+
 /* kept_mu held. Joins the retired servers of this process: all of them
  * (wait), those serving addr (wait_addr: it must be free again), or those
  * already done. */

@@ -1967,6 +1967,42 @@ static void test_tcp_store_kept_server_retired_for_another_address(void **state)
     b0->ops->close(b0); /* B's server is kept: stopped at exit, its one rank seen */
 }
 
+/* TCP-11: without memory to retire the kept server (its record), rank 0's
+ * init for another address stops it where it stands (its ranks all came:
+ * at once) and starts the new job's. */
+static void test_tcp_store_kept_server_stopped_without_memory_to_retire_it(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use()) {
+        skip();
+        return;
+    }
+    char a[64], b[64];
+    snprintf(a, sizeof a, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_store *a0 = kept_open(a, 0, 1, 20);
+    assert_int_equal(a0->ops->set(a0, "job", "A", 1), TP_OK);
+    a0->ops->close(a0);
+    snprintf(b, sizeof b, "tcp://127.0.0.1:%u", (unsigned)tt_free_port());
+    tp_options *o = tp_options_new();
+    assert_int_equal(tp_options_set_init_method(o, b), TP_OK);
+    assert_int_equal(tp_options_set_init_timeout(o, 3), TP_OK);
+    assert_int_equal(tp_options_set_shutdown_timeout(o, 1), TP_OK);
+    tp_init_params init = {.name = "w0", .rank = 0, .world_size = 1, .opts = o};
+    tp_store *b0 = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    atomic_store(&malloc_failed, 0);
+    malloc_fail_next_size = tpi_tcp_store_retired_size();
+    tp_status st = tpi_tcp_store_open(&init, &auth, &b0, err, sizeof err);
+    size_t unused = malloc_fail_next_size;
+    malloc_fail_next_size = 0;
+    tp_options_free(o);
+    if (st != TP_OK)
+        fail_msg("%s", err);
+    assert_int_equal(unused, 0);
+    assert_int_equal(atomic_load(&malloc_failed), 1);
+    assert_int_equal(b0->ops->set(b0, "job", "B", 1), TP_OK);
+    b0->ops->close(b0);
+}
+
 /* spec: TCP-11: a forked child does not own its parent's kept server (the
  * server's thread did not come across the fork). The child's own rank-0
  * open starts a server of its own and keeps the parent's referenced, never
@@ -3883,6 +3919,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_many_clients),
         cmocka_unit_test(test_tcp_store_kept_server_retired_for_another_address),
         cmocka_unit_test(test_tcp_store_rank0_again_reuses_its_kept_server),
+        cmocka_unit_test(test_tcp_store_kept_server_stopped_without_memory_to_retire_it),
         cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
         cmocka_unit_test(test_tcp_store_forked_child_leaves_the_parents_server),
         cmocka_unit_test(test_tcp_store_kept_server_replaced_for_another_secret),

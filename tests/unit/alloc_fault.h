@@ -7,6 +7,9 @@
  *
  *   malloc_fail_size       while nonzero, every malloc of exactly that size
  *                          fails (malloc_failed counts them);
+ *   malloc_fail_next_size  nonzero: the next malloc of exactly that size on
+ *                          the thread that set it fails, once (thread-local;
+ *                          0 again once it did, malloc_failed counts it);
  *   calloc_countdown       the k-th calloc on the thread that set it fails
  *                          (thread-local; calloc_failed says it did);
  *   calloc_fail_n, _size   while calloc_fail_n is nonzero, every calloc of
@@ -44,6 +47,7 @@
 #include <string.h>
 
 static _Atomic size_t malloc_fail_size; /* 0: none fails */
+static _Thread_local size_t malloc_fail_next_size; /* 0: none fails */
 static _Atomic unsigned malloc_failed;
 static _Thread_local unsigned calloc_countdown; /* 0: none fails */
 static _Thread_local int calloc_failed;
@@ -138,6 +142,10 @@ void *malloc(size_t n) {
     if (alloc_countdown_ends())
         return NULL;
     size_t fail = atomic_load_explicit(&malloc_fail_size, memory_order_relaxed);
+    if (malloc_fail_next_size && n == malloc_fail_next_size) {
+        malloc_fail_next_size = 0;
+        fail = n;
+    }
     if (fail && n == fail) {
         atomic_fetch_add(&malloc_failed, 1);
         errno = ENOMEM;
