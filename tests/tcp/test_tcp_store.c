@@ -1809,6 +1809,64 @@ int close(int fd) {
     return rc;
 }
 
+/* accept4 as libc's, except that the next accept_fail_n calls fail with
+ * accept_fail_errno (the connection stays in the listener's queue). */
+static _Atomic int accept_fail_n, accept_fail_errno;
+
+int accept4(int fd, struct sockaddr *sa, socklen_t *len, int flags) {
+    static int (*next)(int, struct sockaddr *, socklen_t *, int);
+    if (!next) {
+        void *p = dlsym(RTLD_NEXT, "accept4");
+        memcpy(&next, &p, sizeof next);
+    }
+    int left = atomic_load(&accept_fail_n);
+    while (left > 0 && !atomic_compare_exchange_weak(&accept_fail_n, &left, left - 1))
+        ;
+    if (left > 0) {
+        errno = atomic_load(&accept_fail_errno);
+        return -1;
+    }
+    return next(fd, sa, len, flags);
+}
+
+static atomic_int accept_warnings;
+
+static void count_accept_warnings(tp_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (level == TP_LOG_WARN && strstr(msg, "cannot accept connections"))
+        atomic_fetch_add(&accept_warnings, 1);
+}
+
+/* TCP-18: an accept that fails for want of descriptors, buffers or memory
+ * (EMFILE, ENFILE, ENOBUFS, ENOMEM) pauses accepting, with one warning an
+ * episode, and the waiting client is served once the pause ends; one that
+ * fails for its own connection (ECONNABORTED) is no episode: no pause, no
+ * warning. Each episode warns again: a served accept ends the last. */
+static void test_tcp_store_accept_failures_told_apart(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    static const struct {
+        int err, warns;
+    } cases[] = {{ENFILE, 1}, {ENOBUFS, 1}, {ECONNABORTED, 0}, {ENOMEM, 1}, {EMFILE, 1}};
+    tp_set_log_callback(count_accept_warnings, NULL);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        atomic_store(&accept_warnings, 0);
+        atomic_store(&accept_fail_errno, cases[i].err);
+        atomic_store(&accept_fail_n, 1);
+        tp_store *c = client(port, 5);
+        int left = atomic_load(&accept_fail_n);
+        int st = c->ops->set(c, "k", "v", 1);
+        c->ops->close(c);
+        if (left != 0 || st != TP_OK || atomic_load(&accept_warnings) != cases[i].warns)
+            fail_msg("%s: %d failure(s) left, set %d, %d warning(s), want %d",
+                     strerror(cases[i].err), left, st, atomic_load(&accept_warnings),
+                     cases[i].warns);
+    }
+    tp_set_log_callback(NULL, NULL);
+    tpi_store_server_stop(srv, 0);
+}
+
 /* spec: TCP-11: a store server whose thread cannot start (pthread_create
  * fails) fails to start with TP_ENOMEM saying so, and gives back all it
  * took: no descriptor left open, its port free again (a second server
@@ -3920,6 +3978,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_kept_server_retired_for_another_address),
         cmocka_unit_test(test_tcp_store_rank0_again_reuses_its_kept_server),
         cmocka_unit_test(test_tcp_store_kept_server_stopped_without_memory_to_retire_it),
+        cmocka_unit_test(test_tcp_store_accept_failures_told_apart),
         cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
         cmocka_unit_test(test_tcp_store_forked_child_leaves_the_parents_server),
         cmocka_unit_test(test_tcp_store_kept_server_replaced_for_another_secret),
