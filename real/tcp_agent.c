@@ -393,6 +393,7 @@ static tp_status read_bound_options(tpi_tcp_agent *a, const tp_options *opts, ch
 static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
                               const tp_agent_ops **ops, char *errmsg, size_t errmsg_len) {
     TPI_ASSERT(params && params->opts && agent && ops && params->world_size > 0);
+    tpi_stdio_reserve(); /* TCP-27: before any socket or loop descriptor is made */
     tpi_tcp_agent *a = calloc(1, sizeof *a);
     if (!a) {
         tpi_format(errmsg, errmsg_len, "out of memory for the TCP agent");

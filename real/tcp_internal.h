@@ -685,6 +685,12 @@ int tpi_sock_send_all(int fd, const void *p, size_t n, uint64_t deadline_ns);
 int tpi_sock_recv_all(int fd, void *p, size_t n, uint64_t deadline_ns);
 /* Text for a tpi_sock_* error code. */
 const char *tpi_sock_strerror(int rc);
+/* TCP-27: opens /dev/null on each of descriptors 0 to 2 that is closed, so
+ * that no socket of ours takes one. Best effort. */
+void tpi_stdio_reserve(void);
+/* TCP-27: fd as a descriptor above 2, or -1 (errno) when it cannot be
+ * moved; either way the original is gone (/dev/null in its place). */
+int tpi_fd_above_stdio(int fd);
 
 /* ---- tcp_store.c, tcp_store_server.c: the TCP rendezvous store (TCP-9..11) - */
 

@@ -16,6 +16,40 @@
 
 #include "tcp_internal.h"
 
+/*
+ * TCP-27: libuv never closes a stream on descriptors 0 to 2 (uv_close leaves
+ * them open, so the peer never sees the end), and whatever writes to stdout
+ * or stderr would write into a socket there. A worker fills the holes with
+ * /dev/null before it makes any socket, as setuid programs' C libraries do;
+ * not close-on-exec, as stdio is inherited.
+ */
+void tpi_stdio_reserve(void) {
+    for (int fd = 0; fd <= STDERR_FILENO; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+            continue;
+        int got = open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+        if (got >= 0 && got != fd)
+            close(got); /* another thread took the hole first */
+    }
+}
+
+int tpi_fd_above_stdio(int fd) {
+    if (fd > STDERR_FILENO)
+        return fd;
+    int up = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    int e = errno;
+    /* /dev/null takes its place at once (dup2 closes it): a hole left there
+     * is the next descriptor made, libuv's own included (its spare for
+     * EMFILE, which uv_loop_close then refuses to close: an abort). */
+    int null = open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+    if (null < 0 || dup2(null, fd) != fd)
+        close(fd);
+    if (null >= 0)
+        close(null);
+    errno = e;
+    return up;
+}
+
 static int wait_fd(int fd, short events, uint64_t deadline_ns) {
     for (;;) {
         int timeout_ms = -1;

@@ -760,6 +760,8 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         struct sockaddr_storage sa;
         socklen_t len = sizeof sa;
         int fd = accept4(s->lfd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0)
+            fd = tpi_fd_above_stdio(fd); /* TCP-27: a program may close its stdio after init */
         if (fd >= 0) {
             s->accept_backoff_ms = 0;
             admit(s, fd, (struct sockaddr *)&sa);

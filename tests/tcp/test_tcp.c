@@ -2221,6 +2221,31 @@ static int body_init_errors(tt_job *job, int rank) {
     return bad;
 }
 
+/* spec: TCP-27: a worker started with stdin closed (a daemon's) puts
+ * /dev/null there before it makes a descriptor (without it, a socket of
+ * its own took 0), serves, and shuts down cleanly. */
+static int body_stdin_closed(tt_job *job, int rank) {
+    TT_CHECK(close(0) == 0);
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    char at_0[64] = "";
+    ssize_t k = readlink("/proc/self/fd/0", at_0, sizeof at_0 - 1);
+    TT_CHECK(k > 0 && strcmp(at_0, "/dev/null") == 0);
+    int64_t v = 0;
+    TT_CHECK(tt_call_add(tp_to_rank(1 - rank), rank, 5, 10, &v) == TP_OK && v == rank + 5);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_worker_with_stdin_closed(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_stdin_closed, NULL), 0);
+    assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
 static void test_tcp_init_errors(void **state) {
     (void)state;
     hold_port();
@@ -2952,6 +2977,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_set_peer_refuses),
         cmocka_unit_test(test_tcp_set_peers_refuses_an_address_at_its_bound),
         cmocka_unit_test(test_tcp_park_woken_without_a_permit),
+        cmocka_unit_test(test_tcp_worker_with_stdin_closed),
         cmocka_unit_test(test_tcp_congested_past_the_bound_not_at_it),
         cmocka_unit_test(test_tcp_direct_grant_revoked_whole),
         cmocka_unit_test(test_tcp_dead_peer_not_dialed_again),

@@ -1867,6 +1867,43 @@ static void test_tcp_store_accept_failures_told_apart(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+static int raw_handshake(int fd);
+
+/* spec: TCP-27: a connection the server accepts on descriptor 0 (stdin
+ * closed after the server started, as a daemon may) is moved above 2, with
+ * /dev/null left on 0: it is served, and closed with the server (libuv
+ * would never close it on 0: the client would never see the end), and
+ * the server's loop closes cleanly. */
+static void test_tcp_store_client_accepted_on_descriptor_0(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd > 0);
+    struct timeval tv = {2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int saved = dup(0);
+    assert_true(saved > 0);
+    assert_int_equal(close(0), 0);
+    int connected = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    int shook = connected && raw_handshake(fd) == 0;
+    char at_0[64] = "";
+    ssize_t k = readlink("/proc/self/fd/0", at_0, sizeof at_0 - 1);
+    int null_0 = k > 0 && strcmp(at_0, "/dev/null") == 0; /* not the accepted socket */
+    tpi_store_server_stop(srv, 0);
+    char b;
+    ssize_t end = recv(fd, &b, 1, 0); /* the server closed its end: 0 */
+    close(fd);
+    assert_int_equal(dup2(saved, 0), 0); /* stdin back, before any check */
+    close(saved);
+    assert_true(connected);
+    assert_true(shook);
+    assert_true(null_0);
+    assert_int_equal(end, 0);
+}
+
 /* spec: TCP-11: a store server whose thread cannot start (pthread_create
  * fails) fails to start with TP_ENOMEM saying so, and gives back all it
  * took: no descriptor left open, its port free again (a second server
@@ -3979,6 +4016,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_rank0_again_reuses_its_kept_server),
         cmocka_unit_test(test_tcp_store_kept_server_stopped_without_memory_to_retire_it),
         cmocka_unit_test(test_tcp_store_accept_failures_told_apart),
+        cmocka_unit_test(test_tcp_store_client_accepted_on_descriptor_0),
         cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
         cmocka_unit_test(test_tcp_store_forked_child_leaves_the_parents_server),
         cmocka_unit_test(test_tcp_store_kept_server_replaced_for_another_secret),
