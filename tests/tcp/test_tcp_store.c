@@ -2234,10 +2234,21 @@ static void *stop_thread(void *arg) {
 /* spec: TCP-11: a stopping server still takes the ranks of its job that have
  * not come yet (a late rank reads what rank 0 published), then stops once
  * they have left; a client of another job does not count */
-static void test_tcp_store_waits_for_late_rank(void **state) {
-    (void)state;
+static void late_rank_case(int listener_on_0) {
     uint16_t port = tt_free_port();
+    int saved = -1;
+    if (listener_on_0) { /* stdin closed: the listener takes descriptor 0 */
+        saved = dup(0);
+        assert_true(saved > 0);
+        assert_int_equal(close(0), 0);
+    }
     tpi_store_server *srv = serve(port);
+    if (listener_on_0) {
+        struct sockaddr_in me;
+        socklen_t ml = sizeof me;
+        assert_int_equal(getsockname(0, (struct sockaddr *)&me, &ml), 0);
+        assert_int_equal(ntohs(me.sin_port), port);
+    }
     tpi_store_server_expect(srv, 2);
     tp_store *c0 = client_as(port, 0, 5); /* rank 0's own client */
     assert_int_equal(c0->ops->set(c0, "g0/init/error", "7\tdup", 5), TP_OK);
@@ -2258,7 +2269,17 @@ static void test_tcp_store_waits_for_late_rank(void **state) {
     c1->ops->close(c1);
     pthread_join(t, NULL);
     uint64_t took = tt_now_ns() - t0;
+    if (listener_on_0) {
+        assert_int_equal(dup2(saved, 0), 0);
+        close(saved);
+    }
     assert_true(took < 3000000000ull); /* did not wait for the linger time */
+}
+
+static void test_tcp_store_waits_for_late_rank(void **state) {
+    (void)state;
+    late_rank_case(0);
+    late_rank_case(1); /* the listener on descriptor 0 is open like any other */
 }
 
 /* spec: TCP-11: a stop in two steps: stop_async returns at once, the
