@@ -427,13 +427,18 @@ static void test_tcp_store_accept_backs_off_without_descriptors(void **state) {
  * succeed. A start reported as TP_OK on a loop that failed would leave a
  * server whose stop never returns (the alarm ends the child).
  */
-enum { START_FAILED_LOOP = 10, START_FAILED_OTHER = 11, START_OK_STOPPED = 12 };
+enum { START_FAILED_LOOP = 10, START_FAILED_OTHER = 11, START_OK_STOPPED = 12, START_LEAKED = 13 };
 
-static int start_with_descriptors(uint16_t port, int k) {
+/* A child starts a server with k descriptors free from the lowest one
+ * (stdin closed first when stdin_closed: the lowest is 0); what came of it.
+ * A start that failed must have closed its listener. */
+static int start_with_descriptors_from(uint16_t port, int k, int stdin_closed) {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         alarm(20);
+        if (stdin_closed)
+            close(0);
         int lowest = dup(2);
         if (lowest < 0)
             _exit(4);
@@ -454,6 +459,13 @@ static int start_with_descriptors(uint16_t port, int k) {
                                               NULL, &srv, err, sizeof err);
         if (st != TP_OK) {
             fprintf(stderr, "  %d descriptors: %s: %s\n", k, tp_status_name(st), err);
+            /* The listener, made first, is closed. (libuv 1.44's
+             * uv_loop_init, failing, leaves its own epoll descriptor open:
+             * not ours to close.) */
+            if (fcntl(lowest, F_GETFD) != -1) {
+                fprintf(stderr, "  the listener (descriptor %d) left open\n", lowest);
+                _exit(START_LEAKED);
+            }
             _exit(srv == NULL && err[0] ? (strstr(err, "event loop") ? START_FAILED_LOOP
                                                                    : START_FAILED_OTHER)
                                         : 5);
@@ -469,11 +481,23 @@ static int start_with_descriptors(uint16_t port, int k) {
     return WEXITSTATUS(status);
 }
 
-/* spec: STORE-2 over TCP-10 */
+static int start_with_descriptors(uint16_t port, int k) {
+    return start_with_descriptors_from(port, k, 0);
+}
+
+/* spec: STORE-2 over TCP-10: a start that fails for want of descriptors
+ * says so and closes its listener, on descriptor 0 too. */
 static void test_tcp_store_start_without_descriptors(void **state) {
     (void)state;
+    /* libuv's first loop in a process makes a process-wide pipe, and aborts
+     * when it cannot: made here, the children inherit it (as they do when
+     * an earlier test ran a loop). */
+    uv_loop_t first;
+    assert_int_equal(uv_loop_init(&first), 0);
+    assert_int_equal(uv_loop_close(&first), 0);
     uint16_t port = tt_free_port();
     assert_int_equal(start_with_descriptors(port, 1), START_FAILED_LOOP);
+    assert_int_equal(start_with_descriptors_from(port, 1, 1), START_FAILED_LOOP);
     int started = 0;
     for (int k = 2; k <= 8; k++) {
         int rc = start_with_descriptors(port, k);
