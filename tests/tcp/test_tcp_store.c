@@ -2322,6 +2322,41 @@ static void test_tcp_store_stop_async_finishes(void **state) {
     assert_int_equal(finished, 1);
 }
 
+static int raw_connect(uint16_t port, int rcvbuf);
+
+/* spec: TCP-11: a stopping server stops listening as soon as the last rank
+ * it waits for is in (not when that rank leaves): a connection after that
+ * is refused, while the rank is still served. */
+static void test_tcp_store_stops_listening_once_the_last_rank_came(void **state) {
+    (void)state;
+    uint16_t port = tt_free_port();
+    tpi_store_server *srv = serve(port);
+    tpi_store_server_expect(srv, 1);
+    tpi_store_server_stop_async(srv, 5000000000ull);
+    tp_store *c0 = client_as(port, 0, 5);
+    assert_int_equal(c0->ops->set(c0, "k", "v", 1), TP_OK);
+    tp_store *late = NULL;
+    char err[TP_ERRMSG_LEN_MAX] = "";
+    tp_status st =
+        tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &auth, tt_now_ns() + 500000000ull,
+                              "test", NULL, 0, NULL, &late, err, sizeof err);
+    if (late)
+        late->ops->close(late);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(c0->ops->get(c0, "k", &v, &n), TP_OK); /* still served */
+    free(v);
+    c0->ops->close(c0);
+    uint64_t t0 = tt_now_ns();
+    while (!tpi_store_server_finished(srv) && tt_now_ns() - t0 < 3000000000ull)
+        usleep(1000);
+    int finished = tpi_store_server_finished(srv);
+    tpi_store_server_join(srv);
+    if (st != TP_ETIMEDOUT)
+        fail_msg("a connection after the last rank came: %s: %s", tp_status_name(st), err);
+    assert_int_equal(finished, 1); /* and it ended once that rank left */
+}
+
 /* spec: TCP-11: a rank connected before the job is announced counts as
  * come: rank 1 is in when expect(2) is called, rank 0 comes after; once
  * both left, a stop with 5 s of linger ends at once. */
@@ -2331,6 +2366,19 @@ static void test_tcp_store_rank_connected_before_the_announcement_counts(void **
     tpi_store_server *srv = serve(port);
     tp_store *c1 = client_as(port, 1, 5);
     assert_int_equal(c1->ops->set(c1, "k1", "1", 1), TP_OK); /* admitted */
+    /* Also open then: a client of no rank, one of rank == world, and one
+     * in its handshake (rank 0's hello, no proof yet): none is a rank of
+     * the job announced next, and none is counted (no byte written past
+     * the job's table). */
+    tp_store *none = client(port, 5);
+    assert_int_equal(none->ops->set(none, "kx", "x", 1), TP_OK);
+    tp_store *c2early = client_as(port, 2, 5);
+    assert_int_equal(c2early->ops->set(c2early, "k2", "2", 1), TP_OK);
+    int half = raw_connect(port, 0);
+    assert_true(half >= 0);
+    uint8_t hello[TPI_STORE_HANDSHAKE_LEN] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION, 1};
+    assert_int_equal(send(half, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+    usleep(100000);
     tpi_store_server_expect(srv, 2);
     tp_store *c0 = client_as(port, 0, 5);
     assert_int_equal(c0->ops->set(c0, "k0", "0", 1), TP_OK);
@@ -2339,6 +2387,9 @@ static void test_tcp_store_rank_connected_before_the_announcement_counts(void **
     c2->ops->close(c2);
     c0->ops->close(c0);
     c1->ops->close(c1);
+    none->ops->close(none);
+    c2early->ops->close(c2early);
+    close(half);
     uint64_t t0 = tt_now_ns();
     tpi_store_server_stop(srv, 5000000000ull);
     uint64_t took = tt_now_ns() - t0;
@@ -4039,6 +4090,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_client_without_memory),
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
+        cmocka_unit_test(test_tcp_store_stops_listening_once_the_last_rank_came),
         cmocka_unit_test_setup_teardown(test_tcp_store_request_without_memory_drops_its_client,
                                         setup, teardown),
         cmocka_unit_test(test_tcp_store_stop_async_finishes),
