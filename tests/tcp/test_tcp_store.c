@@ -2323,6 +2323,58 @@ static void test_tcp_store_stop_async_finishes(void **state) {
 }
 
 static int raw_connect(uint16_t port, int rcvbuf);
+static int await_closed(int fd, double timeout_s, size_t *got);
+
+/* spec: TCP-17: a client whose hello says it authenticates, to a store
+ * with auth=off, hears the store's hello and is closed: nothing it sent
+ * behind that hello is read (here a second hello that matches and a SET,
+ * in the same segment), so the key is never set. */
+static void test_tcp_store_bytes_after_a_refused_hello_not_read(void **state) {
+    (void)state;
+    tpi_tcp_auth off = auth;
+    off.on = 0;
+    uint16_t port = tt_free_port();
+    struct sockaddr_storage sa;
+    socklen_t len = 0;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_tcp_resolve("127.0.0.1", port, &sa, &len, err, sizeof err), TP_OK);
+    tpi_store_server *srv = NULL;
+    assert_int_equal(tpi_store_server_start((struct sockaddr *)&sa, len, "test store", &off, NULL,
+                                            &srv, err, sizeof err),
+                     TP_OK);
+    uint8_t burst[2 * TPI_STORE_HANDSHAKE_LEN + 64] = {0};
+    static const uint8_t head[5] = {'T', 'P', 'S', 'T', TPI_STORE_PROTO_VERSION};
+    memcpy(burst, head, 5);
+    burst[5] = 1; /* authenticates */
+    memset(burst + 8, 0xff, 4);
+    memcpy(burst + TPI_STORE_HANDSHAKE_LEN, head, 5); /* flags 0: as the store */
+    memset(burst + TPI_STORE_HANDSHAKE_LEN + 8, 0xff, 4);
+    tpi_store_request set = {.op = TPI_STORE_SET,
+                             .key = (const uint8_t *)"smuggled",
+                             .key_len = 8,
+                             .has_a = 1,
+                             .a = (const uint8_t *)"x",
+                             .a_len = 1};
+    size_t n = 2 * TPI_STORE_HANDSHAKE_LEN + tpi_store_request_size(&set);
+    assert_true(n <= sizeof burst);
+    tpi_store_request_encode(&set, burst + 2 * TPI_STORE_HANDSHAKE_LEN);
+    int fd = raw_connect(port, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(send(fd, burst, n, MSG_NOSIGNAL), (ssize_t)n);
+    size_t got = 0;
+    assert_true(await_closed(fd, 5, &got));
+    close(fd);
+    tp_store *c = NULL;
+    assert_int_equal(tpi_tcp_store_connect("127.0.0.1", port, UINT32_MAX, &off,
+                                           tt_now_ns() + 5000000000ull, "test", NULL, 0, NULL, &c,
+                                           err, sizeof err),
+                     TP_OK);
+    void *v = NULL;
+    size_t vn = 0;
+    assert_int_equal(c->ops->get(c, "smuggled", &v, &vn), TP_ENOENT);
+    c->ops->close(c);
+    tpi_store_server_stop(srv, 0);
+}
 
 /* spec: TCP-11: a stopping server stops listening as soon as the last rank
  * it waits for is in (not when that rank leaves): a connection after that
@@ -4091,6 +4143,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_waits_for_late_rank),
         cmocka_unit_test(test_tcp_store_rank_connected_before_the_announcement_counts),
         cmocka_unit_test(test_tcp_store_stops_listening_once_the_last_rank_came),
+        cmocka_unit_test(test_tcp_store_bytes_after_a_refused_hello_not_read),
         cmocka_unit_test_setup_teardown(test_tcp_store_request_without_memory_drops_its_client,
                                         setup, teardown),
         cmocka_unit_test(test_tcp_store_stop_async_finishes),
