@@ -2221,17 +2221,27 @@ static int body_init_errors(tt_job *job, int rank) {
     return bad;
 }
 
-/* spec: TCP-27: a worker started with stdin closed (a daemon's) puts
- * /dev/null there before it makes a descriptor (without it, a socket of
- * its own took 0), serves, and shuts down cleanly. */
+/* spec: TCP-27: a worker started with stdin (and stderr) closed, as a
+ * daemon may be, puts /dev/null there before it makes a descriptor
+ * (without it, a socket of its own took 0), serves, and shuts down
+ * cleanly. */
 static int body_stdin_closed(tt_job *job, int rank) {
-    TT_CHECK(close(0) == 0);
+    /* Stdin closed, and in rank 1 stderr too (kept aside for the checks). */
+    int err = rank == 1 ? dup(2) : -1;
+    TT_CHECK(close(0) == 0 && (rank == 0 || (err > 2 && close(2) == 0)));
     tp_options *o = tt_options(job, 10, 10);
-    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    int up = o && tt_init(job, rank, o) == 0;
     tp_options_free(o);
-    char at_0[64] = "";
+    char at_0[64] = "", at_2[64] = "";
     ssize_t k = readlink("/proc/self/fd/0", at_0, sizeof at_0 - 1);
+    ssize_t k2 = readlink("/proc/self/fd/2", at_2, sizeof at_2 - 1);
+    int mode_2 = fcntl(2, F_GETFL) & O_ACCMODE;
+    if (err > 2)
+        TT_CHECK(dup2(err, 2) == 2 && close(err) == 0);
+    TT_CHECK(up);
     TT_CHECK(k > 0 && strcmp(at_0, "/dev/null") == 0);
+    TT_CHECK((fcntl(0, F_GETFL) & O_ACCMODE) == O_RDONLY); /* stdin: read-only */
+    TT_CHECK(rank == 0 || (k2 > 0 && strcmp(at_2, "/dev/null") == 0 && mode_2 == O_WRONLY));
     int64_t v = 0;
     TT_CHECK(tt_call_add(tp_to_rank(1 - rank), rank, 5, 10, &v) == TP_OK && v == rank + 5);
     TT_CHECK(tp_shutdown(1) == TP_OK);

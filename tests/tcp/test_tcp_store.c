@@ -1891,6 +1891,54 @@ static void test_tcp_store_accept_failures_told_apart(void **state) {
     tpi_store_server_stop(srv, 0);
 }
 
+/* spec: TCP-27: a descriptor on 0, 1 or 2 is moved above 2, and /dev/null
+ * takes its place (read-only on 0, write-only on 1 and 2); one above 2
+ * stays where it is; the socket moved is the same socket. */
+static void test_tcp_fd_above_stdio(void **state) {
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(tpi_fd_above_stdio(sv[0]), sv[0]);
+    for (int low = 0; low <= 2; low++) {
+        int saved = dup(low);
+        assert_true(saved > 2);
+        assert_int_equal(dup2(sv[0], low), low);
+        int up = tpi_fd_above_stdio(low);
+        char at[64] = "";
+        char path[32];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", low);
+        ssize_t k = readlink(path, at, sizeof at - 1);
+        int mode = fcntl(low, F_GETFL) & O_ACCMODE;
+        int cloexec = fcntl(up, F_GETFD) & FD_CLOEXEC;
+        ssize_t sent = up > 2 ? send(up, "m", 1, MSG_NOSIGNAL) : -1;
+        assert_int_equal(dup2(saved, low), low); /* stdio back, before any check */
+        close(saved);
+        assert_true(up > 2);
+        assert_true(k > 0 && strcmp(at, "/dev/null") == 0);
+        assert_int_equal(mode, low == 0 ? O_RDONLY : O_WRONLY);
+        assert_true(cloexec);
+        assert_int_equal(sent, 1);
+        char b = 0;
+        assert_int_equal(recv(sv[1], &b, 1, 0), 1); /* through the moved descriptor */
+        assert_int_equal(b, 'm');
+        close(up);
+    }
+    /* With 2 closed, a descriptor moved from 0 does not land there. */
+    int saved0 = dup(0), saved2 = dup(2);
+    assert_true(saved0 > 2 && saved2 > 2);
+    assert_int_equal(close(2), 0);
+    assert_int_equal(dup2(sv[0], 0), 0);
+    int up = tpi_fd_above_stdio(0);
+    assert_int_equal(dup2(saved2, 2), 2);
+    assert_int_equal(dup2(saved0, 0), 0);
+    close(saved0);
+    close(saved2);
+    assert_true(up > 2);
+    close(up);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 static int raw_handshake(int fd);
 
 /* spec: TCP-27: a connection the server accepts on descriptor 0 (stdin
@@ -4167,6 +4215,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_store_kept_server_stopped_without_memory_to_retire_it),
         cmocka_unit_test(test_tcp_store_accept_failures_told_apart),
         cmocka_unit_test(test_tcp_store_client_accepted_on_descriptor_0),
+        cmocka_unit_test(test_tcp_fd_above_stdio),
         cmocka_unit_test(test_tcp_store_back_to_a_retired_address_waits_for_it),
         cmocka_unit_test(test_tcp_store_forked_child_leaves_the_parents_server),
         cmocka_unit_test(test_tcp_store_kept_server_replaced_for_another_secret),
