@@ -472,6 +472,60 @@ static void test_tcp_dial_without_memory_fails_its_calls_at_once(void **state) {
 }
 
 /*
+ * TCP-21: a dialer without memory for its sealed-write buffer cannot start
+ * its encryption: the connection fails, and the call waiting for it ends
+ * TP_EIO saying so (never a write through a buffer it does not have); with
+ * memory back, the next call dials, seals and is answered.
+ */
+enum { SEAL_DONE = 1 };
+
+static int seal_oom_body(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 10.0, 10.0);
+    TT_CHECK(o && tp_options_set(o, "encrypt", "on") == TP_OK);
+    /* The connections init made close when idle: the call must dial. */
+    TT_CHECK(tp_options_set(o, "idle_timeout", TT_IDLE_TIMEOUT) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        TT_CHECK(tt_await_flag(sh, SEAL_DONE, 1, 120) == 0);
+        TT_CHECK(tp_shutdown(1) == TP_OK);
+        return 0;
+    }
+    usleep(TT_SLOWDOWN * 1500000); /* past idle_timeout and the close's grace (TCP-19) */
+    atomic_store(&malloc_failed, 0);
+    atomic_store(&malloc_fail_size, TPI_TCP_SEAL_BUF);
+    int64_t sum = -1;
+    uint64_t t0 = tt_now_ns();
+    tp_status st = tt_call_add(tp_to_rank(1), 1, 2, 10.0, &sum);
+    double took = (double)(tt_now_ns() - t0) / 1e9;
+    atomic_store(&malloc_fail_size, 0);
+    char msg[TP_ERRMSG_LEN_MAX];
+    snprintf(msg, sizeof msg, "%s", st == TP_OK ? "" : tp_errmsg());
+    tp_status st2 = tt_call_add(tp_to_rank(1), 3, 4, 10.0, &sum);
+    atomic_store(&sh->flag[SEAL_DONE], 1);
+    fprintf(stderr, "sealing without memory: %s after %.2f s: %s (%u failed); then %s\n",
+            tp_status_name(st), took, msg, atomic_load(&malloc_failed), tp_status_name(st2));
+    TT_CHECK(atomic_load(&malloc_failed) > 0);
+    TT_CHECK(st == TP_EIO && strstr(msg, "cannot start encryption"));
+    TT_CHECK(took < 5.0);
+    TT_CHECK(st2 == TP_OK && sum == 7);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+static void test_tcp_seal_buffer_without_memory_fails_the_dial(void **state) {
+    (void)state;
+    if (!alloc_fault_in_use())
+        skip();
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, seal_oom_body, NULL), 0);
+    int rc = tt_wait(&job, 120.0);
+    tt_job_free(&job);
+    assert_int_equal(rc, 0);
+}
+
+/*
  * spec: TCP-7: a probe this worker cannot answer (no memory for the PONG's
  * write) ends that connection at once, so its dialer learns of it from the
  * connection and dials again, instead of waiting out its probe deadline for
@@ -852,6 +906,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_threads_that_cannot_start),
         cmocka_unit_test(test_tcp_dial_without_memory_fails_its_calls_at_once),
         cmocka_unit_test(test_tcp_park_tokens_from_the_reserve),
+        cmocka_unit_test(test_tcp_seal_buffer_without_memory_fails_the_dial),
         cmocka_unit_test(test_tcp_probe_that_cannot_be_answered_ends_the_connection),
         cmocka_unit_test(test_tcp_seal_keys_either_derivation_fails_the_pair),
     };
