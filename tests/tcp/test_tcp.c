@@ -2558,7 +2558,14 @@ static void test_tcp_late_rank_after_rank0_ran_another_job(void **state) {
  * the other way), so on request the relay slips one of its own, a PING,
  * between two of them. A process of its own, forked before the job.
  */
-typedef enum { IR_PING, IR_SHM_ANSWER, IR_ZEROS, IR_SHM_RELEASE } inject_what;
+typedef enum {
+    IR_PING,
+    IR_SHM_ANSWER,
+    IR_ZEROS,
+    IR_SHM_RELEASE,
+    IR_HALF_CLOSE, /* no record: worker 0 reads the end (FIN), its side kept open */
+    IR_RESET       /* no record: worker 0's side reset (RST) */
+} inject_what;
 
 typedef struct inject_relay {
     inject_what what; /* the record slipped in */
@@ -2566,6 +2573,11 @@ typedef struct inject_relay {
     atomic_int inject;   /* the test asks for the record */
     atomic_int injected; /* it went out, towards worker 0 */
     atomic_int conns;
+    /* IR_HALF_CLOSE: what worker 0 wrote on that connection after the end
+     * it read, and whether (and how soon) it closed its end. */
+    atomic_int after_bytes;
+    atomic_int closed;
+    _Atomic uint64_t closed_after_ns;
 } inject_relay;
 
 #define IR_CONNS_MAX 16
@@ -2574,6 +2586,8 @@ static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
     int fds[2 * IR_CONNS_MAX]; /* pairs: [2i] worker 0's side, [2i+1] worker 1's */
     size_t to_dialer[IR_CONNS_MAX] = {0}; /* bytes worker 1 wrote on pair i */
     int n = 0;
+    int half = -1; /* IR_HALF_CLOSE: the index of worker 0's side it ended */
+    uint64_t half_at = 0;
     static uint8_t buf[65536];
     while (!atomic_load(&sh->stop)) {
         struct pollfd pf[1 + 2 * IR_CONNS_MAX];
@@ -2603,6 +2617,19 @@ static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
         for (int i = 0; ready > 0 && i < polled; i++) {
             if (fds[i] < 0 || !(pf[1 + i].revents & (POLLIN | POLLHUP | POLLERR)))
                 continue;
+            if (i == half) { /* worker 0's side after the end it read: noted, not relayed */
+                ssize_t k = recv(fds[i], buf, sizeof buf, 0);
+                if (k > 0) {
+                    atomic_fetch_add(&sh->after_bytes, (int)k);
+                    continue;
+                }
+                atomic_store(&sh->closed_after_ns, tt_now_ns() - half_at);
+                atomic_store(&sh->closed, 1);
+                close(fds[i]);
+                fds[i] = -1;
+                half = -1;
+                continue;
+            }
             int to = fds[i ^ 1];
             ssize_t k = recv(fds[i], buf, sizeof buf, 0);
             if (k > 0 && to >= 0 && send(to, buf, (size_t)k, MSG_NOSIGNAL) == k) {
@@ -2625,7 +2652,25 @@ static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
                 if (fds[2 * j] < 0 || fds[2 * j + 1] < 0)
                     continue;
                 if (to_dialer[j] >= 3 * TPI_TCP_RECORD_SIZE &&
-                    to_dialer[j] % TPI_TCP_RECORD_SIZE == 0) {
+                    to_dialer[j] % TPI_TCP_RECORD_SIZE == 0 &&
+                    (sh->what == IR_HALF_CLOSE || sh->what == IR_RESET)) {
+                    /* Worker 1's side goes; worker 0's reads an end (FIN) and
+                     * stays open to show what worker 0 does then, or is reset. */
+                    if (sh->what == IR_RESET) {
+                        struct linger now = {1, 0};
+                        setsockopt(fds[2 * j], SOL_SOCKET, SO_LINGER, &now, sizeof now);
+                        close(fds[2 * j]);
+                        fds[2 * j] = -1;
+                    } else {
+                        shutdown(fds[2 * j], SHUT_WR);
+                        half = 2 * j;
+                        half_at = tt_now_ns();
+                    }
+                    close(fds[2 * j + 1]);
+                    fds[2 * j + 1] = -1;
+                    atomic_store(&sh->injected, 1);
+                } else if (to_dialer[j] >= 3 * TPI_TCP_RECORD_SIZE &&
+                           to_dialer[j] % TPI_TCP_RECORD_SIZE == 0) {
                     uint8_t rec[TPI_TCP_RECORD_SIZE] = {0};
                     if (sh->what == IR_PING)
                         tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 1);
@@ -2791,6 +2836,90 @@ static void test_tcp_unasked_answer_or_zeros_on_outgoing(void **state) {
     unexpected_record_on_outgoing(IR_SHM_ANSWER, "unexpected shared memory record");
     unexpected_record_on_outgoing(IR_SHM_RELEASE, "unexpected shared memory record (kind 10");
     unexpected_record_on_outgoing(IR_ZEROS, "unexpected record 00 00 00 00");
+}
+
+/*
+ * spec: TCP-6. Worker 0's open outgoing connection to worker 1 ends under a
+ * call in flight (a relay between them ends it; worker 1 itself lives on):
+ * an end of file read, or a reset with nothing unanswered (no probe, no
+ * retransmission), is the peer's end: the call fails TP_EPEERDOWN at once,
+ * not taken for silence ("went silent", TP_EIO). After an end of file the
+ * connection is closed at once, without an ABORT (that is for TP_EIO).
+ */
+static int body_outgoing_ended(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    const unexpected_case *uc = job->arg;
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK);
+    if (rank == 1) {
+        char port[16];
+        snprintf(port, sizeof port, "%u", (unsigned)uc->port1);
+        TT_CHECK(tp_options_set(o, "listen_port", port) == TP_OK);
+        TT_CHECK(tp_options_set(o, "advertise_addr", "127.0.0.2") == TP_OK);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(1, tp_value_int(F_UR_RELEASE));
+        tp_future *f = NULL;
+        TT_CHECK(tp_rpc_async(tp_to_rank(1), "block", args, NULL, 20, &f) == TP_OK);
+        tp_value_free(args);
+        tp_status st = tp_future_wait(f, 8);
+        char msg[TP_ERRMSG_LEN_MAX];
+        snprintf(msg, sizeof msg, "%s", st == TP_OK ? "" : tp_future_error(f));
+        fprintf(stderr, "  worker0's call: %s (%s)\n", tp_status_name(st), msg);
+        atomic_store(&sh->flag[F_UR_RELEASE], 1);
+        tp_future_free(f);
+        TT_CHECK(st == TP_EPEERDOWN);
+        TT_CHECK(strstr(msg, "went silent") == NULL);
+        usleep(1500000); /* the relay watches worker 0's end meanwhile */
+    }
+    TT_CHECK(tt_await_flag(sh, F_UR_RELEASE, 1, 30) == 0);
+    TT_CHECK(tp_shutdown(0) == TP_OK); /* worker 0 counts worker 1 gone */
+    return 0;
+}
+
+static void outgoing_ended(inject_what what) {
+    unexpected_case uc = {.port1 = tt_free_port(), .what = what};
+    pid_t relay_pid = -1;
+    inject_relay *relay = inject_relay_start(uc.port1, what, &relay_pid);
+    if (!relay)
+        skip(); /* no 127.0.0.2 here */
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_outgoing_ended, &uc), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_UR_BLOCKED]) < 1 && tt_now_ns() < deadline)
+        usleep(1000);
+    int blocked = atomic_load(&job.shared->count[C_UR_BLOCKED]);
+    atomic_store(&relay->inject, 1);
+    deadline = tt_now_ns() + 5000000000ull;
+    while (!atomic_load(&relay->injected) && tt_now_ns() < deadline)
+        usleep(1000);
+    int injected = atomic_load(&relay->injected);
+    int waited = tt_wait(&job, 60);
+    tt_job_free(&job);
+    int after = atomic_load(&relay->after_bytes), closed = atomic_load(&relay->closed);
+    uint64_t closed_after = atomic_load(&relay->closed_after_ns);
+    inject_relay_stop(relay, relay_pid);
+    assert_int_equal(blocked, 1);
+    assert_int_equal(injected, 1);
+    assert_int_equal(waited, 0);
+    if (what == IR_HALF_CLOSE) {
+        fprintf(stderr, "  after the end: %d bytes, closed %d after %.3f s\n", after, closed,
+                (double)closed_after / 1e9);
+        assert_int_equal(after, 0);                                        /* no ABORT */
+        assert_true(closed && closed_after < 1000000000ull * TT_SLOWDOWN); /* at once */
+    }
+}
+
+static void test_tcp_outgoing_end_of_file_is_the_peers_end(void **state) {
+    (void)state;
+    outgoing_ended(IR_HALF_CLOSE);
+}
+
+static void test_tcp_outgoing_reset_is_the_peers_end(void **state) {
+    (void)state;
+    outgoing_ended(IR_RESET);
 }
 
 /* ---- Faults on the library's threads reach the program's handler ------------------- */
@@ -3018,6 +3147,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_pool_threads_on_demand),
         cmocka_unit_test(test_tcp_unexpected_record_on_outgoing),
         cmocka_unit_test(test_tcp_unasked_answer_or_zeros_on_outgoing),
+        cmocka_unit_test(test_tcp_outgoing_end_of_file_is_the_peers_end),
+        cmocka_unit_test(test_tcp_outgoing_reset_is_the_peers_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
