@@ -1808,7 +1808,14 @@ static void test_tcp_auto_listens_toward_the_store(void **state) {
 
 enum { F_READY = 3, F_ATTACKED = 4, C_READY = 3 };
 
-enum { C_REFUSED = 4, C_STORE_DROPPED = 5, C_SHM_UNEXPECTED = 7, C_OFFER_TWICE = 8 };
+enum {
+    C_REFUSED = 4,
+    C_STORE_DROPPED = 5,
+    C_SHM_UNEXPECTED = 7,
+    C_OFFER_TWICE = 8,
+    C_FRAME_UNOFFERED = 9,
+    C_FRAME_BAD = 10
+};
 
 /* LOG-3: each refusal is logged with the address and the reason; counted
  * here in the job's shared memory for the parent to check. */
@@ -1824,6 +1831,12 @@ static void count_refusals(tp_log_level level, const char *msg, void *ud) {
     if (level == TP_LOG_WARN && strstr(msg, "unexpected shared memory record (kind 7, ") &&
         strstr(msg, "on an accepted connection"))
         atomic_fetch_add(&sh->count[C_OFFER_TWICE], 1);
+    if (level == TP_LOG_WARN &&
+        strstr(msg, "unexpected shared memory record (kind 9, 5 256 100) on an accepted"))
+        atomic_fetch_add(&sh->count[C_FRAME_UNOFFERED], 1);
+    if (level == TP_LOG_WARN &&
+        strstr(msg, "dropped: shared memory record for slot 0 (generation 0), frame of 0 bytes"))
+        atomic_fetch_add(&sh->count[C_FRAME_BAD], 1);
 }
 
 static int body_garbage(tt_job *job, int rank) {
@@ -1965,6 +1978,26 @@ static void test_tcp_garbage(void **state) {
         close(fd);
     }
     close(probe);
+    /* ... and, once an OFFER was taken, a FRAME whose fields break the rules
+     * (slot 0, generation 0, 0 bytes) is a protocol error, not a frame. */
+    if (shm_taken) {
+        fd = tt_hello_as_worker2(addr);
+        assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, rec), 0);
+        tt_raw_send(fd, rec, sizeof rec);
+        assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 10000), sizeof rec);
+        assert_int_equal(tpi_tcp_shm_decode(rec, sv), TPI_TCP_SHM_ANSWER);
+        assert_int_equal(sv[0], 1);
+        tpi_tcp_shm_encode(rec, TPI_TCP_SHM_FRAME, 2, 5, 0, 0);
+        tt_raw_send(fd, rec, sizeof rec);
+        tt_expect_abort_then_dropped(fd);
+        close(probe);
+    }
+    /* A FRAME on a connection that made no OFFER names no slab it could
+     * map: unexpected, a protocol error. */
+    fd = tt_hello_as_worker2(addr);
+    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_FRAME, 2, 5, 1u << 8, 100);
+    tt_raw_send(fd, rec, sizeof rec);
+    tt_expect_abort_then_dropped(fd);
     /* An OFFER is made once per connection: a second one, after the first
      * was answered (yes or no), is a protocol error. */
     fd = tt_hello_as_worker2(addr);
@@ -2010,6 +2043,8 @@ static void test_tcp_garbage(void **state) {
     assert_true(atomic_load(&job.shared->count[C_STORE_DROPPED]) >= 3);
     assert_int_equal(atomic_load(&job.shared->count[C_SHM_UNEXPECTED]), shm_taken);
     assert_int_equal(atomic_load(&job.shared->count[C_OFFER_TWICE]), 1);
+    assert_int_equal(atomic_load(&job.shared->count[C_FRAME_UNOFFERED]), 1);
+    assert_int_equal(atomic_load(&job.shared->count[C_FRAME_BAD]), shm_taken);
     store->ops->close(store);
     usleep(100000); /* let worker1 finish its probe before the calls */
     atomic_store(&job.shared->flag[F_ATTACKED], 1);
