@@ -126,6 +126,25 @@ static void count_no_shm(tp_log_level level, const char *msg, void *ud) {
         atomic_fetch_add(&sh->count[C_NO_SHM_LOGGED], 1);
 }
 
+/* Probes (TCP-22's OFFER memfds) this process has open. */
+static int open_probes(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char path[300], what[128] = "";
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, what, sizeof what - 1);
+        if (k > 0) {
+            what[k] = '\0';
+            n += strstr(what, "memfd:tensorplay-shm-probe") != NULL;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
 static int body_tensors(tt_job *job, int rank) {
     const shm_args *sa = job->arg;
     shared = job->shared;
@@ -168,6 +187,12 @@ static int body_tensors(tt_job *job, int rank) {
     } else {
         TT_CHECK(tt_await_flag(shared, 0, 1, 60) == 0);
     }
+    /* Every OFFER was answered (yes or no): its probe is closed, not kept
+     * for the connection's life. */
+    uint64_t until = tt_now_ns() + 2000000000ull;
+    while (open_probes() != 0 && tt_now_ns() < until)
+        usleep(10000);
+    TT_CHECK(open_probes() == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
 }
