@@ -327,6 +327,27 @@ static void test_tcp_slow_senders(void **state) {
  * the refusals since the one before; the held ones go at the hello
  * deadline, and then a worker's connection is heard again; one peer's
  * identified connections past TPI_TCP_CONNS_PER_PEER_MAX are closed. */
+/* TCP-8: a worker that stops while connections it accepted are still in
+ * their handshake (no hello yet, or only a hello: no peer of its own)
+ * closes them with the rest and shuts down cleanly. */
+static void test_tcp_stop_with_strangers_connected(void **state) {
+    (void)state;
+    attacked_args args = {{NULL}, NULL}; /* hello_timeout 10 s: past the shutdown */
+    tt_job job = {0};
+    char addr[128];
+    attack_start(&job, &args, addr, sizeof addr);
+    int calls = atomic_load(&job.shared->count[C_CALLS]);
+    int silent = tt_raw_connect(addr); /* no hello */
+    int hello = tt_raw_connect(addr);  /* a hello, no nonce */
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3, TPI_TCP_HELLO_AUTH);
+    tt_raw_send(hello, rec, sizeof rec);
+    usleep(300000);             /* worker 1 accepted both */
+    attack_end(&job, calls, 0); /* worker 1 shuts down with both open */
+    tt_expect_dropped(silent);
+    tt_expect_dropped(hello);
+}
+
 static void test_tcp_handshake_cap(void **state) {
     (void)state;
     attacked_args args = {{"max_handshakes", "4", "hello_timeout", "4"}, "max_handshakes"};
@@ -2205,6 +2226,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_descriptors_exhausted),
         cmocka_unit_test(test_tcp_slow_senders),
         cmocka_unit_test(test_tcp_handshake_cap),
+        cmocka_unit_test(test_tcp_stop_with_strangers_connected),
         cmocka_unit_test(test_tcp_idle),
         cmocka_unit_test(test_tcp_idle_close_acceptor_closes_first),
         cmocka_unit_test(test_tcp_max_message_size_exact),
