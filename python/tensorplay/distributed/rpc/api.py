@@ -696,11 +696,11 @@ def _make_future(core, what):
         # thread, rather than waiting for a pool thread to hand it over: that
         # pool thread may be the waiter (a served function waiting on its own
         # rpc_async with every pool thread busy), which would never come.
+        # _drive reads f.done() after it: nothing to return.
         while not core._wait_done(_slice_until(deadline)):
             if deadline is not None and time.monotonic() >= deadline:
-                return False
+                return
         complete()
-        return True
     f._tp_drive = drive
     core._add_done_callback(complete)
     return f
@@ -810,8 +810,10 @@ def collect_all(futures):
     for f in futures:
         f.add_done_callback(on_done)
 
-    def drive(deadline):
-        return all(_drive(f, deadline) for f in futures) and out.done()
+    def drive(deadline):  # in order, until one is not done by deadline
+        for g in futures:
+            if not _drive(g, deadline):
+                return
     if any(getattr(f, "_tp_drive", None) is not None for f in futures):
         out._tp_drive = drive
     return out
