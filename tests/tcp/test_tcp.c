@@ -2599,7 +2599,8 @@ typedef enum {
     IR_ZEROS,
     IR_SHM_RELEASE,
     IR_HALF_CLOSE, /* no record: worker 0 reads the end (FIN), its side kept open */
-    IR_RESET       /* no record: worker 0's side reset (RST) */
+    IR_RESET,      /* no record: worker 0's side reset (RST) */
+    IR_ABORT       /* an ABORT from "worker 1", then the end of both sides */
 } inject_what;
 
 typedef struct inject_relay {
@@ -2688,10 +2689,17 @@ static void inject_relay_main(inject_relay *sh, int listen_fd, uint16_t port) {
                     continue;
                 if (to_dialer[j] >= 3 * TPI_TCP_RECORD_SIZE &&
                     to_dialer[j] % TPI_TCP_RECORD_SIZE == 0 &&
-                    (sh->what == IR_HALF_CLOSE || sh->what == IR_RESET)) {
+                    (sh->what == IR_HALF_CLOSE || sh->what == IR_RESET || sh->what == IR_ABORT)) {
                     /* Worker 1's side goes; worker 0's reads an end (FIN) and
                      * stays open to show what worker 0 does then, or is reset. */
-                    if (sh->what == IR_RESET) {
+                    if (sh->what == IR_ABORT) {
+                        uint8_t rec[TPI_TCP_RECORD_SIZE];
+                        tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_ABORT, 1);
+                        (void)!send(fds[2 * j], rec, sizeof rec, MSG_NOSIGNAL);
+                        shutdown(fds[2 * j], SHUT_RDWR);
+                        close(fds[2 * j]);
+                        fds[2 * j] = -1;
+                    } else if (sh->what == IR_RESET) {
                         struct linger now = {1, 0};
                         setsockopt(fds[2 * j], SOL_SOCKET, SO_LINGER, &now, sizeof now);
                         close(fds[2 * j]);
@@ -2881,6 +2889,8 @@ static void test_tcp_unasked_answer_or_zeros_on_outgoing(void **state) {
  * not taken for silence ("went silent", TP_EIO). After an end of file the
  * connection is closed at once, without an ABORT (that is for TP_EIO).
  */
+enum { F_OE_VERDICT = 5 };
+
 static int body_outgoing_ended(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     const unexpected_case *uc = job->arg;
@@ -2891,6 +2901,8 @@ static int body_outgoing_ended(tt_job *job, int rank) {
         snprintf(port, sizeof port, "%u", (unsigned)uc->port1);
         TT_CHECK(tp_options_set(o, "listen_port", port) == TP_OK);
         TT_CHECK(tp_options_set(o, "advertise_addr", "127.0.0.2") == TP_OK);
+        tp_set_log_level(TP_LOG_INFO);
+        tp_set_log_callback(count_unreachable, sh);
     }
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
@@ -2905,11 +2917,31 @@ static int body_outgoing_ended(tt_job *job, int rank) {
         fprintf(stderr, "  worker0's call: %s (%s)\n", tp_status_name(st), msg);
         atomic_store(&sh->flag[F_UR_RELEASE], 1);
         tp_future_free(f);
-        TT_CHECK(st == TP_EPEERDOWN);
-        TT_CHECK(strstr(msg, "went silent") == NULL);
-        usleep(1500000); /* the relay watches worker 0's end meanwhile */
+        if (uc->what == IR_ABORT) { /* an error of that connection, not a death */
+            TT_CHECK(st == TP_EIO);
+            TT_CHECK(strstr(msg, "the worker closed the connection after an error") != NULL);
+        } else {
+            TT_CHECK(st == TP_EPEERDOWN);
+            TT_CHECK(strstr(msg, "went silent") == NULL);
+            usleep(1500000); /* the relay watches worker 0's end meanwhile */
+        }
     }
     TT_CHECK(tt_await_flag(sh, F_UR_RELEASE, 1, 30) == 0);
+    if (uc->what == IR_ABORT) { /* both live on: the next calls dial again */
+        /* Worker 1's accepted end of that connection closed without an
+         * ABORT: its probe's verdict on worker 0 (TP_EIO, TCP-7) fails what
+         * it has in flight to worker 0 then, so the calls start after it. */
+        if (rank == 1) {
+            uint64_t end = tt_now_ns() + 5000000000ull;
+            while (atomic_load(&sh->count[C_UR_VERDICT]) < 1 && tt_now_ns() < end)
+                usleep(1000);
+            atomic_store(&sh->flag[F_OE_VERDICT], 1);
+        }
+        TT_CHECK(tt_await_flag(sh, F_OE_VERDICT, 1, 10) == 0);
+        TT_CHECK(tt_all_answer(job, rank) == 0);
+        TT_CHECK(tp_shutdown(1) == TP_OK);
+        return 0;
+    }
     TT_CHECK(tp_shutdown(0) == TP_OK); /* worker 0 counts worker 1 gone */
     return 0;
 }
@@ -2955,6 +2987,14 @@ static void test_tcp_outgoing_end_of_file_is_the_peers_end(void **state) {
 static void test_tcp_outgoing_reset_is_the_peers_end(void **state) {
     (void)state;
     outgoing_ended(IR_RESET);
+}
+
+/* TCP-7: an ABORT then the end, read on an outgoing connection: the other
+ * end failed that connection, it did not die: the call fails TP_EIO saying
+ * so, and the next calls dial again and are answered. */
+static void test_tcp_outgoing_abort_is_an_error_not_a_death(void **state) {
+    (void)state;
+    outgoing_ended(IR_ABORT);
 }
 
 /* ---- Faults on the library's threads reach the program's handler ------------------- */
@@ -3184,6 +3224,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_unasked_answer_or_zeros_on_outgoing),
         cmocka_unit_test(test_tcp_outgoing_end_of_file_is_the_peers_end),
         cmocka_unit_test(test_tcp_outgoing_reset_is_the_peers_end),
+        cmocka_unit_test(test_tcp_outgoing_abort_is_an_error_not_a_death),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
