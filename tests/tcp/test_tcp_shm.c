@@ -126,6 +126,8 @@ static void count_no_shm(tp_log_level level, const char *msg, void *ud) {
         atomic_fetch_add(&sh->count[C_NO_SHM_LOGGED], 1);
 }
 
+static int shm_auth_off; /* set before the forks: both workers with auth=off */
+
 /* Probes (TCP-22's OFFER memfds) this process has open. */
 static int open_probes(void) {
     DIR *d = opendir("/proc/self/fd");
@@ -153,6 +155,8 @@ static int body_tensors(tt_job *job, int rank) {
     tp_register_function("where", fn_where, NULL);
     tp_options *o = tt_options(job, 30, 10);
     TT_CHECK(o);
+    if (shm_auth_off)
+        TT_CHECK(tp_options_set(o, "auth", "off") == TP_OK);
     if (rank == 1 && sa->rank1_shm)
         TT_CHECK(tp_options_set(o, "shm", sa->rank1_shm) == TP_OK);
     if (rank == 0 && sa->rank0_pool)
@@ -256,6 +260,20 @@ static void test_shm_tensors(void **state) {
         skip();
     }
     run_tensors(NULL, NULL, 1, 1);
+}
+
+/* spec: TCP-17, TCP-22: without authentication (auth=off on both), a
+ * worker's dial still offers shared memory once the other end accepted it,
+ * and large frames take slabs both ways. */
+static void test_shm_tensors_without_auth(void **state) {
+    (void)state;
+    if (!can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    shm_auth_off = 1;
+    run_tensors(NULL, NULL, 1, 1);
+    shm_auth_off = 0;
 }
 
 /* spec: TCP-12, TCP-22: shm_min_bytes is the least frame a slab takes: with
@@ -1473,6 +1491,7 @@ int main(int argc, char **argv) {
         cmocka_set_test_filter(argv[1]); /* a glob: one test by hand */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shm_tensors),
+        cmocka_unit_test(test_shm_tensors_without_auth),
         cmocka_unit_test(test_shm_min_bytes_is_inclusive),
         cmocka_unit_test(test_shm_frame_over_the_pool_takes_the_stream),
         cmocka_unit_test(test_shm_off),
