@@ -327,6 +327,47 @@ static void test_tcp_slow_senders(void **state) {
  * the refusals since the one before; the held ones go at the hello
  * deadline, and then a worker's connection is heard again; one peer's
  * identified connections past TPI_TCP_CONNS_PER_PEER_MAX are closed. */
+/* spec: TCP-21: a member's OPEN that differs only in its ENCRYPT flag gets
+ * the ACCEPT (whose flags tell the dialer why), then the connection reads
+ * and drops what comes (here a NONCE) without answering, until the dialer's
+ * end or TPI_TCP_ABORT_LINGER_MS, when worker 1 closes it. */
+static void test_tcp_encrypt_mismatch_answered_then_closed(void **state) {
+    (void)state;
+    attacked_args args = {{NULL}, NULL};
+    tt_job job = {0};
+    char addr[128];
+    attack_start(&job, &args, addr, sizeof addr);
+    int calls = atomic_load(&job.shared->count[C_CALLS]);
+    int fd = tt_raw_connect(addr);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_OPEN, 2, 1, 3,
+                         TPI_TCP_HELLO_AUTH | TPI_TCP_HELLO_ENCRYPT);
+    tt_raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 5000), sizeof rec);
+    uint64_t t_accept = tt_now_ns();
+    uint32_t sender = 0;
+    char err[64];
+    assert_int_equal(tpi_tcp_hello_check(rec, TPI_TCP_HELLO_ACCEPT, 2, 3, TPI_TCP_HELLO_AUTH,
+                                         &sender, err, sizeof err),
+                     1);
+    uint8_t nonce[TPI_TCP_NONCE_SIZE] = {1};
+    tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, nonce);
+    tt_raw_send(fd, rec, sizeof rec);
+    /* Nothing for a second: neither an answer nor the end. */
+    struct pollfd p = {fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 1000), 0);
+    /* Then the end, by the linger's close (2 s after the ACCEPT). */
+    p.revents = 0;
+    assert_int_equal(poll(&p, 1, 3000), 1);
+    char b;
+    assert_true(recv(fd, &b, 1, 0) <= 0);
+    double took = secs_since(t_accept);
+    fprintf(stderr, "  closed %.2f s after the ACCEPT\n", took);
+    assert_true(took >= 1.0 && took < 3.5 * TT_SLOWDOWN);
+    close(fd);
+    attack_end(&job, calls, 0);
+}
+
 /* TCP-8: a worker that stops while connections it accepted are still in
  * their handshake (no hello yet, or only a hello: no peer of its own)
  * closes them with the rest and shuts down cleanly. */
@@ -2227,6 +2268,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_slow_senders),
         cmocka_unit_test(test_tcp_handshake_cap),
         cmocka_unit_test(test_tcp_stop_with_strangers_connected),
+        cmocka_unit_test(test_tcp_encrypt_mismatch_answered_then_closed),
         cmocka_unit_test(test_tcp_idle),
         cmocka_unit_test(test_tcp_idle_close_acceptor_closes_first),
         cmocka_unit_test(test_tcp_max_message_size_exact),
