@@ -886,6 +886,80 @@ static void test_tcp_crypt_probe(void **state) {
     tt_job_free(&job);
 }
 
+/* TCP-19, TCP-21: sealed records read behind a header that waits for the
+ * read budget are opened once it is admitted, without waiting for more
+ * bytes. Worker 1 has rx_budget 100000; impostor A (as worker 2) starts a
+ * frame of 99,000 bytes (admitted, its body not all sent); impostor B sends,
+ * in one write, a frame of 2,000 bytes (its header waits) and a PING behind
+ * it, both read into B's buffer, unopened; A's rest comes, A's frame ends,
+ * B's is admitted: B's PING is answered at once, nothing more sent on B. */
+enum { F_SD_DONE = 6 };
+
+static int body_sealed_behind(tt_job *job, int rank) {
+    TT_CHECK(init_watched(job, rank, "rx_budget", "100000") == 0);
+    atomic_fetch_add(&job->shared->count[C_READY], 1);
+    TT_CHECK(tt_await_flag(job->shared, F_SD_DONE, 1, 60) == 0);
+    TT_CHECK(call_all(job, rank) == 0);
+    TT_CHECK(shutdown_watched() == 0);
+    return 0;
+}
+
+/* A frame of total bytes (header included) as worker 2 would send it: a
+ * RESPONSE to no call (id 0), which the core drops; its body zeros. */
+static uint8_t *stray_response(size_t total) {
+    uint8_t *f = calloc(1, total);
+    assert_non_null(f);
+    tt_frame_header(f, TPI_WIRE_VERSION, 2, (uint32_t)(total - 24));
+    return f;
+}
+
+static void test_tcp_crypt_records_behind_a_waiting_header(void **state) {
+    (void)state;
+    tt_job job = {0};
+    impostor a, b;
+    start_with_impostor(&job, body_sealed_behind, &a);
+    char addr[128];
+    tt_worker_addr(job.store_port, 1, addr, sizeof addr);
+    impostor_open(&b, addr);
+    ping_pong(&b);
+    enum { A_LEN = 99000, A_FIRST = 1024, B_LEN = 2000 };
+    uint8_t *fa = stray_response(A_LEN), *fb = stray_response(B_LEN);
+    send_sealed(&a, fa, A_FIRST); /* admitted: 99,000 of the 100,000 */
+    usleep(100000);
+    uint8_t ping[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_ctl_encode(ping, TPI_TCP_CTL_PING, 2);
+    uint8_t *s1 = NULL, *s2 = NULL;
+    size_t n1 = seal(&b, fb, B_LEN, &s1), n2 = seal(&b, ping, sizeof ping, &s2);
+    uint8_t *both = malloc(n1 + n2);
+    assert_non_null(both);
+    memcpy(both, s1, n1);
+    memcpy(both + n1, s2, n2);
+    tt_raw_send(b.fd, both, n1 + n2); /* B's header waits; its PING is read behind it */
+    free(both);
+    free(s1);
+    free(s2);
+    usleep(200000);
+    struct pollfd p = {b.fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 0), 0);            /* no PONG while B's frame waits */
+    send_sealed(&a, fa + A_FIRST, A_LEN - A_FIRST); /* A's frame ends: B's is admitted */
+    p.revents = 0;
+    int ready = poll(&p, 1, 2000 * TT_SLOWDOWN);
+    uint8_t rec[TPI_TCP_RECORD_SIZE] = {0};
+    if (ready == 1)
+        recv_sealed_record(&b, rec);
+    free(fa);
+    free(fb);
+    ping_pong(&a); /* A's connection still serves */
+    impostor_close(&a);
+    impostor_close(&b);
+    atomic_store(&job.shared->flag[F_SD_DONE], 1);
+    int waited = tt_wait(&job, 60);
+    tt_job_free(&job);
+    assert_int_equal(ready, 1);
+    assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_PONG);
+    assert_int_equal(waited, 0);
+}
+
 enum { F_BYE_GO = 3 };
 
 static int body_bye(tt_job *job, int rank) {
@@ -1202,6 +1276,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_crypt_capture),
         cmocka_unit_test(test_tcp_crypt_idle),
         cmocka_unit_test(test_tcp_crypt_read_budget_waits),
+        cmocka_unit_test(test_tcp_crypt_records_behind_a_waiting_header),
         cmocka_unit_test(test_tcp_crypt_seal_failure_fails_the_connection),
         cmocka_unit_test(test_tcp_crypt_probe),
         cmocka_unit_test(test_tcp_crypt_bye),
