@@ -832,6 +832,54 @@ static int body_budget(tt_job *job, int rank) {
  * frame that frees the budget. Then a call of 150,000 bytes whose request
  * and answer each pass the budget alone. */
 #define RX_CONNS 5
+/* spec: TCP-19: a connection whose frame waited for the read budget is not
+ * idle while it waits, and its idle clock starts when the frame is
+ * admitted: worker 1 (rx_budget 100000, idle_timeout 0.5 s) holds A's
+ * frame of 90,000 bytes open while W's whole frame of 20,000 waits for
+ * 1 s, twice idle_timeout; once A's frame ends and W's is read, W hears
+ * nothing for a while, then IDLE, half a second after, not at once (its
+ * wait counted as idleness) nor at a frame deadline (frame_timeout 5 s). */
+static void test_tcp_admitted_frame_starts_the_idle_clock(void **state) {
+    (void)state;
+    attacked_args args = {{"rx_budget", "100000", "idle_timeout", "0.5", "frame_timeout", "5"},
+                          NULL};
+    tt_job job = {0};
+    char addr[128];
+    attack_start(&job, &args, addr, sizeof addr);
+    int calls = atomic_load(&job.shared->count[C_CALLS]);
+    tpi_tcp_auth auth = tt_job_auth();
+    enum { A_LEN = 90000, W_LEN = 20000 };
+    uint8_t *fa = stray_frame(A_LEN), *fw = stray_frame(W_LEN);
+    int a = tt_raw_hello_as(addr, 2, 1, 3, &auth), w = tt_raw_hello_as(addr, 2, 1, 3, &auth);
+    assert_true(a >= 0 && w >= 0);
+    int big = 1 << 20;
+    setsockopt(a, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+    setsockopt(w, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+    send_within(a, fa, A_LEN - 100); /* admitted: 90,000 of the budget */
+    usleep(100000);
+    send_within(w, fw, W_LEN); /* its header waits, the whole frame read behind it */
+    usleep(1000000);
+    struct pollfd p = {w, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 0), 0);   /* waiting is not idleness */
+    send_within(a, fa + A_LEN - 100, 100); /* A's frame ends: W's is admitted */
+    uint64_t t_admitted = tt_now_ns();
+    p.revents = 0;
+    int early = poll(&p, 1, 250);
+    uint8_t rec[TPI_TCP_RECORD_SIZE] = {0};
+    size_t got = tt_raw_recv_within(w, rec, sizeof rec, 3000);
+    double took = secs_since(t_admitted);
+    fprintf(stderr, "  IDLE %.2f s after the admission\n", took);
+    free(fa);
+    free(fw);
+    close(a);
+    close(w);
+    attack_end(&job, calls, 1);
+    assert_int_equal(early, 0);
+    assert_int_equal(got, sizeof rec);
+    assert_int_equal(tpi_tcp_ctl_kind_of(rec), TPI_TCP_CTL_IDLE);
+    assert_true(took >= 0.25 && took < 2.0 * TT_SLOWDOWN);
+}
+
 static void test_tcp_rx_budget_lone_frames(void **state) {
     (void)state;
     tt_job job = {0};
@@ -2292,6 +2340,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_idle_close_acceptor_closes_first),
         cmocka_unit_test(test_tcp_max_message_size_exact),
         cmocka_unit_test(test_tcp_rx_budget_lone_frames),
+        cmocka_unit_test(test_tcp_admitted_frame_starts_the_idle_clock),
         cmocka_unit_test(test_tcp_rx_budget_exact),
         cmocka_unit_test(test_tcp_proof_checked_whole),
         cmocka_unit_test(test_tcp_strangers_report_nobody),
