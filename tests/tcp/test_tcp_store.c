@@ -3075,7 +3075,7 @@ static void test_tcp_store_slow_sender_dropped(void **state) {
     (void)state;
     /* The handshake's deadline is past when the request's comes: an open
      * client is not dropped for its age, and the reason names the request. */
-    limits_for_test(400, 500, 0, 0, 0);
+    limits_for_test(400 * TT_SLOWDOWN, 500 * TT_SLOWDOWN, 0, 0, 0);
     uint16_t port = tt_free_port();
     tpi_store_server *srv = serve(port);
     tpi_store_server_test_limits(NULL);
@@ -3109,7 +3109,10 @@ static void test_tcp_store_slow_sender_dropped(void **state) {
             answered = 1;
     }
     fprintf(stderr, "slow sender: dropped after %zu of %zu bytes\n", sent, sizeof req);
-    last_drop_says("a request not complete 500 ms after its first byte");
+    char says[80];
+    snprintf(says, sizeof says, "a request not complete %d ms after its first byte",
+             500 * TT_SLOWDOWN);
+    last_drop_says(says);
     assert_false(answered);
     assert_true(dropped);
     assert_true(sent < sizeof req);
