@@ -2848,13 +2848,13 @@ static void test_tcp_store_idle_client_costs_no_cpu(void **state) {
      * (an open client has none: no timer of its own fires for its age). */
     for (int pass = 0; pass < 2; pass++) {
         if (pass)
-            limits_for_test(200, 0, 0, 0, 0);
+            limits_for_test(200 * TT_SLOWDOWN, 0, 0, 0, 0);
         uint16_t port = tt_free_port();
         tpi_store_server *srv = serve(port);
         tpi_store_server_test_limits(NULL);
         tp_store *idle = client(port, 5);
         assert_int_equal(idle->ops->set(idle, "k", "v", 1), TP_OK); /* served once, then idle */
-        usleep(pass ? 400000 : 100000);
+        usleep(pass ? 400000 * TT_SLOWDOWN : 100000);
         struct rusage r0, r1;
         getrusage(RUSAGE_SELF, &r0);
         usleep(1000000);
