@@ -1247,6 +1247,84 @@ static void test_tcp_rejoin(void **state) {
     tt_job_free(&job);
 }
 
+/* spec: REJOIN-1..3, TCP-6: a worker that rejoined can die again, and its
+ * second death is a verdict like the first: worker 1 is killed, rejoins
+ * as a new process, answers worker 0, and is killed again with a call of
+ * worker 0's in flight to it: the call fails TP_EPEERDOWN at once (not at
+ * its 20 s deadline: worker 0's connection to the new incarnation is of
+ * the new incarnation, not taken for a stale one of the old). */
+enum { F_TW_UP = 6, F_TW_DEAD = 7, F_TW_NEW = 8, F_TW_OUT = 9, NS_TW_KILL = 3 };
+
+static int body_dies_twice(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 1) {
+        atomic_store(&sh->flag[F_TW_UP], 1);
+        for (;;)
+            pause(); /* the parent kills it */
+    }
+    int64_t v = 0;
+    TT_CHECK(tt_await_flag(sh, F_TW_UP, 1, 30) == 0);
+    TT_CHECK(tt_call_add(tp_to_rank(1), 1, 2, 10, &v) == TP_OK && v == 3);
+    atomic_store(&sh->flag[F_TW_UP], 2); /* kill it now */
+    tp_status st = TP_OK;
+    for (int i = 0; i < 2000 && st != TP_EPEERDOWN; i++) {
+        st = tt_call_add(tp_to_rank(1), 1, 2, 1.0, &v);
+        if (st != TP_EPEERDOWN)
+            usleep(5000);
+    }
+    TT_CHECK(st == TP_EPEERDOWN);
+    atomic_store(&sh->flag[F_TW_DEAD], 1);
+    TT_CHECK(tt_await_flag(sh, F_TW_NEW, 1, 30) == 0);
+    TT_CHECK(tt_call_add(tp_to_rank(1), 20, 3, 10, &v) == TP_OK && v == 23);
+    tp_value *args = tp_value_list_of(2, tp_value_int(0), tp_value_float(20.0));
+    tp_future *f = NULL;
+    TT_CHECK(tp_rpc_async(tp_to_rank(1), "slow", args, NULL, 20, &f) == TP_OK);
+    tp_value_free(args);
+    usleep(100000); /* it reached worker 1 */
+    atomic_store(&sh->flag[F_TW_OUT], 1);
+    st = tp_future_wait(f, 30);
+    uint64_t done = tt_now_ns();
+    fprintf(stderr, "  the call in flight at the second death: %s after %.1f ms: %s\n",
+            tp_status_name(st), (double)(done - atomic_load(&sh->ns[NS_TW_KILL])) / 1e6,
+            st == TP_OK ? "" : tp_future_error(f));
+    tp_future_free(f);
+    TT_CHECK(st == TP_EPEERDOWN);
+    TT_CHECK(done - atomic_load(&sh->ns[NS_TW_KILL]) < 2000000000ull * TT_SLOWDOWN);
+    (void)tp_shutdown(0);
+    return 0;
+}
+
+static int body_dies_twice_new(tt_job *job) {
+    tt_shared *sh = job->shared;
+    tp_options *o = tt_options(job, 20, 10);
+    TT_CHECK(o && tp_options_rejoin(o) == 0 && setenv("TP_REJOIN", "1", 1) == 0);
+    TT_CHECK(tt_init(job, 1, o) == 0);
+    tp_options_free(o);
+    atomic_store(&sh->flag[F_TW_NEW], 1);
+    for (;;)
+        pause(); /* the parent kills it again */
+}
+
+static void test_tcp_rejoined_worker_dies_again(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_dies_twice, NULL), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_TW_UP, 2, 30), 0);
+    assert_int_equal(tt_kill_rank(&job, 1), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_TW_DEAD, 1, 30), 0);
+    assert_int_equal(tt_restart_rank(&job, 1, body_dies_twice_new), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_TW_OUT, 1, 30), 0);
+    atomic_store(&job.shared->ns[NS_TW_KILL], tt_now_ns());
+    assert_int_equal(tt_kill_rank(&job, 1), 0);
+    tt_wait(&job, 60);
+    int code0 = job.code[0];
+    tt_job_free(&job);
+    assert_int_equal(code0, 0);
+}
+
 /* spec: REJOIN-1..3, TCP-16. worker2 is killed before worker0 ever called
  * it, and its replacement starts 300 ms later, as a launcher restarts it,
  * while worker0 calls worker2 without pause: the calls fail (at once with
@@ -3198,6 +3276,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_many_async),
         cmocka_unit_test(test_tcp_kill9),
         cmocka_unit_test(test_tcp_rejoin),
+        cmocka_unit_test(test_tcp_rejoined_worker_dies_again),
         cmocka_unit_test(test_tcp_rejoin_while_called),
         cmocka_unit_test(test_tcp_set_peer_refuses),
         cmocka_unit_test(test_tcp_set_peers_refuses_an_address_at_its_bound),
