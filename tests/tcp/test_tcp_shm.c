@@ -635,13 +635,21 @@ static void test_shm_slab_on_descriptor_0_reused(void **state) {
  * descriptor 0 between the two calls would leave it: the taken descriptor
  * then gets 0) and note the number pidfd_getfd gave. */
 static int move_pidfd_to;
-static int last_taken_fd = -1;
-static int last_pidfd = -1;
-static int ntaken; /* pidfd_getfd calls */
+/* Written by whichever thread makes the call (a worker's loop thread too). */
+static atomic_int last_taken_fd = -1;
+static atomic_int last_pidfd = -1;
+static atomic_int ntaken; /* pidfd_getfd calls */
+static long (*real_syscall)(long, ...);
+
+/* Resolved before main, so before any thread: no thread's first call
+ * races another's lookup. */
+__attribute__((constructor)) static void real_syscall_resolve(void) {
+    real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+}
 
 long syscall(long n, ...) {
-    static long (*real)(long, ...);
-    if (!real)
+    long (*real)(long, ...) = real_syscall;
+    if (!real) /* a call from another library's constructor, before ours */
         real = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
     va_list ap;
     va_start(ap, n);
