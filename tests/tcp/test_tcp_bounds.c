@@ -902,16 +902,23 @@ static void test_tcp_rx_budget_lone_frames(void **state) {
     }
     /* Round 1: four headers and all but the last 100 bytes of each: one is
      * read (whichever came first), three wait. Round 2: the same four, on the
-     * list the first admissions emptied, connection 3's first (it is read,
-     * most likely); then connection 2 leaves while it waits (most likely
-     * last, behind two others), and connection 4's header joins the list
-     * behind them. Every frame left is then read: a PONG on each. */
+     * list the first admissions emptied, one at a time: connection 3's is
+     * read, 0, 1 and 2 wait in that order (each waiter seen in the log
+     * before the next is sent); then connection 2, the list's last, leaves
+     * while it waits, and connection 4's header joins the list behind 0 and
+     * 1. Every frame left is then read: a PONG on each. */
     static const int order[2][4] = {{0, 1, 2, 3}, {3, 0, 1, 2}};
     int logged = 0;
     for (int round = 1; round <= 2; round++) {
         for (int k = 0; k < 4; k++) {
             int i = order[round - 1][k];
             send_within(fd[i], f[i], len[i] - 100);
+            if (round == 2 && k == 0)
+                usleep(100000); /* read before the others come */
+            if (round == 2 && k > 0) {
+                assert_int_equal(await_count(job.shared, C_LOGGED, logged + k, 10), 0);
+                assert_int_equal(atomic_load(&job.shared->ns[T_WAITER]), len[i]);
+            }
         }
         logged += 3;
         assert_int_equal(await_count(job.shared, C_LOGGED, logged, 10), 0);
