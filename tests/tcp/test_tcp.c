@@ -2874,53 +2874,107 @@ typedef struct unexpected_case {
     const char *says; /* in worker 0's error */
 } unexpected_case;
 
-static int body_unexpected_record(tt_job *job, int rank) {
-    tt_shared *sh = job->shared;
+/* Worker 1 listens on uc->port1 and advertises 127.0.0.2 (the relay's
+ * side), counting its verdicts on worker 0; then both init. */
+static int relayed_init(tt_job *job, int rank) {
     const unexpected_case *uc = job->arg;
-    const uint16_t *port1 = &uc->port1;
     tp_options *o = tt_options(job, 20, 10);
     TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK); /* frames in the stream only */
     if (rank == 1) {
         char port[16];
-        snprintf(port, sizeof port, "%u", (unsigned)*port1);
+        snprintf(port, sizeof port, "%u", (unsigned)uc->port1);
         TT_CHECK(tp_options_set(o, "listen_port", port) == TP_OK);
         TT_CHECK(tp_options_set(o, "advertise_addr", "127.0.0.2") == TP_OK);
         tp_set_log_level(TP_LOG_INFO);
-        tp_set_log_callback(count_unreachable, sh);
+        tp_set_log_callback(count_unreachable, job->shared);
     }
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
+    return 0;
+}
+
+/* Worker 0's call in flight on the relayed connection (worker 1 holds it in
+ * block()) while the relay does its part: how it ended within wait_s, its
+ * error in msg; then worker 1's block() is let go. */
+static tp_status call_through_relay(tt_shared *sh, double wait_s, char *msg, size_t len) {
+    tp_value *args = tp_value_list_of(1, tp_value_int(F_UR_RELEASE));
+    tp_future *f = NULL;
+    tp_status st = tp_rpc_async(tp_to_rank(1), "block", args, NULL, 20, &f);
+    tp_value_free(args);
+    if (st == TP_OK)
+        st = tp_future_wait(f, wait_s);
+    snprintf(msg, len, "%s", st == TP_OK ? "" : f ? tp_future_error(f) : tp_errmsg());
+    fprintf(stderr, "  worker0's call: %s (%s)\n", tp_status_name(st), msg);
+    atomic_store(&sh->flag[F_UR_RELEASE], 1); /* worker 1's block() returns */
+    tp_future_free(f);
+    return st;
+}
+
+/* Worker 1: its verdict on worker 0 (peer-down TP_EIO, TCP-7) came within 5 s. */
+static int verdict_seen(tt_shared *sh) {
+    uint64_t end = tt_now_ns() + 5000000000ull;
+    while (atomic_load(&sh->count[C_UR_VERDICT]) < 1 && tt_now_ns() < end)
+        usleep(1000);
+    return atomic_load(&sh->count[C_UR_VERDICT]) >= 1;
+}
+
+static int body_unexpected_record(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    const unexpected_case *uc = job->arg;
+    TT_CHECK(relayed_init(job, rank) == 0);
     if (rank == 0) {
-        /* In flight on the relayed connection (worker 1 holds it in block())
-         * when the PING comes: the call fails with TP_EIO, saying why. */
-        tp_value *args = tp_value_list_of(1, tp_value_int(F_UR_RELEASE));
-        tp_future *f = NULL;
-        TT_CHECK(tp_rpc_async(tp_to_rank(1), "block", args, NULL, 20, &f) == TP_OK);
-        tp_value_free(args);
-        tp_status st = tp_future_wait(f, 4);
+        /* The record comes while the call is in flight on the relayed
+         * connection: the call fails with TP_EIO, saying why. */
         char msg[TP_ERRMSG_LEN_MAX];
-        snprintf(msg, sizeof msg, "%s", st == TP_OK ? "" : tp_future_error(f));
-        fprintf(stderr, "  worker0's call: %s (%s)\n", tp_status_name(st), msg);
-        atomic_store(&sh->flag[F_UR_RELEASE], 1); /* worker 1's block() returns */
-        tp_future_free(f);
-        TT_CHECK(st == TP_EIO);
+        TT_CHECK(call_through_relay(sh, 4, msg, sizeof msg) == TP_EIO);
         TT_CHECK(strstr(msg, uc->says) != NULL);
         TT_CHECK(strstr(msg, "on an outgoing connection") != NULL);
         TT_CHECK(strstr(msg, "127.0.0.2:") != NULL); /* the address it dialed */
     }
     TT_CHECK(tt_await_flag(sh, F_UR_RELEASE, 1, 30) == 0);
-    if (rank == 1) {
-        /* The ABORT, then the end of that connection: TP_EIO for worker 0,
-         * which fails whatever worker 1 had in flight to it (TCP-7). */
-        uint64_t end = tt_now_ns() + 5000000000ull;
-        while (atomic_load(&sh->count[C_UR_VERDICT]) < 1 && tt_now_ns() < end)
-            usleep(1000);
-        TT_CHECK(atomic_load(&sh->count[C_UR_VERDICT]) >= 1);
-    }
+    /* The ABORT, then the end of that connection: TP_EIO for worker 0,
+     * which fails whatever worker 1 had in flight to it (TCP-7). */
+    TT_CHECK(rank != 1 || verdict_seen(sh));
     /* Not a death: the next calls dial again (TCP-6) and both ways work. */
     TT_CHECK(tt_all_answer(job, rank) == 0);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
+}
+
+/* What the parent saw of a relayed job (run_relayed). */
+typedef struct relayed_run {
+    int blocked, injected, conns, waited;
+    int after_bytes, closed;
+    uint64_t closed_after_ns;
+} relayed_run;
+
+/* Runs body in a job of two behind a relay doing uc->what once worker 1
+ * holds worker 0's call; skips where 127.0.0.2 cannot be bound. */
+static relayed_run run_relayed(unexpected_case *uc, tt_body body) {
+    relayed_run r = {0};
+    pid_t relay_pid = -1;
+    inject_relay *relay = inject_relay_start(uc->port1, uc->what, &relay_pid);
+    if (!relay)
+        skip(); /* no 127.0.0.2 here */
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body, uc), 0);
+    uint64_t deadline = tt_now_ns() + 30000000000ull;
+    while (atomic_load(&job.shared->count[C_UR_BLOCKED]) < 1 && tt_now_ns() < deadline)
+        usleep(1000);
+    r.blocked = atomic_load(&job.shared->count[C_UR_BLOCKED]);
+    atomic_store(&relay->inject, 1);
+    deadline = tt_now_ns() + 5000000000ull;
+    while (!atomic_load(&relay->injected) && tt_now_ns() < deadline)
+        usleep(1000);
+    r.injected = atomic_load(&relay->injected);
+    r.conns = atomic_load(&relay->conns);
+    r.waited = tt_wait(&job, 60);
+    tt_job_free(&job);
+    r.after_bytes = atomic_load(&relay->after_bytes);
+    r.closed = atomic_load(&relay->closed);
+    r.closed_after_ns = atomic_load(&relay->closed_after_ns);
+    inject_relay_stop(relay, relay_pid);
+    return r;
 }
 
 /* spec: TCP-5, TCP-6. A PING is a dialer's record: one that reaches worker
@@ -2930,29 +2984,11 @@ static int body_unexpected_record(tt_job *job, int rank) {
  * left waiting; worker 1 is not taken for dead, and later calls succeed. */
 static void unexpected_record_on_outgoing(inject_what what, const char *says) {
     unexpected_case uc = {.port1 = tt_free_port(), .what = what, .says = says};
-    pid_t relay_pid = -1;
-    inject_relay *relay = inject_relay_start(uc.port1, what, &relay_pid);
-    if (!relay)
-        skip(); /* no 127.0.0.2 here */
-    tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_unexpected_record, &uc), 0);
-    uint64_t deadline = tt_now_ns() + 30000000000ull;
-    while (atomic_load(&job.shared->count[C_UR_BLOCKED]) < 1 && tt_now_ns() < deadline)
-        usleep(1000);
-    int blocked = atomic_load(&job.shared->count[C_UR_BLOCKED]);
-    atomic_store(&relay->inject, 1);
-    deadline = tt_now_ns() + 5000000000ull;
-    while (!atomic_load(&relay->injected) && tt_now_ns() < deadline)
-        usleep(1000);
-    int injected = atomic_load(&relay->injected);
-    int conns = atomic_load(&relay->conns);
-    int waited = tt_wait(&job, 60);
-    tt_job_free(&job);
-    inject_relay_stop(relay, relay_pid);
-    assert_int_equal(blocked, 1);
-    assert_true(conns >= 1); /* worker 0 dialed worker 1 through it */
-    assert_int_equal(injected, 1);
-    assert_int_equal(waited, 0);
+    relayed_run r = run_relayed(&uc, body_unexpected_record);
+    assert_int_equal(r.blocked, 1);
+    assert_true(r.conns >= 1); /* worker 0 dialed worker 1 through it */
+    assert_int_equal(r.injected, 1);
+    assert_int_equal(r.waited, 0);
 }
 
 static void test_tcp_unexpected_record_on_outgoing(void **state) {
@@ -2983,29 +3019,10 @@ enum { F_OE_VERDICT = 5 };
 static int body_outgoing_ended(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     const unexpected_case *uc = job->arg;
-    tp_options *o = tt_options(job, 20, 10);
-    TT_CHECK(o && tp_options_set(o, "shm", "off") == TP_OK);
-    if (rank == 1) {
-        char port[16];
-        snprintf(port, sizeof port, "%u", (unsigned)uc->port1);
-        TT_CHECK(tp_options_set(o, "listen_port", port) == TP_OK);
-        TT_CHECK(tp_options_set(o, "advertise_addr", "127.0.0.2") == TP_OK);
-        tp_set_log_level(TP_LOG_INFO);
-        tp_set_log_callback(count_unreachable, sh);
-    }
-    TT_CHECK(tt_init(job, rank, o) == 0);
-    tp_options_free(o);
+    TT_CHECK(relayed_init(job, rank) == 0);
     if (rank == 0) {
-        tp_value *args = tp_value_list_of(1, tp_value_int(F_UR_RELEASE));
-        tp_future *f = NULL;
-        TT_CHECK(tp_rpc_async(tp_to_rank(1), "block", args, NULL, 20, &f) == TP_OK);
-        tp_value_free(args);
-        tp_status st = tp_future_wait(f, 8);
         char msg[TP_ERRMSG_LEN_MAX];
-        snprintf(msg, sizeof msg, "%s", st == TP_OK ? "" : tp_future_error(f));
-        fprintf(stderr, "  worker0's call: %s (%s)\n", tp_status_name(st), msg);
-        atomic_store(&sh->flag[F_UR_RELEASE], 1);
-        tp_future_free(f);
+        tp_status st = call_through_relay(sh, 8, msg, sizeof msg);
         if (uc->what == IR_ABORT) { /* an error of that connection, not a death */
             TT_CHECK(st == TP_EIO);
             TT_CHECK(strstr(msg, "the worker closed the connection after an error") != NULL);
@@ -3021,9 +3038,7 @@ static int body_outgoing_ended(tt_job *job, int rank) {
          * ABORT: its probe's verdict on worker 0 (TP_EIO, TCP-7) fails what
          * it has in flight to worker 0 then, so the calls start after it. */
         if (rank == 1) {
-            uint64_t end = tt_now_ns() + 5000000000ull;
-            while (atomic_load(&sh->count[C_UR_VERDICT]) < 1 && tt_now_ns() < end)
-                usleep(1000);
+            (void)verdict_seen(sh);
             atomic_store(&sh->flag[F_OE_VERDICT], 1);
         }
         TT_CHECK(tt_await_flag(sh, F_OE_VERDICT, 1, 10) == 0);
@@ -3037,34 +3052,15 @@ static int body_outgoing_ended(tt_job *job, int rank) {
 
 static void outgoing_ended(inject_what what) {
     unexpected_case uc = {.port1 = tt_free_port(), .what = what};
-    pid_t relay_pid = -1;
-    inject_relay *relay = inject_relay_start(uc.port1, what, &relay_pid);
-    if (!relay)
-        skip(); /* no 127.0.0.2 here */
-    tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_outgoing_ended, &uc), 0);
-    uint64_t deadline = tt_now_ns() + 30000000000ull;
-    while (atomic_load(&job.shared->count[C_UR_BLOCKED]) < 1 && tt_now_ns() < deadline)
-        usleep(1000);
-    int blocked = atomic_load(&job.shared->count[C_UR_BLOCKED]);
-    atomic_store(&relay->inject, 1);
-    deadline = tt_now_ns() + 5000000000ull;
-    while (!atomic_load(&relay->injected) && tt_now_ns() < deadline)
-        usleep(1000);
-    int injected = atomic_load(&relay->injected);
-    int waited = tt_wait(&job, 60);
-    tt_job_free(&job);
-    int after = atomic_load(&relay->after_bytes), closed = atomic_load(&relay->closed);
-    uint64_t closed_after = atomic_load(&relay->closed_after_ns);
-    inject_relay_stop(relay, relay_pid);
-    assert_int_equal(blocked, 1);
-    assert_int_equal(injected, 1);
-    assert_int_equal(waited, 0);
+    relayed_run r = run_relayed(&uc, body_outgoing_ended);
+    assert_int_equal(r.blocked, 1);
+    assert_int_equal(r.injected, 1);
+    assert_int_equal(r.waited, 0);
     if (what == IR_HALF_CLOSE) {
-        fprintf(stderr, "  after the end: %d bytes, closed %d after %.3f s\n", after, closed,
-                (double)closed_after / 1e9);
-        assert_int_equal(after, 0);                                        /* no ABORT */
-        assert_true(closed && closed_after < 1000000000ull * TT_SLOWDOWN); /* at once */
+        fprintf(stderr, "  after the end: %d bytes, closed %d after %.3f s\n", r.after_bytes,
+                r.closed, (double)r.closed_after_ns / 1e9);
+        assert_int_equal(r.after_bytes, 0);                                       /* no ABORT */
+        assert_true(r.closed && r.closed_after_ns < 1000000000ull * TT_SLOWDOWN); /* at once */
     }
 }
 
