@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <arpa/inet.h>
@@ -1953,8 +1954,16 @@ static void test_tcp_timed_out_dials_are_silence(void **state) {
  * shutdowns end TP_OK. */
 enum { F_RJ_NEW_UP = 16, F_RJ_DONE = 17, C_RJ_CALL = 18 };
 
+enum { F_RJ_OLD_GONE = 18, C_RJ_AFTER = 19 };
+
+/* job->arg non-NULL: the parent starts the new incarnation before it kills
+ * the old one, and tells worker 0 when the old one is gone. */
 static int body_down_then_rejoin(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
+    if (rank == 0 && job->arg) { /* a probe's verdict ("still answers") is counted */
+        tp_set_log_level(TP_LOG_INFO);
+        tp_set_log_callback(count_logged, sh);
+    }
     TT_CHECK(join_then_cut_worker1(job, rank) == 0);
     if (rank == 1) {
         for (;;)
@@ -1978,6 +1987,12 @@ static int body_down_then_rejoin(tt_job *job, int rank) {
     if (st != TP_OK || v != 23)
         fprintf(stderr, "worker 0: the call to the new worker 1: %s\n", tp_errmsg());
     atomic_store(&sh->count[C_RJ_CALL], st == TP_OK && v == 23);
+    if (job->arg) {
+        TT_CHECK(tt_await_flag(sh, F_RJ_OLD_GONE, 1, 60) == 0);
+        usleep(1000000); /* a probe would have come and gone */
+        st = tt_call_add(tp_to_rank(1), 30, 3, 10, &v);
+        atomic_store(&sh->count[C_RJ_AFTER], st == TP_OK && v == 33);
+    }
     atomic_store(&sh->flag[F_RJ_DONE], 1);
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
@@ -2012,6 +2027,36 @@ static void test_tcp_declared_down_worker_rejoins(void **state) {
     assert_int_equal(called, 1);
     assert_int_equal(code[0], 0);
     assert_int_equal(code[1], 0);
+}
+
+/* spec: TCP-7, REJOIN-3: the end of a connection from an incarnation since
+ * replaced says nothing about the new one. As above, but the old worker 1,
+ * still connected to worker 0, is killed only after the new one rejoined:
+ * worker 0's accepted connection from it ends, and worker 0 neither probes
+ * the new incarnation for it nor fails anything (no "still answers"); its
+ * calls to the new one are answered. */
+static void test_tcp_old_incarnation_ends_after_the_rejoin(void **state) {
+    (void)state;
+    static const int old_last = 1;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_down_then_rejoin, (void *)&old_last), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_DOWN_SEEN, 1, 60), 0);
+    pid_t old = job.pid[1];
+    assert_int_equal(tt_restart_rank(&job, 1, body_down_then_rejoin_new), 0);
+    assert_int_equal(tt_await_flag(job.shared, F_RJ_NEW_UP, 1, 60), 0);
+    int status = 0;
+    assert_int_equal(kill(old, SIGKILL), 0);
+    assert_int_equal(waitpid(old, &status, 0), old);
+    atomic_store(&job.shared->flag[F_RJ_OLD_GONE], 1);
+    int waited = tt_wait(&job, 120);
+    int called = atomic_load(&job.shared->count[C_RJ_CALL]);
+    int after = atomic_load(&job.shared->count[C_RJ_AFTER]);
+    int probed = atomic_load(&job.shared->count[C_PROBED]);
+    tt_job_free(&job);
+    assert_int_equal(waited, 0);
+    assert_int_equal(called, 1);
+    assert_int_equal(after, 1);
+    assert_int_equal(probed, 0);
 }
 
 /* spec: TCP-7. A connection that proved itself as worker 2 sends worker 1 a
@@ -2365,6 +2410,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_timed_out_dials_are_silence),
         cmocka_unit_test(test_tcp_frames_from_a_worker_end_its_silence),
         cmocka_unit_test(test_tcp_declared_down_worker_rejoins),
+        cmocka_unit_test(test_tcp_old_incarnation_ends_after_the_rejoin),
         cmocka_unit_test(test_tcp_protocol_error_fails_the_claimed_peers_calls),
         cmocka_unit_test(test_tcp_refusal_window_restarts_after_an_answer),
         cmocka_unit_test(test_tcp_probe_answered_stops_its_deadline),
