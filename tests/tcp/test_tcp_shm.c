@@ -851,6 +851,19 @@ static int read_slab_as(const uint32_t v[3], uint32_t peer, uint32_t me, char *e
     return f != NULL;
 }
 
+/* A frame of body bytes (a valid header) packed for worker 1 by a, its
+ * FRAME record's values in v. */
+static void pack_body(tpi_tcp_agent *a, size_t body, uint32_t v[3]) {
+    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + body);
+    assert_non_null(f);
+    memset(tp_frame_bytes(f), 0, f->len);
+    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, (uint32_t)body);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_pack(a, 1, 1, f, rec), 0);
+    tp_frame_free(f);
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+}
+
 /* Worker 0 of world (a bare agent, 8 MiB pool) packs a REQUEST of body
  * bytes for worker 1 into a slab: the FRAME record's values in v. The
  * caller frees peers[1].shm_tx. */
@@ -862,14 +875,7 @@ static void pack_for_worker_1(tpi_tcp_agent *a, tpi_tcp_peer *peers, uint32_t wo
     a->shm_pool = 8 * MIB;
     memset(peers, 0, world * sizeof *peers);
     a->peers = peers;
-    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + body);
-    assert_non_null(f);
-    memset(tp_frame_bytes(f), 0, f->len);
-    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, (uint32_t)body);
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_pack(a, 1, 1, f, rec), 0);
-    tp_frame_free(f);
-    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
+    pack_body(a, body, v);
 }
 
 /* spec: TCP-22: a slab names who wrote it and for whom; a FRAME record whose
@@ -1017,19 +1023,6 @@ static void test_shm_slab_not_made_leaks_nothing(void **state) {
     }
     assert_true(pack(&a, 1 * MIB, &gen) >= 0);
     tpi_shm_tx_free(peers[1].shm_tx);
-}
-
-/* A frame of body bytes (a valid header) packed for worker 1 by a, its
- * FRAME record's values in v. */
-static void pack_body(tpi_tcp_agent *a, size_t body, uint32_t v[3]) {
-    tp_frame *f = tp_frame_alloc(TP_FRAME_HEADER_SIZE + body);
-    assert_non_null(f);
-    memset(tp_frame_bytes(f), 0, f->len);
-    tt_frame_header(tp_frame_bytes(f), TPI_WIRE_VERSION, TPI_MSG_REQUEST, (uint32_t)body);
-    uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_pack(a, 1, 1, f, rec), 0);
-    tp_frame_free(f);
-    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_FRAME);
 }
 
 /* The receiver's side reads the frame v names, frees it and gives the slot
