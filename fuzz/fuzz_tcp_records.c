@@ -91,7 +91,7 @@ static int control(const uint8_t rec[REC]) {
 static int shm(const uint8_t rec[REC]) {
     uint32_t v[3] = {0, 0, 0};
     int kind = tpi_tcp_shm_decode(rec, v);
-    check(kind == 0 || (kind >= TPI_TCP_SHM_OFFER && kind <= TPI_TCP_SHM_RELEASE),
+    check(kind == 0 || (kind >= TPI_TCP_SHM_OFFER && kind <= TPI_TCP_SHM_STREAM),
           "a shared memory record's kind is 0 or known");
     if (!kind)
         return 0;

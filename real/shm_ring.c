@@ -1,6 +1,6 @@
 /*
  * shm_ring.c: a ring of records in memory shared by two processes
- * (spec/tcp.md TCP-26; the transport does not use it yet).
+ * (spec/tcp.md TCP-26; the transport's use of it is TCP-28).
  *
  * Layout (native byte order: both ends run on one kernel):
  *   line 0 (written once by the writer's init):
@@ -177,6 +177,16 @@ static void own_words(tpi_ring *r, _Atomic uint32_t **seq, _Atomic uint32_t **sl
     *sleeps = r->writer ? &s->writer_sleeps : &s->reader_sleeps;
 }
 
+/* Rings an eventfd: its counter goes up by one. EAGAIN (the counter at its
+ * maximum) leaves it readable, which is all a wake-up needs. */
+static void bell_ring(int fd) {
+    uint64_t one = 1;
+    ssize_t k;
+    do
+        k = write(fd, &one, sizeof one);
+    while (k < 0 && errno == EINTR);
+}
+
 /* After publishing (tail or head stored): wakes the other end if it sleeps,
  * or always when forced. The fence orders our counter before the flag's load
  * (the sleeper's fence orders its flag before its counter's load). */
@@ -187,7 +197,10 @@ static void wake_peer(tpi_ring *r, int force) {
     if (!force && !atomic_load_explicit(sleeps, memory_order_relaxed))
         return;
     atomic_fetch_add_explicit(seq, 1, memory_order_release);
-    futex_wake(seq);
+    if (r->bell >= 0)
+        bell_ring(r->bell);
+    else
+        futex_wake(seq);
 }
 
 void tpi_ring_wake(tpi_ring *r) {
@@ -198,6 +211,7 @@ void tpi_ring_wake(tpi_ring *r) {
 
 int tpi_ring_init(tpi_ring *r, void *base, size_t size, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
+    r->bell = -1;
     if ((uintptr_t)base % TPI_RING_LINE != 0) {
         tpi_format(err, err_len, "shared memory ring at %p: not aligned to %d bytes", base,
                    TPI_RING_LINE);
@@ -237,6 +251,7 @@ static int all_zero(const uint8_t *p, size_t n) {
 
 int tpi_ring_attach(tpi_ring *r, void *base, size_t size, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
+    r->bell = -1;
     if ((uintptr_t)base % TPI_RING_LINE != 0 || size < TPI_RING_HEAD + TPI_RING_CAP_MIN) {
         tpi_format(err, err_len,
                    "shared memory ring refused: a mapping of %zu bytes at %p "
@@ -289,20 +304,18 @@ static void put_rec_head(uint8_t *p, uint32_t len, uint32_t kind) {
     memcpy(p + 4, &kind, 4);
 }
 
-tpi_ring_status tpi_ring_write(tpi_ring *r, const struct iovec *iov, int n) {
-    TPI_ASSERT(r->writer && n >= 0);
+/* The room check of a record of len payload bytes, the pad it needs before
+ * it in *pad and its bytes in *total; OK, FULL, TOOBIG, CLOSED or CORRUPT. */
+static tpi_ring_status room(tpi_ring *r, uint64_t len, uint64_t *pad, uint64_t *total) {
+    TPI_ASSERT(r->writer);
     if (r->corrupt)
         return TPI_RING_CORRUPT;
     ring_shared *s = SH(r);
     if (atomic_load_explicit(&s->reader_closed, memory_order_acquire))
         return TPI_RING_CLOSED;
-    uint64_t max = TPI_RING_RECORD_MAX(r->cap), len = 0;
-    for (int i = 0; i < n; i++) {
-        if (iov[i].iov_len > max - len)
-            return TPI_RING_TOOBIG;
-        len += iov[i].iov_len;
-    }
-    uint64_t total = TPI_RING_REC_HEAD + round8(len);
+    if (len > TPI_RING_RECORD_MAX(r->cap))
+        return TPI_RING_TOOBIG;
+    *total = TPI_RING_REC_HEAD + round8(len);
     uint64_t head = atomic_load_explicit(&s->head, memory_order_acquire);
     uint64_t used = r->pos - head;
     if (used > r->cap || head % TPI_RING_ALIGN != 0)
@@ -310,9 +323,30 @@ tpi_ring_status tpi_ring_write(tpi_ring *r, const struct iovec *iov, int n) {
                        (unsigned long long)used, (unsigned long long)r->pos);
     r->other = head;
     uint64_t off = r->pos & (r->cap - 1), end = r->cap - off;
-    uint64_t pad = total > end ? end : 0; /* never at 0: total <= cap / 2 */
-    if (pad + total > r->cap - used)
-        return TPI_RING_FULL;
+    *pad = *total > end ? end : 0; /* never at 0: total <= cap / 2 */
+    return *pad + *total > r->cap - used ? TPI_RING_FULL : TPI_RING_OK;
+}
+
+tpi_ring_status tpi_ring_room(tpi_ring *r, uint64_t len) {
+    uint64_t pad, total;
+    return room(r, len, &pad, &total);
+}
+
+tpi_ring_status tpi_ring_write(tpi_ring *r, const struct iovec *iov, int n) {
+    TPI_ASSERT(r->writer && n >= 0);
+    uint64_t max = TPI_RING_RECORD_MAX(r->cap), len = 0;
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len > max - len) {
+            len = max + 1; /* TOOBIG, once room() checked what comes before it */
+            break;
+        }
+        len += iov[i].iov_len;
+    }
+    uint64_t pad = 0, total = 0;
+    tpi_ring_status st = room(r, len, &pad, &total);
+    if (st != TPI_RING_OK)
+        return st;
+    uint64_t off = r->pos & (r->cap - 1);
     if (pad) {
         put_rec_head(r->data + off, (uint32_t)(pad - TPI_RING_REC_HEAD), TPI_RING_KIND_PAD);
         off = 0;
@@ -328,7 +362,7 @@ tpi_ring_status tpi_ring_write(tpi_ring *r, const struct iovec *iov, int n) {
     memset(p, 0, round8(len) - len);
     TPI_ASSERT(off + total <= r->cap);
     r->pos += pad + total;
-    atomic_store_explicit(&s->tail, r->pos, memory_order_release);
+    atomic_store_explicit(&SH(r)->tail, r->pos, memory_order_release);
     wake_peer(r, 0);
     return TPI_RING_OK;
 }
@@ -434,6 +468,24 @@ static int ready(tpi_ring *r) {
                atomic_load_explicit(&s->head, memory_order_acquire) != r->other;
     return atomic_load_explicit(&s->writer_closed, memory_order_acquire) ||
            atomic_load_explicit(&s->tail, memory_order_acquire) != r->pos;
+}
+
+void tpi_ring_set_bell(tpi_ring *r, int bell) {
+    r->bell = bell;
+}
+
+int tpi_ring_arm(tpi_ring *r) {
+    _Atomic uint32_t *seq, *sleeps;
+    own_words(r, &seq, &sleeps);
+    atomic_store_explicit(sleeps, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    return ready(r);
+}
+
+void tpi_ring_disarm(tpi_ring *r) {
+    _Atomic uint32_t *seq, *sleeps;
+    own_words(r, &seq, &sleeps);
+    atomic_store_explicit(sleeps, 0, memory_order_relaxed);
 }
 
 tpi_ring_status tpi_ring_wait(tpi_ring *r, uint64_t spin_ns, uint64_t deadline_ns) {

@@ -1,7 +1,7 @@
 /*
  * shm_ring.h: a single-producer single-consumer ring of variable-length
  * records in memory shared by two processes on one host (spec/tcp.md
- * TCP-26). A module on its own: the transport does not use it yet.
+ * TCP-26). The transport carries a connection's frames in one (TCP-28).
  *
  * The mapping is the caller's (a memfd of the dialer's, mode 0600 and
  * sealed against shrinking, as TCP-22's slabs); the ring takes its base
@@ -67,6 +67,7 @@ typedef struct tpi_ring {
     uint64_t pos;   /* writer: our tail; reader: our head (both multiples of 8) */
     uint64_t other; /* the other end's counter as last read (a wait's starting point) */
     int writer;     /* 1: the writing end, 0: the reading end */
+    int bell;       /* >= 0: an eventfd the other end polls, written instead of its futex */
     int corrupt;    /* sticky */
     char why[TPI_RING_WHY_LEN];
 } tpi_ring;
@@ -88,6 +89,11 @@ int tpi_ring_attach(tpi_ring *r, void *base, size_t size, char *err, size_t err_
  * closed); CORRUPT (the reader's counter is impossible). */
 tpi_ring_status tpi_ring_write(tpi_ring *r, const struct iovec *iov, int n);
 
+/* Writer: whether a record of len payload bytes fits now, without writing
+ * it: OK, FULL, TOOBIG, CLOSED or CORRUPT as tpi_ring_write would say. Only
+ * the writer fills the ring, so OK holds until it writes. */
+tpi_ring_status tpi_ring_room(tpi_ring *r, uint64_t len);
+
 /* Reader: copies the next record into buf (buf_len bytes) and frees its
  * room, waking the writer when it waits. OK with *len its length; TOOBIG
  * with *len its length, nothing consumed (a larger buffer reads it);
@@ -99,6 +105,17 @@ tpi_ring_status tpi_ring_read(tpi_ring *r, void *buf, size_t buf_len, size_t *le
  * when fn returns. */
 typedef void tpi_ring_read_fn(void *ctx, const uint8_t *p, size_t len);
 tpi_ring_status tpi_ring_read_cb(tpi_ring *r, tpi_ring_read_fn *fn, void *ctx);
+
+/* TCP-28: the other end sleeps in a poll of eventfd bell instead of on its
+ * futex: wake-ups write 1 to bell (non-blocking; -1 restores the futex). */
+void tpi_ring_set_bell(tpi_ring *r, int bell);
+/* For an end that sleeps in its own poll (TCP-28): sets this end's "sleeps"
+ * flag and looks once more (the sleeper's half of the store-buffer pattern
+ * of tpi_ring_wait). 1: the other end moved meanwhile; disarm and read or
+ * write again. 0: sleep; the other end's next move rings the bell. */
+int tpi_ring_arm(tpi_ring *r);
+/* Clears this end's "sleeps" flag: awake, no wake-up needed. */
+void tpi_ring_disarm(tpi_ring *r);
 
 /* Waits until the other end moved (reader: something was published or the
  * writer closed; writer: room was freed or the reader closed), spinning up

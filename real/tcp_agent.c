@@ -457,9 +457,9 @@ static tp_status backend_init(const tp_init_params *params, tp_agent **agent,
 
 /* TCP-12: the backend keys; init rejects any other (OPT-6). */
 static const char *const option_keys[] = {
-    "listen_addr",   "listen_port",  "advertise_addr", "auth",           "secret",  "hello_timeout",
-    "frame_timeout", "idle_timeout", "rx_budget",      "max_handshakes", "encrypt", "shm",
-    "shm_min_bytes", "shm_pool_bytes",
+    "listen_addr", "listen_port", "advertise_addr", "auth", "secret", "hello_timeout",
+    "frame_timeout", "idle_timeout", "rx_budget", "max_handshakes", "encrypt", "shm",
+    "shm_min_bytes", "shm_pool_bytes", "shm_ring_bytes",
     /* TCP-23 */
     "keepalive_idle", "keepalive_interval", "keepalive_count", "user_timeout",
     /* TCP-25 */

@@ -44,6 +44,8 @@
  * one. Senders never write directly (TCP-15): records are numbered, so only
  * the loop seals and writes.
  */
+#include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <netinet/tcp.h>
@@ -131,6 +133,18 @@ struct tpi_tcp_conn {
     int shm_probe;
     uint64_t shm_session;
     tpi_shm_rx *shm_rx;
+    /* TCP-28, the ring. Outgoing: offered with the probe, in use from a yes
+     * with a ring (frames go there; ring_head..tail wait for its room, in
+     * order, ring_bytes of them). Accepted: taken with the offer, read from
+     * the RING record on; ring_marks counts STREAM markers read whose frame
+     * the stream has not brought yet (the ring waits for it, AGENT-8). */
+    tpi_shm_link *link;
+    int ring_on;
+    uv_poll_t bell; /* polls link->wait_fd while ring_on (one of c->handles) */
+    int bell_on;
+    uint32_t ring_marks;
+    tp_frame *ring_head, *ring_tail;
+    uint64_t ring_bytes;
 };
 
 enum { SHM_NONE = 0, SHM_OFFERED = 1, SHM_ACTIVE = 2 };
@@ -205,21 +219,31 @@ void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
     /* TCP-22: none while the shared memory offer waits for its answer: a
      * direct write cut short leaves the rest of a frame queued, which must
      * go on the stream as it began, never into a slab once the answer is yes. */
-    if (!c || c->state != CONN_OPEN || c->shm == SHM_OFFERED ||
-        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) != 0 ||
-        uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+    if (!c || c->state != CONN_OPEN || c->shm == SHM_OFFERED)
+        return;
+    /* TCP-28: into the ring while no frame waits for its room (the stream's
+     * queue does not matter: a frame there has its marker in the ring). */
+    if (c->ring_on ? c->ring_head != NULL
+                   : uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) != 0 ||
+                         uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
         return;
     pthread_mutex_lock(&a->qmu);
-    if (p->direct_busy)
+    if (p->direct_busy) {
         p->direct_pending = 1; /* the writer grants it when done, if all went out */
-    else if (!p->q_head && !p->dead && !a->stopping)
-        p->direct_fd = fd;
+    } else if (!p->q_head && !p->dead && !a->stopping) {
+        if (c->ring_on)
+            p->direct_ring = &c->link->ring;
+        else
+            p->direct_fd = fd;
+    }
     pthread_mutex_unlock(&a->qmu);
 }
 
 void tpi_tcp_direct_stop_locked(tpi_tcp_agent *a, tpi_tcp_peer *p) {
     p->direct_fd = -1;
+    p->direct_ring = NULL;
     p->direct_pending = 0;
+    p->grant_gen++;
     while (p->direct_busy) {
         pthread_mutex_unlock(&a->qmu);
         sched_yield(); /* the writer is between two qmu sections: one sendmsg */
@@ -325,6 +349,8 @@ static void on_close(uv_handle_t *h) {
     free(c->stash);
     free(c->sealed);
     free_frames(c->txq_head);
+    free_frames(c->ring_head);
+    tpi_shm_link_free(c->link); /* its bell's poll is closed: the descriptors may go */
     free(c->out[0].p);
     free(c->out[1].p);
     tpi_tcp_seal_clear(&c->tx);
@@ -395,6 +421,8 @@ static void conn_close(tpi_tcp_conn *c) {
      * frames) and a pending connect, before the close callback runs. */
     uv_close((uv_handle_t *)&c->timer, on_close);
     uv_close((uv_handle_t *)&c->tcp, on_close);
+    if (c->bell_on)
+        uv_close((uv_handle_t *)&c->bell, on_close);
 }
 
 static void on_write(uv_write_t *req, int status) {
@@ -893,6 +921,20 @@ static void out_idle(tpi_tcp_conn *c) {
     tpi_tcp_agent *a = c->a;
     peer_alive(c); /* it answered */
     direct_revoke(a, c->peer);
+    if (c->ring_head) {
+        /* TCP-28: frames still waiting for the ring's room never went: they
+         * are the oldest of the queue, for the next connection. */
+        tpi_tcp_peer *p = &a->peers[c->peer];
+        pthread_mutex_lock(&a->qmu);
+        c->ring_tail->next = p->q_head;
+        if (!p->q_head)
+            p->q_tail = c->ring_tail;
+        p->q_head = c->ring_head;
+        atomic_fetch_add(&p->q_bytes, c->ring_bytes);
+        pthread_mutex_unlock(&a->qmu);
+        c->ring_head = c->ring_tail = NULL;
+        c->ring_bytes = 0;
+    }
     c->state = CONN_CLOSING;
     if (conn_write_record(c, a->rec_close, 0) < 0) {
         closing_done(c);
@@ -1079,13 +1121,35 @@ static void on_conn_timer(uv_timer_t *h) {
 
 static void deliver_frame(tpi_tcp_conn *c, tp_frame *f);
 
+static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit);
+
+/* A whole frame read from the stream. With a ring (TCP-28) it is the frame
+ * a STREAM marker there announced: the ring's records before the marker go
+ * first, the ring's after it wait for this frame (AGENT-8). */
 static void deliver(tpi_tcp_conn *c) {
     tp_frame *f = c->rx;
     c->rx = NULL;
     c->rx_bytes = NULL;
     c->rx_len = c->rx_got = 0;
     rx_release(c);
+    if (!c->ring_on) {
+        deliver_frame(c, f);
+        return;
+    }
+    if (c->ring_marks == 0 && ring_drain(c, 1, UINT_MAX) != 0) {
+        tp_frame_free(f);
+        return;
+    }
+    if (c->ring_marks == 0) {
+        tp_frame_free(f);
+        in_protocol_error(c, "a frame came on the stream without its STREAM marker in the "
+                             "shared memory ring (TCP-28)");
+        return;
+    }
+    c->ring_marks--;
     deliver_frame(c, f);
+    if (c->ring_marks == 0 && c->state == CONN_OPEN)
+        ring_drain(c, 0, TPI_SHM_RING_BATCH); /* what waited behind the marker */
 }
 
 /* Hands a whole frame from this connection's peer to the core. */
@@ -1215,7 +1279,7 @@ static void shm_offer(tpi_tcp_conn *c) {
     uint8_t rec[TPI_TCP_RECORD_SIZE];
     if (!a->shm_on || c->tx_sealed || c->shm != SHM_NONE)
         return;
-    if (tpi_shm_offer(a, c->peer, &c->shm_probe, rec) != 0) {
+    if (tpi_shm_offer(a, c->peer, &c->shm_probe, &c->link, rec) != 0) {
         tpi_log(TP_LOG_DEBUG, "worker %u: no shared memory with worker %u: cannot make a probe",
                 a->rank, c->peer);
         return;
@@ -1223,32 +1287,64 @@ static void shm_offer(tpi_tcp_conn *c) {
     if (conn_write_records(c, rec, 1) != 0) {
         tpi_shm_close_untracked(c->shm_probe);
         c->shm_probe = -1;
+        tpi_shm_link_free(c->link);
+        c->link = NULL;
         return;
     }
     c->shm = SHM_OFFERED;
 }
 
-/* An accepted connection's OFFER: answered yes when its probe holds. */
+static void on_bell(uv_poll_t *h, int status, int events);
+
+/* Polls this end's bell from now on (TCP-28); 0, or -1 when libuv cannot. */
+static int bell_start(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    if (uv_poll_init(&a->loop, &c->bell, c->link->wait_fd) != 0)
+        return -1;
+    c->bell.data = c;
+    c->bell_on = 1;
+    c->handles++;
+    if (uv_poll_start(&c->bell, UV_READABLE, on_bell) != 0)
+        return -1; /* the handle is closed with the connection */
+    c->ring_on = 1;
+    return 0;
+}
+
+static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit);
+
+/* An accepted connection's OFFER: answered yes when its probe holds, with
+ * its ring taken when one came and this worker wants it (TCP-28). */
 static void shm_on_offer(tpi_tcp_conn *c, const uint32_t v[3]) {
     tpi_tcp_agent *a = c->a;
-    const char *why = "this worker has shm=off";
-    tpi_shm_rx *rx = a->shm_on ? tpi_shm_accept(a, c->peer, c, v, &why) : NULL;
+    const char *why = "this worker has shm=off", *ring_why = NULL;
+    tpi_shm_link *link = NULL;
+    tpi_shm_rx *rx = a->shm_on ? tpi_shm_accept(a, c->peer, c, v, &why, &link, &ring_why) : NULL;
     if (!rx && a->shm_on)
         tpi_log(TP_LOG_INFO,
                 "worker %u: no shared memory with worker %u (%s): its frames come over TCP",
                 a->rank, c->peer, why);
+    else if (rx && !link)
+        tpi_log(TP_LOG_INFO,
+                "worker %u: no shared memory ring with worker %u (%s): its small frames come "
+                "over TCP",
+                a->rank, c->peer, ring_why);
     uint8_t rec[TPI_TCP_RECORD_SIZE];
-    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_ANSWER, a->rank, rx ? 1u : 0u, 0, 0);
+    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_ANSWER, a->rank, rx ? 1u : 0u, link ? 1u : 0u, 0);
     c->shm_rx = rx;
+    c->link = link; /* read once the RING record comes */
     if (conn_write_records(c, rec, 1) != 0)
         in_ended(c, "cannot answer a shared memory offer");
 }
 
-/* The outgoing connection's ANSWER: large frames go through slabs from now. */
-static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes) {
+/* The outgoing connection's ANSWER: large frames go through slabs from now,
+ * and with a ring every frame goes there (TCP-28), behind the RING record
+ * that tells the acceptor to read it. */
+static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes, uint32_t ring) {
     tpi_tcp_agent *a = c->a;
     tpi_shm_close_untracked(c->shm_probe);
     c->shm_probe = -1;
+    if (c->link)
+        tpi_shm_link_opened(c->link);
     if (!yes) {
         c->shm = SHM_NONE;
         tpi_log(TP_LOG_DEBUG, "worker %u: worker %u declined shared memory: frames take TCP",
@@ -1260,14 +1356,29 @@ static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes) {
         tpi_log(TP_LOG_DEBUG, "worker %u: frames of %llu bytes and more to worker %u go through "
                 "shared memory", a->rank, (unsigned long long)a->shm_min, c->peer);
     }
+    if (yes && ring && c->link) {
+        uint8_t rec[TPI_TCP_RECORD_SIZE];
+        tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RING, a->rank, 0, 0, 0);
+        if (conn_write_records(c, rec, 1) != 0 || bell_start(c) != 0) {
+            out_fail(c, TP_EIO, "cannot start the shared memory ring");
+            return;
+        }
+        tpi_log(TP_LOG_DEBUG,
+                "worker %u: frames to worker %u go through a shared memory ring of "
+                "%llu bytes",
+                a->rank, c->peer, (unsigned long long)c->link->ring.cap);
+    } else if (c->link) {
+        tpi_shm_link_free(c->link);
+        c->link = NULL;
+    }
     /* What waited for the answer goes now, and direct writes are granted
      * again (tpi_tcp_direct_grant). */
     if (a->peers[c->peer].out == c)
         tpi_tcp_flush(a, c->peer);
 }
 
-/* Handles a shared memory record (kind, fields v); 0, or -1 after a
- * protocol error was raised. */
+/* Handles a shared memory record (kind, fields v) read from the stream;
+ * 0, or -1 after a protocol error was raised. */
 static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
     tpi_tcp_agent *a = c->a;
     char err[TP_ERRMSG_LEN_MAX];
@@ -1277,11 +1388,13 @@ static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
         shm_on_offer(c, v);
         return 0;
     }
-    if (kind == TPI_TCP_SHM_ANSWER && c->outgoing && c->shm == SHM_OFFERED && v[0] <= 1) {
-        shm_on_answer(c, v[0]);
+    if (kind == TPI_TCP_SHM_ANSWER && c->outgoing && c->shm == SHM_OFFERED && v[0] <= 1 &&
+        v[1] <= v[0] && v[2] == 0) {
+        shm_on_answer(c, v[0], v[1]);
         return 0;
     }
-    if (kind == TPI_TCP_SHM_FRAME && !c->outgoing && c->shm_rx) {
+    /* With a ring, FRAME records travel in it, in the frames' order. */
+    if (kind == TPI_TCP_SHM_FRAME && !c->outgoing && c->shm_rx && !c->ring_on) {
         tp_frame *f = tpi_shm_frame(c->shm_rx, v, a->max_msg, err, sizeof err);
         if (!f) {
             in_protocol_error(c, err);
@@ -1293,6 +1406,15 @@ static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
     if (kind == TPI_TCP_SHM_RELEASE && c->outgoing && c->shm == SHM_ACTIVE &&
         tpi_shm_release(a, c->peer, c->shm_session, v[0]) == 0)
         return 0;
+    if (kind == TPI_TCP_SHM_RING && !c->outgoing && c->link && !c->ring_on && v[0] == 0 &&
+        v[1] == 0 && v[2] == 0) {
+        /* Every frame before it came on the stream: the ring's come next. */
+        if (bell_start(c) != 0) {
+            in_protocol_error(c, "cannot poll the shared memory ring's bell");
+            return -1;
+        }
+        return ring_drain(c, 0, TPI_SHM_RING_BATCH);
+    }
     tpi_format(err, sizeof err, "unexpected shared memory record (kind %d, %u %u %u) on %s "
                "connection", kind, v[0], v[1], v[2], c->outgoing ? "an outgoing" : "an accepted");
     if (c->outgoing)
@@ -1300,6 +1422,185 @@ static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
     else
         in_protocol_error(c, err);
     return -1;
+}
+
+/* ---- The ring (TCP-28) ------------------------------------------------------------ */
+
+/* Rings this end's own bell: its poll fires on the loop's next turn. */
+static void bell_self(tpi_tcp_conn *c) {
+    uint64_t one = 1;
+    ssize_t k;
+    do
+        k = write(c->link->wait_fd, &one, sizeof one);
+    while (k < 0 && errno == EINTR);
+}
+
+/* A record as the reader copied it out of the ring: the writer may change
+ * the bytes there at any time, so they are copied first, checked after. */
+typedef struct ring_rec {
+    tpi_tcp_agent *a;
+    size_t len;
+    int is_rec; /* a 24-byte control record (FRAME, STREAM), in rec */
+    int bad;    /* a length no frame or record has */
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tp_frame *f; /* else a frame's bytes (NULL: no memory) */
+} ring_rec;
+
+static void ring_take(void *ctx, const uint8_t *p, size_t len) {
+    ring_rec *r = ctx;
+    r->len = len;
+    if (len < TP_FRAME_HEADER_SIZE || len > r->a->max_msg) {
+        r->bad = 1;
+        return;
+    }
+    if (len == TPI_TCP_RECORD_SIZE) {
+        memcpy(r->rec, p, len);
+        if (tpi_tcp_is_ctl(r->rec)) {
+            r->is_rec = 1;
+            return;
+        }
+    }
+    r->f = tp_frame_alloc(len);
+    if (r->f)
+        memcpy(tp_frame_bytes(r->f), p, len);
+}
+
+/* Hands on one record read from the ring: a frame, a slab's FRAME record
+ * or a STREAM marker. 0, or -1 after a protocol error was raised. */
+static int ring_handle(tpi_tcp_conn *c, ring_rec *rr) {
+    tpi_tcp_agent *a = c->a;
+    char err[TP_ERRMSG_LEN_MAX];
+    size_t len = 0;
+    if (rr->bad) {
+        tpi_format(err, sizeof err,
+                   "a record of %zu bytes in the shared memory ring: no frame "
+                   "is shorter than %d bytes or longer than max_message_size (TCP-28)",
+                   rr->len, TP_FRAME_HEADER_SIZE);
+        in_protocol_error(c, err);
+        return -1;
+    }
+    if (rr->is_rec) {
+        uint32_t v[3];
+        int kind = tpi_tcp_shm_decode(rr->rec, v);
+        if (kind == TPI_TCP_SHM_STREAM && v[0] == 0 && v[1] == 0 && v[2] == 0) {
+            c->ring_marks++;
+            return 0;
+        }
+        if (kind == TPI_TCP_SHM_FRAME && c->shm_rx) {
+            tp_frame *f = tpi_shm_frame(c->shm_rx, v, a->max_msg, err, sizeof err);
+            if (!f) {
+                in_protocol_error(c, err);
+                return -1;
+            }
+            deliver_frame(c, f);
+            return 0;
+        }
+        tpi_format(err, sizeof err,
+                   "unexpected record %02x %02x %02x %02x (kind %u) in the "
+                   "shared memory ring (TCP-28)",
+                   rr->rec[0], rr->rec[1], rr->rec[2], rr->rec[3], rr->rec[5]);
+        in_protocol_error(c, err);
+        return -1;
+    }
+    if (!rr->f) {
+        tpi_format(err, sizeof err, "out of memory for a frame of %zu bytes", rr->len);
+        in_protocol_error(c, err);
+        return -1;
+    }
+    /* TCP-4's check, on our copy: the header's length must be the record's. */
+    tp_status hst = tp_frame_check_header(tp_frame_bytes(rr->f), a->max_msg, &len, err, sizeof err);
+    if (hst == TP_OK && len != rr->len)
+        tpi_format(err, sizeof err, "a frame of %zu bytes in a ring record of %zu (TCP-28)", len,
+                   rr->len);
+    if (hst != TP_OK || len != rr->len) {
+        tp_frame_free(rr->f);
+        in_protocol_error(c, err);
+        return -1;
+    }
+    deliver_frame(c, rr->f);
+    return 0;
+}
+
+/*
+ * The acceptor hands on the ring's records, in order: until it is empty
+ * (then it sleeps: the writer rings its bell for the next record), until a
+ * STREAM marker when until_marker (the stream's frame is next), while no
+ * marker waits for its frame, and for at most limit turns (then its own
+ * bell brings it back on the loop's next turn, after other connections'
+ * events). 0, or -1 once the connection failed.
+ */
+static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
+    tpi_tcp_agent *a = c->a;
+    tpi_ring *r = &c->link->ring;
+    unsigned turns = 0, delivered = 0;
+    tpi_ring_disarm(r);
+    while (c->state == CONN_OPEN && c->ring_marks == 0) {
+        if (turns++ == limit) {
+            bell_self(c);
+            return 0;
+        }
+        ring_rec rr = {.a = a};
+        tpi_ring_status st = tpi_ring_read_cb(r, ring_take, &rr);
+        if (st == TPI_RING_EMPTY) {
+            if (until_marker || !tpi_ring_arm(r))
+                return 0;       /* asleep: the next record rings the bell */
+            tpi_ring_disarm(r); /* one came while we armed */
+            continue;
+        }
+        if (st != TPI_RING_OK) {
+            char err[TP_ERRMSG_LEN_MAX];
+            tpi_format(err, sizeof err, "the shared memory ring %s (TCP-28)",
+                       st == TPI_RING_CLOSED ? "was closed while the connection lives"
+                                             : tpi_ring_why(r));
+            in_protocol_error(c, err);
+            return -1;
+        }
+        c->active_ms = uv_now(&a->loop);
+        if (ring_handle(c, &rr) != 0)
+            return -1;
+        if (++delivered % TPI_TCP_FLUSH_EVERY == 0)
+            tpi_tcp_flush_dirty(a); /* the answers stream out while the batch is read */
+    }
+    return c->state == CONN_OPEN ? 0 : -1;
+}
+
+static void ring_pump(tpi_tcp_conn *c);
+
+/* This end's bell: the acceptor's says records wait, the dialer's that
+ * the reader made room. */
+static void on_bell(uv_poll_t *h, int status, int events) {
+    (void)events;
+    tpi_tcp_conn *c = h->data;
+    tpi_tcp_agent *a = c->a;
+    if (c->state == CONN_CLOSED)
+        return;
+    uint64_t n;
+    ssize_t k;
+    do
+        k = read(c->link->wait_fd, &n, sizeof n); /* the count goes back to 0 */
+    while (k < 0 && errno == EINTR);
+    if (status < 0) {
+        char err[TP_ERRMSG_LEN_MAX];
+        tpi_format(err, sizeof err, "the shared memory ring's bell failed: %s",
+                   uv_strerror(status));
+        if (c->outgoing)
+            out_fail(c, TP_EIO, err);
+        else if (c->state == CONN_OPEN)
+            in_protocol_error(c, err);
+        return;
+    }
+    if (c->state != CONN_OPEN)
+        return;
+    tpi_tcp_direct_regrant(a); /* as on_read: the answers may go out directly */
+    if (!c->outgoing) {
+        ring_drain(c, 0, TPI_SHM_RING_BATCH);
+        return;
+    }
+    tpi_ring_disarm(&c->link->ring);
+    ring_pump(c);
+    tpi_tcp_unsent_update(a, c->peer);
+    if (a->peers[c->peer].out == c)
+        tpi_tcp_direct_grant(a, c->peer);
 }
 
 void tpi_tcp_shm_tell_released(tpi_tcp_agent *a) {
@@ -1616,6 +1917,9 @@ static void on_record(tpi_tcp_conn *c) {
         break;
     case TPI_TCP_CTL_CLOSE:
         if (!c->outgoing) {
+            /* TCP-28: the ring's records were written before it. */
+            if (c->ring_on && ring_drain(c, 0, UINT_MAX) != 0)
+                return;
             conn_close(c); /* every frame before it was handed on; nothing follows */
             return;
         }
@@ -1793,6 +2097,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (nread < 0) {
         int err = (int)nread;
         if (!c->outgoing) {
+            /* TCP-28: what the ring holds was written before the end. */
+            if (c->ring_on && c->state == CONN_OPEN && ring_drain(c, 0, UINT_MAX) != 0)
+                return;
             in_ended(c, uv_strerror(err));
         } else if (c->got_abort) {
             out_fail(c, TP_EIO, "the worker closed the connection after an error");
@@ -2107,20 +2414,10 @@ static tp_frame *shm_pack_frames(tpi_tcp_conn *c, tp_frame *f) {
     return f;
 }
 
-/* Writes a list of frames in batches of at most TPI_TCP_WRITE_BUFS_MAX buffers:
- * each batch at once when it fits in the socket, the rest in one uv_write. */
-static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
-    if (c->tx_sealed) {
-        if (c->tx_failed) {
-            free_frames(f);
-            return;
-        }
-        tx_enqueue(c, f);
-        tx_pump(c);
-        return;
-    }
-    if (c->shm == SHM_ACTIVE)
-        f = shm_pack_frames(c, f);
+/* Writes a list of frames to the stream in batches of at most
+ * TPI_TCP_WRITE_BUFS_MAX buffers: each batch at once when it fits in the
+ * socket, the rest in one uv_write. */
+static void stream_write(tpi_tcp_conn *c, tp_frame *f) {
     uv_buf_t bufs[TPI_TCP_WRITE_BUFS_MAX];
     while (f) {
         unsigned n = 0;
@@ -2146,6 +2443,94 @@ static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
             return;
         }
     }
+}
+
+/* TCP-28: the dialer's frames into the ring, in order, as far as its room
+ * goes; the rest wait in ring_head..tail for the room bell. A frame of
+ * shm_min_bytes or more, or above the ring's largest record, goes into a
+ * slab with its FRAME record in the ring; one no slab takes goes on the
+ * stream behind a STREAM marker in the ring. */
+static void ring_pump(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    tpi_ring *r = &c->link->ring;
+    uint64_t max = TPI_RING_RECORD_MAX(r->cap);
+    unsigned woken = 0;
+    while (c->ring_head && c->state == CONN_OPEN) {
+        tp_frame *f = c->ring_head;
+        int big = f->len >= a->shm_min || f->len > max;
+        /* The record goes in only with room for it: a slab is never filled
+         * for a record that would then wait (it would outlive its session). */
+        tpi_ring_status st = big ? tpi_ring_room(r, TPI_TCP_RECORD_SIZE) : tpi_shm_ring_put(r, f);
+        uint8_t rec[TPI_TCP_RECORD_SIZE];
+        int slab = 0;
+        if (big && st == TPI_RING_OK) {
+            slab = tpi_shm_pack(a, c->peer, c->shm_session, f, rec) == 0;
+            if (!slab && f->len <= max) {
+                st = tpi_shm_ring_put(r, f); /* no slab for it: it fits the ring itself */
+            } else {
+                if (!slab)
+                    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_STREAM, a->rank, 0, 0, 0);
+                struct iovec iov = {rec, sizeof rec};
+                st = tpi_ring_write(r, &iov, 1);
+            }
+        }
+        if (st == TPI_RING_FULL) {
+            /* Asleep for the room bell, unless room came meanwhile: then
+             * again, a bounded number of times (the reader is another
+             * process: its head is no promise). */
+            if (tpi_ring_arm(r) && ++woken < 64) {
+                tpi_ring_disarm(r);
+                continue;
+            }
+            return;
+        }
+        if (st != TPI_RING_OK) {
+            char err[TP_ERRMSG_LEN_MAX];
+            tpi_format(err, sizeof err, "the shared memory ring %s (TCP-28)",
+                       st == TPI_RING_CLOSED ? "was closed by its reader" : tpi_ring_why(r));
+            out_fail(c, TP_EIO, err);
+            return;
+        }
+        c->ring_head = f->next;
+        if (!c->ring_head)
+            c->ring_tail = NULL;
+        f->next = NULL;
+        c->ring_bytes -= f->len;
+        if (big && !slab && f->len > max)
+            stream_write(c, f); /* its marker is in the ring */
+        else
+            tp_frame_free(f);
+    }
+}
+
+/* Writes a list of frames: sealed (TCP-21), into the ring (TCP-28), or on
+ * the stream, large ones through slabs (TCP-22). */
+static void write_frames(tpi_tcp_conn *c, tp_frame *f) {
+    if (c->tx_sealed) {
+        if (c->tx_failed) {
+            free_frames(f);
+            return;
+        }
+        tx_enqueue(c, f);
+        tx_pump(c);
+        return;
+    }
+    if (c->ring_on) {
+        tp_frame *last = f;
+        c->ring_bytes += f->len;
+        for (; last->next; last = last->next)
+            c->ring_bytes += last->next->len;
+        if (c->ring_tail)
+            c->ring_tail->next = f;
+        else
+            c->ring_head = f;
+        c->ring_tail = last;
+        ring_pump(c);
+        return;
+    }
+    if (c->shm == SHM_ACTIVE)
+        f = shm_pack_frames(c, f);
+    stream_write(c, f);
 }
 
 void tpi_tcp_flush(tpi_tcp_agent *a, uint32_t id) {
@@ -2179,7 +2564,8 @@ void tpi_tcp_unsent_update(tpi_tcp_agent *a, uint32_t id) {
     tpi_tcp_conn *c = p->out;
     uint64_t wq = 0;
     if (c && c->state != CONN_CLOSED)
-        wq = (uint64_t)uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->txq_bytes;
+        wq = (uint64_t)uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->txq_bytes +
+             c->ring_bytes;
     atomic_store(&p->wq_bytes, wq);
     if (!atomic_load(&p->cong_armed))
         return;

@@ -31,14 +31,16 @@
 #include "common/errors.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "real/shm_ring.h"
 #include "real/tcp_thread.h"
 #include "tensorplay/rpc_backend.h"
 
 /* ---- Transport records (TCP-3..5): hello and control, 24 bytes each ------- */
 
 #define TPI_TCP_RECORD_SIZE 24
-#define TPI_TCP_VERSION 4 /* 2: hello flags, authentication (TCP-17); 3: IDLE, CLOSE (TCP-19);
-                            4: shared memory records (TCP-22) */
+#define TPI_TCP_VERSION                                                                            \
+    5 /* 2: hello flags, authentication (TCP-17); 3: IDLE, CLOSE (TCP-19);                         \
+        4: shared memory records (TCP-22); 5: rings (TCP-28) */
 /* Magic of a hello record "TPHL", a control record "TPCT", an authentication
  * record "TPAU". */
 #define TPI_TCP_HELLO_MAGIC "TPHL"
@@ -172,13 +174,16 @@ typedef enum tpi_tcp_ctl_kind {
     TPI_TCP_CTL_ABORT = 2, /* the sender closes this connection after an error; it lives on */
     TPI_TCP_CTL_PING = 3,  /* dialer to acceptor: answer with PONG */
     TPI_TCP_CTL_PONG = 4,
-    TPI_TCP_CTL_IDLE = 5, /* acceptor to dialer: this connection idles; close it (TCP-19) */
+    TPI_TCP_CTL_IDLE = 5,  /* acceptor to dialer: this connection idles; close it (TCP-19) */
     TPI_TCP_CTL_CLOSE = 6, /* dialer to acceptor: nothing follows; I live on (TCP-19) */
     /* TCP-22, shared memory; their three u32 fields at offsets 12, 16, 20: */
-    TPI_TCP_SHM_OFFER = 7,  /* dialer to acceptor: pid, probe fd, probe tag */
-    TPI_TCP_SHM_ANSWER = 8, /* acceptor to dialer: 1 yes / 0 no, 0, 0 */
-    TPI_TCP_SHM_FRAME = 9,  /* dialer to acceptor: slab fd, slab slot, frame length */
-    TPI_TCP_SHM_RELEASE = 10 /* acceptor to dialer: slab slot, 0, 0 */
+    TPI_TCP_SHM_OFFER = 7,    /* dialer to acceptor: pid, probe fd, probe tag */
+    TPI_TCP_SHM_ANSWER = 8,   /* acceptor to dialer: 1 yes / 0 no, 0, 0 */
+    TPI_TCP_SHM_FRAME = 9,    /* dialer to acceptor: slab fd, slab slot, frame length */
+    TPI_TCP_SHM_RELEASE = 10, /* acceptor to dialer: slab slot, 0, 0 */
+    /* TCP-28, rings: */
+    TPI_TCP_SHM_RING = 11,  /* dialer to acceptor, on the stream: frames take the ring from here */
+    TPI_TCP_SHM_STREAM = 12 /* in the ring: the next frame comes on the stream, read it first */
 } tpi_tcp_ctl_kind;
 
 _Static_assert(TPI_TCP_RECORD_SIZE == TP_FRAME_HEADER_SIZE,
@@ -343,9 +348,38 @@ _Static_assert(TPI_SHM_SLABS_MAX <= 256, "a FRAME record's slot is its low 8 bit
 #define TPI_SHM_ALIGN 64
 #define TPI_SHM_PROBE_SIZE 64
 
+/* TCP-28: the ring of frames each outgoing connection to a worker on this
+ * host writes (option shm_ring_bytes, its data bytes: a power of two; 0
+ * keeps frames on the stream). 256 KiB holds a window of a thousand small
+ * calls; frames above half of it take slabs. The mapping is the data plus
+ * the ring's 512-byte header, its pages reserved at creation. */
+#define TPI_SHM_RING_DEFAULT ((uint64_t)256 << 10)
+#define TPI_SHM_RING_MIN ((uint64_t)4 << 10)
+#define TPI_SHM_RING_MAX ((uint64_t)256 << 20)
+_Static_assert(TPI_SHM_RING_MIN >= TPI_RING_CAP_MIN && TPI_SHM_RING_MAX <= TPI_RING_CAP_MAX,
+               "the option's bounds are rings' bounds");
+_Static_assert(TPI_RING_RECORD_MAX(TPI_SHM_RING_MIN) >= 2 * TP_FRAME_HEADER_SIZE,
+               "the smallest ring holds a frame header and a record");
+/* Records the reader hands on per turn of its loop before other events
+ * get theirs: a busy ring does not starve the other connections. */
+#define TPI_SHM_RING_BATCH 256
+
 typedef struct tpi_tcp_agent tpi_tcp_agent;
 typedef struct tpi_shm_tx tpi_shm_tx; /* a peer's slabs (loop thread) */
 typedef struct tpi_shm_rx tpi_shm_rx; /* an accepted connection's side (refcounted) */
+
+/* One end of a connection's ring (TCP-28), the loop thread's: the dialer
+ * writes (senders too, with the grant, TCP-15), the acceptor reads. Both
+ * bells are eventfds of the dialer's, taken by the acceptor: the data bell
+ * wakes the reader, the room bell a writer waiting for room. */
+typedef struct tpi_shm_link {
+    tpi_ring ring;
+    uint8_t *map; /* MAP_FAILED until mapped */
+    size_t map_len;
+    int fd;      /* dialer: the ring's memfd until the acceptor answered; -1 after */
+    int wake_fd; /* the bell this end rings (the ring's bell): the other end polls it */
+    int wait_fd; /* the bell this end polls */
+} tpi_shm_link;
 
 /* The bytes of a slab for a frame of frame_len bytes (header, alignment,
  * in TPI_SHM_SLAB_STEP steps). */
@@ -359,13 +393,24 @@ tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
  * pidfds all close through it (tests/tsan.supp says why). */
 void tpi_shm_close_untracked(int fd);
 /* Dialer: a fresh probe (*probe_fd, closed by the caller with
- * tpi_shm_close_untracked once answered) and the OFFER record; 0 or -1. */
-int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
+ * tpi_shm_close_untracked once answered), the ring it names (*link, NULL
+ * with shm_ring_bytes=0 or when one cannot be made; the caller's) and the
+ * OFFER record; 0 or -1. */
+int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd, tpi_shm_link **link,
                   uint8_t rec[TPI_TCP_RECORD_SIZE]);
 /* Acceptor: checks an OFFER's probe (v: its fields) from peer; the side of
- * connection conn, or NULL with *why. */
+ * connection conn, or NULL with *why. With a side, *link is the ring the
+ * probe names, taken (the caller's), or NULL with *ring_why. */
 tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const uint32_t v[3],
-                           const char **why);
+                           const char **why, tpi_shm_link **link, const char **ring_why);
+/* Frees a link: the mapping, the memfd and bells. NULL is a no-op. */
+void tpi_shm_link_free(tpi_shm_link *l);
+/* Dialer: the acceptor took the ring (it answered): its memfd goes. */
+void tpi_shm_link_opened(tpi_shm_link *l);
+/* Writes frame f into ring r as one record (its segments gathered), ringing
+ * the reader's bell when it sleeps: tpi_ring_write's status. The writer's
+ * thread: the loop, or a sender holding the grant (TCP-15). */
+tpi_ring_status tpi_shm_ring_put(tpi_ring *r, const tp_frame *f);
 /* Acceptor: the frame a FRAME record (v) names, mapped, checked, lent; NULL
  * with err for a record that does not hold (a protocol error). */
 tp_frame *tpi_shm_frame(tpi_shm_rx *rx, const uint32_t v[3], uint64_t max_msg, char *err,
@@ -431,6 +476,8 @@ typedef struct tpi_tcp_peer {
     int dirty;                 /* on the agent's dirty list */
     int dead;                  /* TP_EPEERDOWN seen: send fails at once */
     int direct_fd;             /* >= 0: a sender may write one frame to this socket itself (TCP-15) */
+    tpi_ring *direct_ring;     /* or, TCP-28, into this ring: one grant or the other, never both */
+    uint32_t grant_gen; /* bumped by each revoke: a ring writer keeps the grant unless it moved */
     int direct_busy;           /* a sender took the grant and is writing, without qmu */
     int direct_pending;        /* the loop granted while busy: the writer restores the
                                   grant on the socket it wrote to (the loop revokes,
@@ -494,6 +541,7 @@ struct tpi_tcp_agent {
     int encrypt;       /* TCP-21: streams sealed after the handshake; no direct writes */
     int shm_on;        /* TCP-22: offer and accept shared memory (set at init) */
     uint64_t shm_min, shm_pool;
+    uint64_t shm_ring; /* TCP-28: a ring's data bytes; 0: no ring (set at init) */
 
     /* The core lock, the tasks parked on it, and the unparked tasks to
      * signal once it is released (each holds a reference: tcp_sync.c). */

@@ -130,23 +130,34 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
         f->next = NULL;
         /* TCP-22: a frame for a slab is the loop's to copy there. */
         int shm = f->len >= a->shm_min && atomic_load_explicit(&p->shm_active, memory_order_relaxed);
-        if (shm)
+        if (shm) {
             p->direct_fd = -1; /* the grant is spent: the loop grants again once this is out */
-        if (p->direct_fd >= 0) {
+            p->direct_ring = NULL;
+        }
+        if (p->direct_fd >= 0 || p->direct_ring) {
             TPI_ASSERT(!p->q_head && !p->direct_busy);
             int fd = p->direct_fd;
+            tpi_ring *ring = p->direct_ring; /* TCP-28: the connection's ring instead */
             p->direct_fd = -1; /* used up: the loop grants it again next turn */
+            p->direct_ring = NULL;
             p->direct_busy = 1;
+            uint32_t gen = p->grant_gen;
             pthread_mutex_unlock(&a->qmu);
-            int all = direct_write(fd, f);
+            /* A frame the ring cannot take now (no room, or above its
+             * largest record) goes whole to the loop. */
+            int all = ring ? tpi_shm_ring_put(ring, f) == TPI_RING_OK : direct_write(fd, f);
             pthread_mutex_lock(&a->qmu);
             p->direct_busy = 0;
             int pending = p->direct_pending;
             p->direct_pending = 0;
-            if (all && pending && !p->q_head && !a->stopping) {
+            if (all && (pending || (ring && p->grant_gen == gen)) && !p->q_head && !a->stopping) {
                 /* The loop's grant for this turn came while we wrote (it
-                 * checked everything else): it is ours to restore. */
+                 * checked everything else): it is ours to restore. A ring's
+                 * grant is kept unless the loop revoked it meanwhile: each
+                 * frame is a record of its own, so the loop batches nothing,
+                 * and the next sender need not wait for the loop's turn. */
                 p->direct_fd = fd;
+                p->direct_ring = ring;
             } else if (!p->regrant) {
                 p->regrant = 1;
                 uint32_t n = atomic_load_explicit(&a->nregrant, memory_order_relaxed);

@@ -140,7 +140,7 @@ int tpi_tcp_auth_decode(const uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_auth_kin
 
 void tpi_tcp_shm_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind, uint32_t sender,
                         uint32_t x, uint32_t y, uint32_t z) {
-    TPI_ASSERT(kind >= TPI_TCP_SHM_OFFER && kind <= TPI_TCP_SHM_RELEASE);
+    TPI_ASSERT(kind >= TPI_TCP_SHM_OFFER && kind <= TPI_TCP_SHM_STREAM);
     tpi_tcp_ctl_encode(rec, kind, sender);
     tpi_tcp_put_u32(rec + 12, x);
     tpi_tcp_put_u32(rec + 16, y);
@@ -150,7 +150,7 @@ void tpi_tcp_shm_encode(uint8_t rec[TPI_TCP_RECORD_SIZE], tpi_tcp_ctl_kind kind,
 int tpi_tcp_shm_decode(const uint8_t rec[TPI_TCP_RECORD_SIZE], uint32_t v[3]) {
     if (!tpi_tcp_is_ctl(rec) || rec[4] != TPI_TCP_VERSION || !zero(rec + 6, 2))
         return 0;
-    if (rec[5] < TPI_TCP_SHM_OFFER || rec[5] > TPI_TCP_SHM_RELEASE)
+    if (rec[5] < TPI_TCP_SHM_OFFER || rec[5] > TPI_TCP_SHM_STREAM)
         return 0;
     for (int i = 0; i < 3; i++)
         v[i] = tpi_tcp_get_u32(rec + 12 + 4 * i);

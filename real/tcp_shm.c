@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -71,16 +72,98 @@ static uint64_t get64(const uint8_t *p) {
     return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
+/* ---- Rings (TCP-28) ------------------------------------------------------------- */
+
+/* The probe's ring fields: the ring's memfd, the data bell (the dialer
+ * rings it, the acceptor polls it), the room bell (the other way), and the
+ * ring's bytes (0: no ring offered). */
+#define PROBE_RING_FD 40
+#define PROBE_DATA_BELL 44
+#define PROBE_ROOM_BELL 48
+#define PROBE_RING_BYTES 52
+
+static tpi_shm_link *link_new(void) {
+    tpi_shm_link *l = calloc(1, sizeof *l);
+    if (l) {
+        l->fd = l->wake_fd = l->wait_fd = -1;
+        l->map = MAP_FAILED;
+    }
+    return l;
+}
+
+void tpi_shm_link_free(tpi_shm_link *l) {
+    if (!l)
+        return;
+    if (l->map != MAP_FAILED)
+        munmap(l->map, l->map_len);
+    if (l->fd >= 0)
+        tpi_shm_close_untracked(l->fd);
+    if (l->wake_fd >= 0)
+        tpi_shm_close_untracked(l->wake_fd);
+    if (l->wait_fd >= 0)
+        tpi_shm_close_untracked(l->wait_fd);
+    free(l);
+}
+
+void tpi_shm_link_opened(tpi_shm_link *l) {
+    if (l->fd >= 0)
+        tpi_shm_close_untracked(l->fd); /* taken and mapped by the acceptor: the mapping stays */
+    l->fd = -1;
+}
+
+/* The dialer's ring of cap data bytes, formatted, with both bells; NULL
+ * when any part cannot be had (the offer then goes without a ring). */
+static tpi_shm_link *link_make(uint64_t cap) {
+    tpi_shm_link *l = link_new();
+    if (!l)
+        return NULL;
+    size_t len = (size_t)(TPI_RING_HEAD + cap);
+    char err[TPI_RING_WHY_LEN];
+    l->fd = memfd_create("tensorplay-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (l->fd < 0 || ftruncate(l->fd, (off_t)len) != 0 || fallocate(l->fd, 0, 0, (off_t)len) != 0 ||
+        fcntl(l->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (l->map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd, 0)) == MAP_FAILED) {
+        tpi_shm_link_free(l);
+        return NULL;
+    }
+    l->map_len = len;
+    l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    l->wait_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (l->wake_fd < 0 || l->wait_fd < 0 ||
+        tpi_ring_init(&l->ring, l->map, len, err, sizeof err) != 0) {
+        tpi_shm_link_free(l);
+        return NULL;
+    }
+    TPI_ASSERT(l->ring.cap == cap); /* cap is a power of two and the mapping its exact size */
+    tpi_ring_set_bell(&l->ring, l->wake_fd);
+    return l;
+}
+
+tpi_ring_status tpi_shm_ring_put(tpi_ring *r, const tp_frame *f) {
+    struct iovec iov[TP_FRAME_SEG_MAX];
+    TPI_ASSERT(f->nseg >= 1 && f->nseg <= TP_FRAME_SEG_MAX);
+    for (int i = 0; i < f->nseg; i++) {
+        iov[i].iov_base = (void *)f->seg[i].base;
+        iov[i].iov_len = f->seg[i].len;
+    }
+    return tpi_ring_write(r, iov, f->nseg);
+}
+
 /* ---- The offer (dialer, loop thread) ------------------------------------------ */
 
-int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
+int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd, tpi_shm_link **link,
                   uint8_t rec[TPI_TCP_RECORD_SIZE]) {
+    *link = NULL;
     uint8_t nonce[TPI_TCP_NONCE_SIZE];
     if (tpi_tcp_auth_nonce(nonce) != 0)
         return -1;
     int fd = memfd_create("tensorplay-shm-probe", MFD_CLOEXEC);
     if (fd < 0)
         return -1;
+    tpi_shm_link *l = a->shm_ring > 0 ? link_make(a->shm_ring) : NULL;
+    if (a->shm_ring > 0 && !l)
+        tpi_log(TP_LOG_DEBUG, "worker %u: no shared memory ring for worker %u: cannot make one",
+                a->rank, peer);
     uint8_t probe[TPI_SHM_PROBE_SIZE] = {0};
     memcpy(probe, PROBE_MAGIC, 8);
     put32(probe + 8, a->rank);
@@ -88,11 +171,19 @@ int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd,
     put32(probe + 16, a->world_size);
     put32(probe + 20, (uint32_t)getpid());
     memcpy(probe + 24, nonce, sizeof nonce);
+    if (l) {
+        put32(probe + PROBE_RING_FD, (uint32_t)l->fd);
+        put32(probe + PROBE_DATA_BELL, (uint32_t)l->wake_fd);
+        put32(probe + PROBE_ROOM_BELL, (uint32_t)l->wait_fd);
+        put32(probe + PROBE_RING_BYTES, (uint32_t)l->map_len);
+    }
     if (pwrite(fd, probe, sizeof probe, 0) != (ssize_t)sizeof probe) { /* a fresh memfd */
         tpi_shm_close_untracked(fd);
+        tpi_shm_link_free(l);
         return -1;
     }
     *probe_fd = fd;
+    *link = l;
     tpi_tcp_shm_encode(rec, TPI_TCP_SHM_OFFER, a->rank, (uint32_t)getpid(), (uint32_t)fd,
                        get32(nonce));
     return 0;
@@ -167,9 +258,68 @@ static int take_fd(int pidfd, uint32_t fd, const char **why) {
     return got;
 }
 
+/* 1 when fd (taken from the dialer) is an eventfd: a bell is written and
+ * polled, so a pipe, socket or file at that number is refused. */
+static int is_eventfd(int fd) {
+    char path[64], target[64];
+    tpi_format(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n <= 0)
+        return 0;
+    target[n] = '\0';
+    return strcmp(target, "anon_inode:[eventfd]") == 0;
+}
+
+/* The acceptor's end of the ring a probe names (its fields at p): mapped,
+ * its header checked, its bells taken; NULL with *why. */
+static tpi_shm_link *link_take(tpi_tcp_agent *a, int pidfd, const uint8_t *p, const char **why) {
+    uint64_t len = get32(p + PROBE_RING_BYTES);
+    if (len < TPI_RING_HEAD + TPI_SHM_RING_MIN || len > TPI_RING_HEAD + TPI_SHM_RING_MAX) {
+        *why = "a ring of a size outside the bounds";
+        return NULL;
+    }
+    tpi_shm_link *l = link_new();
+    if (!l) {
+        *why = "out of memory";
+        return NULL;
+    }
+    int fd = take_fd(pidfd, get32(p + PROBE_RING_FD), why);
+    struct stat st;
+    int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+    /* Sealed against shrinking: nobody can cut it under the mapping, so
+     * reading it never raises SIGBUS (TCP-22's rule for slabs). */
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && seals >= 0 &&
+        (seals & F_SEAL_SHRINK) && (uint64_t)st.st_size == len) {
+        l->map = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        l->map_len = (size_t)len;
+    }
+    if (fd >= 0)
+        tpi_shm_close_untracked(fd);
+    char err[TPI_RING_WHY_LEN];
+    if (fd >= 0 && l->map == MAP_FAILED) {
+        *why = "the ring is not a sealed memfd of the size offered";
+    } else if (fd >= 0 && tpi_ring_attach(&l->ring, l->map, l->map_len, err, sizeof err) != 0) {
+        tpi_log(TP_LOG_INFO, "worker %u: %s", a->rank, err);
+        *why = "the ring's header does not hold";
+    } else if (fd >= 0) {
+        l->wait_fd = take_fd(pidfd, get32(p + PROBE_DATA_BELL), why);
+        l->wake_fd = l->wait_fd >= 0 ? take_fd(pidfd, get32(p + PROBE_ROOM_BELL), why) : -1;
+        if (l->wake_fd >= 0 && (!is_eventfd(l->wait_fd) || !is_eventfd(l->wake_fd)))
+            *why = "a bell that is not an eventfd";
+    }
+    if (*why) {
+        tpi_shm_link_free(l);
+        return NULL;
+    }
+    tpi_ring_set_bell(&l->ring, l->wake_fd);
+    return l;
+}
+
 tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const uint32_t v[3],
-                           const char **why) {
+                           const char **why, tpi_shm_link **link, const char **ring_why) {
     *why = NULL;
+    *link = NULL;
+    *ring_why = NULL;
     int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)v[0], 0);
     if (pidfd < 0) {
         *why = "pidfd_open failed: the dialer's pid is not a process here (another pid "
@@ -206,6 +356,13 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
     rx->map_max = tpi_shm_slab_size(a->max_msg);
     rx->a = a;
     rx->conn = conn;
+    /* TCP-28: the ring, when offered and wanted; slabs go on without it. */
+    if (get32(probe + PROBE_RING_BYTES) == 0)
+        *ring_why = "the dialer offered no ring";
+    else if (a->shm_ring == 0)
+        *ring_why = "this worker has shm_ring_bytes=0";
+    else
+        *link = link_take(a, pidfd, probe, ring_why);
     return rx;
 }
 
@@ -586,6 +743,20 @@ tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
                                 " (TCP-22)", &a->shm_pool, errmsg, errmsg_len);
     if (st != TP_OK)
         return st;
+    a->shm_ring = TPI_SHM_RING_DEFAULT;
+    if (st == TP_OK)
+        st = tpi_tcp_read_count(opts, "shm_ring_bytes", 0, TPI_SHM_RING_MAX, " (TCP-28)",
+                                &a->shm_ring, errmsg, errmsg_len);
+    if (st != TP_OK)
+        return st;
+    if (a->shm_ring != 0 &&
+        (a->shm_ring < TPI_SHM_RING_MIN || (a->shm_ring & (a->shm_ring - 1)) != 0)) {
+        tpi_format(errmsg, errmsg_len,
+                   "shm_ring_bytes '%llu' is not 0 or a power of two from %llu to %llu (TCP-28)",
+                   (unsigned long long)a->shm_ring, (unsigned long long)TPI_SHM_RING_MIN,
+                   (unsigned long long)TPI_SHM_RING_MAX);
+        return TP_EINVAL;
+    }
     if (a->shm_min < TP_FRAME_HEADER_SIZE)
         a->shm_min = TP_FRAME_HEADER_SIZE;
     if (a->encrypt)

@@ -605,7 +605,8 @@ FILE_TESTS = [
     (r"real/tcp_(crypt|auth)\.c", ["replay_fuzz_tcp_crypt", "test_tcp_crypt"], REAL_BASE),
     (r"real/tcp_records\.c", ["replay_fuzz_tcp_records"], REAL_BASE),
     (r"real/tcp_shm\.c", ["replay_fuzz_tcp_shm", "test_tcp_shm", "conformance_tcp_shm"], REAL_BASE),
-    (r"real/shm_ring\.c", ["test_shm_ring", "replay_fuzz_shm_ring"], []),  # TCP-26: not wired in yet
+    (r"real/shm_ring\.c", ["test_shm_ring", "replay_fuzz_shm_ring", "test_tcp_shm"],
+     REAL_BASE),  # TCP-26, and connections' rings (TCP-28)
     (r"real/tcp_(store\w*|sock)\.c", STORE, REAL_BASE),
     (r"real/tcp_conn\.c", [], REAL_BASE + ["netns_silent"]),
     (r"real/tcp_addr\.c", ["test_tcp_store"], REAL_BASE),  # its address parsing, case by case

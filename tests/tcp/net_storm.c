@@ -441,10 +441,14 @@ static void attack_post(storm *s, kind k) {
         put32(b + 8, (uint32_t)((1u << 30) + (1u << 20) + rnd(s) % ((1u << 31) - (1u << 30))));
         break;
     case K_RECORD: { /* a control record a dialer may not send, or an unknown kind */
-        static const uint8_t kinds[] = {TPI_TCP_CTL_PONG,    TPI_TCP_CTL_IDLE,
-                                        TPI_TCP_SHM_ANSWER,  TPI_TCP_SHM_RELEASE,
-                                        TPI_TCP_SHM_FRAME, /* before any OFFER was answered */
-                                        0,                   11,
+        static const uint8_t kinds[] = {TPI_TCP_CTL_PONG,
+                                        TPI_TCP_CTL_IDLE,
+                                        TPI_TCP_SHM_ANSWER,
+                                        TPI_TCP_SHM_RELEASE,
+                                        TPI_TCP_SHM_FRAME,  /* before any OFFER was answered */
+                                        TPI_TCP_SHM_STREAM, /* on the stream, not in a ring */
+                                        0,
+                                        TPI_TCP_SHM_STREAM + 1,
                                         200};
         tpi_tcp_ctl_encode(b, TPI_TCP_CTL_PING, 2);
         b[5] = kinds[rnd(s) % sizeof kinds];

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -365,4 +366,31 @@ int tt_idle_rounds(int rank, int rounds) {
         }
     }
     return 0;
+}
+
+/* 1 when this process may take a descriptor out of a sibling (what the
+ * proof needs): Yama's ptrace_scope >= 1 or a seccomp filter may forbid it,
+ * and then workers rightly stay on TCP. */
+int tt_can_take_fds(void) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0)
+        return 0;
+    pid_t child = fork();
+    if (child == 0) {
+        char c;
+        close(pipefd[1]);
+        (void)!read(pipefd[0], &c, 1); /* until the parent is done */
+        _exit(0);
+    }
+    close(pipefd[0]);
+    int pidfd = child > 0 ? (int)syscall(SYS_pidfd_open, child, 0) : -1;
+    int fd = pidfd >= 0 ? (int)syscall(SYS_pidfd_getfd, pidfd, 0, 0) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (pidfd >= 0)
+        close(pidfd);
+    close(pipefd[1]);
+    if (child > 0)
+        waitpid(child, NULL, 0);
+    return fd >= 0;
 }

@@ -44,6 +44,10 @@ struct tt_job {
 /* Sets TP_SECRET to a fresh random job secret unless it is set (TCP-17): a
  * job's children inherit it, as tprun's do. */
 void tt_ensure_secret(void);
+/* 1 when this process may take a descriptor out of a child (what TCP-22's
+ * proof needs): Yama's ptrace_scope or a seccomp filter may forbid it, and
+ * then workers on one host rightly stay on TCP. */
+int tt_can_take_fds(void);
 /* A TCP port on 127.0.0.1 nobody uses right now, below the kernel's
  * ephemeral range when there is room (see tcp_harness.c). */
 uint16_t tt_free_port(void);

@@ -2053,7 +2053,9 @@ static void test_tcp_garbage(void **state) {
     offerer.world_size = 3;
     int probe = -1;
     uint32_t sv[3];
-    assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, rec), 0);
+    tpi_shm_link *olink = NULL; /* shm_ring 0: no ring is offered */
+    assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, &olink, rec), 0);
+    assert_null(olink);
     tt_raw_send(fd, rec, sizeof rec);
     assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 10000), sizeof rec);
     assert_int_equal(tpi_tcp_shm_decode(rec, sv), TPI_TCP_SHM_ANSWER);
@@ -2071,7 +2073,7 @@ static void test_tcp_garbage(void **state) {
      * (slot 0, generation 0, 0 bytes) is a protocol error, not a frame. */
     if (shm_taken) {
         fd = tt_hello_as_worker2(addr);
-        assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, rec), 0);
+        assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, &olink, rec), 0);
         tt_raw_send(fd, rec, sizeof rec);
         assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 10000), sizeof rec);
         assert_int_equal(tpi_tcp_shm_decode(rec, sv), TPI_TCP_SHM_ANSWER);
@@ -2091,7 +2093,7 @@ static void test_tcp_garbage(void **state) {
      * was answered (yes or no), is a protocol error. */
     fd = tt_hello_as_worker2(addr);
     uint8_t offer[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, offer), 0);
+    assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, &olink, offer), 0);
     tt_raw_send(fd, offer, sizeof offer);
     assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 10000), sizeof rec);
     assert_int_equal(tpi_tcp_shm_decode(rec, sv), TPI_TCP_SHM_ANSWER);
@@ -2138,6 +2140,192 @@ static void test_tcp_garbage(void **state) {
     usleep(100000); /* let worker1 finish its probe before the calls */
     atomic_store(&job.shared->flag[F_ATTACKED], 1);
     assert_all_ok(&job, 60);
+    tt_job_free(&job);
+}
+
+/* ---- Garbage in a ring (TCP-28) ---------------------------------------------------- */
+
+enum {
+    C_RING_SHORT = 11,
+    C_RING_LEN = 12,
+    C_RING_STREAM_REC = 13,
+    C_RING_NO_MARKER = 14,
+    C_RING_CORRUPT = 15,
+    C_RING_UNTAKEN = 16,
+    C_RING_PING = 17,
+    C_RING_TAKEN = 18
+};
+
+static void count_ring_drops(tp_log_level level, const char *msg, void *ud) {
+    tt_shared *sh = ud;
+    static const struct {
+        int c;
+        const char *what;
+    } k[] = {
+        {C_RING_SHORT, "dropped: a record of 10 bytes in the shared memory ring"},
+        {C_RING_LEN, "dropped: a frame of 124 bytes in a ring record of 74 (TCP-28)"},
+        {C_RING_STREAM_REC, "dropped: unexpected shared memory record (kind 12, 0 0 0) on an "
+                            "accepted connection"},
+        {C_RING_NO_MARKER, "dropped: a frame came on the stream without its STREAM marker"},
+        {C_RING_CORRUPT, "dropped: the shared memory ring the writer's tail is"},
+        {C_RING_UNTAKEN, "dropped: unexpected shared memory record (kind 11, 0 0 0) on an "
+                         "accepted connection"},
+        {C_RING_PING, "dropped: unexpected record 54 50 43 54 (kind 3) in the shared memory ring"},
+    };
+    for (size_t i = 0; level == TP_LOG_WARN && i < sizeof k / sizeof k[0]; i++)
+        if (strstr(msg, k[i].what))
+            atomic_fetch_add(&sh->count[k[i].c], 1);
+}
+
+static int body_ring_garbage(tt_job *job, int rank) {
+    tt_shared *sh = job->shared;
+    tp_set_log_callback(count_ring_drops, sh);
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    atomic_fetch_add(&sh->count[C_READY], 1);
+    TT_CHECK(tt_await_flag(sh, F_ATTACKED, 1, 120) == 0);
+    for (int r = 0; r < job->world; r++) { /* every pair still works, both ways */
+        int64_t v = 0;
+        TT_CHECK(tt_call_add(tp_to_rank(r), rank, r, TP_TIMEOUT_DEFAULT, &v) == TP_OK);
+        TT_CHECK(v == rank + r);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* A connection to worker 1 as worker 2 whose shared memory offer (with a
+ * ring of ring_bytes, 0: none) was answered yes: the socket, *link the
+ * ring's writing end (NULL without one) and *ring_taken the answer's
+ * second field; -1 when worker 1 declined (pidfd_getfd not permitted). */
+static int ring_conn(const char *addr, uint64_t ring_bytes, tpi_shm_link **link, int *ring_taken) {
+    int fd = tt_hello_as_worker2(addr);
+    tpi_tcp_agent offerer;
+    memset(&offerer, 0, sizeof offerer);
+    offerer.rank = 2;
+    offerer.world_size = 3;
+    offerer.shm_ring = ring_bytes;
+    int probe = -1;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    uint32_t sv[3];
+    assert_int_equal(tpi_shm_offer(&offerer, 1, &probe, link, rec), 0);
+    assert_true((*link != NULL) == (ring_bytes > 0));
+    tt_raw_send(fd, rec, sizeof rec);
+    assert_int_equal(tt_raw_recv_within(fd, rec, sizeof rec, 10000), sizeof rec);
+    close(probe);
+    assert_int_equal(tpi_tcp_shm_decode(rec, sv), TPI_TCP_SHM_ANSWER);
+    if (sv[0] != 1) {
+        tpi_shm_link_free(*link);
+        *link = NULL;
+        close(fd);
+        return -1;
+    }
+    *ring_taken = (int)sv[1];
+    return fd;
+}
+
+/* The same, then the RING record: the ring is read from here on. */
+static int ring_open(const char *addr, tpi_shm_link **link) {
+    int taken = 0;
+    int fd = ring_conn(addr, 4096, link, &taken);
+    if (fd < 0)
+        return -1;
+    assert_int_equal(taken, 1);
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RING, 2, 0, 0, 0);
+    tt_raw_send(fd, rec, sizeof rec);
+    return fd;
+}
+
+static void ring_put(tpi_shm_link *l, const void *p, size_t n) {
+    struct iovec iov = {(void *)p, n};
+    assert_int_equal(tpi_ring_write(&l->ring, &iov, 1), TPI_RING_OK);
+}
+
+/* spec: TCP-28, TCP-7: what a dialer that passed the proof may put in its
+ * ring, or send around it, that no worker would: each a protocol error
+ * for that one connection (ABORT, then the end), named in the log, and
+ * worker 1 goes on serving everyone. */
+static void test_tcp_ring_garbage(void **state) {
+    (void)state;
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_ring_garbage, NULL), 0);
+    tp_store *store = job_store_once(&job, C_READY, 3, 20, "127.0.0.1");
+    void *v = NULL;
+    size_t len = 0;
+    assert_int_equal(store->ops->get(store, "g0/init/rank/1", &v, &len), TP_OK);
+    char *tab = strrchr(v, '\t');
+    assert_non_null(tab);
+    char addr[128];
+    snprintf(addr, sizeof addr, "%s", tab + 1);
+    free(v);
+    store->ops->close(store);
+    tpi_shm_link *l = NULL;
+    uint8_t rec[TPI_TCP_RECORD_SIZE], h[24], frame[74];
+    int fd = ring_open(addr, &l);
+    int ran = fd >= 0;
+    if (!ran) {
+        fprintf(stderr, "  worker1 declined shared memory (pidfd_getfd not permitted): not run\n");
+    } else {
+        /* A record shorter than any frame header. */
+        ring_put(l, "0123456789", 10);
+        tt_expect_abort_then_dropped(fd);
+        tpi_shm_link_free(l);
+        /* A frame whose header says 124 bytes, in a record of 74. */
+        fd = ring_open(addr, &l);
+        tt_frame_header(h, TPI_WIRE_VERSION, 1, 100);
+        memset(frame, 'x', sizeof frame);
+        memcpy(frame, h, sizeof h);
+        ring_put(l, frame, sizeof frame);
+        tt_expect_abort_then_dropped(fd);
+        tpi_shm_link_free(l);
+        /* A control record other than FRAME or STREAM in the ring. */
+        fd = ring_open(addr, &l);
+        tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
+        ring_put(l, rec, sizeof rec);
+        tt_expect_abort_then_dropped(fd);
+        tpi_shm_link_free(l);
+        /* A STREAM marker on the stream instead of in the ring. */
+        fd = ring_open(addr, &l);
+        tpi_tcp_shm_encode(rec, TPI_TCP_SHM_STREAM, 2, 0, 0, 0);
+        tt_raw_send(fd, rec, sizeof rec);
+        tt_expect_abort_then_dropped(fd);
+        tpi_shm_link_free(l);
+        /* A frame on the stream with no marker for it in the ring. */
+        fd = ring_open(addr, &l);
+        tt_frame_header(h, TPI_WIRE_VERSION, 1, 16);
+        tt_raw_send(fd, h, sizeof h);
+        tt_raw_send(fd, "0123456789abcdef", 16);
+        tt_expect_abort_then_dropped(fd);
+        tpi_shm_link_free(l);
+        /* A tail past anything the ring can hold: CORRUPT. */
+        fd = ring_open(addr, &l);
+        _Atomic uint64_t *tail = (_Atomic uint64_t *)(void *)(l->ring.base + TPI_RING_LINE);
+        atomic_store(tail, 3 * l->ring.cap);
+        tpi_ring_wake(&l->ring);
+        tt_expect_abort_then_dropped(fd);
+        tpi_shm_link_free(l);
+        /* RING twice. */
+        fd = ring_open(addr, &l);
+        tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RING, 2, 0, 0, 0);
+        tt_raw_send(fd, rec, sizeof rec);
+        tt_expect_abort_then_dropped(fd);
+        tpi_shm_link_free(l);
+        /* RING where no ring was taken (none offered). */
+        int taken = 1;
+        fd = ring_conn(addr, 0, &l, &taken);
+        assert_true(fd >= 0 && taken == 0 && l == NULL);
+        tt_raw_send(fd, rec, sizeof rec);
+        tt_expect_abort_then_dropped(fd);
+    }
+    usleep(100000); /* worker 1's probes of worker 2 end before the calls */
+    atomic_store(&job.shared->flag[F_ATTACKED], 1);
+    assert_all_ok(&job, 60);
+    static const int once[] = {C_RING_SHORT,      C_RING_LEN,       C_RING_PING,
+                               C_RING_STREAM_REC, C_RING_NO_MARKER, C_RING_CORRUPT};
+    for (size_t i = 0; i < sizeof once / sizeof once[0]; i++)
+        assert_int_equal(atomic_load(&job.shared->count[once[i]]), ran);
+    assert_int_equal(atomic_load(&job.shared->count[C_RING_UNTAKEN]), 2 * ran);
     tt_job_free(&job);
 }
 
@@ -3290,6 +3478,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tcp_auth_refuses_outsiders),
         cmocka_unit_test(test_tcp_auth_off),
         cmocka_unit_test(test_tcp_garbage),
+        cmocka_unit_test(test_tcp_ring_garbage),
         cmocka_unit_test(test_tcp_init_errors),
         cmocka_unit_test(test_tcp_sqlite_store),
         cmocka_unit_test(test_tcp_two_workers_one_process),

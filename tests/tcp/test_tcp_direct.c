@@ -4,9 +4,13 @@
  * queued for it writes the frame itself (one sendmsg on its own thread)
  * instead of waking the loop to write it. This program defines sendmsg,
  * which the library (linked statically) then calls instead of libc's, and
- * counts the calls each thread makes.
+ * counts the calls each thread makes. The stream's tests run with
+ * shm_ring_bytes 0 (workers on one host would otherwise write into their
+ * ring, TCP-28); the ring's own direct writes are counted by the bells
+ * the caller rings (this program defines write too).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdatomic.h>
@@ -20,6 +24,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include <uv.h>
 
 #include "tensorplay/rpc_backend.h"
 #include "tcp_harness.h"
@@ -37,6 +43,27 @@ static _Thread_local int thread_cuts;
  * sleep 0.2 s, the peer still marked busy, while another thread sends. */
 static _Thread_local int pause_after_cut;
 static atomic_int half_written;
+
+/* This thread's 8-byte writes: eventfd bells rung (TCP-28), and libuv's
+ * own wake-ups of the loop (uv_async_send writes its eventfd too), which
+ * are counted apart: at most one write per uv_async_send call. */
+static _Thread_local unsigned long thread_bells, thread_async_sends;
+static int (*real_uv_async_send)(uv_async_t *);
+
+__attribute__((constructor)) static void resolve_real(void) {
+    real_uv_async_send = (int (*)(uv_async_t *))dlsym(RTLD_NEXT, "uv_async_send");
+}
+
+int uv_async_send(uv_async_t *h) {
+    thread_async_sends++;
+    return real_uv_async_send(h);
+}
+
+ssize_t write(int fd, const void *p, size_t n) {
+    ssize_t k = syscall(SYS_write, fd, p, n);
+    thread_bells += n == 8 && k == 8;
+    return k;
+}
 
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     if (!cut_next || msg->msg_iovlen > TP_FRAME_SEG_MAX) {
@@ -69,13 +96,20 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     return k;
 }
 
-enum { C_DIRECT = 0, C_CUTS = 1 };
+enum { C_DIRECT = 0, C_CUTS = 1, C_BELLS = 2, C_ASYNCS = 3 };
 
-/* job->arg non-NULL: worker 1 runs with shm=off, so it declines worker 0's
- * shared memory offer (TCP-22). */
+typedef enum direct_mode {
+    D_STREAM,   /* shm_ring_bytes 0: the requests go on the stream */
+    D_DECLINED, /* worker 1 has shm=off: it declines worker 0's offer (TCP-22) */
+    D_RING,     /* the default: the requests go into the ring (TCP-28) */
+} direct_mode;
+
 static int body_direct(tt_job *job, int rank) {
+    direct_mode mode = *(const direct_mode *)job->arg;
     tp_options *o = tt_options(job, 20, 10);
-    if (o && rank == 1 && job->arg)
+    if (o && mode == D_STREAM)
+        TT_CHECK(tp_options_set(o, "shm_ring_bytes", "0") == TP_OK);
+    if (o && rank == 1 && mode == D_DECLINED)
         TT_CHECK(tp_options_set(o, "shm", "off") == TP_OK);
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
@@ -86,9 +120,12 @@ static int body_direct(tt_job *job, int rank) {
         for (int i = 0; i < WARM_CALLS; i++)
             TT_CHECK(tt_call_add(tp_to_rank(1), i, 1, 10, &v) == TP_OK && v == i + 1);
         thread_sendmsgs = 0;
+        thread_bells = thread_async_sends = 0;
         for (int i = 0; i < CALLS; i++)
             TT_CHECK(tt_call_add(tp_to_rank(1), i, 2, 10, &v) == TP_OK && v == i + 2);
         atomic_store(&job->shared->count[C_DIRECT], (int)thread_sendmsgs);
+        atomic_store(&job->shared->count[C_BELLS], (int)thread_bells);
+        atomic_store(&job->shared->count[C_ASYNCS], (int)thread_async_sends);
     }
     TT_CHECK(tp_shutdown(1) == TP_OK);
     return 0;
@@ -104,19 +141,45 @@ static int body_direct(tt_job *job, int rank) {
  * next request is direct too. Were the list to lose the peer, only every
  * other request would be (the loop grants again after writing one itself):
  * 10 of 20, where 18 to 20 are seen. */
-static void expect_direct_writes(void *arg) {
+static void expect_direct_writes(direct_mode mode) {
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_direct, arg), 0);
+    assert_int_equal(tt_spawn(&job, 2, body_direct, &mode), 0);
     assert_int_equal(tt_wait(&job, 60), 0);
     int n = atomic_load(&job.shared->count[C_DIRECT]);
-    fprintf(stderr, "  the caller's own sendmsg calls for %d rpc_syncs: %d\n", CALLS, n);
-    assert_true(n >= CALLS * 3 / 4);
+    int bells = atomic_load(&job.shared->count[C_BELLS]);
+    int asyncs = atomic_load(&job.shared->count[C_ASYNCS]);
+    fprintf(stderr,
+            "  the caller's own sendmsg calls for %d rpc_syncs: %d; eventfd writes: %d, "
+            "uv_async_send calls: %d\n",
+            CALLS, n, bells, asyncs);
+    if (mode == D_RING) {
+        assert_int_equal(n, 0);
+        assert_true(bells - asyncs >= CALLS * 3 / 4); /* the ring's bells, not the loop's */
+    } else {
+        assert_true(n >= CALLS * 3 / 4);
+    }
     tt_job_free(&job);
 }
 
 static void test_tcp_direct_write_by_caller(void **state) {
     (void)state;
-    expect_direct_writes(NULL);
+    expect_direct_writes(D_STREAM);
+}
+
+/* spec: TCP-15, TCP-28: between two workers on one host the caller writes
+ * its request into the ring itself: no sendmsg of its own, and the bell of
+ * the other end's sleeping loop rung from this thread, request after
+ * request (a ring's grant is kept by the writer). Were the ring's grant
+ * never given, the loop would write and ring, and this thread would only
+ * wake the loop: 0 bells of its own. Skipped where pidfd_getfd is not
+ * permitted (the pair stays on TCP). */
+static void test_tcp_direct_write_into_the_ring(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    expect_direct_writes(D_RING);
 }
 
 /* spec: TCP-15, TCP-22: the same when worker 1 declines the shared memory
@@ -125,8 +188,7 @@ static void test_tcp_direct_write_by_caller(void **state) {
  * would be written by the caller: 0 of 20). */
 static void test_tcp_direct_write_after_a_declined_offer(void **state) {
     (void)state;
-    static int declines = 1;
-    expect_direct_writes(&declines);
+    expect_direct_writes(D_DECLINED);
 }
 
 #define CUT_ROUNDS 200
@@ -197,6 +259,8 @@ static int cut_round_raced(const tp_value *arg, int r) {
 static int body_cut(tt_job *job, int rank) {
     cut_mode mode = job->arg ? *(const cut_mode *)job->arg : CUT_FOLLOWED;
     tp_options *o = tt_options(job, 20, 10);
+    if (o)
+        TT_CHECK(tp_options_set(o, "shm_ring_bytes", "0") == TP_OK); /* the stream's writes */
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -303,6 +367,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_direct_write_by_caller),
         cmocka_unit_test(test_tcp_direct_write_after_a_declined_offer),
+        cmocka_unit_test(test_tcp_direct_write_into_the_ring),
         cmocka_unit_test(test_tcp_direct_write_cut_short),
         cmocka_unit_test(test_tcp_direct_write_cut_short_alone),
         cmocka_unit_test(test_tcp_direct_write_cut_short_in_a_later_segment),

@@ -112,6 +112,7 @@ typedef struct shm_args {
     const char *rank1_shm;  /* NULL: defaults; "off": worker1 refuses shared memory */
     const char *rank1_min;  /* NULL: the default; else worker1's shm_min_bytes */
     const char *rank0_pool; /* NULL: the default; else worker0's shm_pool_bytes */
+    const char *rank1_ring; /* NULL: the default; else worker1's shm_ring_bytes (TCP-28) */
     int expect_shm;         /* worker1's answers arrive in its slabs */
     int expect_arg_shm;     /* worker0's arguments arrive in its slabs */
 } shm_args;
@@ -163,6 +164,8 @@ static int body_tensors(tt_job *job, int rank) {
         TT_CHECK(tp_options_set(o, "shm_pool_bytes", sa->rank0_pool) == TP_OK);
     if (rank == 1 && sa->rank1_min)
         TT_CHECK(tp_options_set(o, "shm_min_bytes", sa->rank1_min) == TP_OK);
+    if (rank == 1 && sa->rank1_ring)
+        TT_CHECK(tp_options_set(o, "shm_ring_bytes", sa->rank1_ring) == TP_OK);
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -201,9 +204,9 @@ static int body_tensors(tt_job *job, int rank) {
     return 0;
 }
 
-static void run_tensors_min(const char *rank1_shm, const char *rank1_min, const char *rank0_pool,
-                            int expect_shm, int expect_arg_shm) {
-    shm_args sa = {rank1_shm, rank1_min, rank0_pool, expect_shm, expect_arg_shm};
+static void run_tensors_ring(const char *rank1_shm, const char *rank1_min, const char *rank0_pool,
+                             const char *rank1_ring, int expect_shm, int expect_arg_shm) {
+    shm_args sa = {rank1_shm, rank1_min, rank0_pool, rank1_ring, expect_shm, expect_arg_shm};
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_tensors, &sa), 0);
     assert_int_equal(tt_wait(&job, 120), 0);
@@ -221,41 +224,14 @@ static void run_tensors_min(const char *rank1_shm, const char *rank1_min, const 
 
 static void run_tensors(const char *rank1_shm, const char *rank0_pool, int expect_shm,
                         int expect_arg_shm) {
-    run_tensors_min(rank1_shm, NULL, rank0_pool, expect_shm, expect_arg_shm);
-}
-
-/* 1 when this process may take a descriptor out of a sibling (what the
- * proof needs): Yama's ptrace_scope >= 1 or a seccomp filter may forbid it,
- * and then workers rightly stay on TCP. */
-static int can_take_fds(void) {
-    int pipefd[2];
-    if (pipe(pipefd) != 0)
-        return 0;
-    pid_t child = fork();
-    if (child == 0) {
-        char c;
-        close(pipefd[1]);
-        (void)!read(pipefd[0], &c, 1); /* until the parent is done */
-        _exit(0);
-    }
-    close(pipefd[0]);
-    int pidfd = child > 0 ? (int)syscall(SYS_pidfd_open, child, 0) : -1;
-    int fd = pidfd >= 0 ? (int)syscall(SYS_pidfd_getfd, pidfd, 0, 0) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (pidfd >= 0)
-        close(pidfd);
-    close(pipefd[1]);
-    if (child > 0)
-        waitpid(child, NULL, 0);
-    return fd >= 0;
+    run_tensors_ring(rank1_shm, NULL, rank0_pool, NULL, expect_shm, expect_arg_shm);
 }
 
 /* spec: TCP-22: large tensors arrive in the sender's slab, both ways, and
  * a held one is never written over. */
 static void test_shm_tensors(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
@@ -267,7 +243,7 @@ static void test_shm_tensors(void **state) {
  * and large frames take slabs both ways. */
 static void test_shm_tensors_without_auth(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
@@ -276,13 +252,14 @@ static void test_shm_tensors_without_auth(void **state) {
     shm_auth_off = 0;
 }
 
-/* spec: TCP-12, TCP-22: shm_min_bytes is the least frame a slab takes: with
- * worker 1's set to the exact length of its answers (a RESPONSE holding the
- * tensor, as the codec encodes it), they come in its slabs; one byte more
- * and they take the stream. */
+/* spec: TCP-12, TCP-22, TCP-28: shm_min_bytes is the least frame a slab
+ * takes: with worker 1's set to the exact length of its answers (a RESPONSE
+ * holding the tensor, as the codec encodes it), they come in its slabs; one
+ * byte more and, without a ring (shm_ring_bytes 0), they take the stream.
+ * With a ring they are above its largest record: slabs again. */
 static void test_shm_min_bytes_is_inclusive(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
@@ -299,8 +276,9 @@ static void test_shm_min_bytes_is_inclusive(void **state) {
     snprintf(over, sizeof over, "%zu", f->len + 1);
     tp_frame_free(f);
     tp_value_free(m.value);
-    run_tensors_min(NULL, exact, NULL, 1, 1);
-    run_tensors_min(NULL, over, NULL, 0, 1);
+    run_tensors_ring(NULL, exact, NULL, NULL, 1, 1);
+    run_tensors_ring(NULL, over, NULL, "0", 0, 1);
+    run_tensors_ring(NULL, over, NULL, NULL, 1, 1);
 }
 
 /* spec: TCP-22: a frame larger than the sender's whole pool (shm_pool_bytes
@@ -309,7 +287,7 @@ static void test_shm_min_bytes_is_inclusive(void **state) {
  * the answers, from worker1's default pool, still come through its slabs. */
 static void test_shm_frame_over_the_pool_takes_the_stream(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
@@ -320,6 +298,116 @@ static void test_shm_frame_over_the_pool_takes_the_stream(void **state) {
 static void test_shm_off(void **state) {
     (void)state;
     run_tensors("off", NULL, 0, 0);
+}
+
+/* ---- Rings (TCP-28) ---------------------------------------------------------- */
+
+#define ORDER_CALLS 300
+#define ORDER_SMALL 100      /* fits the ring */
+#define ORDER_MEDIUM 3000    /* above a 4 KiB ring's largest record: a slab */
+#define ORDER_BIG (3u << 20) /* above a 2 MiB pool: the stream, behind a marker */
+enum { C_ORDER_BAD = 4, C_ORDER_SEEN = 5, C_RING_LOGGED = 6 };
+static int order_next; /* worker 1's I/O thread only: seq runs there (FUNC-6) */
+
+static size_t order_size(int i) {
+    return i % 7 == 2 ? ORDER_BIG : i % 3 == 1 ? ORDER_MEDIUM : ORDER_SMALL;
+}
+
+/* seq(i, bytes): runs on the I/O thread as the request is read, so in the
+ * order the requests arrived; counts one out of order or with other bytes
+ * than call i sent. Answers i. */
+static tp_status fn_seq(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *user_data) {
+    (void)call;
+    (void)kwargs;
+    (void)user_data;
+    int64_t i = -1;
+    const void *b = NULL;
+    size_t n = 0;
+    if (tp_value_get_int(tp_list_get(args, 0), &i) != TP_OK ||
+        tp_value_get_bytes(tp_list_get(args, 1), &b, &n) != TP_OK)
+        return TP_EINVAL;
+    int bad = i != order_next || n != order_size((int)i);
+    for (size_t k = 0; !bad && k < n; k++)
+        bad = ((const uint8_t *)b)[k] != (uint8_t)(i * 7 + (int64_t)k);
+    order_next = (int)i + 1;
+    atomic_fetch_add(&shared->count[C_ORDER_SEEN], 1);
+    if (bad)
+        atomic_fetch_add(&shared->count[C_ORDER_BAD], 1);
+    *result = tp_value_int(i);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static void count_ring(tp_log_level level, const char *msg, void *ud) {
+    (void)level;
+    tt_shared *sh = ud;
+    if (strstr(msg, "go through a shared memory ring"))
+        atomic_fetch_add(&sh->count[C_RING_LOGGED], 1);
+}
+
+/* Worker 0 sends ORDER_CALLS calls at once through a 4 KiB ring (full most
+ * of the time) with a 2 MiB slab pool: small frames in the ring, medium
+ * ones in a slab when one is free (else on the stream), big ones always on
+ * the stream. */
+static int body_order(tt_job *job, int rank) {
+    shared = job->shared;
+    tp_set_log_level(TP_LOG_DEBUG);
+    tp_set_log_callback(count_ring, job->shared);
+    TT_CHECK(tp_register_function_ex("seq", fn_seq, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    tp_options *o = tt_options(job, 60, 10);
+    TT_CHECK(o);
+    if (rank == 0) {
+        TT_CHECK(tp_options_set(o, "shm_ring_bytes", "4096") == TP_OK);
+        TT_CHECK(tp_options_set(o, "shm_pool_bytes", "2097152") == TP_OK);
+    }
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        static uint8_t data[ORDER_BIG];
+        tp_future **f = calloc(ORDER_CALLS, sizeof *f);
+        TT_CHECK(f);
+        for (int i = 0; i < ORDER_CALLS; i++) {
+            size_t n = order_size(i);
+            for (size_t k = 0; k < n; k++)
+                data[k] = (uint8_t)(i * 7 + (int)k);
+            tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_bytes(data, n));
+            TT_CHECK(args && tp_rpc_async(tp_to_rank(1), "seq", args, NULL, 60, &f[i]) == TP_OK);
+            tp_value_free(args);
+        }
+        for (int i = 0; i < ORDER_CALLS; i++) {
+            int64_t v = -1;
+            TT_CHECK(tp_future_wait(f[i], 60) == TP_OK);
+            TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == i);
+            tp_future_free(f[i]);
+        }
+        free(f);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-28, AGENT-8: a ring keeps the order of a connection's frames
+ * whatever road each takes (the ring, a slab whose record is in the ring,
+ * the stream behind a marker in the ring) and while the ring is full; each
+ * arrives whole. */
+static void test_ring_keeps_order_across_roads(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_order, NULL), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    int seen = atomic_load(&job.shared->count[C_ORDER_SEEN]);
+    int bad = atomic_load(&job.shared->count[C_ORDER_BAD]);
+    int rings = atomic_load(&job.shared->count[C_RING_LOGGED]);
+    fprintf(stderr, "  %d calls seen, %d out of order or altered; rings started: %d\n", seen, bad,
+            rings);
+    assert_int_equal(seen, ORDER_CALLS);
+    assert_int_equal(bad, 0);
+    assert_true(rings >= 1);
+    tt_job_free(&job);
 }
 
 /* ---- A peer killed while frames go through shared memory -------------------- */
@@ -638,6 +726,9 @@ static int move_pidfd_to;
 /* Written by whichever thread makes the call (a worker's loop thread too). */
 static atomic_int last_taken_fd = -1;
 static atomic_int last_pidfd = -1;
+/* The fake agents here have shm_ring 0 (TCP-28): no ring is offered or taken. */
+static tpi_shm_link *no_link;
+static const char *no_ring_why;
 static atomic_int ntaken; /* pidfd_getfd calls */
 static long (*real_syscall)(long, ...);
 
@@ -685,7 +776,7 @@ static int accept_offer_refused_for(const uint32_t v[3], const char *refusal) {
     b.max_msg = MIB;
     const char *why = NULL;
     last_pidfd = -1;
-    tpi_shm_rx *rx = tpi_shm_accept(&b, 0, NULL, v, &why);
+    tpi_shm_rx *rx = tpi_shm_accept(&b, 0, NULL, v, &why, &no_link, &no_ring_why);
     if (!rx) {
         assert_non_null(why);
         if (!strstr(why, refusal))
@@ -711,7 +802,7 @@ static int offer_to_worker_1(uint32_t v[3]) {
     a.world_size = 2;
     int probe = -1;
     uint8_t rec[TPI_TCP_RECORD_SIZE];
-    assert_int_equal(tpi_shm_offer(&a, 1, &probe, rec), 0);
+    assert_int_equal(tpi_shm_offer(&a, 1, &probe, &no_link, rec), 0);
     assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_OFFER);
     return probe;
 }
@@ -736,7 +827,7 @@ static void test_shm_offer_of_a_closed_descriptor_refused(void **state) {
  * and the pidfd is closed with the side) and for the dialer's probe. */
 static void test_shm_pidfd_and_probe_on_descriptor_0(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
         skip();
     }
@@ -754,7 +845,7 @@ static void test_shm_pidfd_and_probe_on_descriptor_0(void **state) {
     a.world_size = 2;
     int probe0 = -1;
     uint8_t rec[TPI_TCP_RECORD_SIZE];
-    int offered = tpi_shm_offer(&a, 1, &probe0, rec);
+    int offered = tpi_shm_offer(&a, 1, &probe0, &no_link, rec);
     if (probe0 >= 0)
         close(probe0);
     assert_int_equal(dup2(saved, 0), 0); /* stdin back, before any check */
@@ -773,7 +864,7 @@ static void test_shm_pidfd_and_probe_on_descriptor_0(void **state) {
  * there too, and the taken descriptor is closed either way. */
 static void test_shm_probe_on_descriptor_0_checked(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
         skip();
     }
@@ -805,7 +896,7 @@ static void test_shm_probe_on_descriptor_0_checked(void **state) {
  * probe cut short is refused too. */
 static void test_shm_probe_every_field_checked(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
         skip();
     }
@@ -1047,7 +1138,7 @@ static void read_and_release(tpi_tcp_agent *a, tpi_shm_rx *rx, const uint32_t v[
  * and the new slab is taken, and nothing stays mapped at the end. */
 static void test_shm_slab_taken_once_per_generation(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
         skip();
     }
@@ -1093,7 +1184,7 @@ static tpi_shm_rx *accepted_side(tpi_tcp_agent *b, void *conn, int *pidfd) {
     int probe = offer_to_worker_1(v);
     const char *why = NULL;
     last_pidfd = -1;
-    tpi_shm_rx *rx = tpi_shm_accept(b, 0, conn, v, &why);
+    tpi_shm_rx *rx = tpi_shm_accept(b, 0, conn, v, &why, &no_link, &no_ring_why);
     close(probe);
     if (!rx)
         fail_msg("%s", why);
@@ -1135,7 +1226,7 @@ static int take_releases(tpi_tcp_agent *b, const int *tags, uint32_t got[3]) {
  * stay; a frame freed after its side was detached lists nothing. */
 static void test_shm_releases_listed_once_per_side(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here\n");
         skip();
     }
@@ -1218,7 +1309,7 @@ static void test_shm_offer_without_its_probe_leaks_nothing(void **state) {
     uint8_t rec[TPI_TCP_RECORD_SIZE];
     size_t before = open_fds();
     fail_pwrite = 1;
-    int rc = tpi_shm_offer(&a, 1, &probe, rec);
+    int rc = tpi_shm_offer(&a, 1, &probe, &no_link, rec);
     fail_pwrite = 0;
     assert_int_equal(rc, -1);
     assert_int_equal(probe, -1);
@@ -1291,7 +1382,7 @@ static int body_held_past_close(tt_job *job, int rank) {
  * connection, arrives in a slab again, and both workers shut down well. */
 static void test_shm_answer_held_past_its_connection(void **state) {
     (void)state;
-    if (!can_take_fds()) {
+    if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
@@ -1489,6 +1580,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_min_bytes_is_inclusive),
         cmocka_unit_test(test_shm_frame_over_the_pool_takes_the_stream),
         cmocka_unit_test(test_shm_off),
+        cmocka_unit_test(test_ring_keeps_order_across_roads),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
