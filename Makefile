@@ -41,7 +41,7 @@ test: test-deps build
 # ThreadSanitizer on the TCP transport's tests, where threads really run at
 # once (the simulator's tasks never do): its own folder, build-tsan. CI runs
 # it after the two builds' tests. tests/tsan.supp says why each entry is there.
-TSAN_TESTS := test_tcp test_tcp_bounds test_tcp_shm test_tcp_etcd test_etcd_store
+TSAN_TESTS := test_tcp test_tcp_bounds test_tcp_shm test_tcp_direct test_tcp_etcd test_etcd_store
 TSAN_FLAGS := -fsanitize=thread
 tsan: deps
 	@cmake -S . -B build-tsan -DTP_BUILD_FUZZ=OFF -DCMAKE_C_FLAGS=$(TSAN_FLAGS) \

@@ -2491,6 +2491,15 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "shm_pool_bytes", "1024");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "shm_pool_bytes '1024'");
+    /* TCP-28: a ring's size is 0 or a power of two from 4 KiB to 256 MiB. */
+    static const char *const rings[] = {"2048", "12288", "536870912", "-1"};
+    for (size_t i = 0; i < sizeof rings / sizeof rings[0]; i++) {
+        tp_construct_rpc_backend_options("TENSORPIPE", &o);
+        tp_options_set(o, "shm_ring_bytes", rings[i]);
+        char want[64];
+        snprintf(want, sizeof want, "shm_ring_bytes '%s'", rings[i]);
+        bad |= expect_init_error(o, 0, 1, TP_EINVAL, want);
+    }
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "rx_budget", "1");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "options can only lower this bound (TCP-19)");
