@@ -410,6 +410,66 @@ static void test_ring_keeps_order_across_roads(void **state) {
     tt_job_free(&job);
 }
 
+#define BURST_CALLS 4000
+
+/* inc(i): i + 1, on the I/O thread (FUNC-6). */
+static tp_status fn_inc(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                        tp_value **result, void *user_data) {
+    (void)call;
+    (void)kwargs;
+    (void)user_data;
+    int64_t i = 0;
+    if (tp_value_get_int(tp_list_get(args, 0), &i) != TP_OK)
+        return TP_EINVAL;
+    *result = tp_value_int(i + 1);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static int body_burst(tt_job *job, int rank) {
+    shared = job->shared;
+    tp_set_log_level(TP_LOG_DEBUG);
+    tp_set_log_callback(count_ring, job->shared);
+    TT_CHECK(tp_register_function_ex("inc", fn_inc, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_future **f = calloc(BURST_CALLS, sizeof *f);
+        TT_CHECK(f);
+        for (int i = 0; i < BURST_CALLS; i++) {
+            tp_value *args = tp_value_list_of(1, tp_value_int(i));
+            TT_CHECK(args && tp_rpc_async(tp_to_rank(1), "inc", args, NULL, 20, &f[i]) == TP_OK);
+            tp_value_free(args);
+        }
+        for (int i = 0; i < BURST_CALLS; i++) {
+            int64_t v = -1;
+            TT_CHECK(tp_future_wait(f[i], 30) == TP_OK);
+            TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == i + 1);
+            tp_future_free(f[i]);
+        }
+        free(f);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-28: a burst of calls, written into the default ring faster than
+ * the reader hands them on: its loop reads at most TPI_SHM_RING_BATCH
+ * records a turn, then comes back by its own bell (it is not asleep, so the
+ * writer rings nothing); every call is answered. */
+static void test_ring_reader_comes_back_after_a_batch(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_burst, NULL), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    assert_true(atomic_load(&job.shared->count[C_RING_LOGGED]) >= 1);
+    tt_job_free(&job);
+}
+
 /* ---- A peer killed while frames go through shared memory -------------------- */
 
 #define KILL_CALLS 8
@@ -1581,6 +1641,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_frame_over_the_pool_takes_the_stream),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_ring_keeps_order_across_roads),
+        cmocka_unit_test(test_ring_reader_comes_back_after_a_batch),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
