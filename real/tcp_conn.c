@@ -932,6 +932,10 @@ static void out_idle(tpi_tcp_conn *c) {
         p->q_head = c->ring_head;
         atomic_fetch_add(&p->q_bytes, c->ring_bytes);
         pthread_mutex_unlock(&a->qmu);
+        tpi_log(TP_LOG_DEBUG,
+                "worker %u: %llu bytes of frames waiting for the ring's room go "
+                "to worker %u on its next connection",
+                a->rank, (unsigned long long)c->ring_bytes, c->peer);
         c->ring_head = c->ring_tail = NULL;
         c->ring_bytes = 0;
     }

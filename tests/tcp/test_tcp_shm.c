@@ -470,6 +470,96 @@ static void test_ring_reader_comes_back_after_a_batch(void **state) {
     tt_job_free(&job);
 }
 
+#define IDLE_CALLS 2000
+enum { F_STALLING = 1, F_WARM = 2, C_REQUEUED = 7 };
+
+/* stall(): holds worker 1's I/O thread for 1.5 s, past its idle_timeout of
+ * 1 s: what a slow upcall does (FUNC-6 asks functions never to). */
+static tp_status fn_stall(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data) {
+    (void)call;
+    (void)args;
+    (void)kwargs;
+    (void)user_data;
+    atomic_store(&shared->flag[F_STALLING], 1);
+    uint64_t until = tt_now_ns() + 1500000000ull;
+    while (tt_now_ns() < until) {
+    }
+    *result = tp_value_nil();
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static void count_requeued(tp_log_level level, const char *msg, void *ud) {
+    count_ring(level, msg, ud);
+    if (strstr(msg, "waiting for the ring's room go to worker 1 on its next connection"))
+        atomic_fetch_add(&((tt_shared *)ud)->count[C_REQUEUED], 1);
+}
+
+static int body_idle_full(tt_job *job, int rank) {
+    shared = job->shared;
+    tp_set_log_level(TP_LOG_DEBUG);
+    tp_set_log_callback(count_requeued, job->shared);
+    TT_CHECK(tp_register_function_ex("inc", fn_inc, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    TT_CHECK(tp_register_function_ex("stall", fn_stall, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o);
+    if (rank == 1)
+        TT_CHECK(tp_options_set(o, "idle_timeout", "1") == TP_OK);
+    if (rank == 0)
+        TT_CHECK(tp_options_set(o, "shm_ring_bytes", "4096") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    int64_t v = 0;
+    if (rank == 0) {
+        TT_CHECK(tt_call_add(tp_to_rank(1), 1, 2, 10, &v) == TP_OK && v == 3); /* the ring */
+        atomic_store(&shared->flag[F_WARM], 1);
+        TT_CHECK(tt_await_flag(shared, F_STALLING, 1, 30) == 0);
+        tp_future **f = calloc(IDLE_CALLS, sizeof *f);
+        TT_CHECK(f);
+        for (int i = 0; i < IDLE_CALLS; i++) {
+            tp_value *args = tp_value_list_of(1, tp_value_int(i));
+            TT_CHECK(args && tp_rpc_async(tp_to_rank(1), "inc", args, NULL, 30, &f[i]) == TP_OK);
+            tp_value_free(args);
+        }
+        for (int i = 0; i < IDLE_CALLS; i++) {
+            TT_CHECK(tp_future_wait(f[i], 30) == TP_OK);
+            TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == i + 1);
+            tp_future_free(f[i]);
+        }
+        free(f);
+    } else if (rank == 2) {
+        TT_CHECK(tt_await_flag(shared, F_WARM, 1, 30) == 0); /* worker 0's ring is up */
+        tp_value *none = tp_value_list_of(0);
+        tp_value *res = NULL;
+        TT_CHECK(none && tp_rpc_sync(tp_to_rank(1), "stall", none, NULL, 30, &res) == TP_OK);
+        tp_value_free(res);
+        tp_value_free(none);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-28, TCP-19: worker 1's loop stalls past its idle_timeout while
+ * worker 0 fills its 4 KiB ring and has most of 2000 calls waiting for
+ * room; worker 1 asks for the idle connection's close before it reads the
+ * ring. The frames still waiting go back to worker 0's queue and out on
+ * the next connection (the ring's records first, read at the CLOSE):
+ * every call is answered, none lost. */
+static void test_ring_idle_close_keeps_waiting_frames(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 3, body_idle_full, NULL), 0);
+    assert_int_equal(tt_wait(&job, 120), 0);
+    int requeued = atomic_load(&job.shared->count[C_REQUEUED]);
+    fprintf(stderr, "  frames sent back to the queue at IDLE: %d time(s)\n", requeued);
+    assert_true(requeued >= 1);
+    tt_job_free(&job);
+}
+
 /* ---- A peer killed while frames go through shared memory -------------------- */
 
 #define KILL_CALLS 8
@@ -1642,6 +1732,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_ring_keeps_order_across_roads),
         cmocka_unit_test(test_ring_reader_comes_back_after_a_batch),
+        cmocka_unit_test(test_ring_idle_close_keeps_waiting_frames),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
