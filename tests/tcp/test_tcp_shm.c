@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1720,6 +1721,134 @@ static void test_shm_dialer_unmaps_its_slabs_when_freed(void **state) {
     assert_int_equal(slab_maps(), maps_before);
 }
 
+/* ---- A ring's offer, checked by the acceptor (TCP-28) ---------------------------- */
+
+/* An offer with a 4 KiB ring, from worker 0 (this process): the probe's
+ * descriptor (open, for the test to change), and the dialer's link. */
+static int ring_offer(uint32_t v[3], tpi_shm_link **l) {
+    tpi_tcp_agent a;
+    memset(&a, 0, sizeof a);
+    a.rank = 0;
+    a.world_size = 2;
+    a.shm_ring = 4096;
+    int probe = -1;
+    uint8_t rec[TPI_TCP_RECORD_SIZE];
+    assert_int_equal(tpi_shm_offer(&a, 1, &probe, l, rec), 0);
+    assert_non_null(*l);
+    assert_int_equal(tpi_tcp_shm_decode(rec, v), TPI_TCP_SHM_OFFER);
+    return probe;
+}
+
+/* Worker 1, with shm_ring_bytes ring, takes offer v: the slabs' side always
+ * (the probe holds), the ring's end or NULL with the reason in *why. */
+static tpi_shm_link *ring_accept(const uint32_t v[3], uint64_t ring, const char **why) {
+    tpi_tcp_agent b;
+    memset(&b, 0, sizeof b);
+    b.rank = 1;
+    b.world_size = 2;
+    b.max_msg = MIB;
+    b.shm_ring = ring;
+    const char *rx_why = NULL;
+    tpi_shm_link *got = NULL;
+    *why = NULL;
+    tpi_shm_rx *rx = tpi_shm_accept(&b, 0, NULL, v, &rx_why, &got, why);
+    assert_non_null(rx);
+    tpi_shm_rx_unref(rx);
+    assert_true((got == NULL) == (*why != NULL));
+    return got;
+}
+
+static void probe_put32(int probe, off_t at, uint32_t x) {
+    uint8_t b[4];
+    tpi_tcp_put_u32(b, x);
+    assert_int_equal(pwrite(probe, b, 4, at), 4);
+}
+
+/* Offers a 4 KiB ring with field at (probe bytes 40..55: ring, data bell,
+ * room bell, size) set to x, or the ring's magic scribbled when at is 0:
+ * worker 1 refuses the ring for why, and keeps nothing of it. */
+static void ring_refused_for(off_t at, uint32_t x, const char *why) {
+    uint32_t v[3];
+    tpi_shm_link *l = NULL;
+    int probe = ring_offer(v, &l);
+    if (at)
+        probe_put32(probe, at, x);
+    else
+        l->map[0] = 'X';
+    const char *got_why = NULL;
+    tpi_shm_link *got = ring_accept(v, 4096, &got_why);
+    assert_null(got);
+    if (!strstr(got_why, why))
+        fail_msg("ring refused: %s (not: %s)", got_why, why);
+    tpi_shm_link_free(l);
+    close(probe);
+}
+
+/* spec: TCP-28: the acceptor maps a ring only as offered (a memfd sealed
+ * against shrinking, of exactly the size the probe names, within the
+ * option's bounds, its header whole) and takes only eventfds for bells;
+ * anything else leaves the pair on slabs and the stream, the reason named,
+ * nothing of the offer kept open. The ring it takes is the dialer's: what
+ * one end writes the other reads, and the writer's wake-up rings the
+ * reader's bell. */
+static void test_ring_offer_checked(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here\n");
+        skip();
+    }
+    size_t before = open_fds();
+    uint32_t v[3];
+    tpi_shm_link *l = NULL;
+    const char *why = NULL;
+    int probe = ring_offer(v, &l);
+    tpi_shm_link *got = ring_accept(v, 4096, &why);
+    assert_non_null(got);
+    assert_int_equal(got->ring.cap, 4096);
+    assert_false(got->ring.writer);
+    assert_int_equal(tpi_ring_arm(&got->ring), 0); /* asleep: the next record rings */
+    struct iovec iov = {(void *)"hello", 5};
+    assert_int_equal(tpi_ring_write(&l->ring, &iov, 1), TPI_RING_OK);
+    struct pollfd pf = {.fd = got->wait_fd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 1000), 1);
+    char buf[8];
+    size_t n = 0;
+    assert_int_equal(tpi_ring_arm(&l->ring), 0); /* the writer waits for room */
+    assert_int_equal(tpi_ring_read(&got->ring, buf, sizeof buf, &n), TPI_RING_OK);
+    assert_true(n == 5 && memcmp(buf, "hello", 5) == 0);
+    pf.fd = l->wait_fd; /* the room bell rang */
+    assert_int_equal(poll(&pf, 1, 1000), 1);
+    tpi_shm_link_free(got);
+    tpi_shm_link_free(l);
+    close(probe);
+    /* A worker with shm_ring_bytes 0 takes none. */
+    probe = ring_offer(v, &l);
+    assert_null(ring_accept(v, 0, &why));
+    assert_string_equal(why, "this worker has shm_ring_bytes=0");
+    tpi_shm_link_free(l);
+    close(probe);
+    /* An offer without a ring. */
+    probe = offer_to_worker_1(v);
+    assert_null(ring_accept(v, 4096, &why));
+    assert_string_equal(why, "the dialer offered no ring");
+    close(probe);
+    ring_refused_for(52, 4096 + 512 + 4096, "not a sealed memfd of the size offered");
+    ring_refused_for(52, 4096 + 511, "a ring of a size outside the bounds");
+    ring_refused_for(52, 512 + (256u << 20) + 1, "a ring of a size outside the bounds");
+    int pp[2];
+    assert_int_equal(pipe(pp), 0);
+    ring_refused_for(44, (uint32_t)pp[0], "a bell that is not an eventfd");
+    ring_refused_for(48, (uint32_t)pp[1], "a bell that is not an eventfd");
+    close(pp[0]);
+    close(pp[1]);
+    int m = memfd_create("unsealed", MFD_CLOEXEC);
+    assert_true(m >= 0 && ftruncate(m, 4096 + 512) == 0);
+    ring_refused_for(40, (uint32_t)m, "not a sealed memfd of the size offered");
+    close(m);
+    ring_refused_for(0, 0, "the ring's header does not hold");
+    assert_int_equal(open_fds(), before);
+}
+
 int main(int argc, char **argv) {
     tt_ensure_secret();
     if (argc > 1)
@@ -1754,6 +1883,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_slab_not_made_leaks_nothing),
         cmocka_unit_test(test_shm_offer_without_its_probe_leaks_nothing),
         cmocka_unit_test(test_shm_offer_of_a_closed_descriptor_refused),
+        cmocka_unit_test(test_ring_offer_checked),
         cmocka_unit_test(test_shm_room_made_from_free_slabs_only),
         cmocka_unit_test(test_shm_slab_taken_once_per_generation),
         cmocka_unit_test(test_shm_releases_listed_once_per_side),
