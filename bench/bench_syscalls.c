@@ -152,8 +152,8 @@ static int run_traced(const char *self, int n, int placement, const char *fn, sy
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
-        execlp("strace", "strace", "-f", "-c", "-o", path, "--", self, "--syscall-job", nbuf, pbuf, fn,
-               (char *)NULL);
+        execlp("strace", "strace", "-f", "-c", "-o", path, "--", self, "--syscall-job", nbuf, pbuf,
+               fn, bench_shm_off ? "shm=off" : "shm=on", (char *)NULL);
         fprintf(stderr, "rpc_bench: cannot run strace: %s (scripts/install-deps.sh strace)\n",
                 strerror(errno));
         _exit(127);

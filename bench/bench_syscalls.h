@@ -9,8 +9,9 @@
 #ifndef TP_BENCH_SYSCALLS_H
 #define TP_BENCH_SYSCALLS_H
 
-/* The traced program's body (rpc_bench --syscall-job n placement fn): rpc_syncs
- * of fn ("echo" or "nb_echo"); 0 on success. */
+/* The traced program's body (rpc_bench --syscall-job n placement fn shm=on|off,
+ * the last setting bench_shm_off): rpc_syncs of fn ("echo" or "nb_echo"); 0 on
+ * success. */
 int bench_syscall_job(int n, int placement, const char *fn);
 
 /*

@@ -27,7 +27,7 @@ typedef struct bench_args {
     int quick;
     int raw_only;
     int placement;                                    /* bench_placement of the two-process jobs */
-    int rtt, async, bulk, init, syscalls, crypt, ipc; /* the workloads to run */
+    int rtt, async, bulk, init, syscalls, crypt, ipc, stream; /* the workloads to run */
 } bench_args;
 
 static void usage(void) {
@@ -38,16 +38,18 @@ static void usage(void) {
             "  --quick        fewer samples and no 32-process init: a smoke run\n"
             "  --raw-only     only the raw TCP and IPC figures (no rpc job)\n"
             "  --no-syscalls  skip syscalls_per_rpc_sync (needs strace)\n"
-            "  --only W       one workload: rtt, async, bulk, init, syscalls, crypt or ipc (e.g.\n"
-            "                 under perf), or several: rtt,ipc; a ratio is printed only when\n"
-            "                 both its figures ran\n"
+            "  --only W       one workload: rtt, async, bulk, init, syscalls, crypt, ipc or\n"
+            "                 stream (e.g. under perf), or several: rtt,ipc; a ratio is printed\n"
+            "                 only when both its figures ran; stream repeats rtt, async and\n"
+            "                 syscalls (those selected) with shm=off, prefixed tcp_\n"
             "  --placement P  where the two worker processes run: spread (default: rank r\n"
             "                 on CPU r), one (both on CPU 0) or free (the scheduler's choice)\n"
             "  --worker-threads N\n"
             "                 num_worker_threads of the workers (default: the library's)\n"
             "  --auth on|off  the workers' authentication (default on, spec/tcp.md TCP-17)\n"
-            "  --shm on|off     shared memory between the two workers (default on, TCP-22):\n"
-            "                 off keeps every frame on the loopback stream\n"
+            "  --shm on|off   shared memory between the two workers (default on: the ring\n"
+            "                 of TCP-28, slabs of TCP-22): off keeps every frame on the\n"
+            "                 loopback stream\n"
             "  --encrypt on|off\n"
             "                 the workers' encryption of the stream (default off, TCP-21); the\n"
             "                 crypt workload measures both in one run whatever this says\n"
@@ -66,8 +68,10 @@ static int parse_placement(const char *s) {
 
 /* The flag of the workload named by w[0..n), or NULL. */
 static int *only_workload(bench_args *a, const char *w, size_t n) {
-    static const char *const names[] = {"rtt", "async", "bulk", "init", "syscalls", "crypt", "ipc"};
-    int *const flags[] = {&a->rtt, &a->async, &a->bulk, &a->init, &a->syscalls, &a->crypt, &a->ipc};
+    static const char *const names[] = {"rtt",      "async", "bulk", "init",
+                                        "syscalls", "crypt", "ipc",  "stream"};
+    int *const flags[] = {&a->rtt,      &a->async, &a->bulk, &a->init,
+                          &a->syscalls, &a->crypt, &a->ipc,  &a->stream};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strlen(names[i]) == n && strncmp(w, names[i], n) == 0)
             return flags[i];
@@ -77,14 +81,14 @@ static int *only_workload(bench_args *a, const char *w, size_t n) {
 static int parse_args(int argc, char **argv, bench_args *a) {
     memset(a, 0, sizeof *a);
     a->placement = BENCH_PLACE_SPREAD;
-    a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = 1;
+    a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = a->stream = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             a->quick = 1;
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             /* W or W1,W2,...: e.g. rtt,ipc for the round trips and their ratios to the floor */
             const char *w = argv[++i];
-            a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = 0;
+            a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = a->stream = 0;
             while (*w) {
                 size_t n = strcspn(w, ",");
                 int *sel = only_workload(a, w, n);
@@ -94,8 +98,10 @@ static int parse_args(int argc, char **argv, bench_args *a) {
                 w += n + (w[n] == ',');
             }
             if (!a->rtt && !a->async && !a->bulk && !a->init && !a->syscalls && !a->crypt &&
-                !a->ipc)
+                !a->ipc && !a->stream)
                 return -1;
+            if (a->stream && !a->rtt && !a->async && !a->syscalls)
+                a->rtt = a->async = a->syscalls = 1; /* stream alone: what it repeats, both ways */
         } else if (strcmp(argv[i], "--placement") == 0 && i + 1 < argc) {
             a->placement = parse_placement(argv[++i]);
             if (a->placement < 0)
@@ -129,6 +135,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     }
     if (a->raw_only || bench_auth_off)
         a->crypt = 0; /* encryption needs rpc workers that authenticate */
+    if (a->raw_only || bench_shm_off)
+        a->stream = 0; /* the main job is on the stream already */
     if (a->raw_only) {
         a->async = a->init = a->syscalls = 0;
         a->rtt = a->bulk = 1;
@@ -351,14 +359,61 @@ static int run_crypt(const bench_args *a) {
     return 0;
 }
 
+/*
+ * The same host without shared memory (issue 23 keeps the TCP figures): the
+ * round trips, the async window and the system calls once more with
+ * shm=off, every frame on the loopback stream, against the raw reference
+ * of this job, so that the ring (TCP-28) and the stream compare in one run.
+ */
+static int run_stream(const bench_args *a, const bench_pair_results *ring) {
+    bench_args st = *a;
+    st.bulk = 0;
+    bench_pair_config cfg = pair_config(&st);
+    cfg.remote_samples = 0;
+    bench_pair_results r;
+    memset(&r, 0, sizeof r);
+    int saved = bench_shm_off;
+    bench_shm_off = 1;
+    int rc = (a->rtt || a->async) ? bench_pair_run(&cfg, &r) : 0;
+    if (rc == 0 && a->syscalls)
+        rc = run_syscall_figure(a, "echo", "tcp_syscalls_per_rpc_sync");
+    bench_shm_off = saved;
+    if (rc != 0) {
+        fprintf(stderr, "rpc_bench: the shm=off job failed\n");
+        return -1;
+    }
+    if (a->rtt) {
+        bench_print("tcp_raw_tcp_rtt_median_us", r.raw_rtt_median_us, "us");
+        bench_print("tcp_rpc_sync_rtt_median_us", r.rpc_rtt_median_us, "us");
+        bench_print("ratio_tcp_rpc_sync_rtt_median", r.rpc_rtt_median_us / r.raw_rtt_median_us,
+                    "x");
+        /* The ring's round trip over the stream's, directly and through each
+         * job's raw reference (steadier when the machine changed between). */
+        bench_print("ratio_rpc_sync_rtt_ring_over_tcp",
+                    ring->rpc_rtt_median_us / r.rpc_rtt_median_us, "x");
+        bench_print("ratio_rpc_sync_rtt_ring_over_tcp_vs_raw",
+                    (ring->rpc_rtt_median_us / ring->raw_rtt_median_us) /
+                        (r.rpc_rtt_median_us / r.raw_rtt_median_us),
+                    "x");
+    }
+    if (a->async) {
+        bench_print("tcp_rpc_async_calls_per_s", r.async_calls_per_s, "calls/s");
+        bench_print("ratio_rpc_async_ring_over_tcp", ring->async_calls_per_s / r.async_calls_per_s,
+                    "x");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     /* The job secret every forked worker inherits (spec/tcp.md TCP-17). */
     char secret[80];
     if (!getenv("TP_SECRET") &&
         (tp_job_secret_new(secret, sizeof secret) != TP_OK || setenv("TP_SECRET", secret, 1) != 0))
         return 1;
-    if (argc == 5 && strcmp(argv[1], "--syscall-job") == 0)
+    if (argc == 6 && strcmp(argv[1], "--syscall-job") == 0) {
+        bench_shm_off = strcmp(argv[5], "shm=off") == 0;
         return bench_syscall_job(atoi(argv[2]), atoi(argv[3]), argv[4]);
+    }
     bench_args a;
     if (parse_args(argc, argv, &a) != 0) {
         usage();
@@ -422,6 +477,8 @@ int main(int argc, char **argv) {
     if (!a.raw_only && (a.rtt || a.async || a.syscalls) && run_inline(&a, a.ipc ? &ipc : NULL) != 0)
         return 1;
     if (a.crypt && run_crypt(&a) != 0)
+        return 1;
+    if (a.stream && run_stream(&a, &r) != 0)
         return 1;
     if (bench_verbose)
         fprintf(stderr, "rpc_bench: the run took %.1f s\n", (double)(bench_now_ns() - t0) / 1e9);
