@@ -45,7 +45,6 @@
  * the loop seals and writes.
  */
 #include <errno.h>
-#include <limits.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <netinet/tcp.h>
@@ -1127,6 +1126,14 @@ static void deliver_frame(tpi_tcp_conn *c, tp_frame *f);
 
 static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit);
 
+/* The most records the ring can hold at once (each takes 8 bytes or more),
+ * and one turn more: a drain of what was written before an event on the
+ * stream (a frame, CLOSE, the end) needs no more turns, whatever the
+ * writer goes on writing meanwhile. */
+static unsigned ring_turns_max(const tpi_tcp_conn *c) {
+    return (unsigned)(c->link->ring.cap / TPI_RING_ALIGN) + 1;
+}
+
 /* A whole frame read from the stream. With a ring (TCP-28) it is the frame
  * a STREAM marker there announced: the ring's records before the marker go
  * first, the ring's after it wait for this frame (AGENT-8). */
@@ -1140,7 +1147,7 @@ static void deliver(tpi_tcp_conn *c) {
         deliver_frame(c, f);
         return;
     }
-    if (c->ring_marks == 0 && ring_drain(c, 1, UINT_MAX) != 0) {
+    if (c->ring_marks == 0 && ring_drain(c, 1, ring_turns_max(c)) != 0) {
         tp_frame_free(f);
         return;
     }
@@ -1922,7 +1929,7 @@ static void on_record(tpi_tcp_conn *c) {
     case TPI_TCP_CTL_CLOSE:
         if (!c->outgoing) {
             /* TCP-28: the ring's records were written before it. */
-            if (c->ring_on && ring_drain(c, 0, UINT_MAX) != 0)
+            if (c->ring_on && ring_drain(c, 0, ring_turns_max(c)) != 0)
                 return;
             conn_close(c); /* every frame before it was handed on; nothing follows */
             return;
@@ -2102,7 +2109,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         int err = (int)nread;
         if (!c->outgoing) {
             /* TCP-28: what the ring holds was written before the end. */
-            if (c->ring_on && c->state == CONN_OPEN && ring_drain(c, 0, UINT_MAX) != 0)
+            if (c->ring_on && c->state == CONN_OPEN && ring_drain(c, 0, ring_turns_max(c)) != 0)
                 return;
             in_ended(c, uv_strerror(err));
         } else if (c->got_abort) {
