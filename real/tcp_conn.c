@@ -1388,6 +1388,19 @@ static void shm_on_answer(tpi_tcp_conn *c, uint32_t yes, uint32_t ring) {
         tpi_tcp_flush(a, c->peer);
 }
 
+/* Hands on the frame a FRAME record (fields v) names in a slab (TCP-22);
+ * 0, or -1 after a protocol error was raised. */
+static int slab_deliver(tpi_tcp_conn *c, const uint32_t v[3]) {
+    char err[TP_ERRMSG_LEN_MAX];
+    tp_frame *f = tpi_shm_frame(c->shm_rx, v, c->a->max_msg, err, sizeof err);
+    if (!f) {
+        in_protocol_error(c, err);
+        return -1;
+    }
+    deliver_frame(c, f);
+    return 0;
+}
+
 /* Handles a shared memory record (kind, fields v) read from the stream;
  * 0, or -1 after a protocol error was raised. */
 static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
@@ -1405,15 +1418,8 @@ static int shm_on_record(tpi_tcp_conn *c, int kind, const uint32_t v[3]) {
         return 0;
     }
     /* With a ring, FRAME records travel in it, in the frames' order. */
-    if (kind == TPI_TCP_SHM_FRAME && !c->outgoing && c->shm_rx && !c->ring_on) {
-        tp_frame *f = tpi_shm_frame(c->shm_rx, v, a->max_msg, err, sizeof err);
-        if (!f) {
-            in_protocol_error(c, err);
-            return -1;
-        }
-        deliver_frame(c, f);
-        return 0;
-    }
+    if (kind == TPI_TCP_SHM_FRAME && !c->outgoing && c->shm_rx && !c->ring_on)
+        return slab_deliver(c, v);
     if (kind == TPI_TCP_SHM_RELEASE && c->outgoing && c->shm == SHM_ACTIVE &&
         tpi_shm_release(a, c->peer, c->shm_session, v[0]) == 0)
         return 0;
@@ -1497,15 +1503,8 @@ static int ring_handle(tpi_tcp_conn *c, ring_rec *rr) {
             c->ring_marks++;
             return 0;
         }
-        if (kind == TPI_TCP_SHM_FRAME && c->shm_rx) {
-            tp_frame *f = tpi_shm_frame(c->shm_rx, v, a->max_msg, err, sizeof err);
-            if (!f) {
-                in_protocol_error(c, err);
-                return -1;
-            }
-            deliver_frame(c, f);
-            return 0;
-        }
+        if (kind == TPI_TCP_SHM_FRAME && c->shm_rx)
+            return slab_deliver(c, v);
         tpi_format(err, sizeof err,
                    "unexpected record %02x %02x %02x %02x (kind %u) in the "
                    "shared memory ring (TCP-28)",

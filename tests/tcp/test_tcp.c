@@ -2152,8 +2152,7 @@ enum {
     C_RING_NO_MARKER = 14,
     C_RING_CORRUPT = 15,
     C_RING_UNTAKEN = 16,
-    C_RING_PING = 17,
-    C_RING_TAKEN = 18
+    C_RING_PING = 17
 };
 
 static void count_ring_drops(tp_log_level level, const char *msg, void *ud) {
