@@ -1334,7 +1334,7 @@ static void shm_on_offer(tpi_tcp_conn *c, const uint32_t v[3]) {
         tpi_log(TP_LOG_INFO,
                 "worker %u: no shared memory with worker %u (%s): its frames come over TCP",
                 a->rank, c->peer, why);
-    else if (rx && !link)
+    else if (rx && !link && ring_why)
         tpi_log(TP_LOG_INFO,
                 "worker %u: no shared memory ring with worker %u (%s): its small frames come "
                 "over TCP",

@@ -400,7 +400,9 @@ int tpi_shm_offer(tpi_tcp_agent *a, uint32_t peer, int *probe_fd, tpi_shm_link *
                   uint8_t rec[TPI_TCP_RECORD_SIZE]);
 /* Acceptor: checks an OFFER's probe (v: its fields) from peer; the side of
  * connection conn, or NULL with *why. With a side, *link is the ring the
- * probe names, taken (the caller's), or NULL with *ring_why. */
+ * probe names, taken (the caller's), or NULL: with *ring_why when one was
+ * offered and wanted but could not be taken, *ring_why NULL when the probe
+ * names none or this worker has shm_ring_bytes=0. */
 tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const uint32_t v[3],
                            const char **why, tpi_shm_link **link, const char **ring_why);
 /* Frees a link: the mapping, the memfd and bells. NULL is a no-op. */

@@ -356,12 +356,9 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
     rx->map_max = tpi_shm_slab_size(a->max_msg);
     rx->a = a;
     rx->conn = conn;
-    /* TCP-28: the ring, when offered and wanted; slabs go on without it. */
-    if (get32(probe + PROBE_RING_BYTES) == 0)
-        *ring_why = "the dialer offered no ring";
-    else if (a->shm_ring == 0)
-        *ring_why = "this worker has shm_ring_bytes=0";
-    else
+    /* TCP-28: the ring, when offered and wanted (either end may choose
+     * none: no reason then); slabs go on without it. */
+    if (get32(probe + PROBE_RING_BYTES) != 0 && a->shm_ring != 0)
         *link = link_take(a, pidfd, probe, ring_why);
     return rx;
 }

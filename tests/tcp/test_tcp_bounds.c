@@ -2330,11 +2330,14 @@ static void impostor_answers(int auth, uint32_t world, int proof_of_zeros, const
         char err[128];
         uint32_t dialer = 0;
         size_t got = tt_raw_recv(fd, rec, want);
-        if (got == 0) { /* a dialer whose init failed already closed before its hello */
+        if (got < want) {
+            /* A dialer whose init failed already (another dialer of worker
+             * 2 was answered first, its job is ending) closed before its
+             * hello or its nonce; the dialer under test is answered when
+             * it comes, and the job's end is what is checked. */
             close(fd);
             continue;
         }
-        assert_int_equal(got, want);
         uint32_t flags = auth ? TPI_TCP_HELLO_AUTH : 0;
         assert_true(
             tpi_tcp_hello_check(rec, TPI_TCP_HELLO_OPEN, 2, 3, flags, &dialer, err, sizeof err));
