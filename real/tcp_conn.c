@@ -227,6 +227,7 @@ void tpi_tcp_direct_grant(tpi_tcp_agent *a, uint32_t id) {
                          uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
         return;
     pthread_mutex_lock(&a->qmu);
+    TPI_ASSERT(p->direct_fd < 0 || !p->direct_ring); /* one grant or the other */
     if (p->direct_busy) {
         p->direct_pending = 1; /* the writer grants it when done, if all went out */
     } else if (!p->q_head && !p->dead && !a->stopping) {
@@ -925,6 +926,7 @@ static void out_idle(tpi_tcp_conn *c) {
          * are the oldest of the queue, for the next connection. */
         tpi_tcp_peer *p = &a->peers[c->peer];
         pthread_mutex_lock(&a->qmu);
+        TPI_ASSERT((p->q_head == NULL) == (p->q_tail == NULL));
         c->ring_tail->next = p->q_head;
         if (!p->q_head)
             p->q_tail = c->ring_tail;
@@ -1540,6 +1542,7 @@ static int ring_handle(tpi_tcp_conn *c, ring_rec *rr) {
  * events). 0, or -1 once the connection failed.
  */
 static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
+    TPI_ASSERT(!c->outgoing && c->ring_on && c->link && !c->link->ring.writer);
     tpi_tcp_agent *a = c->a;
     tpi_ring *r = &c->link->ring;
     unsigned turns = 0, delivered = 0;
@@ -2461,6 +2464,9 @@ static void stream_write(tpi_tcp_conn *c, tp_frame *f) {
  * slab with its FRAME record in the ring; one no slab takes goes on the
  * stream behind a STREAM marker in the ring. */
 static void ring_pump(tpi_tcp_conn *c) {
+    TPI_ASSERT(c->outgoing && c->ring_on && c->link && c->link->ring.writer);
+    TPI_ASSERT((c->ring_head == NULL) == (c->ring_tail == NULL));
+    TPI_ASSERT(c->ring_head || c->ring_bytes == 0);
     tpi_tcp_agent *a = c->a;
     tpi_ring *r = &c->link->ring;
     uint64_t max = TPI_RING_RECORD_MAX(r->cap);

@@ -127,6 +127,8 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
         st = TP_EPEERDOWN;
     } else {
         tpi_tcp_peer *p = &a->peers[dst];
+        TPI_ASSERT((p->q_head == NULL) == (p->q_tail == NULL)); /* the queue's ends agree */
+        TPI_ASSERT(p->direct_fd < 0 || !p->direct_ring);        /* one grant at most */
         f->next = NULL;
         /* TCP-22: a frame for a slab is the loop's to copy there. */
         int shm = f->len >= a->shm_min && atomic_load_explicit(&p->shm_active, memory_order_relaxed);

@@ -153,8 +153,12 @@ static void expect_direct_writes(direct_mode mode) {
             "uv_async_send calls: %d\n",
             CALLS, n, bells, asyncs);
     if (mode == D_RING) {
+        /* Not on the socket, and not handed to the loop (each hand-off is a
+         * uv_async_send): into the ring, by this thread. Its bells ring
+         * only when the other end's loop sleeps, which a busy machine may
+         * not let it do between two calls. */
         assert_int_equal(n, 0);
-        assert_true(bells - asyncs >= CALLS * 3 / 4); /* the ring's bells, not the loop's */
+        assert_true(asyncs <= CALLS / 4);
     } else {
         assert_true(n >= CALLS * 3 / 4);
     }
@@ -167,11 +171,10 @@ static void test_tcp_direct_write_by_caller(void **state) {
 }
 
 /* spec: TCP-15, TCP-28: between two workers on one host the caller writes
- * its request into the ring itself: no sendmsg of its own, and the bell of
- * the other end's sleeping loop rung from this thread, request after
- * request (a ring's grant is kept by the writer). Were the ring's grant
- * never given, the loop would write and ring, and this thread would only
- * wake the loop: 0 bells of its own. Skipped where pidfd_getfd is not
+ * its request into the ring itself, request after request (a ring's grant
+ * is kept by the writer): no sendmsg of its own, and no hand-off to its
+ * loop. Were the ring's grant never given, every request would be handed
+ * to the loop (20 uv_async_send calls). Skipped where pidfd_getfd is not
  * permitted (the pair stays on TCP). */
 static void test_tcp_direct_write_into_the_ring(void **state) {
     (void)state;
