@@ -2152,7 +2152,9 @@ enum {
     C_RING_NO_MARKER = 14,
     C_RING_CORRUPT = 15,
     C_RING_UNTAKEN = 16,
-    C_RING_PING = 17
+    C_RING_PING = 17,
+    C_RING_MARK_FIELDS = 18, /* a STREAM marker with a field set */
+    C_RING_REC_FIELDS = 19   /* a RING record with a field set (also counts C_RING_UNTAKEN's) */
 };
 
 static void count_ring_drops(tp_log_level level, const char *msg, void *ud) {
@@ -2170,6 +2172,9 @@ static void count_ring_drops(tp_log_level level, const char *msg, void *ud) {
         {C_RING_UNTAKEN, "dropped: unexpected shared memory record (kind 11, 0 0 0) on an "
                          "accepted connection"},
         {C_RING_PING, "dropped: unexpected record 54 50 43 54 (kind 3) in the shared memory ring"},
+        {C_RING_MARK_FIELDS, "dropped: unexpected record 54 50 43 54 (kind 12) in the shared "
+                             "memory ring"},
+        {C_RING_REC_FIELDS, "dropped: unexpected shared memory record (kind 11, "},
     };
     for (size_t i = 0; level == TP_LOG_WARN && i < sizeof k / sizeof k[0]; i++)
         if (strstr(msg, k[i].what))
@@ -2304,6 +2309,24 @@ static void test_tcp_ring_garbage(void **state) {
         tpi_ring_wake(&l->ring);
         tt_expect_abort_then_dropped(fd);
         tpi_shm_link_free(l);
+        /* Markers and RING records are all zeros past their kind: one field
+         * set at a time makes each unexpected. */
+        for (int k = 0; k < 3; k++) {
+            uint32_t f[3] = {0, 0, 0};
+            f[k] = 1;
+            fd = ring_open(addr, &l);
+            tpi_tcp_shm_encode(rec, TPI_TCP_SHM_STREAM, 2, f[0], f[1], f[2]);
+            ring_put(l, rec, sizeof rec);
+            tt_expect_abort_then_dropped(fd);
+            tpi_shm_link_free(l);
+            int taken = 0;
+            fd = ring_conn(addr, 4096, &l, &taken);
+            assert_int_equal(taken, 1);
+            tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RING, 2, f[0], f[1], f[2]);
+            tt_raw_send(fd, rec, sizeof rec);
+            tt_expect_abort_then_dropped(fd);
+            tpi_shm_link_free(l);
+        }
         /* RING twice. */
         fd = ring_open(addr, &l);
         tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RING, 2, 0, 0, 0);
@@ -2325,6 +2348,8 @@ static void test_tcp_ring_garbage(void **state) {
     for (size_t i = 0; i < sizeof once / sizeof once[0]; i++)
         assert_int_equal(atomic_load(&job.shared->count[once[i]]), ran);
     assert_int_equal(atomic_load(&job.shared->count[C_RING_UNTAKEN]), 2 * ran);
+    assert_int_equal(atomic_load(&job.shared->count[C_RING_MARK_FIELDS]), 3 * ran);
+    assert_int_equal(atomic_load(&job.shared->count[C_RING_REC_FIELDS]), 5 * ran);
     tt_job_free(&job);
 }
 

@@ -563,6 +563,61 @@ static void test_ring_idle_close_keeps_waiting_frames(void **state) {
     tt_job_free(&job);
 }
 
+enum { C_RING_TO_1 = 8 };
+
+static void count_ring_to_1(tp_log_level level, const char *msg, void *ud) {
+    (void)level;
+    if (strstr(msg, "worker 0: frames to worker 1 go through a shared memory ring"))
+        atomic_fetch_add(&((tt_shared *)ud)->count[C_RING_TO_1], 1);
+}
+
+static int body_busy_not_idle(tt_job *job, int rank) {
+    shared = job->shared;
+    tp_set_log_level(TP_LOG_DEBUG);
+    tp_set_log_callback(count_ring_to_1, job->shared);
+    TT_CHECK(tp_register_function_ex("inc", fn_inc, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    tp_options *o = tt_options(job, 30, 10);
+    TT_CHECK(o);
+    if (rank == 1)
+        TT_CHECK(tp_options_set(o, "idle_timeout", "1") == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        uint64_t until = tt_now_ns() + 2500000000ull;
+        for (int64_t i = 0; tt_now_ns() < until; i++) {
+            tp_value *args = tp_value_list_of(1, tp_value_int(i)), *res = NULL;
+            int64_t v = -1;
+            TT_CHECK(args && tp_rpc_sync(tp_to_rank(1), "inc", args, NULL, 10, &res) == TP_OK);
+            TT_CHECK(tp_value_get_int(res, &v) == TP_OK && v == i + 1);
+            tp_value_free(args);
+            tp_value_free(res);
+            usleep(20000);
+        }
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-28, TCP-19: frames read from the ring are activity: worker 1,
+ * with an idle_timeout of 1 s, does not ask worker 0 to close a connection
+ * whose stream is silent while its ring carries a call every 20 ms for
+ * 2.5 s. Were only the stream's reads counted, IDLE would come after 1 s
+ * and worker 0 would dial again (a second ring). */
+static void test_ring_traffic_is_not_idleness(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_busy_not_idle, NULL), 0);
+    assert_int_equal(tt_wait(&job, 60), 0);
+    int rings = atomic_load(&job.shared->count[C_RING_TO_1]);
+    fprintf(stderr, "  worker 0's rings to worker 1: %d\n", rings);
+    assert_int_equal(rings, 1);
+    tt_job_free(&job);
+}
+
 /* ---- A peer killed while frames go through shared memory -------------------- */
 
 #define KILL_CALLS 8
@@ -1865,6 +1920,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ring_keeps_order_across_roads),
         cmocka_unit_test(test_ring_reader_comes_back_after_a_batch),
         cmocka_unit_test(test_ring_idle_close_keeps_waiting_frames),
+        cmocka_unit_test(test_ring_traffic_is_not_idleness),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
