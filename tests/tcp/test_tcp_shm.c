@@ -618,6 +618,82 @@ static void test_ring_traffic_is_not_idleness(void **state) {
     tt_job_free(&job);
 }
 
+#define MAXED_BYTES 5000
+enum { C_MAXED_OK = 9 };
+
+/* echo_n(n): n bytes. */
+static tp_status fn_echo_n(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                           tp_value **result, void *user_data) {
+    (void)call;
+    (void)kwargs;
+    (void)user_data;
+    int64_t n = 0;
+    if (tp_value_get_int(tp_list_get(args, 0), &n) != TP_OK || n < 0 || n > MAXED_BYTES + 1)
+        return TP_EINVAL;
+    static const uint8_t zeros[MAXED_BYTES + 1];
+    *result = tp_value_bytes(zeros, (size_t)n);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/* The bytes of the RESPONSE frame carrying n bytes, as the codec encodes it. */
+static uint64_t response_len(size_t n) {
+    static const uint8_t zeros[MAXED_BYTES + 1];
+    tpi_msg m;
+    tpi_msg_reset(&m);
+    m.type = TPI_MSG_RESPONSE;
+    m.id = 1;
+    m.value = tp_value_bytes(zeros, n);
+    tp_frame *f = NULL;
+    char err[TP_ERRMSG_LEN_MAX];
+    assert_int_equal(tpi_msg_encode(&m, NULL, UINT64_MAX, &f, err, sizeof err), TP_OK);
+    uint64_t len = f->len;
+    tp_frame_free(f);
+    tp_value_free(m.value);
+    return len;
+}
+
+static int body_maxed(tt_job *job, int rank) {
+    shared = job->shared;
+    const uint64_t *max = job->arg;
+    TT_CHECK(tp_register_function("echo_n", fn_echo_n, NULL) == TP_OK);
+    tp_options *o = tt_options(job, 10, 10);
+    TT_CHECK(o);
+    if (rank == 0)
+        TT_CHECK(tp_options_set_max_message_size(o, *max) == TP_OK);
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        tp_value *args = tp_value_list_of(1, tp_value_int(MAXED_BYTES)), *res = NULL;
+        const void *b = NULL;
+        size_t n = 0;
+        TT_CHECK(args && tp_rpc_sync(tp_to_rank(1), "echo_n", args, NULL, 10, &res) == TP_OK);
+        TT_CHECK(tp_value_get_bytes(res, &b, &n) == TP_OK && n == MAXED_BYTES);
+        atomic_fetch_add(&shared->count[C_MAXED_OK], 1);
+        tp_value_free(args);
+        tp_value_free(res);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-28, TCP-4: a frame of exactly max_message_size comes through
+ * the ring (worker 0's bound set to the length of the answer it gets),
+ * as it would through the stream: the bound is inclusive. */
+static void test_ring_frame_of_max_message_size(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    uint64_t max = response_len(MAXED_BYTES);
+    assert_true(max >= 4096 && max < 128 * 1024); /* a bound allowed, a record of the ring */
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_maxed, &max), 0);
+    assert_int_equal(tt_wait(&job, 60), 0);
+    assert_int_equal(atomic_load(&job.shared->count[C_MAXED_OK]), 1);
+    tt_job_free(&job);
+}
+
 /* ---- A peer killed while frames go through shared memory -------------------- */
 
 #define KILL_CALLS 8
@@ -1921,6 +1997,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ring_reader_comes_back_after_a_batch),
         cmocka_unit_test(test_ring_idle_close_keeps_waiting_frames),
         cmocka_unit_test(test_ring_traffic_is_not_idleness),
+        cmocka_unit_test(test_ring_frame_of_max_message_size),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
