@@ -132,8 +132,17 @@ static void count_no_shm(tp_log_level level, const char *msg, void *ud) {
 
 static int shm_auth_off; /* set before the forks: both workers with auth=off */
 
-/* Probes (TCP-22's OFFER memfds) this process has open. */
+/* Descriptors of this process whose link names memfd "what". */
+static int open_memfds(const char *what);
+
+/* Probes (TCP-22's OFFER memfds) and rings' memfds (TCP-28: the mapping
+ * stays, the descriptor goes once the acceptor answered) this process has
+ * open. */
 static int open_probes(void) {
+    return open_memfds("memfd:tensorplay-shm-probe") + open_memfds("memfd:tensorplay-ring");
+}
+
+static int open_memfds(const char *name) {
     DIR *d = opendir("/proc/self/fd");
     if (!d)
         return -1;
@@ -144,7 +153,7 @@ static int open_probes(void) {
         ssize_t k = readlink(path, what, sizeof what - 1);
         if (k > 0) {
             what[k] = '\0';
-            n += strstr(what, "memfd:tensorplay-shm-probe") != NULL;
+            n += strstr(what, name) != NULL;
         }
     }
     closedir(d);
@@ -197,8 +206,8 @@ static int body_tensors(tt_job *job, int rank) {
     } else {
         TT_CHECK(tt_await_flag(shared, 0, 1, 60) == 0);
     }
-    /* Every OFFER was answered (yes or no): its probe is closed, not kept
-     * for the connection's life. */
+    /* Every OFFER was answered (yes or no): its probe and its ring's memfd
+     * are closed, not kept for the connection's life. */
     uint64_t until = tt_now_ns() + 2000000000ull;
     while (open_probes() != 0 && tt_now_ns() < until)
         usleep(10000);
