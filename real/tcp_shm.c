@@ -741,9 +741,8 @@ tp_status tpi_shm_setup(tpi_tcp_agent *a, const tp_options *opts, char *errmsg,
     if (st != TP_OK)
         return st;
     a->shm_ring = TPI_SHM_RING_DEFAULT;
-    if (st == TP_OK)
-        st = tpi_tcp_read_count(opts, "shm_ring_bytes", 0, TPI_SHM_RING_MAX, " (TCP-28)",
-                                &a->shm_ring, errmsg, errmsg_len);
+    st = tpi_tcp_read_count(opts, "shm_ring_bytes", 0, TPI_SHM_RING_MAX, " (TCP-28)", &a->shm_ring,
+                            errmsg, errmsg_len);
     if (st != TP_OK)
         return st;
     if (a->shm_ring != 0 &&
