@@ -2333,8 +2333,9 @@ static void impostor_answers(int auth, uint32_t world, int proof_of_zeros, const
         if (got < want) {
             /* A dialer whose init failed already (another dialer of worker
              * 2 was answered first, its job is ending) closed before its
-             * hello or its nonce; the dialer under test is answered when
-             * it comes, and the job's end is what is checked. */
+             * hello or its nonce, or closes before our answer is written
+             * (below); the dialers are answered as they come, and the
+             * job's end is what is checked. */
             close(fd);
             continue;
         }
@@ -2343,12 +2344,16 @@ static void impostor_answers(int auth, uint32_t world, int proof_of_zeros, const
             tpi_tcp_hello_check(rec, TPI_TCP_HELLO_OPEN, 2, 3, flags, &dialer, err, sizeof err));
         uint32_t sender = proof_of_zeros ? 2 : dialer == 0 ? 1 : 0;
         tpi_tcp_hello_encode(rec, TPI_TCP_HELLO_ACCEPT, sender, dialer, world, flags);
-        tt_raw_send(fd, rec, TPI_TCP_RECORD_SIZE);
-        if (proof_of_zeros) {
+        int sent = tt_raw_send_all(fd, rec, TPI_TCP_RECORD_SIZE);
+        if (sent == 0 && proof_of_zeros) {
             uint8_t payload[16] = {1, 2, 3}, zeros[16] = {0};
             tpi_tcp_auth_encode(rec, TPI_TCP_AUTH_NONCE, payload);
             tpi_tcp_auth_encode(rec + TPI_TCP_RECORD_SIZE, TPI_TCP_AUTH_PROOF, zeros);
-            tt_raw_send(fd, rec, 2 * TPI_TCP_RECORD_SIZE);
+            sent = tt_raw_send_all(fd, rec, 2 * TPI_TCP_RECORD_SIZE);
+        }
+        if (sent != 0) { /* that dialer left meanwhile, as above */
+            close(fd);
+            continue;
         }
         assert_true(nheld < 8);
         held[nheld++] = fd; /* open and silent: a ping sent here is never answered */
