@@ -1164,6 +1164,20 @@ enum { F_UP = 0, F_SAW_DEAD = 1, F_NEW_UP = 2, F_CALLED_NEW = 3, NS_REJOINED = 1
 /* spec: REJOIN-1..7 on TCP. worker2 is killed, a new process rejoins as
  * worker2 on a new port; worker0's rref of the old one fails clearly, and
  * calls both ways work again; every graceful shutdown says TP_OK. */
+
+/* Calls add on d, 5 ms apart, until one fails with TP_EPEERDOWN (a kill
+ * seen) or 2,000 tried: the last status. */
+static tp_status call_until_down(tp_dest d) {
+    tp_status st = TP_OK;
+    int64_t v = 0;
+    for (int i = 0; i < 2000 && st != TP_EPEERDOWN; i++) {
+        st = tt_call_add(d, 1, 2, 1.0, &v);
+        if (st != TP_EPEERDOWN)
+            usleep(5000);
+    }
+    return st;
+}
+
 static int body_rejoin(tt_job *job, int rank) {
     tt_shared *sh = job->shared;
     tp_options *o = tt_options(job, 10, 10);
@@ -1187,12 +1201,7 @@ static int body_rejoin(tt_job *job, int rank) {
         tp_value_free(got);
         atomic_fetch_add(&sh->flag[F_UP], 1); /* the rref exists: kill now */
         /* Until the kill is seen, then the restart announces itself. */
-        for (int i = 0; i < 2000 && st != TP_EPEERDOWN; i++) {
-            st = tt_call_add(tp_to_rank(2), 1, 2, 1.0, &v);
-            if (st != TP_EPEERDOWN)
-                usleep(5000);
-        }
-        TT_CHECK(st == TP_EPEERDOWN);
+        TT_CHECK(call_until_down(tp_to_rank(2)) == TP_EPEERDOWN);
         atomic_store(&sh->flag[F_SAW_DEAD], 1);
         TT_CHECK(tt_await_flag(sh, F_NEW_UP, 1, 30) == 0);
         TT_CHECK(tt_call_add(tp_to_rank(2), 20, 3, 10, &v) == TP_OK && v == 23);
@@ -1269,13 +1278,7 @@ static int body_dies_twice(tt_job *job, int rank) {
     TT_CHECK(tt_await_flag(sh, F_TW_UP, 1, 30) == 0);
     TT_CHECK(tt_call_add(tp_to_rank(1), 1, 2, 10, &v) == TP_OK && v == 3);
     atomic_store(&sh->flag[F_TW_UP], 2); /* kill it now */
-    tp_status st = TP_OK;
-    for (int i = 0; i < 2000 && st != TP_EPEERDOWN; i++) {
-        st = tt_call_add(tp_to_rank(1), 1, 2, 1.0, &v);
-        if (st != TP_EPEERDOWN)
-            usleep(5000);
-    }
-    TT_CHECK(st == TP_EPEERDOWN);
+    TT_CHECK(call_until_down(tp_to_rank(1)) == TP_EPEERDOWN);
     atomic_store(&sh->flag[F_TW_DEAD], 1);
     TT_CHECK(tt_await_flag(sh, F_TW_NEW, 1, 30) == 0);
     TT_CHECK(tt_call_add(tp_to_rank(1), 20, 3, 10, &v) == TP_OK && v == 23);
@@ -1285,7 +1288,7 @@ static int body_dies_twice(tt_job *job, int rank) {
     tp_value_free(args);
     usleep(100000); /* it reached worker 1 */
     atomic_store(&sh->flag[F_TW_OUT], 1);
-    st = tp_future_wait(f, 30);
+    tp_status st = tp_future_wait(f, 30);
     uint64_t done = tt_now_ns();
     fprintf(stderr, "  the call in flight at the second death: %s after %.1f ms: %s\n",
             tp_status_name(st), (double)(done - atomic_load(&sh->ns[NS_TW_KILL])) / 1e6,
@@ -2246,6 +2249,22 @@ static void ring_put(tpi_shm_link *l, const void *p, size_t n) {
     assert_int_equal(tpi_ring_write(&l->ring, &iov, 1), TPI_RING_OK);
 }
 
+enum { IN_RING = 1, ON_STREAM = 0 };
+
+/* A fresh connection with its ring read (ring_open) sends n bytes at p as
+ * one ring record (IN_RING) or on its stream: worker 1 aborts it. */
+static void ring_refused(const char *addr, int in_ring, const void *p, size_t n) {
+    tpi_shm_link *l = NULL;
+    int fd = ring_open(addr, &l);
+    assert_true(fd >= 0);
+    if (in_ring)
+        ring_put(l, p, n);
+    else
+        tt_raw_send(fd, p, n);
+    tt_expect_abort_then_dropped(fd);
+    tpi_shm_link_free(l);
+}
+
 /* spec: TCP-28, TCP-7: what a dialer that passed the proof may put in its
  * ring, or send around it, that no worker would: each a protocol error
  * for that one connection (ABORT, then the end), named in the log, and
@@ -2265,7 +2284,7 @@ static void test_tcp_ring_garbage(void **state) {
     free(v);
     store->ops->close(store);
     tpi_shm_link *l = NULL;
-    uint8_t rec[TPI_TCP_RECORD_SIZE], h[24], frame[74];
+    uint8_t rec[TPI_TCP_RECORD_SIZE], frame[74];
     int fd = ring_open(addr, &l);
     int ran = fd >= 0;
     if (!ran) {
@@ -2276,32 +2295,20 @@ static void test_tcp_ring_garbage(void **state) {
         tt_expect_abort_then_dropped(fd);
         tpi_shm_link_free(l);
         /* A frame whose header says 124 bytes, in a record of 74. */
-        fd = ring_open(addr, &l);
-        tt_frame_header(h, TPI_WIRE_VERSION, 1, 100);
         memset(frame, 'x', sizeof frame);
-        memcpy(frame, h, sizeof h);
-        ring_put(l, frame, sizeof frame);
-        tt_expect_abort_then_dropped(fd);
-        tpi_shm_link_free(l);
+        tt_frame_header(frame, TPI_WIRE_VERSION, 1, 100);
+        ring_refused(addr, IN_RING, frame, sizeof frame);
         /* A control record other than FRAME or STREAM in the ring. */
-        fd = ring_open(addr, &l);
         tpi_tcp_ctl_encode(rec, TPI_TCP_CTL_PING, 2);
-        ring_put(l, rec, sizeof rec);
-        tt_expect_abort_then_dropped(fd);
-        tpi_shm_link_free(l);
+        ring_refused(addr, IN_RING, rec, sizeof rec);
         /* A STREAM marker on the stream instead of in the ring. */
-        fd = ring_open(addr, &l);
         tpi_tcp_shm_encode(rec, TPI_TCP_SHM_STREAM, 2, 0, 0, 0);
-        tt_raw_send(fd, rec, sizeof rec);
-        tt_expect_abort_then_dropped(fd);
-        tpi_shm_link_free(l);
-        /* A frame on the stream with no marker for it in the ring. */
-        fd = ring_open(addr, &l);
-        tt_frame_header(h, TPI_WIRE_VERSION, 1, 16);
-        tt_raw_send(fd, h, sizeof h);
-        tt_raw_send(fd, "0123456789abcdef", 16);
-        tt_expect_abort_then_dropped(fd);
-        tpi_shm_link_free(l);
+        ring_refused(addr, ON_STREAM, rec, sizeof rec);
+        /* A frame on the stream (a header and 16 bytes) with no marker for
+         * it in the ring. */
+        tt_frame_header(frame, TPI_WIRE_VERSION, 1, 16);
+        memcpy(frame + 24, "0123456789abcdef", 16);
+        ring_refused(addr, ON_STREAM, frame, 24 + 16);
         /* A tail past anything the ring can hold: CORRUPT. */
         fd = ring_open(addr, &l);
         _Atomic uint64_t *tail = (_Atomic uint64_t *)(void *)(l->ring.base + TPI_RING_LINE);
@@ -2314,11 +2321,8 @@ static void test_tcp_ring_garbage(void **state) {
         for (int k = 0; k < 3; k++) {
             uint32_t f[3] = {0, 0, 0};
             f[k] = 1;
-            fd = ring_open(addr, &l);
             tpi_tcp_shm_encode(rec, TPI_TCP_SHM_STREAM, 2, f[0], f[1], f[2]);
-            ring_put(l, rec, sizeof rec);
-            tt_expect_abort_then_dropped(fd);
-            tpi_shm_link_free(l);
+            ring_refused(addr, IN_RING, rec, sizeof rec);
             int taken = 0;
             fd = ring_conn(addr, 4096, &l, &taken);
             assert_int_equal(taken, 1);
@@ -2328,11 +2332,8 @@ static void test_tcp_ring_garbage(void **state) {
             tpi_shm_link_free(l);
         }
         /* RING twice. */
-        fd = ring_open(addr, &l);
         tpi_tcp_shm_encode(rec, TPI_TCP_SHM_RING, 2, 0, 0, 0);
-        tt_raw_send(fd, rec, sizeof rec);
-        tt_expect_abort_then_dropped(fd);
-        tpi_shm_link_free(l);
+        ring_refused(addr, ON_STREAM, rec, sizeof rec);
         /* RING where no ring was taken (none offered). */
         int taken = 1;
         fd = ring_conn(addr, 0, &l, &taken);
