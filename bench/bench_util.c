@@ -19,6 +19,7 @@ int bench_worker_threads = 0;
 int bench_auth_off = 0;
 int bench_encrypt = 0;
 int bench_shm_off = 0;
+int bench_spin_us = 0;
 
 uint64_t bench_now_ns(void) {
     struct timespec ts;
@@ -215,6 +216,12 @@ tp_options *bench_worker_options(uint16_t store_port) {
         (bench_auth_off && tp_options_set(o, "auth", "off") != TP_OK) ||
         (bench_encrypt && tp_options_set(o, "encrypt", "on") != TP_OK) ||
         (bench_shm_off && tp_options_set(o, "shm", "off") != TP_OK)) {
+        tp_options_free(o);
+        return NULL;
+    }
+    char spin[16];
+    snprintf(spin, sizeof spin, "%d", bench_spin_us);
+    if (bench_spin_us > 0 && tp_options_set(o, "spin_us", spin) != TP_OK) {
         tp_options_free(o);
         return NULL;
     }

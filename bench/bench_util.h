@@ -77,6 +77,7 @@ extern int bench_auth_off;
 extern int bench_encrypt;
 /* 1: the workers keep every frame on the TCP stream (shm=off, spec/tcp.md TCP-22). */
 extern int bench_shm_off;
+extern int bench_spin_us; /* the workers' spin_us (TCP-29); 0: the default */
 
 /* A child-side check: prints the failed condition and the last rpc error, returns 1. */
 #define BENCH_CHECK(cond)                                                                          \

@@ -27,21 +27,23 @@ typedef struct bench_args {
     int quick;
     int raw_only;
     int placement;                                    /* bench_placement of the two-process jobs */
-    int rtt, async, bulk, init, syscalls, crypt, ipc, stream; /* the workloads to run */
+    int rtt, async, bulk, init, syscalls, crypt, ipc, stream, spin; /* the workloads to run */
 } bench_args;
 
 static void usage(void) {
     fprintf(stderr,
             "usage: rpc_bench [--quick] [--raw-only] [--no-syscalls] [--only WORKLOAD]\n"
             "                 [--placement spread|one|free] [--worker-threads N] [--auth on|off]\n"
-            "                 [--encrypt on|off] [--shm on|off] [-v]\n"
+            "                 [--encrypt on|off] [--shm on|off] [--spin-us N] [-v]\n"
             "  --quick        fewer samples and no 32-process init: a smoke run\n"
             "  --raw-only     only the raw TCP and IPC figures (no rpc job)\n"
             "  --no-syscalls  skip syscalls_per_rpc_sync (needs strace)\n"
-            "  --only W       one workload: rtt, async, bulk, init, syscalls, crypt, ipc or\n"
-            "                 stream (e.g. under perf), or several: rtt,ipc; a ratio is printed\n"
+            "  --only W       one workload: rtt, async, bulk, init, syscalls, crypt, ipc,\n"
+            "                 stream or spin (e.g. under perf), or several: rtt,ipc; a ratio\n"
+            "                 is printed\n"
             "                 only when both its figures ran; stream repeats rtt, async and\n"
-            "                 syscalls (those selected) with shm=off, prefixed tcp_\n"
+            "                 syscalls (those selected) with shm=off, prefixed tcp_; spin\n"
+            "                 repeats rtt and async with spin_us 200, prefixed spin_\n"
             "  --placement P  where the two worker processes run: spread (default: rank r\n"
             "                 on CPU r), one (both on CPU 0) or free (the scheduler's choice)\n"
             "  --worker-threads N\n"
@@ -50,6 +52,8 @@ static void usage(void) {
             "  --shm on|off   shared memory between the two workers (default on: the ring\n"
             "                 of TCP-28, slabs of TCP-22): off keeps every frame on the\n"
             "                 loopback stream\n"
+            "  --spin-us N    the workers' spin_us (TCP-29, 0..10000; default 0): how long\n"
+            "                 a waiting caller and the I/O threads spin before they sleep\n"
             "  --encrypt on|off\n"
             "                 the workers' encryption of the stream (default off, TCP-21); the\n"
             "                 crypt workload measures both in one run whatever this says\n"
@@ -68,10 +72,10 @@ static int parse_placement(const char *s) {
 
 /* The flag of the workload named by w[0..n), or NULL. */
 static int *only_workload(bench_args *a, const char *w, size_t n) {
-    static const char *const names[] = {"rtt",      "async", "bulk", "init",
-                                        "syscalls", "crypt", "ipc",  "stream"};
-    int *const flags[] = {&a->rtt,      &a->async, &a->bulk, &a->init,
-                          &a->syscalls, &a->crypt, &a->ipc,  &a->stream};
+    static const char *const names[] = {"rtt",   "async", "bulk",   "init", "syscalls",
+                                        "crypt", "ipc",   "stream", "spin"};
+    int *const flags[] = {&a->rtt,   &a->async, &a->bulk,   &a->init, &a->syscalls,
+                          &a->crypt, &a->ipc,   &a->stream, &a->spin};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strlen(names[i]) == n && strncmp(w, names[i], n) == 0)
             return flags[i];
@@ -82,6 +86,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     memset(a, 0, sizeof *a);
     a->placement = BENCH_PLACE_SPREAD;
     a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = a->stream = 1;
+    a->spin = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             a->quick = 1;
@@ -89,6 +94,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             /* W or W1,W2,...: e.g. rtt,ipc for the round trips and their ratios to the floor */
             const char *w = argv[++i];
             a->rtt = a->async = a->bulk = a->init = a->syscalls = a->crypt = a->ipc = a->stream = 0;
+            a->spin = 0;
             while (*w) {
                 size_t n = strcspn(w, ",");
                 int *sel = only_workload(a, w, n);
@@ -98,8 +104,10 @@ static int parse_args(int argc, char **argv, bench_args *a) {
                 w += n + (w[n] == ',');
             }
             if (!a->rtt && !a->async && !a->bulk && !a->init && !a->syscalls && !a->crypt &&
-                !a->ipc && !a->stream)
+                !a->ipc && !a->stream && !a->spin)
                 return -1;
+            if (a->spin && !a->rtt && !a->async)
+                a->rtt = a->async = 1; /* spin alone: what it repeats */
             if (a->stream && !a->rtt && !a->async && !a->syscalls)
                 a->rtt = a->async = a->syscalls = 1; /* stream alone: what it repeats, both ways */
         } else if (strcmp(argv[i], "--placement") == 0 && i + 1 < argc) {
@@ -118,6 +126,10 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         } else if (strcmp(argv[i], "--shm") == 0 && i + 1 < argc &&
                    (strcmp(argv[i + 1], "on") == 0 || strcmp(argv[i + 1], "off") == 0)) {
             bench_shm_off = strcmp(argv[++i], "off") == 0;
+        } else if (strcmp(argv[i], "--spin-us") == 0 && i + 1 < argc) {
+            bench_spin_us = atoi(argv[++i]);
+            if (bench_spin_us < 0 || bench_spin_us > 10000)
+                return -1;
         } else if (strcmp(argv[i], "--encrypt") == 0 && i + 1 < argc) {
             const char *v = argv[++i];
             if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0)
@@ -137,6 +149,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         a->crypt = 0; /* encryption needs rpc workers that authenticate */
     if (a->raw_only || bench_shm_off)
         a->stream = 0; /* the main job is on the stream already */
+    if (a->raw_only || bench_spin_us > 0)
+        a->spin = 0; /* the main job spins already */
     if (a->raw_only) {
         a->async = a->init = a->syscalls = 0;
         a->rtt = a->bulk = 1;
@@ -427,6 +441,46 @@ static int run_stream(const bench_args *a, const bench_pair_results *ring) {
     return 0;
 }
 
+/* The spin that issue 23's "spin on" target is measured with (TCP-29). */
+#define BENCH_SPIN_US 200
+
+/*
+ * Issue 23's "spin on": the round trips and the async window once more
+ * with every worker's spin_us at BENCH_SPIN_US, against this job's own raw
+ * reference and the main job (spin off) of the same run.
+ */
+static int run_spin(const bench_args *a, const bench_pair_results *nospin) {
+    bench_args sp = *a;
+    sp.bulk = 0;
+    bench_pair_config cfg = pair_config(&sp);
+    cfg.remote_samples = 0;
+    bench_pair_results r;
+    memset(&r, 0, sizeof r);
+    bench_spin_us = BENCH_SPIN_US;
+    int rc = bench_pair_run(&cfg, &r);
+    bench_spin_us = 0;
+    if (rc != 0) {
+        fprintf(stderr, "rpc_bench: the spin_us=%d job failed\n", BENCH_SPIN_US);
+        return -1;
+    }
+    bench_print("spin_us", BENCH_SPIN_US, "us");
+    if (a->rtt) {
+        bench_print("spin_raw_tcp_rtt_median_us", r.raw_rtt_median_us, "us");
+        bench_print("spin_rpc_sync_rtt_median_us", r.rpc_rtt_median_us, "us");
+        bench_print("spin_rpc_sync_rtt_p99_us", r.rpc_rtt_p99_us, "us");
+        bench_print("ratio_spin_rpc_sync_rtt_median", r.rpc_rtt_median_us / r.raw_rtt_median_us,
+                    "x");
+        bench_print("ratio_rpc_sync_rtt_spin_over_nospin",
+                    r.rpc_rtt_median_us / nospin->rpc_rtt_median_us, "x");
+    }
+    if (a->async) {
+        bench_print("spin_rpc_async_calls_per_s", r.async_calls_per_s, "calls/s");
+        bench_print("ratio_rpc_async_spin_over_nospin",
+                    r.async_calls_per_s / nospin->async_calls_per_s, "x");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     /* The job secret every forked worker inherits (spec/tcp.md TCP-17). */
     char secret[80];
@@ -507,6 +561,8 @@ int main(int argc, char **argv) {
     if (a.crypt && run_crypt(&a) != 0)
         return 1;
     if (a.stream && run_stream(&a, &r) != 0)
+        return 1;
+    if (a.spin && run_spin(&a, &r) != 0)
         return 1;
     if (bench_verbose)
         fprintf(stderr, "rpc_bench: the run took %.1f s\n", (double)(bench_now_ns() - t0) / 1e9);

@@ -470,6 +470,10 @@ static int ready(tpi_ring *r) {
            atomic_load_explicit(&s->tail, memory_order_acquire) != r->pos;
 }
 
+int tpi_ring_ready(tpi_ring *r) {
+    return ready(r);
+}
+
 void tpi_ring_set_bell(tpi_ring *r, int bell) {
     r->bell = bell;
 }

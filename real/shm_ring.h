@@ -116,6 +116,9 @@ void tpi_ring_set_bell(tpi_ring *r, int bell);
 int tpi_ring_arm(tpi_ring *r);
 /* Clears this end's "sleeps" flag: awake, no wake-up needed. */
 void tpi_ring_disarm(tpi_ring *r);
+/* 1 when the other end moved (or closed, or the ring is corrupt): what a
+ * spinning end looks at, without a system call. */
+int tpi_ring_ready(tpi_ring *r);
 
 /* Waits until the other end moved (reader: something was published or the
  * writer closed; writer: room was freed or the reader closed), spinning up

@@ -102,7 +102,7 @@ static void agent_stop(tp_agent *ag) {
     /* The loop closes the async handle only after seeing stopping under qmu,
      * so it is still open here. */
     if (a->started)
-        uv_async_send(&a->wake);
+        tpi_tcp_wake(a);
     pthread_mutex_unlock(&a->qmu);
     tpi_tcp_pool_close(a);  /* execute refuses from now on */
     tpi_tcp_wake_parked(a); /* parked tasks return TP_ESHUTDOWN */
@@ -387,6 +387,13 @@ static tp_status read_bound_options(tpi_tcp_agent *a, const tp_options *opts, ch
                                 "never declares, TCP-25)",
                                 &down_s, errmsg, errmsg_len);
     a->peer_down_ms = down_s * 1000u;
+    uint64_t spin_us = 0;
+    if (st == TP_OK)
+        st = tpi_tcp_read_count(opts, "spin_us", 0, TPI_TCP_SPIN_US_MAX,
+                                " (microseconds a waiting thread spins before it sleeps; 0 never "
+                                "spins, TCP-29)",
+                                &spin_us, errmsg, errmsg_len);
+    a->spin_ns = spin_us * 1000u;
     return st;
 }
 
@@ -463,7 +470,9 @@ static const char *const option_keys[] = {
     /* TCP-23 */
     "keepalive_idle", "keepalive_interval", "keepalive_count", "user_timeout",
     /* TCP-25 */
-    "peer_down_timeout", NULL};
+    "peer_down_timeout",
+    /* TCP-29 */
+    "spin_us", NULL};
 
 const tp_backend tpi_tcp_backend = {
     .api_version = TP_BACKEND_API_VERSION,

@@ -1577,6 +1577,59 @@ static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
     return c->state == CONN_OPEN ? 0 : -1;
 }
 
+/* A ring this loop reads and may spin on: open, not waiting for a frame of
+ * the stream (that one's frame comes by the socket). */
+static int ring_spun(const tpi_tcp_conn *c) {
+    return !c->outgoing && c->ring_on && c->state == CONN_OPEN && c->ring_marks == 0;
+}
+
+/*
+ * TCP-29: instead of sleeping in its poll at once, the loop looks at the
+ * rings it reads for up to spin_us (less when a timer is due sooner), with
+ * them disarmed, so a writer meanwhile rings no bell and this loop reads no
+ * eventfd. A ring with records is read there and the spin goes on; it
+ * stops at a wake-up of the loop (tpi_tcp_wake: frames to send, a timer
+ * changed), at stop and at its end, whatever was read: a socket's bytes
+ * and the timers wait at most spin_us. Every ring is armed again before it
+ * returns, and read when it moved meanwhile: none sleeps unarmed.
+ */
+void tpi_tcp_ring_spin(tpi_tcp_agent *a, uint64_t max_ns) {
+    uint32_t n = 0;
+    for (tpi_tcp_conn *c = a->conns; c; c = c->next)
+        if (ring_spun(c)) {
+            tpi_ring_disarm(&c->link->ring);
+            n++;
+        }
+    if (n == 0)
+        return;
+    unsigned wakes = atomic_load_explicit(&a->wakes, memory_order_acquire);
+    uint64_t until = tpi_tcp_now_ns() + (a->spin_ns < max_ns ? a->spin_ns : max_ns);
+    for (;;) {
+        tpi_tcp_conn *found = NULL;
+        for (tpi_tcp_conn *c = a->conns; c && !found; c = c->next)
+            if (ring_spun(c) && tpi_ring_ready(&c->link->ring))
+                found = c;
+        if (found) {
+            ring_drain(found, 0, TPI_SHM_RING_BATCH); /* arms it when empty */
+            if (ring_spun(found))
+                tpi_ring_disarm(&found->link->ring);
+        }
+        if (atomic_load_explicit(&a->wakes, memory_order_acquire) != wakes ||
+            atomic_load_explicit(&a->stop_flag, memory_order_relaxed))
+            break;
+        if (!found)
+            sched_yield(); /* a turn yields the CPU: see TCP-29 in spec/tcp.md */
+        if (tpi_tcp_now_ns() >= until)
+            break;
+    }
+    tpi_tcp_conn *next = NULL;
+    for (tpi_tcp_conn *c = a->conns; c; c = next) {
+        next = c->next;
+        if (ring_spun(c) && tpi_ring_arm(&c->link->ring))
+            ring_drain(c, 0, TPI_SHM_RING_BATCH); /* moved while we armed */
+    }
+}
+
 static void ring_pump(tpi_tcp_conn *c);
 
 /* This end's bell: the acceptor's says records wait, the dialer's that
@@ -2683,7 +2736,7 @@ tp_status tpi_tcp_set_peer(tpi_tcp_agent *a, uint32_t rank, const char *addr, ch
     p->dead = 0;
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_relaxed);
     tpi_tcp_mark_dirty(a, rank); /* the loop applies the address on its next turn */
-    uv_async_send(&a->wake);
+    tpi_tcp_wake(a);
     pthread_mutex_unlock(&a->qmu);
     free_frames(dropped);
     return TP_OK;

@@ -363,6 +363,10 @@ _Static_assert(TPI_RING_RECORD_MAX(TPI_SHM_RING_MIN) >= 2 * TP_FRAME_HEADER_SIZE
 /* Records the reader hands on per turn of its loop before other events
  * get theirs: a busy ring does not starve the other connections. */
 #define TPI_SHM_RING_BATCH 256
+/* TCP-29: option spin_us, how long a waiting thread spins before it
+ * sleeps (0, the default: never). Capped so a spin stays a short wait: a
+ * longer one is a sleep that burns a CPU. */
+#define TPI_TCP_SPIN_US_MAX 10000
 
 typedef struct tpi_tcp_agent tpi_tcp_agent;
 typedef struct tpi_shm_tx tpi_shm_tx; /* a peer's slabs (loop thread) */
@@ -544,6 +548,7 @@ struct tpi_tcp_agent {
     int shm_on;        /* TCP-22: offer and accept shared memory (set at init) */
     uint64_t shm_min, shm_pool;
     uint64_t shm_ring; /* TCP-28: a ring's data bytes; 0: no ring (set at init) */
+    uint64_t spin_ns;  /* TCP-29: option spin_us; 0: waits never spin (set at init) */
 
     /* The core lock, the tasks parked on it, and the unparked tasks to
      * signal once it is released (each holds a reference: tcp_sync.c). */
@@ -581,6 +586,8 @@ struct tpi_tcp_agent {
     uv_async_t wake;
     uv_timer_t timer;
     uv_check_t check; /* after each poll: direct writes granted again (TCP-15) */
+    uv_prepare_t spin; /* before each poll: TCP-29's spin on the rings read */
+    atomic_uint wakes; /* tpi_tcp_wake calls: a spinning loop stops at a new one */
     uv_tcp_t listener;
     pthread_t loop_thread;
     int loop_inited;
@@ -642,6 +649,14 @@ void tpi_tcp_loop_stop(tpi_tcp_agent *a);
 tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f);
 /* Lists peer id for the loop's next flush, once until then (qmu held). */
 void tpi_tcp_mark_dirty(tpi_tcp_agent *a, uint32_t id);
+/* TCP-29: the loop would now sleep in its poll for up to max_ns
+ * (UINT64_MAX: no timer): it spins on the rings it reads first. */
+void tpi_tcp_ring_spin(tpi_tcp_agent *a, uint64_t max_ns);
+/* Wakes the loop (uv_async_send), also out of TCP-29's spin. */
+static inline void tpi_tcp_wake(tpi_tcp_agent *a) {
+    atomic_fetch_add_explicit(&a->wakes, 1, memory_order_release);
+    uv_async_send(&a->wake);
+}
 /* Writes what senders queued, now (loop thread, between upcalls): frames
  * answered while a read batch is handled go out without waiting for its end. */
 void tpi_tcp_flush_dirty(tpi_tcp_agent *a);

@@ -63,7 +63,7 @@ void tpi_tcp_timer_arm(tpi_tcp_agent *a, uint64_t deadline_ns) {
         a->timer_deadline_ns = deadline_ns;
         a->timer_dirty = 1;
         if (a->started)
-            uv_async_send(&a->wake); /* before start, the loop applies it when it starts */
+            tpi_tcp_wake(a); /* before start, the loop applies it when it starts */
     }
     pthread_mutex_unlock(&a->qmu);
 }
@@ -180,7 +180,7 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
                 p->q_tail = f;
             tpi_tcp_mark_dirty(a, dst);
             if (!a->stopping) /* else stop drops the queues */
-                uv_async_send(&a->wake);
+                tpi_tcp_wake(a);
             pthread_mutex_unlock(&a->qmu);
             return TP_OK;
         }
@@ -191,7 +191,7 @@ tp_status tpi_tcp_send(tpi_tcp_agent *a, uint32_t dst, tp_frame *f) {
         p->q_tail = f;
         atomic_fetch_add_explicit(&p->q_bytes, f->len, memory_order_relaxed);
         tpi_tcp_mark_dirty(a, dst);
-        uv_async_send(&a->wake);
+        tpi_tcp_wake(a);
     }
     pthread_mutex_unlock(&a->qmu);
     return st;
@@ -225,6 +225,14 @@ static void deliver_loopback(tpi_tcp_agent *a) {
 /* After each poll: grant the direct writes used meanwhile (TCP-15). */
 static void on_check(uv_check_t *h) {
     tpi_tcp_direct_regrant(h->data);
+}
+
+/* Before each poll that would sleep: TCP-29's spin on the rings read. */
+static void on_spin(uv_prepare_t *h) {
+    tpi_tcp_agent *a = h->data;
+    int ms = uv_backend_timeout(&a->loop);
+    if (ms != 0 && !atomic_load(&a->stop_flag))
+        tpi_tcp_ring_spin(a, ms < 0 ? UINT64_MAX : (uint64_t)ms * 1000000u);
 }
 
 void tpi_tcp_mark_dirty(tpi_tcp_agent *a, uint32_t id) {
@@ -278,6 +286,7 @@ static void on_wake(uv_async_t *h) {
         uv_close((uv_handle_t *)&a->wake, NULL);
         uv_close((uv_handle_t *)&a->timer, NULL);
         uv_close((uv_handle_t *)&a->check, NULL);
+        uv_close((uv_handle_t *)&a->spin, NULL);
         uv_close((uv_handle_t *)&a->rx_admit, NULL);
         uv_close((uv_handle_t *)&a->listener, NULL);
         tpi_tcp_close_all(a);
@@ -310,6 +319,7 @@ static void loop_abandon(tpi_tcp_agent *a) {
     uv_close((uv_handle_t *)&a->wake, NULL);
     uv_close((uv_handle_t *)&a->timer, NULL);
     uv_close((uv_handle_t *)&a->check, NULL);
+    uv_close((uv_handle_t *)&a->spin, NULL);
     uv_close((uv_handle_t *)&a->rx_admit, NULL);
     uv_close((uv_handle_t *)&a->listener, NULL);
     uv_run(&a->loop, UV_RUN_DEFAULT);
@@ -344,6 +354,11 @@ tp_status tpi_tcp_loop_start(tpi_tcp_agent *a, char *errmsg, size_t errmsg_len) 
     a->check.data = a;
     uv_check_start(&a->check, on_check);
     uv_unref((uv_handle_t *)&a->check); /* never what keeps the loop running */
+    uv_prepare_init(&a->loop, &a->spin);
+    a->spin.data = a;
+    if (a->spin_ns > 0)
+        uv_prepare_start(&a->spin, on_spin);
+    uv_unref((uv_handle_t *)&a->spin);
     uv_idle_init(&a->loop, &a->rx_admit); /* started by a release of the read budget */
     a->rx_admit.data = a;
     uv_tcp_init(&a->loop, &a->listener);

@@ -385,7 +385,7 @@ static void hold_release(void *ctx) {
             rx->refs++;
             rx->next = a->shm_released;
             a->shm_released = rx;
-            uv_async_send(&a->wake);
+            tpi_tcp_wake(a);
         }
         pthread_mutex_unlock(&a->qmu);
     }

@@ -32,6 +32,7 @@
  */
 #define _GNU_SOURCE /* sem_clockwait */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,22 @@ static void park_unlink(tpi_tcp_agent *a, tpi_tcp_task *t) {
     t->parked = 0;
 }
 
+/* TCP-29: before it sleeps, a parked task spins up to spin_us for its
+ * permit (or the stop). 1 when one came: the unpark's post then finds no
+ * sleeper to wake (no system call) and is drained by the next park. */
+static int park_spin(tpi_tcp_agent *a, tpi_tcp_task *t, uint64_t deadline_ns) {
+    uint64_t now = tpi_tcp_now_ns();
+    uint64_t until = now + a->spin_ns < deadline_ns ? now + a->spin_ns : deadline_ns;
+    for (;;) {
+        if (atomic_load_explicit(&t->permit, memory_order_acquire) ||
+            atomic_load_explicit(&a->stop_flag, memory_order_relaxed))
+            return 1;
+        sched_yield(); /* a turn yields the CPU: see TCP-29 in spec/tcp.md */
+        if (tpi_tcp_now_ns() >= until)
+            return 0;
+    }
+}
+
 tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
     tpi_tcp_agent *a = AG(ag);
     tpi_tcp_task *t = (tpi_tcp_task *)self;
@@ -188,6 +205,14 @@ tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
     int rc = pthread_mutex_unlock(&a->mu);
     TPI_ASSERT(rc == 0);
     wake_signal(wake, n);
+    if (a->spin_ns > 0 && park_spin(a, t, deadline_ns)) {
+        rc = pthread_mutex_lock(&a->mu); /* unparked while it spun: no sleep, no post awaited */
+        TPI_ASSERT(rc == 0);
+        park_unlink(a, t);
+        if (atomic_exchange(&t->permit, 0))
+            return TP_OK;
+        return atomic_load(&a->stop_flag) ? TP_ESHUTDOWN : TP_OK;
+    }
     if (deadline_ns == UINT64_MAX) {
         while ((rc = sem_wait(&t->sem)) != 0 && errno == EINTR)
             ;

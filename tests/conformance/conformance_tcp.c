@@ -57,8 +57,12 @@ static int shm_denied_cases;     /* in the parent: cases where the proof was for
  * ranks while odd ones have shm=off (their pairs keep TCP: an offer
  * refused, or never made), "off" sets shm=off everywhere. Unset: the
  * defaults (only frames of 1 MiB and more take shared memory).
+ * TP_CONFORMANCE_SPIN_US sets every worker's spin_us (TCP-29).
  */
 static tp_status shm_options(tp_options *o) {
+    const char *spin = getenv("TP_CONFORMANCE_SPIN_US");
+    if (spin && *spin && tp_options_set(o, "spin_us", spin) != TP_OK)
+        return TP_EINVAL;
     const char *mode = getenv("TP_CONFORMANCE_SHM");
     if (!mode || !*mode)
         return TP_OK;

@@ -2525,6 +2525,15 @@ static int body_init_errors(tt_job *job, int rank) {
         snprintf(want, sizeof want, "shm_ring_bytes '%s'", rings[i]);
         bad |= expect_init_error(o, 0, 1, TP_EINVAL, want);
     }
+    /* TCP-29: a spin is bounded. */
+    static const char *const spins[] = {"10001", "-1", "1.5"};
+    for (size_t i = 0; i < sizeof spins / sizeof spins[0]; i++) {
+        tp_construct_rpc_backend_options("TENSORPIPE", &o);
+        tp_options_set(o, "spin_us", spins[i]);
+        char want[64];
+        snprintf(want, sizeof want, "spin_us '%s' is not a whole number in [0, 10000]", spins[i]);
+        bad |= expect_init_error(o, 0, 1, TP_EINVAL, want);
+    }
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "rx_budget", "1");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "options can only lower this bound (TCP-19)");

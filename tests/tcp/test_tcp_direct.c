@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdatomic.h>
 #include <stdarg.h>
@@ -50,9 +51,26 @@ static atomic_int half_written;
  * are counted apart: at most one write per uv_async_send call. */
 static _Thread_local unsigned long thread_bells, thread_async_sends;
 static int (*real_uv_async_send)(uv_async_t *);
+/* This thread's sleeps on its park semaphore (TCP-29 spins before one). */
+static _Thread_local unsigned long thread_sleeps;
+static int (*real_sem_wait)(sem_t *);
+static int (*real_sem_clockwait)(sem_t *, clockid_t, const struct timespec *);
 
 __attribute__((constructor)) static void resolve_real(void) {
     real_uv_async_send = (int (*)(uv_async_t *))dlsym(RTLD_NEXT, "uv_async_send");
+    real_sem_wait = (int (*)(sem_t *))dlsym(RTLD_NEXT, "sem_wait");
+    real_sem_clockwait =
+        (int (*)(sem_t *, clockid_t, const struct timespec *))dlsym(RTLD_NEXT, "sem_clockwait");
+}
+
+int sem_wait(sem_t *s) {
+    thread_sleeps++;
+    return real_sem_wait(s);
+}
+
+int sem_clockwait(sem_t *s, clockid_t clock, const struct timespec *at) {
+    thread_sleeps++;
+    return real_sem_clockwait(s, clock, at);
 }
 
 int uv_async_send(uv_async_t *h) {
@@ -97,12 +115,13 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     return k;
 }
 
-enum { C_DIRECT = 0, C_CUTS = 1, C_BELLS = 2, C_ASYNCS = 3 };
+enum { C_DIRECT = 0, C_CUTS = 1, C_BELLS = 2, C_ASYNCS = 3, C_SLEEPS = 4 };
 
 typedef enum direct_mode {
     D_STREAM,   /* shm_ring_bytes 0: the requests go on the stream */
     D_DECLINED, /* worker 1 has shm=off: it declines worker 0's offer (TCP-22) */
     D_RING,     /* the default: the requests go into the ring (TCP-28) */
+    D_SPIN,     /* the ring, both workers with spin_us 10000 (TCP-29) */
 } direct_mode;
 
 static int body_direct(tt_job *job, int rank) {
@@ -112,6 +131,8 @@ static int body_direct(tt_job *job, int rank) {
         TT_CHECK(tp_options_set(o, "shm_ring_bytes", "0") == TP_OK);
     if (o && rank == 1 && mode == D_DECLINED)
         TT_CHECK(tp_options_set(o, "shm", "off") == TP_OK);
+    if (o && mode == D_SPIN)
+        TT_CHECK(tp_options_set(o, "spin_us", "10000") == TP_OK);
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -121,9 +142,10 @@ static int body_direct(tt_job *job, int rank) {
         for (int i = 0; i < WARM_CALLS; i++)
             TT_CHECK(tt_call_add(tp_to_rank(1), i, 1, 10, &v) == TP_OK && v == i + 1);
         thread_sendmsgs = 0;
-        thread_bells = thread_async_sends = 0;
+        thread_bells = thread_async_sends = thread_sleeps = 0;
         for (int i = 0; i < CALLS; i++)
             TT_CHECK(tt_call_add(tp_to_rank(1), i, 2, 10, &v) == TP_OK && v == i + 2);
+        atomic_store(&job->shared->count[C_SLEEPS], (int)thread_sleeps);
         atomic_store(&job->shared->count[C_DIRECT], (int)thread_sendmsgs);
         atomic_store(&job->shared->count[C_BELLS], (int)thread_bells);
         atomic_store(&job->shared->count[C_ASYNCS], (int)thread_async_sends);
@@ -149,17 +171,27 @@ static void expect_direct_writes(direct_mode mode) {
     int n = atomic_load(&job.shared->count[C_DIRECT]);
     int bells = atomic_load(&job.shared->count[C_BELLS]);
     int asyncs = atomic_load(&job.shared->count[C_ASYNCS]);
+    int sleeps = atomic_load(&job.shared->count[C_SLEEPS]);
     fprintf(stderr,
             "  the caller's own sendmsg calls for %d rpc_syncs: %d; eventfd writes: %d, "
-            "uv_async_send calls: %d\n",
-            CALLS, n, bells, asyncs);
-    if (mode == D_RING) {
+            "uv_async_send calls: %d, sleeps: %d\n",
+            CALLS, n, bells, asyncs, sleeps);
+    if (mode == D_SPIN) {
+        /* TCP-29: worker 1's loop spins on the ring, disarmed: the caller
+         * rings no bell; the caller spins for its reply: it sleeps on no
+         * semaphore. Without the spins: a bell and a sleep a call (below).
+         * A busy machine may stall a spinner past 10 ms now and then. */
+        assert_int_equal(n, 0);
+        assert_true(bells <= CALLS / 4);
+        assert_true(sleeps <= CALLS / 4);
+    } else if (mode == D_RING) {
         /* Not on the socket, and not handed to the loop (each hand-off is a
          * uv_async_send): into the ring, by this thread. Its bells ring
          * only when the other end's loop sleeps, which a busy machine may
          * not let it do between two calls. */
         assert_int_equal(n, 0);
         assert_true(asyncs <= CALLS / 4);
+        assert_true(sleeps >= CALLS * 3 / 4); /* no spin: the caller sleeps for its reply */
     } else {
         assert_true(n >= CALLS * 3 / 4);
     }
@@ -184,6 +216,18 @@ static void test_tcp_direct_write_into_the_ring(void **state) {
         skip();
     }
     expect_direct_writes(D_RING);
+}
+
+/* spec: TCP-29: the same with spin_us 10000 on both workers: the caller
+ * writes into a ring its reader watches (no bell) and spins for its reply
+ * (no sleep on its semaphore). */
+static void test_tcp_direct_spin_rings_no_bell_and_sleeps_not(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    expect_direct_writes(D_SPIN);
 }
 
 /* spec: TCP-15, TCP-22: the same when worker 1 declines the shared memory
@@ -386,6 +430,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_direct_write_by_caller),
         cmocka_unit_test(test_tcp_direct_write_after_a_declined_offer),
         cmocka_unit_test(test_tcp_direct_write_into_the_ring),
+        cmocka_unit_test(test_tcp_direct_spin_rings_no_bell_and_sleeps_not),
         cmocka_unit_test(test_tcp_direct_write_cut_short),
         cmocka_unit_test(test_tcp_direct_write_cut_short_alone),
         cmocka_unit_test(test_tcp_direct_write_cut_short_in_a_later_segment),

@@ -368,6 +368,8 @@ static int body_order(tt_job *job, int rank) {
     TT_CHECK(tp_register_function_ex("seq", fn_seq, NULL, TP_FN_NONBLOCKING) == TP_OK);
     tp_options *o = tt_options(job, 60, 10);
     TT_CHECK(o);
+    if (job->arg) /* TCP-29: both loops spin on their rings before they sleep */
+        TT_CHECK(tp_options_set(o, "spin_us", job->arg) == TP_OK);
     if (rank == 0) {
         TT_CHECK(tp_options_set(o, "shm_ring_bytes", "4096") == TP_OK);
         TT_CHECK(tp_options_set(o, "shm_pool_bytes", "2097152") == TP_OK);
@@ -402,14 +404,13 @@ static int body_order(tt_job *job, int rank) {
  * whatever road each takes (the ring, a slab whose record is in the ring,
  * the stream behind a marker in the ring) and while the ring is full; each
  * arrives whole. */
-static void test_ring_keeps_order_across_roads(void **state) {
-    (void)state;
+static void run_order(const char *spin_us) {
     if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_order, NULL), 0);
+    assert_int_equal(tt_spawn(&job, 2, body_order, (void *)spin_us), 0);
     assert_int_equal(tt_wait(&job, 120), 0);
     int seen = atomic_load(&job.shared->count[C_ORDER_SEEN]);
     int bad = atomic_load(&job.shared->count[C_ORDER_BAD]);
@@ -420,6 +421,19 @@ static void test_ring_keeps_order_across_roads(void **state) {
     assert_int_equal(bad, 0);
     assert_true(rings >= 1);
     tt_job_free(&job);
+}
+
+static void test_ring_keeps_order_across_roads(void **state) {
+    (void)state;
+    run_order(NULL);
+}
+
+/* spec: TCP-29, TCP-28: the same with both workers' waits spinning: the
+ * loops read their rings disarmed and arm them again before they sleep,
+ * also while markers wait for stream frames; nothing is lost or late. */
+static void test_ring_keeps_order_while_spinning(void **state) {
+    (void)state;
+    run_order("2000");
 }
 
 #define BURST_CALLS 4000
@@ -443,6 +457,8 @@ static int body_burst(tt_job *job, int rank) {
     tp_set_log_callback(count_ring, job->shared);
     TT_CHECK(tp_register_function_ex("inc", fn_inc, NULL, TP_FN_NONBLOCKING) == TP_OK);
     tp_options *o = tt_options(job, 30, 10);
+    if (o && job->arg)
+        TT_CHECK(tp_options_set(o, "spin_us", job->arg) == TP_OK);
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -469,17 +485,28 @@ static int body_burst(tt_job *job, int rank) {
  * the reader hands them on: its loop reads at most TPI_SHM_RING_BATCH
  * records a turn, then comes back by its own bell (it is not asleep, so the
  * writer rings nothing); every call is answered. */
-static void test_ring_reader_comes_back_after_a_batch(void **state) {
-    (void)state;
+static void run_burst(const char *spin_us) {
     if (!tt_can_take_fds()) {
         fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
         skip();
     }
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_burst, NULL), 0);
+    assert_int_equal(tt_spawn(&job, 2, body_burst, (void *)spin_us), 0);
     assert_int_equal(tt_wait(&job, 120), 0);
     assert_true(atomic_load(&job.shared->count[C_RING_LOGGED]) >= 1);
     tt_job_free(&job);
+}
+
+static void test_ring_reader_comes_back_after_a_batch(void **state) {
+    (void)state;
+    run_burst(NULL);
+}
+
+/* spec: TCP-29: the same with the loops spinning: a batch read from the
+ * spin ends the spin like one read by the bell. */
+static void test_ring_burst_while_spinning(void **state) {
+    (void)state;
+    run_burst("2000");
 }
 
 #define IDLE_CALLS 2000
@@ -2004,6 +2031,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_ring_keeps_order_across_roads),
         cmocka_unit_test(test_ring_reader_comes_back_after_a_batch),
+        cmocka_unit_test(test_ring_keeps_order_while_spinning),
+        cmocka_unit_test(test_ring_burst_while_spinning),
         cmocka_unit_test(test_ring_idle_close_keeps_waiting_frames),
         cmocka_unit_test(test_ring_traffic_is_not_idleness),
         cmocka_unit_test(test_ring_frame_of_max_message_size),

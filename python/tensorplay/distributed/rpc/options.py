@@ -8,7 +8,7 @@ _BACKEND_KEYS = ("secret", "auth", "listen_addr", "listen_port", "advertise_addr
                  "hello_timeout", "frame_timeout", "idle_timeout", "rx_budget",
                  "max_handshakes", "max_message_size", "max_inflight_bytes", "max_queued_bytes",
                  "max_remote_values", "max_unsent_bytes", "shm", "shm_min_bytes", "shm_pool_bytes",
-                 "shm_ring_bytes")
+                 "shm_ring_bytes", "spin_us")
 TENSOR_TYPES = ("auto", "torch", "numpy")
 
 
