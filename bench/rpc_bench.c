@@ -402,16 +402,22 @@ static double memcpy_64mib_gbps(void) {
  * shm=off, every frame on the loopback stream, against the raw reference
  * of this job, so that the ring (TCP-28) and the stream compare in one run.
  */
-static int run_stream(const bench_args *a, const bench_pair_results *ring) {
-    bench_args st = *a;
-    st.bulk = 0;
-    bench_pair_config cfg = pair_config(&st);
+/* A second rpc pair of the run (the stream, the spin): the main job's round
+ * trips and async window, without the bulk and remote figures. */
+static int run_side_pair(const bench_args *a, bench_pair_results *r) {
+    bench_args side = *a;
+    side.bulk = 0;
+    bench_pair_config cfg = pair_config(&side);
     cfg.remote_samples = 0;
+    memset(r, 0, sizeof *r);
+    return (a->rtt || a->async) ? bench_pair_run(&cfg, r) : 0;
+}
+
+static int run_stream(const bench_args *a, const bench_pair_results *ring) {
     bench_pair_results r;
-    memset(&r, 0, sizeof r);
     int saved = bench_shm_off;
     bench_shm_off = 1;
-    int rc = (a->rtt || a->async) ? bench_pair_run(&cfg, &r) : 0;
+    int rc = run_side_pair(a, &r);
     if (rc == 0 && a->syscalls)
         rc = run_syscall_figure(a, "echo", "tcp_syscalls_per_rpc_sync");
     bench_shm_off = saved;
@@ -450,14 +456,9 @@ static int run_stream(const bench_args *a, const bench_pair_results *ring) {
  * reference and the main job (spin off) of the same run.
  */
 static int run_spin(const bench_args *a, const bench_pair_results *nospin) {
-    bench_args sp = *a;
-    sp.bulk = 0;
-    bench_pair_config cfg = pair_config(&sp);
-    cfg.remote_samples = 0;
     bench_pair_results r;
-    memset(&r, 0, sizeof r);
     bench_spin_us = BENCH_SPIN_US;
-    int rc = bench_pair_run(&cfg, &r);
+    int rc = run_side_pair(a, &r);
     bench_spin_us = 0;
     if (rc != 0) {
         fprintf(stderr, "rpc_bench: the spin_us=%d job failed\n", BENCH_SPIN_US);

@@ -2370,6 +2370,21 @@ static int expect_init_error(tp_options *o, int rank, int world, tp_status want,
     return 0;
 }
 
+/* Each of values (NULL-ended) for backend option key fails a world of one
+ * with TP_EINVAL, its message naming "key 'value'" then tail. */
+static int expect_values_refused(const char *key, const char *const *values, const char *tail) {
+    int bad = 0;
+    for (size_t i = 0; values[i]; i++) {
+        tp_options *o = NULL;
+        tp_construct_rpc_backend_options("TENSORPIPE", &o);
+        tp_options_set(o, key, values[i]);
+        char want[128];
+        snprintf(want, sizeof want, "%s '%s'%s", key, values[i], tail);
+        bad |= expect_init_error(o, 0, 1, TP_EINVAL, want);
+    }
+    return bad;
+}
+
 static int holder_fd = -1;
 static uint16_t holder_port;
 
@@ -2517,23 +2532,11 @@ static int body_init_errors(tt_job *job, int rank) {
     tp_options_set(o, "shm_pool_bytes", "1024");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "shm_pool_bytes '1024'");
     /* TCP-28: a ring's size is 0 or a power of two from 4 KiB to 256 MiB. */
-    static const char *const rings[] = {"2048", "12288", "536870912", "-1"};
-    for (size_t i = 0; i < sizeof rings / sizeof rings[0]; i++) {
-        tp_construct_rpc_backend_options("TENSORPIPE", &o);
-        tp_options_set(o, "shm_ring_bytes", rings[i]);
-        char want[64];
-        snprintf(want, sizeof want, "shm_ring_bytes '%s'", rings[i]);
-        bad |= expect_init_error(o, 0, 1, TP_EINVAL, want);
-    }
+    static const char *const rings[] = {"2048", "12288", "536870912", "-1", NULL};
+    bad |= expect_values_refused("shm_ring_bytes", rings, "");
     /* TCP-29: a spin is bounded. */
-    static const char *const spins[] = {"10001", "-1", "1.5"};
-    for (size_t i = 0; i < sizeof spins / sizeof spins[0]; i++) {
-        tp_construct_rpc_backend_options("TENSORPIPE", &o);
-        tp_options_set(o, "spin_us", spins[i]);
-        char want[64];
-        snprintf(want, sizeof want, "spin_us '%s' is not a whole number in [0, 10000]", spins[i]);
-        bad |= expect_init_error(o, 0, 1, TP_EINVAL, want);
-    }
+    static const char *const spins[] = {"10001", "-1", "1.5", NULL};
+    bad |= expect_values_refused("spin_us", spins, " is not a whole number in [0, 10000]");
     tp_construct_rpc_backend_options("TENSORPIPE", &o);
     tp_options_set(o, "rx_budget", "1");
     bad |= expect_init_error(o, 0, 1, TP_EINVAL, "options can only lower this bound (TCP-19)");
