@@ -23,6 +23,9 @@
  * for another reason, returns and exits), so each recorded task holds a
  * reference, dropped after the signal; the last reference frees the token.
  *
+ * With spin_us (TCP-29) park first spins for its permit, yielding the CPU
+ * each turn, and sleeps only when none came within the spin.
+ *
  * A thread cannot use the library without a token, and making one is an
  * allocation no caller can be told about (task_self cannot fail): when
  * calloc fails, the token comes from a static reserve of TPI_TCP_TASK_SPARES,
