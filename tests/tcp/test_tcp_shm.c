@@ -357,6 +357,18 @@ static void count_ring(tp_log_level level, const char *msg, void *ud) {
         atomic_fetch_add(&sh->count[C_RING_LOGGED], 1);
 }
 
+/* Runs body on world workers and waits up to timeout_s for them: a test of
+ * shared memory (TCP-22, TCP-28), skipped where pidfd_getfd is not
+ * permitted (the workers would stay on TCP). */
+static void shm_job(tt_job *job, int world, tt_body body, void *arg, int timeout_s) {
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    assert_int_equal(tt_spawn(job, world, body, arg), 0);
+    assert_int_equal(tt_wait(job, timeout_s), 0);
+}
+
 /* Worker 0 sends ORDER_CALLS calls at once through a 4 KiB ring (full most
  * of the time) with a 2 MiB slab pool: small frames in the ring, medium
  * ones in a slab when one is free (else on the stream), big ones always on
@@ -405,13 +417,8 @@ static int body_order(tt_job *job, int rank) {
  * the stream behind a marker in the ring) and while the ring is full; each
  * arrives whole. */
 static void run_order(const char *spin_us) {
-    if (!tt_can_take_fds()) {
-        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
-        skip();
-    }
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_order, (void *)spin_us), 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    shm_job(&job, 2, body_order, (void *)spin_us, 120);
     int seen = atomic_load(&job.shared->count[C_ORDER_SEEN]);
     int bad = atomic_load(&job.shared->count[C_ORDER_BAD]);
     int rings = atomic_load(&job.shared->count[C_RING_LOGGED]);
@@ -486,13 +493,8 @@ static int body_burst(tt_job *job, int rank) {
  * records a turn, then comes back by its own bell (it is not asleep, so the
  * writer rings nothing); every call is answered. */
 static void run_burst(const char *spin_us) {
-    if (!tt_can_take_fds()) {
-        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
-        skip();
-    }
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_burst, (void *)spin_us), 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    shm_job(&job, 2, body_burst, (void *)spin_us, 120);
     assert_true(atomic_load(&job.shared->count[C_RING_LOGGED]) >= 1);
     tt_job_free(&job);
 }
@@ -586,13 +588,8 @@ static int body_idle_full(tt_job *job, int rank) {
  * every call is answered, none lost. */
 static void test_ring_idle_close_keeps_waiting_frames(void **state) {
     (void)state;
-    if (!tt_can_take_fds()) {
-        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
-        skip();
-    }
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 3, body_idle_full, NULL), 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    shm_job(&job, 3, body_idle_full, NULL, 120);
     int requeued = atomic_load(&job.shared->count[C_REQUEUED]);
     fprintf(stderr, "  frames sent back to the queue at IDLE: %d time(s)\n", requeued);
     assert_true(requeued >= 1);
@@ -641,13 +638,8 @@ static int body_busy_not_idle(tt_job *job, int rank) {
  * and worker 0 would dial again (a second ring). */
 static void test_ring_traffic_is_not_idleness(void **state) {
     (void)state;
-    if (!tt_can_take_fds()) {
-        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
-        skip();
-    }
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_busy_not_idle, NULL), 0);
-    assert_int_equal(tt_wait(&job, 60), 0);
+    shm_job(&job, 2, body_busy_not_idle, NULL, 60);
     int rings = atomic_load(&job.shared->count[C_RING_TO_1]);
     fprintf(stderr, "  worker 0's rings to worker 1: %d\n", rings);
     assert_int_equal(rings, 1);
@@ -717,15 +709,10 @@ static int body_maxed(tt_job *job, int rank) {
  * as it would through the stream: the bound is inclusive. */
 static void test_ring_frame_of_max_message_size(void **state) {
     (void)state;
-    if (!tt_can_take_fds()) {
-        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
-        skip();
-    }
     uint64_t max = response_len(MAXED_BYTES);
     assert_true(max >= 4096 && max < 128 * 1024); /* a bound allowed, a record of the ring */
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_maxed, &max), 0);
-    assert_int_equal(tt_wait(&job, 60), 0);
+    shm_job(&job, 2, body_maxed, &max, 60);
     assert_int_equal(atomic_load(&job.shared->count[C_MAXED_OK]), 1);
     tt_job_free(&job);
 }
@@ -1702,13 +1689,8 @@ static int body_held_past_close(tt_job *job, int rank) {
  * connection, arrives in a slab again, and both workers shut down well. */
 static void test_shm_answer_held_past_its_connection(void **state) {
     (void)state;
-    if (!tt_can_take_fds()) {
-        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
-        skip();
-    }
     tt_job job = {0};
-    assert_int_equal(tt_spawn(&job, 2, body_held_past_close, NULL), 0);
-    assert_int_equal(tt_wait(&job, 120), 0);
+    shm_job(&job, 2, body_held_past_close, NULL, 120);
     assert_true(atomic_load(&job.shared->count[C_IDLE_ASKED]) >= 2);
     tt_job_free(&job);
 }
