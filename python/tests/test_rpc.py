@@ -1370,6 +1370,20 @@ def test_values_nest_to_the_limit_both_ways(tmp_path):
         + ["after 3"]
 
 
+def test_a_module_inside_a_denied_package_is_denied():
+    """PY-1: a function's module is refused when it, or a package it lies in,
+    is on the deny list: the same answer as a scan of the list, for every
+    module loaded here and for names at the edges (a submodule not listed
+    itself, a prefix that is no package boundary, empty parts)."""
+    from tensorplay.distributed.rpc import _policy
+    edges = ["importlib.util", "logging.config.x", "logging", "osx", "os.", ".os", "", "a..b",
+             "torch.hub.x", "torch.hubx", "concurrent.futures", "concurrent.futures.process"]
+    for m in sorted(sys.modules) + edges:
+        want = any(m == d or m.startswith(d + ".") for d in _policy.DENIED_MODULES)
+        assert _policy._module_denied(m) == want, m
+    assert _policy._module_denied("importlib.util") and not _policy._module_denied("osx")
+
+
 def test_blocking_init_looks_for_signals_every_slice(tmp_path):
     # init_rpc waits on a thread of its own while the caller runs Python's
     # signal handlers every 0.1 s (WAIT_SLICE_S), so Ctrl-C and a program's
