@@ -112,6 +112,7 @@ tpi_call *tpi_call_new(tp_core *c, uint32_t dst, uint8_t type, const char *what,
         return NULL;
     }
     call->dst = dst;
+    call->future->peer = dst; /* its waiters may read the reply themselves (AGENT-20) */
     call->type = type;
     call->what = what;
     call->heap_index = TPI_NO_INDEX;

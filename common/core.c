@@ -154,6 +154,10 @@ int tpi_in_work(tp_core *c) {
 }
 
 tp_status tpi_park(tp_core *c, uint64_t deadline_ns) {
+    return tpi_park_for(c, deadline_ns, TPI_NO_PEER);
+}
+
+tp_status tpi_park_for(tp_core *c, uint64_t deadline_ns, uint32_t peer) {
     /* FUNC-6: the API entries that wait refuse earlier; this is the backstop
      * that keeps the I/O context from ever parking. */
     if (tpi_check_may_wait("wait") != TP_OK)
@@ -178,7 +182,9 @@ tp_status tpi_park(tp_core *c, uint64_t deadline_ns) {
         c->parked->prev = &node;
     c->parked = &node;
     atomic_store(&c->lock_owner, NULL);
-    tp_status st = c->ops->park(c->agent, self, until);
+    tp_status st = peer != TPI_NO_PEER && c->ops->park_peer
+                       ? c->ops->park_peer(c->agent, self, until, peer)
+                       : c->ops->park(c->agent, self, until);
     atomic_store(&c->lock_owner, self);
     if (node.prev)
         node.prev->next = node.next;

@@ -56,6 +56,9 @@ typedef enum tpi_state {
 
 /* ---- Futures (FUTURE-1..8) ------------------------------------------------ */
 
+/* No worker: a future no single worker's reply completes (AGENT-20). */
+#define TPI_NO_PEER UINT32_MAX
+
 typedef struct tpi_waiter tpi_waiter;
 /* wait_all's record of which futures completed while it waited, so each
  * wake looks only at those (O(n) over the whole wait, FUTURE-6). */
@@ -91,6 +94,7 @@ struct tp_future {
     tpi_then *thens;       /* lock; run once done */
     tpi_hook *hooks;       /* lock; run once done, before then-callbacks */
     uint64_t call_id;      /* the call it belongs to (probes), 0 for others */
+    uint32_t peer;         /* the worker whose reply completes it (AGENT-20), or TPI_NO_PEER */
     int user_made;         /* tp_future_new: the user completes it (FUTURE-9) */
     tp_future *uprev, *unext; /* lock: the core's pending user futures, while listed */
 };
@@ -396,6 +400,9 @@ void tpi_work_leave_locked(tp_core *c, tpi_waiter *node); /* lock held */
 int tpi_in_work(tp_core *c);
 /* Parks the calling task (lock held) until woken or deadline. */
 tp_status tpi_park(tp_core *c, uint64_t deadline_ns);
+/* As tpi_park, for a reply from worker peer (TPI_NO_PEER: any wait): the
+ * agent may read it on this task (AGENT-20). */
+tp_status tpi_park_for(tp_core *c, uint64_t deadline_ns, uint32_t peer);
 /* A deadline from now plus seconds (0: none). */
 uint64_t tpi_deadline_after(tp_core *c, double seconds);
 

@@ -376,6 +376,11 @@ tp_status tp_frame_check_header(const uint8_t header[TP_FRAME_HEADER_SIZE],
     return TP_OK;
 }
 
+int tp_frame_is_reply(const uint8_t header[TP_FRAME_HEADER_SIZE]) {
+    TPI_ASSERT(header);
+    return header[5] == TPI_MSG_RESPONSE;
+}
+
 tp_frame *tp_frame_flatten(const tp_frame *f) {
     TPI_ASSERT(f && f->nseg >= 1 && f->nseg <= TP_FRAME_SEG_MAX);
     tp_frame *out = tp_frame_alloc(f->len);

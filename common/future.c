@@ -33,6 +33,7 @@ tp_future *tpi_future_new(tp_core *c) {
     atomic_init(&f->refs, 1);
     atomic_init(&f->done, 0);
     f->core = c;
+    f->peer = TPI_NO_PEER;
     tpi_core_ref(c);
     return f;
 }
@@ -232,7 +233,7 @@ tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns)
     while (!atomic_load(&f->done)) {
         tpi_waiter w = {c->ops->task_self(c->agent), NULL, NULL};
         waiter_link(f, &w);
-        tp_status st = tpi_park(c, deadline_ns);
+        tp_status st = tpi_park_for(c, deadline_ns, f->peer);
         waiter_unlink(f, &w);
         if (atomic_load(&f->done))
             break;

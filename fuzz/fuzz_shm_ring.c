@@ -73,9 +73,32 @@ static void copy_cb(void *ctx, const uint8_t *p, size_t len) {
     c->len = len;
 }
 
+/* tpi_ring_read_if's taker: declines when cap is 0 (noting the length),
+ * else copies the record and takes it. */
+static int take_cb(void *ctx, const uint8_t *p, size_t len) {
+    copy_ctx *c = ctx;
+    c->len = len;
+    if (c->cap == 0)
+        return 0;
+    copy_cb(ctx, p, len);
+    return 1;
+}
+
 /* Reads one record by the way op picks; the status, *len its length. */
 static tpi_ring_status read_one(tpi_ring *r, unsigned op, uint8_t *buf, size_t max, size_t *len) {
     *len = 0;
+    if (op & 4) { /* TCP-30: a look that leaves the record, then a read that takes it */
+        copy_ctx look = {buf, 0, 0}, c = {buf, 0, max};
+        int took = 1;
+        tpi_ring_status first = tpi_ring_read_if(r, take_cb, &look, &took);
+        check(!took, "a record declined is not consumed");
+        tpi_ring_status st = tpi_ring_read_if(r, take_cb, &c, &took);
+        check(st == first, "a look leaves the ring as it was");
+        check(took == (st == TPI_RING_OK), "a record taken is consumed");
+        check(st != TPI_RING_OK || c.len == look.len, "the record left is the one read next");
+        *len = c.len;
+        return st;
+    }
     if (op & 1) {
         copy_ctx c = {buf, 0, max};
         tpi_ring_status st = tpi_ring_read_cb(r, copy_cb, &c);

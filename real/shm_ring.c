@@ -59,7 +59,8 @@ typedef struct ring_shared {
     uint32_t head_size;
     uint64_t cap;
     uint8_t reserved0[TPI_RING_LINE - 24];
-    /* Line 1: written by the writer only. */
+    /* Line 1: written by the writer only (but data_seq, which a reader's
+     * nudge bumps too: an atomic add, read back by nobody, TCP-30). */
     _Atomic uint64_t tail;
     _Atomic uint32_t data_seq;
     _Atomic uint32_t writer_sleeps;
@@ -194,10 +195,13 @@ static void wake_peer(tpi_ring *r, int force) {
     _Atomic uint32_t *seq, *sleeps;
     peer_words(r, &seq, &sleeps);
     atomic_thread_fence(memory_order_seq_cst);
-    if (!force && !atomic_load_explicit(sleeps, memory_order_relaxed))
+    uint32_t how = atomic_load_explicit(sleeps, memory_order_relaxed);
+    if (!force && !how)
         return;
     atomic_fetch_add_explicit(seq, 1, memory_order_release);
-    if (r->bell >= 0)
+    /* 2: a thread of the other process sleeps on the futex though the end
+     * has a bell (a caller reading its own reply, TCP-30). */
+    if (r->bell >= 0 && how != TPI_RING_SLEEPS_FUTEX)
         bell_ring(r->bell);
     else
         futex_wake(seq);
@@ -444,6 +448,20 @@ tpi_ring_status tpi_ring_read(tpi_ring *r, void *buf, size_t buf_len, size_t *le
     return TPI_RING_OK;
 }
 
+tpi_ring_status tpi_ring_read_if(tpi_ring *r, tpi_ring_take_fn *fn, void *ctx, int *took) {
+    TPI_ASSERT(!r->writer);
+    uint64_t at = 0, skip = 0;
+    uint32_t l = 0;
+    *took = 0;
+    tpi_ring_status st = next(r, &at, &l, &skip);
+    if (st != TPI_RING_OK)
+        return st;
+    *took = fn(ctx, r->data + at, l) != 0;
+    if (*took)
+        consume(r, skip);
+    return TPI_RING_OK;
+}
+
 tpi_ring_status tpi_ring_read_cb(tpi_ring *r, tpi_ring_read_fn *fn, void *ctx) {
     TPI_ASSERT(!r->writer);
     uint64_t at = 0, skip = 0;
@@ -529,6 +547,29 @@ tpi_ring_status tpi_ring_wait(tpi_ring *r, uint64_t spin_ns, uint64_t deadline_n
         now = tpi_ring_now_ns();
     }
     return ready(r) ? TPI_RING_OK : TPI_RING_TIMEOUT;
+}
+
+tpi_ring_status tpi_ring_sleep(tpi_ring *r, int (*awake)(void *), void *ctx, uint64_t deadline_ns) {
+    TPI_ASSERT(!r->writer);
+    _Atomic uint32_t *seq, *sleeps;
+    own_words(r, &seq, &sleeps);
+    uint32_t seen = atomic_load_explicit(seq, memory_order_acquire);
+    atomic_store_explicit(sleeps, TPI_RING_SLEEPS_FUTEX, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!ready(r) && !awake(ctx))
+        futex_wait(seq, seen, deadline_ns);
+    atomic_store_explicit(sleeps, 0, memory_order_relaxed);
+    if (ready(r))
+        return TPI_RING_OK;
+    return tpi_ring_now_ns() < deadline_ns ? TPI_RING_OK : TPI_RING_TIMEOUT;
+}
+
+void tpi_ring_nudge(tpi_ring *r) {
+    TPI_ASSERT(!r->writer);
+    _Atomic uint32_t *seq, *sleeps;
+    own_words(r, &seq, &sleeps);
+    atomic_fetch_add_explicit(seq, 1, memory_order_release);
+    futex_wake(seq);
 }
 
 void tpi_ring_close(tpi_ring *r) {

@@ -106,6 +106,12 @@ tpi_ring_status tpi_ring_read(tpi_ring *r, void *buf, size_t buf_len, size_t *le
 typedef void tpi_ring_read_fn(void *ctx, const uint8_t *p, size_t len);
 tpi_ring_status tpi_ring_read_cb(tpi_ring *r, tpi_ring_read_fn *fn, void *ctx);
 
+/* Reader: as tpi_ring_read_cb, but fn decides: its record is consumed
+ * (*took 1) when fn returns nonzero, else left for the next read (*took 0,
+ * status OK). TCP-30: a caller takes only its replies. */
+typedef int tpi_ring_take_fn(void *ctx, const uint8_t *p, size_t len);
+tpi_ring_status tpi_ring_read_if(tpi_ring *r, tpi_ring_take_fn *fn, void *ctx, int *took);
+
 /* TCP-28: the other end sleeps in a poll of eventfd bell instead of on its
  * futex: wake-ups write 1 to bell (non-blocking; -1 restores the futex). */
 void tpi_ring_set_bell(tpi_ring *r, int bell);
@@ -128,6 +134,19 @@ int tpi_ring_ready(tpi_ring *r);
  * TIMEOUT. A dead peer wakes nobody: the caller keeps deadlines short and
  * checks the peer between waits (tpi_ring_peer_gone). */
 tpi_ring_status tpi_ring_wait(tpi_ring *r, uint64_t spin_ns, uint64_t deadline_ns);
+/* The reader's "sleeps" flag when a thread sleeps on the futex although the
+ * end has a bell (TCP-30): the writer then wakes the futex, not the bell. */
+#define TPI_RING_SLEEPS_FUTEX 2u
+/* Reader, TCP-30: one futex sleep of a thread other than the end's poll:
+ * the flag says TPI_RING_SLEEPS_FUTEX meanwhile, and the sleep is skipped
+ * when the ring is ready or awake(ctx) answers nonzero after the flag is
+ * set (tpi_ring_nudge's half). The flag is 0 (awake) on return. OK (look
+ * again: a wake-up is a hint) or TIMEOUT once deadline_ns passed. */
+tpi_ring_status tpi_ring_sleep(tpi_ring *r, int (*awake)(void *), void *ctx, uint64_t deadline_ns);
+/* Reader, TCP-30: ends a tpi_ring_sleep from within the reader's process
+ * (after what awake() looks at was set): bumps the reader's futex word, as
+ * the writer does, and wakes it. */
+void tpi_ring_nudge(tpi_ring *r);
 /* Wakes the other end's wait, whether or not it sleeps. */
 void tpi_ring_wake(tpi_ring *r);
 /* An orderly end from either side: the reader reads what was written, then

@@ -184,6 +184,7 @@ static const tp_agent_ops tcp_agent_ops = {
     .unlock = tpi_tcp_unlock,
     .task_self = tpi_tcp_task_self,
     .park = tpi_tcp_park,
+    .park_peer = tpi_tcp_park_peer,
     .unpark = tpi_tcp_unpark,
     .store = agent_store,
     .set_peer = agent_set_peer,

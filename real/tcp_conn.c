@@ -144,6 +144,14 @@ struct tpi_tcp_conn {
     uint32_t ring_marks;
     tp_frame *ring_head, *ring_tail;
     uint64_t ring_bytes;
+    /* TCP-30. Accepted: rd_out while the loop published this ring for a
+     * task waiting for a reply (peer's rd_conn); rd_revoke asks the task
+     * holding it to give it back; rd_count counts the frames tasks read,
+     * activity for the idle timeout (rd_seen: as last looked at). */
+    int rd_out;
+    atomic_int rd_revoke;
+    atomic_uint rd_count;
+    unsigned rd_seen;
 };
 
 enum { SHM_NONE = 0, SHM_OFFERED = 1, SHM_ACTIVE = 2 };
@@ -175,6 +183,9 @@ static void closing_done(tpi_tcp_conn *c);
 static void tx_enqueue(tpi_tcp_conn *c, tp_frame *f);
 static void tx_pump(tpi_tcp_conn *c);
 static void silent_end(tpi_tcp_peer *p);
+static void reply_publish(tpi_tcp_conn *c);
+static void reply_revoke(tpi_tcp_conn *c);
+static void reply_revoke_peer(tpi_tcp_agent *a, uint32_t id);
 
 /* ---- Upcalls (AGENT-2): loop thread, no internal lock held ------------------------ */
 
@@ -415,6 +426,7 @@ static void conn_close(tpi_tcp_conn *c) {
     }
     if (c->outgoing && c->peer < c->a->world_size)
         direct_revoke(c->a, c->peer); /* before the socket closes */
+    reply_revoke(c);                  /* before the ring goes */
     shm_end(c);
     c->state = CONN_CLOSED;
     /* Closing the stream cancels its writes (their callbacks free the
@@ -534,6 +546,7 @@ static void conn_abort(tpi_tcp_conn *c) {
         return;
     if (c->outgoing)
         direct_revoke(c->a, c->peer); /* the ABORT record goes first */
+    reply_revoke(c);                  /* nothing more of it is handed on */
     c->state = CONN_ABORTING;
     if (conn_write_record(c, c->a->rec_abort, 1) < 0) {
         conn_close(c);
@@ -707,6 +720,7 @@ static void silent_begin(tpi_tcp_agent *a, uint32_t id, const char *detail) {
     p->silent_since_ms = uv_now(&a->loop);
     if (p->silent_since_ms == 0)
         p->silent_since_ms = 1; /* 0 means not silent */
+    reply_revoke_peer(a, id);   /* its replies reach the loop, which ends the silence */
     tpi_format(p->silent_detail, sizeof p->silent_detail, "%s", detail);
     if (!p->silent_inited) {
         uv_timer_init(&a->loop, &p->silent_timer);
@@ -1039,6 +1053,11 @@ static void in_deadline(tpi_tcp_conn *c) {
                    idle_grace_ms(a));
         in_protocol_error(c, msg);
         return;
+    }
+    unsigned taken = atomic_load_explicit(&c->rd_count, memory_order_relaxed);
+    if (taken != c->rd_seen) { /* frames a task read itself (TCP-30) */
+        c->rd_seen = taken;
+        c->active_ms = now;
     }
     if (!c->rx && !c->idle_asked_ms && now >= c->active_ms + a->idle_ms) {
         tpi_log(TP_LOG_DEBUG, "worker %u asks worker %u to close its connection from %s: idle %u ms",
@@ -1546,6 +1565,7 @@ static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
     tpi_tcp_agent *a = c->a;
     tpi_ring *r = &c->link->ring;
     unsigned turns = 0, delivered = 0;
+    reply_revoke(c); /* one reader at a time */
     tpi_ring_disarm(r);
     while (c->state == CONN_OPEN && c->ring_marks == 0) {
         if (turns++ == limit) {
@@ -1555,8 +1575,12 @@ static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
         ring_rec rr = {.a = a};
         tpi_ring_status st = tpi_ring_read_cb(r, ring_take, &rr);
         if (st == TPI_RING_EMPTY) {
-            if (until_marker || !tpi_ring_arm(r))
-                return 0;       /* asleep: the next record rings the bell */
+            if (until_marker)
+                return 0;
+            if (!tpi_ring_arm(r)) { /* asleep: the next record rings the bell */
+                reply_publish(c);
+                return 0;
+            }
             tpi_ring_disarm(r); /* one came while we armed */
             continue;
         }
@@ -1628,6 +1652,167 @@ void tpi_tcp_ring_spin(tpi_tcp_agent *a, uint64_t max_ns) {
         if (ring_spun(c) && tpi_ring_arm(&c->link->ring))
             ring_drain(c, 0, TPI_SHM_RING_BATCH); /* moved while we armed */
     }
+}
+
+/* ---- A caller that reads its own reply (TCP-30) ------------------------------------ */
+
+/*
+ * While this loop sleeps on an accepted connection's ring (armed, empty, no
+ * marker waiting for the stream), it publishes the ring for the peer
+ * (rd_conn, under qmu). A task parked for a reply from that peer takes it
+ * (rd_held) and sleeps on the ring's futex instead of its semaphore: the
+ * writer, seeing the reader's flag say TPI_RING_SLEEPS_FUTEX, wakes it
+ * directly, and it hands on the RESPONSE records itself, in ring order;
+ * at any other record (a request, a slab's, a marker) it stops without
+ * consuming it and rings this loop's bell. Every earlier record of the
+ * ring was handed on before the ring was published, and the loop reads it
+ * again only after revoking it (reply_revoke: nudge the holder, wait until
+ * it gave it back), so the link's order holds (AGENT-20). With spin_us
+ * the loop spins on its rings instead (TCP-29) and publishes none.
+ */
+static void reply_publish(tpi_tcp_conn *c) {
+    tpi_tcp_agent *a = c->a;
+    TPI_ASSERT(!c->outgoing && c->ring_on && c->peer < a->world_size);
+    tpi_tcp_peer *p = &a->peers[c->peer];
+    TPI_ASSERT(c->state == CONN_OPEN && c->ring_marks == 0); /* ring_drain's loop */
+    if (a->spin_ns > 0 || c->rd_out || stale(c) || p->silent_since_ms != 0)
+        return;
+    pthread_mutex_lock(&a->qmu);
+    if (!p->rd_conn && !p->rd_held && !p->dead && !a->stopping) {
+        p->rd_conn = c;
+        c->rd_out = 1;
+    }
+    pthread_mutex_unlock(&a->qmu);
+}
+
+static void reply_revoke(tpi_tcp_conn *c) {
+    if (!c->rd_out)
+        return;
+    tpi_tcp_agent *a = c->a;
+    tpi_tcp_peer *p = &a->peers[c->peer];
+    c->rd_out = 0;
+    pthread_mutex_lock(&a->qmu);
+    if (p->rd_conn == c)
+        p->rd_conn = NULL;
+    if (p->rd_held == c) {
+        atomic_store(&c->rd_revoke, 1);
+        tpi_ring_nudge(&c->link->ring);
+        while (p->rd_held == c) {
+            pthread_mutex_unlock(&a->qmu);
+            sched_yield(); /* the holder wakes, finishes the frame in hand, gives it back */
+            pthread_mutex_lock(&a->qmu);
+        }
+        atomic_store(&c->rd_revoke, 0);
+    }
+    pthread_mutex_unlock(&a->qmu);
+}
+
+static void reply_revoke_peer(tpi_tcp_agent *a, uint32_t id) {
+    tpi_tcp_peer *p = &a->peers[id];
+    pthread_mutex_lock(&a->qmu);
+    tpi_tcp_conn *c = p->rd_held ? p->rd_held : p->rd_conn;
+    pthread_mutex_unlock(&a->qmu);
+    if (c) /* only this loop publishes or frees connections: c lives */
+        reply_revoke(c);
+}
+
+tpi_tcp_conn *tpi_tcp_reply_take(tpi_tcp_agent *a, uint32_t peer) {
+    TPI_ASSERT(peer < a->world_size);
+    tpi_tcp_peer *p = &a->peers[peer];
+    tpi_tcp_conn *c = NULL;
+    pthread_mutex_lock(&a->qmu);
+    if (p->rd_conn && !p->rd_held && !p->dead && !a->stopping) {
+        c = p->rd_conn;
+        p->rd_held = c;
+    }
+    pthread_mutex_unlock(&a->qmu);
+    return c;
+}
+
+tpi_ring *tpi_tcp_reply_ring(tpi_tcp_conn *c) {
+    return &c->link->ring;
+}
+
+/* A record a task takes: a whole, well-formed RESPONSE frame, copied out
+ * and checked on the copy (the writer may change the ring's bytes). Any
+ * other record is left for the loop, which reads and judges it. */
+typedef struct reply_pick {
+    tpi_tcp_agent *a;
+    tp_frame *f;
+} reply_pick;
+
+static int reply_pick_take(void *ctx, const uint8_t *p, size_t len) {
+    reply_pick *k = ctx;
+    if (len < TP_FRAME_HEADER_SIZE || len > k->a->max_msg)
+        return 0;
+    tp_frame *f = tp_frame_alloc(len);
+    if (!f)
+        return 0;
+    uint8_t *b = tp_frame_bytes(f);
+    memcpy(b, p, len);
+    size_t flen = 0;
+    if ((len == TPI_TCP_RECORD_SIZE && tpi_tcp_is_ctl(b)) ||
+        tp_frame_check_header(b, k->a->max_msg, &flen, NULL, 0) != TP_OK || flen != len ||
+        !tp_frame_is_reply(b)) {
+        tp_frame_free(f);
+        return 0;
+    }
+    k->f = f;
+    return 1;
+}
+
+typedef struct reply_watch {
+    tpi_tcp_agent *a;
+    tpi_tcp_conn *c;
+    const atomic_int *permit;
+} reply_watch;
+
+/* What ends the task's reading, besides the deadline: tpi_ring_sleep's look. */
+static int reply_awake(void *ctx) {
+    reply_watch *w = ctx;
+    return atomic_load(w->permit) || atomic_load(&w->a->stop_flag) || atomic_load(&w->c->rd_revoke);
+}
+
+int tpi_tcp_reply_read(tpi_tcp_agent *a, tpi_tcp_conn *c, const atomic_int *permit,
+                       uint64_t deadline_ns) {
+    tpi_ring *r = &c->link->ring;
+    reply_watch w = {a, c, permit};
+    tpi_ring_disarm(r); /* the loop left it armed for its bell: this reader is awake */
+    for (;;) {
+        if (reply_awake(&w))
+            return 0;
+        reply_pick k = {a, NULL};
+        int took = 0;
+        tpi_ring_status st = tpi_ring_read_if(r, reply_pick_take, &k, &took);
+        if (st == TPI_RING_OK && took) {
+            atomic_fetch_add_explicit(&c->rd_count, 1, memory_order_relaxed);
+            if (atomic_load(&a->stop_flag))
+                tp_frame_free(k.f); /* AGENT-5 */
+            else
+                tp_core_on_frame(a->core, c->peer, k.f); /* AGENT-20 */
+            continue;
+        }
+        if (st != TPI_RING_EMPTY)
+            return 1; /* not ours to take (or a closed or broken ring): the loop's */
+        if (tpi_tcp_now_ns() >= deadline_ns)
+            return 0;
+        tpi_ring_sleep(r, reply_awake, &w, deadline_ns);
+    }
+}
+
+void tpi_tcp_reply_release(tpi_tcp_agent *a, tpi_tcp_conn *c, int left) {
+    tpi_tcp_peer *p = &a->peers[c->peer];
+    /* Asleep for the bell again, as the loop left it; records that came
+     * since (or the one left) are the loop's: its bell, rung while the ring
+     * is still ours (once given back, the loop may close the bell). */
+    if (tpi_ring_arm(&c->link->ring)) /* the record left, or one that came */
+        bell_self(c);
+    pthread_mutex_lock(&a->qmu);
+    TPI_ASSERT(p->rd_held == c);
+    p->rd_held = NULL;
+    if (left && p->rd_conn == c)
+        p->rd_conn = NULL; /* published again once the loop read it */
+    pthread_mutex_unlock(&a->qmu);
 }
 
 static void ring_pump(tpi_tcp_conn *c);

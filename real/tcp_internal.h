@@ -456,6 +456,9 @@ struct tpi_tcp_task {
     atomic_int refs;           /* the thread's own, plus one per deferred signal */
     tpi_tcp_task *prev, *next; /* the agent's parked list, under its mu */
     int parked;
+    /* TCP-30: the ring this parked task reads its reply from, set and
+     * cleared under the agent's mu (so an unpark, under it, may nudge it). */
+    _Atomic(tpi_ring *) rd_ring;
 };
 
 /* Unparks whose signal waits for the core lock's release (tcp_sync.c). */
@@ -489,6 +492,11 @@ typedef struct tpi_tcp_peer {
                                   grant on the socket it wrote to (the loop revokes,
                                   clearing this, before that socket can change) */
     int regrant;               /* on the agent's regrant list */
+    /* TCP-30: the accepted connection whose ring a task waiting for a reply
+     * may read (published by the loop while it sleeps on that ring), and
+     * the one a task took; the loop revokes both before it reads. */
+    tpi_tcp_conn *rd_conn;
+    tpi_tcp_conn *rd_held;
     /* The peer restarted (AGENT-16): its new address, applied by the loop
      * before it next dials or writes (qmu). */
     int readdress;
@@ -617,6 +625,7 @@ void tpi_tcp_lock(tp_agent *a);
 void tpi_tcp_unlock(tp_agent *a);
 tp_task *tpi_tcp_task_self(tp_agent *a);
 tp_status tpi_tcp_park(tp_agent *a, tp_task *self, uint64_t deadline_ns);
+tp_status tpi_tcp_park_peer(tp_agent *a, tp_task *self, uint64_t deadline_ns, uint32_t peer);
 void tpi_tcp_unpark(tp_agent *a, tp_task *t);
 /* Wakes every task parked on the agent (stop): they see stop_flag. */
 void tpi_tcp_wake_parked(tpi_tcp_agent *a);
@@ -652,6 +661,18 @@ void tpi_tcp_mark_dirty(tpi_tcp_agent *a, uint32_t id);
 /* TCP-29: the loop would now sleep in its poll for up to max_ns
  * (UINT64_MAX: no timer): it spins on the rings it reads first. */
 void tpi_tcp_ring_spin(tpi_tcp_agent *a, uint64_t max_ns);
+
+/* TCP-30, a caller that reads its own reply. A task parked for a reply
+ * from peer takes the ring the loop published for it (NULL: none; the
+ * agent's mu held, qmu taken inside), reads it (mu not held) until its
+ * permit, stop, a revoke or the deadline, handing on every RESPONSE, and
+ * gives it back (mu held). read answers 1 when it left a record that is not
+ * a RESPONSE (or a broken ring) for the loop. */
+tpi_tcp_conn *tpi_tcp_reply_take(tpi_tcp_agent *a, uint32_t peer);
+tpi_ring *tpi_tcp_reply_ring(tpi_tcp_conn *c);
+int tpi_tcp_reply_read(tpi_tcp_agent *a, tpi_tcp_conn *c, const atomic_int *permit,
+                       uint64_t deadline_ns);
+void tpi_tcp_reply_release(tpi_tcp_agent *a, tpi_tcp_conn *c, int left);
 /* Wakes the loop (uv_async_send), also out of TCP-29's spin. */
 static inline void tpi_tcp_wake(tpi_tcp_agent *a) {
     atomic_fetch_add_explicit(&a->wakes, 1, memory_order_release);

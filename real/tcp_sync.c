@@ -26,6 +26,14 @@
  * With spin_us (TCP-29) park first spins for its permit, yielding the CPU
  * each turn, and sleeps only when none came within the spin.
  *
+ * park_peer (TCP-30) is park for a reply from one peer: when the loop
+ * published that peer's ring, the task takes it and sleeps on the ring's
+ * futex instead of its semaphore, reading and handing on the replies
+ * itself; an unpark meanwhile nudges that futex (under the lock, which
+ * keeps the ring alive: the task clears rd_ring under it before giving the
+ * ring back). An unpark by the task itself (its own reply, handed on from
+ * its park) only sets the permit.
+ *
  * A thread cannot use the library without a token, and making one is an
  * allocation no caller can be told about (task_self cannot fail): when
  * calloc fails, the token comes from a static reserve of TPI_TCP_TASK_SPARES,
@@ -184,22 +192,24 @@ static int park_spin(tpi_tcp_agent *a, tpi_tcp_task *t, uint64_t deadline_ns) {
     }
 }
 
-tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
-    tpi_tcp_agent *a = AG(ag);
-    tpi_tcp_task *t = (tpi_tcp_task *)self;
+/* A park's first look (lock held): TP_OK with *done 0 when it must wait. */
+static tp_status park_enter(tpi_tcp_agent *a, tpi_tcp_task *t, uint64_t deadline_ns, int *done) {
     /* A task parks itself, holding the lock (AGENT-12). */
     TPI_ASSERT(t && t == task_tls && !t->parked);
+    *done = 1;
     if (atomic_load(&a->stop_flag))
         return TP_ESHUTDOWN;
     if (atomic_exchange(&t->permit, 0))
         return TP_OK;
     if (deadline_ns != UINT64_MAX && tpi_tcp_now_ns() >= deadline_ns)
         return TP_ETIMEDOUT;
-    /* No permit: every post still counted is stale (its permit was used). */
-    while (sem_trywait(&t->sem) == 0)
-        ;
+    *done = 0;
+    return TP_OK;
+}
+
+/* Links t as parked and releases the lock, signalling what unlock would. */
+static void park_release(tpi_tcp_agent *a, tpi_tcp_task *t) {
     park_link(a, t);
-    /* The wait releases the lock: what unlock would signal goes now. */
     uint32_t n = a->nwake;
     tpi_tcp_task *wake[TPI_TCP_WAKE_MAX];
     for (uint32_t i = 0; i < n; i++)
@@ -208,6 +218,57 @@ tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
     int rc = pthread_mutex_unlock(&a->mu);
     TPI_ASSERT(rc == 0);
     wake_signal(wake, n);
+}
+
+/* A park's end (lock held again, t unlinked): why it ended. */
+static tp_status park_leave(tpi_tcp_agent *a, tpi_tcp_task *t, uint64_t deadline_ns) {
+    if (atomic_exchange(&t->permit, 0))
+        return TP_OK;
+    if (atomic_load(&a->stop_flag))
+        return TP_ESHUTDOWN;
+    if (deadline_ns != UINT64_MAX && tpi_tcp_now_ns() >= deadline_ns)
+        return TP_ETIMEDOUT;
+    return TP_OK; /* spurious: the caller re-checks its condition */
+}
+
+static tp_status park_wait(tpi_tcp_agent *a, tpi_tcp_task *t, uint64_t deadline_ns);
+
+tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
+    tpi_tcp_agent *a = AG(ag);
+    tpi_tcp_task *t = (tpi_tcp_task *)self;
+    int done;
+    tp_status st = park_enter(a, t, deadline_ns, &done);
+    return done ? st : park_wait(a, t, deadline_ns);
+}
+
+tp_status tpi_tcp_park_peer(tp_agent *ag, tp_task *self, uint64_t deadline_ns, uint32_t peer) {
+    tpi_tcp_agent *a = AG(ag);
+    tpi_tcp_task *t = (tpi_tcp_task *)self;
+    int done;
+    tp_status st = park_enter(a, t, deadline_ns, &done);
+    if (done)
+        return st;
+    tpi_tcp_conn *c = peer < a->world_size && peer != a->rank ? tpi_tcp_reply_take(a, peer) : NULL;
+    if (!c)
+        return park_wait(a, t, deadline_ns);
+    atomic_store(&t->rd_ring, tpi_tcp_reply_ring(c));
+    park_release(a, t);
+    int left = tpi_tcp_reply_read(a, c, &t->permit, deadline_ns);
+    int rc = pthread_mutex_lock(&a->mu);
+    TPI_ASSERT(rc == 0);
+    atomic_store(&t->rd_ring, NULL);
+    park_unlink(a, t);
+    tpi_tcp_reply_release(a, c, left);
+    return park_leave(a, t, deadline_ns);
+}
+
+static tp_status park_wait(tpi_tcp_agent *a, tpi_tcp_task *t, uint64_t deadline_ns) {
+    /* No permit: every post still counted is stale (its permit was used). */
+    while (sem_trywait(&t->sem) == 0)
+        ;
+    /* The wait releases the lock: what unlock would signal goes now. */
+    park_release(a, t);
+    int rc;
     if (a->spin_ns > 0 && park_spin(a, t, deadline_ns)) {
         rc = pthread_mutex_lock(&a->mu); /* unparked while it spun: no sleep, no post awaited */
         TPI_ASSERT(rc == 0);
@@ -230,13 +291,7 @@ tp_status tpi_tcp_park(tp_agent *ag, tp_task *self, uint64_t deadline_ns) {
     rc = pthread_mutex_lock(&a->mu);
     TPI_ASSERT(rc == 0);
     park_unlink(a, t);
-    if (atomic_exchange(&t->permit, 0))
-        return TP_OK;
-    if (atomic_load(&a->stop_flag))
-        return TP_ESHUTDOWN;
-    if (deadline_ns != UINT64_MAX && tpi_tcp_now_ns() >= deadline_ns)
-        return TP_ETIMEDOUT;
-    return TP_OK; /* spurious: the caller re-checks its condition */
+    return park_leave(a, t, deadline_ns);
 }
 
 void tpi_tcp_unpark(tp_agent *ag, tp_task *task) {
@@ -246,8 +301,13 @@ void tpi_tcp_unpark(tp_agent *ag, tp_task *task) {
     /* Called with the lock held: an unparked target sees the permit at its
      * next park, a parked one is posted once the lock is released. */
     atomic_store(&t->permit, 1);
-    if (!t->parked)
+    if (!t->parked || t == task_tls)
+        return; /* running: its own reply, handed on from its park (TCP-30) */
+    tpi_ring *r = atomic_load(&t->rd_ring);
+    if (r) {
+        tpi_ring_nudge(r); /* alive: its reader clears rd_ring under the lock first */
         return;
+    }
     if (a->nwake < TPI_TCP_WAKE_MAX) {
         atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
         a->to_wake[a->nwake++] = t; /* posted by unlock, or by park */
@@ -258,8 +318,13 @@ void tpi_tcp_unpark(tp_agent *ag, tp_task *task) {
 
 void tpi_tcp_wake_parked(tpi_tcp_agent *a) {
     pthread_mutex_lock(&a->mu);
-    for (tpi_tcp_task *t = a->parked; t; t = t->next)
-        sem_post(&t->sem);
+    for (tpi_tcp_task *t = a->parked; t; t = t->next) {
+        tpi_ring *r = atomic_load(&t->rd_ring);
+        if (r)
+            tpi_ring_nudge(r); /* it looks at stop_flag when woken */
+        else
+            sem_post(&t->sem);
+    }
     pthread_mutex_unlock(&a->mu);
 }
 

@@ -91,6 +91,12 @@ tp_status tp_frame_check_header(const uint8_t header[TP_FRAME_HEADER_SIZE],
                                 uint64_t max_message_size, size_t *frame_len, char *errmsg,
                                 size_t errmsg_len);
 
+/*
+ * 1 when a header that passed tp_frame_check_header is a RESPONSE's: the
+ * only frames a parked task may hand on itself (AGENT-20).
+ */
+int tp_frame_is_reply(const uint8_t header[TP_FRAME_HEADER_SIZE]);
+
 /* ------------------------------------------------------------------------ */
 /* Executor work items: the core embeds one in each job (AGENT-7).          */
 
@@ -289,6 +295,17 @@ typedef struct tp_agent_ops {
      */
     tp_status (*set_peers_id)(tp_agent *a, const char *const *addrs, uint32_t world_size,
                               uint64_t list_id, char *errmsg, size_t errmsg_len);
+
+    /*
+     * AGENT-20. Optional (NULL: park is called). As park, for a task that
+     * waits for a reply from worker peer: meanwhile the agent may read
+     * peer's frames on this task and hand on each RESPONSE among them with
+     * tp_core_on_frame from here (the one exception to AGENT-2's I/O
+     * context: the reply then costs no hand-off from the I/O thread). It
+     * hands on frames of peer in their order, after every earlier frame of
+     * that link, never a frame of another type.
+     */
+    tp_status (*park_peer)(tp_agent *a, tp_task *self, uint64_t deadline_ns, uint32_t peer);
 } tp_agent_ops;
 
 /* AGENT-17: beyond AGENT-8, the transport may deliver a frame twice,

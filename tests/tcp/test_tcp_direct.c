@@ -7,10 +7,12 @@
  * counts the calls each thread makes. The stream's tests run with
  * shm_ring_bytes 0 (workers on one host would otherwise write into their
  * ring, TCP-28); the ring's own direct writes are counted by the bells
- * the caller rings (this program defines write too).
+ * the caller rings (this program defines write too), and a caller reading
+ * its own reply (TCP-30) by its futex calls on the ring (and syscall).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <setjmp.h>
@@ -55,8 +57,14 @@ static int (*real_uv_async_send)(uv_async_t *);
 static _Thread_local unsigned long thread_sleeps;
 static int (*real_sem_wait)(sem_t *);
 static int (*real_sem_clockwait)(sem_t *, clockid_t, const struct timespec *);
+/* This thread's futex calls through syscall(): the ring's (TCP-26), not
+ * glibc's own (its semaphores make theirs inline). Sleeps on a ring's word
+ * (a caller waiting for its reply there, TCP-30) and wake-ups. */
+static _Thread_local unsigned long thread_ring_sleeps, thread_ring_wakes;
+static long (*real_syscall)(long, ...);
 
 __attribute__((constructor)) static void resolve_real(void) {
+    real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
     real_uv_async_send = (int (*)(uv_async_t *))dlsym(RTLD_NEXT, "uv_async_send");
     real_sem_wait = (int (*)(sem_t *))dlsym(RTLD_NEXT, "sem_wait");
     real_sem_clockwait =
@@ -71,6 +79,22 @@ int sem_wait(sem_t *s) {
 int sem_clockwait(sem_t *s, clockid_t clock, const struct timespec *at) {
     thread_sleeps++;
     return real_sem_clockwait(s, clock, at);
+}
+
+/* Six arguments are passed on whatever the call gave, as the C library's
+ * own syscall() does: the kernel reads those the call has. */
+long syscall(long n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    long v[6];
+    for (int i = 0; i < 6; i++)
+        v[i] = va_arg(ap, long);
+    va_end(ap);
+    if (n == SYS_futex && (v[1] & FUTEX_CMD_MASK) == FUTEX_WAIT_BITSET)
+        thread_ring_sleeps++;
+    if (n == SYS_futex && (v[1] & FUTEX_CMD_MASK) == FUTEX_WAKE)
+        thread_ring_wakes++;
+    return real_syscall(n, v[0], v[1], v[2], v[3], v[4], v[5]);
 }
 
 int uv_async_send(uv_async_t *h) {
@@ -115,7 +139,15 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     return k;
 }
 
-enum { C_DIRECT = 0, C_CUTS = 1, C_BELLS = 2, C_ASYNCS = 3, C_SLEEPS = 4 };
+enum {
+    C_DIRECT = 0,
+    C_CUTS = 1,
+    C_BELLS = 2,
+    C_ASYNCS = 3,
+    C_SLEEPS = 4,
+    C_RING_SLEEPS = 5,
+    C_RING_WAKES = 6
+};
 
 typedef enum direct_mode {
     D_STREAM,   /* shm_ring_bytes 0: the requests go on the stream */
@@ -143,9 +175,12 @@ static int body_direct(tt_job *job, int rank) {
             TT_CHECK(tt_call_add(tp_to_rank(1), i, 1, 10, &v) == TP_OK && v == i + 1);
         thread_sendmsgs = 0;
         thread_bells = thread_async_sends = thread_sleeps = 0;
+        thread_ring_sleeps = thread_ring_wakes = 0;
         for (int i = 0; i < CALLS; i++)
             TT_CHECK(tt_call_add(tp_to_rank(1), i, 2, 10, &v) == TP_OK && v == i + 2);
         atomic_store(&job->shared->count[C_SLEEPS], (int)thread_sleeps);
+        atomic_store(&job->shared->count[C_RING_SLEEPS], (int)thread_ring_sleeps);
+        atomic_store(&job->shared->count[C_RING_WAKES], (int)thread_ring_wakes);
         atomic_store(&job->shared->count[C_DIRECT], (int)thread_sendmsgs);
         atomic_store(&job->shared->count[C_BELLS], (int)thread_bells);
         atomic_store(&job->shared->count[C_ASYNCS], (int)thread_async_sends);
@@ -172,10 +207,13 @@ static void expect_direct_writes(direct_mode mode) {
     int bells = atomic_load(&job.shared->count[C_BELLS]);
     int asyncs = atomic_load(&job.shared->count[C_ASYNCS]);
     int sleeps = atomic_load(&job.shared->count[C_SLEEPS]);
+    int ring_sleeps = atomic_load(&job.shared->count[C_RING_SLEEPS]);
+    int ring_wakes = atomic_load(&job.shared->count[C_RING_WAKES]);
     fprintf(stderr,
             "  the caller's own sendmsg calls for %d rpc_syncs: %d; eventfd writes: %d, "
-            "uv_async_send calls: %d, sleeps: %d\n",
-            CALLS, n, bells, asyncs, sleeps);
+            "uv_async_send calls: %d, sleeps: %d on its semaphore, %d on the ring "
+            "(futex wake-ups: %d)\n",
+            CALLS, n, bells, asyncs, sleeps, ring_sleeps, ring_wakes);
     if (mode == D_SPIN) {
         /* TCP-29: worker 1's loop spins on the ring, disarmed: the caller
          * rings no bell; the caller spins for its reply: it sleeps on no
@@ -185,6 +223,7 @@ static void expect_direct_writes(direct_mode mode) {
         assert_int_equal(n, 0);
         assert_true(bells < CALLS * 3 / 4);
         assert_true(sleeps <= CALLS / 4);
+        assert_int_equal(ring_sleeps, 0); /* a spinning loop lends no ring (TCP-30) */
     } else if (mode == D_RING) {
         /* Not on the socket, and not handed to the loop (each hand-off is a
          * uv_async_send): into the ring, by this thread. Its bells ring
@@ -192,11 +231,17 @@ static void expect_direct_writes(direct_mode mode) {
          * not let it do between two calls. */
         assert_int_equal(n, 0);
         assert_true(asyncs <= CALLS / 4);
-        /* No spin (the default): the caller sleeps for its reply, 20 of 20
-         * on an idle machine; under load a caller preempted before it
-         * parks finds its reply there (14 of 20 seen): more than the spin
-         * test's bound all the same. */
-        assert_true(sleeps > CALLS / 4);
+        /* No spin (the default): the caller sleeps for its reply on the
+         * ring's futex, where worker 1's answer wakes it, and reads it
+         * itself (TCP-30): 20 of 20 on an idle machine; under load a caller
+         * preempted before it parks finds its reply there (14 of 20 seen
+         * before TCP-30). Not on its semaphore, where its loop's hand-off
+         * would wake it: 0 of 20 idle; a reply that comes while the loop
+         * reads the ring (the caller then finds no ring to take) goes the
+         * old way. Its own reply, handed on by itself, wakes nobody. */
+        assert_true(ring_sleeps > CALLS / 4);
+        assert_true(sleeps <= CALLS / 4);
+        assert_int_equal(ring_wakes, 0);
     } else {
         assert_true(n >= CALLS * 3 / 4);
     }

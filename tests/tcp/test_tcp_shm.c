@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -37,6 +38,10 @@
 
 enum { C_ARG_IN_SHM = 0, C_ARG_SEEN = 1, C_ARG_ALIGNED = 2, C_NO_SHM_LOGGED = 3 };
 
+/* This thread's sleeps on a ring's futex (TCP-26's futex_wait, made through
+ * syscall(), counted by
+ * the stand-in below: a caller waiting for its reply in the ring, TCP-30). */
+static _Thread_local unsigned long thread_ring_sleeps;
 static tt_shared *shared;
 
 /* 1 when p lies in a mapping of one of our slabs' memfds. */
@@ -596,12 +601,14 @@ static void test_ring_idle_close_keeps_waiting_frames(void **state) {
     tt_job_free(&job);
 }
 
-enum { C_RING_TO_1 = 8 };
+enum { C_RING_TO_1 = 8, C_RING_TO_0 = 9 };
 
 static void count_ring_to_1(tp_log_level level, const char *msg, void *ud) {
     (void)level;
     if (strstr(msg, "worker 0: frames to worker 1 go through a shared memory ring"))
         atomic_fetch_add(&((tt_shared *)ud)->count[C_RING_TO_1], 1);
+    if (strstr(msg, "worker 1: frames to worker 0 go through a shared memory ring"))
+        atomic_fetch_add(&((tt_shared *)ud)->count[C_RING_TO_0], 1);
 }
 
 static int body_busy_not_idle(tt_job *job, int rank) {
@@ -610,9 +617,7 @@ static int body_busy_not_idle(tt_job *job, int rank) {
     tp_set_log_callback(count_ring_to_1, job->shared);
     TT_CHECK(tp_register_function_ex("inc", fn_inc, NULL, TP_FN_NONBLOCKING) == TP_OK);
     tp_options *o = tt_options(job, 30, 10);
-    TT_CHECK(o);
-    if (rank == 1)
-        TT_CHECK(tp_options_set(o, "idle_timeout", "1") == TP_OK);
+    TT_CHECK(o && tp_options_set(o, "idle_timeout", "1") == TP_OK);
     TT_CHECK(tt_init(job, rank, o) == 0);
     tp_options_free(o);
     if (rank == 0) {
@@ -631,18 +636,23 @@ static int body_busy_not_idle(tt_job *job, int rank) {
     return 0;
 }
 
-/* spec: TCP-28, TCP-19: frames read from the ring are activity: worker 1,
- * with an idle_timeout of 1 s, does not ask worker 0 to close a connection
- * whose stream is silent while its ring carries a call every 20 ms for
- * 2.5 s. Were only the stream's reads counted, IDLE would come after 1 s
- * and worker 0 would dial again (a second ring). */
+/* spec: TCP-28, TCP-19, TCP-30: frames read from the ring are activity:
+ * worker 1, with an idle_timeout of 1 s, does not ask worker 0 to close a
+ * connection whose stream is silent while its ring carries a call every
+ * 20 ms for 2.5 s; nor does worker 0 (idle_timeout 1 s too), whose caller
+ * reads the answers from the ring itself. Were only the stream's reads
+ * counted, IDLE would come after 1 s and worker 0 would dial again (a
+ * second ring); were only the loop's, worker 1 would. */
 static void test_ring_traffic_is_not_idleness(void **state) {
     (void)state;
     tt_job job = {0};
     shm_job(&job, 2, body_busy_not_idle, NULL, 60);
     int rings = atomic_load(&job.shared->count[C_RING_TO_1]);
-    fprintf(stderr, "  worker 0's rings to worker 1: %d\n", rings);
+    int back = atomic_load(&job.shared->count[C_RING_TO_0]);
+    fprintf(stderr, "  worker 0's rings to worker 1: %d; worker 1's to worker 0: %d\n", rings,
+            back);
     assert_int_equal(rings, 1);
+    assert_int_equal(back, 1);
     tt_job_free(&job);
 }
 
@@ -714,6 +724,175 @@ static void test_ring_frame_of_max_message_size(void **state) {
     tt_job job = {0};
     shm_job(&job, 2, body_maxed, &max, 60);
     assert_int_equal(atomic_load(&job.shared->count[C_MAXED_OK]), 1);
+    tt_job_free(&job);
+}
+
+/* ---- A caller that reads its own reply (TCP-30) ---------------------------------- */
+
+#define LEND_CALLS 40
+#define LEND_BYTES (1u << 20) /* an answer through a slab: its FRAME record in the ring */
+#define LEND_THREADS 2
+enum { C_LEND_SLEEPS = 7, C_LEND_TIMEOUT_MS = 8, C_LEND_SLOW = 9 };
+
+static pthread_t lend_caller; /* worker 0's thread that makes the calls */
+
+/* on_caller(): 1 when it runs on that thread. Registered non-blocking, it
+ * runs where its request is handed on: the I/O thread, never a caller
+ * that read the ring (only replies are a caller's to hand on, AGENT-20). */
+static tp_status fn_on_caller(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                              tp_value **result, void *user_data) {
+    (void)call;
+    (void)args;
+    (void)kwargs;
+    (void)user_data;
+    *result = tp_value_int(pthread_equal(pthread_self(), lend_caller) != 0);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/* back(a): worker 1 asks worker 0's on_caller, while worker 0's caller
+ * waits for this very answer in the ring: worker 1's request comes into
+ * that ring before its answer. Answers a, or -1 when on_caller said 1. */
+static tp_status fn_back(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)call;
+    (void)kwargs;
+    (void)user_data;
+    int64_t a = 0, on = -1;
+    if (tp_value_get_int(tp_list_get(args, 0), &a) != TP_OK)
+        return TP_EINVAL;
+    tp_value *res = NULL;
+    tp_status st = tp_rpc_sync(tp_to_rank(0), "on_caller", NULL, NULL, 10, &res);
+    if (st == TP_OK && tp_value_get_int(res, &on) != TP_OK)
+        st = TP_EPROTO;
+    tp_value_free(res);
+    if (st != TP_OK)
+        return st;
+    *result = tp_value_int(on == 0 ? a : -1);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+static void *lend_thread(void *arg) {
+    int *bad = arg;
+    for (int i = 0; i < LEND_CALLS; i++) {
+        int64_t v = 0;
+        *bad += tt_call_add(tp_to_rank(1), i, 1000, 10, &v) != TP_OK || v != i + 1000;
+    }
+    return NULL;
+}
+
+static int body_lend(tt_job *job, int rank) {
+    tp_register_function("back", fn_back, NULL);
+    TT_CHECK(tp_register_function_ex("on_caller", fn_on_caller, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    lend_caller = pthread_self();
+    tp_options *o = tt_options(job, 30, 10);
+    /* Worker 0 asks worker 1 to close its connection after 1 s without a
+     * frame: it revokes the ring from a caller asleep on it (below). */
+    TT_CHECK(o && (rank == 1 || tp_options_set(o, "idle_timeout", "1") == TP_OK));
+    TT_CHECK(tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    if (rank == 0) {
+        int64_t v = 0;
+        for (int i = 0; i < 5; i++) /* the connections, their offers and rings */
+            TT_CHECK(tt_call_add(tp_to_rank(1), i, 1, 10, &v) == TP_OK && v == i + 1);
+        thread_ring_sleeps = 0;
+        /* Replies alone: each read by this caller from the ring. */
+        for (int i = 0; i < LEND_CALLS; i++)
+            TT_CHECK(tt_call_add(tp_to_rank(1), i, 2, 10, &v) == TP_OK && v == i + 2);
+        atomic_store(&job->shared->count[C_LEND_SLEEPS], (int)thread_ring_sleeps);
+        /* A request before the reply: left in the ring for the loop. */
+        for (int i = 0; i < 5; i++) {
+            tp_value *args = tp_value_list_of(1, tp_value_int(i));
+            tp_value *res = NULL;
+            TT_CHECK(args && tp_rpc_sync(tp_to_rank(1), "back", args, NULL, 10, &res) == TP_OK);
+            TT_CHECK(tp_value_get_int(res, &v) == TP_OK && v == i);
+            tp_value_free(args);
+            tp_value_free(res);
+        }
+        /* The deadline while the caller holds the ring (the loop's timer
+         * fails the call and nudges it), then the late reply, dropped. */
+        tp_value *sargs = tp_value_list_of(2, tp_value_int(C_LEND_SLOW), tp_value_float(0.5));
+        tp_value *sres = NULL;
+        uint64_t t0 = tt_now_ns();
+        TT_CHECK(sargs &&
+                 tp_rpc_sync(tp_to_rank(1), "slow", sargs, NULL, 0.2, &sres) == TP_ETIMEDOUT);
+        atomic_store(&job->shared->count[C_LEND_TIMEOUT_MS], (int)((tt_now_ns() - t0) / 1000000));
+        tp_value_free(sargs);
+        usleep(500000);
+        TT_CHECK(tt_call_add(tp_to_rank(1), 7, 7, 10, &v) == TP_OK && v == 14);
+        /* A reply 2.5 s away: the connection it would come by goes idle
+         * meanwhile, and worker 0's loop takes the ring back from this
+         * caller, asleep on it, to close it (only its nudge wakes the
+         * caller then). The answer comes by a new connection. */
+        tp_value *largs = tp_value_list_of(2, tp_value_int(C_LEND_SLOW), tp_value_float(2.5));
+        tp_value *lres = NULL;
+        TT_CHECK(largs && tp_rpc_sync(tp_to_rank(1), "slow", largs, NULL, 20, &lres) == TP_OK);
+        TT_CHECK(tp_value_get_int(lres, &v) == TP_OK && v == C_LEND_SLOW);
+        tp_value_free(largs);
+        tp_value_free(lres);
+        /* A reply through a slab: its FRAME record is left for the loop. */
+        static uint8_t big[LEND_BYTES];
+        for (size_t k = 0; k < sizeof big; k++)
+            big[k] = (uint8_t)(k * 13);
+        for (int i = 0; i < 3; i++) {
+            tp_value *args = tp_value_list_of(1, tp_value_bytes(big, sizeof big));
+            tp_value *res = NULL;
+            const void *b = NULL;
+            size_t n = 0;
+            TT_CHECK(args && tp_rpc_sync(tp_to_rank(1), "echo", args, NULL, 10, &res) == TP_OK);
+            TT_CHECK(tp_value_get_bytes(res, &b, &n) == TP_OK && n == sizeof big &&
+                     memcmp(b, big, n) == 0);
+            tp_value_free(args);
+            tp_value_free(res);
+        }
+        /* Replies to others: waited for last to first, each read by
+         * whichever wait holds the ring. */
+        tp_future *f[8];
+        for (int i = 0; i < 8; i++) {
+            tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_int(4));
+            TT_CHECK(args && tp_rpc_async(tp_to_rank(1), "add", args, NULL, 10, &f[i]) == TP_OK);
+            tp_value_free(args);
+        }
+        for (int i = 7; i >= 0; i--) {
+            TT_CHECK(tp_future_wait(f[i], 10) == TP_OK);
+            TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == i + 4);
+            tp_future_free(f[i]);
+        }
+        /* Callers on three threads: one holds the ring, the others' replies
+         * are handed on by it (an unpark, a semaphore post) or the loop. */
+        pthread_t th[LEND_THREADS];
+        int bad[LEND_THREADS] = {0};
+        for (int k = 0; k < LEND_THREADS; k++)
+            TT_CHECK(pthread_create(&th[k], NULL, lend_thread, &bad[k]) == 0);
+        int mine = 0;
+        lend_thread(&mine);
+        for (int k = 0; k < LEND_THREADS; k++) {
+            pthread_join(th[k], NULL);
+            TT_CHECK(bad[k] == 0);
+        }
+        TT_CHECK(mine == 0);
+    }
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-30, AGENT-20: a caller waiting for its reply from a worker on
+ * its host sleeps on the ring's futex and reads the reply itself; whatever
+ * else comes in that ring first (a request of the callee's, handed on by
+ * the I/O thread; a slab's record), the ring taken back while it sleeps, a
+ * deadline, replies to other callers and callers on several threads, every
+ * call gets its own answer. */
+static void test_ring_lent_to_callers(void **state) {
+    (void)state;
+    tt_job job = {0};
+    shm_job(&job, 2, body_lend, NULL, 120);
+    int sleeps = atomic_load(&job.shared->count[C_LEND_SLEEPS]);
+    int ms = atomic_load(&job.shared->count[C_LEND_TIMEOUT_MS]);
+    fprintf(stderr, "  %d rpc_syncs: %d sleeps on the ring; a 200 ms timeout ended after %d ms\n",
+            LEND_CALLS, sleeps, ms);
+    /* 40 of 40 idle; fewer when a reply comes before its caller parks.
+     * Without the lend: 0 (the caller sleeps on its semaphore). */
+    assert_true(sleeps > LEND_CALLS / 4);
+    assert_true(ms >= 200 && ms < 450); /* before the 500 ms reply: not woken by it */
     tt_job_free(&job);
 }
 
@@ -1055,6 +1234,8 @@ long syscall(long n, ...) {
     for (int i = 0; i < 6; i++)
         x[i] = va_arg(ap, long);
     va_end(ap);
+    if (n == SYS_futex && (x[1] & 127) == 9) /* FUTEX_WAIT_BITSET, private flag off */
+        thread_ring_sleeps++;
     long r = real(n, x[0], x[1], x[2], x[3], x[4], x[5]);
     if (n == SYS_pidfd_open && r >= 0 && move_pidfd_to > 0) {
         int up = fcntl((int)r, F_DUPFD_CLOEXEC, move_pidfd_to);
@@ -2018,6 +2199,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ring_idle_close_keeps_waiting_frames),
         cmocka_unit_test(test_ring_traffic_is_not_idleness),
         cmocka_unit_test(test_ring_frame_of_max_message_size),
+        cmocka_unit_test(test_ring_lent_to_callers),
         cmocka_unit_test(test_shm_kill9),
         cmocka_unit_test(test_shm_every_slab_busy_then_the_stream),
         cmocka_unit_test(test_shm_session_end_keeps_the_others),
