@@ -769,7 +769,7 @@ tp_status tp_rpc_async(tp_dest dest, const char *fn, const tp_value *args,
  * and moves its result out; records the future's message on failure. */
 tp_status tpi_future_result(tp_core *c, tp_future *f, tp_value **result) {
     tpi_lock(c);
-    tp_status st = tpi_future_wait_locked(c, f, TPI_NO_DEADLINE);
+    tp_status st = tpi_future_wait_reply_locked(c, f, TPI_NO_DEADLINE);
     tpi_unlock(c);
     if (st != TP_OK) /* not done: the wait itself ended (shutdown) */
         return tpi_fail(st, "wait for the reply ended: %s", tp_strerror(st));

@@ -94,7 +94,7 @@ struct tp_future {
     tpi_then *thens;       /* lock; run once done */
     tpi_hook *hooks;       /* lock; run once done, before then-callbacks */
     uint64_t call_id;      /* the call it belongs to (probes), 0 for others */
-    uint32_t peer;         /* the worker whose reply completes it (AGENT-20), or TPI_NO_PEER */
+    uint32_t peer;         /* the worker whose reply completes it, or TPI_NO_PEER (AGENT-20) */
     int user_made;         /* tp_future_new: the user completes it (FUTURE-9) */
     tp_future *uprev, *unext; /* lock: the core's pending user futures, while listed */
 };
@@ -110,6 +110,12 @@ void tpi_future_complete(tp_core *c, tp_future *f, tp_status st, tp_value *value
                          const char *errmsg);
 /* Waits (lock held) until f is done or deadline; TP_ETIMEDOUT/TP_ESHUTDOWN. */
 tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns);
+/* As tpi_future_wait_locked, for a task that waits for this one call's
+ * reply and nothing else (a blocking call): the agent may let it read the
+ * reply itself (AGENT-20). Not for a wait among many calls in flight (a
+ * future's wait, an async window): its task would take the replies of the
+ * others one by one, in turns with the I/O thread. */
+tp_status tpi_future_wait_reply_locked(tp_core *c, tp_future *f, uint64_t deadline_ns);
 tp_future *tpi_future_ref(tp_future *f);
 /* Runs h when f completes (lock held); at once when it is done already. */
 void tpi_future_hook(tp_core *c, tp_future *f, tpi_hook *h);

@@ -229,11 +229,11 @@ static void waiter_unlink(tp_future *f, tpi_waiter *w) {
         w->next->prev = w->prev;
 }
 
-tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns) {
+static tp_status future_wait(tp_core *c, tp_future *f, uint64_t deadline_ns, uint32_t peer) {
     while (!atomic_load(&f->done)) {
         tpi_waiter w = {c->ops->task_self(c->agent), NULL, NULL};
         waiter_link(f, &w);
-        tp_status st = tpi_park_for(c, deadline_ns, f->peer);
+        tp_status st = tpi_park_for(c, deadline_ns, peer);
         waiter_unlink(f, &w);
         if (atomic_load(&f->done))
             break;
@@ -241,6 +241,14 @@ tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns)
             return st;
     }
     return TP_OK;
+}
+
+tp_status tpi_future_wait_locked(tp_core *c, tp_future *f, uint64_t deadline_ns) {
+    return future_wait(c, f, deadline_ns, TPI_NO_PEER);
+}
+
+tp_status tpi_future_wait_reply_locked(tp_core *c, tp_future *f, uint64_t deadline_ns) {
+    return future_wait(c, f, deadline_ns, f->peer);
 }
 
 /* FUTURE-2: only tasks of the future's own worker wait on it (another

@@ -844,14 +844,15 @@ static int body_lend(tt_job *job, int rank) {
             tp_value_free(args);
             tp_value_free(res);
         }
-        /* Replies to others: waited for last to first, each read by
-         * whichever wait holds the ring. */
+        /* Replies to calls in flight, ahead of its own: the caller holding
+         * the ring hands them on too (their futures have no waiter). */
         tp_future *f[8];
         for (int i = 0; i < 8; i++) {
             tp_value *args = tp_value_list_of(2, tp_value_int(i), tp_value_int(4));
             TT_CHECK(args && tp_rpc_async(tp_to_rank(1), "add", args, NULL, 10, &f[i]) == TP_OK);
             tp_value_free(args);
         }
+        TT_CHECK(tt_call_add(tp_to_rank(1), 8, 4, 10, &v) == TP_OK && v == 12);
         for (int i = 7; i >= 0; i--) {
             TT_CHECK(tp_future_wait(f[i], 10) == TP_OK);
             TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == i + 4);
