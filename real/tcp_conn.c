@@ -1621,6 +1621,7 @@ void tpi_tcp_ring_spin(tpi_tcp_agent *a, uint64_t max_ns) {
     uint32_t n = 0;
     for (tpi_tcp_conn *c = a->conns; c; c = c->next)
         if (ring_spun(c)) {
+            TPI_ASSERT(!c->rd_out); /* a spinning loop lends no ring (TCP-30) */
             tpi_ring_disarm(&c->link->ring);
             n++;
         }
@@ -1717,7 +1718,7 @@ static void reply_revoke_peer(tpi_tcp_agent *a, uint32_t id) {
 }
 
 tpi_tcp_conn *tpi_tcp_reply_take(tpi_tcp_agent *a, uint32_t peer) {
-    TPI_ASSERT(peer < a->world_size);
+    TPI_ASSERT(peer < a->world_size); /* the core's: a call's destination */
     tpi_tcp_peer *p = &a->peers[peer];
     tpi_tcp_conn *c = NULL;
     pthread_mutex_lock(&a->qmu);

@@ -248,7 +248,7 @@ tp_status tpi_tcp_park_peer(tp_agent *ag, tp_task *self, uint64_t deadline_ns, u
     tp_status st = park_enter(a, t, deadline_ns, &done);
     if (done)
         return st;
-    tpi_tcp_conn *c = peer < a->world_size && peer != a->rank ? tpi_tcp_reply_take(a, peer) : NULL;
+    tpi_tcp_conn *c = tpi_tcp_reply_take(a, peer); /* none for this worker itself */
     if (!c)
         return park_wait(a, t, deadline_ns);
     atomic_store(&t->rd_ring, tpi_tcp_reply_ring(c));
