@@ -1675,8 +1675,12 @@ static void reply_publish(tpi_tcp_conn *c) {
     tpi_tcp_agent *a = c->a;
     TPI_ASSERT(!c->outgoing && c->ring_on && c->peer < a->world_size);
     tpi_tcp_peer *p = &a->peers[c->peer];
-    TPI_ASSERT(c->state == CONN_OPEN && c->ring_marks == 0); /* ring_drain's loop */
-    if (a->spin_ns > 0 || c->rd_out || stale(c) || p->silent_since_ms != 0)
+    /* ring_drain's loop, which began by revoking the ring. */
+    TPI_ASSERT(c->state == CONN_OPEN && c->ring_marks == 0 && !c->rd_out);
+    /* A silent peer's frames must reach the loop: they end its silence. A
+     * connection of an earlier incarnation (AGENT-16) is lent like any: its
+     * replies match no call either way (REJOIN-5). */
+    if (a->spin_ns > 0 || p->silent_since_ms != 0)
         return;
     pthread_mutex_lock(&a->qmu);
     if (!p->rd_conn && !p->rd_held && !p->dead && !a->stopping) {
