@@ -462,16 +462,22 @@ tpi_ring_status tpi_ring_read_if(tpi_ring *r, tpi_ring_take_fn *fn, void *ctx, i
     return TPI_RING_OK;
 }
 
+/* tpi_ring_read_cb's taker: hands every record on, and takes it. */
+typedef struct take_all_ctx {
+    tpi_ring_read_fn *fn;
+    void *ctx;
+} take_all_ctx;
+
+static int take_all(void *ctx, const uint8_t *p, size_t len) {
+    take_all_ctx *t = ctx;
+    t->fn(t->ctx, p, len);
+    return 1;
+}
+
 tpi_ring_status tpi_ring_read_cb(tpi_ring *r, tpi_ring_read_fn *fn, void *ctx) {
-    TPI_ASSERT(!r->writer);
-    uint64_t at = 0, skip = 0;
-    uint32_t l = 0;
-    tpi_ring_status st = next(r, &at, &l, &skip);
-    if (st != TPI_RING_OK)
-        return st;
-    fn(ctx, r->data + at, l);
-    consume(r, skip);
-    return TPI_RING_OK;
+    take_all_ctx t = {fn, ctx};
+    int took = 0;
+    return tpi_ring_read_if(r, take_all, &t, &took);
 }
 
 /* ---- Waiting and ending ------------------------------------------------------------- */
