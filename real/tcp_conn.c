@@ -1560,7 +1560,7 @@ static int ring_handle(tpi_tcp_conn *c, ring_rec *rr) {
  * bell brings it back on the loop's next turn, after other connections'
  * events). 0, or -1 once the connection failed.
  */
-static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
+static int ring_drain_batch(tpi_tcp_conn *c, int until_marker, unsigned limit) {
     TPI_ASSERT(!c->outgoing && c->ring_on && c->link && !c->link->ring.writer);
     tpi_tcp_agent *a = c->a;
     tpi_ring *r = &c->link->ring;
@@ -1595,10 +1595,20 @@ static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
         c->active_ms = uv_now(&a->loop);
         if (ring_handle(c, &rr) != 0)
             return -1;
-        if (++delivered % TPI_TCP_FLUSH_EVERY == 0)
-            tpi_tcp_flush_dirty(a); /* the answers stream out while the batch is read */
+        if (++delivered % TPI_TCP_FLUSH_EVERY == 0) {
+            tpi_tcp_wake_batch_flush(a); /* waiters wake while the batch is read */
+            tpi_tcp_flush_dirty(a);      /* the answers stream out meanwhile */
+        }
     }
     return c->state == CONN_OPEN ? 0 : -1;
+}
+
+/* The ring's records as one batch of frames (TCP-31). */
+static int ring_drain(tpi_tcp_conn *c, int until_marker, unsigned limit) {
+    tpi_tcp_wake_batch_begin(c->a);
+    int rc = ring_drain_batch(c, until_marker, limit);
+    tpi_tcp_wake_batch_end(c->a);
+    return rc;
 }
 
 /* A ring this loop reads and may spin on: open, not waiting for a frame of
@@ -2196,7 +2206,7 @@ static void sealed_input(tpi_tcp_conn *c, const uint8_t *p, size_t n);
 
 /* Plaintext bytes (from the staging buffer, or opened): records, headers and
  * small bodies. */
-static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
+static void consume_batch(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
     tpi_tcp_agent *a = c->a;
     unsigned delivered = 0;
     int sealed = c->rx_sealed;
@@ -2212,8 +2222,10 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
             if (c->rx_got == c->rx_len) {
                 deliver(c);
                 /* c stays valid: closing only schedules the free */
-                if (++delivered % TPI_TCP_FLUSH_EVERY == 0)
+                if (++delivered % TPI_TCP_FLUSH_EVERY == 0) {
+                    tpi_tcp_wake_batch_flush(a);
                     tpi_tcp_flush_dirty(a);
+                }
             }
             continue;
         }
@@ -2244,6 +2256,14 @@ static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
             }
         }
     }
+}
+
+/* n bytes read at once, as one batch of frames (TCP-31). */
+static void consume(tpi_tcp_conn *c, const uint8_t *p, size_t n) {
+    tpi_tcp_agent *a = c->a;
+    tpi_tcp_wake_batch_begin(a);
+    consume_batch(c, p, n); /* c stays valid: closing only schedules the free */
+    tpi_tcp_wake_batch_end(a);
 }
 
 /* ---- The sealed stream (TCP-21) ---------------------------------------------------- */

@@ -623,6 +623,12 @@ struct tpi_tcp_agent {
 
 void tpi_tcp_lock(tp_agent *a);
 void tpi_tcp_unlock(tp_agent *a);
+/* TCP-31: the calling thread (the loop) hands on a batch of frames; the
+ * unparks its unlocks record are signaled by the flush or by the end of the
+ * outermost batch, not at each unlock. Batches nest. */
+void tpi_tcp_wake_batch_begin(tpi_tcp_agent *a);
+void tpi_tcp_wake_batch_flush(tpi_tcp_agent *a);
+void tpi_tcp_wake_batch_end(tpi_tcp_agent *a);
 tp_task *tpi_tcp_task_self(tp_agent *a);
 tp_status tpi_tcp_park(tp_agent *a, tp_task *self, uint64_t deadline_ns);
 tp_status tpi_tcp_park_peer(tp_agent *a, tp_task *self, uint64_t deadline_ns, uint32_t peer);

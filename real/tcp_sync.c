@@ -19,6 +19,12 @@
  * task, and unlock signals it after releasing the lock, so the woken thread
  * does not wake only to block on the lock still held by its waker (park
  * signals what is recorded before it waits, as its wait releases the lock).
+ * While the loop hands on a batch of frames read at once (TCP-31), its
+ * unlocks signal nothing: the batch's end, or its flush every
+ * TPI_TCP_FLUSH_EVERY frames, signals all it recorded together, so a caller
+ * waiting for one of many replies wakes once the batch is read, not at the
+ * first of them to sleep again on the next (any other thread's unlock
+ * meanwhile signals them too: earlier, never later).
  * The token may be freed as soon as the lock is released (its thread wakes
  * for another reason, returns and exits), so each recorded task holds a
  * reference, dropped after the signal; the last reference frees the token.
@@ -43,6 +49,7 @@
  */
 #define _GNU_SOURCE /* sem_clockwait */
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -134,10 +141,41 @@ static void wake_signal(tpi_tcp_task *const *wake, uint32_t n) {
     }
 }
 
+/* Batches of frames this thread (a loop) is handing on, nested, and the
+ * agent whose unparks they hold back (TCP-31). */
+static _Thread_local unsigned wake_batch;
+static _Thread_local tpi_tcp_agent *wake_batch_agent;
+
+void tpi_tcp_wake_batch_begin(tpi_tcp_agent *a) {
+    TPI_ASSERT(wake_batch < UINT_MAX && (wake_batch == 0 || wake_batch_agent == a));
+    wake_batch_agent = a;
+    wake_batch++;
+}
+
+void tpi_tcp_wake_batch_flush(tpi_tcp_agent *a) {
+    TPI_ASSERT(wake_batch > 0 && wake_batch_agent == a);
+    unsigned depth = wake_batch;
+    wake_batch = 0;
+    tpi_tcp_lock((tp_agent *)a);
+    tpi_tcp_unlock((tp_agent *)a); /* signals what the batch recorded */
+    wake_batch = depth;
+}
+
+void tpi_tcp_wake_batch_end(tpi_tcp_agent *a) {
+    TPI_ASSERT(wake_batch > 0 && wake_batch_agent == a);
+    if (wake_batch == 1)
+        tpi_tcp_wake_batch_flush(a);
+    if (--wake_batch == 0)
+        wake_batch_agent = NULL;
+}
+
 void tpi_tcp_unlock(tp_agent *ag) {
     tpi_tcp_agent *a = AG(ag);
     uint32_t n = a->nwake;
-    if (n == 0) {
+    /* A batch's unparks wait for its flush (TCP-31); a loop's frames reach
+     * only its own agent's core, so no other agent's wait behind it. */
+    TPI_ASSERT(wake_batch == 0 || wake_batch_agent == a);
+    if (n == 0 || wake_batch > 0) {
         int rc = pthread_mutex_unlock(&a->mu);
         TPI_ASSERT(rc == 0);
         return;

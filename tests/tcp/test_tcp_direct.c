@@ -9,6 +9,8 @@
  * ring, TCP-28); the ring's own direct writes are counted by the bells
  * the caller rings (this program defines write too), and a caller reading
  * its own reply (TCP-30) by its futex calls on the ring (and syscall).
+ * Last, a batch's wake-ups (TCP-31): a caller woken once for many replies
+ * the loop read together, counted by its semaphore sleeps.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -530,6 +532,172 @@ static void test_tcp_direct_write_cut_short_while_another_sends(void **state) {
     run_cut(CUT_RACED);
 }
 
+/* ---- TCP-31: a batch's wake-ups ------------------------------------------- */
+
+/* Replies a batch carries: below TPI_TCP_FLUSH_EVERY (128) with the
+ * stall's request in the same batch, so one flush, at the batch's end. */
+#define BATCH_CALLS 100
+/* Rounds of it in one job: a waiter slow to wake can hide a wake-up at the
+ * first reply in one round (1 in 3 seen), seldom in three. */
+#define BATCH_ROUNDS 3
+/* How long worker 0's loop stays stalled once worker 1 answered: the
+ * answers reach its socket or ring meanwhile, all of them. */
+#define BATCH_SETTLE_US 300000
+
+/* Per round r: flags F_STALLING + 2r and F_ANSWERED + 2r; counts at
+ * C_HELD + r, C_DONE_AT_WAKE + r and C_BATCH_SLEEPS + r. */
+enum { F_STALLING = 0, F_ANSWERED = 1 };
+enum { C_HELD = 13, C_DONE_AT_WAKE = 16, C_BATCH_SLEEPS = 19 };
+_Static_assert(C_BATCH_SLEEPS + BATCH_ROUNDS <= TT_FLAGS, "counts fit");
+
+static tt_job *batch_job;
+static tp_future *held[BATCH_ROUNDS][BATCH_CALLS];
+
+static int64_t list_int(const tp_value *args, size_t i) {
+    int64_t v = -1;
+    return tp_value_get_int(tp_list_get(args, i), &v) == TP_OK ? v : -1;
+}
+
+/* Worker 1: hold(r, i) is answered later, by its main thread (FUNC-7). */
+static tp_status hold_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                         tp_value **result, void *user_data) {
+    (void)kwargs, (void)result, (void)user_data;
+    int64_t r = list_int(args, 0), i = list_int(args, 1); /* its slot */
+    if (r < 0 || r >= BATCH_ROUNDS || i < 0 || i >= BATCH_CALLS || held[r][i])
+        return TP_EINVAL;
+    tp_status st = tp_future_new(&held[r][i]);
+    if (st == TP_OK)
+        st = tp_call_answer_later(call, held[r][i]);
+    if (st == TP_OK)
+        atomic_fetch_add(&batch_job->shared->count[C_HELD + r], 1);
+    return st;
+}
+
+static int wait_flag(tt_job *job, int f) {
+    uint64_t end = tt_now_ns() + 20000000000ull;
+    while (!atomic_load(&job->shared->flag[f]) && tt_now_ns() < end)
+        usleep(1000);
+    return atomic_load(&job->shared->flag[f]) ? 0 : -1;
+}
+
+/* Worker 0, on its loop (non-blocking, FUNC-6): stall(r) stalls the loop
+ * until worker 1 answered round r's held calls, and a while longer. */
+static tp_status stall_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data) {
+    (void)call, (void)kwargs, (void)user_data;
+    int64_t r = list_int(args, 0);
+    if (r < 0 || r >= BATCH_ROUNDS)
+        return TP_EINVAL;
+    atomic_store(&batch_job->shared->flag[F_STALLING + 2 * r], 1);
+    if (wait_flag(batch_job, F_ANSWERED + 2 * (int)r) != 0)
+        return TP_ETIMEDOUT;
+    usleep(BATCH_SETTLE_US);
+    *result = tp_value_int(0);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/* Worker 1's side of round r: every call held, then worker 0's loop
+ * stalled: the answers wait in its socket (or ring), read in one batch. */
+static int batch_answer(tt_job *job, int r) {
+    uint64_t end = tt_now_ns() + 20000000000ull;
+    while (atomic_load(&job->shared->count[C_HELD + r]) < BATCH_CALLS && tt_now_ns() < end)
+        usleep(1000);
+    TT_CHECK(atomic_load(&job->shared->count[C_HELD + r]) == BATCH_CALLS);
+    tp_value *args = tp_value_list_of(1, tp_value_int(r));
+    tp_future *stall = NULL;
+    TT_CHECK(args && tp_rpc_async(tp_to_rank(0), "stall", args, NULL, 30, &stall) == TP_OK);
+    tp_value_free(args);
+    TT_CHECK(wait_flag(job, F_STALLING + 2 * r) == 0);
+    for (int i = 0; i < BATCH_CALLS; i++) {
+        tp_value *v = tp_value_int(i);
+        TT_CHECK(v && tp_future_set_result(held[r][i], v) == TP_OK);
+        tp_future_free(held[r][i]);
+    }
+    atomic_store(&job->shared->flag[F_ANSWERED + 2 * r], 1);
+    TT_CHECK(tp_future_wait(stall, 30) == TP_OK);
+    tp_future_free(stall);
+    return 0;
+}
+
+/* Worker 0's side of round r: waits for the first reply, then looks. */
+static int batch_wait(tt_job *job, int r) {
+    tp_future *f[BATCH_CALLS];
+    for (int i = 0; i < BATCH_CALLS; i++) {
+        tp_value *args = tp_value_list_of(2, tp_value_int(r), tp_value_int(i));
+        TT_CHECK(args && tp_rpc_async(tp_to_rank(1), "hold", args, NULL, 30, &f[i]) == TP_OK);
+        tp_value_free(args);
+    }
+    TT_CHECK(tp_future_wait(f[0], 30) == TP_OK);
+    int done = 0;
+    for (int i = 0; i < BATCH_CALLS; i++)
+        done += tp_future_done(f[i]);
+    thread_sleeps = 0;
+    for (int i = 0; i < BATCH_CALLS; i++) {
+        int64_t v = -1;
+        TT_CHECK(tp_future_wait(f[i], 30) == TP_OK);
+        TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == i);
+        tp_future_free(f[i]);
+    }
+    atomic_store(&job->shared->count[C_DONE_AT_WAKE + r], done);
+    atomic_store(&job->shared->count[C_BATCH_SLEEPS + r], (int)thread_sleeps);
+    return 0;
+}
+
+static int body_batch(tt_job *job, int rank) {
+    direct_mode mode = *(const direct_mode *)job->arg;
+    batch_job = job;
+    if (rank == 0)
+        TT_CHECK(tp_register_function_ex("stall", stall_fn, NULL, TP_FN_NONBLOCKING) == TP_OK);
+    else
+        TT_CHECK(tp_register_function("hold", hold_fn, NULL) == TP_OK);
+    tp_options *o = tt_options(job, 30, 10);
+    if (o && mode == D_STREAM)
+        TT_CHECK(tp_options_set(o, "shm_ring_bytes", "0") == TP_OK);
+    TT_CHECK(o && tt_init(job, rank, o) == 0);
+    tp_options_free(o);
+    for (int r = 0; r < BATCH_ROUNDS; r++)
+        TT_CHECK((rank == 1 ? batch_answer(job, r) : batch_wait(job, r)) == 0);
+    TT_CHECK(tp_shutdown(1) == TP_OK);
+    return 0;
+}
+
+/* spec: TCP-31. Worker 0 waits for the first of 100 replies that reach its
+ * loop together (worker 1 answers them while worker 0's loop is stalled in
+ * a non-blocking function): the loop hands on the whole batch before it
+ * wakes the waiter, which finds all 100 done and never sleeps again; three
+ * rounds. Were each unpark signaled at its own unlock, the waiter would
+ * wake at the first reply, in the middle of the batch (49 to 65 of 100
+ * done seen), and sleep again for a later one. */
+static void expect_batch_wakes(direct_mode mode) {
+    tt_job job = {0};
+    assert_int_equal(tt_spawn(&job, 2, body_batch, &mode), 0);
+    assert_int_equal(tt_wait(&job, 90), 0);
+    for (int r = 0; r < BATCH_ROUNDS; r++) {
+        int done = atomic_load(&job.shared->count[C_DONE_AT_WAKE + r]);
+        int sleeps = atomic_load(&job.shared->count[C_BATCH_SLEEPS + r]);
+        fprintf(stderr,
+                "  round %d: replies done when the waiter woke: %d of %d; its sleeps after: %d\n",
+                r, done, BATCH_CALLS, sleeps);
+        assert_int_equal(done, BATCH_CALLS);
+        assert_int_equal(sleeps, 0);
+    }
+    tt_job_free(&job);
+}
+
+static void test_tcp_direct_batch_wakes_once_on_the_stream(void **state) {
+    (void)state;
+    expect_batch_wakes(D_STREAM);
+}
+
+static void test_tcp_direct_batch_wakes_once_from_the_ring(void **state) {
+    (void)state;
+    if (!tt_can_take_fds()) {
+        fprintf(stderr, "  pidfd_getfd is not permitted here: workers stay on TCP\n");
+        skip();
+    }
+    expect_batch_wakes(D_RING);
+}
+
 int main(void) {
     tt_ensure_secret();
     const struct CMUnitTest tests[] = {
@@ -541,6 +709,8 @@ int main(void) {
         cmocka_unit_test(test_tcp_direct_write_cut_short_alone),
         cmocka_unit_test(test_tcp_direct_write_cut_short_in_a_later_segment),
         cmocka_unit_test(test_tcp_direct_write_cut_short_while_another_sends),
+        cmocka_unit_test(test_tcp_direct_batch_wakes_once_on_the_stream),
+        cmocka_unit_test(test_tcp_direct_batch_wakes_once_from_the_ring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
