@@ -9,13 +9,15 @@
  * descriptor number and the tag. The acceptor takes the probe's descriptor
  * out of the dialer with pidfd_getfd and reads it back: only the process
  * the authenticated stream comes from, on this kernel, can have put it
- * there. Then, for that connection, a frame of shm_min_bytes or more is
+ * there; a dialer in another network namespace is refused first. Then,
+ * for that connection, a frame of shm_min_bytes or more is
  * copied once into a slab (a memfd of the dialer's, reused) and only a
  * 24-byte record goes on the stream; the acceptor takes each slab's
  * descriptor once, maps it and keeps the mapping, hands the frame on
  * without a copy (its tensors view the slab), and when the frame is freed
- * tells the dialer the slab is free again (one frame per slab at a time). Everything kernel-side (descriptors, pages) dies with the
- * processes: no names in /dev/shm, nothing to clean up after a crash.
+ * tells the dialer the slab is free again (one frame per slab at a time). Everything kernel-side
+ * (descriptors, pages) dies with the processes: no names in /dev/shm, nothing to clean up after a
+ * crash.
  *
  * Threads: the slabs (tpi_shm_tx) are the loop thread's. A received
  * frame's release runs on whatever thread frees it, so the receiving side
@@ -40,6 +42,9 @@
 #endif
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
 #endif
 
 #define PROBE_MAGIC "TPSHMPRB"
@@ -249,6 +254,30 @@ void tpi_shm_rx_unref(tpi_shm_rx *rx) {
     free(rx);
 }
 
+/* 1 with why unless the dialer (pid, opened as pidfd) is in this process's
+ * network namespace. To the network a namespace is a host of its own,
+ * whose links can be cut and filtered: frames between two of them cross
+ * it, as PyTorch's TensorPipe keeps its shared memory to one namespace. */
+static int netns_differs(pid_t pid, int pidfd, const char **why) {
+    char path[64];
+    struct stat mine, theirs;
+    tpi_format(path, sizeof path, "/proc/%d/ns/net", (int)pid);
+    if (stat("/proc/self/ns/net", &mine) != 0 || stat(path, &theirs) != 0) {
+        *why = "cannot read the dialer's network namespace (/proc/<pid>/ns/net)";
+        return 1;
+    }
+    /* The pid named the process pidfd holds while we looked, not a later one. */
+    if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) != 0) {
+        *why = "the dialer's process ended during the proof";
+        return 1;
+    }
+    if (mine.st_dev != theirs.st_dev || mine.st_ino != theirs.st_ino) {
+        *why = "the dialer is in another network namespace: a host of its own to the network";
+        return 1;
+    }
+    return 0;
+}
+
 /* A descriptor of the dialer's, taken into this process; -1 with why. */
 static int take_fd(int pidfd, uint32_t fd, const char **why) {
     int got = (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0);
@@ -324,6 +353,10 @@ tpi_shm_rx *tpi_shm_accept(tpi_tcp_agent *a, uint32_t peer, void *conn, const ui
     if (pidfd < 0) {
         *why = "pidfd_open failed: the dialer's pid is not a process here (another pid "
                "namespace or host)";
+        return NULL;
+    }
+    if (netns_differs((pid_t)v[0], pidfd, why)) { /* before any descriptor is taken */
+        tpi_shm_close_untracked(pidfd);
         return NULL;
     }
     int fd = take_fd(pidfd, v[1], why);

@@ -103,6 +103,10 @@ static struct {
 } log_lines[LOG_MAX];
 static int log_n;
 
+/* TCP-22: no frame between namespaces goes through shared memory; the
+ * acceptor of each offer says why it refused it (at INFO). */
+static atomic_int shm_used, shm_refused_netns;
+
 static void on_log(tp_log_level level, const char *msg, void *user_data) {
     (void)user_data;
     uint64_t t = now_ns();
@@ -110,6 +114,10 @@ static void on_log(tp_log_level level, const char *msg, void *user_data) {
         printf("[%.3f] rank %d log %s: %s\n", secs(t), g_rank, tp_log_level_name(level), msg);
         fflush(stdout);
     }
+    if (strstr(msg, "go through shared memory") || strstr(msg, "go through a shared memory"))
+        atomic_store(&shm_used, 1);
+    if (strstr(msg, "no shared memory with") && strstr(msg, "another network namespace"))
+        atomic_fetch_add(&shm_refused_netns, 1);
     if (!strstr(msg, ") is down") && !strstr(msg, ") is unreachable"))
         return;
     pthread_mutex_lock(&log_mu);
@@ -896,7 +904,6 @@ static int init_worker(const scenario *sc) {
     const char *addr = getenv("NETNS_ADDR");
     if (!addr || tp_construct_rpc_backend_options("TENSORPIPE", &o) != TP_OK ||
         tp_options_set(o, "listen_addr", addr) != TP_OK ||
-        tp_options_set(o, "shm", "off") != TP_OK || /* every byte crosses the namespaces */
         tp_options_set(o, "keepalive_idle", v[0]) != TP_OK ||
         tp_options_set(o, "keepalive_interval", v[1]) != TP_OK ||
         tp_options_set(o, "keepalive_count", v[2]) != TP_OK ||
@@ -931,7 +938,7 @@ int main(int argc, char **argv) {
                         "WORLD_SIZE >= 3, NETNS_ADDR, NETNS_CTL; see netns_test.sh)\n");
         return 2;
     }
-    tp_set_log_level(TP_LOG_INFO);
+    tp_set_log_level(TP_LOG_DEBUG); /* a yes to a shared memory offer is a debug line */
     tp_set_log_callback(on_log, NULL);
     if (tp_register_function("work", fn_work, NULL) != TP_OK ||
         tp_register_function("runs", fn_runs, NULL) != TP_OK ||
@@ -952,6 +959,21 @@ int main(int argc, char **argv) {
         }
     }
     print_downs();
+    /* shm at its default: the namespaces are hosts to TCP-22, so every
+     * byte crosses them and the cuts act on it. */
+    if (atomic_load(&shm_used)) {
+        say("frames went through shared memory to a worker in another network namespace "
+            "(TCP-22)");
+        g_failed = 1;
+    }
+    /* Each worker accepts connections from the others (two or more seen in
+     * every scenario), each with an offer to refuse. */
+    say("shared memory offers refused for another network namespace: %d",
+        atomic_load(&shm_refused_netns));
+    if (atomic_load(&shm_refused_netns) == 0) {
+        say("no shared memory offer was refused for the network namespace (TCP-22)");
+        g_failed = 1;
+    }
     say("%s: %s", sc->name, g_failed ? "FAILED" : "ok");
     return g_failed;
 }
