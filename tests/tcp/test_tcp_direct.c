@@ -534,24 +534,37 @@ static void test_tcp_direct_write_cut_short_while_another_sends(void **state) {
 
 /* ---- TCP-31: a batch's wake-ups ------------------------------------------- */
 
-/* Replies a batch carries: below TPI_TCP_FLUSH_EVERY (128) with the
- * stall's request in the same batch, so one flush, at the batch's end. */
-#define BATCH_CALLS 100
-/* Rounds of it in one job: a waiter slow to wake can hide a wake-up at the
- * first reply in one round (1 in 3 seen), seldom in three. */
-#define BATCH_ROUNDS 3
+/* Rounds of a batch in one job. Rounds 0 to 2 answer 100 calls: below
+ * TPI_TCP_FLUSH_EVERY (128) with the stall's request in the same batch, so
+ * one flush, at the batch's end; three of them because a waiter slow to
+ * wake can hide a wake-up at the first reply in one round (1 in 3 seen),
+ * seldom in three. Round 3 answers 150, with a probe's request after the
+ * 140th answer: the flush at the batch's 128th frame must wake the waiter
+ * while the loop is still in the batch. */
+#define BATCH_ROUNDS 4
+#define BATCH_CALLS_MAX 150
+#define LONG_ROUND 3
+#define PROBE_AFTER 140
+#define PROBE_WAIT_NS 5000000000ull
 /* How long worker 0's loop stays stalled once worker 1 answered: the
  * answers reach its socket or ring meanwhile, all of them. */
 #define BATCH_SETTLE_US 300000
+/* The loop's flush within a batch, every TPI_TCP_FLUSH_EVERY frames. */
+#define FLUSH_EVERY 128
 
-/* Per round r: flags F_STALLING + 2r and F_ANSWERED + 2r; counts at
- * C_HELD + r, C_DONE_AT_WAKE + r and C_BATCH_SLEEPS + r. */
-enum { F_STALLING = 0, F_ANSWERED = 1 };
-enum { C_HELD = 13, C_DONE_AT_WAKE = 16, C_BATCH_SLEEPS = 19 };
-_Static_assert(C_BATCH_SLEEPS + BATCH_ROUNDS <= TT_FLAGS, "counts fit");
+static int batch_calls(int r) {
+    return r == LONG_ROUND ? BATCH_CALLS_MAX : 100;
+}
+
+/* This job's shared memory: per round r, flags F_STALLING + 2r and
+ * F_ANSWERED + 2r, counts C_HELD + r, C_DONE_AT_WAKE + r and
+ * C_BATCH_SLEEPS + r; F_WOKE and C_PROBE for the probe. */
+enum { F_STALLING = 0, F_ANSWERED = 1, F_WOKE = 2 * BATCH_ROUNDS };
+enum { C_HELD = 0, C_DONE_AT_WAKE = 4, C_BATCH_SLEEPS = 8, C_PROBE = 12 };
+_Static_assert(F_WOKE < TT_FLAGS && C_BATCH_SLEEPS + BATCH_ROUNDS <= C_PROBE, "fits");
 
 static tt_job *batch_job;
-static tp_future *held[BATCH_ROUNDS][BATCH_CALLS];
+static tp_future *held[BATCH_ROUNDS][BATCH_CALLS_MAX];
 
 static int64_t list_int(const tp_value *args, size_t i) {
     int64_t v = -1;
@@ -563,7 +576,7 @@ static tp_status hold_fn(tp_call *call, const tp_value *args, const tp_value *kw
                          tp_value **result, void *user_data) {
     (void)kwargs, (void)result, (void)user_data;
     int64_t r = list_int(args, 0), i = list_int(args, 1); /* its slot */
-    if (r < 0 || r >= BATCH_ROUNDS || i < 0 || i >= BATCH_CALLS || held[r][i])
+    if (r < 0 || r >= BATCH_ROUNDS || i < 0 || i >= batch_calls((int)r) || held[r][i])
         return TP_EINVAL;
     tp_status st = tp_future_new(&held[r][i]);
     if (st == TP_OK)
@@ -573,8 +586,8 @@ static tp_status hold_fn(tp_call *call, const tp_value *args, const tp_value *kw
     return st;
 }
 
-static int wait_flag(tt_job *job, int f) {
-    uint64_t end = tt_now_ns() + 20000000000ull;
+static int wait_flag(tt_job *job, int f, uint64_t ns) {
+    uint64_t end = tt_now_ns() + ns;
     while (!atomic_load(&job->shared->flag[f]) && tt_now_ns() < end)
         usleep(1000);
     return atomic_load(&job->shared->flag[f]) ? 0 : -1;
@@ -589,26 +602,61 @@ static tp_status stall_fn(tp_call *call, const tp_value *args, const tp_value *k
     if (r < 0 || r >= BATCH_ROUNDS)
         return TP_EINVAL;
     atomic_store(&batch_job->shared->flag[F_STALLING + 2 * r], 1);
-    if (wait_flag(batch_job, F_ANSWERED + 2 * (int)r) != 0)
+    if (wait_flag(batch_job, F_ANSWERED + 2 * (int)r, 20000000000ull) != 0)
         return TP_ETIMEDOUT;
     usleep(BATCH_SETTLE_US);
     *result = tp_value_int(0);
     return *result ? TP_OK : TP_ENOMEM;
 }
 
+/* Worker 0, on its loop, in the middle of round 3's batch: holds the loop
+ * there until the waiter woke (at most PROBE_WAIT_NS), and counts 1 when it
+ * did. */
+static tp_status probe_fn(tp_call *call, const tp_value *args, const tp_value *kwargs,
+                          tp_value **result, void *user_data) {
+    (void)call, (void)args, (void)kwargs, (void)user_data;
+    if (wait_flag(batch_job, F_WOKE, PROBE_WAIT_NS) == 0)
+        atomic_fetch_add(&batch_job->shared->count[C_PROBE], 1);
+    *result = tp_value_int(0);
+    return *result ? TP_OK : TP_ENOMEM;
+}
+
+/* Worker 1's probe request, sent by a then-callback: the answers go out
+ * from the pool as work items (FUNC-7), so a request from the main thread
+ * could overtake them; the callback is the next item of the same
+ * one-thread pool, after the answers before it. */
+static tp_future *probe_sent;
+
+static tp_status probe_send(tp_future *f, tp_value **result, char *errmsg, size_t errmsg_len,
+                            void *user_data) {
+    (void)f, (void)result, (void)user_data;
+    tp_status st = tp_rpc_async(tp_to_rank(0), "probe", NULL, NULL, 30, &probe_sent);
+    if (st != TP_OK)
+        snprintf(errmsg, errmsg_len, "probe: %s", tp_errmsg());
+    return st;
+}
+
 /* Worker 1's side of round r: every call held, then worker 0's loop
- * stalled: the answers wait in its socket (or ring), read in one batch. */
+ * stalled: the answers wait in its socket (or ring), read in one batch
+ * (this worker's frames to worker 0 all take its one outgoing connection,
+ * TCP-2, in order: here all from its one pool thread). */
 static int batch_answer(tt_job *job, int r) {
+    int n = batch_calls(r);
     uint64_t end = tt_now_ns() + 20000000000ull;
-    while (atomic_load(&job->shared->count[C_HELD + r]) < BATCH_CALLS && tt_now_ns() < end)
+    while (atomic_load(&job->shared->count[C_HELD + r]) < n && tt_now_ns() < end)
         usleep(1000);
-    TT_CHECK(atomic_load(&job->shared->count[C_HELD + r]) == BATCH_CALLS);
+    TT_CHECK(atomic_load(&job->shared->count[C_HELD + r]) == n);
     tp_value *args = tp_value_list_of(1, tp_value_int(r));
-    tp_future *stall = NULL;
+    tp_future *stall = NULL, *gate = NULL, *probed = NULL;
     TT_CHECK(args && tp_rpc_async(tp_to_rank(0), "stall", args, NULL, 30, &stall) == TP_OK);
     tp_value_free(args);
-    TT_CHECK(wait_flag(job, F_STALLING + 2 * r) == 0);
-    for (int i = 0; i < BATCH_CALLS; i++) {
+    if (r == LONG_ROUND)
+        TT_CHECK(tp_future_new(&gate) == TP_OK &&
+                 tp_future_then(gate, probe_send, NULL, &probed) == TP_OK);
+    TT_CHECK(wait_flag(job, F_STALLING + 2 * r, 20000000000ull) == 0);
+    for (int i = 0; i < n; i++) {
+        if (gate && i == PROBE_AFTER)
+            TT_CHECK(tp_future_set_result(gate, tp_value_int(0)) == TP_OK);
         tp_value *v = tp_value_int(i);
         TT_CHECK(v && tp_future_set_result(held[r][i], v) == TP_OK);
         tp_future_free(held[r][i]);
@@ -616,23 +664,33 @@ static int batch_answer(tt_job *job, int r) {
     atomic_store(&job->shared->flag[F_ANSWERED + 2 * r], 1);
     TT_CHECK(tp_future_wait(stall, 30) == TP_OK);
     tp_future_free(stall);
+    if (gate) {
+        TT_CHECK(tp_future_wait(probed, 30) == TP_OK && probe_sent);
+        TT_CHECK(tp_future_wait(probe_sent, 30) == TP_OK);
+        tp_future_free(probe_sent);
+        tp_future_free(probed);
+        tp_future_free(gate);
+    }
     return 0;
 }
 
 /* Worker 0's side of round r: waits for the first reply, then looks. */
 static int batch_wait(tt_job *job, int r) {
-    tp_future *f[BATCH_CALLS];
-    for (int i = 0; i < BATCH_CALLS; i++) {
+    int n = batch_calls(r);
+    tp_future *f[BATCH_CALLS_MAX];
+    for (int i = 0; i < n; i++) {
         tp_value *args = tp_value_list_of(2, tp_value_int(r), tp_value_int(i));
         TT_CHECK(args && tp_rpc_async(tp_to_rank(1), "hold", args, NULL, 30, &f[i]) == TP_OK);
         tp_value_free(args);
     }
     TT_CHECK(tp_future_wait(f[0], 30) == TP_OK);
     int done = 0;
-    for (int i = 0; i < BATCH_CALLS; i++)
+    for (int i = 0; i < n; i++)
         done += tp_future_done(f[i]);
+    if (r == LONG_ROUND)
+        atomic_store(&job->shared->flag[F_WOKE], 1); /* the probe holds the loop till now */
     thread_sleeps = 0;
-    for (int i = 0; i < BATCH_CALLS; i++) {
+    for (int i = 0; i < n; i++) {
         int64_t v = -1;
         TT_CHECK(tp_future_wait(f[i], 30) == TP_OK);
         TT_CHECK(tp_value_get_int(tp_future_value(f[i]), &v) == TP_OK && v == i);
@@ -647,12 +705,15 @@ static int body_batch(tt_job *job, int rank) {
     direct_mode mode = *(const direct_mode *)job->arg;
     batch_job = job;
     if (rank == 0)
-        TT_CHECK(tp_register_function_ex("stall", stall_fn, NULL, TP_FN_NONBLOCKING) == TP_OK);
+        TT_CHECK(tp_register_function_ex("stall", stall_fn, NULL, TP_FN_NONBLOCKING) == TP_OK &&
+                 tp_register_function_ex("probe", probe_fn, NULL, TP_FN_NONBLOCKING) == TP_OK);
     else
         TT_CHECK(tp_register_function("hold", hold_fn, NULL) == TP_OK);
     tp_options *o = tt_options(job, 30, 10);
     if (o && mode == D_STREAM)
         TT_CHECK(tp_options_set(o, "shm_ring_bytes", "0") == TP_OK);
+    if (o && rank == 1) /* its answers and the probe leave in one order */
+        TT_CHECK(tp_options_set_num_worker_threads(o, 1) == TP_OK);
     TT_CHECK(o && tt_init(job, rank, o) == 0);
     tp_options_free(o);
     for (int r = 0; r < BATCH_ROUNDS; r++)
@@ -667,19 +728,31 @@ static int body_batch(tt_job *job, int rank) {
  * wakes the waiter, which finds all 100 done and never sleeps again; three
  * rounds. Were each unpark signaled at its own unlock, the waiter would
  * wake at the first reply, in the middle of the batch (49 to 65 of 100
- * done seen), and sleep again for a later one. */
+ * done seen), and sleep again for a later one. Then a batch of 150 replies
+ * with a probe after the 140th: the flush at the batch's 128th frame wakes
+ * the waiter (127 to 140 done; the probe holds the loop until it woke).
+ * Without that flush the waiter wakes at the batch's end only: the probe
+ * waits 5 s in vain. */
 static void expect_batch_wakes(direct_mode mode) {
     tt_job job = {0};
     assert_int_equal(tt_spawn(&job, 2, body_batch, &mode), 0);
     assert_int_equal(tt_wait(&job, 90), 0);
+    int probe = atomic_load(&job.shared->count[C_PROBE]);
     for (int r = 0; r < BATCH_ROUNDS; r++) {
         int done = atomic_load(&job.shared->count[C_DONE_AT_WAKE + r]);
         int sleeps = atomic_load(&job.shared->count[C_BATCH_SLEEPS + r]);
         fprintf(stderr,
                 "  round %d: replies done when the waiter woke: %d of %d; its sleeps after: %d\n",
-                r, done, BATCH_CALLS, sleeps);
-        assert_int_equal(done, BATCH_CALLS);
-        assert_int_equal(sleeps, 0);
+                r, done, batch_calls(r), sleeps);
+        if (r == LONG_ROUND) {
+            fprintf(stderr, "  the probe saw the waiter wake within the batch: %s\n",
+                    probe ? "yes" : "no");
+            assert_int_equal(probe, 1);
+            assert_true(done >= FLUSH_EVERY - 1 && done <= PROBE_AFTER);
+        } else {
+            assert_int_equal(done, batch_calls(r));
+            assert_int_equal(sleeps, 0);
+        }
     }
     tt_job_free(&job);
 }
